@@ -1,0 +1,196 @@
+"""A GPT-style decoder (pre-norm blocks, tied embeddings, GPT-2 init) with any attention variant.
+
+Architecture after nanoGPT / GPT-2 (Radford et al. 2019): token embedding (+ learned positions, or RoPE in
+attention), ``n_layer`` blocks ``x + Attn(LN(x))``, ``x + MLP(LN(x))``, final LayerNorm, output head tied
+to the token embedding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from coupled_qk.layers.attention import CausalSelfAttention, KVCache
+from coupled_qk.models.config import GPTConfig
+from coupled_qk.ops.rope import rope_tables
+
+
+class MLP(nn.Module):
+    """Feed-forward sub-layer ``W2 gelu(W1 x)``, bias-free; ``(B, T, d_model) -> (B, T, d_model)``."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.fc = nn.Linear(d_model, d_ff, bias=False)
+        self.out_proj = nn.Linear(d_ff, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.out_proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; ``(B, T, d_model) -> (B, T, d_model)``."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.attn = CausalSelfAttention(
+            config.d_model,
+            config.n_heads,
+            config.n_kv_heads,
+            config.d_head,
+            attention=config.attention,
+            layer_idx=layer_idx,
+            dynamics=config.dynamics_kwargs,
+            dynamics_position=config.dynamics_position,
+            use_rope=config.position == "rope",
+            dropout=config.dropout,
+            impl=config.attn_impl,
+        )
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.ln_2 = nn.LayerNorm(config.d_model) if config.use_mlp else None
+        self.mlp = MLP(config.d_model, config.d_ff, config.dropout) if config.use_mlp else None
+
+    def forward(self, x, rope=None, cache=None):
+        x = x + self.resid_dropout(self.attn(self.ln_1(x), rope, cache))
+        if self.mlp is not None:
+            x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """GPT language model with a selectable attention variant.
+
+    ``model(idx)`` maps token ids ``idx`` (LongTensor ``(B, T)``, ``T <= block_size``) to logits
+    ``(B, T, vocab_size)`` in the parameters' dtype. Pass a :class:`KVCache` (``model.new_cache()``) to
+    decode incrementally; positions continue from the cache length.
+
+    Raises:
+        ValueError: ``idx`` not 2-D integer, ids outside ``[0, vocab_size)``, or a sequence (plus cached
+            positions) longer than ``block_size``.
+
+    Source: nanoGPT/GPT-2 architecture and init (std 0.02, residual projections scaled by
+    ``1/sqrt(2 n_layer)``); attention variants from :mod:`coupled_qk.layers.attention`.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.block_size, config.d_model) if config.position == "learned" else None
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight
+        if config.position == "rope":
+            cos, sin = rope_tables(config.block_size, config.d_head, config.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("out_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self) -> KVCache:
+        """An empty :class:`KVCache` for incremental decoding."""
+        return KVCache(self.config.n_layer)
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
+            raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
+        b, t = idx.shape
+        past = 0 if cache is None else cache.length
+        if t == 0:
+            raise ValueError("idx has no tokens (T = 0)")
+        if past + t > self.config.block_size:
+            raise ValueError(
+                f"sequence length {past + t} (cached {past} + new {t}) exceeds the context "
+                f"block_size={self.config.block_size}"
+            )
+        if idx.device.type == "cpu" and not torch.compiler.is_compiling():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.config.vocab_size}); got min {lo}, max {hi}")
+        x = self.tok_emb(idx)
+        rope = None
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(past, past + t, device=idx.device))
+        else:
+            rope = (self.rope_cos[past : past + t], self.rope_sin[past : past + t])
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, rope, cache)
+        return self.lm_head(self.ln_f(x))
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        """Mean next-token cross-entropy (nats) of ``targets (B, T)`` given ``idx (B, T)``."""
+        logits = self(idx)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=ignore_index)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Sample ``max_new_tokens`` tokens after the prompt ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
+
+        ``temperature = 0`` decodes greedily. With ``use_cache`` the prompt is encoded once and each new token
+        reuses the :class:`KVCache` (every variant; exact because the dynamics act per token).
+
+        Raises:
+            ValueError: negative ``max_new_tokens`` or ``temperature``, or a total length beyond
+                ``block_size`` (no silent cropping).
+        """
+        if max_new_tokens < 0 or temperature < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} and temperature={temperature} must be >= 0")
+        total = idx.shape[1] + max_new_tokens
+        if total > self.config.block_size:
+            raise ValueError(f"prompt + max_new_tokens = {total} exceeds block_size={self.config.block_size}")
+        cache = self.new_cache() if use_cache else None
+        out, step_input = idx, idx
+        for _ in range(max_new_tokens):
+            logits = self(step_input if use_cache else out, cache)[:, -1, :].float()
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            out = torch.cat([out, nxt], dim=1)
+            step_input = nxt
+        return out
+
+
+def coupling_parameter_overhead(config: GPTConfig) -> dict:
+    """Parameter counts of ``config`` and of its ``standard`` twin, and the overhead in percent.
+
+    Returns ``{"params": int, "standard_params": int, "extra": int, "overhead_percent": float}``.
+    """
+    import dataclasses
+
+    with torch.device("meta"):
+        n = GPT(config).num_parameters()
+        n0 = GPT(dataclasses.replace(config, attention="standard")).num_parameters()
+    return dict(params=n, standard_params=n0, extra=n - n0, overhead_percent=100.0 * (n - n0) / n0)
