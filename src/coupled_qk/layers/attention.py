@@ -97,7 +97,7 @@ def scaled_dot_product(
     Args:
         q: ``(B, H, T_q, d)``; k: ``(B, H, T_k, d)`` with ``T_k >= T_q`` (the last ``T_q`` keys are the
             queries' own positions); v: ``(B, H, T_k, d_v)``.
-        eager: compute the softmax explicitly (float32) and also return the probabilities.
+        eager: compute the softmax explicitly (at least float32) and also return the probabilities.
 
     Returns:
         ``(out (B, H, T_q, d_v), probs (B, H, T_q, T_k) or None)``.
@@ -108,7 +108,8 @@ def scaled_dot_product(
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p), None
         mask = None if t_q == 1 else _causal_mask(t_q, t_k, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
-    scores = torch.matmul(q, k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q, k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~_causal_mask(t_q, t_k, q.device), float("-inf"))
     probs = scores.softmax(dim=-1)
     attn = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
@@ -198,8 +199,9 @@ class CausalSelfAttention(nn.Module):
 
     def differential_lambda(self) -> torch.Tensor:
         """Scalar ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (arXiv:2410.05258, eq. 2)."""
-        l1 = torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
-        l2 = torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float()))
+        dtype = torch.promote_types(self.lambda_q1.dtype, torch.float32)
+        l1 = torch.exp(torch.dot(self.lambda_q1.to(dtype), self.lambda_k1.to(dtype)))
+        l2 = torch.exp(torch.dot(self.lambda_q2.to(dtype), self.lambda_k2.to(dtype)))
         return l1 - l2 + self.lambda_init
 
     def _evolve(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``coupled-qk`` command line (see :mod:`coupled_qk.cli`)."""

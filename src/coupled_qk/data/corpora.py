@@ -1,0 +1,285 @@
+"""Real-text corpora as train / valid / test strings.
+
+Sources (under the data dir, see :func:`coupled_qk.data.paths.default_data_dir` and its ``README.md``):
+
+* ``wiki-vital``: train = ``wiki-vital/train.txt`` (lead sections of 10k Wikipedia vital articles in the
+  WikiText layout); valid / test = ``wikitext-2/valid.txt`` / ``test.txt`` (the WikiText-2 = WikiText-103
+  validation/test articles, tokenized release).
+* ``pubmed``: ``pubmed/abstracts.txt``, one abstract per paragraph; document-level random split.
+* ``mixed-domain``: every ``mixed-domain/*.txt`` (sorted), split into documents, mixed, then split.
+* ``wikitext-103``, ``wikitext-2`` (+ ``-raw``): the official releases, ``wiki.{train,valid,test}.tokens``
+  (``.raw`` for the raw variants) in the data dir or in its ``wikitext-103/`` ... sub-folder.
+* anything else is a path: a text file, a folder of ``*.txt`` files (recursive), or a folder holding
+  ``train.txt``/``valid.txt``/``test.txt`` or ``wiki.*.tokens`` (used as given).
+
+Documents (:func:`split_documents`): runs of non-blank lines separated by blank (whitespace-only) lines. A
+paragraph longer than ``MAX_DOC_LINES`` = 100 lines is cut into consecutive groups of ``GROUP_LINES`` = 20
+lines: that handles line-per-record files (``agnews.txt`` has no blank line, ``web_sentences.txt`` one every
+1,000 shuffled sentences) and a few long blocks of ``bible.txt``; Brown texts (<= 97 lines), Jargon File
+entries and PubMed abstracts stay whole. Random splits shuffle documents by ``sha256(f"{seed}:{index}")``
+(independent of Python/NumPy versions), take ``max(1, round(n * fraction))`` documents for test, then valid,
+the rest for train, and join each split's documents with a blank line (``"\\n\\n"``, plus a final newline).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coupled_qk.data.paths import DATA_ENV, default_data_dir
+
+KNOWN_CORPORA = ("wiki-vital", "pubmed", "mixed-domain", "wikitext-103", "wikitext-103-raw", "wikitext-2",
+                 "wikitext-2-raw")
+SPLITS = ("train", "valid", "test")
+MAX_DOC_LINES = 100
+GROUP_LINES = 20
+_HINT = f"pass --data-dir (data_dir=) or set {DATA_ENV} to the folder holding it"
+
+
+@dataclass
+class Corpus:
+    """A corpus as three text splits.
+
+    Attributes:
+        name: corpus name or the path it was loaded from.
+        train, valid, test: the split texts (``str``, unicode, exactly as read / joined; never empty).
+        source: provenance: files read, data dir, split method, seed, fractions, document counts.
+    """
+
+    name: str
+    train: str = field(repr=False)
+    valid: str = field(repr=False)
+    test: str = field(repr=False)
+    source: dict = field(default_factory=dict)
+
+    def split(self, split: str) -> str:
+        """The text of ``split`` (one of ``"train"``, ``"valid"``, ``"test"``); ValueError otherwise."""
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is not one of {SPLITS}")
+        return getattr(self, split)
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={len(getattr(self, s)):,} chars" for s in SPLITS)
+        return f"Corpus(name={self.name!r}, {sizes})"
+
+
+def word_count(text: str, *, add_eos: bool = False) -> int:
+    """Number of whitespace-separated words in ``text`` (``len(text.split())``).
+
+    This is the normaliser for word-level perplexity on WikiText (``ppl_word = exp(total_nll / words)``
+    with the NLL summed over all tokens). ``add_eos=True`` also counts one end-of-line per non-empty line,
+    the ``<eos>`` convention of Merity et al.'s word-level models.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    n = len(text.split())
+    return n + sum(1 for line in text.split("\n") if line.strip()) if add_eos else n
+
+
+def read_text(path: Path, corpus: str) -> str:
+    """Read ``path`` as strict UTF-8 (newlines kept exactly as stored).
+
+    Raises:
+        FileNotFoundError: the file is missing (message names the corpus and the file).
+        ValueError: the file is not valid UTF-8 (message names the file and the byte offset).
+        OSError: any other read failure, re-raised with the file named.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus {corpus!r}: expected file {path} does not exist; {_HINT}")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise OSError(f"corpus {corpus!r}: cannot read {path}: {e}") from e
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"corpus {corpus!r}: {path} is not valid UTF-8 text (bad byte at offset {e.start})"
+                         ) from e
+
+
+def split_documents(text: str, max_lines: int = MAX_DOC_LINES, group_lines: int = GROUP_LINES) -> list[str]:
+    """Split ``text`` into documents: blank-line-separated paragraphs, long ones cut into line groups.
+
+    Returns:
+        Non-empty documents, in order, each a ``"\\n"``-joined run of non-blank lines (lines are split at
+        ``"\\n"`` only; other whitespace, including ``"\\r"``, is kept). A paragraph of more than
+        ``max_lines`` lines becomes consecutive groups of ``group_lines`` lines.
+    """
+    if max_lines < 1 or group_lines < 1:
+        raise ValueError(f"max_lines={max_lines} and group_lines={group_lines} must both be >= 1")
+    docs: list[str] = []
+    para: list[str] = []
+
+    def flush() -> None:
+        if len(para) > max_lines:
+            docs.extend("\n".join(para[i:i + group_lines]) for i in range(0, len(para), group_lines))
+        elif para:
+            docs.append("\n".join(para))
+        para.clear()
+
+    for line in text.split("\n"):
+        if line.strip():
+            para.append(line)
+        else:
+            flush()
+    flush()
+    return docs
+
+
+def _check_fraction(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"{name}={value!r} must be a number strictly between 0 and 1")
+    return float(value)
+
+
+def random_split(docs: list[str], seed: int, valid_fraction: float, test_fraction: float,
+                 corpus: str) -> tuple[list[str], list[str], list[str]]:
+    """Deterministic document-level split into (train, valid, test) lists, in shuffled order.
+
+    The order is ``sorted(range(n), key=sha256(f"{seed}:{i}"))``; test takes ``max(1, round(n*test_fraction))``
+    documents, valid the next ``max(1, round(n*valid_fraction))``, train the rest.
+
+    Raises:
+        ValueError: bad seed / fractions, or fewer documents than needed for one per split.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed!r} must be an int")
+    valid_fraction = _check_fraction("valid_fraction", valid_fraction)
+    test_fraction = _check_fraction("test_fraction", test_fraction)
+    if valid_fraction + test_fraction >= 1:
+        raise ValueError(f"valid_fraction + test_fraction = {valid_fraction + test_fraction} must be < 1")
+    n = len(docs)
+    n_test, n_valid = max(1, round(n * test_fraction)), max(1, round(n * valid_fraction))
+    if n - n_test - n_valid < 1:
+        raise ValueError(f"corpus {corpus!r} has {n} documents; need at least {n_test + n_valid + 1} "
+                         "for non-empty train/valid/test splits")
+    order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+    test = [docs[i] for i in order[:n_test]]
+    valid = [docs[i] for i in order[n_test:n_test + n_valid]]
+    return [docs[i] for i in order[n_test + n_valid:]], valid, test
+
+
+def _join(docs: list[str]) -> str:
+    return "\n\n".join(docs) + "\n" if docs else ""
+
+
+def _from_documents(name: str, files: list[Path], seed: int, vf: float, tf: float, source: dict) -> Corpus:
+    docs: list[str] = []
+    for f in files:
+        docs.extend(split_documents(read_text(f, name)))
+    train, valid, test = random_split(docs, seed, vf, tf, name)
+    source.update(files=[str(f) for f in files], split="document-level random", seed=seed,
+                  valid_fraction=vf, test_fraction=tf, max_doc_lines=MAX_DOC_LINES, group_lines=GROUP_LINES,
+                  n_documents={"train": len(train), "valid": len(valid), "test": len(test)})
+    return _finish(name, _join(train), _join(valid), _join(test), source)
+
+
+def _finish(name: str, train: str, valid: str, test: str, source: dict) -> Corpus:
+    for split, text in zip(SPLITS, (train, valid, test)):
+        if not text.strip():
+            raise ValueError(f"corpus {name!r}: the {split} split is empty (source: {source.get('files')})")
+    return Corpus(name, train, valid, test, source)
+
+
+def _from_given_splits(name: str, files: dict[str, Path], source: dict) -> Corpus:
+    texts = {s: read_text(p, name) for s, p in files.items()}
+    source.update(files={s: str(p) for s, p in files.items()}, split="given")
+    return _finish(name, texts["train"], texts["valid"], texts["test"], source)
+
+
+def _wikitext(name: str, data_dir: Path) -> Corpus:
+    ext = "raw" if name.endswith("-raw") else "tokens"
+    candidates = [data_dir, data_dir / name]
+    for folder in candidates:
+        if (folder / f"wiki.train.{ext}").is_file():
+            files = {s: folder / f"wiki.{s}.{ext}" for s in SPLITS}
+            return _from_given_splits(name, files, {"data_dir": str(data_dir)})
+    expected = " or ".join(str(c / f"wiki.train.{ext}") for c in candidates)
+    raise FileNotFoundError(f"corpus {name!r}: expected file {expected} (data dir searched: {data_dir}); "
+                            f"download the official {name} release and {_HINT}")
+
+
+def _given_split_files(folder: Path) -> dict[str, Path] | None:
+    for pattern in ("{}.txt", "wiki.{}.tokens", "wiki.{}.raw"):
+        files = {s: folder / pattern.format(s) for s in SPLITS}
+        present = [p for p in files.values() if p.is_file()]
+        if len(present) == 3:
+            return files
+        if present:
+            missing = [str(p) for p in files.values() if not p.is_file()]
+            raise FileNotFoundError(f"{folder} holds {present[0].name} but not {', '.join(missing)}: a folder "
+                                    "with given splits needs all of train/valid/test")
+    return None
+
+
+def _from_path(name: str, path: Path, seed: int, vf: float, tf: float) -> Corpus:
+    source = {"path": str(path)}
+    if path.is_file():
+        return _from_documents(name, [path], seed, vf, tf, source)
+    given = _given_split_files(path)
+    if given is not None:
+        return _from_given_splits(name, given, source)
+    files = sorted(path.rglob("*.txt"), key=lambda p: p.relative_to(path).as_posix())
+    if not files:
+        raise FileNotFoundError(f"corpus {name!r}: folder {path} holds no *.txt files")
+    return _from_documents(name, files, seed, vf, tf, source)
+
+
+def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int = 0,
+                valid_fraction: float = 0.01, test_fraction: float = 0.01) -> Corpus:
+    """Load a corpus by name (:data:`KNOWN_CORPORA`) or path, as train/valid/test text.
+
+    Args:
+        name_or_path: a known corpus name, or a path (text file or folder; relative paths are tried
+            against the current directory, then against the data dir). See the module docstring.
+        data_dir: the data folder; default :func:`~coupled_qk.data.paths.default_data_dir`. For the
+            ``wikitext-*`` names it may also be the folder holding ``wiki.*.tokens`` itself.
+        seed: seed of the document-level split (int); the split is identical across runs and platforms.
+        valid_fraction, test_fraction: fractions of documents (each in (0, 1), sum < 1) for random
+            splits; at least one document goes to each split. Ignored where splits are given by files.
+
+    Returns:
+        A :class:`Corpus`.
+
+    Raises:
+        FileNotFoundError: a required file is missing (names corpus, file, data dir, ``--data-dir`` and
+            ``COUPLED_QK_DATA``), or no data dir can be found.
+        ValueError: unknown name that is not an existing path (lists :data:`KNOWN_CORPORA`); a file that is
+            not UTF-8; bad seed/fractions; an empty split; too few documents.
+    """
+    if not isinstance(name_or_path, (str, Path)):
+        raise TypeError(f"name_or_path must be a str or Path, got {type(name_or_path).__name__}")
+    name = str(name_or_path)
+    if name in KNOWN_CORPORA:
+        root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
+        if not root.is_dir():
+            raise FileNotFoundError(f"corpus {name!r}: data dir {root} does not exist; {_HINT}")
+        if name.startswith("wikitext-"):
+            return _wikitext(name, root)
+        source = {"data_dir": str(root)}
+        if name == "wiki-vital":
+            files = {"train": root / "wiki-vital" / "train.txt", "valid": root / "wikitext-2" / "valid.txt",
+                     "test": root / "wikitext-2" / "test.txt"}
+            return _from_given_splits(name, files, source)
+        if name == "pubmed":
+            return _from_documents(name, [root / "pubmed" / "abstracts.txt"], seed, valid_fraction,
+                                   test_fraction, source)
+        folder = root / "mixed-domain"
+        files = sorted(folder.glob("*.txt"))
+        if not files:
+            raise FileNotFoundError(f"corpus {name!r}: expected files {folder}/*.txt, found none "
+                                    f"(data dir searched: {root}); {_HINT}")
+        return _from_documents(name, files, seed, valid_fraction, test_fraction, source)
+    path = Path(name).expanduser()
+    if not path.exists() and not path.is_absolute():
+        try:
+            alt = (Path(data_dir).expanduser() if data_dir is not None else default_data_dir()) / path
+        except FileNotFoundError:
+            alt = path
+        path = alt if alt.exists() else path
+    if not path.exists():
+        raise ValueError(f"unknown corpus {name!r}: not one of {', '.join(KNOWN_CORPORA)} and not an existing "
+                         "file or folder")
+    return _from_path(name, path, seed, valid_fraction, test_fraction)

@@ -1,0 +1,267 @@
+"""Tokenizers: GPT-2 byte-level BPE (offline, tiktoken-identical ids) and byte-level BPE trained here.
+
+All tokenizers are Hugging Face ``tokenizers`` objects behind the small :class:`Tokenizer` wrapper. The
+literal string ``<|endoftext|>`` in a text is encoded as the special token (like tiktoken's
+``encode(text, allowed_special="all")``); everything else is plain byte-level BPE with the GPT-2 regex
+``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+`` (no prefix space).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from coupled_qk.data.paths import DATA_ENV, default_data_dir
+
+EOT = "<|endoftext|>"
+MIN_VOCAB = 256 + 1  # 256 byte tokens + <|endoftext|>
+MAX_VOCAB = 2**20
+_META = "coupled_qk_tokenizer.json"
+# A character that is not whitespace for Python's ``re`` (== str.isspace, a superset of Unicode
+# White_Space) nor a zero-width/format character some regex engines once classed as space.
+_NWS = r"[^\s\u180e\u200b-\u200d\u2060\ufeff]"
+# Safe cut positions (proof in :func:`chunk_text`): just before a " " or "\n" that is followed by a
+# non-space character.
+_SAFE_SPLIT = re.compile(rf"[ \n](?={_NWS})")
+
+
+def chunk_text(text: str, target_chars: int, avoid: Sequence[str] = ()) -> list[str]:
+    """Cut ``text`` into pieces of about ``target_chars`` characters whose GPT-2-regex encodings concatenate
+    to the encoding of the whole text (``"".join(pieces) == text`` always).
+
+    A cut is made at the first safe position at or after each ``target_chars`` step: just before a ``" "``
+    or ``"\n"`` that ends a whitespace run ``W`` and is followed by a non-space character ``Y`` that does not
+    start any string in ``avoid`` (the added/special tokens). Proof sketch: in the whole text the rule
+    ``\\s+(?!\\S)`` backtracks, so ``W`` is pre-tokenized as ``W[:-1]`` (if non-empty) then ``W[-1]``, with a
+    ``" "`` joining ``Y`` (``" ?X+"`` rules) and a ``"\n"`` standing alone (``\\s+``); the left piece ends with
+    ``W[:-1]`` (one ``\\s+(?!\\S)`` token at the end of a string) or with the non-space token before it, and
+    the right piece starts with ``W[-1] + Y``, tokenized as in the whole text because the regex has no
+    look-behind. No pre-token crosses the cut, so the BPE ids are the same. A special token at ``Y`` would
+    end the pre-tokenized span after ``W`` (making ``W`` one pre-token, e.g. ``"\n\n"`` = id 628), hence
+    ``avoid``. Pieces are longer than ``target_chars`` where safe positions are rare.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    if isinstance(target_chars, bool) or not isinstance(target_chars, int) or target_chars < 1:
+        raise ValueError(f"target_chars={target_chars!r} must be a positive int")
+    pieces, start, n = [], 0, len(text)
+    while n - start > target_chars:
+        pos, cut = start + target_chars, None
+        while (m := _SAFE_SPLIT.search(text, pos)) is not None:
+            if not any(text.startswith(a, m.end()) for a in avoid):
+                cut = m.start()
+                break
+            pos = m.end()
+        if cut is None:
+            break
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+class Tokenizer:
+    """A Hugging Face ``tokenizers.Tokenizer`` with the small interface the library uses.
+
+    Attributes:
+        name: ``"gpt2"``, ``"bpe-<N>"`` or the name stored with a saved tokenizer.
+        vocab_size: ``max token id + 1`` (int); GPT-2: 50,257.
+        eot_id: id of ``<|endoftext|>`` (GPT-2: 50256), or ``None`` if the tokenizer lacks it.
+        fingerprint: sha256 hex digest of the tokenizer's JSON (keys sorted); equal for equal tokenizers,
+            used in cache keys. May change with a ``tokenizers`` version that serializes new fields.
+        added_tokens: contents of the added/special tokens.
+        chunk_safe: True if :func:`chunk_text` pieces provably encode like the whole text (no normalizer,
+            GPT-2-regex ByteLevel pre-tokenizer, no whitespace-stripping added tokens).
+    """
+
+    def __init__(self, hf_tokenizer: HFTokenizer, name: str):
+        if not isinstance(hf_tokenizer, HFTokenizer):
+            raise TypeError(f"hf_tokenizer must be a tokenizers.Tokenizer, got {type(hf_tokenizer).__name__}")
+        self._tok, self.name = hf_tokenizer, str(name)
+        cfg = json.loads(hf_tokenizer.to_str())
+        canon = json.dumps(cfg, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        self.fingerprint = hashlib.sha256(canon.encode("utf-8")).hexdigest()
+        added = cfg.get("added_tokens") or []
+        self.added_tokens = [t["content"] for t in added]
+        pre = cfg.get("pre_tokenizer") or {}
+        self.chunk_safe = (cfg.get("normalizer") is None and pre.get("type") == "ByteLevel"
+                           and pre.get("use_regex", True) and not pre.get("add_prefix_space", False)
+                           and not any(t.get(k) for t in added for k in ("lstrip", "rstrip", "single_word")))
+        self.vocab_size = max(hf_tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+        self.eot_id = hf_tokenizer.token_to_id(EOT)
+
+    @property
+    def hf(self) -> HFTokenizer:
+        """The wrapped Hugging Face tokenizer."""
+        return self._tok
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids (ints in ``[0, vocab_size)``) of ``text``; no BOS/EOS is added."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``[encode(t) for t in texts]``, computed in parallel by the Rust library."""
+        texts = list(texts) if not isinstance(texts, str) else None
+        if texts is None or not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be a sequence of str (not a single str)")
+        fast = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        return [e.ids for e in fast(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of token ids (list, tuple, NumPy array or tensor of ints); special tokens are kept.
+
+        A sequence cut inside a multi-byte UTF-8 character decodes that character as U+FFFD.
+
+        Raises:
+            ValueError: an id outside ``[0, vocab_size)``.
+        """
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.vocab_size:
+                raise ValueError(f"ids contains {i!r}; expected ints in [0, {self.vocab_size})")
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``<directory>/tokenizer.json`` (Hugging Face format) and ``coupled_qk_tokenizer.json``
+        (name, fingerprint); create ``directory`` if needed. Returns the ``tokenizer.json`` path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "tokenizer.json"
+        self._tok.save(str(path))
+        meta = {"name": self.name, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}
+        (directory / _META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Tokenizer:
+        """Load a tokenizer saved by :meth:`save` (a folder holding ``tokenizer.json``, or the json file).
+
+        Raises:
+            FileNotFoundError: no ``tokenizer.json`` there. ValueError: the file is not a valid tokenizer.
+        """
+        path = Path(directory)
+        path = path / "tokenizer.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file {path} does not exist (expected a folder written by "
+                                    "Tokenizer.save or a tokenizer.json file)")
+        try:
+            hf = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust library raises a bare Exception on bad JSON
+            raise ValueError(f"{path} is not a valid Hugging Face tokenizer.json: {e}") from e
+        meta = path.parent / _META
+        name = json.loads(meta.read_text(encoding="utf-8")).get("name") if meta.is_file() else None
+        return cls(hf, name or f"file:{path}")
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+
+
+def gpt2_tokenizer(data_dir: str | Path | None = None) -> Tokenizer:
+    """The GPT-2 tokenizer (50,257 ids, ``<|endoftext|>`` = 50256), loaded offline.
+
+    Reads ``<data_dir>/tokenizer/gpt2/vocab.json`` + ``merges.txt`` (the official ``encoder.json`` /
+    ``vocab.bpe``), or those two files directly in ``data_dir``; ``data_dir`` defaults to
+    :func:`~coupled_qk.data.paths.default_data_dir`. Ids equal tiktoken's ``gpt2`` encoding.
+
+    Raises:
+        FileNotFoundError: a file is missing. ValueError: the files are not the GPT-2 vocabulary.
+    """
+    root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
+    folder = root if (root / "vocab.json").is_file() else root / "tokenizer" / "gpt2"
+    vocab, merges = folder / "vocab.json", folder / "merges.txt"
+    for f in (vocab, merges):
+        if not f.is_file():
+            raise FileNotFoundError(f"tokenizer 'gpt2': expected file {f} does not exist (data dir searched: "
+                                    f"{root}); pass --data-dir (data_dir=) or set {DATA_ENV}")
+    hf = HFTokenizer(models.BPE.from_file(str(vocab), str(merges)))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([EOT])
+    tok = Tokenizer(hf, "gpt2")
+    if tok.vocab_size != 50257 or tok.eot_id != 50256 or tok.encode("Hello world") != [15496, 995]:
+        raise ValueError(f"{vocab} / {merges} are not the GPT-2 BPE files (vocab_size={tok.vocab_size}, "
+                         f"eot_id={tok.eot_id})")
+    return tok
+
+
+def _check_vocab_size(vocab_size: int) -> int:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__} ({vocab_size!r})")
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise ValueError(f"vocab_size={vocab_size} must be in [{MIN_VOCAB}, {MAX_VOCAB}] "
+                         "(256 byte tokens + <|endoftext|> at least)")
+    return vocab_size
+
+
+def train_bpe(texts: Iterable[str] | str, vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+    """Train a byte-level BPE tokenizer (GPT-2 regex, no prefix space) with Hugging Face ``tokenizers``.
+
+    Args:
+        texts: training text(s): a str or an iterable of str (each cut at :func:`chunk_text` safe points,
+            so the pre-token counts equal those of the whole texts).
+        vocab_size: requested size incl. 256 byte tokens and ``<|endoftext|>`` (id 0), in [257, 2**20].
+            The result is smaller if the text supports fewer merges of frequency >= ``min_frequency``.
+        min_frequency: minimum pair count for a merge (int >= 1).
+
+    Returns:
+        A :class:`Tokenizer` named ``bpe-<vocab_size>``; deterministic for the same inputs.
+    """
+    vocab_size = _check_vocab_size(vocab_size)
+    if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
+        raise ValueError(f"min_frequency={min_frequency!r} must be an int >= 1")
+    texts = [texts] if isinstance(texts, str) else texts
+    seen = [0]
+
+    def pieces() -> Iterator[str]:
+        for t in texts:
+            if not isinstance(t, str):
+                raise TypeError(f"texts must contain str, got {type(t).__name__}")
+            seen[0] += len(t)
+            yield from chunk_text(t, 1 << 16, (EOT,))
+
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    hf.train_from_iterator(pieces(), trainer=trainer)
+    if seen[0] == 0:
+        raise ValueError("texts is empty: train_bpe needs training text")
+    return Tokenizer(hf, f"bpe-{vocab_size}")
+
+
+def get_tokenizer(spec: str, train_text: Iterable[str] | str | None = None,
+                  data_dir: str | Path | None = None) -> Tokenizer:
+    """Build a tokenizer from a spec string.
+
+    Args:
+        spec: ``"gpt2"`` (:func:`gpt2_tokenizer`), ``"bpe-<N>"`` (:func:`train_bpe` on ``train_text`` with
+            vocab size N), or a path to a saved tokenizer folder / ``tokenizer.json``.
+        train_text: training text(s) for ``bpe-<N>``.
+        data_dir: data folder for ``gpt2``.
+
+    Raises:
+        ValueError: unknown spec, ``bpe-<N>`` without ``train_text`` or with a bad N.
+    """
+    if not isinstance(spec, (str, Path)):
+        raise TypeError(f"spec must be a str, got {type(spec).__name__}")
+    spec = str(spec)
+    if spec == "gpt2":
+        return gpt2_tokenizer(data_dir)
+    m = re.fullmatch(r"bpe-(\d+)", spec)
+    if m:
+        if train_text is None:
+            raise ValueError(f"tokenizer spec {spec!r} trains a BPE and needs train_text")
+        return train_bpe(train_text, int(m.group(1)))
+    if Path(spec).expanduser().exists():
+        return Tokenizer.load(Path(spec).expanduser())
+    raise ValueError(f"tokenizer spec {spec!r} is not 'gpt2', 'bpe-<N>' (e.g. 'bpe-8192') or an existing "
+                     "tokenizer folder / tokenizer.json")

@@ -1,0 +1,19 @@
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture
+def shared_data():
+    """Path of the shared real data (../shared/data); tests needing it skip with the reason if absent."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    env = os.environ.get("COUPLED_QK_DATA")
+    path = Path(env) if env else root
+    if not path.is_dir():
+        pytest.skip(f"shared data not found at {path}")
+    return path
