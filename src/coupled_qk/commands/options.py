@@ -17,9 +17,11 @@ def _value(text: str):
         return text
 
 
-def add_model_options(parser: argparse.ArgumentParser, default_preset: str = "tiny") -> None:
+def add_model_options(parser: argparse.ArgumentParser, default_preset: str | None = "tiny") -> None:
     """Add ``--preset``, ``--attention``, ``--integrator``, ``--n-steps`` and ``--set FIELD=VALUE``."""
-    parser.add_argument("--preset", default=default_preset, choices=sorted(PRESETS), help="model size preset")
+    parser.add_argument(
+        "--preset", default=default_preset, choices=sorted(PRESETS), help=f"model size preset (default {default_preset})"
+    )
     parser.add_argument("--attention", default=None, help="attention variant (default: the preset's, standard)")
     parser.add_argument("--integrator", default=None, help="euler | leapfrog | symplectic_euler")
     parser.add_argument("--n-steps", type=int, default=None, help="integration steps of the dynamics")

@@ -1,0 +1,353 @@
+"""Train-step speed of the attention variants against ``standard``, measured interleaved in one run.
+
+Method (see ``benchmarks/README.md``): every variant is built from the same base :class:`GPTConfig` (only the
+attention fields change) with its own AdamW optimizer and the same random token batch. One *step* is forward
+(next-token loss), backward, ``AdamW.step()`` and ``zero_grad()``. After ``warmup`` untimed steps per variant
+(which also trigger ``torch.compile``), each repeat times one step of every variant in round-robin order
+(rotated by one variant per repeat, so no variant always runs first), synchronising the accelerator around
+each step. Reported per variant: median, 10th and 90th percentile step time, tokens per second from the
+median, and ``ratio = median / median(standard)`` from the same run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
+
+# name -> GPTConfig fields that select the variant (everything else comes from the base config)
+VARIANTS: dict[str, dict] = {
+    "standard": dict(attention="standard"),
+    "coupled_euler": dict(attention="coupled", integrator="euler"),
+    "coupled_leapfrog": dict(attention="coupled", integrator="leapfrog"),
+    "uncoupled_mlp": dict(attention="uncoupled_mlp"),
+    "differential": dict(attention="differential"),
+    "coupled_differential": dict(attention="coupled_differential"),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+BASELINE = "standard"
+
+
+def parse_variants(text: str | list[str] | None) -> list[str]:
+    """Variant names from ``"a,b"`` (or a list), with ``standard`` always first; ``None``/``"all"`` -> all.
+
+    ``coupled`` is accepted as an alias of ``coupled_euler``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the valid ones).
+    """
+    if text is None or text == "all":
+        return list(VARIANTS)
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = []
+    for item in items:
+        name = item.strip().replace("-", "_")
+        name = "coupled_euler" if name == "coupled" else name
+        if not name:
+            continue
+        if name not in VARIANTS:
+            raise ValueError(f"unknown bench variant {item!r}; expected some of {list(VARIANTS)} (comma-separated)")
+        if name not in names:
+            names.append(name)
+    return [BASELINE] + [n for n in names if n != BASELINE]
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cuda`` without a GPU raises ``ValueError``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """``auto`` -> ``bf16`` (autocast) on CUDA, ``fp32`` elsewhere; otherwise the name, checked."""
+    if name == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected auto or one of {list(DTYPES)}")
+    return name
+
+
+def cpu_model() -> str:
+    """The CPU model name from ``/proc/cpuinfo`` (Linux), else :func:`platform.processor`."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":")[0].strip() in ("model name", "Hardware", "cpu model"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info(device: torch.device) -> dict:
+    """Where the numbers come from: CPU, cores, torch version and threads, device and GPU name."""
+    info = dict(
+        cpu=cpu_model(),
+        cpu_count=os.cpu_count(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+        device=str(device),
+        cuda=None,
+    )
+    if device.type == "cuda":
+        info["cuda"] = torch.cuda.get_device_name(device)
+        info["cuda_version"] = torch.version.cuda
+    return info
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Runner:
+    """One variant: model, optimizer and a ``step()`` that does forward, backward, AdamW and zero_grad."""
+
+    def __init__(self, name, config, x, y, device, dtype, compile_model, seed):
+        self.name, self.config, self.x, self.y, self.device = name, config, x, y, device
+        torch.manual_seed(seed)
+        self.model = GPT(config).to(device).train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.1)
+        self.autocast = dtype != "fp32"
+        self.dtype = DTYPES[dtype]
+        self.loss_fn = self.model.loss
+        self.compiled = False
+        self.compile_error: str | None = None
+        self.compile_s: float | None = None
+        if compile_model:
+            self.loss_fn = torch.compile(self.model.loss)
+            self.compiled = True
+
+    def _step(self) -> None:
+        ctx = (torch.autocast(self.device.type, dtype=self.dtype) if self.autocast else contextlib.nullcontext())
+        with ctx:
+            loss = self.loss_fn(self.x, self.y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def first_step(self) -> None:
+        """The first (warmup) step; compiles when asked, falling back to eager with the reason recorded."""
+        start = time.perf_counter()
+        try:
+            self._step()
+        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
+            if not self.compiled:
+                raise
+            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+            self.compile_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
+            self.compiled = False
+            self.loss_fn = self.model.loss
+            self.optimizer.zero_grad(set_to_none=True)
+            self._step()
+        _sync(self.device)
+        if self.compiled:
+            self.compile_s = time.perf_counter() - start
+
+    def timed_step(self) -> float:
+        """One step; returns its wall time in milliseconds (accelerator synchronised before and after)."""
+        _sync(self.device)
+        start = time.perf_counter()
+        self._step()
+        _sync(self.device)
+        return 1000.0 * (time.perf_counter() - start)
+
+
+def summarize(times_ms: list[float], tokens_per_step: int) -> dict:
+    """``median_ms, p10_ms, p90_ms, tokens_per_s`` of step times (tokens/s from the median)."""
+    t = np.asarray(times_ms, dtype=np.float64)
+    median = float(np.median(t))
+    return dict(
+        median_ms=median,
+        p10_ms=float(np.percentile(t, 10)),
+        p90_ms=float(np.percentile(t, 90)),
+        tokens_per_s=tokens_per_step / (median / 1000.0),
+    )
+
+
+def run_bench(
+    base: GPTConfig,
+    variants: list[str] | str | None = None,
+    batch_size: int = 16,
+    seq_len: int | None = None,
+    repeats: int = 10,
+    warmup: int = 3,
+    device: str | torch.device = "auto",
+    dtype: str = "auto",
+    compile_model: bool = False,
+    seed: int = 0,
+    log=None,
+) -> dict:
+    """Time a train step of each variant, interleaved, against ``standard``; returns the result dict.
+
+    Args:
+        base: model configuration shared by all variants (its ``attention``/``integrator`` are replaced).
+        variants: names from :data:`VARIANTS` (list or comma-separated); ``standard`` is always included.
+        batch_size, seq_len: tokens per step (``seq_len`` defaults to ``base.block_size``).
+        repeats: timed steps per variant (medians over these); warmup: untimed steps per variant first (at
+            least 1: the first step compiles when ``compile_model``).
+        device: ``auto``, ``cpu``, ``cuda`` (or a ``torch.device``); dtype: ``auto``, ``fp32``, ``bf16``,
+            ``fp16`` (non-fp32 runs under ``torch.autocast``; ``auto`` is bf16 on CUDA, fp32 on CPU).
+        compile_model: ``torch.compile`` the loss (forward); a variant whose compile fails runs eager and
+            reports ``compile_error``.
+        log: optional ``print``-like callable for progress.
+
+    Returns:
+        ``{"settings", "machine", "variants": {name: {...}}, "elapsed_s"}``; each variant has
+        ``median_ms, p10_ms, p90_ms, tokens_per_s, ratio, params, overhead_percent, times_ms`` and the
+        compile status (``compiled, compile_s, compile_error``).
+
+    Raises:
+        ValueError: unknown variant/device/dtype, ``repeats < 1``, ``warmup < 1`` or ``seq_len`` outside
+            ``[1, block_size]``.
+    """
+    t0 = time.perf_counter()
+    names = parse_variants(variants)
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    dtype = resolve_dtype(dtype, dev)
+    seq_len = base.block_size if seq_len is None else seq_len
+    if not 1 <= seq_len <= base.block_size:
+        raise ValueError(f"seq_len={seq_len} must be in [1, block_size={base.block_size}]")
+    if batch_size < 1 or repeats < 1 or warmup < 1:
+        raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 1; got {batch_size}, {repeats}, {warmup}")
+    log = log or (lambda *a, **k: None)
+    configs = {n: dataclasses.replace(base, **VARIANTS[n]) for n in names}
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    if compile_model:
+        # one compiled frame (GPT.loss) per variant: keep dynamo from giving up after the default limit
+        dyn = torch._dynamo.config
+        dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
+    runners = {n: _Runner(n, configs[n], x, y, dev, dtype, compile_model, seed) for n in names}
+
+    for n, r in runners.items():  # warmup, compiling if asked
+        r.first_step()
+        msg = f"  {n}: compiled in {r.compile_s:.1f} s" if r.compiled else f"  {n}: warm"
+        log(msg + (f" (compile failed, eager: {r.compile_error})" if r.compile_error else ""))
+    for _ in range(warmup - 1):
+        for r in runners.values():
+            r.timed_step()
+
+    gc.collect()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    order = list(names)
+    for i in range(repeats):
+        for n in order[i % len(order):] + order[: i % len(order)]:
+            times[n].append(runners[n].timed_step())
+        if (i + 1) % max(1, repeats // 5) == 0:
+            log(f"  repeat {i + 1}/{repeats}")
+
+    tokens_per_step = batch_size * seq_len
+    results = {}
+    for n in names:
+        r = runners[n]
+        info = coupling_parameter_overhead(configs[n])
+        results[n] = dict(
+            attention=configs[n].attention,
+            integrator=configs[n].integrator if configs[n].attention in ("coupled", "coupled_differential") else None,
+            n_steps=configs[n].n_steps,
+            **summarize(times[n], tokens_per_step),
+            params=info["params"],
+            overhead_percent=info["overhead_percent"],
+            compiled=r.compiled,
+            compile_s=r.compile_s,
+            compile_error=r.compile_error,
+            times_ms=times[n],
+        )
+    base_median = results[BASELINE]["median_ms"]
+    for n in names:
+        results[n]["ratio"] = results[n]["median_ms"] / base_median
+    return dict(
+        settings=dict(
+            variants=names,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            tokens_per_step=tokens_per_step,
+            repeats=repeats,
+            warmup=warmup,
+            device=str(dev),
+            dtype=dtype,
+            compile=compile_model,
+            seed=seed,
+            config=base.to_dict(),
+        ),
+        machine=machine_info(dev),
+        variants=results,
+        elapsed_s=time.perf_counter() - t0,
+    )
+
+
+def result_stem(preset: str, result: dict) -> str:
+    """``bench-<preset>-<device>[-<dtype>][-compile]`` (the dtype only when it is not the device's default)."""
+    s = result["settings"]
+    device = s["device"].split(":")[0]
+    parts = ["bench", preset, device]
+    if s["dtype"] != resolve_dtype("auto", torch.device(device)):
+        parts.append(s["dtype"])
+    if s["compile"]:
+        parts.append("compile")
+    return "-".join(parts)
+
+
+def markdown_table(result: dict) -> str:
+    """The result as markdown: settings, machine, command and one table row per variant."""
+    s, m = result["settings"], result["machine"]
+    c = s["config"]
+    gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
+    lines = [
+        f"# Train-step benchmark: {result.get('preset', '?')} preset on {s['device']}",
+        "",
+        f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, "
+        f"{m['threads']} threads; {m['platform']}",
+        f"- command: `{result.get('command', '')}`",
+        f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} "
+        f"vocab={c['vocab_size']} n_steps={c['n_steps']}; batch {s['batch_size']} x seq {s['seq_len']} "
+        f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}",
+        f"- step = forward + backward + AdamW step + zero_grad; {s['warmup']} warmup, median of {s['repeats']} "
+        f"interleaved repeats; ratio = median / median(standard); total {result['elapsed_s']:.0f} s",
+        "",
+        "| variant | params | overhead | median ms | p10-p90 ms | tokens/s | ratio vs standard |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, v in result["variants"].items():
+        note = ""
+        if v["compiled"] and v["compile_s"] is not None:
+            note = f" (compiled, {v['compile_s']:.0f} s)"
+        elif v["compile_error"]:
+            note = " (eager: compile failed)"
+        lines.append(
+            f"| {name}{note} | {v['params']:,} | {v['overhead_percent']:+.3f}% | {v['median_ms']:.1f} | "
+            f"{v['p10_ms']:.1f}-{v['p90_ms']:.1f} | {v['tokens_per_s']:,.0f} | {v['ratio']:.3f}x |"
+        )
+    errors = {n: v["compile_error"] for n, v in result["variants"].items() if v["compile_error"]}
+    if errors:
+        lines += ["", "Compile failures (these variants ran eager):", ""]
+        lines += [f"- {n}: `{e}`" for n, e in errors.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(result: dict, out_dir: str | Path, stem: str) -> tuple[Path, Path]:
+    """Write ``<stem>.json`` and ``<stem>.md`` under ``out_dir`` (created); returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    md_path.write_text(markdown_table(result))
+    return json_path, md_path

@@ -1,0 +1,64 @@
+"""``coupled-qk analyze``: attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints.
+
+Runs :func:`coupled_qk.analysis.analyze.analyze_checkpoints` and writes ``analysis.json``, PNG figures and
+``summary.md`` into ``--out-dir``. Definitions: PAPER.md section 7 and
+:data:`coupled_qk.analysis.analyze.CONVENTIONS`.
+"""
+
+from __future__ import annotations
+
+HELP = "attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
+                        help="run folders (their latest checkpoint) or checkpoint folders (ckpt-*)")
+    parser.add_argument("--corpus", required=True,
+                        help="corpus name (wiki-vital, pubmed, mixed-domain, wikitext-2, ...) or a text path")
+    parser.add_argument("--split", default="valid", choices=("train", "valid", "test"), help="default: valid")
+    parser.add_argument("--n-sequences", type=int, default=8, help="windows analysed (default 8)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="tokens per window (default: the smallest block_size of the checkpoints)")
+    parser.add_argument("--data-dir", default=None, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
+    parser.add_argument("--out-dir", default="runs/analysis", help="where the report goes (default runs/analysis)")
+    parser.add_argument("--labels", default=None, help="comma-separated labels, one per checkpoint")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="sequences per forward pass (default: all; lower it to save memory)")
+    parser.add_argument("--example-layer", type=int, default=None,
+                        help="layer of the example attention maps (default: the middle layer)")
+    parser.add_argument("--example-head", type=int, default=0, help="head of the example maps (default 0)")
+    parser.add_argument("--split-seed", type=int, default=0,
+                        help="seed of random document splits (pubmed, mixed-domain, text paths), as in training")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
+
+
+def run(args) -> int:
+    from coupled_qk.analysis.analyze import analyze_checkpoints
+
+    labels = None
+    if args.labels is not None:
+        labels = [label.strip() for label in args.labels.split(",")]
+        if any(not label for label in labels):
+            raise ValueError(f"--labels {args.labels!r}: labels must be non-empty")
+    report = analyze_checkpoints(
+        args.checkpoints,
+        args.corpus,
+        split=args.split,
+        n_sequences=args.n_sequences,
+        seq_len=args.seq_len,
+        data_dir=args.data_dir,
+        out_dir=args.out_dir,
+        labels=labels,
+        batch_size=args.batch_size,
+        example_layer=args.example_layer,
+        example_head=args.example_head,
+        split_seed=args.split_seed,
+        device=args.device,
+        make_plots=not args.no_plots,
+    )
+    for e in report["checkpoints"]:
+        print(f"{e['label']}: {e['analysis']['attention']}, {e['checkpoint']} ({e['seconds']:.1f} s)")
+    print(f"wrote {report['files']['summary.md']}, {report['files']['analysis.json']} and "
+          f"{len(report['files']) - 2} figures")
+    return 0

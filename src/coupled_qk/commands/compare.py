@@ -1,0 +1,31 @@
+"""``coupled-qk compare``: several attention variants with the same seeds, data order and token budget."""
+
+from __future__ import annotations
+
+from coupled_qk.commands.train import add_train_options, config_from_args
+
+HELP = "train several attention variants with the same data and budget, then compare"
+
+
+def add_arguments(parser) -> None:
+    add_train_options(parser)
+    parser.add_argument(
+        "--variants", default="standard,coupled,coupled-leapfrog,uncoupled_mlp",
+        help="comma-separated variant specs: aliases (standard, coupled, coupled-leapfrog, uncoupled_mlp, "
+        "differential, coupled_differential) or attention+field=value, e.g. coupled+n_steps=3",
+    )
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (mean and std reported)")
+
+
+def run(args) -> int:
+    from coupled_qk.training.compare import format_table, run_comparison
+
+    if args.out_dir is None:
+        args.out_dir = "runs/compare"
+    base = config_from_args(args)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    summary = run_comparison(base, variants, seeds, base.out_dir)
+    print(format_table(summary))
+    print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")
+    return 0

@@ -1,0 +1,34 @@
+"""``coupled-qk demo``: standard vs coupled (Euler, leapfrog) vs uncoupled MLP on real Wikipedia text.
+
+Trains the ``tiny`` preset with a byte-level BPE (8,192 tokens) trained on the wiki-vital lead sections,
+validates and tests on WikiText-2 valid/test, all on CPU in about 15 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+from coupled_qk.commands.train import add_train_options, config_from_args
+
+HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes"
+DEMO_VARIANTS = "standard,coupled,coupled-leapfrog,uncoupled_mlp"
+DEMO_DEFAULTS = dict(
+    corpus="wiki-vital", tokenizer="bpe-8192", preset="tiny", batch_size=16, lr=2e-3, warmup_steps=50,
+    max_tokens=1_000_000, eval_interval=100, eval_batches=8, log_interval=10, out_dir="runs/demo",
+)
+
+
+def add_arguments(parser) -> None:
+    add_train_options(parser)
+    parser.add_argument("--variants", default=DEMO_VARIANTS, help=f"variants to compare (default {DEMO_VARIANTS})")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds")
+
+
+def run(args) -> int:
+    from coupled_qk.training.compare import format_table, run_comparison
+
+    defaults = {k: v for k, v in DEMO_DEFAULTS.items() if getattr(args, k, None) is None}
+    base = config_from_args(args, **defaults)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    summary = run_comparison(base, args.variants.split(","), seeds, base.out_dir)
+    print(format_table(summary))
+    print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")
+    return 0

@@ -1,0 +1,120 @@
+"""Language-modelling task: corpus, tokenizer, cached token arrays, deterministic batches, perplexity."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from coupled_qk.data.cache import tokenize_to_cache
+from coupled_qk.data.corpora import load_corpus, word_count
+from coupled_qk.data.paths import default_cache_dir
+from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
+from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.perplexity import evaluate_perplexity
+
+WORD_LEVEL_CORPORA = ("wiki-vital", "wikitext-2", "wikitext-103", "wikitext-2-raw", "wikitext-103-raw")
+
+
+def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:
+    """Start offsets of the global batch of ``(step, micro)``: a pure function of its arguments.
+
+    Because batches depend only on ``(seed, step, micro)``, resuming at a step reproduces the data order
+    exactly, and ``R`` ranks taking consecutive slices of one global batch see the same data as one process.
+    """
+    rng = np.random.default_rng([seed, step, micro])
+    return rng.integers(0, n_windows, size=global_batch)
+
+
+class LMTask:
+    """Next-token prediction on a corpus (see :func:`coupled_qk.data.corpora.load_corpus`).
+
+    The tokenizer is the GPT-2 BPE (``tokenizer="gpt2"``), a byte-level BPE trained on the training split
+    (``"bpe-<vocab>"``, cached by corpus content and saved with the run) or a saved tokenizer path.
+    Token arrays are memory-mapped from the cache (:func:`coupled_qk.data.cache.tokenize_to_cache`).
+    """
+
+    name = "lm"
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
+        self.cfg = cfg
+        cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+        split_seed = int(cfg.task_options.get("split_seed", 0))
+        self.corpus = load_corpus(cfg.corpus, cfg.data_dir, seed=split_seed)
+        saved = run_dir / "tokenizer" if run_dir is not None else None
+        if saved is not None and (saved / "tokenizer.json").is_file():
+            self.tokenizer = Tokenizer.load(saved)
+        else:
+            self.tokenizer = self._tokenizer(cfg, cache_dir)
+            if saved is not None:
+                self.tokenizer.save(saved)
+        self.tokens = {
+            split: tokenize_to_cache(self.corpus.split(split), self.tokenizer, cache_dir / "tokens")
+            for split in ("train", "valid", "test")
+        }
+        self.block_size = cfg.gpt_config().block_size
+        n_train = len(self.tokens["train"])
+        if n_train <= self.block_size + 1:
+            raise ValueError(
+                f"the training split of {cfg.corpus!r} has {n_train} tokens, fewer than block_size + 2 = "
+                f"{self.block_size + 2}"
+            )
+
+    def _tokenizer(self, cfg: TrainConfig, cache_dir: Path) -> Tokenizer:
+        spec = cfg.tokenizer
+        if not spec.startswith("bpe-"):
+            return get_tokenizer(spec, data_dir=cfg.data_dir)
+        key = hashlib.sha256((spec + "\0" + self.corpus.train).encode()).hexdigest()[:16]
+        where = cache_dir / "tokenizers" / f"{spec}-{key}"
+        if (where / "tokenizer.json").is_file():
+            return Tokenizer.load(where)
+        tok = get_tokenizer(spec, train_text=self.corpus.train, data_dir=cfg.data_dir)
+        tok.save(where)
+        return tok
+
+    def model_overrides(self) -> dict:
+        """Fields the model takes from the task: the tokenizer's vocabulary size."""
+        return {"vocab_size": self.tokenizer.vocab_size}
+
+    def describe(self) -> dict:
+        """Corpus, tokenizer and token counts, for results files."""
+        return {
+            "corpus": self.corpus.name,
+            "tokenizer": self.tokenizer.name,
+            "vocab_size": self.tokenizer.vocab_size,
+            "tokens": {split: int(len(t)) for split, t in self.tokens.items()},
+        }
+
+    def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int, device) -> tuple:
+        """``(x, y)`` LongTensors ``(batch_size, block_size)`` for this rank; ``y`` is ``x`` shifted by one."""
+        tokens = self.tokens["train"]
+        offsets = batch_offsets(self.cfg.seed, step, micro, len(tokens) - self.block_size, batch_size * world)
+        offsets = offsets[rank * batch_size : (rank + 1) * batch_size]
+        idx = offsets[:, None] + np.arange(self.block_size + 1)
+        chunk = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+        return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
+
+    def evaluate(self, model, device, quick: bool = True, autocast_dtype=None) -> dict:
+        """Validation loss/perplexity (``quick``: the first ``eval_batches`` batches) or, with ``quick=False``,
+        full validation and test perplexity (and word-level perplexity for WikiText-style corpora)."""
+        out = {}
+        splits = ("valid",) if quick else ("valid", "test")
+        for split in splits:
+            n_words = None
+            if not quick and self.corpus.name in WORD_LEVEL_CORPORA:
+                n_words = word_count(self.corpus.split(split))
+            res = evaluate_perplexity(
+                model, self.tokens[split], self.block_size, batch_size=self.cfg.batch_size, device=device,
+                n_words=n_words, autocast_dtype=autocast_dtype,
+                max_windows=self.cfg.eval_batches * self.cfg.batch_size if quick else None,
+            )
+            out.update({f"{split}/{k}": v for k, v in res.items()})
+        return out
+
+    def save(self, run_dir: Path) -> None:
+        """Write the tokenizer and a description of the data next to the checkpoints."""
+        self.tokenizer.save(run_dir / "tokenizer")
+        (run_dir / "data.json").write_text(json.dumps(self.describe(), indent=2))

@@ -1,0 +1,291 @@
+"""The one training loop: language modelling, MQAR and any task with the same small interface.
+
+A task provides ``model_overrides() -> dict``, ``describe() -> dict``,
+``train_batch(step, micro, rank, world, batch_size, device) -> (x, y)`` (a pure function of its arguments,
+which makes resume exact and multi-process runs match one process), ``evaluate(model, device, quick,
+autocast_dtype) -> dict`` and ``save(run_dir)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from coupled_qk.models.gpt import GPT
+from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.distributed import Runtime, all_reduce_mean, barrier, setup_runtime, teardown
+
+
+def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
+    """Linear warmup over ``warmup_steps`` then cosine decay to ``min_lr_ratio * lr`` at ``total_steps``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - floor)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (``dim >= 2``) and none on vectors (norms, ``dt``, lambdas)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    kwargs = {"fused": True} if fused else {}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **kwargs)
+
+
+def total_steps_of(cfg: TrainConfig, tokens_per_step: int) -> int:
+    """Schedule horizon: ``max_steps``, or the steps that ``max_tokens`` needs, whichever is smaller."""
+    options = [cfg.max_steps] if cfg.max_steps else []
+    if cfg.max_tokens:
+        options.append(math.ceil(cfg.max_tokens / tokens_per_step))
+    return min(options)
+
+
+def _build_task(cfg: TrainConfig, run_dir: Path, runtime: Runtime):
+    if cfg.task == "lm":
+        from coupled_qk.training.lm import LMTask as task_cls
+    else:
+        from coupled_qk.training.mqar_task import MQARTask as task_cls
+    if runtime.is_main:  # rank 0 fills the caches first, the others then read them
+        task = task_cls(cfg, run_dir)
+        barrier(runtime)
+    else:
+        barrier(runtime)
+        task = task_cls(cfg, run_dir)
+    return task
+
+
+def _wrap(model: GPT, cfg: TrainConfig, runtime: Runtime) -> torch.nn.Module:
+    wrapped: torch.nn.Module = model
+    if runtime.world > 1 and cfg.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    elif runtime.world > 1:
+        ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if cfg.compile:
+        try:
+            wrapped = torch.compile(wrapped)
+        except Exception as exc:  # pragma: no cover - depends on the platform's compiler
+            warnings.warn(f"torch.compile failed ({exc}); training eagerly", stacklevel=2)
+    return wrapped
+
+
+def _full_states(model: GPT, optimizer, cfg: TrainConfig, runtime: Runtime) -> tuple[dict, dict]:
+    if runtime.world > 1 and cfg.fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_state_dict(model, optimizer, options=opts)
+    return model.state_dict(), optimizer.state_dict()
+
+
+class _Logger:
+    """JSON-lines metrics (``metrics.jsonl``), TensorBoard scalars and the progress bar, on rank 0 only."""
+
+    def __init__(self, run_dir: Path, cfg: TrainConfig, runtime: Runtime, start_step: int, total_steps: int):
+        self.active = runtime.is_main
+        self.file = None
+        self.tb = None
+        self.bar = None
+        if not self.active:
+            return
+        path = run_dir / "metrics.jsonl"
+        if path.exists():  # drop entries a killed run wrote after its last checkpoint
+            keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= start_step]
+            path.write_text("".join(line + "\n" for line in keep))
+        self.file = path.open("a")
+        if cfg.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:
+                warnings.warn("tensorboard is not installed; logging JSON lines only", stacklevel=2)
+        self.bar = tqdm(total=total_steps, initial=start_step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+
+    def log(self, record: dict) -> None:
+        if not self.active:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.tb.add_scalar(key, value, record["step"])
+
+    def progress(self, n: int, **postfix) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            self.bar.set_postfix(postfix, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.file is not None:
+            self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def train(cfg: TrainConfig, task=None) -> dict:
+    """Train a :class:`~coupled_qk.GPT` on ``cfg.task`` and return the run's results (also ``results.json``).
+
+    Writes into ``cfg.out_dir``: ``config.json``, ``metrics.jsonl`` (training loss, learning rate, tokens/s and
+    validation metrics), TensorBoard events, atomic checkpoints (:mod:`coupled_qk.training.checkpoint`) and
+    ``results.json`` with the final validation/test metrics.
+
+    Raises:
+        ValueError: ``out_dir`` already holds checkpoints and ``resume`` is off (nothing is overwritten), or
+            the checkpoint to resume was made with a different model configuration.
+    """
+    runtime = setup_runtime(cfg.device, cfg.dtype)
+    try:
+        return _train(cfg, task, runtime)
+    finally:
+        teardown(runtime)
+
+
+def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
+    run_dir = Path(cfg.out_dir)
+    has_ckpt = (run_dir / "latest").is_file()
+    if has_ckpt and not cfg.resume:
+        raise ValueError(f"{run_dir} already holds checkpoints; pass --resume to continue it or choose another --out-dir")
+    if runtime.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    barrier(runtime)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    task = task if task is not None else _build_task(cfg, run_dir, runtime)
+    model_cfg = cfg.gpt_config(**task.model_overrides())
+    model = GPT(model_cfg).to(runtime.device)
+    optimizer = build_optimizer(model, cfg, fused=runtime.device.type == "cuda")
+    state = {"step": 0, "tokens": 0, "train_seconds": 0.0}
+    if cfg.resume and has_ckpt:
+        where = ckpt.resolve_checkpoint(run_dir)
+        from coupled_qk.models.config import GPTConfig
+
+        ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
+        ckpt._load_weights(model, where)
+        optimizer.load_state_dict(torch.load(where / "optimizer.pt", map_location=runtime.device, weights_only=False))
+        state = json.loads((where / "state.json").read_text())
+        ckpt.set_rng_state(torch.load(where / "rng.pt", weights_only=False))
+    if runtime.is_main:
+        cfg.save(run_dir / "config.json")
+        model_cfg.save(run_dir / "model_config.json")
+        task.save(run_dir)
+    wrapped = _wrap(model, cfg, runtime)
+    seq_len = model_cfg.block_size
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * runtime.world * seq_len
+    total_steps = total_steps_of(cfg, tokens_per_step)
+    start_step = state["step"]
+    logger = _Logger(run_dir, cfg, runtime, start_step, total_steps)
+    use_scaler = runtime.autocast_dtype == torch.float16
+    scaler = torch.amp.GradScaler(runtime.device.type, enabled=use_scaler)
+    autocast = dict(device_type=runtime.device.type, dtype=runtime.autocast_dtype, enabled=runtime.autocast_dtype is not None)
+    stop_reason, last_eval = "max_steps", {}
+    t_start, base_seconds = time.perf_counter(), state["train_seconds"]
+    step = start_step
+    window_t, window_tokens = time.perf_counter(), 0
+
+    def save():
+        model_state, opt_state = _full_states(model, optimizer, cfg, runtime)
+        if runtime.is_main:
+            ckpt.save_checkpoint(run_dir, model_state, model_cfg, opt_state, dict(state), keep=cfg.keep_checkpoints)
+        barrier(runtime)
+
+    wrapped.train()
+    while step < total_steps:
+        elapsed = base_seconds + time.perf_counter() - t_start
+        if cfg.stop_after_steps is not None and step - start_step >= cfg.stop_after_steps:
+            stop_reason = "stop_after_steps"
+            break
+        if cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes:
+            stop_reason = "max_minutes"
+            break
+        lr = lr_at(step, cfg, total_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = 0.0
+        for micro in range(cfg.grad_accum):
+            x, y = task.train_batch(step, micro, runtime.rank, runtime.world, cfg.batch_size, runtime.device)
+            sync = micro == cfg.grad_accum - 1
+            ctx = wrapped.no_sync() if (not sync and hasattr(wrapped, "no_sync")) else contextlib.nullcontext()
+            with ctx, torch.autocast(**autocast):
+                logits = wrapped(x)
+                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
+            scaler.scale(loss / cfg.grad_accum).backward()
+            loss_sum += loss.item()
+        if cfg.grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        train_loss = all_reduce_mean(loss_sum / cfg.grad_accum, runtime)
+        state.update(step=step, tokens=state["tokens"] + tokens_per_step)
+        state["train_seconds"] = base_seconds + time.perf_counter() - t_start
+        window_tokens += tokens_per_step
+        if step % cfg.log_interval == 0 or step == total_steps:
+            now = time.perf_counter()
+            tps = window_tokens / max(now - window_t, 1e-9)
+            window_t, window_tokens = now, 0
+            logger.log({"step": step, "train/loss": train_loss, "lr": lr, "tokens": state["tokens"], "tokens_per_s": tps})
+        logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}")
+        if step % cfg.eval_interval == 0 or step == total_steps:
+            last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
+            logger.log({"step": step, "tokens": state["tokens"], **last_eval})
+            wrapped.train()
+            metric = cfg.early_stop_metric
+            if metric is not None and last_eval.get(metric, -math.inf) >= cfg.early_stop_value:
+                stop_reason = "early_stop"
+                break
+        if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0 and step < total_steps:
+            save()
+        if not math.isfinite(train_loss):
+            stop_reason = "non_finite_loss"
+            break
+    logger.close()
+    save()
+    final = task.evaluate(model, runtime.device, quick=False, autocast_dtype=runtime.autocast_dtype)
+    results = {
+        "config": cfg.to_dict(),
+        "model_config": model_cfg.to_dict(),
+        "params": model.num_parameters(),
+        "data": task.describe(),
+        "steps": state["step"],
+        "tokens": state["tokens"],
+        "train_seconds": state["train_seconds"],
+        "stop_reason": stop_reason if state["step"] < total_steps or stop_reason == "early_stop" else "completed",
+        "device": str(runtime.device),
+        "world_size": runtime.world,
+        "final": final,
+    }
+    if runtime.is_main:
+        ckpt.write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2, default=str))
+    return results
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of a run's ``metrics.jsonl``."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,150 @@
+"""The training loop: exact resume, atomic checkpoints, clear errors, runs end to end on real files."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training.loop import lr_at, read_metrics, train
+
+
+def losses(run_dir):
+    return [r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r]
+
+
+def test_resume_is_exact(tiny_cfg, tmp_path):
+    model = dict(n_layer=1, d_model=32, n_heads=2, block_size=16, dropout=0.1, attention="coupled")
+    full = train(tiny_cfg(out_dir=str(tmp_path / "full"), model=model))
+    part = tmp_path / "part"
+    first = train(tiny_cfg(out_dir=str(part), model=model, stop_after_steps=4))
+    assert first["steps"] == 4 and first["stop_reason"] == "stop_after_steps"
+    second = train(tiny_cfg(out_dir=str(part), model=model, resume=True))
+    assert second["steps"] == 8
+    a, b = losses(tmp_path / "full"), losses(part)
+    assert len(a) == len(b) == 8
+    assert a == b  # bit-identical on CPU
+    assert full["final"]["test/perplexity"] == second["final"]["test/perplexity"]
+
+
+def test_refuses_to_overwrite_and_checks_config(tiny_cfg, tmp_path):
+    train(tiny_cfg(max_steps=2))
+    with pytest.raises(ValueError, match="--resume"):
+        train(tiny_cfg(max_steps=2))
+    other = dict(n_layer=2, d_model=32, n_heads=2, block_size=16)
+    with pytest.raises(ValueError, match="n_layer: checkpoint 1 vs run 2"):
+        train(tiny_cfg(max_steps=4, model=other, resume=True))
+
+
+def test_results_and_logs(tiny_cfg, tmp_path):
+    res = train(tiny_cfg())
+    run = Path(res["config"]["out_dir"])
+    saved = json.loads((run / "results.json").read_text())
+    assert saved["final"]["test/perplexity"] == res["final"]["test/perplexity"]
+    assert (run / "config.json").is_file() and (run / "tokenizer" / "tokenizer.json").is_file()
+    records = read_metrics(run)
+    assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 9))
+    assert any("valid/loss" in r for r in records)
+    assert losses(run)[-1] < losses(run)[0]
+    model, state = ckpt.load_checkpoint_model(run)
+    assert state["step"] == 8 and state["tokens"] == 8 * 4 * 16
+
+
+def test_schedule_warmup_and_cosine(tiny_cfg):
+    cfg = tiny_cfg(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0, cfg, 110) == pytest.approx(0.1)
+    assert lr_at(9, cfg, 110) == pytest.approx(1.0)
+    assert lr_at(60, cfg, 110) == pytest.approx(0.55)
+    assert lr_at(110, cfg, 110) == pytest.approx(0.1)
+
+
+def test_failed_save_keeps_previous_checkpoint(tiny_cfg, tmp_path, monkeypatch):
+    from coupled_qk import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
+    run = tmp_path / "ck"
+    ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 1})
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt("killed during save")
+
+    monkeypatch.setattr(ckpt, "save_file", boom)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 2})
+    assert ckpt.resolve_checkpoint(run).name == "ckpt-00000001"
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]
+    loaded, state = ckpt.load_checkpoint_model(run)
+    assert state["step"] == 1
+    torch.testing.assert_close(loaded.tok_emb.weight, model.tok_emb.weight)
+
+
+KILL_SCRIPT = r"""
+import os, sys, torch
+from coupled_qk import GPT, GPTConfig
+from coupled_qk.training import checkpoint as ckpt
+model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
+ckpt.save_checkpoint(sys.argv[1], model.state_dict(), model.config, None, {"step": 1})
+real = torch.save
+def die(obj, path, *a, **k):
+    real(obj, path, *a, **k)
+    os._exit(9)  # the process dies in the middle of writing checkpoint 2
+ckpt.torch.save = die
+ckpt.save_checkpoint(sys.argv[1], model.state_dict(), model.config, None, {"step": 2})
+"""
+
+
+def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
+    run = tmp_path / "killed"
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(run)], capture_output=True, text=True)
+    assert proc.returncode == 9, proc.stderr
+    assert ckpt.resolve_checkpoint(run).name == "ckpt-00000001"
+    model, state = ckpt.load_checkpoint_model(run)
+    assert state["step"] == 1
+
+
+def test_missing_checkpoint_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        ckpt.resolve_checkpoint(tmp_path)
+
+
+def test_missing_corpus_and_empty_split(tiny_cfg, tmp_path):
+    with pytest.raises((FileNotFoundError, ValueError), match="nowhere"):
+        train(tiny_cfg(corpus=str(tmp_path / "nowhere")))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for split in ("train", "valid", "test"):
+        (empty / f"{split}.txt").write_text("" if split == "valid" else "some words here\n" * 50)
+    with pytest.raises(ValueError, match="valid"):
+        train(tiny_cfg(corpus=str(empty)))
+
+
+DDP_SCRIPT = r"""
+import json, sys
+from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.loop import train
+cfg = TrainConfig.from_dict(json.loads(sys.argv[1]))
+train(cfg)
+"""
+
+
+def test_two_process_ddp_matches_single_process(tiny_cfg, tmp_path):
+    single = tiny_cfg(batch_size=4, max_steps=4, out_dir=str(tmp_path / "single"))
+    train(single)
+    # 2 ranks x batch 2 = the same global batch of 4 sequences, sliced from the same global sample
+    ddp = tiny_cfg(batch_size=2, max_steps=4, out_dir=str(tmp_path / "ddp")).to_dict()
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), json.dumps(ddp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = losses(tmp_path / "single"), losses(tmp_path / "ddp")
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b):
+        assert x == pytest.approx(y, rel=1e-5, abs=1e-5)
+    res = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    assert res["world_size"] == 2
