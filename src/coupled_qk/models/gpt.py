@@ -88,10 +88,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight
-        if config.position == "rope":
-            cos, sin = rope_tables(config.block_size, config.d_head, config.rope_base)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+        self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # tables per device, built lazily
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("out_proj.weight"):
@@ -101,6 +98,14 @@ class GPT(nn.Module):
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE ``(cos, sin)`` tables ``(block_size, d_head)`` in float32 on ``device`` (computed once per device;
+        not buffers, so meta-device construction and ``from_pretrained`` never see stale values)."""
+        if device not in self._rope:
+            c = self.config
+            self._rope[device] = rope_tables(c.block_size, c.d_head, c.rope_base, device=device)
+        return self._rope[device]
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
@@ -131,7 +136,8 @@ class GPT(nn.Module):
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(past, past + t, device=idx.device))
         else:
-            rope = (self.rope_cos[past : past + t], self.rope_sin[past : past + t])
+            cos, sin = self.rope_tables(idx.device)
+            rope = (cos[past : past + t], sin[past : past + t])
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, cache)

@@ -1,0 +1,87 @@
+"""``coupled-qk mqar``: multi-query associative recall (Zoology, arXiv:2312.04927) over every attention variant.
+
+Runs each (difficulty, d_model, learning rate, variant) of a sweep preset through the project's training loop,
+one line per finished run, then prints the best-over-learning-rate table and writes ``results.json``,
+``summary.json`` and ``mqar-<preset>.png`` into ``--out-dir`` (default ``runs/mqar-<preset>``). Runs whose
+``results.json`` exists are reused, so an interrupted sweep continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+
+import torch
+
+from coupled_qk.mqar_sweep import MQAR_VARIANTS, SWEEP_PRESETS, get_preset, heads_for, parse_variants, plan_runs, run_sweep
+
+HELP = "multi-query associative recall (Zoology) sweep over attention variants"
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--d-models={text!r}: expected comma-separated integers, e.g. 16,32") from None
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--lrs={text!r}: expected comma-separated numbers, e.g. 3e-3,1e-2") from None
+
+
+def add_arguments(parser) -> None:
+    """Register the ``mqar`` options on ``parser``."""
+    parser.add_argument("--preset", default="cpu", choices=sorted(SWEEP_PRESETS),
+                        help="sweep preset (default cpu: ~20 minutes on 2 CPU cores)")
+    parser.add_argument("--variants", default=None,
+                        help=f"comma-separated subset of {','.join(MQAR_VARIANTS)} (default: all)")
+    parser.add_argument("--d-models", default=None, help="comma-separated model widths (default: the preset's)")
+    parser.add_argument("--lrs", default=None, help="comma-separated learning rates (default: the preset's)")
+    parser.add_argument("--difficulties", default=None, help="comma-separated difficulty names (default: all)")
+    parser.add_argument("--out-dir", default=None, help="sweep folder (default runs/mqar-<preset>)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if available")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="wall-clock guard for the whole sweep: the run in progress is stopped (and resumed by "
+                        "the next invocation), later runs are skipped")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
+
+
+def run(args) -> int:
+    """Run the sweep described by ``args``; returns 0 (errors raise ``ValueError``, reported by the CLI)."""
+    preset = get_preset(args.preset)
+    variants = parse_variants(args.variants) if args.variants else None
+    d_models = _int_list(args.d_models) if args.d_models else None
+    lrs = _float_list(args.lrs) if args.lrs else None
+    difficulties = [d.strip() for d in args.difficulties.split(",") if d.strip()] if args.difficulties else None
+    out_dir = args.out_dir or f"runs/mqar-{preset.name}"
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads={args.threads} must be >= 1")
+        torch.set_num_threads(args.threads)
+    plan = plan_runs(preset, variants, d_models, lrs, difficulties)
+    print(f"coupled-qk mqar: preset {preset.name}: {preset.description}")
+    print(f"  {len(plan)} runs -> {out_dir} (torch threads {torch.get_num_threads()}); differential variants use "
+          f"n_heads={heads_for('differential', preset.n_heads)} where the others use n_heads={preset.n_heads} "
+          "(one differential head = two sub-heads, parameter-matched)")
+    if args.dry_run:
+        for r in plan:
+            print(f"  {r.difficulty.label:<24s} {r.variant:<20s} d_model={r.d_model:<4d} lr={r.lr:.3g}")
+        return 0
+    t0 = time.perf_counter()
+    summary = run_sweep(preset, out_dir, variants=variants, d_models=d_models, lrs=lrs, difficulties=difficulties,
+                        device=args.device, max_minutes=args.max_minutes, log=lambda line: print(line, flush=True))
+    wall = time.perf_counter() - t0
+    print()
+    print("best accuracy over learning rates (final, full test set):")
+    print(summary["table"])
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
+    print(f"\n{counts}; wall time {wall / 60:.1f} min")
+    print(f"command: {shlex.join(['coupled-qk', *sys.argv[1:]]) if sys.argv[1:2] == ['mqar'] else 'coupled-qk mqar'}")
+    print(f"wrote {out_dir}/results.json, {out_dir}/summary.json and {out_dir}/mqar-{preset.name}.png")
+    return 0
