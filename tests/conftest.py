@@ -3,7 +3,9 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# pytest-xdist runs one worker per core: one thread each avoids oversubscribing the cores (OpenMP spin-waits
+# make oversubscribed PyTorch many times slower)
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture

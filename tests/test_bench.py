@@ -20,7 +20,7 @@ def _check_result(result, names, repeats, tokens_per_step):
     for key in ("cpu", "torch", "threads", "device", "cuda"):
         assert key in result["machine"]
     base = result["variants"]["standard"]
-    assert base["ratio"] == 1.0
+    assert base["ratio"] == 1.0 and base["paired_ratio"] == 1.0
     assert base["overhead_percent"] == 0.0
     for v in result["variants"].values():
         assert len(v["times_ms"]) == repeats

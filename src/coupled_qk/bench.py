@@ -160,21 +160,22 @@ class _Runner:
         if self.compiled:
             self.compile_s = time.perf_counter() - start
 
-    def timed_step(self) -> float:
-        """One step; returns its wall time in milliseconds (accelerator synchronised before and after)."""
+    def timed_step(self) -> tuple[float, float]:
+        """One step; returns its wall and process CPU time in ms (accelerator synchronised before and after)."""
         _sync(self.device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         self._step()
         _sync(self.device)
-        return 1000.0 * (time.perf_counter() - start)
+        return 1000.0 * (time.perf_counter() - start), 1000.0 * (time.process_time() - cpu_start)
 
 
 def summarize(times_ms: list[float], tokens_per_step: int) -> dict:
-    """``median_ms, p10_ms, p90_ms, tokens_per_s`` of step times (tokens/s from the median)."""
+    """``median_ms, min_ms, p10_ms, p90_ms, tokens_per_s`` of step times (tokens/s from the median)."""
     t = np.asarray(times_ms, dtype=np.float64)
     median = float(np.median(t))
     return dict(
         median_ms=median,
+        min_ms=float(t.min()),
         p10_ms=float(np.percentile(t, 10)),
         p90_ms=float(np.percentile(t, 90)),
         tokens_per_s=tokens_per_step / (median / 1000.0),
@@ -210,7 +211,9 @@ def run_bench(
 
     Returns:
         ``{"settings", "machine", "variants": {name: {...}}, "elapsed_s"}``; each variant has
-        ``median_ms, p10_ms, p90_ms, tokens_per_s, ratio, params, overhead_percent, times_ms`` and the
+        ``median_ms, min_ms, p10_ms, p90_ms, tokens_per_s, ratio`` (median / median of standard),
+        ``paired_ratio``, ``params, overhead_percent, times_ms``; on CPU also ``cpu_median_ms, cpu_ratio,
+        cpu_times_ms`` (process CPU time, all threads); and the
         compile status (``compiled, compile_s, compile_error``).
 
     Raises:
@@ -247,10 +250,13 @@ def run_bench(
 
     gc.collect()
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu_times: dict[str, list[float]] = {n: [] for n in names}
     order = list(names)
     for i in range(repeats):
         for n in order[i % len(order):] + order[: i % len(order)]:
-            times[n].append(runners[n].timed_step())
+            wall_ms, cpu_ms = runners[n].timed_step()
+            times[n].append(wall_ms)
+            cpu_times[n].append(cpu_ms)
         if (i + 1) % max(1, repeats // 5) == 0:
             log(f"  repeat {i + 1}/{repeats}")
 
@@ -271,9 +277,16 @@ def run_bench(
             compile_error=r.compile_error,
             times_ms=times[n],
         )
-    base_median = results[BASELINE]["median_ms"]
+        if dev.type == "cpu":  # CPU time of this process (all threads): less sensitive to other processes
+            results[n]["cpu_median_ms"] = float(np.median(cpu_times[n]))
+            results[n]["cpu_times_ms"] = cpu_times[n]
+    base_median, base_times = results[BASELINE]["median_ms"], np.asarray(times[BASELINE])
     for n in names:
         results[n]["ratio"] = results[n]["median_ms"] / base_median
+        # robustness check under load: median over repeats of (variant / standard) within the same round
+        results[n]["paired_ratio"] = float(np.median(np.asarray(times[n]) / base_times))
+        if dev.type == "cpu":
+            results[n]["cpu_ratio"] = results[n]["cpu_median_ms"] / results[BASELINE]["cpu_median_ms"]
     return dict(
         settings=dict(
             variants=names,
@@ -321,10 +334,13 @@ def markdown_table(result: dict) -> str:
         f"vocab={c['vocab_size']} n_steps={c['n_steps']}; batch {s['batch_size']} x seq {s['seq_len']} "
         f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}",
         f"- step = forward + backward + AdamW step + zero_grad; {s['warmup']} warmup, median of {s['repeats']} "
-        f"interleaved repeats; ratio = median / median(standard); total {result['elapsed_s']:.0f} s",
+        f"interleaved repeats; ratio = median / median(standard); paired ratio = median over repeats of "
+        f"step / standard step in the same round; CPU-time ratio = the same from process CPU time (all threads, "
+        f"CPU runs only; less sensitive to other processes); total {result['elapsed_s']:.0f} s",
         "",
-        "| variant | params | overhead | median ms | p10-p90 ms | tokens/s | ratio vs standard |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| variant | params | overhead | median ms | p10-p90 ms | tokens/s | ratio vs standard | paired ratio "
+        "| CPU-time ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, v in result["variants"].items():
         note = ""
@@ -332,9 +348,10 @@ def markdown_table(result: dict) -> str:
             note = f" (compiled, {v['compile_s']:.0f} s)"
         elif v["compile_error"]:
             note = " (eager: compile failed)"
+        cpu = f"{v['cpu_ratio']:.3f}x" if "cpu_ratio" in v else "-"
         lines.append(
             f"| {name}{note} | {v['params']:,} | {v['overhead_percent']:+.3f}% | {v['median_ms']:.1f} | "
-            f"{v['p10_ms']:.1f}-{v['p90_ms']:.1f} | {v['tokens_per_s']:,.0f} | {v['ratio']:.3f}x |"
+            f"{v['p10_ms']:.1f}-{v['p90_ms']:.1f} | {v['tokens_per_s']:,.0f} | {v['ratio']:.3f}x | {v['paired_ratio']:.3f}x | {cpu} |"
         )
     errors = {n: v["compile_error"] for n, v in result["variants"].items() if v["compile_error"]}
     if errors:

@@ -60,7 +60,7 @@ def evaluate_checkpoint(checkpoint, corpus=None, data_dir=None, splits=("valid",
             raise ValueError(f"split={split!r} is unknown; expected train, valid or test")
         text = data.split(split)
         tokens = tokenize_to_cache(text, tokenizer, cache / "tokens")
-        n_words = word_count(text) if data.name in WORD_LEVEL_CORPORA else None
+        n_words = word_count(text, add_eos=True) if data.name in WORD_LEVEL_CORPORA else None
         out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words)
     return out
 

@@ -14,7 +14,15 @@ import time
 
 import torch
 
-from coupled_qk.mqar_sweep import MQAR_VARIANTS, SWEEP_PRESETS, get_preset, heads_for, parse_variants, plan_runs, run_sweep
+from coupled_qk.mqar_sweep import (
+    MQAR_VARIANTS,
+    SWEEP_PRESETS,
+    get_preset,
+    heads_for,
+    parse_variants,
+    plan_runs,
+    run_sweep,
+)
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
 
@@ -48,7 +56,7 @@ def add_arguments(parser) -> None:
                         help="wall-clock guard for the whole sweep: the run in progress is stopped (and resumed by "
                         "the next invocation), later runs are skipped")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice)")
+                        help="torch CPU threads (default: the preset's; cpu uses 1, others torch's choice)")
     parser.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
 
 
@@ -60,10 +68,11 @@ def run(args) -> int:
     lrs = _float_list(args.lrs) if args.lrs else None
     difficulties = [d.strip() for d in args.difficulties.split(",") if d.strip()] if args.difficulties else None
     out_dir = args.out_dir or f"runs/mqar-{preset.name}"
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads={args.threads} must be >= 1")
-        torch.set_num_threads(args.threads)
+    threads = args.threads if args.threads is not None else preset.threads
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads={threads} must be >= 1")
+        torch.set_num_threads(threads)
     plan = plan_runs(preset, variants, d_models, lrs, difficulties)
     print(f"coupled-qk mqar: preset {preset.name}: {preset.description}")
     print(f"  {len(plan)} runs -> {out_dir} (torch threads {torch.get_num_threads()}); differential variants use "

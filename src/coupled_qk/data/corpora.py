@@ -67,14 +67,17 @@ class Corpus:
 def word_count(text: str, *, add_eos: bool = False) -> int:
     """Number of whitespace-separated words in ``text`` (``len(text.split())``).
 
-    This is the normaliser for word-level perplexity on WikiText (``ppl_word = exp(total_nll / words)``
-    with the NLL summed over all tokens). ``add_eos=True`` also counts one end-of-line per non-empty line,
-    the ``<eos>`` convention of Merity et al.'s word-level models.
+    This is the normaliser for word-level perplexity on WikiText: ``ppl_word = exp(total_nll / words)``
+    with the NLL summed over all subword tokens. ``add_eos=True`` also counts one ``<eos>`` per line (every
+    ``"\\n"``, plus an unterminated last line), the convention of Merity et al. (2016): it gives their
+    WikiText-2 counts, 217,646 (valid) and 245,569 (test) tokens.
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
     n = len(text.split())
-    return n + sum(1 for line in text.split("\n") if line.strip()) if add_eos else n
+    if add_eos:
+        n += text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    return n
 
 
 def read_text(path: Path, corpus: str) -> str:

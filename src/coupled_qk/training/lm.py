@@ -105,7 +105,7 @@ class LMTask:
         for split in splits:
             n_words = None
             if not quick and self.corpus.name in WORD_LEVEL_CORPORA:
-                n_words = word_count(self.corpus.split(split))
+                n_words = word_count(self.corpus.split(split), add_eos=True)
             res = evaluate_perplexity(
                 model, self.tokens[split], self.block_size, batch_size=self.cfg.batch_size, device=device,
                 n_words=n_words, autocast_dtype=autocast_dtype,

@@ -1,0 +1,328 @@
+"""Attention diagnostics of models and checkpoints (coupled_qk.analysis.analyze, plots, ``coupled-qk analyze``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from coupled_qk.analysis import metrics
+from coupled_qk.analysis.analyze import MAP_METRICS, analyze_checkpoints, analyze_model, token_windows
+from coupled_qk.layers.attention import ATTENTION_VARIANTS
+from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.gpt import GPT
+
+B, T = 3, 12
+
+
+def tiny_gpt(attention: str, seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=61, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2,
+                  attention=attention, dt_init=0.3)
+    fields.update(overrides)
+    model = GPT(GPTConfig(**fields)).eval()
+    with torch.no_grad():  # distinct per-head dt values, so the reported ones can be told apart
+        for block in model.blocks:
+            dt = getattr(getattr(block.attn, "dynamics", None), "dt", getattr(block.attn, "dt", None))
+            if dt is not None:
+                dt.copy_(torch.linspace(0.05, 0.4, dt.numel()) + 0.01 * block.attn.layer_idx)
+    return model
+
+
+def tokens(vocab: int = 61, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_logits_unchanged_and_flags_restored(attention):
+    model = tiny_gpt(attention, dropout=0.1)
+    model.train()  # dropout on: analysis must switch it off and then restore training mode
+    model.blocks[1].attn.record = True  # a user's own recording survives the analysis
+    sentinel = {"mine": torch.zeros(1)}
+    model.blocks[1].attn.recorded = sentinel
+    idx = tokens()
+    model.eval()
+    with torch.no_grad():
+        before = model(idx)
+    model.train()
+    analyze_model(model, idx)
+    assert model.training and all(m.training for m in model.modules())
+    assert [b.attn.record for b in model.blocks] == [False, True]
+    assert model.blocks[1].attn.recorded is sentinel and model.blocks[0].attn.recorded == {}
+    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.blocks)
+    model.eval()
+    model.blocks[1].attn.record = False
+    with torch.no_grad():
+        after = model(idx)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_flags_restored_on_error():
+    model = tiny_gpt("coupled")
+    with pytest.raises(ValueError, match="token ids"):
+        analyze_model(model, torch.full((B, T), 999))
+    assert not any(b.attn.record for b in model.blocks)
+    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.blocks)
+
+    def boom(*args):
+        raise RuntimeError("boom")
+
+    handle = model.blocks[1].attn.register_forward_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            analyze_model(model, tokens())
+    finally:
+        handle.remove()
+    assert not any(b.attn.record for b in model.blocks)
+    assert all(b.attn.recorded == {} for b in model.blocks)
+    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.blocks)
+
+
+@pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
+def test_per_layer_keys_and_shapes(attention):
+    model = tiny_gpt(attention)
+    res = analyze_model(model, tokens(), example=(-1, 1), example_tokens=8)
+    cfg = model.config
+    differential = attention in ("differential", "coupled_differential")
+    n_map = cfg.n_heads // 2 if differential else cfg.n_heads
+    assert res["n_map_heads"] == n_map and res["n_sequences"] == B and res["seq_len"] == T
+    assert len(res["layers"]) == cfg.n_layer
+    if differential:
+        expected = {f"{p}/{m}" for p in ("a1", "a2") for m in MAP_METRICS}
+        expected |= {f"signed/{m}" for m in ("effective_rank", "spectral_gap_ratio", "spectral_gap_relative")}
+        maps = {"a1", "a2", "signed"}
+    else:
+        expected, maps = set(MAP_METRICS), {"attn"}
+    qk = {"coupled": {"dt", "q_update", "k_update"}, "coupled_differential": {"dt", "q_update", "k_update"},
+          "uncoupled_mlp": {"dt", "q_update", "k_update"}}.get(attention, set())
+    for layer in res["layers"]:
+        assert set(layer["heads"]) == expected
+        assert all(len(v) == n_map for v in layer["heads"].values())
+        assert set(layer["spectrum"]) == maps
+        for spectra in layer["spectrum"].values():
+            assert len(spectra) == n_map and all(len(s) == T for s in spectra)
+            assert all(s[i] >= s[i + 1] - 1e-12 for s in spectra for i in range(T - 1))
+        assert set(layer["qk_heads"]) == qk
+        assert all(len(v) == cfg.n_heads for v in layer["qk_heads"].values())
+        assert 0 <= layer["rank_collapse_residual"] <= 1
+        assert ("lambda" in layer) == differential
+        scalars = {"rank_collapse_residual", "rank_collapse_residual_l1inf"} | ({"lambda"} if differential else set())
+        assert set(layer["mean"]) == expected | qk | scalars
+        for key, values in layer["heads"].items():
+            assert layer["mean"][key] == pytest.approx(sum(values) / n_map)
+    assert set(res["mean"]) == set(res["layers"][0]["mean"])
+    for key in expected:
+        base = key.rpartition("/")[2]
+        vals = [v for layer in res["layers"] for v in layer["heads"][key]]
+        if base in ("normalized_entropy", "sink_mass", "spectral_gap_relative"):
+            assert all(0 <= v <= 1 + 1e-9 for v in vals), key
+        if base == "effective_rank":
+            assert all(1 - 1e-9 <= v <= T + 1e-9 for v in vals), key
+    if attention == "uncoupled_mlp":
+        assert all(v == 0 for layer in res["layers"] for v in layer["qk_heads"]["k_update"])
+    if attention in ("coupled", "coupled_differential", "uncoupled_mlp"):
+        assert all(v > 0 for layer in res["layers"] for v in layer["qk_heads"]["q_update"])
+    ex = res["example"]
+    assert (ex["layer"], ex["head"], ex["tokens"]) == (cfg.n_layer - 1, 1, 8)
+    assert set(ex["maps"]) == maps and all(m.shape == (8, 8) for m in ex["maps"].values())
+    json.dumps({k: v for k, v in res.items() if k != "example"})  # JSON-ready
+
+
+@pytest.mark.parametrize("attention", ["standard", "differential"])
+def test_map_metrics_match_metrics_module(attention):
+    model = tiny_gpt(attention)
+    idx = tokens()
+    res = analyze_model(model, idx)
+    attn = model.blocks[1].attn
+    attn.record = True
+    with torch.no_grad():
+        model(idx)
+    rec = attn.recorded
+    attn.record, attn.recorded = False, {}
+    if attention == "standard":
+        ref = metrics.summarize_attention(rec["attn"])
+        for key in MAP_METRICS:
+            torch.testing.assert_close(torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64),
+                                       ref[key].mean(dim=0))
+        torch.testing.assert_close(torch.tensor(res["layers"][1]["spectrum"]["attn"], dtype=torch.float64),
+                                   ref["singular_values"].mean(dim=0))
+    else:
+        ref = metrics.summarize_differential_attention(rec["attn"], rec["attn2"], rec["lambda_"])
+        for key in ("a1/entropy", "a2/sink_mass", "signed/effective_rank"):
+            torch.testing.assert_close(torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64),
+                                       ref[key].mean(dim=0))
+        assert res["layers"][1]["lambda"] == pytest.approx(float(rec["lambda_"]))
+
+
+@pytest.mark.parametrize("attention", ["coupled", "differential"])
+def test_rank_collapse_matches_independent_block_outputs(attention):
+    model = tiny_gpt(attention)
+    idx = tokens()
+    res = analyze_model(model, idx)
+    with torch.no_grad():
+        x = model.tok_emb(idx)
+        rope = (model.rope_cos[:T], model.rope_sin[:T])
+        expected_input = metrics.rank_collapse_residual(x).mean()
+        outs = []
+        for block in model.blocks:
+            x = block(x, rope)
+            outs.append(x)
+    assert res["rank_collapse_input"]["fro"] == pytest.approx(float(expected_input), rel=1e-10)
+    for layer, out in zip(res["layers"], outs):
+        assert layer["rank_collapse_residual"] == pytest.approx(
+            float(metrics.rank_collapse_residual(out).mean()), rel=1e-6)
+        assert layer["rank_collapse_residual_l1inf"] == pytest.approx(
+            float(metrics.rank_collapse_residual(out, norm="l1inf").mean()), rel=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["coupled", "uncoupled_mlp", "coupled_differential"])
+def test_dt_reported_equals_parameter(attention):
+    model = tiny_gpt(attention)
+    res = analyze_model(model, tokens())
+    for layer, block in zip(res["layers"], model.blocks):
+        param = block.attn.dynamics.dt if attention != "uncoupled_mlp" else block.attn.dt
+        assert layer["qk_heads"]["dt"] == param.detach().double().tolist()
+        assert layer["mean"]["dt"] == pytest.approx(float(param.double().mean()))
+
+
+def test_relative_update_post_rope_compares_rotated_states():
+    model = tiny_gpt("coupled", dynamics_position="post_rope", dt_init=0.0)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.dynamics.dt.zero_()  # dynamics = identity: the update must be exactly 0
+    res = analyze_model(model, tokens())
+    for layer in res["layers"]:
+        assert max(layer["qk_heads"]["q_update"]) < 1e-6 and max(layer["qk_heads"]["k_update"]) < 1e-6
+
+
+def test_batch_size_does_not_change_results():
+    model = tiny_gpt("coupled_differential")
+    idx = tokens()
+    full = analyze_model(model, idx, example=(0, 0))
+    chunked = analyze_model(model, idx, batch_size=2, example=(0, 0))
+    for a, b in zip(full["layers"], chunked["layers"]):
+        for key, value in a["mean"].items():
+            assert b["mean"][key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
+    for name, m in full["example"]["maps"].items():
+        torch.testing.assert_close(torch.from_numpy(chunked["example"]["maps"][name]), torch.from_numpy(m))
+
+
+def test_input_errors():
+    model = tiny_gpt("standard")
+    with pytest.raises(ValueError, match="block_size"):
+        analyze_model(model, torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="T >= 2"):
+        analyze_model(model, torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\(B, T\)"):
+        analyze_model(model, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="example layer"):
+        analyze_model(model, tokens(), example=(5, 0))
+    with pytest.raises(ValueError, match="batch_size"):
+        analyze_model(model, tokens(), batch_size=0)
+    with pytest.raises(TypeError, match="coupled_qk GPT"):
+        analyze_model(torch.nn.Linear(2, 2), tokens())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# checkpoints end to end
+# ----------------------------------------------------------------------------------------------------------
+
+_WORDS = ("the model attends to earlier tokens and the keys move with the queries while the heads "
+          "learn where to look in each sentence of the corpus").split()
+
+
+def _corpus_text() -> str:
+    gen = torch.Generator().manual_seed(0)
+    docs = []
+    for d in range(40):
+        lines = []
+        for _ in range(4):
+            idx = torch.randint(0, len(_WORDS), (12,), generator=gen).tolist()
+            lines.append(" ".join(_WORDS[i] for i in idx) + f" {d}.")
+        docs.append("\n".join(lines))
+    return "\n\n".join(docs) + "\n"
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from coupled_qk.data.tokenizers import train_bpe
+    from coupled_qk.training.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("analyze")
+    text = _corpus_text()
+    corpus = root / "corpus.txt"
+    corpus.write_text(text)
+    tok = train_bpe(text, 300)
+    runs = []
+    for name, attention in (("std", "standard"), ("cpl", "coupled")):
+        model = tiny_gpt(attention, vocab_size=tok.vocab_size)
+        run_dir = root / name
+        save_checkpoint(run_dir, model.state_dict(), model.config, None, {"step": 1})
+        tok.save(run_dir / "tokenizer")
+        runs.append(run_dir)
+    return root, corpus, runs, tok
+
+
+def test_token_windows_match_full_encoding(checkpoints):
+    _, corpus, _, tok = checkpoints
+    text = corpus.read_text()
+    ids = token_windows(text, tok, 2, 5)
+    assert ids.shape == (2, 5) and ids.dtype == torch.long
+    assert ids.flatten().tolist() == tok.encode(text)[:10]
+    with pytest.raises(ValueError, match="only"):
+        token_windows(text, tok, 10_000, 16)
+
+
+def test_analyze_checkpoints_end_to_end(checkpoints, tmp_path):
+    _, corpus, runs, _ = checkpoints
+    out = tmp_path / "report"
+    ckpt_dir = sorted(runs[1].glob("ckpt-*"))[0]  # a checkpoint folder works as well as a run folder
+    report = analyze_checkpoints([runs[0], ckpt_dir], str(corpus), split="valid", n_sequences=2, seq_len=8,
+                                 out_dir=out, labels=["standard", "coupled"], example_layer=-1)
+    data = json.loads((out / "analysis.json").read_text())
+    assert [e["label"] for e in data["checkpoints"]] == ["standard", "coupled"]
+    assert data["same_tokenizer"] is True and data["seq_len"] == 8 and data["n_sequences"] == 2
+    assert data["checkpoints"][0]["text"] == data["checkpoints"][1]["text"]
+    assert data["checkpoints"][0]["analysis"]["attention"] == "standard"
+    coupled = data["checkpoints"][1]["analysis"]
+    assert coupled["attention"] == "coupled" and len(coupled["layers"]) == 2
+    assert "dt" in coupled["layers"][0]["qk_heads"] and "example" not in coupled
+    for name in ("per_layer_metrics", "spectra", "heads_standard", "heads_coupled", "example_maps"):
+        path = out / f"{name}.png"
+        assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    summary = (out / "summary.md").read_text()
+    assert "| metric | standard | coupled |" in summary
+    assert "effective rank" in summary and "learned dt" in summary and "same text" in summary
+    assert set(report["files"]) >= {"analysis.json", "summary.md", "per_layer_metrics"}
+
+    # the same analysis run directly on the model with the same windows gives the same numbers
+    from coupled_qk.data.corpora import load_corpus
+    from coupled_qk.data.tokenizers import Tokenizer
+    from coupled_qk.training.checkpoint import load_checkpoint_model
+
+    model, _ = load_checkpoint_model(runs[1])
+    tok = Tokenizer.load(runs[1] / "tokenizer")
+    ids = token_windows(load_corpus(str(corpus)).valid, tok, 2, 8)
+    direct = analyze_model(model, ids)
+    assert coupled["mean"]["effective_rank"] == pytest.approx(direct["mean"]["effective_rank"])
+
+
+def test_analyze_command(checkpoints, tmp_path, capsys):
+    from coupled_qk.cli import main
+
+    _, corpus, runs, _ = checkpoints
+    out = tmp_path / "cli"
+    rc = main(["analyze", str(runs[0]), str(runs[1]), "--corpus", str(corpus), "--n-sequences", "1",
+               "--seq-len", "6", "--out-dir", str(out), "--no-plots"])
+    assert rc == 0
+    assert (out / "summary.md").is_file() and not list(out.glob("*.png"))
+    data = json.loads((out / "analysis.json").read_text())
+    assert [e["label"] for e in data["checkpoints"]] == ["std", "cpl"]
+    assert "summary.md" in capsys.readouterr().out
+    rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--seq-len", "99", "--out-dir", str(out)])
+    assert rc == 2 and "block_size" in capsys.readouterr().err
+    rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--labels", "a,b", "--out-dir", str(out)])
+    assert rc == 2 and "labels" in capsys.readouterr().err
+    rc = main(["analyze", str(tmp_path / "nothing"), "--corpus", str(corpus), "--out-dir", str(out)])
+    assert rc == 2 and "no checkpoint" in capsys.readouterr().err

@@ -1,0 +1,194 @@
+"""MQAR sweep: variants, run configs, best-over-lr aggregation, table, JSON, plot, reuse and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coupled_qk.mqar_sweep import (
+    MQAR_VARIANTS,
+    SWEEP_PRESETS,
+    Difficulty,
+    SweepPreset,
+    best_over_lr,
+    format_table,
+    get_preset,
+    heads_for,
+    parse_variants,
+    plan_runs,
+    run_config,
+    run_sweep,
+)
+
+
+def _rec(variant, d, lr, acc, difficulty="easy", status="ran"):
+    return {"difficulty": difficulty, "variant": variant, "d_model": d, "lr": lr, "accuracy": acc,
+            "status": status, "steps": 10, "slices": {"L16_K2": acc}}
+
+
+def test_variants_cover_every_attention_variant_and_leapfrog():
+    from coupled_qk import ATTENTION_VARIANTS
+
+    assert {v["attention"] for v in MQAR_VARIANTS.values()} == set(ATTENTION_VARIANTS)
+    assert MQAR_VARIANTS["coupled_leapfrog"] == {"attention": "coupled", "integrator": "leapfrog"}
+    assert parse_variants(None) == list(MQAR_VARIANTS)
+    assert parse_variants("coupled-euler, leapfrog,standard") == ["coupled", "coupled_leapfrog", "standard"]
+    with pytest.raises(ValueError, match="unknown MQAR variant 'mamba'"):
+        parse_variants("standard,mamba")
+    with pytest.raises(ValueError, match="selects no variant"):
+        parse_variants(",")
+
+
+def test_heads_and_run_config_follow_zoology_models(tmp_path):
+    preset = get_preset("cpu")
+    assert heads_for("standard", 1) == 1 and heads_for("differential", 1) == 2
+    assert heads_for("coupled_differential", 1) == 2 and heads_for("differential", 2) == 2
+    diff = preset.difficulties[0]
+    cfg = run_config(preset, diff, "differential", 32, 3e-3, tmp_path)
+    m = cfg.gpt_config(vocab_size=64, block_size=64)
+    assert (m.n_layer, m.n_heads, m.d_head, m.use_mlp, m.position) == (2, 2, 16, False, "learned")
+    std = run_config(preset, diff, "standard", 32, 3e-3, tmp_path).gpt_config(vocab_size=64, block_size=64)
+    assert (std.n_heads, std.d_head) == (1, 32)
+    from coupled_qk import GPT
+
+    # one differential head (two sub-heads) is parameter-matched to one standard head, up to the lambdas/norm
+    extra = GPT(m).num_parameters() - GPT(std).num_parameters()
+    assert 0 < extra <= 2 * (4 * 16 + 2 * 16)
+    assert cfg.early_stop_metric == "valid/accuracy" and cfg.early_stop_value == 0.99
+    assert cfg.weight_decay == 0.1 and cfg.min_lr_ratio == 0.0 and cfg.task == "mqar"
+    assert cfg.max_steps <= preset.max_steps
+    lf = run_config(preset, diff, "coupled_leapfrog", 16, 1e-2, tmp_path)
+    assert lf.model["integrator"] == "leapfrog" and lf.out_dir.endswith("coupled_leapfrog/d16/lr0.01")
+
+
+def test_presets_match_the_papers():
+    z = get_preset("zoology-fig2")
+    assert [(d.train_slices[0][:2], d.batch_size) for d in z.difficulties] == [
+        ((64, 4), 512), ((128, 8), 512), ((256, 16), 256), ((512, 64), 128)]
+    assert all(d.train_slices[0][2] == 100_000 and d.test_slices[0][2] == 3_000 for d in z.difficulties)
+    assert z.vocab_size == 8192 and z.d_models == (64, 128, 256, 512) and z.epochs == 64
+    assert z.lrs == pytest.approx((1e-4, 4.64e-4, 2.15e-3, 1e-2), rel=1e-2)
+    b = get_preset("based-mixture")
+    assert max(L for L, _, _ in b.difficulties[0].train_slices) == 256
+    assert max(L for L, _, _ in b.difficulties[0].test_slices) == 1024
+    with pytest.raises(ValueError, match="unknown MQAR sweep preset 'nope'"):
+        get_preset("nope")
+    assert set(SWEEP_PRESETS) == {"zoology-fig2", "based-mixture", "cpu"}
+
+
+def test_best_over_lr_table_ignores_unfinished_runs():
+    records = [
+        _rec("standard", 16, 1e-3, 0.4), _rec("standard", 16, 1e-2, 0.7),
+        _rec("coupled", 16, 1e-3, 0.95), _rec("coupled", 16, 1e-2, 0.5),
+        _rec("coupled", 16, 3e-2, 1.0, status="interrupted"), _rec("coupled", 16, 1e-1, None, status="skipped"),
+        _rec("standard", 32, 1e-3, 0.2, difficulty="hard"),
+    ]
+    best = best_over_lr(records)
+    by = {(b["difficulty"], b["variant"], b["d_model"]): b for b in best}
+    assert by[("easy", "standard", 16)]["accuracy"] == 0.7 and by[("easy", "standard", 16)]["lr"] == 1e-2
+    assert by[("easy", "coupled", 16)]["accuracy"] == 0.95 and by[("easy", "coupled", 16)]["lr"] == 1e-3
+    assert by[("easy", "coupled", 16)]["accuracies"] == {"0.001": 0.95, "0.01": 0.5}
+    table = format_table(best, ["easy", "hard"])
+    lines = table.splitlines()
+    assert lines[0] == "| variant | easy d16 | hard d32 |"
+    assert lines[2] == "| standard | 0.700 | 0.200 |"
+    assert lines[3] == "| coupled | 0.950 | - |"
+
+
+def _micro_preset():
+    return SweepPreset(
+        name="micro", description="test", vocab_size=32,
+        difficulties=(Difficulty("easy", ((8, 2, 256),), ((8, 2, 64),), 32),),
+        d_models=(16,), lrs=(3e-3, 1e-2), variants=("standard", "differential"), epochs=1.0, max_steps=6,
+        eval_interval=3,
+    )
+
+
+def test_micro_sweep_writes_results_table_plot_and_reuses_runs(tmp_path):
+    preset = _micro_preset()
+    calls = []
+
+    def counting_train(cfg):
+        from coupled_qk.training.loop import train
+
+        calls.append(cfg.out_dir)
+        return train(cfg)
+
+    lines = []
+    summary = run_sweep(preset, tmp_path / "sweep", device="cpu", log=lines.append, train_fn=counting_train)
+    assert len(calls) == 4 and len(lines) == 4
+    assert summary["counts"] == {"ran": 4}
+    runs = summary["runs"]
+    assert {(r["variant"], r["lr"]) for r in runs} == {(v, lr) for v in ("standard", "differential") for lr in (3e-3, 1e-2)}
+    assert all(r["steps"] <= 6 and r["config"]["max_steps"] == 6 and 0 <= r["accuracy"] <= 1 for r in runs)
+    assert {r["n_heads"] for r in runs if r["variant"] == "differential"} == {2}
+    for b in summary["best"]:
+        group = [r["accuracy"] for r in runs if r["variant"] == b["variant"]]
+        assert b["accuracy"] == max(group)
+    assert "| standard |" in summary["table"] and "| differential |" in summary["table"]
+    out = tmp_path / "sweep"
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["best"] == summary["best"] and "config" in saved["runs"][0]
+    compact = json.loads((out / "summary.json").read_text())
+    assert "config" not in compact["runs"][0] and compact["table"] == summary["table"]
+    png = out / "mqar-micro.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    calls.clear()
+    again = run_sweep(preset, out, device="cpu", log=lines.append, train_fn=counting_train)
+    assert calls == [] and again["counts"] == {"reused": 4}
+    assert again["best"] == summary["best"]
+
+
+def test_max_minutes_guard_skips_and_marks_interrupted(tmp_path):
+    preset = _micro_preset()
+    fake_results = {"final": {"valid/accuracy": 0.5}, "steps": 2, "stop_reason": "max_minutes", "model_config": {}}
+
+    def fake_train(cfg):
+        assert cfg.max_minutes is not None and cfg.max_minutes > 0
+        from pathlib import Path
+
+        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.out_dir) / "results.json").write_text(json.dumps(fake_results))
+        import time
+
+        time.sleep(1.5)
+        return fake_results
+
+    summary = run_sweep(preset, tmp_path, device="cpu", max_minutes=0.02, log=lambda s: None, train_fn=fake_train)
+    statuses = [r["status"] for r in summary["runs"]]
+    assert statuses[0] == "interrupted" and set(statuses[1:]) == {"skipped"}
+    first = tmp_path / "easy" / "standard" / "d16" / "lr0.003"
+    assert (first / "results.interrupted.json").is_file() and not (first / "results.json").exists()
+    assert summary["best"] == []
+    with pytest.raises(ValueError, match="max_minutes"):
+        run_sweep(preset, tmp_path, max_minutes=0)
+
+
+def test_plan_order_and_errors():
+    preset = _micro_preset()
+    plan = plan_runs(preset, d_models=[8, 16])
+    assert [(p.d_model, p.lr, p.variant) for p in plan[:3]] == [(8, 3e-3, "standard"), (8, 3e-3, "differential"),
+                                                                (8, 1e-2, "standard")]
+    with pytest.raises(ValueError, match="d_model=0"):
+        plan_runs(preset, d_models=[0])
+    with pytest.raises(ValueError, match="lr=-1"):
+        plan_runs(preset, lrs=[-1])
+    with pytest.raises(ValueError, match="difficulty 'medium' is not in preset 'micro'"):
+        plan_runs(preset, difficulties=["medium"])
+    with pytest.raises(ValueError, match="batch_size=0"):
+        Difficulty("x", ((8, 2, 10),), ((8, 2, 10),), 0)
+
+
+def test_cli_dry_run_and_errors(capsys):
+    from coupled_qk.cli import main
+
+    assert main(["mqar", "--preset", "cpu", "--variants", "standard,coupled", "--d-models", "16", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "runs -> runs/mqar-cpu" in out and "n_heads=2" in out
+    n = len(get_preset("cpu").difficulties) * len(get_preset("cpu").lrs) * 2
+    assert out.count("d_model=16") == n
+    assert main(["mqar", "--variants", "bogus", "--dry-run"]) == 2
+    assert "unknown MQAR variant 'bogus'" in capsys.readouterr().err
+    assert main(["mqar", "--lrs", "x", "--dry-run"]) == 2
