@@ -3,6 +3,8 @@ import os
 import pytest
 import torch
 
+from coupled_qk.training.config import TrainConfig
+
 # pytest-xdist runs one worker per core: one thread each avoids oversubscribing the cores (OpenMP spin-waits
 # make oversubscribed PyTorch many times slower)
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
@@ -19,3 +21,43 @@ def shared_data():
     if not path.is_dir():
         pytest.skip(f"shared data not found at {path}")
     return path
+
+WORDS = (
+    "the cat sat on the mat while a dog ran in the park and birds sang over green hills near old towns "
+    "rivers flow to the sea under bright skies people walk talk read write and think about many things"
+).split()
+
+
+def make_text(n_docs: int, seed: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        docs.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) + " .")
+    return "\n\n".join(docs) + "\n"
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    """A folder corpus with given train/valid/test splits, written in the test."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for split, n, seed in (("train", 300, 0), ("valid", 20, 1), ("test", 20, 2)):
+        (root / f"{split}.txt").write_text(make_text(n, seed))
+    return root
+
+
+@pytest.fixture
+def tiny_cfg(tiny_corpus, tmp_path):
+    def make(**kw):
+        base = dict(
+            corpus=str(tiny_corpus), tokenizer="bpe-300", cache_dir=str(tmp_path / "cache"),
+            model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16), batch_size=4, max_steps=8,
+            warmup_steps=2, log_interval=1, eval_interval=4, eval_batches=2, out_dir=str(tmp_path / "run"),
+            progress=False, tensorboard=False, lr=3e-3,
+        )
+        base.update(kw)
+        return TrainConfig.from_dict(base)
+
+    return make

@@ -594,6 +594,9 @@ def plot_results(summary: dict, path: str | Path) -> Path:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
         ax.set_xscale("log", base=2)
+        widths = sorted({b["d_model"] for b in best if b["difficulty"] == diff})
+        ax.set_xticks(widths, [str(w) for w in widths])
+        ax.minorticks_off()
         ax.set_title(labels.get(diff, diff), fontsize=10)
         ax.set_xlabel("d_model")
         ax.set_ylim(-0.02, 1.02)

@@ -37,15 +37,13 @@ def tokens(vocab: int = 61, seed: int = 1) -> torch.Tensor:
 @pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
 def test_logits_unchanged_and_flags_restored(attention):
     model = tiny_gpt(attention, dropout=0.1)
+    idx = tokens()
+    with torch.no_grad():
+        before = model(idx)
     model.train()  # dropout on: analysis must switch it off and then restore training mode
     model.blocks[1].attn.record = True  # a user's own recording survives the analysis
     sentinel = {"mine": torch.zeros(1)}
     model.blocks[1].attn.recorded = sentinel
-    idx = tokens()
-    model.eval()
-    with torch.no_grad():
-        before = model(idx)
-    model.train()
     analyze_model(model, idx)
     assert model.training and all(m.training for m in model.modules())
     assert [b.attn.record for b in model.blocks] == [False, True]
@@ -160,14 +158,16 @@ def test_rank_collapse_matches_independent_block_outputs(attention):
     model = tiny_gpt(attention)
     idx = tokens()
     res = analyze_model(model, idx)
-    with torch.no_grad():
-        x = model.tok_emb(idx)
-        rope = (model.rope_cos[:T], model.rope_sin[:T])
-        expected_input = metrics.rank_collapse_residual(x).mean()
-        outs = []
-        for block in model.blocks:
-            x = block(x, rope)
-            outs.append(x)
+    inputs, outs = [], []  # block 0 input and every block output, from a plain (sdpa) forward pass
+    handles = [model.blocks[0].register_forward_pre_hook(lambda m, args: inputs.append(args[0]))]
+    handles += [b.register_forward_hook(lambda m, args, out: outs.append(out)) for b in model.blocks]
+    try:
+        with torch.no_grad():
+            model(idx)
+    finally:
+        for h in handles:
+            h.remove()
+    expected_input = metrics.rank_collapse_residual(inputs[0]).mean()
     assert res["rank_collapse_input"]["fro"] == pytest.approx(float(expected_input), rel=1e-10)
     for layer, out in zip(res["layers"], outs):
         assert layer["rank_collapse_residual"] == pytest.approx(
@@ -183,7 +183,7 @@ def test_dt_reported_equals_parameter(attention):
     for layer, block in zip(res["layers"], model.blocks):
         param = block.attn.dynamics.dt if attention != "uncoupled_mlp" else block.attn.dt
         assert layer["qk_heads"]["dt"] == param.detach().double().tolist()
-        assert layer["mean"]["dt"] == pytest.approx(float(param.double().mean()))
+        assert layer["mean"]["dt"] == pytest.approx(float(param.detach().double().mean()))
 
 
 def test_relative_update_post_rope_compares_rotated_states():
@@ -326,3 +326,10 @@ def test_analyze_command(checkpoints, tmp_path, capsys):
     assert rc == 2 and "labels" in capsys.readouterr().err
     rc = main(["analyze", str(tmp_path / "nothing"), "--corpus", str(corpus), "--out-dir", str(out)])
     assert rc == 2 and "no checkpoint" in capsys.readouterr().err
+
+
+def test_learned_positions_and_gqa_coupled():
+    model = tiny_gpt("coupled", position="learned", n_kv_heads=1)
+    res = analyze_model(model, tokens())
+    assert all(len(layer["qk_heads"]["k_update"]) == 4 for layer in res["layers"])
+    assert all(v > 0 for layer in res["layers"] for v in layer["qk_heads"]["k_update"])

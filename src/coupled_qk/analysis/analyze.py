@@ -175,9 +175,14 @@ def _accumulate_qk(acc: _LayerAccumulator, rec: dict, attn, rope: tuple | None) 
         return
     q, k = rec["q"], rec["k"]
     if attn.use_rope and attn.dynamics_position == "post_rope":  # the dynamics act on rotated states
+        if rope is None:
+            raise RuntimeError("dynamics_position='post_rope' but the block received no RoPE tables")
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     acc._add(acc.qk, "q_update", metrics.relative_update(rec["q_evolved"], q).sum(dim=0))
-    acc._add(acc.qk, "k_update", metrics.relative_update(rec["k_evolved"], k).sum(dim=0))
+    k_update = metrics.relative_update(rec["k_evolved"], k).sum(dim=0)  # (H_k,)
+    if k_update.shape[0] != q.shape[1]:  # uncoupled_mlp keeps the n_kv_heads keys: one value per query head
+        k_update = k_update.repeat_interleave(q.shape[1] // k_update.shape[0])
+    acc._add(acc.qk, "k_update", k_update)
 
 
 def _resolve_example(example, n_layer: int, n_map_heads: int) -> tuple[int, int] | None:
@@ -283,9 +288,6 @@ def analyze_model(
     example = _resolve_example(example, n_layer, n_map_heads)
     device = next(model.parameters()).device
     tokens = tokens.to(device)
-    rope = None
-    if getattr(model, "rope_cos", None) is not None:
-        rope = (model.rope_cos[:T], model.rope_sin[:T])
 
     accs = [_LayerAccumulator() for _ in range(n_layer)]
     input_rank = {"fro": torch.zeros((), dtype=torch.float64), "l1inf": torch.zeros((), dtype=torch.float64)}
@@ -293,10 +295,18 @@ def analyze_model(
     n_ex = min(T, example_tokens)
     first_chunk = [True]
 
-    def pre_hook(module, args):
-        x = args[0]
-        input_rank["fro"] += metrics.rank_collapse_residual(x).sum().cpu()
-        input_rank["l1inf"] += metrics.rank_collapse_residual(x, norm="l1inf").sum().cpu()
+    ropes: dict[int, tuple | None] = {}
+
+    def make_pre_hook(i: int):
+        def pre_hook(module, args, kwargs):
+            # Block.forward(x, rope=None, cache=None): keep the RoPE tables the model passes to this block
+            ropes[i] = kwargs["rope"] if "rope" in kwargs else (args[1] if len(args) > 1 else None)
+            if i == 0:
+                x = args[0] if args else kwargs["x"]
+                input_rank["fro"] += metrics.rank_collapse_residual(x).sum().cpu()
+                input_rank["l1inf"] += metrics.rank_collapse_residual(x, norm="l1inf").sum().cpu()
+
+        return pre_hook
 
     def make_hook(i: int):
         def hook(module, args, output):
@@ -304,7 +314,7 @@ def analyze_model(
             rec, attn.recorded = attn.recorded, {}
             acc = accs[i]
             _accumulate_maps(acc, rec, differential)
-            _accumulate_qk(acc, rec, attn, rope)
+            _accumulate_qk(acc, rec, attn, ropes.get(i))
             acc._add(acc.scalars, "rank_collapse_residual", metrics.rank_collapse_residual(output).sum())
             acc._add(acc.scalars, "rank_collapse_residual_l1inf",
                      metrics.rank_collapse_residual(output, norm="l1inf").sum())
@@ -332,8 +342,8 @@ def analyze_model(
         model.eval()
         for attn in attns:
             attn.record, attn.recorded = True, {}
-        handles.append(model.blocks[0].register_forward_pre_hook(pre_hook))
         for i, block in enumerate(model.blocks):
+            handles.append(block.register_forward_pre_hook(make_pre_hook(i), with_kwargs=True))
             handles.append(block.register_forward_hook(make_hook(i)))
         for start in range(0, B, batch_size):
             try:

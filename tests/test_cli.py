@@ -1,0 +1,71 @@
+"""Command line: describe output, train/eval/compare end to end on a tiny corpus, clear errors."""
+
+import json
+
+import pytest
+
+from coupled_qk.cli import main
+
+
+def test_describe_prints_counts_and_overhead(capsys):
+    assert main(["describe", "--preset", "60m", "--attention", "coupled"]) == 0
+    out = capsys.readouterr().out
+    assert "63,604,320" in out and "98,400" in out and "+0.1549%" in out
+
+
+def test_describe_json(capsys):
+    assert main(["describe", "--preset", "tiny", "--attention", "differential", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["extra"] == 4 * 6 * 32
+
+
+def test_bad_option_is_a_clear_error(capsys):
+    assert main(["describe", "--set", "n_head=3"]) == 2
+    assert "unknown GPTConfig field(s) ['n_head']" in capsys.readouterr().err
+    assert main(["describe", "--attention", "flash"]) == 2
+    assert "attention='flash'" in capsys.readouterr().err
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "describe" in capsys.readouterr().out
+
+
+def test_train_eval_compare(tiny_corpus, tmp_path, capsys):
+    common = ["--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir", str(tmp_path / "cache"),
+              "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
+              "--batch-size", "4", "--eval-interval", "3", "--eval-batches", "2", "--no-progress", "--no-tensorboard"]
+    run = tmp_path / "run"
+    assert main(["train", *common, "--max-steps", "6", "--out-dir", str(run), "--attention", "coupled"]) == 0
+    assert json.loads((run / "results.json").read_text())["steps"] == 6
+    capsys.readouterr()
+    assert main(["eval", str(run), "--stride", "8", "--json", str(tmp_path / "e.json")]) == 0
+    out = capsys.readouterr().out
+    assert "valid: token perplexity" in out and "test: token perplexity" in out
+    res = json.loads((tmp_path / "e.json").read_text())
+    assert res["stride"] == 8 and res["valid"]["perplexity"] > 1
+    cmp_dir = tmp_path / "cmp"
+    assert main(["compare", *common, "--max-steps", "3", "--out-dir", str(cmp_dir),
+                 "--variants", "standard,coupled-leapfrog", "--seeds", "0,1"]) == 0
+    summary = json.loads((cmp_dir / "results.json").read_text())
+    assert set(summary["variants"]) == {"standard", "coupled-leapfrog"}
+    assert len(summary["variants"]["coupled-leapfrog"]["test_perplexity"]["values"]) == 2
+    assert summary["variants"]["coupled-leapfrog"]["overrides"] == {"attention": "coupled", "integrator": "leapfrog"}
+    assert (cmp_dir / "loss_curves.png").stat().st_size > 1000
+    assert "| coupled-leapfrog |" in (cmp_dir / "results.md").read_text()
+
+
+def test_eval_missing_checkpoint(tmp_path, capsys):
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("coupled-leapfrog", {"attention": "coupled", "integrator": "leapfrog"}),
+    ("coupled+n_steps=3+dt_init=0.0", {"attention": "coupled", "integrator": "euler", "n_steps": 3, "dt_init": 0.0}),
+    ("differential", {"attention": "differential"}),
+])
+def test_variant_specs(spec, expected):
+    from coupled_qk.training.compare import parse_variant
+
+    assert parse_variant(spec) == expected
