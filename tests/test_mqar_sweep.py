@@ -72,6 +72,19 @@ def test_presets_match_the_papers():
     b = get_preset("based-mixture")
     assert max(L for L, _, _ in b.difficulties[0].train_slices) == 256
     assert max(L for L, _, _ in b.difficulties[0].test_slices) == 1024
+    # every slice of every preset is a valid MQAR setting, and every run config builds
+    from coupled_qk.data.mqar import mqar_batch
+
+    for preset in SWEEP_PRESETS.values():
+        for d in preset.difficulties:
+            for L, K, _ in d.train_slices + d.test_slices:
+                mqar_batch(1, L, preset.vocab_size, K)
+            for v in preset.variants:
+                cfg = run_config(preset, d, v, preset.d_models[0], preset.lrs[0], "unused")
+                cfg.gpt_config(vocab_size=preset.vocab_size, block_size=max(x[0] for x in d.test_slices))
+    fig2 = run_config(z, z.difficulties[0], "standard", 64, 1e-3, "unused")
+    assert fig2.max_steps == 64 * 196 and fig2.eval_interval == 196  # 64 epochs of ceil(100k / 512) batches
+    assert fig2.grad_clip == 0.0 and fig2.warmup_steps == 0 and fig2.beta2 == 0.999
     with pytest.raises(ValueError, match="unknown MQAR sweep preset 'nope'"):
         get_preset("nope")
     assert set(SWEEP_PRESETS) == {"zoology-fig2", "based-mixture", "cpu"}
@@ -139,6 +152,13 @@ def test_micro_sweep_writes_results_table_plot_and_reuses_runs(tmp_path):
     again = run_sweep(preset, out, device="cpu", log=lines.append, train_fn=counting_train)
     assert calls == [] and again["counts"] == {"reused": 4}
     assert again["best"] == summary["best"]
+    # a finished run is only reused for the same configuration
+    import dataclasses
+
+    changed = dataclasses.replace(preset, max_steps=5)
+    with pytest.raises(ValueError, match=r"different configuration \(fields \['max_steps'\]\)"):
+        run_sweep(changed, out, device="cpu", log=lines.append, train_fn=counting_train)
+    assert calls == []
 
 
 def test_max_minutes_guard_skips_and_marks_interrupted(tmp_path):

@@ -131,11 +131,12 @@ train(cfg)
 """
 
 
-def test_two_process_ddp_matches_single_process(tiny_cfg, tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
+def test_two_processes_match_single_process(tiny_cfg, tmp_path, fsdp):
     single = tiny_cfg(batch_size=4, max_steps=4, out_dir=str(tmp_path / "single"))
     train(single)
     # 2 ranks x batch 2 = the same global batch of 4 sequences, sliced from the same global sample
-    ddp = tiny_cfg(batch_size=2, max_steps=4, out_dir=str(tmp_path / "ddp")).to_dict()
+    ddp = tiny_cfg(batch_size=2, max_steps=4, out_dir=str(tmp_path / "ddp"), fsdp=fsdp).to_dict()
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -148,3 +149,8 @@ def test_two_process_ddp_matches_single_process(tiny_cfg, tmp_path):
         assert x == pytest.approx(y, rel=1e-5, abs=1e-5)
     res = json.loads((tmp_path / "ddp" / "results.json").read_text())
     assert res["world_size"] == 2
+    # the gathered checkpoint equals the weights a single process would hold (up to reduction order)
+    a_model, _ = ckpt.load_checkpoint_model(tmp_path / "single")
+    b_model, _ = ckpt.load_checkpoint_model(tmp_path / "ddp")
+    for (name, p), q in zip(a_model.named_parameters(), b_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)

@@ -708,9 +708,10 @@ def _fmt(value) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return [line(header), "|" + "|".join(["---"] * len(header)) + "|"] + [line(row) for row in rows]
 
 
 def summary_markdown(report: dict) -> str:

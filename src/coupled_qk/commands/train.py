@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from coupled_qk.commands.options import add_model_options, parse_overrides
 from coupled_qk.training.config import TrainConfig
@@ -71,6 +72,8 @@ def run(args) -> int:
     from coupled_qk.training.loop import train
 
     results = train(cfg)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
     final = results["final"]
     print(json.dumps({k: v for k, v in final.items() if "perplexity" in k or k.endswith("loss")}, indent=2))
     print(f"run: {cfg.out_dir}  steps={results['steps']} tokens={results['tokens']:,} "

@@ -166,11 +166,11 @@ def load_checkpoint_model(path: str | Path, map_location: str | torch.device = "
     ckpt = resolve_checkpoint(path)
     config = GPTConfig.load(ckpt / "model_config.json")
     model = GPT(config)
-    _load_weights(model, ckpt)
+    load_weights(model, ckpt)
     return model.to(map_location).eval(), json.loads((ckpt / "state.json").read_text())
 
 
-def _load_weights(model: torch.nn.Module, ckpt: Path) -> None:
+def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
     """Load ``ckpt/model.safetensors`` into ``model``; any key mismatch raises ``ValueError``."""
     result = model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
     missing = [k for k in result.missing_keys if k not in TIED_KEYS]

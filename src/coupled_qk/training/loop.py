@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import TrainConfig
@@ -95,6 +96,16 @@ def _full_states(model: GPT, optimizer, cfg: TrainConfig, runtime: Runtime) -> t
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_state_dict(model, optimizer, options=opts)
     return model.state_dict(), optimizer.state_dict()
+
+
+def _load_optimizer_state(model: GPT, optimizer, opt_state: dict, cfg: TrainConfig, runtime: Runtime) -> None:
+    if runtime.world > 1 and cfg.fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+        set_optimizer_state_dict(model, optimizer, opt_state, options=opts)
+    else:
+        optimizer.load_state_dict(opt_state)
 
 
 class _Logger:
@@ -177,22 +188,23 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
     task = task if task is not None else _build_task(cfg, run_dir, runtime)
     model_cfg = cfg.gpt_config(**task.model_overrides())
     model = GPT(model_cfg).to(runtime.device)
-    optimizer = build_optimizer(model, cfg, fused=runtime.device.type == "cuda")
     state = {"step": 0, "tokens": 0, "train_seconds": 0.0}
+    where = None
     if cfg.resume and has_ckpt:
         where = ckpt.resolve_checkpoint(run_dir)
-        from coupled_qk.models.config import GPTConfig
-
         ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
-        ckpt._load_weights(model, where)
-        optimizer.load_state_dict(torch.load(where / "optimizer.pt", map_location=runtime.device, weights_only=False))
+        ckpt.load_weights(model, where)
         state = json.loads((where / "state.json").read_text())
+    wrapped = _wrap(model, cfg, runtime)  # FSDP2 replaces the parameters: build the optimizer after it
+    optimizer = build_optimizer(model, cfg, fused=runtime.device.type == "cuda")
+    if where is not None:
+        opt_state = torch.load(where / "optimizer.pt", map_location=runtime.device, weights_only=False)
+        _load_optimizer_state(model, optimizer, opt_state, cfg, runtime)
         ckpt.set_rng_state(torch.load(where / "rng.pt", weights_only=False))
     if runtime.is_main:
         cfg.save(run_dir / "config.json")
         model_cfg.save(run_dir / "model_config.json")
         task.save(run_dir)
-    wrapped = _wrap(model, cfg, runtime)
     seq_len = model_cfg.block_size
     tokens_per_step = cfg.batch_size * cfg.grad_accum * runtime.world * seq_len
     total_steps = total_steps_of(cfg, tokens_per_step)
