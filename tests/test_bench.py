@@ -20,7 +20,7 @@ def _check_result(result, names, repeats, tokens_per_step):
     for key in ("cpu", "torch", "threads", "device", "cuda"):
         assert key in result["machine"]
     base = result["variants"]["standard"]
-    assert base["ratio"] == 1.0 and base["paired_ratio"] == 1.0
+    assert base["ratio"] == 1.0 and base["paired_ratio"] == 1.0 and base["cpu_ratio"] == 1.0
     assert base["overhead_percent"] == 0.0
     for v in result["variants"].values():
         assert len(v["times_ms"]) == repeats
@@ -29,6 +29,7 @@ def _check_result(result, names, repeats, tokens_per_step):
         assert v["ratio"] == pytest.approx(v["median_ms"] / base["median_ms"], rel=1e-12)
         assert v["tokens_per_s"] == pytest.approx(tokens_per_step / (v["median_ms"] / 1000.0), rel=1e-12)
         assert v["params"] > 0
+        assert v["cpu_ratio"] == pytest.approx(v["cpu_median_ms"] / base["cpu_median_ms"], rel=1e-12)
 
 
 def test_cli_writes_json_and_markdown(tmp_path, capsys):

@@ -470,7 +470,7 @@ def run_sweep(
         if results_path.is_file():
             results = json.loads(results_path.read_text())
             _check_reusable(results.get("config", {}), cfg, run_dir)
-            records.append(_record(run, cfg, results, "reused", 0.0))
+            records.append(_record(run, cfg, results, "reused", None))
             log(f"{tag} acc={results['final']['valid/accuracy']:.3f} steps={results['steps']} (reused)")
             continue
         remaining = None if deadline is None else (deadline - time.perf_counter()) / 60
@@ -512,8 +512,14 @@ _RUNTIME_FIELDS = ("out_dir", "max_minutes", "device", "resume", "progress", "te
 def _check_reusable(saved: dict, cfg: TrainConfig, run_dir: Path) -> None:
     """Raise ``ValueError`` if a finished run's saved config differs from the planned one (runtime fields aside)."""
     planned = cfg.to_dict()
+
+    def options(d: dict) -> dict:  # where the data cache lives does not change the run
+        return {k: v for k, v in (d.get("task_options") or {}).items() if k != "cache_dir"}
+
     diff = sorted(k for k in set(saved) | set(planned)
-                  if k not in _RUNTIME_FIELDS and saved.get(k) != planned.get(k))
+                  if k not in _RUNTIME_FIELDS and k != "task_options" and saved.get(k) != planned.get(k))
+    if options(saved) != options(planned):
+        diff.append("task_options")
     if diff:
         raise ValueError(
             f"{run_dir}/results.json was trained with a different configuration (fields {diff}); delete that run "
@@ -651,10 +657,18 @@ def plot_results(summary: dict, path: str | Path) -> Path:
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("MQAR accuracy (best lr)")
+    fig.suptitle(f"MQAR sweep '{summary['preset']['name']}' (best accuracy over learning rates)", fontsize=11)
     if variants:
-        axes[0][-1].legend(fontsize=8, loc="best")
-    fig.suptitle(f"MQAR sweep '{summary['preset']['name']}'", fontsize=11)
-    fig.tight_layout()
+        handles, names = axes[0][0].get_legend_handles_labels()
+        for ax in axes[0][1:]:
+            for h, name in zip(*ax.get_legend_handles_labels()):
+                if name not in names:
+                    handles.append(h)
+                    names.append(name)
+        fig.legend(handles, names, loc="center right", fontsize=8)
+        fig.tight_layout(rect=(0, 0, 0.84, 1))
+    else:
+        fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -187,18 +187,22 @@ def test_helpers():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:MQAR data leakage")  # 1 of 500 test rows also occurs in the 20k train rows
 def test_train_end_to_end_reaches_high_accuracy(tmp_path):
-    """A tiny MQAR setting is learned through the project's train() (early stop at 0.99)."""
+    """A small MQAR setting (L=16, K=2, V=64) is learned through the project's train(): 2-layer attention-only
+    model, d_model 64, the Zoology optimiser settings; the run escapes the 1/K plateau after ~300 steps and
+    stops early once the quick evaluation reaches 0.9."""
     from coupled_qk.training.loop import train
 
-    torch.manual_seed(0)
     cfg = _cfg(
-        tmp_path, train=((16, 2, 4000),), test=((16, 2, 256),),
-        model=dict(n_layer=2, d_model=32, n_heads=1, use_mlp=False, position="learned"),
-        batch_size=32, lr=1e-2, warmup_steps=0, min_lr_ratio=0.0, max_steps=600, eval_interval=50,
-        early_stop_metric="valid/accuracy", early_stop_value=0.99,
+        tmp_path, train=((16, 2, 20_000),), test=((16, 2, 500),),
+        model=dict(n_layer=2, d_model=64, n_heads=1, use_mlp=False, position="learned"),
+        batch_size=64, lr=2e-3, warmup_steps=0, min_lr_ratio=0.0, beta2=0.999, grad_clip=0.0, max_steps=600,
+        eval_interval=50, early_stop_metric="valid/accuracy", early_stop_value=0.9,
     )
+    cfg.task_options.update(vocab_size=64, quick_eval_examples=250)
     res = train(cfg)
     assert res["final"]["valid/accuracy"] >= 0.9, res["final"]
+    assert res["stop_reason"] == "early_stop" and res["steps"] < 600
     assert res["final"]["valid/accuracy/L16_K2"] == res["final"]["valid/accuracy"]
-    assert res["data"]["task"] == "mqar"
+    assert res["data"]["task"] == "mqar" and res["model_config"]["vocab_size"] == 64

@@ -34,8 +34,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +81,7 @@ CONVENTIONS = {
     "spectral_gap": "spectral_gap_ratio = sigma1 / sigma2 (mean over sequences of the per-map ratio), "
     "spectral_gap_relative = (sigma1 - sigma2) / sigma1",
     "singular_values": "'spectrum': per head, the descending singular values of the map averaged over the "
-    "sequences (float64 SVD)",
+    "sequences (float64 SVD; stored to 6 significant digits)",
     "sink_mass": "mean over rows 1..T-1 of the attention on key 0 (row 0 excluded; it is trivially 1)",
     "rank_collapse_residual": "Dong et al. 2021, block output X (T, d) per sequence: ||X - 1 mean(X)^T||_F / "
     "||X||_F; '_l1inf' uses Dong et al.'s composite l1/l_inf norm with the column median (an upper bound of "
@@ -144,18 +147,42 @@ def _dt_of(attn) -> torch.Tensor | None:
     return None
 
 
-def _accumulate_maps(acc: _LayerAccumulator, rec: dict, differential: bool) -> None:
+@contextmanager
+def _single_threaded(enabled: bool):
+    """Run torch single-threaded inside the block (restoring the previous count), if ``enabled``.
+
+    LAPACK's multithreaded SVD of a few-hundred-square matrix synchronises its threads hundreds of times
+    per matrix; on a busy machine each synchronisation can wait for a time slice, which we measured to make
+    ``svdvals`` of 512 x 512 attention maps 20-50x slower with 2 threads than with 1. Parallelism comes from
+    running heads concurrently in worker threads instead.
+    """
+    if not enabled:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _accumulate_maps(acc: _LayerAccumulator, rec: dict, differential: bool, pool: ThreadPoolExecutor | None
+                     ) -> None:
     """Per-head map diagnostics of one recorded layer, summed over the batch into ``acc``."""
     if "attn" not in rec:
         raise RuntimeError("the attention layer recorded no probabilities (is the record flag honoured?)")
     A1 = rec["attn"]
     n_heads = A1.shape[1]
-    per_head: dict[str, list[torch.Tensor]] = {}
-    for h in range(n_heads):  # one head at a time bounds the float64 working memory to (B, T, T)
+
+    def one_head(h: int) -> dict[str, torch.Tensor]:  # one head bounds the float64 working set to (B, T, T)
         if differential:
-            summary = metrics.summarize_differential_attention(A1[:, h], rec["attn2"][:, h], rec["lambda_"])
-        else:
-            summary = metrics.summarize_attention(A1[:, h])
+            return metrics.summarize_differential_attention(A1[:, h], rec["attn2"][:, h], rec["lambda_"])
+        return metrics.summarize_attention(A1[:, h])
+
+    summaries = list(pool.map(one_head, range(n_heads))) if pool is not None else map(one_head, range(n_heads))
+    per_head: dict[str, list[torch.Tensor]] = {}
+    for summary in summaries:
         for key, value in summary.items():
             per_head.setdefault(key, []).append(value.sum(dim=0))  # sum over the batch
     for key, values in per_head.items():
@@ -223,6 +250,7 @@ def analyze_model(
     batch_size: int | None = None,
     example: tuple[int, int] | None = None,
     example_tokens: int = 128,
+    threads: int | None = None,
 ) -> dict:
     """Per-layer, per-head attention diagnostics of ``model`` on ``tokens`` (PAPER.md section 7).
 
@@ -243,6 +271,9 @@ def analyze_model(
         example: ``(layer, head)`` of an attention map to return for plotting (negative indices allowed;
             ``head`` indexes the map heads, i.e. differential heads for differential variants), or None.
         example_tokens: the example map is the top-left ``min(T, example_tokens)`` square of sequence 0.
+        threads: on CPU, heads whose metrics are computed concurrently (default ``torch.get_num_threads()``).
+            While a layer's metrics run, torch is set to one thread (restored right after): LAPACK's
+            multithreaded SVD is many times slower on a busy machine than one SVD per core. Ignored on GPUs.
 
     Returns:
         A dict (JSON-ready except ``"example"``) with
@@ -252,7 +283,8 @@ def analyze_model(
         * ``"layers"``: one dict per layer with ``"layer"`` (index), ``"heads"`` (metric -> list of
           ``n_map_heads`` floats: :data:`MAP_METRICS`, prefixed ``a1/``, ``a2/`` and ``signed/`` (spectral
           ones only) for differential variants), ``"spectrum"`` (map name ``attn`` or ``a1``/``a2``/``signed``
-          -> per head the mean descending singular values, ``n_map_heads`` lists of T floats),
+          -> per head the mean descending singular values, ``n_map_heads`` lists of T floats, rounded to 6
+          significant digits),
           ``"qk_heads"`` (``dt``, ``q_update``, ``k_update`` -> lists over the ``n_heads`` query (sub-)heads,
           where the variant has them), ``"rank_collapse_residual"`` and ``"rank_collapse_residual_l1inf"``
           (floats), ``"lambda"`` (differential variants) and ``"mean"`` (every per-head metric averaged
@@ -281,6 +313,10 @@ def analyze_model(
         raise ValueError(f"batch_size must be a positive int or None; got {batch_size!r}")
     if isinstance(example_tokens, bool) or not isinstance(example_tokens, int) or example_tokens < 1:
         raise ValueError(f"example_tokens must be a positive int; got {example_tokens!r}")
+    if threads is None:
+        threads = torch.get_num_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None; got {threads!r}")
     variant = config.attention
     differential = variant in DIFFERENTIAL_VARIANTS
     n_layer = len(attns)
@@ -288,6 +324,7 @@ def analyze_model(
     example = _resolve_example(example, n_layer, n_map_heads)
     device = next(model.parameters()).device
     tokens = tokens.to(device)
+    on_cpu = device.type == "cpu"
 
     accs = [_LayerAccumulator() for _ in range(n_layer)]
     input_rank = {"fro": torch.zeros((), dtype=torch.float64), "l1inf": torch.zeros((), dtype=torch.float64)}
@@ -313,7 +350,8 @@ def analyze_model(
             attn = module.attn
             rec, attn.recorded = attn.recorded, {}
             acc = accs[i]
-            _accumulate_maps(acc, rec, differential)
+            with _single_threaded(on_cpu):
+                _accumulate_maps(acc, rec, differential, pool)
             _accumulate_qk(acc, rec, attn, ropes.get(i))
             acc._add(acc.scalars, "rank_collapse_residual", metrics.rank_collapse_residual(output).sum())
             acc._add(acc.scalars, "rank_collapse_residual_l1inf",
@@ -338,6 +376,7 @@ def analyze_model(
     saved_training = [m.training for m in modules]
     saved_record = [(a.record, a.recorded) for a in attns]
     handles = []
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="analyze") if on_cpu and threads > 1 else None
     try:
         model.eval()
         for attn in attns:
@@ -354,6 +393,8 @@ def analyze_model(
                 raise RuntimeError("the analysis hooks did not run (is the model a coupled_qk GPT?)")
             first_chunk[0] = False
     finally:
+        if pool is not None:
+            pool.shutdown()
         for handle in handles:
             handle.remove()
         for attn, (flag, recorded) in zip(attns, saved_record):
@@ -366,7 +407,8 @@ def analyze_model(
         n = acc.n
         heads = {k: (v / n).tolist() for k, v in acc.heads.items()}
         layer: dict = {"layer": i, "heads": _order_metrics(heads)}
-        layer["spectrum"] = {k: (v / n).tolist() for k, v in acc.spectra.items()}
+        layer["spectrum"] = {k: [[float(f"{x:.6g}") for x in row] for row in (v / n).tolist()]
+                             for k, v in acc.spectra.items()}
         qk: dict[str, list[float]] = {}
         dt = _dt_of(attn)
         if dt is not None:
@@ -499,6 +541,15 @@ def _json_ready(obj):
     return obj
 
 
+_NUMBER_LIST = re.compile(r"\[\n\s*([-+0-9.eE,\snul]*?)\n\s*\]")  # raw newlines never occur in JSON strings
+
+
+def _dumps(obj) -> str:
+    """JSON text of ``obj`` (non-finite floats -> null), indented, with lists of numbers kept on one line."""
+    text = json.dumps(_json_ready(obj), indent=1, allow_nan=False)
+    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
+
+
 def analyze_checkpoints(
     paths: Sequence[str | Path],
     corpus: str,
@@ -516,6 +567,7 @@ def analyze_checkpoints(
     split_seed: int = 0,
     device: str | torch.device = "cpu",
     make_plots: bool = True,
+    threads: int | None = None,
 ) -> dict:
     """Analyse several checkpoints on the same windows of a corpus split and write a report.
 
@@ -550,6 +602,7 @@ def analyze_checkpoints(
         split_seed: seed of the document-level split of corpora split at random (as the run's ``split_seed``).
         device: device for the models.
         make_plots: write the PNG figures.
+        threads: heads analysed concurrently on CPU (see :func:`analyze_model`).
 
     Returns:
         The dict written to ``analysis.json`` plus ``"files"`` (paths of everything written).
@@ -617,7 +670,7 @@ def analyze_checkpoints(
         model, state = load_checkpoint_model(ckpt, map_location=device)
         t0 = time.perf_counter()
         result = analyze_model(model, ids, batch_size=batch_size, example=(example_layer, example_head),
-                               example_tokens=example_tokens)
+                               example_tokens=example_tokens, threads=threads)
         seconds = time.perf_counter() - t0
         del model
         examples.append(result.pop("example"))
@@ -655,7 +708,7 @@ def analyze_checkpoints(
         report["figures"] = {k: Path(v).name for k, v in figures.items()}
         files.update({k: str(v) for k, v in figures.items()})
     json_path = out_dir / "analysis.json"
-    json_path.write_text(json.dumps(_json_ready(report), indent=1, allow_nan=False) + "\n")
+    json_path.write_text(_dumps(report))
     md_path = out_dir / "summary.md"
     md_path.write_text(summary_markdown(report))
     files.update({"analysis.json": str(json_path), "summary.md": str(md_path)})

@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm, TwoSlopeNorm
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 __all__ = [
     "LAYER_PANELS",
@@ -115,10 +116,13 @@ def plot_layer_metrics(entries: list[dict], path: str | Path) -> Path:
                 drawn = True
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("layer", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
         if drawn:
             if log:
                 ax.set_yscale("log")
+            else:
+                ax.ticklabel_format(axis="y", useOffset=False)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6)
         else:

@@ -30,6 +30,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--split-seed", type=int, default=0,
                         help="seed of random document splits (pubmed, mixed-domain, text paths), as in training")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU: heads analysed concurrently (default: torch's thread count)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
 
 
@@ -55,6 +57,7 @@ def run(args) -> int:
         example_head=args.example_head,
         split_seed=args.split_seed,
         device=args.device,
+        threads=args.threads,
         make_plots=not args.no_plots,
     )
     for e in report["checkpoints"]:

@@ -6,6 +6,7 @@ Writes ``bench-<preset>-<device>[-<dtype>][-compile].json`` and ``.md`` under ``
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 
@@ -19,6 +20,9 @@ HELP = "train-step speed of every attention variant against standard"
 
 def add_arguments(parser) -> None:
     add_model_options(parser)
+    for action in parser._actions:  # the variants set attention and integrator; run() rejects these two
+        if action.dest in ("attention", "integrator"):
+            action.help = argparse.SUPPRESS
     parser.add_argument(
         "--variants", default="all",
         help=f"comma-separated subset of {','.join(VARIANTS)} ('coupled' = coupled_euler); standard is always "

@@ -236,7 +236,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
         lr = lr_at(step, cfg, total_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), device=runtime.device)
         for micro in range(cfg.grad_accum):
             x, y = task.train_batch(step, micro, runtime.rank, runtime.world, cfg.batch_size, runtime.device)
             sync = micro == cfg.grad_accum - 1
@@ -245,7 +245,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
                 logits = wrapped(x)
                 loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
             scaler.scale(loss / cfg.grad_accum).backward()
-            loss_sum += loss.item()
+            loss_sum += loss.detach()
         if cfg.grad_clip > 0:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -253,7 +253,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        train_loss = all_reduce_mean(loss_sum / cfg.grad_accum, runtime)
+        train_loss = all_reduce_mean(loss_sum.item() / cfg.grad_accum, runtime)  # one sync per step
         state.update(step=step, tokens=state["tokens"] + tokens_per_step)
         state["train_seconds"] = base_seconds + time.perf_counter() - t_start
         window_tokens += tokens_per_step
