@@ -159,6 +159,13 @@ def test_micro_sweep_writes_results_table_plot_and_reuses_runs(tmp_path):
     with pytest.raises(ValueError, match=r"different configuration \(fields \['max_steps'\]\)"):
         run_sweep(changed, out, device="cpu", log=lines.append, train_fn=counting_train)
     assert calls == []
+    # a moved sweep folder (different data-cache path) is still reused
+    import shutil
+
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    assert run_sweep(preset, moved, device="cpu", log=lines.append, train_fn=counting_train)["counts"] == {"reused": 4}
+    assert calls == []
 
 
 def test_max_minutes_guard_skips_and_marks_interrupted(tmp_path):
