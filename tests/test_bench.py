@@ -41,7 +41,7 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
     _check_result(result, names, repeats=2, tokens_per_step=16)
     assert result["settings"]["dtype"] == "fp32" and result["settings"]["compile"] is False
     assert result["variants"]["coupled_leapfrog"]["integrator"] == "leapfrog"
-    assert result["variants"]["coupled_euler"]["overhead_percent"] > 0
+    assert result["variants"]["coupled"]["overhead_percent"] > 0
     assert result["reproduce"].startswith("coupled-qk bench --preset tiny")
     md = (tmp_path / "bench-tiny-cpu.md").read_text()
     assert "| variant |" in md and "tokens/s" in md and result["machine"]["cpu"] in md
@@ -53,9 +53,9 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
 
 
 def test_variant_subset_always_has_standard_baseline():
-    assert parse_variants("coupled,differential") == ["standard", "coupled_euler", "differential"]
+    assert parse_variants("coupled,differential") == ["standard", "coupled", "differential"]
     assert parse_variants("all") == list(VARIANTS)
-    with pytest.raises(ValueError, match="unknown bench variant"):
+    with pytest.raises(ValueError, match="unknown variant"):
         parse_variants("coupled,nope")
     config = GPTConfig(vocab_size=32, block_size=8, n_layer=1, d_model=16, n_heads=2)
     result = run_bench(config, "coupled_leapfrog", batch_size=1, repeats=2, warmup=1, device="cpu")

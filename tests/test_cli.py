@@ -48,11 +48,11 @@ def test_train_eval_compare(tiny_corpus, tmp_path, capsys):
     assert main(["compare", *common, "--max-steps", "3", "--out-dir", str(cmp_dir),
                  "--variants", "standard,coupled-leapfrog", "--seeds", "0,1"]) == 0
     summary = json.loads((cmp_dir / "results.json").read_text())
-    assert set(summary["variants"]) == {"standard", "coupled-leapfrog"}
-    assert len(summary["variants"]["coupled-leapfrog"]["test_perplexity"]["values"]) == 2
-    assert summary["variants"]["coupled-leapfrog"]["overrides"] == {"attention": "coupled", "integrator": "leapfrog"}
+    assert set(summary["variants"]) == {"standard", "coupled_leapfrog"}
+    assert len(summary["variants"]["coupled_leapfrog"]["test_perplexity"]["values"]) == 2
+    assert summary["variants"]["coupled_leapfrog"]["overrides"] == {"attention": "coupled", "integrator": "leapfrog"}
     assert (cmp_dir / "loss_curves.png").stat().st_size > 1000
-    assert "| coupled-leapfrog |" in (cmp_dir / "results.md").read_text()
+    assert "| coupled_leapfrog |" in (cmp_dir / "results.md").read_text()
 
 
 def test_eval_missing_checkpoint(tmp_path, capsys):
@@ -63,9 +63,19 @@ def test_eval_missing_checkpoint(tmp_path, capsys):
 @pytest.mark.parametrize("spec, expected", [
     ("coupled-leapfrog", {"attention": "coupled", "integrator": "leapfrog"}),
     ("coupled+n_steps=3+dt_init=0.0", {"attention": "coupled", "integrator": "euler", "n_steps": 3, "dt_init": 0.0}),
+    ("coupled_euler", {"attention": "coupled", "integrator": "euler"}),
     ("differential", {"attention": "differential"}),
 ])
 def test_variant_specs(spec, expected):
-    from coupled_qk.training.compare import parse_variant
+    from coupled_qk.variants import parse_variants, variant_overrides
 
-    assert parse_variant(spec) == expected
+    assert variant_overrides(spec) == expected
+    assert parse_variants(f"{spec},standard,{spec}") == [parse_variants(spec)[0], "standard"]
+
+
+@pytest.mark.parametrize("spec, match", [("flash", "unknown variant"), ("coupled+n_steps", "FIELD=VALUE"), (",", "no variant")])
+def test_bad_variant_specs(spec, match):
+    from coupled_qk.variants import parse_variants
+
+    with pytest.raises(ValueError, match=match):
+        parse_variants(spec)

@@ -34,7 +34,7 @@ def test_variants_cover_every_attention_variant_and_leapfrog():
     assert MQAR_VARIANTS["coupled_leapfrog"] == {"attention": "coupled", "integrator": "leapfrog"}
     assert parse_variants(None) == list(MQAR_VARIANTS)
     assert parse_variants("coupled-euler, leapfrog,standard") == ["coupled", "coupled_leapfrog", "standard"]
-    with pytest.raises(ValueError, match="unknown MQAR variant 'mamba'"):
+    with pytest.raises(ValueError, match="unknown variant 'mamba'"):
         parse_variants("standard,mamba")
     with pytest.raises(ValueError, match="selects no variant"):
         parse_variants(",")
@@ -217,5 +217,5 @@ def test_cli_dry_run_and_errors(capsys):
     n = len(get_preset("cpu").difficulties) * len(get_preset("cpu").lrs) * 2
     assert out.count("d_model=16") == n
     assert main(["mqar", "--variants", "bogus", "--dry-run"]) == 2
-    assert "unknown MQAR variant 'bogus'" in capsys.readouterr().err
+    assert "unknown variant 'bogus'" in capsys.readouterr().err
     assert main(["mqar", "--lrs", "x", "--dry-run"]) == 2

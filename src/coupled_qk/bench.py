@@ -25,41 +25,21 @@ import torch
 
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
+from coupled_qk.variants import parse_variants as parse_variants_list
+from coupled_qk.variants import variant_overrides
 
-# name -> GPTConfig fields that select the variant (everything else comes from the base config)
-VARIANTS: dict[str, dict] = {
-    "standard": dict(attention="standard"),
-    "coupled_euler": dict(attention="coupled", integrator="euler"),
-    "coupled_leapfrog": dict(attention="coupled", integrator="leapfrog"),
-    "uncoupled_mlp": dict(attention="uncoupled_mlp"),
-    "differential": dict(attention="differential"),
-    "coupled_differential": dict(attention="coupled_differential"),
-}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BASELINE = "standard"
 
 
 def parse_variants(text: str | list[str] | None) -> list[str]:
-    """Variant names from ``"a,b"`` (or a list), with ``standard`` always first; ``None``/``"all"`` -> all.
-
-    ``coupled`` is accepted as an alias of ``coupled_euler``.
+    """Variant specs (see :mod:`coupled_qk.variants`) with ``standard`` always first; ``None``/``"all"`` -> the
+    paper's variants and baselines.
 
     Raises:
-        ValueError: an unknown name (the message lists the valid ones).
+        ValueError: an unknown variant (the message lists the valid ones).
     """
-    if text is None or text == "all":
-        return list(VARIANTS)
-    items = text.split(",") if isinstance(text, str) else list(text)
-    names = []
-    for item in items:
-        name = item.strip().replace("-", "_")
-        name = "coupled_euler" if name == "coupled" else name
-        if not name:
-            continue
-        if name not in VARIANTS:
-            raise ValueError(f"unknown bench variant {item!r}; expected some of {list(VARIANTS)} (comma-separated)")
-        if name not in names:
-            names.append(name)
+    names = parse_variants_list(text)
     return [BASELINE] + [n for n in names if n != BASELINE]
 
 
@@ -199,7 +179,7 @@ def run_bench(
 
     Args:
         base: model configuration shared by all variants (its ``attention``/``integrator`` are replaced).
-        variants: names from :data:`VARIANTS` (list or comma-separated); ``standard`` is always included.
+        variants: variant specs of :mod:`coupled_qk.variants` (list or comma-separated); ``standard`` is always included.
         batch_size, seq_len: tokens per step (``seq_len`` defaults to ``base.block_size``).
         repeats: timed steps per variant (medians over these); warmup: untimed steps per variant first (at
             least 1: the first step compiles when ``compile_model``).
@@ -230,7 +210,7 @@ def run_bench(
     if batch_size < 1 or repeats < 1 or warmup < 1:
         raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 1; got {batch_size}, {repeats}, {warmup}")
     log = log or (lambda *a, **k: None)
-    configs = {n: dataclasses.replace(base, **VARIANTS[n]) for n in names}
+    configs = {n: dataclasses.replace(base, **variant_overrides(n)) for n in names}
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -53,6 +53,7 @@ from pathlib import Path
 from coupled_qk.layers.attention import ATTENTION_VARIANTS, DIFFERENTIAL_VARIANTS
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_task import parse_slices, steps_per_epoch
+from coupled_qk.variants import MAIN_VARIANTS, VARIANTS, parse_variants, variant_overrides
 
 __all__ = [
     "MQAR_VARIANTS",
@@ -71,20 +72,11 @@ __all__ = [
     "summarize",
 ]
 
-MQAR_VARIANTS: dict[str, dict] = {
-    "standard": dict(attention="standard"),
-    "coupled": dict(attention="coupled", integrator="euler"),
-    "coupled_leapfrog": dict(attention="coupled", integrator="leapfrog"),
-    "uncoupled_mlp": dict(attention="uncoupled_mlp"),
-    "differential": dict(attention="differential"),
-    "coupled_differential": dict(attention="coupled_differential"),
-}
-"""Sweep variant name -> ``GPTConfig`` overrides: every entry of ``ATTENTION_VARIANTS`` plus coupled with the
-leapfrog integrator (``coupled`` is the paper's Euler integrator)."""
+MQAR_VARIANTS: dict[str, dict] = {name: VARIANTS[name] for name in MAIN_VARIANTS}
+"""Default sweep variants -> ``GPTConfig`` overrides: every entry of ``ATTENTION_VARIANTS`` plus coupled with the
+leapfrog integrator (``coupled`` is the paper's Euler integrator). Any spec of :mod:`coupled_qk.variants` works."""
 
 assert {v["attention"] for v in MQAR_VARIANTS.values()} == set(ATTENTION_VARIANTS)
-
-_ALIASES = {"coupled_euler": "coupled", "leapfrog": "coupled_leapfrog", "diff": "differential"}
 
 
 @dataclass(frozen=True)
@@ -278,30 +270,10 @@ def get_preset(name: str) -> SweepPreset:
     return SWEEP_PRESETS[name]
 
 
-def parse_variants(text: str | Sequence[str] | None) -> list[str]:
-    """Variant names from ``"a,b"`` or a list; ``None``/``"all"`` gives every variant in :data:`MQAR_VARIANTS`.
-
-    Aliases: ``coupled_euler`` -> ``coupled``, ``leapfrog`` -> ``coupled_leapfrog``; ``-`` may replace ``_``.
-
-    Raises:
-        ValueError: naming the unknown entry and the valid names, or if nothing is selected.
-    """
-    if text is None or text == "all":
-        return list(MQAR_VARIANTS)
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out = []
-    for item in items:
-        name = item.strip().replace("-", "_")
-        if not name:
-            continue
-        name = _ALIASES.get(name, name)
-        if name not in MQAR_VARIANTS:
-            raise ValueError(f"unknown MQAR variant {item!r}; expected some of {list(MQAR_VARIANTS)} (comma-separated)")
-        if name not in out:
-            out.append(name)
-    if not out:
-        raise ValueError(f"variants={text!r} selects no variant; expected some of {list(MQAR_VARIANTS)}")
-    return out
+def _in_variant_order(names) -> list[str]:
+    """``names`` in :data:`MQAR_VARIANTS` order, other specs after them alphabetically."""
+    rank = {v: i for i, v in enumerate(MQAR_VARIANTS)}
+    return sorted(set(names), key=lambda v: (rank.get(v, len(rank)), v))
 
 
 def heads_for(variant: str, n_heads: int) -> int:
@@ -310,7 +282,7 @@ def heads_for(variant: str, n_heads: int) -> int:
     A differential head is a pair of sub-heads of width ``d_model / n_heads``; doubling an odd head count keeps
     the parameter count of the attention projections equal to the standard model's.
     """
-    attention = MQAR_VARIANTS[variant]["attention"]
+    attention = variant_overrides(variant)["attention"]
     return 2 * n_heads if attention in DIFFERENTIAL_VARIANTS and n_heads % 2 else n_heads
 
 
@@ -329,8 +301,7 @@ def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_mode
     Raises:
         ValueError: unknown variant, or an invalid resulting configuration (from :class:`TrainConfig`).
     """
-    if variant not in MQAR_VARIANTS:
-        raise ValueError(f"unknown MQAR variant {variant!r}; expected one of {list(MQAR_VARIANTS)}")
+    overrides = variant_overrides(variant)  # raises ValueError naming an unknown variant
     per_epoch = steps_per_epoch(difficulty.train_slices, difficulty.batch_size)
     max_steps = max(1, math.ceil(preset.epochs * per_epoch))
     if preset.max_steps is not None:
@@ -338,7 +309,7 @@ def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_mode
     eval_interval = preset.eval_interval or max(1, round(per_epoch))
     model = dict(
         n_layer=preset.n_layer, d_model=d_model, n_heads=heads_for(variant, preset.n_heads), use_mlp=False,
-        position=preset.position, dropout=preset.dropout, **MQAR_VARIANTS[variant],
+        position=preset.position, dropout=preset.dropout, **overrides,
     )
     options = dict(
         vocab_size=preset.vocab_size,
@@ -607,8 +578,7 @@ def format_table(best: Sequence[dict], difficulty_order: Sequence[str] | None = 
     present = {b["difficulty"] for b in best}
     diffs = [d for d in diffs if d in present]
     columns = [(d, m) for d in diffs for m in sorted({b["d_model"] for b in best if b["difficulty"] == d})]
-    order = {v: i for i, v in enumerate(MQAR_VARIANTS)}
-    variants = sorted({b["variant"] for b in best}, key=lambda v: (order.get(v, len(order)), v))
+    variants = _in_variant_order(b["variant"] for b in best)
     cell = {(b["variant"], b["difficulty"], b["d_model"]): b["accuracy"] for b in best}
     header = "| variant | " + " | ".join(f"{d} d{m}" for d, m in columns) + " |"
     lines = [header, "|" + "---|" * (len(columns) + 1)]
@@ -642,7 +612,7 @@ def plot_results(summary: dict, path: str | Path) -> Path:
               for d in summary["preset"]["difficulties"]}
     n = max(1, len(diffs))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), sharey=True, squeeze=False)
-    variants = [v for v in MQAR_VARIANTS if any(b["variant"] == v for b in best)]
+    variants = _in_variant_order({b["variant"] for b in best})
     for ax, diff in zip(axes[0], diffs):
         for v in variants:
             pts = sorted((b["d_model"], b["accuracy"]) for b in best if b["difficulty"] == diff and b["variant"] == v)

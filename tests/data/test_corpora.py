@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from coupled_qk.data import paths
-from coupled_qk.data.corpora import KNOWN_CORPORA, load_corpus, random_split, split_documents, word_count
+from coupled_qk.data.corpora import (
+    KNOWN_CORPORA,
+    detokenize_wikitext,
+    load_corpus,
+    random_split,
+    split_documents,
+    word_count,
+)
 
 
 def _docs(text: str) -> list[str]:
@@ -57,8 +64,8 @@ def test_cache_dir(monkeypatch, tmp_path):
 def test_wiki_vital(data_dir):
     c = load_corpus("wiki-vital", data_dir)
     assert c.train == (data_dir / "wiki-vital" / "train.txt").read_text(encoding="utf-8")
-    assert c.valid == (data_dir / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")
-    assert c.test.startswith(" \n = Robert <unk> = \n")
+    assert c.valid == detokenize_wikitext((data_dir / "wikitext-2" / "valid.txt").read_text(encoding="utf-8"))
+    assert c.test.startswith("\n= Robert <unk> =\n")
     assert len(c.train) == 5_099_193 and c.source["split"] == "given"
     assert c.split("valid") is c.valid and "5,099,193 chars" in repr(c)
     with pytest.raises(ValueError, match="split='dev'"):
@@ -214,3 +221,15 @@ def test_non_utf8_and_empty_split(tmp_path):
         load_corpus(str(tmp_path / "d"))
     with pytest.raises(ValueError, match="test_fraction=0"):
         load_corpus(str(tmp_path / "d" / "train.txt"), test_fraction=0)
+
+
+def test_detokenize_wikitext_by_hand():
+    text = " = Title = \n \n A 1 @,@ 000 @-@ year ( old ) test , it 's \" fine \" : yes . \n"
+    assert detokenize_wikitext(text) == '= Title =\n\nA 1,000-year (old) test, it\'s "fine": yes.\n'
+
+
+def test_wiki_vital_evaluates_on_detokenized_wikitext_with_original_word_counts(data_dir):
+    corpus = load_corpus("wiki-vital", data_dir)
+    assert " @-@ " not in corpus.valid and " , " not in corpus.test
+    # Merity et al. (2016) WikiText-2 counts (words + one <eos> per line) of the original text
+    assert corpus.words("valid") == 217_646 and corpus.words("test") == 245_569

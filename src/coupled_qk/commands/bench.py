@@ -12,8 +12,9 @@ import sys
 
 import torch
 
-from coupled_qk.bench import VARIANTS, markdown_table, result_stem, run_bench, write_results
+from coupled_qk.bench import markdown_table, result_stem, run_bench, write_results
 from coupled_qk.commands.options import add_model_options, config_from_args
+from coupled_qk.variants import VARIANTS
 
 HELP = "train-step speed of every attention variant against standard"
 
@@ -25,7 +26,7 @@ def add_arguments(parser) -> None:
             action.help = argparse.SUPPRESS
     parser.add_argument(
         "--variants", default="all",
-        help=f"comma-separated subset of {','.join(VARIANTS)} ('coupled' = coupled_euler); standard is always "
+        help=f"comma-separated subset of {','.join(VARIANTS)} ('coupled' = Euler); standard is always "
         "measured as the baseline (default: all)",
     )
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")

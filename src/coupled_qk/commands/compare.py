@@ -10,9 +10,9 @@ HELP = "train several attention variants with the same data and budget, then com
 def add_arguments(parser) -> None:
     add_train_options(parser)
     parser.add_argument(
-        "--variants", default="standard,coupled,coupled-leapfrog,uncoupled_mlp",
-        help="comma-separated variant specs: aliases (standard, coupled, coupled-leapfrog, uncoupled_mlp, "
-        "differential, coupled_differential) or attention+field=value, e.g. coupled+n_steps=3",
+        "--variants", default="standard,coupled,coupled_leapfrog,uncoupled_mlp",
+        help="comma-separated variant specs: standard, coupled (Euler), coupled_leapfrog, coupled_symplectic_euler, "
+        "uncoupled_mlp, differential, coupled_differential, each optionally +field=value, e.g. coupled+n_steps=3",
     )
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (mean and std reported)")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from coupled_qk.commands.train import add_train_options, config_from_args
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes"
-DEMO_VARIANTS = "standard,coupled,coupled-leapfrog,uncoupled_mlp"
+DEMO_VARIANTS = "standard,coupled,coupled_leapfrog,uncoupled_mlp"
 DEMO_DEFAULTS = dict(
     corpus="wiki-vital", tokenizer="bpe-8192", preset="tiny", batch_size=16, lr=2e-3, warmup_steps=50,
-    max_tokens=1_000_000, eval_interval=100, eval_batches=8, log_interval=10, out_dir="runs/demo",
+    max_tokens=900_000, eval_interval=100, eval_batches=8, log_interval=10, out_dir="runs/demo",
 )
 
 

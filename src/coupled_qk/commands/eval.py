@@ -28,7 +28,7 @@ def evaluate_checkpoint(checkpoint, corpus=None, data_dir=None, splits=("valid",
         ValueError: unknown split name or a bad stride.
     """
     from coupled_qk.data.cache import tokenize_to_cache
-    from coupled_qk.data.corpora import load_corpus, word_count
+    from coupled_qk.data.corpora import load_corpus
     from coupled_qk.data.paths import default_cache_dir
     from coupled_qk.data.tokenizers import Tokenizer
     from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
@@ -60,7 +60,7 @@ def evaluate_checkpoint(checkpoint, corpus=None, data_dir=None, splits=("valid",
             raise ValueError(f"split={split!r} is unknown; expected train, valid or test")
         text = data.split(split)
         tokens = tokenize_to_cache(text, tokenizer, cache / "tokens")
-        n_words = word_count(text, add_eos=True) if data.name in WORD_LEVEL_CORPORA else None
+        n_words = data.words(split) if data.name in WORD_LEVEL_CORPORA else None
         out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words)
     return out
 

@@ -17,18 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
 from coupled_qk.data.corpora import split_documents
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, chunk_text
+from coupled_qk.io import atomic_write
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -90,19 +87,6 @@ def encode_text(text: str, tokenizer: Tokenizer, *, append_eot_between_docs: boo
             out.append(arr)
         arrays = out
     return np.concatenate(arrays) if arrays else np.zeros(0, dtype)
-
-
-def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _file_sha256(path: Path) -> str:
@@ -177,10 +161,10 @@ def tokenize_to_cache(text: str, tokenizer: Tokenizer, cache_dir: str | Path | N
         t0 = time.perf_counter()
         ids = encode_text(text, tokenizer, append_eot_between_docs=eot)
         seconds = time.perf_counter() - t0
-        _atomic_write(bin_path, ids.tofile)
+        atomic_write(bin_path, ids.tofile)
         meta = dict(expected, n_tokens=int(ids.size), tokenizer_name=tokenizer.name,
                     bin_sha256=hashlib.sha256(ids.tobytes()).hexdigest(), n_chars=len(text),
                     encode_seconds=round(seconds, 3),
                     created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        _atomic_write(meta_path, lambda f: f.write((json.dumps(meta, indent=1) + "\n").encode("utf-8")))
+        atomic_write(meta_path, lambda f: f.write((json.dumps(meta, indent=1) + "\n").encode("utf-8")))
     return np.memmap(bin_path, dtype=dtype, mode="r", shape=(int(meta["n_tokens"]),))

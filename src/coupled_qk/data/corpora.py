@@ -24,6 +24,7 @@ the rest for train, and join each split's documents with a blank line (``"\\n\\n
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,8 @@ class Corpus:
         name: corpus name or the path it was loaded from.
         train, valid, test: the split texts (``str``, unicode, exactly as read / joined; never empty).
         source: provenance: files read, data dir, split method, seed, fractions, document counts.
+        word_counts: per split, the word count of the *original* text where the text was transformed
+            (``wiki-vital``'s detokenized WikiText-2 splits), for word-level perplexity.
     """
 
     name: str
@@ -52,6 +55,12 @@ class Corpus:
     valid: str = field(repr=False)
     test: str = field(repr=False)
     source: dict = field(default_factory=dict)
+    word_counts: dict = field(default_factory=dict)
+
+    def words(self, split: str) -> int:
+        """Words of ``split`` in WikiText's convention (whitespace words plus one ``<eos>`` per line) of the
+        original text: the normaliser of word-level perplexity."""
+        return self.word_counts.get(split) or word_count(self.split(split), add_eos=True)
 
     def split(self, split: str) -> str:
         """The text of ``split`` (one of ``"train"``, ``"valid"``, ``"test"``); ValueError otherwise."""
@@ -78,6 +87,30 @@ def word_count(text: str, *, add_eos: bool = False) -> int:
     if add_eos:
         n += text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     return n
+
+
+_WIKITEXT_RULES = [
+    (re.compile(r" @(.)@ "), r"\1"),  # 1 @,@ 000 -> 1,000 ; state @-@ of -> state-of
+    (re.compile(r" ([.,;:!?%)\]}])"), r"\1"),  # no space before closing punctuation
+    (re.compile(r"([(\[{$]) "), r"\1"),  # no space after opening brackets and currency
+    (re.compile(r" (n't|'s|'re|'ve|'m|'ll|'d)\b"), r"\1"),  # contractions and possessives
+    (re.compile(r'" (.*?) "'), r'"\1"'),  # quotes hug what they quote
+    (re.compile(r"^ ", re.M), ""),  # WikiText starts every line with a space
+    (re.compile(r" $", re.M), ""),
+    (re.compile(r"^(=+) (.*?) (=+)$", re.M), r"\1 \2 \3"),  # headings keep their form
+]
+
+
+def detokenize_wikitext(text: str) -> str:
+    """Undo WikiText's tokenization so the text reads like plain Wikipedia: ``"1 @,@ 000"`` -> ``"1,000"``,
+    ``"word , word"`` -> ``"word, word"``, ``"( x )"`` -> ``"(x)"``, ``"it 's"`` -> ``"it's"``.
+
+    ``<unk>`` markers stay. Word-level perplexity must still be normalised by the word count of the original
+    (tokenized) text, as in Radford et al. (2019), who evaluated GPT-2 on detokenized WikiText.
+    """
+    for pattern, repl in _WIKITEXT_RULES:
+        text = pattern.sub(repl, text)
+    return text
 
 
 def read_text(path: Path, corpus: str) -> str:
@@ -265,7 +298,14 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
         if name == "wiki-vital":
             files = {"train": root / "wiki-vital" / "train.txt", "valid": root / "wikitext-2" / "valid.txt",
                      "test": root / "wikitext-2" / "test.txt"}
-            return _from_given_splits(name, files, source)
+            corpus = _from_given_splits(name, files, source)
+            # train is plain Wikipedia text; WikiText-2's splits are tokenized (" , ", " @-@ "): evaluate on
+            # their detokenized form, keeping the original word counts for word-level perplexity
+            for split in ("valid", "test"):
+                corpus.word_counts[split] = word_count(corpus.split(split), add_eos=True)
+                setattr(corpus, split, detokenize_wikitext(corpus.split(split)))
+            corpus.source["valid_test"] = "WikiText-2, detokenized (coupled_qk.data.corpora.detokenize_wikitext)"
+            return corpus
         if name == "pubmed":
             return _from_documents(name, [root / "pubmed" / "abstracts.txt"], seed, valid_fraction,
                                    test_fraction, source)

@@ -40,7 +40,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -48,6 +47,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from coupled_qk.io import atomic_write
 
 __all__ = [
     "IGNORE_INDEX",
@@ -364,22 +365,6 @@ def _cache_key(spec: MQARSplit, vocab_size: int) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _atomic_torch_save(obj: object, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def _build_slice(spec: MQARSplit, vocab_size: int, cache_dir: Path | None) -> MQARSlice:
     path = cache_dir / f"mqar_{_cache_key(spec, vocab_size)}.pt" if cache_dir is not None else None
     if path is not None and path.exists():
@@ -399,8 +384,9 @@ def _build_slice(spec: MQARSplit, vocab_size: int, cache_dir: Path | None) -> MQ
                                 power_a=spec.power_a, random_non_queries=spec.random_non_queries,
                                 seed=int(spec.seed))
     if path is not None:
-        _atomic_torch_save({"inputs": inputs, "labels": labels, "spec": spec.to_dict(),
-                            "vocab_size": int(vocab_size), "generator": _GENERATOR_VERSION}, path)
+        payload = {"inputs": inputs, "labels": labels, "spec": spec.to_dict(),
+                   "vocab_size": int(vocab_size), "generator": _GENERATOR_VERSION}
+        atomic_write(path, lambda f: torch.save(payload, f))
     return MQARSlice(spec, vocab_size, inputs, labels, from_cache=False)
 
 

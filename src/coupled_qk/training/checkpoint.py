@@ -25,37 +25,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from coupled_qk.io import fsync_dir, write_text_atomic
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (temporary file in the same folder, fsync, ``os.replace``)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def rng_state() -> dict:
@@ -116,7 +88,7 @@ def save_checkpoint(
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():  # re-saving the same step: move the old one aside first
             old = run_dir / f".{name}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -125,7 +97,7 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(run_dir)
+        fsync_dir(run_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

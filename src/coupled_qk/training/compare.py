@@ -11,34 +11,7 @@ from pathlib import Path
 from coupled_qk.training.checkpoint import write_text_atomic
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.loop import read_metrics, train
-
-# short names for common variants; any other spec is ``attention[+field=value...]``
-VARIANT_ALIASES = {
-    "standard": {"attention": "standard"},
-    "coupled": {"attention": "coupled", "integrator": "euler"},
-    "coupled-euler": {"attention": "coupled", "integrator": "euler"},
-    "coupled-leapfrog": {"attention": "coupled", "integrator": "leapfrog"},
-    "coupled-symplectic_euler": {"attention": "coupled", "integrator": "symplectic_euler"},
-    "uncoupled_mlp": {"attention": "uncoupled_mlp"},
-    "differential": {"attention": "differential"},
-    "coupled_differential": {"attention": "coupled_differential"},
-}
-
-
-def parse_variant(spec: str) -> dict:
-    """Model overrides of a variant spec: an alias (``coupled-leapfrog``) or ``coupled+n_steps=3+dt_init=0``.
-
-    Raises:
-        ValueError: empty spec or a ``+`` part without ``=``.
-    """
-    from coupled_qk.commands.options import parse_overrides
-
-    if not spec:
-        raise ValueError("variant spec is empty")
-    head, *parts = spec.split("+")
-    base = dict(VARIANT_ALIASES.get(head, {"attention": head}))
-    base.update(parse_overrides(parts))
-    return base
+from coupled_qk.variants import parse_variants, variant_overrides
 
 
 def _summary(values: list[float]) -> dict:
@@ -58,9 +31,10 @@ def run_comparison(base: TrainConfig, variants: list[str], seeds: list[int], out
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    variants = parse_variants(variants)
     summary: dict = {"base_config": base.to_dict(), "seeds": seeds, "variants": {}}
     for variant in variants:
-        overrides = parse_variant(variant)
+        overrides = variant_overrides(variant)
         runs = []
         for seed in seeds:
             run_dir = out_dir / variant / f"seed{seed}"

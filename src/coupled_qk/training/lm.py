@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from coupled_qk.data.cache import tokenize_to_cache
-from coupled_qk.data.corpora import load_corpus, word_count
+from coupled_qk.data.corpora import load_corpus
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
 from coupled_qk.training.config import TrainConfig
@@ -105,7 +105,7 @@ class LMTask:
         for split in splits:
             n_words = None
             if not quick and self.corpus.name in WORD_LEVEL_CORPORA:
-                n_words = word_count(self.corpus.split(split), add_eos=True)
+                n_words = self.corpus.words(split)
             res = evaluate_perplexity(
                 model, self.tokens[split], self.block_size, batch_size=self.cfg.batch_size, device=device,
                 n_words=n_words, autocast_dtype=autocast_dtype,
