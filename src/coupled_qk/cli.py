@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(f"coupled_qk.commands.{args.command}")
     try:
         return int(module.run(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # FileNotFoundError, PermissionError, ...: a clear one-line message
         print(f"coupled-qk {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

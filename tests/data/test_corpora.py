@@ -233,3 +233,17 @@ def test_wiki_vital_evaluates_on_detokenized_wikitext_with_original_word_counts(
     assert " @-@ " not in corpus.valid and " , " not in corpus.test
     # Merity et al. (2016) WikiText-2 counts (words + one <eos> per line) of the original text
     assert corpus.words("valid") == 217_646 and corpus.words("test") == 245_569
+
+
+def test_unreadable_file_names_the_file(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    path = tmp_path / "locked.txt"
+    path.write_text("some text\n\nmore text\n")
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(OSError, match=r"cannot read .*locked\.txt"):
+        load_corpus(str(path))

@@ -76,9 +76,10 @@ def test_generate_with_and_without_cache_agree(attention):
     assert a.shape == (2, 15) and torch.equal(a, b) and torch.equal(a[:, :5], prompt)
 
 
-def test_coupled_with_dt_zero_equals_standard():
+@pytest.mark.parametrize("change", [{"dt_init": 0.0}, {"n_steps": 0}, {"dt_init": 0.0, "integrator": "leapfrog"}])
+def test_coupled_with_dt_zero_or_no_steps_equals_standard(change):
     std = small_model("standard")
-    cpl = GPT(GPTConfig(**{**std.config.to_dict(), "attention": "coupled", "dt_init": 0.0})).eval()
+    cpl = GPT(GPTConfig(**{**std.config.to_dict(), "attention": "coupled", **change})).eval()
     missing = cpl.load_state_dict(std.state_dict(), strict=False)
     assert all("dynamics" in name for name in missing.missing_keys)
     idx = torch.randint(0, 97, (3, 30))

@@ -216,7 +216,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
     stop_reason, last_eval = "max_steps", {}
     t_start, base_seconds = time.perf_counter(), state["train_seconds"]
     step = start_step
-    window_t, window_tokens = time.perf_counter(), 0
+    window_t, window_tokens, tps = time.perf_counter(), 0, 0.0
 
     def save():
         model_state, opt_state = _full_states(model, optimizer, cfg, runtime)
@@ -262,7 +262,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
             tps = window_tokens / max(now - window_t, 1e-9)
             window_t, window_tokens = now, 0
             logger.log({"step": step, "train/loss": train_loss, "lr": lr, "tokens": state["tokens"], "tokens_per_s": tps})
-        logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}")
+        logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
         if step % cfg.eval_interval == 0 or step == total_steps:
             last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
             logger.log({"step": step, "tokens": state["tokens"], **last_eval})
