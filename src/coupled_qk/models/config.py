@@ -21,8 +21,37 @@ PRESETS: dict[str, dict] = {
 }
 
 
+class JSONConfig:
+    """Dict/JSON round trip for validated config dataclasses; unknown fields fail loudly."""
+
+    def to_dict(self) -> dict:
+        """All fields as a JSON-serialisable dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """Build from a dict; unknown keys raise ``ValueError`` listing them and the valid fields."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        """Write the config as JSON."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+
+    @classmethod
+    def load(cls, path: str | Path):
+        """Read a config written by :meth:`save` (``FileNotFoundError`` naming the path if it is missing)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        return cls.from_dict(json.loads(path.read_text()))
+
+
 @dataclass
-class GPTConfig:
+class GPTConfig(JSONConfig):
     """Configuration of :class:`coupled_qk.GPT`.
 
     Fields:
@@ -129,19 +158,6 @@ class GPTConfig:
             force=self.force,
         )
 
-    def to_dict(self) -> dict:
-        """All fields as a JSON-serialisable dict."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> GPTConfig:
-        """Build from a dict; unknown keys raise ``ValueError`` listing them and the valid fields."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown GPTConfig field(s) {unknown}; valid fields: {sorted(names)}")
-        return cls(**data)
-
     @classmethod
     def from_preset(cls, name: str, **overrides) -> GPTConfig:
         """A preset (``tiny``, ``60m``, ``150m``, ``350m``) with field overrides.
@@ -152,12 +168,3 @@ class GPTConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
-
-    def save(self, path: str | Path) -> None:
-        """Write the config as JSON."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
-
-    @classmethod
-    def load(cls, path: str | Path) -> GPTConfig:
-        """Read a config written by :meth:`save`."""
-        return cls.from_dict(json.loads(Path(path).read_text()))

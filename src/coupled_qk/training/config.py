@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from coupled_qk.models.config import PRESETS, GPTConfig
+from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
 
 TASKS = ("lm", "mqar")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(JSONConfig):
     """Everything that defines a training run (task, data, model, optimiser, budget, logging).
 
     Model: ``preset`` plus ``model`` (a dict of :class:`GPTConfig` overrides); :meth:`gpt_config` resolves them
@@ -112,31 +109,6 @@ class TrainConfig:
     def gpt_config(self, **extra) -> GPTConfig:
         """The model configuration: ``preset`` with ``model`` overrides, then ``extra``."""
         return GPTConfig.from_preset(self.preset, **{**self.model, **extra})
-
-    def to_dict(self) -> dict:
-        """All fields as a JSON-serialisable dict."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> TrainConfig:
-        """Build from a dict; unknown keys raise ``ValueError`` listing them."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {unknown}; valid fields: {sorted(names)}")
-        return cls(**data)
-
-    @classmethod
-    def load(cls, path: str | Path) -> TrainConfig:
-        """Read a JSON config file (a ``config.json`` of a run, or one of ``configs/*.json``)."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        return cls.from_dict(json.loads(path.read_text()))
-
-    def save(self, path: str | Path) -> None:
-        """Write as JSON."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
 
 def _positive_int(name: str, value) -> None:
