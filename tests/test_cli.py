@@ -26,6 +26,15 @@ def test_bad_option_is_a_clear_error(capsys):
     assert "attention='flash'" in capsys.readouterr().err
 
 
+def test_bad_seeds_and_batch_size(tmp_path, capsys):
+    assert main(["compare", "--seeds", "a,b"]) == 2
+    assert "--seeds='a,b'" in capsys.readouterr().err
+    from coupled_qk.training.perplexity import evaluate_perplexity
+
+    with pytest.raises(ValueError, match="batch_size=0"):
+        evaluate_perplexity(None, [1, 2, 3], 4, batch_size=0)
+
+
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "describe" in capsys.readouterr().out
@@ -53,6 +62,12 @@ def test_train_eval_compare(tiny_corpus, tmp_path, capsys):
     assert summary["variants"]["coupled_leapfrog"]["overrides"] == {"attention": "coupled", "integrator": "leapfrog"}
     assert (cmp_dir / "loss_curves.png").stat().st_size > 1000
     assert "| coupled_leapfrog |" in (cmp_dir / "results.md").read_text()
+    capsys.readouterr()
+    again = ["compare", *common, "--out-dir", str(cmp_dir), "--variants", "standard", "--seeds", "0"]
+    assert main([*again, "--max-steps", "3"]) == 0
+    assert "reusing the finished run" in capsys.readouterr().out
+    assert main([*again, "--max-steps", "5"]) == 2
+    assert "different settings (max_steps: 3 vs 5)" in capsys.readouterr().err
 
 
 def test_eval_missing_checkpoint(tmp_path, capsys):

@@ -106,3 +106,24 @@ def test_training_reduces_loss_for_every_variant():
             model.loss(idx, tgt).backward()
             opt.step()
         assert model.loss(idx, tgt).item() < 0.2 * first, attention
+
+
+def test_width_must_split_into_heads_and_types_are_checked():
+    with pytest.raises(ValueError, match="d_model=128 is not divisible by n_heads=3"):
+        GPTConfig(d_model=128, n_heads=3)
+    assert GPTConfig(d_model=128, n_heads=3, d_head=42).d_head == 42  # explicit d_head is allowed
+    with pytest.raises(ValueError, match="d_model='abc'"):
+        GPTConfig(d_model="abc")
+
+
+def test_generate_rejects_bad_top_k():
+    model = GPT(GPTConfig(vocab_size=50, block_size=8, n_layer=1, d_model=16, n_heads=2))
+    with pytest.raises(ValueError, match="top_k=0"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), 2, top_k=0)
+
+
+def test_invalid_config_json_names_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+        GPTConfig.load(bad)

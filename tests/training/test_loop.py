@@ -38,6 +38,23 @@ def test_refuses_to_overwrite_and_checks_config(tiny_cfg, tmp_path):
     other = dict(n_layer=2, d_model=32, n_heads=2, block_size=16)
     with pytest.raises(ValueError, match="n_layer: checkpoint 1 vs run 2"):
         train(tiny_cfg(max_steps=4, model=other, resume=True))
+    with pytest.raises(ValueError, match=r"cannot resume .*lr: 0.003 vs 0.05"):
+        train(tiny_cfg(max_steps=4, lr=0.05, resume=True))
+    with pytest.raises(ValueError, match="tokenizer: 'bpe-300' vs 'bpe-400'"):
+        train(tiny_cfg(max_steps=4, tokenizer="bpe-400", resume=True))
+    res = train(tiny_cfg(max_steps=4, resume=True))  # a larger budget is a valid continuation
+    assert res["steps"] == 4
+
+
+def test_failed_run_leaves_no_tokenizer_for_the_next(tiny_cfg, tmp_path):
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    for split in ("train", "valid", "test"):
+        (tiny / f"{split}.txt").write_text("a b\n")
+    with pytest.raises(ValueError, match="fewer than block_size"):
+        train(tiny_cfg(corpus=str(tiny), tokenizer="bpe-260"))
+    res = train(tiny_cfg(max_steps=2))  # same out_dir, proper corpus: its own tokenizer
+    assert res["data"]["vocab_size"] == 300
 
 
 def test_results_and_logs(tiny_cfg, tmp_path):
@@ -154,3 +171,17 @@ def test_two_processes_match_single_process(tiny_cfg, tmp_path, fsdp):
     b_model, _ = ckpt.load_checkpoint_model(tmp_path / "ddp")
     for (name, p), q in zip(a_model.named_parameters(), b_model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_damaged_checkpoint_is_a_clear_error(tmp_path):
+    from coupled_qk import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
+    run = tmp_path / "damaged"
+    where = ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 1})
+    (where / "model.safetensors").write_bytes(b"\x00\x01garbage")
+    with pytest.raises(ValueError, match=r"cannot read .*model\.safetensors.*damaged"):
+        ckpt.load_checkpoint_model(run)
+    (where / "state.json").write_text("{")
+    with pytest.raises(ValueError, match=r"state\.json is not valid JSON"):
+        ckpt.read_json(where / "state.json")

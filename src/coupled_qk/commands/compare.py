@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from coupled_qk.commands.options import parse_seeds
 from coupled_qk.commands.train import add_train_options, config_from_args
 
 HELP = "train several attention variants with the same data and budget, then compare"
@@ -23,7 +24,7 @@ def run(args) -> int:
     if args.out_dir is None:
         args.out_dir = "runs/compare"
     base = config_from_args(args)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    seeds = parse_seeds(args.seeds)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     summary = run_comparison(base, variants, seeds, base.out_dir)
     print(format_table(summary))

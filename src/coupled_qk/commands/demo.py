@@ -6,6 +6,7 @@ validates and tests on WikiText-2 valid/test, all on CPU in about 15 minutes on 
 
 from __future__ import annotations
 
+from coupled_qk.commands.options import parse_seeds
 from coupled_qk.commands.train import add_train_options, config_from_args
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes"
@@ -27,7 +28,7 @@ def run(args) -> int:
 
     defaults = {k: v for k, v in DEMO_DEFAULTS.items() if getattr(args, k, None) is None}
     base = config_from_args(args, **defaults)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    seeds = parse_seeds(args.seeds)
     summary = run_comparison(base, args.variants.split(","), seeds, base.out_dir)
     print(format_table(summary))
     print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")

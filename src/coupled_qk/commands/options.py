@@ -54,3 +54,14 @@ def config_from_args(args, **extra) -> GPTConfig:
 def config_fields() -> list[str]:
     """Names of all :class:`GPTConfig` fields."""
     return [f.name for f in dataclasses.fields(GPTConfig)]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2" -> [0, 1, 2]``; ``ValueError`` naming ``--seeds`` otherwise."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds={text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not seeds:
+        raise ValueError(f"--seeds={text!r} names no seed")
+    return seeds

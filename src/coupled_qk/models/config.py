@@ -47,7 +47,13 @@ class JSONConfig:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
-        return cls.from_dict(json.loads(path.read_text()))
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config file {path} is not valid JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {path} must hold a JSON object; got {type(data).__name__}")
+        return cls.from_dict(data)
 
 
 @dataclass
@@ -101,9 +107,18 @@ class GPTConfig(JSONConfig):
     extra: dict = field(default_factory=dict, repr=False)  # free-form notes saved with the config
 
     def __post_init__(self):
+        for name in ("d_model", "n_heads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name}={value!r} must be a positive integer")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
-        if self.d_head is None and isinstance(self.n_heads, int) and self.n_heads > 0:
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"GPTConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                    "change one of them or set d_head explicitly"
+                )
             self.d_head = self.d_model // self.n_heads
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model

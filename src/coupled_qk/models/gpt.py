@@ -164,11 +164,13 @@ class GPT(nn.Module):
         reuses the :class:`KVCache` (every variant; exact because the dynamics act per token).
 
         Raises:
-            ValueError: negative ``max_new_tokens`` or ``temperature``, or a total length beyond
+            ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, or a total length beyond
                 ``block_size`` (no silent cropping).
         """
         if max_new_tokens < 0 or temperature < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} and temperature={temperature} must be >= 0")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k={top_k} must be >= 1 (or None for no truncation)")
         total = idx.shape[1] + max_new_tokens
         if total > self.config.block_size:
             raise ValueError(f"prompt + max_new_tokens = {total} exceeds block_size={self.config.block_size}")

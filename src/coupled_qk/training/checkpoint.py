@@ -139,12 +139,28 @@ def load_checkpoint_model(path: str | Path, map_location: str | torch.device = "
     config = GPTConfig.load(ckpt / "model_config.json")
     model = GPT(config)
     load_weights(model, ckpt)
-    return model.to(map_location).eval(), json.loads((ckpt / "state.json").read_text())
+    return model.to(map_location).eval(), read_json(ckpt / "state.json")
+
+
+def read_json(path: Path) -> dict:
+    """Parse a JSON file; ``ValueError`` naming the file if it is not valid JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from exc
 
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
     """Load ``ckpt/model.safetensors`` into ``model``; any key mismatch raises ``ValueError``."""
-    result = model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
+    file = ckpt / "model.safetensors"
+    try:
+        weights = load_file(str(file))
+    except Exception as exc:  # safetensors raises its own error type for damaged files
+        raise ValueError(
+            f"cannot read {file} ({exc}); the checkpoint is damaged: point {ckpt.parent / 'latest'} at an older "
+            "ckpt-* folder or delete this one"
+        ) from exc
+    result = model.load_state_dict(weights, strict=False)
     missing = [k for k in result.missing_keys if k not in TIED_KEYS]
     if missing or result.unexpected_keys:
         raise ValueError(

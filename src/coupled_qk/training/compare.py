@@ -9,9 +9,12 @@ import statistics
 from pathlib import Path
 
 from coupled_qk.training.checkpoint import write_text_atomic
-from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.config import TrainConfig, config_differences, describe_differences
 from coupled_qk.training.loop import read_metrics, train
 from coupled_qk.variants import parse_variants, variant_overrides
+
+# settings that do not change what a finished run computed
+REUSE_IGNORED = frozenset({"out_dir", "resume", "progress", "tensorboard", "device", "compile", "data_dir", "cache_dir"})
 
 
 def _summary(values: list[float]) -> dict:
@@ -23,8 +26,8 @@ def _summary(values: list[float]) -> dict:
 def run_comparison(base: TrainConfig, variants: list[str], seeds: list[int], out_dir: str | Path) -> dict:
     """Train every ``variant x seed`` from ``base`` (same data order per seed, same budget) and summarise.
 
-    Each run goes to ``out_dir/<variant>/seed<k>``; a finished run (``results.json`` present) is reused,
-    an interrupted one resumes. Writes ``out_dir/results.json``, ``results.md`` and ``loss_curves.png``.
+    Each run goes to ``out_dir/<variant>/seed<k>``; a finished run (``results.json`` present) with the same
+    settings is reused (different settings raise ``ValueError`` naming them), an interrupted one resumes. Writes ``out_dir/results.json``, ``results.md`` and ``loss_curves.png``.
 
     Returns:
         ``{"variants": {name: {"runs": [...], "valid_perplexity": {...}, "test_perplexity": {...}, ...}}}``.
@@ -39,13 +42,20 @@ def run_comparison(base: TrainConfig, variants: list[str], seeds: list[int], out
         for seed in seeds:
             run_dir = out_dir / variant / f"seed{seed}"
             done = run_dir / "results.json"
+            cfg = dataclasses.replace(
+                base, seed=seed, out_dir=str(run_dir), model={**base.model, **overrides},
+                resume=(run_dir / "latest").is_file(),
+            )
             if done.is_file():
                 results = json.loads(done.read_text())
+                diff = config_differences(results["config"], cfg, REUSE_IGNORED)
+                if diff:
+                    raise ValueError(
+                        f"{run_dir} holds a finished run with different settings ({describe_differences(diff)}); "
+                        "choose another --out-dir or delete that folder"
+                    )
+                print(f"== {variant} seed {seed}: reusing the finished run in {run_dir}", flush=True)
             else:
-                cfg = dataclasses.replace(
-                    base, seed=seed, out_dir=str(run_dir), model={**base.model, **overrides},
-                    resume=(run_dir / "latest").is_file(),
-                )
                 print(f"== {variant} seed {seed} -> {run_dir}", flush=True)
                 results = train(cfg)
             runs.append({"seed": seed, "run_dir": str(run_dir), "final": results["final"],

@@ -8,6 +8,13 @@ from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
 
 TASKS = ("lm", "mqar")
 
+# fields that may differ between a run and its continuation (budget, logging, where files live, runtime)
+CONTINUATION_FIELDS = frozenset({
+    "data_dir", "cache_dir", "max_steps", "max_tokens", "max_minutes", "stop_after_steps", "eval_interval",
+    "eval_batches", "log_interval", "checkpoint_interval", "keep_checkpoints", "device", "compile", "out_dir",
+    "resume", "tensorboard", "progress",
+})
+
 
 @dataclass
 class TrainConfig(JSONConfig):
@@ -109,6 +116,17 @@ class TrainConfig(JSONConfig):
     def gpt_config(self, **extra) -> GPTConfig:
         """The model configuration: ``preset`` with ``model`` overrides, then ``extra``."""
         return GPTConfig.from_preset(self.preset, **{**self.model, **extra})
+
+
+def config_differences(saved: dict, current: TrainConfig, ignore=CONTINUATION_FIELDS) -> dict:
+    """``{field: (saved value, current value)}`` for fields outside ``ignore`` that differ."""
+    now = current.to_dict()
+    return {k: (saved.get(k), v) for k, v in now.items() if k not in ignore and saved.get(k) != v}
+
+
+def describe_differences(diff: dict) -> str:
+    """``"lr: 0.002 vs 0.005, corpus: ..."`` for error messages."""
+    return ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in sorted(diff.items()))
 
 
 def _positive_int(name: str, value) -> None:

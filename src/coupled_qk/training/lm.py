@@ -45,12 +45,11 @@ class LMTask:
         split_seed = int(cfg.task_options.get("split_seed", 0))
         self.corpus = load_corpus(cfg.corpus, cfg.data_dir, seed=split_seed)
         saved = run_dir / "tokenizer" if run_dir is not None else None
-        if saved is not None and (saved / "tokenizer.json").is_file():
-            self.tokenizer = Tokenizer.load(saved)
+        resuming = cfg.resume and saved is not None and (run_dir / "latest").is_file()
+        if resuming and (saved / "tokenizer.json").is_file():
+            self.tokenizer = Tokenizer.load(saved)  # the checkpoint's ids must keep their meaning
         else:
             self.tokenizer = self._tokenizer(cfg, cache_dir)
-            if saved is not None:
-                self.tokenizer.save(saved)
         self.tokens = {
             split: tokenize_to_cache(self.corpus.split(split), self.tokenizer, cache_dir / "tokens")
             for split in ("train", "valid", "test")

@@ -24,7 +24,12 @@ from tqdm.auto import tqdm
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training import checkpoint as ckpt
-from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.config import (
+    CONTINUATION_FIELDS,
+    TrainConfig,
+    config_differences,
+    describe_differences,
+)
 from coupled_qk.training.distributed import Runtime, all_reduce_mean, barrier, setup_runtime, teardown
 
 
@@ -179,6 +184,17 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
     has_ckpt = (run_dir / "latest").is_file()
     if has_ckpt and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints; pass --resume to continue it or choose another --out-dir")
+    if cfg.resume and has_ckpt and (run_dir / "config.json").is_file():
+        # the model is compared field by field against the checkpoint below
+        ignore = CONTINUATION_FIELDS | {"model", "preset"}
+        diff = config_differences(json.loads((run_dir / "config.json").read_text()), cfg, ignore)
+        if diff:
+            raise ValueError(
+                f"cannot resume {run_dir}: the run was made with a different config ({describe_differences(diff)}); "
+                "only the budget, logging and paths may change on --resume"
+            )
+    if cfg.resume and not has_ckpt and runtime.is_main:
+        print(f"coupled-qk: no checkpoint in {run_dir}; starting a new run there", flush=True)
     if runtime.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     barrier(runtime)
@@ -194,7 +210,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
         where = ckpt.resolve_checkpoint(run_dir)
         ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
         ckpt.load_weights(model, where)
-        state = json.loads((where / "state.json").read_text())
+        state = ckpt.read_json(where / "state.json")
     wrapped = _wrap(model, cfg, runtime)  # FSDP2 replaces the parameters: build the optimizer after it
     optimizer = build_optimizer(model, cfg, fused=runtime.device.type == "cuda")
     if where is not None:
@@ -216,7 +232,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
     stop_reason, last_eval = "max_steps", {}
     t_start, base_seconds = time.perf_counter(), state["train_seconds"]
     step = start_step
-    window_t, window_tokens, tps = time.perf_counter(), 0, 0.0
+    window_t, window_tokens = time.perf_counter(), 0
 
     def save():
         model_state, opt_state = _full_states(model, optimizer, cfg, runtime)
@@ -233,6 +249,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
         if cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes:
             stop_reason = "max_minutes"
             break
+        step_start = time.perf_counter()
         lr = lr_at(step, cfg, total_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -262,7 +279,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
             tps = window_tokens / max(now - window_t, 1e-9)
             window_t, window_tokens = now, 0
             logger.log({"step": step, "train/loss": train_loss, "lr": lr, "tokens": state["tokens"], "tokens_per_s": tps})
-        logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+        step_tps = tokens_per_step / max(time.perf_counter() - step_start, 1e-9)
+        logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{step_tps:,.0f}")
         if step % cfg.eval_interval == 0 or step == total_steps:
             last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
             logger.log({"step": step, "tokens": state["tokens"], **last_eval})

@@ -70,6 +70,8 @@ def evaluate_perplexity(
         ``perplexity`` (``exp(loss)``, per token of the tokenizer), and ``word_perplexity`` if ``n_words``.
     """
     tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64)) if not torch.is_tensor(tokens) else tokens.long()
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
     if tokens.dim() != 1:
         raise ValueError(f"tokens must be 1-D; got shape {tuple(tokens.shape)}")
     was_training = model.training
