@@ -170,5 +170,10 @@ def test_bad_inputs():
         dyn.dt[0] = float("inf")
     with pytest.raises(ValueError, match="dt must be finite"):
         dyn(torch.randn(B, H, T, D), torch.randn(B, H, T, D))
+    with pytest.raises(ValueError, match="dtype torch.float64"):
+        dyn(torch.randn(B, H, T, D, dtype=torch.float64), torch.randn(B, H, T, D, dtype=torch.float64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed precision is fine under autocast
+        q2, _ = QKDynamics(D, H)(torch.randn(B, H, T, D).bfloat16(), torch.randn(B, H, T, D).bfloat16())
+    assert q2.shape == (B, H, T, D)
     with pytest.raises(ValueError, match="dt has"):
         integrate_qk(torch.randn(B, H, T, D), torch.randn(B, H, T, D), lambda x: x, torch.zeros(H + 1))

@@ -24,6 +24,13 @@ def _check_positive_int(name: str, value) -> int:
     return value
 
 
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 has no device argument
+        return torch.is_autocast_enabled()
+
+
 class MLPForce(nn.Module):
     """Coupling network ``f(q) = W2 silu(W1 q)``, bias-free (arXiv:2604.01683v1).
 
@@ -126,8 +133,9 @@ class QKDynamics(nn.Module):
     same shape and dtype.
 
     Raises:
-        ValueError: invalid constructor arguments, inputs of the wrong rank, shape or head count, or a
-            non-finite ``dt`` (checked on CPU tensors; on accelerators the check is skipped to avoid a sync).
+        ValueError: invalid constructor arguments, inputs of the wrong rank, shape, head count or dtype
+            (outside autocast), or a non-finite ``dt`` (checked on CPU tensors; on accelerators the check is
+            skipped to avoid a sync).
     """
 
     def __init__(
@@ -177,9 +185,15 @@ class QKDynamics(nn.Module):
             raise ValueError(
                 f"expected {self.n_heads} heads of width d_head={self.d_head}; got q {tuple(q.shape)}"
             )
-        if self.dt.device.type == "cpu" and not torch.compiler.is_compiling():
-            if not torch.isfinite(self.dt).all():
-                raise ValueError(f"dt must be finite; got {self.dt.detach().tolist()}")
+        if torch.compiler.is_compiling():
+            return
+        if q.dtype != self.dt.dtype and not _autocast_on(q.device.type):
+            raise ValueError(
+                f"q has dtype {q.dtype} but the module's parameters are {self.dt.dtype}; convert one with .to() "
+                "or run under torch.autocast"
+            )
+        if self.dt.device.type == "cpu" and not torch.isfinite(self.dt).all():
+            raise ValueError(f"dt must be finite; got {self.dt.detach().tolist()}")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.check_inputs(q, k)
