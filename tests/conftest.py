@@ -10,18 +10,6 @@ from coupled_qk.training.config import TrainConfig
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 
-@pytest.fixture
-def shared_data():
-    """Path of the shared real data (../shared/data); tests needing it skip with the reason if absent."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    env = os.environ.get("COUPLED_QK_DATA")
-    path = Path(env) if env else root
-    if not path.is_dir():
-        pytest.skip(f"shared data not found at {path}")
-    return path
-
 WORDS = (
     "the cat sat on the mat while a dog ran in the park and birds sang over green hills near old towns "
     "rivers flow to the sea under bright skies people walk talk read write and think about many things"
