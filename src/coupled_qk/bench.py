@@ -25,6 +25,7 @@ import torch
 
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
+from coupled_qk.training.distributed import pick_device
 from coupled_qk.variants import parse_variants as parse_variants_list
 from coupled_qk.variants import variant_overrides
 
@@ -41,16 +42,6 @@ def parse_variants(text: str | list[str] | None) -> list[str]:
     """
     names = parse_variants_list(text)
     return [BASELINE] + [n for n in names if n != BASELINE]
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cuda`` without a GPU raises ``ValueError``."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
-    return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
@@ -202,7 +193,7 @@ def run_bench(
     """
     t0 = time.perf_counter()
     names = parse_variants(variants)
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    dev = device if isinstance(device, torch.device) else pick_device(device)
     dtype = resolve_dtype(dtype, dev)
     seq_len = base.block_size if seq_len is None else seq_len
     if not 1 <= seq_len <= base.block_size:
