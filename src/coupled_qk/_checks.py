@@ -1,0 +1,176 @@
+"""Argument checks and typed parsing shared by every layer of the library (no torch, no project imports).
+
+Every check raises ``ValueError`` whose message names the argument, the value it got and what was expected,
+so a user's mistake reads as one line. ``coerce`` converts a value (a Python value from the API or a JSON
+file, or a string from the command line) to a field's declared type, so ``"False"`` is ``False`` and
+``"fast"`` for a float is an error, never a silently truthy string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from collections.abc import Iterable, Sequence
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+_NONE = ("none", "null")
+
+
+def positive_int(name: str, value) -> int:
+    """``value`` if it is an ``int >= 1`` (``bool`` is not an int here); ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+    return value
+
+
+def nonneg_int(name: str, value) -> int:
+    """``value`` if it is an ``int >= 0``; ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} must be an integer >= 0")
+    return value
+
+
+def finite(name: str, value, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+           hi_open: bool = False) -> float:
+    """``float(value)`` if it is a finite real number within ``[lo, hi]`` (open ends with ``lo_open``/``hi_open``).
+
+    Raises:
+        ValueError: naming ``name``, for a non-number, ``bool``, NaN, +-inf or a value out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    below = lo is not None and (value <= lo if lo_open else value < lo)
+    above = hi is not None and (value >= hi if hi_open else value > hi)
+    if below or above:
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        lo_s = "-inf" if lo is None else f"{lo:g}"
+        hi_s = "inf" if hi is None else f"{hi:g}"
+        raise ValueError(f"{name}={value!r} must be in {left}{lo_s}, {hi_s}{right}")
+    return float(value)
+
+
+def choice(name: str, value, allowed: Iterable) -> object:
+    """``value`` if it is one of ``allowed``; ``ValueError`` listing the allowed values otherwise."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is unknown; expected one of {list(allowed)}")
+    return value
+
+
+def _unwrap_optional(annotation) -> tuple[object, bool]:
+    """``(inner type, optional?)`` of ``X | None`` / ``Optional[X]``; other annotations pass through."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], len(args) < len(typing.get_args(annotation))
+    return annotation, False
+
+
+def coerce(name: str, value, annotation):
+    """Convert ``value`` to the declared type ``annotation`` (``bool``, ``int``, ``float``, ``str``, ``dict``,
+    ``list``, or ``X | None`` of those); strings are parsed (``"False"`` -> ``False``, ``"3"`` -> ``3``,
+    ``"none"`` -> ``None`` for optional fields, JSON for dicts and lists).
+
+    Raises:
+        ValueError: naming ``name``, the value and the expected type, when it cannot be converted exactly
+            (``"fast"`` as a float, ``2.5`` as an int, ``"maybe"`` as a bool, ``None`` for a required field).
+    """
+    inner, optional = _unwrap_optional(annotation)
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in _NONE):
+        if optional:
+            return None
+        raise ValueError(f"{name}=None is not allowed; expected {_type_name(inner)}")
+    expected = f"expected {_type_name(inner)}{' or none' if optional else ''}"
+    if inner is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ValueError(f"{name}={value!r} is not a boolean; {expected} (true/false)")
+    if inner is int:
+        if isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} is not an integer; {expected}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip().replace("_", ""))
+            except ValueError:
+                pass
+            try:
+                as_float = float(value)
+            except ValueError:
+                as_float = math.nan
+            if math.isfinite(as_float) and as_float.is_integer():
+                return int(as_float)
+        raise ValueError(f"{name}={value!r} is not an integer; {expected}")
+    if inner is float:
+        if isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} is not a number; {expected}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError(f"{name}={value!r} is not a number; {expected}")
+    if inner is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{name}={value!r} is not a string; {expected}")
+    container = typing.get_origin(inner) or inner
+    if container in (dict, list):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{name}={value!r} is not valid JSON ({exc.msg}); {expected}") from None
+        if isinstance(value, container):
+            return value
+        raise ValueError(f"{name}={value!r} is not a {container.__name__}; {expected}")
+    return value
+
+
+def _type_name(annotation) -> str:
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def field_types(cls) -> dict[str, object]:
+    """``{field name: resolved annotation}`` of a dataclass (string annotations resolved)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def coerce_fields(obj, owner: str | None = None) -> None:
+    """Convert every field of the dataclass instance ``obj`` to its declared type in place (see :func:`coerce`).
+
+    Error messages name the field as ``Owner.field`` (``owner`` defaults to the class name).
+    """
+    owner = owner or type(obj).__name__
+    for name, annotation in field_types(type(obj)).items():
+        object.__setattr__(obj, name, coerce(f"{owner}.{name}", getattr(obj, name), annotation))
+
+
+def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, str]:
+    """``["a=1", "b-c=x"] -> {"a": "1", "b_c": "x"}`` (values stay strings for :func:`coerce`).
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty name, naming ``flag``.
+    """
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE")
+        out[key] = value.strip()
+    return out
