@@ -18,7 +18,6 @@ from coupled_qk.models.variants import (
     DynamicsOptions,
     MapOptions,
     QueryMLPOptions,
-    get_attention,
     register_qk_map,
     variant_overrides,
 )
