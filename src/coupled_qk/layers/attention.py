@@ -168,9 +168,10 @@ class CausalSelfAttention(nn.Module):
             (parameter-matched, as in arXiv:2410.05258).
         n_kv_heads: key/value heads (grouped-query attention); divides ``n_heads``.
         d_head: head width.
-        qk_map: ``None`` (no map) or a factory ``(d_head, n_heads) -> module`` following the interface of
-            :mod:`coupled_qk.layers.qk_maps`; it is called after the projections are created, so the
-            parameters are created (and randomly initialised) in a fixed order.
+        qk_map: ``None`` (no map), a factory ``(d_head, n_heads) -> module`` following the interface of
+            :mod:`coupled_qk.layers.qk_maps` (a map class itself is one; it is called after the projections
+            are created, so parameters are created and randomly initialised in a fixed order), or a map
+            module built by the caller.
         scoring: ``"standard"`` or ``"differential"``.
         layer_idx: 0-based layer index (sets the differential ``lambda_init`` and the cache slot).
         map_position: ``"pre_rope"`` (default: map on the raw projections, RoPE on the mapped pair) or
@@ -225,7 +226,9 @@ class CausalSelfAttention(nn.Module):
         self.map_position, self.use_rope, self.dropout = map_position, use_rope, dropout
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=False)
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=False)
-        self.qk_map = None if qk_map is None else qk_map(d_head, n_heads)
+        if qk_map is not None and not isinstance(qk_map, nn.Module):
+            qk_map = qk_map(d_head, n_heads)
+        self.qk_map = qk_map
         if self.differential:
             self.lambda_init = differential_lambda_init(layer_idx)
             self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
