@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from coupled_qk._checks import positive_int
+from coupled_qk.ops.heads import expand_kv
 from coupled_qk.ops.rope import apply_rope
 
 SCORINGS = ("standard", "differential")
@@ -41,49 +43,99 @@ def differential_lambda_init(layer_idx: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
 
 
-def expand_kv(x: torch.Tensor, n_rep: int, group: int = 1) -> torch.Tensor:
-    """Repeat key/value heads for grouped-query attention.
-
-    Args:
-        x: ``(B, H_kv * group, T, d)``; heads come in consecutive groups of ``group`` sub-heads (``group=2``
-            for differential attention, whose sub-heads ``2j, 2j+1`` belong to kv-head ``j``).
-        n_rep: query heads per kv head.
-
-    Returns:
-        ``(B, H_kv * n_rep * group, T, d)`` where query head ``i`` (sub-heads ``group*i + s``) sees kv-head
-        ``i // n_rep`` (sub-heads ``group*(i // n_rep) + s``).
-    """
-    if n_rep == 1:
-        return x
-    b, hg, t, d = x.shape
-    x = x.view(b, hg // group, 1, group, t, d).expand(b, hg // group, n_rep, group, t, d)
-    return x.reshape(b, hg * n_rep, t, d)
-
-
 class KVCache:
-    """Per-layer cache of the keys and values that attention scores against.
+    """Per-layer cache of the keys and values that attention scores against, preallocated.
 
     Each layer stores keys *after* the query-key map and RoPE (maps act per token, so cached decoding is
-    exact) and values, shapes ``(B, H_k, T_past, d)``. A map with ``keys_per_query_head`` caches one evolved
-    key per query head (the evolved key depends on the query head's state), other layers the ``n_kv_heads``.
+    exact) and values, in buffers of shape ``(B, H_k, capacity, d)`` allocated on the layer's first update
+    (dtype and device of its keys); :meth:`update` writes the new positions in place and returns views of the
+    filled part, so decoding copies nothing that grows with the prefix. A map with ``keys_per_query_head``
+    caches one evolved key per query head (the evolved key depends on the query head's state), other layers
+    the ``n_kv_heads``.
+
+    Args:
+        n_layer: number of layers (``>= 1``).
+        capacity: positions to allocate (``GPT.new_cache`` uses ``block_size``); ``None`` grows the buffers
+            by doubling when full (amortised constant cost per token).
+
+    Under autograd (keys that require grad while grad mode is on) updates concatenate instead, so that no
+    tensor saved for backward is overwritten in place.
+
+    Raises:
+        ValueError: a non-positive ``n_layer`` or ``capacity``, an update beyond a fixed ``capacity`` or whose
+            batch, heads, width, dtype or device differ from the layer's cached tensors.
     """
 
-    def __init__(self, n_layer: int):
-        self.layers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layer
+    def __init__(self, n_layer: int, capacity: int | None = None):
+        self.n_layer = positive_int("n_layer", n_layer)
+        self.capacity = None if capacity is None else positive_int("capacity", capacity)
+        self._k: list[torch.Tensor | None] = [None] * n_layer
+        self._v: list[torch.Tensor | None] = [None] * n_layer
+        self._len = [0] * n_layer
 
     @property
     def length(self) -> int:
-        """Number of cached positions (0 when empty)."""
-        first = self.layers[0]
-        return 0 if first is None else first[0].shape[-2]
+        """Number of cached positions (0 when empty; the first layer's count)."""
+        return self._len[0]
+
+    @property
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """Per layer ``(k, v)`` views of the cached positions ``(B, H_k, T_past, d)``, or ``None`` if empty."""
+        return [None if k is None else (k[..., :n, :], v[..., :n, :]) for k, v, n in zip(self._k, self._v, self._len)]
+
+    def nbytes(self) -> int:
+        """Bytes held by the allocated buffers (all layers, keys and values, whole capacity)."""
+        return sum(t.numel() * t.element_size() for t in self._k + self._v if t is not None)
+
+    def crop(self, length: int) -> None:
+        """Forget every position from ``length`` on (``0 <= length <= self.length``); buffers are kept."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length={length} must be in [0, {self.length}] (the cached positions)")
+        self._len = [min(n, length) for n in self._len]
+
+    def _allocate(self, i: int, k: torch.Tensor, v: torch.Tensor, needed: int) -> None:
+        old_k, old_v, n = self._k[i], self._v[i], self._len[i]
+        if self.capacity is not None:
+            if needed > self.capacity:
+                raise ValueError(f"KVCache capacity={self.capacity} is full: {n} cached + {k.shape[-2]} new")
+            cap = self.capacity
+        else:
+            cap = max(needed, 2 * (0 if old_k is None else old_k.shape[-2]), 16)
+        new_k = k.new_empty(*k.shape[:-2], cap, k.shape[-1])
+        new_v = v.new_empty(*v.shape[:-2], cap, v.shape[-1])
+        if n:
+            new_k[..., :n, :] = old_k[..., :n, :]
+            new_v[..., :n, :] = old_v[..., :n, :]
+        self._k[i], self._v[i] = new_k, new_v
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k, v`` for ``layer_idx`` and return the full cached tensors."""
-        past = self.layers[layer_idx]
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=-2), torch.cat([past[1], v], dim=-2)
-        self.layers[layer_idx] = (k, v)
-        return k, v
+        """Append ``k (B, H_k, T, d)`` and ``v (B, H_v, T, d_v)`` for ``layer_idx``; return the cached
+        ``(B, H_k, T_past + T, d)`` and ``(B, H_v, T_past + T, d_v)`` (views of the buffers)."""
+        buf, n = self._k[layer_idx], self._len[layer_idx]
+        end = n + k.shape[-2]
+        vbuf = self._v[layer_idx]
+        mismatch = buf is not None and (
+            buf.shape[:-2] != k.shape[:-2] or buf.shape[-1] != k.shape[-1] or vbuf.shape[:-2] != v.shape[:-2]
+            or vbuf.shape[-1] != v.shape[-1] or buf.dtype != k.dtype or buf.device != k.device
+        )
+        if mismatch and n:
+            raise ValueError(
+                f"layer {layer_idx}: new keys {tuple(k.shape)} {k.dtype} on {k.device} do not match the cached "
+                f"{tuple(buf.shape[:-2])} x T x {buf.shape[-1]} {buf.dtype} on {buf.device}"
+            )
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            if n:
+                k = torch.cat([buf[..., :n, :], k], dim=-2)
+                v = torch.cat([vbuf[..., :n, :], v], dim=-2)
+            self._k[layer_idx], self._v[layer_idx], self._len[layer_idx] = k, v, end
+            return k, v
+        if buf is None or mismatch or end > buf.shape[-2]:
+            self._allocate(layer_idx, k, v, end)
+        kb, vb = self._k[layer_idx], self._v[layer_idx]
+        kb[..., n:end, :] = k
+        vb[..., n:end, :] = v
+        self._len[layer_idx] = end
+        return kb[..., :end, :], vb[..., :end, :]
 
 
 def _causal_mask(t_q: int, t_k: int, device) -> torch.Tensor:
@@ -98,20 +150,26 @@ def scaled_dot_product(
     """Causal attention ``softmax(q k^T / sqrt(d) + mask) v`` with the causal mask aligned to the end.
 
     Args:
-        q: ``(B, H, T_q, d)``; k: ``(B, H, T_k, d)`` with ``T_k >= T_q`` (the last ``T_q`` keys are the
-            queries' own positions); v: ``(B, H, T_k, d_v)``.
+        q: ``(B, H, T_q, d)``; k: ``(B, H_k, T_k, d)`` with ``T_k >= T_q`` (the last ``T_q`` keys are the
+            queries' own positions); v: ``(B, H_v, T_k, d_v)``. ``H_k`` and ``H_v`` divide ``H``: query head
+            ``i`` uses key head ``i // (H / H_k)`` and value head ``i // (H / H_v)`` (grouped-query attention;
+            with ``H_k == H_v`` read in place by SDPA's ``enable_gqa``, without repeating the cache).
         eager: compute the scores and softmax explicitly in (at least) float32 and also return the
             probabilities (float32 for half-precision inputs).
 
     Returns:
         ``(out (B, H, T_q, d_v), probs (B, H, T_q, T_k) or None)``.
     """
-    t_q, t_k = q.shape[-2], k.shape[-2]
+    t_q, t_k, h = q.shape[-2], k.shape[-2], q.shape[1]
     if not eager:
-        if t_q == t_k:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p), None
-        mask = None if t_q == 1 else _causal_mask(t_q, t_k, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+        if v.shape[1] != k.shape[1]:  # per-query-head keys over grouped values: one fused kernel path
+            v = expand_kv(v, k.shape[1] // v.shape[1])
+        gqa = k.shape[1] != h
+        mask = None if t_q == 1 or t_q == t_k else _causal_mask(t_q, t_k, q.device)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=t_q == t_k > 1, dropout_p=dropout_p, enable_gqa=gqa
+        ), None
+    k, v = expand_kv(k, h // k.shape[1]), expand_kv(v, h // v.shape[1])
     # Upcast before the product (issue 9 F): q k^T in float16 overflows for |q|, |k| ~ 33 at d = 64. The
     # product is then scaled in float32, so float32 inputs give the same bits as before.
     dtype = torch.promote_types(q.dtype, torch.float32)
@@ -120,8 +178,6 @@ def scaled_dot_product(
     probs = scores.softmax(dim=-1)
     attn = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
     return torch.matmul(attn.to(v.dtype), v), probs
-
-
 
 
 @dataclass
@@ -229,6 +285,17 @@ class CausalSelfAttention(nn.Module):
         if qk_map is not None and not isinstance(qk_map, nn.Module):
             qk_map = qk_map(d_head, n_heads)
         self.qk_map = qk_map
+        if qk_map is not None:
+            map_heads = getattr(qk_map, "n_heads", n_heads)
+            if map_heads != n_heads or getattr(qk_map, "d_head", d_head) != d_head:
+                raise ValueError(
+                    f"qk_map acts on {map_heads} heads of width {getattr(qk_map, 'd_head', d_head)}; this layer "
+                    f"has n_heads={n_heads} of width d_head={d_head}"
+                )
+            # shapes are guaranteed from here on: no per-call (per-token) input checks in the map
+            qk_map.check_every_call = False
+            if self.differential and hasattr(qk_map, "head_group"):
+                qk_map.head_group = 2
         if self.differential:
             self.lambda_init = differential_lambda_init(layer_idx)
             self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
@@ -291,9 +358,7 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        if not per_query:
-            k = expand_kv(k, self.n_rep, group)
-        v = expand_kv(v, self.n_rep)
+        # grouped-query heads are read in place (no repeated copy of the cache; see scaled_dot_product)
         eager = record or self.impl == "eager"
         p = self.dropout if self.training else 0.0
         lam = a2 = None

@@ -11,7 +11,12 @@ The interface (docs/METHOD.md sections 1-2), implemented by every subclass of :c
   attention layer then repeats the ``n_kv_heads`` keys to ``H_k = H`` before the map and caches ``H`` keys);
   ``False`` when keys are handled per key/value head (``H_k = n_kv_heads``);
 - attribute ``dt``: the learned per-head step sizes, ``nn.Parameter`` of shape ``(H,)``, or ``None`` for a
-  map without one (diagnostics report it per head).
+  map without one (diagnostics report it per head);
+- attribute ``check_every_call`` (default ``True``): validate inputs on every call. A caller that guarantees
+  shapes and dtypes (:class:`~coupled_qk.layers.attention.CausalSelfAttention` checks the map once at
+  construction) sets it ``False`` so that decoding does not pay a Python check or a device sync per layer per
+  token; ``head_group`` (default 1): sub-heads per head of the grouped-query layout
+  (:mod:`coupled_qk.ops.heads`), set to 2 by a differential-attention layer.
 
 Maps here: :class:`QKDynamics` (the paper's coupled dynamics) and :class:`QueryMLP` (the uncoupled
 matched-capacity baseline ``q' = q + dt g(q)``).
@@ -31,6 +36,8 @@ class QKMap(nn.Module):
     """Base class of the query-key maps (the interface is described in the module docstring)."""
 
     keys_per_query_head: bool = True
+    check_every_call: bool = True
+    head_group: int = 1
     # subclasses set ``self.dt`` (an ``nn.Parameter`` of shape (H,)) or ``self.dt = None`` in __init__
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
@@ -58,16 +65,22 @@ class QKDynamics(QKMap):
         shared_across_heads: one coupling network for all heads (default, matches the paper's +0.11%
             parameter count) or one per head.
         force: ``"mlp"`` (paper) or ``"gradient"`` (``f = -grad V``; beyond the paper).
+        keys_per_query_head: ``True`` (paper, default): each query head evolves its own copy of the key, so
+            under grouped-query attention the cache holds ``H`` keys. ``False`` (beyond the paper): one evolved
+            key per key/value head, kicked by the force of its group's mean query, so the cache holds
+            ``n_kv_heads`` keys like standard attention; the exact rule per integrator is in
+            :mod:`coupled_qk.ops.dynamics` (docs/METHOD.md section 1.1). Needs ``shared_across_heads``.
 
     Attributes:
         force: the coupling network, ``(..., d_head) -> (..., d_head)`` (head axis at -3 when per head).
         dt: ``nn.Parameter`` of shape ``(n_heads,)``.
 
-    Shapes: ``forward(q, k)`` takes ``q, k`` of shape ``(B, H, T, d_head)`` and returns two tensors of the
-    same shape and dtype.
+    Shapes: ``forward(q, k)`` takes ``q`` of shape ``(B, H, T, d_head)`` and ``k`` of the same shape
+    (``keys_per_query_head=True``) or ``(B, H_kv, T, d_head)`` with ``H_kv`` dividing ``H`` (``False``), and
+    returns two tensors of the shapes and dtype of the inputs.
 
     Raises:
-        ValueError: invalid constructor arguments, inputs of the wrong rank, shape, head count or dtype
+        ValueError: invalid constructor arguments (also ``keys_per_query_head=False`` with a per-head force), inputs of the wrong rank, shape, head count or dtype
             (outside autocast), or a non-finite ``dt`` (checked on CPU tensors; on accelerators the check is
             skipped to avoid a sync).
     """
@@ -82,6 +95,7 @@ class QKDynamics(QKMap):
         dt_init: float = 0.1,
         shared_across_heads: bool = True,
         force: str = "mlp",
+        keys_per_query_head: bool = True,
     ):
         super().__init__()
         positive_int("d_head", d_head)
@@ -91,6 +105,12 @@ class QKDynamics(QKMap):
         finite("dt_init", dt_init)
         if force not in FORCES:
             raise ValueError(f"force={force!r} is not supported; expected one of {FORCES}")
+        if not keys_per_query_head and not shared_across_heads:
+            raise ValueError(
+                "keys_per_query_head=False evaluates the force on the group-mean query, so it needs one network "
+                "for all heads: shared_across_heads=True (got False)"
+            )
+        self.keys_per_query_head = bool(keys_per_query_head)
         self.d_head, self.n_heads, self.hidden = d_head, n_heads, hidden
         self.integrator = check_integrator(integrator)
         self.n_steps = n_steps
@@ -102,7 +122,8 @@ class QKDynamics(QKMap):
     def extra_repr(self) -> str:
         return (
             f"d_head={self.d_head}, n_heads={self.n_heads}, hidden={self.hidden}, integrator={self.integrator}, "
-            f"n_steps={self.n_steps}, force={self.force_kind}, shared={self.force.n_heads is None}"
+            f"n_steps={self.n_steps}, force={self.force_kind}, shared={self.force.n_heads is None}, "
+            f"keys_per_query_head={self.keys_per_query_head}"
         )
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -111,8 +132,11 @@ class QKDynamics(QKMap):
             raise ValueError(
                 f"q and k must have shape (B, H, T, d_head); got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
-        if q.shape != k.shape:
-            raise ValueError(f"q and k shapes differ: q {tuple(q.shape)} vs k {tuple(k.shape)}")
+        if self.keys_per_query_head or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+            if q.shape != k.shape:
+                raise ValueError(f"q and k shapes differ: q {tuple(q.shape)} vs k {tuple(k.shape)}")
+        elif q.shape[:1] + q.shape[2:] != k.shape[:1] + k.shape[2:]:
+            raise ValueError(f"q and k shapes differ beyond the head axis: q {tuple(q.shape)} vs k {tuple(k.shape)}")
         if q.shape[1] != self.n_heads or q.shape[-1] != self.d_head:
             raise ValueError(
                 f"expected {self.n_heads} heads of width d_head={self.d_head}; got q {tuple(q.shape)}"
@@ -128,8 +152,11 @@ class QKDynamics(QKMap):
             raise ValueError(f"dt must be finite; got {self.dt.detach().tolist()}")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.check_inputs(q, k)
-        return integrate_qk(q, k, self.force, self.dt, self.integrator, self.n_steps)
+        if self.check_every_call:
+            self.check_inputs(q, k)
+        return integrate_qk(
+            q, k, self.force, self.dt, self.integrator, self.n_steps, self.head_group, check=self.check_every_call
+        )
 
 
 class QueryMLP(QKMap):

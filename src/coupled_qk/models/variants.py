@@ -68,7 +68,11 @@ class DynamicsOptions(MapOptions):
 
     Fields: ``integrator`` (``euler``, ``leapfrog``, ``symplectic_euler``), ``n_steps`` (>= 0), ``hidden``
     (coupling-network width, ``None`` = ``d_head``), ``dt_init`` (finite initial step), ``shared_across_heads``
-    (one network for all heads), ``force`` (``mlp`` or ``gradient``).
+    (one network for all heads), ``force`` (``mlp`` or ``gradient``), ``keys_per_query_head`` (``True``, the
+    paper: one evolved key per query head; ``False``, beyond the paper: one evolved key per key/value head under
+    grouped-query attention, so the KV cache is as small as standard attention's; needs
+    ``shared_across_heads``; docs/METHOD.md section 1.1). Set the nested field, e.g.
+    ``GPTConfig(attention="coupled", n_kv_heads=2, qk_map={"keys_per_query_head": False})``.
     """
 
     integrator: str = "euler"
@@ -77,12 +81,18 @@ class DynamicsOptions(MapOptions):
     dt_init: float = 0.1
     shared_across_heads: bool = True
     force: str = "mlp"
+    keys_per_query_head: bool = True
 
     def validate(self) -> None:
         choice("GPTConfig.qk_map.integrator", self.integrator, INTEGRATORS)
         nonneg_int("GPTConfig.qk_map.n_steps", self.n_steps)
         _check_hidden_dt(self)
         choice("GPTConfig.qk_map.force", self.force, FORCES)
+        if not self.keys_per_query_head and not self.shared_across_heads:
+            raise ValueError(
+                "GPTConfig.qk_map.keys_per_query_head=False needs shared_across_heads=True (the force acts on the "
+                "group-mean query, so one network serves all heads); got shared_across_heads=False"
+            )
 
 
 @dataclass

@@ -24,6 +24,19 @@ One step of each integrator (``f = force``):
 
 Each sub-step of ``leapfrog`` and ``symplectic_euler`` is a shear, so their Jacobian determinant is exactly 1
 for any ``f``; the Euler map's is ``det(I - dt^2 J_f)``.
+
+Shared keys under grouped-query attention (beyond the paper; docs/METHOD.md section 1.1): when ``k`` has
+``H_kv < H`` heads, each key/value head keeps *one* evolved key for the ``n_rep = H / H_kv`` query heads of its
+group. Write ``M(x)`` for the group mean over those query heads and ``E(k)`` for the key repeated to them
+(:mod:`coupled_qk.ops.heads`); ``dt_q`` is the query head's own step and ``dt_k = M(dt)`` the group's mean step:
+
+- ``euler``:            ``q' = q + dt_q E(k)``,  ``k' = k + dt_k f(M(q))``
+- ``symplectic_euler``: ``k' = k + dt_k f(M(q))``,  ``q' = q + dt_q E(k')``
+- ``leapfrog``:         ``k_half = k + dt_k/2 f(M(q))``,  ``q' = q + dt_q E(k_half)``,
+  ``k' = k_half + dt_k/2 f(M(q'))``
+
+With ``H_kv == H`` (``M`` and ``E`` the identity) these are exactly the per-head rules above. The force is
+evaluated on ``H_kv`` heads, so a per-head force network cannot be used (one network per query head).
 """
 
 from __future__ import annotations
@@ -31,6 +44,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from coupled_qk.ops.heads import expand_kv, group_mean
 
 INTEGRATORS = ("euler", "leapfrog", "symplectic_euler")
 
@@ -48,6 +63,30 @@ def check_integrator(integrator: str) -> str:
     return integrator
 
 
+def _check_integrate_args(q, k, dt, integrator, n_steps, group) -> None:
+    """The argument checks of :func:`integrate_qk` (errors documented there)."""
+    check_integrator(integrator)
+    if q.dim() < 3:
+        raise ValueError(f"q must have shape (..., H, T, d_head); got {tuple(q.shape)}")
+    n_rep = q.shape[-3] // k.shape[-3] if k.dim() == q.dim() and k.shape[-3] else 0
+    same_rest = k.dim() == q.dim() and k.shape[:-3] + k.shape[-2:] == q.shape[:-3] + q.shape[-2:]
+    if not same_rest or n_rep * k.shape[-3] != q.shape[-3]:
+        raise ValueError(
+            f"q and k must have the same shape, or k fewer heads (axis -3) dividing q's; got q {tuple(q.shape)} "
+            f"and k {tuple(k.shape)}"
+        )
+    if n_rep > 1 and k.shape[-3] % group:
+        raise ValueError(f"group={group} must divide the key heads {k.shape[-3]}")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 0:
+        raise ValueError(f"n_steps={n_steps!r} must be an integer >= 0")
+    n_heads = q.shape[-3]
+    if dt.dim() == 1:
+        if dt.shape[0] != n_heads:
+            raise ValueError(f"dt has {dt.shape[0]} entries but q has {n_heads} heads (axis -3)")
+    elif dt.dim() != 0:
+        raise ValueError(f"dt must be a scalar or have shape (n_heads,); got {tuple(dt.shape)}")
+
+
 def integrate_qk(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -55,17 +94,24 @@ def integrate_qk(
     dt: torch.Tensor,
     integrator: str = "euler",
     n_steps: int = 1,
+    group: int = 1,
+    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Evolve a query-key pair for ``n_steps`` steps of coupled dynamics.
 
     Args:
         q: queries, shape ``(..., H, T, d_head)``, any float dtype.
-        k: keys, same shape and dtype as ``q`` (with grouped-query attention, expand keys to the query
-            heads first).
+        k: keys of the same dtype, shape ``(..., H, T, d_head)`` (one key per query head: the paper's rule) or
+            ``(..., H_kv, T, d_head)`` with ``H_kv`` dividing ``H`` (keys shared by the query heads of a
+            grouped-query group; see the module docstring).
         force: callable mapping ``(..., H, T, d_head) -> (..., H, T, d_head)``: the coupling network ``f``.
         dt: step sizes, shape ``(H,)`` (one per head) or a scalar tensor; dimensionless.
         integrator: ``"euler"``, ``"leapfrog"`` or ``"symplectic_euler"`` (see the module docstring).
         n_steps: number of steps (``>= 0``); ``n`` steps compose the one-step map, ``0`` is the identity.
+        group: sub-heads per head of the grouped layout (:mod:`coupled_qk.ops.heads`; 2 for differential
+            attention); only used when ``k`` has fewer heads than ``q``.
+        check: validate the arguments (``False`` skips the Python-side checks below, for a caller that has
+            validated them once, e.g. a decoding loop; wrong inputs then fail inside PyTorch or silently).
 
     Returns:
         ``(q_n, k_n)``, the evolved pair, same shapes and dtype as the inputs.
@@ -77,42 +123,40 @@ def integrate_qk(
     Source: arXiv:2604.01683v1 (Euler and Hamiltonian/leapfrog updates); Hairer, Lubich & Wanner,
     *Geometric Numerical Integration* (2006), for the Stormer-Verlet and symplectic Euler schemes.
     """
-    check_integrator(integrator)
-    if q.shape != k.shape:
-        raise ValueError(f"q and k must have the same shape; got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    if q.dim() < 3:
-        raise ValueError(f"q must have shape (..., H, T, d_head); got {tuple(q.shape)}")
-    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 0:
-        raise ValueError(f"n_steps={n_steps!r} must be an integer >= 0")
-    n_heads = q.shape[-3]
+    if check:
+        _check_integrate_args(q, k, dt, integrator, n_steps, group)
+    n_rep = q.shape[-3] // k.shape[-3]
     if dt.dim() == 1:
-        if dt.shape[0] != n_heads:
-            raise ValueError(f"dt has {dt.shape[0]} entries but q has {n_heads} heads (axis -3)")
-        dt = dt.view(n_heads, 1, 1)
-    elif dt.dim() != 0:
-        raise ValueError(f"dt must be a scalar or have shape (n_heads,); got {tuple(dt.shape)}")
+        dt = dt.view(-1, 1, 1)
     dt = dt.to(q.dtype)
+    dt_k = dt if dt.dim() == 0 else group_mean(dt, n_rep, group)  # the key's step: its group's mean dt
+
+    def kick(x: torch.Tensor) -> torch.Tensor:  # force on the (group-mean) query
+        return force(group_mean(x, n_rep, group))
+
+    def drift(x: torch.Tensor) -> torch.Tensor:  # the key seen by each query head
+        return expand_kv(x, n_rep, group)
 
     if n_steps == 0:
         return q, k
     # torch.addcmul(x, dt, y) = x + dt * y in one kernel (fewer temporaries forward and backward)
     if integrator == "euler":
         for _ in range(n_steps):
-            q, k = torch.addcmul(q, dt, k), torch.addcmul(k, dt, force(q))
+            q, k = torch.addcmul(q, dt, drift(k)), torch.addcmul(k, dt_k, kick(q))
         return q, k
     if integrator == "symplectic_euler":
         for _ in range(n_steps):
-            k = torch.addcmul(k, dt, force(q))
-            q = torch.addcmul(q, dt, k)
+            k = torch.addcmul(k, dt_k, kick(q))
+            q = torch.addcmul(q, dt, drift(k))
         return q, k
     # leapfrog: the closing half-kick of one step and the opening half-kick of the next share f(q),
     # so n steps cost n + 1 force evaluations.
-    half = 0.5 * dt
-    f_q = force(q)
+    half = 0.5 * dt_k
+    f_q = kick(q)
     for _ in range(n_steps):
         k = torch.addcmul(k, half, f_q)
-        q = torch.addcmul(q, dt, k)
-        f_q = force(q)
+        q = torch.addcmul(q, dt, drift(k))
+        f_q = kick(q)
         k = torch.addcmul(k, half, f_q)
     return q, k
 
