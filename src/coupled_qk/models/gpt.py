@@ -129,13 +129,24 @@ class GPT(nn.Module):
         """Number of distinct parameters (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self) -> KVCache:
-        """An empty :class:`KVCache` for incremental decoding."""
-        return KVCache(self.config.n_layer)
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """An empty :class:`KVCache` for incremental decoding, preallocated for ``capacity`` positions
+        (``1 <= capacity <= block_size``; default ``block_size``) on the first forward that uses it.
 
-    def embed(self, idx: torch.Tensor, cache: KVCache | None = None) -> tuple[torch.Tensor, tuple | None]:
+        Raises:
+            ValueError: ``capacity`` outside ``[1, block_size]``.
+        """
+        c = self.config.block_size
+        if capacity is not None and not (isinstance(capacity, int) and 1 <= capacity <= c):
+            raise ValueError(f"capacity={capacity!r} must be an integer in [1, block_size={c}]")
+        return KVCache(self.config.n_layer, c if capacity is None else capacity)
+
+    def embed(
+        self, idx: torch.Tensor, cache: KVCache | None = None, check_ids: bool = True
+    ) -> tuple[torch.Tensor, tuple | None]:
         """Checked token ids ``(B, T)`` -> the input of block 0 ``(B, T, d_model)`` and the RoPE tables of the
-        current positions (``None`` with learned positions). Raises as :meth:`forward`."""
+        current positions (``None`` with learned positions). Raises as :meth:`forward`; ``check_ids=False``
+        skips the id-range check (a reduction over ``idx``; :meth:`generate` checks the prompt once)."""
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         b, t = idx.shape
@@ -147,10 +158,8 @@ class GPT(nn.Module):
                 f"sequence length {past + t} (cached {past} + new {t}) exceeds the context "
                 f"block_size={self.config.block_size}"
             )
-        if idx.device.type == "cpu" and not torch.compiler.is_compiling():
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(f"token ids must be in [0, {self.config.vocab_size}); got min {lo}, max {hi}")
+        if check_ids and not torch.compiler.is_compiling():
+            self._check_ids(idx)
         x = self.tok_emb(idx)
         rope = None
         if self.pos_emb is not None:
@@ -208,10 +217,16 @@ class GPT(nn.Module):
         total = idx.shape[1] + max_new_tokens
         if total > self.config.block_size:
             raise ValueError(f"prompt + max_new_tokens = {total} exceeds block_size={self.config.block_size}")
-        cache = self.new_cache() if use_cache else None
-        out, step_input = idx, idx
-        for _ in range(max_new_tokens):
-            logits = self(step_input if use_cache else out, cache)[:, -1, :].float()
+        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
+            raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
+        self._check_ids(idx)  # once: the generated ids come from the vocabulary
+        cache = self.new_cache(max(total, 1)) if use_cache else None
+        b, t = idx.shape
+        out = idx.new_empty(b, total)
+        out[:, :t] = idx
+        step_input = idx
+        for i in range(max_new_tokens):
+            logits = self._last_logits(step_input if use_cache else out[:, : t + i], cache).float()
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -220,9 +235,23 @@ class GPT(nn.Module):
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
-            out = torch.cat([out, nxt], dim=1)
+            out[:, t + i : t + i + 1] = nxt
             step_input = nxt
         return out
+
+    def _check_ids(self, idx: torch.Tensor) -> None:
+        if idx.numel() and idx.device.type == "cpu":
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.config.vocab_size}); got min {lo}, max {hi}")
+
+    def _last_logits(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """Logits ``(B, vocab)`` of the last position of ``idx (B, T)`` (ids already checked; the output head
+        runs on that position only)."""
+        x, rope = self.embed(idx, cache, check_ids=False)
+        for block in self.blocks:
+            x = block(x, rope, cache)
+        return self.lm_head(self.ln_f(x[:, -1]))
 
 
 def coupling_parameter_overhead(config: GPTConfig) -> dict:
