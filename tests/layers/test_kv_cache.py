@@ -1,0 +1,167 @@
+"""Preallocated KV cache and cached decoding (issue 12): cached == full forward for every registered attention at
+every length up to block_size, no buffer growth while decoding, grouped-query shared keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coupled_qk import GPT, GPTConfig, KVCache
+from coupled_qk.models.variants import ATTENTIONS, get_attention
+from coupled_qk.ops.dynamics import integrate_qk
+from coupled_qk.ops.heads import expand_kv, group_mean
+
+BLOCK = 12
+
+
+def make_model(attention, n_kv_heads=2, shared_keys=False, integrator="leapfrog", **kw):
+    """A 2-layer model with perturbed map/differential parameters (dt = 0.3) so every path matters."""
+    torch.manual_seed(0)
+    qk_map = get_attention(attention).qk_map
+    options = None
+    if qk_map is not None:
+        options = {"dt_init": 0.3}
+        if "integrator" in qk_map.option_names():
+            options["integrator"] = integrator
+        if shared_keys:
+            options["keys_per_query_head"] = False
+    cfg = GPTConfig(vocab_size=53, block_size=BLOCK, n_layer=2, d_model=32, n_heads=4, n_kv_heads=n_kv_heads,
+                    attention=attention, qk_map=options, **kw)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lambda_" in name or "force" in name or "mlp.w" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+CASES = [(a, False) for a in ATTENTIONS] + [("coupled", True), ("coupled_differential", True)]
+
+
+@pytest.mark.parametrize("attention, shared_keys", CASES)
+def test_cached_decoding_equals_full_forward_at_every_length(attention, shared_keys):
+    model = make_model(attention, shared_keys=shared_keys)
+    idx = torch.randint(0, 53, (2, BLOCK))
+    with torch.no_grad():
+        full = model(idx)
+        for prompt in (1, 5):  # token by token after a 1- or 5-token prefill, up to block_size
+            cache = model.new_cache()
+            parts = [model(idx[:, :prompt], cache)]
+            ptrs = {id(t): t.data_ptr() for t in cache._k + cache._v}
+            parts += [model(idx[:, t : t + 1], cache) for t in range(prompt, BLOCK)]
+            assert cache.length == BLOCK
+            assert {id(t): t.data_ptr() for t in cache._k + cache._v} == ptrs  # written in place, never regrown
+            torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_shared_keys_cache_is_as_small_as_standard():
+    sizes = {}
+    for name, attention, shared in [("standard", "standard", False), ("per_head", "coupled", False),
+                                    ("shared", "coupled", True)]:
+        model = make_model(attention, shared_keys=shared)
+        cache = model.new_cache()
+        with torch.no_grad():
+            model(torch.randint(0, 53, (3, 4)), cache)
+        sizes[name] = cache.nbytes()
+    # 2 layers x (k + v) x B=3 x heads x block_size x d_head=8 x 4 bytes
+    assert sizes["standard"] == sizes["shared"] == 2 * 2 * 3 * 2 * BLOCK * 8 * 4
+    assert sizes["per_head"] == 2 * 3 * (4 + 2) * BLOCK * 8 * 4  # keys per query head (4), values per kv head
+
+
+@pytest.mark.parametrize("attention", ["coupled", "coupled_differential"])
+@pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])
+def test_shared_keys_without_grouping_equal_the_default(attention, integrator):
+    kv = 4  # n_kv_heads == n_heads
+    a = make_model(attention, n_kv_heads=kv, integrator=integrator)
+    b = make_model(attention, n_kv_heads=kv, shared_keys=True, integrator=integrator)
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 53, (2, BLOCK))
+    with torch.no_grad():
+        assert torch.equal(a(idx), b(idx))
+
+
+def _reference_shared(q, k, force, dt, integrator, n_rep, group):
+    """float64 loop over key/value heads: the rules of docs/METHOD.md section 1.1, written out per head."""
+    q, k, dt = q.double(), k.double(), dt.double()
+    h, hk = q.shape[1], k.shape[1]
+    kv_of = [group * ((j // group) // n_rep) + j % group for j in range(h)]
+    members = [[j for j in range(h) if kv_of[j] == g] for g in range(hk)]
+    dtk = torch.stack([dt[m].mean() for m in members])
+
+    def kick(qq):
+        return torch.stack([force(qq[:, m].mean(1)) for m in members], 1)
+
+    def drift(kk):
+        return torch.stack([kk[:, kv_of[j]] for j in range(h)], 1)
+
+    def scale(x, s):
+        return x * s.view(1, -1, 1, 1)
+
+    if integrator == "euler":
+        return q + scale(drift(k), dt), k + scale(kick(q), dtk)
+    if integrator == "symplectic_euler":
+        k = k + scale(kick(q), dtk)
+        return q + scale(drift(k), dt), k
+    k = k + scale(kick(q), dtk / 2)
+    q = q + scale(drift(k), dt)
+    return q, k + scale(kick(q), dtk / 2)
+
+
+@pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])
+@pytest.mark.parametrize("group", [1, 2])
+def test_integrate_qk_shared_keys_match_a_per_head_reference(integrator, group):
+    torch.manual_seed(1)
+    w1, w2 = torch.randn(6, 4, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64)
+
+    def force(x):
+        return torch.nn.functional.silu(x.to(w1.dtype) @ w1.T) @ w2.T
+
+    n_rep, hk = 3, 2 * group
+    q, k = torch.randn(2, hk * n_rep, 5, 4, dtype=torch.float64), torch.randn(2, hk, 5, 4, dtype=torch.float64)
+    dt = torch.rand(hk * n_rep, dtype=torch.float64)
+    got = integrate_qk(q, k, force, dt, integrator, 1, group)
+    want = _reference_shared(q, k, force, dt, integrator, n_rep, group)
+    torch.testing.assert_close(got, want)
+
+
+def test_group_mean_inverts_expand_kv():
+    x = torch.randn(2, 4, 3, 5)
+    for group in (1, 2):
+        torch.testing.assert_close(group_mean(expand_kv(x, 3, group), 3, group), x)
+    assert group_mean(torch.arange(6.0), 3).tolist() == [1.0, 4.0]
+
+
+def test_shared_keys_need_a_shared_force():
+    with pytest.raises(ValueError, match="shared_across_heads"):
+        GPTConfig(attention="coupled", qk_map={"keys_per_query_head": False, "shared_across_heads": False})
+
+
+def test_cache_capacity_growth_crop_and_errors():
+    cache = KVCache(1)  # no capacity: grows by doubling
+    k = torch.randn(1, 2, 20, 4)
+    out_k, out_v = cache.update(0, k[:, :, :3], k[:, :, :3])
+    for t in range(3, 20):
+        out_k, _ = cache.update(0, k[:, :, t : t + 1], k[:, :, t : t + 1])
+    assert torch.equal(out_k, k) and cache.length == 20 and cache._k[0].shape[-2] == 32
+    cache.crop(5)
+    assert cache.length == 5 and torch.equal(cache.layers[0][0], k[:, :, :5])
+    fixed = KVCache(1, capacity=4)
+    fixed.update(0, k[:, :, :4], k[:, :, :4])
+    with pytest.raises(ValueError, match="capacity=4 is full"):
+        fixed.update(0, k[:, :, :1], k[:, :, :1])
+    with pytest.raises(ValueError, match="do not match"):
+        cache.update(0, torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4))
+    with pytest.raises(ValueError, match="capacity"):
+        GPT(GPTConfig(block_size=8)).new_cache(9)
+
+
+def test_cached_forward_keeps_gradients():
+    model = make_model("coupled")
+    idx = torch.randint(0, 53, (1, 6))
+    cache = model.new_cache()
+    loss = model(idx[:, :3], cache).sum() + model(idx[:, 3:], cache).sum()
+    loss.backward()
+    ref = make_model("coupled")
+    ref(idx).sum().backward()
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5, msg=name)
