@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
-
-TASKS = ("lm", "mqar")
+from coupled_qk.training.tasks import TASKS
 
 # fields that may differ between a run and its continuation (budget, logging, where files live, runtime)
 CONTINUATION_FIELDS = frozenset({
@@ -87,7 +86,7 @@ class TrainConfig(JSONConfig):
     def validate(self) -> None:
         """Check every field; raise ``ValueError`` naming the first offending one."""
         if self.task not in TASKS:
-            raise ValueError(f"TrainConfig.task={self.task!r} is unknown; expected one of {TASKS}")
+            raise ValueError(f"TrainConfig.task={self.task!r} is unknown; expected one of {list(TASKS)}")
         if self.preset not in PRESETS:
             raise ValueError(f"TrainConfig.preset={self.preset!r} is unknown; expected one of {sorted(PRESETS)}")
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches", "log_interval", "keep_checkpoints"):
