@@ -71,8 +71,9 @@ def test_accuracy_by_slice_with_oracle():
     zeros = evaluate_slices(_Predictor(torch.zeros_like), ds.test, names, batch_size=16, device="cpu")
     assert zeros["valid/accuracy"] == 0.0
     # first rows only: 5 rows of each slice, micro-averaged over 5 * 2 + 5 * 4 queries
-    half = evaluate_slices(_Predictor(oracle), ds.test, names, batch_size=3, device="cpu", max_rows=5,
-                           prefix="test")
+    first = _Predictor(oracle)
+    half = evaluate_slices(first, ds.test, names, batch_size=3, device="cpu", max_rows=5, prefix="test")
+    assert [b for b, _ in first.calls] == [3, 2, 3, 2]  # 5 rows of each slice in batches of at most 3
     assert half["test/accuracy"] == 1.0 and set(half) == {"test/accuracy", "test/loss", "test/accuracy/L32_K2",
                                                            "test/accuracy/L64_K4"}
     with pytest.raises(ValueError, match="1 names for 2 slices"):

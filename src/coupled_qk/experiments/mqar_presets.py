@@ -1,7 +1,7 @@
 """MQAR sweep presets: the Zoology and Based protocols and a CPU-sized sweep (data, models, optimiser, budget).
 
 Source: Arora, Eyuboglu et al., "Zoology", arXiv:2312.04927 (HazyResearch/zoology, tag ``iclr24``,
-``zoology/experiments/iclr24_zoology_figure2/configs.py``); PAPER.md section 6 and claim C12.
+``zoology/experiments/iclr24_zoology_figure2/configs.py``); ``docs/METHOD.md`` section 6 and claim C12.
 
 Models: attention-only blocks (``use_mlp=False``), 2 layers, 1 head, learned absolute positions, a sweep of
 ``d_model``; every attention variant of the library (:data:`MQAR_VARIANTS`). Differential variants pair

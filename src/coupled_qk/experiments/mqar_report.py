@@ -96,7 +96,7 @@ def sweep_summary(preset: SweepPreset, records: Sequence[dict], wall_seconds: fl
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     return {
         "preset": preset.to_dict(),
-        "source": "Zoology arXiv:2312.04927 protocol (PAPER.md section 6); coupled_qk mqar sweep",
+        "source": "Zoology arXiv:2312.04927 protocol (docs/METHOD.md section 6); coupled_qk mqar sweep",
         "wall_seconds": wall_seconds,
         "counts": counts,
         "runs": list(records),

@@ -122,8 +122,8 @@ def evaluate_slices(
             n = len(s) if max_rows is None else min(len(s), max_rows)
             correct = total = 0
             for start in range(0, n, batch_size):
-                x = s.inputs[start : start + batch_size].to(device)
-                y = s.labels[start : start + batch_size].to(device)
+                stop = min(n, start + batch_size)
+                x, y = s.inputs[start:stop].to(device), s.labels[start:stop].to(device)
                 with torch.autocast(**autocast):
                     logits = model(x)
                 mask = y != IGNORE_INDEX

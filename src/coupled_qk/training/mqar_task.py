@@ -1,6 +1,6 @@
 """MQAR task for the project's training loop (:func:`coupled_qk.training.loop.train`).
 
-Multi-query associative recall as in Zoology (Arora, Eyuboglu et al., arXiv:2312.04927; PAPER.md section 6):
+Multi-query associative recall as in Zoology (Arora, Eyuboglu et al., arXiv:2312.04927; ``docs/METHOD.md`` section 6):
 the data come from :mod:`coupled_qk.data.mqar`, the model is trained with next-token cross-entropy on the
 query positions only (every other label is -100) and scored by argmax accuracy over those positions, overall
 and per (L, K) slice.
@@ -140,14 +140,14 @@ class MQARTask:
         ValueError: unknown option names, malformed slices, or an invalid MQAR setting (from
             :func:`coupled_qk.data.mqar.make_mqar_dataset`, naming the slice, its value and the requirement).
 
-    Source: Zoology arXiv:2312.04927 (``zoology/train.py``, ``zoology/data/utils.py``); PAPER.md section 6.
+    Source: Zoology arXiv:2312.04927 (``zoology/train.py``, ``zoology/data/utils.py``); ``docs/METHOD.md`` section 6.
     """
 
     name = "mqar"
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
-        opts = dict(check_options("mqar", cfg.task_options, KNOWN_OPTIONS))
+        opts = dict(check_options("MQAR", cfg.task_options, KNOWN_OPTIONS))
         for required in ("train_slices", "test_slices"):
             if required not in opts:
                 raise ValueError(
