@@ -2,7 +2,7 @@
 
 :func:`execute` takes the plan (:class:`PlannedRun` objects, each a complete :class:`TrainConfig` whose
 ``out_dir`` is the run's folder) and, run by run: reuses a finished run (``results.json`` present) after
-checking that it was made with the same settings (:data:`RESULT_NEUTRAL_FIELDS` aside; other settings
+checking that it was made with the same settings (``training.config.RESULT_NEUTRAL_FIELDS`` aside; others
 raise ``ValueError`` naming them), resumes an unfinished one from its checkpoint, starts the others (clearing
 what a run killed before its first checkpoint left), and records each outcome as a :class:`RunRecord`. An
 optional wall-clock guard (``max_minutes``) gives each run the time left; a run it stops is marked
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coupled_qk.io import write_text_atomic
-from coupled_qk.training.config import TrainConfig, describe_differences
+from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig, describe_differences
 from coupled_qk.training.rundir import RunDir
 
 __all__ = [
@@ -38,13 +38,6 @@ __all__ = [
     "setting_differences",
     "write_report",
 ]
-
-RESULT_NEUTRAL_FIELDS = frozenset({
-    "out_dir", "resume", "progress", "tensorboard", "device", "compile", "data_dir", "cache_dir", "max_minutes",
-})
-"""``TrainConfig`` fields that do not change what a finished run computed: where files live, logging, the
-device and compilation, and the wall-clock budget (a run stopped by time is not reproducible anyway; the
-runner's own guard sets it). Every other field must match for a finished run to be reused."""
 
 RESULT_NEUTRAL_TASK_OPTIONS = frozenset({"cache_dir"})
 """``TrainConfig.task_options`` keys that do not change results (where generated data are cached)."""
