@@ -29,6 +29,11 @@ from coupled_qk.io import write_text_atomic
 __all__ = ["RunDir"]
 
 
+def _member(name: str, doc: str) -> property:
+    """A read-only ``Path`` property: ``<run folder>/<name>``."""
+    return property(lambda self: self.path / name, doc=doc)
+
+
 class RunDir:
     """Paths and reads of one run folder (nothing is created until something is written).
 
@@ -61,50 +66,16 @@ class RunDir:
 
     # ------------------------------------------------------------------------------------------ paths
 
-    @property
-    def config_path(self) -> Path:
-        """``config.json``: the run's :class:`~coupled_qk.training.config.TrainConfig`."""
-        return self.path / self.CONFIG
-
-    @property
-    def model_config_path(self) -> Path:
-        """``model_config.json``: the resolved :class:`~coupled_qk.GPTConfig`."""
-        return self.path / self.MODEL_CONFIG
-
-    @property
-    def data_path(self) -> Path:
-        """``data.json``: the task's :meth:`describe` output."""
-        return self.path / self.DATA
-
-    @property
-    def tokenizer_dir(self) -> Path:
-        """``tokenizer/``: the run's tokenizer folder (language modelling)."""
-        return self.path / self.TOKENIZER
-
-    @property
-    def metrics_path(self) -> Path:
-        """``metrics.jsonl``: one JSON object per logged step."""
-        return self.path / self.METRICS
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        """``tensorboard/``: TensorBoard event files."""
-        return self.path / self.TENSORBOARD
-
-    @property
-    def latest_path(self) -> Path:
-        """``latest``: a text file naming the newest complete checkpoint folder."""
-        return self.path / self.LATEST
-
-    @property
-    def results_path(self) -> Path:
-        """``results.json``: final metrics of a finished run."""
-        return self.path / self.RESULTS
-
-    @property
-    def interrupted_results_path(self) -> Path:
-        """``results.interrupted.json``: results of a run stopped by an experiment's time guard."""
-        return self.path / self.INTERRUPTED_RESULTS
+    config_path = _member(CONFIG, "``config.json``: the run's :class:`~coupled_qk.training.config.TrainConfig`.")
+    model_config_path = _member(MODEL_CONFIG, "``model_config.json``: the resolved :class:`~coupled_qk.GPTConfig`.")
+    data_path = _member(DATA, "``data.json``: the task's ``describe()`` output.")
+    tokenizer_dir = _member(TOKENIZER, "``tokenizer/``: the run's tokenizer folder (language modelling).")
+    metrics_path = _member(METRICS, "``metrics.jsonl``: one JSON object per logged step.")
+    tensorboard_dir = _member(TENSORBOARD, "``tensorboard/``: TensorBoard event files.")
+    latest_path = _member(LATEST, "``latest``: a text file naming the newest complete checkpoint folder.")
+    results_path = _member(RESULTS, "``results.json``: final metrics of a finished run.")
+    interrupted_results_path = _member(
+        INTERRUPTED_RESULTS, "``results.interrupted.json``: results of a run stopped by an experiment's time guard.")
 
     def checkpoint_dir(self, step: int) -> Path:
         """``ckpt-<step, 8 digits>``: the checkpoint folder of optimiser step ``step`` (an int >= 0)."""
