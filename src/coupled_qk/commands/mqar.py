@@ -16,7 +16,7 @@ import torch
 
 from coupled_qk.experiments.mqar_presets import MQAR_VARIANTS, SWEEP_PRESETS, get_preset, heads_for
 from coupled_qk.experiments.mqar_sweep import plan_sweep, run_sweep
-from coupled_qk.variants import parse_variants
+from coupled_qk.models.variants import parse_variants
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
 

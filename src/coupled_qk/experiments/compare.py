@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coupled_qk.experiments.runner import PlannedRun, Report, RunRecord, run_experiment
+from coupled_qk.models.variants import parse_variants, variant_overrides
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.rundir import RunDir
-from coupled_qk.variants import parse_variants, variant_overrides
 
 __all__ = ["analyze_comparison", "comparison_table", "plan_comparison", "plot_loss_curves", "run_comparison"]
 
@@ -34,7 +34,7 @@ def _summary(values: list[float]) -> dict:
 def plan_comparison(base: TrainConfig, variants: list[str], seeds: list[int], out_dir: str | Path) -> list[PlannedRun]:
     """One run per ``variant x seed`` (variant-major), in ``out_dir/<variant>/seed<k>``.
 
-    Each run is ``base`` with the variant's model overrides (:func:`coupled_qk.variants.variant_overrides`)
+    Each run is ``base`` with the variant's model overrides (:func:`coupled_qk.models.variants.variant_overrides`)
     and ``seed``; ``keys`` are ``{"variant", "seed"}``.
 
     Raises:

@@ -18,9 +18,9 @@ from coupled_qk._checks import finite, positive_int
 from coupled_qk.experiments.mqar_presets import Difficulty, SweepPreset, heads_for
 from coupled_qk.experiments.mqar_report import sweep_report
 from coupled_qk.experiments.runner import PlannedRun, RunRecord, run_experiment
+from coupled_qk.models.variants import parse_variants, variant_overrides
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_task import steps_per_epoch
-from coupled_qk.variants import parse_variants, variant_overrides
 
 __all__ = ["SweepPoint", "plan_sweep", "run_config", "run_sweep"]
 
