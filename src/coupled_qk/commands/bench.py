@@ -1,6 +1,10 @@
-"""``coupled-qk bench``: median train-step time of every attention variant against ``standard``, interleaved.
+"""``coupled-qk bench``: speed and memory of every attention variant against ``standard``, interleaved.
 
-Writes ``bench-<preset>-<device>[-<dtype>][-compile].json`` and ``.md`` under ``--out-dir``
+``--mode train`` (default): median train-step time, ``bench-<preset>-<device>[-<dtype>][-compile]``.
+``--mode decode``: cached greedy decoding tokens/s after each ``--prefixes`` at each ``--decode-batch-sizes``,
+``decode-<preset>-<device>``. ``--mode memory``: train-step peak memory and KV-cache bytes,
+``memory-<preset>-<device>``. ``--sweep``: the cost curve (train-step ratio and FLOP floor vs d_model, sequence
+length and n_steps), ``sweep-<preset>-<device>`` with a PNG. JSON + markdown under ``--out-dir``
 (``benchmarks/results`` by default); see ``benchmarks/README.md`` for the method.
 """
 
@@ -14,9 +18,12 @@ import torch
 
 from coupled_qk.commands.options import add_model_options, config_from_args
 from coupled_qk.experiments.bench import bench_markdown, result_stem, run_bench, write_results
+from coupled_qk.experiments.bench_decode import decode_markdown, memory_markdown, run_decode, run_memory
+from coupled_qk.experiments.cost_curve import plot_sweep, run_sweep, sweep_markdown
+from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.variants import VARIANTS
 
-HELP = "train-step speed of every attention variant against standard"
+HELP = "train-step and decoding speed, memory and the cost curve of every attention variant against standard"
 
 
 def add_arguments(parser) -> None:
@@ -42,6 +49,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (eager fallback on failure)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the token batch")
     parser.add_argument("--out-dir", default="benchmarks/results", help="where the JSON and markdown go")
+    parser.add_argument("--mode", default="train", choices=("train", "decode", "memory"),
+                        help="train-step time (default), cached decoding tokens/s, or memory")
+    parser.add_argument("--sweep", action="store_true",
+                        help="cost curve: train-step ratio and FLOP floor vs d_model, seq length and n_steps (PNG)")
+    parser.add_argument("--prefixes", default="128,512", help="decode: prompt lengths (default 128,512)")
+    parser.add_argument("--decode-batch-sizes", default="1,8", help="decode: batch sizes (default 1,8)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="decode: timed tokens per repeat (default 32)")
+    parser.add_argument("--cache-len", type=int, default=None, help="memory: KV-cache length (default block_size)")
 
 
 def _reproduce_command(args, threads: int) -> str:
@@ -62,6 +77,16 @@ def _reproduce_command(args, threads: int) -> str:
     return shlex.join(parts)
 
 
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag}={text!r} must be a comma-separated list of positive integers")
+    return values
+
+
 def run(args) -> int:
     if args.attention is not None or args.integrator is not None:
         raise ValueError("bench sets attention and integrator per variant; choose them with --variants")
@@ -72,6 +97,10 @@ def run(args) -> int:
     map_options = {} if args.n_steps is None else {"n_steps": args.n_steps}
     # --n-steps applies per variant (run_bench), not to the base config, whose attention has no map
     config = config_from_args(argparse.Namespace(**{**vars(args), "n_steps": None}))
+    invoked = sys.argv[1:]
+    command = shlex.join(["coupled-qk", *invoked]) if invoked[:1] == ["bench"] else None
+    if args.sweep or args.mode != "train":
+        return _run_other(args, config, map_options, command)
     print(f"coupled-qk bench: preset {args.preset}, {args.repeats} interleaved repeats after {args.warmup} warmup")
     result = run_bench(
         config,
@@ -87,15 +116,39 @@ def run(args) -> int:
         log=print,
         map_options=map_options,
     )
-    invoked = sys.argv[1:]
     reproduce = _reproduce_command(args, result["machine"]["threads"])
-    result = dict(
-        preset=args.preset,
-        command=shlex.join(["coupled-qk", *invoked]) if invoked[:1] == ["bench"] else reproduce,
-        reproduce=reproduce,
-        **result,
-    )
+    result = dict(preset=args.preset, command=command or reproduce, reproduce=reproduce, **result)
     json_path, md_path = write_results(result, args.out_dir, result_stem(args.preset, result))
     print(bench_markdown(result))
     print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+def _run_other(args, config, map_options, command) -> int:
+    """``--mode decode``, ``--mode memory`` and ``--sweep``."""
+    common = dict(variants=args.variants, device=args.device, seed=args.seed)
+    if args.sweep:
+        result = run_sweep(config, batch_size=args.batch_size, repeats=args.repeats, warmup=args.warmup, log=print,
+                           **common)
+        kind, markdown = "sweep", sweep_markdown
+    elif args.mode == "decode":
+        result = run_decode(config, batch_sizes=_ints("--decode-batch-sizes", args.decode_batch_sizes),
+                            prefixes=_ints("--prefixes", args.prefixes), new_tokens=args.new_tokens,
+                            repeats=args.repeats, map_options=map_options, log=print, **common)
+        kind, markdown = "decode", decode_markdown
+    else:
+        result = run_memory(config, batch_size=args.batch_size, seq_len=args.seq_len, cache_len=args.cache_len,
+                            map_options=map_options, **common)
+        kind, markdown = "memory", memory_markdown
+    result = dict(preset=args.preset, command=command or shlex.join(["coupled-qk", "bench", "--mode", kind]),
+                  **result)
+    stem = f"{kind}-{args.preset}-{result['settings']['device'].split(':')[0]}"
+    text, plots = markdown(result), {}
+    if args.sweep:
+        plots = {f"{stem}.png": lambda path: plot_sweep(result, path)}
+        text += f"\n![cost curve]({stem}.png)\n"
+    paths = write_report(args.out_dir, Report(json={f"{stem}.json": result}, text={f"{stem}.md": text}, plots=plots),
+                         log=print)
+    print(text)
+    print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0

@@ -226,7 +226,7 @@ class GPT(nn.Module):
         out[:, :t] = idx
         step_input = idx
         for i in range(max_new_tokens):
-            logits = self._last_logits(step_input if use_cache else out[:, : t + i], cache).float()
+            logits = self.next_token_logits(step_input if use_cache else out[:, : t + i], cache).float()
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -245,9 +245,13 @@ class GPT(nn.Module):
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must be in [0, {self.config.vocab_size}); got min {lo}, max {hi}")
 
-    def _last_logits(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """Logits ``(B, vocab)`` of the last position of ``idx (B, T)`` (ids already checked; the output head
-        runs on that position only)."""
+    def next_token_logits(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """Logits ``(B, vocab)`` of the last position of ``idx (B, T)``: one decoding step of :meth:`generate`.
+
+        The output head runs on the last position only and the token ids are not range-checked (a per-token
+        reduction; check them once, as :meth:`generate` does); shapes and lengths are checked as in
+        :meth:`forward`. ``cache`` is read and extended as in :meth:`forward`.
+        """
         x, rope = self.embed(idx, cache, check_ids=False)
         for block in self.blocks:
             x = block(x, rope, cache)

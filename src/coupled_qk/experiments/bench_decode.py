@@ -1,0 +1,229 @@
+"""``coupled-qk bench --mode decode|memory``: cached greedy decoding speed and memory of every variant vs standard.
+
+Decode (tokens/s of cached greedy decoding): for each cell (batch size ``B``, prefix length ``P``), each repeat
+builds a fresh preallocated cache, encodes a random ``B x P`` prompt (untimed) and then times ``new_tokens``
+greedy steps (:meth:`coupled_qk.GPT.next_token_logits` + argmax); the variants run round-robin within each
+repeat (rotated by one per repeat). Reported per variant and cell: median ms per token, tokens/s
+(``B * new_tokens / median time``) and the paired ratio to ``standard`` (median over repeats of the
+per-repeat ratio) with a 95% bootstrap interval (:func:`paired_ratio`).
+
+Memory: the peak memory of one training step (forward, backward, AdamW) above what was allocated before it
+(after one warm-up step, so the optimizer state exists): on CUDA ``torch.cuda.max_memory_allocated``; on CPU
+the peak of the running sum of the CPU allocator's records from ``torch.profiler`` (``profile_memory=True``),
+a real allocation measurement. And the bytes of the KV cache after a ``B x L`` prefill (:meth:`KVCache.nbytes`,
+the preallocated buffers).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+import torch
+
+from coupled_qk.experiments.bench import _sync, _variant_configs, machine_info, with_baseline
+from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.gpt import GPT
+from coupled_qk.training.distributed import pick_device
+
+BASELINE = "standard"
+
+
+def paired_ratio(times, base_times, seed: int = 0, n_boot: int = 2000) -> dict:
+    """Paired ratio of two equally long series of repeat times: ``median`` of the per-repeat ratios and a 95%
+    percentile-bootstrap interval ``lo, hi`` of that median (resampling repeats; ``n_boot`` resamples)."""
+    r = np.asarray(times, dtype=np.float64) / np.asarray(base_times, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    boots = np.median(r[rng.integers(0, len(r), (n_boot, len(r)))], axis=1)
+    return dict(median=float(np.median(r)), lo=float(np.percentile(boots, 2.5)), hi=float(np.percentile(boots, 97.5)))
+
+
+def _decode_once(model: GPT, prompt: torch.Tensor, new_tokens: int, device) -> float:
+    """Seconds for ``new_tokens`` cached greedy steps after an (untimed) prefill of ``prompt``."""
+    with torch.no_grad():
+        cache = model.new_cache(prompt.shape[1] + new_tokens)
+        nxt = model.next_token_logits(prompt, cache).argmax(-1, keepdim=True)
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(new_tokens):
+            nxt = model.next_token_logits(nxt, cache).argmax(-1, keepdim=True)
+        _sync(device)
+    return time.perf_counter() - start
+
+
+def run_decode(base: GPTConfig, variants=None, batch_sizes=(1, 8), prefixes=(128, 512), new_tokens: int = 32,
+               repeats: int = 5, device="auto", seed: int = 0, map_options=None, log=None) -> dict:
+    """Cached greedy decoding speed of each variant against ``standard`` (see the module docstring).
+
+    Args:
+        base: shared model configuration; cells with ``prefix + new_tokens > block_size`` are skipped (listed in
+            ``settings.skipped``).
+        batch_sizes, prefixes: the grid of cells; new_tokens: timed steps per repeat; repeats: >= 1.
+
+    Returns:
+        ``{"mode": "decode", "settings", "machine", "cells": [{"batch", "prefix", "variants": {name:
+        {"ms_per_token", "tokens_per_s", "ratio": {"median", "lo", "hi"}, "times_s"}}}], "elapsed_s"}``.
+
+    Raises:
+        ValueError: ``repeats`` or ``new_tokens`` < 1, no cell fitting ``block_size``, or as ``run_bench``.
+    """
+    t0 = time.perf_counter()
+    if repeats < 1 or new_tokens < 1:
+        raise ValueError(f"need repeats >= 1 and new_tokens >= 1; got {repeats}, {new_tokens}")
+    names = with_baseline(variants)
+    dev = device if isinstance(device, torch.device) else pick_device(device)
+    configs = _variant_configs(base, names, map_options or {})
+    cells = [(b, p) for b in batch_sizes for p in prefixes if p + new_tokens <= base.block_size]
+    skipped = [(b, p) for b in batch_sizes for p in prefixes if (b, p) not in cells]
+    if not cells:
+        raise ValueError(f"no (batch, prefix) cell fits block_size={base.block_size} with new_tokens={new_tokens}")
+    log = log or (lambda *a, **k: None)
+    models = {}
+    for n in names:
+        torch.manual_seed(seed)
+        models[n] = GPT(configs[n]).to(dev).eval()
+    gen = torch.Generator().manual_seed(seed)
+    out_cells = []
+    for b, p in cells:
+        prompt = torch.randint(0, base.vocab_size, (b, p), generator=gen).to(dev)
+        times = {n: [] for n in names}
+        for n in names:  # warm-up
+            _decode_once(models[n], prompt, min(new_tokens, 4), dev)
+        for i in range(repeats):
+            for n in names[i % len(names):] + names[: i % len(names)]:
+                times[n].append(_decode_once(models[n], prompt, new_tokens, dev))
+        log(f"  decode batch {b} prefix {p}: done")
+        res = {}
+        for n in names:
+            med = float(np.median(times[n]))
+            res[n] = dict(ms_per_token=1000.0 * med / new_tokens, tokens_per_s=b * new_tokens / med,
+                          ratio=paired_ratio(times[n], times[BASELINE]), times_s=times[n])
+        out_cells.append(dict(batch=b, prefix=p, variants=res))
+    return dict(
+        mode="decode",
+        settings=dict(variants=names, batch_sizes=list(batch_sizes), prefixes=list(prefixes), new_tokens=new_tokens,
+                      repeats=repeats, device=str(dev), seed=seed, config=base.to_dict(),
+                      map_options=dict(map_options or {}), skipped=skipped),
+        machine=machine_info(dev), cells=out_cells, elapsed_s=time.perf_counter() - t0,
+    )
+
+
+def peak_step_bytes(step, device: torch.device) -> int:
+    """Peak bytes allocated during ``step()`` above the bytes allocated before it (CUDA: allocator statistics;
+    CPU: the running sum of the profiler's allocator records)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                     key=lambda e: e.start_ns())
+    running = np.cumsum([e.nbytes() for e in records if e.device_type() == records[0].device_type()])
+    return int(max(0, running.max())) if len(running) else 0
+
+
+def _train_step(model: GPT, opt, tokens: torch.Tensor) -> None:
+    model.loss(tokens[:, :-1], tokens[:, 1:]).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+
+
+def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int | None = None,
+               cache_batch: int = 1, cache_len: int | None = None, device="auto", seed: int = 0,
+               map_options=None) -> dict:
+    """Peak training-step memory and KV-cache bytes of each variant against ``standard`` (module docstring).
+
+    Returns:
+        ``{"mode": "memory", "settings", "machine", "variants": {name: {"train_peak_bytes", "train_ratio",
+        "resident_bytes", "kv_cache_bytes", "kv_ratio"}}}``; ``resident_bytes`` = parameters, gradients and
+        optimizer state before the measured step.
+
+    Raises:
+        ValueError: ``seq_len`` or ``cache_len`` outside ``[1, block_size]``, or as ``run_bench``.
+    """
+    names = with_baseline(variants)
+    dev = device if isinstance(device, torch.device) else pick_device(device)
+    seq_len = base.block_size if seq_len is None else seq_len
+    cache_len = base.block_size if cache_len is None else cache_len
+    for name, value in (("seq_len", seq_len), ("cache_len", cache_len)):
+        if not 1 <= value <= base.block_size:
+            raise ValueError(f"{name}={value} must be in [1, block_size={base.block_size}]")
+    configs = _variant_configs(base, names, map_options or {})
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
+    prompt = torch.randint(0, base.vocab_size, (cache_batch, cache_len), generator=gen).to(dev)
+    out = {}
+    for n in names:
+        torch.manual_seed(seed)
+        model = GPT(configs[n]).to(dev).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        step = functools.partial(_train_step, model, opt, tokens)
+        step()  # optimizer state and gradients now exist
+        tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+        tensors += [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+        resident = sum(t.numel() * t.element_size() for t in tensors)
+        peak = peak_step_bytes(step, dev)
+        model.eval()
+        with torch.no_grad():
+            cache = model.new_cache(cache_len)
+            model.next_token_logits(prompt, cache)
+        out[n] = dict(train_peak_bytes=peak, resident_bytes=resident, kv_cache_bytes=cache.nbytes())
+        del model, opt
+    for n in names:
+        out[n]["train_ratio"] = out[n]["train_peak_bytes"] / max(1, out[BASELINE]["train_peak_bytes"])
+        out[n]["kv_ratio"] = out[n]["kv_cache_bytes"] / out[BASELINE]["kv_cache_bytes"]
+    return dict(
+        mode="memory",
+        settings=dict(variants=names, batch_size=batch_size, seq_len=seq_len, cache_batch=cache_batch,
+                      cache_len=cache_len, device=str(dev), seed=seed, config=base.to_dict(),
+                      map_options=dict(map_options or {})),
+        machine=machine_info(dev), variants=out,
+    )
+
+
+def _machine_line(m: dict) -> str:
+    gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
+    return f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, {m['threads']} threads"
+
+
+def decode_markdown(result: dict) -> str:
+    """Markdown table of :func:`run_decode`'s result."""
+    s = result["settings"]
+    lines = [f"# Decode benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
+             _machine_line(result["machine"]), f"- command: `{result.get('command', '')}`",
+             f"- cached greedy decoding, {s['new_tokens']} timed tokens after an untimed prefill, median of "
+             f"{s['repeats']} interleaved repeats; ratio = median over repeats of time / standard's time in the same "
+             f"round, [95% bootstrap interval]; lower is faster. Skipped cells (too long for block_size): "
+             f"{s['skipped'] or 'none'}", "",
+             "| batch | prefix | variant | ms/token | tokens/s | time ratio vs standard |", "|---:|---:|---|---:|---:|---:|"]
+    for c in result["cells"]:
+        for n, v in c["variants"].items():
+            r = v["ratio"]
+            lines.append(f"| {c['batch']} | {c['prefix']} | {n} | {v['ms_per_token']:.2f} | {v['tokens_per_s']:,.0f} "
+                         f"| {r['median']:.3f}x [{r['lo']:.3f}, {r['hi']:.3f}] |")
+    return "\n".join(lines) + "\n"
+
+
+def memory_markdown(result: dict) -> str:
+    """Markdown table of :func:`run_memory`'s result."""
+    s = result["settings"]
+    how = "torch.cuda.max_memory_allocated" if s["device"].startswith("cuda") else "torch.profiler CPU allocator records"
+    lines = [f"# Memory benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
+             _machine_line(result["machine"]), f"- command: `{result.get('command', '')}`",
+             f"- train step peak ({how}) above the resident parameters, gradients and AdamW state; batch "
+             f"{s['batch_size']} x seq {s['seq_len']}. KV cache: allocated buffers after a {s['cache_batch']} x "
+             f"{s['cache_len']} prefill", "",
+             "| variant | resident MiB | train-step peak MiB | ratio | KV cache MiB | ratio |", "|---|---:|---:|---:|---:|---:|"]
+    mib = 2.0 ** 20
+    for n, v in result["variants"].items():
+        lines.append(f"| {n} | {v['resident_bytes'] / mib:.1f} | {v['train_peak_bytes'] / mib:.1f} | "
+                     f"{v['train_ratio']:.3f}x | {v['kv_cache_bytes'] / mib:.2f} | {v['kv_ratio']:.3f}x |")
+    return "\n".join(lines) + "\n"
