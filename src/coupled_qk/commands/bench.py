@@ -53,6 +53,9 @@ def add_arguments(parser) -> None:
                         help="train-step time (default), cached decoding tokens/s, or memory")
     parser.add_argument("--sweep", action="store_true",
                         help="cost curve: train-step ratio and FLOP floor vs d_model, seq length and n_steps (PNG)")
+    parser.add_argument("--sweep-d-model", default="64,128,256", help="sweep: d_model values (default 64,128,256)")
+    parser.add_argument("--sweep-seq-len", default="32,64,128", help="sweep: sequence lengths (default 32,64,128)")
+    parser.add_argument("--sweep-n-steps", default="1,2,4", help="sweep: n_steps values (default 1,2,4)")
     parser.add_argument("--prefixes", default="128,512", help="decode: prompt lengths (default 128,512)")
     parser.add_argument("--decode-batch-sizes", default="1,8", help="decode: batch sizes (default 1,8)")
     parser.add_argument("--new-tokens", type=int, default=32, help="decode: timed tokens per repeat (default 32)")
@@ -128,8 +131,10 @@ def _run_other(args, config, map_options, command) -> int:
     """``--mode decode``, ``--mode memory`` and ``--sweep``."""
     common = dict(variants=args.variants, device=args.device, seed=args.seed)
     if args.sweep:
-        result = run_sweep(config, batch_size=args.batch_size, repeats=args.repeats, warmup=args.warmup, log=print,
-                           **common)
+        result = run_sweep(config, d_models=_ints("--sweep-d-model", args.sweep_d_model),
+                           seq_lens=_ints("--sweep-seq-len", args.sweep_seq_len),
+                           n_steps=_ints("--sweep-n-steps", args.sweep_n_steps), batch_size=args.batch_size,
+                           repeats=args.repeats, warmup=args.warmup, log=print, **common)
         kind, markdown = "sweep", sweep_markdown
     elif args.mode == "decode":
         result = run_decode(config, batch_sizes=_ints("--decode-batch-sizes", args.decode_batch_sizes),
