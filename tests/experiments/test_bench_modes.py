@@ -83,3 +83,14 @@ def test_sweep_writes_the_cost_curve(tmp_path):
     assert 1.0 < floors[0] < floors[1]
     assert (tmp_path / "sweep-tiny-cpu.png").stat().st_size > 0
     assert "FLOP floor" in (tmp_path / "sweep-tiny-cpu.md").read_text()
+
+
+def test_mfu_markdown_uses_the_flop_count():
+    from coupled_qk.experiments.cost_curve import mfu_markdown
+
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=1, d_model=16, n_heads=2)
+    res = dict(preset="micro", settings=dict(config=cfg.to_dict(), variants=["standard"], batch_size=1, seq_len=3,
+                                             tokens_per_step=3, compile=False),
+               variants={"standard": dict(tokens_per_s=1e9)})
+    # 3 x 8320 FLOPs per token (test_train_step_flops_by_hand) x 1e9 tokens/s = 24.96 TFLOP/s; of 100 -> 25.0%
+    assert "| micro | off | standard | 1,000,000,000 | 25.0 | 25.0% |" in mfu_markdown([res], 100.0)

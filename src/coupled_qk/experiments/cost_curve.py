@@ -174,3 +174,29 @@ def plot_sweep(result: dict, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def mfu_markdown(results: list[dict], peak_tflops: float) -> str:
+    """Model FLOPs utilisation of train-mode ``bench`` results: ``tokens/s x step FLOPs per token / peak``.
+
+    Args:
+        results: ``run_bench`` result dicts (as written to ``bench-*.json``).
+        peak_tflops: the accelerator's peak dense throughput in TFLOP/s for the run's dtype (e.g. 989 for bf16
+            on an H100/H200 SXM).
+
+    Returns:
+        A markdown table: preset, compile, variant, tokens/s, model TFLOP/s and MFU (FLOPs of
+        :func:`train_step_flops`, so the map's arithmetic counts as useful work).
+    """
+    lines = [f"# Model FLOPs utilisation (peak {peak_tflops:g} TFLOP/s)", "",
+             "| preset | compile | variant | tokens/s | TFLOP/s | MFU |", "|---|---|---|---:|---:|---:|"]
+    for res in results:
+        s = res["settings"]
+        base = GPTConfig.from_dict(s["config"])
+        configs = _variant_configs(base, s["variants"], s.get("map_options") or {})
+        for n, v in res["variants"].items():
+            flops = train_step_flops(configs[n], s["batch_size"], s["seq_len"])["step"] / s["tokens_per_step"]
+            tflops = v["tokens_per_s"] * flops / 1e12
+            lines.append(f"| {res.get('preset', '?')} | {'on' if s['compile'] else 'off'} | {n} | "
+                         f"{v['tokens_per_s']:,.0f} | {tflops:.1f} | {100 * tflops / peak_tflops:.1f}% |")
+    return "\n".join(lines) + "\n"
