@@ -61,7 +61,7 @@ def test_flat_spellings_route_into_the_nested_config():
     cfg = GPTConfig(**SMALL, attention="coupled", integrator="leapfrog", n_steps=2, dynamics_hidden=8)
     assert cfg.qk_map == DynamicsOptions(integrator="leapfrog", n_steps=2, hidden=8)
     assert cfg.to_dict()["qk_map"] == dict(integrator="leapfrog", n_steps=2, hidden=8, dt_init=0.1,
-                                           shared_across_heads=True, force="mlp")
+                                           shared_across_heads=True, force="mlp", keys_per_query_head=True)
     assert GPTConfig.from_dict(cfg.to_dict()) == cfg
     assert not hasattr(cfg, "integrator")  # flat names are spellings, not attributes
     assert GPTConfig(**SMALL).qk_map is None
