@@ -128,7 +128,8 @@ def integrate_qk(
     n_rep = q.shape[-3] // k.shape[-3]
     if dt.dim() == 1:
         dt = dt.view(-1, 1, 1)
-    dt = dt.to(q.dtype)
+    if dt.dtype != q.dtype:
+        dt = dt.to(q.dtype)
     dt_k = dt if dt.dim() == 0 else group_mean(dt, n_rep, group)  # the key's step: its group's mean dt
 
     def kick(x: torch.Tensor) -> torch.Tensor:  # force on the (group-mean) query
