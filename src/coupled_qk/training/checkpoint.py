@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from coupled_qk.io import fsync_dir, make_temp_dir, write_error, write_text_atomic
+from coupled_qk.io import file_mode, fsync_dir, make_temp_dir, write_error, write_text_atomic
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 
@@ -121,13 +121,14 @@ def save_checkpoint(
         }
         if optimizer_state is not None:
             files["optimizer.pt"] = lambda p: torch.save(optimizer_state, p)
-        sums = {}
+        sums, mode = {}, file_mode()
         for name, write in files.items():
             current = tmp / name
             try:
                 write(current)
             except (OSError, RuntimeError) as exc:  # torch/safetensors report a full disk as RuntimeError
                 raise write_error(current, exc) from exc
+            os.chmod(current, mode)  # safetensors writes 0600 whatever the umask
             with open(current, "rb") as fh:
                 os.fsync(fh.fileno())
             sums[name] = sha256_file(current)
