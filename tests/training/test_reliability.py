@@ -17,9 +17,8 @@ import pytest
 import torch
 
 from coupled_qk.training import checkpoint as ckpt
-from coupled_qk.training import loop
 from coupled_qk.training.lock import RunLock, RunLockedError
-from coupled_qk.training.loop import TrainingDiverged, lr_at, read_metrics, train
+from coupled_qk.training.loop import TrainingDiverged, read_metrics, train
 
 
 def losses(run_dir):
