@@ -68,9 +68,9 @@ def test_1_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, sig, code):
-    ref = tiny_cfg(max_steps=150, eval_interval=1000, out_dir=str(tmp_path / "ref"))
+    ref = tiny_cfg(max_steps=40, eval_interval=1000, out_dir=str(tmp_path / "ref"))
     train(ref)
-    cfg = tiny_cfg(max_steps=150, eval_interval=1000, out_dir=str(tmp_path / "sig"))
+    cfg = tiny_cfg(max_steps=40, eval_interval=1000, out_dir=str(tmp_path / "sig"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-m", "coupled_qk.cli", *cli_args(cfg)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -85,10 +85,10 @@ def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, si
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and f"stopped by {sig.name} at step" in lines[0] and "--resume" in lines[0], err
     stopped = int(lines[0].split("at step ")[1].split(";")[0])
-    assert 3 <= stopped < 150
+    assert 3 <= stopped < 40
     assert ckpt.load_checkpoint_model(cfg.out_dir)[1]["step"] == stopped
-    res = train(tiny_cfg(max_steps=150, eval_interval=1000, out_dir=cfg.out_dir, resume=True))
-    assert res["steps"] == 150
+    res = train(tiny_cfg(max_steps=40, eval_interval=1000, out_dir=cfg.out_dir, resume=True))
+    assert res["steps"] == 40
     assert losses(cfg.out_dir) == losses(ref.out_dir)  # bit-identical to the uninterrupted run
     assert res["final"]["test/perplexity"] == json.loads((Path(ref.out_dir) / "results.json").read_text())[
         "final"]["test/perplexity"]

@@ -280,7 +280,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
             logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{step_tps:,.0f}")
             if decision.signum is not None:
                 logger.close()
-                raise TrainingInterrupted(decision.signum, step, save() or run_dir)
+                where_saved = save() if step != saved_step else ckpt.resolve_checkpoint(run_dir)
+                raise TrainingInterrupted(decision.signum, step, where_saved or run_dir)
             if step % cfg.eval_interval == 0 or step == sched.end:
                 last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
                 logger.log({"step": step, "tokens": state["tokens"], **last_eval})
