@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except TrainingInterrupted as exc:
-        _say(args.command, str(exc))
+        how = ("run the same command with --resume" if args.command == "train" else
+               "run the same command again (finished runs are reused, this one resumes)")
+        _say(args.command, f"{exc}; {how} to continue exactly where it stopped")
         return exc.exit_code
     except KeyboardInterrupt:
         if args.debug:

@@ -31,10 +31,7 @@ class TrainingInterrupted(Exception):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
-        super().__init__(
-            f"stopped by {name} at step {step}; checkpoint saved in {checkpoint}; run the same command with "
-            "--resume to continue exactly where it stopped"
-        )
+        super().__init__(f"stopped by {name} at step {step}; checkpoint saved in {checkpoint}")
 
 
 class TrainingDiverged(RuntimeError):
