@@ -174,6 +174,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
         plan_batch(state, saved_cfg, cfg, runtime.world, say)
     elif cfg.resume:
         say(f"no checkpoint in {run_dir}; starting a new run there")
+    if cfg.fsdp and runtime.world == 1:
+        say("fsdp has no effect in a single process (it applies under torchrun with several processes)")
     if runtime.is_main:
         ckpt.clean_leftovers(run_dir)
     barrier(runtime)
