@@ -101,6 +101,8 @@ BAD = [
     ("keep-zero", ["--keep-checkpoints", "0"], "keep_checkpoints=0"),
     ("seed-neg", ["--seed", "-3"], "seed=-3"),
     ("budget-change", ["--on-budget-change", "stretch"], "on_budget_change='stretch' is unknown"),
+    ("integrator-standard", ["--integrator", "leapfrog"], "do not apply to attention='standard'"),
+    ("n-steps-standard", ["--n-steps", "3"], "['n_steps'] do not apply to attention='standard'"),
     ("bool-value", ["--compile=maybe"], "ignored explicit argument"),
     ("n-steps-word", ["--n-steps", "x"], "invalid int value"),
     ("unknown-flag", ["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
@@ -132,12 +134,13 @@ def test_fuzz_table_size():
 
 def test_6_typed_overrides_in_cli_json_and_api(setup):
     args = build_parser("train").parse_args(
-        ["train", "--set", "use_mlp=False", "--set", "shared_across_heads=False", "--set", "n_layer=2",
+        ["train", "--attention", "coupled", "--set", "use_mlp=False", "--set", "shared_across_heads=False",
+         "--set", "n_layer=2",
          "--opt", "compile=false", "--opt", "min_lr_ratio=0.5", "--no-tensorboard", "--max-minutes", "none"])
     cfg = config_from_args(args)
     assert cfg.model["use_mlp"] is False and cfg.model["shared_across_heads"] is False and cfg.model["n_layer"] == 2
     assert cfg.compile is False and cfg.min_lr_ratio == 0.5 and cfg.tensorboard is False and cfg.max_minutes is None
-    assert cfg.gpt_config().use_mlp is False
+    assert cfg.gpt_config().use_mlp is False and cfg.gpt_config().qk_map.shared_across_heads is False
     data = json.loads(setup["files"]["mlp.json"].read_text())
     assert TrainConfig.from_dict({**data, "max_steps": "7"}).model["use_mlp"] is False
     assert TrainConfig(max_steps="7", lr="0.01", compile="yes").max_steps == 7

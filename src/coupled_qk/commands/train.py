@@ -12,8 +12,8 @@ import json
 import os
 from pathlib import Path
 
-from coupled_qk._checks import coerce, field_types, parse_assignments
-from coupled_qk.commands.options import add_model_options
+from coupled_qk._checks import coerce, field_types
+from coupled_qk.commands.options import add_model_options, parse_overrides
 from coupled_qk.training.config import TrainConfig
 
 HELP = "train a language model on a corpus"
@@ -92,8 +92,7 @@ def config_from_args(args, **fields) -> TrainConfig:
         value = getattr(args, name, None)
         if value is not None and name not in NOT_FLAGS:
             data[name] = coerce("--" + name.replace("_", "-"), value, types[name])
-    for name, value in parse_assignments(args.train_overrides, "--opt").items():
-        data[name] = coerce(f"--opt {name}", value, types[name]) if name in types else value
+    data.update(parse_overrides(args.train_overrides, TrainConfig, "--opt"))
     model = dict(data.get("model") or {}) if isinstance(data.get("model", {}), dict) else data.get("model")
     if getattr(args, "preset", None):
         data["preset"] = args.preset
@@ -101,7 +100,7 @@ def config_from_args(args, **fields) -> TrainConfig:
         for name in ("attention", "integrator", "n_steps"):
             if getattr(args, name, None) is not None:
                 model[name] = getattr(args, name)
-        model.update(parse_assignments(getattr(args, "overrides", []), "--set"))
+        model.update(parse_overrides(getattr(args, "overrides", [])))
     data["model"] = model
     if data.get("max_steps") is None and data.get("max_tokens") is None:
         data["max_steps"] = DEFAULT_MAX_STEPS
