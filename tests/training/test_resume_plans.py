@@ -119,7 +119,7 @@ def test_10_torn_last_metrics_line_is_dropped(tiny_cfg):
     assert res["steps"] == 4 and [s for s, _ in records(cfg.out_dir, "train/loss")] == [1, 2, 3, 4]
     text = metrics.read_text().splitlines()
     metrics.write_text("\n".join([text[0], "garbage", *text[1:]]) + "\n")
-    with pytest.raises(ValueError, match=r"metrics\.jsonl, line 2, is not a metrics record"):
+    with pytest.raises(ValueError, match=r"metrics\.jsonl: line 2 is not valid JSON"):
         read_metrics(cfg.out_dir)
 
 

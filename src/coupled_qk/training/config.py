@@ -13,18 +13,25 @@ from dataclasses import dataclass
 
 from coupled_qk._checks import choice, coerce, coerce_fields, field_types, finite, nonneg_int, positive_int
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
+from coupled_qk.training.tasks import TASKS
 
-TASKS = ("lm", "mqar")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 BUDGET_CHANGES = ("keep", "rewarm")
 
-# fields that may differ between a run and its continuation (budget, logging, where files live, runtime);
-# batch_size may change only with the number of processes (see coupled_qk.training.resume)
-CONTINUATION_FIELDS = frozenset({
-    "data_dir", "cache_dir", "max_steps", "max_tokens", "max_minutes", "stop_after_steps", "eval_interval",
-    "eval_batches", "log_interval", "checkpoint_interval", "checkpoint_minutes", "keep_checkpoints", "device",
-    "compile", "out_dir", "resume", "tensorboard", "progress", "on_budget_change", "batch_size",
+RESULT_NEUTRAL_FIELDS = frozenset({
+    "out_dir", "resume", "progress", "tensorboard", "log_interval", "checkpoint_interval", "checkpoint_minutes",
+    "keep_checkpoints", "device", "compile", "data_dir", "cache_dir", "max_minutes",
 })
+"""Fields that do not change what a finished run computed: where files live, logging and checkpointing, the
+device and compilation, and the wall-clock budget (a run stopped by time is not reproducible anyway). A
+finished run is reused by an experiment only if every other field matches
+(:func:`coupled_qk.experiments.runner.check_reusable`)."""
+
+CONTINUATION_FIELDS = RESULT_NEUTRAL_FIELDS | {"max_steps", "max_tokens", "stop_after_steps", "eval_interval",
+                                               "eval_batches", "on_budget_change", "batch_size"}
+"""Fields that may differ between a run and its ``--resume``: the result-neutral ones and the budget (a budget
+change needs ``on_budget_change``), and ``batch_size`` together with the number of processes (the global batch
+is checked by :func:`coupled_qk.training.resume.plan_batch`)."""
 
 
 def _f(default, help: str, choices=None, default_factory=None, shown: str | None = None):
@@ -66,7 +73,7 @@ class TrainConfig(JSONConfig):
             :meth:`from_dict` for unknown fields.
     """
 
-    task: str = _f("lm", "training task", TASKS)
+    task: str = _f("lm", "training task", tuple(TASKS))
     # data (language modelling)
     corpus: str = _f("wiki-vital", "corpus name (wiki-vital, pubmed, mixed-domain, wikitext-103, ...) or a text "
                      "file or folder with train/valid/test splits")

@@ -1,9 +1,10 @@
 """The one training loop: language modelling, MQAR and any task with the same small interface.
 
-A task provides ``model_overrides() -> dict``, ``describe() -> dict``,
-``train_batch(step, micro, rank, world, batch_size, device) -> (x, y)`` (a pure function of its arguments,
-which makes resume exact and multi-process runs match one process), ``evaluate(model, device, quick,
-autocast_dtype) -> dict`` and ``save(run_dir)``.
+A task (registered in :data:`coupled_qk.training.tasks.TASKS`) implements :class:`coupled_qk.training.tasks.Task`:
+``model_overrides() -> dict``, ``describe() -> dict``, ``train_batch(step, micro, rank, world, batch_size,
+device) -> (x, y)`` (a pure function of its arguments, which makes resume exact and multi-process runs match
+one process), ``step_tokens(step, world) -> int``, ``evaluate(model, device, quick, autocast_dtype) -> dict``
+and ``save(run_dir)``. The run folder's layout is :class:`coupled_qk.training.rundir.RunDir`.
 
 Reliability: the run folder is locked for one writer (:mod:`~coupled_qk.training.lock`); stop decisions are
 shared by all ranks (:mod:`~coupled_qk.training.stop`); a stop signal saves the current step; a non-finite
@@ -14,7 +15,6 @@ checked and planned by :mod:`~coupled_qk.training.resume`.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import sys
@@ -39,9 +39,10 @@ from coupled_qk.training.resume import (
     lr_at,
     plan_batch,
     plan_schedule,
-    total_steps_of,
 )
+from coupled_qk.training.rundir import RunDir
 from coupled_qk.training.stop import SignalCatcher, StopControl, TrainingDiverged, TrainingInterrupted
+from coupled_qk.training.tasks import steps_for_tokens, task_class
 
 __all__ = ["train", "lr_at", "total_steps_of", "read_metrics", "build_optimizer", "TrainingDiverged",
            "TrainingInterrupted"]
@@ -60,11 +61,16 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = Fals
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **kwargs)
 
 
+def total_steps_of(cfg: TrainConfig, task, world: int) -> int:
+    """Schedule horizon: ``max_steps``, or the steps whose real tokens (:meth:`Task.step_tokens`) reach
+    ``max_tokens``, whichever is smaller."""
+    if not cfg.max_tokens:
+        return cfg.max_steps
+    return steps_for_tokens(task, cfg.max_tokens, world, cfg.max_steps)
+
+
 def _build_task(cfg: TrainConfig, run_dir: Path, runtime: Runtime):
-    if cfg.task == "lm":
-        from coupled_qk.training.lm import LMTask as task_cls
-    else:
-        from coupled_qk.training.mqar_task import MQARTask as task_cls
+    task_cls = task_class(cfg.task)
     if runtime.is_main:  # rank 0 fills the caches first, the others then read them
         task = task_cls(cfg, run_dir)
         barrier(runtime)
@@ -159,7 +165,8 @@ def train(cfg: TrainConfig, task=None) -> dict:
 
 
 def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
-    has_ckpt = (run_dir / "latest").is_file()
+    run = RunDir(run_dir)
+    has_ckpt = run.has_checkpoint()
     if has_ckpt and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints; pass --resume to continue it or choose another --out-dir")
     say = (lambda msg: print(f"coupled-qk: {msg}", file=sys.stderr, flush=True)) if runtime.is_main else (lambda m: None)
@@ -170,7 +177,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
         where = ckpt.resolve_checkpoint(run_dir)
         ckpt.verify_checksums(where)
         state = ckpt.read_json(where / "state.json")
-        saved_cfg = ckpt.read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
+        saved_cfg = run.read_config() or {}
         plan_batch(state, saved_cfg, cfg, runtime.world, say)
     elif cfg.resume:
         say(f"no checkpoint in {run_dir}; starting a new run there")
@@ -184,11 +191,9 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     torch.manual_seed(cfg.seed)
     task = task if task is not None else _build_task(cfg, run_dir, runtime)
     model_cfg = cfg.gpt_config(**task.model_overrides())
-    seq_len = model_cfg.block_size
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * runtime.world * seq_len
     if where is not None:
         ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
-    sched = plan_schedule(state, cfg, total_steps_of(cfg, tokens_per_step), say)
+    sched = plan_schedule(state, cfg, total_steps_of(cfg, task, runtime.world), say)
     model = GPT(model_cfg).to(runtime.device)
     if where is not None:
         ckpt.load_weights(model, where)
@@ -203,8 +208,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
         if use_scaler and state.get("grad_scaler"):
             scaler.load_state_dict(state["grad_scaler"])
     if runtime.is_main:
-        cfg.save(run_dir / "config.json")
-        model_cfg.save(run_dir / "model_config.json")
+        cfg.save(run.config_path)
+        model_cfg.save(run.model_config_path)
         task.save(run_dir)
     start_step = step = saved_step = state["step"]
     logger = Logger(run_dir, cfg, runtime.is_main, start_step, sched.end)
@@ -239,6 +244,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
                 stop_reason = "stop_after_steps"
                 break
             step_start = time.perf_counter()
+            tokens_per_step = task.step_tokens(step, runtime.world)
             lr = lr_at(step, cfg, sched.horizon, sched.start)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -316,5 +322,5 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
         "final": final,
     }
     if runtime.is_main:
-        ckpt.write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2, default=str))
+        run.write_results(results)
     return results

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from coupled_qk.training.rundir import RunDir
+
 
 def parse_metrics(path: Path) -> list[dict]:
     """The records of a ``metrics.jsonl`` file, without a torn (unparseable) last line.
@@ -26,20 +28,20 @@ def parse_metrics(path: Path) -> list[dict]:
             continue
         try:
             record = json.loads(line)
-            if not isinstance(record, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             if i == len(lines) - 1:
                 warnings.warn(f"{path}: dropping a torn last line (left by an interrupted write)", stacklevel=2)
                 break
-            raise ValueError(f"{path}, line {i + 1}, is not a metrics record ({exc})") from None
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
         records.append(record)
     return records
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of a run's ``metrics.jsonl`` (see :func:`parse_metrics`)."""
-    return parse_metrics(Path(run_dir) / "metrics.jsonl")
+    """The records of a run's ``metrics.jsonl`` (``[]`` without the file; see :func:`parse_metrics`)."""
+    return RunDir(run_dir).read_metrics()
 
 
 class Logger:
@@ -53,7 +55,7 @@ class Logger:
         self.file = self.tb = self.bar = None
         if not self.active:
             return
-        path = run_dir / "metrics.jsonl"
+        path = RunDir(run_dir).metrics_path
         if path.exists():
             keep = [r for r in parse_metrics(path) if r.get("step", 0) <= start_step]
             path.write_text("".join(json.dumps(r) + "\n" for r in keep))
@@ -62,7 +64,7 @@ class Logger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+                self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard_dir))
             except ImportError:
                 warnings.warn("tensorboard is not installed; logging JSON lines only", stacklevel=2)
         self.bar = tqdm(total=total_steps, initial=start_step, disable=not cfg.progress, unit="step", dynamic_ncols=True)

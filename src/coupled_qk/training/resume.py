@@ -42,14 +42,6 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, start: int = 0) -> floa
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - floor)
 
 
-def total_steps_of(cfg: TrainConfig, tokens_per_step: int) -> int:
-    """Schedule horizon: ``max_steps``, or the steps that ``max_tokens`` needs, whichever is smaller."""
-    options = [cfg.max_steps] if cfg.max_steps else []
-    if cfg.max_tokens:
-        options.append(math.ceil(cfg.max_tokens / tokens_per_step))
-    return min(options)
-
-
 def check_out_dir(run_dir: Path) -> None:
     """Refuse an ``out_dir`` that is a file or a checkpoint folder inside a run (``--out-dir RUN/ckpt-...``)."""
     if run_dir.exists() and not run_dir.is_dir():
