@@ -17,8 +17,6 @@ VARIANTS: dict[str, dict] = {
     "uncoupled_mlp": dict(attention="uncoupled_mlp"),
     "differential": dict(attention="differential"),
     "coupled_differential": dict(attention="coupled_differential"),
-    "invertible": dict(attention="invertible"),
-    "invertible_differential": dict(attention="invertible_differential"),
 }
 """Variant name -> ``GPTConfig`` overrides."""
 

@@ -25,16 +25,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coupled_qk.layers.dynamics import MLPForce, QKDynamics
-from coupled_qk.layers.invertible import InvertibleQKCoupling
 from coupled_qk.ops.dynamics import apply_query_mlp
 from coupled_qk.ops.rope import apply_rope
 
-ATTENTION_VARIANTS = (
-    "standard", "coupled", "uncoupled_mlp", "differential", "coupled_differential", "invertible",
-    "invertible_differential",
-)
-COUPLED_VARIANTS = ("coupled", "coupled_differential", "invertible", "invertible_differential")
-DIFFERENTIAL_VARIANTS = ("differential", "coupled_differential", "invertible_differential")
+ATTENTION_VARIANTS = ("standard", "coupled", "uncoupled_mlp", "differential", "coupled_differential")
+COUPLED_VARIANTS = ("coupled", "coupled_differential")
+DIFFERENTIAL_VARIANTS = ("differential", "coupled_differential")
 
 
 def differential_lambda_init(layer_idx: int) -> float:
@@ -185,9 +181,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=False)
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=False)
         dyn = dict(dynamics or {})
-        if attention in ("invertible", "invertible_differential"):
-            self.dynamics = InvertibleQKCoupling(d_head, n_heads)
-        elif attention in COUPLED_VARIANTS:
+        if attention in COUPLED_VARIANTS:
             self.dynamics = QKDynamics(d_head, n_heads, **dyn)
         elif attention == "uncoupled_mlp":
             hidden = dyn.get("hidden") or d_head

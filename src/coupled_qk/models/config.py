@@ -145,7 +145,7 @@ class GPTConfig(JSONConfig):
             raise ValueError(f"GPTConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         if self.position == "rope" and self.d_head % 2:
             raise ValueError(f"GPTConfig.d_head={self.d_head} must be even with position='rope'")
-        if self.attention in ("differential", "coupled_differential", "invertible_differential") and (self.n_heads % 2 or self.n_kv_heads % 2):
+        if self.attention in ("differential", "coupled_differential") and (self.n_heads % 2 or self.n_kv_heads % 2):
             raise ValueError(
                 f"GPTConfig.attention={self.attention!r} needs even n_heads and n_kv_heads "
                 f"(pairs of sub-heads); got n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
