@@ -38,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coupled_qk._checks import finite, positive_int
+from coupled_qk.layers.qk_maps import QKMap
 
 
 def default_hidden(d_head: int) -> int:
@@ -92,11 +93,14 @@ class AffineCouplingNet(nn.Module):
         return out[..., : self.d_head], out[..., self.d_head :]
 
 
-class InvertibleQKCoupling(nn.Module):
+class InvertibleQKCoupling(QKMap):
     """Invertible affine coupling of each token's query and key (arXiv:2604.01683v2; docs/METHOD.md section 1).
 
-    Same interface as :class:`~coupled_qk.layers.dynamics.QKDynamics`: ``forward(q, k) -> (q', k')``.
-    Acts on each (batch, head, position) separately, so causality and KV caching are unaffected.
+    A :class:`~coupled_qk.layers.qk_maps.QKMap` (the interface of ``QKDynamics``): ``forward(q, k) -> (q', k')``.
+    Acts on each (batch, head, position) separately, so causality and KV caching are unaffected. ``k'``
+    depends on the query head's ``q'``, so ``keys_per_query_head`` is True (grouped KV heads are repeated to one
+    key per query head before the map). Registered as the attentions ``invertible`` and
+    ``invertible_differential`` (:mod:`coupled_qk.models.variants`).
 
     Args:
         d_head: head width.
@@ -107,6 +111,7 @@ class InvertibleQKCoupling(nn.Module):
         shared_across_heads: one set of networks for all heads (default) or one per head.
 
     Attributes:
+        dt: ``None`` (the map has no step size).
         q_nets, k_nets: ``nn.ModuleList`` of :class:`AffineCouplingNet`, one per alternation; ``q_nets[i]``
             conditions on the key and updates the query, ``k_nets[i]`` the reverse.
 
@@ -117,6 +122,8 @@ class InvertibleQKCoupling(nn.Module):
         ValueError: invalid constructor arguments; inputs of the wrong rank, shape or head count; inputs whose
             dtype differs from the parameters' outside autocast.
     """
+
+    keys_per_query_head = True
 
     def __init__(
         self,
@@ -136,6 +143,7 @@ class InvertibleQKCoupling(nn.Module):
         if not isinstance(shared_across_heads, bool):
             raise ValueError(f"shared_across_heads={shared_across_heads!r} must be True or False")
         per_head = None if shared_across_heads else n_heads
+        self.dt = None
         self.q_nets = nn.ModuleList(AffineCouplingNet(d_head, self.hidden, per_head) for _ in range(n_alternations))
         self.k_nets = nn.ModuleList(AffineCouplingNet(d_head, self.hidden, per_head) for _ in range(n_alternations))
 
