@@ -197,3 +197,77 @@ def test_per_head_networks_differ_per_head_and_shared_ones_do_not():
         q2, _ = m(q, k)
         assert torch.equal(q2[:, 0], q2[:, 1]) == shared
 
+
+
+# --------------------------------------------------------------------------------------------------
+# inside the model, through the registry
+# --------------------------------------------------------------------------------------------------
+
+def gpt(attention, **kw):
+    from coupled_qk import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=61, block_size=24, n_layer=2, d_model=32, n_heads=4, attention=attention, **kw)
+    return GPT(cfg).eval()
+
+
+@pytest.mark.parametrize("base, attention", [("standard", "invertible"), ("differential", "invertible_differential")])
+def test_model_at_initialisation_equals_its_base_attention_exactly(base, attention):
+    ref, model = gpt(base, n_kv_heads=2), gpt(attention, n_kv_heads=2)
+    perturb(ref, seed=2, std=0.05)
+    missing, unexpected = model.load_state_dict(ref.state_dict(), strict=False)
+    assert not unexpected and missing and all(".qk_map." in name for name in missing)
+    idx = torch.randint(0, 61, (2, 24))
+    with torch.no_grad():
+        assert torch.equal(model(idx), ref(idx))
+
+
+@pytest.mark.parametrize("base, attention", [("standard", "invertible"), ("differential", "invertible_differential")])
+def test_model_causality_and_kv_cache_parity_with_trained_like_coupling(base, attention):
+    model = gpt(attention, n_kv_heads=2, qk_map={"n_alternations": 2})
+    perturb(model, seed=4, std=0.1)
+    idx = torch.randint(0, 61, (2, 20))
+    changed = idx.clone()
+    changed[:, 12:] = torch.randint(0, 61, (2, 8))
+    with torch.no_grad():
+        full, other = model(idx), model(changed)
+        cache = model.new_cache()
+        parts = [model(idx[:, :9], cache)] + [model(idx[:, t : t + 1], cache) for t in range(9, 20)]
+        plain_model = gpt(base, n_kv_heads=2)
+        plain_model.load_state_dict(model.state_dict(), strict=False)
+        plain = plain_model(idx)
+    torch.testing.assert_close(full[:, :12], other[:, :12], rtol=0, atol=1e-6)
+    assert (full[:, 12:] - other[:, 12:]).abs().max() > 1e-3
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert (plain - full).abs().max() > 1e-2  # the coupling is far from the identity here
+
+
+@pytest.mark.parametrize("preset", ["tiny", "60m", "150m", "350m"])
+def test_parameter_overhead_per_preset(preset):
+    from coupled_qk import GPTConfig, coupling_parameter_overhead
+
+    cfg = GPTConfig.from_preset(preset, attention="invertible")
+    d, h = cfg.d_head, default_hidden(cfg.d_head)
+    out = coupling_parameter_overhead(cfg)
+    assert out["extra"] == cfg.n_layer * 2 * (3 * d * h + h + 2 * d)
+    if preset == "60m":  # the paper's "about 0.3%"
+        assert 0.29 < out["overhead_percent"] < 0.31
+    diff = coupling_parameter_overhead(GPTConfig.from_preset(preset, attention="invertible_differential"))
+    assert diff["extra"] - out["extra"] == cfg.n_layer * 6 * d  # the same coupling on top of differential
+
+
+def test_registry_options_and_errors():
+    from coupled_qk import GPTConfig
+    from coupled_qk.models.variants import parse_variants, variant_overrides
+
+    assert parse_variants("invertible,invertible-differential") == ["invertible", "invertible_differential"]
+    over = variant_overrides('invertible+qk_map={"n_alternations": 2, "scale_max": 0.5}')
+    cfg = GPTConfig(**over)
+    assert (cfg.qk_map.n_alternations, cfg.qk_map.scale_max) == (2, 0.5)
+    assert GPTConfig(attention="invertible", dynamics_hidden=8).qk_map.hidden == 8
+    with pytest.raises(ValueError, match="dt_init"):
+        GPTConfig(attention="invertible", dt_init=0.3)
+    with pytest.raises(ValueError, match="n_alternations"):
+        GPTConfig(attention="invertible", qk_map={"n_alternations": 0})
+    with pytest.raises(ValueError, match="scale_max"):
+        GPTConfig(attention="invertible_differential", qk_map={"scale_max": -1.0})
