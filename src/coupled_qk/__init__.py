@@ -8,6 +8,15 @@ from coupled_qk.ops.dynamics import INTEGRATORS, integrate_qk
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """Lazy exports that would otherwise import the data and training layers with the package."""
+    if name in ("load_run", "LoadedRun"):
+        from coupled_qk.training import pretrained
+
+        return getattr(pretrained, name)
+    raise AttributeError(f"module 'coupled_qk' has no attribute {name!r}")
+
 __all__ = [
     "ATTENTION_VARIANTS",
     "INTEGRATORS",
@@ -17,8 +26,10 @@ __all__ = [
     "GPTConfig",
     "GradientForce",
     "KVCache",
+    "LoadedRun",
     "MLPForce",
     "QKDynamics",
     "coupling_parameter_overhead",
     "integrate_qk",
+    "load_run",
 ]

@@ -18,6 +18,7 @@ COMMANDS = {
     "compare": "train several attention variants with the same data and budget, then compare",
     "demo": "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes",
     "mqar": "multi-query associative recall (Zoology) sweep over attention variants",
+    "generate": "sample text from a trained run (its own tokenizer, KV-cache decoding)",
     "analyze": "attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints",
 }
 
