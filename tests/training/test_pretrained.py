@@ -10,8 +10,8 @@ from coupled_qk.training.loop import train
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from tests.conftest import make_text
     from coupled_qk.training.config import TrainConfig
+    from tests.conftest import make_text
 
     root = tmp_path_factory.mktemp("gen")
     corpus = root / "corpus"

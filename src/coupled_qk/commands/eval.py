@@ -61,7 +61,8 @@ def evaluate_checkpoint(checkpoint, corpus=None, data_dir=None, splits=("valid",
         text = data.split(split)
         tokens = tokenize_to_cache(text, tokenizer, cache / "tokens")
         n_words = data.words(split) if data.name in WORD_LEVEL_CORPORA else None
-        out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words)
+        out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words,
+                                         desc=f"eval {split}")
     return out
 
 

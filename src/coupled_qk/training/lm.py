@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import load_corpus
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
+from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.perplexity import evaluate_perplexity
 
@@ -70,7 +72,11 @@ class LMTask:
         where = cache_dir / "tokenizers" / f"{spec}-{key}"
         if (where / "tokenizer.json").is_file():
             return Tokenizer.load(where)
+        t0 = time.perf_counter()
+        announce(f"training a byte-level BPE ({spec}) on the {len(self.corpus.train) / 1e6:.1f} MB training split; "
+                 f"cached in {where}", enabled=cfg.progress)
         tok = get_tokenizer(spec, train_text=self.corpus.train, data_dir=cfg.data_dir)
+        announce(f"BPE trained in {time.perf_counter() - t0:.0f} s: {tok.vocab_size:,} tokens", enabled=cfg.progress)
         tok.save(where)
         return tok
 
@@ -109,6 +115,7 @@ class LMTask:
                 model, self.tokens[split], self.block_size, batch_size=self.cfg.batch_size, device=device,
                 n_words=n_words, autocast_dtype=autocast_dtype,
                 max_windows=self.cfg.eval_batches * self.cfg.batch_size if quick else None,
+                desc=None if quick or not self.cfg.progress else f"final evaluation, {split} split",
             )
             out.update({f"{split}/{k}": v for k, v in res.items()})
         return out
