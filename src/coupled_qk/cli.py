@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 COMMANDS = {
     "describe": "parameter counts and coupling overhead of a model",
@@ -37,6 +38,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings for users read as one line, without the library's source line."""
+    return f"coupled-qk: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``coupled-qk`` command; returns the process exit code."""
     argv = sys.argv[1:] if argv is None else argv
@@ -48,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return 2
     module = importlib.import_module(f"coupled_qk.commands.{args.command}")
+    warnings.formatwarning = _one_line_warning
     try:
         return int(module.run(args) or 0)
     except (ValueError, OSError) as exc:  # FileNotFoundError, PermissionError, ...: a clear one-line message

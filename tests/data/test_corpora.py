@@ -247,3 +247,17 @@ def test_unreadable_file_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(OSError, match=r"cannot read .*locked\.txt"):
         load_corpus(str(path))
+
+
+def test_random_split_reaches_min_words_within_cap():
+    from coupled_qk.data.corpora import random_split
+
+    docs = [" ".join(["w"] * 100) for _ in range(200)]  # 20,000 words
+    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=1_000)
+    assert (len(test), len(valid), len(train)) == (10, 10, 180)  # 2 docs by fraction, grown to 1,000 words
+    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=10_000)
+    assert (len(test), len(valid)) == (40, 40)  # capped at 20% of the 20,000 words each
+    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=0)
+    assert (len(test), len(valid)) == (2, 2)  # the fractions alone
+    with pytest.raises(ValueError, match="min_split_words=-1"):
+        random_split(docs, 0, 0.01, 0.01, "x", min_split_words=-1)

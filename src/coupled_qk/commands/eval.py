@@ -28,12 +28,11 @@ def evaluate_checkpoint(checkpoint, corpus=None, data_dir=None, splits=("valid",
         ValueError: unknown split name or a bad stride.
     """
     from coupled_qk.data.cache import tokenize_to_cache
-    from coupled_qk.data.corpora import load_corpus
     from coupled_qk.data.paths import default_cache_dir
     from coupled_qk.data.tokenizers import Tokenizer
     from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
     from coupled_qk.training.distributed import pick_device
-    from coupled_qk.training.lm import WORD_LEVEL_CORPORA
+    from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus
     from coupled_qk.training.perplexity import evaluate_perplexity
 
     ckpt = resolve_checkpoint(checkpoint)
@@ -50,8 +49,7 @@ def evaluate_checkpoint(checkpoint, corpus=None, data_dir=None, splits=("valid",
     model, state = load_checkpoint_model(ckpt, dev)
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}")
-    data = load_corpus(corpus_name, data_dir or run_cfg.get("data_dir"),
-                       seed=int(run_cfg.get("task_options", {}).get("split_seed", 0)))
+    data = run_corpus(corpus_name, data_dir or run_cfg.get("data_dir"), run_cfg.get("task_options", {}))
     cache = Path(run_cfg["cache_dir"]) if run_cfg.get("cache_dir") else default_cache_dir()
     out = {"checkpoint": str(ckpt), "step": state.get("step"), "corpus": data.name, "tokenizer": tokenizer.name,
            "stride": stride, "block_size": model.config.block_size}

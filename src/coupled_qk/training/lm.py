@@ -5,20 +5,36 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from coupled_qk.data.cache import tokenize_to_cache
-from coupled_qk.data.corpora import load_corpus
+from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
 from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.perplexity import evaluate_perplexity
 
+MIN_EVAL_TOKENS = 10_000  # smaller evaluation splits give noisy perplexities (a warning says so)
 WORD_LEVEL_CORPORA = ("wiki-vital", "wikitext-2", "wikitext-103", "wikitext-2-raw", "wikitext-103-raw")
+
+
+def run_corpus(corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
+    """The corpus of a language-modelling run, split exactly as the run split it.
+
+    ``task_options`` may hold ``split_seed`` (0), ``valid_fraction`` and ``test_fraction`` (0.01 each) and
+    ``min_split_words`` (:data:`~coupled_qk.data.corpora.MIN_SPLIT_WORDS`); they matter only for corpora split
+    at random (see :func:`~coupled_qk.data.corpora.load_corpus`). Training, ``eval`` and ``analyze`` all call
+    this, so they see the same held-out text.
+    """
+    opts = task_options or {}
+    return load_corpus(corpus, data_dir, seed=int(opts.get("split_seed", 0)),
+                       valid_fraction=opts.get("valid_fraction", 0.01), test_fraction=opts.get("test_fraction", 0.01),
+                       min_split_words=opts.get("min_split_words", MIN_SPLIT_WORDS))
 
 
 def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:
@@ -44,8 +60,7 @@ class LMTask:
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
         cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-        split_seed = int(cfg.task_options.get("split_seed", 0))
-        self.corpus = load_corpus(cfg.corpus, cfg.data_dir, seed=split_seed)
+        self.corpus = run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
         saved = run_dir / "tokenizer" if run_dir is not None else None
         resuming = cfg.resume and saved is not None and (run_dir / "latest").is_file()
         if resuming and (saved / "tokenizer.json").is_file():
@@ -63,6 +78,22 @@ class LMTask:
                 f"the training split of {cfg.corpus!r} has {n_train} tokens, fewer than block_size + 2 = "
                 f"{self.block_size + 2}"
             )
+        self._warn_about_sizes(cfg, n_train)
+
+    def _warn_about_sizes(self, cfg: TrainConfig, n_train: int) -> None:
+        """Warn when evaluation splits are too small to trust or the budget repeats the training data."""
+        for split in ("valid", "test"):
+            n = len(self.tokens[split])
+            if n < MIN_EVAL_TOKENS:
+                warnings.warn(
+                    f"the {split} split of {cfg.corpus!r} has only {n:,} tokens (< {MIN_EVAL_TOKENS:,}): its "
+                    "perplexity is a noisy estimate. Use a bigger corpus, a folder with train.txt/valid.txt/"
+                    "test.txt, or larger --valid-fraction/--test-fraction", stacklevel=3)
+        if cfg.max_tokens and cfg.max_tokens > n_train:
+            warnings.warn(
+                f"max_tokens={cfg.max_tokens:,} is {cfg.max_tokens / n_train:.1f} passes over the {n_train:,} "
+                "training tokens: the model sees the same text repeatedly (fine if intended; watch for "
+                "overfitting in the validation loss)", stacklevel=3)
 
     def _tokenizer(self, cfg: TrainConfig, cache_dir: Path) -> Tokenizer:
         spec = cfg.tokenizer
