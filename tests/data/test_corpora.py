@@ -131,7 +131,7 @@ def test_split_documents_rule():
 
 def test_random_split_validation():
     docs = [f"d{i}" for i in range(10)]
-    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x")
+    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=0)
     assert (len(train), len(valid), len(test)) == (8, 1, 1)
     assert sorted(train + valid + test) == sorted(docs)
     with pytest.raises(ValueError, match="valid_fraction=1.5"):

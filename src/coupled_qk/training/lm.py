@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from coupled_qk._checks import nonneg_int
 from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus
 from coupled_qk.data.paths import default_cache_dir
@@ -18,9 +19,16 @@ from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
 from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.perplexity import evaluate_perplexity
+from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.tasks import check_options
 
 MIN_EVAL_TOKENS = 10_000  # smaller evaluation splits give noisy perplexities (a warning says so)
 WORD_LEVEL_CORPORA = ("wiki-vital", "wikitext-2", "wikitext-103", "wikitext-2-raw", "wikitext-103-raw")
+OPTIONS = ("split_seed", "valid_fraction", "test_fraction", "min_split_words")
+"""``TrainConfig.task_options`` of the language-modelling task, used only by corpora split at random (see
+:func:`coupled_qk.data.corpora.load_corpus`): ``split_seed`` (int >= 0, default 0) seeds the document-level
+split; ``valid_fraction`` and ``test_fraction`` (default 0.01 each) are the documents' shares of the evaluation
+splits, each of which then grows to ``min_split_words`` words (default 10,000) within 20% of the corpus."""
 
 
 def run_corpus(corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
@@ -32,7 +40,8 @@ def run_corpus(corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
     this, so they see the same held-out text.
     """
     opts = task_options or {}
-    return load_corpus(corpus, data_dir, seed=int(opts.get("split_seed", 0)),
+    check_options("lm", opts, OPTIONS)
+    return load_corpus(corpus, data_dir, seed=nonneg_int("task_options.split_seed", opts.get("split_seed", 0)),
                        valid_fraction=opts.get("valid_fraction", 0.01), test_fraction=opts.get("test_fraction", 0.01),
                        min_split_words=opts.get("min_split_words", MIN_SPLIT_WORDS))
 
@@ -53,6 +62,11 @@ class LMTask:
     The tokenizer is the GPT-2 BPE (``tokenizer="gpt2"``), a byte-level BPE trained on the training split
     (``"bpe-<vocab>"``, cached by corpus content and saved with the run) or a saved tokenizer path.
     Token arrays are memory-mapped from the cache (:func:`coupled_qk.data.cache.tokenize_to_cache`).
+    Implements :class:`coupled_qk.training.tasks.Task`; options: :data:`OPTIONS`.
+
+    Raises:
+        ValueError: an unknown ``task_options`` key, a bad ``split_seed``, a training split shorter than
+            ``block_size + 2`` tokens; FileNotFoundError: a missing corpus.
     """
 
     name = "lm"
@@ -61,10 +75,10 @@ class LMTask:
         self.cfg = cfg
         cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.corpus = run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
-        saved = run_dir / "tokenizer" if run_dir is not None else None
-        resuming = cfg.resume and saved is not None and (run_dir / "latest").is_file()
-        if resuming and (saved / "tokenizer.json").is_file():
-            self.tokenizer = Tokenizer.load(saved)  # the checkpoint's ids must keep their meaning
+        run = RunDir(run_dir) if run_dir is not None else None
+        resuming = cfg.resume and run is not None and run.has_checkpoint()
+        if resuming and run.has_tokenizer():
+            self.tokenizer = Tokenizer.load(run.tokenizer_dir)  # the checkpoint's ids must keep their meaning
         else:
             self.tokenizer = self._tokenizer(cfg, cache_dir)
         self.tokens = {
@@ -124,6 +138,10 @@ class LMTask:
             "tokens": {split: int(len(t)) for split, t in self.tokens.items()},
         }
 
+    def step_tokens(self, step: int, world: int) -> int:
+        """Tokens of one optimiser step over all ranks: ``batch_size * grad_accum * world * block_size``."""
+        return self.cfg.batch_size * self.cfg.grad_accum * world * self.block_size
+
     def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int, device) -> tuple:
         """``(x, y)`` LongTensors ``(batch_size, block_size)`` for this rank; ``y`` is ``x`` shifted by one."""
         tokens = self.tokens["train"]
@@ -153,5 +171,6 @@ class LMTask:
 
     def save(self, run_dir: Path) -> None:
         """Write the tokenizer and a description of the data next to the checkpoints."""
-        self.tokenizer.save(run_dir / "tokenizer")
-        (run_dir / "data.json").write_text(json.dumps(self.describe(), indent=2))
+        run = RunDir(run_dir)
+        self.tokenizer.save(run.tokenizer_dir)
+        run.data_path.write_text(json.dumps(self.describe(), indent=2))
