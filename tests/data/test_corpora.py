@@ -169,8 +169,10 @@ def test_wikitext_release_layout(tmp_path, name, ext):
 
 def test_path_inputs(tmp_path):
     f = _write(tmp_path / "one.txt", "\n\n".join(f"doc {i}\nline" for i in range(100)))
-    c = load_corpus(str(f))
+    c = load_corpus(str(f), min_split_words=0)
     assert c.source["n_documents"] == {"train": 98, "valid": 1, "test": 1} and c.name == str(f)
+    c = load_corpus(str(f))  # 300 words: each evaluation split grows to its cap, 20% of the words
+    assert c.source["n_documents"] == {"train": 60, "valid": 20, "test": 20}
     folder = tmp_path / "many"
     _write(folder / "b.txt", "\n\n".join(f"b{i}" for i in range(50)))
     _write(folder / "sub" / "a.txt", "\n\n".join(f"a{i}" for i in range(50)))
