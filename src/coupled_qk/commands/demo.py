@@ -18,7 +18,7 @@ DEMO_DEFAULTS = dict(
 
 
 def add_arguments(parser) -> None:
-    add_train_options(parser)
+    add_train_options(parser, defaults=DEMO_DEFAULTS)
     parser.add_argument("--variants", default=DEMO_VARIANTS, help=f"variants to compare (default {DEMO_VARIANTS})")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
 
