@@ -94,3 +94,13 @@ def test_bad_variant_specs(spec, match):
 
     with pytest.raises(ValueError, match=match):
         parse_variants(spec)
+
+
+@pytest.mark.parametrize("command", ["demo", "compare"])
+@pytest.mark.parametrize("flag, value", [("--attention", "differential"), ("--integrator", "leapfrog"),
+                                         ("--n-steps", "3")])
+def test_variant_commands_refuse_flags_they_would_ignore(command, flag, value, tmp_path, capsys):
+    assert main([command, flag, value, "--out-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"{command} trains the variants named by --variants, so {flag}" in err
+    assert not (tmp_path / "x").exists()

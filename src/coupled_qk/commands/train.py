@@ -37,15 +37,16 @@ def train_flags(resume: bool = False) -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig) if f.name not in skip]
 
 
-def add_train_options(parser, model: bool = True, defaults: dict | None = None, resume: bool = False) -> None:
+def add_train_options(parser, model: bool = True, defaults: dict | None = None, resume: bool = False,
+                      variant_flags: bool = True) -> None:
     """Flags shared by ``train``, ``compare`` and ``demo``: one per :class:`TrainConfig` field (its help and
     default from the field's metadata; ``defaults`` replaces the shown defaults, as ``demo`` does), plus
-    ``--config``, the model options and ``--opt FIELD=VALUE``. Values stay strings here; they are parsed to
-    the field's type in :func:`config_from_args`."""
+    ``--config``, the model options (``variant_flags``: see :func:`add_model_options`) and ``--opt FIELD=VALUE``.
+    Values stay strings here; they are parsed to the field's type in :func:`config_from_args`."""
     parser.add_argument("--config", default=None, metavar="FILE",
-                        help="TrainConfig JSON file (e.g. configs/wt103-60m.json); flags override its fields")
+                        help="TrainConfig JSON file (e.g. configs/wt103-60m-coupled.json); flags override its fields")
     if model:
-        add_model_options(parser, default_preset=None)
+        add_model_options(parser, default_preset=None, variant_flags=variant_flags)
     group = parser.add_argument_group("training options (TrainConfig fields)")
     types = field_types(TrainConfig)
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
