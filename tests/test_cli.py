@@ -104,3 +104,12 @@ def test_variant_commands_refuse_flags_they_would_ignore(command, flag, value, t
     err = capsys.readouterr().err
     assert f"{command} trains the variants named by --variants, so {flag}" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_split_flags_reach_task_options(capsys):
+    assert main(["train", "--print-config", "--valid-fraction", "0.05", "--min-split-words", "2000",
+                 "--opt", 'task_options={"split_seed": 4}']) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["task_options"] == {"split_seed": 4, "valid_fraction": 0.05, "min_split_words": 2000}
+    assert main(["train", "--print-config", "--min-split-words", "many"]) == 2
+    assert "--min-split-words: invalid int value" in capsys.readouterr().err

@@ -201,3 +201,8 @@ def test_small_splits_and_repeated_data_warn(tiny_cfg):
     messages = [str(w.message) for w in record]
     assert any("the valid split" in m and "noisy estimate" in m for m in messages)
     assert any("passes over the" in m for m in messages)
+
+
+def test_warmup_longer_than_the_run_warns(tiny_cfg):
+    with pytest.warns(UserWarning, match=r"warmup_steps=8 is at least the schedule's 8 steps"):
+        train(tiny_cfg(warmup_steps=8, max_steps=8))
