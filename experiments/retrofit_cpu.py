@@ -10,7 +10,10 @@ give the same logits), then continues training it for the same token batches per
 and reports validation perplexity per seed and the paired difference (b - a) with a 95% t-interval.
 
     OMP_NUM_THREADS=1 python experiments/retrofit_cpu.py --run runs/base-standard \
-        --seeds 0 1 2 --steps 60 --out docs/results/retrofit-cpu
+        --seeds 0 1 2 --steps 40 --out docs/results/retrofit-cpu
+
+Seeds may run as separate processes (``--seeds 0``, ``--seeds 1`` ... with the same ``--out``); each writes
+``rows-seed<S>.json`` and rebuilds ``results.json`` / ``README.md`` from all rows present.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import copy
 import json
 import math
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -140,13 +144,15 @@ def main(argv=None):
     with torch.no_grad():
         export_diff = float((base(x).logits - gpt(x)).abs().max())
     t0 = time.time()
-    start = evaluate(base, task, args)
     rf0 = retrofit(copy.deepcopy(base), integrator=args.integrator, dt_init=0.0)
-    start_rf = evaluate(rf0, task, args)
-    assert start_rf["nll"] == start["nll"], "dt=0 retrofit changed the model"
-    rows = []
+    with torch.no_grad():
+        if not torch.equal(rf0(x).logits, base(x).logits):
+            raise RuntimeError("the dt=0 retrofit changed the model's logits")
+    start = evaluate(base, task, args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
-        row = {"seed": seed}
+        row = {"seed": seed, "start_valid_perplexity": start["perplexity"]}
         for arm in ("as_is", "retrofit"):
             model = copy.deepcopy(base)
             if arm == "retrofit":
@@ -161,28 +167,36 @@ def main(argv=None):
                 dts = torch.cat(step_sizes(model))
                 row[arm]["dt_abs_mean"], row[arm]["dt_abs_max"] = float(dts.abs().mean()), float(dts.abs().max())
             print(json.dumps({"seed": seed, "arm": arm, **row[arm]}), flush=True)
-        rows.append(row)
-    ppl_a = [r["as_is"]["valid_perplexity"] for r in rows]
-    ppl_b = [r["retrofit"]["valid_perplexity"] for r in rows]
-    result = {
-        "command": "python experiments/retrofit_cpu.py " + " ".join(argv or __import__("sys").argv[1:]),
+        (out / f"rows-seed{seed}.json").write_text(json.dumps(row, indent=2))
+    header = {
+        "command": "OMP_NUM_THREADS=1 python experiments/retrofit_cpu.py " + " ".join(argv or sys.argv[1:]),
         "base_run": str(run), "base_state": state, "base_model": gpt.config.to_dict(),
         "data": task.describe(), "export_max_abs_logit_diff": export_diff,
         "tokens_per_arm": args.steps * args.batch_size * task.block_size,
         "eval_tokens": start["n_tokens"], "start_valid_perplexity": start["perplexity"],
-        "settings": {k: v for k, v in vars(args).items() if k not in ("run", "out")},
-        "rows": rows,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("run", "out", "seeds")},
+        "machine": f"{platform.machine()}, torch {torch.__version__}, 1 thread per process "
+                   "(2 cores shared with other jobs)",
+        "seconds_this_process": time.time() - t0,
+    }  # fmt: skip
+    summarize(out, header)
+
+
+def summarize(out: Path, header: dict) -> dict:
+    """Combine every ``rows-seed*.json`` in ``out`` (seeds may run as separate processes) into
+    ``results.json`` and ``README.md``."""
+    rows = sorted((json.loads(p.read_text()) for p in out.glob("rows-seed*.json")), key=lambda r: r["seed"])
+    ppl_a = [r["as_is"]["valid_perplexity"] for r in rows]
+    ppl_b = [r["retrofit"]["valid_perplexity"] for r in rows]
+    result = {
+        **header, "rows": rows,
         "ppl_diff_retrofit_minus_as_is": paired(ppl_a, ppl_b),
         "rel_diff_percent": paired([0.0] * len(rows), [100 * (b / a - 1) for a, b in zip(ppl_a, ppl_b)]),
-        "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread "
-                   "(2 cores shared with other jobs)",
-        "seconds": time.time() - t0,
     }  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2))
     (out / "README.md").write_text(markdown(result))
     print(markdown(result))
+    return result
 
 
 def markdown(r: dict) -> str:
@@ -216,7 +230,7 @@ def markdown(r: dict) -> str:
         f"relative {rel['mean']:+.2f}% {ci(rel)}.",
         "",
         f"Command: `{r['command']}`  ",
-        f"Machine: {r['machine']}; {r['seconds'] / 60:.1f} minutes.",
+        f"Machine: {r['machine']}; {r['seconds_this_process'] / 60:.1f} minutes for the last process.",
         "",
     ]
     return "\n".join(lines)
