@@ -131,7 +131,7 @@ def test_coupled_llama_attention_matches_float64_reference(gqa):
 def test_gpt2_export_matches_our_gpt(attention):
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=V, block_size=32, n_layer=2, d_model=32, n_heads=4, position="learned",
-                    attention=attention, dt_init=0.3)
+                    attention=attention)
     ours = GPT(cfg).eval()
     if attention == "coupled":
         _set_dt(ours)

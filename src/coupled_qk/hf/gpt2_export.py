@@ -54,9 +54,10 @@ def gpt_to_gpt2(model: GPT):
     hf_config._attn_implementation = "sdpa"
     hf = GPT2LMHeadModel(hf_config).to(model.tok_emb.weight.dtype)
     if c.attention == "coupled":
+        m = c.qk_map  # DynamicsOptions
         retrofit(
-            hf, integrator=c.integrator, n_steps=c.n_steps, hidden=c.dynamics_hidden, force=c.force,
-            shared_across_heads=c.shared_across_heads,
+            hf, integrator=m.integrator, n_steps=m.n_steps, hidden=m.hidden, force=m.force,
+            shared_across_heads=m.shared_across_heads,
         )  # fmt: skip
     t = hf.transformer
     with torch.no_grad():
@@ -73,6 +74,6 @@ def gpt_to_gpt2(model: GPT):
             h.mlp.c_fc.weight.copy_(block.mlp.fc.weight.t())
             h.mlp.c_proj.weight.copy_(block.mlp.out_proj.weight.t())
             if c.attention == "coupled":
-                h.attn.qk_dynamics.load_state_dict(block.attn.dynamics.state_dict())
+                h.attn.qk_dynamics.load_state_dict(block.attn.qk_map.state_dict())
     hf.tie_weights()
     return hf.to(model.tok_emb.weight.device).eval()

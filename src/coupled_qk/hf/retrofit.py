@@ -42,8 +42,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from coupled_qk import QKDynamics
 from coupled_qk._checks import choice
+from coupled_qk.layers.qk_maps import QKDynamics
 
 GQA_MODES = ("expand", "shared")
 POSITIONS = ("pre_rope", "post_rope")
