@@ -15,12 +15,13 @@ BLOCK = 12
 
 
 def make_model(attention, n_kv_heads=2, shared_keys=False, integrator="leapfrog", **kw):
-    """A 2-layer model with perturbed map/differential parameters (dt = 0.3) so every path matters."""
+    """A 2-layer model with perturbed map/differential parameters (dt = 0.3 where the map has a step) so
+    every path matters."""
     torch.manual_seed(0)
     qk_map = get_attention(attention).qk_map
     options = None
     if qk_map is not None:
-        options = {"dt_init": 0.3}
+        options = {"dt_init": 0.3} if "dt_init" in qk_map.option_names() else {}
         if "integrator" in qk_map.option_names():
             options["integrator"] = integrator
         if shared_keys:
@@ -30,7 +31,7 @@ def make_model(attention, n_kv_heads=2, shared_keys=False, integrator="leapfrog"
     model = GPT(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lambda_" in name or "force" in name or "mlp.w" in name:
+            if "lambda_" in name or ".qk_map." in name:  # identity-initialised maps made non-trivial
                 p.add_(0.3 * torch.randn_like(p))
     return model
 
