@@ -89,8 +89,28 @@ def _causal_mask(t_q: int, t_k: int, device) -> torch.Tensor:
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
+def attention_mask_4d(key_mask: torch.Tensor | None, t_q: int, t_k: int) -> torch.Tensor | None:
+    """Boolean mask ``(B, 1, T_q, T_k)`` (True = may attend): causal, and padded keys (``key_mask`` False)
+    hidden from every query except the padded position itself (so no row is empty and no NaN appears; the
+    outputs at padded positions are never seen by real tokens). ``None`` when ``key_mask`` is ``None``.
+
+    Args:
+        key_mask: ``(B, T_k)`` bool, True at real tokens, or ``None``.
+    """
+    if key_mask is None:
+        return None
+    causal = _causal_mask(t_q, t_k, key_mask.device)
+    own = torch.eye(t_q, t_k, dtype=torch.bool, device=key_mask.device).roll(t_k - t_q, dims=1)
+    return (causal & key_mask[:, None, None, :]) | own
+
+
 def scaled_dot_product(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eager: bool, dropout_p: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    eager: bool,
+    dropout_p: float = 0.0,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal attention ``softmax(q k^T / sqrt(d) + mask) v`` with the causal mask aligned to the end.
 
@@ -98,19 +118,23 @@ def scaled_dot_product(
         q: ``(B, H, T_q, d)``; k: ``(B, H, T_k, d)`` with ``T_k >= T_q`` (the last ``T_q`` keys are the
             queries' own positions); v: ``(B, H, T_k, d_v)``.
         eager: compute the softmax explicitly (at least float32) and also return the probabilities.
+        mask: optional boolean ``(B, 1, T_q, T_k)`` from :func:`attention_mask_4d` (padding); replaces the
+            plain causal mask.
 
     Returns:
         ``(out (B, H, T_q, d_v), probs (B, H, T_q, T_k) or None)``.
     """
     t_q, t_k = q.shape[-2], k.shape[-2]
     if not eager:
+        if mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
         if t_q == t_k:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p), None
         mask = None if t_q == 1 else _causal_mask(t_q, t_k, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
     dtype = torch.promote_types(q.dtype, torch.float32)
     scores = torch.matmul(q, k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~_causal_mask(t_q, t_k, q.device), float("-inf"))
+    scores = scores.masked_fill(~(_causal_mask(t_q, t_k, q.device) if mask is None else mask), float("-inf"))
     probs = scores.softmax(dim=-1)
     attn = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
     return torch.matmul(attn.to(v.dtype), v), probs
@@ -138,7 +162,9 @@ class CausalSelfAttention(nn.Module):
         impl: ``"sdpa"`` (fast) or ``"eager"``.
 
     Forward: ``x (B, T, d_model) -> (B, T, d_model)``; ``rope`` is ``(cos, sin)`` of shape ``(T, d_head)``
-    for the current positions, ``cache`` a :class:`KVCache` to read and extend.
+    (or ``(B, 1, T, d_head)``, per sequence) for the current positions, ``cache`` a :class:`KVCache` to read
+    and extend, ``key_mask`` an optional bool ``(B, T_past + T)``, False at padding (hidden from every
+    query, see :func:`attention_mask_4d`).
 
     Raises:
         ValueError: unknown variant or impl, head counts that do not divide, differential variants with an
@@ -216,6 +242,7 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: KVCache | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
@@ -244,13 +271,14 @@ class CausalSelfAttention(nn.Module):
         v = expand_kv(v, self.n_rep)
         eager = record or self.impl == "eager"
         p = self.dropout if self.training else 0.0
+        mask = attention_mask_4d(key_mask, t, k.shape[-2])
         if not self.differential:
-            y, probs = scaled_dot_product(q, k, v, eager, p)
+            y, probs = scaled_dot_product(q, k, v, eager, p, mask)
             if record:
                 self.recorded["attn"] = probs
         else:
-            y1, a1 = scaled_dot_product(q[:, 0::2], k[:, 0::2], v, eager, p)
-            y2, a2 = scaled_dot_product(q[:, 1::2], k[:, 1::2], v, eager, p)
+            y1, a1 = scaled_dot_product(q[:, 0::2], k[:, 0::2], v, eager, p, mask)
+            y2, a2 = scaled_dot_product(q[:, 1::2], k[:, 1::2], v, eager, p, mask)
             lam = self.differential_lambda()
             y = self.subln(y1 - lam.to(y1.dtype) * y2) * (1.0 - self.lambda_init)
             if record:

@@ -54,8 +54,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model) if config.use_mlp else None
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout) if config.use_mlp else None
 
-    def forward(self, x, rope=None, cache=None):
-        x = x + self.resid_dropout(self.attn(self.ln_1(x), rope, cache))
+    def forward(self, x, rope=None, cache=None, key_mask=None):
+        x = x + self.resid_dropout(self.attn(self.ln_1(x), rope, cache, key_mask))
         if self.mlp is not None:
             x = x + self.mlp(self.ln_2(x))
         return x
@@ -115,7 +115,36 @@ class GPT(nn.Module):
         """An empty :class:`KVCache` for incremental decoding."""
         return KVCache(self.config.n_layer)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(idx, cache, attention_mask, position_ids))
+
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states ``(B, T, d_model)`` (after the last LayerNorm; ``forward`` = ``lm_head`` of these).
+
+        Args:
+            idx: token ids ``(B, T)``.
+            cache: a :class:`KVCache` (or any object with ``length`` and ``update(layer_idx, k, v)``).
+            attention_mask: ``(B, T_past + T)`` bool or 0/1 ints, 0 at padding tokens (left or right); padded
+                keys are hidden from every query. ``None``: no padding.
+            position_ids: ``(B, T)`` or ``(T,)`` positions of the new tokens; default from ``attention_mask``
+                (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past + T - 1``.
+
+        Raises:
+            ValueError: bad ``idx`` (see the class docstring), an ``attention_mask`` of the wrong shape or with
+                values other than 0/1, ``position_ids`` of the wrong shape or outside ``[0, block_size)``.
+        """
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         b, t = idx.shape
@@ -127,21 +156,50 @@ class GPT(nn.Module):
                 f"sequence length {past + t} (cached {past} + new {t}) exceeds the context "
                 f"block_size={self.config.block_size}"
             )
-        if idx.device.type == "cpu" and not torch.compiler.is_compiling():
+        check = idx.device.type == "cpu" and not torch.compiler.is_compiling()
+        if check:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must be in [0, {self.config.vocab_size}); got min {lo}, max {hi}")
+        key_mask = self._key_mask(attention_mask, b, past + t, check)
+        if position_ids is None:
+            if key_mask is not None:
+                position_ids = (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+            else:
+                position_ids = torch.arange(past, past + t, device=idx.device)
+        elif position_ids.shape not in ((b, t), (t,)):
+            raise ValueError(f"position_ids must have shape ({b}, {t}) or ({t},); got {tuple(position_ids.shape)}")
+        elif check and (int(position_ids.min()) < 0 or int(position_ids.max()) >= self.config.block_size):
+            raise ValueError(f"position_ids must be in [0, block_size={self.config.block_size})")
         x = self.tok_emb(idx)
         rope = None
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(past, past + t, device=idx.device))
+            x = x + self.pos_emb(position_ids)
         else:
             cos, sin = self.rope_tables(idx.device)
-            rope = (cos[past : past + t], sin[past : past + t])
+            rope = (cos[position_ids], sin[position_ids])
+            if position_ids.dim() == 2:  # per sequence: broadcast over heads
+                rope = (rope[0].unsqueeze(1), rope[1].unsqueeze(1))
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x, rope, cache)
-        return self.lm_head(self.ln_f(x))
+            x = block(x, rope, cache, key_mask)
+        return self.ln_f(x)
+
+    @staticmethod
+    def _key_mask(attention_mask: torch.Tensor | None, b: int, t_k: int, check: bool) -> torch.Tensor | None:
+        """``attention_mask`` as bool ``(B, T_k)``; ``None`` when absent or all ones (the fast causal path)."""
+        if attention_mask is None:
+            return None
+        if attention_mask.shape != (b, t_k):
+            raise ValueError(
+                f"attention_mask must have shape (B, T_past + T) = ({b}, {t_k}); got {tuple(attention_mask.shape)}"
+            )
+        if check and attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+        mask = attention_mask.bool()
+        if check and bool(mask.all()):
+            return None
+        return mask
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
         """Mean next-token cross-entropy (nats) of ``targets (B, T)`` given ``idx (B, T)``."""
@@ -157,11 +215,14 @@ class GPT(nn.Module):
         top_k: int | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after the prompt ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
 
         ``temperature = 0`` decodes greedily. With ``use_cache`` the prompt is encoded once and each new token
         reuses the :class:`KVCache` (every variant; exact because the dynamics act per token).
+        ``attention_mask (B, T)`` (0 at padding) lets a batch of prompts of different lengths be padded on
+        the left: each row then generates what its prompt generates alone (positions count real tokens).
 
         Raises:
             ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, or a total length beyond
@@ -175,9 +236,11 @@ class GPT(nn.Module):
         if total > self.config.block_size:
             raise ValueError(f"prompt + max_new_tokens = {total} exceeds block_size={self.config.block_size}")
         cache = self.new_cache() if use_cache else None
-        out, step_input = idx, idx
-        for _ in range(max_new_tokens):
-            logits = self(step_input if use_cache else out, cache)[:, -1, :].float()
+        out, step_input, mask = idx, idx, attention_mask
+        for i in range(max_new_tokens):
+            if mask is not None and i:
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            logits = self(step_input if use_cache else out, cache, mask)[:, -1, :].float()
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:
