@@ -133,17 +133,11 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
                 ``ignore_mismatched_sizes``, ``dtype``, ...).
 
         Raises:
-            FileNotFoundError: a local folder without ``config.json``.
+            FileNotFoundError: a local folder without ``config.json`` (or a training run folder).
             ValueError: (``strict``) missing / unexpected / mismatched weights, naming them; an invalid config
                 field (from :class:`CoupledQKConfig`).
         """
-        path = Path(os.fspath(pretrained_model_name_or_path)).expanduser()
-        if path.is_dir() and not (path / "config.json").is_file():
-            hint = ("it looks like a coupled-qk training run or checkpoint: convert it with "
-                    f"`coupled-qk export {path} HF_DIR`" if (path / "latest").is_file()
-                    or (path / "model_config.json").is_file() else
-                    "write one with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`")
-            raise FileNotFoundError(f"{path} has no config.json, so it is not a Hugging Face model folder; {hint}")
+        _check_folder(Path(os.fspath(pretrained_model_name_or_path)).expanduser())
         want_info = kwargs.pop("output_loading_info", False)
         allow_mismatch = kwargs.pop("ignore_mismatched_sizes", False) or not strict
         model, info = super().from_pretrained(
@@ -167,6 +161,18 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
                 "to initialise missing/mismatched weights as a new model would (and ignore unexpected ones)."
             )
         return (model, info) if want_info else model
+
+
+def _check_folder(path: Path) -> None:
+    """``FileNotFoundError`` for a local folder that is not a Hugging Face model folder (a hub name passes)."""
+    if not path.is_dir():
+        return
+    if (path / "latest").is_file() or (path / "model_config.json").is_file():
+        raise FileNotFoundError(f"{path} is a coupled-qk training run or checkpoint, not a Hugging Face model "
+                                f"folder; convert it with `coupled-qk export {path} HF_DIR`")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
+                                "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`")
 
 
 def _cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
