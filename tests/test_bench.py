@@ -9,7 +9,7 @@ import torch
 from coupled_qk.bench import parse_variants, run_bench
 from coupled_qk.cli import main
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.variants import MAIN_VARIANTS as VARIANTS
+from coupled_qk.models.variants import MAIN_VARIANTS as VARIANTS
 
 MICRO = ["--set", "vocab_size=64", "--set", "block_size=16", "--set", "n_layer=1", "--set", "d_model=16",
          "--set", "n_heads=2"]

@@ -12,7 +12,6 @@ median, and ``ratio = median / median(standard)`` from the same run.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import json
 import os
@@ -25,16 +24,16 @@ import torch
 
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
+from coupled_qk.models.variants import FLAT_MAP_OPTIONS, get_attention, variant_overrides
+from coupled_qk.models.variants import parse_variants as parse_variants_list
 from coupled_qk.training.distributed import pick_device
-from coupled_qk.variants import parse_variants as parse_variants_list
-from coupled_qk.variants import variant_overrides
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BASELINE = "standard"
 
 
 def parse_variants(text: str | list[str] | None) -> list[str]:
-    """Variant specs (see :mod:`coupled_qk.variants`) with ``standard`` always first; ``None``/``"all"`` -> the
+    """Variant specs (see :mod:`coupled_qk.models.variants`) with ``standard`` always first; ``None``/``"all"`` -> the
     paper's variants and baselines.
 
     Raises:
@@ -153,6 +152,22 @@ def summarize(times_ms: list[float], tokens_per_step: int) -> dict:
     )
 
 
+def _variant_configs(base: GPTConfig, names: list[str], map_options: dict) -> dict[str, GPTConfig]:
+    """Each variant's config: ``base`` with the variant's overrides and the ``map_options`` its map has."""
+    configs, used = {}, set()
+    for n in names:
+        overrides = variant_overrides(n)
+        qk_map = get_attention(overrides["attention"]).qk_map
+        valid = qk_map.option_names() if qk_map else []
+        extra = {k: v for k, v in map_options.items() if FLAT_MAP_OPTIONS.get(k, k) in valid}
+        used.update(extra)
+        configs[n] = base.replace(**{**extra, **overrides})
+    unused = sorted(set(map_options) - used)
+    if unused:
+        raise ValueError(f"map option(s) {unused} apply to none of the variants {names}")
+    return configs
+
+
 def run_bench(
     base: GPTConfig,
     variants: list[str] | str | None = None,
@@ -165,12 +180,13 @@ def run_bench(
     compile_model: bool = False,
     seed: int = 0,
     log=None,
+    map_options: dict | None = None,
 ) -> dict:
     """Time a train step of each variant, interleaved, against ``standard``; returns the result dict.
 
     Args:
         base: model configuration shared by all variants (its ``attention``/``integrator`` are replaced).
-        variants: variant specs of :mod:`coupled_qk.variants` (list or comma-separated); ``standard`` is always included.
+        variants: variant specs of :mod:`coupled_qk.models.variants` (list or comma-separated); ``standard`` is always included.
         batch_size, seq_len: tokens per step (``seq_len`` defaults to ``base.block_size``).
         repeats: timed steps per variant (medians over these); warmup: untimed steps per variant first (at
             least 1: the first step compiles when ``compile_model``).
@@ -179,6 +195,9 @@ def run_bench(
         compile_model: ``torch.compile`` the loss (forward); a variant whose compile fails runs eager and
             reports ``compile_error``.
         log: optional ``print``-like callable for progress.
+        map_options: query-key map options (flat spellings, e.g. ``{"n_steps": 3}``) applied to every variant
+            whose map has them (a variant spec's own ``+field=value`` wins); ``ValueError`` if no selected
+            variant has one of them.
 
     Returns:
         ``{"settings", "machine", "variants": {name: {...}}, "elapsed_s"}``; each variant has
@@ -201,7 +220,7 @@ def run_bench(
     if batch_size < 1 or repeats < 1 or warmup < 1:
         raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 1; got {batch_size}, {repeats}, {warmup}")
     log = log or (lambda *a, **k: None)
-    configs = {n: dataclasses.replace(base, **variant_overrides(n)) for n in names}
+    configs = _variant_configs(base, names, map_options or {})
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -238,8 +257,8 @@ def run_bench(
         info = coupling_parameter_overhead(configs[n])
         results[n] = dict(
             attention=configs[n].attention,
-            integrator=configs[n].integrator if configs[n].attention in ("coupled", "coupled_differential") else None,
-            n_steps=configs[n].n_steps,
+            integrator=getattr(configs[n].qk_map, "integrator", None),
+            n_steps=getattr(configs[n].qk_map, "n_steps", None),
             **summarize(times[n], tokens_per_step),
             params=info["params"],
             overhead_percent=info["overhead_percent"],
@@ -271,6 +290,7 @@ def run_bench(
             compile=compile_model,
             seed=seed,
             config=base.to_dict(),
+            map_options=dict(map_options or {}),
         ),
         machine=machine_info(dev),
         variants=results,
@@ -302,7 +322,7 @@ def markdown_table(result: dict) -> str:
         f"{m['threads']} threads; {m['platform']}",
         f"- command: `{result.get('command', '')}`",
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} "
-        f"vocab={c['vocab_size']} n_steps={c['n_steps']}; batch {s['batch_size']} x seq {s['seq_len']} "
+        f"vocab={c['vocab_size']} map options={s.get('map_options') or 'defaults'}; batch {s['batch_size']} x seq {s['seq_len']} "
         f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}",
         f"- step = forward + backward + AdamW step + zero_grad; {s['warmup']} warmup, median of {s['repeats']} "
         f"interleaved repeats; ratio = median / median(standard); paired ratio = median over repeats of "

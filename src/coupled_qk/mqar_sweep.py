@@ -50,10 +50,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coupled_qk.layers.attention import ATTENTION_VARIANTS, DIFFERENTIAL_VARIANTS
+from coupled_qk.models.variants import MAIN_VARIANTS, VARIANTS, parse_variants, variant_attention, variant_overrides
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_task import parse_slices, steps_per_epoch
-from coupled_qk.variants import MAIN_VARIANTS, VARIANTS, parse_variants, variant_overrides
 
 __all__ = [
     "MQAR_VARIANTS",
@@ -73,10 +72,9 @@ __all__ = [
 ]
 
 MQAR_VARIANTS: dict[str, dict] = {name: VARIANTS[name] for name in MAIN_VARIANTS}
-"""Default sweep variants -> ``GPTConfig`` overrides: every entry of ``ATTENTION_VARIANTS`` plus coupled with the
-leapfrog integrator (``coupled`` is the paper's Euler integrator). Any spec of :mod:`coupled_qk.variants` works."""
-
-assert {v["attention"] for v in MQAR_VARIANTS.values()} == set(ATTENTION_VARIANTS)
+"""Default sweep variants -> ``GPTConfig`` overrides: the paper's variants and baselines (every attention of the
+registry except the ``uncoupled_mlp_differential`` grid cell) plus coupled with the leapfrog integrator
+(``coupled`` is the paper's Euler integrator). Any spec of :mod:`coupled_qk.models.variants` works."""
 
 
 @dataclass(frozen=True)
@@ -282,8 +280,8 @@ def heads_for(variant: str, n_heads: int) -> int:
     A differential head is a pair of sub-heads of width ``d_model / n_heads``; doubling an odd head count keeps
     the parameter count of the attention projections equal to the standard model's.
     """
-    attention = variant_overrides(variant)["attention"]
-    return 2 * n_heads if attention in DIFFERENTIAL_VARIANTS and n_heads % 2 else n_heads
+    group = variant_attention(variant).head_group
+    return group * n_heads if n_heads % group else n_heads
 
 
 def _lr_tag(lr: float) -> str:

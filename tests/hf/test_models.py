@@ -12,15 +12,17 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCac
 
 from coupled_qk import GPT, GPTConfig  # noqa: E402
 from coupled_qk.hf import CoupledQKConfig, CoupledQKForCausalLM  # noqa: E402
-from coupled_qk.variants import VARIANTS  # noqa: E402
+from coupled_qk.models.variants import ATTENTIONS, VARIANTS  # noqa: E402
 
 V = 53
+# every named variant, plus every registered attention no variant names (e.g. uncoupled_mlp_differential)
+CASES = {**VARIANTS, **{a: dict(attention=a) for a in ATTENTIONS if a not in {v["attention"] for v in VARIANTS.values()}}}
 
 
 def tiny_gpt(variant="coupled", seed=0, **kw) -> GPT:
     torch.manual_seed(seed)
     fields = dict(vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2)
-    return GPT(GPTConfig(**{**fields, **VARIANTS[variant], **kw})).eval()
+    return GPT(GPTConfig(**{**fields, **CASES[variant], **kw})).eval()
 
 
 def save(model: GPT, path, **config_kwargs):
@@ -28,13 +30,14 @@ def save(model: GPT, path, **config_kwargs):
     return path
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", list(CASES))
 def test_auto_round_trip_identical_logits(tmp_path, variant):
     gpt = tiny_gpt(variant)
     save(gpt, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["model_type"] == "coupled_qk" and "gpt" not in cfg  # flat
-    assert {k: cfg[k] for k in VARIANTS[variant]} == VARIANTS[variant]
+    assert cfg["attention"] == CASES[variant]["attention"]
+    assert AutoConfig.from_pretrained(tmp_path).to_gpt_config() == gpt.config
     lm = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     base = AutoModel.from_pretrained(tmp_path).eval()
     assert type(lm).__name__ == "CoupledQKForCausalLM" and type(base).__name__ == "CoupledQKModel"
@@ -49,7 +52,7 @@ def test_auto_round_trip_identical_logits(tmp_path, variant):
     assert lm.model.lm_head.weight.data_ptr() == lm.model.tok_emb.weight.data_ptr()
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", list(CASES))
 def test_cached_generate_equals_gpt_generate(variant):
     gpt = tiny_gpt(variant)
     lm = CoupledQKForCausalLM.from_gpt(gpt)
@@ -73,7 +76,7 @@ def test_cache_holds_the_prefix_and_matches_full_forward():
     torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", list(CASES))
 def test_left_padded_batch_generates_each_prompt_alone(variant):
     gpt = tiny_gpt(variant)
     lm = CoupledQKForCausalLM.from_gpt(gpt, pad_token_id=0)
@@ -162,14 +165,14 @@ def test_missing_weights_initialised_like_gpt_with_strict_false(tmp_path):
     _rewrite_weights(tmp_path, lambda w: [w.pop(k) for k in list(w) if k.startswith("model.blocks.1.")])
     lm = AutoModelForCausalLM.from_pretrained(tmp_path, strict=False)
     b1 = lm.model.blocks[1]
-    assert torch.equal(b1.attn.dynamics.dt, torch.full((8,), 0.25))
+    assert torch.equal(b1.attn.qk_map.dt, torch.full((8,), 0.25))
     assert torch.equal(b1.ln_1.weight, torch.ones(64)) and torch.equal(b1.ln_1.bias, torch.zeros(64))
     assert torch.equal(b1.attn.subln.weight, torch.ones(16))
     assert b1.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert b1.mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
     for w in (b1.attn.out_proj.weight, b1.mlp.out_proj.weight):
         assert w.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.05)
-    f = b1.attn.dynamics.force  # uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)): std = bound / sqrt(3)
+    f = b1.attn.qk_map.force  # uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)): std = bound / sqrt(3)
     assert f.w_in.abs().max().item() <= 1 / math.sqrt(8) and f.w_in.std().item() == pytest.approx(
         1 / math.sqrt(8) / math.sqrt(3), rel=0.15)
     lam = torch.cat([b1.attn.lambda_q1, b1.attn.lambda_k1, b1.attn.lambda_q2, b1.attn.lambda_k2])

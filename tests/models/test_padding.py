@@ -5,15 +5,17 @@ import torch
 
 from coupled_qk import GPT, GPTConfig
 from coupled_qk.layers.attention import attention_mask_4d
-from coupled_qk.variants import VARIANTS
+from coupled_qk.models.variants import ATTENTIONS, VARIANTS
 
-CASES = [(v, "rope") for v in VARIANTS] + [("standard", "learned"), ("coupled", "learned"), ("differential", "learned")]
+# every named variant and every registered attention (uncoupled_mlp_differential has no variant name)
+SPECS = {**VARIANTS, **{a: dict(attention=a) for a in ATTENTIONS if a not in {v["attention"] for v in VARIANTS.values()}}}
+CASES = [(v, "rope") for v in SPECS] + [("standard", "learned"), ("coupled", "learned"), ("differential", "learned")]
 
 
 def tiny(variant: str, position: str = "rope", seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     cfg = GPTConfig(vocab_size=61, block_size=32, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, position=position,
-                    **VARIANTS[variant])
+                    **SPECS[variant])
     return GPT(cfg).eval()
 
 

@@ -23,7 +23,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from coupled_qk.hf.configuration import CoupledQKConfig
 from coupled_qk.layers.attention import CausalSelfAttention
-from coupled_qk.layers.dynamics import GradientForce, MLPForce, QKDynamics
+from coupled_qk.layers.forces import GradientForce, MLPForce
+from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.models.gpt import GPT
 
 TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
@@ -82,7 +83,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
 
         Linear and embedding weights ``N(0, 0.02)``, residual output projections (``out_proj``)
         ``N(0, 0.02 / sqrt(2 n_layer))``, LayerNorm/RMSNorm ``1`` and ``0``, the coupling network as
-        :class:`coupled_qk.MLPForce` (uniform ``+-1/sqrt(fan_in)``), ``dt = dt_init``, differential lambdas
+        :class:`coupled_qk.MLPForce` (uniform ``+-1/sqrt(fan_in)``), ``dt = qk_map.dt_init``, differential lambdas
         ``N(0, 0.1)``. Parameters already loaded (flagged by ``transformers``) are left alone.
         """
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -94,11 +95,10 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, (MLPForce, GradientForce)):
             module.reset_parameters()  # torch.nn.init is guarded by transformers here: loaded weights stay
-        elif isinstance(module, QKDynamics):
-            init.constant_(module.dt, float(self.config.dt_init))
+        elif isinstance(module, QKMap):
+            if isinstance(module.dt, nn.Parameter):  # per-head step sizes of the coupled dynamics / query MLP
+                init.constant_(module.dt, float(self.config.qk_map["dt_init"]))
         elif isinstance(module, CausalSelfAttention):
-            if isinstance(getattr(module, "dt", None), nn.Parameter):  # uncoupled_mlp step size
-                init.constant_(module.dt, float(self.config.dt_init))
             if module.differential:
                 for p in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
                     init.normal_(p, mean=0.0, std=0.1)

@@ -8,13 +8,17 @@ to the token embedding.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk.layers.attention import CausalSelfAttention, KVCache
+from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
 from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.variants import get_attention
+from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables
 
 
@@ -42,10 +46,9 @@ class Block(nn.Module):
             config.n_heads,
             config.n_kv_heads,
             config.d_head,
-            attention=config.attention,
+            **get_attention(config.attention).layer_kwargs(config.qk_map),
             layer_idx=layer_idx,
-            dynamics=config.dynamics_kwargs,
-            dynamics_position=config.dynamics_position,
+            map_position=config.dynamics_position,
             use_rope=config.position == "rope",
             dropout=config.dropout,
             impl=config.attn_impl,
@@ -54,11 +57,27 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model) if config.use_mlp else None
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout) if config.use_mlp else None
 
-    def forward(self, x, rope=None, cache=None, key_mask=None):
-        x = x + self.resid_dropout(self.attn(self.ln_1(x), rope, cache, key_mask))
+    def forward(self, x, rope=None, cache=None, record: bool = False, key_mask=None):
+        """``x (B, T, d_model)`` -> same shape; with ``record`` returns ``(x, AttentionRecord)``; ``key_mask``
+        ``(B, T_past + T)`` bool, False at padding."""
+        a = self.attn(self.ln_1(x), rope, cache, record=record, key_mask=key_mask)
+        rec = None
+        if record:
+            a, rec = a
+        x = x + self.resid_dropout(a)
         if self.mlp is not None:
             x = x + self.mlp(self.ln_2(x))
-        return x
+        return (x, rec) if record else x
+
+
+@dataclass
+class BlockTrace:
+    """One block of :meth:`GPT.trace`: its input and output ``(B, T, d_model)`` and its attention record."""
+
+    layer: int
+    input: torch.Tensor
+    output: torch.Tensor
+    record: AttentionRecord
 
 
 class GPT(nn.Module):
@@ -115,36 +134,17 @@ class GPT(nn.Module):
         """An empty :class:`KVCache` for incremental decoding."""
         return KVCache(self.config.n_layer)
 
-    def forward(
+    def embed(
         self,
         idx: torch.Tensor,
         cache: KVCache | None = None,
-        attention_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.lm_head(self.hidden_states(idx, cache, attention_mask, position_ids))
-
-    def hidden_states(
-        self,
-        idx: torch.Tensor,
-        cache: KVCache | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Final hidden states ``(B, T, d_model)`` (after the last LayerNorm; ``forward`` = ``lm_head`` of these).
-
-        Args:
-            idx: token ids ``(B, T)``.
-            cache: a :class:`KVCache` (or any object with ``length`` and ``update(layer_idx, k, v)``).
-            attention_mask: ``(B, T_past + T)`` bool or 0/1 ints, 0 at padding tokens (left or right); padded
-                keys are hidden from every query. ``None``: no padding.
-            position_ids: ``(B, T)`` or ``(T,)`` positions of the new tokens; default from ``attention_mask``
-                (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past + T - 1``.
-
-        Raises:
-            ValueError: bad ``idx`` (see the class docstring), an ``attention_mask`` of the wrong shape or with
-                values other than 0/1, ``position_ids`` of the wrong shape or outside ``[0, block_size)``.
-        """
+    ) -> tuple[torch.Tensor, tuple | None]:
+        """Checked token ids ``(B, T)`` -> the input of block 0 ``(B, T, d_model)`` and the RoPE tables of the
+        current positions (``None`` with learned positions). ``key_mask``: bool ``(B, T_past + T)`` from
+        :func:`key_padding_mask`, which numbers the positions when ``position_ids`` is ``None``. Arguments
+        and errors as :meth:`hidden_states`."""
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         b, t = idx.shape
@@ -161,50 +161,72 @@ class GPT(nn.Module):
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must be in [0, {self.config.vocab_size}); got min {lo}, max {hi}")
-        key_mask = self._key_mask(attention_mask, b, past + t, check)
-        if position_ids is None:
-            if key_mask is not None:
-                position_ids = (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
-            else:
-                position_ids = torch.arange(past, past + t, device=idx.device)
-        elif position_ids.shape not in ((b, t), (t,)):
-            raise ValueError(f"position_ids must have shape ({b}, {t}) or ({t},); got {tuple(position_ids.shape)}")
-        elif check and (int(position_ids.min()) < 0 or int(position_ids.max()) >= self.config.block_size):
-            raise ValueError(f"position_ids must be in [0, block_size={self.config.block_size})")
+        positions = _positions(position_ids, key_mask, b, past, t, self.config.block_size, idx.device, check)
         x = self.tok_emb(idx)
         rope = None
         if self.pos_emb is not None:
-            x = x + self.pos_emb(position_ids)
+            x = x + self.pos_emb(positions)
         else:
             cos, sin = self.rope_tables(idx.device)
-            rope = (cos[position_ids], sin[position_ids])
-            if position_ids.dim() == 2:  # per sequence: broadcast over heads
+            rope = (cos[positions], sin[positions])
+            if positions.dim() == 2:  # per sequence: broadcast over heads
                 rope = (rope[0].unsqueeze(1), rope[1].unsqueeze(1))
-        x = self.drop(x)
+        return self.drop(x), rope
+
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states ``(B, T, d_model)`` after the last LayerNorm (``forward`` is ``lm_head`` of these).
+
+        Args:
+            idx: token ids ``(B, T)``.
+            cache: a :class:`KVCache` (or any object with ``length`` and ``update(layer_idx, k, v)``).
+            attention_mask: ``(B, T_past + T)`` bool or 0/1 ints, 0 at padding (left or right); padded keys
+                are hidden from every query in every variant. ``None``: no padding.
+            position_ids: ``(B, T)`` or ``(T,)`` positions of the new tokens; default: from ``attention_mask``
+                (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past + T - 1``.
+
+        Raises:
+            ValueError: ``idx`` not 2-D integer, ids outside ``[0, vocab_size)``, a sequence (plus cached
+                positions) longer than ``block_size``, an ``attention_mask`` of the wrong shape or with values
+                other than 0/1, ``position_ids`` of the wrong shape or outside ``[0, block_size)``.
+        """
+        key_mask = None
+        if attention_mask is not None and idx.dim() == 2:  # (a bad idx is reported by embed)
+            key_mask = key_padding_mask(attention_mask, idx.shape[0], idx.shape[1] + (0 if cache is None else cache.length))
+        x, rope = self.embed(idx, cache, key_mask, position_ids)
         for block in self.blocks:
-            x = block(x, rope, cache, key_mask)
+            x = block(x, rope, cache, key_mask=key_mask)
         return self.ln_f(x)
 
-    @staticmethod
-    def _key_mask(attention_mask: torch.Tensor | None, b: int, t_k: int, check: bool) -> torch.Tensor | None:
-        """``attention_mask`` as bool ``(B, T_k)``; ``None`` when absent or all ones (the fast causal path)."""
-        if attention_mask is None:
-            return None
-        if attention_mask.shape != (b, t_k):
-            raise ValueError(
-                f"attention_mask must have shape (B, T_past + T) = ({b}, {t_k}); got {tuple(attention_mask.shape)}"
-            )
-        if check and attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
-            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
-        mask = attention_mask.bool()
-        if check and bool(mask.all()):
-            return None
-        return mask
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(idx, cache, attention_mask, position_ids))
+
+    def trace(self, idx: torch.Tensor) -> Iterator[BlockTrace]:
+        """Run the blocks on ``idx (B, T)`` through the eager attention path, yielding one :class:`BlockTrace`
+        per block as soon as it has run (the final LayerNorm and output head are not computed; stop iterating
+        to skip the remaining blocks). Gradients are tracked as in :meth:`forward`; wrap in ``torch.no_grad()``
+        for diagnostics."""
+        x, rope = self.embed(idx)
+        for i, block in enumerate(self.blocks):
+            out, rec = block(x, rope, None, record=True)
+            yield BlockTrace(i, x, out, rec)
+            x = out
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-        """Mean next-token cross-entropy (nats) of ``targets (B, T)`` given ``idx (B, T)``."""
-        logits = self(idx)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=ignore_index)
+        """Mean next-token cross-entropy (nats) of ``targets (B, T)`` given ``idx (B, T)`` (see
+        :func:`coupled_qk.ops.losses.next_token_loss`)."""
+        return next_token_loss(self(idx), targets, ignore_index)
 
     @torch.no_grad()
     def generate(
@@ -221,7 +243,7 @@ class GPT(nn.Module):
 
         ``temperature = 0`` decodes greedily. With ``use_cache`` the prompt is encoded once and each new token
         reuses the :class:`KVCache` (every variant; exact because the dynamics act per token).
-        ``attention_mask (B, T)`` (0 at padding) lets a batch of prompts of different lengths be padded on
+        ``attention_mask (B, T)`` (0 at padding) lets prompts of different lengths share a batch, padded on
         the left: each row then generates what its prompt generates alone (positions count real tokens).
 
         Raises:
@@ -254,14 +276,46 @@ class GPT(nn.Module):
         return out
 
 
+def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> torch.Tensor | None:
+    """A Hugging Face style ``attention_mask`` ``(B, T_k)`` (1 or True at tokens, 0 at padding) as bool;
+    ``None`` when absent or (checked on CPU tensors only, to avoid a device sync) all ones.
+
+    Raises:
+        ValueError: a shape other than ``(b, t_k)``; (CPU) values other than 0 and 1.
+    """
+    check = attention_mask is not None and attention_mask.device.type == "cpu" and not torch.compiler.is_compiling()
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != (b, t_k):
+        raise ValueError(
+            f"attention_mask must have shape (B, T_past + T) = ({b}, {t_k}); got {tuple(attention_mask.shape)}"
+        )
+    if check and attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    mask = attention_mask.bool()
+    return None if check and bool(mask.all()) else mask
+
+
+def _positions(position_ids, key_mask, b: int, past: int, t: int, block_size: int, device, check: bool):
+    """Positions of the new tokens: ``position_ids`` (checked), else counted over ``key_mask``'s real tokens,
+    else ``past, ..., past + t - 1``."""
+    if position_ids is None:
+        if key_mask is not None:
+            return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+        return torch.arange(past, past + t, device=device)
+    if position_ids.shape not in ((b, t), (t,)):
+        raise ValueError(f"position_ids must have shape ({b}, {t}) or ({t},); got {tuple(position_ids.shape)}")
+    if check and (int(position_ids.min()) < 0 or int(position_ids.max()) >= block_size):
+        raise ValueError(f"position_ids must be in [0, block_size={block_size})")
+    return position_ids
+
+
 def coupling_parameter_overhead(config: GPTConfig) -> dict:
     """Parameter counts of ``config`` and of its ``standard`` twin, and the overhead in percent.
 
     Returns ``{"params": int, "standard_params": int, "extra": int, "overhead_percent": float}``.
     """
-    import dataclasses
-
     with torch.device("meta"):
         n = GPT(config).num_parameters()
-        n0 = GPT(dataclasses.replace(config, attention="standard")).num_parameters()
+        n0 = GPT(config.replace(attention="standard")).num_parameters()
     return dict(params=n, standard_params=n0, extra=n - n0, overhead_percent=100.0 * (n - n0) / n0)

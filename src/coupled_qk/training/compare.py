@@ -8,10 +8,10 @@ import math
 import statistics
 from pathlib import Path
 
+from coupled_qk.models.variants import parse_variants, variant_overrides
 from coupled_qk.training.checkpoint import write_text_atomic
 from coupled_qk.training.config import TrainConfig, config_differences, describe_differences
 from coupled_qk.training.loop import read_metrics, train
-from coupled_qk.variants import parse_variants, variant_overrides
 
 # settings that do not change what a finished run computed
 REUSE_IGNORED = frozenset({"out_dir", "resume", "progress", "tensorboard", "device", "compile", "data_dir", "cache_dir"})

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
+from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import (
     CONTINUATION_FIELDS,
@@ -260,7 +260,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
             ctx = wrapped.no_sync() if (not sync and hasattr(wrapped, "no_sync")) else contextlib.nullcontext()
             with ctx, torch.autocast(**autocast):
                 logits = wrapped(x)
-                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
+                loss = next_token_loss(logits, y)
             scaler.scale(loss / cfg.grad_accum).backward()
             loss_sum += loss.detach()
         if cfg.grad_clip > 0:
