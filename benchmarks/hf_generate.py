@@ -43,6 +43,26 @@ def timed_generate(model, prompt: torch.Tensor, new: int, use_cache: bool) -> fl
     return dt
 
 
+def step_times(model, prompt: torch.Tensor, steps: int) -> tuple[list[float], float]:
+    """Seconds of each of ``steps`` single-token cached forwards after a prefix ``prompt`` (1, P) is in a
+    ``DynamicCache``, and of one uncached forward of the whole ``(1, P + 1)`` sequence."""
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(prompt, cache=cache, logits_to_keep=1)
+        token = prompt[:, -1:]
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            model(token, cache=cache, logits_to_keep=1)
+            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        model(torch.cat([prompt, token], 1), use_cache=False, logits_to_keep=1)
+        full = time.perf_counter() - t0
+    return times, full
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prefixes", default="32,64,128,256,448")
@@ -53,7 +73,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     prefixes = [int(x) for x in a.prefixes.split(",")]
     variants = a.variants.split(",")
-    block = max(prefixes) + a.new_tokens + 1
+    block = max(prefixes) + max(a.new_tokens, 8) + 1
     models = {v: build(v, block) for v in variants}
     cells = [(v, c) for v in variants for c in (True, False)]
     gen = torch.Generator().manual_seed(0)
@@ -64,15 +84,27 @@ def main(argv=None) -> int:
             timed_generate(models[v], prompt, 2, c)
         t1 = {cell: [] for cell in cells}
         tn = {cell: [] for cell in cells}
+        steps = {v: [] for v in variants}
+        full = {v: [] for v in variants}
         for r in range(a.repeats):
             order = cells[r % len(cells):] + cells[: r % len(cells)]
             for v, c in order:
                 t1[(v, c)].append(timed_generate(models[v], prompt, 1, c))
                 tn[(v, c)].append(timed_generate(models[v], prompt, 1 + a.new_tokens, c))
+                if c:
+                    st, f = step_times(models[v], prompt, 8)
+                    steps[v] += st
+                    full[v].append(f)
         for v, c in cells:
             one, many = np.array(t1[(v, c)]), np.array(tn[(v, c)])
             per_token = (many - one) / a.new_tokens
-            rows.append(dict(prefix=P, variant=v, cache=c, per_token_ms=float(np.median(per_token) * 1e3),
+            extra = {}
+            if c:
+                extra = dict(forward_step_ms=float(np.median(steps[v]) * 1e3),
+                             forward_step_ms_p10_p90=np.percentile(np.array(steps[v]) * 1e3, [10, 90]).round(4).tolist())
+            else:
+                extra = dict(forward_full_ms=float(np.median(full[v]) * 1e3))
+            rows.append(dict(prefix=P, variant=v, cache=c, per_token_ms=float(np.median(per_token) * 1e3), **extra,
                              per_token_ms_all=(per_token * 1e3).round(4).tolist(),
                              tokens_per_s=float(np.median((1 + a.new_tokens) / many)),
                              total_s_all=many.round(5).tolist(), prefill_s_all=one.round(5).tolist()))
@@ -116,7 +148,7 @@ def markdown(result: dict, prefixes: list[int], variants: list[str]) -> str:
              "", f"Machine: {m['cpu']}, {m['cpu_count']} cores, torch {m['torch']}, {m['threads']} thread(s). "
              f"Command: `{result['command']}`. Medians over {result['repeats']} interleaved rounds; "
              f"{result['new_tokens']} new tokens after the prefix.", "",
-             "Decoding time per new token (ms, after the prefill) and end-to-end tokens/s:", "",
+             "Decoding time per new token inside `generate` (ms, after the prefill) and end-to-end tokens/s:", "",
              "| prefix | " + " | ".join(f"{v} cached | {v} uncached" for v in variants) + " |",
              "|---:|" + "---:|---:|" * len(variants)]
     for P in prefixes:
@@ -125,6 +157,19 @@ def markdown(result: dict, prefixes: list[int], variants: list[str]) -> str:
             for c in (True, False):
                 r = next(r for r in result["rows"] if (r["prefix"], r["variant"], r["cache"]) == (P, v, c))
                 cells.append(f"{r['per_token_ms']:.2f} ms ({r['tokens_per_s']:.0f} tok/s)")
+        lines.append(f"| {P} | " + " | ".join(cells) + " |")
+    lines += ["", "Model forward alone: one cached single-token step (`DynamicCache`, median [p10, p90] over "
+              f"{8 * result['repeats']} steps) vs one uncached forward of the whole sequence (ms):", "",
+              "| prefix | " + " | ".join(f"{v} cached step | {v} uncached full" for v in variants) + " |",
+              "|---:|" + "---:|---:|" * len(variants)]
+    for P in prefixes:
+        cells = []
+        for v in variants:
+            r = next(r for r in result["rows"] if (r["prefix"], r["variant"], r["cache"]) == (P, v, True))
+            lo, hi = r["forward_step_ms_p10_p90"]
+            cells.append(f"{r['forward_step_ms']:.2f} [{lo:.2f}, {hi:.2f}]")
+            r = next(r for r in result["rows"] if (r["prefix"], r["variant"], r["cache"]) == (P, v, False))
+            cells.append(f"{r['forward_full_ms']:.2f}")
         lines.append(f"| {P} | " + " | ".join(cells) + " |")
     lines += ["", "Time ratios of whole `generate` calls (median of per-round ratios, [min, max]):", "",
               "| prefix | ratio | median | range |", "|---:|---|---:|---|"]

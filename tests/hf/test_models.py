@@ -64,6 +64,18 @@ def test_cached_generate_equals_gpt_generate(variant):
     assert torch.equal(ref, gpt.generate(idx, 12, temperature=0, use_cache=False))
 
 
+def test_beam_search_and_sampling_cached_equal_uncached():
+    lm = CoupledQKForCausalLM.from_gpt(tiny_gpt("coupled_leapfrog"))
+    idx = torch.randint(0, V, (2, 5))
+    beams = [lm.generate(idx, max_new_tokens=6, num_beams=3, do_sample=False, use_cache=c) for c in (True, False)]
+    assert torch.equal(*beams)  # the DynamicCache is reordered with the beams
+    samples = []
+    for c in (True, False):
+        torch.manual_seed(1)
+        samples.append(lm.generate(idx, max_new_tokens=6, do_sample=True, top_k=5, use_cache=c))
+    assert torch.equal(*samples)
+
+
 def test_cache_holds_the_prefix_and_matches_full_forward():
     lm = CoupledQKForCausalLM.from_gpt(tiny_gpt("coupled_differential"))
     idx = torch.randint(0, V, (1, 9))
