@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -74,6 +75,7 @@ def main(argv=None) -> int:
     prefixes = [int(x) for x in a.prefixes.split(",")]
     variants = a.variants.split(",")
     block = max(prefixes) + max(a.new_tokens, 8) + 1
+    load_before = os.getloadavg()
     models = {v: build(v, block) for v in variants}
     cells = [(v, c) for v in variants for c in (True, False)]
     gen = torch.Generator().manual_seed(0)
@@ -132,7 +134,8 @@ def main(argv=None) -> int:
         summary[P] = s
     result = dict(command="OMP_NUM_THREADS=1 python benchmarks/hf_generate.py " + " ".join(sys.argv[1:] if argv is None
                                                                                         else argv),
-                  machine=machine_info(torch.device("cpu")), preset="tiny", block_size=block,
+                  machine=machine_info(torch.device("cpu")), load_average=[load_before, os.getloadavg()],
+                  preset="tiny", block_size=block,
                   new_tokens=a.new_tokens, repeats=a.repeats, rows=rows, ratios=summary)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +150,8 @@ def markdown(result: dict, prefixes: list[int], variants: list[str]) -> str:
     lines = [f"# HF generate, tiny preset (block_size {result['block_size']}), CPU, batch 1, greedy",
              "", f"Machine: {m['cpu']}, {m['cpu_count']} cores, torch {m['torch']}, {m['threads']} thread(s). "
              f"Command: `{result['command']}`. Medians over {result['repeats']} interleaved rounds; "
-             f"{result['new_tokens']} new tokens after the prefix.", "",
+             f"{result['new_tokens']} new tokens after the prefix. 1-minute load average at start and end: "
+             f"{result['load_average'][0][0]:.1f}, {result['load_average'][1][0]:.1f}.", "",
              "Decoding time per new token inside `generate` (ms, after the prefill) and end-to-end tokens/s:", "",
              "| prefix | " + " | ".join(f"{v} cached | {v} uncached" for v in variants) + " |",
              "|---:|" + "---:|---:|" * len(variants)]
