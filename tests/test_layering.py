@@ -19,7 +19,7 @@ LEVELS = {
     "layers": 1,
     "models": 2,
     "data": 3, "training": 3,
-    "analysis": 4, "experiments": 4, "bench": 4, "mqar_sweep": 4, "hf": 4, "_hf_hook": 4,
+    "analysis": 4, "experiments": 4, "hf": 4, "_hf_hook": 4,
     "commands": 5, "cli": 5, "__main__": 5,
 }
 

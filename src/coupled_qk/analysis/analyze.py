@@ -17,6 +17,7 @@ import torch
 from coupled_qk.analysis.capture import analyze_model, token_windows
 from coupled_qk.analysis.conventions import CONVENTIONS, MAP_METRICS
 from coupled_qk.analysis.report import dumps, summary_markdown
+from coupled_qk.training.rundir import RunDir
 
 __all__ = [
     "MAP_METRICS",
@@ -29,11 +30,12 @@ __all__ = [
 
 
 def _find_tokenizer(ckpt: Path) -> Path:
-    for where in (ckpt / "tokenizer", ckpt.parent / "tokenizer"):
+    run = RunDir(ckpt.parent)  # a checkpoint folder's parent is its run folder
+    for where in (ckpt / RunDir.TOKENIZER, run.tokenizer_dir):
         if (where / "tokenizer.json").is_file():
             return where
     raise FileNotFoundError(
-        f"no tokenizer for checkpoint {ckpt}: expected {ckpt.parent / 'tokenizer' / 'tokenizer.json'} (the run "
+        f"no tokenizer for checkpoint {ckpt}: expected {run.tokenizer_dir / 'tokenizer.json'} (the run "
         "folder's tokenizer, saved by training)"
     )
 

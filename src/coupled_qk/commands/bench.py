@@ -12,8 +12,8 @@ import sys
 
 import torch
 
-from coupled_qk.bench import markdown_table, result_stem, run_bench, write_results
 from coupled_qk.commands.options import add_model_options, config_from_args
+from coupled_qk.experiments.bench import bench_markdown, result_stem, run_bench, write_results
 from coupled_qk.models.variants import VARIANTS
 
 HELP = "train-step speed of every attention variant against standard"
@@ -96,6 +96,6 @@ def run(args) -> int:
         **result,
     )
     json_path, md_path = write_results(result, args.out_dir, result_stem(args.preset, result))
-    print(markdown_table(result))
+    print(bench_markdown(result))
     print(f"wrote {json_path} and {md_path}")
     return 0

@@ -10,11 +10,15 @@ from coupled_qk.models.config import PRESETS, GPTConfig, parse_overrides
 def add_model_options(parser: argparse.ArgumentParser, default_preset: str | None = "tiny") -> None:
     """Add ``--preset``, ``--attention``, ``--integrator``, ``--n-steps`` and ``--set FIELD=VALUE``."""
     parser.add_argument(
-        "--preset", default=default_preset, choices=sorted(PRESETS), help=f"model size preset (default {default_preset})"
+        "--preset", default=default_preset, choices=sorted(PRESETS), help=f"model size preset (default: {default_preset or 'tiny, or the config file'})"
     )
-    parser.add_argument("--attention", default=None, help="attention variant (default: the preset's, standard)")
-    parser.add_argument("--integrator", default=None, help="euler | leapfrog | symplectic_euler")
-    parser.add_argument("--n-steps", type=int, default=None, help="integration steps of the dynamics")
+    parser.add_argument("--attention", default=None,
+                        help="attention variant: standard, coupled, uncoupled_mlp, differential, coupled_differential "
+                        "(default: standard)")
+    parser.add_argument("--integrator", default=None,
+                        help="integrator of coupled attention: euler, leapfrog or symplectic_euler (default: euler)")
+    parser.add_argument("--n-steps", type=int, default=None, metavar="INT",
+                        help="integration steps of coupled attention (default: 1)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
         help="override any GPTConfig field, e.g. --set n_layer=6 --set position=learned (repeatable)",
@@ -31,11 +35,19 @@ def config_from_args(args, **extra) -> GPTConfig:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"0,1,2" -> [0, 1, 2]``; ``ValueError`` naming ``--seeds`` otherwise."""
+    """``"0,1,2" -> [0, 1, 2]``; ``ValueError`` naming ``--seeds`` for non-integers, no seed, a repeated or a
+    negative seed."""
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise ValueError(f"--seeds={text!r}: expected comma-separated integers, e.g. 0,1,2") from None
     if not seeds:
         raise ValueError(f"--seeds={text!r} names no seed")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"--seeds={text!r} repeats seed(s) {repeated}: each seed is one run, so a repeat would "
+                         "be reported as an independent run")
+    negative = [s for s in seeds if s < 0]
+    if negative:
+        raise ValueError(f"--seeds={text!r}: seeds must be >= 0, got {negative}")
     return seeds

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import platform
 import time
@@ -22,24 +21,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
-from coupled_qk.models.variants import FLAT_MAP_OPTIONS, get_attention, variant_overrides
-from coupled_qk.models.variants import parse_variants as parse_variants_list
+from coupled_qk.models.variants import FLAT_MAP_OPTIONS, get_attention, parse_variants, variant_overrides
 from coupled_qk.training.distributed import pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BASELINE = "standard"
 
 
-def parse_variants(text: str | list[str] | None) -> list[str]:
+def with_baseline(text: str | list[str] | None) -> list[str]:
     """Variant specs (see :mod:`coupled_qk.models.variants`) with ``standard`` always first; ``None``/``"all"`` -> the
     paper's variants and baselines.
 
     Raises:
         ValueError: an unknown variant (the message lists the valid ones).
     """
-    names = parse_variants_list(text)
+    names = parse_variants(text)
     return [BASELINE] + [n for n in names if n != BASELINE]
 
 
@@ -139,7 +138,7 @@ class _Runner:
         return 1000.0 * (time.perf_counter() - start), 1000.0 * (time.process_time() - cpu_start)
 
 
-def summarize(times_ms: list[float], tokens_per_step: int) -> dict:
+def step_time_stats(times_ms: list[float], tokens_per_step: int) -> dict:
     """``median_ms, min_ms, p10_ms, p90_ms, tokens_per_s`` of step times (tokens/s from the median)."""
     t = np.asarray(times_ms, dtype=np.float64)
     median = float(np.median(t))
@@ -211,7 +210,7 @@ def run_bench(
             ``[1, block_size]``.
     """
     t0 = time.perf_counter()
-    names = parse_variants(variants)
+    names = with_baseline(variants)
     dev = device if isinstance(device, torch.device) else pick_device(device)
     dtype = resolve_dtype(dtype, dev)
     seq_len = base.block_size if seq_len is None else seq_len
@@ -259,7 +258,7 @@ def run_bench(
             attention=configs[n].attention,
             integrator=getattr(configs[n].qk_map, "integrator", None),
             n_steps=getattr(configs[n].qk_map, "n_steps", None),
-            **summarize(times[n], tokens_per_step),
+            **step_time_stats(times[n], tokens_per_step),
             params=info["params"],
             overhead_percent=info["overhead_percent"],
             compiled=r.compiled,
@@ -310,7 +309,7 @@ def result_stem(preset: str, result: dict) -> str:
     return "-".join(parts)
 
 
-def markdown_table(result: dict) -> str:
+def bench_markdown(result: dict) -> str:
     """The result as markdown: settings, machine, command and one table row per variant."""
     s, m = result["settings"], result["machine"]
     c = s["config"]
@@ -353,9 +352,6 @@ def markdown_table(result: dict) -> str:
 
 def write_results(result: dict, out_dir: str | Path, stem: str) -> tuple[Path, Path]:
     """Write ``<stem>.json`` and ``<stem>.md`` under ``out_dir`` (created); returns both paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    md_path.write_text(markdown_table(result))
+    json_path, md_path = write_report(out_dir, Report(json={f"{stem}.json": result},
+                                                      text={f"{stem}.md": bench_markdown(result)}))
     return json_path, md_path
