@@ -16,6 +16,14 @@ ATTENTION_VARIANTS = tuple(ATTENTIONS)
 
 _hf_hook.install()  # AutoConfig/AutoModelForCausalLM know "coupled_qk" once transformers is used (no import here)
 
+def __getattr__(name: str):
+    """Lazy exports that would otherwise import the data and training layers with the package."""
+    if name in ("load_run", "LoadedRun"):
+        from coupled_qk.training import pretrained
+
+        return getattr(pretrained, name)
+    raise AttributeError(f"module 'coupled_qk' has no attribute {name!r}")
+
 __all__ = [
     "ATTENTIONS",
     "ATTENTION_VARIANTS",
@@ -28,12 +36,14 @@ __all__ = [
     "GPTConfig",
     "GradientForce",
     "KVCache",
+    "LoadedRun",
     "MLPForce",
     "QKDynamics",
     "QKMap",
     "QueryMLP",
     "coupling_parameter_overhead",
     "integrate_qk",
+    "load_run",
     "register_qk_map",
     "register_variant",
 ]
