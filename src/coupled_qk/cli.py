@@ -26,6 +26,7 @@ COMMANDS = {
     "mqar": "multi-query associative recall (Zoology) sweep over attention variants",
     "generate": "sample text from a trained run (its own tokenizer, KV-cache decoding)",
     "analyze": "attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints",
+    "export": "write a run's checkpoint as a Hugging Face folder (AutoModelForCausalLM / AutoTokenizer)",
 }
 
 EXIT_USAGE, EXIT_DIVERGED = 2, 3
