@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
 
-TASKS = ("lm", "mqar")
+TASKS = ("lm", "mqar", "glue")
 
 # fields that may differ between a run and its continuation (budget, logging, where files live, runtime)
 CONTINUATION_FIELDS = frozenset({

@@ -3,7 +3,9 @@
 A task provides ``model_overrides() -> dict``, ``describe() -> dict``,
 ``train_batch(step, micro, rank, world, batch_size, device) -> (x, y)`` (a pure function of its arguments,
 which makes resume exact and multi-process runs match one process), ``evaluate(model, device, quick,
-autocast_dtype) -> dict`` and ``save(run_dir)``.
+autocast_dtype) -> dict`` and ``save(run_dir)``. Optionally ``build_model(model_cfg) -> nn.Module`` (default:
+``GPT(model_cfg)``): a model mapping ``x`` to logits ``(..., C)`` scored by cross-entropy against ``y`` of shape
+``(...)`` (``-100`` ignored), e.g. a classifier ``(B, C)`` against labels ``(B,)``; it needs ``num_parameters()``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def total_steps_of(cfg: TrainConfig, tokens_per_step: int) -> int:
 def _build_task(cfg: TrainConfig, run_dir: Path, runtime: Runtime):
     if cfg.task == "lm":
         from coupled_qk.training.lm import LMTask as task_cls
+    elif cfg.task == "glue":
+        from coupled_qk.training.glue_task import GlueTask as task_cls
     else:
         from coupled_qk.training.mqar_task import MQARTask as task_cls
     if runtime.is_main:  # rank 0 fills the caches first, the others then read them
@@ -203,7 +207,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
     torch.manual_seed(cfg.seed)
     task = task if task is not None else _build_task(cfg, run_dir, runtime)
     model_cfg = cfg.gpt_config(**task.model_overrides())
-    model = GPT(model_cfg).to(runtime.device)
+    build = getattr(task, "build_model", GPT)
+    model = build(model_cfg).to(runtime.device)
     state = {"step": 0, "tokens": 0, "train_seconds": 0.0}
     where = None
     if cfg.resume and has_ckpt:
