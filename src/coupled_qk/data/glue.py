@@ -219,8 +219,12 @@ def glue_metrics(task: str, labels, predictions) -> dict:
 
     Raises:
         ValueError: unknown task, empty or unequal-length inputs.
+        ImportError: scikit-learn is not installed (the ``[glue]`` extra).
     """
-    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+    try:
+        from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+    except ImportError as exc:  # an optional dependency: the [glue] extra
+        raise ImportError("GLUE metrics need scikit-learn: pip install 'coupled-qk[glue]'") from exc
 
     task = check_task(task)
     y, p = np.asarray(labels).reshape(-1), np.asarray(predictions).reshape(-1)

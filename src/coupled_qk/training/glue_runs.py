@@ -99,7 +99,10 @@ def _summary(values: list[float]) -> dict:
 
 def paired_difference(a: list[float], b: list[float]) -> dict:
     """Mean of ``a_i - b_i`` with a two-sided 95% Student-t interval (scipy); ``ci95`` is ``None`` for n < 2."""
-    from scipy import stats
+    try:
+        from scipy import stats
+    except ImportError as exc:  # an optional dependency: the [glue] extra
+        raise ImportError("GLUE summaries need scipy: pip install 'coupled-qk[glue]'") from exc
 
     diffs = [x - y for x, y in zip(a, b, strict=True)]
     mean = statistics.fmean(diffs)
