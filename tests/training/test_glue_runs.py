@@ -8,7 +8,7 @@ from scipy import stats
 from test_glue_task import make_pretrained, write_sst2  # tests/training is on sys.path (rootdir conftest)
 
 from coupled_qk.cli import main
-from coupled_qk.training.glue_runs import finetune_config, paired_difference, parse_tasks
+from coupled_qk.training.glue_runs import finetune_config, model_name, paired_difference, parse_per_task, parse_tasks
 
 
 def test_paired_difference_matches_a_hand_computed_t_interval():
@@ -25,6 +25,14 @@ def test_parse_tasks_and_defaults(tmp_path):
     assert parse_tasks("RTE, mrpc") == ["rte", "mrpc"]
     with pytest.raises(ValueError, match="'qnli' is unknown"):
         parse_tasks("rte,qnli")
+    assert parse_per_task("3000") == 3000 and parse_per_task(None) is None
+    assert parse_per_task("SST2=3000, rte=600") == {"sst2": 3000, "rte": 600}
+    for bad in ("0", "x", "rte=0", "qqp=5", "rte"):
+        with pytest.raises(ValueError, match="--max-train-examples"):
+            parse_per_task(bad)
+    assert model_name(tmp_path / "coupled" / "seed0") == "coupled"
+    assert model_name(tmp_path / "coupled" / "seed0" / "ckpt-00000064") == "coupled"
+    assert model_name(tmp_path / "my-run") == "my-run"
     glue_dir = write_sst2(tmp_path / "glue", n_train=100, n_dev=10)
     cfg = finetune_config("pre", "sst2", 1, tmp_path / "o", glue_dir=str(glue_dir), max_train_examples=50)
     assert cfg.max_steps == math.ceil(3 * 50 / 32) and cfg.lr == 1e-4 and cfg.warmup_steps == 1

@@ -159,3 +159,23 @@ def test_clear_errors(setup, tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no tokenizer.json"):
         GlueTask(glue_cfg(other, glue_dir, tmp_path / "r"))
     assert np.all(GlueTask(glue_cfg(pre, glue_dir, tmp_path / "r")).dev_split.labels >= 0)
+
+
+def test_evaluate_matches_row_by_row_scoring(setup, tmp_path):
+    pre, glue_dir = setup
+    task = GlueTask(glue_cfg(pre, glue_dir, tmp_path / "run", task_options={"eval_batch_size": 7}))
+    torch.manual_seed(1)
+    model = task.build_model(GPTConfig.load(pre / "ckpt-00000000" / "model_config.json"))
+    model.eval()
+    with torch.no_grad():  # a bias that splits the predictions between both classes
+        margin = torch.cat([model(torch.tensor([ids])) for ids in task.dev_ids]).diff(dim=-1)
+        model.head.bias[1] -= margin.median() + 1e-6
+    out = task.evaluate(model, "cpu", quick=False)
+    with torch.no_grad():
+        logits = torch.cat([model(torch.tensor([ids])) for ids in task.dev_ids])
+    labels = torch.from_numpy(task.dev_split.labels)
+    preds = logits.argmax(-1)
+    assert 0 < preds.sum() < len(preds)
+    assert out["dev/accuracy"] == pytest.approx((preds == labels).double().mean().item(), abs=1e-12)
+    assert out["dev/loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
+    assert task.evaluate(model, "cpu", quick=True)["dev/examples"] == 64

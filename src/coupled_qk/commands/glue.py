@@ -19,8 +19,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default per task, 1e-4)")
     parser.add_argument("--epochs", type=float, default=None, help="epochs (default per task: 3, RTE/MRPC 5)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch size (default 32)")
-    parser.add_argument("--max-train-examples", type=int, default=None,
-                        help="fine-tune on a seeded random subset of this many training rows (default: all)")
+    parser.add_argument("--max-train-examples", default=None,
+                        help="fine-tune on a seeded random subset of this many training rows (default: all): N for "
+                        "every task or task=N pairs, e.g. sst2=3000,rte=600")
     parser.add_argument("--pooling", default="last", choices=("last", "mean"),
                         help="classify from the last token's hidden state (default) or the mean over tokens")
     parser.add_argument("--device", default="auto")
@@ -28,15 +29,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from coupled_qk.training.glue_runs import format_table, parse_tasks, run_glue
+    from coupled_qk.training.glue_runs import format_table, parse_per_task, parse_tasks, run_glue
 
     tasks, seeds = parse_tasks(args.task), parse_seeds(args.seeds)
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     out_dir = args.out_dir or (f"{args.run_dirs[0]}/glue" if len(args.run_dirs) == 1 else "runs/glue")
-    if args.max_train_examples is not None and args.max_train_examples < 1:
-        raise ValueError(f"--max-train-examples={args.max_train_examples} must be >= 1")
+    subsets = parse_per_task(args.max_train_examples)
     summary = run_glue(args.run_dirs, tasks, seeds, out_dir, names=names, glue_dir=args.glue_dir, lr=args.lr,
-                       epochs=args.epochs, batch_size=args.batch_size, max_train_examples=args.max_train_examples,
+                       epochs=args.epochs, batch_size=args.batch_size, max_train_examples=subsets,
                        pooling=args.pooling, device=args.device, progress=args.progress)
     print(format_table(summary))
     print(f"\nwritten: {out_dir}/results.json, results.md")

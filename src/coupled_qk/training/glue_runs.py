@@ -40,6 +40,33 @@ def parse_tasks(text: str) -> list[str]:
     return tasks
 
 
+def parse_per_task(text: str | None, flag: str = "--max-train-examples") -> int | dict | None:
+    """``"3000"`` -> 3000 (every task); ``"sst2=3000,rte=600"`` -> ``{"sst2": 3000, "rte": 600}`` (others: all rows).
+
+    Raises:
+        ValueError: naming ``flag``: an unknown task, a value that is not an integer >= 1.
+    """
+    if text is None:
+        return None
+    try:
+        if "=" not in text:
+            value = int(text)
+            if value < 1:
+                raise ValueError
+            return value
+        out = {}
+        for item in text.split(","):
+            key, value = item.split("=", 1)
+            out[check_task(key.strip())] = int(value)
+            if out[check_task(key.strip())] < 1:
+                raise ValueError
+        return out
+    except ValueError as exc:
+        why = f" ({exc})" if str(exc) else ""
+        raise ValueError(f"{flag}={text!r}: expected an integer >= 1 or task=N pairs, e.g. sst2=3000,rte=600{why}") \
+            from None
+
+
 def finetune_config(pretrained: str, task: str, seed: int, out_dir: str | Path, glue_dir: str | None = None,
                     lr: float | None = None, epochs: float | None = None, batch_size: int | None = None,
                     max_train_examples: int | None = None, pooling: str = "last", **fields) -> TrainConfig:
@@ -89,6 +116,7 @@ def finetune(cfg: TrainConfig) -> dict:
 def model_name(run_dir: str | Path) -> str:
     """A label for a pretrained run: its folder name, or the parent's when the folder is ``seed<k>``."""
     path = Path(run_dir).resolve()
+    path = path.parent if path.name.startswith("ckpt-") else path
     return path.parent.name if path.name.startswith("seed") else path.name
 
 
@@ -117,6 +145,8 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
              names: list[str] | None = None, **options) -> dict:
     """Fine-tune every ``pretrained x task x seed`` and summarise; the first model is the baseline.
 
+    ``options`` go to :func:`finetune_config`; ``max_train_examples`` may also be a ``{task: N}`` dict.
+
     Returns (and writes to ``out_dir/results.json``)::
 
         {"schema": SCHEMA, "tasks": [...], "seeds": [...], "baseline": name, "settings": {task: config},
@@ -132,6 +162,7 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
     if len(names) != len(pretrained) or len(set(names)) != len(names):
         raise ValueError(f"names={names!r}: need one distinct name per pretrained run ({len(pretrained)})")
     out_dir = Path(out_dir)
+    per_task = options.pop("max_train_examples", None)
     summary: dict = {"schema": SCHEMA, "tasks": tasks, "seeds": seeds, "baseline": names[0], "settings": {},
                      "models": {}, "differences": {}}
     for name, path in zip(names, pretrained, strict=True):
@@ -139,7 +170,9 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
         for task in tasks:
             runs = []
             for seed in seeds:
-                cfg = finetune_config(path, task, seed, out_dir / name / task / f"seed{seed}", **options)
+                subset = per_task.get(task) if isinstance(per_task, dict) else per_task
+                cfg = finetune_config(path, task, seed, out_dir / name / task / f"seed{seed}",
+                                      max_train_examples=subset, **options)
                 summary["settings"].setdefault(task, {k: v for k, v in cfg.to_dict().items()
                                                       if k not in ("seed", "out_dir", "task_options")})
                 res = finetune(cfg)

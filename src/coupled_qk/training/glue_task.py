@@ -13,7 +13,7 @@ Settings live in ``TrainConfig.task_options``::
     pooling               "last" (hidden state of the final <|endoftext|>, default) or "mean" (over real tokens)
     max_train_examples    keep a seeded random subset of the training set of this size (default: all)
     subsample_seed        seed of that subset (default 0; the same subset for every fine-tuning seed and model)
-    quick_eval_examples   dev rows scored by the periodic (quick) evaluation (default 256; the final one: all)
+    quick_eval_examples   dev rows scored by the periodic (quick) evaluation (default 64; the final one: all)
     eval_batch_size       rows per evaluation forward pass (default 64)
 
 Batches: training rows are visited in epochs; epoch ``e`` is a permutation seeded by ``(seed, e)``, and the
@@ -159,7 +159,7 @@ class GlueTask:
         self.pooling = opts.get("pooling", "last")
         if self.pooling not in POOLINGS:
             raise ValueError(f"task_options.pooling={self.pooling!r} is unknown; expected one of {POOLINGS}")
-        self.quick_examples = _int_option(opts, "quick_eval_examples", 256, 1)
+        self.quick_examples = _int_option(opts, "quick_eval_examples", 64, 1)
         self.eval_batch_size = _int_option(opts, "eval_batch_size", 64, 1)
         max_train = _int_option(opts, "max_train_examples", None, 1)
         subsample_seed = _int_option(opts, "subsample_seed", 0, 0)
@@ -231,13 +231,14 @@ class GlueTask:
         model.eval()
         n = min(self.quick_examples, len(self.dev_ids)) if quick else len(self.dev_ids)
         labels = torch.from_numpy(self.dev_split.labels[:n])
-        logits = []
+        order = sorted(range(n), key=lambda i: len(self.dev_ids[i]))  # batches of similar length: little padding
+        logits = torch.empty(n, self.num_classes)
         for lo in range(0, n, self.eval_batch_size):
-            x = pad_batch(self.dev_ids[lo : lo + self.eval_batch_size]).to(device)
+            rows = order[lo : lo + self.eval_batch_size]
+            x = pad_batch([self.dev_ids[i] for i in rows]).to(device)
             with torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype,
                                 enabled=autocast_dtype is not None):
-                logits.append(model(x).float().cpu())
-        logits = torch.cat(logits)
+                logits[rows] = model(x).float().cpu()
         out = {"dev/loss": float(F.cross_entropy(logits, labels)), "dev/examples": n}
         metrics = glue_metrics(self.glue_task, labels.numpy(), logits.argmax(dim=-1).numpy())
         out.update({f"dev/{k}": v for k, v in metrics.items()})
