@@ -20,7 +20,8 @@ Batches: training rows are visited in epochs; epoch ``e`` is a permutation seede
 global batch ``g = step * grad_accum + micro`` holds rows ``[g * B * world, (g + 1) * B * world)`` of the
 concatenated epochs (rank ``r`` takes its ``B`` rows), so batches are a pure function of the arguments.
 Rows are right-padded to the longest row of the batch with :data:`PAD_ID`; the classifier reads only real
-tokens (the models are causal, so padding after a token never changes its hidden state).
+tokens (the models are causal, so padding after a token never changes its hidden state). The loop's ``tokens``
+counter assumes ``block_size`` tokens per row, an upper bound for these padded batches.
 """
 
 from __future__ import annotations
