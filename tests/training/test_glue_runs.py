@@ -63,7 +63,7 @@ def test_command_end_to_end_and_reuse(tmp_path, capsys):
     assert "| coupled − standard |" in table and "majority class" in table
     capsys.readouterr()
     assert main(["glue", *args]) == 0  # everything finished: reused, nothing retrained
-    assert capsys.readouterr().out.count("reusing the finished fine-tune") == 4
+    assert capsys.readouterr().out.count("reusing the finished run") == 4
     changed = [x if x != "1e-3" else "2e-3" for x in args]
     assert main(["glue", *changed]) == 2
     assert "different settings (lr: 0.001 vs 0.002)" in capsys.readouterr().err

@@ -90,7 +90,8 @@ def test_classifier_ignores_padding_and_pools_as_documented(pooling):
 
 def test_batches_are_pure_and_cover_each_epoch(setup, tmp_path):
     pre, glue_dir = setup
-    cfg = glue_cfg(pre, glue_dir, tmp_path / "run", seed=3, grad_accum=2, task_options={"max_train_examples": 64})
+    cfg = glue_cfg(pre, glue_dir, tmp_path / "run", seed=3, grad_accum=2, batch_size=4,
+                   task_options={"max_train_examples": 64})
     task = GlueTask(cfg)
     assert len(task.train_ids) == 64 and task.describe()["train_examples_total"] == 400
     # two ranks of batch 4 with grad_accum 2: steps 0-3 are one epoch's 64 rows, steps 4-7 the next epoch
@@ -108,6 +109,7 @@ def test_batches_are_pure_and_cover_each_epoch(setup, tmp_path):
                     assert label == task.train_split.labels[task.train_ids.index(ids)]
     every = sorted(tuple(r) for r in task.train_ids)
     assert sorted(seen[:64]) == every and sorted(seen[64:]) == every  # each row once per epoch
+    assert task.step_tokens(5, 2) == sum(len(r) for r in seen[80:96])  # real tokens of step 5's 16 rows
     assert seen[:64] != seen[64:]  # a new permutation per epoch
 
 
@@ -124,7 +126,7 @@ def test_end_to_end_beats_majority_and_reports(setup, tmp_path):
     assert res["params"] == sum(p.numel() for p in GPT(GPTConfig.load(pre / "ckpt-00000000" / "model_config.json"))
                                 .parameters()) + 2 * 32 + 2
     # resume: a longer budget continues from the fine-tune's own checkpoint
-    more = train(glue_cfg(pre, glue_dir, tmp_path / "run", max_steps=70, resume=True))
+    more = train(glue_cfg(pre, glue_dir, tmp_path / "run", max_steps=70, resume=True, on_budget_change="keep"))
     assert more["steps"] == 70
 
 
@@ -144,7 +146,7 @@ def test_clear_errors(setup, tmp_path):
     with pytest.raises(ValueError, match="needs task_options.pretrained"):
         TrainConfig.from_dict(dict(task="glue", max_steps=1, task_options={"glue_task": "rte"})) and \
             GlueTask(TrainConfig.from_dict(dict(task="glue", max_steps=1, task_options={"glue_task": "rte"})))
-    with pytest.raises(ValueError, match=r"unknown task_options \['lr'\]"):
+    with pytest.raises(ValueError, match=r"unknown glue task_options \['lr'\]"):
         GlueTask(glue_cfg(pre, glue_dir, tmp_path / "r", task_options={"lr": 1}))
     with pytest.raises(FileNotFoundError, match="RTE/train.tsv is missing"):
         GlueTask(glue_cfg(pre, glue_dir, tmp_path / "r", task_options={"glue_task": "rte"}))
@@ -178,4 +180,6 @@ def test_evaluate_matches_row_by_row_scoring(setup, tmp_path):
     assert 0 < preds.sum() < len(preds)
     assert out["dev/accuracy"] == pytest.approx((preds == labels).double().mean().item(), abs=1e-12)
     assert out["dev/loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
+    model.train()
     assert task.evaluate(model, "cpu", quick=True)["dev/examples"] == 64
+    assert model.training  # the mode is restored

@@ -42,7 +42,9 @@ def test_refuses_to_overwrite_and_checks_config(tiny_cfg, tmp_path):
         train(tiny_cfg(max_steps=4, lr=0.05, resume=True))
     with pytest.raises(ValueError, match="tokenizer: 'bpe-300' vs 'bpe-400'"):
         train(tiny_cfg(max_steps=4, tokenizer="bpe-400", resume=True))
-    res = train(tiny_cfg(max_steps=4, resume=True))  # a larger budget is a valid continuation
+    with pytest.raises(ValueError, match="different budget.*--on-budget-change keep"):
+        train(tiny_cfg(max_steps=4, resume=True))  # a larger budget must be asked for (issue 9 C)
+    res = train(tiny_cfg(max_steps=4, resume=True, on_budget_change="keep"))
     assert res["steps"] == 4
 
 
@@ -180,6 +182,9 @@ def test_damaged_checkpoint_is_a_clear_error(tmp_path):
     run = tmp_path / "damaged"
     where = ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 1})
     (where / "model.safetensors").write_bytes(b"\x00\x01garbage")
+    with pytest.raises(ValueError, match=r"model\.safetensors is damaged: its SHA-256 differs"):
+        ckpt.load_checkpoint_model(run)
+    (where / "checksums.json").unlink()  # a checkpoint from before checksums: the reader's own error
     with pytest.raises(ValueError, match=r"cannot read .*model\.safetensors.*damaged"):
         ckpt.load_checkpoint_model(run)
     (where / "state.json").write_text("{")

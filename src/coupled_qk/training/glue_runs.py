@@ -1,21 +1,19 @@
 """Fine-tune pretrained checkpoints on GLUE tasks over seeds, reuse finished runs, summarise (METHOD.md claim C11).
 
-Each fine-tune is one run of the training loop in ``out_dir/<model>/<task>/seed<k>`` (resumable like training;
-a finished run with the same settings is reused). :func:`run_glue` writes ``out_dir/results.json``
-(structure in its docstring) and ``out_dir/results.md``.
+Each fine-tune is one run of the training loop in ``out_dir/<model>/<task>/seed<k>``, planned and executed by
+the experiment runner (:mod:`coupled_qk.experiments.runner`: resumable like training; a finished run with the
+same settings is reused). :func:`run_glue` writes ``out_dir/results.json`` (structure in its docstring) and
+``out_dir/results.md``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import statistics
 from pathlib import Path
 
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, load_glue
-from coupled_qk.training.checkpoint import write_text_atomic
-from coupled_qk.training.config import TrainConfig, config_differences, describe_differences
+from coupled_qk.training.config import TrainConfig
 
 SCHEMA = "coupled-qk/glue-results/v1"
 # per task: learning rate, epochs, batch size (GPT-style fine-tuning, Radford et al. 2018 section 4.1: 3 epochs,
@@ -27,7 +25,6 @@ DEFAULTS = {
     "rte": {"lr": 1e-4, "epochs": 5, "batch_size": 32},
     "mrpc": {"lr": 1e-4, "epochs": 5, "batch_size": 32},
 }
-REUSE_IGNORED = frozenset({"out_dir", "resume", "progress", "tensorboard", "device", "compile", "data_dir", "cache_dir"})
 
 
 def parse_tasks(text: str) -> list[str]:
@@ -91,28 +88,6 @@ def finetune_config(pretrained: str, task: str, seed: int, out_dir: str | Path, 
     return TrainConfig.from_dict({**base, **fields})
 
 
-def finetune(cfg: TrainConfig) -> dict:
-    """Run (or reuse, or resume) one fine-tune; returns its ``results.json`` content.
-
-    Raises:
-        ValueError: the folder holds a finished run with other settings (naming them).
-    """
-    from coupled_qk.training.loop import train
-
-    run_dir = Path(cfg.out_dir)
-    done = run_dir / "results.json"
-    if done.is_file():
-        results = json.loads(done.read_text())
-        diff = config_differences(results["config"], cfg, REUSE_IGNORED)
-        if diff:
-            raise ValueError(f"{run_dir} holds a finished fine-tune with different settings "
-                             f"({describe_differences(diff)}); choose another --out-dir or delete that folder")
-        print(f"== reusing the finished fine-tune in {run_dir}", flush=True)
-        return results
-    print(f"== fine-tune -> {run_dir}", flush=True)
-    return train(dataclasses.replace(cfg, resume=(run_dir / "latest").is_file()))
-
-
 def model_name(run_dir: str | Path) -> str:
     """A label for a pretrained run: its folder name, or the parent's when the folder is ``seed<k>``."""
     path = Path(run_dir).resolve()
@@ -161,23 +136,32 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
         names = [model_name(p) for p in pretrained]
     if len(names) != len(pretrained) or len(set(names)) != len(names):
         raise ValueError(f"names={names!r}: need one distinct name per pretrained run ({len(pretrained)})")
+    from coupled_qk.experiments.runner import PlannedRun, Report, execute, write_report
+
     out_dir = Path(out_dir)
     per_task = options.pop("max_train_examples", None)
+    plan = []
+    for name, path in zip(names, pretrained, strict=True):
+        for task in tasks:
+            subset = per_task.get(task) if isinstance(per_task, dict) else per_task
+            for seed in seeds:
+                cfg = finetune_config(path, task, seed, out_dir / name / task / f"seed{seed}",
+                                      max_train_examples=subset, **options)
+                plan.append(PlannedRun(cfg, f"{name} {task} seed {seed}", {"model": name, "task": task, "seed": seed}))
+    records = execute(plan)
     summary: dict = {"schema": SCHEMA, "tasks": tasks, "seeds": seeds, "baseline": names[0], "settings": {},
                      "models": {}, "differences": {}}
     for name, path in zip(names, pretrained, strict=True):
         entry = {"pretrained": str(path), "tasks": {}}
         for task in tasks:
             runs = []
-            for seed in seeds:
-                subset = per_task.get(task) if isinstance(per_task, dict) else per_task
-                cfg = finetune_config(path, task, seed, out_dir / name / task / f"seed{seed}",
-                                      max_train_examples=subset, **options)
-                summary["settings"].setdefault(task, {k: v for k, v in cfg.to_dict().items()
+            for rec in (r for r in records if r.keys["model"] == name and r.keys["task"] == task):
+                res = rec.results
+                summary["settings"].setdefault(task, {k: v for k, v in rec.run.config.to_dict().items()
                                                       if k not in ("seed", "out_dir", "task_options")})
-                res = finetune(cfg)
                 dev = {k.removeprefix("dev/"): v for k, v in res["final"].items()}
-                runs.append({"seed": seed, "run_dir": cfg.out_dir, "dev": dev, "train_seconds": res["train_seconds"]})
+                runs.append({"seed": rec.keys["seed"], "run_dir": rec.run.config.out_dir, "dev": dev,
+                             "train_seconds": res["train_seconds"]})
                 entry["attention"] = res["model_config"]["attention"]
                 data = res["data"]
             metrics = {m: _summary([r["dev"][m] for r in runs]) for m in TASK_INFO[task][3]}
@@ -190,9 +174,7 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
                                         base["tasks"][task]["metrics"][m]["values"]) for m in TASK_INFO[task][3]}
             for task in tasks
         }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / "results.json", json.dumps(summary, indent=2))
-    write_text_atomic(out_dir / "results.md", format_table(summary) + "\n")
+    write_report(out_dir, Report(json={"results.json": summary}, text={"results.md": format_table(summary) + "\n"}))
     return summary
 
 

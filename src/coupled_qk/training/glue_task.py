@@ -20,8 +20,8 @@ Batches: training rows are visited in epochs; epoch ``e`` is a permutation seede
 global batch ``g = step * grad_accum + micro`` holds rows ``[g * B * world, (g + 1) * B * world)`` of the
 concatenated epochs (rank ``r`` takes its ``B`` rows), so batches are a pure function of the arguments.
 Rows are right-padded to the longest row of the batch with :data:`PAD_ID`; the classifier reads only real
-tokens (the models are causal, so padding after a token never changes its hidden state). The loop's ``tokens``
-counter assumes ``block_size`` tokens per row, an upper bound for these padded batches.
+tokens (the models are causal, so padding after a token never changes its hidden state); :meth:`GlueTask.step_tokens`
+counts real tokens only.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.tasks import check_options
 
 PAD_ID = -1
 POOLINGS = ("last", "mean")
@@ -149,10 +150,7 @@ class GlueTask:
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
-        opts = dict(cfg.task_options)
-        unknown = sorted(set(opts) - set(KNOWN_OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown task_options {unknown} for task 'glue'; known: {list(KNOWN_OPTIONS)}")
+        opts = dict(check_options("glue", cfg.task_options, KNOWN_OPTIONS))
         for key in ("glue_task", "pretrained"):
             if key not in opts:
                 raise ValueError(f"task 'glue' needs task_options.{key}")
@@ -218,17 +216,27 @@ class GlueTask:
     def _epoch_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.cfg.seed, epoch]).permutation(len(self.train_ids))
 
-    def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int, device) -> tuple:
-        """``(x, y)``: right-padded ids ``(batch_size, T_max)`` and labels ``(batch_size,)`` (LongTensors)."""
+    def _rows(self, step: int, micro: int, rank: int, world: int, batch_size: int) -> list[int]:
         n = len(self.train_ids)
         start = ((step * self.cfg.grad_accum + micro) * world + rank) * batch_size
-        rows = [int(self._epoch_order(i // n)[i % n]) for i in range(start, start + batch_size)]
+        return [int(self._epoch_order(i // n)[i % n]) for i in range(start, start + batch_size)]
+
+    def step_tokens(self, step: int, world: int) -> int:
+        """Real (unpadded) input tokens of optimiser step ``step`` over all micro-steps and ``world`` ranks."""
+        return sum(len(self.train_ids[r]) for micro in range(self.cfg.grad_accum) for rank in range(world)
+                   for r in self._rows(step, micro, rank, world, self.cfg.batch_size))
+
+    def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int, device) -> tuple:
+        """``(x, y)``: right-padded ids ``(batch_size, T_max)`` and labels ``(batch_size,)`` (LongTensors)."""
+        rows = self._rows(step, micro, rank, world, batch_size)
         x = pad_batch([self.train_ids[r] for r in rows])
         return x.to(device), self.train_labels[rows].to(device)
 
     @torch.no_grad()
     def evaluate(self, model, device, quick: bool = True, autocast_dtype=None) -> dict:
-        """Dev-set loss and GLUE metrics, keys ``dev/<metric>``; ``quick``: the first ``quick_eval_examples``."""
+        """Dev-set loss and GLUE metrics, keys ``dev/<metric>``; ``quick``: the first ``quick_eval_examples``.
+        Restores ``model``'s training mode."""
+        was_training = model.training
         model.eval()
         n = min(self.quick_examples, len(self.dev_ids)) if quick else len(self.dev_ids)
         labels = torch.from_numpy(self.dev_split.labels[:n])
@@ -243,6 +251,7 @@ class GlueTask:
         out = {"dev/loss": float(F.cross_entropy(logits, labels)), "dev/examples": n}
         metrics = glue_metrics(self.glue_task, labels.numpy(), logits.argmax(dim=-1).numpy())
         out.update({f"dev/{k}": v for k, v in metrics.items()})
+        model.train(was_training)
         return out
 
     def save(self, run_dir: Path) -> None:
