@@ -29,7 +29,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from coupled_qk.training.glue_runs import format_table, parse_per_task, parse_tasks, run_glue
+    from coupled_qk.experiments.glue import format_table, parse_per_task, parse_tasks, run_glue
 
     tasks, seeds = parse_tasks(args.task), parse_seeds(args.seeds)
     names = [n.strip() for n in args.names.split(",")] if args.names else None

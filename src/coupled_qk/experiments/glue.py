@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, load_glue
+from coupled_qk.experiments.runner import PlannedRun, Report, execute, write_report
 from coupled_qk.training.config import TrainConfig
 
 SCHEMA = "coupled-qk/glue-results/v1"
@@ -136,8 +137,6 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
         names = [model_name(p) for p in pretrained]
     if len(names) != len(pretrained) or len(set(names)) != len(names):
         raise ValueError(f"names={names!r}: need one distinct name per pretrained run ({len(pretrained)})")
-    from coupled_qk.experiments.runner import PlannedRun, Report, execute, write_report
-
     out_dir = Path(out_dir)
     per_task = options.pop("max_train_examples", None)
     plan = []
