@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 COMMANDS = {
     "describe": "parameter counts and coupling overhead of a model",
@@ -23,6 +24,7 @@ COMMANDS = {
     "compare": "train several attention variants with the same data and budget, then compare",
     "demo": "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes",
     "mqar": "multi-query associative recall (Zoology) sweep over attention variants",
+    "generate": "sample text from a trained run (its own tokenizer, KV-cache decoding)",
     "analyze": "attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints",
     "glue": "fine-tune pretrained checkpoints on GLUE tasks (SST-2, CoLA, RTE, MRPC) and compare them",
 }
@@ -54,6 +56,11 @@ def _say(command: str, message: str) -> None:
     print(f"coupled-qk {command}: {message}", file=sys.stderr, flush=True)
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings for users read as one line, without the library's source line."""
+    return f"coupled-qk: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``coupled-qk`` command; returns the process exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -68,8 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return EXIT_USAGE
     module = importlib.import_module(f"coupled_qk.commands.{args.command}")
+    from coupled_qk.progress import set_mode
     from coupled_qk.training.stop import TrainingDiverged, TrainingInterrupted
 
+    warnings.formatwarning = _one_line_warning
+    if getattr(args, "progress", True) is False:  # --no-progress: no bars and no periodic log lines anywhere
+        set_mode("off")
     try:
         return int(module.run(args) or 0)
     except TrainingInterrupted as exc:

@@ -190,3 +190,19 @@ def test_damaged_checkpoint_is_a_clear_error(tmp_path):
     (where / "state.json").write_text("{")
     with pytest.raises(ValueError, match=r"state\.json is not valid JSON"):
         ckpt.read_json(where / "state.json")
+
+
+def test_small_splits_and_repeated_data_warn(tiny_cfg):
+    from coupled_qk.training.lm import LMTask
+
+    cfg = tiny_cfg(max_steps=None, max_tokens=10_000_000)
+    with pytest.warns(UserWarning) as record:
+        LMTask(cfg)
+    messages = [str(w.message) for w in record]
+    assert any("the valid split" in m and "noisy estimate" in m for m in messages)
+    assert any("passes over the" in m for m in messages)
+
+
+def test_warmup_longer_than_the_run_warns(tiny_cfg):
+    with pytest.warns(UserWarning, match=r"warmup_steps=8 is at least the schedule's 8 steps"):
+        train(tiny_cfg(warmup_steps=8, max_steps=8))

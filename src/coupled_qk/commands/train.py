@@ -20,6 +20,7 @@ HELP = "train a language model on a corpus"
 
 # fields set otherwise: model via --preset/--attention/--set, task_options via --opt
 NOT_FLAGS = ("preset", "model", "task_options")
+SPLIT_FLAGS = ("valid_fraction", "test_fraction", "min_split_words", "split_seed")  # -> LM task_options
 DEFAULT_MAX_STEPS = 1000  # when neither --max-steps nor --max-tokens is given
 
 
@@ -37,15 +38,16 @@ def train_flags(resume: bool = False) -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig) if f.name not in skip]
 
 
-def add_train_options(parser, model: bool = True, defaults: dict | None = None, resume: bool = False) -> None:
+def add_train_options(parser, model: bool = True, defaults: dict | None = None, resume: bool = False,
+                      variant_flags: bool = True) -> None:
     """Flags shared by ``train``, ``compare`` and ``demo``: one per :class:`TrainConfig` field (its help and
     default from the field's metadata; ``defaults`` replaces the shown defaults, as ``demo`` does), plus
-    ``--config``, the model options and ``--opt FIELD=VALUE``. Values stay strings here; they are parsed to
-    the field's type in :func:`config_from_args`."""
+    ``--config``, the model options (``variant_flags``: see :func:`add_model_options`) and ``--opt FIELD=VALUE``.
+    Values stay strings here; they are parsed to the field's type in :func:`config_from_args`."""
     parser.add_argument("--config", default=None, metavar="FILE",
-                        help="TrainConfig JSON file (e.g. configs/wt103-60m.json); flags override its fields")
+                        help="TrainConfig JSON file (e.g. configs/wt103-60m-coupled.json); flags override its fields")
     if model:
-        add_model_options(parser, default_preset=None)
+        add_model_options(parser, default_preset=None, variant_flags=variant_flags)
     group = parser.add_argument_group("training options (TrainConfig fields)")
     types = field_types(TrainConfig)
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -62,6 +64,18 @@ def add_train_options(parser, model: bool = True, defaults: dict | None = None, 
         else:
             metavar = "{" + ",".join(choices) + "}" if choices else _metavar(types[name])
             group.add_argument(flag, dest=name, default=None, metavar=metavar, help=text)
+    split = parser.add_argument_group(
+        "held-out splits (language modelling): for corpora split at random by documents (a text file, a folder "
+        "of *.txt files, pubmed, mixed-domain); a folder with train.txt/valid.txt/test.txt is used as given")
+    split.add_argument("--valid-fraction", type=float, default=None, metavar="FLOAT",
+                       help="share of documents in the validation split (default: 0.01)")
+    split.add_argument("--test-fraction", type=float, default=None, metavar="FLOAT",
+                       help="share of documents in the test split (default: 0.01)")
+    split.add_argument("--min-split-words", type=int, default=None, metavar="INT",
+                       help="each evaluation split grows to this many words (~1.3 tokens each), within 20%% of the "
+                       "corpus (default: 10000)")
+    split.add_argument("--split-seed", type=int, default=None, metavar="INT",
+                       help="seed of the document shuffle (default: 0)")
     parser.add_argument(
         "--opt", dest="train_overrides", action="append", default=[], metavar="FIELD=VALUE",
         help="override any TrainConfig field, e.g. --opt min_lr_ratio=0.05 or --opt task_options='{...}' "
@@ -93,6 +107,9 @@ def config_from_args(args, **fields) -> TrainConfig:
         if value is not None and name not in NOT_FLAGS:
             data[name] = coerce("--" + name.replace("_", "-"), value, types[name])
     data.update(parse_overrides(args.train_overrides, TrainConfig, "--opt"))
+    split = {k: getattr(args, k) for k in SPLIT_FLAGS if getattr(args, k, None) is not None}
+    if split:
+        data["task_options"] = {**(data.get("task_options") or {}), **split}
     model = dict(data.get("model") or {}) if isinstance(data.get("model", {}), dict) else data.get("model")
     if getattr(args, "preset", None):
         data["preset"] = args.preset

@@ -124,7 +124,7 @@ class TrainConfig(JSONConfig):
     out_dir: str = _f("runs/run", "run folder (config, metrics, checkpoints, results)")
     resume: bool = _f(False, "continue the run in out_dir from its latest checkpoint")
     tensorboard: bool = _f(True, "write TensorBoard events")
-    progress: bool = _f(True, "show a progress bar")
+    progress: bool = _f(True, "show progress: a bar on a terminal, plain periodic log lines otherwise")
     task_options: dict = _f(None, "task-specific options (command line: --opt task_options='{...}')",
                             default_factory=dict)
 

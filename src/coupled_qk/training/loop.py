@@ -197,6 +197,11 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     if where is not None:
         ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
     sched = plan_schedule(state, cfg, total_steps_of(cfg, task, runtime.world), say)
+    if runtime.is_main and cfg.warmup_steps >= sched.horizon - sched.start:
+        warnings.warn(f"warmup_steps={cfg.warmup_steps} is at least the schedule's {sched.horizon - sched.start} steps: "
+                      "the learning rate never reaches --lr and the cosine decay never runs; set --warmup-steps "
+                      f"below the step count (e.g. {max(1, (sched.horizon - sched.start) // 10)}, 10% of it)",
+                      stacklevel=2)
     model = getattr(task, "build_model", GPT)(model_cfg).to(runtime.device)
     if where is not None:
         ckpt.load_weights(model, where)

@@ -10,8 +10,7 @@ import json
 import warnings
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
+from coupled_qk.progress import progress
 from coupled_qk.training.rundir import RunDir
 
 
@@ -67,7 +66,7 @@ class Logger:
                 self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard_dir))
             except ImportError:
                 warnings.warn("tensorboard is not installed; logging JSON lines only", stacklevel=2)
-        self.bar = tqdm(total=total_steps, initial=start_step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+        self.bar = progress(total_steps, "training", "steps", initial=start_step, enabled=cfg.progress)
 
     def log(self, record: dict) -> None:
         if not self.active:
