@@ -16,6 +16,7 @@ ATTENTION_VARIANTS = tuple(ATTENTIONS)
 
 _hf_hook.install()  # AutoConfig/AutoModelForCausalLM know "coupled_qk" once transformers is used (no import here)
 
+
 def __getattr__(name: str):
     """Lazy exports that would otherwise import the data and training layers with the package."""
     if name in ("load_run", "LoadedRun"):
@@ -23,6 +24,7 @@ def __getattr__(name: str):
 
         return getattr(pretrained, name)
     raise AttributeError(f"module 'coupled_qk' has no attribute {name!r}")
+
 
 __all__ = [
     "ATTENTIONS",
