@@ -76,7 +76,7 @@ BAD = [
     ("clip-nan", ["--grad-clip", "nan"], "grad_clip=nan"),
     ("warmup-neg", ["--warmup-steps", "-1"], "warmup_steps=-1"),
     ("dtype", ["--dtype", "fp8"], "dtype='fp8' is unknown"),
-    ("task", ["--task", "glue"], "task='glue' is unknown"),
+    ("task", ["--task", "nope"], "task='nope' is unknown"),
     ("preset", ["--preset", "huge"], "invalid choice: 'huge'"),
     ("attention", ["--attention", "flash"], "attention='flash'"),
     ("set-type", ["--set", "n_layer=zero"], "n_layer='zero' is not an integer"),

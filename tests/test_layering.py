@@ -18,8 +18,8 @@ LEVELS = {
     "_checks": 0, "io": 0, "progress": 0, "ops": 0,
     "layers": 1,
     "models": 2,
-    "data": 3, "training": 3, "hf": 3,
-    "analysis": 4, "experiments": 4,
+    "data": 3, "training": 3,
+    "analysis": 4, "experiments": 4, "hf": 4, "_hf_hook": 4,
     "commands": 5, "cli": 5, "__main__": 5,
 }
 

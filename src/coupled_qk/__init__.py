@@ -1,5 +1,6 @@
 """coupled-qk: coupled query-key dynamics attention (Gahtan & Bronstein, arXiv:2604.01683v1) for PyTorch."""
 
+from coupled_qk import _hf_hook
 from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKDynamics, QKMap, QueryMLP
@@ -12,6 +13,8 @@ __version__ = "0.1.0"
 
 ATTENTION_VARIANTS = tuple(ATTENTIONS)
 """Names of the attentions registered at import (see :data:`coupled_qk.models.variants.ATTENTIONS`)."""
+
+_hf_hook.install()  # AutoConfig/AutoModelForCausalLM know "coupled_qk" once transformers is used (no import here)
 
 
 def __getattr__(name: str):

@@ -26,6 +26,8 @@ COMMANDS = {
     "mqar": "multi-query associative recall (Zoology) sweep over attention variants",
     "generate": "sample text from a trained run (its own tokenizer, KV-cache decoding)",
     "analyze": "attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints",
+    "export": "write a run's checkpoint as a Hugging Face folder (AutoModelForCausalLM / AutoTokenizer)",
+    "glue": "fine-tune pretrained checkpoints on GLUE tasks (SST-2, CoLA, RTE, MRPC) and compare them",
 }
 
 EXIT_USAGE, EXIT_DIVERGED = 2, 3

@@ -28,7 +28,7 @@ def test_paper_configs_exist():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(task="glue"), "task"),
+        (dict(task="nope"), "task"),
         (dict(batch_size=0), "batch_size"),
         (dict(max_steps=None, max_tokens=None), "max_steps or max_tokens"),
         (dict(dtype="fp8"), "dtype"),

@@ -12,7 +12,7 @@ from coupled_qk.training.tasks import TASKS, Task, check_options, steps_for_toke
 
 def test_registry_maps_names_to_classes():
     assert task_class("lm") is LMTask and task_class("mqar") is MQARTask
-    assert list(TASKS) == ["lm", "mqar"]
+    assert list(TASKS) == ["lm", "mqar", "glue"]
     for name in TASKS:
         cls = task_class(name)
         assert cls.name == name

@@ -5,6 +5,7 @@
 - :mod:`.compare`: attention variants x seeds on a language-modelling corpus (``coupled-qk compare``/``demo``).
 - :mod:`.mqar_presets`, :mod:`.mqar_sweep`, :mod:`.mqar_report`: MQAR sweeps (``coupled-qk mqar``).
 - :mod:`.bench`: interleaved train-step timing of the variants (``coupled-qk bench``).
+- :mod:`.glue`: GLUE fine-tuning of pretrained checkpoints x tasks x seeds (``coupled-qk glue``).
 
 Submodules are imported on use (plotting and timing code stays out of ``import coupled_qk``).
 """

@@ -144,8 +144,28 @@ def _causal_mask(t_q: int, t_k: int, device) -> torch.Tensor:
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
+def attention_mask_4d(key_mask: torch.Tensor | None, t_q: int, t_k: int) -> torch.Tensor | None:
+    """Boolean mask ``(B, 1, T_q, T_k)`` (True = may attend): causal, with padded keys (``key_mask`` False)
+    hidden from every query except the padded position itself (so no row is empty and no NaN appears; the
+    outputs at padded positions are never seen by real tokens). ``None`` when ``key_mask`` is ``None``.
+
+    Args:
+        key_mask: ``(B, T_k)`` bool, True at real tokens, or ``None``.
+    """
+    if key_mask is None:
+        return None
+    causal = _causal_mask(t_q, t_k, key_mask.device)
+    own = torch.eye(t_q, t_k, dtype=torch.bool, device=key_mask.device).roll(t_k - t_q, dims=1)
+    return (causal & key_mask[:, None, None, :]) | own
+
+
 def scaled_dot_product(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eager: bool, dropout_p: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    eager: bool,
+    dropout_p: float = 0.0,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal attention ``softmax(q k^T / sqrt(d) + mask) v`` with the causal mask aligned to the end.
 
@@ -156,6 +176,8 @@ def scaled_dot_product(
             with ``H_k == H_v`` read in place by SDPA's ``enable_gqa``, without repeating the cache).
         eager: compute the scores and softmax explicitly in (at least) float32 and also return the
             probabilities (float32 for half-precision inputs).
+        mask: optional boolean ``(B, 1, T_q, T_k)`` from :func:`attention_mask_4d` (padding); it replaces the
+            plain causal mask.
 
     Returns:
         ``(out (B, H, T_q, d_v), probs (B, H, T_q, T_k) or None)``.
@@ -165,16 +187,19 @@ def scaled_dot_product(
         if v.shape[1] != k.shape[1]:  # per-query-head keys over grouped values: one fused kernel path
             v = expand_kv(v, k.shape[1] // v.shape[1])
         gqa = k.shape[1] != h
-        mask = None if t_q == 1 or t_q == t_k else _causal_mask(t_q, t_k, q.device)
+        causal = False
+        if mask is None:
+            causal = t_q == t_k > 1
+            mask = None if t_q == 1 or t_q == t_k else _causal_mask(t_q, t_k, q.device)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=t_q == t_k > 1, dropout_p=dropout_p, enable_gqa=gqa
+            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p, enable_gqa=gqa
         ), None
     k, v = expand_kv(k, h // k.shape[1]), expand_kv(v, h // v.shape[1])
     # Upcast before the product (issue 9 F): q k^T in float16 overflows for |q|, |k| ~ 33 at d = 64. The
     # product is then scaled in float32, so float32 inputs give the same bits as before.
     dtype = torch.promote_types(q.dtype, torch.float32)
     scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~_causal_mask(t_q, t_k, q.device), float("-inf"))
+    scores = scores.masked_fill(~(_causal_mask(t_q, t_k, q.device) if mask is None else mask), float("-inf"))
     probs = scores.softmax(dim=-1)
     attn = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
     return torch.matmul(attn.to(v.dtype), v), probs
@@ -237,8 +262,10 @@ class CausalSelfAttention(nn.Module):
         impl: ``"sdpa"`` (fast) or ``"eager"``.
 
     Forward: ``x (B, T, d_model) -> (B, T, d_model)``; ``rope`` is ``(cos, sin)`` of shape ``(T, d_head)``
-    for the current positions, ``cache`` a :class:`KVCache` to read and extend. With ``record=True`` the
-    eager path runs and the result is ``(y, AttentionRecord)``.
+    (or ``(B, 1, T, d_head)``: positions per sequence) for the current positions, ``cache`` a
+    :class:`KVCache` to read and extend, ``key_mask`` an optional bool ``(B, T_past + T)``, False at padding
+    (hidden from every query, see :func:`attention_mask_4d`). With ``record=True`` the eager path runs and the
+    result is ``(y, AttentionRecord)``.
 
     State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) load.
 
@@ -334,6 +361,7 @@ class CausalSelfAttention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: KVCache | None = None,
         record: bool = False,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, AttentionRecord]:
         b, t, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
@@ -362,11 +390,12 @@ class CausalSelfAttention(nn.Module):
         eager = record or self.impl == "eager"
         p = self.dropout if self.training else 0.0
         lam = a2 = None
+        mask = attention_mask_4d(key_mask, t, k.shape[-2])
         if not self.differential:
-            y, a1 = scaled_dot_product(q, k, v, eager, p)
+            y, a1 = scaled_dot_product(q, k, v, eager, p, mask)
         else:
-            y1, a1 = scaled_dot_product(q[:, 0::2], k[:, 0::2], v, eager, p)
-            y2, a2 = scaled_dot_product(q[:, 1::2], k[:, 1::2], v, eager, p)
+            y1, a1 = scaled_dot_product(q[:, 0::2], k[:, 0::2], v, eager, p, mask)
+            y2, a2 = scaled_dot_product(q[:, 1::2], k[:, 1::2], v, eager, p, mask)
             lam = self.differential_lambda()
             y = self.subln(y1 - lam.to(y1.dtype) * y2) * (1.0 - self.lambda_init)
         y = self.out_proj(y.transpose(1, 2).reshape(b, t, h * dh))

@@ -57,9 +57,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model) if config.use_mlp else None
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout) if config.use_mlp else None
 
-    def forward(self, x, rope=None, cache=None, record: bool = False):
-        """``x (B, T, d_model)`` -> same shape; with ``record`` returns ``(x, AttentionRecord)``."""
-        a = self.attn(self.ln_1(x), rope, cache, record=record)
+    def forward(self, x, rope=None, cache=None, record: bool = False, key_mask=None):
+        """``x (B, T, d_model)`` -> same shape; with ``record`` returns ``(x, AttentionRecord)``; ``key_mask``
+        ``(B, T_past + T)`` bool, False at padding."""
+        a = self.attn(self.ln_1(x), rope, cache, record=record, key_mask=key_mask)
         rec = None
         if record:
             a, rec = a
@@ -142,11 +143,18 @@ class GPT(nn.Module):
         return KVCache(self.config.n_layer, c if capacity is None else capacity)
 
     def embed(
-        self, idx: torch.Tensor, cache: KVCache | None = None, check_ids: bool = True
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        key_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        check_ids: bool = True,
     ) -> tuple[torch.Tensor, tuple | None]:
         """Checked token ids ``(B, T)`` -> the input of block 0 ``(B, T, d_model)`` and the RoPE tables of the
-        current positions (``None`` with learned positions). Raises as :meth:`forward`; ``check_ids=False``
-        skips the id-range check (a reduction over ``idx``; :meth:`generate` checks the prompt once)."""
+        current positions (``None`` with learned positions). ``key_mask``: bool ``(B, T_past + T)`` from
+        :func:`key_padding_mask`, which numbers the positions when ``position_ids`` is ``None``. Arguments
+        and errors as :meth:`hidden_states`; ``check_ids=False`` skips the id-range check (a reduction over
+        ``idx``; :meth:`generate` checks the prompt once)."""
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         b, t = idx.shape
@@ -158,22 +166,59 @@ class GPT(nn.Module):
                 f"sequence length {past + t} (cached {past} + new {t}) exceeds the context "
                 f"block_size={self.config.block_size}"
             )
-        if check_ids and not torch.compiler.is_compiling():
+        check = idx.device.type == "cpu" and not torch.compiler.is_compiling()
+        if check and check_ids:
             self._check_ids(idx)
+        positions = _positions(position_ids, key_mask, b, past, t, self.config.block_size, idx.device, check)
         x = self.tok_emb(idx)
         rope = None
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(past, past + t, device=idx.device))
+            x = x + self.pos_emb(positions)
         else:
             cos, sin = self.rope_tables(idx.device)
-            rope = (cos[past : past + t], sin[past : past + t])
+            rope = (cos[positions], sin[positions])
+            if positions.dim() == 2:  # per sequence: broadcast over heads
+                rope = (rope[0].unsqueeze(1), rope[1].unsqueeze(1))
         return self.drop(x), rope
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x, rope = self.embed(idx, cache)
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states ``(B, T, d_model)`` after the last LayerNorm (``forward`` is ``lm_head`` of these).
+
+        Args:
+            idx: token ids ``(B, T)``.
+            cache: a :class:`KVCache` (or any object with ``length`` and ``update(layer_idx, k, v)``).
+            attention_mask: ``(B, T_past + T)`` bool or 0/1 ints, 0 at padding (left or right); padded keys
+                are hidden from every query in every variant. ``None``: no padding.
+            position_ids: ``(B, T)`` or ``(T,)`` positions of the new tokens; default: from ``attention_mask``
+                (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past + T - 1``.
+
+        Raises:
+            ValueError: ``idx`` not 2-D integer, ids outside ``[0, vocab_size)``, a sequence (plus cached
+                positions) longer than ``block_size``, an ``attention_mask`` of the wrong shape or with values
+                other than 0/1, ``position_ids`` of the wrong shape or outside ``[0, block_size)``.
+        """
+        key_mask = None
+        if attention_mask is not None and idx.dim() == 2:  # (a bad idx is reported by embed)
+            key_mask = key_padding_mask(attention_mask, idx.shape[0], idx.shape[1] + (0 if cache is None else cache.length))
+        x, rope = self.embed(idx, cache, key_mask, position_ids)
         for block in self.blocks:
-            x = block(x, rope, cache)
-        return self.lm_head(self.ln_f(x))
+            x = block(x, rope, cache, key_mask=key_mask)
+        return self.ln_f(x)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(idx, cache, attention_mask, position_ids))
 
     def trace(self, idx: torch.Tensor) -> Iterator[BlockTrace]:
         """Run the blocks on ``idx (B, T)`` through the eager attention path, yielding one :class:`BlockTrace`
@@ -200,11 +245,14 @@ class GPT(nn.Module):
         top_k: int | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after the prompt ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
 
         ``temperature = 0`` decodes greedily. With ``use_cache`` the prompt is encoded once and each new token
         reuses the :class:`KVCache` (every variant; exact because the dynamics act per token).
+        ``attention_mask (B, T)`` (0 at padding) lets prompts of different lengths share a batch, padded on
+        the left: each row then generates what its prompt generates alone (positions count real tokens).
 
         Raises:
             ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, or a total length beyond
@@ -224,9 +272,15 @@ class GPT(nn.Module):
         b, t = idx.shape
         out = idx.new_empty(b, total)
         out[:, :t] = idx
-        step_input = idx
+        step_input, mask = idx, attention_mask
         for i in range(max_new_tokens):
-            logits = self.next_token_logits(step_input if use_cache else out[:, : t + i], cache).float()
+            if mask is not None and i:
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            context = step_input if use_cache else out[:, : t + i]
+            if mask is None:
+                logits = self.next_token_logits(context, cache).float()
+            else:
+                logits = self(context, cache, mask)[:, -1, :].float()
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -256,6 +310,40 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, rope, cache)
         return self.lm_head(self.ln_f(x[:, -1]))
+
+
+def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> torch.Tensor | None:
+    """A Hugging Face style ``attention_mask`` ``(B, T_k)`` (1 or True at tokens, 0 at padding) as bool;
+    ``None`` when absent or (checked on CPU tensors only, to avoid a device sync) all ones.
+
+    Raises:
+        ValueError: a shape other than ``(b, t_k)``; (CPU) values other than 0 and 1.
+    """
+    check = attention_mask is not None and attention_mask.device.type == "cpu" and not torch.compiler.is_compiling()
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != (b, t_k):
+        raise ValueError(
+            f"attention_mask must have shape (B, T_past + T) = ({b}, {t_k}); got {tuple(attention_mask.shape)}"
+        )
+    if check and attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    mask = attention_mask.bool()
+    return None if check and bool(mask.all()) else mask
+
+
+def _positions(position_ids, key_mask, b: int, past: int, t: int, block_size: int, device, check: bool):
+    """Positions of the new tokens: ``position_ids`` (checked), else counted over ``key_mask``'s real tokens,
+    else ``past, ..., past + t - 1``."""
+    if position_ids is None:
+        if key_mask is not None:
+            return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+        return torch.arange(past, past + t, device=device)
+    if position_ids.shape not in ((b, t), (t,)):
+        raise ValueError(f"position_ids must have shape ({b}, {t}) or ({t},); got {tuple(position_ids.shape)}")
+    if check and (int(position_ids.min()) < 0 or int(position_ids.max()) >= block_size):
+        raise ValueError(f"position_ids must be in [0, block_size={block_size})")
+    return position_ids
 
 
 def coupling_parameter_overhead(config: GPTConfig) -> dict:

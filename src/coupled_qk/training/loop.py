@@ -4,7 +4,10 @@ A task (registered in :data:`coupled_qk.training.tasks.TASKS`) implements :class
 ``model_overrides() -> dict``, ``describe() -> dict``, ``train_batch(step, micro, rank, world, batch_size,
 device) -> (x, y)`` (a pure function of its arguments, which makes resume exact and multi-process runs match
 one process), ``step_tokens(step, world) -> int``, ``evaluate(model, device, quick, autocast_dtype) -> dict``
-and ``save(run_dir)``. The run folder's layout is :class:`coupled_qk.training.rundir.RunDir`.
+and ``save(run_dir)``. Optionally ``build_model(model_cfg) -> nn.Module`` (default: ``GPT(model_cfg)``): a model
+with ``num_parameters()`` mapping ``x`` to logits ``(..., C)``, scored by cross-entropy against ``y`` of shape
+``(...)`` (``-100`` ignored), e.g. a classifier's ``(B, C)`` against labels ``(B,)`` (the GLUE task). The run
+folder's layout is :class:`coupled_qk.training.rundir.RunDir`.
 
 Reliability: the run folder is locked for one writer (:mod:`~coupled_qk.training.lock`); stop decisions are
 shared by all ranks (:mod:`~coupled_qk.training.stop`); a stop signal saves the current step; a non-finite
@@ -199,7 +202,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
                       "the learning rate never reaches --lr and the cosine decay never runs; set --warmup-steps "
                       f"below the step count (e.g. {max(1, (sched.horizon - sched.start) // 10)}, 10% of it)",
                       stacklevel=2)
-    model = GPT(model_cfg).to(runtime.device)
+    model = getattr(task, "build_model", GPT)(model_cfg).to(runtime.device)
     if where is not None:
         ckpt.load_weights(model, where)
     wrapped = _wrap(model, cfg, runtime)  # FSDP2 replaces the parameters: build the optimizer after it

@@ -18,6 +18,7 @@ __all__ = ["TASKS", "Task", "check_options", "steps_for_tokens", "task_class"]
 TASKS: dict[str, str] = {
     "lm": "coupled_qk.training.lm:LMTask",
     "mqar": "coupled_qk.training.mqar_task:MQARTask",
+    "glue": "coupled_qk.training.glue_task:GlueTask",
 }
 """Task name -> ``"module:Class"`` of a class implementing :class:`Task`."""
 

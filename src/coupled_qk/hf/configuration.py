@@ -1,0 +1,78 @@
+"""``CoupledQKConfig``: a Hugging Face config whose fields are exactly the :class:`~coupled_qk.GPTConfig` ones.
+
+Every ``GPTConfig`` field is a top-level attribute (and key of ``config.json``), with the query-key map's
+options in the nested ``qk_map`` dict as in ``GPTConfig``; edits of those keys take effect. The flat
+spellings ``GPTConfig`` accepts (``integrator``, ``n_steps``, ``dt_init``, ...) are accepted as input too.
+Construction validates through ``GPTConfig`` (the same ``ValueError`` naming the field). ``config.json``
+files written by coupled-qk 0.1.0 nest the fields in a ``"gpt"`` dict: they still load, with the top-level
+keys taking precedence. See ``docs/METHOD.md`` section 4 for the fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from transformers import PretrainedConfig
+
+from coupled_qk.models.config import GPTConfig
+
+GPT_FIELDS = tuple(f.name for f in dataclasses.fields(GPTConfig))
+"""Names of the ``GPTConfig`` fields (stored in ``config.json``)."""
+
+FLAT_OPTIONS = tuple(GPTConfig._extra_names)
+"""Flat spellings of ``qk_map`` options that ``GPTConfig`` routes into ``qk_map`` (input only)."""
+
+
+class CoupledQKConfig(PretrainedConfig):
+    """Hugging Face config of a coupled-qk model (``model_type = "coupled_qk"``).
+
+    Args:
+        **kwargs: any :class:`~coupled_qk.GPTConfig` field (``vocab_size``, ``block_size``, ``n_layer``,
+            ``d_model``, ``n_heads``, ``attention``, ``qk_map``, ...) or flat map option (``integrator``,
+            ``n_steps``, ``dt_init``, ...) plus the usual ``PretrainedConfig``
+            keywords (``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ...). Fields left out take the
+            ``GPTConfig`` defaults; derived ones (``n_kv_heads``, ``d_head``, ``d_ff``) are filled in.
+
+    Standard names map onto ours: ``num_hidden_layers -> n_layer``, ``hidden_size -> d_model``,
+    ``num_attention_heads -> n_heads``, ``num_key_value_heads -> n_kv_heads``, ``head_dim -> d_head``,
+    ``intermediate_size -> d_ff``, ``max_position_embeddings -> block_size``.
+
+    Raises:
+        ValueError: an invalid field value (from :class:`~coupled_qk.GPTConfig`), naming the field.
+    """
+
+    model_type = "coupled_qk"
+    attribute_map = {
+        "num_hidden_layers": "n_layer",
+        "hidden_size": "d_model",
+        "num_attention_heads": "n_heads",
+        "num_key_value_heads": "n_kv_heads",
+        "head_dim": "d_head",
+        "intermediate_size": "d_ff",
+        "max_position_embeddings": "block_size",
+    }
+
+    def __init__(self, **kwargs):
+        legacy = kwargs.pop("gpt", None) or {}  # written by coupled-qk 0.1.0 (flat options, top-level copies)
+        top = {k: kwargs.pop(k) for k in GPT_FIELDS + FLAT_OPTIONS if k in kwargs}
+        if top.get("qk_map", 0) is None:  # None means "the defaults": never let it erase given map options
+            del top["qk_map"]
+        fields = {**legacy, **top}  # top-level keys win
+        if legacy:
+            fields = GPTConfig._upgrade(fields, "config.json")
+        gpt = GPTConfig.from_dict(fields)
+        kwargs.setdefault("tie_word_embeddings", True)
+        use_cache = bool(kwargs.pop("use_cache", True)) or bool(legacy)  # the old wrapper could not cache
+        super().__init__(**kwargs)
+        self.use_cache = use_cache
+        for name, value in gpt.to_dict().items():
+            setattr(self, name, value)
+
+    @classmethod
+    def from_gpt_config(cls, config: GPTConfig, **kwargs) -> CoupledQKConfig:
+        """The Hugging Face config of a :class:`~coupled_qk.GPTConfig`; ``kwargs`` as the constructor."""
+        return cls(**config.to_dict(), **kwargs)
+
+    def to_gpt_config(self) -> GPTConfig:
+        """The equivalent validated :class:`~coupled_qk.GPTConfig` (``ValueError`` naming a bad field)."""
+        return GPTConfig.from_dict({k: getattr(self, k) for k in GPT_FIELDS})

@@ -1,0 +1,180 @@
+"""lm-evaluation-harness for coupled-qk models, offline: local task files and a CLI that knows our models.
+
+``python -m coupled_qk.hf.harness run --model hf --model_args pretrained=HF_DIR,backend=causal --tasks NAME
+--include_path TASK_DIR --device cpu`` is the ``lm-eval`` command line (``pip install "coupled-qk[lm-eval]"``)
+after ``import coupled_qk``, which registers ``model_type = "coupled_qk"`` with ``AutoModelForCausalLM``.
+
+``python -m coupled_qk.hf.harness make-task perplexity|sst2 FILE TASK_DIR [--name NAME] [--max-docs N]`` writes
+a local task (``NAME.yaml`` + ``NAME.jsonl``) that lm-eval reads with ``datasets``' ``json`` loader, so no
+dataset is downloaded:
+
+- ``perplexity``: a text file (WikiText layout: `` = Title = `` headings; or paragraphs separated by blank
+  lines) as documents for ``loglikelihood_rolling`` (word and byte perplexity, bits per byte), like
+  lm-eval's ``wikitext`` task.
+- ``sst2``: a ``sentence<TAB>label`` file (GLUE SST-2) as the two-choice task of lm-eval's ``sst2`` (same
+  prompt, ``acc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+_HEADING = re.compile(r"^ = [^=].* = $")
+
+PERPLEXITY_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+metadata:
+  version: 1.0
+"""
+
+SST2_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{sentence}}}}\\nQuestion: Is this sentence positive or negative?\\nAnswer:"
+doc_to_target: label
+doc_to_choice: ["negative", "positive"]
+metric_list:
+  - metric: acc
+metadata:
+  version: 1.0
+"""
+
+
+def text_documents(path: str | Path) -> list[str]:
+    """Documents of a text file: WikiText articles (split before each `` = Title = `` line) when the file has
+    such headings, else paragraphs separated by blank lines; empty documents dropped.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: the file holds no text.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"text file {path} does not exist")
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    if any(_HEADING.match(line.rstrip("\n")) for line in lines):
+        docs, current = [], []
+        for line in lines:
+            if _HEADING.match(line.rstrip("\n")) and current:
+                docs.append("".join(current))
+                current = []
+            current.append(line)
+        docs.append("".join(current))
+    else:
+        docs = re.split(r"\n\s*\n", "".join(lines))
+    docs = [d.strip("\n") for d in docs if d.strip()]
+    if not docs:
+        raise ValueError(f"text file {path} holds no text")
+    return docs
+
+
+def make_task(kind: str, source: str | Path, out_dir: str | Path, name: str | None = None,
+              max_docs: int | None = None) -> Path:
+    """Write the local lm-eval task ``<out_dir>/<name>.yaml`` and its data ``<name>.jsonl``.
+
+    Args:
+        kind: ``"perplexity"`` (a text file) or ``"sst2"`` (a ``sentence<TAB>label`` file with labels 0/1).
+        source: the input file (read in place, e.g. under the offline data folder).
+        out_dir: folder for the task (pass it to lm-eval as ``--include_path``).
+        name: task name (default ``coupled_qk_<kind>_<file stem>``).
+        max_docs: keep only the first ``max_docs`` documents / examples (``None``: all).
+
+    Returns:
+        The YAML path.
+
+    Raises:
+        ValueError: unknown ``kind``, bad ``max_docs``, a malformed SST-2 line (naming the line), or no data.
+        FileNotFoundError: ``source`` does not exist.
+    """
+    from coupled_qk._checks import choice, positive_int
+
+    choice("kind", kind, ("perplexity", "sst2"))
+    if max_docs is not None:
+        positive_int("max_docs", max_docs)
+    source = Path(source).expanduser()
+    name = name or f"coupled_qk_{kind}_{re.sub(r'[^A-Za-z0-9_]', '_', source.stem)}"
+    if kind == "perplexity":
+        rows = [{"text": d} for d in text_documents(source)]
+    else:
+        rows = _sst2_rows(source)
+    rows = rows[:max_docs] if max_docs else rows
+    out_dir = Path(out_dir).expanduser()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = (out_dir / f"{name}.jsonl").resolve()
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    template = PERPLEXITY_YAML if kind == "perplexity" else SST2_YAML
+    yaml = out_dir / f"{name}.yaml"
+    yaml.write_text(template.format(name=name, data=json.dumps(str(data))), encoding="utf-8")
+    return yaml
+
+
+def _sst2_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"SST-2 file {path} does not exist")
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or (i == 1 and line.lower().startswith("sentence\t")):
+            continue
+        sentence, sep, label = line.rpartition("\t")
+        if not sep or label.strip() not in ("0", "1"):
+            raise ValueError(f"{path}:{i}: expected 'sentence<TAB>0|1'; got {line[:80]!r}")
+        rows.append({"sentence": sentence.strip(), "label": int(label)})
+    if not rows:
+        raise ValueError(f"SST-2 file {path} holds no examples")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make-task ...`` writes a local task; anything else runs the lm-eval command line with our models
+    registered. Returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["make-task"]:
+        p = argparse.ArgumentParser(prog="python -m coupled_qk.hf.harness make-task",
+                                    description="write a local lm-eval task (YAML + JSONL) from an offline file")
+        p.add_argument("kind", choices=["perplexity", "sst2"])
+        p.add_argument("source", help="text file (perplexity) or sentence<TAB>label file (sst2)")
+        p.add_argument("out_dir", help="task folder, for lm-eval's --include_path")
+        p.add_argument("--name", default=None)
+        p.add_argument("--max-docs", type=int, default=None)
+        a = p.parse_args(argv[1:])
+        try:
+            path = make_task(a.kind, a.source, a.out_dir, a.name, a.max_docs)
+        except (ValueError, OSError) as exc:
+            print(f"make-task: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {path} (task {path.stem}); use: --include_path {path.parent} --tasks {path.stem}")
+        return 0
+    import coupled_qk  # noqa: F401  (registers the models with the transformers Auto classes)
+    from coupled_qk.hf.registration import register
+
+    register()
+    try:
+        from lm_eval.__main__ import cli_evaluate
+    except ModuleNotFoundError as exc:
+        print(f'lm-eval is not installed ({exc}); pip install "coupled-qk[lm-eval]"', file=sys.stderr)
+        return 2
+    sys.argv = ["lm-eval", *argv]
+    cli_evaluate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Native ``transformers`` models around :class:`coupled_qk.GPT`: ``CoupledQKModel`` and ``CoupledQKForCausalLM``.
+
+The wrapped ``GPT`` lives under the attribute ``model`` (weight names ``model.tok_emb.weight``, ...), so the
+two classes read the same folders. Decoding reuses the ``transformers`` cache classes: ``generate`` builds a
+``DynamicCache`` and :class:`CacheView` lets ``GPT`` append its keys and values to it (keys after the
+dynamics and RoPE, one per query head for the coupled variants; see :class:`coupled_qk.KVCache`), so cached
+decoding is exact for every variant (``docs/METHOD.md`` section 1). ``attention_mask`` (0 at padding, left
+or right) hides padded keys in every variant and positions count real tokens only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from coupled_qk.hf.configuration import CoupledQKConfig
+from coupled_qk.layers.attention import CausalSelfAttention
+from coupled_qk.layers.forces import GradientForce, MLPForce
+from coupled_qk.layers.qk_maps import QKMap
+from coupled_qk.models.gpt import GPT
+
+TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
+
+
+class CacheView:
+    """The :class:`coupled_qk.KVCache` interface (``length``, ``update(layer_idx, k, v)``) over a
+    ``transformers`` :class:`~transformers.cache_utils.Cache` (e.g. ``DynamicCache``), so ``GPT`` can read
+    and extend a cache that ``generate`` owns (beam search reordering, cropping, ... keep working)."""
+
+    def __init__(self, cache: Cache):
+        self.cache = cache
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return self.cache.get_seq_length()
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k, v`` ``(B, H, T_new, d)`` for ``layer_idx``; return the full cached tensors."""
+        return self.cache.update(k, v, layer_idx)
+
+
+class CoupledQKPreTrainedModel(PreTrainedModel):
+    """Shared loading, saving and initialisation of the coupled-qk ``transformers`` models.
+
+    ``from_pretrained`` is strict by default: a folder without ``config.json`` raises ``FileNotFoundError``,
+    and missing weights, unexpected weights or weights of the wrong shape raise ``ValueError`` listing them.
+    ``strict=False`` initialises missing (and mismatched) weights exactly as :class:`coupled_qk.GPT` does
+    (:meth:`_init_weights`) and ignores unexpected ones, e.g. to add coupling to a ``standard`` checkpoint.
+    """
+
+    config_class = CoupledQKConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["Block"]
+    _tied_weights_keys = {TIED: "model.tok_emb.weight"}
+    _supports_sdpa = True
+
+    def __init__(self, config: CoupledQKConfig):
+        super().__init__(config)
+        self.model = GPT(config.to_gpt_config())
+        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+        for name, module in self.model.named_modules():
+            if name.endswith("out_proj"):  # residual output projections: GPT-2's scaled init (as GPT does)
+                module._init_std = residual_std
+        if not self.model.tok_emb.weight.is_meta:
+            # built for real (not by from_pretrained, which builds on the meta device): GPT has initialised every
+            # weight itself, so keep those exact values instead of drawing them again in post_init
+            for p in self.model.parameters():
+                p._is_hf_initialized = True
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Initialise ``module``'s own parameters as :class:`coupled_qk.GPT` does (GPT-2 init).
+
+        Linear and embedding weights ``N(0, 0.02)``, residual output projections (``out_proj``)
+        ``N(0, 0.02 / sqrt(2 n_layer))``, LayerNorm/RMSNorm ``1`` and ``0``, the coupling network as
+        :class:`coupled_qk.MLPForce` (uniform ``+-1/sqrt(fan_in)``), ``dt = qk_map.dt_init``, differential lambdas
+        ``N(0, 0.1)``. Parameters already loaded (flagged by ``transformers``) are left alone.
+        """
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=getattr(module, "_init_std", 0.02))
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            if module.weight is not None:
+                init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, (MLPForce, GradientForce)):
+            module.reset_parameters()  # torch.nn.init is guarded by transformers here: loaded weights stay
+        elif isinstance(module, QKMap):
+            if isinstance(module.dt, nn.Parameter):  # per-head step sizes of the coupled dynamics / query MLP
+                init.constant_(module.dt, float(self.config.qk_map["dt_init"]))
+        elif isinstance(module, CausalSelfAttention):
+            if module.differential:
+                for p in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
+                    init.normal_(p, mean=0.0, std=0.1)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.tok_emb
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.tok_emb = value
+
+    @classmethod
+    def from_gpt(cls, model: GPT, **config_kwargs):
+        """Wrap an existing :class:`coupled_qk.GPT` (parameters shared, not copied); ``config_kwargs`` go to
+        :class:`CoupledQKConfig` (e.g. ``eos_token_id``)."""
+        if not isinstance(model, GPT):
+            raise TypeError(f"model must be a coupled_qk.GPT; got {type(model).__name__}")
+        config = CoupledQKConfig.from_gpt_config(model.config, **config_kwargs)
+        with torch.device("meta"):  # skip building and initialising a throw-away GPT
+            wrapper = cls(config)
+        wrapper.model = model
+        return wrapper
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, strict: bool = True, **kwargs):
+        """``PreTrainedModel.from_pretrained`` that refuses incomplete folders (see the class docstring).
+
+        Args:
+            pretrained_model_name_or_path: a folder written by ``save_pretrained`` / ``coupled-qk export``.
+            strict: refuse missing, unexpected and mismatched weights (default); ``False`` initialises
+                missing and mismatched ones like ``GPT`` and ignores unexpected ones.
+            *args, **kwargs: as ``transformers``' ``from_pretrained`` (``output_loading_info``,
+                ``ignore_mismatched_sizes``, ``dtype``, ...).
+
+        Raises:
+            FileNotFoundError: a local folder without ``config.json`` (or a training run folder).
+            ValueError: (``strict``) missing / unexpected / mismatched weights, naming them; an invalid config
+                field (from :class:`CoupledQKConfig`).
+        """
+        _check_folder(Path(os.fspath(pretrained_model_name_or_path)).expanduser())
+        want_info = kwargs.pop("output_loading_info", False)
+        allow_mismatch = kwargs.pop("ignore_mismatched_sizes", False) or not strict
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *args, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+        )
+        missing = sorted(k for k in info["missing_keys"] if k != TIED)
+        unexpected = sorted(info["unexpected_keys"])
+        mismatched = sorted(info["mismatched_keys"])
+        problems = []
+        if strict and missing:
+            problems.append(f"missing weights {missing}")
+        if strict and unexpected:
+            problems.append(f"unexpected weights {unexpected}")
+        if mismatched and not allow_mismatch:
+            problems.append("weights of the wrong shape " + ", ".join(
+                f"{k} (stored {tuple(a)}, model {tuple(b)})" for k, a, b in mismatched))
+        if problems:
+            raise ValueError(
+                f"{pretrained_model_name_or_path} does not match the model its config.json describes: "
+                + "; ".join(problems) + ". Check that config.json belongs to these weights, or pass strict=False "
+                "to initialise missing/mismatched weights as a new model would (and ignore unexpected ones)."
+            )
+        return (model, info) if want_info else model
+
+
+def _check_folder(path: Path) -> None:
+    """``FileNotFoundError`` for a local folder that is not a Hugging Face model folder (a hub name passes)."""
+    if not path.is_dir():
+        return
+    if (path / "latest").is_file() or (path / "model_config.json").is_file():
+        raise FileNotFoundError(f"{path} is a coupled-qk training run or checkpoint, not a Hugging Face model "
+                                f"folder; convert it with `coupled-qk export {path} HF_DIR`")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
+                                "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`")
+
+
+def _cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
+    legacy = kwargs.pop("past_key_values", None)  # the name before transformers 5.x renamed it to `cache`
+    cache = legacy if cache is None else cache
+    if cache is not None and not isinstance(cache, Cache):
+        raise ValueError(f"cache must be a transformers Cache (e.g. DynamicCache); got {type(cache).__name__}")
+    return cache
+
+
+def _check_inputs(input_ids: torch.Tensor | None, kwargs: dict) -> None:
+    if kwargs.get("inputs_embeds") is not None:
+        raise ValueError("inputs_embeds is not supported by coupled-qk models; pass input_ids")
+    if input_ids is None:
+        raise ValueError("input_ids is required (LongTensor of shape (B, T))")
+
+
+class CoupledQKModel(CoupledQKPreTrainedModel):
+    """Base model: ``input_ids (B, T)`` -> ``last_hidden_state (B, T, d_model)`` (after the final LayerNorm).
+
+    ``forward(input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None)`` returns a
+    ``BaseModelOutputWithPast``; arguments as :meth:`CoupledQKForCausalLM.forward`.
+    """
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
+        _check_inputs(input_ids, kwargs)
+        cache = _cache_arg(cache, kwargs)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        view = CacheView(cache) if cache is not None else None
+        hidden = self.model.hidden_states(input_ids, view, attention_mask, position_ids)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None)
+
+
+class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
+    """Causal LM: ``input_ids (B, T)`` -> ``logits (B, T, vocab_size)`` (float, parameters' dtype).
+
+    ``forward(input_ids, attention_mask=None, position_ids=None, cache=None, labels=None, use_cache=None,
+    logits_to_keep=0)``:
+
+    - ``attention_mask``: ``(B, T_past + T)``, 1 at tokens and 0 at padding (left or right).
+    - ``position_ids``: ``(B, T)``; default from ``attention_mask`` (real tokens numbered from 0).
+    - ``cache``: a ``transformers`` ``Cache`` to read and extend (``generate`` passes a ``DynamicCache``);
+      with ``use_cache`` (default ``config.use_cache``) a new one is created and returned.
+    - ``labels``: the *unshifted* input ids (``-100`` ignored); ``loss`` is the mean next-token cross-entropy
+      in nats, as in every Hugging Face causal LM.
+    - ``logits_to_keep``: compute logits for the last ``n`` positions only (0 = all).
+
+    ``generate`` works with greedy, sampling and beam search, cached (default) or not (``use_cache=False``),
+    and a left-padded batch generates what each prompt generates alone. Source: ``docs/METHOD.md`` section 1.
+
+    Raises:
+        ValueError: ``inputs_embeds`` (unsupported), no ``input_ids``, and the input errors of
+            :meth:`coupled_qk.GPT.hidden_states` (ids out of range, too long, bad mask or positions).
+    """
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.model.lm_head
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        _check_inputs(input_ids, kwargs)
+        cache = _cache_arg(cache, kwargs)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        view = CacheView(cache) if cache is not None else None
+        hidden = self.model.hidden_states(input_ids, view, attention_mask, position_ids)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.model.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)

@@ -1,0 +1,72 @@
+"""coupled-qk export: a trained run loads with AutoModelForCausalLM and AutoTokenizer; lazy registration."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from coupled_qk.cli import main  # noqa: E402
+from coupled_qk.data.tokenizers import Tokenizer  # noqa: E402
+from coupled_qk.training.checkpoint import load_checkpoint_model  # noqa: E402
+from coupled_qk.training.loop import train  # noqa: E402
+
+
+@pytest.fixture
+def trained_run(tiny_cfg):
+    cfg = tiny_cfg(max_steps=2, eval_interval=2, model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16,
+                                                          attention="coupled"))
+    train(cfg)
+    return cfg.out_dir
+
+
+def test_export_loads_with_auto_classes(trained_run, tmp_path, capsys):
+    hf_dir = tmp_path / "hf"
+    assert main(["export", str(trained_run), str(hf_dir)]) == 0
+    assert "exported" in capsys.readouterr().out
+    gpt, _ = load_checkpoint_model(trained_run)
+    lm = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    run_tok = Tokenizer.load(os.path.join(trained_run, "tokenizer"))
+    text = "the cat sat on the mat"
+    ids = tok(text, return_tensors="pt").input_ids
+    assert ids[0].tolist() == run_tok.encode(text)
+    assert tok.decode(ids[0]) == text and tok.eos_token_id == run_tok.eot_id == lm.config.eos_token_id
+    with torch.no_grad():
+        assert torch.equal(lm(ids).logits, gpt(ids))
+    assert main(["export", str(trained_run), str(hf_dir)]) == 2  # refuses to overwrite
+    assert "not an empty folder" in capsys.readouterr().err
+    assert main(["export", str(trained_run), str(hf_dir), "--overwrite"]) == 0
+
+
+def test_loading_a_run_folder_points_to_export(trained_run):
+    from coupled_qk.hf import CoupledQKForCausalLM
+
+    with pytest.raises(FileNotFoundError, match="coupled-qk export"):
+        CoupledQKForCausalLM.from_pretrained(trained_run)
+
+
+def test_import_is_lazy_and_auto_classes_work_offline(trained_run, tmp_path):
+    hf_dir = tmp_path / "hf"
+    assert main(["export", str(trained_run), str(hf_dir)]) == 0
+    code = textwrap.dedent(f"""
+        import sys
+        import coupled_qk
+        assert "transformers" not in sys.modules, "import coupled_qk imported transformers"
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        tok = AutoTokenizer.from_pretrained({str(hf_dir)!r})
+        lm = AutoModelForCausalLM.from_pretrained({str(hf_dir)!r})
+        out = lm.generate(**tok(["the cat"], return_tensors="pt"), max_new_tokens=3, min_new_tokens=3,
+                          do_sample=False)
+        print(type(lm).__name__, out.shape[1])
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[-2:] == ["CoupledQKForCausalLM", str(len(Tokenizer.load(hf_dir).encode("the cat")) + 3)]

@@ -1,0 +1,101 @@
+"""lm-evaluation-harness through the documented command, offline, on local tasks, against our own recomputation."""
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("lm_eval")
+
+from coupled_qk import GPT, GPTConfig  # noqa: E402
+from coupled_qk.data.tokenizers import train_bpe  # noqa: E402
+from coupled_qk.hf import CoupledQKForCausalLM  # noqa: E402
+from coupled_qk.hf.export import hf_tokenizer  # noqa: E402
+from coupled_qk.hf.harness import make_task, text_documents  # noqa: E402
+
+WORDS = "the cat sat on the mat while a dog ran in the park and birds sang over green hills".split()
+
+
+def make_text(n_docs: int, seed: int) -> str:
+    g = torch.Generator().manual_seed(seed)
+    return "\n\n".join(" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (30,), generator=g))
+                       for _ in range(n_docs)) + "\n"
+
+SST2 = ["a gripping , funny film\t1", "dull and lifeless\t0", "the best thing this year\t1",
+        "a mess from start to end\t0", "warm and wise\t1"]
+
+
+def test_text_documents_split_wikitext_articles_and_paragraphs(tmp_path):
+    wiki = tmp_path / "w.txt"
+    wiki.write_text(" = A = \n\n one two \n\n = = Sub = = \n\n three \n = B = \n\n four \n")
+    assert text_documents(wiki) == [" = A = \n\n one two \n\n = = Sub = = \n\n three ", " = B = \n\n four "]
+    plain = tmp_path / "p.txt"
+    plain.write_text("first para\nline\n\n\nsecond\n")
+    assert text_documents(plain) == ["first para\nline", "second"]
+    with pytest.raises(ValueError, match="max_docs=0"):
+        make_task("perplexity", plain, tmp_path, max_docs=0)
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("fine\t1\nno label here\n")
+    with pytest.raises(ValueError, match=r"bad.tsv:2: expected 'sentence<TAB>0\|1'"):
+        make_task("sst2", bad, tmp_path)
+
+
+def _loglik(model: GPT, context: list[int], continuation: list[int]) -> float:
+    ids = torch.tensor([context + continuation])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids[:, :-1]).double(), -1)[0]
+    n = len(context)
+    return sum(logp[n - 1 + i, t].item() for i, t in enumerate(continuation))
+
+
+@pytest.mark.slow
+def test_lm_eval_command_on_local_tasks_matches_our_recomputation(tmp_path):
+    tok = train_bpe(make_text(200, 0), 300)
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=128, n_layer=1, d_model=32, n_heads=2,
+                        attention="coupled", dt_init=0.5)).eval()
+    hf_dir = tmp_path / "model"
+    eot = tok.eot_id
+    CoupledQKForCausalLM.from_gpt(gpt, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot).save_pretrained(hf_dir)
+    hf_tokenizer(tok, 128).save_pretrained(hf_dir)
+    text = tmp_path / "docs.txt"
+    text.write_text("\n\n".join(" ".join(make_text(1, s).split()[:12]) for s in range(4)) + "\n")
+    sst = tmp_path / "sst.tsv"
+    sst.write_text("sentence\tlabel\n" + "\n".join(SST2) + "\n")
+    tasks = tmp_path / "tasks"
+    make_task("perplexity", text, tasks, name="local_ppl")
+    make_task("sst2", sst, tasks, name="local_sst2")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "coupled_qk.hf.harness", "run", "--model", "hf", "--model_args",
+           f"pretrained={hf_dir},backend=causal,dtype=float32", "--tasks", "local_ppl,local_sst2",
+           "--include_path", str(tasks), "--device", "cpu", "--batch_size", "2", "--output_path", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "ds_cache")}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    files = list(out.rglob("results_*.json"))
+    assert len(files) == 1, res.stdout[-2000:]
+    results = json.loads(files[0].read_text())["results"]
+
+    # word perplexity: every document fits one window, predicted after the <|endoftext|> prefix token
+    total_ll, total_words = 0.0, 0
+    for doc in text_documents(text):
+        total_ll += _loglik(gpt, [eot], tok.encode(doc))
+        total_words += len(re.split(r"\s+", doc))
+    ppl = results["local_ppl"]["word_perplexity,none"]
+    assert ppl == pytest.approx(math.exp(-total_ll / total_words), rel=1e-4)
+
+    # accuracy: the choice whose " negative" / " positive" continuation is more likely
+    correct = 0
+    for line in SST2:
+        sentence, label = line.rsplit("\t", 1)
+        ctx = tok.encode(f"{sentence}\nQuestion: Is this sentence positive or negative?\nAnswer:")
+        scores = [_loglik(gpt, ctx, tok.encode(" " + c)) for c in ("negative", "positive")]
+        correct += int(max(range(2), key=scores.__getitem__) == int(label))
+    assert results["local_sst2"]["acc,none"] == pytest.approx(correct / len(SST2))

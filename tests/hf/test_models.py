@@ -1,0 +1,193 @@
+"""Native transformers models: Auto round trip, strict loading, initialisation, cached and padded generation."""
+
+import json
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache  # noqa: E402
+
+from coupled_qk import GPT, GPTConfig  # noqa: E402
+from coupled_qk.hf import CoupledQKConfig, CoupledQKForCausalLM  # noqa: E402
+from coupled_qk.models.variants import ATTENTIONS, VARIANTS  # noqa: E402
+
+V = 53
+# every named variant, plus every registered attention no variant names (e.g. uncoupled_mlp_differential)
+CASES = {**VARIANTS, **{a: dict(attention=a) for a in ATTENTIONS if a not in {v["attention"] for v in VARIANTS.values()}}}
+
+
+def tiny_gpt(variant="coupled", seed=0, **kw) -> GPT:
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2)
+    return GPT(GPTConfig(**{**fields, **CASES[variant], **kw})).eval()
+
+
+def save(model: GPT, path, **config_kwargs):
+    CoupledQKForCausalLM.from_gpt(model, **config_kwargs).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("variant", list(CASES))
+def test_auto_round_trip_identical_logits(tmp_path, variant):
+    gpt = tiny_gpt(variant)
+    save(gpt, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["model_type"] == "coupled_qk" and "gpt" not in cfg  # flat
+    assert cfg["attention"] == CASES[variant]["attention"]
+    assert AutoConfig.from_pretrained(tmp_path).to_gpt_config() == gpt.config
+    lm = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    base = AutoModel.from_pretrained(tmp_path).eval()
+    assert type(lm).__name__ == "CoupledQKForCausalLM" and type(base).__name__ == "CoupledQKModel"
+    idx = torch.randint(0, V, (2, 11))
+    with torch.no_grad():
+        ref = gpt(idx)
+        out = lm(input_ids=idx, labels=idx)
+        assert torch.equal(out.logits, ref)
+        assert torch.equal(gpt.lm_head(base(input_ids=idx).last_hidden_state), ref)
+    manual = torch.nn.functional.cross_entropy(ref[:, :-1].reshape(-1, V), idx[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, manual)
+    assert lm.model.lm_head.weight.data_ptr() == lm.model.tok_emb.weight.data_ptr()
+
+
+@pytest.mark.parametrize("variant", list(CASES))
+def test_cached_generate_equals_gpt_generate(variant):
+    gpt = tiny_gpt(variant)
+    lm = CoupledQKForCausalLM.from_gpt(gpt)
+    idx = torch.randint(0, V, (2, 5))
+    ref = gpt.generate(idx, 12, temperature=0)
+    cached = lm.generate(idx, max_new_tokens=12, do_sample=False)
+    uncached = lm.generate(idx, max_new_tokens=12, do_sample=False, use_cache=False)
+    assert torch.equal(cached, ref) and torch.equal(uncached, ref)
+    assert torch.equal(ref, gpt.generate(idx, 12, temperature=0, use_cache=False))
+
+
+def test_beam_search_and_sampling_cached_equal_uncached():
+    lm = CoupledQKForCausalLM.from_gpt(tiny_gpt("coupled_leapfrog"))
+    idx = torch.randint(0, V, (2, 5))
+    beams = [lm.generate(idx, max_new_tokens=6, num_beams=3, do_sample=False, use_cache=c) for c in (True, False)]
+    assert torch.equal(*beams)  # the DynamicCache is reordered with the beams
+    samples = []
+    for c in (True, False):
+        torch.manual_seed(1)
+        samples.append(lm.generate(idx, max_new_tokens=6, do_sample=True, top_k=5, use_cache=c))
+    assert torch.equal(*samples)
+
+
+def test_cache_holds_the_prefix_and_matches_full_forward():
+    lm = CoupledQKForCausalLM.from_gpt(tiny_gpt("coupled_differential"))
+    idx = torch.randint(0, V, (1, 9))
+    cache = DynamicCache(config=lm.config)
+    with torch.no_grad():
+        first = lm(idx[:, :6], cache=cache).logits
+        assert cache.get_seq_length() == 6
+        rest = lm(idx[:, 6:], cache=cache).logits
+        full = lm(idx, use_cache=False).logits
+    torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", list(CASES))
+def test_left_padded_batch_generates_each_prompt_alone(variant):
+    gpt = tiny_gpt(variant)
+    lm = CoupledQKForCausalLM.from_gpt(gpt, pad_token_id=0)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, V, (n,), generator=g) for n in (4, 10, 7)]
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(3, width, dtype=torch.long)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    out = lm.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    for i, p in enumerate(prompts):
+        assert torch.equal(out[i, width:], gpt.generate(p[None], 8, temperature=0)[0, len(p):])
+
+
+def test_missing_config_json_is_a_clear_error(tmp_path):
+    save(tiny_gpt(), tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        CoupledQKForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises((OSError, ValueError), match="config.json"):  # transformers' own message
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def _rewrite_weights(path, edit):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(path / "model.safetensors"))
+    edit(weights)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_missing_unexpected_and_mismatched_weights_are_refused(tmp_path):
+    save(tiny_gpt(), tmp_path)
+    _rewrite_weights(tmp_path, lambda w: w.pop("model.blocks.1.attn.qkv.weight"))
+    with pytest.raises(ValueError, match=r"missing weights \['model.blocks.1.attn.qkv.weight'\]"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    save(tiny_gpt(), tmp_path)
+    _rewrite_weights(tmp_path, lambda w: w.update({"model.extra.weight": torch.zeros(3)}))
+    with pytest.raises(ValueError, match=r"unexpected weights \['model.extra.weight'\]"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    save(tiny_gpt(), tmp_path)
+    _rewrite_weights(tmp_path, lambda w: w.update({"model.ln_f.weight": torch.ones(7)}))
+    with pytest.raises(ValueError, match=r"model.ln_f.weight \(stored \(7,\), model \(32,\)\)"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_config_edits_take_effect_and_bad_values_are_named(tmp_path):
+    save(tiny_gpt("standard"), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["attention"], cfg["dt_init"] = "coupled", 0.0  # a standard checkpoint, retrofitted with coupling at dt=0
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="missing weights"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    lm = AutoModelForCausalLM.from_pretrained(tmp_path, strict=False).eval()
+    assert lm.config.attention == "coupled" and lm.model.config.attention == "coupled"
+    idx = torch.randint(0, V, (1, 8))
+    with torch.no_grad():  # dt = 0: the coupled model computes exactly what the standard one did
+        assert torch.equal(lm(idx).logits, tiny_gpt("standard")(idx))
+    cfg["n_heads"] = 5
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="n_heads"):
+        AutoConfig.from_pretrained(tmp_path)
+
+
+def test_legacy_nested_config_loads_with_top_level_precedence():
+    c = CoupledQKConfig(gpt={"n_layer": 5, "d_model": 64, "attention": "coupled"}, n_layer=2, use_cache=False)
+    assert (c.n_layer, c.d_model, c.attention, c.use_cache) == (2, 64, "coupled", True)
+    assert c.to_gpt_config().n_layer == 2 and c.num_hidden_layers == 2 and c.head_dim == 16
+
+
+def test_fresh_model_initialises_exactly_like_gpt():
+    config = CoupledQKConfig.from_gpt_config(tiny_gpt("coupled_differential").config)
+    torch.manual_seed(7)
+    hf = CoupledQKForCausalLM(config)
+    torch.manual_seed(7)
+    ref = GPT(config.to_gpt_config())
+    for (name, a), b in zip(hf.model.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_missing_weights_initialised_like_gpt_with_strict_false(tmp_path):
+    # every weight of layer 1 is missing; strict=False draws them with GPT's init (checked against its formulas)
+    gpt = tiny_gpt("coupled_differential", n_layer=2, d_model=64, n_heads=8, n_kv_heads=8, dt_init=0.25)
+    save(gpt, tmp_path)
+    _rewrite_weights(tmp_path, lambda w: [w.pop(k) for k in list(w) if k.startswith("model.blocks.1.")])
+    lm = AutoModelForCausalLM.from_pretrained(tmp_path, strict=False)
+    b1 = lm.model.blocks[1]
+    assert torch.equal(b1.attn.qk_map.dt, torch.full((8,), 0.25))
+    assert torch.equal(b1.ln_1.weight, torch.ones(64)) and torch.equal(b1.ln_1.bias, torch.zeros(64))
+    assert torch.equal(b1.attn.subln.weight, torch.ones(16))
+    assert b1.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert b1.mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    for w in (b1.attn.out_proj.weight, b1.mlp.out_proj.weight):
+        assert w.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.05)
+    f = b1.attn.qk_map.force  # uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)): std = bound / sqrt(3)
+    assert f.w_in.abs().max().item() <= 1 / math.sqrt(8) and f.w_in.std().item() == pytest.approx(
+        1 / math.sqrt(8) / math.sqrt(3), rel=0.15)
+    lam = torch.cat([b1.attn.lambda_q1, b1.attn.lambda_k1, b1.attn.lambda_q2, b1.attn.lambda_k2])
+    assert lam.std().item() == pytest.approx(0.1, rel=0.3)
+    for name, p in gpt.blocks[0].named_parameters():  # layer 0 was loaded, not re-drawn
+        assert torch.equal(p, lm.model.blocks[0].get_parameter(name)), name
