@@ -19,6 +19,7 @@ COMMANDS = {
     "demo": "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes",
     "mqar": "multi-query associative recall (Zoology) sweep over attention variants",
     "analyze": "attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints",
+    "claims": "run a claims protocol (C1-C13 with seeds and confidence intervals) and regenerate its report",
 }
 
 

@@ -1,7 +1,7 @@
 """Execute the runs of a claims protocol and keep one small, committed result record per run.
 
 A run ``(cell, variant, seed)`` trains in ``<run_root>/<cell>/<variant>/seed<k>`` (never committed) and writes
-its record to ``<out_dir>/runs/<cell>/<variant>/seed<k>.json`` (committed): settings and their fingerprint,
+its record to ``<out_dir>/runs/<protocol>/<cell>/<variant>/seed<k>.json`` (committed): settings and their fingerprint,
 parameter count, tokens, seconds, final metrics, a compact loss curve and, for language models, the
 attention diagnostics of the final checkpoint (``docs/METHOD.md`` section 7). A record whose fingerprint
 matches the protocol's settings is reused without training; an unfinished run folder is resumed.
@@ -32,9 +32,9 @@ def variant_tag(spec: str) -> str:
     return spec.replace("+", "__").replace("=", "-")
 
 
-def record_path(out_dir: str | Path, cell: str, variant: str, seed: int) -> Path:
-    """Where the record of one run lives: ``<out_dir>/runs/<cell>/<variant tag>/seed<k>.json``."""
-    return Path(out_dir) / "runs" / cell / variant_tag(variant) / f"seed{seed}.json"
+def record_path(out_dir: str | Path, protocol: str, cell: str, variant: str, seed: int) -> Path:
+    """Where the record of one run lives: ``<out_dir>/runs/<protocol>/<cell>/<variant tag>/seed<k>.json``."""
+    return Path(out_dir) / "runs" / protocol / cell / variant_tag(variant) / f"seed{seed}.json"
 
 
 def train_config(cell: Cell, variant: str, seed: int, run_dir: Path, data_dir: Path | None) -> TrainConfig:
@@ -120,17 +120,18 @@ def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> di
 
 
 def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, run_root: Path,
-            data_dir: Path, cache_root: Path) -> dict:
+            data_dir: Path, cache_root: Path, defer_wt2: bool = False) -> dict:
     """Reuse or produce the record of one run (see the module docstring) and return it.
 
     ``data_dir`` is the real data folder (WikiText-2, PubMed ...); ``cache_root`` holds derived data (the
-    held-out wiki-vital split). Writes the record atomically.
+    held-out wiki-vital split). Writes the record atomically. ``defer_wt2`` leaves the (slow) WikiText-2
+    evaluation of held-out cells for :func:`complete_wt2` and marks the record ``"wt2_pending": true``.
     """
-    run_dir = Path(run_root) / cell.name / variant_tag(variant) / f"seed{seed}"
+    run_dir = Path(run_root) / protocol / cell.name / variant_tag(variant) / f"seed{seed}"
     corpus_dir = heldout_corpus(data_dir, cache_root).parent if cell.heldout else data_dir
     cfg = train_config(cell, variant, seed, run_dir, corpus_dir if cell.mqar is None else None)
     fp = fingerprint(cfg)
-    path = record_path(out_dir, cell.name, variant, seed)
+    path = record_path(out_dir, protocol, cell.name, variant, seed)
     rec = load_record(path, fp)
     if rec is not None:
         return rec
@@ -144,7 +145,7 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
     t0 = time.perf_counter()
     results = json.loads(done.read_text()) if done.is_file() else train(cfg)
     final = dict(results["final"])
-    if cell.heldout:
+    if cell.heldout and not defer_wt2:
         final.update(wikitext2_eval(run_dir, data_dir))
     diagnostics = _diagnostics(run_dir, corpus_dir, cfg) if cfg.task == "lm" else {}
     settings = {k: v for k, v in cfg.to_dict().items() if k not in NEUTRAL_FIELDS}
@@ -154,7 +155,7 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
         "steps": results["steps"], "train_seconds": results["train_seconds"],
         "wall_seconds": time.perf_counter() - t0, "stop_reason": results["stop_reason"], "final": final,
         "diagnostics": diagnostics, "curve": compact_curve(read_metrics(run_dir)), "data": results.get("data"),
-        "git_commit": _git_commit(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wt2_pending": bool(cell.heldout and defer_wt2), "run_dir": str(run_dir), "git_commit": _git_commit(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(rec, indent=1, default=str))
@@ -162,7 +163,7 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
 
 
 def run_protocol(protocol, out_dir: str | Path, run_root: str | Path, data_dir: str | Path, cache_root: str | Path,
-                 cells: list[str] | None = None, shard: tuple[int, int] = (0, 1)) -> list[dict]:
+                 cells: list[str] | None = None, shard: tuple[int, int] = (0, 1), defer_wt2: bool = False) -> list[dict]:
     """Execute (or reuse) every run of ``protocol`` in order and return their records.
 
     Args:
@@ -172,6 +173,7 @@ def run_protocol(protocol, out_dir: str | Path, run_root: str | Path, data_dir: 
         data_dir: real data folder; cache_root: folder for derived data.
         cells: only these cells (default: all), in the protocol's order.
         shard: ``(i, n)``: this process executes every n-th run starting at i (runs in parallel processes).
+        defer_wt2: train every run first, then add the WikiText-2 evaluations (:func:`complete_wt2`).
 
     Raises:
         ValueError: an unknown cell name, a bad shard, or a protocol that is defined but not runnable here.
@@ -193,5 +195,24 @@ def run_protocol(protocol, out_dir: str | Path, run_root: str | Path, data_dir: 
             continue
         print(f"== claims {protocol.name}: {cell.name} {variant} seed {seed} ({k + 1}/{len(units)})", flush=True)
         records.append(execute(cell, variant, seed, protocol.name, Path(out_dir), Path(run_root), Path(data_dir),
-                               Path(cache_root)))
+                               Path(cache_root), defer_wt2=defer_wt2))
+    if defer_wt2:
+        for rec in records:
+            complete_wt2(record_path(out_dir, protocol.name, rec["cell"], rec["variant"], rec["seed"]), data_dir)
     return records
+
+
+def complete_wt2(path: str | Path, data_dir: str | Path) -> dict:
+    """Add the WikiText-2 evaluation to a record written with ``defer_wt2`` (its run folder must still exist).
+
+    Returns the record (unchanged if nothing is pending). Raises ``FileNotFoundError`` if the run folder is gone.
+    """
+    path = Path(path)
+    rec = json.loads(path.read_text())
+    if not rec.get("wt2_pending"):
+        return rec
+    print(f"== claims: WikiText-2 evaluation of {rec['cell']} {rec['variant']} seed {rec['seed']}", flush=True)
+    rec["final"].update(wikitext2_eval(rec["run_dir"], data_dir))
+    rec["wt2_pending"] = False
+    write_text_atomic(path, json.dumps(rec, indent=1, default=str))
+    return rec

@@ -154,21 +154,28 @@ SCAN_FACTORS = (
 """The scan of issue item 4: each factor changes one setting of the wv-tiny cell."""
 
 
+SMOKE_KEEP = {
+    # cell -> variants kept in the smoke protocol (None: all): the fewest runs that exercise every claim rule
+    "wv-tiny": None, "wv-tiny-leapfrog": None, "wv-tiny-steps": ("coupled+n_steps=2",), "wv-tiny-2x": ("standard",),
+    "wv-small": None, "pubmed-tiny": None, "mixed-tiny": None, "scan-dt0.5": None,
+    "mqar-easy-lr1e-3": None, "mqar-medium-lr1e-3": None,
+}
+
+
 def _smoke_cells() -> tuple[Cell, ...]:
     toy = dict(model={"n_layer": 1, "d_model": 32, "n_heads": 2, "block_size": 32}, tokenizer="bpe-512",
                batch_size=4, max_tokens=None, max_steps=6, warmup_steps=2, eval_interval=3, eval_batches=2,
                log_interval=1)
     out = []
     for c in CPU_CELLS:
-        if c.mqar is not None:
-            if c.name.endswith("lr1e-3"):
-                out.append(dataclasses.replace(c, seeds=(0, 1), mqar={**c.mqar, "max_steps": 4}))
+        if c.name not in SMOKE_KEEP:
             continue
-        model = {**toy["model"], **{k: v for k, v in c.base["model"].items() if k == "n_heads"}}
-        base = {**c.base, **toy, "model": model}
-        if c.name == "wv-tiny-2x":
-            base["max_steps"] = 12
-        out.append(dataclasses.replace(c, base=base, seeds=(0, 1) if c.name != "wv-tiny-seeds" else (2,)))
+        variants = SMOKE_KEEP[c.name] or c.variants
+        if c.mqar is not None:
+            out.append(dataclasses.replace(c, variants=variants, seeds=(0, 1), mqar={**c.mqar, "max_steps": 4}))
+            continue
+        base = {**c.base, **toy, "max_steps": 12 if c.name == "wv-tiny-2x" else 6}
+        out.append(dataclasses.replace(c, base=base, variants=variants, seeds=(0, 1)))
     return tuple(out)
 
 
@@ -186,10 +193,36 @@ def _gpu(name: str, presets: dict, hours: dict, description: str) -> Protocol:
         "6 x parameters x tokens FLOPs in bf16 on one H100/H200 at about 40% utilisation (~400 TFLOP/s).",))
 
 
+def _scaled(cells: tuple[Cell, ...], factor: float, eval_interval: int, warmup_steps: int) -> tuple[Cell, ...]:
+    """``cells`` with every language-model budget multiplied by ``factor`` (MQAR cells unchanged)."""
+    out = []
+    for c in cells:
+        if c.mqar is None:
+            base = {**c.base, "max_tokens": int(c.base["max_tokens"] * factor), "eval_interval": eval_interval,
+                    "warmup_steps": warmup_steps}
+            c = dataclasses.replace(c, base=base, est_cpu_minutes=c.est_cpu_minutes * factor)
+        out.append(c)
+    return tuple(out)
+
+
+CPU_SHORT_NOTES = (
+    "The first part of the study that finished on the loaded shared machine: every language-model budget is a "
+    "quarter of the cpu protocol's (262,144 tokens = 128 steps of 16 x 128 at the tiny preset, about 0.2 "
+    "epoch of the wiki-vital training articles; warmup 12 steps; validation every 16 steps). Measured before "
+    "choosing it: 240-300 tokens/s per single-threaded training process with the machine's load average at "
+    "12-16 (other jobs), so a 1M-token run took over an hour and the C1/C3/C4 cell (9 runs) could not finish "
+    "in the session. At this budget the models are early in training (perplexities in the hundreds): "
+    "verdicts are about early training, not the paper's converged models.",
+    CPU_NOTES[1],
+)
+
 PROTOCOLS: dict[str, Protocol] = {
     "smoke": Protocol("smoke", "every code path with toy budgets (numbers are meaningless)", _smoke_cells(),
                       notes=("Toy model (1 layer, d_model 32), 6-12 steps, 2 seeds: exercises the instrument.",)),
     "cpu": Protocol("cpu", "tiny-preset study on the offline corpora, 2 CPU cores", CPU_CELLS, notes=CPU_NOTES),
+    "cpu-short": Protocol("cpu-short", "the cpu protocol at a quarter of its token budgets (what a loaded "
+                          "2-core machine finishes in a session)", _scaled(CPU_CELLS, 0.25, 16, 12),
+                          notes=CPU_SHORT_NOTES),
     "gpu-60m": _gpu("gpu-60m", {"60m": 2_000_000_000}, {"60m per run": 0.6, "total (15 runs)": 9.0},
                     "60M preset on WikiText-103, 2B tokens per run (C1-C4, C13)"),
     "gpu-paper": _gpu("gpu-paper", {"60m": 2_000_000_000, "150m": 4_000_000_000, "350m": 8_000_000_000},
