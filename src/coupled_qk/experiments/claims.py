@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coupled_qk.experiments import stats
-from coupled_qk.experiments.claims_runs import variant_tag
-from coupled_qk.experiments.protocols import SCAN_FACTORS, Protocol
+from coupled_qk.experiments.protocols import Protocol
 
 VERDICTS = ("reproduced", "not reproduced at this scale", "contradicted", "not run")
 EQUIVALENCE_MARGIN = 1.0  # percent of perplexity; our choice (the paper's Euler/leapfrog spread is ~0.3%)
@@ -58,7 +57,8 @@ class Records:
                 continue
             by_key[(rec["cell"], rec["variant"], rec["seed"])] = rec
         seeds = min(len(c.seeds) for c in protocol.cells) if protocol.cells else 3
-        return cls(protocol, by_key, min(3, seeds) if min_seeds is None else min_seeds)
+        # at least 2 seeds (an interval needs a spread), 3 where the protocol has them
+        return cls(protocol, by_key, max(2, min(3, seeds)) if min_seeds is None else min_seeds)
 
     def values(self, cell: str, variant: str, metric: str = PRIMARY) -> dict[int, float]:
         """``{seed: value}`` of a final metric (or ``diagnostics/<name>``) over the finished runs."""
@@ -75,6 +75,7 @@ class Records:
         """Raise :class:`NotReady` naming what is missing unless every run of ``cells`` has a record."""
         missing, minutes = 0, 0.0
         total = 0
+        cells = tuple(dict.fromkeys(cells))
         for name in cells:
             if not self.protocol.has_cell(name):
                 raise NotReady(f"protocol {self.protocol.name!r} has no cell {name!r}")
@@ -152,7 +153,7 @@ def c2(rec):
     _, va, vb = rec.pairs(("wv-tiny", "coupled"), ("wv-tiny-leapfrog", "coupled_leapfrog"))
     r = stats.paired_difference(va, vb, relative=True)
     return _row(f"held-out test ppl, leapfrog vs Euler, % (equivalent if the CI is inside +-{EQUIVALENCE_MARGIN}%)",
-                r, equivalence_verdict(r["low"], r["high"]), rec.runs("wv-tiny", "wv-tiny-leapfrog"),
+                {**r, "p": None}, equivalence_verdict(r["low"], r["high"]), rec.runs("wv-tiny", "wv-tiny-leapfrog"),
                 per_seed_percent=r["differences"])
 
 
@@ -186,7 +187,7 @@ def c5(rec):
     v = "contradicted" if "contradicted" in verdicts else ("reproduced" if set(verdicts) == {"reproduced"}
                                                            else "not reproduced at this scale")
     return _row("held-out test ppl, n_steps in {2,4,7} vs 1, % (largest shown; equivalence margin "
-                f"+-{EQUIVALENCE_MARGIN}%)", worst, v, rec.runs("wv-tiny", "wv-tiny-steps"),
+                f"+-{EQUIVALENCE_MARGIN}%)", {**worst, "p": None}, v, rec.runs("wv-tiny", "wv-tiny-steps"),
                 per_n_steps={n: {k: r[k] for k in ("mean", "low", "high")} for n, r in per.items()})
 
 
@@ -211,7 +212,7 @@ def c6(rec):
             matched.append(100 * (math.exp(target - at) - 1))
     if len(ratios) < rec.min_seeds:
         raise NotReady("too few paired seeds for the loss-curve comparison")
-    r = stats.mean_ci(ratios)
+    r = {**stats.mean_ci(ratios), "p": stats.mean_ci([x - 1 for x in ratios])["p"]}  # p of "ratio = 1"
     low, high = r["low"] - 1, r["high"] - 1
     details = {"per_seed_ratio": ratios, "censored_at_2x": censored,
                "wallclock_matched_ppl_percent_coupled_vs_standard": stats.mean_ci(matched) if matched else None,

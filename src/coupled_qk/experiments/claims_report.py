@@ -75,7 +75,8 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
     tested = [r for r in rows if isinstance(r.get("p"), float) and math.isfinite(r["p"])]
     adjusted = stats.holm([r["p"] for r in tested])
     holm = [{"id": r["id"], "p": r["p"], "holm_p": a, "verdict": r["verdict"],
-             "survives": r["verdict"] != "reproduced" or a <= ALPHA} for r, a in zip(tested, adjusted)]
+             "survives": (a <= ALPHA) if r["verdict"] in ("reproduced", "contradicted") else None}
+            for r, a in zip(tested, adjusted)]
     cells = []
     for c in protocol.cells:
         done = [r for r in rec.runs(c.name)]
@@ -119,9 +120,11 @@ def format_markdown(report: dict, command: str) -> str:
     if report["holm"]:
         lines += ["", "## Multiple comparisons", "",
                   f"Verdicts use unadjusted 95% intervals. Holm's adjustment over the {len(report['holm'])} claims "
-                  "with a p-value (family-wise error 0.05):", "", "| id | p | Holm p | verdict | survives Holm |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {h['id']} | {h['p']:.3g} | {h['holm_p']:.3g} | {h['verdict']} | {'yes' if h['survives'] else 'no'} |"
+                  "tested for a difference (equivalence claims C2 and C5 are judged by their intervals and left out; "
+                  "family-wise error 0.05). 'Survives' applies to reproduced or contradicted verdicts:", "",
+                  "| id | p | Holm p | verdict | survives Holm |", "|---|---|---|---|---|"]
+        survive = {True: "yes", False: "no", None: "-"}
+        lines += [f"| {h['id']} | {h['p']:.3g} | {h['holm_p']:.3g} | {h['verdict']} | {survive[h['survives']]} |"
                   for h in report["holm"]]
     if report["scan"]:
         lines += ["", "## Where does coupling help? One factor at a time (issue item 4)", "",

@@ -172,10 +172,11 @@ def _smoke_cells() -> tuple[Cell, ...]:
             continue
         variants = SMOKE_KEEP[c.name] or c.variants
         if c.mqar is not None:
-            out.append(dataclasses.replace(c, variants=variants, seeds=(0, 1), mqar={**c.mqar, "max_steps": 4}))
+            out.append(dataclasses.replace(c, variants=variants, seeds=(0, 1), mqar={**c.mqar, "max_steps": 4},
+                                           est_cpu_minutes=0.05))
             continue
         base = {**c.base, **toy, "max_steps": 12 if c.name == "wv-tiny-2x" else 6}
-        out.append(dataclasses.replace(c, base=base, variants=variants, seeds=(0, 1)))
+        out.append(dataclasses.replace(c, base=base, variants=variants, seeds=(0, 1), est_cpu_minutes=0.05))
     return tuple(out)
 
 
