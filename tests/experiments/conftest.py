@@ -28,8 +28,8 @@ def build_mini_data(tmp_path, monkeypatch):
     for split in ("valid", "test"):
         (root / "wikitext-2" / f"{split}.txt").write_text(
             "\n".join(f" = Other {split} {i} = \n\n {_para(rng, 70)} \n" for i in range(6)))
-    (root / "pubmed" / "abstracts.txt").write_text("\n\n".join(_para(rng, 90) for _ in range(150)) + "\n")
+    (root / "pubmed" / "abstracts.txt").write_text("\n\n".join(_para(rng, 90) for _ in range(400)) + "\n")
     for name in ("a", "b"):
-        (root / "mixed-domain" / f"{name}.txt").write_text("\n\n".join(_para(rng, 50) for _ in range(80)) + "\n")
+        (root / "mixed-domain" / f"{name}.txt").write_text("\n\n".join(_para(rng, 50) for _ in range(200)) + "\n")
     monkeypatch.setenv("COUPLED_QK_CACHE", str(tmp_path / "cache"))
     return root

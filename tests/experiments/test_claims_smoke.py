@@ -29,6 +29,7 @@ def smoke(tmp_path_factory):
     mp.undo()
 
 
+@pytest.mark.slow
 def test_report_structure(smoke):
     report = json.loads((smoke / "smoke.json").read_text())
     assert [r["id"] for r in report["rows"]] == [f"C{i}" for i in range(1, 14)]
@@ -50,7 +51,7 @@ def test_report_structure(smoke):
     assert (smoke / "figures" / "smoke-effects.png").stat().st_size > 1000
     rec = json.loads(next((smoke / "runs" / "smoke" / "wv-tiny" / "coupled").glob("seed*.json")).read_text())
     assert {"wt2_test/perplexity", "test/perplexity", "valid/perplexity"} <= set(rec["final"])
-    assert rec["diagnostics"]["effective_rank"] > 0 and rec["curve"]["valid"]
+    assert rec["diagnostics"]["effective_rank"] > 0 and rec["diagnostics"]["windows"] == 8 and rec["curve"]["valid"]
 
 
 def _scale(out, cell, variant, factor, key="test/perplexity"):
@@ -60,6 +61,7 @@ def _scale(out, cell, variant, factor, key="test/perplexity"):
         path.write_text(json.dumps(rec))
 
 
+@pytest.mark.slow
 def test_verdicts_follow_the_numbers(smoke, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(smoke, out)
@@ -85,6 +87,7 @@ def test_verdicts_follow_the_numbers(smoke, tmp_path):
     assert rows["C9"]["verdict"] == "not run" and "in progress" in rows["C9"]["reason"]
 
 
+@pytest.mark.slow
 def test_finished_runs_are_reused(smoke, tmp_path, capsys):
     """A second invocation trains nothing: every run comes from its record."""
     before = {p: p.stat().st_mtime_ns for p in (smoke / "runs").rglob("*.json")}

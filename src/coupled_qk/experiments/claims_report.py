@@ -1,7 +1,8 @@
 """Build and write the claims report (JSON, markdown, figures) from a protocol's run records.
 
 :func:`build_report` is a pure function of the records (so a changed number changes the verdict it feeds);
-:func:`write_report` writes ``<out_dir>/<protocol>.json``, ``<protocol>.md`` and ``figures/<protocol>-*.png``.
+:func:`write_report` writes ``<out_dir>/<protocol>.json``, ``<protocol>.md``, ``<protocol>-readme.md`` (the README's
+results section) and ``figures/<protocol>-*.png``.
 ``docs/METHOD.md`` section 3.
 """
 
@@ -100,7 +101,7 @@ def format_markdown(report: dict, command: str) -> str:
              f"Regenerate: `{command}`", "", f"Generated {report['generated_utc']} from {report['n_records']} run "
              "records. Effects are means over seeds with 95% t intervals (paired by seed where two variants are "
              "compared); the primary metric is the in-distribution held-out test perplexity.", "",
-             "| id | claim | paper | measured effect | mean [95% CI] | n | tokens/run | train h | verdict |",
+             "| id | claim | paper | measured effect | mean [95% CI] | n | tokens/run | training hours (sum) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         if r["verdict"] == "not run":
@@ -145,6 +146,21 @@ def format_markdown(report: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_readme_section(report: dict, command: str) -> str:
+    """The README's results section: one verdict table (claim, measured effect, verdict) and the command."""
+    lines = [f"Measured by `{command}` (protocol `{report['protocol']}`: {report['description']}; "
+             f"{report['n_records']} runs). Effects: mean over seeds with a 95% interval, paired by seed; "
+             f"full report: `docs/results/claims/{report['protocol']}.md`.", "",
+             "| claim | paper | measured here | verdict |", "|---|---|---|---|"]
+    for r in report["rows"]:
+        if r["verdict"] == "not run":
+            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | - | not run ({r['reason']}) |")
+        else:
+            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {r['effect']}: {_num(r['mean'])} "
+                         f"[{_num(r['low'])}, {_num(r['high'])}], n = {r['n']} | {r['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
 def _round(obj, digits: int = 4):
     if isinstance(obj, float):
         return round(obj, digits) if math.isfinite(obj) else str(obj)
@@ -161,9 +177,10 @@ def write_report(report: dict, protocol: Protocol, out_dir: str | Path, command:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = report["protocol"]
-    paths = [out / f"{name}.json", out / f"{name}.md"]
+    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}-readme.md"]
     write_text_atomic(paths[0], json.dumps(_round(report, 6), indent=1))
     write_text_atomic(paths[1], format_markdown(report, command))
+    write_text_atomic(paths[2], format_readme_section(report, command))
     if figures:
         from coupled_qk.experiments.claims_plots import make_figures
 

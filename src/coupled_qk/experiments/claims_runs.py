@@ -105,8 +105,11 @@ def compact_curve(records: list[dict], max_points: int = 64) -> dict:
 
 
 def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> dict:
-    """Layer-averaged attention diagnostics of the final checkpoint on 8 held-out windows of 128 tokens."""
-    from coupled_qk.analysis.analyze import analyze_model, token_windows
+    """Layer-averaged attention diagnostics of the final checkpoint (``docs/METHOD.md`` section 7) on the first
+    (up to) 8 non-overlapping windows of (up to) 128 tokens of the held-out validation split."""
+    import torch
+
+    from coupled_qk.analysis.analyze import analyze_model
     from coupled_qk.data.corpora import load_corpus
     from coupled_qk.data.tokenizers import Tokenizer
     from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
@@ -114,9 +117,13 @@ def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> di
     model, _ = load_checkpoint_model(resolve_checkpoint(run_dir), "cpu")
     tokenizer = Tokenizer.load(run_dir / "tokenizer")
     text = load_corpus(cfg.corpus, corpus_dir, seed=int(cfg.task_options.get("split_seed", 0))).split("valid")
-    seq_len = min(128, model.config.block_size)
-    res = analyze_model(model, token_windows(text, tokenizer, 8, seq_len), threads=1)
-    return {k: v for k, v in res["mean"].items() if isinstance(v, (int, float))}
+    ids = tokenizer.encode(text[:200_000])
+    seq_len = min(128, model.config.block_size, len(ids))
+    n = min(8, len(ids) // seq_len)
+    windows = torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+    res = analyze_model(model, windows, threads=1)
+    out = {k: v for k, v in res["mean"].items() if isinstance(v, (int, float))}
+    return {**out, "windows": n, "window_tokens": seq_len}
 
 
 def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, run_root: Path,

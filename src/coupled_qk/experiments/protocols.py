@@ -27,12 +27,12 @@ TOKENS_PER_STEP_TINY = 16 * 128  # batch 16 x context 128
 CPU_TOKENS = 512 * TOKENS_PER_STEP_TINY  # 1,048,576 tokens per run at the tiny preset (see CPU_NOTES)
 
 CPU_NOTES = (
-    "Budget from a throughput measurement on this shared machine (2 cores, up to 8 jobs): the tiny preset "
-    "trained at 710-1,100 tokens/s per single-threaded process under load (about 4-7k tokens/s when the machine "
-    "is idle: the demo ran 901,120 tokens in 2.2 minutes). 1,048,576 tokens per run (512 steps of 16 x 128) "
-    "lets the 9 runs of C1/C3/C4 (3 variants x 3 seeds) finish in about 2 hours with two processes under that "
-    "load, about 0.85 epoch of the wiki-vital training articles: the models are still improving at the end, "
-    "so this is an early-training comparison, not the paper's converged one.",
+    "Budget (our choice): 1,048,576 tokens per tiny-preset run (512 steps of 16 x 128), about 0.86 epoch of the "
+    "1.22M-token wiki-vital training articles, the largest budget at which the whole protocol (150 runs, the ~4x "
+    "model included) stays near 10 CPU-hours on an idle machine, where a single-threaded tiny run trains at about "
+    "4k tokens/s (the demo ran 901,120 tokens in 2.2 minutes on 2 cores). Measured in this session on the shared "
+    "machine (load average 12-24 from other jobs): 185-340 tokens/s per process, so a 1M-token run took over an "
+    "hour; the cpu-short protocol (a quarter of these budgets) is the part that finishes in a session there.",
     "wiki-vital runs train on 96% of the wiki-vital articles and report held-out perplexity on 2% + 2% "
     "unseen articles (in distribution) next to WikiText-2 valid/test perplexity (out of distribution).",
 )
@@ -207,12 +207,12 @@ def _scaled(cells: tuple[Cell, ...], factor: float, eval_interval: int, warmup_s
 
 
 CPU_SHORT_NOTES = (
-    "The first part of the study that finished on the loaded shared machine: every language-model budget is a "
+    "The part of the study sized for one session on the loaded shared machine: every language-model budget is a "
     "quarter of the cpu protocol's (262,144 tokens = 128 steps of 16 x 128 at the tiny preset, about 0.2 "
     "epoch of the wiki-vital training articles; warmup 12 steps; validation every 16 steps). Measured before "
-    "choosing it: 240-300 tokens/s per single-threaded training process with the machine's load average at "
-    "12-16 (other jobs), so a 1M-token run took over an hour and the C1/C3/C4 cell (9 runs) could not finish "
-    "in the session. At this budget the models are early in training (perplexities in the hundreds): "
+    "choosing it: 240-340 tokens/s per single-threaded training process with the machine's load average at "
+    "12-24 (other jobs), so a 1M-token run took over an hour and the C1/C3/C4 cell (9 runs) could not finish "
+    "in the session; at this budget a run took about 25 minutes (about 185 tokens/s over the whole run). At this budget the models are early in training (perplexities in the hundreds): "
     "verdicts are about early training, not the paper's converged models.",
     CPU_NOTES[1],
 )
