@@ -53,6 +53,16 @@ def _mqar_escape(rec: Records) -> list[dict]:
     return out
 
 
+def _provisional(rec: Records, rule) -> dict | None:
+    """The rule's numbers from the runs finished so far (at least 2 paired seeds), not a verdict."""
+    partial = Records(rec.protocol, rec.by_key, min_seeds=2, partial=True)
+    try:
+        row = rule(partial)
+    except (NotReady, ValueError, KeyError, ZeroDivisionError):
+        return None
+    return {k: row[k] for k in ("effect", "mean", "low", "high", "n")}
+
+
 def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path | None = None,
                  min_seeds: int | None = None) -> dict:
     """The report of ``protocol`` from the records under ``out_dir`` (see :mod:`coupled_qk.experiments.claims`).
@@ -72,6 +82,9 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
                 row.update(c11(rec, glue_json) if cid == "C11" else rule(rec), reason="")
             except NotReady as exc:
                 row.update(verdict="not run", reason=str(exc))
+                provisional = _provisional(rec, rule) if cid != "C11" and "in progress" in str(exc) else None
+                if provisional:
+                    row["provisional"] = provisional
         rows.append(row)
     tested = [r for r in rows if isinstance(r.get("p"), float) and math.isfinite(r["p"])]
     adjusted = stats.holm([r["p"] for r in tested])
@@ -105,7 +118,12 @@ def format_markdown(report: dict, command: str) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         if r["verdict"] == "not run":
-            lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | - | - | - | - | - | not run: {r['reason']} |")
+            p = r.get("provisional")
+            eff, val = (p["effect"], f"provisional: {_num(p['mean'])} [{_num(p['low'])}, {_num(p['high'])}]") if p \
+                else ("-", "-")
+            n = p["n"] if p else "-"
+            lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {eff} | {val} | {n} | - | - | not run: "
+                         f"{r['reason']} |")
             continue
         tokens = ", ".join(f"{t:,}" for t in r["tokens"]) or "-"
         lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {r['effect']} | {_num(r['mean'])} "
@@ -154,7 +172,10 @@ def format_readme_section(report: dict, command: str) -> str:
              "| claim | paper | measured here | verdict |", "|---|---|---|---|"]
     for r in report["rows"]:
         if r["verdict"] == "not run":
-            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | - | not run ({r['reason']}) |")
+            p = r.get("provisional")
+            got = f"provisional, n = {p['n']}: {p['effect']}: {_num(p['mean'])} [{_num(p['low'])}, {_num(p['high'])}]" \
+                if p else "-"
+            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {got} | not run ({r['reason']}) |")
         else:
             lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {r['effect']}: {_num(r['mean'])} "
                          f"[{_num(r['low'])}, {_num(r['high'])}], n = {r['n']} | {r['verdict']} |")

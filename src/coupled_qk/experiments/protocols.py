@@ -113,9 +113,11 @@ def _lm(name: str, variants, seeds, claims, minutes: float, heldout: bool = True
     return Cell(name, base, tuple(variants), tuple(seeds), tuple(claims), heldout=heldout, est_cpu_minutes=minutes)
 
 
-def _mqar(difficulty: str, lr: float, seeds, preset: str = "cpu", d_model: int = 64, minutes: float = 0.3) -> Cell:
+def _mqar(difficulty: str, lr: float, seeds, preset: str = "cpu", d_model: int = 64, minutes: float = 1.0) -> Cell:
+    """An MQAR cell: the ``cpu`` MQAR sweep's point (V 64, L 16, K 2/3/4, 2 attention-only layers) with a longer
+    horizon (1,000 steps instead of 600: the first sweep's escapes from the 1/K plateau came after 300-800)."""
     tag = f"{lr:.0e}".replace("e-0", "e-")
-    spec = {"preset": preset, "difficulty": difficulty, "d_model": d_model, "lr": lr}
+    spec = {"preset": preset, "difficulty": difficulty, "d_model": d_model, "lr": lr, "max_steps": 1000}
     return Cell(f"mqar-{difficulty}-lr{tag}", {}, ("standard", "coupled"), tuple(seeds), ("C12",), mqar=spec,
                 est_cpu_minutes=minutes)
 
