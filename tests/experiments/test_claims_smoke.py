@@ -45,10 +45,14 @@ def test_report_structure(smoke):
     for cid in ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9", "C10", "C12", "C13"):
         assert by_id[cid]["verdict"] != "not run", (cid, by_id[cid]["reason"])
     assert all(c["finished"] == c["planned"] for c in report["cells"])
-    assert len(report["scan"]) >= 5 and all(s["status"] == "measured" for s in report["scan"])
+    scan = {s["factor"].split(" (")[0]: s["status"] for s in report["scan"]}
+    assert scan["baseline"] == scan["dt_init 0.5"] == "measured"  # the factors the smoke protocol runs
+    assert scan["d_head 64"].startswith("not run")
+    assert by_id["C13"]["details"]["rank_vs_ppl"]["n"] >= 4
     md = (smoke / "smoke.md").read_text()
     assert "| C1 |" in md and "coupled-qk claims" in md and "Holm" in md
-    assert (smoke / "figures" / "smoke-effects.png").stat().st_size > 1000
+    for fig in ("effects", "curves", "scan", "rank"):
+        assert (smoke / "figures" / f"smoke-{fig}.png").stat().st_size > 1000
     rec = json.loads(next((smoke / "runs" / "smoke" / "wv-tiny" / "coupled").glob("seed*.json")).read_text())
     assert {"wt2_test/perplexity", "test/perplexity", "valid/perplexity"} <= set(rec["final"])
     assert rec["diagnostics"]["effective_rank"] > 0 and rec["diagnostics"]["windows"] == 8 and rec["curve"]["valid"]

@@ -344,15 +344,24 @@ def c13(rec):
 
 
 def rank_perplexity_correlation(rec: Records) -> dict | None:
-    """Pearson/Spearman correlation of effective rank with held-out test ppl over tiny-size wiki-vital runs."""
+    """Pearson/Spearman correlation of effective rank with held-out test ppl over the tiny-size wiki-vital runs
+    that share the ``wv-tiny`` cell's tokenizer (perplexities of different tokenizers are not comparable)."""
     xs, ys = [], []
-    for (cell, _, _), r in rec.by_key.items():
-        same_setup = cell.startswith(("wv-tiny", "scan-")) and r["config"].get("tokenizer") == "bpe-8192"
+    for (cell, _, _), r in same_tokenizer_runs(rec):
+        same_setup = cell.startswith(("wv-tiny", "scan-"))
         rank, ppl = r.get("diagnostics", {}).get("effective_rank"), r["final"].get(PRIMARY)
         if same_setup and rank is not None and ppl is not None:
             xs.append(rank)
             ys.append(ppl)
     return stats.correlation(xs, ys) if len(xs) >= 4 else None
+
+
+def same_tokenizer_runs(rec: Records) -> list:
+    """``((cell, variant, seed), record)`` of the runs whose tokenizer is the ``wv-tiny`` cell's."""
+    if not rec.protocol.has_cell("wv-tiny"):
+        return []
+    tok = rec.protocol.cell("wv-tiny").base.get("tokenizer")
+    return [(k, r) for k, r in rec.by_key.items() if r["config"].get("tokenizer") == tok]
 
 
 CLAIMS: dict[str, tuple[str, str, Callable]] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from coupled_qk.experiments.claims import Records
+from coupled_qk.experiments.claims import Records, same_tokenizer_runs
 
 
 def _finite(*xs) -> bool:
@@ -66,9 +66,8 @@ def make_figures(report: dict, rec: Records, folder: str | Path) -> list[Path]:
         ax.set_xlabel("coupled vs standard, % held-out test perplexity (negative: coupling helps)")
         save(fig, "scan")
     pts = [(r["diagnostics"]["effective_rank"], r["final"]["test/perplexity"], r["variant"])
-           for r in rec.by_key.values() if r.get("diagnostics", {}).get("effective_rank") is not None
-           and "test/perplexity" in r["final"] and r["cell"].startswith(("wv-tiny", "scan-"))
-           and r["config"].get("tokenizer") == "bpe-8192"]
+           for _, r in same_tokenizer_runs(rec) if r.get("diagnostics", {}).get("effective_rank") is not None
+           and "test/perplexity" in r["final"] and r["cell"].startswith(("wv-tiny", "scan-"))]
     if pts:
         fig, ax = plt.subplots(figsize=(6, 4))
         for i, v in enumerate(sorted({p[2] for p in pts})):
