@@ -1,24 +1,36 @@
 """coupled-qk: coupled query-key dynamics attention (Gahtan & Bronstein, arXiv:2604.01683v1) for PyTorch."""
 
-from coupled_qk.layers.attention import ATTENTION_VARIANTS, CausalSelfAttention, KVCache
-from coupled_qk.layers.dynamics import GradientForce, MLPForce, QKDynamics
+from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
+from coupled_qk.layers.forces import GradientForce, MLPForce
+from coupled_qk.layers.qk_maps import QKDynamics, QKMap, QueryMLP
 from coupled_qk.models.config import PRESETS, GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
+from coupled_qk.models.variants import ATTENTIONS, VARIANTS, register_qk_map, register_variant
 from coupled_qk.ops.dynamics import INTEGRATORS, integrate_qk
 
 __version__ = "0.1.0"
 
+ATTENTION_VARIANTS = tuple(ATTENTIONS)
+"""Names of the attentions registered at import (see :data:`coupled_qk.models.variants.ATTENTIONS`)."""
+
 __all__ = [
+    "ATTENTIONS",
     "ATTENTION_VARIANTS",
     "INTEGRATORS",
     "PRESETS",
+    "VARIANTS",
     "GPT",
+    "AttentionRecord",
     "CausalSelfAttention",
     "GPTConfig",
     "GradientForce",
     "KVCache",
     "MLPForce",
     "QKDynamics",
+    "QKMap",
+    "QueryMLP",
     "coupling_parameter_overhead",
     "integrate_qk",
+    "register_qk_map",
+    "register_variant",
 ]

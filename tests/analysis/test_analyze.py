@@ -9,9 +9,11 @@ import torch
 
 from coupled_qk.analysis import metrics
 from coupled_qk.analysis.analyze import MAP_METRICS, analyze_checkpoints, analyze_model, token_windows
-from coupled_qk.layers.attention import ATTENTION_VARIANTS
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
+from coupled_qk.models.variants import ATTENTIONS, get_attention
+
+ATTENTION_VARIANTS = tuple(ATTENTIONS)
 
 B, T = 3, 12
 
@@ -19,12 +21,14 @@ B, T = 3, 12
 def tiny_gpt(attention: str, seed: int = 0, **overrides) -> GPT:
     torch.manual_seed(seed)
     fields = dict(vocab_size=61, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2,
-                  attention=attention, dt_init=0.3)
+                  attention=attention)
+    if get_attention(attention).qk_map is not None:
+        fields["dt_init"] = 0.3
     fields.update(overrides)
     model = GPT(GPTConfig(**fields)).eval()
     with torch.no_grad():  # distinct per-head dt values, so the reported ones can be told apart
         for block in model.blocks:
-            dt = getattr(getattr(block.attn, "dynamics", None), "dt", getattr(block.attn, "dt", None))
+            dt = getattr(block.attn.qk_map, "dt", None)
             if dt is not None:
                 dt.copy_(torch.linspace(0.05, 0.4, dt.numel()) + 0.01 * block.attn.layer_idx)
     return model
@@ -42,17 +46,13 @@ def test_logits_unchanged_and_flags_restored(attention):
         before = model(idx)
     n_threads = torch.get_num_threads()
     model.train()  # dropout on: analysis must switch it off and then restore training mode
-    model.blocks[1].attn.record = True  # a user's own recording survives the analysis
-    sentinel = {"mine": torch.zeros(1)}
-    model.blocks[1].attn.recorded = sentinel
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     analyze_model(model, idx, threads=2)
     assert torch.get_num_threads() == n_threads
     assert model.training and all(m.training for m in model.modules())
-    assert [b.attn.record for b in model.blocks] == [False, True]
-    assert model.blocks[1].attn.recorded is sentinel and model.blocks[0].attn.recorded == {}
-    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.blocks)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     model.eval()
-    model.blocks[1].attn.record = False
     with torch.no_grad():
         after = model(idx)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
@@ -60,10 +60,10 @@ def test_logits_unchanged_and_flags_restored(attention):
 
 def test_flags_restored_on_error():
     model = tiny_gpt("coupled")
+    model.train()
     with pytest.raises(ValueError, match="token ids"):
         analyze_model(model, torch.full((B, T), 999))
-    assert not any(b.attn.record for b in model.blocks)
-    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.blocks)
+    assert all(m.training for m in model.modules())
 
     def boom(*args):
         raise RuntimeError("boom")
@@ -74,9 +74,7 @@ def test_flags_restored_on_error():
             analyze_model(model, tokens())
     finally:
         handle.remove()
-    assert not any(b.attn.record for b in model.blocks)
-    assert all(b.attn.recorded == {} for b in model.blocks)
-    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.blocks)
+    assert all(m.training for m in model.modules())
 
 
 @pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
@@ -84,7 +82,7 @@ def test_per_layer_keys_and_shapes(attention):
     model = tiny_gpt(attention)
     res = analyze_model(model, tokens(), example=(-1, 1), example_tokens=8)
     cfg = model.config
-    differential = attention in ("differential", "coupled_differential")
+    differential = get_attention(attention).scoring == "differential"
     n_map = cfg.n_heads // 2 if differential else cfg.n_heads
     assert res["n_map_heads"] == n_map and res["n_sequences"] == B and res["seq_len"] == T
     assert len(res["layers"]) == cfg.n_layer
@@ -94,8 +92,7 @@ def test_per_layer_keys_and_shapes(attention):
         maps = {"a1", "a2", "signed"}
     else:
         expected, maps = set(MAP_METRICS), {"attn"}
-    qk = {"coupled": {"dt", "q_update", "k_update"}, "coupled_differential": {"dt", "q_update", "k_update"},
-          "uncoupled_mlp": {"dt", "q_update", "k_update"}}.get(attention, set())
+    qk = {"dt", "q_update", "k_update"} if get_attention(attention).qk_map is not None else set()
     for layer in res["layers"]:
         assert set(layer["heads"]) == expected
         assert all(len(v) == n_map for v in layer["heads"].values())
@@ -119,9 +116,9 @@ def test_per_layer_keys_and_shapes(attention):
             assert all(0 <= v <= 1 + 1e-9 for v in vals), key
         if base == "effective_rank":
             assert all(1 - 1e-9 <= v <= T + 1e-9 for v in vals), key
-    if attention == "uncoupled_mlp":
+    if attention.startswith("uncoupled_mlp"):
         assert all(v == 0 for layer in res["layers"] for v in layer["qk_heads"]["k_update"])
-    if attention in ("coupled", "coupled_differential", "uncoupled_mlp"):
+    if get_attention(attention).qk_map is not None:
         assert all(v > 0 for layer in res["layers"] for v in layer["qk_heads"]["q_update"])
     ex = res["example"]
     assert (ex["layer"], ex["head"], ex["tokens"]) == (cfg.n_layer - 1, 1, 8)
@@ -134,25 +131,23 @@ def test_map_metrics_match_metrics_module(attention):
     model = tiny_gpt(attention)
     idx = tokens()
     res = analyze_model(model, idx)
-    attn = model.blocks[1].attn
-    attn.record = True
-    with torch.no_grad():
-        model(idx)
-    rec = attn.recorded
-    attn.record, attn.recorded = False, {}
+    with torch.no_grad():  # layer 1's probabilities, recomputed by the layer itself on a plain forward pass
+        x, rope = model.embed(idx)
+        x = model.blocks[0](x, rope)
+        _, rec = model.blocks[1].attn(model.blocks[1].ln_1(x), rope, record=True)
     if attention == "standard":
-        ref = metrics.summarize_attention(rec["attn"])
+        ref = metrics.summarize_attention(rec.attn)
         for key in MAP_METRICS:
             torch.testing.assert_close(torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64),
                                        ref[key].mean(dim=0))
         torch.testing.assert_close(torch.tensor(res["layers"][1]["spectrum"]["attn"], dtype=torch.float64),
                                    ref["singular_values"].mean(dim=0), rtol=1e-5, atol=0)
     else:
-        ref = metrics.summarize_differential_attention(rec["attn"], rec["attn2"], rec["lambda_"])
+        ref = metrics.summarize_differential_attention(rec.attn, rec.attn2, rec.lam)
         for key in ("a1/entropy", "a2/sink_mass", "signed/effective_rank"):
             torch.testing.assert_close(torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64),
                                        ref[key].mean(dim=0))
-        assert res["layers"][1]["lambda"] == pytest.approx(float(rec["lambda_"]))
+        assert res["layers"][1]["lambda"] == pytest.approx(float(rec.lam))
 
 
 @pytest.mark.parametrize("attention", ["coupled", "differential"])
@@ -183,7 +178,7 @@ def test_dt_reported_equals_parameter(attention):
     model = tiny_gpt(attention)
     res = analyze_model(model, tokens())
     for layer, block in zip(res["layers"], model.blocks):
-        param = block.attn.dynamics.dt if attention != "uncoupled_mlp" else block.attn.dt
+        param = block.attn.qk_map.dt
         assert layer["qk_heads"]["dt"] == param.detach().double().tolist()
         assert layer["mean"]["dt"] == pytest.approx(float(param.detach().double().mean()))
 
@@ -192,7 +187,7 @@ def test_relative_update_post_rope_compares_rotated_states():
     model = tiny_gpt("coupled", dynamics_position="post_rope", dt_init=0.0)
     with torch.no_grad():
         for block in model.blocks:
-            block.attn.dynamics.dt.zero_()  # dynamics = identity: the update must be exactly 0
+            block.attn.qk_map.dt.zero_()  # dynamics = identity: the update must be exactly 0
     res = analyze_model(model, tokens())
     for layer in res["layers"]:
         assert max(layer["qk_heads"]["q_update"]) < 1e-6 and max(layer["qk_heads"]["k_update"]) < 1e-6

@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from coupled_qk.data.mqar import (
-    IGNORE_INDEX,
-    MQARConfig,
-    MQARSplit,
-    iter_mqar_batches,
-    make_mqar_dataset,
-    mqar_accuracy,
-    mqar_accuracy_by_slice,
-    mqar_batch,
-    mqar_correct_total,
-    query_slot_probabilities,
-)
+from coupled_qk.data.mqar import IGNORE_INDEX, mqar_batch, query_slot_probabilities
 
 V, L, K = 512, 64, 4
 
@@ -201,117 +189,3 @@ def test_too_few_keys_is_named():
     # the others; the message still names it.
     with pytest.raises(ValueError, match=r"num_kv_pairs=8 exceeds the 4 distinct keys"):
         mqar_batch(4, 32, 10, 8)
-
-
-# ------------------------------------------------------------------------------ dataset
-
-
-def test_dataset_slices_disjoint_and_cached(tmp_path):
-    train = [MQARSplit(64, 4, 300), MQARSplit(128, 8, 200)]
-    test = [MQARConfig(64, 4, 100), MQARSplit(128, 8, 50, power_a=0.5)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ds = make_mqar_dataset(train, test, vocab_size=V, cache_dir=tmp_path)
-    assert [s.name for s in ds.train] == ["L64_K4", "L128_K8"]
-    assert [(s.seq_len, s.num_kv_pairs, len(s)) for s in ds.test] == [(64, 4, 100), (128, 8, 50)]
-    assert all(s.spec.seed is not None for s in ds.train + ds.test)
-    assert {s.spec.seed for s in ds.train}.isdisjoint({s.spec.seed for s in ds.test})
-    assert all(s.inputs.shape == (len(s), s.seq_len) for s in ds.train + ds.test)
-    train_rows = {tuple(r) for r in ds.train[0].inputs.tolist()}
-    assert not any(tuple(r) in train_rows for r in ds.test[0].inputs.tolist())
-    assert not any(s.from_cache for s in ds.train + ds.test)
-    files = sorted(p.name for p in tmp_path.iterdir())
-    assert len(files) == 4 and all(f.startswith("mqar_") and f.endswith(".pt") for f in files)
-
-    ds2 = make_mqar_dataset(train, test, vocab_size=V, cache_dir=tmp_path)
-    assert all(s.from_cache for s in ds2.train + ds2.test)
-    for a, b in zip(ds.train + ds.test, ds2.train + ds2.test):
-        assert a.spec == b.spec and torch.equal(a.inputs, b.inputs) and torch.equal(a.labels, b.labels)
-    assert sorted(p.name for p in tmp_path.iterdir()) == files  # no temp files left behind
-
-    # a different spec (vocab) misses the cache; a corrupt file is regenerated with a warning
-    ds3 = make_mqar_dataset(train[:1], [], vocab_size=V + 2, cache_dir=tmp_path)
-    assert not ds3.train[0].from_cache
-    (tmp_path / files[0]).write_bytes(b"garbage")
-    with pytest.warns(RuntimeWarning, match="regenerating"):
-        make_mqar_dataset(train, test, vocab_size=V, cache_dir=tmp_path)
-
-
-def test_explicit_seed_and_derived_seed_reproducible():
-    a = make_mqar_dataset([MQARSplit(64, 4, 50)], [MQARSplit(64, 4, 20)], V, seed=7)
-    b = make_mqar_dataset([MQARSplit(64, 4, 50)], [MQARSplit(64, 4, 20)], V, seed=7)
-    assert torch.equal(a.test[0].inputs, b.test[0].inputs)
-    c = make_mqar_dataset([MQARSplit(64, 4, 50, seed=99)], [], V)
-    assert c.train[0].spec.seed == 99
-    assert torch.equal(c.train[0].inputs, mqar_batch(50, 64, V, 4, seed=99)[0])
-
-
-def test_shared_seed_and_leakage_warnings():
-    with pytest.warns(UserWarning) as rec:
-        make_mqar_dataset([MQARSplit(64, 4, 100, seed=5)], [MQARSplit(64, 4, 100, seed=5)], V)
-    messages = " | ".join(str(w.message) for w in rec)
-    assert "share seed(s) [5]" in messages and "L64_K4 (seed 5): 100/100" in messages
-
-
-def test_leakage_detected_without_shared_seed():
-    # tiny space (4 keys, 5 values, 2 slots): distinct seeds still collide on exact inputs
-    with pytest.warns(UserWarning, match=r"leakage.*L8_K2 \(seed 2\)") as rec:
-        make_mqar_dataset([MQARSplit(8, 2, 300, seed=1)], [MQARSplit(8, 2, 200, seed=2)], 10)
-    assert not any("share seed" in str(w.message) for w in rec)
-
-
-def test_invalid_slice_reported_before_generation(tmp_path):
-    with pytest.raises(ValueError, match=r"test slice 0 \(L66_K4\).*vocab_size=64"):
-        make_mqar_dataset([MQARSplit(32, 4, 10)], [MQARSplit(66, 4, 10)], 64, cache_dir=tmp_path)
-    assert not list(tmp_path.iterdir())
-    with pytest.raises(ValueError, match="seed"):
-        MQARSplit(64, 4, 10, seed=-3)
-
-
-def test_iter_batches_never_mix_slices():
-    ds = make_mqar_dataset([MQARSplit(32, 2, 70, seed=0), MQARSplit(64, 4, 30, seed=1)], [], V)
-    seen = {s.name: 0 for s in ds.train}
-    for xb, yb, s in iter_mqar_batches(ds.train, 32, shuffle=True, seed=0):
-        assert xb.shape == yb.shape and xb.shape[1] == s.seq_len and xb.shape[0] <= 32
-        seen[s.name] += xb.shape[0]
-    assert seen == {"L32_K2": 70, "L64_K4": 30}
-
-
-# ------------------------------------------------------------------------------ accuracy
-
-
-def test_accuracy_from_preds_and_logits():
-    x, y = mqar_batch(10, L, V, K, seed=0)
-    preds = torch.where(y == IGNORE_INDEX, torch.zeros_like(y), y)
-    assert mqar_accuracy(preds, y) == 1.0
-    wrong = preds.clone()
-    mask = y != IGNORE_INDEX
-    idx = mask.nonzero()[:10]
-    wrong[idx[:, 0], idx[:, 1]] = 0
-    assert mqar_correct_total(wrong, y) == (30, 40)
-    assert mqar_accuracy(wrong, y) == pytest.approx(0.75)
-    logits = torch.nn.functional.one_hot(wrong, V).float()
-    assert mqar_accuracy(logits, y) == pytest.approx(0.75)
-    with pytest.raises(ValueError, match="no supervised"):
-        mqar_accuracy(preds, torch.full_like(y, IGNORE_INDEX))
-    with pytest.raises(ValueError, match="shape"):
-        mqar_accuracy(preds[:, :-1], y)
-
-
-def test_accuracy_by_slice_with_oracle():
-    ds = make_mqar_dataset([], [MQARSplit(32, 2, 40, seed=0), MQARSplit(64, 4, 30, seed=1)], V)
-
-    def oracle(inputs: torch.Tensor) -> torch.Tensor:
-        """Looks each token up in the prefix pairs; perfect on MQAR."""
-        out = torch.zeros_like(inputs)
-        k = (inputs[:, 1::2] >= V // 2).cumprod(1).sum(1)  # prefix length in pairs
-        for n in range(inputs.shape[0]):
-            kk = int(k[n])
-            table = dict(zip(inputs[n, 0 : 2 * kk : 2].tolist(), inputs[n, 1 : 2 * kk : 2].tolist()))
-            out[n] = torch.tensor([table.get(t, 0) for t in inputs[n].tolist()])
-        return out
-
-    res = mqar_accuracy_by_slice(oracle, ds.test, batch_size=16)
-    assert res == {"L32_K2": 1.0, "L64_K4": 1.0, "overall": 1.0}
-    zeros = mqar_accuracy_by_slice(lambda t: torch.zeros_like(t), ds.test)
-    assert zeros["overall"] == 0.0

@@ -6,17 +6,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coupled_qk import ATTENTION_VARIANTS, GPT, GPTConfig
-from coupled_qk.layers.attention import CausalSelfAttention, differential_lambda_init
+from coupled_qk import ATTENTION_VARIANTS, GPT, GPTConfig, QueryMLP
+from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, differential_lambda_init
+from coupled_qk.models.variants import get_attention
 
 POSITIONS = ["rope", "learned"]
 
 
-def small_model(attention, position="rope", n_kv_heads=2, **kw):
+def small_model(attention, position="rope", n_kv_heads=2, integrator=None, **kw):
+    """A perturbed 2-layer model; map options (dt_init=0.3, ``integrator``) only where the map has them."""
     torch.manual_seed(0)
+    qk_map = get_attention(attention).qk_map
+    options = {} if qk_map is None else {"dt_init": 0.3}
+    if integrator is not None and qk_map is not None and "integrator" in qk_map.option_names():
+        options["integrator"] = integrator
     cfg = GPTConfig(
         vocab_size=97, block_size=32, n_layer=2, d_model=32, n_heads=4, n_kv_heads=n_kv_heads,
-        attention=attention, position=position, dt_init=0.3, **kw,
+        attention=attention, position=position, **options, **kw,
     )
     model = GPT(cfg).eval()
     # make the differential lambda and dynamics non-trivial
@@ -81,7 +87,7 @@ def test_coupled_with_dt_zero_or_no_steps_equals_standard(change):
     std = small_model("standard")
     cpl = GPT(GPTConfig(**{**std.config.to_dict(), "attention": "coupled", **change})).eval()
     missing = cpl.load_state_dict(std.state_dict(), strict=False)
-    assert all("dynamics" in name for name in missing.missing_keys)
+    assert missing.missing_keys and all(".qk_map." in name for name in missing.missing_keys)
     idx = torch.randint(0, 97, (3, 30))
     with torch.no_grad():
         assert torch.equal(std(idx), cpl(idx))
@@ -104,7 +110,7 @@ def rope64(x, base=10000.0):
 def test_differential_attention_matches_float64_reference(n_kv_heads):
     torch.manual_seed(1)
     d_model, n_heads, d_head, layer = 48, 4, 12, 3
-    attn = CausalSelfAttention(d_model, n_heads, n_kv_heads, d_head, "differential", layer_idx=layer).double()
+    attn = CausalSelfAttention(d_model, n_heads, n_kv_heads, d_head, scoring="differential", layer_idx=layer).double()
     with torch.no_grad():
         attn.subln.weight.uniform_(0.5, 1.5)
     x = torch.randn(2, 9, d_model, dtype=torch.float64)
@@ -148,14 +154,30 @@ def test_differential_parameter_delta_is_six_d_head_per_layer():
 
 
 def test_uncoupled_mlp_leaves_keys_untouched_and_matches_formula():
-    attn = CausalSelfAttention(16, 2, 2, 8, "uncoupled_mlp", use_rope=False).double()
+    attn = CausalSelfAttention(16, 4, 2, 8, QueryMLP, use_rope=False).double()
     x = torch.randn(1, 5, 16, dtype=torch.float64)
-    attn.record = True
-    attn(x)
-    rec = attn.recorded
-    assert torch.equal(rec["k_evolved"], rec["k"])
-    g = F.silu(rec["q"] @ attn.query_mlp.w_in.T) @ attn.query_mlp.w_out.T
-    torch.testing.assert_close(rec["q_evolved"], rec["q"] + attn.dt.view(-1, 1, 1) * g)
+    _, rec = attn(x, record=True)
+    assert isinstance(rec, AttentionRecord) and rec.k.shape == rec.q.shape == (1, 4, 5, 8)  # keys per query head
+    assert torch.equal(rec.k_mapped, rec.k)
+    q, k, _ = attn.qkv(x).split([32, 16, 16], dim=-1)  # independent: the projections by hand
+    q = q.view(1, 5, 4, 8).transpose(1, 2)
+    k = k.view(1, 5, 2, 8).transpose(1, 2).repeat_interleave(2, dim=1)
+    torch.testing.assert_close(rec.q, q)
+    torch.testing.assert_close(rec.k, k)
+    g = F.silu(q @ attn.qk_map.mlp.w_in.T) @ attn.qk_map.mlp.w_out.T
+    torch.testing.assert_close(rec.q_mapped, q + attn.qk_map.dt.view(-1, 1, 1) * g)
+    assert torch.equal(rec.dt, attn.qk_map.dt) and rec.attn2 is None and rec.lam is None
+
+
+def test_record_of_post_rope_map_holds_the_rotated_inputs():
+    from coupled_qk.ops.rope import rope_tables
+
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(16, 2, 1, 8, QueryMLP, map_position="post_rope").double()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    _, rec = attn(x, rope_tables(6, 8, dtype=torch.float64), record=True)
+    q = attn.qkv(x)[..., :16].view(2, 6, 2, 8).transpose(1, 2)
+    torch.testing.assert_close(rec.q, rope64(q))  # the map's real input: no re-rotation needed by consumers
 
 
 def test_recording_returns_probabilities_and_keeps_outputs():
@@ -163,20 +185,51 @@ def test_recording_returns_probabilities_and_keeps_outputs():
     idx = torch.randint(0, 97, (2, 10))
     with torch.no_grad():
         ref = model(idx)
-        for block in model.blocks:
-            block.attn.record = True
-        out = model(idx)
+        traces = list(model.trace(idx))
+        out = model.lm_head(model.ln_f(traces[-1].output))
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    probs = model.blocks[0].attn.recorded["attn"]
+    probs = traces[0].record.attn
     assert probs.shape == (2, 4, 10, 10)
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 10))
     assert probs.triu(1).abs().max() == 0
+    assert not any(hasattr(b.attn, "recorded") for b in model.blocks)  # nothing left on the model
+
+
+def test_eager_path_upcasts_half_precision_inputs():
+    """Issue 9 F: q = k = 33 in fp16 with d = 64 overflows q k^T in fp16 (69696 > 65504); the eager path must
+    return SDPA's finite result (here every score is equal, so each output row is the mean of the values)."""
+    from coupled_qk.layers.attention import scaled_dot_product
+
+    q = torch.full((1, 2, 5, 64), 33.0, dtype=torch.float16)
+    v = torch.randn(1, 2, 5, 64).to(torch.float16)
+    out, probs = scaled_dot_product(q, q.clone(), v, eager=True)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all() and probs.dtype == torch.float32
+    expected = v.double().cumsum(2) / torch.arange(1, 6, dtype=torch.float64).view(1, 1, 5, 1)
+    torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=2e-3)
+    sdpa, _ = scaled_dot_product(q.float(), q.float(), v.float(), eager=False)
+    torch.testing.assert_close(out.float(), sdpa, rtol=2e-3, atol=2e-3)
+
+
+def test_old_state_dicts_load():
+    """Checkpoints saved when the maps were attributes ``dynamics``/``query_mlp``/``dt`` of the layer."""
+    for attention, renames in [("coupled", [("qk_map.", "dynamics.")]),
+                               ("uncoupled_mlp", [("qk_map.mlp.", "query_mlp."), ("qk_map.dt", "dt")])]:
+        model = small_model(attention)
+        old = {}
+        for key, value in model.state_dict().items():
+            for new, legacy in renames:
+                key = key.replace(new, legacy)
+            old[key] = value.clone()
+        assert not any("qk_map" in key for key in old)
+        fresh = GPT(model.config)
+        fresh.load_state_dict(old)  # strict
+        assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
 
 
 def test_bad_attention_arguments():
-    with pytest.raises(ValueError, match="attention='flash'"):
-        CausalSelfAttention(16, 2, 2, 8, "flash")
+    with pytest.raises(ValueError, match="scoring='flash'"):
+        CausalSelfAttention(16, 2, 2, 8, scoring="flash")
     with pytest.raises(ValueError, match="n_kv_heads=3"):
         CausalSelfAttention(16, 4, 3, 4)
     with pytest.raises(ValueError, match="even"):
-        CausalSelfAttention(16, 3, 3, 4, "differential")
+        CausalSelfAttention(16, 3, 3, 4, scoring="differential")

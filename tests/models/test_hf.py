@@ -12,12 +12,14 @@ from coupled_qk.models.hf import CoupledQKForCausalLM  # noqa: E402
 @pytest.mark.parametrize("attention", ["coupled", "differential"])
 def test_round_trip_and_parity(tmp_path, attention):
     torch.manual_seed(0)
+    options = {"integrator": "leapfrog"} if attention == "coupled" else {}
     model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, d_model=32, n_heads=2, attention=attention,
-                          integrator="leapfrog")).eval()
+                          **options)).eval()
     hf = CoupledQKForCausalLM.from_gpt(model)
     hf.save_pretrained(tmp_path / "m")
     loaded = CoupledQKForCausalLM.from_pretrained(tmp_path / "m").eval()
-    assert loaded.config.attention == attention and loaded.config.integrator == "leapfrog"
+    assert loaded.config.to_gpt_config() == model.config
+    assert loaded.config.attention == attention and (attention != "coupled" or loaded.config.qk_map["integrator"] == "leapfrog")
     idx = torch.randint(0, 40, (2, 12))
     with torch.no_grad():
         ref = model(idx)

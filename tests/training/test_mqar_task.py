@@ -206,3 +206,28 @@ def test_train_end_to_end_reaches_high_accuracy(tmp_path):
     assert res["stop_reason"] == "early_stop" and res["steps"] < 600
     assert res["final"]["valid/accuracy/L16_K2"] == res["final"]["valid/accuracy"]
     assert res["data"]["task"] == "mqar" and res["model_config"]["vocab_size"] == 64
+
+
+def test_tokens_count_real_sequence_lengths_issue_9e(tmp_path):
+    """Issue 9 E: slices of lengths 16 and 32 with 8 rows each and batch 8 give one batch of each length per
+    epoch, so an epoch trains 8 * 16 + 8 * 32 = 384 tokens (not 2 * 8 * block_size = 512)."""
+    from coupled_qk.training.loop import read_metrics, train
+
+    common = dict(train=((16, 2, 8), (32, 4, 8)), test=((16, 2, 8),), eval_interval=100, log_interval=1,
+                  warmup_steps=0)
+    task = MQARTask(_cfg(tmp_path, **common), tmp_path)
+    assert sorted(task.step_tokens(s, 1) for s in (0, 1)) == [8 * 16, 8 * 32]
+    assert task.step_tokens(0, 1) + task.step_tokens(1, 1) == 384 == task.step_tokens(2, 1) + task.step_tokens(3, 1)
+    res = train(_cfg(tmp_path, max_steps=4, **common))
+    assert res["steps"] == 4 and res["tokens"] == 2 * 384
+    records = [r for r in read_metrics(tmp_path / "run") if "train/loss" in r]
+    assert [r["tokens"] for r in records][1::2] == [384, 768]
+    increments = [b["tokens"] - a["tokens"] for a, b in zip([{"tokens": 0}] + records, records)]
+    assert sorted(increments) == [128, 128, 256, 256]
+    # a token budget of two epochs is reached after exactly 4 steps (block_size accounting stopped at 3)
+    budget = train(_cfg(tmp_path, max_steps=None, max_tokens=768, out_dir=str(tmp_path / "budget"), **common))
+    assert budget["steps"] == 4 and budget["tokens"] == 768 and budget["stop_reason"] == "completed"
+    # with 2 micro-steps per step, one step is one epoch: 384 tokens
+    accum = train(_cfg(tmp_path, max_steps=None, max_tokens=768, grad_accum=2, out_dir=str(tmp_path / "accum"),
+                       **common))
+    assert accum["steps"] == 2 and accum["tokens"] == 768

@@ -1,7 +1,7 @@
 """``coupled-qk analyze``: attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints.
 
 Runs :func:`coupled_qk.analysis.analyze.analyze_checkpoints` and writes ``analysis.json``, PNG figures and
-``summary.md`` into ``--out-dir``. Definitions: PAPER.md section 7 and
+``summary.md`` into ``--out-dir``. Definitions: docs/METHOD.md section 7 and
 :data:`coupled_qk.analysis.analyze.CONVENTIONS`.
 """
 

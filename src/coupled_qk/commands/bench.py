@@ -12,9 +12,9 @@ import sys
 
 import torch
 
-from coupled_qk.bench import markdown_table, result_stem, run_bench, write_results
 from coupled_qk.commands.options import add_model_options, config_from_args
-from coupled_qk.variants import VARIANTS
+from coupled_qk.experiments.bench import bench_markdown, result_stem, run_bench, write_results
+from coupled_qk.models.variants import VARIANTS
 
 HELP = "train-step speed of every attention variant against standard"
 
@@ -69,7 +69,9 @@ def run(args) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads={args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
-    config = config_from_args(args)
+    map_options = {} if args.n_steps is None else {"n_steps": args.n_steps}
+    # --n-steps applies per variant (run_bench), not to the base config, whose attention has no map
+    config = config_from_args(argparse.Namespace(**{**vars(args), "n_steps": None}))
     print(f"coupled-qk bench: preset {args.preset}, {args.repeats} interleaved repeats after {args.warmup} warmup")
     result = run_bench(
         config,
@@ -83,6 +85,7 @@ def run(args) -> int:
         compile_model=args.compile,
         seed=args.seed,
         log=print,
+        map_options=map_options,
     )
     invoked = sys.argv[1:]
     reproduce = _reproduce_command(args, result["machine"]["threads"])
@@ -93,6 +96,6 @@ def run(args) -> int:
         **result,
     )
     json_path, md_path = write_results(result, args.out_dir, result_stem(args.preset, result))
-    print(markdown_table(result))
+    print(bench_markdown(result))
     print(f"wrote {json_path} and {md_path}")
     return 0

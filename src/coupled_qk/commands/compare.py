@@ -19,7 +19,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from coupled_qk.training.compare import format_table, run_comparison
+    from coupled_qk.experiments.compare import comparison_table, run_comparison
 
     if args.out_dir is None:
         args.out_dir = "runs/compare"
@@ -27,6 +27,6 @@ def run(args) -> int:
     seeds = parse_seeds(args.seeds)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     summary = run_comparison(base, variants, seeds, base.out_dir)
-    print(format_table(summary))
+    print(comparison_table(summary))
     print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")
     return 0

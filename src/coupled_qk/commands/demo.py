@@ -24,12 +24,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from coupled_qk.training.compare import format_table, run_comparison
+    from coupled_qk.experiments.compare import comparison_table, run_comparison
 
     defaults = {k: v for k, v in DEMO_DEFAULTS.items() if getattr(args, k, None) is None}
     base = config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
     summary = run_comparison(base, args.variants.split(","), seeds, base.out_dir)
-    print(format_table(summary))
+    print(comparison_table(summary))
     print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")
     return 0

@@ -24,7 +24,7 @@ def run(args) -> int:
         return 0
     c = config
     print(
-        f"preset={args.preset} attention={c.attention} integrator={c.integrator} n_steps={c.n_steps}\n"
+        f"preset={args.preset} attention={c.attention} qk_map={c.qk_map}\n"
         f"  n_layer={c.n_layer} d_model={c.d_model} n_heads={c.n_heads} n_kv_heads={c.n_kv_heads} "
         f"d_head={c.d_head} vocab_size={c.vocab_size} block_size={c.block_size} position={c.position}\n"
         f"  parameters:          {info['params']:,}\n"

@@ -19,53 +19,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", dest="json_out", default=None, help="also write the results to this JSON file")
 
 
-def evaluate_checkpoint(checkpoint, corpus=None, data_dir=None, splits=("valid", "test"), stride=None,
-                        batch_size=8, device="auto") -> dict:
-    """Token- and word-level perplexity of a checkpoint on whole splits (see ``training.perplexity``).
-
-    Raises:
-        FileNotFoundError: no checkpoint, tokenizer or corpus file where expected.
-        ValueError: unknown split name or a bad stride.
-    """
-    from coupled_qk.data.cache import tokenize_to_cache
-    from coupled_qk.data.corpora import load_corpus
-    from coupled_qk.data.paths import default_cache_dir
-    from coupled_qk.data.tokenizers import Tokenizer
-    from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
-    from coupled_qk.training.distributed import pick_device
-    from coupled_qk.training.lm import WORD_LEVEL_CORPORA
-    from coupled_qk.training.perplexity import evaluate_perplexity
-
-    ckpt = resolve_checkpoint(checkpoint)
-    run_dir = ckpt.parent
-    run_cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
-    corpus_name = corpus or run_cfg.get("corpus")
-    if corpus_name is None:
-        raise ValueError(f"--corpus is needed: {run_dir} has no config.json naming its corpus")
-    tok_dir = run_dir / "tokenizer"
-    if not (tok_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"tokenizer of the run not found: expected {tok_dir / 'tokenizer.json'}")
-    tokenizer = Tokenizer.load(tok_dir)
-    dev = pick_device(device)
-    model, state = load_checkpoint_model(ckpt, dev)
-    if model.config.vocab_size != tokenizer.vocab_size:
-        raise ValueError(f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}")
-    data = load_corpus(corpus_name, data_dir or run_cfg.get("data_dir"),
-                       seed=int(run_cfg.get("task_options", {}).get("split_seed", 0)))
-    cache = Path(run_cfg["cache_dir"]) if run_cfg.get("cache_dir") else default_cache_dir()
-    out = {"checkpoint": str(ckpt), "step": state.get("step"), "corpus": data.name, "tokenizer": tokenizer.name,
-           "stride": stride, "block_size": model.config.block_size}
-    for split in splits:
-        if split not in ("train", "valid", "test"):
-            raise ValueError(f"split={split!r} is unknown; expected train, valid or test")
-        text = data.split(split)
-        tokens = tokenize_to_cache(text, tokenizer, cache / "tokens")
-        n_words = data.words(split) if data.name in WORD_LEVEL_CORPORA else None
-        out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words)
-    return out
-
-
 def run(args) -> int:
+    from coupled_qk.training.evaluate import evaluate_checkpoint
+
     res = evaluate_checkpoint(args.checkpoint, args.corpus, args.data_dir, args.splits.split(","), args.stride,
                               args.batch_size, args.device)
     for split in args.splits.split(","):

@@ -14,15 +14,9 @@ import time
 
 import torch
 
-from coupled_qk.mqar_sweep import (
-    MQAR_VARIANTS,
-    SWEEP_PRESETS,
-    get_preset,
-    heads_for,
-    parse_variants,
-    plan_runs,
-    run_sweep,
-)
+from coupled_qk.experiments.mqar_presets import MQAR_VARIANTS, SWEEP_PRESETS, get_preset, heads_for
+from coupled_qk.experiments.mqar_sweep import plan_sweep, run_sweep
+from coupled_qk.models.variants import parse_variants
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
 
@@ -73,7 +67,7 @@ def run(args) -> int:
         if threads < 1:
             raise ValueError(f"--threads={threads} must be >= 1")
         torch.set_num_threads(threads)
-    plan = plan_runs(preset, variants, d_models, lrs, difficulties)
+    plan = plan_sweep(preset, variants, d_models, lrs, difficulties)
     print(f"coupled-qk mqar: preset {preset.name}: {preset.description}")
     print(f"  {len(plan)} runs -> {out_dir} (torch threads {torch.get_num_threads()}); differential variants use "
           f"n_heads={heads_for('differential', preset.n_heads)} where the others use n_heads={preset.n_heads} "

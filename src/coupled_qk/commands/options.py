@@ -3,18 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 
-from coupled_qk.models.config import PRESETS, GPTConfig
-
-
-def _value(text: str):
-    """Parse an override value: JSON if it parses (numbers, true/false/null), else the raw string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+from coupled_qk.models.config import PRESETS, GPTConfig, parse_overrides
 
 
 def add_model_options(parser: argparse.ArgumentParser, default_preset: str | None = "tiny") -> None:
@@ -31,17 +21,6 @@ def add_model_options(parser: argparse.ArgumentParser, default_preset: str | Non
     )
 
 
-def parse_overrides(items: list[str]) -> dict:
-    """``["a=1", "b=x"] -> {"a": 1, "b": "x"}``; raises ``ValueError`` on items without ``=``."""
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
-        key, value = item.split("=", 1)
-        out[key.strip().replace("-", "_")] = _value(value)
-    return out
-
-
 def config_from_args(args, **extra) -> GPTConfig:
     """Build the validated :class:`GPTConfig` from parsed model options (``extra`` wins over the preset)."""
     overrides = {**extra, **parse_overrides(args.overrides)}
@@ -49,11 +28,6 @@ def config_from_args(args, **extra) -> GPTConfig:
         if getattr(args, name, None) is not None:
             overrides[name] = getattr(args, name)
     return GPTConfig.from_preset(args.preset, **overrides)
-
-
-def config_fields() -> list[str]:
-    """Names of all :class:`GPTConfig` fields."""
-    return [f.name for f in dataclasses.fields(GPTConfig)]
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -44,7 +44,7 @@ def config_from_args(args, **fields) -> TrainConfig:
         value = getattr(args, name, None)
         if value is not None:
             data[name] = value
-    data.update(parse_overrides(args.train_overrides))
+    data.update(parse_overrides(args.train_overrides, TrainConfig, "--opt"))
     model = dict(data.get("model", {}))
     if getattr(args, "preset", None):
         data["preset"] = args.preset

@@ -1,36 +1,39 @@
-"""Causal self-attention with every variant of the project, selected by one string.
+"""Causal self-attention: one optional query-key map and one scoring rule (docs/METHOD.md sections 1-2).
 
-Variants (``ATTENTION_VARIANTS``):
+The layer knows nothing about variant names; :mod:`coupled_qk.models.variants` builds it from a registered
+(query-key map x scoring) pair. Scoring rules (:data:`SCORINGS`):
 
 - ``standard``: scaled dot-product attention (Vaswani et al. 2017).
-- ``coupled``: queries and keys evolved by :class:`~coupled_qk.layers.dynamics.QKDynamics` before scoring
-  (arXiv:2604.01683v1).
-- ``uncoupled_mlp``: the paper's matched-capacity ablation, ``q' = q + dt * g(q)``, keys untouched.
 - ``differential``: Differential Attention V1 (Ye et al. 2024, arXiv:2410.05258, microsoft/unilm
   Diff-Transformer): ``(A1 - lambda A2) V`` with half the heads, per-head RMSNorm and ``(1 - lambda_init)``.
-- ``coupled_differential``: the dynamics applied to each query/key sub-head pair before both maps.
 
-All variants use ``torch.nn.functional.scaled_dot_product_attention`` on the fast path; the eager path
-(``impl="eager"``, or ``record=True``) computes the softmax explicitly and can record the attention
-probabilities and the query/key states for diagnostics. Grouped-query attention: ``n_kv_heads`` divides
-``n_heads``; query head ``i`` uses key/value head ``i // (n_heads // n_kv_heads)``.
+The query-key map (:mod:`coupled_qk.layers.qk_maps`, e.g. the coupled dynamics or the uncoupled query MLP)
+transforms the projected ``(q, k)`` before scoring, before RoPE (``map_position="pre_rope"``, default) or
+after it (``"post_rope"``); with differential scoring it acts on each query/key sub-head before both maps.
+
+The fast path is ``torch.nn.functional.scaled_dot_product_attention``; the eager path (``impl="eager"``, or
+``forward(..., record=True)``) computes the softmax explicitly in float32 and can return an
+:class:`AttentionRecord` for diagnostics. Grouped-query attention: ``n_kv_heads`` divides ``n_heads``;
+query head ``i`` uses key/value head ``i // (n_heads // n_kv_heads)``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk.layers.dynamics import MLPForce, QKDynamics
-from coupled_qk.ops.dynamics import apply_query_mlp
 from coupled_qk.ops.rope import apply_rope
 
-ATTENTION_VARIANTS = ("standard", "coupled", "uncoupled_mlp", "differential", "coupled_differential")
-COUPLED_VARIANTS = ("coupled", "coupled_differential")
-DIFFERENTIAL_VARIANTS = ("differential", "coupled_differential")
+SCORINGS = ("standard", "differential")
+"""Scoring rules of :class:`CausalSelfAttention`."""
+
+MAP_POSITIONS = ("pre_rope", "post_rope")
+"""Where the query-key map acts relative to RoPE."""
 
 
 def differential_lambda_init(layer_idx: int) -> float:
@@ -60,9 +63,9 @@ def expand_kv(x: torch.Tensor, n_rep: int, group: int = 1) -> torch.Tensor:
 class KVCache:
     """Per-layer cache of the keys and values that attention scores against.
 
-    Each layer stores keys *after* the dynamics and RoPE (dynamics act per token, so cached decoding is
-    exact) and values, shapes ``(B, H_k, T_past, d)``. Coupled variants cache one evolved key per query
-    head (the evolved key depends on the query head's state), other variants cache the ``n_kv_heads``.
+    Each layer stores keys *after* the query-key map and RoPE (maps act per token, so cached decoding is
+    exact) and values, shapes ``(B, H_k, T_past, d)``. A map with ``keys_per_query_head`` caches one evolved
+    key per query head (the evolved key depends on the query head's state), other layers the ``n_kv_heads``.
     """
 
     def __init__(self, n_layer: int):
@@ -97,7 +100,8 @@ def scaled_dot_product(
     Args:
         q: ``(B, H, T_q, d)``; k: ``(B, H, T_k, d)`` with ``T_k >= T_q`` (the last ``T_q`` keys are the
             queries' own positions); v: ``(B, H, T_k, d_v)``.
-        eager: compute the softmax explicitly (at least float32) and also return the probabilities.
+        eager: compute the scores and softmax explicitly in (at least) float32 and also return the
+            probabilities (float32 for half-precision inputs).
 
     Returns:
         ``(out (B, H, T_q, d_v), probs (B, H, T_q, T_k) or None)``.
@@ -108,41 +112,83 @@ def scaled_dot_product(
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p), None
         mask = None if t_q == 1 else _causal_mask(t_q, t_k, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+    # Upcast before the product (issue 9 F): q k^T in float16 overflows for |q|, |k| ~ 33 at d = 64. The
+    # product is then scaled in float32, so float32 inputs give the same bits as before.
     dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.matmul(q, k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
+    scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-2, -1)) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~_causal_mask(t_q, t_k, q.device), float("-inf"))
     probs = scores.softmax(dim=-1)
     attn = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
     return torch.matmul(attn.to(v.dtype), v), probs
 
 
+
+
+@dataclass
+class AttentionRecord:
+    """What one attention layer computed on one forward pass (``CausalSelfAttention.forward(record=True)``).
+
+    All tensors are detached and cover the current call's ``T`` tokens; key tensors always have one head per
+    query (sub-)head (keys of grouped-query attention are repeated, so consumers index heads alike).
+
+    Fields:
+        q, k: ``(B, H, T, d_head)`` the map's inputs (the projections, RoPE-rotated when the map acts
+            after RoPE); ``None`` for a layer without a query-key map.
+        q_mapped, k_mapped: ``(B, H, T, d_head)`` the map's outputs (before any RoPE that follows), or ``None``.
+        attn: ``(B, H_map, T, T_k)`` float32 (or float64) attention probabilities; ``A1`` for differential
+            scoring, where ``H_map = H / 2``.
+        attn2: ``A2`` (differential scoring) or ``None``.
+        lam: scalar tensor ``lambda`` (differential scoring) or ``None``.
+        dt: the map's per-head step sizes ``(H,)`` (``None`` without a map or for a map without ``dt``).
+    """
+
+    q: torch.Tensor | None
+    k: torch.Tensor | None
+    q_mapped: torch.Tensor | None
+    k_mapped: torch.Tensor | None
+    attn: torch.Tensor
+    attn2: torch.Tensor | None = None
+    lam: torch.Tensor | None = None
+    dt: torch.Tensor | None = None
+
+
+QKMapFactory = Callable[[int, int], nn.Module]
+"""``(d_head, n_heads) -> query-key map module`` (see :mod:`coupled_qk.layers.qk_maps`)."""
+
+_LEGACY_PREFIXES = (("dynamics.", "qk_map."), ("query_mlp.", "qk_map.mlp."), ("dt", "qk_map.dt"))
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with a selectable variant (see the module docstring).
+    """Multi-head causal self-attention with an optional query-key map and a scoring rule.
 
     Args:
         d_model: model width.
-        n_heads: query heads of the standard baseline. Differential variants use ``n_heads // 2`` heads,
-            each with two query/key sub-heads of width ``d_head`` and a value of width ``2 d_head``
+        n_heads: query heads of the standard layout. Differential scoring uses ``n_heads // 2`` heads, each
+            with two query/key sub-heads of width ``d_head`` and a value of width ``2 d_head``
             (parameter-matched, as in arXiv:2410.05258).
         n_kv_heads: key/value heads (grouped-query attention); divides ``n_heads``.
         d_head: head width.
-        attention: variant name from :data:`ATTENTION_VARIANTS`.
-        layer_idx: 0-based layer index (sets the differential ``lambda_init``).
-        dynamics: keyword arguments for :class:`QKDynamics` (integrator, n_steps, hidden, dt_init,
-            shared_across_heads, force) used by the coupled variants; ``hidden`` and ``dt_init`` also size
-            the uncoupled MLP.
-        dynamics_position: ``"pre_rope"`` (default: dynamics on the raw projections, RoPE on the evolved
-            pair) or ``"post_rope"``.
+        qk_map: ``None`` (no map), a factory ``(d_head, n_heads) -> module`` following the interface of
+            :mod:`coupled_qk.layers.qk_maps` (a map class itself is one; it is called after the projections
+            are created, so parameters are created and randomly initialised in a fixed order), or a map
+            module built by the caller.
+        scoring: ``"standard"`` or ``"differential"``.
+        layer_idx: 0-based layer index (sets the differential ``lambda_init`` and the cache slot).
+        map_position: ``"pre_rope"`` (default: map on the raw projections, RoPE on the mapped pair) or
+            ``"post_rope"``.
         use_rope: apply rotary embeddings (otherwise positions come from the model's embeddings).
         dropout: attention-probability dropout during training.
         impl: ``"sdpa"`` (fast) or ``"eager"``.
 
     Forward: ``x (B, T, d_model) -> (B, T, d_model)``; ``rope`` is ``(cos, sin)`` of shape ``(T, d_head)``
-    for the current positions, ``cache`` a :class:`KVCache` to read and extend.
+    for the current positions, ``cache`` a :class:`KVCache` to read and extend. With ``record=True`` the
+    eager path runs and the result is ``(y, AttentionRecord)``.
+
+    State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) load.
 
     Raises:
-        ValueError: unknown variant or impl, head counts that do not divide, differential variants with an
-            odd head count.
+        ValueError: unknown scoring, impl or map position, head counts that do not divide, differential
+            scoring with an odd head count.
     """
 
     def __init__(
@@ -151,51 +197,59 @@ class CausalSelfAttention(nn.Module):
         n_heads: int,
         n_kv_heads: int,
         d_head: int,
-        attention: str = "standard",
+        qk_map: QKMapFactory | None = None,
+        scoring: str = "standard",
         layer_idx: int = 0,
-        dynamics: dict | None = None,
-        dynamics_position: str = "pre_rope",
+        map_position: str = "pre_rope",
         use_rope: bool = True,
         dropout: float = 0.0,
         impl: str = "sdpa",
     ):
         super().__init__()
-        if attention not in ATTENTION_VARIANTS:
-            raise ValueError(f"attention={attention!r} is unknown; expected one of {ATTENTION_VARIANTS}")
+        if scoring not in SCORINGS:
+            raise ValueError(f"scoring={scoring!r} is unknown; expected one of {SCORINGS}")
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"impl={impl!r} is unknown; expected 'sdpa' or 'eager'")
-        if dynamics_position not in ("pre_rope", "post_rope"):
-            raise ValueError(f"dynamics_position={dynamics_position!r}; expected 'pre_rope' or 'post_rope'")
+        if map_position not in MAP_POSITIONS:
+            raise ValueError(f"map_position={map_position!r}; expected one of {MAP_POSITIONS}")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
-        self.differential = attention in DIFFERENTIAL_VARIANTS
+        self.differential = scoring == "differential"
         if self.differential and (n_heads % 2 or n_kv_heads % 2):
             raise ValueError(
-                f"attention={attention!r} pairs heads into sub-heads: n_heads={n_heads} and "
+                f"scoring='differential' pairs heads into sub-heads: n_heads={n_heads} and "
                 f"n_kv_heads={n_kv_heads} must both be even"
             )
-        self.attention, self.layer_idx, self.impl = attention, layer_idx, impl
+        self.scoring, self.layer_idx, self.impl = scoring, layer_idx, impl
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
         self.n_rep = n_heads // n_kv_heads
-        self.dynamics_position, self.use_rope, self.dropout = dynamics_position, use_rope, dropout
+        self.map_position, self.use_rope, self.dropout = map_position, use_rope, dropout
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=False)
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=False)
-        dyn = dict(dynamics or {})
-        if attention in COUPLED_VARIANTS:
-            self.dynamics = QKDynamics(d_head, n_heads, **dyn)
-        elif attention == "uncoupled_mlp":
-            hidden = dyn.get("hidden") or d_head
-            shared = dyn.get("shared_across_heads", True)
-            self.query_mlp = MLPForce(d_head, hidden, None if shared else n_heads)
-            self.dt = nn.Parameter(torch.full((n_heads,), float(dyn.get("dt_init", 0.1))))
+        if qk_map is not None and not isinstance(qk_map, nn.Module):
+            qk_map = qk_map(d_head, n_heads)
+        self.qk_map = qk_map
         if self.differential:
             self.lambda_init = differential_lambda_init(layer_idx)
             self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
                 nn.Parameter(torch.randn(d_head) * 0.1) for _ in range(4)
             )
             self.subln = nn.RMSNorm(2 * d_head, eps=1e-5, elementwise_affine=True)
-        self.record = False
-        self.recorded: dict[str, torch.Tensor] = {}
+        self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
+
+    def _upgrade_state_dict(self, state_dict, prefix, *args) -> None:
+        """Rename the parameters of state dicts written before the map became ``self.qk_map``."""
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            name = key[len(prefix):]
+            for old, new in _LEGACY_PREFIXES:
+                if name == old or (old.endswith(".") and name.startswith(old)):
+                    state_dict[prefix + new + name[len(old):]] = state_dict.pop(key)
+                    break
+
+    @property
+    def keys_per_query_head(self) -> bool:
+        """Whether keys are repeated to one per query head before the map (and cached that way)."""
+        return self.qk_map is not None and getattr(self.qk_map, "keys_per_query_head", True)
 
     def differential_lambda(self) -> torch.Tensor:
         """Scalar ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (arXiv:2410.05258, eq. 2)."""
@@ -204,19 +258,16 @@ class CausalSelfAttention(nn.Module):
         l2 = torch.exp(torch.dot(self.lambda_q2.to(dtype), self.lambda_k2.to(dtype)))
         return l1 - l2 + self.lambda_init
 
-    def _evolve(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.attention in COUPLED_VARIANTS:
-            return self.dynamics(q, k)
-        if self.attention == "uncoupled_mlp":
-            return apply_query_mlp(q, self.query_mlp, self.dt), k
-        return q, k
+    def _per_query_head(self, k: torch.Tensor) -> torch.Tensor:
+        return k if k.shape[1] == self.n_heads else expand_kv(k, self.n_rep, 2 if self.differential else 1)
 
     def forward(
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: KVCache | None = None,
-    ) -> torch.Tensor:
+        record: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, AttentionRecord]:
         b, t, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
         q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
@@ -224,35 +275,41 @@ class CausalSelfAttention(nn.Module):
         k = k.view(b, t, hkv, dh).transpose(1, 2)
         group = 2 if self.differential else 1
         v = v.view(b, t, hkv // group, group * dh).transpose(1, 2)
-        coupled = self.attention in COUPLED_VARIANTS
-        if coupled:  # each query head evolves with its own copy of the key
+        per_query = self.keys_per_query_head
+        if per_query:  # each query head evolves with its own copy of the key
             k = expand_kv(k, self.n_rep, group)
-        record = self.record
-        if record:
-            self.recorded = {"q": q.detach(), "k": k.detach()}
-        if self.use_rope and self.dynamics_position == "post_rope":
+        if self.use_rope and self.map_position == "post_rope":
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q, k = self._evolve(q, k)
-        if record:
-            self.recorded.update(q_evolved=q.detach(), k_evolved=k.detach())
-        if self.use_rope and self.dynamics_position == "pre_rope":
+        maps = {}
+        if self.qk_map is not None:
+            q_in, k_in = q, k
+            q, k = self.qk_map(q, k)
+            if record:
+                maps = dict(q=q_in.detach(), k=self._per_query_head(k_in).detach(), q_mapped=q.detach(),
+                            k_mapped=self._per_query_head(k).detach())
+        if self.use_rope and self.map_position == "pre_rope":
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        if not coupled:
+        if not per_query:
             k = expand_kv(k, self.n_rep, group)
         v = expand_kv(v, self.n_rep)
         eager = record or self.impl == "eager"
         p = self.dropout if self.training else 0.0
+        lam = a2 = None
         if not self.differential:
-            y, probs = scaled_dot_product(q, k, v, eager, p)
-            if record:
-                self.recorded["attn"] = probs
+            y, a1 = scaled_dot_product(q, k, v, eager, p)
         else:
             y1, a1 = scaled_dot_product(q[:, 0::2], k[:, 0::2], v, eager, p)
             y2, a2 = scaled_dot_product(q[:, 1::2], k[:, 1::2], v, eager, p)
             lam = self.differential_lambda()
             y = self.subln(y1 - lam.to(y1.dtype) * y2) * (1.0 - self.lambda_init)
-            if record:
-                self.recorded.update(attn=a1, attn2=a2, lambda_=lam.detach())
-        return self.out_proj(y.transpose(1, 2).reshape(b, t, h * dh))
+        y = self.out_proj(y.transpose(1, 2).reshape(b, t, h * dh))
+        if not record:
+            return y
+        dt = getattr(self.qk_map, "dt", None)
+        rec = AttentionRecord(
+            q=maps.get("q"), k=maps.get("k"), q_mapped=maps.get("q_mapped"), k_mapped=maps.get("k_mapped"),
+            attn=a1, attn2=a2, lam=None if lam is None else lam.detach(), dt=None if dt is None else dt.detach(),
+        )
+        return y, rec

@@ -1,15 +1,23 @@
-"""``GPTConfig``: one validated dataclass describing a model (presets in PAPER.md section 4 are our choice)."""
+"""``GPTConfig``: one validated dataclass describing a model (presets: docs/METHOD.md section 4, our choice),
+and :func:`parse_overrides`, the typed parser of ``FIELD=VALUE`` overrides."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 
-from coupled_qk.layers.attention import ATTENTION_VARIANTS
-from coupled_qk.layers.dynamics import FORCES
-from coupled_qk.ops.dynamics import INTEGRATORS
+from coupled_qk._checks import choice, coerce, coerce_fields, field_types, finite, parse_assignments, positive_int
+from coupled_qk.layers.attention import MAP_POSITIONS
+from coupled_qk.models.variants import (
+    FLAT_MAP_OPTIONS,
+    LEGACY_DEFAULTS,
+    DynamicsOptions,
+    MapOptions,
+    get_attention,
+)
 
 PRESETS: dict[str, dict] = {
     # trains on 2 CPU cores in minutes (with a small trained byte-level BPE vocabulary)
@@ -28,10 +36,15 @@ class JSONConfig:
         """All fields as a JSON-serialisable dict."""
         return dataclasses.asdict(self)
 
+    #: names accepted by :meth:`from_dict` besides the fields (flat spellings routed by ``__post_init__``)
+    _extra_names: tuple[str, ...] = ()
+
     @classmethod
     def from_dict(cls, data: dict):
         """Build from a dict; unknown keys raise ``ValueError`` listing them and the valid fields."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict):
+            raise ValueError(f"a {cls.__name__} must be given as a dict of fields; got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)} | set(cls._extra_names)
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
@@ -53,12 +66,17 @@ class JSONConfig:
             raise ValueError(f"config file {path} is not valid JSON ({exc})") from exc
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a JSON object; got {type(data).__name__}")
-        return cls.from_dict(data)
+        return cls.from_dict(cls._upgrade(data, path))
+
+    @classmethod
+    def _upgrade(cls, data: dict, path: Path) -> dict:
+        """Rewrite a dict read by :meth:`load` from an older format (identity here)."""
+        return data
 
 
 @dataclass
 class GPTConfig(JSONConfig):
-    """Configuration of :class:`coupled_qk.GPT`.
+    """Configuration of :class:`coupled_qk.GPT` (docs/METHOD.md sections 1, 2 and 4).
 
     Fields:
         vocab_size: number of token ids.
@@ -68,19 +86,25 @@ class GPTConfig(JSONConfig):
         d_head: head width (default ``d_model // n_heads``).
         d_ff: feed-forward hidden width (default ``4 d_model``); ``use_mlp=False`` drops the feed-forward
             sub-layer (attention-only blocks, as in Zoology's MQAR models).
-        attention: one of ``standard, coupled, uncoupled_mlp, differential, coupled_differential``.
-        integrator, n_steps, dynamics_hidden, dt_init, shared_across_heads, force: options of
-            :class:`coupled_qk.QKDynamics` (``dynamics_hidden`` defaults to ``d_head``).
+        attention: a name from :data:`coupled_qk.models.variants.ATTENTIONS` (query-key map x scoring):
+            ``standard, coupled, uncoupled_mlp, differential, coupled_differential, uncoupled_mlp_differential``.
+        qk_map: the nested options of the attention's query-key map (``DynamicsOptions`` for ``coupled*``,
+            ``QueryMLPOptions`` for ``uncoupled_mlp*``; a dict is converted; ``None`` gives the defaults). It
+            exists only for attentions with a map: ``None`` otherwise.
         position: ``"rope"`` or ``"learned"`` (absolute embeddings, GPT-2 style).
-        dynamics_position: ``"pre_rope"`` (default) or ``"post_rope"``.
-        rope_base: RoPE frequency base.
-        dropout: dropout on attention probabilities and residual branches.
+        dynamics_position: where the query-key map acts: ``"pre_rope"`` (default) or ``"post_rope"``.
+        rope_base: RoPE frequency base (> 0).
+        dropout: dropout on attention probabilities and residual branches, in ``[0, 1)``.
         attn_impl: ``"sdpa"`` or ``"eager"``.
 
+    Flat spellings (keyword arguments, dict keys, ``--set``): ``integrator``, ``n_steps``, ``dynamics_hidden``
+    (-> ``qk_map.hidden``), ``dt_init``, ``shared_across_heads``, ``force`` are routed into ``qk_map``; they are
+    not attributes. Every field is converted to its declared type (``use_mlp="False"`` is ``False``).
+
     Raises:
-        ValueError: from :meth:`validate` (called on construction) naming the offending field: unknown
-            names, non-positive sizes, heads that do not divide, or incompatible combinations; and from
-            :meth:`from_dict` for unknown fields.
+        ValueError: naming the offending field: unknown names, values of the wrong type, non-positive sizes,
+            non-finite or out-of-range numbers, heads that do not divide, map options for an attention that
+            has no such option, or unknown fields (:meth:`from_dict`).
     """
 
     vocab_size: int = 8192
@@ -93,24 +117,29 @@ class GPTConfig(JSONConfig):
     d_ff: int | None = None
     use_mlp: bool = True
     attention: str = "standard"
-    integrator: str = "euler"
-    n_steps: int = 1
-    dynamics_hidden: int | None = None
-    dt_init: float = 0.1
-    shared_across_heads: bool = True
-    force: str = "mlp"
+    qk_map: MapOptions | None = None
     position: str = "rope"
     dynamics_position: str = "pre_rope"
     rope_base: float = 10000.0
     dropout: float = 0.0
     attn_impl: str = "sdpa"
-    extra: dict = field(default_factory=dict, repr=False)  # free-form notes saved with the config
+    integrator: InitVar[str | None] = None
+    n_steps: InitVar[int | None] = None
+    dynamics_hidden: InitVar[int | None] = None
+    dt_init: InitVar[float | None] = None
+    shared_across_heads: InitVar[bool | None] = None
+    force: InitVar[str | None] = None
 
-    def __post_init__(self):
-        for name in ("d_model", "n_heads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig.{name}={value!r} must be a positive integer")
+    _extra_names = tuple(FLAT_MAP_OPTIONS)
+
+    def __post_init__(self, integrator, n_steps, dynamics_hidden, dt_init, shared_across_heads, force):
+        coerce_fields(self)
+        flat = dict(integrator=integrator, n_steps=n_steps, dynamics_hidden=dynamics_hidden, dt_init=dt_init,
+                    shared_across_heads=shared_across_heads, force=force)
+        spec = get_attention(self.attention)
+        self.qk_map = spec.options(self.qk_map, {k: v for k, v in flat.items() if v is not None})
+        positive_int("GPTConfig.d_model", self.d_model)
+        positive_int("GPTConfig.n_heads", self.n_heads)
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.d_head is None:
@@ -127,51 +156,59 @@ class GPTConfig(JSONConfig):
     def validate(self) -> None:
         """Check every field; raise ``ValueError`` naming the first offending field."""
         for name in ("vocab_size", "block_size", "n_layer", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig.{name}={value!r} must be a positive integer")
-        choices = {
-            "attention": ATTENTION_VARIANTS,
-            "integrator": INTEGRATORS,
-            "force": FORCES,
-            "position": ("rope", "learned"),
-            "dynamics_position": ("pre_rope", "post_rope"),
-            "attn_impl": ("sdpa", "eager"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is unknown; expected one of {allowed}")
+            positive_int(f"GPTConfig.{name}", getattr(self, name))
+        spec = get_attention(self.attention)
+        choice("GPTConfig.position", self.position, ("rope", "learned"))
+        choice("GPTConfig.dynamics_position", self.dynamics_position, MAP_POSITIONS)
+        choice("GPTConfig.attn_impl", self.attn_impl, ("sdpa", "eager"))
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"GPTConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         if self.position == "rope" and self.d_head % 2:
             raise ValueError(f"GPTConfig.d_head={self.d_head} must be even with position='rope'")
-        if self.attention in ("differential", "coupled_differential") and (self.n_heads % 2 or self.n_kv_heads % 2):
+        group = spec.head_group
+        if self.n_heads % group or self.n_kv_heads % group:
             raise ValueError(
-                f"GPTConfig.attention={self.attention!r} needs even n_heads and n_kv_heads "
-                f"(pairs of sub-heads); got n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
+                f"GPTConfig.attention={self.attention!r} needs n_heads and n_kv_heads divisible by {group} "
+                f"(even: pairs of sub-heads); got n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
             )
-        if isinstance(self.n_steps, bool) or not isinstance(self.n_steps, int) or self.n_steps < 0:
-            raise ValueError(f"GPTConfig.n_steps={self.n_steps!r} must be an integer >= 0")
-        if self.dynamics_hidden is not None and (not isinstance(self.dynamics_hidden, int) or self.dynamics_hidden < 1):
-            raise ValueError(f"GPTConfig.dynamics_hidden={self.dynamics_hidden!r} must be a positive integer or None")
-        if not isinstance(self.dt_init, (int, float)) or self.dt_init != self.dt_init or abs(self.dt_init) == float("inf"):
-            raise ValueError(f"GPTConfig.dt_init={self.dt_init!r} must be a finite number")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout={self.dropout!r} must be in [0, 1)")
+        finite("GPTConfig.rope_base", self.rope_base, lo=0.0, lo_open=True)
+        finite("GPTConfig.dropout", self.dropout, 0.0, 1.0, hi_open=True)
         if self.dynamics_position == "post_rope" and self.position != "rope":
             raise ValueError("GPTConfig.dynamics_position='post_rope' needs position='rope'")
 
-    @property
-    def dynamics_kwargs(self) -> dict:
-        """Keyword arguments for :class:`coupled_qk.QKDynamics`."""
-        return dict(
-            integrator=self.integrator,
-            n_steps=self.n_steps,
-            hidden=self.dynamics_hidden,
-            dt_init=float(self.dt_init),
-            shared_across_heads=self.shared_across_heads,
-            force=self.force,
-        )
+    def replace(self, **changes) -> GPTConfig:
+        """A copy with ``changes`` (fields or flat map options). Changing ``attention`` to one with another
+        query-key map drops the old map options (the new map starts from its defaults).
+
+        Raises:
+            ValueError: as the constructor.
+        """
+        data = self.to_dict()
+        new = changes.get("attention", self.attention)
+        if get_attention(new).qk_map != get_attention(self.attention).qk_map:
+            data["qk_map"] = None
+        data.update(changes)
+        return type(self).from_dict(data)
+
+    @classmethod
+    def _upgrade(cls, data: dict, path: Path) -> dict:
+        """Configs saved before ``qk_map`` existed held every dynamics option flat (and ``extra``): route them
+        into ``qk_map`` and drop those that the saved attention never used when they hold the old default."""
+        data = dict(data)
+        if "extra" in data:
+            extra = data.pop("extra")
+            if extra:
+                raise ValueError(f"config file {path}: the field 'extra' is no longer supported; got {extra!r}")
+        attention = data.get("attention", "standard")
+        try:
+            spec = get_attention(attention)
+        except ValueError as exc:
+            raise ValueError(f"config file {path}: {exc}") from None
+        valid = set(spec.qk_map.option_names()) if spec.qk_map else set()
+        for key, nested in FLAT_MAP_OPTIONS.items():
+            if key in data and nested not in valid and data[key] == LEGACY_DEFAULTS[key]:
+                del data[key]
+        return data
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> GPTConfig:
@@ -183,3 +220,34 @@ class GPTConfig(JSONConfig):
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
+
+
+for _name in FLAT_MAP_OPTIONS:  # flat spellings are constructor arguments only, never (None) attributes
+    delattr(GPTConfig, _name)
+
+
+def parse_overrides(items: Sequence[str], target: type = GPTConfig, flag: str = "--set") -> dict:
+    """Typed ``FIELD=VALUE`` overrides: ``["n_layer=6", "use_mlp=False"] -> {"n_layer": 6, "use_mlp": False}``.
+
+    Each value is converted to the declared type of the field of the dataclass ``target`` (see
+    :func:`coupled_qk._checks.coerce`); for :class:`GPTConfig` the flat map options (``integrator``,
+    ``n_steps``, ...) take the types of :class:`~coupled_qk.models.variants.DynamicsOptions`. ``-`` in a name
+    reads as ``_``.
+
+    Raises:
+        ValueError: naming ``flag``, for an item without ``=``, an unknown field (listing the valid ones) or a
+            value that does not convert.
+    """
+    types = dict(field_types(target))
+    if target is GPTConfig:
+        nested = field_types(DynamicsOptions)
+        types.update({flat: nested[name] for flat, name in FLAT_MAP_OPTIONS.items()})
+        types["qk_map"] = dict | None
+    out = {}
+    for key, value in parse_assignments(items, flag).items():
+        if key not in types:
+            raise ValueError(
+                f"{flag} {key}={value}: unknown {target.__name__} field(s) {[key]}; valid fields: {sorted(types)}"
+            )
+        out[key] = coerce(f"{flag} {key}", value, types[key])
+    return out

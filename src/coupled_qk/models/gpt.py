@@ -8,13 +8,17 @@ to the token embedding.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk.layers.attention import CausalSelfAttention, KVCache
+from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
 from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.variants import get_attention
+from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables
 
 
@@ -42,10 +46,9 @@ class Block(nn.Module):
             config.n_heads,
             config.n_kv_heads,
             config.d_head,
-            attention=config.attention,
+            **get_attention(config.attention).layer_kwargs(config.qk_map),
             layer_idx=layer_idx,
-            dynamics=config.dynamics_kwargs,
-            dynamics_position=config.dynamics_position,
+            map_position=config.dynamics_position,
             use_rope=config.position == "rope",
             dropout=config.dropout,
             impl=config.attn_impl,
@@ -54,11 +57,26 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model) if config.use_mlp else None
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout) if config.use_mlp else None
 
-    def forward(self, x, rope=None, cache=None):
-        x = x + self.resid_dropout(self.attn(self.ln_1(x), rope, cache))
+    def forward(self, x, rope=None, cache=None, record: bool = False):
+        """``x (B, T, d_model)`` -> same shape; with ``record`` returns ``(x, AttentionRecord)``."""
+        a = self.attn(self.ln_1(x), rope, cache, record=record)
+        rec = None
+        if record:
+            a, rec = a
+        x = x + self.resid_dropout(a)
         if self.mlp is not None:
             x = x + self.mlp(self.ln_2(x))
-        return x
+        return (x, rec) if record else x
+
+
+@dataclass
+class BlockTrace:
+    """One block of :meth:`GPT.trace`: its input and output ``(B, T, d_model)`` and its attention record."""
+
+    layer: int
+    input: torch.Tensor
+    output: torch.Tensor
+    record: AttentionRecord
 
 
 class GPT(nn.Module):
@@ -115,7 +133,9 @@ class GPT(nn.Module):
         """An empty :class:`KVCache` for incremental decoding."""
         return KVCache(self.config.n_layer)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def embed(self, idx: torch.Tensor, cache: KVCache | None = None) -> tuple[torch.Tensor, tuple | None]:
+        """Checked token ids ``(B, T)`` -> the input of block 0 ``(B, T, d_model)`` and the RoPE tables of the
+        current positions (``None`` with learned positions). Raises as :meth:`forward`."""
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         b, t = idx.shape
@@ -138,15 +158,29 @@ class GPT(nn.Module):
         else:
             cos, sin = self.rope_tables(idx.device)
             rope = (cos[past : past + t], sin[past : past + t])
-        x = self.drop(x)
+        return self.drop(x), rope
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x, rope = self.embed(idx, cache)
         for block in self.blocks:
             x = block(x, rope, cache)
         return self.lm_head(self.ln_f(x))
 
+    def trace(self, idx: torch.Tensor) -> Iterator[BlockTrace]:
+        """Run the blocks on ``idx (B, T)`` through the eager attention path, yielding one :class:`BlockTrace`
+        per block as soon as it has run (the final LayerNorm and output head are not computed; stop iterating
+        to skip the remaining blocks). Gradients are tracked as in :meth:`forward`; wrap in ``torch.no_grad()``
+        for diagnostics."""
+        x, rope = self.embed(idx)
+        for i, block in enumerate(self.blocks):
+            out, rec = block(x, rope, None, record=True)
+            yield BlockTrace(i, x, out, rec)
+            x = out
+
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-        """Mean next-token cross-entropy (nats) of ``targets (B, T)`` given ``idx (B, T)``."""
-        logits = self(idx)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=ignore_index)
+        """Mean next-token cross-entropy (nats) of ``targets (B, T)`` given ``idx (B, T)`` (see
+        :func:`coupled_qk.ops.losses.next_token_loss`)."""
+        return next_token_loss(self(idx), targets, ignore_index)
 
     @torch.no_grad()
     def generate(
@@ -196,9 +230,7 @@ def coupling_parameter_overhead(config: GPTConfig) -> dict:
 
     Returns ``{"params": int, "standard_params": int, "extra": int, "overhead_percent": float}``.
     """
-    import dataclasses
-
     with torch.device("meta"):
         n = GPT(config).num_parameters()
-        n0 = GPT(dataclasses.replace(config, attention="standard")).num_parameters()
+        n0 = GPT(config.replace(attention="standard")).num_parameters()
     return dict(params=n, standard_params=n0, extra=n - n0, overhead_percent=100.0 * (n - n0) / n0)

@@ -14,14 +14,15 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
+from coupled_qk.ops.losses import next_token_loss
 
-_FIELDS = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "extra"]
+_FIELDS = [f.name for f in dataclasses.fields(GPTConfig)]
+_FLAT = list(GPTConfig._extra_names)  # flat map options of configs saved before GPTConfig.qk_map
 
 
 class CoupledQKConfig(PretrainedConfig):
@@ -31,9 +32,8 @@ class CoupledQKConfig(PretrainedConfig):
     attribute_map = {"num_hidden_layers": "n_layer", "hidden_size": "d_model", "num_attention_heads": "n_heads"}
 
     def __init__(self, **kwargs):
-        gpt = {k: kwargs.pop(k) for k in list(kwargs) if k in _FIELDS}
-        self.gpt = GPTConfig(**gpt).to_dict()
-        self.gpt.pop("extra", None)
+        gpt = {k: kwargs.pop(k) for k in list(kwargs) if k in _FIELDS or k in _FLAT}
+        self.gpt = GPTConfig.from_dict(GPTConfig._upgrade(gpt, "(Hugging Face config)")).to_dict()
         kwargs.setdefault("tie_word_embeddings", True)
         kwargs.setdefault("use_cache", False)
         super().__init__(**kwargs)
@@ -69,8 +69,7 @@ class CoupledQKForCausalLM(PreTrainedModel, GenerationMixin):
     @classmethod
     def from_gpt(cls, model: GPT) -> CoupledQKForCausalLM:
         """Wrap an existing model (its parameters are shared, not copied)."""
-        fields = {k: v for k, v in model.config.to_dict().items() if k != "extra"}
-        wrapper = cls(CoupledQKConfig(**fields))
+        wrapper = cls(CoupledQKConfig(**model.config.to_dict()))
         wrapper.model = model
         return wrapper
 
@@ -87,7 +86,5 @@ class CoupledQKForCausalLM(PreTrainedModel, GenerationMixin):
         logits = self.model(input_ids)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100
-            )
+            loss = next_token_loss(logits[:, :-1], labels[:, 1:])
         return CausalLMOutput(loss=loss, logits=logits)

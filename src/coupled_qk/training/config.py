@@ -5,15 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
+from coupled_qk.training.tasks import TASKS
 
-TASKS = ("lm", "mqar")
-
-# fields that may differ between a run and its continuation (budget, logging, where files live, runtime)
-CONTINUATION_FIELDS = frozenset({
-    "data_dir", "cache_dir", "max_steps", "max_tokens", "max_minutes", "stop_after_steps", "eval_interval",
-    "eval_batches", "log_interval", "checkpoint_interval", "keep_checkpoints", "device", "compile", "out_dir",
-    "resume", "tensorboard", "progress",
+RESULT_NEUTRAL_FIELDS = frozenset({
+    "out_dir", "resume", "progress", "tensorboard", "log_interval", "checkpoint_interval", "keep_checkpoints",
+    "device", "compile", "data_dir", "cache_dir", "max_minutes",
 })
+"""Fields that do not change what a finished run computed: where files live, logging and checkpointing, the
+device and compilation, and the wall-clock budget (a run stopped by time is not reproducible anyway). A
+finished run is reused by an experiment only if every other field matches
+(:func:`coupled_qk.experiments.runner.check_reusable`)."""
+
+CONTINUATION_FIELDS = RESULT_NEUTRAL_FIELDS | {"max_steps", "max_tokens", "stop_after_steps", "eval_interval",
+                                               "eval_batches"}
+"""Fields that may differ between a run and its ``--resume``: the result-neutral ones and the budget."""
 
 
 @dataclass
@@ -87,7 +92,7 @@ class TrainConfig(JSONConfig):
     def validate(self) -> None:
         """Check every field; raise ``ValueError`` naming the first offending one."""
         if self.task not in TASKS:
-            raise ValueError(f"TrainConfig.task={self.task!r} is unknown; expected one of {TASKS}")
+            raise ValueError(f"TrainConfig.task={self.task!r} is unknown; expected one of {list(TASKS)}")
         if self.preset not in PRESETS:
             raise ValueError(f"TrainConfig.preset={self.preset!r} is unknown; expected one of {sorted(PRESETS)}")
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches", "log_interval", "keep_checkpoints"):

@@ -9,14 +9,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from coupled_qk._checks import nonneg_int
 from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import load_corpus
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.perplexity import evaluate_perplexity
+from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.tasks import check_options
 
 WORD_LEVEL_CORPORA = ("wiki-vital", "wikitext-2", "wikitext-103", "wikitext-2-raw", "wikitext-103-raw")
+OPTIONS = ("split_seed",)
+"""``TrainConfig.task_options`` of the language-modelling task: ``split_seed`` (int >= 0, default 0) seeds the
+document-level split of corpora that are split at random (see :func:`coupled_qk.data.corpora.load_corpus`)."""
 
 
 def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:
@@ -35,6 +41,11 @@ class LMTask:
     The tokenizer is the GPT-2 BPE (``tokenizer="gpt2"``), a byte-level BPE trained on the training split
     (``"bpe-<vocab>"``, cached by corpus content and saved with the run) or a saved tokenizer path.
     Token arrays are memory-mapped from the cache (:func:`coupled_qk.data.cache.tokenize_to_cache`).
+    Implements :class:`coupled_qk.training.tasks.Task`; options: :data:`OPTIONS`.
+
+    Raises:
+        ValueError: an unknown ``task_options`` key, a bad ``split_seed``, a training split shorter than
+            ``block_size + 2`` tokens; FileNotFoundError: a missing corpus.
     """
 
     name = "lm"
@@ -42,12 +53,12 @@ class LMTask:
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
         cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-        split_seed = int(cfg.task_options.get("split_seed", 0))
+        split_seed = split_seed_of(cfg.task_options)
         self.corpus = load_corpus(cfg.corpus, cfg.data_dir, seed=split_seed)
-        saved = run_dir / "tokenizer" if run_dir is not None else None
-        resuming = cfg.resume and saved is not None and (run_dir / "latest").is_file()
-        if resuming and (saved / "tokenizer.json").is_file():
-            self.tokenizer = Tokenizer.load(saved)  # the checkpoint's ids must keep their meaning
+        run = RunDir(run_dir) if run_dir is not None else None
+        resuming = cfg.resume and run is not None and run.has_checkpoint()
+        if resuming and run.has_tokenizer():
+            self.tokenizer = Tokenizer.load(run.tokenizer_dir)  # the checkpoint's ids must keep their meaning
         else:
             self.tokenizer = self._tokenizer(cfg, cache_dir)
         self.tokens = {
@@ -87,6 +98,10 @@ class LMTask:
             "tokens": {split: int(len(t)) for split, t in self.tokens.items()},
         }
 
+    def step_tokens(self, step: int, world: int) -> int:
+        """Tokens of one optimiser step over all ranks: ``batch_size * grad_accum * world * block_size``."""
+        return self.cfg.batch_size * self.cfg.grad_accum * world * self.block_size
+
     def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int, device) -> tuple:
         """``(x, y)`` LongTensors ``(batch_size, block_size)`` for this rank; ``y`` is ``x`` shifted by one."""
         tokens = self.tokens["train"]
@@ -115,5 +130,16 @@ class LMTask:
 
     def save(self, run_dir: Path) -> None:
         """Write the tokenizer and a description of the data next to the checkpoints."""
-        self.tokenizer.save(run_dir / "tokenizer")
-        (run_dir / "data.json").write_text(json.dumps(self.describe(), indent=2))
+        run = RunDir(run_dir)
+        self.tokenizer.save(run.tokenizer_dir)
+        run.data_path.write_text(json.dumps(self.describe(), indent=2))
+
+
+def split_seed_of(options: dict) -> int:
+    """The validated ``split_seed`` of language-modelling ``task_options`` (default 0).
+
+    Raises:
+        ValueError: an unknown option (see :data:`OPTIONS`) or a ``split_seed`` that is not an int >= 0.
+    """
+    check_options("lm", options, OPTIONS)
+    return nonneg_int("task_options.split_seed", options.get("split_seed", 0))

@@ -1,9 +1,10 @@
 """The one training loop: language modelling, MQAR and any task with the same small interface.
 
-A task provides ``model_overrides() -> dict``, ``describe() -> dict``,
-``train_batch(step, micro, rank, world, batch_size, device) -> (x, y)`` (a pure function of its arguments,
-which makes resume exact and multi-process runs match one process), ``evaluate(model, device, quick,
-autocast_dtype) -> dict`` and ``save(run_dir)``.
+A task (registered in :data:`coupled_qk.training.tasks.TASKS`) implements :class:`coupled_qk.training.tasks.Task`:
+``model_overrides() -> dict``, ``describe() -> dict``, ``train_batch(step, micro, rank, world, batch_size,
+device) -> (x, y)`` (a pure function of its arguments, which makes resume exact and multi-process runs match
+one process), ``step_tokens(step, world) -> int``, ``evaluate(model, device, quick, autocast_dtype) -> dict``
+and ``save(run_dir)``. The run folder's layout is :class:`coupled_qk.training.rundir.RunDir`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
+from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import (
     CONTINUATION_FIELDS,
@@ -31,6 +32,8 @@ from coupled_qk.training.config import (
     describe_differences,
 )
 from coupled_qk.training.distributed import Runtime, all_reduce_mean, barrier, setup_runtime, teardown
+from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.tasks import steps_for_tokens, task_class
 
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
@@ -53,19 +56,16 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = Fals
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **kwargs)
 
 
-def total_steps_of(cfg: TrainConfig, tokens_per_step: int) -> int:
-    """Schedule horizon: ``max_steps``, or the steps that ``max_tokens`` needs, whichever is smaller."""
-    options = [cfg.max_steps] if cfg.max_steps else []
-    if cfg.max_tokens:
-        options.append(math.ceil(cfg.max_tokens / tokens_per_step))
-    return min(options)
+def total_steps_of(cfg: TrainConfig, task, world: int) -> int:
+    """Schedule horizon: ``max_steps``, or the steps whose real tokens (:meth:`Task.step_tokens`) reach
+    ``max_tokens``, whichever is smaller."""
+    if not cfg.max_tokens:
+        return cfg.max_steps
+    return steps_for_tokens(task, cfg.max_tokens, world, cfg.max_steps)
 
 
 def _build_task(cfg: TrainConfig, run_dir: Path, runtime: Runtime):
-    if cfg.task == "lm":
-        from coupled_qk.training.lm import LMTask as task_cls
-    else:
-        from coupled_qk.training.mqar_task import MQARTask as task_cls
+    task_cls = task_class(cfg.task)
     if runtime.is_main:  # rank 0 fills the caches first, the others then read them
         task = task_cls(cfg, run_dir)
         barrier(runtime)
@@ -123,7 +123,7 @@ class _Logger:
         self.bar = None
         if not self.active:
             return
-        path = run_dir / "metrics.jsonl"
+        path = RunDir(run_dir).metrics_path
         if path.exists():  # drop entries a killed run wrote after its last checkpoint
             keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= start_step]
             path.write_text("".join(line + "\n" for line in keep))
@@ -132,7 +132,7 @@ class _Logger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+                self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard_dir))
             except ImportError:
                 warnings.warn("tensorboard is not installed; logging JSON lines only", stacklevel=2)
         self.bar = tqdm(total=total_steps, initial=start_step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
@@ -180,14 +180,14 @@ def train(cfg: TrainConfig, task=None) -> dict:
 
 
 def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
-    run_dir = Path(cfg.out_dir)
-    has_ckpt = (run_dir / "latest").is_file()
+    run_dir, run = Path(cfg.out_dir), RunDir(cfg.out_dir)
+    has_ckpt = run.has_checkpoint()
     if has_ckpt and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints; pass --resume to continue it or choose another --out-dir")
-    if cfg.resume and has_ckpt and (run_dir / "config.json").is_file():
+    if cfg.resume and has_ckpt and run.config_path.is_file():
         # the model is compared field by field against the checkpoint below
         ignore = CONTINUATION_FIELDS | {"model", "preset"}
-        diff = config_differences(json.loads((run_dir / "config.json").read_text()), cfg, ignore)
+        diff = config_differences(run.read_config(), cfg, ignore)
         if diff:
             raise ValueError(
                 f"cannot resume {run_dir}: the run was made with a different config ({describe_differences(diff)}); "
@@ -218,12 +218,10 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
         _load_optimizer_state(model, optimizer, opt_state, cfg, runtime)
         ckpt.set_rng_state(torch.load(where / "rng.pt", weights_only=False))
     if runtime.is_main:
-        cfg.save(run_dir / "config.json")
-        model_cfg.save(run_dir / "model_config.json")
+        cfg.save(run.config_path)
+        model_cfg.save(run.model_config_path)
         task.save(run_dir)
-    seq_len = model_cfg.block_size
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * runtime.world * seq_len
-    total_steps = total_steps_of(cfg, tokens_per_step)
+    total_steps = total_steps_of(cfg, task, runtime.world)
     start_step = state["step"]
     logger = _Logger(run_dir, cfg, runtime, start_step, total_steps)
     use_scaler = runtime.autocast_dtype == torch.float16
@@ -250,6 +248,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
             stop_reason = "max_minutes"
             break
         step_start = time.perf_counter()
+        tokens_per_step = task.step_tokens(step, runtime.world)
         lr = lr_at(step, cfg, total_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -260,7 +259,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
             ctx = wrapped.no_sync() if (not sync and hasattr(wrapped, "no_sync")) else contextlib.nullcontext()
             with ctx, torch.autocast(**autocast):
                 logits = wrapped(x)
-                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
+                loss = next_token_loss(logits, y)
             scaler.scale(loss / cfg.grad_accum).backward()
             loss_sum += loss.detach()
         if cfg.grad_clip > 0:
@@ -311,11 +310,10 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
         "final": final,
     }
     if runtime.is_main:
-        ckpt.write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2, default=str))
+        run.write_results(results)
     return results
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of a run's ``metrics.jsonl``."""
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of a run's ``metrics.jsonl`` (see :meth:`RunDir.read_metrics`)."""
+    return RunDir(run_dir).read_metrics()

@@ -1,6 +1,6 @@
 """MQAR task for the project's training loop (:func:`coupled_qk.training.loop.train`).
 
-Multi-query associative recall as in Zoology (Arora, Eyuboglu et al., arXiv:2312.04927; PAPER.md section 6):
+Multi-query associative recall as in Zoology (Arora, Eyuboglu et al., arXiv:2312.04927; ``docs/METHOD.md`` section 6):
 the data come from :mod:`coupled_qk.data.mqar`, the model is trained with next-token cross-entropy on the
 query positions only (every other label is -100) and scored by argmax accuracy over those positions, overall
 and per (L, K) slice.
@@ -38,10 +38,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from coupled_qk.data.mqar import IGNORE_INDEX, MQARSlice, MQARSplit, make_mqar_dataset
+from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
 from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.mqar_metrics import evaluate_slices
+from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.tasks import check_options
 
 __all__ = ["MQARTask", "batches_per_epoch", "parse_slices", "steps_per_epoch"]
 
@@ -138,17 +140,14 @@ class MQARTask:
         ValueError: unknown option names, malformed slices, or an invalid MQAR setting (from
             :func:`coupled_qk.data.mqar.make_mqar_dataset`, naming the slice, its value and the requirement).
 
-    Source: Zoology arXiv:2312.04927 (``zoology/train.py``, ``zoology/data/utils.py``); PAPER.md section 6.
+    Source: Zoology arXiv:2312.04927 (``zoology/train.py``, ``zoology/data/utils.py``); ``docs/METHOD.md`` section 6.
     """
 
     name = "mqar"
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
-        opts = dict(cfg.task_options)
-        unknown = sorted(set(opts) - set(KNOWN_OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown MQAR task_options {unknown}; valid options: {list(KNOWN_OPTIONS)}")
+        opts = dict(check_options("MQAR", cfg.task_options, KNOWN_OPTIONS))
         for required in ("train_slices", "test_slices"):
             if required not in opts:
                 raise ValueError(
@@ -173,7 +172,7 @@ class MQARTask:
 
         def split(triple):
             L, K, N = triple
-            return MQARSplit(L, K, N, power_a=self.power_a, random_non_queries=self.random_non_queries)
+            return MQARSliceSpec(L, K, N, power_a=self.power_a, random_non_queries=self.random_non_queries)
 
         self.dataset = make_mqar_dataset(
             [split(t) for t in train], [split(t) for t in test], self.vocab_size, cache_dir=cache_dir,
@@ -243,6 +242,15 @@ class MQARTask:
         epoch, pos = divmod(index, n_batches)
         return self._epoch_plan(epoch, global_batch)[pos]
 
+    def step_tokens(self, step: int, world: int) -> int:
+        """Input tokens of optimiser step ``step`` over all ranks: for each of its ``grad_accum`` global batches,
+        ``batch_size * world`` rows times the length ``L`` of the slice it comes from (not ``block_size``)."""
+        global_batch = self.cfg.batch_size * world
+        first = step * self.cfg.grad_accum
+        lengths = [self.dataset.train[self.batch_rows(first + m, global_batch)[0]].seq_len
+                   for m in range(self.cfg.grad_accum)]
+        return global_batch * sum(lengths)
+
     def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int, device) -> tuple:
         """Training batch of micro-step ``micro`` of ``step`` for ``rank`` of ``world``.
 
@@ -263,7 +271,6 @@ class MQARTask:
         s = self.dataset.train[si]
         return s.inputs[rows].to(device), s.labels[rows].to(device)
 
-    @torch.no_grad()
     def evaluate(self, model, device, quick: bool = True, autocast_dtype=None) -> dict:
         """Argmax accuracy over the query positions, overall (micro-averaged) and per test slice.
 
@@ -277,42 +284,16 @@ class MQARTask:
 
         Returns:
             ``{"valid/accuracy": overall, "valid/loss": mean cross-entropy (nats) over query positions,
-            "valid/accuracy/<L..._K...>": per-slice accuracy, ...}`` as Python floats.
+            "valid/accuracy/<L..._K...>": per-slice accuracy, ...}`` as Python floats (see
+            :func:`coupled_qk.training.mqar_metrics.evaluate_slices`).
         """
-        was_training = model.training
-        model.eval()
-        device = torch.device(device)
-        autocast = dict(device_type=device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
-        out: dict[str, float] = {}
-        all_correct = all_total = 0
-        loss_sum = 0.0
-        try:
-            for name, s in zip(self.test_names, self.dataset.test):
-                n = len(s) if (not quick or self.quick_eval_examples is None) else min(len(s), self.quick_eval_examples)
-                correct = total = 0
-                for start in range(0, n, self.eval_batch_size):
-                    stop = min(n, start + self.eval_batch_size)
-                    x = s.inputs[start:stop].to(device)
-                    y = s.labels[start:stop].to(device)
-                    with torch.autocast(**autocast):
-                        logits = model(x)
-                    mask = y != IGNORE_INDEX
-                    picked = logits[mask].float()
-                    target = y[mask]
-                    loss_sum += float(F.cross_entropy(picked, target, reduction="sum"))
-                    correct += int((picked.argmax(dim=-1) == target).sum())
-                    total += int(mask.sum())
-                out[f"valid/accuracy/{name}"] = correct / total if total else float("nan")
-                all_correct, all_total = all_correct + correct, all_total + total
-        finally:
-            model.train(was_training)
-        out["valid/accuracy"] = all_correct / all_total if all_total else float("nan")
-        out["valid/loss"] = loss_sum / all_total if all_total else float("nan")
-        return {"valid/accuracy": out.pop("valid/accuracy"), "valid/loss": out.pop("valid/loss"), **out}
+        max_rows = self.quick_eval_examples if quick else None
+        return evaluate_slices(model, self.dataset.test, self.test_names, self.eval_batch_size, device,
+                               autocast_dtype, max_rows)
 
     def save(self, run_dir: Path) -> None:
         """Write :meth:`describe` as ``data.json`` into ``run_dir``."""
-        (Path(run_dir) / "data.json").write_text(json.dumps(self.describe(), indent=2))
+        RunDir(run_dir).data_path.write_text(json.dumps(self.describe(), indent=2))
 
 
 def _int_option(opts: dict, name: str, default: int, minimum: int) -> int:

@@ -1,4 +1,4 @@
-"""Perplexity over a whole token sequence: non-overlapping or sliding windows (PAPER.md section 5)."""
+"""Perplexity over a whole token sequence: non-overlapping or sliding windows (docs/METHOD.md section 5)."""
 
 from __future__ import annotations
 

@@ -12,9 +12,7 @@ median, and ``ratio = median / median(standard)`` from the same run.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
-import json
 import os
 import platform
 import time
@@ -23,24 +21,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
+from coupled_qk.models.variants import FLAT_MAP_OPTIONS, get_attention, parse_variants, variant_overrides
 from coupled_qk.training.distributed import pick_device
-from coupled_qk.variants import parse_variants as parse_variants_list
-from coupled_qk.variants import variant_overrides
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BASELINE = "standard"
 
 
-def parse_variants(text: str | list[str] | None) -> list[str]:
-    """Variant specs (see :mod:`coupled_qk.variants`) with ``standard`` always first; ``None``/``"all"`` -> the
+def with_baseline(text: str | list[str] | None) -> list[str]:
+    """Variant specs (see :mod:`coupled_qk.models.variants`) with ``standard`` always first; ``None``/``"all"`` -> the
     paper's variants and baselines.
 
     Raises:
         ValueError: an unknown variant (the message lists the valid ones).
     """
-    names = parse_variants_list(text)
+    names = parse_variants(text)
     return [BASELINE] + [n for n in names if n != BASELINE]
 
 
@@ -140,7 +138,7 @@ class _Runner:
         return 1000.0 * (time.perf_counter() - start), 1000.0 * (time.process_time() - cpu_start)
 
 
-def summarize(times_ms: list[float], tokens_per_step: int) -> dict:
+def step_time_stats(times_ms: list[float], tokens_per_step: int) -> dict:
     """``median_ms, min_ms, p10_ms, p90_ms, tokens_per_s`` of step times (tokens/s from the median)."""
     t = np.asarray(times_ms, dtype=np.float64)
     median = float(np.median(t))
@@ -151,6 +149,22 @@ def summarize(times_ms: list[float], tokens_per_step: int) -> dict:
         p90_ms=float(np.percentile(t, 90)),
         tokens_per_s=tokens_per_step / (median / 1000.0),
     )
+
+
+def _variant_configs(base: GPTConfig, names: list[str], map_options: dict) -> dict[str, GPTConfig]:
+    """Each variant's config: ``base`` with the variant's overrides and the ``map_options`` its map has."""
+    configs, used = {}, set()
+    for n in names:
+        overrides = variant_overrides(n)
+        qk_map = get_attention(overrides["attention"]).qk_map
+        valid = qk_map.option_names() if qk_map else []
+        extra = {k: v for k, v in map_options.items() if FLAT_MAP_OPTIONS.get(k, k) in valid}
+        used.update(extra)
+        configs[n] = base.replace(**{**extra, **overrides})
+    unused = sorted(set(map_options) - used)
+    if unused:
+        raise ValueError(f"map option(s) {unused} apply to none of the variants {names}")
+    return configs
 
 
 def run_bench(
@@ -165,12 +179,13 @@ def run_bench(
     compile_model: bool = False,
     seed: int = 0,
     log=None,
+    map_options: dict | None = None,
 ) -> dict:
     """Time a train step of each variant, interleaved, against ``standard``; returns the result dict.
 
     Args:
         base: model configuration shared by all variants (its ``attention``/``integrator`` are replaced).
-        variants: variant specs of :mod:`coupled_qk.variants` (list or comma-separated); ``standard`` is always included.
+        variants: variant specs of :mod:`coupled_qk.models.variants` (list or comma-separated); ``standard`` is always included.
         batch_size, seq_len: tokens per step (``seq_len`` defaults to ``base.block_size``).
         repeats: timed steps per variant (medians over these); warmup: untimed steps per variant first (at
             least 1: the first step compiles when ``compile_model``).
@@ -179,6 +194,9 @@ def run_bench(
         compile_model: ``torch.compile`` the loss (forward); a variant whose compile fails runs eager and
             reports ``compile_error``.
         log: optional ``print``-like callable for progress.
+        map_options: query-key map options (flat spellings, e.g. ``{"n_steps": 3}``) applied to every variant
+            whose map has them (a variant spec's own ``+field=value`` wins); ``ValueError`` if no selected
+            variant has one of them.
 
     Returns:
         ``{"settings", "machine", "variants": {name: {...}}, "elapsed_s"}``; each variant has
@@ -192,7 +210,7 @@ def run_bench(
             ``[1, block_size]``.
     """
     t0 = time.perf_counter()
-    names = parse_variants(variants)
+    names = with_baseline(variants)
     dev = device if isinstance(device, torch.device) else pick_device(device)
     dtype = resolve_dtype(dtype, dev)
     seq_len = base.block_size if seq_len is None else seq_len
@@ -201,7 +219,7 @@ def run_bench(
     if batch_size < 1 or repeats < 1 or warmup < 1:
         raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 1; got {batch_size}, {repeats}, {warmup}")
     log = log or (lambda *a, **k: None)
-    configs = {n: dataclasses.replace(base, **variant_overrides(n)) for n in names}
+    configs = _variant_configs(base, names, map_options or {})
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -238,9 +256,9 @@ def run_bench(
         info = coupling_parameter_overhead(configs[n])
         results[n] = dict(
             attention=configs[n].attention,
-            integrator=configs[n].integrator if configs[n].attention in ("coupled", "coupled_differential") else None,
-            n_steps=configs[n].n_steps,
-            **summarize(times[n], tokens_per_step),
+            integrator=getattr(configs[n].qk_map, "integrator", None),
+            n_steps=getattr(configs[n].qk_map, "n_steps", None),
+            **step_time_stats(times[n], tokens_per_step),
             params=info["params"],
             overhead_percent=info["overhead_percent"],
             compiled=r.compiled,
@@ -271,6 +289,7 @@ def run_bench(
             compile=compile_model,
             seed=seed,
             config=base.to_dict(),
+            map_options=dict(map_options or {}),
         ),
         machine=machine_info(dev),
         variants=results,
@@ -290,7 +309,7 @@ def result_stem(preset: str, result: dict) -> str:
     return "-".join(parts)
 
 
-def markdown_table(result: dict) -> str:
+def bench_markdown(result: dict) -> str:
     """The result as markdown: settings, machine, command and one table row per variant."""
     s, m = result["settings"], result["machine"]
     c = s["config"]
@@ -302,7 +321,7 @@ def markdown_table(result: dict) -> str:
         f"{m['threads']} threads; {m['platform']}",
         f"- command: `{result.get('command', '')}`",
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} "
-        f"vocab={c['vocab_size']} n_steps={c['n_steps']}; batch {s['batch_size']} x seq {s['seq_len']} "
+        f"vocab={c['vocab_size']} map options={s.get('map_options') or 'defaults'}; batch {s['batch_size']} x seq {s['seq_len']} "
         f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}",
         f"- step = forward + backward + AdamW step + zero_grad; {s['warmup']} warmup, median of {s['repeats']} "
         f"interleaved repeats; ratio = median / median(standard); paired ratio = median over repeats of "
@@ -333,9 +352,6 @@ def markdown_table(result: dict) -> str:
 
 def write_results(result: dict, out_dir: str | Path, stem: str) -> tuple[Path, Path]:
     """Write ``<stem>.json`` and ``<stem>.md`` under ``out_dir`` (created); returns both paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    md_path.write_text(markdown_table(result))
+    json_path, md_path = write_report(out_dir, Report(json={f"{stem}.json": result},
+                                                      text={f"{stem}.md": bench_markdown(result)}))
     return json_path, md_path

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from coupled_qk.bench import parse_variants, run_bench
 from coupled_qk.cli import main
+from coupled_qk.experiments.bench import run_bench, with_baseline
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.variants import MAIN_VARIANTS as VARIANTS
+from coupled_qk.models.variants import MAIN_VARIANTS as VARIANTS
 
 MICRO = ["--set", "vocab_size=64", "--set", "block_size=16", "--set", "n_layer=1", "--set", "d_model=16",
          "--set", "n_heads=2"]
@@ -54,10 +54,10 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
 
 
 def test_variant_subset_always_has_standard_baseline():
-    assert parse_variants("coupled,differential") == ["standard", "coupled", "differential"]
-    assert parse_variants("all") == list(VARIANTS)
+    assert with_baseline("coupled,differential") == ["standard", "coupled", "differential"]
+    assert with_baseline("all") == list(VARIANTS)
     with pytest.raises(ValueError, match="unknown variant"):
-        parse_variants("coupled,nope")
+        with_baseline("coupled,nope")
     config = GPTConfig(vocab_size=32, block_size=8, n_layer=1, d_model=16, n_heads=2)
     result = run_bench(config, "coupled_leapfrog", batch_size=1, repeats=2, warmup=1, device="cpu")
     _check_result(result, ["standard", "coupled_leapfrog"], repeats=2, tokens_per_step=8)

@@ -1,0 +1,124 @@
+"""The written results of the attention diagnostics: ``analysis.json`` text and ``summary.md`` (docs/METHOD.md
+section 7)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from coupled_qk.analysis.conventions import _DESCRIPTIONS, _MAP_NAMES, PER_LAYER_TABLES, describe_metric, metric_rank
+
+__all__ = ["dumps", "summary_markdown"]
+
+
+def _json_ready(obj):
+    if isinstance(obj, dict):
+        return {str(k): _json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_ready(v) for v in obj]
+    if isinstance(obj, (np.floating, np.integer)):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+_NUMBER_LIST = re.compile(r"\[\n\s*([-+0-9.eE,\snul]*?)\n\s*\]")  # raw newlines never occur in JSON strings
+
+
+def dumps(obj) -> str:
+    """JSON text of ``obj`` (non-finite floats -> null), indented, with lists of numbers kept on one line."""
+    text = json.dumps(_json_ready(obj), indent=1, allow_nan=False)
+    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
+
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if value != 0 and (abs(value) >= 1e4 or abs(value) < 1e-3):
+        return f"{value:.3e}"
+    return f"{value:.4f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return [line(header), "|" + "|".join(["---"] * len(header)) + "|"] + [line(row) for row in rows]
+
+
+
+def summary_markdown(report: dict) -> str:
+    """``summary.md``: checkpoints side by side (layer-averaged metrics, a few per-layer tables, conventions).
+
+    Args:
+        report: the dict :func:`analyze_checkpoints` writes to ``analysis.json``.
+
+    Returns:
+        Markdown text.
+    """
+    entries = report["checkpoints"]
+    labels = [e["label"] for e in entries]
+    lines = [
+        "# Attention diagnostics",
+        "",
+        f"Corpus `{report['corpus']}`, split `{report['split']}`: {report['n_sequences']} sequences x "
+        f"{report['seq_len']} tokens, the first non-overlapping windows from the start of the split.",
+        "",
+    ]
+    if report["same_tokenizer"]:
+        lines += ["All checkpoints share one tokenizer, so every checkpoint saw exactly the same text.", ""]
+    else:
+        lines += ["**The checkpoints use different tokenizers**: the windows hold the same number of tokens "
+                  "but not the same text (see 'chars covered').", ""]
+    lines += ["## Checkpoints", ""]
+    rows = []
+    for e in entries:
+        a = e["analysis"]
+        step = e["state"].get("step", "–") if isinstance(e["state"], dict) else "–"
+        rows.append([e["label"], a["attention"], str(step), f"`{e['checkpoint']}`",
+                     f"{e['tokenizer']['name']} ({e['tokenizer']['fingerprint'][:8]})",
+                     str(e["text"]["chars_covered"]), f"{e['seconds']:.1f}"])
+    lines += _table(["label", "attention", "step", "checkpoint", "tokenizer", "chars covered", "seconds"], rows)
+    lines += ["", "## Layer-averaged metrics", "",
+              "Mean over layers of the per-layer means over heads (each per-map value averaged over sequences).",
+              ""]
+    keys = sorted({k for e in entries for k in e["analysis"]["mean"]}, key=metric_rank)
+    rows = [[describe_metric(k)] + [_fmt(e["analysis"]["mean"].get(k)) for e in entries] for k in keys]
+    rows.append(["rank-collapse residual of the embeddings (Frobenius)"]
+                + [_fmt(e["analysis"]["rank_collapse_input"]["fro"]) for e in entries])
+    lines += _table(["metric"] + labels, rows)
+    for base in PER_LAYER_TABLES:
+        present = [k for k in keys if k.rpartition("/")[2] == base]
+        if not present:
+            continue
+        lines += ["", f"## Per layer: {_DESCRIPTIONS[base]}", ""]
+        header, columns = ["layer"], []
+        for key in present:
+            for e in entries:
+                if key in e["analysis"]["mean"]:
+                    prefix = key.rpartition("/")[0]
+                    header.append(e["label"] + (f" {_MAP_NAMES[prefix]}" if prefix else ""))
+                    columns.append([layer["mean"].get(key) for layer in e["analysis"]["layers"]])
+        depth = max(len(c) for c in columns)
+        rows = [[str(i)] + [_fmt(c[i]) if i < len(c) else "–" for c in columns] for i in range(depth)]
+        lines += _table(header, rows)
+    if report.get("figures"):
+        lines += ["", "## Figures", ""]
+        lines += [f"- {name}: ![{name}]({file})" for name, file in report["figures"].items()]
+    lines += ["", "## Conventions", ""]
+    lines += [f"- **{k}**: {v}" for k, v in report["conventions"].items()]
+    return "\n".join(lines) + "\n"
+

@@ -1,0 +1,274 @@
+"""The one experiment runner: a protocol is a list of planned training runs plus an analysis step.
+
+:func:`execute` takes the plan (:class:`PlannedRun` objects, each a complete :class:`TrainConfig` whose
+``out_dir`` is the run's folder) and, run by run: reuses a finished run (``results.json`` present) after
+checking that it was made with the same settings (``training.config.RESULT_NEUTRAL_FIELDS`` aside; others
+raise ``ValueError`` naming them), resumes an unfinished one from its checkpoint, starts the others (clearing
+what a run killed before its first checkpoint left), and records each outcome as a :class:`RunRecord`. An
+optional wall-clock guard (``max_minutes``) gives each run the time left; a run it stops is marked
+``interrupted`` (resumed by the next invocation) and runs not started in time ``skipped``.
+
+The protocol's analysis turns the records into a :class:`Report` (JSON files, markdown, PNG figures) that
+:func:`write_report` writes; :func:`run_experiment` does plan -> execute -> analyse -> write in one call.
+Used by ``compare``/``demo`` (:mod:`.compare`) and the MQAR sweep (:mod:`.mqar_sweep`). See ``docs/DESIGN.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coupled_qk.io import write_text_atomic
+from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig, describe_differences
+from coupled_qk.training.rundir import RunDir
+
+__all__ = [
+    "RESULT_NEUTRAL_FIELDS",
+    "RESULT_NEUTRAL_TASK_OPTIONS",
+    "PlannedRun",
+    "Report",
+    "RunRecord",
+    "check_reusable",
+    "execute",
+    "run_experiment",
+    "setting_differences",
+    "write_report",
+]
+
+RESULT_NEUTRAL_TASK_OPTIONS = frozenset({"cache_dir"})
+"""``TrainConfig.task_options`` keys that do not change results (where generated data are cached)."""
+
+STATUSES = ("ran", "reused", "interrupted", "skipped")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One training run of a protocol.
+
+    Attributes:
+        config: the complete :class:`TrainConfig`; ``config.out_dir`` is the run folder (unique in a plan).
+        label: a short name for log lines, e.g. ``"coupled seed 1"``.
+        keys: the protocol's coordinates of the run (e.g. ``{"variant": "coupled", "seed": 1}``), JSON values;
+            carried into the :class:`RunRecord` for the analysis step.
+    """
+
+    config: TrainConfig
+    label: str
+    keys: dict = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> RunDir:
+        """The run's folder."""
+        return RunDir(self.config.out_dir)
+
+
+@dataclass
+class RunRecord:
+    """The outcome of one :class:`PlannedRun`.
+
+    Attributes:
+        run: the planned run.
+        status: ``ran`` (trained to its end in this invocation, possibly resuming), ``reused`` (finished
+            earlier), ``interrupted`` (stopped by the runner's time guard; resumable) or ``skipped``
+            (not started: no time left).
+        results: the run's results (``train()``'s return value, as in ``results.json``); ``{}`` when skipped.
+        config: the configuration actually trained (the plan's, with ``resume`` and the time guard applied).
+        seconds: wall seconds of this invocation's training (``None`` when reused, ``0.0`` when skipped).
+    """
+
+    run: PlannedRun
+    status: str
+    results: dict
+    config: TrainConfig
+    seconds: float | None = None
+
+    @property
+    def keys(self) -> dict:
+        """The planned run's coordinates."""
+        return self.run.keys
+
+    @property
+    def final(self) -> dict:
+        """Final metrics (``results["final"]``; ``{}`` when skipped)."""
+        return self.results.get("final", {})
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has final results that count (``ran`` or ``reused``)."""
+        return self.status in ("ran", "reused")
+
+
+@dataclass
+class Report:
+    """What a protocol's analysis step produces; :func:`write_report` writes it into the experiment folder.
+
+    Attributes:
+        json: file name -> JSON object (written indented).
+        text: file name -> text (markdown tables).
+        plots: file name -> function drawing the figure at the given path (PNG via matplotlib).
+    """
+
+    json: dict[str, dict] = field(default_factory=dict)
+    text: dict[str, str] = field(default_factory=dict)
+    plots: dict[str, Callable[[Path], object]] = field(default_factory=dict)
+
+
+def setting_differences(saved: dict, planned: TrainConfig) -> dict:
+    """``{field: (saved value, planned value)}`` over the fields that change results.
+
+    Args:
+        saved: a finished run's ``results["config"]`` (a ``TrainConfig.to_dict()``).
+        planned: the configuration the protocol wants.
+
+    Fields in :data:`RESULT_NEUTRAL_FIELDS` and task options in :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored.
+    """
+    now = planned.to_dict()
+    diff = {k: (saved.get(k), v) for k, v in now.items()
+            if k not in RESULT_NEUTRAL_FIELDS and k != "task_options" and saved.get(k) != v}
+
+    def options(d) -> dict:
+        return {k: v for k, v in (d or {}).items() if k not in RESULT_NEUTRAL_TASK_OPTIONS}
+
+    if options(saved.get("task_options")) != options(now["task_options"]):
+        diff["task_options"] = (options(saved.get("task_options")), options(now["task_options"]))
+    return diff
+
+
+def check_reusable(saved: dict, planned: TrainConfig, where: str | Path) -> None:
+    """Raise ``ValueError`` if the finished run in ``where`` was made with settings other than ``planned``'s
+    (see :func:`setting_differences`), naming each differing field with both values."""
+    diff = setting_differences(saved, planned)
+    if diff:
+        raise ValueError(
+            f"{where} holds a finished run with different settings ({describe_differences(diff)}); "
+            "choose another --out-dir or delete that folder"
+        )
+
+
+def execute(
+    plan: Sequence[PlannedRun],
+    train_fn: Callable[[TrainConfig], dict] | None = None,
+    log: Callable[[str], None] = print,
+    max_minutes: float | None = None,
+    announce: bool = True,
+    describe: Callable[[RunRecord], str] | None = None,
+) -> list[RunRecord]:
+    """Run, resume or reuse every planned run, in order (see the module docstring).
+
+    Args:
+        plan: the runs; their ``out_dir`` must be distinct.
+        train_fn: the training function (default :func:`coupled_qk.training.loop.train`; tests may wrap it).
+        log: receives the progress lines.
+        max_minutes: wall-clock guard for the whole plan (``None``: none). Each started run gets the time left
+            (plus what it already trained before a resume) as its ``max_minutes``.
+        announce: log ``"== <label> -> <folder>"`` before training, ``"== <label>: reusing the finished run
+            in <folder>"`` on reuse and a line for a skipped run.
+        describe: if given, a line logged after each run (any status).
+
+    Returns:
+        One :class:`RunRecord` per planned run, in plan order.
+
+    Raises:
+        ValueError: duplicate run folders, ``max_minutes`` <= 0, a finished run with other settings (before
+            anything after it runs), or any error of the training function.
+    """
+    if max_minutes is not None and not max_minutes > 0:
+        raise ValueError(f"max_minutes={max_minutes!r} must be > 0")
+    folders = [str(Path(r.config.out_dir)) for r in plan]
+    if len(set(folders)) != len(folders):
+        raise ValueError(f"the plan uses a run folder twice: {sorted({f for f in folders if folders.count(f) > 1})}")
+    if train_fn is None:
+        from coupled_qk.training.loop import train as train_fn
+    deadline = None if max_minutes is None else time.perf_counter() + 60 * max_minutes
+    records = []
+    for run in plan:
+        rundir = run.run_dir
+        cfg = run.config
+        if rundir.is_finished():
+            results = rundir.read_results()
+            check_reusable(results.get("config", {}), cfg, rundir.path)
+            record = RunRecord(run, "reused", results, cfg, None)
+            if announce:
+                log(f"== {run.label}: reusing the finished run in {rundir.path}")
+        else:
+            remaining = None if deadline is None else (deadline - time.perf_counter()) / 60
+            if remaining is not None and remaining * 60 < 1.0:  # less than a second left
+                record = RunRecord(run, "skipped", {}, cfg, 0.0)
+                if announce:
+                    log(f"== {run.label}: skipped (--max-minutes {max_minutes} reached)")
+            else:
+                record = _train_one(run, cfg, rundir, remaining, train_fn, log if announce else None)
+        records.append(record)
+        if describe is not None:
+            log(describe(record))
+    return records
+
+
+def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: float | None, train_fn, log):
+    changes: dict = {"resume": rundir.has_checkpoint()}
+    if remaining is not None:  # the loop counts training time over all sessions of a resumed run
+        changes["max_minutes"] = remaining + rundir.train_seconds() / 60
+    cfg = dataclasses.replace(cfg, **changes)
+    if rundir.path.is_dir() and not changes["resume"]:
+        rundir.remove_partial()  # a run killed before its first checkpoint: start it again cleanly
+    if log is not None:
+        log(f"== {run.label} -> {rundir.path}")
+    start = time.perf_counter()
+    results = train_fn(cfg)
+    seconds = time.perf_counter() - start
+    status = "ran"
+    if remaining is not None and results.get("stop_reason") == "max_minutes":
+        status = "interrupted"
+        rundir.mark_interrupted()
+    return RunRecord(run, status, results, cfg, seconds)
+
+
+def write_report(out_dir: str | Path, report: Report, log: Callable[[str], None] | None = None) -> list[Path]:
+    """Write a :class:`Report` into ``out_dir`` (created): JSON and text atomically, then the figures.
+
+    A figure whose drawing needs a missing package (``ImportError``) is skipped with a logged line, so the
+    numbers are never lost to a plotting problem.
+
+    Returns:
+        The paths written, in the order JSON, text, figures.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, obj in report.json.items():
+        write_text_atomic(out / name, json.dumps(obj, indent=2) + "\n")
+        written.append(out / name)
+    for name, text in report.text.items():
+        write_text_atomic(out / name, text)
+        written.append(out / name)
+    for name, draw in report.plots.items():
+        try:
+            draw(out / name)
+        except ImportError as exc:  # matplotlib is a dependency, but keep the results if it is missing
+            if log is not None:
+                log(f"plot {name} skipped: {exc}")
+            continue
+        written.append(out / name)
+    return written
+
+
+def run_experiment(
+    plan: Sequence[PlannedRun],
+    analyze: Callable[[list[RunRecord], float], Report],
+    out_dir: str | Path,
+    **execute_options,
+) -> tuple[list[RunRecord], Report]:
+    """Plan -> :func:`execute` -> ``analyze(records, wall_seconds)`` -> :func:`write_report` into ``out_dir``.
+
+    ``execute_options`` are passed to :func:`execute` (``train_fn``, ``log``, ``max_minutes``, ``announce``,
+    ``describe``). Returns the records and the written report.
+    """
+    start = time.perf_counter()
+    records = execute(plan, **execute_options)
+    report = analyze(records, time.perf_counter() - start)
+    write_report(out_dir, report, execute_options.get("log", print))
+    return records, report

@@ -1,0 +1,173 @@
+"""Query-key maps: modules that transform the projected queries and keys before attention scoring.
+
+The interface (docs/METHOD.md sections 1-2), implemented by every subclass of :class:`QKMap`:
+
+- constructor ``Map(d_head, n_heads, **options)``: ``options`` are the fields of the map's nested config
+  (registered with the map in :mod:`coupled_qk.models.variants`);
+- ``forward(q, k) -> (q', k')`` with ``q`` of shape ``(B, H, T, d_head)`` and ``k`` of shape
+  ``(B, H_k, T, d_head)``; the outputs keep shapes and dtypes. The map must act on each token independently
+  (no mixing along ``T``), so causal masking and KV-cached decoding stay exact;
+- class attribute ``keys_per_query_head``: ``True`` when the evolved key depends on the query head (the
+  attention layer then repeats the ``n_kv_heads`` keys to ``H_k = H`` before the map and caches ``H`` keys);
+  ``False`` when keys are handled per key/value head (``H_k = n_kv_heads``);
+- attribute ``dt``: the learned per-head step sizes, ``nn.Parameter`` of shape ``(H,)``, or ``None`` for a
+  map without one (diagnostics report it per head).
+
+Maps here: :class:`QKDynamics` (the paper's coupled dynamics) and :class:`QueryMLP` (the uncoupled
+matched-capacity baseline ``q' = q + dt g(q)``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from coupled_qk._checks import finite, nonneg_int, positive_int
+from coupled_qk.layers.forces import FORCE_CLASSES, FORCES, MLPForce
+from coupled_qk.ops.dynamics import apply_query_mlp, check_integrator, integrate_qk
+
+
+class QKMap(nn.Module):
+    """Base class of the query-key maps (the interface is described in the module docstring)."""
+
+    keys_per_query_head: bool = True
+    # subclasses set ``self.dt`` (an ``nn.Parameter`` of shape (H,)) or ``self.dt = None`` in __init__
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 has no device argument
+        return torch.is_autocast_enabled()
+
+
+class QKDynamics(QKMap):
+    """Coupled query-key dynamics (arXiv:2604.01683v1; docs/METHOD.md section 1): evolve ``(q, k)`` jointly before attention scoring.
+
+    Args:
+        d_head: head width.
+        n_heads: number of heads ``H`` (one learned ``dt`` per head).
+        integrator: ``"euler"`` (paper), ``"leapfrog"`` (paper's Hamiltonian integrator) or
+            ``"symplectic_euler"`` (beyond the paper). See :mod:`coupled_qk.ops.dynamics`.
+        n_steps: integration steps (``>= 0``; the paper finds 1 enough).
+        hidden: hidden width of the coupling network (default ``d_head``, our choice; docs/METHOD.md section 4).
+        dt_init: initial step size for every head (finite; ``0.0`` makes the module an exact identity).
+        shared_across_heads: one coupling network for all heads (default, matches the paper's +0.11%
+            parameter count) or one per head.
+        force: ``"mlp"`` (paper) or ``"gradient"`` (``f = -grad V``; beyond the paper).
+
+    Attributes:
+        force: the coupling network, ``(..., d_head) -> (..., d_head)`` (head axis at -3 when per head).
+        dt: ``nn.Parameter`` of shape ``(n_heads,)``.
+
+    Shapes: ``forward(q, k)`` takes ``q, k`` of shape ``(B, H, T, d_head)`` and returns two tensors of the
+    same shape and dtype.
+
+    Raises:
+        ValueError: invalid constructor arguments, inputs of the wrong rank, shape, head count or dtype
+            (outside autocast), or a non-finite ``dt`` (checked on CPU tensors; on accelerators the check is
+            skipped to avoid a sync).
+    """
+
+    def __init__(
+        self,
+        d_head: int,
+        n_heads: int,
+        integrator: str = "euler",
+        n_steps: int = 1,
+        hidden: int | None = None,
+        dt_init: float = 0.1,
+        shared_across_heads: bool = True,
+        force: str = "mlp",
+    ):
+        super().__init__()
+        positive_int("d_head", d_head)
+        positive_int("n_heads", n_heads)
+        hidden = d_head if hidden is None else positive_int("hidden", hidden)
+        nonneg_int("n_steps", n_steps)
+        finite("dt_init", dt_init)
+        if force not in FORCES:
+            raise ValueError(f"force={force!r} is not supported; expected one of {FORCES}")
+        self.d_head, self.n_heads, self.hidden = d_head, n_heads, hidden
+        self.integrator = check_integrator(integrator)
+        self.n_steps = n_steps
+        self.force_kind = force
+        per_head = None if shared_across_heads else n_heads
+        self.force = FORCE_CLASSES[force](d_head, hidden, per_head)
+        self.dt = nn.Parameter(torch.full((n_heads,), float(dt_init)))
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_head={self.d_head}, n_heads={self.n_heads}, hidden={self.hidden}, integrator={self.integrator}, "
+            f"n_steps={self.n_steps}, force={self.force_kind}, shared={self.force.n_heads is None}"
+        )
+
+    def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """Validate shapes and ``dt`` (see the class docstring for the errors raised)."""
+        if q.dim() != 4 or k.dim() != 4:
+            raise ValueError(
+                f"q and k must have shape (B, H, T, d_head); got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
+        if q.shape != k.shape:
+            raise ValueError(f"q and k shapes differ: q {tuple(q.shape)} vs k {tuple(k.shape)}")
+        if q.shape[1] != self.n_heads or q.shape[-1] != self.d_head:
+            raise ValueError(
+                f"expected {self.n_heads} heads of width d_head={self.d_head}; got q {tuple(q.shape)}"
+            )
+        if torch.compiler.is_compiling():
+            return
+        if q.dtype != self.dt.dtype and not _autocast_on(q.device.type):
+            raise ValueError(
+                f"q has dtype {q.dtype} but the module's parameters are {self.dt.dtype}; convert one with .to() "
+                "or run under torch.autocast"
+            )
+        if self.dt.device.type == "cpu" and not torch.isfinite(self.dt).all():
+            raise ValueError(f"dt must be finite; got {self.dt.detach().tolist()}")
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.check_inputs(q, k)
+        return integrate_qk(q, k, self.force, self.dt, self.integrator, self.n_steps)
+
+
+class QueryMLP(QKMap):
+    """Uncoupled baseline of matched capacity: ``q' = q + dt * g(q)``, keys untouched (docs/METHOD.md section 2).
+
+    ``g`` is an :class:`~coupled_qk.layers.forces.MLPForce` (the same network shape as the coupled dynamics'
+    force), ``dt`` one learned step per query head. The arXiv:2604.01683v1 "uncoupled MLP" ablation.
+
+    Args:
+        d_head: head width.
+        n_heads: query heads ``H`` (one ``dt`` per head).
+        hidden: hidden width of ``g`` (default ``d_head``).
+        dt_init: initial step size (finite; ``0.0`` makes the map an exact identity).
+        shared_across_heads: one ``g`` for all heads (default) or one per head.
+
+    Attributes:
+        mlp: the network ``g``; dt: ``nn.Parameter`` of shape ``(n_heads,)``.
+
+    Shapes: ``forward(q (B, H, T, d_head), k (B, H_k, T, d_head))`` returns ``(q', k)`` (``k`` is the same
+    tensor object).
+
+    Raises:
+        ValueError: a non-positive ``d_head``, ``n_heads`` or ``hidden``, or a non-finite ``dt_init``; from
+            :func:`~coupled_qk.ops.dynamics.apply_query_mlp` when ``q`` does not have ``n_heads`` heads.
+    """
+
+    keys_per_query_head = False
+
+    def __init__(
+        self, d_head: int, n_heads: int, hidden: int | None = None, dt_init: float = 0.1,
+        shared_across_heads: bool = True,
+    ):
+        super().__init__()
+        positive_int("d_head", d_head)
+        positive_int("n_heads", n_heads)
+        hidden = d_head if hidden is None else positive_int("hidden", hidden)
+        self.mlp = MLPForce(d_head, hidden, None if shared_across_heads else n_heads)
+        self.dt = nn.Parameter(torch.full((n_heads,), finite("dt_init", dt_init)))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_query_mlp(q, self.mlp, self.dt), k

@@ -1,0 +1,80 @@
+"""Evaluate a saved language model: token- and word-level perplexity of a checkpoint on whole corpus splits.
+
+The run folder (:class:`~coupled_qk.training.rundir.RunDir`) provides the tokenizer and, unless overridden,
+the corpus, data folder, token cache and split seed the model was trained with. Perplexity as in
+``docs/METHOD.md`` section 5 (see :func:`coupled_qk.training.perplexity.evaluate_perplexity`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from coupled_qk.data.cache import tokenize_to_cache
+from coupled_qk.data.corpora import SPLITS, load_corpus
+from coupled_qk.data.paths import default_cache_dir
+from coupled_qk.data.tokenizers import Tokenizer
+from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
+from coupled_qk.training.distributed import pick_device
+from coupled_qk.training.lm import WORD_LEVEL_CORPORA, split_seed_of
+from coupled_qk.training.perplexity import evaluate_perplexity
+from coupled_qk.training.rundir import RunDir
+
+__all__ = ["evaluate_checkpoint"]
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    corpus: str | None = None,
+    data_dir: str | None = None,
+    splits: Sequence[str] = ("valid", "test"),
+    stride: int | None = None,
+    batch_size: int = 8,
+    device: str = "auto",
+) -> dict:
+    """Token- and word-level perplexity of a checkpoint on whole splits.
+
+    Args:
+        checkpoint: a run folder (its ``latest`` checkpoint) or a ``ckpt-*`` folder inside one.
+        corpus: corpus name or path (default: the run's ``config.json`` corpus).
+        data_dir: folder of the named corpora (default: the run's).
+        splits: any of ``train``, ``valid``, ``test``.
+        stride: sliding-window stride in tokens (``None``: non-overlapping windows of ``block_size``).
+        batch_size: windows per forward pass.
+        device: ``auto``, ``cpu`` or ``cuda``.
+
+    Returns:
+        ``{"checkpoint", "step", "corpus", "tokenizer", "stride", "block_size", <split>: {"perplexity",
+        "n_tokens", "loss", ["word_perplexity", "n_words"]}, ...}`` (word-level for WikiText-style corpora).
+
+    Raises:
+        FileNotFoundError: no checkpoint, tokenizer or corpus file where expected.
+        ValueError: unknown split name, a bad stride, no corpus known, or a tokenizer that does not match the
+            model's vocabulary.
+    """
+    ckpt = resolve_checkpoint(checkpoint)
+    run = RunDir(ckpt.parent)
+    run_cfg = run.read_config() or {}
+    corpus_name = corpus or run_cfg.get("corpus")
+    if corpus_name is None:
+        raise ValueError(f"--corpus is needed: {run.path} has no config.json naming its corpus")
+    for split in splits:
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is unknown; expected train, valid or test")
+    if not run.has_tokenizer():
+        raise FileNotFoundError(f"tokenizer of the run not found: expected {run.tokenizer_dir / 'tokenizer.json'}")
+    tokenizer = Tokenizer.load(run.tokenizer_dir)
+    dev = pick_device(device)
+    model, state = load_checkpoint_model(ckpt, dev)
+    if model.config.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}")
+    data = load_corpus(corpus_name, data_dir or run_cfg.get("data_dir"),
+                       seed=split_seed_of(run_cfg.get("task_options") or {}))
+    cache = Path(run_cfg["cache_dir"]) if run_cfg.get("cache_dir") else default_cache_dir()
+    out = {"checkpoint": str(ckpt), "step": state.get("step"), "corpus": data.name, "tokenizer": tokenizer.name,
+           "stride": stride, "block_size": model.config.block_size}
+    for split in splits:
+        tokens = tokenize_to_cache(data.split(split), tokenizer, cache / "tokens")
+        n_words = data.words(split) if data.name in WORD_LEVEL_CORPORA else None
+        out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words)
+    return out

@@ -1,0 +1,199 @@
+"""``RunDir``: the folder of one training run and the one place that knows its layout.
+
+Layout (written by :func:`coupled_qk.training.loop.train`, read by ``eval``, ``analyze``, the experiment
+runner and the sweeps)::
+
+    <run>/
+      config.json                the run's TrainConfig (JSON)
+      model_config.json          the resolved GPTConfig (vocabulary and block size filled in by the task)
+      data.json                  the task's description of its data (corpus, tokenizer, MQAR slices ...)
+      tokenizer/                 the run's tokenizer (language modelling; tokenizer.json inside)
+      metrics.jsonl              one JSON object per logged step (training loss, lr, tokens, evaluations)
+      tensorboard/               TensorBoard event files
+      ckpt-00000100/             a checkpoint (see coupled_qk.training.checkpoint)
+      latest                     the name of the newest complete checkpoint folder
+      results.json               final metrics; present only when the run finished
+      results.interrupted.json   final metrics of a run an experiment stopped on its time guard (resumable)
+
+A finished run is one with ``results.json``; a resumable one has ``latest``. See ``docs/DESIGN.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from coupled_qk.io import write_text_atomic
+
+__all__ = ["RunDir"]
+
+
+def _member(name: str, doc: str) -> property:
+    """A read-only ``Path`` property: ``<run folder>/<name>``."""
+    return property(lambda self: self.path / name, doc=doc)
+
+
+class RunDir:
+    """Paths and reads of one run folder (nothing is created until something is written).
+
+    Args:
+        path: the run folder (``TrainConfig.out_dir``); a ``str`` or ``Path``.
+
+    Attributes:
+        path: the folder as a ``Path``.
+    """
+
+    CONFIG = "config.json"
+    MODEL_CONFIG = "model_config.json"
+    DATA = "data.json"
+    TOKENIZER = "tokenizer"
+    METRICS = "metrics.jsonl"
+    TENSORBOARD = "tensorboard"
+    LATEST = "latest"
+    CHECKPOINT_PREFIX = "ckpt-"
+    RESULTS = "results.json"
+    INTERRUPTED_RESULTS = "results.interrupted.json"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    # ------------------------------------------------------------------------------------------ paths
+
+    config_path = _member(CONFIG, "``config.json``: the run's :class:`~coupled_qk.training.config.TrainConfig`.")
+    model_config_path = _member(MODEL_CONFIG, "``model_config.json``: the resolved :class:`~coupled_qk.GPTConfig`.")
+    data_path = _member(DATA, "``data.json``: the task's ``describe()`` output.")
+    tokenizer_dir = _member(TOKENIZER, "``tokenizer/``: the run's tokenizer folder (language modelling).")
+    metrics_path = _member(METRICS, "``metrics.jsonl``: one JSON object per logged step.")
+    tensorboard_dir = _member(TENSORBOARD, "``tensorboard/``: TensorBoard event files.")
+    latest_path = _member(LATEST, "``latest``: a text file naming the newest complete checkpoint folder.")
+    results_path = _member(RESULTS, "``results.json``: final metrics of a finished run.")
+    interrupted_results_path = _member(
+        INTERRUPTED_RESULTS, "``results.interrupted.json``: results of a run stopped by an experiment's time guard.")
+
+    def checkpoint_dir(self, step: int) -> Path:
+        """``ckpt-<step, 8 digits>``: the checkpoint folder of optimiser step ``step`` (an int >= 0)."""
+        return self.path / f"{self.CHECKPOINT_PREFIX}{int(step):08d}"
+
+    def checkpoints(self) -> list[Path]:
+        """Existing checkpoint folders, oldest first (temporary and hidden folders excluded)."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.glob(f"{self.CHECKPOINT_PREFIX}*") if p.is_dir())
+
+    # ------------------------------------------------------------------------------------------ state
+
+    def has_checkpoint(self) -> bool:
+        """Whether the run can be resumed (``latest`` exists)."""
+        return self.latest_path.is_file()
+
+    def is_finished(self) -> bool:
+        """Whether the run finished (``results.json`` exists)."""
+        return self.results_path.is_file()
+
+    def has_tokenizer(self) -> bool:
+        """Whether ``tokenizer/tokenizer.json`` exists."""
+        return (self.tokenizer_dir / "tokenizer.json").is_file()
+
+    def latest_checkpoint(self) -> Path:
+        """The checkpoint folder named by ``latest``.
+
+        Raises:
+            FileNotFoundError: no ``latest`` file, or it names a folder without ``model.safetensors``.
+        """
+        from coupled_qk.training.checkpoint import resolve_checkpoint
+
+        return resolve_checkpoint(self.path)
+
+    # ------------------------------------------------------------------------------------------ reads
+
+    def read_config(self) -> dict | None:
+        """``config.json`` as a dict, or ``None`` when it does not exist.
+
+        Raises:
+            ValueError: the file is not valid JSON (naming it).
+        """
+        return _read_json(self.config_path)
+
+    def read_results(self) -> dict | None:
+        """``results.json`` as a dict, or ``None`` when the run has not finished.
+
+        Raises:
+            ValueError: the file is not valid JSON (naming it).
+        """
+        return _read_json(self.results_path)
+
+    def read_metrics(self) -> list[dict]:
+        """The records of ``metrics.jsonl`` in file order (``[]`` without the file).
+
+        A torn last line (what a kill during a write leaves) is dropped; a damaged line elsewhere raises.
+
+        Raises:
+            ValueError: a line before the last is not valid JSON (naming the file and line number).
+        """
+        if not self.metrics_path.is_file():
+            return []
+        lines = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip()]
+        out = []
+        for i, line in enumerate(lines):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                if i == len(lines) - 1:
+                    break
+                raise ValueError(f"{self.metrics_path}: line {i + 1} is not valid JSON ({exc.msg})") from None
+        return out
+
+    def train_seconds(self) -> float:
+        """Training seconds already spent according to the latest checkpoint (``0.0`` without one)."""
+        if not self.has_checkpoint():
+            return 0.0
+        state = self.path / self.latest_path.read_text().strip() / "state.json"
+        try:
+            return float(json.loads(state.read_text()).get("train_seconds", 0.0))
+        except (OSError, ValueError):
+            return 0.0
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    def write_results(self, results: dict) -> None:
+        """Write ``results.json`` atomically (indented JSON; non-JSON values written with ``str``)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.results_path, json.dumps(results, indent=2, default=str))
+
+    def mark_interrupted(self) -> None:
+        """Rename ``results.json`` to ``results.interrupted.json``, so the run counts as unfinished (resumable)."""
+        if self.results_path.is_file():
+            self.results_path.replace(self.interrupted_results_path)
+
+    def remove_partial(self) -> None:
+        """Delete the files a run writes before its first checkpoint, when it has neither a checkpoint nor
+        results (a run killed early), so it starts again cleanly: configs, data description, metrics, tokenizer,
+        TensorBoard folder and checkpoint folders that ``latest`` never named. Files outside the layout are kept.
+
+        Raises:
+            ValueError: the run has a checkpoint or results (refusing to delete them).
+        """
+        if self.has_checkpoint() or self.is_finished():
+            raise ValueError(f"{self.path} holds a checkpoint or results; not removing it")
+        for name in (self.CONFIG, self.MODEL_CONFIG, self.DATA, self.METRICS, self.INTERRUPTED_RESULTS):
+            (self.path / name).unlink(missing_ok=True)
+        for name in (self.TOKENIZER, self.TENSORBOARD):
+            shutil.rmtree(self.path / name, ignore_errors=True)
+        for orphan in self.checkpoints():  # complete folders that ``latest`` never named
+            shutil.rmtree(orphan, ignore_errors=True)
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from None

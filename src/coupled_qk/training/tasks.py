@@ -1,0 +1,112 @@
+"""Task registry: what ``TrainConfig.task`` may name, and the interface the training loop needs from a task.
+
+Adding a task is one line in :data:`TASKS` (``name -> "module:Class"``, imported only when used) plus a class
+with the :class:`Task` interface. See ``docs/DESIGN.md`` (how data flows through a training run).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["TASKS", "Task", "check_options", "steps_for_tokens", "task_class"]
+
+TASKS: dict[str, str] = {
+    "lm": "coupled_qk.training.lm:LMTask",
+    "mqar": "coupled_qk.training.mqar_task:MQARTask",
+}
+"""Task name -> ``"module:Class"`` of a class implementing :class:`Task`."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What :func:`coupled_qk.training.loop.train` needs from a task (language modelling, MQAR, ...).
+
+    Constructed as ``Task(cfg: TrainConfig, run_dir: Path | None)``: read the task's settings from ``cfg``
+    (its own settings from ``cfg.task_options``, rejecting unknown keys with ``ValueError``), load or build
+    the data. ``run_dir`` is the run folder (a resumed run may reload what :meth:`save` wrote there).
+
+    Attributes:
+        name: the registry name (``"lm"``, ``"mqar"``).
+    """
+
+    name: str
+
+    def model_overrides(self) -> dict:
+        """:class:`~coupled_qk.GPTConfig` fields the data decide (``vocab_size``, and ``block_size`` for MQAR)."""
+
+    def describe(self) -> dict:
+        """A JSON-serialisable description of the data, stored as ``data.json`` and in ``results.json``."""
+
+    def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int,
+                    device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of micro-step ``micro`` of optimiser step ``step`` for ``rank`` of ``world``.
+
+        Must be a pure function of its arguments (exact resume; ``world`` ranks with ``batch_size`` rows see
+        the same global batch as one process with ``world * batch_size``). Returns ``(x, y)``, int64 of
+        shape ``(batch_size, T)`` with ``T <= block_size``; ``y`` is -100 where no loss is taken.
+        """
+
+    def step_tokens(self, step: int, world: int) -> int:
+        """Input tokens of optimiser step ``step`` over all micro-steps and all ``world`` ranks: the real
+        length of each sequence (no padding, not ``block_size``). Counts ``tokens``, ``tokens_per_s`` and the
+        ``max_tokens`` budget."""
+
+    def evaluate(self, model: torch.nn.Module, device: str | torch.device, quick: bool = True,
+                 autocast_dtype: torch.dtype | None = None) -> dict:
+        """Metrics as ``{"valid/<metric>": float, ...}`` (``quick``: the periodic, cheaper evaluation; the
+        final one also reports ``test/...`` where the task has a test split). Restores ``model``'s mode."""
+
+    def save(self, run_dir: Path) -> None:
+        """Write what evaluation and resumption need into the run folder (``data.json``, a tokenizer)."""
+
+
+def task_class(name: str) -> type:
+    """The class registered as ``name`` in :data:`TASKS` (imported on first use).
+
+    Raises:
+        ValueError: ``name`` is not registered (listing the registered names).
+    """
+    if name not in TASKS:
+        raise ValueError(f"TrainConfig.task={name!r} is unknown; expected one of {list(TASKS)}")
+    module, _, attr = TASKS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def check_options(task: str, options: dict, known) -> dict:
+    """``options`` if every key is in ``known``; ``ValueError`` naming the unknown keys otherwise.
+
+    Args:
+        task: the task's name, for the message.
+        options: ``TrainConfig.task_options``.
+        known: the option names the task reads.
+    """
+    if not isinstance(options, dict):
+        raise ValueError(f"TrainConfig.task_options={options!r} must be a dict")
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {task} task_options {unknown}; valid options: {sorted(known)}")
+    return options
+
+
+def steps_for_tokens(task: Task, max_tokens: int, world: int, max_steps: int | None = None) -> int:
+    """Fewest optimiser steps whose :meth:`Task.step_tokens` add up to at least ``max_tokens`` (at most
+    ``max_steps`` when given): the schedule horizon of a token budget.
+
+    Raises:
+        ValueError: ``max_tokens`` < 1, or a step with no tokens (the budget could never be reached).
+    """
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens!r} must be a positive integer")
+    seen, step = 0, 0
+    while seen < max_tokens and (max_steps is None or step < max_steps):
+        n = task.step_tokens(step, world)
+        if n < 1:
+            raise ValueError(f"task {task.name!r} reports {n} tokens at step {step}; a token budget needs >= 1")
+        seen += n
+        step += 1
+    return step

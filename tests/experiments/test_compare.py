@@ -1,0 +1,56 @@
+"""The compare protocol: its plan (variant x seed) and its analysis (mean and spread over seeds, the table)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from coupled_qk.experiments.compare import analyze_comparison, comparison_table, plan_comparison
+from coupled_qk.experiments.runner import PlannedRun, RunRecord
+from coupled_qk.training.config import TrainConfig
+
+
+def test_plan_is_variant_major_with_the_variants_overrides(tmp_path):
+    base = TrainConfig(max_steps=3, model={"n_layer": 1})
+    plan = plan_comparison(base, ["standard", "coupled-leapfrog"], [0, 1], tmp_path)
+    assert [(p.keys["variant"], p.keys["seed"]) for p in plan] == [
+        ("standard", 0), ("standard", 1), ("coupled_leapfrog", 0), ("coupled_leapfrog", 1)]
+    assert plan[3].config.out_dir == str(tmp_path / "coupled_leapfrog" / "seed1") and plan[3].config.seed == 1
+    assert plan[3].config.model == {"n_layer": 1, "attention": "coupled", "integrator": "leapfrog"}
+    assert plan[0].config.model == {"n_layer": 1, "attention": "standard"} and plan[0].label == "standard seed 0"
+    with pytest.raises(ValueError, match="unknown variant"):
+        plan_comparison(base, ["flash"], [0], tmp_path)
+
+
+def _record(run: PlannedRun, test_ppl: float, seconds: float) -> RunRecord:
+    results = {"final": {"valid/perplexity": test_ppl + 1, "test/perplexity": test_ppl}, "params": 1000,
+               "tokens": 4096, "train_seconds": seconds}
+    return RunRecord(run, "ran", results, run.config, seconds)
+
+
+def test_summary_means_spreads_and_the_change_against_standard(tmp_path):
+    base = TrainConfig(max_steps=3)
+    plan = plan_comparison(base, ["standard", "coupled"], [0, 1], tmp_path)
+    ppl = [20.0, 22.0, 18.0, 19.0]  # standard seeds 0, 1; coupled seeds 0, 1
+    records = [_record(run, p, 60.0 * (i + 1)) for i, (run, p) in enumerate(zip(plan, ppl))]
+    for run in plan:  # loss curves read each run's metrics.jsonl
+        run.run_dir.path.mkdir(parents=True)
+        run.run_dir.metrics_path.write_text(json.dumps({"step": 1, "tokens": 64, "train/loss": 3.0}) + "\n" +
+                                            json.dumps({"step": 2, "tokens": 128, "valid/loss": 2.5}) + "\n")
+    report = analyze_comparison(records, base, [0, 1])
+    summary = report.json["results.json"]
+    std, cpl = summary["variants"]["standard"], summary["variants"]["coupled"]
+    assert std["test_perplexity"] == {"mean": 21.0, "std": statistics.stdev([20.0, 22.0]), "values": [20.0, 22.0]}
+    assert cpl["test_perplexity"]["mean"] == 18.5 and cpl["valid_perplexity"]["values"] == [19.0, 20.0]
+    assert cpl["overrides"] == {"attention": "coupled", "integrator": "euler"}
+    assert std["minutes"] == 1.5 and cpl["minutes"] == 3.5  # mean train seconds / 60
+    assert [r["seed"] for r in cpl["runs"]] == [0, 1] and cpl["runs"][1]["run_dir"] == str(tmp_path / "coupled" / "seed1")
+    assert "test_word_perplexity" not in std  # only metrics the runs have
+    table = comparison_table(summary).splitlines()
+    assert table[2] == "| standard | 22.00 ± 1.41 | 21.00 ± 1.41 | - | +0.0% | 1,000 | 4,096 | 1.5 |"
+    assert table[3].startswith("| coupled | 19.50 ± 0.71 | 18.50 ± 0.71 | - | -11.9% |")  # 18.5 / 21 - 1
+    assert report.text["results.md"] == comparison_table(summary) + "\n"
+    report.plots["loss_curves.png"](tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,145 @@
+"""The experiment runner: plan order, reuse only with the same settings, resume, time guard, reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+from coupled_qk.experiments.runner import (
+    RESULT_NEUTRAL_FIELDS,
+    PlannedRun,
+    Report,
+    check_reusable,
+    execute,
+    run_experiment,
+    setting_differences,
+    write_report,
+)
+from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.rundir import RunDir
+
+
+def _cfg(tmp_path, name, **kw):
+    return TrainConfig(max_steps=4, out_dir=str(tmp_path / name), **kw)
+
+
+class FakeTrain:
+    """Writes what train() writes at the end (results.json with the config) and records each call."""
+
+    def __init__(self, stop_reason="completed", sleep=0.0, checkpoint=False):
+        self.calls, self.stop_reason, self.sleep, self.checkpoint = [], stop_reason, sleep, checkpoint
+
+    def __call__(self, cfg):
+        self.calls.append(cfg)
+        time.sleep(self.sleep)
+        run = RunDir(cfg.out_dir)
+        results = {"config": cfg.to_dict(), "final": {"valid/loss": float(cfg.seed)}, "steps": cfg.max_steps,
+                   "stop_reason": self.stop_reason}
+        if self.checkpoint:
+            run.path.mkdir(parents=True, exist_ok=True)
+            run.latest_path.write_text("ckpt-00000001\n")
+        run.write_results(results)
+        return results
+
+
+def test_runs_then_reuses_in_plan_order(tmp_path):
+    plan = [PlannedRun(_cfg(tmp_path, f"s{s}", seed=s), f"seed {s}", {"seed": s}) for s in (2, 0, 1)]
+    train = FakeTrain()
+    lines = []
+    records = execute(plan, train_fn=train, log=lines.append)
+    assert [c.seed for c in train.calls] == [2, 0, 1] and all(c.resume is False for c in train.calls)
+    assert [r.status for r in records] == ["ran"] * 3 and [r.keys["seed"] for r in records] == [2, 0, 1]
+    assert [r.final["valid/loss"] for r in records] == [2.0, 0.0, 1.0] and all(r.finished for r in records)
+    assert lines[0] == f"== seed 2 -> {tmp_path / 's2'}"
+    # the same plan again trains nothing; a result-neutral change (device, out_dir moves, ...) still reuses
+    moved = [PlannedRun(dataclasses.replace(r.config, device="cpu", progress=False), r.label, r.keys) for r in plan]
+    again = execute(moved, train_fn=train, log=lines.append)
+    assert len(train.calls) == 3 and [r.status for r in again] == ["reused"] * 3 and again[0].seconds is None
+    assert lines[-1] == f"== seed 1: reusing the finished run in {tmp_path / 's1'}"
+    # any other setting is refused before a single run is trained, naming the field and both values
+    changed = [PlannedRun(dataclasses.replace(r.config, lr=5e-3), r.label) for r in plan]
+    with pytest.raises(ValueError, match=r"s2 holds a finished run with different settings \(lr: 0.001 vs 0.005\)"):
+        execute(changed, train_fn=train, log=lines.append)
+    assert len(train.calls) == 3
+
+
+def test_setting_differences_ignore_only_result_neutral_fields(tmp_path):
+    base = _cfg(tmp_path, "a", task_options={"split_seed": 1})
+    saved = base.to_dict()
+    for name in RESULT_NEUTRAL_FIELDS:
+        saved[name] = "something else"
+    saved["task_options"] = {"split_seed": 1, "cache_dir": "/elsewhere"}
+    assert setting_differences(saved, base) == {}
+    saved["task_options"] = {"split_seed": 2}
+    saved["max_steps"] = 5
+    assert setting_differences(saved, base) == {"task_options": ({"split_seed": 2}, {"split_seed": 1}),
+                                                "max_steps": (5, 4)}
+    with pytest.raises(ValueError, match="max_steps: 5 vs 4"):
+        check_reusable(saved, base, "here")
+    assert "max_steps" not in RESULT_NEUTRAL_FIELDS and "seed" not in RESULT_NEUTRAL_FIELDS
+
+
+def test_resume_and_partial_folders(tmp_path):
+    resumable = RunDir(tmp_path / "resumable")
+    resumable.path.mkdir()
+    resumable.latest_path.write_text("ckpt-00000002\n")
+    (resumable / "metrics.jsonl").write_text('{"step": 1}\n')
+    partial = RunDir(tmp_path / "partial")
+    partial.path.mkdir()
+    (partial / "config.json").write_text("{}")
+    (partial / "mine.txt").write_text("user file")
+    train = FakeTrain()
+    execute([PlannedRun(_cfg(tmp_path, "resumable"), "r"), PlannedRun(_cfg(tmp_path, "partial"), "p")],
+            train_fn=train, log=lambda s: None)
+    assert [c.resume for c in train.calls] == [True, False]
+    assert (resumable / "metrics.jsonl").is_file()  # a resumed run keeps its files
+    assert sorted(p.name for p in partial.path.iterdir()) == ["mine.txt", "results.json"]
+    with pytest.raises(ValueError, match="uses a run folder twice"):
+        execute([PlannedRun(_cfg(tmp_path, "x"), "a"), PlannedRun(_cfg(tmp_path, "x"), "b")], train_fn=train)
+
+
+def test_time_guard_interrupts_and_skips(tmp_path):
+    plan = [PlannedRun(_cfg(tmp_path, f"r{i}"), f"r{i}") for i in range(3)]
+    train = FakeTrain(stop_reason="max_minutes", sleep=1.3, checkpoint=True)
+    lines = []
+    records = execute(plan, train_fn=train, log=lines.append, max_minutes=0.02, describe=lambda r: r.status)
+    assert [r.status for r in records] == ["interrupted", "skipped", "skipped"]
+    assert 0 < train.calls[0].max_minutes <= 0.02 and records[1].results == {} and records[1].seconds == 0.0
+    first = RunDir(tmp_path / "r0")
+    assert not first.is_finished() and first.interrupted_results_path.is_file() and first.has_checkpoint()
+    assert lines[-2:] == ["== r2: skipped (--max-minutes 0.02 reached)", "skipped"]
+    # the next invocation resumes the interrupted run, with the time it already trained added to its budget
+    (first.path / "ckpt-00000002").mkdir()
+    first.latest_path.write_text("ckpt-00000002\n")
+    (first.path / "ckpt-00000002" / "state.json").write_text(json.dumps({"train_seconds": 60.0}))
+    train2 = FakeTrain(stop_reason="completed")
+    records = execute(plan[:1], train_fn=train2, log=lines.append, max_minutes=0.5)
+    assert records[0].status == "ran" and train2.calls[0].resume is True
+    assert 1.0 < train2.calls[0].max_minutes <= 1.5  # 1 minute already trained + at most 0.5 left
+    with pytest.raises(ValueError, match="max_minutes=0"):
+        execute(plan, train_fn=train2, max_minutes=0)
+
+
+def test_reports_are_written_and_a_missing_plot_library_keeps_the_numbers(tmp_path):
+    def broken(path):
+        raise ImportError("no matplotlib here")
+
+    lines = []
+    written = write_report(tmp_path / "out", Report(json={"a.json": {"x": 1}}, text={"a.md": "| t |\n"},
+                                                    plots={"a.png": broken}), lines.append)
+    assert [p.name for p in written] == ["a.json", "a.md"]
+    assert json.loads((tmp_path / "out" / "a.json").read_text()) == {"x": 1}
+    assert lines == ["plot a.png skipped: no matplotlib here"]
+
+    plan = [PlannedRun(_cfg(tmp_path, f"s{s}", seed=s), f"s{s}", {"seed": s}) for s in (0, 1)]
+
+    def analyze(records, wall):
+        assert wall >= 0
+        return Report(json={"summary.json": {"losses": [r.final["valid/loss"] for r in records]}})
+
+    records, report = run_experiment(plan, analyze, tmp_path / "exp", train_fn=FakeTrain(), log=lambda s: None)
+    assert json.loads((tmp_path / "exp" / "summary.json").read_text()) == {"losses": [0.0, 1.0]}
+    assert report.json["summary.json"]["losses"] == [0.0, 1.0] and len(records) == 2

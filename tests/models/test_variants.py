@@ -1,0 +1,192 @@
+"""The variant registry: the map x scoring grid, nested map options, typed coercion, flat spellings, old
+configs, and a worked example that adds a toy variant through the registry only and trains it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from coupled_qk import GPT, GPTConfig, QKMap
+from coupled_qk.models import variants
+from coupled_qk.models.config import parse_overrides
+from coupled_qk.models.variants import (
+    ATTENTIONS,
+    DynamicsOptions,
+    MapOptions,
+    QueryMLPOptions,
+    register_qk_map,
+    variant_overrides,
+)
+
+SMALL = dict(vocab_size=50, block_size=16, n_layer=2, d_model=32, n_heads=4)
+
+
+def test_grid_is_every_map_with_every_scoring():
+    cells = {(a.qk_map.name if a.qk_map else None, a.scoring): name for name, a in ATTENTIONS.items()}
+    maps = [None, *variants.QK_MAPS]
+    assert set(cells) == {(m, s) for m in maps for s in ("standard", "differential")}
+    assert cells[("dynamics", "differential")] == "coupled_differential"
+    assert cells[("query_mlp", "standard")] == "uncoupled_mlp"
+    cfg = GPTConfig(**SMALL, attention="uncoupled_mlp_differential", dt_init=0.2)  # the new grid cell builds
+    attn = GPT(cfg).blocks[0].attn
+    assert attn.scoring == "differential" and type(attn.qk_map).__name__ == "QueryMLP"
+    assert torch.equal(attn.qk_map.dt, torch.full((4,), 0.2))
+
+
+@pytest.mark.parametrize("attention", ["standard", "differential"])
+@pytest.mark.parametrize("option", [dict(integrator="leapfrog"), dict(n_steps=3), dict(force="gradient"),
+                                    dict(dt_init=0.2), dict(dynamics_hidden=8), dict(shared_across_heads=False)])
+def test_map_options_without_a_map_are_errors(attention, option):
+    (name,) = option
+    with pytest.raises(ValueError, match=rf"\['{name}'\] do not apply to attention='{attention}'"):
+        GPTConfig(**SMALL, attention=attention, **option)
+    with pytest.raises(ValueError, match=name):
+        GPTConfig.from_preset("tiny", attention=attention, **option)
+
+
+@pytest.mark.parametrize("option", [dict(integrator="leapfrog"), dict(n_steps=3), dict(force="gradient")])
+def test_dynamics_options_are_errors_for_the_query_mlp(option):
+    (name,) = option
+    with pytest.raises(ValueError, match=rf"\['{name}'\] do not apply to attention='uncoupled_mlp'.*'query_mlp'"):
+        GPTConfig(**SMALL, attention="uncoupled_mlp", **option)
+    with pytest.raises(ValueError, match=name):
+        GPTConfig(**SMALL, attention="uncoupled_mlp", qk_map=option)
+
+
+def test_flat_spellings_route_into_the_nested_config():
+    cfg = GPTConfig(**SMALL, attention="coupled", integrator="leapfrog", n_steps=2, dynamics_hidden=8)
+    assert cfg.qk_map == DynamicsOptions(integrator="leapfrog", n_steps=2, hidden=8)
+    assert cfg.to_dict()["qk_map"] == dict(integrator="leapfrog", n_steps=2, hidden=8, dt_init=0.1,
+                                           shared_across_heads=True, force="mlp")
+    assert GPTConfig.from_dict(cfg.to_dict()) == cfg
+    assert not hasattr(cfg, "integrator")  # flat names are spellings, not attributes
+    assert GPTConfig(**SMALL).qk_map is None
+    assert GPTConfig(**SMALL, attention="uncoupled_mlp").qk_map == QueryMLPOptions()
+    assert variant_overrides("coupled+n_steps=3") == {"attention": "coupled", "integrator": "euler", "n_steps": 3}
+    with pytest.raises(ValueError, match="n_steps"):
+        GPTConfig(**SMALL, **variant_overrides("standard+n_steps=3"))
+
+
+def test_replace_keeps_or_drops_map_options():
+    cfg = GPTConfig(**SMALL, attention="coupled", n_steps=2)
+    assert cfg.replace(attention="coupled_differential").qk_map.n_steps == 2  # same map: kept
+    assert cfg.replace(attention="standard").qk_map is None
+    assert cfg.replace(attention="uncoupled_mlp").qk_map == QueryMLPOptions()
+    assert cfg.replace(n_layer=3, integrator="leapfrog").qk_map == DynamicsOptions(n_steps=2, integrator="leapfrog")
+
+
+def test_fields_are_coerced_to_their_declared_types():
+    cfg = GPTConfig(**{**SMALL, "n_layer": "3"}, attention="coupled", use_mlp="False", dropout="0.25",
+                    shared_across_heads="false", n_steps="2", dynamics_hidden="none", dt_init="0")
+    assert cfg.n_layer == 3 and cfg.use_mlp is False and cfg.dropout == 0.25
+    assert cfg.qk_map == DynamicsOptions(shared_across_heads=False, n_steps=2, hidden=None, dt_init=0.0)
+    assert isinstance(cfg.qk_map.dt_init, float)
+    assert GPT(cfg).blocks[0].mlp is None and GPT(cfg).blocks[0].attn.qk_map.force.n_heads == 4
+    for bad, match in [(dict(use_mlp="maybe"), "use_mlp"), (dict(n_layer="2.5"), "n_layer"),
+                       (dict(dropout="fast"), "dropout"), (dict(attention="coupled", n_steps="x"), "n_steps"),
+                       (dict(attention="coupled", dt_init="nan"), "dt_init"), (dict(rope_base=-1.0), "rope_base"),
+                       (dict(attention="coupled", qk_map="leapfrog"), "qk_map")]:
+        with pytest.raises(ValueError, match=match):
+            GPTConfig(**{**SMALL, **bad})
+
+
+def test_parse_overrides_is_typed():
+    assert parse_overrides(["use_mlp=False", "n_layer=6", "dt_init=0", "dynamics-hidden=none", "position=learned"]) \
+        == {"use_mlp": False, "n_layer": 6, "dt_init": 0.0, "dynamics_hidden": None, "position": "learned"}
+    with pytest.raises(ValueError, match=r"--set n_head=3: unknown GPTConfig field\(s\) \['n_head'\]"):
+        parse_overrides(["n_head=3"])
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        parse_overrides(["n_layer"])
+    with pytest.raises(ValueError, match="n_layer"):
+        parse_overrides(["n_layer=two"])
+
+
+def test_old_saved_configs_load(tmp_path):
+    """config.json written before GPTConfig.qk_map: every dynamics option flat, plus ``extra``."""
+    old = dict(SMALL, n_kv_heads=4, d_head=8, d_ff=128, use_mlp=True, attention="standard", integrator="euler",
+               n_steps=1, dynamics_hidden=None, dt_init=0.1, shared_across_heads=True, force="mlp",
+               position="rope", dynamics_position="pre_rope", rope_base=10000.0, dropout=0.0, attn_impl="sdpa",
+               extra={})
+    path = tmp_path / "model_config.json"
+    path.write_text(json.dumps(old))
+    assert GPTConfig.load(path) == GPTConfig(**SMALL)
+    path.write_text(json.dumps(dict(old, attention="uncoupled_mlp", dt_init=0.3)))
+    assert GPTConfig.load(path).qk_map == QueryMLPOptions(dt_init=0.3)
+    path.write_text(json.dumps(dict(old, attention="coupled", integrator="leapfrog", n_steps=2)))
+    assert GPTConfig.load(path).qk_map == DynamicsOptions(integrator="leapfrog", n_steps=2)
+    path.write_text(json.dumps(dict(old, integrator="leapfrog")))  # an option the old code silently ignored
+    with pytest.raises(ValueError, match="integrator.*attention='standard'"):
+        GPTConfig.load(path)
+
+
+def test_registering_a_taken_name_fails():
+    with pytest.raises(ValueError, match="already registered"):
+        register_qk_map("dynamics", "other", QKMap, DynamicsOptions)
+    with pytest.raises(ValueError, match="coupled"):
+        register_qk_map("other", "coupled", QKMap, DynamicsOptions)
+    with pytest.raises(ValueError, match="MapOptions"):
+        register_qk_map("other", "other", QKMap, dict)
+
+
+# -- worked example (docs/DESIGN.md): a new query-key map added through the registry only -------------------
+
+
+class ScaledKeys(QKMap):
+    """Toy map ``(q, k) -> (q, s k)`` with a fixed scale ``s``; keys stay per key/value head."""
+
+    keys_per_query_head = False
+
+    def __init__(self, d_head: int, n_heads: int, scale: float = 2.0):
+        super().__init__()
+        self.scale, self.dt = scale, None
+
+    def forward(self, q, k):
+        return q, self.scale * k
+
+
+@dataclasses.dataclass
+class ScaledKeysOptions(MapOptions):
+    scale: float = 2.0
+
+
+@pytest.fixture
+def scaled_key_variant():
+    saved = dict(variants.QK_MAPS), dict(variants.ATTENTIONS)
+    register_qk_map("scaled_key", "scaled_key", ScaledKeys, ScaledKeysOptions)
+    yield
+    variants.QK_MAPS.clear(), variants.QK_MAPS.update(saved[0])
+    variants.ATTENTIONS.clear(), variants.ATTENTIONS.update(saved[1])
+
+
+def test_worked_example_registers_a_toy_variant_and_trains_it(scaled_key_variant, tiny_cfg):
+    from coupled_qk.training.loop import train
+
+    assert {"scaled_key", "scaled_key_differential"} <= set(ATTENTIONS)
+    torch.manual_seed(0)
+    std = GPT(GPTConfig(**SMALL)).eval()
+    idx = torch.randint(0, 50, (2, 12))
+    for scale, same in [(1.0, True), (2.0, False)]:
+        toy = GPT(GPTConfig(**SMALL, attention="scaled_key", qk_map={"scale": scale})).eval()
+        toy.load_state_dict(std.state_dict())
+        with torch.no_grad():
+            assert torch.equal(toy(idx), std(idx)) == same
+    # q . (s k) = (s q) . k: the toy equals standard attention with queries scaled by s
+    toy = GPT(GPTConfig(**SMALL, attention="scaled_key", qk_map={"scale": 2.0})).eval()
+    toy.load_state_dict(std.state_dict())
+    with torch.no_grad():
+        for block in std.blocks:
+            block.attn.qkv.weight[: 4 * 8] *= 2.0
+        torch.testing.assert_close(toy(idx), std(idx), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"\['n_steps'\] do not apply to attention='scaled_key'"):
+        GPTConfig(**SMALL, attention="scaled_key", n_steps=2)
+
+    cfg = tiny_cfg(model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16, attention="scaled_key",
+                              qk_map={"scale": "0.5"}), max_steps=3, eval_interval=3)
+    results = train(cfg)
+    assert results["steps"] == 3 and torch.isfinite(torch.tensor(results["final"]["valid/loss"]))
+    saved = GPTConfig.load(next(Path(cfg.out_dir).rglob("model_config.json")))
+    assert saved.attention == "scaled_key" and saved.qk_map == ScaledKeysOptions(scale=0.5)
