@@ -16,7 +16,7 @@ from pathlib import Path
 from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims import CLAIMS, PRIMARY, NotReady, Records, c11
 from coupled_qk.experiments.protocols import SCAN_FACTORS, Protocol
-from coupled_qk.training.checkpoint import write_text_atomic
+from coupled_qk.io import write_text_atomic
 
 ALPHA = 0.05
 

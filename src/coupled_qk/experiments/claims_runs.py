@@ -18,13 +18,13 @@ from pathlib import Path
 
 from coupled_qk.experiments.heldout import heldout_corpus, wikitext2_eval
 from coupled_qk.experiments.protocols import Cell
-from coupled_qk.training.checkpoint import write_text_atomic
-from coupled_qk.training.config import TrainConfig
-from coupled_qk.variants import variant_overrides
+from coupled_qk.experiments.runner import PlannedRun, setting_differences
+from coupled_qk.experiments.runner import execute as execute_plan
+from coupled_qk.io import write_text_atomic
+from coupled_qk.models.variants import variant_overrides
+from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig
 
 RECORD_VERSION = 1
-# settings that do not change what a run computes (where files live, logging, runtime)
-NEUTRAL_FIELDS = ("out_dir", "data_dir", "cache_dir", "resume", "progress", "tensorboard", "device", "compile")
 
 
 def variant_tag(spec: str) -> str:
@@ -42,37 +42,43 @@ def train_config(cell: Cell, variant: str, seed: int, run_dir: Path, data_dir: P
 
     For ``lm`` cells: the cell's base with the variant's model overrides; ``data_dir`` is the folder holding
     the held-out wiki-vital split for ``heldout`` cells. For ``mqar`` cells: the MQAR sweep's configuration
-    (:func:`coupled_qk.mqar_sweep.run_config`) of the cell's point, with this seed.
+    (:func:`coupled_qk.experiments.mqar_sweep.run_config`) of the cell's point, with this seed.
     """
     if cell.mqar is not None:
-        from coupled_qk.mqar_sweep import get_preset, run_config
+        from coupled_qk.experiments.mqar_presets import get_preset
+        from coupled_qk.experiments.mqar_sweep import run_config
 
         preset = get_preset(cell.mqar["preset"])
         diff = {d.name: d for d in preset.difficulties}[cell.mqar["difficulty"]]
         cfg = run_config(preset, diff, variant, cell.mqar["d_model"], cell.mqar["lr"], run_dir)
         extra = {"max_steps": cell.mqar["max_steps"]} if "max_steps" in cell.mqar else {}
-        return dataclasses.replace(cfg, seed=seed, out_dir=str(run_dir), resume=True, **extra)
+        return dataclasses.replace(cfg, seed=seed, out_dir=str(run_dir), **extra)
     base = dict(cell.base)
     model = {**base.pop("model", {}), **variant_overrides(variant)}
     return TrainConfig(**base, model=model, seed=seed, out_dir=str(run_dir), data_dir=str(data_dir) if data_dir else None,
-                       resume=True, tensorboard=False, progress=False)
+                       tensorboard=False, progress=False)
+
+
+def settings_of(cfg: TrainConfig) -> dict:
+    """The settings that change results (``TrainConfig`` minus ``RESULT_NEUTRAL_FIELDS``), as stored in records."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in RESULT_NEUTRAL_FIELDS}
 
 
 def fingerprint(cfg: TrainConfig) -> str:
-    """sha256 (16 hex digits) of the run's settings, ignoring :data:`NEUTRAL_FIELDS`."""
-    settings = {k: v for k, v in cfg.to_dict().items() if k not in NEUTRAL_FIELDS}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    """sha256 (16 hex digits) of :func:`settings_of`, for reading records at a glance."""
+    return hashlib.sha256(json.dumps(settings_of(cfg), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_record(path: Path, expected: str | None = None) -> dict | None:
-    """The record at ``path`` if it exists, parses and (when given) has fingerprint ``expected``; else None."""
+def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
+    """The record at ``path`` if it exists, parses and (when ``planned`` is given) was made with the same
+    settings (:func:`coupled_qk.experiments.runner.setting_differences` of its stored config); else None."""
     if not path.is_file():
         return None
     try:
         rec = json.loads(path.read_text())
     except json.JSONDecodeError:
         return None
-    if expected is not None and rec.get("fingerprint") != expected:
+    if planned is not None and setting_differences(rec.get("config", {}), planned):
         return None
     return rec
 
@@ -109,7 +115,7 @@ def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> di
     (up to) 8 non-overlapping windows of (up to) 128 tokens of the held-out validation split."""
     import torch
 
-    from coupled_qk.analysis.analyze import analyze_model
+    from coupled_qk.analysis.capture import analyze_model
     from coupled_qk.data.corpora import load_corpus
     from coupled_qk.data.tokenizers import Tokenizer
     from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
@@ -137,28 +143,25 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
     run_dir = Path(run_root) / protocol / cell.name / variant_tag(variant) / f"seed{seed}"
     corpus_dir = heldout_corpus(data_dir, cache_root).parent if cell.heldout else data_dir
     cfg = train_config(cell, variant, seed, run_dir, corpus_dir if cell.mqar is None else None)
-    fp = fingerprint(cfg)
     path = record_path(out_dir, protocol, cell.name, variant, seed)
-    rec = load_record(path, fp)
+    rec = load_record(path, cfg)
     if rec is not None:
         return rec
     if path.is_file():
         print(f"claims: {path} was made with other settings; running again", flush=True)
-    done = run_dir / "results.json"
-    if done.is_file() and fingerprint(TrainConfig.from_dict(json.loads(done.read_text())["config"])) != fp:
-        raise ValueError(f"{run_dir} holds a finished run with other settings; delete it or choose another run root")
-    from coupled_qk.training.loop import read_metrics, train
+    from coupled_qk.training.loop import read_metrics
 
     t0 = time.perf_counter()
-    results = json.loads(done.read_text()) if done.is_file() else train(cfg)
+    # the shared runner reuses a finished run folder (same settings), resumes an unfinished one, or trains
+    (outcome,) = execute_plan([PlannedRun(cfg, f"{cell.name} {variant} seed {seed}", {"cell": cell.name})])
+    results = outcome.results
     final = dict(results["final"])
     if cell.heldout and not defer_wt2:
         final.update(wikitext2_eval(run_dir, data_dir))
     diagnostics = _diagnostics(run_dir, corpus_dir, cfg) if cfg.task == "lm" else {}
-    settings = {k: v for k, v in cfg.to_dict().items() if k not in NEUTRAL_FIELDS}
     rec = {
         "version": RECORD_VERSION, "protocol": protocol, "cell": cell.name, "variant": variant, "seed": seed,
-        "fingerprint": fp, "config": settings, "params": results["params"], "tokens": results["tokens"],
+        "fingerprint": fingerprint(cfg), "config": settings_of(cfg), "params": results["params"], "tokens": results["tokens"],
         "steps": results["steps"], "train_seconds": results["train_seconds"],
         "wall_seconds": time.perf_counter() - t0, "stop_reason": results["stop_reason"], "final": final,
         "diagnostics": diagnostics, "curve": compact_curve(read_metrics(run_dir)), "data": results.get("data"),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from coupled_qk._checks import finite, nonneg_int
 from coupled_qk.data.corpora import random_split, read_text
-from coupled_qk.training.checkpoint import write_text_atomic
+from coupled_qk.io import write_text_atomic
 
 _ARTICLE = re.compile(r"^ = [^=].* = $", re.M)
 HELDOUT_NAME = "wiki-vital-heldout"
@@ -78,7 +78,7 @@ def wikitext2_eval(run_dir: str | Path, data_dir: str | Path | None = None, batc
     Raises:
         FileNotFoundError: no checkpoint/tokenizer in ``run_dir`` or no WikiText-2 files under ``data_dir``.
     """
-    from coupled_qk.commands.eval import evaluate_checkpoint
+    from coupled_qk.training.evaluate import evaluate_checkpoint
 
     res = evaluate_checkpoint(run_dir, corpus="wiki-vital", data_dir=data_dir, batch_size=batch_size, device="cpu")
     out = {}
