@@ -57,3 +57,27 @@ def test_split_articles_and_heldout_corpus(tmp_path):
     stamp = (out / "source.txt").read_text()
     assert heldout_corpus(data, tmp_path / "derived", seed=0, fraction=0.05) == out
     assert (out / "source.txt").read_text() == stamp
+
+
+def test_c11_reads_the_glue_results(tmp_path):
+    from coupled_qk.experiments.claims import NotReady, Records, c11
+
+    rec = Records(get_protocol("cpu-short"), {})
+    with pytest.raises(NotReady, match="GLUE"):
+        c11(rec, tmp_path / "missing.json")
+    rows = [{"task": t, "variant": v, "seed": s, "score": base + (gain if v == "coupled" else 0.0) + 0.01 * s}
+            for t, base, gain in (("sst2", 0.80, 0.0), ("rte", 0.55, 0.001)) for v in ("standard", "coupled")
+            for s in range(3)]
+    path = tmp_path / "glue.json"
+    import json
+
+    path.write_text(json.dumps({"runs": rows}))
+    row = c11(rec, path)
+    # sst2: identical scores (difference 0 in every seed); rte: +0.001 in every seed -> a significant gain
+    assert row["details"]["per_task"]["sst2"]["mean"] == pytest.approx(0.0)
+    assert row["verdict"] == "contradicted" and row["details"]["significant_gain_tasks"] == ["rte"]
+    for r in rows:
+        if r["task"] == "rte" and r["variant"] == "coupled":
+            r["score"] -= 0.001 - 0.002 * (r["seed"] == 0)  # gains +0.002, 0, 0: not significant
+    path.write_text(json.dumps(rows))
+    assert c11(rec, path)["verdict"] == "reproduced"
