@@ -58,10 +58,12 @@ def test_report_structure(smoke):
     assert rec["diagnostics"]["effective_rank"] > 0 and rec["diagnostics"]["windows"] == 8 and rec["curve"]["valid"]
 
 
-def _scale(out, cell, variant, factor, key="test/perplexity"):
+def _set_relative(out, cell, variant, reference, factor, key="test/perplexity"):
+    """Set ``variant``'s metric to ``factor`` times ``reference``'s in every seed (same cell)."""
     for path in (out / "runs" / "smoke" / cell / variant).glob("seed*.json"):
         rec = json.loads(path.read_text())
-        rec["final"][key] *= factor
+        ref = json.loads((out / "runs" / "smoke" / cell / reference / path.name).read_text())
+        rec["final"][key] = ref["final"][key] * factor
         path.write_text(json.dumps(rec))
 
 
@@ -71,12 +73,16 @@ def test_verdicts_follow_the_numbers(smoke, tmp_path):
     shutil.copytree(smoke, out)
     protocol = get_protocol("smoke")
     # coupled 30% better than standard in every seed: C1 reproduced; 30% worse: contradicted
-    _scale(out, "wv-tiny", "coupled", 0.7)
+    before = {r["id"]: r for r in build_report(protocol, out)["rows"]}
+    _set_relative(out, "wv-tiny", "coupled", "standard", 0.7)
     rows = {r["id"]: r for r in build_report(protocol, out)["rows"]}
-    assert rows["C1"]["verdict"] == "reproduced" and rows["C1"]["high"] < 0
-    _scale(out, "wv-tiny", "coupled", 1.3 / 0.7)
+    assert rows["C1"]["verdict"] == "reproduced" and rows["C1"]["mean"] == pytest.approx(-30.0)
+    _set_relative(out, "wv-tiny", "coupled", "standard", 1.3)
     rows = {r["id"]: r for r in build_report(protocol, out)["rows"]}
-    assert rows["C1"]["verdict"] == "contradicted" and rows["C1"]["low"] > 0
+    assert rows["C1"]["verdict"] == "contradicted" and rows["C1"]["mean"] == pytest.approx(30.0)
+    assert rows["C1"]["mean"] != before["C1"]["mean"]
+    # the same change moves C3 (coupled vs uncoupled) but not C9 (another cell)
+    assert rows["C3"]["mean"] != before["C3"]["mean"] and rows["C9"]["mean"] == before["C9"]["mean"]
     # leapfrog equal to Euler in every seed: C2 (equivalence) reproduced
     for path in (out / "runs" / "smoke" / "wv-tiny-leapfrog" / "coupled_leapfrog").glob("seed*.json"):
         rec = json.loads(path.read_text())

@@ -141,7 +141,7 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
     evaluation of held-out cells for :func:`complete_wt2` and marks the record ``"wt2_pending": true``.
     """
     run_dir = Path(run_root) / protocol / cell.name / variant_tag(variant) / f"seed{seed}"
-    corpus_dir = heldout_corpus(data_dir, cache_root).parent if cell.heldout else data_dir
+    corpus_dir = Path(cache_root) if cell.heldout else Path(data_dir)  # heldout_corpus writes into cache_root
     cfg = train_config(cell, variant, seed, run_dir, corpus_dir if cell.mqar is None else None)
     path = record_path(out_dir, protocol, cell.name, variant, seed)
     rec = load_record(path, cfg)
@@ -149,6 +149,8 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
         return rec
     if path.is_file():
         print(f"claims: {path} was made with other settings; running again", flush=True)
+    if cell.heldout:
+        heldout_corpus(data_dir, cache_root)
     from coupled_qk.training.loop import read_metrics
 
     t0 = time.perf_counter()
