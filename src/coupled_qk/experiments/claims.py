@@ -143,11 +143,12 @@ def _ppl_change(rec: Records, a: tuple[str, str], b: tuple[str, str], expect: st
     r = stats.paired_difference(va, vb, relative=True)
     details = {"a": f"{a[1]} ({a[0]})", "b": f"{b[1]} ({b[0]})", "a_ppl": stats.mean_ci(va),
                "b_ppl": stats.mean_ci(vb), "per_seed_percent": r["differences"]}
-    try:
-        _, oa, ob = rec.pairs(a, b, OOD)
-        details["wikitext2_test_percent"] = stats.paired_difference(oa, ob, relative=True)
-    except NotReady:
-        details["wikitext2_test_percent"] = "pending"
+    if rec.protocol.cell(a[0]).heldout and rec.protocol.cell(b[0]).heldout:
+        try:
+            _, oa, ob = rec.pairs(a, b, OOD)
+            details["wikitext2_test_percent"] = stats.paired_difference(oa, ob, relative=True)
+        except NotReady:
+            details["wikitext2_test_percent"] = "pending (WikiText-2 evaluation not finished)"
     runs = rec.runs(a[0], b[0])
     return _row(label, r, direction_verdict(r["low"], r["high"], expect), runs, **details)
 

@@ -146,7 +146,7 @@ CPU_CELLS = (
 
 SCAN_FACTORS = (
     # (label, cell of the coupled run, coupled variant, cell of the standard run)
-    ("baseline (tiny, d_head 32, dt 0.1, hidden 32, 1M tokens, bpe-8192)", "wv-tiny", "coupled", "wv-tiny"),
+    ("baseline (the wv-tiny cell: d_head 32, dt_init 0.1, hidden 32, bpe-8192)", "wv-tiny", "coupled", "wv-tiny"),
     ("d_head 64 (2 heads)", "scan-dhead64", "coupled", "scan-dhead64"),
     ("dt_init 0.5", "scan-dt0.5", "coupled+dt_init=0.5", "wv-tiny"),
     ("force hidden 128", "scan-hidden128", "coupled+dynamics_hidden=128", "wv-tiny"),
