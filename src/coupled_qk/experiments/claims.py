@@ -72,18 +72,24 @@ class Records:
                     out[s] = float(value)
         return out
 
-    def need(self, *cells: str) -> None:
-        """Raise :class:`NotReady` naming what is missing unless every run of ``cells`` has a record."""
+    def need(self, *items) -> None:
+        """Raise :class:`NotReady` naming what is missing unless every run of ``items`` has a record.
+
+        An item is a cell name (all its variants) or a ``(cell, variant)`` pair (that variant's seeds only).
+        """
         if self.partial:
             return
         missing, minutes = 0, 0.0
         total = 0
-        cells = tuple(dict.fromkeys(cells))
-        for name in cells:
+        wanted = [(i, None) if isinstance(i, str) else tuple(i) for i in items]
+        cells = tuple(dict.fromkeys(name for name, _ in wanted))
+        for name, only in dict.fromkeys(wanted):
             if not self.protocol.has_cell(name):
                 raise NotReady(f"protocol {self.protocol.name!r} has no cell {name!r}")
             cell = self.protocol.cell(name)
             for v, s in cell.units():
+                if only is not None and v != only:
+                    continue
                 total += 1
                 if (name, v, s) not in self.by_key:
                     missing += 1
@@ -138,7 +144,7 @@ def _row(effect: str, r: dict, verdict: str, runs: list[dict], **details) -> dic
 
 def _ppl_change(rec: Records, a: tuple[str, str], b: tuple[str, str], expect: str, label: str) -> dict:
     """Paired % change of ``b`` vs ``a`` in held-out test perplexity, with WikiText-2's next to it."""
-    rec.need(a[0], b[0])
+    rec.need(a, b)
     _, va, vb = rec.pairs(a, b)
     r = stats.paired_difference(va, vb, relative=True)
     details = {"a": f"{a[1]} ({a[0]})", "b": f"{b[1]} ({b[0]})", "a_ppl": stats.mean_ci(va),
@@ -159,7 +165,7 @@ def c1(rec):
 
 
 def c2(rec):
-    rec.need("wv-tiny", "wv-tiny-leapfrog")
+    rec.need(("wv-tiny", "coupled"), "wv-tiny-leapfrog")
     _, va, vb = rec.pairs(("wv-tiny", "coupled"), ("wv-tiny-leapfrog", "coupled_leapfrog"))
     r = stats.paired_difference(va, vb, relative=True)
     return _row(f"held-out test ppl, leapfrog vs Euler, % (equivalent if the CI is inside +-{EQUIVALENCE_MARGIN}%)",
@@ -173,7 +179,7 @@ def c3(rec):
 
 
 def c4(rec):
-    rec.need("wv-tiny")
+    rec.need(("wv-tiny", "coupled"), ("wv-tiny", "uncoupled_mlp"))
     unc, cou = rec.values("wv-tiny", "uncoupled_mlp"), rec.values("wv-tiny", "coupled")
     if min(len(unc), len(cou)) < rec.min_seeds:
         raise NotReady("too few seeds for a variance ratio")
@@ -186,7 +192,7 @@ def c4(rec):
 
 
 def c5(rec):
-    rec.need("wv-tiny", "wv-tiny-steps")
+    rec.need(("wv-tiny", "coupled"), "wv-tiny-steps")
     per, verdicts = {}, []
     for variant in rec.protocol.cell("wv-tiny-steps").variants:
         _, va, vb = rec.pairs(("wv-tiny", "coupled"), ("wv-tiny-steps", variant))
@@ -202,7 +208,7 @@ def c5(rec):
 
 
 def c6(rec):
-    rec.need("wv-tiny", "wv-tiny-2x")
+    rec.need(("wv-tiny", "standard"), ("wv-tiny", "coupled"), ("wv-tiny-2x", "standard"))
     ratios, censored, matched = [], 0, []
     seeds = sorted(set(rec.values("wv-tiny", "coupled")) & set(rec.values("wv-tiny-2x", "standard"))
                    & set(rec.values("wv-tiny", "standard")))
@@ -238,7 +244,7 @@ def c7(rec):
 
 
 def c8(rec):
-    rec.need("wv-tiny", "wv-small")
+    rec.need(("wv-tiny", "standard"), ("wv-tiny", "coupled"), "wv-small")
     _, cs, dd = rec.pairs(("wv-small", "coupled"), ("wv-small", "differential"))
     diff = stats.paired_difference(cs, dd, relative=True)
     tiny_seeds, ts, tc = rec.pairs(("wv-tiny", "standard"), ("wv-tiny", "coupled"))
@@ -328,7 +334,7 @@ def c12(rec):
 
 
 def c13(rec):
-    rec.need("wv-tiny")
+    rec.need(("wv-tiny", "standard"), ("wv-tiny", "coupled"))
     m = "diagnostics/effective_rank"
     _, vs, vc = rec.pairs(("wv-tiny", "standard"), ("wv-tiny", "coupled"), m)
     r = stats.paired_difference(vs, vc)
