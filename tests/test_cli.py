@@ -94,3 +94,22 @@ def test_bad_variant_specs(spec, match):
 
     with pytest.raises(ValueError, match=match):
         parse_variants(spec)
+
+
+@pytest.mark.parametrize("command", ["demo", "compare"])
+@pytest.mark.parametrize("flag, value", [("--attention", "differential"), ("--integrator", "leapfrog"),
+                                         ("--n-steps", "3")])
+def test_variant_commands_refuse_flags_they_would_ignore(command, flag, value, tmp_path, capsys):
+    assert main([command, flag, value, "--out-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"{command} trains the variants named by --variants, so {flag}" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_split_flags_reach_task_options(capsys):
+    assert main(["train", "--print-config", "--valid-fraction", "0.05", "--min-split-words", "2000",
+                 "--opt", 'task_options={"split_seed": 4}']) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["task_options"] == {"split_seed": 4, "valid_fraction": 0.05, "min_split_words": 2000}
+    assert main(["train", "--print-config", "--min-split-words", "many"]) == 2
+    assert "--min-split-words: invalid int value" in capsys.readouterr().err

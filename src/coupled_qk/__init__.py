@@ -13,6 +13,16 @@ __version__ = "0.1.0"
 ATTENTION_VARIANTS = tuple(ATTENTIONS)
 """Names of the attentions registered at import (see :data:`coupled_qk.models.variants.ATTENTIONS`)."""
 
+
+def __getattr__(name: str):
+    """Lazy exports that would otherwise import the data and training layers with the package."""
+    if name in ("load_run", "LoadedRun"):
+        from coupled_qk.training import pretrained
+
+        return getattr(pretrained, name)
+    raise AttributeError(f"module 'coupled_qk' has no attribute {name!r}")
+
+
 __all__ = [
     "ATTENTIONS",
     "ATTENTION_VARIANTS",
@@ -25,12 +35,14 @@ __all__ = [
     "GPTConfig",
     "GradientForce",
     "KVCache",
+    "LoadedRun",
     "MLPForce",
     "QKDynamics",
     "QKMap",
     "QueryMLP",
     "coupling_parameter_overhead",
     "integrate_qk",
+    "load_run",
     "register_qk_map",
     "register_variant",
 ]

@@ -2,6 +2,11 @@
 
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``; modules
 are imported only when their command runs, so ``coupled-qk --help`` stays fast.
+
+Exit codes: 0 success; 2 a user error (bad option or value, missing or damaged file, a refused resume, a
+folder in use), reported in one line naming the file, field or value (``--debug`` shows the traceback);
+3 training became non-finite; 130 / 143 stopped by ``SIGINT`` / ``SIGTERM`` (after saving a checkpoint when
+training). Internal errors keep their traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 COMMANDS = {
     "describe": "parameter counts and coupling overhead of a model",
@@ -18,16 +24,25 @@ COMMANDS = {
     "compare": "train several attention variants with the same data and budget, then compare",
     "demo": "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes",
     "mqar": "multi-query associative recall (Zoology) sweep over attention variants",
+    "generate": "sample text from a trained run (its own tokenizer, KV-cache decoding)",
     "analyze": "attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints",
     "claims": "run a claims protocol (C1-C13 with seeds and confidence intervals) and regenerate its report",
 }
 
+EXIT_USAGE, EXIT_DIVERGED = 2, 3
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (not the whole usage block) and exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; with ``command`` only that sub-command's arguments are registered."""
-    parser = argparse.ArgumentParser(
-        prog="coupled-qk", description="Coupled query-key dynamics attention (arXiv:2604.01683v1): tools."
-    )
+    parser = Parser(prog="coupled-qk", description="Coupled query-key dynamics attention (arXiv:2604.01683v1): tools.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of user errors too")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -37,22 +52,57 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _say(command: str, message: str) -> None:
+    print(f"coupled-qk {command}: {message}", file=sys.stderr, flush=True)
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings for users read as one line, without the library's source line."""
+    return f"coupled-qk: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``coupled-qk`` command; returns the process exit code."""
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in COMMANDS:
         command = None
-    args = build_parser(command).parse_args(argv)
+    try:
+        args = build_parser(command).parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already reported in one line
+        return exc.code if isinstance(exc.code, int) else 0
     if args.command is None:
         build_parser().print_help()
-        return 2
+        return EXIT_USAGE
     module = importlib.import_module(f"coupled_qk.commands.{args.command}")
+    from coupled_qk.progress import set_mode
+    from coupled_qk.training.stop import TrainingDiverged, TrainingInterrupted
+
+    warnings.formatwarning = _one_line_warning
+    if getattr(args, "progress", True) is False:  # --no-progress: no bars and no periodic log lines anywhere
+        set_mode("off")
     try:
         return int(module.run(args) or 0)
+    except TrainingInterrupted as exc:
+        how = ("run the same command with --resume" if args.command == "train" else
+               "run the same command again (finished runs are reused, this one resumes)")
+        _say(args.command, f"{exc}; {how} to continue exactly where it stopped")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        _say(args.command, "interrupted (Ctrl-C)")
+        return 130
+    except TrainingDiverged as exc:
+        if args.debug:
+            raise
+        _say(args.command, f"error: {exc}")
+        return EXIT_DIVERGED
     except (ValueError, OSError) as exc:  # FileNotFoundError, PermissionError, ...: a clear one-line message
-        print(f"coupled-qk {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        if args.debug:
+            raise
+        _say(args.command, f"error: {exc}")
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

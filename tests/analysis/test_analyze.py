@@ -330,3 +330,26 @@ def test_learned_positions_and_gqa_coupled():
     res = analyze_model(model, tokens())
     assert all(len(layer["qk_heads"]["k_update"]) == 4 for layer in res["layers"])
     assert all(v > 0 for layer in res["layers"] for v in layer["qk_heads"]["k_update"])
+
+
+def test_analyze_defaults_to_the_runs_corpus(checkpoints, tmp_path, capsys):
+    from coupled_qk.cli import main
+
+    _, corpus, runs, _ = checkpoints
+    args = ["--n-sequences", "1", "--seq-len", "6", "--no-plots"]
+    assert main(["analyze", str(runs[0]), "--out-dir", str(tmp_path / "a")] + args) == 2
+    assert "--corpus is needed" in capsys.readouterr().err
+    for run in runs:
+        (run / "config.json").write_text(json.dumps({"corpus": str(corpus), "task_options": {"split_seed": 0}}))
+    assert main(["analyze", *map(str, runs), "--out-dir", str(tmp_path / "own")] + args) == 0
+    assert main(["analyze", *map(str, runs), "--corpus", str(corpus), "--out-dir", str(tmp_path / "given")] + args) == 0
+    own, given = (json.loads((tmp_path / d / "analysis.json").read_text()) for d in ("own", "given"))
+    assert own["corpus"] == str(corpus)
+    assert [e["analysis"]["mean"] for e in own["checkpoints"]] == [e["analysis"]["mean"] for e in given["checkpoints"]]
+    (runs[1] / "config.json").write_text(json.dumps({"corpus": "pubmed"}))
+    assert main(["analyze", *map(str, runs), "--out-dir", str(tmp_path / "b")] + args) == 2
+    assert "different corpora" in capsys.readouterr().err
+    assert main(["analyze", str(runs[0]), "--n-sequences", "0"]) == 2
+    assert "--n-sequences=0" in capsys.readouterr().err
+    for run in runs:
+        (run / "config.json").unlink()

@@ -131,7 +131,7 @@ def test_split_documents_rule():
 
 def test_random_split_validation():
     docs = [f"d{i}" for i in range(10)]
-    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x")
+    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=0)
     assert (len(train), len(valid), len(test)) == (8, 1, 1)
     assert sorted(train + valid + test) == sorted(docs)
     with pytest.raises(ValueError, match="valid_fraction=1.5"):
@@ -169,8 +169,10 @@ def test_wikitext_release_layout(tmp_path, name, ext):
 
 def test_path_inputs(tmp_path):
     f = _write(tmp_path / "one.txt", "\n\n".join(f"doc {i}\nline" for i in range(100)))
-    c = load_corpus(str(f))
+    c = load_corpus(str(f), min_split_words=0)
     assert c.source["n_documents"] == {"train": 98, "valid": 1, "test": 1} and c.name == str(f)
+    c = load_corpus(str(f))  # 300 words: each evaluation split grows to its cap, 20% of the words
+    assert c.source["n_documents"] == {"train": 60, "valid": 20, "test": 20}
     folder = tmp_path / "many"
     _write(folder / "b.txt", "\n\n".join(f"b{i}" for i in range(50)))
     _write(folder / "sub" / "a.txt", "\n\n".join(f"a{i}" for i in range(50)))
@@ -247,3 +249,17 @@ def test_unreadable_file_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(OSError, match=r"cannot read .*locked\.txt"):
         load_corpus(str(path))
+
+
+def test_random_split_reaches_min_words_within_cap():
+    from coupled_qk.data.corpora import random_split
+
+    docs = [" ".join(["w"] * 100) for _ in range(200)]  # 20,000 words
+    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=1_000)
+    assert (len(test), len(valid), len(train)) == (10, 10, 180)  # 2 docs by fraction, grown to 1,000 words
+    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=10_000)
+    assert (len(test), len(valid)) == (40, 40)  # capped at 20% of the 20,000 words each
+    train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=0)
+    assert (len(test), len(valid)) == (2, 2)  # the fractions alone
+    with pytest.raises(ValueError, match="min_split_words=-1"):
+        random_split(docs, 0, 0.01, 0.01, "x", min_split_words=-1)

@@ -172,3 +172,10 @@ def test_get_tokenizer(tmp_path, gpt2, small_bpe, wiki_head, data_dir):
         get_tokenizer("bpe-12", train_text="abc")
     with pytest.raises(ValueError, match="'gpt-3' is not 'gpt2'"):
         get_tokenizer("gpt-3")
+
+
+def test_smaller_vocabulary_is_labelled_and_warned():
+    text = "the cat sat on the mat " * 50
+    with pytest.warns(UserWarning, match=r"bpe-4000: the training text .* supports only \d+ tokens"):
+        tok = train_bpe(text, 4000)
+    assert tok.vocab_size < 4000 and tok.name == f"bpe-{tok.vocab_size}"

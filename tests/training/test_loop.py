@@ -42,7 +42,9 @@ def test_refuses_to_overwrite_and_checks_config(tiny_cfg, tmp_path):
         train(tiny_cfg(max_steps=4, lr=0.05, resume=True))
     with pytest.raises(ValueError, match="tokenizer: 'bpe-300' vs 'bpe-400'"):
         train(tiny_cfg(max_steps=4, tokenizer="bpe-400", resume=True))
-    res = train(tiny_cfg(max_steps=4, resume=True))  # a larger budget is a valid continuation
+    with pytest.raises(ValueError, match="different budget.*--on-budget-change keep"):
+        train(tiny_cfg(max_steps=4, resume=True))  # a larger budget must be asked for (issue 9 C)
+    res = train(tiny_cfg(max_steps=4, resume=True, on_budget_change="keep"))
     assert res["steps"] == 4
 
 
@@ -180,8 +182,27 @@ def test_damaged_checkpoint_is_a_clear_error(tmp_path):
     run = tmp_path / "damaged"
     where = ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 1})
     (where / "model.safetensors").write_bytes(b"\x00\x01garbage")
+    with pytest.raises(ValueError, match=r"model\.safetensors is damaged: its SHA-256 differs"):
+        ckpt.load_checkpoint_model(run)
+    (where / "checksums.json").unlink()  # a checkpoint from before checksums: the reader's own error
     with pytest.raises(ValueError, match=r"cannot read .*model\.safetensors.*damaged"):
         ckpt.load_checkpoint_model(run)
     (where / "state.json").write_text("{")
     with pytest.raises(ValueError, match=r"state\.json is not valid JSON"):
         ckpt.read_json(where / "state.json")
+
+
+def test_small_splits_and_repeated_data_warn(tiny_cfg):
+    from coupled_qk.training.lm import LMTask
+
+    cfg = tiny_cfg(max_steps=None, max_tokens=10_000_000)
+    with pytest.warns(UserWarning) as record:
+        LMTask(cfg)
+    messages = [str(w.message) for w in record]
+    assert any("the valid split" in m and "noisy estimate" in m for m in messages)
+    assert any("passes over the" in m for m in messages)
+
+
+def test_warmup_longer_than_the_run_warns(tiny_cfg):
+    with pytest.warns(UserWarning, match=r"warmup_steps=8 is at least the schedule's 8 steps"):
+        train(tiny_cfg(warmup_steps=8, max_steps=8))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.lm import LMTask, split_seed_of
+from coupled_qk.training.lm import LMTask, run_corpus
 from coupled_qk.training.mqar_task import MQARTask
 from coupled_qk.training.tasks import TASKS, Task, check_options, steps_for_tokens, task_class
 
@@ -24,12 +24,16 @@ def test_registry_maps_names_to_classes():
         TrainConfig(task="nope", max_steps=1)
 
 
-def test_lm_task_options_are_validated(tiny_cfg):
-    assert split_seed_of({}) == 0 and split_seed_of({"split_seed": 3}) == 3
-    with pytest.raises(ValueError, match=r"unknown lm task_options \['bogus'\]; valid options: \['split_seed'\]"):
-        split_seed_of({"bogus": 1})
+def test_lm_task_options_are_validated(tiny_cfg, tiny_corpus):
+    corpus = str(tiny_corpus / "train.txt")  # one file: split at random, so every option applies
+    assert run_corpus(corpus, None, {}).source["seed"] == 0
+    assert run_corpus(corpus, None, {"split_seed": 3, "min_split_words": 0}).source["seed"] == 3
+    with pytest.raises(ValueError, match=r"unknown lm task_options \['bogus'\]; valid options: .*'split_seed'"):
+        run_corpus(corpus, None, {"bogus": 1})
     with pytest.raises(ValueError, match="split_seed=-1"):
-        split_seed_of({"split_seed": -1})
+        run_corpus(corpus, None, {"split_seed": -1})
+    with pytest.raises(ValueError, match="valid_fraction=2"):
+        run_corpus(corpus, None, {"valid_fraction": 2})
     with pytest.raises(ValueError, match="unknown lm task_options"):
         LMTask(tiny_cfg(task_options={"splitseed": 1}))
     task = LMTask(tiny_cfg(batch_size=3, grad_accum=2))

@@ -8,6 +8,7 @@ runs :func:`coupled_qk.analysis.capture.analyze_model` and writes ``analysis.jso
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,9 +53,36 @@ def _default_labels(ckpts: list[Path]) -> list[str]:
 
 
 
+def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_seed: int | None) -> tuple:
+    """``(corpus, data_dir, task_options)`` to analyse ``ckpts`` on: the given corpus, or else the runs' own.
+
+    Without ``corpus`` every checkpoint's run folder must name the same corpus (and split options) in its
+    ``config.json``, so the held-out text is exactly the one the runs were evaluated on.
+
+    Raises:
+        ValueError: no corpus given and a run folder has no ``config.json``, or the runs used different corpora.
+    """
+    if corpus is not None:
+        return corpus, data_dir, {"split_seed": split_seed or 0}
+    sources = set()
+    for ckpt in ckpts:
+        cfg = RunDir(ckpt.parent).read_config()
+        if cfg is None or "corpus" not in cfg:
+            raise ValueError(f"--corpus is needed: {ckpt.parent} has no config.json naming the run's corpus")
+        opts = dict(cfg.get("task_options") or {})
+        if split_seed is not None:
+            opts["split_seed"] = split_seed
+        sources.add((cfg["corpus"], data_dir or cfg.get("data_dir"), json.dumps(opts, sort_keys=True)))
+    if len(sources) > 1:
+        raise ValueError(f"the checkpoints were trained on different corpora or splits ({sorted(sources)}); "
+                         "pass --corpus to analyse them on the same text")
+    corpus, data_dir, opts = sources.pop()
+    return corpus, data_dir, json.loads(opts)
+
+
 def analyze_checkpoints(
     paths: Sequence[str | Path],
-    corpus: str,
+    corpus: str | None = None,
     split: str = "valid",
     n_sequences: int = 8,
     seq_len: int | None = None,
@@ -66,7 +94,7 @@ def analyze_checkpoints(
     example_layer: int | None = None,
     example_head: int = 0,
     example_tokens: int = 128,
-    split_seed: int = 0,
+    split_seed: int | None = None,
     device: str | torch.device = "cpu",
     make_plots: bool = True,
     threads: int | None = None,
@@ -75,8 +103,8 @@ def analyze_checkpoints(
 
     Each path is a run folder (its ``latest`` checkpoint is used) or a checkpoint folder
     (:func:`coupled_qk.training.checkpoint.resolve_checkpoint`); the tokenizer is the run's,
-    ``<run>/tokenizer`` (a checkpoint folder's parent is its run folder). The text is the ``split`` of
-    :func:`coupled_qk.data.corpora.load_corpus` ``(corpus, data_dir, seed=split_seed)``; the windows are the
+    ``<run>/tokenizer`` (a checkpoint folder's parent is its run folder). The text is the ``split`` of the
+    runs' own corpus, split as in training (:func:`run_text_source`), or of ``corpus`` when given; the windows are the
     first ``n_sequences`` non-overlapping windows of ``seq_len`` tokens from the start of the split
     (:func:`token_windows`). **The windows are the same text for every checkpoint only when the checkpoints
     share a tokenizer** (with different tokenizers the same number of tokens covers different amounts of
@@ -90,7 +118,7 @@ def analyze_checkpoints(
 
     Args:
         paths: one or more checkpoint or run folders.
-        corpus: corpus name or path (see :func:`~coupled_qk.data.corpora.load_corpus`).
+        corpus: corpus name or path (see :func:`~coupled_qk.data.corpora.load_corpus`); default: the runs' own.
         split: ``"train"``, ``"valid"`` or ``"test"``.
         n_sequences: windows ``B >= 1``.
         seq_len: tokens per window (default: the smallest ``block_size`` of the checkpoints); must not exceed
@@ -101,7 +129,7 @@ def analyze_checkpoints(
         batch_size: sequences per forward pass (default all; see :func:`analyze_model`).
         example_layer, example_head: the attention map drawn for each checkpoint (default: the middle layer,
             ``n_layer // 2`` of the shallowest model, head 0); example_tokens: its size (top-left square).
-        split_seed: seed of the document-level split of corpora split at random (as the run's ``split_seed``).
+        split_seed: seed of the document-level split of corpora split at random (default: the run's).
         device: device for the models.
         make_plots: write the PNG figures.
         threads: heads analysed concurrently on CPU (see :func:`analyze_model`).
@@ -114,10 +142,11 @@ def analyze_checkpoints(
             too few tokens, a tokenizer whose ids exceed a model's vocabulary.
         FileNotFoundError: a checkpoint, tokenizer or corpus file is missing.
     """
-    from coupled_qk.data.corpora import SPLITS, load_corpus
+    from coupled_qk.data.corpora import SPLITS
     from coupled_qk.data.tokenizers import Tokenizer
     from coupled_qk.models.config import GPTConfig
     from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
+    from coupled_qk.training.lm import run_corpus
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -146,7 +175,8 @@ def analyze_checkpoints(
         raise ValueError(f"seq_len must be an int >= 2 or None; got {seq_len!r}")
     if seq_len > min_block:
         worst = min(range(len(ckpts)), key=lambda i: configs[i].block_size)
-        raise ValueError(f"seq_len={seq_len} exceeds block_size={min_block} of checkpoint {ckpts[worst]}")
+        raise ValueError(f"seq_len={seq_len} (--seq-len) exceeds block_size={min_block} of checkpoint "
+                         f"{ckpts[worst]}")
     for tok, cfg, ckpt in zip(tokenizers, configs, ckpts):
         if tok.vocab_size > cfg.vocab_size:
             raise ValueError(f"the tokenizer of {ckpt} has {tok.vocab_size} ids but the model's vocab_size is "
@@ -154,7 +184,8 @@ def analyze_checkpoints(
     if example_layer is None:
         example_layer = min(c.n_layer for c in configs) // 2
 
-    text_corpus = load_corpus(corpus, data_dir, seed=split_seed)
+    corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
+    text_corpus = run_corpus(corpus, data_dir, task_options)
     text = text_corpus.split(split)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +223,8 @@ def analyze_checkpoints(
         "corpus": str(corpus),
         "corpus_source": text_corpus.source,
         "split": split,
-        "split_seed": split_seed,
+        "split_seed": task_options.get("split_seed", 0),
+        "task_options": task_options,
         "n_sequences": n_sequences,
         "seq_len": seq_len,
         "windows": "the first n_sequences non-overlapping windows of seq_len tokens from the start of the split; "

@@ -50,6 +50,7 @@ HEATMAP_METRICS = (
     ("sink_mass", "sink mass"),
 )
 _MAP_STYLES = (("", "-", ""), ("a1/", "-", " A1"), ("a2/", "--", " A2"), ("signed/", ":", " A1-λA2"))
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _MAP_TITLES = {"attn": "A", "a1": "A1", "a2": "A2", "signed": "A1 - λ A2"}
 
 
@@ -102,7 +103,8 @@ def plot_layer_metrics(entries: list[dict], path: str | Path) -> Path:
     colors = _colors(len(entries))
     for ax, (base, title, log) in zip(axes, LAYER_PANELS):
         drawn = False
-        for color, e in zip(colors, entries):
+        for i, (color, e) in enumerate(zip(colors, entries)):
+            marker = _MARKERS[i % len(_MARKERS)]  # coinciding checkpoints stay distinguishable
             layers = e["analysis"]["layers"]
             x = [layer["layer"] for layer in layers]
             for prefix, style, suffix in _MAP_STYLES:
@@ -112,19 +114,19 @@ def plot_layer_metrics(entries: list[dict], path: str | Path) -> Path:
                 y = _finite(layer["mean"].get(key) for layer in layers)
                 if not np.isfinite(y).any():
                     continue
-                ax.plot(x, y, style, color=color, marker="o", markersize=3, label=e["label"] + suffix)
+                ax.plot(x, y, style, color=color, marker=marker, markersize=4, alpha=0.85, label=e["label"] + suffix)
                 drawn = True
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("layer", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("layer", fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=8)
         if drawn:
             if log:
                 ax.set_yscale("log")
             else:
                 ax.ticklabel_format(axis="y", useOffset=False)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=6)
+            ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "not applicable to\nthese variants", ha="center", va="center", fontsize=8,
                     transform=ax.transAxes)
@@ -209,7 +211,8 @@ def plot_example_maps(entries: list[dict], examples: list[dict], path: str | Pat
             ax.set_xlabel("key position", fontsize=7)
             ax.set_ylabel("query position", fontsize=7)
             ax.tick_params(labelsize=6)
-    fig.suptitle(f"Example attention maps (sequence 0, first {examples[0]['tokens']} tokens)", fontsize=10)
+    fig.suptitle(f"Example attention maps (sequence 0, first {examples[0]['tokens']} tokens; one layer and head "
+                 "per model: every layer and head is summarised in heads_*.png)", fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
 

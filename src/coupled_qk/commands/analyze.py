@@ -13,8 +13,9 @@ HELP = "attention diagnostics (entropy, effective rank, sinks, rank collapse) of
 def add_arguments(parser) -> None:
     parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                         help="run folders (their latest checkpoint) or checkpoint folders (ckpt-*)")
-    parser.add_argument("--corpus", required=True,
-                        help="corpus name (wiki-vital, pubmed, mixed-domain, wikitext-2, ...) or a text path")
+    parser.add_argument("--corpus", default=None,
+                        help="corpus name (wiki-vital, pubmed, mixed-domain, wikitext-2, ...) or a text path "
+                             "(default: the runs' own corpus, split as in training)")
     parser.add_argument("--split", default="valid", choices=("train", "valid", "test"), help="default: valid")
     parser.add_argument("--n-sequences", type=int, default=8, help="windows analysed (default 8)")
     parser.add_argument("--seq-len", type=int, default=None,
@@ -27,8 +28,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--example-layer", type=int, default=None,
                         help="layer of the example attention maps (default: the middle layer)")
     parser.add_argument("--example-head", type=int, default=0, help="head of the example maps (default 0)")
-    parser.add_argument("--split-seed", type=int, default=0,
-                        help="seed of random document splits (pubmed, mixed-domain, text paths), as in training")
+    parser.add_argument("--split-seed", type=int, default=None,
+                        help="seed of random document splits (pubmed, mixed-domain, text paths); default: the run's")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU: heads analysed concurrently (default: torch's thread count)")
@@ -36,8 +37,15 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from coupled_qk._checks import positive_int
     from coupled_qk.analysis.analyze import analyze_checkpoints
 
+    positive_int("--n-sequences", args.n_sequences)
+    if args.seq_len is not None and (positive_int("--seq-len", args.seq_len) < 2):
+        raise ValueError(f"--seq-len={args.seq_len} must be at least 2")
+    for flag in ("batch_size", "threads"):
+        if getattr(args, flag) is not None:
+            positive_int(f"--{flag.replace('_', '-')}", getattr(args, flag))
     labels = None
     if args.labels is not None:
         labels = [label.strip() for label in args.labels.split(",")]

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import parse_seeds
+from coupled_qk.commands.options import parse_seeds, reject_variant_flags
 from coupled_qk.commands.train import add_train_options, config_from_args
+from coupled_qk.models.variants import VARIANTS
 
 HELP = "train several attention variants with the same data and budget, then compare"
 
 
 def add_arguments(parser) -> None:
-    add_train_options(parser)
+    add_train_options(parser, variant_flags=False)
     parser.add_argument(
         "--variants", default="standard,coupled,coupled_leapfrog,uncoupled_mlp",
-        help="comma-separated variant specs: standard, coupled (Euler), coupled_leapfrog, coupled_symplectic_euler, "
-        "uncoupled_mlp, differential, coupled_differential, each optionally +field=value, e.g. coupled+n_steps=3",
+        help=f"comma-separated variant specs ({', '.join(VARIANTS)}), each optionally +field=value, e.g. "
+        "coupled+n_steps=3 (default: standard,coupled,coupled_leapfrog,uncoupled_mlp)",
     )
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (mean and std reported)")
 
@@ -21,6 +22,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from coupled_qk.experiments.compare import comparison_table, run_comparison
 
+    reject_variant_flags(args, "compare")
     if args.out_dir is None:
         args.out_dir = "runs/compare"
     base = config_from_args(args)

@@ -6,7 +6,7 @@ validates and tests on WikiText-2 valid/test, all on CPU in about 15 minutes on 
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import parse_seeds
+from coupled_qk.commands.options import parse_seeds, reject_variant_flags
 from coupled_qk.commands.train import add_train_options, config_from_args
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes"
@@ -18,7 +18,7 @@ DEMO_DEFAULTS = dict(
 
 
 def add_arguments(parser) -> None:
-    add_train_options(parser)
+    add_train_options(parser, defaults=DEMO_DEFAULTS, variant_flags=False)
     parser.add_argument("--variants", default=DEMO_VARIANTS, help=f"variants to compare (default {DEMO_VARIANTS})")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
 
@@ -26,6 +26,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from coupled_qk.experiments.compare import comparison_table, run_comparison
 
+    reject_variant_flags(args, "demo")
     defaults = {k: v for k, v in DEMO_DEFAULTS.items() if getattr(args, k, None) is None}
     base = config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)

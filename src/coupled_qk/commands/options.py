@@ -5,20 +5,42 @@ from __future__ import annotations
 import argparse
 
 from coupled_qk.models.config import PRESETS, GPTConfig, parse_overrides
+from coupled_qk.models.variants import ATTENTIONS, VARIANTS
+
+VARIANT_FLAGS = ("attention", "integrator", "n_steps")
 
 
-def add_model_options(parser: argparse.ArgumentParser, default_preset: str | None = "tiny") -> None:
-    """Add ``--preset``, ``--attention``, ``--integrator``, ``--n-steps`` and ``--set FIELD=VALUE``."""
+def add_model_options(parser: argparse.ArgumentParser, default_preset: str | None = "tiny",
+                      variant_flags: bool = True) -> None:
+    """Add ``--preset``, ``--attention``, ``--integrator``, ``--n-steps`` and ``--set FIELD=VALUE``.
+
+    With ``variant_flags=False`` (``compare``, ``demo``: the variants come from ``--variants``) the three variant
+    flags are hidden and :func:`reject_variant_flags` refuses them instead of ignoring them."""
+    hide = None if variant_flags else argparse.SUPPRESS
     parser.add_argument(
-        "--preset", default=default_preset, choices=sorted(PRESETS), help=f"model size preset (default {default_preset})"
+        "--preset", default=default_preset, choices=sorted(PRESETS), help=f"model size preset (default: {default_preset or 'tiny, or the config file'})"
     )
-    parser.add_argument("--attention", default=None, help="attention variant (default: the preset's, standard)")
-    parser.add_argument("--integrator", default=None, help="euler | leapfrog | symplectic_euler")
-    parser.add_argument("--n-steps", type=int, default=None, help="integration steps of the dynamics")
+    parser.add_argument("--attention", default=None,
+                        help=hide or f"attention: {', '.join(ATTENTIONS)} (default: standard)")
+    parser.add_argument("--integrator", default=None,
+                        help=hide or "integrator of coupled attention: euler, leapfrog or symplectic_euler (default: euler)")
+    parser.add_argument("--n-steps", type=int, default=None, metavar="INT",
+                        help=hide or "integration steps of coupled attention (default: 1)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
         help="override any GPTConfig field, e.g. --set n_layer=6 --set position=learned (repeatable)",
     )
+
+
+def reject_variant_flags(args, command: str) -> None:
+    """``ValueError`` if ``--attention``, ``--integrator`` or ``--n-steps`` was given to a command whose variants
+    come from ``--variants`` (they would otherwise be silently ignored)."""
+    given = ["--" + n.replace("_", "-") for n in VARIANT_FLAGS if getattr(args, n, None) is not None]
+    if given:
+        raise ValueError(
+            f"{command} trains the variants named by --variants, so {', '.join(given)} would be ignored; put the "
+            "setting in a variant spec instead, e.g. --variants standard,coupled+integrator=leapfrog+n_steps=3 "
+            f"(variants: {', '.join(VARIANTS)})")
 
 
 def config_from_args(args, **extra) -> GPTConfig:
@@ -31,11 +53,19 @@ def config_from_args(args, **extra) -> GPTConfig:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"0,1,2" -> [0, 1, 2]``; ``ValueError`` naming ``--seeds`` otherwise."""
+    """``"0,1,2" -> [0, 1, 2]``; ``ValueError`` naming ``--seeds`` for non-integers, no seed, a repeated or a
+    negative seed."""
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise ValueError(f"--seeds={text!r}: expected comma-separated integers, e.g. 0,1,2") from None
     if not seeds:
         raise ValueError(f"--seeds={text!r} names no seed")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"--seeds={text!r} repeats seed(s) {repeated}: each seed is one run, so a repeat would "
+                         "be reported as an independent run")
+    negative = [s for s in seeds if s < 0]
+    if negative:
+        raise ValueError(f"--seeds={text!r}: seeds must be >= 0, got {negative}")
     return seeds

@@ -1,71 +1,136 @@
-"""``coupled-qk train``: train a language model (or any task) from a preset or a config file plus overrides."""
+"""``coupled-qk train``: train a language model (or any task) from a preset or a config file plus overrides.
+
+The training options are generated from the :class:`~coupled_qk.training.config.TrainConfig` fields (their
+help text and defaults live there), so every field has a flag, a help line and its default shown.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
+from pathlib import Path
 
+from coupled_qk._checks import coerce, field_types
 from coupled_qk.commands.options import add_model_options, parse_overrides
 from coupled_qk.training.config import TrainConfig
 
 HELP = "train a language model on a corpus"
 
-# command-line flag -> TrainConfig field (only flags given on the command line override the config)
-TRAIN_FLAGS = {
-    "corpus": str, "data_dir": str, "tokenizer": str, "cache_dir": str, "batch_size": int, "grad_accum": int,
-    "lr": float, "warmup_steps": int, "weight_decay": float, "max_steps": int, "max_tokens": int,
-    "max_minutes": float, "stop_after_steps": int, "eval_interval": int, "eval_batches": int,
-    "log_interval": int, "checkpoint_interval": int, "seed": int, "device": str, "dtype": str, "out_dir": str,
-}
+# fields set otherwise: model via --preset/--attention/--set, task_options via --opt
+NOT_FLAGS = ("preset", "model", "task_options")
+SPLIT_FLAGS = ("valid_fraction", "test_fraction", "min_split_words", "split_seed")  # -> LM task_options
+DEFAULT_MAX_STEPS = 1000  # when neither --max-steps nor --max-tokens is given
 
 
-def add_train_options(parser, model: bool = True) -> None:
-    """Flags shared by ``train``, ``compare`` and ``demo``."""
-    parser.add_argument("--config", default=None, help="TrainConfig JSON file (e.g. configs/wt103-60m.json)")
+def _metavar(annotation) -> str:
+    text = str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    for name, meta in (("int", "INT"), ("float", "FLOAT"), ("str", "TEXT")):
+        if text.startswith(name):
+            return meta + ("|none" if "None" in text else "")
+    return "VALUE"
+
+
+def train_flags(resume: bool = False) -> list[str]:
+    """The ``TrainConfig`` fields that have a command-line flag of their own."""
+    skip = set(NOT_FLAGS) | (set() if resume else {"resume"})
+    return [f.name for f in dataclasses.fields(TrainConfig) if f.name not in skip]
+
+
+def add_train_options(parser, model: bool = True, defaults: dict | None = None, resume: bool = False,
+                      variant_flags: bool = True) -> None:
+    """Flags shared by ``train``, ``compare`` and ``demo``: one per :class:`TrainConfig` field (its help and
+    default from the field's metadata; ``defaults`` replaces the shown defaults, as ``demo`` does), plus
+    ``--config``, the model options (``variant_flags``: see :func:`add_model_options`) and ``--opt FIELD=VALUE``.
+    Values stay strings here; they are parsed to the field's type in :func:`config_from_args`."""
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="TrainConfig JSON file (e.g. configs/wt103-60m-coupled.json); flags override its fields")
     if model:
-        add_model_options(parser, default_preset=None)
-    for name, kind in TRAIN_FLAGS.items():
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None, dest=name)
-    parser.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    parser.add_argument("--fsdp", action="store_true", default=None, help="FSDP2 instead of DDP under torchrun")
-    parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", default=None)
-    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+        add_model_options(parser, default_preset=None, variant_flags=variant_flags)
+    group = parser.add_argument_group("training options (TrainConfig fields)")
+    types = field_types(TrainConfig)
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    defaults = defaults or {}
+    for name in train_flags(resume):
+        f = fields[name]
+        default = defaults.get(name, f.default)
+        choices = f.metadata.get("choices")
+        shown = f.metadata.get("shown") if name not in defaults else None
+        text = f.metadata["help"] + f" (default: {shown or ('none' if default is None else default)})"
+        flag = "--" + name.replace("_", "-")
+        if types[name] is bool:
+            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            metavar = "{" + ",".join(choices) + "}" if choices else _metavar(types[name])
+            group.add_argument(flag, dest=name, default=None, metavar=metavar, help=text)
+    split = parser.add_argument_group(
+        "held-out splits (language modelling): for corpora split at random by documents (a text file, a folder "
+        "of *.txt files, pubmed, mixed-domain); a folder with train.txt/valid.txt/test.txt is used as given")
+    split.add_argument("--valid-fraction", type=float, default=None, metavar="FLOAT",
+                       help="share of documents in the validation split (default: 0.01)")
+    split.add_argument("--test-fraction", type=float, default=None, metavar="FLOAT",
+                       help="share of documents in the test split (default: 0.01)")
+    split.add_argument("--min-split-words", type=int, default=None, metavar="INT",
+                       help="each evaluation split grows to this many words (~1.3 tokens each), within 20%% of the "
+                       "corpus (default: 10000)")
+    split.add_argument("--split-seed", type=int, default=None, metavar="INT",
+                       help="seed of the document shuffle (default: 0)")
     parser.add_argument(
         "--opt", dest="train_overrides", action="append", default=[], metavar="FIELD=VALUE",
-        help="override any TrainConfig field, e.g. --opt min_lr_ratio=0.05 (repeatable)",
+        help="override any TrainConfig field, e.g. --opt min_lr_ratio=0.05 or --opt task_options='{...}' "
+        "(repeatable)",
     )
 
 
+def _load_config_file(path: str) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--config {path} is a folder; expected a TrainConfig JSON file")
+    return TrainConfig.load(p).to_dict()
+
+
 def config_from_args(args, **fields) -> TrainConfig:
-    """Merge the config file, ``fields``, explicit flags and ``--opt``/``--set`` overrides (later wins)."""
-    data = TrainConfig.load(args.config).to_dict() if args.config else {}
+    """Merge the config file, ``fields``, explicit flags and ``--opt``/``--set`` overrides (later wins).
+
+    Every value is parsed to its field's declared type (:func:`coupled_qk._checks.coerce`).
+
+    Raises:
+        ValueError: naming the flag or field and the value, for a value of the wrong type or range, an
+            unknown field, a bad config file.
+    """
+    types = field_types(TrainConfig)
+    data = _load_config_file(args.config) if args.config else {}
     data.update(fields)
-    for name in [*TRAIN_FLAGS, "compile", "fsdp", "tensorboard", "progress"]:
+    for name in types:
         value = getattr(args, name, None)
-        if value is not None:
-            data[name] = value
+        if value is not None and name not in NOT_FLAGS:
+            data[name] = coerce("--" + name.replace("_", "-"), value, types[name])
     data.update(parse_overrides(args.train_overrides, TrainConfig, "--opt"))
-    model = dict(data.get("model", {}))
+    split = {k: getattr(args, k) for k in SPLIT_FLAGS if getattr(args, k, None) is not None}
+    if split:
+        data["task_options"] = {**(data.get("task_options") or {}), **split}
+    model = dict(data.get("model") or {}) if isinstance(data.get("model", {}), dict) else data.get("model")
     if getattr(args, "preset", None):
         data["preset"] = args.preset
-    for name in ("attention", "integrator", "n_steps"):
-        if getattr(args, name, None) is not None:
-            model[name] = getattr(args, name)
-    model.update(parse_overrides(getattr(args, "overrides", [])))
+    if isinstance(model, dict):
+        for name in ("attention", "integrator", "n_steps"):
+            if getattr(args, name, None) is not None:
+                model[name] = getattr(args, name)
+        model.update(parse_overrides(getattr(args, "overrides", [])))
     data["model"] = model
     if data.get("max_steps") is None and data.get("max_tokens") is None:
-        data["max_steps"] = 1000
+        data["max_steps"] = DEFAULT_MAX_STEPS
     return TrainConfig.from_dict(data)
 
 
 def add_arguments(parser) -> None:
-    add_train_options(parser)
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out-dir from its latest checkpoint")
+    add_train_options(parser, resume=True)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
 def run(args) -> int:
-    cfg = config_from_args(args, **({"resume": True} if args.resume else {}))
+    cfg = config_from_args(args)
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0

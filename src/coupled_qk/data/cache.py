@@ -26,6 +26,7 @@ from coupled_qk.data.corpora import split_documents
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, chunk_text
 from coupled_qk.io import atomic_write
+from coupled_qk.progress import progress
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -40,8 +41,12 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def _encode_pieces(pieces: list[str], tokenizer: Tokenizer, dtype: np.dtype) -> list[np.ndarray]:
     out = []
-    for i in range(0, len(pieces), BATCH_CHUNKS):
-        out.extend(np.asarray(ids, dtype=dtype) for ids in tokenizer.encode_batch(pieces[i:i + BATCH_CHUNKS]))
+    n_chars = sum(len(p) for p in pieces)
+    with progress(n_chars, f"tokenizing with {tokenizer.name}", "chars", enabled=n_chars > 1_000_000) as bar:
+        for i in range(0, len(pieces), BATCH_CHUNKS):
+            batch = pieces[i:i + BATCH_CHUNKS]
+            out.extend(np.asarray(ids, dtype=dtype) for ids in tokenizer.encode_batch(batch))
+            bar.update(sum(len(p) for p in batch))
     return out
 
 

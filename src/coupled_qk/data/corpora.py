@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coupled_qk._checks import nonneg_int
 from coupled_qk.data.paths import DATA_ENV, default_data_dir
 
 KNOWN_CORPORA = ("wiki-vital", "pubmed", "mixed-domain", "wikitext-103", "wikitext-103-raw", "wikitext-2",
@@ -35,6 +36,8 @@ KNOWN_CORPORA = ("wiki-vital", "pubmed", "mixed-domain", "wikitext-103", "wikite
 SPLITS = ("train", "valid", "test")
 MAX_DOC_LINES = 100
 GROUP_LINES = 20
+MIN_SPLIT_WORDS = 10_000  # words each random evaluation split aims for (~13k GPT-2 tokens)
+MAX_EVAL_SHARE = 0.2  # ... but never more than this share of the corpus's words
 _HINT = f"pass --data-dir (data_dir=) or set {DATA_ENV} to the folder holding it"
 
 
@@ -171,19 +174,24 @@ def _check_fraction(name: str, value: float) -> float:
 
 
 def random_split(docs: list[str], seed: int, valid_fraction: float, test_fraction: float,
-                 corpus: str) -> tuple[list[str], list[str], list[str]]:
+                 corpus: str, min_split_words: int = MIN_SPLIT_WORDS) -> tuple[list[str], list[str], list[str]]:
     """Deterministic document-level split into (train, valid, test) lists, in shuffled order.
 
-    The order is ``sorted(range(n), key=sha256(f"{seed}:{i}"))``; test takes ``max(1, round(n*test_fraction))``
-    documents, valid the next ``max(1, round(n*valid_fraction))``, train the rest.
+    The order is ``sorted(range(n), key=sha256(f"{seed}:{i}"))``. Test takes the first documents of that
+    order, valid the next ones, train the rest. Each evaluation split takes at least
+    ``max(1, round(n * fraction))`` documents and keeps adding documents until it holds ``min_split_words``
+    whitespace-separated words (about 1.3 GPT-2 tokens each), but never more than
+    ``MAX_EVAL_SHARE`` = 20% of the corpus's words, so small corpora still train on most of their text (their
+    evaluation splits are then smaller than ``min_split_words``, and the training task warns).
 
     Raises:
-        ValueError: bad seed / fractions, or fewer documents than needed for one per split.
+        ValueError: bad seed / fractions / minimum, or fewer documents than needed for one per split.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed={seed!r} must be an int")
     valid_fraction = _check_fraction("valid_fraction", valid_fraction)
     test_fraction = _check_fraction("test_fraction", test_fraction)
+    nonneg_int("min_split_words", min_split_words)
     if valid_fraction + test_fraction >= 1:
         raise ValueError(f"valid_fraction + test_fraction = {valid_fraction + test_fraction} must be < 1")
     n = len(docs)
@@ -192,23 +200,41 @@ def random_split(docs: list[str], seed: int, valid_fraction: float, test_fractio
         raise ValueError(f"corpus {corpus!r} has {n} documents; need at least {n_test + n_valid + 1} "
                          "for non-empty train/valid/test splits")
     order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
-    test = [docs[i] for i in order[:n_test]]
-    valid = [docs[i] for i in order[n_test:n_test + n_valid]]
-    return [docs[i] for i in order[n_test + n_valid:]], valid, test
+    words = [len(docs[i].split()) for i in order]
+    cap = MAX_EVAL_SHARE * sum(words)
+
+    def take(start: int, n_min: int, reserve: int) -> int:  # end index of a split starting at ``start``
+        end, have = start + n_min, sum(words[start:start + n_min])
+        while have < min_split_words and end < n - reserve and have + words[end] <= cap:
+            have += words[end]
+            end += 1
+        return end
+
+    test_end = take(0, n_test, n_valid + 1)
+    valid_end = take(test_end, n_valid, 1)
+    test = [docs[i] for i in order[:test_end]]
+    valid = [docs[i] for i in order[test_end:valid_end]]
+    return [docs[i] for i in order[valid_end:]], valid, test
+
+
+def _words(docs: list[str]) -> int:
+    return sum(len(d.split()) for d in docs)
 
 
 def _join(docs: list[str]) -> str:
     return "\n\n".join(docs) + "\n" if docs else ""
 
 
-def _from_documents(name: str, files: list[Path], seed: int, vf: float, tf: float, source: dict) -> Corpus:
+def _from_documents(name: str, files: list[Path], seed: int, vf: float, tf: float, source: dict,
+                    min_words: int = MIN_SPLIT_WORDS) -> Corpus:
     docs: list[str] = []
     for f in files:
         docs.extend(split_documents(read_text(f, name)))
-    train, valid, test = random_split(docs, seed, vf, tf, name)
+    train, valid, test = random_split(docs, seed, vf, tf, name, min_words)
     source.update(files=[str(f) for f in files], split="document-level random", seed=seed,
-                  valid_fraction=vf, test_fraction=tf, max_doc_lines=MAX_DOC_LINES, group_lines=GROUP_LINES,
-                  n_documents={"train": len(train), "valid": len(valid), "test": len(test)})
+                  valid_fraction=vf, test_fraction=tf, min_split_words=min_words, max_doc_lines=MAX_DOC_LINES, group_lines=GROUP_LINES,
+                  n_documents={"train": len(train), "valid": len(valid), "test": len(test)},
+                  n_words={"train": _words(train), "valid": _words(valid), "test": _words(test)})
     return _finish(name, _join(train), _join(valid), _join(test), source)
 
 
@@ -250,21 +276,22 @@ def _given_split_files(folder: Path) -> dict[str, Path] | None:
     return None
 
 
-def _from_path(name: str, path: Path, seed: int, vf: float, tf: float) -> Corpus:
+def _from_path(name: str, path: Path, seed: int, vf: float, tf: float, min_words: int) -> Corpus:
     source = {"path": str(path)}
     if path.is_file():
-        return _from_documents(name, [path], seed, vf, tf, source)
+        return _from_documents(name, [path], seed, vf, tf, source, min_words)
     given = _given_split_files(path)
     if given is not None:
         return _from_given_splits(name, given, source)
     files = sorted(path.rglob("*.txt"), key=lambda p: p.relative_to(path).as_posix())
     if not files:
         raise FileNotFoundError(f"corpus {name!r}: folder {path} holds no *.txt files")
-    return _from_documents(name, files, seed, vf, tf, source)
+    return _from_documents(name, files, seed, vf, tf, source, min_words)
 
 
 def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int = 0,
-                valid_fraction: float = 0.01, test_fraction: float = 0.01) -> Corpus:
+                valid_fraction: float = 0.01, test_fraction: float = 0.01,
+                min_split_words: int = MIN_SPLIT_WORDS) -> Corpus:
     """Load a corpus by name (:data:`KNOWN_CORPORA`) or path, as train/valid/test text.
 
     Args:
@@ -275,6 +302,7 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
         seed: seed of the document-level split (int); the split is identical across runs and platforms.
         valid_fraction, test_fraction: fractions of documents (each in (0, 1), sum < 1) for random
             splits; at least one document goes to each split. Ignored where splits are given by files.
+        min_split_words: words each random evaluation split aims for (see :func:`random_split`).
 
     Returns:
         A :class:`Corpus`.
@@ -308,13 +336,13 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
             return corpus
         if name == "pubmed":
             return _from_documents(name, [root / "pubmed" / "abstracts.txt"], seed, valid_fraction,
-                                   test_fraction, source)
+                                   test_fraction, source, min_split_words)
         folder = root / "mixed-domain"
         files = sorted(folder.glob("*.txt"))
         if not files:
             raise FileNotFoundError(f"corpus {name!r}: expected files {folder}/*.txt, found none "
                                     f"(data dir searched: {root}); {_HINT}")
-        return _from_documents(name, files, seed, valid_fraction, test_fraction, source)
+        return _from_documents(name, files, seed, valid_fraction, test_fraction, source, min_split_words)
     path = Path(name).expanduser()
     if not path.exists() and not path.is_absolute():
         try:
@@ -325,4 +353,4 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
     if not path.exists():
         raise ValueError(f"unknown corpus {name!r}: not one of {', '.join(KNOWN_CORPORA)} and not an existing "
                          "file or folder")
-    return _from_path(name, path, seed, valid_fraction, test_fraction)
+    return _from_path(name, path, seed, valid_fraction, test_fraction, min_split_words)

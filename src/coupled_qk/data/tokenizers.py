@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from coupled_qk.data.paths import DATA_ENV, default_data_dir
+from coupled_qk.progress import progress_mode
 
 EOT = "<|endoftext|>"
 MIN_VOCAB = 256 + 1  # 256 byte tokens + <|endoftext|>
@@ -212,7 +215,9 @@ def train_bpe(texts: Iterable[str] | str, vocab_size: int, min_frequency: int = 
         min_frequency: minimum pair count for a merge (int >= 1).
 
     Returns:
-        A :class:`Tokenizer` named ``bpe-<vocab_size>``; deterministic for the same inputs.
+        A :class:`Tokenizer` named ``bpe-<N>`` with ``N`` its real vocabulary size; deterministic for the same
+        inputs. When the text supports fewer tokens than requested, ``N < vocab_size`` and a
+        :class:`UserWarning` says so (the label never claims a size the tokenizer does not have).
     """
     vocab_size = _check_vocab_size(vocab_size)
     if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
@@ -231,11 +236,18 @@ def train_bpe(texts: Iterable[str] | str, vocab_size: int, min_frequency: int = 
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=progress_mode() != "off" and sys.stderr.isatty())
     hf.train_from_iterator(pieces(), trainer=trainer)
     if seen[0] == 0:
         raise ValueError("texts is empty: train_bpe needs training text")
-    return Tokenizer(hf, f"bpe-{vocab_size}")
+    tok = Tokenizer(hf, f"bpe-{vocab_size}")
+    if tok.vocab_size < vocab_size:
+        warnings.warn(f"bpe-{vocab_size}: the training text ({seen[0]:,} characters) supports only "
+                      f"{tok.vocab_size:,} tokens (merges seen at least {min_frequency} times); the tokenizer is "
+                      f"labelled bpe-{tok.vocab_size}. Use more text or a smaller vocabulary.", stacklevel=2)
+        tok.name = f"bpe-{tok.vocab_size}"
+    return tok
 
 
 def get_tokenizer(spec: str, train_text: Iterable[str] | str | None = None,

@@ -129,16 +129,27 @@ def comparison_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
 def plot_loss_curves(summary: dict, path: str | Path) -> None:
-    """Training loss (smoothed) and validation loss against tokens, one colour per variant (mean over seeds)."""
+    """Training loss (smoothed) and validation loss against training tokens, one style per variant.
+
+    Each variant has its own colour, line style and marker, so variants whose curves coincide (Euler and
+    leapfrog often do) stay visible. The validation curve during training is an estimate on the first
+    ``eval_batches x batch_size`` windows of the validation split (the title says so); the final full-split
+    validation loss of each run is drawn as a star at its last token count.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    base = summary.get("base_config", {})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, (name, entry) in enumerate(summary["variants"].items()):
-        color = f"C{i}"
+        style = dict(color=f"C{i % 10}", linestyle=LINE_STYLES[i % len(LINE_STYLES)], marker=MARKERS[i % len(MARKERS)])
         for j, run in enumerate(entry["runs"]):
             records = RunDir(run["run_dir"]).read_metrics()
             train_pts = [(r["tokens"], r["train/loss"]) for r in records if "train/loss" in r]
@@ -146,16 +157,24 @@ def plot_loss_curves(summary: dict, path: str | Path) -> None:
             label = name if j == 0 else None
             if train_pts:
                 xs, ys = zip(*train_pts)
-                axes[0].plot(xs, _smooth(ys), color=color, alpha=0.8, label=label)
+                axes[0].plot(xs, _smooth(ys), alpha=0.8, label=label, markevery=max(1, len(xs) // 8), ms=4, **style)
             if valid_pts:
                 xs, ys = zip(*valid_pts)
-                axes[1].plot(xs, ys, color=color, marker="o", ms=3, alpha=0.8, label=label)
-    for ax, title in zip(axes, ("training loss (smoothed)", "validation loss")):
-        ax.set_xlabel("training tokens")
-        ax.set_ylabel("cross-entropy (nats/token)")
-        ax.set_title(title)
+                axes[1].plot(xs, ys, alpha=0.8, label=label, ms=4, **style)
+            final = (run.get("final") or {}).get("valid/loss")
+            if final is not None and run.get("tokens"):
+                axes[1].plot([run["tokens"]], [final], marker="*", ms=11, color=style["color"], linestyle="none",
+                             label=f"{name}: full valid split" if j == 0 else None)
+    subset = ""
+    if base.get("eval_batches") and base.get("batch_size"):
+        subset = f" (first {base['eval_batches'] * base['batch_size']} windows; stars: whole split)"
+    for ax, title in zip(axes, ("training loss (smoothed)", "validation loss" + subset)):
+        ax.set_xlabel("training tokens", fontsize=10)
+        ax.set_ylabel("cross-entropy (nats/token)", fontsize=10)
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,33 +1,40 @@
-"""Atomic checkpoints: safetensors weights plus optimizer, RNG and progress state.
+"""Atomic, checksummed checkpoints: safetensors weights plus optimizer, RNG and progress state.
 
 Layout of a run directory::
 
     run/
       config.json          the TrainConfig of the run
       latest               name of the newest complete checkpoint (replaced atomically)
-      ckpt-00000100/       model.safetensors, optimizer.pt, state.json, rng.pt, model_config.json
+      ckpt-00000100/       model.safetensors, optimizer.pt, state.json, rng.pt, model_config.json, checksums.json
       tokenizer/           the run's tokenizer (language modelling)
 
-A checkpoint is written into a temporary sibling directory, flushed to disk, renamed into place and only
-then named in ``latest``: a kill at any moment leaves the previous checkpoint intact and ``latest`` valid.
+A checkpoint is written into a temporary sibling folder, flushed to disk and renamed to a name no existing
+folder has (``ckpt-<step>``, or ``ckpt-<step>-r<k>`` when that step is saved again); only then is ``latest``
+replaced atomically and the superseded folders deleted. No folder that ``latest`` names is ever moved or
+modified, so a kill at any moment leaves ``latest`` naming a complete checkpoint. ``checksums.json`` records
+the SHA-256 of every file; loading verifies it, so damaged bytes are an error, not ``nan``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from coupled_qk.io import fsync_dir, write_text_atomic
+from coupled_qk.io import file_mode, fsync_dir, make_temp_dir, write_error, write_text_atomic
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
+
+CHECKSUMS = "checksums.json"
+_NAME = re.compile(r"^ckpt-(\d+)(?:-r(\d+))?$")
 
 
 def rng_state() -> dict:
@@ -50,6 +57,29 @@ def set_rng_state(state: dict) -> None:
 TIED_KEYS = ("lm_head.weight",)  # stored once, as tok_emb.weight
 
 
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    """The step of a ``ckpt-<step>[-r<k>]`` folder name; ``None`` for other names."""
+    m = _NAME.match(folder.name)
+    return int(m.group(1)) if m else None
+
+
+def _fresh_name(run_dir: Path, step: int) -> str:
+    name, k = f"ckpt-{step:08d}", 0
+    while (run_dir / name).exists():
+        k += 1
+        name = f"ckpt-{step:08d}-r{k}"
+    return name
+
+
 def save_checkpoint(
     run_dir: str | Path,
     model_state: dict[str, torch.Tensor],
@@ -58,7 +88,7 @@ def save_checkpoint(
     state: dict,
     keep: int = 2,
 ) -> Path:
-    """Write ``ckpt-<step>`` atomically under ``run_dir`` and point ``latest`` at it.
+    """Write a checkpoint of ``state["step"]`` atomically under ``run_dir`` and point ``latest`` at it.
 
     Args:
         run_dir: the run directory.
@@ -67,45 +97,89 @@ def save_checkpoint(
         model_config: saved to ``model_config.json``.
         optimizer_state: full optimizer state dict, saved to ``optimizer.pt`` (``None`` to skip).
         state: JSON-serialisable progress (must contain ``step``).
-        keep: number of newest checkpoints to keep (older ones are deleted after the new one is in place).
+        keep: number of newest checkpoint steps to keep (older ones are deleted after the new one is in place).
 
     Returns:
         The checkpoint directory.
+
+    Raises:
+        OSError: a file could not be written (full disk, permissions), naming it; the previous checkpoint and
+            ``latest`` are untouched and the partial folder is removed.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    name = f"ckpt-{int(state['step']):08d}"
-    final = run_dir / name
-    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{name}.tmp-"))
+    step = int(state["step"])
+    tmp = make_temp_dir(run_dir, f".ckpt-{step:08d}.tmp-")
+    current = None
     try:
-        weights = {k: v.detach().cpu().contiguous() for k, v in model_state.items() if k not in TIED_KEYS}
-        save_file(weights, str(tmp / "model.safetensors"))
-        model_config.save(tmp / "model_config.json")
+        files = {
+            "model.safetensors": lambda p: save_file(
+                {k: v.detach().cpu().contiguous() for k, v in model_state.items() if k not in TIED_KEYS}, str(p)),
+            "model_config.json": model_config.save,
+            "rng.pt": lambda p: torch.save(rng_state(), p),
+            "state.json": lambda p: p.write_text(json.dumps(state, indent=2, sort_keys=True)),
+        }
         if optimizer_state is not None:
-            torch.save(optimizer_state, tmp / "optimizer.pt")
-        torch.save(rng_state(), tmp / "rng.pt")
-        (tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
+            files["optimizer.pt"] = lambda p: torch.save(optimizer_state, p)
+        sums, mode = {}, file_mode()
+        for name, write in files.items():
+            current = tmp / name
+            try:
+                write(current)
+            except (OSError, RuntimeError) as exc:  # torch/safetensors report a full disk as RuntimeError
+                raise write_error(current, exc) from exc
+            os.chmod(current, mode)  # safetensors writes 0600 whatever the umask
+            with open(current, "rb") as fh:
                 os.fsync(fh.fileno())
+            sums[name] = sha256_file(current)
+        current = tmp / CHECKSUMS
+        current.write_text(json.dumps(sums, indent=2, sort_keys=True))
         fsync_dir(tmp)
-        if final.exists():  # re-saving the same step: move the old one aside first
-            old = run_dir / f".{name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        name = _fresh_name(run_dir, step)
+        os.replace(tmp, run_dir / name)
         fsync_dir(run_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     write_text_atomic(run_dir / "latest", name + "\n")
-    for old in sorted(run_dir.glob("ckpt-*"))[:-keep]:
-        if old.name != name:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+    prune_checkpoints(run_dir, keep)
+    return run_dir / name
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete checkpoints other than the ``keep`` newest steps up to ``latest``'s, superseded copies of
+    ``latest``'s step and leftovers of interrupted saves (hidden ``.ckpt-*`` folders, ``.*.tmp`` files); the
+    folder ``latest`` names is always kept, and steps newer than it are left alone."""
+    run_dir = Path(run_dir)
+    latest_file = run_dir / "latest"
+    latest = latest_file.read_text().strip() if latest_file.is_file() else None
+    clean_leftovers(run_dir)
+    by_step: dict[int, list[Path]] = {}
+    for folder in run_dir.glob("ckpt-*"):
+        step = checkpoint_step(folder)
+        if step is not None:
+            by_step.setdefault(step, []).append(folder)
+    latest_step = checkpoint_step(Path(latest)) if latest else None
+    if latest_step is None:
+        return
+    kept_steps = sorted(s for s in by_step if s <= latest_step)[-keep:] if keep > 0 else []
+    for step, folders in by_step.items():
+        if step > latest_step:  # newer than latest (the user pointed latest back): not ours to judge
+            continue
+        for folder in folders:
+            if folder.name != latest and (step not in kept_steps or step == latest_step):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def clean_leftovers(run_dir: Path) -> None:
+    """Remove what a hard kill during a save leaves: hidden ``.ckpt-*`` folders and ``.*.tmp`` files.
+
+    Only safe while the caller owns the run folder (:class:`coupled_qk.training.lock.RunLock`).
+    """
+    for tmp in Path(run_dir).glob(".ckpt-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    for tmp in Path(run_dir).glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -129,13 +203,39 @@ def resolve_checkpoint(path: str | Path) -> Path:
     )
 
 
+def verify_checksums(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
+    """Compare files of ``ckpt`` with ``checksums.json`` (all recorded files, or ``names``).
+
+    Checkpoints written before checksums were recorded have no ``checksums.json`` and are accepted as they are.
+
+    Raises:
+        ValueError: a file's SHA-256 differs from the recorded one, or a recorded file is missing, naming it.
+    """
+    path = Path(ckpt) / CHECKSUMS
+    if not path.is_file():
+        return
+    sums = read_json(path)
+    for name, expected in sums.items():
+        if names is not None and name not in names:
+            continue
+        file = Path(ckpt) / name
+        if not file.is_file():
+            raise ValueError(f"{file} is missing from the checkpoint ({path} lists it)")
+        if sha256_file(file) != expected:
+            raise ValueError(
+                f"{file} is damaged: its SHA-256 differs from the one recorded in {path}; point "
+                f"{Path(ckpt).parent / 'latest'} at an older ckpt-* folder or delete this one"
+            )
+
+
 def load_checkpoint_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[GPT, dict]:
-    """Load a model and its progress state from a checkpoint or run directory.
+    """Load a model and its progress state from a checkpoint or run directory (checksums verified).
 
     Returns:
         ``(model in eval mode, state dict from state.json)``.
     """
     ckpt = resolve_checkpoint(path)
+    verify_checksums(ckpt, ("model.safetensors", "model_config.json", "state.json"))
     config = GPTConfig.load(ckpt / "model_config.json")
     model = GPT(config)
     load_weights(model, ckpt)
@@ -146,12 +246,29 @@ def read_json(path: Path) -> dict:
     """Parse a JSON file; ``ValueError`` naming the file if it is not valid JSON."""
     try:
         return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from exc
 
 
+def load_torch_file(path: Path, map_location=None):
+    """``torch.load`` of a checkpoint's ``optimizer.pt`` / ``rng.pt``; ``ValueError`` naming the file if damaged."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # torch reports truncated or corrupt archives as RuntimeError, EOFError, ...
+        raise ValueError(
+            f"cannot read {path} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); the "
+            f"checkpoint is damaged: point {path.parent.parent / 'latest'} at an older ckpt-* folder or delete it"
+        ) from exc
+
+
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
-    """Load ``ckpt/model.safetensors`` into ``model``; any key mismatch raises ``ValueError``."""
+    """Load ``ckpt/model.safetensors`` into ``model``.
+
+    Raises:
+        ValueError: the file is unreadable, its keys do not match the model, or a weight is NaN/inf.
+    """
     file = ckpt / "model.safetensors"
     try:
         weights = load_file(str(file))
@@ -160,6 +277,9 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
             f"cannot read {file} ({exc}); the checkpoint is damaged: point {ckpt.parent / 'latest'} at an older "
             "ckpt-* folder or delete this one"
         ) from exc
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"{file} holds non-finite (NaN or inf) weights in {bad[:3]}; resume from an older checkpoint")
     result = model.load_state_dict(weights, strict=False)
     missing = [k for k in result.missing_keys if k not in TIED_KEYS]
     if missing or result.unexpected_keys:

@@ -1,15 +1,26 @@
-"""``TrainConfig``: one validated object per run, saved with its checkpoints and results."""
+"""``TrainConfig``: one validated object per run, saved with its checkpoints and results.
+
+Every field carries its help text in ``metadata["help"]`` (and ``metadata["choices"]`` where the values are a
+fixed set); the ``coupled-qk train`` options are generated from them, so the command line, JSON config files
+and the Python API share one definition, one typed parser (:func:`coupled_qk._checks.coerce`) and one
+validation.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 
+from coupled_qk._checks import choice, coerce, coerce_fields, field_types, finite, nonneg_int, positive_int
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
 from coupled_qk.training.tasks import TASKS
 
+DTYPES = ("auto", "fp32", "bf16", "fp16")
+BUDGET_CHANGES = ("keep", "rewarm")
+
 RESULT_NEUTRAL_FIELDS = frozenset({
-    "out_dir", "resume", "progress", "tensorboard", "log_interval", "checkpoint_interval", "keep_checkpoints",
-    "device", "compile", "data_dir", "cache_dir", "max_minutes",
+    "out_dir", "resume", "progress", "tensorboard", "log_interval", "checkpoint_interval", "checkpoint_minutes",
+    "keep_checkpoints", "device", "compile", "data_dir", "cache_dir", "max_minutes",
 })
 """Fields that do not change what a finished run computed: where files live, logging and checkpointing, the
 device and compilation, and the wall-clock budget (a run stopped by time is not reproducible anyway). A
@@ -17,8 +28,18 @@ finished run is reused by an experiment only if every other field matches
 (:func:`coupled_qk.experiments.runner.check_reusable`)."""
 
 CONTINUATION_FIELDS = RESULT_NEUTRAL_FIELDS | {"max_steps", "max_tokens", "stop_after_steps", "eval_interval",
-                                               "eval_batches"}
-"""Fields that may differ between a run and its ``--resume``: the result-neutral ones and the budget."""
+                                               "eval_batches", "on_budget_change", "batch_size"}
+"""Fields that may differ between a run and its ``--resume``: the result-neutral ones and the budget (a budget
+change needs ``on_budget_change``), and ``batch_size`` together with the number of processes (the global batch
+is checked by :func:`coupled_qk.training.resume.plan_batch`)."""
+
+
+def _f(default, help: str, choices=None, default_factory=None, shown: str | None = None):
+    """A dataclass field with its command-line help, allowed values and how its default reads in ``metadata``."""
+    meta = {"help": help, **({"choices": choices} if choices else {}), **({"shown": shown} if shown else {})}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclass
@@ -32,90 +53,116 @@ class TrainConfig(JSONConfig):
     ``max_minutes``. The learning-rate schedule (linear warmup, cosine decay to ``min_lr_ratio * lr``) spans
     ``max_steps`` or the steps implied by ``max_tokens``; ``max_minutes`` only stops early.
     ``stop_after_steps`` ends this invocation after that many steps (checkpointing) without changing the
-    schedule, to split a long job across sessions.
+    schedule, to split a long job across sessions. Changing the budget on ``resume`` changes the schedule's
+    horizon and needs ``on_budget_change`` (``keep``: continue the saved schedule, past its end at the floor
+    learning rate; ``rewarm``: a new warmup and cosine decay from the current step to the new horizon).
 
     Batch: ``batch_size`` sequences per device and micro-step; a step is ``grad_accum`` micro-steps on each of
     ``world_size`` ranks, so the global batch is ``batch_size * grad_accum * world_size`` sequences.
 
+    Checkpoints: every ``checkpoint_interval`` steps and every ``checkpoint_minutes`` of training time
+    (default 15), at the end, and when the run is stopped by a signal (``SIGINT``/``SIGTERM``).
+
+    Every field is converted to its declared type on construction (``"3"`` -> ``3``, ``"false"`` -> ``False``;
+    ``model`` values to the :class:`GPTConfig` field types), so JSON files, the command line and Python calls
+    are parsed alike.
+
     Raises:
-        ValueError: from :meth:`validate` (run on construction), naming the field: unknown task, non-positive
-            sizes, no budget at all, invalid ranges; from :meth:`from_dict` for unknown fields.
+        ValueError: from :meth:`validate` (run on construction), naming the field: a value of the wrong type,
+            unknown task, non-positive sizes, non-finite or out-of-range numbers, no budget at all; from
+            :meth:`from_dict` for unknown fields.
     """
 
-    task: str = "lm"
+    task: str = _f("lm", "training task", tuple(TASKS))
     # data (language modelling)
-    corpus: str = "wiki-vital"
-    data_dir: str | None = None
-    tokenizer: str = "bpe-8192"
-    cache_dir: str | None = None
+    corpus: str = _f("wiki-vital", "corpus name (wiki-vital, pubmed, mixed-domain, wikitext-103, ...) or a text "
+                     "file or folder with train/valid/test splits")
+    data_dir: str | None = _f(None, "folder holding the released corpora", shown="the shared data folder")
+    tokenizer: str = _f("bpe-8192", "gpt2, bpe-<vocab> (trained on the training split) or a saved tokenizer path")
+    cache_dir: str | None = _f(None, "token cache folder", shown="the user cache folder")
     # model
-    preset: str = "tiny"
-    model: dict = field(default_factory=dict)
+    preset: str = _f("tiny", "model size preset", tuple(sorted(PRESETS)))
+    model: dict = _f(None, "GPTConfig overrides (command line: --set FIELD=VALUE)", default_factory=dict)
     # optimisation
-    batch_size: int = 16
-    grad_accum: int = 1
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
+    batch_size: int = _f(16, "sequences per process and micro-step")
+    grad_accum: int = _f(1, "micro-steps (gradient accumulation) per optimizer step")
+    lr: float = _f(1e-3, "peak learning rate (AdamW)")
+    min_lr_ratio: float = _f(0.1, "final learning rate of the cosine decay, as a fraction of lr")
+    warmup_steps: int = _f(100, "linear warmup steps")
+    weight_decay: float = _f(0.1, "AdamW weight decay on matrices (none on vectors)")
+    beta1: float = _f(0.9, "AdamW beta1")
+    beta2: float = _f(0.95, "AdamW beta2")
+    grad_clip: float = _f(1.0, "clip the gradient norm to this value (0: no clipping)")
     # budget
-    max_steps: int | None = None
-    max_tokens: int | None = None
-    max_minutes: float | None = None
-    stop_after_steps: int | None = None
+    max_steps: int | None = _f(None, "optimizer steps of the schedule",
+                               shown="none; 1000 on the command line when max_tokens is none too")
+    max_tokens: int | None = _f(None, "training tokens over all processes (sets the schedule when smaller than "
+                                "max_steps)")
+    max_minutes: float | None = _f(None, "stop (checkpointing) after this much training time; the schedule is "
+                                   "unchanged")
+    stop_after_steps: int | None = _f(None, "end this invocation after this many steps, to be continued with "
+                                      "--resume")
+    on_budget_change: str | None = _f(None, "on --resume with a different max_steps/max_tokens: keep the saved "
+                                      "schedule, or rewarm a new one from the current step", BUDGET_CHANGES)
     # evaluation, logging, checkpoints
-    eval_interval: int = 200
-    eval_batches: int = 20
-    log_interval: int = 10
-    checkpoint_interval: int | None = None
-    keep_checkpoints: int = 2
-    early_stop_metric: str | None = None
-    early_stop_value: float | None = None
+    eval_interval: int = _f(200, "steps between quick validations")
+    eval_batches: int = _f(20, "batches per quick validation")
+    log_interval: int = _f(10, "steps between metrics.jsonl records")
+    checkpoint_interval: int | None = _f(None, "steps between checkpoints (besides checkpoint_minutes and the end)")
+    checkpoint_minutes: float | None = _f(15.0, "minutes of training between checkpoints (none: only "
+                                          "checkpoint_interval, the end and a stop signal)")
+    keep_checkpoints: int = _f(2, "newest checkpoints kept")
+    early_stop_metric: str | None = _f(None, "validation metric that ends training once it reaches "
+                                       "early_stop_value (e.g. valid/accuracy)")
+    early_stop_value: float | None = _f(None, "threshold of early_stop_metric")
     # runtime
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-    compile: bool = False
-    fsdp: bool = False
-    out_dir: str = "runs/run"
-    resume: bool = False
-    tensorboard: bool = True
-    progress: bool = True
-    task_options: dict = field(default_factory=dict)
+    seed: int = _f(0, "random seed (initialisation and data order)")
+    device: str = _f("auto", "auto (CUDA if available), cpu, cuda or cuda:N")
+    dtype: str = _f("auto", "autocast dtype (auto: bf16 on CUDA, fp32 on CPU)", DTYPES)
+    compile: bool = _f(False, "torch.compile the model")
+    fsdp: bool = _f(False, "FSDP2 instead of DDP under torchrun")
+    out_dir: str = _f("runs/run", "run folder (config, metrics, checkpoints, results)")
+    resume: bool = _f(False, "continue the run in out_dir from its latest checkpoint")
+    tensorboard: bool = _f(True, "write TensorBoard events")
+    progress: bool = _f(True, "show progress: a bar on a terminal, plain periodic log lines otherwise")
+    task_options: dict = _f(None, "task-specific options (command line: --opt task_options='{...}')",
+                            default_factory=dict)
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
-        """Check every field; raise ``ValueError`` naming the first offending one."""
-        if self.task not in TASKS:
-            raise ValueError(f"TrainConfig.task={self.task!r} is unknown; expected one of {list(TASKS)}")
-        if self.preset not in PRESETS:
-            raise ValueError(f"TrainConfig.preset={self.preset!r} is unknown; expected one of {sorted(PRESETS)}")
-        for name in ("batch_size", "grad_accum", "eval_interval", "eval_batches", "log_interval", "keep_checkpoints"):
-            _positive_int(name, getattr(self, name))
-        for name in ("max_steps", "max_tokens", "stop_after_steps", "checkpoint_interval"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
-        if self.max_minutes is not None and not self.max_minutes > 0:
-            raise ValueError(f"TrainConfig.max_minutes={self.max_minutes!r} must be > 0")
+        """Convert every field to its type and check it; raise ``ValueError`` naming the first offending one."""
+        coerce_fields(self)
+        types = field_types(GPTConfig)
+        self.model = {k: coerce(f"TrainConfig.model.{k}", v, types[k]) if k in types else v
+                      for k, v in self.model.items()}
+        name = type(self).__name__
+        for f in dataclasses.fields(self):
+            if "choices" in f.metadata and getattr(self, f.name) is not None:
+                choice(f"{name}.{f.name}", getattr(self, f.name), f.metadata["choices"])
+        for field in ("batch_size", "grad_accum", "eval_interval", "eval_batches", "log_interval", "keep_checkpoints"):
+            positive_int(f"{name}.{field}", getattr(self, field))
+        for field in ("max_steps", "max_tokens", "stop_after_steps", "checkpoint_interval"):
+            if getattr(self, field) is not None:
+                positive_int(f"{name}.{field}", getattr(self, field))
+        nonneg_int(f"{name}.warmup_steps", self.warmup_steps)
+        nonneg_int(f"{name}.seed", self.seed)
+        for field in ("max_minutes", "checkpoint_minutes"):
+            if getattr(self, field) is not None:
+                finite(f"{name}.{field}", getattr(self, field), 0, lo_open=True)
         if self.max_steps is None and self.max_tokens is None:
             raise ValueError("TrainConfig needs max_steps or max_tokens (the learning-rate schedule's horizon)")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"TrainConfig.warmup_steps={self.warmup_steps!r} must be an integer >= 0")
-        if not self.lr > 0:
-            raise ValueError(f"TrainConfig.lr={self.lr!r} must be > 0")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"TrainConfig.min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("TrainConfig.weight_decay and grad_clip must be >= 0")
-        if self.dtype not in ("auto", "fp32", "bf16", "fp16"):
-            raise ValueError(f"TrainConfig.dtype={self.dtype!r}; expected auto, fp32, bf16 or fp16")
+        finite(f"{name}.lr", self.lr, 0, lo_open=True)
+        finite(f"{name}.min_lr_ratio", self.min_lr_ratio, 0, 1)
+        finite(f"{name}.weight_decay", self.weight_decay, 0)
+        finite(f"{name}.grad_clip", self.grad_clip, 0)
+        finite(f"{name}.beta1", self.beta1, 0, 1, hi_open=True)
+        finite(f"{name}.beta2", self.beta2, 0, 1, hi_open=True)
         if (self.early_stop_metric is None) != (self.early_stop_value is None):
             raise ValueError("TrainConfig.early_stop_metric and early_stop_value must be given together")
+        if self.early_stop_value is not None:
+            finite(f"{name}.early_stop_value", self.early_stop_value)
         self.gpt_config()  # validates the model overrides
 
     def gpt_config(self, **extra) -> GPTConfig:
@@ -132,8 +179,3 @@ def config_differences(saved: dict, current: TrainConfig, ignore=CONTINUATION_FI
 def describe_differences(diff: dict) -> str:
     """``"lr: 0.002 vs 0.005, corpus: ..."`` for error messages."""
     return ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in sorted(diff.items()))
-
-
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"TrainConfig.{name}={value!r} must be a positive integer")

@@ -70,6 +70,23 @@ def all_reduce_mean(value: float, runtime: Runtime) -> float:
     return t.item() / runtime.world
 
 
+def all_reduce_sum(values: list[float], runtime: Runtime) -> list[float]:
+    """Element-wise sum of a list of floats over ranks in one collective (identity for one process).
+
+    Used once per training step to share the loss and every stop decision, so all ranks act alike.
+    """
+    if runtime.world == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=runtime.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def broadcast_ok(ok: bool, runtime: Runtime) -> bool:
+    """``True`` on every rank if ``ok`` is true on every rank (a collective: all ranks must call it)."""
+    return all_reduce_sum([0.0 if ok else 1.0], runtime)[0] == 0.0
+
+
 def barrier(runtime: Runtime) -> None:
     """Synchronise ranks (no-op for one process)."""
     if runtime.world > 1:

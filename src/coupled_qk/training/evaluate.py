@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coupled_qk.data.cache import tokenize_to_cache
-from coupled_qk.data.corpora import SPLITS, load_corpus
+from coupled_qk.data.corpora import SPLITS
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
 from coupled_qk.training.distributed import pick_device
-from coupled_qk.training.lm import WORD_LEVEL_CORPORA, split_seed_of
+from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus
 from coupled_qk.training.perplexity import evaluate_perplexity
 from coupled_qk.training.rundir import RunDir
 
@@ -68,13 +68,13 @@ def evaluate_checkpoint(
     model, state = load_checkpoint_model(ckpt, dev)
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}")
-    data = load_corpus(corpus_name, data_dir or run_cfg.get("data_dir"),
-                       seed=split_seed_of(run_cfg.get("task_options") or {}))
+    data = run_corpus(corpus_name, data_dir or run_cfg.get("data_dir"), run_cfg.get("task_options") or {})
     cache = Path(run_cfg["cache_dir"]) if run_cfg.get("cache_dir") else default_cache_dir()
     out = {"checkpoint": str(ckpt), "step": state.get("step"), "corpus": data.name, "tokenizer": tokenizer.name,
            "stride": stride, "block_size": model.config.block_size}
     for split in splits:
         tokens = tokenize_to_cache(data.split(split), tokenizer, cache / "tokens")
         n_words = data.words(split) if data.name in WORD_LEVEL_CORPORA else None
-        out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words)
+        out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words,
+                                         desc=f"eval {split}")
     return out

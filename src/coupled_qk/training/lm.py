@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,18 +13,37 @@ import torch
 
 from coupled_qk._checks import nonneg_int
 from coupled_qk.data.cache import tokenize_to_cache
-from coupled_qk.data.corpora import load_corpus
+from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
+from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.perplexity import evaluate_perplexity
 from coupled_qk.training.rundir import RunDir
 from coupled_qk.training.tasks import check_options
 
+MIN_EVAL_TOKENS = 10_000  # smaller evaluation splits give noisy perplexities (a warning says so)
 WORD_LEVEL_CORPORA = ("wiki-vital", "wikitext-2", "wikitext-103", "wikitext-2-raw", "wikitext-103-raw")
-OPTIONS = ("split_seed",)
-"""``TrainConfig.task_options`` of the language-modelling task: ``split_seed`` (int >= 0, default 0) seeds the
-document-level split of corpora that are split at random (see :func:`coupled_qk.data.corpora.load_corpus`)."""
+OPTIONS = ("split_seed", "valid_fraction", "test_fraction", "min_split_words")
+"""``TrainConfig.task_options`` of the language-modelling task, used only by corpora split at random (see
+:func:`coupled_qk.data.corpora.load_corpus`): ``split_seed`` (int >= 0, default 0) seeds the document-level
+split; ``valid_fraction`` and ``test_fraction`` (default 0.01 each) are the documents' shares of the evaluation
+splits, each of which then grows to ``min_split_words`` words (default 10,000) within 20% of the corpus."""
+
+
+def run_corpus(corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
+    """The corpus of a language-modelling run, split exactly as the run split it.
+
+    ``task_options`` may hold ``split_seed`` (0), ``valid_fraction`` and ``test_fraction`` (0.01 each) and
+    ``min_split_words`` (:data:`~coupled_qk.data.corpora.MIN_SPLIT_WORDS`); they matter only for corpora split
+    at random (see :func:`~coupled_qk.data.corpora.load_corpus`). Training, ``eval`` and ``analyze`` all call
+    this, so they see the same held-out text.
+    """
+    opts = task_options or {}
+    check_options("lm", opts, OPTIONS)
+    return load_corpus(corpus, data_dir, seed=nonneg_int("task_options.split_seed", opts.get("split_seed", 0)),
+                       valid_fraction=opts.get("valid_fraction", 0.01), test_fraction=opts.get("test_fraction", 0.01),
+                       min_split_words=opts.get("min_split_words", MIN_SPLIT_WORDS))
 
 
 def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:
@@ -53,8 +74,7 @@ class LMTask:
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
         cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-        split_seed = split_seed_of(cfg.task_options)
-        self.corpus = load_corpus(cfg.corpus, cfg.data_dir, seed=split_seed)
+        self.corpus = run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
         run = RunDir(run_dir) if run_dir is not None else None
         resuming = cfg.resume and run is not None and run.has_checkpoint()
         if resuming and run.has_tokenizer():
@@ -72,6 +92,22 @@ class LMTask:
                 f"the training split of {cfg.corpus!r} has {n_train} tokens, fewer than block_size + 2 = "
                 f"{self.block_size + 2}"
             )
+        self._warn_about_sizes(cfg, n_train)
+
+    def _warn_about_sizes(self, cfg: TrainConfig, n_train: int) -> None:
+        """Warn when evaluation splits are too small to trust or the budget repeats the training data."""
+        for split in ("valid", "test"):
+            n = len(self.tokens[split])
+            if n < MIN_EVAL_TOKENS:
+                warnings.warn(
+                    f"the {split} split of {cfg.corpus!r} has only {n:,} tokens (< {MIN_EVAL_TOKENS:,}): its "
+                    "perplexity is a noisy estimate. Use a bigger corpus, a folder with train.txt/valid.txt/"
+                    "test.txt, or larger --valid-fraction/--test-fraction", stacklevel=3)
+        if cfg.max_tokens and cfg.max_tokens > n_train:
+            warnings.warn(
+                f"max_tokens={cfg.max_tokens:,} is {cfg.max_tokens / n_train:.1f} passes over the {n_train:,} "
+                "training tokens: the model sees the same text repeatedly (fine if intended; watch for "
+                "overfitting in the validation loss)", stacklevel=3)
 
     def _tokenizer(self, cfg: TrainConfig, cache_dir: Path) -> Tokenizer:
         spec = cfg.tokenizer
@@ -81,7 +117,11 @@ class LMTask:
         where = cache_dir / "tokenizers" / f"{spec}-{key}"
         if (where / "tokenizer.json").is_file():
             return Tokenizer.load(where)
+        t0 = time.perf_counter()
+        announce(f"training a byte-level BPE ({spec}) on the {len(self.corpus.train) / 1e6:.1f} MB training split; "
+                 f"cached in {where}", enabled=cfg.progress)
         tok = get_tokenizer(spec, train_text=self.corpus.train, data_dir=cfg.data_dir)
+        announce(f"BPE trained in {time.perf_counter() - t0:.0f} s: {tok.vocab_size:,} tokens", enabled=cfg.progress)
         tok.save(where)
         return tok
 
@@ -124,6 +164,7 @@ class LMTask:
                 model, self.tokens[split], self.block_size, batch_size=self.cfg.batch_size, device=device,
                 n_words=n_words, autocast_dtype=autocast_dtype,
                 max_windows=self.cfg.eval_batches * self.cfg.batch_size if quick else None,
+                desc=None if quick or not self.cfg.progress else f"final evaluation, {split} split",
             )
             out.update({f"{split}/{k}": v for k, v in res.items()})
         return out
@@ -133,13 +174,3 @@ class LMTask:
         run = RunDir(run_dir)
         self.tokenizer.save(run.tokenizer_dir)
         run.data_path.write_text(json.dumps(self.describe(), indent=2))
-
-
-def split_seed_of(options: dict) -> int:
-    """The validated ``split_seed`` of language-modelling ``task_options`` (default 0).
-
-    Raises:
-        ValueError: an unknown option (see :data:`OPTIONS`) or a ``split_seed`` that is not an int >= 0.
-    """
-    check_options("lm", options, OPTIONS)
-    return nonneg_int("task_options.split_seed", options.get("split_seed", 0))

@@ -5,44 +5,49 @@ A task (registered in :data:`coupled_qk.training.tasks.TASKS`) implements :class
 device) -> (x, y)`` (a pure function of its arguments, which makes resume exact and multi-process runs match
 one process), ``step_tokens(step, world) -> int``, ``evaluate(model, device, quick, autocast_dtype) -> dict``
 and ``save(run_dir)``. The run folder's layout is :class:`coupled_qk.training.rundir.RunDir`.
+
+Reliability: the run folder is locked for one writer (:mod:`~coupled_qk.training.lock`); stop decisions are
+shared by all ranks (:mod:`~coupled_qk.training.stop`); a stop signal saves the current step; a non-finite
+loss or gradient norm stops before the step is taken, so no non-finite weights are ever saved; resumes are
+checked and planned by :mod:`~coupled_qk.training.resume`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
+import sys
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
-from coupled_qk.training.config import (
-    CONTINUATION_FIELDS,
-    TrainConfig,
-    config_differences,
-    describe_differences,
+from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, setup_runtime, teardown
+from coupled_qk.training.lock import RunLock, RunLockedError
+from coupled_qk.training.metrics import Logger, read_metrics
+from coupled_qk.training.resume import (
+    check_config,
+    check_out_dir,
+    lr_at,
+    plan_batch,
+    plan_schedule,
 )
-from coupled_qk.training.distributed import Runtime, all_reduce_mean, barrier, setup_runtime, teardown
 from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.stop import SignalCatcher, StopControl, TrainingDiverged, TrainingInterrupted
 from coupled_qk.training.tasks import steps_for_tokens, task_class
 
+__all__ = ["train", "lr_at", "total_steps_of", "read_metrics", "build_optimizer", "TrainingDiverged",
+           "TrainingInterrupted"]
 
-def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
-    """Linear warmup over ``warmup_steps`` then cosine decay to ``min_lr_ratio * lr`` at ``total_steps``."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - floor)
+GRAD_SCALE_INIT = 2.0**16  # torch's default initial fp16 loss scale
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
@@ -113,188 +118,200 @@ def _load_optimizer_state(model: GPT, optimizer, opt_state: dict, cfg: TrainConf
         optimizer.load_state_dict(opt_state)
 
 
-class _Logger:
-    """JSON-lines metrics (``metrics.jsonl``), TensorBoard scalars and the progress bar, on rank 0 only."""
-
-    def __init__(self, run_dir: Path, cfg: TrainConfig, runtime: Runtime, start_step: int, total_steps: int):
-        self.active = runtime.is_main
-        self.file = None
-        self.tb = None
-        self.bar = None
-        if not self.active:
-            return
-        path = RunDir(run_dir).metrics_path
-        if path.exists():  # drop entries a killed run wrote after its last checkpoint
-            keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= start_step]
-            path.write_text("".join(line + "\n" for line in keep))
-        self.file = path.open("a")
-        if cfg.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard_dir))
-            except ImportError:
-                warnings.warn("tensorboard is not installed; logging JSON lines only", stacklevel=2)
-        self.bar = tqdm(total=total_steps, initial=start_step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
-
-    def log(self, record: dict) -> None:
-        if not self.active:
-            return
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        if self.tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.tb.add_scalar(key, value, record["step"])
-
-    def progress(self, n: int, **postfix) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-            self.bar.set_postfix(postfix, refresh=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        if self.file is not None:
-            self.file.close()
-        if self.tb is not None:
-            self.tb.close()
+def _grad_norm(model: torch.nn.Module, clip: float) -> float:
+    """Total gradient norm (clipping to ``clip`` when ``clip > 0``)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else math.inf)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+        norm = norm.full_tensor()
+    return float(norm)
 
 
 def train(cfg: TrainConfig, task=None) -> dict:
     """Train a :class:`~coupled_qk.GPT` on ``cfg.task`` and return the run's results (also ``results.json``).
 
     Writes into ``cfg.out_dir``: ``config.json``, ``metrics.jsonl`` (training loss, learning rate, tokens/s and
-    validation metrics), TensorBoard events, atomic checkpoints (:mod:`coupled_qk.training.checkpoint`) and
-    ``results.json`` with the final validation/test metrics.
+    validation metrics), TensorBoard events, atomic checksummed checkpoints
+    (:mod:`coupled_qk.training.checkpoint`) and ``results.json`` with the final validation/test metrics. The
+    folder is locked for this run (:class:`~coupled_qk.training.lock.RunLock`).
 
     Raises:
-        ValueError: ``out_dir`` already holds checkpoints and ``resume`` is off (nothing is overwritten), or
-            the checkpoint to resume was made with a different model configuration.
+        ValueError: ``out_dir`` already holds checkpoints and ``resume`` is off (nothing is overwritten);
+            the checkpoint to resume was made with a different model, config, global batch or budget
+            (see :mod:`coupled_qk.training.resume`); it is damaged; ``out_dir`` is a checkpoint folder.
+        RunLockedError: another process is writing ``out_dir`` (a ``ValueError`` naming it).
+        TrainingInterrupted: ``SIGINT``/``SIGTERM`` stopped the run after saving the current step.
+        TrainingDiverged: the loss or gradient norm became non-finite (nothing was saved after the last good
+            checkpoint).
     """
+    run_dir = Path(cfg.out_dir)
+    check_out_dir(run_dir)
     runtime = setup_runtime(cfg.device, cfg.dtype)
+    created = not run_dir.exists()
+    lock, error = RunLock(run_dir), None
     try:
-        return _train(cfg, task, runtime)
+        if runtime.is_main:
+            try:
+                lock.acquire()
+            except RunLockedError as exc:
+                error = exc
+        if not broadcast_ok(error is None, runtime):
+            raise error or RunLockedError(f"run folder {run_dir} is in use by another process")
+        return _train(cfg, task, runtime, run_dir)
     finally:
+        lock.release()
+        if created and runtime.is_main and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # a run that failed before writing anything leaves no folder behind
         teardown(runtime)
 
 
-def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
-    run_dir, run = Path(cfg.out_dir), RunDir(cfg.out_dir)
+def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
+    run = RunDir(run_dir)
     has_ckpt = run.has_checkpoint()
     if has_ckpt and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints; pass --resume to continue it or choose another --out-dir")
-    if cfg.resume and has_ckpt and run.config_path.is_file():
-        # the model is compared field by field against the checkpoint below
-        ignore = CONTINUATION_FIELDS | {"model", "preset"}
-        diff = config_differences(run.read_config(), cfg, ignore)
-        if diff:
-            raise ValueError(
-                f"cannot resume {run_dir}: the run was made with a different config ({describe_differences(diff)}); "
-                "only the budget, logging and paths may change on --resume"
-            )
-    if cfg.resume and not has_ckpt and runtime.is_main:
-        print(f"coupled-qk: no checkpoint in {run_dir}; starting a new run there", flush=True)
+    say = (lambda msg: print(f"coupled-qk: {msg}", file=sys.stderr, flush=True)) if runtime.is_main else (lambda m: None)
+    state: dict = {"step": 0, "tokens": 0, "train_seconds": 0.0}
+    where = None
+    if cfg.resume and has_ckpt:
+        check_config(run_dir, cfg)
+        where = ckpt.resolve_checkpoint(run_dir)
+        ckpt.verify_checksums(where)
+        state = ckpt.read_json(where / "state.json")
+        saved_cfg = run.read_config() or {}
+        plan_batch(state, saved_cfg, cfg, runtime.world, say)
+    elif cfg.resume:
+        say(f"no checkpoint in {run_dir}; starting a new run there")
+    if cfg.fsdp and runtime.world == 1:
+        say("fsdp has no effect in a single process (it applies under torchrun with several processes)")
     if runtime.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.clean_leftovers(run_dir)
     barrier(runtime)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     task = task if task is not None else _build_task(cfg, run_dir, runtime)
     model_cfg = cfg.gpt_config(**task.model_overrides())
-    model = GPT(model_cfg).to(runtime.device)
-    state = {"step": 0, "tokens": 0, "train_seconds": 0.0}
-    where = None
-    if cfg.resume and has_ckpt:
-        where = ckpt.resolve_checkpoint(run_dir)
+    if where is not None:
         ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
+    sched = plan_schedule(state, cfg, total_steps_of(cfg, task, runtime.world), say)
+    if runtime.is_main and cfg.warmup_steps >= sched.horizon - sched.start:
+        warnings.warn(f"warmup_steps={cfg.warmup_steps} is at least the schedule's {sched.horizon - sched.start} steps: "
+                      "the learning rate never reaches --lr and the cosine decay never runs; set --warmup-steps "
+                      f"below the step count (e.g. {max(1, (sched.horizon - sched.start) // 10)}, 10% of it)",
+                      stacklevel=2)
+    model = GPT(model_cfg).to(runtime.device)
+    if where is not None:
         ckpt.load_weights(model, where)
-        state = ckpt.read_json(where / "state.json")
     wrapped = _wrap(model, cfg, runtime)  # FSDP2 replaces the parameters: build the optimizer after it
     optimizer = build_optimizer(model, cfg, fused=runtime.device.type == "cuda")
+    use_scaler = runtime.autocast_dtype == torch.float16
+    scaler = torch.amp.GradScaler(runtime.device.type, init_scale=GRAD_SCALE_INIT, enabled=use_scaler)
     if where is not None:
-        opt_state = torch.load(where / "optimizer.pt", map_location=runtime.device, weights_only=False)
-        _load_optimizer_state(model, optimizer, opt_state, cfg, runtime)
-        ckpt.set_rng_state(torch.load(where / "rng.pt", weights_only=False))
+        _load_optimizer_state(model, optimizer, ckpt.load_torch_file(where / "optimizer.pt", runtime.device), cfg,
+                              runtime)
+        ckpt.set_rng_state(ckpt.load_torch_file(where / "rng.pt"))
+        if use_scaler and state.get("grad_scaler"):
+            scaler.load_state_dict(state["grad_scaler"])
     if runtime.is_main:
         cfg.save(run.config_path)
         model_cfg.save(run.model_config_path)
         task.save(run_dir)
-    total_steps = total_steps_of(cfg, task, runtime.world)
-    start_step = state["step"]
-    logger = _Logger(run_dir, cfg, runtime, start_step, total_steps)
-    use_scaler = runtime.autocast_dtype == torch.float16
-    scaler = torch.amp.GradScaler(runtime.device.type, enabled=use_scaler)
+    start_step = step = saved_step = state["step"]
+    logger = Logger(run_dir, cfg, runtime.is_main, start_step, sched.end)
     autocast = dict(device_type=runtime.device.type, dtype=runtime.autocast_dtype, enabled=runtime.autocast_dtype is not None)
     stop_reason, last_eval = "max_steps", {}
-    t_start, base_seconds = time.perf_counter(), state["train_seconds"]
-    step = start_step
     window_t, window_tokens = time.perf_counter(), 0
 
-    def save():
+    def save() -> Path | None:
+        nonlocal saved_step
+        state.update(schedule=sched.to_dict(), grad_scaler=scaler.state_dict() if use_scaler else None,
+                     global_batch={"batch_size": cfg.batch_size, "world_size": runtime.world,
+                                   "grad_accum": cfg.grad_accum})
         model_state, opt_state = _full_states(model, optimizer, cfg, runtime)
+        path, error = None, None
         if runtime.is_main:
-            ckpt.save_checkpoint(run_dir, model_state, model_cfg, opt_state, dict(state), keep=cfg.keep_checkpoints)
-        barrier(runtime)
+            try:
+                path = ckpt.save_checkpoint(run_dir, model_state, model_cfg, opt_state, dict(state),
+                                            keep=cfg.keep_checkpoints)
+            except Exception as exc:  # every rank must learn of it, or the others wait forever
+                error = exc
+        if not broadcast_ok(error is None, runtime):
+            raise error or RuntimeError("rank 0 failed to save a checkpoint")
+        saved_step = step
+        stop.checkpointed()
+        return path
 
-    wrapped.train()
-    while step < total_steps:
-        elapsed = base_seconds + time.perf_counter() - t_start
-        if cfg.stop_after_steps is not None and step - start_step >= cfg.stop_after_steps:
-            stop_reason = "stop_after_steps"
-            break
-        if cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes:
-            stop_reason = "max_minutes"
-            break
-        step_start = time.perf_counter()
-        tokens_per_step = task.step_tokens(step, runtime.world)
-        lr = lr_at(step, cfg, total_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros((), device=runtime.device)
-        for micro in range(cfg.grad_accum):
-            x, y = task.train_batch(step, micro, runtime.rank, runtime.world, cfg.batch_size, runtime.device)
-            sync = micro == cfg.grad_accum - 1
-            ctx = wrapped.no_sync() if (not sync and hasattr(wrapped, "no_sync")) else contextlib.nullcontext()
-            with ctx, torch.autocast(**autocast):
-                logits = wrapped(x)
-                loss = next_token_loss(logits, y)
-            scaler.scale(loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach()
-        if cfg.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        train_loss = all_reduce_mean(loss_sum.item() / cfg.grad_accum, runtime)  # one sync per step
-        state.update(step=step, tokens=state["tokens"] + tokens_per_step)
-        state["train_seconds"] = base_seconds + time.perf_counter() - t_start
-        window_tokens += tokens_per_step
-        if step % cfg.log_interval == 0 or step == total_steps:
-            now = time.perf_counter()
-            tps = window_tokens / max(now - window_t, 1e-9)
-            window_t, window_tokens = now, 0
-            logger.log({"step": step, "train/loss": train_loss, "lr": lr, "tokens": state["tokens"], "tokens_per_s": tps})
-        step_tps = tokens_per_step / max(time.perf_counter() - step_start, 1e-9)
-        logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{step_tps:,.0f}")
-        if step % cfg.eval_interval == 0 or step == total_steps:
-            last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
-            logger.log({"step": step, "tokens": state["tokens"], **last_eval})
-            wrapped.train()
-            metric = cfg.early_stop_metric
-            if metric is not None and last_eval.get(metric, -math.inf) >= cfg.early_stop_value:
-                stop_reason = "early_stop"
+    with SignalCatcher() as catcher:
+        stop = StopControl(runtime, cfg.max_minutes, cfg.checkpoint_minutes, state["train_seconds"], catcher)
+        wrapped.train()
+        while step < sched.end:
+            if cfg.stop_after_steps is not None and step - start_step >= cfg.stop_after_steps:
+                stop_reason = "stop_after_steps"
                 break
-        if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0 and step < total_steps:
-            save()
-        if not math.isfinite(train_loss):
-            stop_reason = "non_finite_loss"
-            break
+            step_start = time.perf_counter()
+            tokens_per_step = task.step_tokens(step, runtime.world)
+            lr = lr_at(step, cfg, sched.horizon, sched.start)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=runtime.device)
+            for micro in range(cfg.grad_accum):
+                x, y = task.train_batch(step, micro, runtime.rank, runtime.world, cfg.batch_size, runtime.device)
+                sync = micro == cfg.grad_accum - 1
+                ctx = wrapped.no_sync() if (not sync and hasattr(wrapped, "no_sync")) else contextlib.nullcontext()
+                with ctx, torch.autocast(**autocast):
+                    logits = wrapped(x)
+                    loss = next_token_loss(logits, y)
+                scaler.scale(loss / cfg.grad_accum).backward()
+                loss_sum += loss.detach()
+            scaler.unscale_(optimizer)
+            grad_norm = _grad_norm(model, cfg.grad_clip)
+            # one collective per step: the loss and every stop decision (the fp16 scaler skips inf gradients)
+            decision = stop.sync(loss_sum.item(), cfg.grad_accum, None if use_scaler else grad_norm)
+            if decision.non_finite:
+                last = f"the last good checkpoint is {run_dir / ckpt.resolve_checkpoint(run_dir).name}" if (
+                    run_dir / "latest").is_file() else "the run has no checkpoint yet"
+                raise TrainingDiverged(
+                    f"training became non-finite at step {step + 1} (loss {loss_sum.item() / cfg.grad_accum:.4g}, "
+                    f"gradient norm {grad_norm:.4g}, learning rate {lr:.3g}); the step was not taken and nothing "
+                    f"was saved after it ({last}); lower --lr or raise --warmup-steps"
+                )
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            train_loss = decision.loss
+            state.update(step=step, tokens=state["tokens"] + tokens_per_step, train_seconds=stop.train_seconds())
+            window_tokens += tokens_per_step
+            if step % cfg.log_interval == 0 or step == sched.end:
+                now = time.perf_counter()
+                tps = window_tokens / max(now - window_t, 1e-9)
+                window_t, window_tokens = now, 0
+                record = {"step": step, "train/loss": train_loss, "lr": lr, "tokens": state["tokens"],
+                          "tokens_per_s": tps, "grad_norm": grad_norm}
+                logger.log({**record, "loss_scale": scaler.get_scale()} if use_scaler else record)
+            step_tps = tokens_per_step / max(time.perf_counter() - step_start, 1e-9)
+            logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{step_tps:,.0f}")
+            if decision.signum is not None:
+                logger.close()
+                where_saved = save() if step != saved_step else ckpt.resolve_checkpoint(run_dir)
+                raise TrainingInterrupted(decision.signum, step, where_saved or run_dir)
+            if step % cfg.eval_interval == 0 or step == sched.end:
+                last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
+                logger.log({"step": step, "tokens": state["tokens"], **last_eval})
+                wrapped.train()
+                metric = cfg.early_stop_metric
+                if metric is not None and last_eval.get(metric, -math.inf) >= cfg.early_stop_value:
+                    stop_reason = "early_stop"
+                    break
+            if decision.time_up:
+                stop_reason = "max_minutes"
+                break
+            periodic = cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
+            if (periodic or decision.checkpoint_due) and step < sched.end:
+                save()
     logger.close()
-    save()
+    if step != saved_step or where is None:
+        save()
     final = task.evaluate(model, runtime.device, quick=False, autocast_dtype=runtime.autocast_dtype)
     results = {
         "config": cfg.to_dict(),
@@ -304,7 +321,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
         "steps": state["step"],
         "tokens": state["tokens"],
         "train_seconds": state["train_seconds"],
-        "stop_reason": stop_reason if state["step"] < total_steps or stop_reason == "early_stop" else "completed",
+        "stop_reason": stop_reason if state["step"] < sched.end or stop_reason == "early_stop" else "completed",
         "device": str(runtime.device),
         "world_size": runtime.world,
         "final": final,
@@ -312,8 +329,3 @@ def _train(cfg: TrainConfig, task, runtime: Runtime) -> dict:
     if runtime.is_main:
         run.write_results(results)
     return results
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of a run's ``metrics.jsonl`` (see :meth:`RunDir.read_metrics`)."""
-    return RunDir(run_dir).read_metrics()

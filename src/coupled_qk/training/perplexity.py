@@ -9,6 +9,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from coupled_qk.progress import progress
+
 
 def perplexity_windows(n_tokens: int, block_size: int, stride: int | None = None) -> Iterator[tuple[int, int, int]]:
     """Windows that score every target token ``1 .. n_tokens - 1`` exactly once.
@@ -53,6 +55,7 @@ def evaluate_perplexity(
     n_words: int | None = None,
     max_windows: int | None = None,
     autocast_dtype: torch.dtype | None = None,
+    desc: str | None = None,
 ) -> dict:
     """Token-level (and optionally word-level) perplexity of ``model`` on a 1-D token sequence.
 
@@ -64,6 +67,7 @@ def evaluate_perplexity(
         n_words: whitespace-separated words of the original text; adds ``word_perplexity =
             exp(total NLL / n_words)`` (the traditional WikiText unit).
         max_windows: score only the first windows (a quick estimate during training).
+        desc: show progress (:func:`coupled_qk.progress.progress`) under this label; ``None``: silent.
 
     Returns:
         dict with ``nll`` (total, nats), ``n_tokens`` (scored targets), ``loss`` (mean nats per token),
@@ -83,6 +87,7 @@ def evaluate_perplexity(
     by_length: dict[int, list[tuple[int, int]]] = {}
     for start, length, n_scored in windows:
         by_length.setdefault(length, []).append((start, n_scored))
+    bar = progress(len(windows), desc or "", "windows", enabled=desc is not None)
     for length, group in by_length.items():
         for i in range(0, len(group), batch_size):
             chunk = group[i : i + batch_size]
@@ -94,6 +99,8 @@ def evaluate_perplexity(
             for row, (_, n_scored) in enumerate(chunk):
                 total += nll[row, length - n_scored :].double().sum().item()
                 count += n_scored
+            bar.update(len(chunk))
+    bar.close()
     model.train(was_training)
     loss = total / count
     out = {"nll": total, "n_tokens": count, "loss": loss, "perplexity": math.exp(loss)}

@@ -139,16 +139,9 @@ class RunDir:
         """
         if not self.metrics_path.is_file():
             return []
-        lines = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip()]
-        out = []
-        for i, line in enumerate(lines):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                if i == len(lines) - 1:
-                    break
-                raise ValueError(f"{self.metrics_path}: line {i + 1} is not valid JSON ({exc.msg})") from None
-        return out
+        from coupled_qk.training.metrics import parse_metrics  # the one reader (it imports this module)
+
+        return parse_metrics(self.metrics_path)
 
     def train_seconds(self) -> float:
         """Training seconds already spent according to the latest checkpoint (``0.0`` without one)."""

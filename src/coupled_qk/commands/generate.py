@@ -1,0 +1,47 @@
+"""``coupled-qk generate RUN_DIR --prompt TEXT``: sample text from a trained run with its own tokenizer."""
+
+from __future__ import annotations
+
+HELP = "sample text from a trained run (its own tokenizer, KV-cache decoding)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("run_dir", help="a run folder (its latest checkpoint) or a ckpt-* folder")
+    parser.add_argument("--prompt", default="", help="text to continue (default: empty = start of a document)")
+    parser.add_argument("--max-new-tokens", type=int, default=100,
+                        help="tokens to generate; prompt + new tokens must fit the context (default 100)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (default 50)")
+    parser.add_argument("--num-samples", type=int, default=1, help="independent samples (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0); same seed, same text")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default cpu)")
+
+
+def run(args) -> int:
+    import torch
+
+    from coupled_qk._checks import finite, nonneg_int, positive_int
+    from coupled_qk.training.distributed import pick_device
+    from coupled_qk.training.pretrained import load_run
+
+    nonneg_int("--max-new-tokens", args.max_new_tokens)
+    finite("--temperature", args.temperature, 0)
+    positive_int("--top-k", args.top_k)
+    positive_int("--num-samples", args.num_samples)
+    device = pick_device(args.device)
+    run = load_run(args.run_dir, device)
+    prompt = run.encode(args.prompt, device)
+    limit = run.model.config.block_size
+    if prompt.shape[1] + args.max_new_tokens > limit:
+        raise ValueError(f"--max-new-tokens={args.max_new_tokens} plus the prompt's {prompt.shape[1]} tokens "
+                         f"exceeds the model's context block_size={limit}; use at most "
+                         f"{limit - prompt.shape[1]}")
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    print(f"# {run.checkpoint} (step {run.step}, {run.model.config.attention}); tokenizer {run.tokenizer.name}")
+    for i in range(args.num_samples):
+        out = run.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                 generator=generator)
+        if args.num_samples > 1:
+            print(f"--- sample {i + 1}")
+        print(args.prompt + run.tokenizer.decode(out[0, prompt.shape[1]:]))
+    return 0

@@ -1,0 +1,116 @@
+"""Progress reporting for every phase that takes more than a few seconds.
+
+On a terminal this is a ``tqdm`` bar. Without one (output redirected to a log file, CI) or when the bar is
+switched off, a carriage-return bar would make the log unreadable, so :class:`LineProgress` prints a plain
+line every ``interval`` seconds (``COUPLED_QK_LOG_INTERVAL``, default 30) and one when the phase ends.
+``--no-progress`` on the command line (or :func:`set_mode` ``"off"``) silences both.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from tqdm.auto import tqdm
+
+_MODE = {"mode": os.environ.get("COUPLED_QK_PROGRESS", "auto")}
+MODES = ("auto", "bar", "lines", "off")
+
+
+def set_mode(mode: str) -> None:
+    """``"auto"`` (a bar on a terminal, plain lines otherwise), ``"bar"``, ``"lines"`` or ``"off"``.
+
+    Raises:
+        ValueError: another mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"progress mode={mode!r} is unknown; expected one of {list(MODES)}")
+    _MODE["mode"] = mode
+
+
+def progress_mode() -> str:
+    """The current mode (see :func:`set_mode`)."""
+    return _MODE["mode"]
+
+
+def _fmt_seconds(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class LineProgress:
+    """Plain periodic log lines with the same small interface as ``tqdm`` (``update``, ``set_postfix``,
+    ``close``, context manager). Lines look like
+    ``eval valid: 45% 450/1000 windows, 12.3 windows/s, elapsed 0m36s, ETA 0m44s``."""
+
+    def __init__(self, total: int | None, desc: str, unit: str, initial: int = 0, interval: float | None = None,
+                 file=None):
+        self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        self.start_n = initial
+        self.interval = float(os.environ.get("COUPLED_QK_LOG_INTERVAL", 30)) if interval is None else interval
+        self.file = file or sys.stderr
+        self.t0 = self.last = time.monotonic()
+        self.postfix: dict = {}
+        self.closed = False
+
+    def _line(self) -> str:
+        elapsed = time.monotonic() - self.t0
+        rate = (self.n - self.start_n) / elapsed if elapsed > 0 else 0.0
+        parts = [f"{self.desc}:"]
+        if self.total:
+            parts.append(f"{100 * self.n / self.total:.0f}% {self.n:,}/{self.total:,} {self.unit}")
+        else:
+            parts.append(f"{self.n:,} {self.unit}")
+        parts[-1] += f", {rate:,.1f} {self.unit}/s, elapsed {_fmt_seconds(elapsed)}"
+        if self.total and rate > 0 and self.n < self.total:
+            parts[-1] += f", ETA {_fmt_seconds((self.total - self.n) / rate)}"
+        parts += [f"{k}={v}" for k, v in self.postfix.items()]
+        return " ".join(parts)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            print(self._line(), file=self.file, flush=True)
+
+    def set_postfix(self, postfix: dict | None = None, refresh: bool = False, **kwargs) -> None:
+        self.postfix = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in {**(postfix or {}), **kwargs}.items()}
+
+    def write(self, text: str) -> None:
+        print(text, file=self.file, flush=True)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if time.monotonic() - self.t0 >= min(self.interval, 5.0):
+                print(self._line() + " (done)", file=self.file, flush=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def progress(total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0,
+             enabled: bool = True):
+    """A progress reporter for one phase: a ``tqdm`` bar, a :class:`LineProgress`, or a silent one.
+
+    Args:
+        total: expected count (``None`` if unknown). desc: what is running. unit: what is counted.
+        initial: count already done (resumed runs). enabled: ``False`` silences it (e.g. non-zero ranks).
+    """
+    mode = _MODE["mode"]
+    if not enabled or mode == "off":
+        return tqdm(total=total, initial=initial, disable=True)
+    if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
+        return tqdm(total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True)
+    return LineProgress(total, desc, unit, initial)
+
+
+def announce(message: str, enabled: bool = True) -> None:
+    """Print one status line (``coupled-qk: <message>``) to stderr unless progress is off."""
+    if enabled and _MODE["mode"] != "off":
+        print(f"coupled-qk: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,71 @@
+"""Load a finished (or checkpointed) training run for one's own scripts: model, tokenizer and configs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from coupled_qk.data.tokenizers import Tokenizer
+from coupled_qk.models.gpt import GPT
+from coupled_qk.training.checkpoint import load_checkpoint_model, read_json, resolve_checkpoint
+
+
+@dataclass
+class LoadedRun:
+    """A trained model with everything needed to use it.
+
+    Attributes:
+        model: the :class:`~coupled_qk.GPT` in eval mode, on the requested device.
+        tokenizer: the run's own :class:`~coupled_qk.data.tokenizers.Tokenizer` (ids match the model's).
+        checkpoint: the checkpoint folder that was loaded (``ckpt-*``).
+        step: the optimizer step of that checkpoint.
+        train_config: the run's ``config.json`` as a dict (``{}`` if the folder has none).
+    """
+
+    model: GPT
+    tokenizer: Tokenizer
+    checkpoint: Path
+    step: int | None
+    train_config: dict
+
+    def encode(self, text: str, device: torch.device | str | None = None) -> torch.Tensor:
+        """Token ids of ``text`` as a LongTensor ``(1, T)``; an empty text gives the end-of-text token alone.
+
+        Raises:
+            ValueError: the text needs more tokens than the model's ``block_size``.
+        """
+        ids = self.tokenizer.encode(text) or [self.tokenizer.eot_id if self.tokenizer.eot_id is not None else 0]
+        if len(ids) > self.model.config.block_size:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the model's context (block_size) is "
+                             f"{self.model.config.block_size}")
+        device = device if device is not None else next(self.model.parameters()).device
+        return torch.tensor([ids], dtype=torch.long, device=device)
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
+    """Load a run folder (its ``latest`` checkpoint) or one ``ckpt-*`` folder with the run's tokenizer.
+
+    Example::
+
+        run = load_run("runs/demo/coupled/seed0")
+        ids = run.model.generate(run.encode("The history of"), max_new_tokens=40, temperature=0)
+        print(run.tokenizer.decode(ids[0]))
+
+    Raises:
+        FileNotFoundError: no checkpoint, or no ``tokenizer/tokenizer.json`` in the run folder.
+        ValueError: a damaged checkpoint, or a tokenizer whose vocabulary does not match the model.
+    """
+    ckpt = resolve_checkpoint(path)
+    run_dir = ckpt.parent
+    tok_dir = run_dir / "tokenizer"
+    if not (tok_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"the run's tokenizer is missing: expected {tok_dir / 'tokenizer.json'}")
+    tokenizer = Tokenizer.load(tok_dir)
+    model, state = load_checkpoint_model(ckpt, device)
+    if model.config.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"{ckpt}: model vocab_size={model.config.vocab_size} differs from the run tokenizer's "
+                         f"{tokenizer.vocab_size}")
+    config = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
+    return LoadedRun(model, tokenizer, ckpt, state.get("step"), config)

@@ -1,0 +1,219 @@
+"""Issue 9, data loss (1-5), distributed and resumed runs (A-D), torn metrics (10) and file modes (11).
+
+Each test injects the fault the issue describes and checks the value a correct run gives: a refused second
+writer naming the holder, a checkpoint of the interrupted step that resumes bit-exactly, a loadable ``latest``
+after a kill at every point of a re-save, a diverged run that saved nothing after the last good step, ...
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training.lock import RunLock, RunLockedError
+from coupled_qk.training.loop import TrainingDiverged, read_metrics, train
+
+
+def losses(run_dir):
+    return [r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r]
+
+
+def cli_args(cfg) -> list[str]:
+    """``coupled-qk train`` arguments equivalent to a tiny TrainConfig."""
+    m = cfg.model
+    args = ["train", "--corpus", cfg.corpus, "--tokenizer", cfg.tokenizer, "--cache-dir", cfg.cache_dir,
+            "--batch-size", str(cfg.batch_size), "--warmup-steps", str(cfg.warmup_steps), "--lr", str(cfg.lr),
+            "--log-interval", "1", "--eval-interval", str(cfg.eval_interval), "--eval-batches", "2",
+            "--max-steps", str(cfg.max_steps), "--out-dir", cfg.out_dir, "--no-progress", "--no-tensorboard"]
+    for key in ("n_layer", "d_model", "n_heads", "block_size"):
+        args += ["--set", f"{key}={m[key]}"]
+    return args
+
+
+# 1. one writer per run folder -------------------------------------------------------------------------------
+
+def test_1_lock_refuses_second_writer_naming_holder(tiny_cfg, tmp_path, capsys):
+    cfg = tiny_cfg(max_steps=2)
+    with RunLock(cfg.out_dir):
+        with pytest.raises(RunLockedError, match=rf"in use by pid {os.getpid()} on "):
+            train(cfg)
+        from coupled_qk.cli import main
+
+        assert main(cli_args(cfg)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"pid {os.getpid()}" in err[0]
+    assert not (Path(cfg.out_dir) / ".lock").exists()
+    assert train(cfg)["steps"] == 2  # released: the run proceeds, and leaves no lock file
+    assert not (Path(cfg.out_dir) / ".lock").exists()
+
+
+def test_1_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
+    run = tmp_path / "run"
+    code = f"from coupled_qk.training.lock import RunLock; import os; RunLock({str(run)!r}).acquire(); os._exit(9)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 9
+    assert (run / ".lock").exists()  # left behind by the dead holder, but its flock died with it
+    with RunLock(run) as lock:
+        assert lock.held
+        assert json.loads((run / ".lock").read_text())["pid"] == os.getpid()
+
+
+# 2. stop signals save the current step; periodic checkpoints by default ---------------------------------------
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, sig, code):
+    ref = tiny_cfg(max_steps=40, eval_interval=1000, out_dir=str(tmp_path / "ref"))
+    train(ref)
+    cfg = tiny_cfg(max_steps=40, eval_interval=1000, out_dir=str(tmp_path / "sig"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "coupled_qk.cli", *cli_args(cfg)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = Path(cfg.out_dir) / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("coupled-qk: warning:")]
+    assert len(lines) == 1 and f"stopped by {sig.name} at step" in lines[0] and "--resume" in lines[0], err
+    stopped = int(lines[0].split("at step ")[1].split(";")[0])
+    assert 3 <= stopped < 40
+    assert ckpt.load_checkpoint_model(cfg.out_dir)[1]["step"] == stopped
+    res = train(tiny_cfg(max_steps=40, eval_interval=1000, out_dir=cfg.out_dir, resume=True))
+    assert res["steps"] == 40
+    assert losses(cfg.out_dir) == losses(ref.out_dir)  # bit-identical to the uninterrupted run
+    assert res["final"]["test/perplexity"] == json.loads((Path(ref.out_dir) / "results.json").read_text())[
+        "final"]["test/perplexity"]
+
+
+def test_2_periodic_checkpoints_by_default(tiny_cfg, tmp_path):
+    from coupled_qk.training.config import TrainConfig
+
+    assert TrainConfig(max_steps=1).checkpoint_minutes == 15.0  # documented default
+    cfg = tiny_cfg(max_steps=6, checkpoint_minutes=1e-9, keep_checkpoints=10)  # due after every step
+    train(cfg)
+    steps = sorted(ckpt.checkpoint_step(p) for p in Path(cfg.out_dir).glob("ckpt-*"))
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+# 3. a re-save is atomic: latest always names a complete checkpoint ------------------------------------------
+
+def _fork_and_kill_at(run: Path, kill_at: int, model) -> int:
+    pid = os.fork()
+    if pid == 0:  # child: re-save step 6 and die just before the kill_at-th rename or delete
+        calls = {"n": 0}
+
+        def dying(real):
+            def wrapper(*a, **k):
+                calls["n"] += 1
+                if calls["n"] == kill_at:
+                    os._exit(9)
+                return real(*a, **k)
+            return wrapper
+
+        os.replace = dying(os.replace)
+        ckpt.shutil.rmtree = dying(ckpt.shutil.rmtree)
+        ckpt.save_checkpoint(run, model.state_dict(), model.config, {"o": 1}, {"step": 6})
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_3_kill_at_every_point_of_a_resave_leaves_a_loadable_latest(tmp_path):
+    from coupled_qk import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
+    run = tmp_path / "run"
+    ckpt.save_checkpoint(run, model.state_dict(), model.config, {"o": 1}, {"step": 6})
+    killed = 0
+    for kill_at in range(1, 12):
+        code = _fork_and_kill_at(run, kill_at, model)
+        killed += code == 9
+        loaded, state = ckpt.load_checkpoint_model(run)  # verifies the checksums too
+        assert state["step"] == 6
+        torch.testing.assert_close(loaded.tok_emb.weight, model.tok_emb.weight)
+        if code == 0:
+            break
+    assert killed >= 3  # the tmp -> final rename, the latest replace and the old folder's delete
+    ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 6})
+    names = sorted(p.name for p in run.iterdir())
+    assert len([n for n in names if n.startswith("ckpt-")]) == 1 and not [n for n in names if n.startswith(".")]
+
+
+def test_3_resume_of_a_finished_run_keeps_latest_valid(tiny_cfg):
+    cfg = tiny_cfg(max_steps=4, checkpoint_interval=2, stop_after_steps=4)
+    train(cfg)
+    train(tiny_cfg(max_steps=4, resume=True))
+    assert ckpt.load_checkpoint_model(cfg.out_dir)[1]["step"] == 4
+
+
+# 4. a non-finite run stops, saves nothing after the last good step, and exits non-zero ------------------------
+
+def test_4_non_finite_run_stops_and_keeps_last_good_checkpoint(tiny_cfg, capsys):
+    cfg = tiny_cfg(lr=1000.0, max_steps=30, checkpoint_interval=1, keep_checkpoints=30)
+    with pytest.raises(TrainingDiverged, match=r"non-finite at step (\d+).*last good checkpoint is .*ckpt-") as info:
+        train(cfg)
+    bad_step = int(info.value.args[0].split("at step ")[1].split(" ")[0])
+    model, state = ckpt.load_checkpoint_model(cfg.out_dir)
+    assert state["step"] == bad_step - 1
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert not (Path(cfg.out_dir) / "results.json").exists()
+    assert all(map(lambda x: x == x and abs(x) != float("inf"), losses(cfg.out_dir)))
+    from coupled_qk.cli import main
+
+    args = cli_args(tiny_cfg(lr=1000.0, max_steps=30, out_dir=cfg.out_dir + "-cli"))
+    assert main(args) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "non-finite at step" in err[0]
+
+
+def test_4_non_finite_weights_are_refused_on_load(tmp_path):
+    from coupled_qk import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
+    with torch.no_grad():
+        model.tok_emb.weight[0, 0] = float("nan")
+    ckpt.save_checkpoint(tmp_path, model.state_dict(), model.config, None, {"step": 1})
+    with pytest.raises(ValueError, match=r"non-finite .*tok_emb\.weight"):
+        ckpt.load_checkpoint_model(tmp_path)
+
+
+# 5. damaged tensor bytes with an intact header are detected ---------------------------------------------------
+
+def test_5_flipped_tensor_bytes_are_detected(tiny_cfg, capsys):
+    from safetensors.torch import load_file
+
+    from coupled_qk.cli import main
+
+    cfg = tiny_cfg(max_steps=2)
+    train(cfg)
+    where = ckpt.resolve_checkpoint(cfg.out_dir)
+    file = where / "model.safetensors"
+    data = bytearray(file.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    data[header + 16: header + 80] = b"\xff" * 64  # tensor data overwritten, header intact
+    file.write_bytes(bytes(data))
+    assert load_file(str(file))  # the format itself does not notice
+    with pytest.raises(ValueError, match=r"model\.safetensors is damaged: its SHA-256 differs"):
+        ckpt.load_checkpoint_model(cfg.out_dir)
+    capsys.readouterr()
+    assert main(["eval", cfg.out_dir]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SHA-256" in err[0]
+    assert main(cli_args(tiny_cfg(max_steps=4)) + ["--resume"]) == 2  # resume verifies every file
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SHA-256" in err[0]
+    opt = where / "optimizer.pt"
+    opt.write_bytes(opt.read_bytes()[:-10])  # truncated
+    with pytest.raises(ValueError, match=r"optimizer\.pt is damaged"):
+        ckpt.verify_checksums(where, ("optimizer.pt",))
+    (where / "checksums.json").unlink()  # an older checkpoint: the reader's error, still one line
+    with pytest.raises(ValueError, match=r"cannot read .*optimizer\.pt"):
+        ckpt.load_torch_file(opt)
