@@ -81,3 +81,25 @@ def test_c11_reads_the_glue_results(tmp_path):
             r["score"] -= 0.001 - 0.002 * (r["seed"] == 0)  # gains +0.002, 0, 0: not significant
     path.write_text(json.dumps(rows))
     assert c11(rec, path)["verdict"] == "reproduced"
+
+
+def test_record_reuse_compares_settings(tmp_path):
+    """A record is reused only with the same result-changing settings; a field it predates counts as default."""
+    import json
+    from pathlib import Path
+
+    from coupled_qk.experiments.claims_runs import load_record, settings_of, train_config
+
+    cell = get_protocol("cpu-short").cell("wv-tiny")
+    cfg = train_config(cell, "coupled", 1, Path("runs/x"), Path("data"))
+    saved = settings_of(cfg)
+    path = tmp_path / "seed1.json"
+    path.write_text(json.dumps({"config": saved}))
+    assert load_record(path, train_config(cell, "coupled", 1, Path("elsewhere"), Path("other"))) is not None
+    older = {k: v for k, v in saved.items() if k != "early_stop_metric"}  # a record from before that field
+    path.write_text(json.dumps({"config": older}))
+    assert load_record(path, cfg) is not None
+    assert load_record(path, train_config(cell, "coupled", 2, Path("runs/x"), Path("data"))) is None  # seed
+    assert load_record(path, train_config(cell, "standard", 1, Path("runs/x"), Path("data"))) is None  # variant
+    path.write_text("{not json")
+    assert load_record(path, cfg) is None

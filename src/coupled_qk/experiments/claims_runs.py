@@ -78,9 +78,17 @@ def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
         rec = json.loads(path.read_text())
     except json.JSONDecodeError:
         return None
-    if planned is not None and setting_differences(rec.get("config", {}), planned):
+    if planned is not None and _differences(rec.get("config", {}), planned):
         return None
     return rec
+
+
+def _differences(saved: dict, planned: TrainConfig) -> dict:
+    """:func:`setting_differences`, except that a field the record predates (absent from it) counts as equal
+    when the planned value is the field's default: a new ``TrainConfig`` option does not void old records."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    return {k: v for k, v in setting_differences(saved, planned).items()
+            if not (k not in saved and v[1] == defaults.get(k))}
 
 
 def _git_commit() -> str | None:
