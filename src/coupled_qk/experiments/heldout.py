@@ -61,7 +61,8 @@ def heldout_corpus(data_dir: str | Path, out_root: str | Path, seed: int = 0, fr
     out = Path(out_root) / HELDOUT_NAME
     if (out / "source.txt").is_file() and (out / "source.txt").read_text() == stamp:
         return out
-    train, valid, test = random_split(split_articles(text), seed, fraction, fraction, "wiki-vital")
+    # min_split_words=0: exactly round(n * fraction) articles per split (the split the committed runs used)
+    train, valid, test = random_split(split_articles(text), seed, fraction, fraction, "wiki-vital", min_split_words=0)
     out.mkdir(parents=True, exist_ok=True)
     for name, docs in (("train", train), ("valid", valid), ("test", test)):
         write_text_atomic(out / f"{name}.txt", "\n\n".join(docs) + "\n")
