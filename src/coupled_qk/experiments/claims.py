@@ -101,8 +101,9 @@ class Records:
             if done:
                 per_run = sum(r["wall_seconds"] for r in done) / len(done) / 60
                 pace = f"; at this session's measured {per_run:.0f} minutes per run, about {missing * per_run / 60:.1f} hours in one process"
+            idle = f"{minutes / 60:.1f} CPU-hours" if minutes >= 60 else f"{minutes:.0f} CPU-minutes"
             raise NotReady(f"in progress: {total - missing} of {total} runs of {label} finished; the other {missing} "
-                           f"take about {minutes / 60:.1f} CPU-hours on an idle core{pace}")
+                           f"take about {idle} on an idle core{pace}")
 
     def pairs(self, a: tuple[str, str], b: tuple[str, str], metric: str = PRIMARY) -> tuple[list, list, list]:
         """Values of ``a = (cell, variant)`` and ``b`` on their common seeds (sorted): ``(seeds, va, vb)``."""
