@@ -1,4 +1,4 @@
-"""Import direction: ops <- layers <- models <- data/training <- analysis/experiments <- commands/cli.
+"""Import direction: ops <- layers <- models <- data/training/hf <- analysis/experiments <- commands/cli.
 
 Every ``import`` statement of every source file (also those inside functions) is read with ``ast``; a module
 may import only from its own level or a lower one. The package root (``coupled_qk/__init__.py``) is the public
@@ -18,7 +18,7 @@ LEVELS = {
     "_checks": 0, "io": 0, "progress": 0, "ops": 0,
     "layers": 1,
     "models": 2,
-    "data": 3, "training": 3,
+    "data": 3, "training": 3, "hf": 3,
     "analysis": 4, "experiments": 4,
     "commands": 5, "cli": 5, "__main__": 5,
 }

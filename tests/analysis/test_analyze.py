@@ -22,7 +22,8 @@ def tiny_gpt(attention: str, seed: int = 0, **overrides) -> GPT:
     torch.manual_seed(seed)
     fields = dict(vocab_size=61, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2,
                   attention=attention)
-    if get_attention(attention).qk_map is not None:
+    qk_map = get_attention(attention).qk_map
+    if qk_map is not None and "dt_init" in qk_map.option_names():
         fields["dt_init"] = 0.3
     fields.update(overrides)
     model = GPT(GPTConfig(**fields)).eval()
@@ -92,7 +93,8 @@ def test_per_layer_keys_and_shapes(attention):
         maps = {"a1", "a2", "signed"}
     else:
         expected, maps = set(MAP_METRICS), {"attn"}
-    qk = {"dt", "q_update", "k_update"} if get_attention(attention).qk_map is not None else set()
+    qk_map = model.blocks[0].attn.qk_map
+    qk = set() if qk_map is None else {"q_update", "k_update"} | ({"dt"} if qk_map.dt is not None else set())
     for layer in res["layers"]:
         assert set(layer["heads"]) == expected
         assert all(len(v) == n_map for v in layer["heads"].values())
@@ -118,7 +120,9 @@ def test_per_layer_keys_and_shapes(attention):
             assert all(1 - 1e-9 <= v <= T + 1e-9 for v in vals), key
     if attention.startswith("uncoupled_mlp"):
         assert all(v == 0 for layer in res["layers"] for v in layer["qk_heads"]["k_update"])
-    if get_attention(attention).qk_map is not None:
+    if attention.startswith("invertible"):  # the v2 coupling is exactly the identity at initialisation
+        assert all(v == 0 for layer in res["layers"] for k in qk for v in layer["qk_heads"][k])
+    elif get_attention(attention).qk_map is not None:
         assert all(v > 0 for layer in res["layers"] for v in layer["qk_heads"]["q_update"])
     ex = res["example"]
     assert (ex["layer"], ex["head"], ex["tokens"]) == (cfg.n_layer - 1, 1, 8)

@@ -17,7 +17,7 @@ def small_model(attention, position="rope", n_kv_heads=2, integrator=None, **kw)
     """A perturbed 2-layer model; map options (dt_init=0.3, ``integrator``) only where the map has them."""
     torch.manual_seed(0)
     qk_map = get_attention(attention).qk_map
-    options = {} if qk_map is None else {"dt_init": 0.3}
+    options = {"dt_init": 0.3} if qk_map is not None and "dt_init" in qk_map.option_names() else {}
     if integrator is not None and qk_map is not None and "integrator" in qk_map.option_names():
         options["integrator"] = integrator
     cfg = GPTConfig(

@@ -28,6 +28,11 @@ def run(args) -> int:
 
     reject_variant_flags(args, "demo")
     defaults = {k: v for k, v in DEMO_DEFAULTS.items() if getattr(args, k, None) is None}
+    if "corpus" in defaults:  # wiki-vital offline, else WikiText-2 from the hub, else an error saying what to get
+        from coupled_qk.data.hub import demo_corpus
+
+        defaults["corpus"], which = demo_corpus(args.data_dir)
+        print(which)
     base = config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
     summary = run_comparison(base, args.variants.split(","), seeds, base.out_dir)

@@ -9,6 +9,7 @@ Sources (under the data dir, see :func:`coupled_qk.data.paths.default_data_dir` 
 * ``mixed-domain``: every ``mixed-domain/*.txt`` (sorted), split into documents, mixed, then split.
 * ``wikitext-103``, ``wikitext-2`` (+ ``-raw``): the official releases, ``wiki.{train,valid,test}.tokens``
   (``.raw`` for the raw variants) in the data dir or in its ``wikitext-103/`` ... sub-folder.
+* ``hf:NAME[:CONFIG]``: a dataset loaded with Hugging Face ``datasets`` (optional; :mod:`coupled_qk.data.hub`).
 * anything else is a path: a text file, a folder of ``*.txt`` files (recursive), or a folder holding
   ``train.txt``/``valid.txt``/``test.txt`` or ``wiki.*.tokens`` (used as given).
 
@@ -295,7 +296,7 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
     """Load a corpus by name (:data:`KNOWN_CORPORA`) or path, as train/valid/test text.
 
     Args:
-        name_or_path: a known corpus name, or a path (text file or folder; relative paths are tried
+        name_or_path: a known corpus name, ``hf:NAME[:CONFIG]`` (Hugging Face ``datasets``), or a path (text file or folder; relative paths are tried
             against the current directory, then against the data dir). See the module docstring.
         data_dir: the data folder; default :func:`~coupled_qk.data.paths.default_data_dir`. For the
             ``wikitext-*`` names it may also be the folder holding ``wiki.*.tokens`` itself.
@@ -316,6 +317,10 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"name_or_path must be a str or Path, got {type(name_or_path).__name__}")
     name = str(name_or_path)
+    if name.startswith("hf:"):  # Hugging Face datasets (optional; see coupled_qk.data.hub)
+        from coupled_qk.data.hub import load_hub_corpus
+
+        return load_hub_corpus(name, seed, valid_fraction, test_fraction)
     if name in KNOWN_CORPORA:
         root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
         if not root.is_dir():

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from coupled_qk._checks import choice, coerce_fields, finite, nonneg_int, positive_int
 from coupled_qk.layers.attention import SCORINGS
 from coupled_qk.layers.forces import FORCES
+from coupled_qk.layers.invertible import InvertibleQKCoupling
 from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
 from coupled_qk.ops.dynamics import INTEGRATORS
 
@@ -96,6 +97,24 @@ class QueryMLPOptions(MapOptions):
 
     def validate(self) -> None:
         _check_hidden_dt(self)
+
+
+@dataclass
+class InvertibleOptions(MapOptions):
+    """Options of :class:`~coupled_qk.layers.invertible.InvertibleQKCoupling` (arXiv:2604.01683v2; docs/METHOD.md
+    section 1): ``hidden`` (conditioner width, ``None`` = ``5 d_head // 8``), ``n_alternations`` (>= 1),
+    ``scale_max`` (bound of each log-scale, > 0), ``shared_across_heads``."""
+
+    hidden: int | None = None
+    n_alternations: int = 1
+    scale_max: float = 1.0
+    shared_across_heads: bool = True
+
+    def validate(self) -> None:
+        if self.hidden is not None:
+            positive_int("GPTConfig.qk_map.hidden", self.hidden)
+        positive_int("GPTConfig.qk_map.n_alternations", self.n_alternations)
+        finite("GPTConfig.qk_map.scale_max", self.scale_max, lo=0.0, lo_open=True)
 
 
 FLAT_MAP_OPTIONS = {
@@ -246,6 +265,7 @@ def register_qk_map(name: str, stem: str, module: type, options: type) -> QKMapT
 
 register_qk_map("dynamics", "coupled", QKDynamics, DynamicsOptions)
 register_qk_map("query_mlp", "uncoupled_mlp", QueryMLP, QueryMLPOptions)
+register_qk_map("invertible", "invertible", InvertibleQKCoupling, InvertibleOptions)  # v2's coupling
 
 
 def get_attention(name: str) -> Attention:
@@ -267,11 +287,13 @@ VARIANTS: dict[str, dict] = {
     "uncoupled_mlp": dict(attention="uncoupled_mlp"),
     "differential": dict(attention="differential"),
     "coupled_differential": dict(attention="coupled_differential"),
+    "invertible": dict(attention="invertible"),  # arXiv:2604.01683v2: standard scoring + invertible coupling
+    "invertible_differential": dict(attention="invertible_differential"),  # v2's headline combination
 }
 """Variant name -> ``GPTConfig`` overrides (flat spellings; see :func:`register_variant`)."""
 
 MAIN_VARIANTS = [name for name in VARIANTS if name != "coupled_symplectic_euler"]
-"""The paper's variants and baselines (the default set of ``bench`` and ``mqar``)."""
+"""The paper's variants (v1 and v2) and baselines (the default set of ``bench`` and ``mqar``)."""
 
 ALIASES = {"coupled_euler": "coupled", "leapfrog": "coupled_leapfrog", "diff": "differential"}
 

@@ -1,0 +1,240 @@
+"""Retrofit experiment at CPU scale (issue 11, item 5).
+
+Takes a ``standard`` model trained by this project (``coupled-qk train ... --set position=learned``),
+exports it to a Hugging Face ``GPT2LMHeadModel`` (:func:`coupled_qk.hf.gpt2_export.gpt_to_gpt2`, checked to
+give the same logits), then continues training it for the same token batches per seed
+
+  (a) as is, and
+  (b) retrofitted with coupled QK dynamics from ``dt = 0`` (:func:`coupled_qk.hf.retrofit`),
+
+and reports validation perplexity per seed and the paired difference (b - a) with a 95% t-interval.
+
+    OMP_NUM_THREADS=1 python experiments/retrofit_cpu.py --run runs/base-standard \
+        --seeds 0 1 2 --steps 40 --out docs/results/retrofit-cpu
+
+Seeds may run as separate processes (``--seeds 0``, ``--seeds 1`` ... with the same ``--out``); each writes
+``rows-seed<S>.json`` and rebuilds ``results.json`` / ``README.md`` from all rows present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+from coupled_qk.hf import retrofit
+from coupled_qk.hf.gpt2_export import gpt_to_gpt2
+from coupled_qk.hf.retrofit import coupling_parameters, step_sizes
+from coupled_qk.training.checkpoint import load_checkpoint_model, read_json
+from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.lm import LMTask, batch_offsets
+from coupled_qk.training.perplexity import evaluate_perplexity
+
+
+class Logits(torch.nn.Module):
+    """``(B, T)`` ids -> ``(B, T, vocab)`` logits of a transformers causal LM (for evaluate_perplexity)."""
+
+    def __init__(self, hf):
+        super().__init__()
+        self.hf = hf
+
+    def forward(self, x):
+        return self.hf(x).logits
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warmup then cosine decay to ``lr / 10``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def param_groups(model, lr, coupling_lr, weight_decay):
+    new = {id(p) for p in coupling_parameters(model)}
+    groups = {"decay": [], "no_decay": [], "coupling": []}
+    for p in model.parameters():
+        if id(p) in new:
+            groups["coupling"].append(p)
+        else:
+            groups["decay" if p.dim() >= 2 else "no_decay"].append(p)
+    out = [
+        {"params": groups["decay"], "weight_decay": weight_decay, "base_lr": lr},
+        {"params": groups["no_decay"], "weight_decay": 0.0, "base_lr": lr},
+    ]
+    if groups["coupling"]:
+        out.append({"params": groups["coupling"], "weight_decay": 0.0, "base_lr": coupling_lr})
+    return out
+
+
+def train(model, task, args, seed):
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(param_groups(model, args.lr, args.coupling_lr, args.weight_decay), betas=(0.9, 0.95))
+    tokens, bs = task.tokens["train"], task.block_size
+    model.train()
+    losses = []
+    for step in range(args.steps):
+        scale = lr_at(step, args.steps, 1.0, args.warmup)
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * scale
+        offsets = batch_offsets(args.data_seed + seed, step, 0, len(tokens) - bs, args.batch_size)
+        chunk = torch.from_numpy(np.asarray(tokens[offsets[:, None] + np.arange(bs + 1)], dtype=np.int64))
+        logits = model(chunk[:, :-1]).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), chunk[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return model.eval(), losses
+
+
+def evaluate(model, task, args) -> dict:
+    return evaluate_perplexity(
+        Logits(model), task.tokens["valid"], task.block_size, batch_size=args.batch_size, max_windows=args.eval_windows
+    )
+
+
+def paired(a: list[float], b: list[float]) -> dict:
+    d = np.asarray(b) - np.asarray(a)
+    n = len(d)
+    mean = float(d.mean())
+    if n < 2:
+        return {"n": n, "mean": mean, "ci95": None}
+    half = float(stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / math.sqrt(n))
+    return {"n": n, "mean": mean, "sd": float(d.std(ddof=1)), "ci95": [mean - half, mean + half]}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="run folder of a standard model trained with position=learned")
+    p.add_argument("--data-dir", default=None, help="offline data folder (default: the run's / COUPLED_QK_DATA)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--coupling-lr", type=float, default=1e-2, help="learning rate of dt and the coupling network")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--integrator", default="euler")
+    p.add_argument("--data-seed", type=int, default=1000, help="batch order seed offset (same for both arms)")
+    p.add_argument("--eval-windows", type=int, default=400, help="validation windows of block_size tokens")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+
+    run = Path(args.run)
+    cfg = TrainConfig.from_dict({**read_json(run / "config.json"), "resume": True, "out_dir": str(run)})
+    if args.data_dir:
+        cfg.data_dir = args.data_dir
+    task = LMTask(cfg, run_dir=run)
+    gpt, state = load_checkpoint_model(run)
+    base = gpt_to_gpt2(gpt)
+    x = torch.from_numpy(np.asarray(task.tokens["valid"][: 4 * task.block_size], dtype=np.int64)).view(4, -1)
+    with torch.no_grad():
+        export_diff = float((base(x).logits - gpt(x)).abs().max())
+    t0 = time.time()
+    rf0 = retrofit(copy.deepcopy(base), integrator=args.integrator, dt_init=0.0)
+    with torch.no_grad():
+        if not torch.equal(rf0(x).logits, base(x).logits):
+            raise RuntimeError("the dt=0 retrofit changed the model's logits")
+    start = evaluate(base, task, args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for seed in args.seeds:
+        row = {"seed": seed, "start_valid_perplexity": start["perplexity"]}
+        for arm in ("as_is", "retrofit"):
+            model = copy.deepcopy(base)
+            if arm == "retrofit":
+                torch.manual_seed(seed)  # coupling-network init
+                retrofit(model, integrator=args.integrator, dt_init=0.0)
+            ts = time.time()
+            model, losses = train(model, task, args, seed)
+            ev = evaluate(model, task, args)
+            row[arm] = {"valid_perplexity": ev["perplexity"], "valid_loss": ev["loss"],
+                        "final_train_loss": float(np.mean(losses[-10:])), "seconds": time.time() - ts}
+            if arm == "retrofit":
+                dts = torch.cat(step_sizes(model))
+                row[arm]["dt_abs_mean"], row[arm]["dt_abs_max"] = float(dts.abs().mean()), float(dts.abs().max())
+            print(json.dumps({"seed": seed, "arm": arm, **row[arm]}), flush=True)
+        (out / f"rows-seed{seed}.json").write_text(json.dumps(row, indent=2))
+    header = {
+        "command": "OMP_NUM_THREADS=1 python experiments/retrofit_cpu.py " + " ".join(argv or sys.argv[1:]),
+        "base_run": str(run), "base_state": state, "base_model": gpt.config.to_dict(),
+        "data": task.describe(), "export_max_abs_logit_diff": export_diff,
+        "tokens_per_arm": args.steps * args.batch_size * task.block_size,
+        "eval_tokens": start["n_tokens"], "start_valid_perplexity": start["perplexity"],
+        "settings": {k: v for k, v in vars(args).items() if k not in ("run", "out", "seeds")},
+        "machine": f"{platform.machine()}, torch {torch.__version__}, 1 thread per process "
+                   "(2 cores shared with other jobs)",
+        "seconds_this_process": time.time() - t0,
+    }  # fmt: skip
+    summarize(out, header)
+
+
+def summarize(out: Path, header: dict) -> dict:
+    """Combine every ``rows-seed*.json`` in ``out`` (seeds may run as separate processes) into
+    ``results.json`` and ``README.md``."""
+    rows = sorted((json.loads(p.read_text()) for p in out.glob("rows-seed*.json")), key=lambda r: r["seed"])
+    ppl_a = [r["as_is"]["valid_perplexity"] for r in rows]
+    ppl_b = [r["retrofit"]["valid_perplexity"] for r in rows]
+    result = {
+        **header, "rows": rows,
+        "ppl_diff_retrofit_minus_as_is": paired(ppl_a, ppl_b),
+        "rel_diff_percent": paired([0.0] * len(rows), [100 * (b / a - 1) for a, b in zip(ppl_a, ppl_b)]),
+    }  # fmt: skip
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    (out / "README.md").write_text(markdown(result))
+    print(markdown(result))
+    return result
+
+
+def markdown(r: dict) -> str:
+    d, rel = r["ppl_diff_retrofit_minus_as_is"], r["rel_diff_percent"]
+
+    def ci(x):
+        return "n/a" if x["ci95"] is None else f"[{x['ci95'][0]:+.3f}, {x['ci95'][1]:+.3f}]"
+
+    m = r["base_model"]
+    lines = [
+        "# Retrofit experiment (CPU scale)",
+        "",
+        f"Base: `{r['base_run']}`, a `standard` GPT ({m['n_layer']} layers, d_model {m['d_model']}, "
+        f"{m['n_heads']} heads, learned positions, vocab {m['vocab_size']}, context {m['block_size']}) trained by "
+        f"`coupled-qk train` for {r['base_state'].get('tokens')} tokens on {r['data']['corpus']}, exported to a "
+        f"transformers `GPT2LMHeadModel` (max |logit diff| {r['export_max_abs_logit_diff']:.1e}).",
+        f"Each arm continues training for {r['tokens_per_arm']:,} tokens (same batches per seed; lr "
+        f"{r['settings']['lr']}, coupling lr {r['settings']['coupling_lr']}). Validation perplexity over the first "
+        f"{r['eval_tokens']:,} validation tokens (non-overlapping windows); before continued training: "
+        f"{r['start_valid_perplexity']:.3f} (identical for the dt=0 retrofit).",
+        "",
+        "| seed | as is | retrofit (dt=0 start) | difference | mean abs dt |",
+        "|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        a, b = row["as_is"]["valid_perplexity"], row["retrofit"]["valid_perplexity"]
+        lines.append(f"| {row['seed']} | {a:.3f} | {b:.3f} | {b - a:+.3f} | {row['retrofit']['dt_abs_mean']:.4f} |")
+    lines += [
+        "",
+        f"Paired difference (retrofit - as is), n = {d['n']}: {d['mean']:+.3f} perplexity, 95% t-interval {ci(d)}; "
+        f"relative {rel['mean']:+.2f}% {ci(rel)}.",
+        "",
+        f"Command: `{r['command']}`  ",
+        f"Machine: {r['machine']}; {r['seconds_this_process'] / 60:.1f} minutes for the last process.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
