@@ -103,3 +103,21 @@ def test_record_reuse_compares_settings(tmp_path):
     assert load_record(path, train_config(cell, "standard", 1, Path("runs/x"), Path("data"))) is None  # variant
     path.write_text("{not json")
     assert load_record(path, cfg) is None
+
+
+def test_c11_on_the_committed_glue_results_is_uninformative():
+    """The committed CPU GLUE study (issue 15): every model sits at the majority class or at chance, so C11's
+    null claim can be neither supported nor contradicted by it."""
+    from pathlib import Path
+
+    from coupled_qk.experiments.claims import Records, c11
+    from coupled_qk.experiments.claims_glue import glue_score_rows, majority_score
+
+    path = Path(__file__).parents[2] / "docs" / "results" / "glue-cpu" / "results.json"
+    import json
+
+    rows = glue_score_rows(json.loads(path.read_text()))
+    assert {r["task"] for r in rows} == {"sst2", "cola", "rte", "mrpc"} and len(rows) == 4 * 3 * 3
+    assert majority_score("cola") == 0.0 and majority_score("sst2") == pytest.approx(444 / 872)
+    row = c11(Records(get_protocol("cpu-short"), {}), path)
+    assert row["verdict"] == "not reproduced at this scale" and row["details"]["learned_tasks"] == []

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
+DEFAULT_GLUE_JSON = "docs/results/glue-cpu/results.json"  # committed by the GLUE study (issue 15)
 HELP = "run a claims protocol (C1-C13 with seeds and confidence intervals) and regenerate its report"
 
 
@@ -30,7 +32,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--defer-wt2", action="store_true", help="train every run first, then evaluate WikiText-2")
     parser.add_argument("--report-only", action="store_true", help="do not train; report from the records")
     parser.add_argument("--glue-json", default=None,
-                        help="GLUE results for C11: JSON list of {task, variant, seed, score} (default: none)")
+                        help="GLUE results for C11: a `coupled-qk glue` results.json, or a JSON list of rows with task, "
+                        f"variant, seed and score (default: {DEFAULT_GLUE_JSON} if it exists)")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
 
 
@@ -62,7 +65,8 @@ def run(args) -> int:
         cells = [c for c in args.cells.split(",") if c.strip()] if args.cells else None
         run_protocol(protocol, out_dir, args.run_root, data_dir, cache, cells=cells, shard=shard,
                      defer_wt2=args.defer_wt2)
-    report = build_report(protocol, out_dir, args.glue_json)
+    glue_json = args.glue_json or (DEFAULT_GLUE_JSON if Path(DEFAULT_GLUE_JSON).is_file() else None)
+    report = build_report(protocol, out_dir, glue_json)
     given = sys.argv[2:] if sys.argv[1:2] == ["claims"] else ["--protocol", args.protocol]
     command = "coupled-qk claims " + shlex.join(given)
     paths = write_report(report, protocol, out_dir, command, figures=not args.no_figures)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coupled_qk.experiments import stats
+from coupled_qk.experiments.claims_glue import glue_score_rows, informative_tasks
 from coupled_qk.experiments.protocols import Protocol
 
 VERDICTS = ("reproduced", "not reproduced at this scale", "contradicted", "not run")
@@ -279,12 +280,13 @@ def c10(rec):
 
 
 def c11(rec, glue_json: str | Path | None = None):
-    """C11 from the GLUE issue's results: a JSON list of ``{"task", "variant", "seed", "score"}`` records."""
+    """C11 from the GLUE issue's results (``coupled-qk glue``'s ``results.json``, or a JSON list of
+    ``{"task", "variant", "seed", "score"}`` rows; :mod:`.claims_glue`). Only tasks the baseline learned (beats
+    the majority class) can show a benefit or its absence; with none the comparison is uninformative."""
     path = Path(glue_json) if glue_json else None
     if path is None or not path.is_file():
         raise NotReady(f"waiting for the GLUE fine-tuning results (issue 15): expected {path or '--glue-json FILE'}")
-    data = json.loads(path.read_text())
-    rows = data.get("runs", data) if isinstance(data, dict) else data
+    rows = glue_score_rows(json.loads(path.read_text()))
     by = {}
     for r in rows:
         by.setdefault(r["task"], {}).setdefault(r["variant"], {})[r["seed"]] = float(r["score"])
@@ -298,9 +300,13 @@ def c11(rec, glue_json: str | Path | None = None):
         raise NotReady(f"{path} holds no task with paired standard/coupled seeds")
     adj = stats.holm(pvals)
     better = [t for (t, r), p in zip(per.items(), adj) if r["mean"] > 0 and p <= 0.05]
+    learned = informative_tasks(rows)
     best = max(per.values(), key=lambda r: r["mean"])
-    return _row("GLUE dev score, coupled - standard (largest task shown)", best,
-                "contradicted" if better else "reproduced", [], significant_gain_tasks=better,
+    verdict = "contradicted" if better else ("reproduced" if set(learned) & set(per) else "not reproduced at this scale")
+    return _row("GLUE dev score, coupled - standard (largest task shown)", best, verdict, [],
+                significant_gain_tasks=better, learned_tasks=sorted(learned),
+                uninformative="" if set(learned) & set(per) else
+                "no task where the standard model beats the majority class: the comparison cannot show a benefit",
                 per_task={t: {k: r[k] for k in ("mean", "low", "high", "n")} for t, r in per.items()})
 
 
