@@ -113,3 +113,12 @@ def test_split_flags_reach_task_options(capsys):
     assert cfg["task_options"] == {"split_seed": 4, "valid_fraction": 0.05, "min_split_words": 2000}
     assert main(["train", "--print-config", "--min-split-words", "many"]) == 2
     assert "--min-split-words: invalid int value" in capsys.readouterr().err
+
+
+def test_relative_corpus_path_is_stored_absolute(tmp_path, monkeypatch, capsys):
+    (tmp_path / "notes.txt").write_text("some text\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--print-config", "--corpus", "notes.txt"]) == 0
+    assert json.loads(capsys.readouterr().out)["corpus"] == str(tmp_path.resolve() / "notes.txt")
+    assert main(["train", "--print-config", "--corpus", "pubmed"]) == 0
+    assert json.loads(capsys.readouterr().out)["corpus"] == "pubmed"

@@ -85,7 +85,8 @@ class LineProgress:
         if not self.closed:
             self.closed = True
             if time.monotonic() - self.t0 >= min(self.interval, 5.0):
-                print(self._line() + " (done)", file=self.file, flush=True)
+                end = " (done)" if self.total is None or self.n >= self.total else " (stopped)"
+                print(self._line() + end, file=self.file, flush=True)
 
     def __enter__(self):
         return self

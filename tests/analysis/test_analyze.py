@@ -357,3 +357,12 @@ def test_analyze_defaults_to_the_runs_corpus(checkpoints, tmp_path, capsys):
     assert "--n-sequences=0" in capsys.readouterr().err
     for run in runs:
         (run / "config.json").unlink()
+
+
+def test_default_labels_tell_runs_apart(tmp_path):
+    from coupled_qk.analysis.analyze import _default_labels
+
+    a, b = tmp_path / "x" / "standard" / "seed0", tmp_path / "x" / "coupled" / "seed0"
+    assert _default_labels([a / "ckpt-00000010", b]) == ["standard/seed0", "coupled/seed0"]
+    assert _default_labels([a, tmp_path / "y"]) == ["seed0", "y"]
+    assert _default_labels([a, a]) == ["seed0", "seed0#2"]

@@ -42,9 +42,13 @@ def _find_tokenizer(ckpt: Path) -> Path:
 
 
 def _default_labels(ckpts: list[Path]) -> list[str]:
-    labels = [c.parent.name if c.name.startswith("ckpt-") else c.name for c in ckpts]
-    if len(set(labels)) < len(labels):
-        labels = [f"{c.parent.name}/{c.name}" for c in ckpts]
+    """The shortest trailing parts of the run folders' paths that tell the runs apart (``standard/seed0`` and
+    ``coupled/seed0`` for ``runs/x/standard/seed0`` and ``runs/x/coupled/seed0``), ``#2``... for true repeats."""
+    runs = [(c.parent if c.name.startswith("ckpt-") else c).resolve() for c in ckpts]
+    depth = 1
+    while depth < 6 and len({r.parts[-depth:] for r in runs}) < len(set(runs)):
+        depth += 1
+    labels = ["/".join(r.parts[-depth:]) for r in runs]
     out, seen = [], {}
     for label in labels:
         seen[label] = seen.get(label, 0) + 1

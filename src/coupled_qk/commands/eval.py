@@ -11,7 +11,8 @@ HELP = "perplexity of a checkpoint on a corpus split"
 def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
     parser.add_argument("--corpus", default=None, help="corpus name or path (default: the run's corpus)")
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--data-dir", default=None,
+                        help="data folder of named corpora (default: the run's, else COUPLED_QK_DATA or ../shared/data)")
     parser.add_argument("--splits", default="valid,test", help="comma-separated splits (train, valid, test)")
     parser.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: non-overlapping)")
     parser.add_argument("--batch-size", type=int, default=8)

@@ -119,9 +119,24 @@ def config_from_args(args, **fields) -> TrainConfig:
                 model[name] = getattr(args, name)
         model.update(parse_overrides(getattr(args, "overrides", [])))
     data["model"] = model
+    _absolute_paths(data)
     if data.get("max_steps") is None and data.get("max_tokens") is None:
         data["max_steps"] = DEFAULT_MAX_STEPS
     return TrainConfig.from_dict(data)
+
+
+def _absolute_paths(data: dict) -> None:
+    """A corpus given as a relative path (and a relative ``data_dir``) is stored absolute, so ``eval``,
+    ``analyze`` and resumes started from another folder find the same text."""
+    from coupled_qk.data.corpora import KNOWN_CORPORA
+
+    corpus = data.get("corpus")
+    if isinstance(corpus, str) and corpus not in KNOWN_CORPORA and not corpus.startswith("hf:"):
+        path = Path(corpus).expanduser()
+        if path.exists() and not path.is_absolute():
+            data["corpus"] = str(path.resolve())
+    if isinstance(data.get("data_dir"), str) and Path(data["data_dir"]).expanduser().is_dir():
+        data["data_dir"] = str(Path(data["data_dir"]).expanduser().resolve())
 
 
 def add_arguments(parser) -> None:

@@ -6,6 +6,8 @@
 - :mod:`.mqar_presets`, :mod:`.mqar_sweep`, :mod:`.mqar_report`: MQAR sweeps (``coupled-qk mqar``).
 - :mod:`.bench`: interleaved train-step timing of the variants (``coupled-qk bench``).
 - :mod:`.glue`: GLUE fine-tuning of pretrained checkpoints x tasks x seeds (``coupled-qk glue``).
+- :mod:`.protocols`, :mod:`.claims_runs`, :mod:`.claims`, :mod:`.claims_report`, :mod:`.claims_plots`,
+  :mod:`.stats`, :mod:`.heldout`: the claims report C1-C13 with seeds and intervals (``coupled-qk claims``).
 
 Submodules are imported on use (plotting and timing code stays out of ``import coupled_qk``).
 """

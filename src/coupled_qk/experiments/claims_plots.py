@@ -1,0 +1,80 @@
+"""Figures of the claims report: effects with intervals, loss curves, the scan, rank vs perplexity."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from coupled_qk.experiments.claims import Records, same_tokenizer_runs
+
+
+def _finite(*xs) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
+
+
+def make_figures(report: dict, rec: Records, folder: str | Path) -> list[Path]:
+    """Write ``<protocol>-effects.png``, ``-curves.png``, ``-scan.png`` and ``-rank.png`` where there is data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    name, written = report["protocol"], []
+
+    def save(fig, suffix):
+        path = folder / f"{name}-{suffix}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+
+    pct = [r for r in report["rows"] if r["verdict"] != "not run" and "%" in r.get("effect", "")
+           and _finite(r["mean"], r["low"], r["high"])]
+    if pct:
+        fig, ax = plt.subplots(figsize=(8, 0.5 * len(pct) + 1.5))
+        for i, r in enumerate(pct):
+            ax.errorbar(r["mean"], i, xerr=[[r["mean"] - r["low"]], [r["high"] - r["mean"]]], fmt="o", capsize=4)
+        ax.set_yticks(range(len(pct)), [f"{r['id']}: {r['verdict']}" for r in pct])
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_xlabel("effect, % of held-out test perplexity (mean, 95% CI over seeds)")
+        ax.set_title(f"claims measured in percent ({name})")
+        save(fig, "effects")
+    curves = {v: [r["curve"]["valid"] for (c, v2, _), r in rec.by_key.items() if c == "wv-tiny" and v2 == v]
+              for v in ("standard", "coupled", "uncoupled_mlp")}
+    if any(curves.values()):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for i, (v, runs) in enumerate(curves.items()):
+            for j, pts in enumerate(runs):
+                if pts:
+                    xs, ys = zip(*pts)
+                    ax.plot(xs, ys, color=f"C{i}", alpha=0.7, label=v if j == 0 else None)
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel("held-out validation loss (nats/token)")
+        ax.set_title("wv-tiny: one line per seed")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        save(fig, "curves")
+    scan = [s for s in report.get("scan", []) if s.get("status") == "measured" and _finite(s["mean"], s["low"], s["high"])]
+    if scan:
+        fig, ax = plt.subplots(figsize=(8, 0.5 * len(scan) + 1.5))
+        for i, s in enumerate(scan):
+            ax.errorbar(s["mean"], i, xerr=[[s["mean"] - s["low"]], [s["high"] - s["mean"]]], fmt="o", capsize=4)
+        ax.set_yticks(range(len(scan)), [s["factor"] for s in scan])
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_xlabel("coupled vs standard, % held-out test perplexity (negative: coupling helps)")
+        save(fig, "scan")
+    pts = [(r["diagnostics"]["effective_rank"], r["final"]["test/perplexity"], r["variant"])
+           for _, r in same_tokenizer_runs(rec) if r.get("diagnostics", {}).get("effective_rank") is not None
+           and "test/perplexity" in r["final"] and r["cell"].startswith(("wv-tiny", "scan-"))]
+    if pts:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i, v in enumerate(sorted({p[2] for p in pts})):
+            sel = [p for p in pts if p[2] == v]
+            ax.scatter([p[0] for p in sel], [p[1] for p in sel], color=f"C{i}", label=v)
+        ax.set_xlabel("effective rank of attention maps (layer mean)")
+        ax.set_ylabel("held-out test perplexity")
+        ax.legend(fontsize=7)
+        save(fig, "rank")
+    return written

@@ -1,0 +1,209 @@
+"""Build and write the claims report (JSON, markdown, figures) from a protocol's run records.
+
+:func:`build_report` is a pure function of the records (so a changed number changes the verdict it feeds);
+:func:`write_report` writes ``<out_dir>/<protocol>.json``, ``<protocol>.md``, ``<protocol>-readme.md`` (the README's
+results section) and ``figures/<protocol>-*.png``.
+``docs/METHOD.md`` section 3.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from coupled_qk.experiments import stats
+from coupled_qk.experiments.claims import CLAIMS, PRIMARY, NotReady, Records, c11
+from coupled_qk.experiments.protocols import SCAN_FACTORS, Protocol
+from coupled_qk.io import write_text_atomic
+
+ALPHA = 0.05
+
+
+def _scan(rec: Records) -> list[dict]:
+    rows = []
+    for label, c_cell, c_var, s_cell in SCAN_FACTORS:
+        row = {"factor": label, "coupled": f"{c_var} ({c_cell})", "standard": f"standard ({s_cell})"}
+        try:
+            rec.need(c_cell, s_cell)
+            _, a, b = rec.pairs((s_cell, "standard"), (c_cell, c_var))
+            r = stats.paired_difference(a, b, relative=True)
+            row.update({k: r[k] for k in ("mean", "low", "high", "n", "p")}, status="measured",
+                       standard_ppl=sum(a) / len(a), coupled_ppl=sum(b) / len(b))
+        except NotReady as exc:
+            row.update(status=f"not run ({exc})")
+        rows.append(row)
+    return rows
+
+
+def _mqar_escape(rec: Records) -> list[dict]:
+    """Per (difficulty, lr, variant): how many seeds reached ``ESCAPE_ACCURACY`` and their mean accuracy."""
+    from coupled_qk.experiments.claims import ESCAPE_ACCURACY
+
+    out = []
+    for c in rec.protocol.cells:
+        if c.mqar is None:
+            continue
+        for v in c.variants:
+            accs = list(rec.values(c.name, v, "valid/accuracy").values())
+            if accs:
+                out.append({"difficulty": c.mqar["difficulty"], "lr": c.mqar["lr"], "variant": v, "n": len(accs),
+                            "escaped": sum(a >= ESCAPE_ACCURACY for a in accs), "mean_accuracy": sum(accs) / len(accs)})
+    return out
+
+
+def _provisional(rec: Records, rule) -> dict | None:
+    """The rule's numbers from the runs finished so far (at least 2 paired seeds), not a verdict."""
+    partial = Records(rec.protocol, rec.by_key, min_seeds=2, partial=True)
+    try:
+        row = rule(partial)
+    except (NotReady, ValueError, KeyError, ZeroDivisionError):
+        return None
+    return {k: row[k] for k in ("effect", "mean", "low", "high", "n")}
+
+
+def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path | None = None,
+                 min_seeds: int | None = None) -> dict:
+    """The report of ``protocol`` from the records under ``out_dir`` (see :mod:`coupled_qk.experiments.claims`).
+
+    Returns ``{"protocol", "description", "notes", "rows": [one per claim], "scan", "mqar_escape", "holm", "cells",
+    "generated_utc"}``; each row has ``id, claim, paper, verdict, reason`` and, when measured, ``effect, mean,
+    low, high, n, p, tokens, train_hours, details``.
+    """
+    rec = Records.load(out_dir, protocol, min_seeds)
+    rows = []
+    for cid, (claim, paper, rule) in CLAIMS.items():
+        row = {"id": cid, "claim": claim, "paper": paper}
+        if not protocol.runnable:
+            row.update(verdict="not run", reason=f"protocol {protocol.name!r} is defined but not run here")
+        else:
+            try:
+                row.update(c11(rec, glue_json) if cid == "C11" else rule(rec), reason="")
+            except NotReady as exc:
+                row.update(verdict="not run", reason=str(exc))
+                provisional = _provisional(rec, rule) if cid != "C11" and "in progress" in str(exc) else None
+                if provisional:
+                    row["provisional"] = provisional
+        rows.append(row)
+    tested = [r for r in rows if isinstance(r.get("p"), float) and math.isfinite(r["p"])]
+    adjusted = stats.holm([r["p"] for r in tested])
+    holm = [{"id": r["id"], "p": r["p"], "holm_p": a, "verdict": r["verdict"],
+             "survives": (a <= ALPHA) if r["verdict"] in ("reproduced", "contradicted") else None}
+            for r, a in zip(tested, adjusted)]
+    cells = []
+    for c in protocol.cells:
+        done = [r for r in rec.runs(c.name)]
+        cells.append({"cell": c.name, "claims": list(c.claims), "planned": len(c.units()), "finished": len(done),
+                      "train_hours": sum(r["train_seconds"] for r in done) / 3600,
+                      "tokens_per_run": sorted({r["tokens"] for r in done}), "est_cpu_minutes_per_run": c.est_cpu_minutes})
+    return {"protocol": protocol.name, "description": protocol.description, "notes": list(protocol.notes),
+            "expected_hours": protocol.expected_hours, "primary_metric": PRIMARY, "rows": rows,
+            "scan": _scan(rec) if protocol.runnable else [], "mqar_escape": _mqar_escape(rec), "holm": holm,
+            "cells": cells, "n_records": len(rec.by_key),
+            "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _num(x, digits: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def format_markdown(report: dict, command: str) -> str:
+    """The report as markdown: verdict table, notes, scan, MQAR escape table, Holm note, cell progress."""
+    lines = [f"# Claims report: protocol `{report['protocol']}`", "", report["description"] + ".", "",
+             f"Regenerate: `{command}`", "", f"Generated {report['generated_utc']} from {report['n_records']} run "
+             "records. Effects are means over seeds with 95% t intervals (paired by seed where two variants are "
+             "compared); the primary metric is the in-distribution held-out test perplexity.", "",
+             "| id | claim | paper | measured effect | mean [95% CI] | n | tokens/run | training hours (sum) | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        if r["verdict"] == "not run":
+            p = r.get("provisional")
+            eff, val = (p["effect"], f"provisional: {_num(p['mean'])} [{_num(p['low'])}, {_num(p['high'])}]") if p \
+                else ("-", "-")
+            n = p["n"] if p else "-"
+            lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {eff} | {val} | {n} | - | - | not run: "
+                         f"{r['reason']} |")
+            continue
+        tokens = ", ".join(f"{t:,}" for t in r["tokens"]) or "-"
+        lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {r['effect']} | {_num(r['mean'])} "
+                     f"[{_num(r['low'])}, {_num(r['high'])}] | {r['n']} | {tokens} | {_num(r['train_hours'])} | "
+                     f"**{r['verdict']}** |")
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    if report["expected_hours"]:
+        lines.append("- Expected hours: " + ", ".join(f"{k}: {v}" for k, v in report["expected_hours"].items()))
+    lines += ["", "## Details", ""]
+    for r in report["rows"]:
+        if r.get("details"):
+            lines.append(f"- **{r['id']}**: `{json.dumps(_round(r['details']))}`")
+    if report["holm"]:
+        lines += ["", "## Multiple comparisons", "",
+                  f"Verdicts use unadjusted 95% intervals. Holm's adjustment over the {len(report['holm'])} claims "
+                  "tested for a difference (equivalence claims C2 and C5 are judged by their intervals and left out; "
+                  "family-wise error 0.05). 'Survives' applies to reproduced or contradicted verdicts:", "",
+                  "| id | p | Holm p | verdict | survives Holm |", "|---|---|---|---|---|"]
+        survive = {True: "yes", False: "no", None: "-"}
+        lines += [f"| {h['id']} | {h['p']:.3g} | {h['holm_p']:.3g} | {h['verdict']} | {survive[h['survives']]} |"
+                  for h in report["holm"]]
+    if report["scan"]:
+        lines += ["", "## Where does coupling help? One factor at a time (issue item 4)", "",
+                  "| factor | coupled vs standard, held-out test ppl % [95% CI] | n | status |", "|---|---|---|---|"]
+        for s in report["scan"]:
+            eff = f"{_num(s.get('mean'))} [{_num(s.get('low'))}, {_num(s.get('high'))}]" if "mean" in s else "-"
+            lines.append(f"| {s['factor']} | {eff} | {s.get('n', '-')} | {s['status']} |")
+    if report["mqar_escape"]:
+        lines += ["", "## MQAR: which learning rates escape the 1/K plateau", "",
+                  "| difficulty | lr | variant | seeds escaped (acc >= 0.9) | mean accuracy |", "|---|---|---|---|---|"]
+        lines += [f"| {m['difficulty']} | {m['lr']:g} | {m['variant']} | {m['escaped']}/{m['n']} | {m['mean_accuracy']:.3f} |"
+                  for m in report["mqar_escape"]]
+    lines += ["", "## Progress", "", "| cell | claims | finished / planned runs | tokens/run | train hours |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {c['cell']} | {', '.join(c['claims'])} | {c['finished']}/{c['planned']} | "
+              f"{', '.join(f'{t:,}' for t in c['tokens_per_run']) or '-'} | {_num(c['train_hours'])} |"
+              for c in report["cells"]]
+    return "\n".join(lines) + "\n"
+
+
+def format_readme_section(report: dict, command: str) -> str:
+    """The README's results section: one verdict table (claim, measured effect, verdict) and the command."""
+    lines = [f"Measured by `{command}` (protocol `{report['protocol']}`: {report['description']}; "
+             f"{report['n_records']} runs). Effects: mean over seeds with a 95% interval, paired by seed; "
+             f"full report: `docs/results/claims/{report['protocol']}.md`.", "",
+             "| claim | paper | measured here | verdict |", "|---|---|---|---|"]
+    for r in report["rows"]:
+        if r["verdict"] == "not run":
+            p = r.get("provisional")
+            got = f"provisional, n = {p['n']}: {p['effect']}: {_num(p['mean'])} [{_num(p['low'])}, {_num(p['high'])}]" \
+                if p else "-"
+            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {got} | not run ({r['reason']}) |")
+        else:
+            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {r['effect']}: {_num(r['mean'])} "
+                         f"[{_num(r['low'])}, {_num(r['high'])}], n = {r['n']} | {r['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _round(obj, digits: int = 4):
+    if isinstance(obj, float):
+        return round(obj, digits) if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _round(v, digits) for k, v in obj.items() if k != "differences"}
+    if isinstance(obj, list):
+        return [_round(v, digits) for v in obj]
+    return obj
+
+
+def write_report(report: dict, protocol: Protocol, out_dir: str | Path, command: str,
+                 figures: bool = True) -> list[Path]:
+    """Write ``<protocol>.json``, ``<protocol>.md`` and (``figures``) the PNGs; return the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = report["protocol"]
+    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}-readme.md"]
+    write_text_atomic(paths[0], json.dumps(_round(report, 6), indent=1))
+    write_text_atomic(paths[1], format_markdown(report, command))
+    write_text_atomic(paths[2], format_readme_section(report, command))
+    if figures:
+        from coupled_qk.experiments.claims_plots import make_figures
+
+        paths += make_figures(report, Records.load(out, protocol), out / "figures")
+    return paths

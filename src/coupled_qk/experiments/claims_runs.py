@@ -1,0 +1,238 @@
+"""Execute the runs of a claims protocol and keep one small, committed result record per run.
+
+A run ``(cell, variant, seed)`` trains in ``<run_root>/<cell>/<variant>/seed<k>`` (never committed) and writes
+its record to ``<out_dir>/runs/<protocol>/<cell>/<variant>/seed<k>.json`` (committed): settings and their fingerprint,
+parameter count, tokens, seconds, final metrics, a compact loss curve and, for language models, the
+attention diagnostics of the final checkpoint (``docs/METHOD.md`` section 7). A record whose fingerprint
+matches the protocol's settings is reused without training; an unfinished run folder is resumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from coupled_qk.experiments.heldout import heldout_corpus, wikitext2_eval
+from coupled_qk.experiments.protocols import Cell
+from coupled_qk.experiments.runner import PlannedRun, setting_differences
+from coupled_qk.experiments.runner import execute as execute_plan
+from coupled_qk.io import write_text_atomic
+from coupled_qk.models.variants import variant_overrides
+from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig
+
+RECORD_VERSION = 1
+
+
+def variant_tag(spec: str) -> str:
+    """Folder-safe name of a variant spec: ``coupled+n_steps=2`` -> ``coupled__n_steps-2``."""
+    return spec.replace("+", "__").replace("=", "-")
+
+
+def record_path(out_dir: str | Path, protocol: str, cell: str, variant: str, seed: int) -> Path:
+    """Where the record of one run lives: ``<out_dir>/runs/<protocol>/<cell>/<variant tag>/seed<k>.json``."""
+    return Path(out_dir) / "runs" / protocol / cell / variant_tag(variant) / f"seed{seed}.json"
+
+
+def train_config(cell: Cell, variant: str, seed: int, run_dir: Path, data_dir: Path | None) -> TrainConfig:
+    """The :class:`TrainConfig` of one run of ``cell``.
+
+    For ``lm`` cells: the cell's base with the variant's model overrides; ``data_dir`` is the folder holding
+    the held-out wiki-vital split for ``heldout`` cells. For ``mqar`` cells: the MQAR sweep's configuration
+    (:func:`coupled_qk.experiments.mqar_sweep.run_config`) of the cell's point, with this seed.
+    """
+    if cell.mqar is not None:
+        from coupled_qk.experiments.mqar_presets import get_preset
+        from coupled_qk.experiments.mqar_sweep import run_config
+
+        preset = get_preset(cell.mqar["preset"])
+        diff = {d.name: d for d in preset.difficulties}[cell.mqar["difficulty"]]
+        cfg = run_config(preset, diff, variant, cell.mqar["d_model"], cell.mqar["lr"], run_dir)
+        extra = {"max_steps": cell.mqar["max_steps"]} if "max_steps" in cell.mqar else {}
+        return dataclasses.replace(cfg, seed=seed, out_dir=str(run_dir), **extra)
+    base = dict(cell.base)
+    model = {**base.pop("model", {}), **variant_overrides(variant)}
+    return TrainConfig(**base, model=model, seed=seed, out_dir=str(run_dir), data_dir=str(data_dir) if data_dir else None,
+                       tensorboard=False, progress=False)
+
+
+def settings_of(cfg: TrainConfig) -> dict:
+    """The settings that change results (``TrainConfig`` minus ``RESULT_NEUTRAL_FIELDS``), as stored in records."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in RESULT_NEUTRAL_FIELDS}
+
+
+def fingerprint(cfg: TrainConfig) -> str:
+    """sha256 (16 hex digits) of :func:`settings_of`, for reading records at a glance."""
+    return hashlib.sha256(json.dumps(settings_of(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
+    """The record at ``path`` if it exists, parses and (when ``planned`` is given) was made with the same
+    settings (:func:`coupled_qk.experiments.runner.setting_differences` of its stored config); else None."""
+    if not path.is_file():
+        return None
+    try:
+        rec = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    if planned is not None and _differences(rec.get("config", {}), planned):
+        return None
+    return rec
+
+
+def _differences(saved: dict, planned: TrainConfig) -> dict:
+    """:func:`setting_differences`, except that a field the record predates (absent from it) counts as equal
+    when the planned value is the field's default: a new ``TrainConfig`` option does not void old records."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    return {k: v for k, v in setting_differences(saved, planned).items()
+            if not (k not in saved and v[1] == defaults.get(k))}
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def compact_curve(records: list[dict], max_points: int = 64) -> dict:
+    """Loss curves of a run's ``metrics.jsonl`` records: ``{"valid": [[tokens, loss], ...], "train": [...]}``.
+
+    ``valid`` keeps every evaluation (``valid/loss``, or ``valid/accuracy`` for MQAR as ``accuracy``); ``train``
+    keeps at most ``max_points`` evenly spaced logged training losses.
+    """
+    valid = [[r["tokens"], r["valid/loss"]] for r in records if "valid/loss" in r]
+    acc = [[r["tokens"], r["valid/accuracy"]] for r in records if "valid/accuracy" in r]
+    train = [[r["tokens"], r["train/loss"]] for r in records if "train/loss" in r]
+    if len(train) > max_points:
+        stride = len(train) / max_points
+        train = [train[min(len(train) - 1, round((i + 1) * stride) - 1)] for i in range(max_points)]
+    out = {"valid": valid, "train": train}
+    if acc:
+        out["accuracy"] = acc
+    return out
+
+
+def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> dict:
+    """Layer-averaged attention diagnostics of the final checkpoint (``docs/METHOD.md`` section 7) on the first
+    (up to) 8 non-overlapping windows of (up to) 128 tokens of the held-out validation split."""
+    import torch
+
+    from coupled_qk.analysis.capture import analyze_model
+    from coupled_qk.data.corpora import load_corpus
+    from coupled_qk.data.tokenizers import Tokenizer
+    from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
+
+    model, _ = load_checkpoint_model(resolve_checkpoint(run_dir), "cpu")
+    tokenizer = Tokenizer.load(run_dir / "tokenizer")
+    text = load_corpus(cfg.corpus, corpus_dir, seed=int(cfg.task_options.get("split_seed", 0))).split("valid")
+    ids = tokenizer.encode(text[:200_000])
+    seq_len = min(128, model.config.block_size, len(ids))
+    n = min(8, len(ids) // seq_len)
+    windows = torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+    res = analyze_model(model, windows, threads=1)
+    out = {k: v for k, v in res["mean"].items() if isinstance(v, (int, float))}
+    return {**out, "windows": n, "window_tokens": seq_len}
+
+
+def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, run_root: Path,
+            data_dir: Path, cache_root: Path, defer_wt2: bool = False) -> dict:
+    """Reuse or produce the record of one run (see the module docstring) and return it.
+
+    ``data_dir`` is the real data folder (WikiText-2, PubMed ...); ``cache_root`` holds derived data (the
+    held-out wiki-vital split). Writes the record atomically. ``defer_wt2`` leaves the (slow) WikiText-2
+    evaluation of held-out cells for :func:`complete_wt2` and marks the record ``"wt2_pending": true``.
+    """
+    run_dir = Path(run_root) / protocol / cell.name / variant_tag(variant) / f"seed{seed}"
+    corpus_dir = Path(cache_root) if cell.heldout else Path(data_dir)  # heldout_corpus writes into cache_root
+    cfg = train_config(cell, variant, seed, run_dir, corpus_dir if cell.mqar is None else None)
+    path = record_path(out_dir, protocol, cell.name, variant, seed)
+    rec = load_record(path, cfg)
+    if rec is not None:
+        return rec
+    if path.is_file():
+        print(f"claims: {path} was made with other settings; running again", flush=True)
+    if cell.heldout:
+        heldout_corpus(data_dir, cache_root)
+    from coupled_qk.training.loop import read_metrics
+
+    t0 = time.perf_counter()
+    # the shared runner reuses a finished run folder (same settings), resumes an unfinished one, or trains
+    (outcome,) = execute_plan([PlannedRun(cfg, f"{cell.name} {variant} seed {seed}", {"cell": cell.name})])
+    results = outcome.results
+    final = dict(results["final"])
+    if cell.heldout and not defer_wt2:
+        final.update(wikitext2_eval(run_dir, data_dir))
+    diagnostics = _diagnostics(run_dir, corpus_dir, cfg) if cfg.task == "lm" else {}
+    rec = {
+        "version": RECORD_VERSION, "protocol": protocol, "cell": cell.name, "variant": variant, "seed": seed,
+        "fingerprint": fingerprint(cfg), "config": settings_of(cfg), "params": results["params"], "tokens": results["tokens"],
+        "steps": results["steps"], "train_seconds": results["train_seconds"],
+        "wall_seconds": time.perf_counter() - t0, "stop_reason": results["stop_reason"], "final": final,
+        "diagnostics": diagnostics, "curve": compact_curve(read_metrics(run_dir)), "data": results.get("data"),
+        "wt2_pending": bool(cell.heldout and defer_wt2), "run_dir": str(run_dir), "git_commit": _git_commit(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(rec, indent=1, default=str))
+    return rec
+
+
+def run_protocol(protocol, out_dir: str | Path, run_root: str | Path, data_dir: str | Path, cache_root: str | Path,
+                 cells: list[str] | None = None, shard: tuple[int, int] = (0, 1), defer_wt2: bool = False) -> list[dict]:
+    """Execute (or reuse) every run of ``protocol`` in order and return their records.
+
+    Args:
+        protocol: a :class:`~coupled_qk.experiments.protocols.Protocol`.
+        out_dir: report folder; records go to ``<out_dir>/runs``.
+        run_root: folder of the run folders (checkpoints, metrics; not committed).
+        data_dir: real data folder; cache_root: folder for derived data.
+        cells: only these cells (default: all), in the protocol's order.
+        shard: ``(i, n)``: this process executes every n-th run starting at i (runs in parallel processes).
+        defer_wt2: train every run first, then add the WikiText-2 evaluations (:func:`complete_wt2`).
+
+    Raises:
+        ValueError: an unknown cell name, a bad shard, or a protocol that is defined but not runnable here.
+    """
+    if not protocol.runnable:
+        raise ValueError(f"protocol {protocol.name!r} is defined but not runnable here (see its notes)")
+    i, n = shard
+    if not (isinstance(n, int) and n >= 1 and isinstance(i, int) and 0 <= i < n):
+        raise ValueError(f"shard={shard!r} must be (i, n) with 0 <= i < n")
+    names = [c.name for c in protocol.cells]
+    for name in cells or []:
+        if name not in names:
+            raise ValueError(f"cell {name!r} is not in protocol {protocol.name!r}; expected some of {names}")
+    chosen = [c for c in protocol.cells if not cells or c.name in cells]
+    units = [(c, v, s) for c in chosen for v, s in c.units()]
+    records = []
+    for k, (cell, variant, seed) in enumerate(units):
+        if k % n != i:
+            continue
+        print(f"== claims {protocol.name}: {cell.name} {variant} seed {seed} ({k + 1}/{len(units)})", flush=True)
+        records.append(execute(cell, variant, seed, protocol.name, Path(out_dir), Path(run_root), Path(data_dir),
+                               Path(cache_root), defer_wt2=defer_wt2))
+    if defer_wt2:
+        for rec in records:
+            complete_wt2(record_path(out_dir, protocol.name, rec["cell"], rec["variant"], rec["seed"]), data_dir)
+    return records
+
+
+def complete_wt2(path: str | Path, data_dir: str | Path) -> dict:
+    """Add the WikiText-2 evaluation to a record written with ``defer_wt2`` (its run folder must still exist).
+
+    Returns the record (unchanged if nothing is pending). Raises ``FileNotFoundError`` if the run folder is gone.
+    """
+    path = Path(path)
+    rec = json.loads(path.read_text())
+    if not rec.get("wt2_pending"):
+        return rec
+    print(f"== claims: WikiText-2 evaluation of {rec['cell']} {rec['variant']} seed {rec['seed']}", flush=True)
+    rec["final"].update(wikitext2_eval(rec["run_dir"], data_dir))
+    rec["wt2_pending"] = False
+    write_text_atomic(path, json.dumps(rec, indent=1, default=str))
+    return rec

@@ -1,0 +1,90 @@
+"""In-distribution held-out evaluation for wiki-vital: an article-level split written as a corpus folder.
+
+``wiki-vital`` trains on Wikipedia lead sections and validates on WikiText-2, which is a different
+distribution (other articles, tokenized text with ``<unk>``). The claims protocol also needs a held-out
+split of the *training* distribution (``docs/METHOD.md`` section 5). :func:`heldout_corpus` splits
+``wiki-vital/train.txt`` by article (a level-1 WikiText heading `` = Title = `` starts an article, so no
+article contributes paragraphs to both sides) and writes ``train.txt`` / ``valid.txt`` / ``test.txt`` into a
+folder that :func:`coupled_qk.data.corpora.load_corpus` reads as a corpus with given splits. WikiText-2
+valid/test perplexity is then measured on the finished checkpoint (:func:`wikitext2_eval`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from coupled_qk._checks import finite, nonneg_int
+from coupled_qk.data.corpora import random_split, read_text
+from coupled_qk.io import write_text_atomic
+
+_ARTICLE = re.compile(r"^ = [^=].* = $", re.M)
+HELDOUT_NAME = "wiki-vital-heldout"
+"""Corpus folder name (relative to the run's ``data_dir``) used by the claims protocols."""
+
+
+def split_articles(text: str) -> list[str]:
+    """Articles of a WikiText-layout text: each starts at a `` = Title = `` line (level-1 heading).
+
+    Text before the first heading is its own article. Returns non-empty strings, whitespace-stripped at the
+    ends, in order.
+
+    Raises:
+        ValueError: ``text`` holds no level-1 heading (not WikiText layout).
+    """
+    starts = [m.start() for m in _ARTICLE.finditer(text)]
+    if not starts:
+        raise ValueError("text holds no ' = Title = ' heading line; expected WikiText layout")
+    bounds = ([0] if starts[0] > 0 else []) + starts + [len(text)]
+    pieces = (text[a:b].strip("\n") for a, b in zip(bounds, bounds[1:]))
+    return [p for p in pieces if p.strip()]
+
+
+def heldout_corpus(data_dir: str | Path, out_root: str | Path, seed: int = 0, fraction: float = 0.02) -> Path:
+    """Write (once) the article-level split of ``<data_dir>/wiki-vital/train.txt`` and return its folder.
+
+    ``valid`` and ``test`` each take ``fraction`` of the articles (chosen by
+    :func:`coupled_qk.data.corpora.random_split` with ``seed``), ``train`` the rest; articles are joined by a
+    blank line. The folder is ``<out_root>/wiki-vital-heldout`` and holds ``source.txt`` with the input's
+    sha256 and the split settings; an existing folder made from other input or settings is rewritten.
+
+    Raises:
+        FileNotFoundError: ``wiki-vital/train.txt`` is missing under ``data_dir``.
+        ValueError: bad ``seed``/``fraction``.
+    """
+    nonneg_int("seed", seed)
+    finite("fraction", fraction, 0, 0.5, lo_open=True, hi_open=True)
+    src = Path(data_dir) / "wiki-vital" / "train.txt"
+    text = read_text(src, "wiki-vital")
+    stamp = f"sha256={hashlib.sha256(text.encode()).hexdigest()} seed={seed} fraction={fraction} unit=article\n"
+    out = Path(out_root) / HELDOUT_NAME
+    if (out / "source.txt").is_file() and (out / "source.txt").read_text() == stamp:
+        return out
+    # min_split_words=0: exactly round(n * fraction) articles per split (the split the committed runs used)
+    train, valid, test = random_split(split_articles(text), seed, fraction, fraction, "wiki-vital", min_split_words=0)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, docs in (("train", train), ("valid", valid), ("test", test)):
+        write_text_atomic(out / f"{name}.txt", "\n\n".join(docs) + "\n")
+    write_text_atomic(out / "source.txt", stamp)
+    return out
+
+
+def wikitext2_eval(run_dir: str | Path, data_dir: str | Path | None = None, batch_size: int = 16) -> dict:
+    """WikiText-2 valid/test perplexity (token- and word-level) of a finished run's latest checkpoint.
+
+    Uses the ``wiki-vital`` corpus definition (detokenized WikiText-2 splits, original word counts) with the
+    run's own tokenizer: ``{"wt2_valid/perplexity": ..., "wt2_valid/word_perplexity": ..., "wt2_test/...": ...}``.
+
+    Raises:
+        FileNotFoundError: no checkpoint/tokenizer in ``run_dir`` or no WikiText-2 files under ``data_dir``.
+    """
+    from coupled_qk.training.evaluate import evaluate_checkpoint
+
+    res = evaluate_checkpoint(run_dir, corpus="wiki-vital", data_dir=data_dir, batch_size=batch_size, device="cpu")
+    out = {}
+    for split in ("valid", "test"):
+        for key in ("loss", "perplexity", "word_perplexity", "n_tokens", "n_words"):
+            if key in res[split]:
+                out[f"wt2_{split}/{key}"] = res[split][key]
+    return out

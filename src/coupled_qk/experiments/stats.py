@@ -1,0 +1,185 @@
+"""Statistics of seeded comparisons: means, paired differences, variance ratios, correlations, Holm.
+
+Every interval is two-sided at level ``conf`` (default 0.95) and comes from a scipy distribution:
+Student t for means and paired differences, Fisher's F for a ratio of two sample variances (normal
+samples), scipy's Pearson interval (Fisher z) for correlations, ``scipy.stats.bootstrap`` (BCa) where asked.
+Holm's step-down procedure adjusts a family of p-values (Holm 1979). ``docs/METHOD.md`` section 3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats as st
+
+from coupled_qk._checks import finite
+
+
+def _array(name: str, values, min_n: int = 1) -> np.ndarray:
+    arr = np.asarray(list(values), dtype=np.float64)
+    if arr.ndim != 1 or arr.size < min_n:
+        raise ValueError(f"{name} must be a flat sequence of at least {min_n} numbers; got {arr.size}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name}={arr.tolist()} holds a non-finite value")
+    return arr
+
+
+def _conf(conf: float) -> float:
+    return finite("conf", conf, 0, 1, lo_open=True, hi_open=True)
+
+
+def mean_ci(values: Sequence[float], conf: float = 0.95) -> dict:
+    """Mean of ``values`` with its t-based interval ``mean +- t_{(1+conf)/2, n-1} * sd / sqrt(n)``.
+
+    Returns:
+        ``{"n", "mean", "sd", "se", "low", "high", "p"}``: ``sd`` with ``ddof=1``; ``p`` is the two-sided
+        one-sample t-test p-value of mean 0. With ``n == 1`` the interval and ``p`` are NaN (no spread is
+        measurable); with ``sd == 0`` and ``n > 1`` the interval is the point and ``p`` is 0 (mean != 0) or 1.
+
+    Raises:
+        ValueError: no values, a non-finite value, or ``conf`` outside (0, 1).
+    """
+    x = _array("values", values)
+    conf = _conf(conf)
+    n, mean = x.size, float(x.mean())
+    if n == 1:
+        return {"n": 1, "mean": mean, "sd": math.nan, "se": math.nan, "low": math.nan, "high": math.nan,
+                "p": math.nan}
+    sd = float(x.std(ddof=1))
+    se = sd / math.sqrt(n)
+    half = float(st.t.ppf((1 + conf) / 2, n - 1)) * se
+    if se == 0:
+        p = 1.0 if mean == 0 else 0.0
+    else:
+        p = float(2 * st.t.sf(abs(mean / se), n - 1))
+    return {"n": n, "mean": mean, "sd": sd, "se": se, "low": mean - half, "high": mean + half, "p": p}
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], conf: float = 0.95, relative: bool = False) -> dict:
+    """``b - a`` paired element by element (same seed), with the t interval of its mean (:func:`mean_ci`).
+
+    ``relative=True`` uses the per-pair relative change in percent, ``100 * (b / a - 1)``, instead.
+    The result also holds ``"differences"`` (the per-pair values).
+
+    Raises:
+        ValueError: ``a`` and ``b`` of different lengths, empty, non-finite, or ``relative`` with a zero in ``a``.
+    """
+    x, y = _array("a", a), _array("b", b)
+    if x.size != y.size:
+        raise ValueError(f"paired samples need equal lengths; got a: {x.size}, b: {y.size}")
+    if relative:
+        if np.any(x == 0):
+            raise ValueError("relative=True needs non-zero values in a")
+        d = 100.0 * (y / x - 1.0)
+    else:
+        d = y - x
+    return {**mean_ci(d, conf), "differences": d.tolist()}
+
+
+def bootstrap_mean_ci(values: Sequence[float], conf: float = 0.95, n_resamples: int = 9999, seed: int = 0) -> dict:
+    """BCa bootstrap interval of the mean (``scipy.stats.bootstrap``); needs at least 3 distinct values.
+
+    Returns ``{"n", "mean", "low", "high"}``. With very few seeds the bootstrap under-covers; the t interval
+    (:func:`mean_ci`) is the default of the claims report.
+
+    Raises:
+        ValueError: fewer than 3 values or all values equal.
+    """
+    x = _array("values", values, min_n=3)
+    if np.all(x == x[0]):
+        raise ValueError("bootstrap needs at least two distinct values")
+    res = st.bootstrap((x,), np.mean, confidence_level=_conf(conf), n_resamples=n_resamples, method="BCa",
+                       random_state=np.random.default_rng(seed))
+    ci = res.confidence_interval
+    return {"n": int(x.size), "mean": float(x.mean()), "low": float(ci.low), "high": float(ci.high)}
+
+
+def variance_ratio(a: Sequence[float], b: Sequence[float], conf: float = 0.95) -> dict:
+    """Ratio of sample variances ``var(a) / var(b)`` (``ddof=1``) with Fisher's F interval.
+
+    For independent normal samples, ``(s_a^2 / s_b^2) / (sigma_a^2 / sigma_b^2) ~ F(n_a - 1, n_b - 1)``, so the
+    interval of the true ratio is ``[R / F_{(1+conf)/2}, R / F_{(1-conf)/2}]``. ``p`` is the two-sided F-test
+    p-value of equal variances. The test is sensitive to non-normality; with 3 seeds per side the interval
+    spans more than a factor of 1,000.
+
+    Returns:
+        ``{"ratio", "low", "high", "p", "n_a", "n_b", "var_a", "var_b"}`` (``ratio`` is inf if ``var(b) == 0``).
+
+    Raises:
+        ValueError: fewer than 2 values on either side, non-finite values, or both variances zero.
+    """
+    x, y = _array("a", a, min_n=2), _array("b", b, min_n=2)
+    conf = _conf(conf)
+    va, vb = float(x.var(ddof=1)), float(y.var(ddof=1))
+    if va == 0 and vb == 0:
+        raise ValueError("both samples have zero variance; their ratio is undefined")
+    da, db = x.size - 1, y.size - 1
+    ratio = va / vb if vb > 0 else math.inf
+    hi_q, lo_q = st.f.ppf((1 + conf) / 2, da, db), st.f.ppf((1 - conf) / 2, da, db)
+    cdf = st.f.cdf(ratio, da, db) if math.isfinite(ratio) else 1.0
+    return {"ratio": ratio, "low": ratio / hi_q, "high": ratio / lo_q, "p": float(min(1.0, 2 * min(cdf, 1 - cdf))),
+            "n_a": int(x.size), "n_b": int(y.size), "var_a": va, "var_b": vb}
+
+
+def correlation(x: Sequence[float], y: Sequence[float], conf: float = 0.95) -> dict:
+    """Pearson's r with its Fisher-z interval (scipy) and Spearman's rho, over paired observations.
+
+    Returns ``{"n", "pearson_r", "low", "high", "p", "spearman_rho", "spearman_p"}``.
+
+    Raises:
+        ValueError: fewer than 4 pairs (no interval), unequal lengths or non-finite values.
+    """
+    a, b = _array("x", x, min_n=4), _array("y", y, min_n=4)
+    if a.size != b.size:
+        raise ValueError(f"correlation needs equal lengths; got x: {a.size}, y: {b.size}")
+    res = st.pearsonr(a, b)
+    ci = res.confidence_interval(confidence_level=_conf(conf))
+    rho = st.spearmanr(a, b)
+    return {"n": int(a.size), "pearson_r": float(res.statistic), "low": float(ci.low), "high": float(ci.high),
+            "p": float(res.pvalue), "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue)}
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the input order.
+
+    Sorted ascending, ``p_(i)`` becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``; reject at level alpha where the
+    adjusted value is ``<= alpha``. NaN entries (tests not run) are kept as NaN and do not count in ``m``.
+
+    Raises:
+        ValueError: a value outside [0, 1].
+    """
+    p = np.asarray(list(pvalues), dtype=np.float64)
+    if np.any((p < 0) | (p > 1)):
+        raise ValueError(f"p-values must lie in [0, 1]; got {p.tolist()}")
+    out = np.full(p.shape, np.nan)
+    idx = np.flatnonzero(~np.isnan(p))
+    m = idx.size
+    running = 0.0
+    for rank, i in enumerate(idx[np.argsort(p[idx], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out.tolist()
+
+
+def interpolate_crossing(points: Sequence[Sequence[float]], target: float) -> float | None:
+    """The first x at which a decreasing-in-x curve ``[(x, y), ...]`` reaches ``y <= target``, by linear
+    interpolation between logged points; ``None`` if it never does. ``points`` must be sorted by x."""
+    prev = None
+    for x, y in points:
+        if y <= target:
+            if prev is None:
+                return float(x)
+            (x0, y0) = prev
+            return float(x0 + (x - x0) * (y0 - target) / (y0 - y)) if y0 != y else float(x)
+        prev = (x, y)
+    return None
+
+
+def interpolate_at(points: Sequence[Sequence[float]], x: float) -> float | None:
+    """``y`` of the curve ``[(x, y), ...]`` at ``x`` by linear interpolation; None outside its x range."""
+    pts = np.asarray(points, dtype=np.float64)
+    if pts.size == 0 or x < pts[0, 0] or x > pts[-1, 0]:
+        return None
+    return float(np.interp(x, pts[:, 0], pts[:, 1]))

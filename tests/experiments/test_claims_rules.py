@@ -1,0 +1,123 @@
+"""Verdict rules, protocol definitions and the held-out article split (fast, no training)."""
+
+import pytest
+
+from coupled_qk.experiments.claims import direction_verdict, equivalence_verdict
+from coupled_qk.experiments.heldout import heldout_corpus, split_articles
+from coupled_qk.experiments.protocols import PROTOCOLS, get_protocol
+
+
+def test_direction_verdict():
+    assert direction_verdict(-3.0, -0.5, "negative") == "reproduced"
+    assert direction_verdict(0.5, 3.0, "negative") == "contradicted"
+    assert direction_verdict(-1.0, 1.0, "negative") == "not reproduced at this scale"
+    assert direction_verdict(0.5, 3.0, "positive") == "reproduced"
+    assert direction_verdict(-3.0, -0.5, "positive") == "contradicted"
+    assert direction_verdict(float("nan"), 1.0, "positive") == "not reproduced at this scale"
+
+
+def test_equivalence_verdict():
+    assert equivalence_verdict(-0.5, 0.8, margin=1.0) == "reproduced"
+    assert equivalence_verdict(-0.5, 1.2, margin=1.0) == "not reproduced at this scale"
+    assert equivalence_verdict(1.1, 2.0, margin=1.0) == "contradicted"
+    assert equivalence_verdict(-3.0, -1.5, margin=1.0) == "contradicted"
+
+
+def test_protocols_are_consistent():
+    for p in PROTOCOLS.values():
+        names = [c.name for c in p.cells]
+        assert len(names) == len(set(names)), p.name
+    cpu, short = get_protocol("cpu"), get_protocol("cpu-short")
+    assert [c.name for c in cpu.cells] == [c.name for c in short.cells]
+    tiny = cpu.cell("wv-tiny")
+    assert tiny.base["max_tokens"] == 4 * short.cell("wv-tiny").base["max_tokens"] == 1_048_576
+    assert set(tiny.variants) == {"standard", "coupled", "uncoupled_mlp"} and len(tiny.seeds) >= 3
+    # seed-major order: every prefix of the run list holds whole seeds
+    assert tiny.units()[:3] == [("standard", 0), ("coupled", 0), ("uncoupled_mlp", 0)]
+    assert not get_protocol("gpu-60m").runnable
+    with pytest.raises(ValueError, match="protocol"):
+        get_protocol("nope")
+
+
+def test_split_articles_and_heldout_corpus(tmp_path):
+    text = " = A = \n\npara a1\n\n = = Sub = = \n\npara a2\n\n = B = \n\npara b\n"
+    arts = split_articles(text)
+    assert arts == [" = A = \n\npara a1\n\n = = Sub = = \n\npara a2", " = B = \n\npara b"]
+    with pytest.raises(ValueError, match="heading"):
+        split_articles("no headings here\n")
+    data = tmp_path / "data"
+    (data / "wiki-vital").mkdir(parents=True)
+    (data / "wiki-vital" / "train.txt").write_text("".join(f" = T{i} = \n\nbody {i}\n\n" for i in range(100)))
+    out = heldout_corpus(data, tmp_path / "derived", seed=0, fraction=0.05)
+    splits = {s: (out / f"{s}.txt").read_text() for s in ("train", "valid", "test")}
+    titles = {s: {line for line in t.splitlines() if line.startswith(" = ")} for s, t in splits.items()}
+    assert len(titles["valid"]) == len(titles["test"]) == 5 and len(titles["train"]) == 90
+    assert not (titles["train"] & titles["valid"]) and not (titles["train"] & titles["test"])
+    # deterministic and written once
+    stamp = (out / "source.txt").read_text()
+    assert heldout_corpus(data, tmp_path / "derived", seed=0, fraction=0.05) == out
+    assert (out / "source.txt").read_text() == stamp
+
+
+def test_c11_reads_the_glue_results(tmp_path):
+    from coupled_qk.experiments.claims import NotReady, Records, c11
+
+    rec = Records(get_protocol("cpu-short"), {})
+    with pytest.raises(NotReady, match="GLUE"):
+        c11(rec, tmp_path / "missing.json")
+    rows = [{"task": t, "variant": v, "seed": s, "score": base + (gain if v == "coupled" else 0.0) + 0.01 * s}
+            for t, base, gain in (("sst2", 0.80, 0.0), ("rte", 0.55, 0.001)) for v in ("standard", "coupled")
+            for s in range(3)]
+    path = tmp_path / "glue.json"
+    import json
+
+    path.write_text(json.dumps({"runs": rows}))
+    row = c11(rec, path)
+    # sst2: identical scores (difference 0 in every seed); rte: +0.001 in every seed -> a significant gain
+    assert row["details"]["per_task"]["sst2"]["mean"] == pytest.approx(0.0)
+    assert row["verdict"] == "contradicted" and row["details"]["significant_gain_tasks"] == ["rte"]
+    for r in rows:
+        if r["task"] == "rte" and r["variant"] == "coupled":
+            r["score"] -= 0.001 - 0.002 * (r["seed"] == 0)  # gains +0.002, 0, 0: not significant
+    path.write_text(json.dumps(rows))
+    assert c11(rec, path)["verdict"] == "reproduced"
+
+
+def test_record_reuse_compares_settings(tmp_path):
+    """A record is reused only with the same result-changing settings; a field it predates counts as default."""
+    import json
+    from pathlib import Path
+
+    from coupled_qk.experiments.claims_runs import load_record, settings_of, train_config
+
+    cell = get_protocol("cpu-short").cell("wv-tiny")
+    cfg = train_config(cell, "coupled", 1, Path("runs/x"), Path("data"))
+    saved = settings_of(cfg)
+    path = tmp_path / "seed1.json"
+    path.write_text(json.dumps({"config": saved}))
+    assert load_record(path, train_config(cell, "coupled", 1, Path("elsewhere"), Path("other"))) is not None
+    older = {k: v for k, v in saved.items() if k != "early_stop_metric"}  # a record from before that field
+    path.write_text(json.dumps({"config": older}))
+    assert load_record(path, cfg) is not None
+    assert load_record(path, train_config(cell, "coupled", 2, Path("runs/x"), Path("data"))) is None  # seed
+    assert load_record(path, train_config(cell, "standard", 1, Path("runs/x"), Path("data"))) is None  # variant
+    path.write_text("{not json")
+    assert load_record(path, cfg) is None
+
+
+def test_c11_on_the_committed_glue_results_is_uninformative():
+    """The committed CPU GLUE study (issue 15): every model sits at the majority class or at chance, so C11's
+    null claim can be neither supported nor contradicted by it."""
+    from pathlib import Path
+
+    from coupled_qk.experiments.claims import Records, c11
+    from coupled_qk.experiments.claims_glue import glue_score_rows, majority_score
+
+    path = Path(__file__).parents[2] / "docs" / "results" / "glue-cpu" / "results.json"
+    import json
+
+    rows = glue_score_rows(json.loads(path.read_text()))
+    assert {r["task"] for r in rows} == {"sst2", "cola", "rte", "mrpc"} and len(rows) == 4 * 3 * 3
+    assert majority_score("cola") == 0.0 and majority_score("sst2") == pytest.approx(444 / 872)
+    row = c11(Records(get_protocol("cpu-short"), {}), path)
+    assert row["verdict"] == "not reproduced at this scale" and row["details"]["learned_tasks"] == []

@@ -1,0 +1,113 @@
+"""The smoke claims protocol end to end: report structure, and verdicts that follow the measured numbers."""
+
+import json
+import shutil
+
+import pytest
+
+from coupled_qk.cli import main
+from coupled_qk.experiments.claims import VERDICTS
+from coupled_qk.experiments.claims_report import build_report
+from coupled_qk.experiments.protocols import get_protocol
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Run the smoke protocol once (module scope) on synthetic data; return its output folder."""
+    import _pytest.monkeypatch
+
+    tmp = tmp_path_factory.mktemp("claims")
+    mp = _pytest.monkeypatch.MonkeyPatch()
+    from conftest import build_mini_data
+
+    data = build_mini_data(tmp, mp)
+    out = tmp / "out"
+    rc = main(["claims", "--protocol", "smoke", "--out-dir", str(out), "--run-root", str(tmp / "runs"),
+               "--data-dir", str(data), "--cache-dir", str(tmp / "derived")])
+    assert rc == 0
+    yield out
+    mp.undo()
+
+
+@pytest.mark.slow
+def test_report_structure(smoke):
+    report = json.loads((smoke / "smoke.json").read_text())
+    assert [r["id"] for r in report["rows"]] == [f"C{i}" for i in range(1, 14)]
+    for r in report["rows"]:
+        assert r["verdict"] in VERDICTS
+        if r["verdict"] == "not run":
+            assert r["reason"]
+        else:
+            assert {"effect", "mean", "low", "high", "n", "tokens", "train_hours"} <= set(r)
+            assert r["n"] >= 2 and r["tokens"]
+    by_id = {r["id"]: r for r in report["rows"]}
+    assert by_id["C11"]["verdict"] == "not run" and "GLUE" in by_id["C11"]["reason"]
+    for cid in ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9", "C10", "C12", "C13"):
+        assert by_id[cid]["verdict"] != "not run", (cid, by_id[cid]["reason"])
+    assert all(c["finished"] == c["planned"] for c in report["cells"])
+    scan = {s["factor"].split(" (")[0]: s["status"] for s in report["scan"]}
+    assert scan["baseline"] == scan["dt_init 0.5"] == "measured"  # the factors the smoke protocol runs
+    assert scan["d_head 64"].startswith("not run")
+    assert by_id["C13"]["details"]["rank_vs_ppl"]["n"] >= 4
+    md = (smoke / "smoke.md").read_text()
+    assert "| C1 |" in md and "coupled-qk claims" in md and "Holm" in md
+    for fig in ("effects", "curves", "scan", "rank"):
+        assert (smoke / "figures" / f"smoke-{fig}.png").stat().st_size > 1000
+    rec = json.loads(next((smoke / "runs" / "smoke" / "wv-tiny" / "coupled").glob("seed*.json")).read_text())
+    assert {"wt2_test/perplexity", "test/perplexity", "valid/perplexity"} <= set(rec["final"])
+    assert rec["diagnostics"]["effective_rank"] > 0 and rec["diagnostics"]["windows"] == 8 and rec["curve"]["valid"]
+
+
+def _set_relative(out, cell, variant, reference, factor, key="test/perplexity"):
+    """Set ``variant``'s metric to ``factor`` times ``reference``'s in every seed (same cell)."""
+    for path in (out / "runs" / "smoke" / cell / variant).glob("seed*.json"):
+        rec = json.loads(path.read_text())
+        ref = json.loads((out / "runs" / "smoke" / cell / reference / path.name).read_text())
+        rec["final"][key] = ref["final"][key] * factor
+        path.write_text(json.dumps(rec))
+
+
+@pytest.mark.slow
+def test_verdicts_follow_the_numbers(smoke, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(smoke, out)
+    protocol = get_protocol("smoke")
+    # coupled 30% better than standard in every seed: C1 reproduced; 30% worse: contradicted
+    before = {r["id"]: r for r in build_report(protocol, out)["rows"]}
+    _set_relative(out, "wv-tiny", "coupled", "standard", 0.7)
+    rows = {r["id"]: r for r in build_report(protocol, out)["rows"]}
+    assert rows["C1"]["verdict"] == "reproduced" and rows["C1"]["mean"] == pytest.approx(-30.0)
+    _set_relative(out, "wv-tiny", "coupled", "standard", 1.3)
+    rows = {r["id"]: r for r in build_report(protocol, out)["rows"]}
+    assert rows["C1"]["verdict"] == "contradicted" and rows["C1"]["mean"] == pytest.approx(30.0)
+    assert rows["C1"]["mean"] != before["C1"]["mean"]
+    # the same change moves C3 (coupled vs uncoupled) but not C9 (another cell)
+    assert rows["C3"]["mean"] != before["C3"]["mean"] and rows["C9"]["mean"] == before["C9"]["mean"]
+    # leapfrog equal to Euler in every seed: C2 (equivalence) reproduced
+    for path in (out / "runs" / "smoke" / "wv-tiny-leapfrog" / "coupled_leapfrog").glob("seed*.json"):
+        rec = json.loads(path.read_text())
+        euler = json.loads((out / "runs" / "smoke" / "wv-tiny" / "coupled" / path.name).read_text())
+        rec["final"]["test/perplexity"] = euler["final"]["test/perplexity"] * 1.001
+        path.write_text(json.dumps(rec))
+    rows = {r["id"]: r for r in build_report(protocol, out)["rows"]}
+    assert rows["C2"]["verdict"] == "reproduced"
+    # deleting a record turns a verdict into "not run" with the reason
+    next((out / "runs" / "smoke" / "pubmed-tiny" / "coupled").glob("seed*.json")).unlink()
+    rows = {r["id"]: r for r in build_report(protocol, out)["rows"]}
+    assert rows["C9"]["verdict"] == "not run" and "in progress" in rows["C9"]["reason"]
+
+
+@pytest.mark.slow
+def test_finished_runs_are_reused(smoke, tmp_path, capsys):
+    """A second invocation trains nothing: every run comes from its record."""
+    before = {p: p.stat().st_mtime_ns for p in (smoke / "runs").rglob("*.json")}
+    assert main(["claims", "--protocol", "smoke", "--out-dir", str(smoke), "--report-only", "--no-figures"]) == 0
+    assert main(["claims", "--protocol", "smoke", "--out-dir", str(smoke), "--run-root", str(tmp_path / "none"),
+                 "--data-dir", str(tmp_path / "nodata"), "--cells", "wv-tiny", "--no-figures"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in (smoke / "runs").rglob("*.json")} == before
+
+
+def test_gpu_protocols_are_defined_not_run(tmp_path):
+    report = build_report(get_protocol("gpu-paper"), tmp_path)
+    assert all(r["verdict"] == "not run" and "not run here" in r["reason"] for r in report["rows"])
+    assert report["expected_hours"]
