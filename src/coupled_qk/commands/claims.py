@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--report-only", action="store_true", help="do not train; report from the records")
     parser.add_argument("--glue-json", default=None,
                         help="GLUE results for C11: a `coupled-qk glue` results.json, or a JSON list of rows with task, "
-                        f"variant, seed and score (default: {DEFAULT_GLUE_JSON} if it exists)")
+                        f"variant, seed and score (default: {DEFAULT_GLUE_JSON} if it exists, except for smoke)")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
 
 
@@ -65,7 +65,8 @@ def run(args) -> int:
         cells = [c for c in args.cells.split(",") if c.strip()] if args.cells else None
         run_protocol(protocol, out_dir, args.run_root, data_dir, cache, cells=cells, shard=shard,
                      defer_wt2=args.defer_wt2)
-    glue_json = args.glue_json or (DEFAULT_GLUE_JSON if Path(DEFAULT_GLUE_JSON).is_file() else None)
+    use_default = protocol.name != "smoke" and Path(DEFAULT_GLUE_JSON).is_file()  # smoke: toy runs only
+    glue_json = args.glue_json or (DEFAULT_GLUE_JSON if use_default else None)
     report = build_report(protocol, out_dir, glue_json)
     given = sys.argv[2:] if sys.argv[1:2] == ["claims"] else ["--protocol", args.protocol]
     command = "coupled-qk claims " + shlex.join(given)
