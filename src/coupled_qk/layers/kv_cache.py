@@ -1,0 +1,104 @@
+"""The key/value cache of incremental decoding (docs/METHOD.md section 1: the cache stores evolved keys)."""
+
+from __future__ import annotations
+
+import torch
+
+from coupled_qk._checks import positive_int
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Per-layer cache of the keys and values that attention scores against, preallocated.
+
+    Each layer stores keys *after* the query-key map and RoPE (maps act per token, so cached decoding is
+    exact) and values, in buffers of shape ``(B, H_k, capacity, d)`` allocated on the layer's first update
+    (dtype and device of its keys); :meth:`update` writes the new positions in place and returns views of the
+    filled part, so decoding copies nothing that grows with the prefix. A map with ``keys_per_query_head``
+    caches one evolved key per query head (the evolved key depends on the query head's state), other layers
+    the ``n_kv_heads``.
+
+    Args:
+        n_layer: number of layers (``>= 1``).
+        capacity: positions to allocate (``GPT.new_cache`` uses ``block_size``); ``None`` grows the buffers
+            by doubling when full (amortised constant cost per token).
+
+    Under autograd (keys that require grad while grad mode is on) updates concatenate instead, so that no
+    tensor saved for backward is overwritten in place.
+
+    Raises:
+        ValueError: a non-positive ``n_layer`` or ``capacity``, an update beyond a fixed ``capacity`` or whose
+            batch, heads, width, dtype or device differ from the layer's cached tensors.
+    """
+
+    def __init__(self, n_layer: int, capacity: int | None = None):
+        self.n_layer = positive_int("n_layer", n_layer)
+        self.capacity = None if capacity is None else positive_int("capacity", capacity)
+        self._k: list[torch.Tensor | None] = [None] * n_layer
+        self._v: list[torch.Tensor | None] = [None] * n_layer
+        self._len = [0] * n_layer
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions (0 when empty; the first layer's count)."""
+        return self._len[0]
+
+    @property
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """Per layer ``(k, v)`` views of the cached positions ``(B, H_k, T_past, d)``, or ``None`` if empty."""
+        return [None if k is None else (k[..., :n, :], v[..., :n, :]) for k, v, n in zip(self._k, self._v, self._len)]
+
+    def nbytes(self) -> int:
+        """Bytes held by the allocated buffers (all layers, keys and values, whole capacity)."""
+        return sum(t.numel() * t.element_size() for t in self._k + self._v if t is not None)
+
+    def crop(self, length: int) -> None:
+        """Forget every position from ``length`` on (``0 <= length <= self.length``); buffers are kept."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length={length} must be in [0, {self.length}] (the cached positions)")
+        self._len = [min(n, length) for n in self._len]
+
+    def _allocate(self, i: int, k: torch.Tensor, v: torch.Tensor, needed: int) -> None:
+        old_k, old_v, n = self._k[i], self._v[i], self._len[i]
+        if self.capacity is not None:
+            if needed > self.capacity:
+                raise ValueError(f"KVCache capacity={self.capacity} is full: {n} cached + {k.shape[-2]} new")
+            cap = self.capacity
+        else:
+            cap = max(needed, 2 * (0 if old_k is None else old_k.shape[-2]), 16)
+        new_k = k.new_empty(*k.shape[:-2], cap, k.shape[-1])
+        new_v = v.new_empty(*v.shape[:-2], cap, v.shape[-1])
+        if n:
+            new_k[..., :n, :] = old_k[..., :n, :]
+            new_v[..., :n, :] = old_v[..., :n, :]
+        self._k[i], self._v[i] = new_k, new_v
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k (B, H_k, T, d)`` and ``v (B, H_v, T, d_v)`` for ``layer_idx``; return the cached
+        ``(B, H_k, T_past + T, d)`` and ``(B, H_v, T_past + T, d_v)`` (views of the buffers)."""
+        buf, n = self._k[layer_idx], self._len[layer_idx]
+        end = n + k.shape[-2]
+        vbuf = self._v[layer_idx]
+        mismatch = buf is not None and (
+            buf.shape[:-2] != k.shape[:-2] or buf.shape[-1] != k.shape[-1] or vbuf.shape[:-2] != v.shape[:-2]
+            or vbuf.shape[-1] != v.shape[-1] or buf.dtype != k.dtype or buf.device != k.device
+        )
+        if mismatch and n:
+            raise ValueError(
+                f"layer {layer_idx}: new keys {tuple(k.shape)} {k.dtype} on {k.device} do not match the cached "
+                f"{tuple(buf.shape[:-2])} x T x {buf.shape[-1]} {buf.dtype} on {buf.device}"
+            )
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            if n:
+                k = torch.cat([buf[..., :n, :], k], dim=-2)
+                v = torch.cat([vbuf[..., :n, :], v], dim=-2)
+            self._k[layer_idx], self._v[layer_idx], self._len[layer_idx] = k, v, end
+            return k, v
+        if buf is None or mismatch or end > buf.shape[-2]:
+            self._allocate(layer_idx, k, v, end)
+        kb, vb = self._k[layer_idx], self._v[layer_idx]
+        kb[..., n:end, :] = k
+        vb[..., n:end, :] = v
+        self._len[layer_idx] = end
+        return kb[..., :end, :], vb[..., :end, :]
