@@ -190,6 +190,18 @@ def _check_inputs(input_ids: torch.Tensor | None, kwargs: dict) -> None:
         raise ValueError("input_ids is required (LongTensor of shape (B, T))")
 
 
+def _run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, kwargs):
+    """The shared body of both forwards: check the inputs, set up the ``DynamicCache`` (when caching) and run the
+    wrapped GPT to its final hidden states. Returns ``(hidden (B, T, d_model), cache, use_cache)``."""
+    _check_inputs(input_ids, kwargs)
+    cache = _cache_arg(cache, kwargs)
+    use_cache = module.config.use_cache if use_cache is None else use_cache
+    if use_cache and cache is None:
+        cache = DynamicCache(config=module.config)
+    view = CacheView(cache) if cache is not None else None
+    return module.model.hidden_states(input_ids, view, attention_mask, position_ids), cache, use_cache
+
+
 class CoupledQKModel(CoupledQKPreTrainedModel):
     """Base model: ``input_ids (B, T)`` -> ``last_hidden_state (B, T, d_model)`` (after the final LayerNorm).
 
@@ -198,13 +210,7 @@ class CoupledQKModel(CoupledQKPreTrainedModel):
     """
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
-        _check_inputs(input_ids, kwargs)
-        cache = _cache_arg(cache, kwargs)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-        view = CacheView(cache) if cache is not None else None
-        hidden = self.model.hidden_states(input_ids, view, attention_mask, position_ids)
+        hidden, cache, use_cache = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs)
         return BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None)
 
 
@@ -244,13 +250,7 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        _check_inputs(input_ids, kwargs)
-        cache = _cache_arg(cache, kwargs)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-        view = CacheView(cache) if cache is not None else None
-        hidden = self.model.hidden_states(input_ids, view, attention_mask, position_ids)
+        hidden, cache, use_cache = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.model.lm_head(hidden)
