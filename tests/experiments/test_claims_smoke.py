@@ -49,7 +49,11 @@ def test_report_structure(smoke):
     assert scan["baseline"] == scan["dt_init 0.5"] == "measured"  # the factors the smoke protocol runs
     assert scan["d_head 64"].startswith("not run")
     assert by_id["C13"]["details"]["rank_vs_ppl"]["n"] >= 4
+    assert [g["status"] for g in report["gqa"]] == ["measured"] * 3
+    shared = json.loads(next((smoke / "runs" / "smoke" / "gqa-tiny").glob("coupled*keys*/seed0.json")).read_text())
+    assert shared["config"]["model"]["n_kv_heads"] == 1 and shared["config"]["model"]["keys_per_query_head"] is False
     md = (smoke / "smoke.md").read_text()
+    assert "shared vs per-head evolved keys" in md
     assert "| C1 |" in md and "coupled-qk claims" in md and "Holm" in md
     for fig in ("effects", "curves", "scan", "rank"):
         assert (smoke / "figures" / f"smoke-{fig}.png").stat().st_size > 1000

@@ -69,6 +69,10 @@ def test_flat_spellings_route_into_the_nested_config():
     assert variant_overrides("coupled+n_steps=3") == {"attention": "coupled", "integrator": "euler", "n_steps": 3}
     with pytest.raises(ValueError, match="n_steps"):
         GPTConfig(**SMALL, **variant_overrides("standard+n_steps=3"))
+    shared = GPTConfig(**{**SMALL, "n_kv_heads": 1}, **variant_overrides("coupled+keys_per_query_head=False"))
+    assert shared.qk_map == DynamicsOptions(keys_per_query_head=False)
+    with pytest.raises(ValueError, match="keys_per_query_head"):
+        GPTConfig(**SMALL, keys_per_query_head=False)
 
 
 def test_replace_keeps_or_drops_map_options():

@@ -37,6 +37,33 @@ def _scan(rec: Records) -> list[dict]:
     return rows
 
 
+GQA_CELL = "gqa-tiny"
+GQA_COMPARISONS = (
+    ("per-head evolved keys (paper) vs standard", "standard", "coupled"),
+    ("shared evolved keys vs standard", "standard", "coupled+keys_per_query_head=False"),
+    ("shared vs per-head evolved keys", "coupled", "coupled+keys_per_query_head=False"),
+)
+
+
+def _gqa(rec: Records) -> list[dict]:
+    """Grouped-query attention (beyond the paper): paired % changes in held-out test perplexity."""
+    rows = []
+    for label, a, b in GQA_COMPARISONS:
+        row = {"comparison": label, "a": a, "b": b}
+        try:
+            if not rec.protocol.has_cell(GQA_CELL):
+                raise NotReady(f"protocol {rec.protocol.name!r} has no cell {GQA_CELL!r}")
+            rec.need((GQA_CELL, a), (GQA_CELL, b))
+            _, va, vb = rec.pairs((GQA_CELL, a), (GQA_CELL, b))
+            r = stats.paired_difference(va, vb, relative=True)
+            row.update({k: r[k] for k in ("mean", "low", "high", "n", "p")}, status="measured",
+                       a_ppl=sum(va) / len(va), b_ppl=sum(vb) / len(vb))
+        except NotReady as exc:
+            row.update(status=f"not run ({exc})")
+        rows.append(row)
+    return rows
+
+
 def _mqar_escape(rec: Records) -> list[dict]:
     """Per (difficulty, lr, variant): how many seeds reached ``ESCAPE_ACCURACY`` and their mean accuracy."""
     from coupled_qk.experiments.claims import ESCAPE_ACCURACY
@@ -67,7 +94,7 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
                  min_seeds: int | None = None) -> dict:
     """The report of ``protocol`` from the records under ``out_dir`` (see :mod:`coupled_qk.experiments.claims`).
 
-    Returns ``{"protocol", "description", "notes", "rows": [one per claim], "scan", "mqar_escape", "holm", "cells",
+    Returns ``{"protocol", "description", "notes", "rows": [one per claim], "scan", "gqa", "mqar_escape", "holm", "cells",
     "generated_utc"}``; each row has ``id, claim, paper, verdict, reason`` and, when measured, ``effect, mean,
     low, high, n, p, tokens, train_hours, details``.
     """
@@ -99,7 +126,8 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
                       "tokens_per_run": sorted({r["tokens"] for r in done}), "est_cpu_minutes_per_run": c.est_cpu_minutes})
     return {"protocol": protocol.name, "description": protocol.description, "notes": list(protocol.notes),
             "expected_hours": protocol.expected_hours, "primary_metric": PRIMARY, "rows": rows,
-            "scan": _scan(rec) if protocol.runnable else [], "mqar_escape": _mqar_escape(rec), "holm": holm,
+            "scan": _scan(rec) if protocol.runnable else [], "gqa": _gqa(rec) if protocol.runnable else [],
+            "mqar_escape": _mqar_escape(rec), "holm": holm,
             "cells": cells, "n_records": len(rec.by_key),
             "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
@@ -151,6 +179,16 @@ def format_markdown(report: dict, command: str) -> str:
         for s in report["scan"]:
             eff = f"{_num(s.get('mean'))} [{_num(s.get('low'))}, {_num(s.get('high'))}]" if "mean" in s else "-"
             lines.append(f"| {s['factor']} | {eff} | {s.get('n', '-')} | {s['status']} |")
+    if report.get("gqa"):
+        lines += ["", "## Grouped-query attention: shared vs per-head evolved keys (beyond the paper)", "",
+                  f"Cell `{GQA_CELL}`: the tiny preset with 4 query heads and 2 key/value heads. Per-head keys (the "
+                  "paper's rule) cache 4 evolved keys per layer, shared keys (`keys_per_query_head=False`) 2, as "
+                  "standard attention does. Held-out test perplexity, % change of the second vs the first, paired "
+                  "by seed:", "", "| comparison | % [95% CI] | n | p | status |", "|---|---|---|---|---|"]
+        for g in report["gqa"]:
+            eff = f"{_num(g.get('mean'))} [{_num(g.get('low'))}, {_num(g.get('high'))}]" if "mean" in g else "-"
+            p = f"{g['p']:.3g}" if isinstance(g.get("p"), float) else "-"
+            lines.append(f"| {g['comparison']} | {eff} | {g.get('n', '-')} | {p} | {g['status']} |")
     if report["mqar_escape"]:
         lines += ["", "## MQAR: which learning rates escape the 1/K plateau", "",
                   "| difficulty | lr | variant | seeds escaped (acc >= 0.9) | mean accuracy |", "|---|---|---|---|---|"]

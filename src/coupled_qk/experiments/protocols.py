@@ -142,6 +142,10 @@ CPU_CELLS = (
     _lm("scan-dt0.5", ("coupled+dt_init=0.5",), S3, ("scan",), _TINY_MIN),
     _lm("scan-hidden128", ("coupled+dynamics_hidden=128",), S3, ("scan",), _TINY_MIN),
     _lm("scan-bpe4096", ("standard", "coupled"), S3, ("scan",), _TINY_MIN, tokenizer="bpe-4096"),
+    # beyond the paper (issue 12): grouped-query attention with per-head evolved keys (the paper's rule, a
+    # KV cache n_heads / n_kv_heads times standard's) vs one shared evolved key per key/value head
+    _lm("gqa-tiny", ("standard", "coupled", "coupled+keys_per_query_head=False"), S3, ("gqa",), _TINY_MIN,
+        model={"n_kv_heads": 2}),
 )
 
 SCAN_FACTORS = (
@@ -160,7 +164,7 @@ SMOKE_KEEP = {
     # cell -> variants kept in the smoke protocol (None: all): the fewest runs that exercise every claim rule
     "wv-tiny": None, "wv-tiny-leapfrog": None, "wv-tiny-steps": ("coupled+n_steps=2",), "wv-tiny-2x": ("standard",),
     "wv-small": None, "pubmed-tiny": None, "mixed-tiny": None, "scan-dt0.5": None,
-    "mqar-easy-lr1e-3": None, "mqar-medium-lr1e-3": None,
+    "mqar-easy-lr1e-3": None, "mqar-medium-lr1e-3": None, "gqa-tiny": None,
 }
 
 
@@ -178,6 +182,8 @@ def _smoke_cells() -> tuple[Cell, ...]:
                                            est_cpu_minutes=0.05))
             continue
         base = {**c.base, **toy, "max_steps": 12 if c.name == "wv-tiny-2x" else 6}
+        if "n_kv_heads" in c.base.get("model", {}):  # keep grouped-query attention: 2 query heads, 1 kv head
+            base["model"] = {**toy["model"], "n_kv_heads": 1}
         out.append(dataclasses.replace(c, base=base, variants=variants, seeds=(0, 1), est_cpu_minutes=0.05))
     return tuple(out)
 

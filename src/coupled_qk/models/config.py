@@ -98,7 +98,8 @@ class GPTConfig(JSONConfig):
         attn_impl: ``"sdpa"`` or ``"eager"``.
 
     Flat spellings (keyword arguments, dict keys, ``--set``): ``integrator``, ``n_steps``, ``dynamics_hidden``
-    (-> ``qk_map.hidden``), ``dt_init``, ``shared_across_heads``, ``force`` are routed into ``qk_map``; they are
+    (-> ``qk_map.hidden``), ``dt_init``, ``shared_across_heads``, ``force``, ``keys_per_query_head`` are routed
+    into ``qk_map``; they are
     not attributes. Every field is converted to its declared type (``use_mlp="False"`` is ``False``).
 
     Raises:
@@ -129,13 +130,15 @@ class GPTConfig(JSONConfig):
     dt_init: InitVar[float | None] = None
     shared_across_heads: InitVar[bool | None] = None
     force: InitVar[str | None] = None
+    keys_per_query_head: InitVar[bool | None] = None
 
     _extra_names = tuple(FLAT_MAP_OPTIONS)
 
-    def __post_init__(self, integrator, n_steps, dynamics_hidden, dt_init, shared_across_heads, force):
+    def __post_init__(self, integrator, n_steps, dynamics_hidden, dt_init, shared_across_heads, force,
+                      keys_per_query_head):
         coerce_fields(self)
         flat = dict(integrator=integrator, n_steps=n_steps, dynamics_hidden=dynamics_hidden, dt_init=dt_init,
-                    shared_across_heads=shared_across_heads, force=force)
+                    shared_across_heads=shared_across_heads, force=force, keys_per_query_head=keys_per_query_head)
         spec = get_attention(self.attention)
         self.qk_map = spec.options(self.qk_map, {k: v for k, v in flat.items() if v is not None})
         positive_int("GPTConfig.d_model", self.d_model)

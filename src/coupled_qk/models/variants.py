@@ -134,11 +134,12 @@ FLAT_MAP_OPTIONS = {
     "dt_init": "dt_init",
     "shared_across_heads": "shared_across_heads",
     "force": "force",
+    "keys_per_query_head": "keys_per_query_head",
 }
 """Flat spellings (config files, ``--set``, variant specs, old saved configs) -> nested ``qk_map`` field."""
 
 LEGACY_DEFAULTS = dict(integrator="euler", n_steps=1, dynamics_hidden=None, dt_init=0.1, shared_across_heads=True,
-                       force="mlp")
+                       force="mlp", keys_per_query_head=True)
 """Values that configs saved before the nested ``qk_map`` wrote for every attention (dropped on load where
 the attention has no such option)."""
 
