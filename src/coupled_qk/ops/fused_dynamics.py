@@ -52,15 +52,26 @@ def fused_available(q: torch.Tensor, k: torch.Tensor, w_in: torch.Tensor, dt: to
 
 
 def _force(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor):
+    """``f(x)`` and what its backward needs: ``(h, s, a, f)`` with ``s = sigmoid(h)``, ``a = h s = silu(h)``."""
     h = F.linear(x, w_in)
-    a = F.silu(h)
-    return h, a, F.linear(a, w_out)
+    s = torch.sigmoid(h)
+    a = h * s
+    return (h, s, a), F.linear(a, w_out)
 
 
-def _force_backward(g_f, x, h, a, w_in, w_out, grads):
-    """Add the weight gradients of one force evaluation to ``grads`` (a 2-list) and return ``g_x``."""
+def _inference_force(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor):
+    """``f(x)`` alone (nothing kept for a backward): ``(None, f)``."""
+    return None, F.linear(F.silu(F.linear(x, w_in)), w_out)
+
+
+def _force_backward(g_f, x, hsa, w_in, w_out, grads):
+    """Add the weight gradients of one force evaluation to ``grads`` (a 2-list) and return ``g_x``.
+
+    ``silu'(h) = s (1 + h (1 - s))`` from the saved sigmoid: no second exponential (``silu_backward``
+    recomputes it), computed in place on one temporary."""
+    h, s, a = hsa
     d, hidden = w_in.shape[1], w_in.shape[0]
-    g_h = torch.ops.aten.silu_backward(torch.matmul(g_f, w_out), h)
+    g_h = (1 - s).mul_(h).add_(1).mul_(s).mul_(torch.matmul(g_f, w_out))
     gw_out = g_f.reshape(-1, d).t().mm(a.reshape(-1, hidden))
     gw_in = g_h.reshape(-1, hidden).t().mm(x.reshape(-1, d))
     grads[0] = gw_in if grads[0] is None else grads[0].add_(gw_in)
@@ -68,25 +79,26 @@ def _force_backward(g_f, x, h, a, w_in, w_out, grads):
     return torch.matmul(g_h, w_in)
 
 
-def _euler(q, k, dtv, w_in, w_out):
-    """Forward of one Euler step: ``(q', k', tensors the backward needs)``; ``dtv`` is ``dt`` as ``(H, 1, 1)``."""
-    h, a, f = _force(q, w_in, w_out)
-    return torch.addcmul(q, dtv, k), torch.addcmul(k, dtv, f), (h, a, f)
+def _euler(q, k, dtv, w_in, w_out, force=_force):
+    """Forward of one Euler step: ``(q', k', tensors the backward needs)``; ``dtv`` is ``dt`` as ``(H, 1, 1)``;
+    ``force`` is :func:`_force` (training) or :func:`_inference_force`."""
+    hsa, f = force(q, w_in, w_out)
+    return torch.addcmul(q, dtv, k), torch.addcmul(k, dtv, f), (hsa, f)
 
 
-def _symplectic_euler(q, k, dtv, w_in, w_out):
-    h, a, f = _force(q, w_in, w_out)
+def _symplectic_euler(q, k, dtv, w_in, w_out, force=_force):
+    hsa, f = force(q, w_in, w_out)
     k2 = torch.addcmul(k, dtv, f)
-    return torch.addcmul(q, dtv, k2), k2, (h, a, f)
+    return torch.addcmul(q, dtv, k2), k2, (hsa, f)
 
 
-def _leapfrog(q, k, dtv, w_in, w_out):
+def _leapfrog(q, k, dtv, w_in, w_out, force=_force):
     half = 0.5 * dtv
-    h0, a0, f0 = _force(q, w_in, w_out)
+    hsa0, f0 = force(q, w_in, w_out)
     k_h = torch.addcmul(k, half, f0)
     q2 = torch.addcmul(q, dtv, k_h)
-    h1, a1, f1 = _force(q2, w_in, w_out)
-    return q2, torch.addcmul(k_h, half, f1), (k_h, h0, a0, f0, h1, a1, f1)
+    hsa1, f1 = force(q2, w_in, w_out)
+    return q2, torch.addcmul(k_h, half, f1), (k_h, hsa0, f0, hsa1, f1)
 
 
 def _head_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -100,19 +112,19 @@ class _Euler(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, dt, w_in, w_out):
         q = q.contiguous()
-        q2, k2, saved = _euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
-        ctx.save_for_backward(q, k, dt, w_in, w_out, *saved)
+        q2, k2, (hsa, f) = _euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
+        ctx.save_for_backward(q, k, dt, w_in, w_out, *hsa, f)
         return q2, k2
 
     @staticmethod
     def backward(ctx, g_q2, g_k2):
-        q, k, dt, w_in, w_out, h, a, f = ctx.saved_tensors
+        q, k, dt, w_in, w_out, h, s, a, f = ctx.saved_tensors
         g_q2 = torch.zeros_like(q) if g_q2 is None else g_q2
         g_k2 = torch.zeros_like(k) if g_k2 is None else g_k2
         dtv = dt.view(-1, 1, 1)
         grads = [None, None]
         g_dt = _head_dot(g_q2, k) + _head_dot(g_k2, f)
-        g_q = _force_backward(g_k2 * dtv, q, h, a, w_in, w_out, grads).add_(g_q2)
+        g_q = _force_backward(g_k2 * dtv, q, (h, s, a), w_in, w_out, grads).add_(g_q2)
         g_k = torch.addcmul(g_k2, dtv, g_q2)
         return g_q, g_k, g_dt, grads[0], grads[1]
 
@@ -123,20 +135,20 @@ class _SymplecticEuler(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, dt, w_in, w_out):
         q = q.contiguous()
-        q2, k2, saved = _symplectic_euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
-        ctx.save_for_backward(q, k2, dt, w_in, w_out, *saved)
+        q2, k2, (hsa, f) = _symplectic_euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
+        ctx.save_for_backward(q, k2, dt, w_in, w_out, *hsa, f)
         return q2, k2
 
     @staticmethod
     def backward(ctx, g_q2, g_k2):
-        q, k2, dt, w_in, w_out, h, a, f = ctx.saved_tensors
+        q, k2, dt, w_in, w_out, h, s, a, f = ctx.saved_tensors
         g_q2 = torch.zeros_like(q) if g_q2 is None else g_q2
         g_k2 = torch.zeros_like(k2) if g_k2 is None else g_k2
         dtv = dt.view(-1, 1, 1)
         grads = [None, None]
         g_k = torch.addcmul(g_k2, dtv, g_q2)  # total gradient of k' (= gradient of k)
         g_dt = _head_dot(g_q2, k2) + _head_dot(g_k, f)
-        g_q = _force_backward(g_k * dtv, q, h, a, w_in, w_out, grads).add_(g_q2)
+        g_q = _force_backward(g_k * dtv, q, (h, s, a), w_in, w_out, grads).add_(g_q2)
         return g_q, g_k, g_dt, grads[0], grads[1]
 
 
@@ -146,24 +158,24 @@ class _Leapfrog(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, dt, w_in, w_out):
         q = q.contiguous()
-        q2, k2, (k_h, *saved) = _leapfrog(q, k, dt.view(-1, 1, 1), w_in, w_out)
-        ctx.save_for_backward(q, k_h, q2, dt, w_in, w_out, *saved)
+        q2, k2, (k_h, hsa0, f0, hsa1, f1) = _leapfrog(q, k, dt.view(-1, 1, 1), w_in, w_out)
+        ctx.save_for_backward(q, k_h, q2, dt, w_in, w_out, *hsa0, f0, *hsa1, f1)
         return q2, k2
 
     @staticmethod
     def backward(ctx, g_q2, g_k2):
-        q, k_h, q2, dt, w_in, w_out, h0, a0, f0, h1, a1, f1 = ctx.saved_tensors
+        q, k_h, q2, dt, w_in, w_out, h0, s0, a0, f0, h1, s1, a1, f1 = ctx.saved_tensors
         g_q2 = torch.zeros_like(q) if g_q2 is None else g_q2
         g_k2 = torch.zeros_like(q) if g_k2 is None else g_k2
         dtv = dt.view(-1, 1, 1)
         half = 0.5 * dtv
         grads = [None, None]
         # k' = k_h + dt/2 f(q'): into q' (through f) and k_h
-        g_q2 = _force_backward(g_k2 * half, q2, h1, a1, w_in, w_out, grads).add_(g_q2)
+        g_q2 = _force_backward(g_k2 * half, q2, (h1, s1, a1), w_in, w_out, grads).add_(g_q2)
         # q' = q + dt k_h
         g_kh = torch.addcmul(g_k2, dtv, g_q2)
         # k_h = k + dt/2 f(q)
-        g_q = _force_backward(g_kh * half, q, h0, a0, w_in, w_out, grads).add_(g_q2)
+        g_q = _force_backward(g_kh * half, q, (h0, s0, a0), w_in, w_out, grads).add_(g_q2)
         g_dt = 0.5 * _head_dot(g_k2, f1) + _head_dot(g_q2, k_h) + 0.5 * _head_dot(g_kh, f0)
         return g_q, g_kh, g_dt, grads[0], grads[1]
 
@@ -204,7 +216,7 @@ def fused_step(
         _check_step(q, k, dt, w_in, w_out, integrator)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or dt.requires_grad
                                          or w_in.requires_grad or w_out.requires_grad)):
-        return _FORWARDS[integrator](q, k, dt.view(-1, 1, 1), w_in, w_out)[:2]
+        return _FORWARDS[integrator](q, k, dt.view(-1, 1, 1), w_in, w_out, _inference_force)[:2]
     return _FUNCTIONS[integrator].apply(q, k, dt, w_in, w_out)
 
 
