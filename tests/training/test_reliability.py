@@ -71,7 +71,8 @@ def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, si
     ref = tiny_cfg(max_steps=40, eval_interval=1000, out_dir=str(tmp_path / "ref"))
     train(ref)
     cfg = tiny_cfg(max_steps=40, eval_interval=1000, out_dir=str(tmp_path / "sig"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    # the same thread count as this process (bit-identity across a resume needs the same reduction order)
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-m", "coupled_qk.cli", *cli_args(cfg)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = Path(cfg.out_dir) / "metrics.jsonl"
@@ -92,6 +93,29 @@ def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, si
     assert losses(cfg.out_dir) == losses(ref.out_dir)  # bit-identical to the uninterrupted run
     assert res["final"]["test/perplexity"] == json.loads((Path(ref.out_dir) / "results.json").read_text())[
         "final"]["test/perplexity"]
+
+
+def test_2_signal_during_the_last_steps_evaluation_stops_the_process(tiny_cfg, monkeypatch):
+    """A signal after the last step's stop decision (here: during its evaluation) used to be swallowed, so a
+    command training several runs went on to the next one. Now the run completes and the stop propagates."""
+    from coupled_qk.training.lm import LMTask
+    from coupled_qk.training.stop import TrainingInterrupted
+
+    cfg = tiny_cfg(max_steps=4, eval_interval=1000)
+    evaluate = LMTask.evaluate
+
+    def evaluate_then_signal(self, *args, quick=True, **kw):
+        if quick:  # the in-loop evaluation of the last step (eval_interval is larger than the run)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(self, *args, quick=quick, **kw)
+
+    monkeypatch.setattr(LMTask, "evaluate", evaluate_then_signal)
+    with pytest.raises(TrainingInterrupted, match="after the last step") as info:
+        train(cfg)
+    assert info.value.finished and info.value.exit_code == 143
+    results = json.loads((Path(cfg.out_dir) / "results.json").read_text())
+    assert results["steps"] == 4 and results["stop_reason"] == "completed"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler was restored
 
 
 def test_2_periodic_checkpoints_by_default(tiny_cfg, tmp_path):

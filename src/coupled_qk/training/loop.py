@@ -331,4 +331,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     }
     if runtime.is_main:
         run.write_results(results)
+    if catcher.received is not None:
+        # the signal came after the last step's stop decision (during its evaluation or logging): the run is
+        # complete and saved, but whoever sent it wants this process to stop, not to start the next run
+        raise TrainingInterrupted(catcher.received, state["step"], run_dir, finished=True)
     return results

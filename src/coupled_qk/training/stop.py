@@ -25,13 +25,19 @@ class TrainingInterrupted(Exception):
     Attributes:
         signum: the signal; ``exit_code`` is ``128 + signum`` (130 for Ctrl-C, 143 for ``SIGTERM``).
         step: the step saved; ``checkpoint``: its folder.
+        finished: the signal arrived after the last step: the run is complete (results written) and only the
+            process stops (a command that trains several runs does not start the next one).
     """
 
-    def __init__(self, signum: int, step: int, checkpoint):
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+    def __init__(self, signum: int, step: int, checkpoint, finished: bool = False):
+        self.signum, self.step, self.checkpoint, self.finished = signum, step, checkpoint, finished
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} at step {step}; checkpoint saved in {checkpoint}")
+        if finished:
+            super().__init__(f"stopped by {name} after the last step ({step}); the run finished and is saved in "
+                             f"{checkpoint}")
+        else:
+            super().__init__(f"stopped by {name} at step {step}; checkpoint saved in {checkpoint}")
 
 
 class TrainingDiverged(RuntimeError):
