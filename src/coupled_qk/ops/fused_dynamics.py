@@ -52,11 +52,10 @@ def fused_available(q: torch.Tensor, k: torch.Tensor, w_in: torch.Tensor, dt: to
 
 
 def _force(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor):
-    """``f(x)`` and what its backward needs: ``(h, s, a, f)`` with ``s = sigmoid(h)``, ``a = h s = silu(h)``."""
+    """``f(x)`` and what its backward keeps: ``((h, s), f)`` with ``h = W1 x``, ``s = sigmoid(h)``."""
     h = F.linear(x, w_in)
     s = torch.sigmoid(h)
-    a = h * s
-    return (h, s, a), F.linear(a, w_out)
+    return (h, s), F.linear(h * s, w_out)
 
 
 def _inference_force(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor):
@@ -64,46 +63,56 @@ def _inference_force(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor):
     return None, F.linear(F.silu(F.linear(x, w_in)), w_out)
 
 
-def _force_backward(g_f, x, hsa, w_in, w_out, grads):
-    """Add the weight gradients of one force evaluation to ``grads`` (a 2-list) and return ``g_x``.
+def _force_backward(g, scale, x, hs, w_in, w_out, grads):
+    """Backward of one kick ``y = scale * f(x)`` (``scale``: ``(H, 1, 1)``) for the upstream gradient ``g`` of
+    ``y``: adds the weight gradients to ``grads`` (a 2-list) and returns ``(g_x, <g, f(x)> per head)``.
 
-    ``silu'(h) = s (1 + h (1 - s))`` from the saved sigmoid: no second exponential (``silu_backward``
-    recomputes it), computed in place on one temporary."""
-    h, s, a = hsa
+    Only ``h`` and ``s`` are kept from the forward: ``a = h s`` is recomputed, ``f`` is never needed
+    (``<g, f> = <g W2, a>``), and ``silu'(h) = s (1 + h (1 - s))`` comes from the saved sigmoid (no second
+    exponential, as ``silu_backward`` would compute), in place on one temporary."""
+    h, s = hs
     d, hidden = w_in.shape[1], w_in.shape[0]
-    g_h = (1 - s).mul_(h).add_(1).mul_(s).mul_(torch.matmul(g_f, w_out))
+    a = h * s
+    g_a = torch.matmul(g, w_out)  # gradient of <g, f> with respect to a (unscaled)
+    g_scale = _head_dot(g_a, a)
+    g_f = g * scale
+    g_h = (1 - s).mul_(h).add_(1).mul_(s).mul_(g_a).mul_(scale)
     gw_out = g_f.reshape(-1, d).t().mm(a.reshape(-1, hidden))
     gw_in = g_h.reshape(-1, hidden).t().mm(x.reshape(-1, d))
     grads[0] = gw_in if grads[0] is None else grads[0].add_(gw_in)
     grads[1] = gw_out if grads[1] is None else grads[1].add_(gw_out)
-    return torch.matmul(g_h, w_in)
+    return torch.matmul(g_h, w_in), g_scale
 
 
 def _euler(q, k, dtv, w_in, w_out, force=_force):
     """Forward of one Euler step: ``(q', k', tensors the backward needs)``; ``dtv`` is ``dt`` as ``(H, 1, 1)``;
     ``force`` is :func:`_force` (training) or :func:`_inference_force`."""
-    hsa, f = force(q, w_in, w_out)
-    return torch.addcmul(q, dtv, k), torch.addcmul(k, dtv, f), (hsa, f)
+    hs, f = force(q, w_in, w_out)
+    return torch.addcmul(q, dtv, k), torch.addcmul(k, dtv, f), hs
 
 
 def _symplectic_euler(q, k, dtv, w_in, w_out, force=_force):
-    hsa, f = force(q, w_in, w_out)
+    hs, f = force(q, w_in, w_out)
     k2 = torch.addcmul(k, dtv, f)
-    return torch.addcmul(q, dtv, k2), k2, (hsa, f)
+    return torch.addcmul(q, dtv, k2), k2, hs
 
 
 def _leapfrog(q, k, dtv, w_in, w_out, force=_force):
     half = 0.5 * dtv
-    hsa0, f0 = force(q, w_in, w_out)
+    hs0, f0 = force(q, w_in, w_out)
     k_h = torch.addcmul(k, half, f0)
     q2 = torch.addcmul(q, dtv, k_h)
-    hsa1, f1 = force(q2, w_in, w_out)
-    return q2, torch.addcmul(k_h, half, f1), (k_h, hsa0, f0, hsa1, f1)
+    hs1, f1 = force(q2, w_in, w_out)
+    return q2, torch.addcmul(k_h, half, f1), (k_h, hs0, hs1)
 
 
 def _head_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``sum over (B, T, d) of a * b`` per head: ``(B, H, T, d) x2 -> (H,)``."""
     return (a * b).sum((0, 2, 3))
+
+
+def _upstream(g, like):
+    return torch.zeros_like(like) if g is None else g
 
 
 class _Euler(torch.autograd.Function):
@@ -112,21 +121,19 @@ class _Euler(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, dt, w_in, w_out):
         q = q.contiguous()
-        q2, k2, (hsa, f) = _euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
-        ctx.save_for_backward(q, k, dt, w_in, w_out, *hsa, f)
+        q2, k2, hs = _euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
+        ctx.save_for_backward(q, k, dt, w_in, w_out, *hs)
         return q2, k2
 
     @staticmethod
     def backward(ctx, g_q2, g_k2):
-        q, k, dt, w_in, w_out, h, s, a, f = ctx.saved_tensors
-        g_q2 = torch.zeros_like(q) if g_q2 is None else g_q2
-        g_k2 = torch.zeros_like(k) if g_k2 is None else g_k2
+        q, k, dt, w_in, w_out, h, s = ctx.saved_tensors
+        g_q2, g_k2 = _upstream(g_q2, q), _upstream(g_k2, q)
         dtv = dt.view(-1, 1, 1)
         grads = [None, None]
-        g_dt = _head_dot(g_q2, k) + _head_dot(g_k2, f)
-        g_q = _force_backward(g_k2 * dtv, q, (h, s, a), w_in, w_out, grads).add_(g_q2)
-        g_k = torch.addcmul(g_k2, dtv, g_q2)
-        return g_q, g_k, g_dt, grads[0], grads[1]
+        g_x, g_dt = _force_backward(g_k2, dtv, q, (h, s), w_in, w_out, grads)
+        g_dt = g_dt + _head_dot(g_q2, k)
+        return g_x.add_(g_q2), torch.addcmul(g_k2, dtv, g_q2), g_dt, grads[0], grads[1]
 
 
 class _SymplecticEuler(torch.autograd.Function):
@@ -135,21 +142,20 @@ class _SymplecticEuler(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, dt, w_in, w_out):
         q = q.contiguous()
-        q2, k2, (hsa, f) = _symplectic_euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
-        ctx.save_for_backward(q, k2, dt, w_in, w_out, *hsa, f)
+        q2, k2, hs = _symplectic_euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
+        ctx.save_for_backward(q, k2, dt, w_in, w_out, *hs)
         return q2, k2
 
     @staticmethod
     def backward(ctx, g_q2, g_k2):
-        q, k2, dt, w_in, w_out, h, s, a, f = ctx.saved_tensors
-        g_q2 = torch.zeros_like(q) if g_q2 is None else g_q2
-        g_k2 = torch.zeros_like(k2) if g_k2 is None else g_k2
+        q, k2, dt, w_in, w_out, h, s = ctx.saved_tensors
+        g_q2, g_k2 = _upstream(g_q2, q), _upstream(g_k2, q)
         dtv = dt.view(-1, 1, 1)
         grads = [None, None]
         g_k = torch.addcmul(g_k2, dtv, g_q2)  # total gradient of k' (= gradient of k)
-        g_dt = _head_dot(g_q2, k2) + _head_dot(g_k, f)
-        g_q = _force_backward(g_k * dtv, q, (h, s, a), w_in, w_out, grads).add_(g_q2)
-        return g_q, g_k, g_dt, grads[0], grads[1]
+        g_x, g_dt = _force_backward(g_k, dtv, q, (h, s), w_in, w_out, grads)
+        g_dt = g_dt + _head_dot(g_q2, k2)
+        return g_x.add_(g_q2), g_k, g_dt, grads[0], grads[1]
 
 
 class _Leapfrog(torch.autograd.Function):
@@ -158,26 +164,26 @@ class _Leapfrog(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, dt, w_in, w_out):
         q = q.contiguous()
-        q2, k2, (k_h, hsa0, f0, hsa1, f1) = _leapfrog(q, k, dt.view(-1, 1, 1), w_in, w_out)
-        ctx.save_for_backward(q, k_h, q2, dt, w_in, w_out, *hsa0, f0, *hsa1, f1)
+        q2, k2, (k_h, hs0, hs1) = _leapfrog(q, k, dt.view(-1, 1, 1), w_in, w_out)
+        ctx.save_for_backward(q, k_h, q2, dt, w_in, w_out, *hs0, *hs1)
         return q2, k2
 
     @staticmethod
     def backward(ctx, g_q2, g_k2):
-        q, k_h, q2, dt, w_in, w_out, h0, s0, a0, f0, h1, s1, a1, f1 = ctx.saved_tensors
-        g_q2 = torch.zeros_like(q) if g_q2 is None else g_q2
-        g_k2 = torch.zeros_like(q) if g_k2 is None else g_k2
+        q, k_h, q2, dt, w_in, w_out, h0, s0, h1, s1 = ctx.saved_tensors
+        g_q2, g_k2 = _upstream(g_q2, q), _upstream(g_k2, q)
         dtv = dt.view(-1, 1, 1)
         half = 0.5 * dtv
         grads = [None, None]
         # k' = k_h + dt/2 f(q'): into q' (through f) and k_h
-        g_q2 = _force_backward(g_k2 * half, q2, (h1, s1, a1), w_in, w_out, grads).add_(g_q2)
+        g_x, g_dt1 = _force_backward(g_k2, half, q2, (h1, s1), w_in, w_out, grads)
+        g_q2 = g_x.add_(g_q2)
         # q' = q + dt k_h
         g_kh = torch.addcmul(g_k2, dtv, g_q2)
         # k_h = k + dt/2 f(q)
-        g_q = _force_backward(g_kh * half, q, (h0, s0, a0), w_in, w_out, grads).add_(g_q2)
-        g_dt = 0.5 * _head_dot(g_k2, f1) + _head_dot(g_q2, k_h) + 0.5 * _head_dot(g_kh, f0)
-        return g_q, g_kh, g_dt, grads[0], grads[1]
+        g_x, g_dt0 = _force_backward(g_kh, half, q, (h0, s0), w_in, w_out, grads)
+        g_dt = 0.5 * (g_dt1 + g_dt0) + _head_dot(g_q2, k_h)
+        return g_x.add_(g_q2), g_kh, g_dt, grads[0], grads[1]
 
 
 _FUNCTIONS = {"euler": _Euler, "leapfrog": _Leapfrog, "symplectic_euler": _SymplecticEuler}
