@@ -52,10 +52,11 @@ def fused_available(q: torch.Tensor, k: torch.Tensor, w_in: torch.Tensor, dt: to
 
 
 def _force(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor):
-    """``f(x)`` and what its backward keeps: ``((h, s), f)`` with ``h = W1 x``, ``s = sigmoid(h)``."""
+    """``f(x)`` and what its backward keeps: ``((s, a), f)`` with ``s = sigmoid(W1 x)``, ``a = silu(W1 x)``."""
     h = F.linear(x, w_in)
     s = torch.sigmoid(h)
-    return (h, s), F.linear(h * s, w_out)
+    a = h.mul_(s)
+    return (s, a), F.linear(a, w_out)
 
 
 def _inference_force(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor):
@@ -63,21 +64,20 @@ def _inference_force(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor):
     return None, F.linear(F.silu(F.linear(x, w_in)), w_out)
 
 
-def _force_backward(g, scale, x, hs, w_in, w_out, grads):
-    """Backward of one kick ``y = scale * f(x)`` (``scale``: ``(H, 1, 1)``) for the upstream gradient ``g`` of
-    ``y``: adds the weight gradients to ``grads`` (a 2-list) and returns ``(g_x, <g, f(x)> per head)``.
+def _force_backward(g, scale, x, sa, w_in, w_out, grads):
+    """Backward of one kick ``y = scale * f(x)`` (``scale``: ``(H, 1)``, token-major layout) for the upstream
+    gradient ``g`` of ``y``: adds the weight gradients to ``grads`` (a 2-list) and returns
+    ``(g_x, <g, f(x)> per head)``.
 
-    Only ``h`` and ``s`` are kept from the forward: ``a = h s`` is recomputed, ``f`` is never needed
-    (``<g, f> = <g W2, a>``), and ``silu'(h) = s (1 + h (1 - s))`` comes from the saved sigmoid (no second
-    exponential, as ``silu_backward`` would compute), in place on one temporary."""
-    h, s = hs
+    Only ``s = sigmoid(h)`` and ``a = silu(h)`` are kept from the forward: ``f`` is never needed
+    (``<g, f> = <g W2, a>``), and ``silu'(h) = s + a (1 - s)`` needs no second exponential (``silu_backward``
+    would compute one); it is computed in place on one temporary."""
+    s, a = sa
     d, hidden = w_in.shape[1], w_in.shape[0]
-    a = h * s
     g_a = torch.matmul(g, w_out)  # gradient of <g, f> with respect to a (unscaled)
     g_scale = _head_dot(g_a, a)
-    g_f = g * scale
-    g_h = (1 - s).mul_(h).add_(1).mul_(s).mul_(g_a).mul_(scale)
-    gw_out = g_f.reshape(-1, d).t().mm(a.reshape(-1, hidden))
+    g_h = (1 - s).mul_(a).add_(s).mul_(g_a).mul_(scale)
+    gw_out = (g * scale).reshape(-1, d).t().mm(a.reshape(-1, hidden))
     gw_in = g_h.reshape(-1, hidden).t().mm(x.reshape(-1, d))
     grads[0] = gw_in if grads[0] is None else grads[0].add_(gw_in)
     grads[1] = gw_out if grads[1] is None else grads[1].add_(gw_out)
@@ -85,34 +85,40 @@ def _force_backward(g, scale, x, hs, w_in, w_out, grads):
 
 
 def _euler(q, k, dtv, w_in, w_out, force=_force):
-    """Forward of one Euler step: ``(q', k', tensors the backward needs)``; ``dtv`` is ``dt`` as ``(H, 1, 1)``;
-    ``force`` is :func:`_force` (training) or :func:`_inference_force`."""
-    hs, f = force(q, w_in, w_out)
-    return torch.addcmul(q, dtv, k), torch.addcmul(k, dtv, f), hs
+    """Forward of one Euler step: ``(q', k', tensors the backward needs)``. Token-major layout
+    ``(B, T, H, d_head)``, ``dtv`` is ``dt`` as ``(H, 1)``; ``force`` is :func:`_force` (training) or
+    :func:`_inference_force`."""
+    sa, f = force(q, w_in, w_out)
+    return torch.addcmul(q, dtv, k), torch.addcmul(k, dtv, f), sa
 
 
 def _symplectic_euler(q, k, dtv, w_in, w_out, force=_force):
-    hs, f = force(q, w_in, w_out)
+    sa, f = force(q, w_in, w_out)
     k2 = torch.addcmul(k, dtv, f)
-    return torch.addcmul(q, dtv, k2), k2, hs
+    return torch.addcmul(q, dtv, k2), k2, sa
 
 
 def _leapfrog(q, k, dtv, w_in, w_out, force=_force):
     half = 0.5 * dtv
-    hs0, f0 = force(q, w_in, w_out)
+    sa0, f0 = force(q, w_in, w_out)
     k_h = torch.addcmul(k, half, f0)
     q2 = torch.addcmul(q, dtv, k_h)
-    hs1, f1 = force(q2, w_in, w_out)
-    return q2, torch.addcmul(k_h, half, f1), (k_h, hs0, hs1)
+    sa1, f1 = force(q2, w_in, w_out)
+    return q2, torch.addcmul(k_h, half, f1), (k_h, sa0, sa1)
 
 
 def _head_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``sum over (B, T, d) of a * b`` per head: ``(B, H, T, d) x2 -> (H,)``."""
-    return (a * b).sum((0, 2, 3))
+    """``sum over (B, T, d) of a * b`` per head: ``(B, T, H, d) x2 -> (H,)``."""
+    return (a * b).sum((0, 1, 3))
+
+
+def _token_major(x: torch.Tensor) -> torch.Tensor:
+    """``(B, H, T, d)`` -> ``(B, T, H, d)`` (a view; the projections and SDPA's gradients are laid out this way)."""
+    return x.transpose(1, 2)
 
 
 def _upstream(g, like):
-    return torch.zeros_like(like) if g is None else g
+    return torch.zeros_like(like) if g is None else _token_major(g).contiguous()
 
 
 class _Euler(torch.autograd.Function):
@@ -120,20 +126,21 @@ class _Euler(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, dt, w_in, w_out):
-        q = q.contiguous()
-        q2, k2, hs = _euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
-        ctx.save_for_backward(q, k, dt, w_in, w_out, *hs)
-        return q2, k2
+        q, k = _token_major(q).contiguous(), _token_major(k)
+        q2, k2, sa = _euler(q, k, dt.view(-1, 1), w_in, w_out)
+        ctx.save_for_backward(q, k, dt, w_in, w_out, *sa)
+        return _token_major(q2), _token_major(k2)
 
     @staticmethod
     def backward(ctx, g_q2, g_k2):
-        q, k, dt, w_in, w_out, h, s = ctx.saved_tensors
+        q, k, dt, w_in, w_out, s, a = ctx.saved_tensors
         g_q2, g_k2 = _upstream(g_q2, q), _upstream(g_k2, q)
-        dtv = dt.view(-1, 1, 1)
+        dtv = dt.view(-1, 1)
         grads = [None, None]
-        g_x, g_dt = _force_backward(g_k2, dtv, q, (h, s), w_in, w_out, grads)
+        g_x, g_dt = _force_backward(g_k2, dtv, q, (s, a), w_in, w_out, grads)
         g_dt = g_dt + _head_dot(g_q2, k)
-        return g_x.add_(g_q2), torch.addcmul(g_k2, dtv, g_q2), g_dt, grads[0], grads[1]
+        g_k = torch.addcmul(g_k2, dtv, g_q2)
+        return _token_major(g_x.add_(g_q2)), _token_major(g_k), g_dt, grads[0], grads[1]
 
 
 class _SymplecticEuler(torch.autograd.Function):
@@ -141,21 +148,21 @@ class _SymplecticEuler(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, dt, w_in, w_out):
-        q = q.contiguous()
-        q2, k2, hs = _symplectic_euler(q, k, dt.view(-1, 1, 1), w_in, w_out)
-        ctx.save_for_backward(q, k2, dt, w_in, w_out, *hs)
-        return q2, k2
+        q, k = _token_major(q).contiguous(), _token_major(k)
+        q2, k2, sa = _symplectic_euler(q, k, dt.view(-1, 1), w_in, w_out)
+        ctx.save_for_backward(q, k2, dt, w_in, w_out, *sa)
+        return _token_major(q2), _token_major(k2)
 
     @staticmethod
     def backward(ctx, g_q2, g_k2):
-        q, k2, dt, w_in, w_out, h, s = ctx.saved_tensors
+        q, k2, dt, w_in, w_out, s, a = ctx.saved_tensors
         g_q2, g_k2 = _upstream(g_q2, q), _upstream(g_k2, q)
-        dtv = dt.view(-1, 1, 1)
+        dtv = dt.view(-1, 1)
         grads = [None, None]
         g_k = torch.addcmul(g_k2, dtv, g_q2)  # total gradient of k' (= gradient of k)
-        g_x, g_dt = _force_backward(g_k, dtv, q, (h, s), w_in, w_out, grads)
+        g_x, g_dt = _force_backward(g_k, dtv, q, (s, a), w_in, w_out, grads)
         g_dt = g_dt + _head_dot(g_q2, k2)
-        return g_x.add_(g_q2), g_k, g_dt, grads[0], grads[1]
+        return _token_major(g_x.add_(g_q2)), _token_major(g_k), g_dt, grads[0], grads[1]
 
 
 class _Leapfrog(torch.autograd.Function):
@@ -163,27 +170,27 @@ class _Leapfrog(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, dt, w_in, w_out):
-        q = q.contiguous()
-        q2, k2, (k_h, hs0, hs1) = _leapfrog(q, k, dt.view(-1, 1, 1), w_in, w_out)
-        ctx.save_for_backward(q, k_h, q2, dt, w_in, w_out, *hs0, *hs1)
-        return q2, k2
+        q, k = _token_major(q).contiguous(), _token_major(k)
+        q2, k2, (k_h, sa0, sa1) = _leapfrog(q, k, dt.view(-1, 1), w_in, w_out)
+        ctx.save_for_backward(q, k_h, q2, dt, w_in, w_out, *sa0, *sa1)
+        return _token_major(q2), _token_major(k2)
 
     @staticmethod
     def backward(ctx, g_q2, g_k2):
-        q, k_h, q2, dt, w_in, w_out, h0, s0, h1, s1 = ctx.saved_tensors
+        q, k_h, q2, dt, w_in, w_out, s0, a0, s1, a1 = ctx.saved_tensors
         g_q2, g_k2 = _upstream(g_q2, q), _upstream(g_k2, q)
-        dtv = dt.view(-1, 1, 1)
+        dtv = dt.view(-1, 1)
         half = 0.5 * dtv
         grads = [None, None]
         # k' = k_h + dt/2 f(q'): into q' (through f) and k_h
-        g_x, g_dt1 = _force_backward(g_k2, half, q2, (h1, s1), w_in, w_out, grads)
+        g_x, g_dt1 = _force_backward(g_k2, half, q2, (s1, a1), w_in, w_out, grads)
         g_q2 = g_x.add_(g_q2)
         # q' = q + dt k_h
         g_kh = torch.addcmul(g_k2, dtv, g_q2)
         # k_h = k + dt/2 f(q)
-        g_x, g_dt0 = _force_backward(g_kh, half, q, (h0, s0), w_in, w_out, grads)
+        g_x, g_dt0 = _force_backward(g_kh, half, q, (s0, a0), w_in, w_out, grads)
         g_dt = 0.5 * (g_dt1 + g_dt0) + _head_dot(g_q2, k_h)
-        return g_x.add_(g_q2), g_kh, g_dt, grads[0], grads[1]
+        return _token_major(g_x.add_(g_q2)), _token_major(g_kh), g_dt, grads[0], grads[1]
 
 
 _FUNCTIONS = {"euler": _Euler, "leapfrog": _Leapfrog, "symplectic_euler": _SymplecticEuler}
@@ -222,7 +229,9 @@ def fused_step(
         _check_step(q, k, dt, w_in, w_out, integrator)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or dt.requires_grad
                                          or w_in.requires_grad or w_out.requires_grad)):
-        return _FORWARDS[integrator](q, k, dt.view(-1, 1, 1), w_in, w_out, _inference_force)[:2]
+        q2, k2, _ = _FORWARDS[integrator](_token_major(q), _token_major(k), dt.view(-1, 1), w_in, w_out,
+                                          _inference_force)
+        return _token_major(q2), _token_major(k2)
     return _FUNCTIONS[integrator].apply(q, k, dt, w_in, w_out)
 
 
