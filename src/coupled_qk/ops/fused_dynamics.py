@@ -85,8 +85,9 @@ def _force_backward(g, scale, x, sa, w_in, w_out, grads):
 
 
 def _euler(q, k, dtv, w_in, w_out, force=_force):
-    """Forward of one Euler step: ``(q', k', tensors the backward needs)``. Token-major layout
-    ``(B, T, H, d_head)``, ``dtv`` is ``dt`` as ``(H, 1)``; ``force`` is :func:`_force` (training) or
+    """Forward of one Euler step: ``(q', k', tensors the backward needs)``. ``dtv`` is ``dt`` shaped to
+    broadcast over the head axis: ``(H, 1)`` in the token-major layout ``(B, T, H, d_head)`` of training,
+    ``(H, 1, 1)`` in the ``(B, H, T, d_head)`` layout of decoding; ``force`` is :func:`_force` (training) or
     :func:`_inference_force`."""
     sa, f = force(q, w_in, w_out)
     return torch.addcmul(q, dtv, k), torch.addcmul(k, dtv, f), sa
@@ -229,9 +230,8 @@ def fused_step(
         _check_step(q, k, dt, w_in, w_out, integrator)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or dt.requires_grad
                                          or w_in.requires_grad or w_out.requires_grad)):
-        q2, k2, _ = _FORWARDS[integrator](_token_major(q), _token_major(k), dt.view(-1, 1), w_in, w_out,
-                                          _inference_force)
-        return _token_major(q2), _token_major(k2)
+        # the maps act per token and per head: any layout works once dt broadcasts over the head axis (-3)
+        return _FORWARDS[integrator](q, k, dt.view(-1, 1, 1), w_in, w_out, _inference_force)[:2]
     return _FUNCTIONS[integrator].apply(q, k, dt, w_in, w_out)
 
 
