@@ -2,18 +2,27 @@
 
 The same maps as :func:`coupled_qk.ops.dynamics.integrate_qk` (``n_steps=1``, one key per query head) with the
 paper's force ``f(q) = W2 silu(W1 q)`` shared by all heads, written as one ``torch.autograd.Function`` per
-integrator. Autograd of the reference builds about 12 nodes per step; here the forward runs on contiguous
-copies of ``q`` and ``k`` (elementwise kernels on the strided head views of the QKV projection run about 2.5x
-slower on CPU) and the backward is the chain rule written out once, with the ``dt`` gradient reduced per head
-directly. Values and gradients equal the reference up to floating-point rounding (tested in float64 against
-:func:`~coupled_qk.ops.dynamics.integrate_qk` and with ``torch.autograd.gradcheck``).
+integrator. Autograd of the reference builds about 12 nodes per step; here the chain rule is written out once:
 
-Backward of one force evaluation ``f = W2 a``, ``a = silu(h)``, ``h = W1 x`` for an upstream gradient ``g_f``::
+- everything runs in the token-major layout ``(B, T, H, d_head)`` in which the QKV projection produces the
+  queries and keys and SDPA returns their gradients, so no elementwise pass runs on a strided view (about
+  2.5x slower on CPU) and no gradient is copied to another layout;
+- per force evaluation only ``s = sigmoid(h)`` and ``a = silu(h)`` are kept (as many tensors as autograd
+  keeps); ``silu'(h) = s + a (1 - s)`` needs no second exponential, and ``<g, f> = <g W2, a>`` gives the
+  ``dt`` gradient without keeping ``f``.
 
-    g_h = silu'(h) * (g_f W2)      g_x = g_h W1      g_W2 = g_f^T a      g_W1 = g_h^T x
+Values and gradients equal the reference up to floating-point rounding (tested in float64 against
+:func:`~coupled_qk.ops.dynamics.integrate_qk` and with ``torch.autograd.gradcheck``). Without gradients
+(decoding) the same forward runs as plain tensor operations.
+
+Backward of one kick ``y = c f(x)``, ``f = W2 a``, ``a = silu(h)``, ``h = W1 x`` for an upstream gradient ``g``::
+
+    g_a = g W2      g_h = c silu'(h) g_a      g_x = g_h W1      g_W2 = (c g)^T a      g_W1 = g_h^T x
+    dL/dc = <g_a, a>
 
 :func:`fused_available` says when a call can take this path; :func:`set_fused` (or the environment variable
-``COUPLED_QK_FUSED=0``) turns it off everywhere, e.g. to compare with the reference.
+``COUPLED_QK_FUSED=0``) turns it off everywhere, e.g. to compare with the reference
+(``benchmarks/fused_ab.py`` times both in one process).
 """
 
 from __future__ import annotations
