@@ -30,7 +30,6 @@ import torch.nn as nn
 from coupled_qk._checks import finite, nonneg_int, positive_int
 from coupled_qk.layers.forces import FORCE_CLASSES, FORCES, MLPForce
 from coupled_qk.ops.dynamics import apply_query_mlp, check_integrator, integrate_qk
-from coupled_qk.ops.fused_dynamics import fused_available, fused_step
 
 
 class QKMap(nn.Module):
@@ -119,8 +118,6 @@ class QKDynamics(QKMap):
         per_head = None if shared_across_heads else n_heads
         self.force = FORCE_CLASSES[force](d_head, hidden, per_head)
         self.dt = nn.Parameter(torch.full((n_heads,), float(dt_init)))
-        # the fused one-step path (coupled_qk.ops.fused_dynamics): the paper's shared MLP force, one step
-        self._fusable = force == "mlp" and shared_across_heads and n_steps == 1
 
     def extra_repr(self) -> str:
         return (
@@ -157,8 +154,6 @@ class QKDynamics(QKMap):
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.check_every_call:
             self.check_inputs(q, k)
-        if self._fusable and fused_available(q, k, self.force.w_in, self.dt):
-            return fused_step(q, k, self.dt, self.force.w_in, self.force.w_out, self.integrator, check=False)
         return integrate_qk(
             q, k, self.force, self.dt, self.integrator, self.n_steps, self.head_group, check=self.check_every_call
         )
