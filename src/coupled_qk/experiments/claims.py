@@ -201,10 +201,11 @@ def c5(rec):
         n = variant.partition("n_steps=")[2]
         per[n] = stats.paired_difference(va, vb, relative=True)
         verdicts.append(equivalence_verdict(per[n]["low"], per[n]["high"]))
-    worst = max(per.values(), key=lambda r: abs(r["mean"]))
+    # show the comparison whose interval reaches furthest from zero: the one that decides equivalence
+    worst = max(per.values(), key=lambda r: max(abs(r["low"]), abs(r["high"])))
     v = "contradicted" if "contradicted" in verdicts else ("reproduced" if set(verdicts) == {"reproduced"}
                                                            else "not reproduced at this scale")
-    return _row("held-out test ppl, n_steps in {2,4,7} vs 1, % (largest shown; equivalence margin "
+    return _row("held-out test ppl, n_steps in {2,4,7} vs 1, % (the widest interval shown; equivalence margin "
                 f"+-{EQUIVALENCE_MARGIN}%)", {**worst, "p": None}, v, rec.runs("wv-tiny", "wv-tiny-steps"),
                 per_n_steps={n: {k: r[k] for k in ("mean", "low", "high")} for n, r in per.items()})
 
