@@ -21,20 +21,23 @@ from coupled_qk.io import write_text_atomic
 ALPHA = 0.05
 
 
+def _paired(rec: Records, a: tuple[str, str], b: tuple[str, str]) -> dict:
+    """Paired % change of ``b`` vs ``a`` (``(cell, variant)`` pairs) in held-out test perplexity, with both
+    mean perplexities, or ``{"status": "not run (reason)"}`` while runs are missing."""
+    try:
+        rec.need(a, b)
+        _, va, vb = rec.pairs(a, b)
+    except NotReady as exc:
+        return {"status": f"not run ({exc})"}
+    r = stats.paired_difference(va, vb, relative=True)
+    return {**{k: r[k] for k in ("mean", "low", "high", "n", "p")}, "status": "measured",
+            "a_ppl": sum(va) / len(va), "b_ppl": sum(vb) / len(vb)}
+
+
 def _scan(rec: Records) -> list[dict]:
-    rows = []
-    for label, c_cell, c_var, s_cell in SCAN_FACTORS:
-        row = {"factor": label, "coupled": f"{c_var} ({c_cell})", "standard": f"standard ({s_cell})"}
-        try:
-            rec.need(c_cell, s_cell)
-            _, a, b = rec.pairs((s_cell, "standard"), (c_cell, c_var))
-            r = stats.paired_difference(a, b, relative=True)
-            row.update({k: r[k] for k in ("mean", "low", "high", "n", "p")}, status="measured",
-                       standard_ppl=sum(a) / len(a), coupled_ppl=sum(b) / len(b))
-        except NotReady as exc:
-            row.update(status=f"not run ({exc})")
-        rows.append(row)
-    return rows
+    """The one-factor scan (issue 10, item 4): coupled vs standard per factor."""
+    return [{"factor": label, "coupled": f"{c_var} ({c_cell})", "standard": f"standard ({s_cell})",
+             **_paired(rec, (s_cell, "standard"), (c_cell, c_var))} for label, c_cell, c_var, s_cell in SCAN_FACTORS]
 
 
 GQA_CELL = "gqa-tiny"
@@ -47,21 +50,8 @@ GQA_COMPARISONS = (
 
 def _gqa(rec: Records) -> list[dict]:
     """Grouped-query attention (beyond the paper): paired % changes in held-out test perplexity."""
-    rows = []
-    for label, a, b in GQA_COMPARISONS:
-        row = {"comparison": label, "a": a, "b": b}
-        try:
-            if not rec.protocol.has_cell(GQA_CELL):
-                raise NotReady(f"protocol {rec.protocol.name!r} has no cell {GQA_CELL!r}")
-            rec.need((GQA_CELL, a), (GQA_CELL, b))
-            _, va, vb = rec.pairs((GQA_CELL, a), (GQA_CELL, b))
-            r = stats.paired_difference(va, vb, relative=True)
-            row.update({k: r[k] for k in ("mean", "low", "high", "n", "p")}, status="measured",
-                       a_ppl=sum(va) / len(va), b_ppl=sum(vb) / len(vb))
-        except NotReady as exc:
-            row.update(status=f"not run ({exc})")
-        rows.append(row)
-    return rows
+    return [{"comparison": label, "a": a, "b": b, **_paired(rec, (GQA_CELL, a), (GQA_CELL, b))}
+            for label, a, b in GQA_COMPARISONS]
 
 
 def _mqar_escape(rec: Records) -> list[dict]:
