@@ -99,8 +99,8 @@ class GPTConfig(JSONConfig):
 
     Flat spellings (keyword arguments, dict keys, ``--set``): ``integrator``, ``n_steps``, ``dynamics_hidden``
     (-> ``qk_map.hidden``), ``dt_init``, ``shared_across_heads``, ``force``, ``keys_per_query_head`` are routed
-    into ``qk_map``; they are
-    not attributes. Every field is converted to its declared type (``use_mlp="False"`` is ``False``).
+    into ``qk_map``; they are not attributes. Every field is converted to its declared type (``use_mlp="False"``
+    is ``False``).
 
     Raises:
         ValueError: naming the offending field: unknown names, values of the wrong type, non-positive sizes,
