@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv
 from coupled_qk.layers.kv_cache import KVCache
 from coupled_qk.ops.heads import expand_kv
 from coupled_qk.ops.rope import apply_rope
@@ -172,6 +173,11 @@ class CausalSelfAttention(nn.Module):
     (hidden from every query, see :func:`attention_mask_4d`). With ``record=True`` the eager path runs and the
     result is ``(y, AttentionRecord)``.
 
+    Single-token decoding steps (a ``cache``, ``T == 1``, gradients off) of a foldable map (the coupled
+    dynamics with ``n_steps=1`` before RoPE; :mod:`coupled_qk.layers.folded`) use the map folded into the
+    projection: the same function up to rounding, in two to four kernels instead of seven to twelve, rebuilt
+    when a weight changes. ``layer.fold_inference = False`` turns it off.
+
     State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) load.
 
     Raises:
@@ -234,6 +240,8 @@ class CausalSelfAttention(nn.Module):
                 nn.Parameter(torch.randn(d_head) * 0.1) for _ in range(4)
             )
             self.subln = nn.RMSNorm(2 * d_head, eps=1e-5, elementwise_affine=True)
+        self.fold_inference = True  # decoding folds the map into the projection (layers/folded.py)
+        self._fold: FoldedProjection | None = None
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
 
     def _upgrade_state_dict(self, state_dict, prefix, *args) -> None:
@@ -249,6 +257,18 @@ class CausalSelfAttention(nn.Module):
     def keys_per_query_head(self) -> bool:
         """Whether keys are repeated to one per query head before the map (and cached that way)."""
         return self.qk_map is not None and getattr(self.qk_map, "keys_per_query_head", True)
+
+    def _folded_projection(self) -> FoldedProjection | None:
+        """The map folded into the projection for decoding (rebuilt when a weight changes), or ``None`` when
+        folding is off (``fold_inference = False``), impossible for this map, or the model is being compiled."""
+        if not self.fold_inference or torch.compiler.is_compiling():
+            return None
+        key = fold_key(self)
+        if key is None:
+            return None
+        if self._fold is None or self._fold.version != key:
+            self._fold = fold_projection(self)
+        return self._fold
 
     def differential_lambda(self) -> torch.Tensor:
         """Scalar ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (arXiv:2410.05258, eq. 2)."""
@@ -270,18 +290,23 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, AttentionRecord]:
         b, t, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
-        q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
+        folded = None
+        if t == 1 and self.qk_map is not None and cache is not None and not record and not torch.is_grad_enabled():
+            folded = self._folded_projection()
+        if folded is not None:  # a decoding step: the map is folded into the projection (layers/folded.py)
+            q, k, v = folded_qkv(folded, x)
+        else:
+            q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
         q = q.view(b, t, h, dh).transpose(1, 2)
-        k = k.view(b, t, hkv, dh).transpose(1, 2)
+        k = k.view(b, t, -1, dh).transpose(1, 2)
         group = 2 if self.differential else 1
         v = v.view(b, t, hkv // group, group * dh).transpose(1, 2)
-        per_query = self.keys_per_query_head
-        if per_query:  # each query head evolves with its own copy of the key
+        if folded is None and self.keys_per_query_head:  # each query head evolves its own copy of the key
             k = expand_kv(k, self.n_rep, group)
         if self.use_rope and self.map_position == "post_rope":
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         maps = {}
-        if self.qk_map is not None:
+        if folded is None and self.qk_map is not None:
             q_in, k_in = q, k
             q, k = self.qk_map(q, k)
             if record:

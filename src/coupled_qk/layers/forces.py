@@ -45,11 +45,20 @@ class MLPForce(nn.Module):
         nn.init.uniform_(self.w_in, -1 / math.sqrt(self.d_head), 1 / math.sqrt(self.d_head))
         nn.init.uniform_(self.w_out, -1 / math.sqrt(self.hidden), 1 / math.sqrt(self.hidden))
 
-    def forward(self, q: torch.Tensor) -> torch.Tensor:
+    def pre(self, q: torch.Tensor) -> torch.Tensor:
+        """The first (linear) layer: ``(..., d_head) -> (..., hidden)``, ``W1 q``."""
         if self.n_heads is None:
-            return F.linear(F.silu(F.linear(q, self.w_in)), self.w_out)
-        h = F.silu(torch.einsum("...htd,hed->...hte", q, self.w_in))
-        return torch.einsum("...hte,hde->...htd", h, self.w_out)
+            return F.linear(q, self.w_in)
+        return torch.einsum("...htd,hed->...hte", q, self.w_in)
+
+    def post(self, s: torch.Tensor) -> torch.Tensor:
+        """The second (linear) layer: ``(..., hidden) -> (..., d_head)``, ``W2 s``."""
+        if self.n_heads is None:
+            return F.linear(s, self.w_out)
+        return torch.einsum("...hte,hde->...htd", s, self.w_out)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return self.post(F.silu(self.pre(q)))
 
 
 class GradientForce(nn.Module):

@@ -1,0 +1,176 @@
+"""The decoding fast path (layers/folded.py, issue 12): one step of the coupled map folded into the projection
+equals the unfolded map in float64 for every integrator and head layout, is what single-token decoding uses,
+follows weight updates, and leaves every other path alone."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from coupled_qk import GPT, GPTConfig
+from coupled_qk.layers.attention import CausalSelfAttention
+from coupled_qk.layers.folded import fold_projection, foldable, folded_qkv
+from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
+from coupled_qk.ops.heads import expand_kv
+
+D_MODEL, H, DH = 24, 4, 6
+
+LAYOUTS = {  # name -> (n_kv_heads, keys_per_query_head, scoring, shared force)
+    "mha": (4, True, "standard", True),
+    "gqa-per-head-keys": (2, True, "standard", True),
+    "gqa-shared-keys": (2, False, "standard", True),
+    "mqa-shared-keys": (1, False, "standard", True),
+    "per-head-force": (4, True, "standard", False),
+    "differential": (4, True, "differential", True),
+    "differential-gqa-shared-keys": (2, False, "differential", True),
+}
+
+
+def make_layer(integrator, layout, dtype=torch.float64):
+    n_kv, per_query, scoring, shared_force = LAYOUTS[layout]
+    torch.manual_seed(0)
+    qk = functools.partial(QKDynamics, integrator=integrator, keys_per_query_head=per_query,
+                           shared_across_heads=shared_force)
+    layer = CausalSelfAttention(D_MODEL, H, n_kv, DH, qk_map=qk, scoring=scoring).to(dtype).eval()
+    with torch.no_grad():  # distinct steps per head and a force large enough to matter
+        layer.qk_map.dt.copy_(torch.tensor([0.3, -0.2, 0.5, 0.1]))
+        layer.qk_map.force.w_out.mul_(3.0)
+    return layer
+
+
+def unfolded_qkv(layer, x):
+    """The ordinary path of CausalSelfAttention.forward up to the map (before RoPE)."""
+    b, t, _ = x.shape
+    hkv, group = layer.n_kv_heads, 2 if layer.differential else 1
+    q, k, v = layer.qkv(x).split([H * DH, hkv * DH, hkv * DH], dim=-1)
+    q, k = q.view(b, t, H, DH).transpose(1, 2), k.view(b, t, hkv, DH).transpose(1, 2)
+    if layer.keys_per_query_head:
+        k = expand_kv(k, layer.n_rep, group)
+    q, k = layer.qk_map(q, k)
+    return q, k, v.reshape(b * t, -1)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])
+def test_folded_projection_equals_the_map_in_float64(integrator, layout):
+    layer = make_layer(integrator, layout)
+    x = torch.randn(3, 5, D_MODEL, dtype=torch.float64)
+    q_ref, k_ref, v_ref = unfolded_qkv(layer, x)
+    q, k, v = folded_qkv(fold_projection(layer), x)
+    b, t = x.shape[:2]
+    q = q.reshape(b, t, H, DH).transpose(1, 2)
+    k = k.reshape(b, t, -1, DH).transpose(1, 2)
+    assert k.shape == k_ref.shape  # the cache layout: H keys per query head, n_kv_heads when shared
+    torch.testing.assert_close(q, q_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(k, k_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(v, v_ref, rtol=1e-12, atol=1e-12)
+    # the map is far from the identity here, so the equality above is not the trivial dt = 0 case
+    assert (q - layer.qkv(x)[..., : H * DH].view(b, t, H, DH).transpose(1, 2)).abs().max() > 1e-2
+
+
+def make_model(attention="coupled", integrator="leapfrog", **qk_map):
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=41, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, attention=attention,
+                    qk_map={"dt_init": 0.3, "integrator": integrator, **qk_map} if attention == "coupled" else None)
+    return GPT(cfg).eval()
+
+
+def greedy_logits(model, idx, fold=True):
+    """Logits of a 1-token-at-a-time cached pass over ``idx`` (B, T): (B, T, V)."""
+    for block in model.blocks:
+        block.attn.fold_inference = fold
+    cache = model.new_cache()
+    with torch.no_grad():
+        return torch.cat([model(idx[:, t: t + 1], cache) for t in range(idx.shape[1])], 1)
+
+
+def test_decoding_uses_the_fold_and_rebuilds_it_after_a_weight_update():
+    model = make_model()
+    idx = torch.randint(0, 41, (2, 10))
+    with torch.no_grad():
+        full = model(idx)
+    attn = [b.attn for b in model.blocks]
+    assert all(a._fold is None for a in attn)  # the training-style forward never folds
+    torch.testing.assert_close(greedy_logits(model, idx), full, rtol=1e-5, atol=1e-5)
+    versions = [a._fold.version for a in attn]
+    assert all(a._fold is not None for a in attn)
+    # an in-place optimizer step changes the weights the fold was built from: the next decode rebuilds it
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model.train()
+    model.loss(idx[:, :-1], idx[:, 1:]).backward()
+    opt.step()
+    model.eval()
+    with torch.no_grad():
+        full2 = model(idx)
+    assert (full2 - full).abs().max() > 1e-3
+    torch.testing.assert_close(greedy_logits(model, idx), full2, rtol=1e-5, atol=1e-5)
+    assert [a._fold.version for a in attn] != versions
+    # and the unfolded path (fold_inference=False) gives the same logits
+    torch.testing.assert_close(greedy_logits(model, idx, fold=False), full2, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_follows_load_state_dict_assignment_and_dtype_conversion():
+    model, other = make_model(), make_model()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    idx = torch.randint(0, 41, (2, 6))
+    greedy_logits(model, idx)  # builds the folds
+    model.load_state_dict(other.state_dict())  # in-place copies
+    with torch.no_grad():
+        torch.testing.assert_close(greedy_logits(model, idx), other(idx), rtol=1e-5, atol=1e-5)
+    model.load_state_dict(make_model().state_dict(), assign=True)  # new parameter objects
+    with torch.no_grad():
+        torch.testing.assert_close(greedy_logits(model, idx), make_model()(idx), rtol=1e-5, atol=1e-5)
+        model.blocks[0].attn.qk_map.dt = torch.nn.Parameter(torch.zeros(4))  # a replaced step size
+        torch.testing.assert_close(greedy_logits(model, idx), model(idx), rtol=1e-5, atol=1e-5)
+    model.double()
+    with torch.no_grad():
+        out = greedy_logits(model, idx)
+        assert out.dtype == torch.float64 and model.blocks[0].attn._fold.weight.dtype == torch.float64
+        torch.testing.assert_close(out, model(idx), rtol=1e-10, atol=1e-10)
+
+
+def test_prefill_and_gradient_paths_do_not_fold():
+    model = make_model()
+    idx = torch.randint(0, 41, (1, 6))
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(idx, cache)  # T > 1: the ordinary path (bit-identical to the uncached forward)
+    assert all(b.attn._fold is None for b in model.blocks)
+    model(idx[:, :1], model.new_cache())  # gradients enabled: the ordinary path
+    assert all(b.attn._fold is None for b in model.blocks)
+
+
+@pytest.mark.parametrize("qk_map", [{"n_steps": 2}, {"n_steps": 0}, {"force": "gradient"}, None])
+def test_maps_that_do_not_fold_decode_through_the_ordinary_path(qk_map):
+    if qk_map is None:
+        model = make_model("uncoupled_mlp")
+        assert isinstance(model.blocks[0].attn.qk_map, QueryMLP)
+    else:
+        model = make_model(**qk_map)
+    assert not foldable(model.blocks[0].attn)
+    with pytest.raises(ValueError, match="cannot be folded"):
+        fold_projection(model.blocks[0].attn)
+    idx = torch.randint(0, 41, (2, 7))
+    with torch.no_grad():
+        full = model(idx)
+    torch.testing.assert_close(greedy_logits(model, idx), full, rtol=1e-5, atol=1e-5)
+    assert all(b.attn._fold is None for b in model.blocks)
+
+
+def test_post_rope_map_does_not_fold():
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=41, block_size=16, n_layer=1, d_model=32, n_heads=4, attention="coupled",
+                    dynamics_position="post_rope")
+    assert not foldable(GPT(cfg).blocks[0].attn)
+
+
+def test_folding_leaves_the_random_state_alone():
+    layer = make_layer("euler", "mha", dtype=torch.float32)
+    state = torch.get_rng_state()
+    fp = fold_projection(layer)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert fp.weight.dtype == torch.float32 and fp.kick.dtype == torch.float32
