@@ -135,10 +135,8 @@ def fold_projection(layer) -> FoldedProjection:
         b_h = 0.5 * b_k
         c = dt * expand_kv(b_h, n_rep, group)
         blocks, kick, kick2 = [a_q, k, pre(a_q)], [c, b_h, pre(c)], _rows(b_h)
-    h1 = pre(q)
-    rows = [_rows(x) for x in blocks] + [_rows(h1)]
-    widths = tuple(r.shape[1] for r in rows[:2]) + ((rows[2].shape[1],) if len(blocks) == 3 else (0,)) + (n_s,)
-    weight = torch.cat([r.t() for r in rows] + [v_rows], 0)
+    weight = torch.cat([_rows(x).t() for x in [*blocks, pre(q)]] + [v_rows], 0)  # [q | k | (h2) | h1 | v]
+    widths = (h * dh, k.shape[1] * dh, n_s if m.integrator == "leapfrog" else 0, n_s)
     dtype = layer.qkv.weight.dtype
     return FoldedProjection(
         weight=weight.to(dtype).contiguous(),
