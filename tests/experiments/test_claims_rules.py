@@ -105,6 +105,39 @@ def test_record_reuse_compares_settings(tmp_path):
     assert load_record(path, cfg) is None
 
 
+def test_identical_runs_of_another_protocol_are_reused(tmp_path):
+    """cpu and cpu-short share their MQAR cells: a finished cpu-short record serves cpu without training; a cell
+    whose budget differs between the protocols (wv-tiny) is not shared."""
+    import json
+    from pathlib import Path
+
+    from coupled_qk.experiments.claims_runs import (
+        execute,
+        record_path,
+        same_run_elsewhere,
+        settings_of,
+        train_config,
+    )
+
+    cell = get_protocol("cpu").cell("mqar-easy-lr1e-3")
+    assert cell == get_protocol("cpu-short").cell("mqar-easy-lr1e-3")
+    cfg = train_config(cell, "coupled", 2, Path("runs/x"), None)
+    short = record_path(tmp_path, "cpu-short", cell.name, "coupled", 2)
+    short.parent.mkdir(parents=True)
+    short.write_text(json.dumps({"protocol": "cpu-short", "config": settings_of(cfg), "final": {"acc": 0.5}}))
+    # execute() finds it before training anything (the data and run folders below do not exist)
+    rec = execute(cell, "coupled", 2, "cpu", tmp_path, tmp_path / "no-runs", tmp_path / "no-data", tmp_path / "c")
+    assert rec["protocol"] == "cpu" and rec["reused_from"] == "cpu-short" and rec["final"] == {"acc": 0.5}
+    assert json.loads(record_path(tmp_path, "cpu", cell.name, "coupled", 2).read_text()) == rec
+    assert same_run_elsewhere(tmp_path, "cpu", cell.name, "coupled", 1, cfg) is None  # another seed
+    tiny_short, tiny = get_protocol("cpu-short").cell("wv-tiny"), get_protocol("cpu").cell("wv-tiny")
+    path = record_path(tmp_path, "cpu-short", "wv-tiny", "coupled", 0)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"config": settings_of(train_config(tiny_short, "coupled", 0, Path("r"), Path("d")))}))
+    assert same_run_elsewhere(tmp_path, "cpu", "wv-tiny", "coupled", 0,
+                              train_config(tiny, "coupled", 0, Path("r"), Path("d"))) is None  # 4x the tokens
+
+
 def test_c11_on_the_committed_glue_results_is_uninformative():
     """The committed CPU GLUE study (issue 15): every model sits at the majority class or at chance, so C11's
     null claim can be neither supported nor contradicted by it."""

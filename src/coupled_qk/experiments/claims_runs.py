@@ -4,7 +4,8 @@ A run ``(cell, variant, seed)`` trains in ``<run_root>/<cell>/<variant>/seed<k>`
 its record to ``<out_dir>/runs/<protocol>/<cell>/<variant>/seed<k>.json`` (committed): settings and their fingerprint,
 parameter count, tokens, seconds, final metrics, a compact loss curve and, for language models, the
 attention diagnostics of the final checkpoint (``docs/METHOD.md`` section 7). A record whose fingerprint
-matches the protocol's settings is reused without training; an unfinished run folder is resumed.
+matches the protocol's settings is reused without training, also one made by another protocol for the same
+cell (copied, with ``reused_from``); an unfinished run folder is resumed.
 """
 
 from __future__ import annotations
@@ -83,6 +84,22 @@ def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
     return rec
 
 
+def same_run_elsewhere(out_dir: str | Path, protocol: str, cell: str, variant: str, seed: int,
+                       planned: TrainConfig) -> dict | None:
+    """The finished record of the same run made by another protocol, as a record of ``protocol``, or None.
+
+    "The same run" means the same cell, variant and seed and equal result-changing settings
+    (:func:`load_record`), e.g. the MQAR cells that ``cpu`` and ``cpu-short`` share; a record still waiting for
+    its WikiText-2 evaluation is not taken. The copy names the protocol that trained it in ``reused_from``.
+    """
+    for other in sorted((Path(out_dir) / "runs").glob(f"*/{cell}/{variant_tag(variant)}/seed{seed}.json")):
+        name = other.parts[-4]
+        rec = None if name == protocol else load_record(other, planned)
+        if rec is not None and not rec.get("wt2_pending"):
+            return {**rec, "protocol": protocol, "reused_from": rec.get("reused_from", name)}
+    return None
+
+
 def _differences(saved: dict, planned: TrainConfig) -> dict:
     """:func:`setting_differences`, except that a field the record predates (absent from it) counts as equal
     when the planned value is the field's default: a new ``TrainConfig`` option does not void old records."""
@@ -153,6 +170,11 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
     cfg = train_config(cell, variant, seed, run_dir, corpus_dir if cell.mqar is None else None)
     path = record_path(out_dir, protocol, cell.name, variant, seed)
     rec = load_record(path, cfg)
+    if rec is None and (rec := same_run_elsewhere(out_dir, protocol, cell.name, variant, seed, cfg)) is not None:
+        print(f"== {cell.name} {variant} seed {seed}: reusing the identical run of protocol {rec['reused_from']}",
+              flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(rec, indent=1, default=str))
     if rec is not None:
         return rec
     if path.is_file():
