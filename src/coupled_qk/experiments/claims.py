@@ -34,6 +34,11 @@ OOD = "wt2_test/perplexity"
 ESCAPE_ACCURACY = 0.9  # MQAR: a run "escaped the plateau" if its final accuracy reaches this
 
 
+def _duration(minutes: float, prefix: str = "") -> str:
+    """``90 -> '1.5 hours'``, ``4 -> '4 minutes'`` (with ``prefix``, e.g. ``'CPU-'``, before the unit)."""
+    return f"{minutes / 60:.1f} {prefix}hours" if minutes >= 60 else f"{max(1, round(minutes))} {prefix}minutes"
+
+
 class NotReady(Exception):
     """Raised inside a claim rule when the runs it needs are missing; the message is the reason."""
 
@@ -101,10 +106,11 @@ class Records:
             pace = ""
             if done:
                 per_run = sum(r["wall_seconds"] for r in done) / len(done) / 60
-                pace = f"; at this session's measured {per_run:.0f} minutes per run, about {missing * per_run / 60:.1f} hours in one process"
-            idle = f"{minutes / 60:.1f} CPU-hours" if minutes >= 60 else f"{minutes:.0f} CPU-minutes"
-            raise NotReady(f"in progress: {total - missing} of {total} runs of {label} finished; the other {missing} "
-                           f"take about {idle} on an idle core{pace}")
+                pace = (f"; at the {per_run:.0f} minutes per run its finished runs took, about "
+                        f"{_duration(missing * per_run)} in one process")
+            rest = f"the other {missing} take" if missing > 1 else "the other one takes"
+            raise NotReady(f"in progress: {total - missing} of {total} runs of {label} finished; {rest} about "
+                           f"{_duration(minutes, 'CPU-')} on an idle core{pace}")
 
     def pairs(self, a: tuple[str, str], b: tuple[str, str], metric: str = PRIMARY) -> tuple[list, list, list]:
         """Values of ``a = (cell, variant)`` and ``b`` on their common seeds (sorted): ``(seeds, va, vb)``."""
