@@ -88,6 +88,23 @@ def test_cache_holds_the_prefix_and_matches_full_forward():
     torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=2e-5, rtol=1e-4)
 
 
+def test_single_token_steps_fold_the_map_once_per_cache():
+    """Decoding folds the coupled map into the projection (layers/folded.py); the folds live on the transformers
+    cache, so the views made per step share them, and the steps still equal the full forward."""
+    lm = CoupledQKForCausalLM.from_gpt(tiny_gpt("coupled_leapfrog"))
+    idx = torch.randint(0, V, (2, 9))
+    cache = DynamicCache(config=lm.config)
+    with torch.no_grad():
+        parts = [lm(idx[:, :6], cache=cache).logits]
+        assert not getattr(cache, "_coupled_qk_folds", None)  # the prefill does not fold
+        parts.append(lm(idx[:, 6:7], cache=cache).logits)
+        folds = dict(cache._coupled_qk_folds)
+        parts += [lm(idx[:, t: t + 1], cache=cache).logits for t in (7, 8)]
+        full = lm(idx, use_cache=False).logits
+    assert len(folds) == 2 and all(cache._coupled_qk_folds[i] is f for i, f in folds.items())
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("variant", list(CASES))
 def test_left_padded_batch_generates_each_prompt_alone(variant):
     gpt = tiny_gpt(variant)

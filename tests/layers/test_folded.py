@@ -71,44 +71,93 @@ def test_folded_projection_equals_the_map_in_float64(integrator, layout):
 
 
 def make_model(attention="coupled", integrator="leapfrog", **qk_map):
+    """A 2-layer GQA model whose map moves the logits by O(0.1-1) (scaled projections and force), so that a
+    stale or wrong fold cannot hide inside the 1e-5 tolerance."""
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=41, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, attention=attention,
                     qk_map={"dt_init": 0.3, "integrator": integrator, **qk_map} if attention == "coupled" else None)
-    return GPT(cfg).eval()
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for b in model.blocks:
+            b.attn.qkv.weight.mul_(15)
+            b.attn.out_proj.weight.mul_(10)
+            if hasattr(b.attn.qk_map, "force"):
+                b.attn.qk_map.force.w_out.mul_(2)
+    return model
 
 
-def greedy_logits(model, idx, fold=True):
+def greedy_logits(model, idx, fold=True, cache=None):
     """Logits of a 1-token-at-a-time cached pass over ``idx`` (B, T): (B, T, V)."""
     for block in model.blocks:
         block.attn.fold_inference = fold
-    cache = model.new_cache()
+    cache = model.new_cache() if cache is None else cache
     with torch.no_grad():
         return torch.cat([model(idx[:, t: t + 1], cache) for t in range(idx.shape[1])], 1)
 
 
+IDX = torch.randint(0, 41, (2, 8), generator=torch.Generator().manual_seed(1))
+
+
+def test_the_map_matters_in_these_models():
+    model = make_model()
+    with torch.no_grad():
+        full = model(IDX)
+        for b in model.blocks:
+            b.attn.qk_map.dt.zero_()
+        assert (model(IDX) - full).abs().max() > 0.1
+
+
 def test_decoding_uses_the_fold_and_rebuilds_it_after_a_weight_update():
     model = make_model()
-    idx = torch.randint(0, 41, (2, 10))
     with torch.no_grad():
-        full = model(idx)
+        full = model(IDX)
     attn = [b.attn for b in model.blocks]
     assert all(a._fold is None for a in attn)  # the training-style forward never folds
-    torch.testing.assert_close(greedy_logits(model, idx), full, rtol=1e-5, atol=1e-5)
-    versions = [a._fold.version for a in attn]
-    assert all(a._fold is not None for a in attn)
+    cache = model.new_cache()
+    torch.testing.assert_close(greedy_logits(model, IDX, cache=cache), full, rtol=1e-5, atol=1e-5)
+    assert all(cache.folds[i] is a._fold for i, a in enumerate(attn))
+    keys = [a._fold.key for a in attn]
     # an in-place optimizer step changes the weights the fold was built from: the next decode rebuilds it
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     model.train()
-    model.loss(idx[:, :-1], idx[:, 1:]).backward()
+    model.loss(IDX[:, :-1], IDX[:, 1:]).backward()
     opt.step()
     model.eval()
     with torch.no_grad():
-        full2 = model(idx)
+        full2 = model(IDX)
     assert (full2 - full).abs().max() > 1e-3
-    torch.testing.assert_close(greedy_logits(model, idx), full2, rtol=1e-5, atol=1e-5)
-    assert [a._fold.version for a in attn] != versions
+    torch.testing.assert_close(greedy_logits(model, IDX), full2, rtol=1e-5, atol=1e-5)
+    assert [a._fold.key for a in attn] != keys
     # and the unfolded path (fold_inference=False) gives the same logits
-    torch.testing.assert_close(greedy_logits(model, idx, fold=False), full2, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(greedy_logits(model, IDX, fold=False), full2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("write", ["data", "fused_adamw"])
+def test_writes_that_bypass_the_version_counter_are_caught_by_the_next_cache(write):
+    """``.data`` writes and fused optimizers change weights without a version bump: the next generation (a
+    new cache) compares the checksum and rebuilds."""
+    model = make_model()
+    greedy_logits(model, IDX)
+    old = model.blocks[0].attn._fold
+    if write == "data":
+        model.blocks[0].attn.qk_map.dt.data.mul_(-1.0)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        model.loss(IDX[:, :-1], IDX[:, 1:]).backward()
+        opt.step()
+    assert model.blocks[0].attn._fold.key == old.key  # the version key alone does not see it
+    with torch.no_grad():
+        full = model(IDX)
+    torch.testing.assert_close(greedy_logits(model, IDX), full, rtol=1e-5, atol=1e-5)
+    assert model.blocks[0].attn._fold is not old
+
+
+def test_an_unchanged_model_reuses_its_fold_across_caches():
+    model = make_model()
+    greedy_logits(model, IDX)
+    folds = [b.attn._fold for b in model.blocks]
+    greedy_logits(model, IDX)
+    assert [b.attn._fold for b in model.blocks] == folds and all(f is not None for f in folds)
 
 
 def test_fold_follows_load_state_dict_assignment_and_dtype_conversion():
@@ -116,21 +165,64 @@ def test_fold_follows_load_state_dict_assignment_and_dtype_conversion():
     with torch.no_grad():
         for p in other.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    idx = torch.randint(0, 41, (2, 6))
-    greedy_logits(model, idx)  # builds the folds
+    greedy_logits(model, IDX)  # builds the folds
     model.load_state_dict(other.state_dict())  # in-place copies
     with torch.no_grad():
-        torch.testing.assert_close(greedy_logits(model, idx), other(idx), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(greedy_logits(model, IDX), other(IDX), rtol=1e-5, atol=1e-5)
     model.load_state_dict(make_model().state_dict(), assign=True)  # new parameter objects
     with torch.no_grad():
-        torch.testing.assert_close(greedy_logits(model, idx), make_model()(idx), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(greedy_logits(model, IDX), make_model()(IDX), rtol=1e-5, atol=1e-5)
         model.blocks[0].attn.qk_map.dt = torch.nn.Parameter(torch.zeros(4))  # a replaced step size
-        torch.testing.assert_close(greedy_logits(model, idx), model(idx), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(greedy_logits(model, IDX), model(IDX), rtol=1e-5, atol=1e-5)
+        model.blocks[0].attn.qk_map.dt = torch.nn.Parameter(torch.tensor(0.4))  # a scalar step (dt broadcast)
+        torch.testing.assert_close(greedy_logits(model, IDX), model(IDX), rtol=1e-5, atol=1e-5)
     model.double()
     with torch.no_grad():
-        out = greedy_logits(model, idx)
+        out = greedy_logits(model, IDX)
         assert out.dtype == torch.float64 and model.blocks[0].attn._fold.weight.dtype == torch.float64
-        torch.testing.assert_close(out, model(idx), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(out, model(IDX), rtol=1e-10, atol=1e-10)
+
+
+def test_hooks_parametrizations_and_inference_tensors_are_not_folded():
+    model = make_model()
+    attn = model.blocks[0].attn
+    handle = attn.qkv.register_forward_hook(lambda mod, inp, out: 1.5 * out)
+    assert not foldable(attn)
+    with torch.no_grad():
+        torch.testing.assert_close(greedy_logits(model, IDX), model(IDX), rtol=1e-5, atol=1e-5)
+    handle.remove()
+    assert foldable(attn)
+    torch.nn.utils.parametrizations.weight_norm(attn.qk_map.force, "w_out")
+    assert not foldable(attn)
+    with torch.no_grad():
+        torch.testing.assert_close(greedy_logits(model, IDX), model(IDX), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        built = make_model()  # parameters are inference tensors: no version counter
+        assert not foldable(built.blocks[0].attn)
+        torch.testing.assert_close(greedy_logits(built, IDX), built(IDX), rtol=1e-5, atol=1e-5)
+
+
+def test_the_fold_does_not_travel_with_the_model():
+    import copy
+    import io
+    import pickle
+
+    model = make_model()
+    greedy_logits(model, IDX)
+    assert model.blocks[0].attn._fold is not None
+    assert copy.deepcopy(model).blocks[0].attn._fold is None
+    assert pickle.loads(pickle.dumps(model)).blocks[0].attn._fold is None
+    assert not any("fold" in k for k in model.state_dict())
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    assert b"kick" not in buf.getvalue()
+
+
+def test_folding_builds_on_the_parameters_device():
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(D_MODEL, H, 2, DH, qk_map=functools.partial(QKDynamics, integrator="leapfrog"))
+    fp = fold_projection(layer.to("meta"))  # shapes only: every tensor must follow the weights' device
+    assert fp.weight.device.type == "meta" and fp.kick.device.type == "meta"
 
 
 def test_prefill_and_gradient_paths_do_not_fold():
@@ -154,10 +246,9 @@ def test_maps_that_do_not_fold_decode_through_the_ordinary_path(qk_map):
     assert not foldable(model.blocks[0].attn)
     with pytest.raises(ValueError, match="cannot be folded"):
         fold_projection(model.blocks[0].attn)
-    idx = torch.randint(0, 41, (2, 7))
     with torch.no_grad():
-        full = model(idx)
-    torch.testing.assert_close(greedy_logits(model, idx), full, rtol=1e-5, atol=1e-5)
+        full = model(IDX)
+    torch.testing.assert_close(greedy_logits(model, IDX), full, rtol=1e-5, atol=1e-5)
     assert all(b.attn._fold is None for b in model.blocks)
 
 

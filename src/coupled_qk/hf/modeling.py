@@ -43,6 +43,15 @@ class CacheView:
         """Number of cached positions."""
         return self.cache.get_seq_length()
 
+    @property
+    def folds(self) -> dict:
+        """The decoding folds used with this cache (:mod:`coupled_qk.layers.folded`), kept on the wrapped
+        ``transformers`` cache so that they last across the views ``generate`` makes each step."""
+        folds = getattr(self.cache, "_coupled_qk_folds", None)
+        if folds is None:
+            folds = self.cache._coupled_qk_folds = {}
+        return folds
+
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``k, v`` ``(B, H, T_new, d)`` for ``layer_idx``; return the full cached tensors."""
         return self.cache.update(k, v, layer_idx)

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv
+from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
 from coupled_qk.layers.kv_cache import KVCache
 from coupled_qk.ops.heads import expand_kv
 from coupled_qk.ops.rope import apply_rope
@@ -175,8 +175,8 @@ class CausalSelfAttention(nn.Module):
 
     Single-token decoding steps (a ``cache``, ``T == 1``, gradients off) of a foldable map (the coupled
     dynamics with ``n_steps=1`` before RoPE; :mod:`coupled_qk.layers.folded`) use the map folded into the
-    projection: the same function up to rounding, in two to four kernels instead of seven to twelve, rebuilt
-    when a weight changes. ``layer.fold_inference = False`` turns it off.
+    projection: the same function up to rounding, in two to four kernels instead of seven to twelve, checked
+    against the weights every step and every new cache. ``layer.fold_inference = False`` turns it off.
 
     State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) load.
 
@@ -258,17 +258,30 @@ class CausalSelfAttention(nn.Module):
         """Whether keys are repeated to one per query head before the map (and cached that way)."""
         return self.qk_map is not None and getattr(self.qk_map, "keys_per_query_head", True)
 
-    def _folded_projection(self) -> FoldedProjection | None:
-        """The map folded into the projection for decoding (rebuilt when a weight changes), or ``None`` when
-        folding is off (``fold_inference = False``), impossible for this map, or the model is being compiled."""
+    def _folded_projection(self, cache) -> FoldedProjection | None:
+        """The map folded into the projection for a single-token step with ``cache``, or ``None`` when folding
+        is off (``fold_inference = False``), impossible for this map or cache, or the model is being compiled.
+
+        The fold lives on the cache (``cache.folds``) and is checked against the weights' versions every step;
+        the first step with a new cache also compares the weights' checksum with the layer's last fold, which
+        it reuses when equal (see :mod:`coupled_qk.layers.folded` for what each check catches)."""
         if not self.fold_inference or torch.compiler.is_compiling():
             return None
-        key = fold_key(self)
+        folds = getattr(cache, "folds", None)
+        key = None if folds is None else fold_key(self)
         if key is None:
             return None
-        if self._fold is None or self._fold.version != key:
-            self._fold = fold_projection(self)
-        return self._fold
+        fp = folds.get(self.layer_idx)
+        if fp is None or fp.key != key:
+            fp = self._fold
+            if fp is None or fp.key != key or fp.checksum != weight_checksum(self):
+                fp = self._fold = fold_projection(self)
+            folds[self.layer_idx] = fp
+        return fp
+
+    def __getstate__(self):
+        """Pickling and ``copy.deepcopy`` leave the decoding fold behind (it is rebuilt when needed)."""
+        return {**super().__getstate__(), "_fold": None}
 
     def differential_lambda(self) -> torch.Tensor:
         """Scalar ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (arXiv:2410.05258, eq. 2)."""
@@ -292,7 +305,7 @@ class CausalSelfAttention(nn.Module):
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
         folded = None
         if t == 1 and self.qk_map is not None and cache is not None and not record and not torch.is_grad_enabled():
-            folded = self._folded_projection()
+            folded = self._folded_projection(cache)
         if folded is not None:  # a decoding step: the map is folded into the projection (layers/folded.py)
             q, k, v = folded_qkv(folded, x)
         else:

@@ -12,29 +12,41 @@ force's two layers (:class:`~coupled_qk.layers.forces.MLPForce`) and ``s = silu(
 
 So a decoding step of Euler costs one wider projection, one SiLU and one ``addmm`` more than standard
 attention (leapfrog: two of each), instead of the map's seven to twelve small kernels. The folded matrices are
-built once per weight version (in float64, then cast to the weights' dtype) by running those linear maps on
+built (in float64 where the device has it, then cast to the weights' dtype) by running those linear maps on
 basis vectors, so they reuse the integrator's own head-layout functions rather than re-deriving them.
 
-Used by :class:`~coupled_qk.layers.attention.CausalSelfAttention` when decoding with a KV cache and
+Used by :class:`~coupled_qk.layers.attention.CausalSelfAttention` for single-token steps with a KV cache and
 gradients disabled; equal to the unfolded map up to floating-point rounding (tests compare in float64).
+
+When a fold is stale. Each decoding step compares :func:`fold_key` (the parameters' identity, storage and
+autograd version: optimizer steps, ``load_state_dict`` and ``.to()`` change it). Writes that bypass the
+version counter (``.data`` writes, fused optimizers) are caught once per cache: the first single-token step
+with a new cache also compares :func:`weight_checksum` (sums of the weights and of their squares, in float64).
+So a fold is never stale across ``generate`` calls; only weights changed through ``.data`` or a fused optimizer
+*in the middle of one generation* go unseen (set ``fold_inference = False`` for such code).
+
+Memory: a layer that has decoded keeps its last fold (``layer._fold``, not in the state dict, not pickled): a
+projection 1.3-1.7x the size of ``qkv.weight`` plus the kick matrices (``(H hidden)^2`` to ``3 (H hidden)^2``).
+
 Only the paper's setting folds: :class:`~coupled_qk.layers.qk_maps.QKDynamics` with the MLP force,
-``n_steps == 1`` and the map before RoPE; anything else takes the ordinary path.
+``n_steps == 1``, the map before RoPE, plain parameters (no parametrization, inference tensor or hook on the
+projection, the map or the force); anything else takes the ordinary path.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk.layers.forces import MLPForce
+from coupled_qk.layers.forces import MLPForce, mlp_layer
 from coupled_qk.layers.qk_maps import QKDynamics
 from coupled_qk.ops.heads import expand_kv, group_mean
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FoldedProjection:
     """Folded weights of one attention layer (see the module docstring).
 
@@ -46,7 +58,8 @@ class FoldedProjection:
         kick2: ``(H_f * hidden, H_k * d_head)``, leapfrog's closing half-kick, else ``None``.
         widths: column widths of ``(q, k, h2, h1)`` in the projection's output.
         integrator: the folded scheme.
-        version: the :func:`fold_key` the fold was built from (it is rebuilt when the key changes).
+        key: the :func:`fold_key` the fold was built from.
+        checksum: the :func:`weight_checksum` it was built from.
     """
 
     weight: torch.Tensor
@@ -54,31 +67,59 @@ class FoldedProjection:
     kick2: torch.Tensor | None
     widths: tuple[int, int, int, int]
     integrator: str
-    version: tuple
+    key: tuple
+    checksum: tuple
+
+
+def _hooked(*modules) -> bool:
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules) or bool(
+        nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
+    )
+
+
+def _params(layer) -> tuple | None:
+    """``(qkv.weight, dt, w_in, w_out)`` read from the module dictionaries, or None if the layer's map cannot
+    be folded (module attribute lookup costs microseconds, and this runs per decoded token and layer)."""
+    m = layer._modules["qk_map"]
+    if not isinstance(m, QKDynamics) or m.n_steps != 1 or (layer.use_rope and layer.map_position == "post_rope"):
+        return None
+    f, qkv = m._modules["force"], layer._modules["qkv"]
+    if not isinstance(f, MLPForce) or _hooked(qkv, m, f):
+        return None
+    params = (qkv._parameters.get("weight"), m._parameters.get("dt"), f._parameters.get("w_in"),
+              f._parameters.get("w_out"))
+    if any(p is None for p in params) or qkv._parameters.get("bias") is not None:
+        return None  # a parametrization (weight_norm ...) or a biased projection: not the layout folded here
+    return params
 
 
 def fold_key(layer) -> tuple | None:
     """What a fold of ``layer`` (a ``CausalSelfAttention``) depends on, or ``None`` when its map cannot be folded.
 
-    The key holds the scheme and, for the projection weight, ``dt`` and the force's weights, their identity,
-    storage and in-place version (optimizer steps, ``load_state_dict`` and ``.to()`` all change one), so a fold
-    is rebuilt whenever a weight changes. It runs once per decoded token and layer, so it reads the module
-    dictionaries directly (``nn.Module`` attribute lookup costs microseconds).
+    The scheme and, for the projection weight, ``dt`` and the force's weights, their identity, storage and
+    autograd version (see the module docstring for the writes it does not see).
     """
+    params = _params(layer)
+    if params is None:
+        return None
     m = layer._modules["qk_map"]
-    if not isinstance(m, QKDynamics) or m.n_steps != 1 or (layer.use_rope and layer.map_position == "post_rope"):
+    try:
+        versions = tuple((id(p), p.data_ptr(), p._version) for p in params)
+    except RuntimeError:  # inference tensors have no version counter: never fold them
         return None
-    f = m._modules["force"]
-    if not isinstance(f, MLPForce):
-        return None
-    params = (layer._modules["qkv"]._parameters["weight"], m._parameters["dt"], f._parameters["w_in"],
-              f._parameters["w_out"])
-    return (m.integrator, m.keys_per_query_head, m.head_group, *((id(p), p.data_ptr(), p._version) for p in params))
+    return (m.integrator, m.keys_per_query_head, m.head_group, *versions)
+
+
+def weight_checksum(layer) -> tuple:
+    """Sums of the folded parameters and of their squares (float64): catches writes that bypass the version
+    counter. One device sync; called once per layer per cache."""
+    sums = torch.stack([t for p in _params(layer) for t in (p.detach().sum(dtype=torch.float64),
+                                                             p.detach().square().sum(dtype=torch.float64))])
+    return () if sums.is_meta else tuple(sums.tolist())  # meta tensors (shape-only models) hold no values
 
 
 def foldable(layer) -> bool:
-    """Whether :func:`fold_projection` can fold ``layer``'s map: :class:`~coupled_qk.layers.qk_maps.QKDynamics`
-    with the MLP force, ``n_steps == 1``, acting before RoPE."""
+    """Whether :func:`fold_projection` can fold ``layer``'s map (see the module docstring)."""
     return fold_key(layer) is not None
 
 
@@ -99,34 +140,37 @@ def fold_projection(layer) -> FoldedProjection:
     Raises:
         ValueError: if the layer's map cannot be folded (see :func:`foldable`).
     """
-    if not foldable(layer):
+    key = fold_key(layer)
+    if key is None:
         raise ValueError(
             f"qk_map={layer.qk_map!r} cannot be folded; expected QKDynamics with the mlp force, n_steps=1, "
-            "acting before RoPE"
+            "acting before RoPE, with plain parameters and no hooks"
         )
-    m, f = layer.qk_map, layer.qk_map.force
+    w_qkv, dt, w_in, w_out = _params(layer)
+    m = layer.qk_map
     h, hkv, dh = layer.n_heads, layer.n_kv_heads, layer.d_head
-    w = layer.qkv.weight.to(torch.float64)
+    work = torch.float32 if w_qkv.device.type == "mps" else torch.float64  # MPS has no float64
+    w = w_qkv.detach().to(work)
     z = w.t()  # projections of the basis vectors of x, one "token" each
     q = _heads(z[:, : h * dh], h, dh)
     k = _heads(z[:, h * dh: (h + hkv) * dh], hkv, dh)
-    v_rows = w[(h + hkv) * dh:]
-    group = m.head_group
     if layer.keys_per_query_head:
         k = expand_kv(k, layer.n_rep, 2 if layer.differential else 1)
-    n_rep = h // k.shape[1]
-    dt = m.dt.detach().to(torch.float64).view(-1, 1, 1)
-    dt_k = group_mean(dt, n_rep, group)
-    f = copy.deepcopy(f).to(torch.float64)  # a float64 copy (no random re-initialisation)
+    group, n_rep = m.head_group, h // k.shape[1]
+    dt = dt.detach().to(work)
+    if dt.dim() == 1:
+        dt = dt.view(-1, 1, 1)
+    dt_k = dt if dt.dim() == 0 else group_mean(dt, n_rep, group)  # the key's step, as in integrate_qk
+    per_head, w_in, w_out = w_in.dim() == 3, w_in.detach().to(work), w_out.detach().to(work)
 
     def pre(x):  # W1 M x
-        return f.pre(group_mean(x, n_rep, group))
+        return mlp_layer(group_mean(x, n_rep, group), w_in, per_head)
 
-    h_f = h // n_rep  # heads the force acts on
-    n_s = h_f * f.hidden
-    s = _heads(torch.eye(n_s, dtype=torch.float64), h_f, f.hidden)  # basis of silu(h1)
+    n_force, hidden = h // n_rep, w_in.shape[-2]  # heads the force acts on, its hidden width
+    n_s = n_force * hidden
+    s = _heads(torch.eye(n_s, dtype=work, device=w.device), n_force, hidden)  # basis of silu(h1)
     a_q = q + dt * expand_kv(k, n_rep, group)
-    b_k = dt_k * f.post(s)
+    b_k = dt_k * mlp_layer(s, w_out, per_head)
     if m.integrator == "euler":
         blocks, kick, kick2 = [a_q, k], [b_k], None
     elif m.integrator == "symplectic_euler":
@@ -135,14 +179,15 @@ def fold_projection(layer) -> FoldedProjection:
         b_h = 0.5 * b_k
         c = dt * expand_kv(b_h, n_rep, group)
         blocks, kick, kick2 = [a_q, k, pre(a_q)], [c, b_h, pre(c)], _rows(b_h)
+    v_rows = w[(h + hkv) * dh:]
     weight = torch.cat([_rows(x).t() for x in [*blocks, pre(q)]] + [v_rows], 0)  # [q | k | (h2) | h1 | v]
     widths = (h * dh, k.shape[1] * dh, n_s if m.integrator == "leapfrog" else 0, n_s)
-    dtype = layer.qkv.weight.dtype
+    dtype = w_qkv.dtype
     return FoldedProjection(
         weight=weight.to(dtype).contiguous(),
         kick=torch.cat([_rows(x) for x in kick], 1).to(dtype).contiguous(),
         kick2=None if kick2 is None else kick2.to(dtype).contiguous(),
-        widths=widths, integrator=m.integrator, version=fold_key(layer),
+        widths=widths, integrator=m.integrator, key=key, checksum=weight_checksum(layer),
     )
 
 

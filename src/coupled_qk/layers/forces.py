@@ -17,6 +17,14 @@ FORCES = ("mlp", "gradient")
 """Names of the coupling networks accepted by ``QKDynamics(force=...)``."""
 
 
+def mlp_layer(x: torch.Tensor, weight: torch.Tensor, per_head: bool) -> torch.Tensor:
+    """One bias-free layer of :class:`MLPForce`: ``x (..., n_in) -> (..., n_out)`` with ``weight (n_out, n_in)``,
+    or, ``per_head``, ``x (..., H, T, n_in)`` with one weight per head, ``weight (H, n_out, n_in)``."""
+    if not per_head:
+        return F.linear(x, weight)
+    return torch.einsum("...hti,hoi->...hto", x, weight)
+
+
 class MLPForce(nn.Module):
     """Coupling network ``f(q) = W2 silu(W1 q)``, bias-free (arXiv:2604.01683v1; docs/METHOD.md section 1).
 
@@ -47,15 +55,11 @@ class MLPForce(nn.Module):
 
     def pre(self, q: torch.Tensor) -> torch.Tensor:
         """The first (linear) layer: ``(..., d_head) -> (..., hidden)``, ``W1 q``."""
-        if self.n_heads is None:
-            return F.linear(q, self.w_in)
-        return torch.einsum("...htd,hed->...hte", q, self.w_in)
+        return mlp_layer(q, self.w_in, self.n_heads is not None)
 
     def post(self, s: torch.Tensor) -> torch.Tensor:
         """The second (linear) layer: ``(..., hidden) -> (..., d_head)``, ``W2 s``."""
-        if self.n_heads is None:
-            return F.linear(s, self.w_out)
-        return torch.einsum("...hte,hde->...htd", s, self.w_out)
+        return mlp_layer(s, self.w_out, self.n_heads is not None)
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
         return self.post(F.silu(self.pre(q)))

@@ -38,6 +38,7 @@ class KVCache:
         self._k: list[torch.Tensor | None] = [None] * n_layer
         self._v: list[torch.Tensor | None] = [None] * n_layer
         self._len = [0] * n_layer
+        self.folds: dict = {}  # layer index -> the decoding fold used with this cache (layers/folded.py)
 
     @property
     def length(self) -> int:
