@@ -34,6 +34,12 @@ def test_protocols_are_consistent():
     assert set(tiny.variants) == {"standard", "coupled", "uncoupled_mlp"} and len(tiny.seeds) >= 3
     # seed-major order: every prefix of the run list holds whole seeds
     assert tiny.units()[:3] == [("standard", 0), ("coupled", 0), ("uncoupled_mlp", 0)]
+    for c in cpu.cells:  # a seeds_of cell is its base cell with other seeds
+        if c.seeds_of:
+            base = cpu.cell(c.seeds_of)
+            assert (c.base, c.variants, c.heldout) == (base.base, base.variants, base.heldout)
+            assert not set(c.seeds) & set(base.seeds)
+    assert cpu.cell("wv-tiny-seeds").seeds_of == "wv-tiny"
     assert not get_protocol("gpu-60m").runnable
     with pytest.raises(ValueError, match="protocol"):
         get_protocol("nope")
@@ -103,6 +109,28 @@ def test_record_reuse_compares_settings(tmp_path):
     assert load_record(path, train_config(cell, "standard", 1, Path("runs/x"), Path("data"))) is None  # variant
     path.write_text("{not json")
     assert load_record(path, cfg) is None
+
+
+def test_extra_seeds_join_their_base_cell(tmp_path):
+    """C1 and C4 read wv-tiny-seeds (seeds 3-4) as more seeds of wv-tiny: n grows from 3 to 5."""
+    import json
+
+    from coupled_qk.experiments.claims import Records, c1, c4
+    from coupled_qk.experiments.claims_runs import record_path
+
+    protocol = get_protocol("cpu")
+    ppl = {"standard": 100.0, "coupled": 99.0, "uncoupled_mlp": 101.0}
+    for cell, seeds in (("wv-tiny", (0, 1, 2)), ("wv-tiny-seeds", (3, 4))):
+        for seed in seeds:
+            for variant, value in ppl.items():
+                path = record_path(tmp_path, "cpu", cell, variant, seed)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                rec = {"cell": cell, "variant": variant, "seed": seed, "tokens": 1, "train_seconds": 1.0,
+                       "final": {"test/perplexity": value + 0.1 * seed * (variant == "coupled") + 0.3 * seed}}
+                path.write_text(json.dumps(rec))
+    rec = Records.load(tmp_path, protocol)
+    assert c1(rec)["n"] == 5 and c4(rec)["n"] == 5
+    assert sorted(rec.values("wv-tiny", "coupled")) == [0, 1, 2, 3, 4]
 
 
 def test_identical_runs_of_another_protocol_are_reused(tmp_path):

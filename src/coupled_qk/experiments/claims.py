@@ -54,7 +54,8 @@ class Records:
 
     @classmethod
     def load(cls, out_dir: str | Path, protocol: Protocol, min_seeds: int | None = None) -> Records:
-        """Read every ``<out_dir>/runs/<protocol>/**/seed*.json`` record (damaged files are skipped)."""
+        """Read every ``<out_dir>/runs/<protocol>/**/seed*.json`` record (damaged files are skipped); records of a
+        cell with ``seeds_of`` are also indexed under that cell (more seeds of the same runs)."""
         root = Path(out_dir) / "runs" / protocol.name
         by_key = {}
         for path in sorted(root.glob("*/*/seed*.json")) if root.is_dir() else []:
@@ -63,6 +64,10 @@ class Records:
             except json.JSONDecodeError:
                 continue
             by_key[(rec["cell"], rec["variant"], rec["seed"])] = rec
+        for (cell, variant, seed), rec in list(by_key.items()):  # extra seeds count as their base cell's
+            base = protocol.cell(cell).seeds_of if protocol.has_cell(cell) else None
+            if base is not None:
+                by_key.setdefault((base, variant, seed), rec)
         seeds = min(len(c.seeds) for c in protocol.cells) if protocol.cells else 3
         # at least 2 seeds (an interval needs a spread), 3 where the protocol has them
         return cls(protocol, by_key, max(2, min(3, seeds)) if min_seeds is None else min_seeds)

@@ -60,6 +60,8 @@ class Cell:
         heldout: wiki-vital article split + WikiText-2 evaluation (:mod:`coupled_qk.experiments.heldout`).
         mqar: for ``task="mqar"``: ``{"preset": name, "difficulty": name, "d_model": int, "lr": float}``.
         est_cpu_minutes: expected minutes per run on one idle CPU core (0 if not measured).
+        seeds_of: the name of a cell this one adds seeds to (same base and variants, other seeds): the claim
+            rules read its records as that cell's (e.g. ``wv-tiny-seeds`` brings ``wv-tiny`` to 5 seeds).
     """
 
     name: str
@@ -70,6 +72,7 @@ class Cell:
     heldout: bool = False
     mqar: dict | None = None
     est_cpu_minutes: float = 0.0
+    seeds_of: str | None = None
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
@@ -131,7 +134,8 @@ CPU_CELLS = (
     # C1/C3/C4 (+ C5 n=1, C6 1x, C13): the cell everything else is paired with
     _lm("wv-tiny", ("standard", "coupled", "uncoupled_mlp"), S3, ("C1", "C3", "C4", "C13"), _TINY_MIN),
     _lm("wv-tiny-leapfrog", ("coupled_leapfrog",), S3, ("C2",), _TINY_MIN),
-    _lm("wv-tiny-seeds", ("standard", "coupled", "uncoupled_mlp"), (3, 4), ("C1", "C3", "C4"), _TINY_MIN),
+    dataclasses.replace(_lm("wv-tiny-seeds", ("standard", "coupled", "uncoupled_mlp"), (3, 4), ("C1", "C3", "C4"),
+                            _TINY_MIN), seeds_of="wv-tiny"),
     _lm("wv-tiny-steps", ("coupled+n_steps=2", "coupled+n_steps=4", "coupled+n_steps=7"), S3, ("C5",), 8.0),
     _lm("wv-tiny-2x", ("standard", "coupled"), S3, ("C6", "scan"), 2 * _TINY_MIN, max_tokens=2 * CPU_TOKENS),
     _lm("wv-tiny-diff", ("differential", "coupled_differential"), S3, ("C7", "C8"), 6.0),
