@@ -66,7 +66,8 @@ def test_split_articles_and_heldout_corpus(tmp_path):
 
 
 def test_c11_reads_the_glue_results(tmp_path):
-    from coupled_qk.experiments.claims import NotReady, Records, c11
+    from coupled_qk.experiments.claims import c11
+    from coupled_qk.experiments.claims_records import NotReady, Records
 
     rec = Records(get_protocol("cpu-short"), {})
     with pytest.raises(NotReady, match="GLUE"):
@@ -115,7 +116,8 @@ def test_extra_seeds_join_their_base_cell(tmp_path):
     """C1 and C4 read wv-tiny-seeds (seeds 3-4) as more seeds of wv-tiny: n grows from 3 to 5."""
     import json
 
-    from coupled_qk.experiments.claims import Records, c1, c4
+    from coupled_qk.experiments.claims import c1, c4
+    from coupled_qk.experiments.claims_records import Records
     from coupled_qk.experiments.claims_runs import record_path
 
     protocol = get_protocol("cpu")
@@ -171,8 +173,9 @@ def test_c11_on_the_committed_glue_results_is_uninformative():
     null claim can be neither supported nor contradicted by it."""
     from pathlib import Path
 
-    from coupled_qk.experiments.claims import Records, c11
+    from coupled_qk.experiments.claims import c11
     from coupled_qk.experiments.claims_glue import glue_score_rows, majority_score
+    from coupled_qk.experiments.claims_records import Records
 
     path = Path(__file__).parents[2] / "docs" / "results" / "glue-cpu" / "results.json"
     import json

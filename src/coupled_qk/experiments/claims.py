@@ -20,114 +20,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims_glue import glue_score_rows, informative_tasks
-from coupled_qk.experiments.protocols import Protocol
+from coupled_qk.experiments.claims_records import PRIMARY, NotReady, Records, same_tokenizer_runs
 
 VERDICTS = ("reproduced", "not reproduced at this scale", "contradicted", "not run")
 EQUIVALENCE_MARGIN = 1.0  # percent of perplexity; our choice (the paper's Euler/leapfrog spread is ~0.3%)
-PRIMARY = "test/perplexity"
 OOD = "wt2_test/perplexity"
 ESCAPE_ACCURACY = 0.9  # MQAR: a run "escaped the plateau" if its final accuracy reaches this
-
-
-def _duration(minutes: float, prefix: str = "") -> str:
-    """``90 -> '1.5 hours'``, ``4 -> '4 minutes'`` (with ``prefix``, e.g. ``'CPU-'``, before the unit)."""
-    return f"{minutes / 60:.1f} {prefix}hours" if minutes >= 60 else f"{max(1, round(minutes))} {prefix}minutes"
-
-
-class NotReady(Exception):
-    """Raised inside a claim rule when the runs it needs are missing; the message is the reason."""
-
-
-@dataclass
-class Records:
-    """The finished run records of one protocol, indexed by ``(cell, variant, seed)``."""
-
-    protocol: Protocol
-    by_key: dict
-    min_seeds: int = 3
-    partial: bool = False  # True: :meth:`need` accepts unfinished cells (provisional numbers)
-
-    @classmethod
-    def load(cls, out_dir: str | Path, protocol: Protocol, min_seeds: int | None = None) -> Records:
-        """Read every ``<out_dir>/runs/<protocol>/**/seed*.json`` record (damaged files are skipped); records of a
-        cell with ``seeds_of`` are also indexed under that cell (more seeds of the same runs)."""
-        root = Path(out_dir) / "runs" / protocol.name
-        by_key = {}
-        for path in sorted(root.glob("*/*/seed*.json")) if root.is_dir() else []:
-            try:
-                rec = json.loads(path.read_text())
-            except json.JSONDecodeError:
-                continue
-            by_key[(rec["cell"], rec["variant"], rec["seed"])] = rec
-        for (cell, variant, seed), rec in list(by_key.items()):  # extra seeds count as their base cell's
-            base = protocol.cell(cell).seeds_of if protocol.has_cell(cell) else None
-            if base is not None:
-                by_key.setdefault((base, variant, seed), rec)
-        seeds = min(len(c.seeds) for c in protocol.cells) if protocol.cells else 3
-        # at least 2 seeds (an interval needs a spread), 3 where the protocol has them
-        return cls(protocol, by_key, max(2, min(3, seeds)) if min_seeds is None else min_seeds)
-
-    def values(self, cell: str, variant: str, metric: str = PRIMARY) -> dict[int, float]:
-        """``{seed: value}`` of a final metric (or ``diagnostics/<name>``) over the finished runs."""
-        out = {}
-        for (c, v, s), rec in self.by_key.items():
-            if c == cell and v == variant:
-                src = rec.get("diagnostics", {}) if metric.startswith("diagnostics/") else rec["final"]
-                value = src.get(metric.removeprefix("diagnostics/"))
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    out[s] = float(value)
-        return out
-
-    def need(self, *items) -> None:
-        """Raise :class:`NotReady` naming what is missing unless every run of ``items`` has a record.
-
-        An item is a cell name (all its variants) or a ``(cell, variant)`` pair (that variant's seeds only).
-        """
-        if self.partial:
-            return
-        missing, minutes = 0, 0.0
-        total = 0
-        wanted = [(i, None) if isinstance(i, str) else tuple(i) for i in items]
-        cells = tuple(dict.fromkeys(name for name, _ in wanted))
-        for name, only in dict.fromkeys(wanted):
-            if not self.protocol.has_cell(name):
-                raise NotReady(f"protocol {self.protocol.name!r} has no cell {name!r}")
-            cell = self.protocol.cell(name)
-            for v, s in cell.units():
-                if only is not None and v != only:
-                    continue
-                total += 1
-                if (name, v, s) not in self.by_key:
-                    missing += 1
-                    minutes += cell.est_cpu_minutes
-        if missing:
-            label = ", ".join(cells) if len(cells) <= 3 else f"{len(cells)} cells ({cells[0]} ... {cells[-1]})"
-            done = self.runs(*cells)
-            pace = ""
-            if done:
-                per_run = sum(r["wall_seconds"] for r in done) / len(done) / 60
-                pace = (f"; at the {per_run:.0f} minutes per run its finished runs took, about "
-                        f"{_duration(missing * per_run)} in one process")
-            rest = f"the other {missing} take" if missing > 1 else "the other one takes"
-            raise NotReady(f"in progress: {total - missing} of {total} runs of {label} finished; {rest} about "
-                           f"{_duration(minutes, 'CPU-')} on an idle core{pace}")
-
-    def pairs(self, a: tuple[str, str], b: tuple[str, str], metric: str = PRIMARY) -> tuple[list, list, list]:
-        """Values of ``a = (cell, variant)`` and ``b`` on their common seeds (sorted): ``(seeds, va, vb)``."""
-        va, vb = self.values(*a, metric), self.values(*b, metric)
-        seeds = sorted(set(va) & set(vb))
-        if len(seeds) < self.min_seeds:
-            raise NotReady(f"{len(seeds)} paired seeds of {a} vs {b}; at least {self.min_seeds} needed")
-        return seeds, [va[s] for s in seeds], [vb[s] for s in seeds]
-
-    def runs(self, *cells: str) -> list[dict]:
-        """Records of the given cells."""
-        return [r for (c, _, _), r in self.by_key.items() if c in cells]
 
 
 def direction_verdict(low: float, high: float, expect: str) -> str:
@@ -380,14 +282,6 @@ def rank_perplexity_correlation(rec: Records) -> dict | None:
             xs.append(rank)
             ys.append(ppl)
     return stats.correlation(xs, ys) if len(xs) >= 4 else None
-
-
-def same_tokenizer_runs(rec: Records) -> list:
-    """``((cell, variant, seed), record)`` of the runs whose tokenizer is the ``wv-tiny`` cell's."""
-    if not rec.protocol.has_cell("wv-tiny"):
-        return []
-    tok = rec.protocol.cell("wv-tiny").base.get("tokenizer")
-    return [(k, r) for k, r in rec.by_key.items() if r["config"].get("tokenizer") == tok]
 
 
 CLAIMS: dict[str, tuple[str, str, Callable]] = {

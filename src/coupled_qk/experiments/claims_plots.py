@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from coupled_qk.experiments.claims import Records, same_tokenizer_runs
+from coupled_qk.experiments.claims_records import Records, same_tokenizer_runs
 
 
 def _finite(*xs) -> bool:

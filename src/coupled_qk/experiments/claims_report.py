@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from coupled_qk.experiments import stats
-from coupled_qk.experiments.claims import CLAIMS, PRIMARY, NotReady, Records, c11
+from coupled_qk.experiments.claims import CLAIMS, c11
+from coupled_qk.experiments.claims_records import PRIMARY, NotReady, Records
 from coupled_qk.experiments.protocols import SCAN_FACTORS, Protocol
 from coupled_qk.io import write_text_atomic
 
