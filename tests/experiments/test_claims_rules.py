@@ -185,3 +185,57 @@ def test_c11_on_the_committed_glue_results_is_uninformative():
     assert majority_score("cola") == 0.0 and majority_score("sst2") == pytest.approx(444 / 872)
     row = c11(Records(get_protocol("cpu-short"), {}), path)
     assert row["verdict"] == "not reproduced at this scale" and row["details"]["learned_tasks"] == []
+
+
+def test_sample_efficiency_matches_final_perplexities_across_budgets(tmp_path):
+    """C6 interpolates standard's *final* log-perplexity between its 1x and 2x runs: standard at exp(5.0) (1x) and
+    exp(4.6) (2x), coupled at exp(4.8) (1x) -> standard needs 2**0.5 = 1.414x the tokens. The 2x run's curve
+    (deliberately better than both finals mid-run, as a higher learning rate makes it) does not enter."""
+    import json
+    import math
+
+    from coupled_qk.experiments.claims import c6
+    from coupled_qk.experiments.claims_records import Records
+    from coupled_qk.experiments.claims_runs import record_path
+
+    def write(cell, variant, seed, log_ppl, tokens, seconds):
+        path = record_path(tmp_path, "cpu", cell, variant, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        curve = [[tokens // 2, 3.0], [tokens, log_ppl]]
+        path.write_text(json.dumps({"cell": cell, "variant": variant, "seed": seed, "tokens": tokens,
+                                    "train_seconds": seconds, "curve": {"valid": curve},
+                                    "final": {"test/perplexity": math.exp(log_ppl)}}))
+
+    def run(coupled_log_ppl):
+        for seed in range(3):
+            write("wv-tiny", "standard", seed, 5.0 + 0.01 * seed, 1000, 10.0)
+            write("wv-tiny-2x", "standard", seed, 4.6 + 0.01 * seed, 2000, 20.0)
+            # coupled took 2**0.25 times standard's time: wall-clock matched standard sits at 5.0 - 0.4 * 0.25
+            write("wv-tiny", "coupled", seed, coupled_log_ppl + 0.012 * seed, 1000, 10.0 * 2 ** 0.25)
+        return c6(Records.load(tmp_path, get_protocol("cpu")))
+
+    def expected(coupled_log_ppl):  # standard's loss falls 0.4 nats per doubling
+        return sum(2 ** ((5.0 - coupled_log_ppl - 0.002 * s) / 0.4) for s in range(3)) / 3
+
+    row = run(4.8)
+    assert row["mean"] == pytest.approx(expected(4.8)) and row["n"] == 3
+    assert row["mean"] == pytest.approx(2 ** 0.5, rel=0.01)
+    assert row["verdict"] == "reproduced" and row["details"]["extrapolated_outside_1x_2x"] == 0
+    matched = row["details"]["wallclock_matched_ppl_percent_coupled_vs_standard"]["mean"]
+    assert matched == pytest.approx(sum(100 * (math.exp(-0.1 + 0.002 * s) - 1) for s in range(3)) / 3)
+    row = run(5.1)  # coupled worse than standard at 1x: standard needs fewer tokens (extrapolated below 1x)
+    assert row["mean"] == pytest.approx(expected(5.1)) and row["verdict"] == "contradicted"
+    assert row["details"]["extrapolated_outside_1x_2x"] == 3
+
+
+def test_budget_to_match_interpolates_in_log_budget():
+    from coupled_qk.experiments import stats
+
+    assert stats.budget_to_match([1, 2], [5.0, 4.6], 4.8) == (pytest.approx(2 ** 0.5), False)
+    assert stats.budget_to_match([1, 2, 4], [5.0, 4.6, 4.4], 4.5) == (pytest.approx(2 ** 1.5), False)
+    assert stats.budget_to_match([1, 2], [5.0, 4.6], 4.4) == (pytest.approx(2 ** 1.5), True)
+    assert stats.budget_to_match([1, 2], [5.0, 5.1], 4.9) is None  # loss does not fall with budget
+    with pytest.raises(ValueError, match="increasing"):
+        stats.budget_to_match([2, 1], [5.0, 4.6], 4.8)
+    with pytest.raises(ValueError, match=">= 2 budgets"):
+        stats.budget_to_match([1], [5.0], 4.8)

@@ -124,34 +124,61 @@ def c5(rec):
 
 
 def c6(rec):
+    """Tokens standard needs to match coupled, from *final* held-out perplexities at two budgets (1x and 2x).
+
+    Each budget is its own run with its own learning-rate schedule, as in the paper ("standard trained 2.4x longer
+    reaches the same perplexity"): standard's final log-perplexity is interpolated linearly in log(tokens)
+    between its 1x and 2x runs (:func:`stats.budget_to_match`). Intermediate points of the 2x run's curve are
+    not used for this: mid-schedule they sit at a higher learning rate than the 1x run's annealed end, so they
+    are not comparable with it (at 1M tokens they were better by ~0.1 nats on this protocol).
+    """
     rec.need(("wv-tiny", "standard"), ("wv-tiny", "coupled"), ("wv-tiny-2x", "standard"))
-    ratios, censored, matched = [], 0, []
+    ratios, extrapolated, matched = [], 0, []
     seeds = sorted(set(rec.values("wv-tiny", "coupled")) & set(rec.values("wv-tiny-2x", "standard"))
                    & set(rec.values("wv-tiny", "standard")))
     for s in seeds:
-        cou = rec.by_key[("wv-tiny", "coupled", s)]
-        std1 = rec.by_key[("wv-tiny", "standard", s)]
-        std2 = rec.by_key[("wv-tiny-2x", "standard", s)]
-        target = cou["curve"]["valid"][-1][1]
-        cross = stats.interpolate_crossing(std2["curve"]["valid"], target)
-        if cross is None:
-            censored += 1
-            cross = std2["tokens"]
-        ratios.append(cross / cou["tokens"])
-        time_ratio = cou["train_seconds"] / std1["train_seconds"]
-        at = stats.interpolate_at(std2["curve"]["valid"], time_ratio * cou["tokens"])
-        if at is not None:
-            matched.append(100 * (math.exp(target - at) - 1))
+        cou, std1, std2 = (rec.by_key[k + (s,)] for k in (("wv-tiny", "coupled"), ("wv-tiny", "standard"),
+                                                              ("wv-tiny-2x", "standard")))
+        budgets = [std1["tokens"], std2["tokens"]]
+        losses = [math.log(std1["final"][PRIMARY]), math.log(std2["final"][PRIMARY])]
+        target = math.log(cou["final"][PRIMARY])
+        match = stats.budget_to_match(budgets, losses, target)
+        if match is None:  # standard did not improve with twice the tokens: no finite budget
+            continue
+        ratios.append(match[0] / cou["tokens"])
+        extrapolated += match[1]
+        # wall-clock matched: standard trained for as long as coupled took (each run's own training seconds)
+        budget = cou["tokens"] * cou["train_seconds"] / std1["train_seconds"]
+        std_at = losses[0] + (losses[1] - losses[0]) * math.log(budget / budgets[0]) / math.log(budgets[1] / budgets[0])
+        matched.append(100 * (math.exp(target - std_at) - 1))
     if len(ratios) < rec.min_seeds:
-        raise NotReady("too few paired seeds for the loss-curve comparison")
+        raise NotReady(f"{len(ratios)} seeds with a budget match; at least {rec.min_seeds} needed")
     r = {**stats.mean_ci(ratios), "p": stats.mean_ci([x - 1 for x in ratios])["p"]}  # p of "ratio = 1"
-    low, high = r["low"] - 1, r["high"] - 1
-    details = {"per_seed_ratio": ratios, "censored_at_2x": censored,
-               "wallclock_matched_ppl_percent_coupled_vs_standard": stats.mean_ci(matched) if matched else None,
-               "note": "validation loss on the quick-evaluation windows; ratios censored at the 2x run's length count "
-                       "as 2x; wall-clock ratio from the runs' own training seconds on a shared machine"}
-    return _row("tokens standard needs to reach coupled's final validation loss / coupled's tokens", r,
-                direction_verdict(low, high, "positive"), rec.runs("wv-tiny", "wv-tiny-2x"), **details)
+    details = {"per_seed_ratio": ratios, "extrapolated_outside_1x_2x": extrapolated,
+               "wallclock_matched_ppl_percent_coupled_vs_standard": stats.mean_ci(matched),
+               "same_schedule_curves": _c6_same_schedule(rec),
+               "note": "final held-out test perplexities of separate 1x and 2x runs, log-linear in tokens; "
+                       "wall-clock ratio from the runs' own training seconds on a shared machine"}
+    return _row("tokens standard needs to reach coupled's final held-out ppl / coupled's tokens (finals at 1x "
+                "and 2x budgets)", r, direction_verdict(r["low"] - 1, r["high"] - 1, "positive"),
+                rec.runs("wv-tiny", "wv-tiny-2x"), **details)
+
+
+def _c6_same_schedule(rec) -> dict | None:
+    """Secondary C6 estimate from loss curves of one schedule: tokens standard's 2x run needs to reach the
+    validation loss coupled's 2x run has at mid-run, over coupled's mid-run tokens (``None`` without both 2x runs;
+    ratios of runs that never reach it count as ``2 / 1``, censored)."""
+    seeds = sorted(set(rec.values("wv-tiny-2x", "coupled")) & set(rec.values("wv-tiny-2x", "standard")))
+    ratios = []
+    for s in seeds:
+        cou, std = rec.by_key[("wv-tiny-2x", "coupled", s)], rec.by_key[("wv-tiny-2x", "standard", s)]
+        mid = cou["tokens"] / 2
+        target = stats.interpolate_at(cou["curve"]["valid"], mid)
+        cross = stats.interpolate_crossing(std["curve"]["valid"], target) if target is not None else None
+        ratios.append((cross if cross is not None else std["tokens"]) / mid)
+    if len(ratios) < 2:
+        return None
+    return {**{k: v for k, v in stats.mean_ci(ratios).items() if k != "p"}, "per_seed_ratio": ratios}
 
 
 def c7(rec):

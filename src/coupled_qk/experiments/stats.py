@@ -177,6 +177,47 @@ def interpolate_crossing(points: Sequence[Sequence[float]], target: float) -> fl
     return None
 
 
+def budget_to_match(budgets: Sequence[float], losses: Sequence[float], target: float) -> tuple[float, bool] | None:
+    """The training budget at which a model's *final* loss would equal ``target``, from its finals at several budgets.
+
+    The loss is interpolated linearly in ``log(budget)`` between neighbouring budgets (each point is a separate run
+    with its own full learning-rate schedule, as in a scaling-law fit), and extrapolated with the end segment's
+    slope outside the measured range.
+
+    Args:
+        budgets: training budgets (e.g. tokens), at least 2, strictly increasing, positive.
+        losses: final losses (nats) of the runs at those budgets.
+        target: the loss to match (nats).
+
+    Returns:
+        ``(budget, extrapolated)``, or ``None`` when the segment that would be used does not decrease with budget
+        (no finite budget reaches ``target`` on it).
+
+    Raises:
+        ValueError: fewer than 2 budgets, a length mismatch, or budgets that are not positive and increasing.
+    """
+    b = np.asarray(budgets, dtype=np.float64)
+    y = np.asarray(losses, dtype=np.float64)
+    if b.ndim != 1 or b.size < 2 or b.shape != y.shape:
+        raise ValueError(f"need >= 2 budgets and as many losses; got {b.size} budgets and {y.size} losses")
+    if np.any(b <= 0) or np.any(np.diff(b) <= 0):
+        raise ValueError(f"budgets must be positive and strictly increasing; got {b.tolist()}")
+    x = np.log(b)
+    inside = y[-1] <= target <= y[0] or y[0] <= target <= y[-1]
+    seg = 0
+    for i in range(b.size - 1):  # the segment whose loss range holds the target; else the nearer end segment
+        lo, hi = sorted((y[i], y[i + 1]))
+        if lo <= target <= hi:
+            seg = i
+            break
+    else:
+        seg = 0 if target > y[0] else b.size - 2
+    slope = (y[seg + 1] - y[seg]) / (x[seg + 1] - x[seg])
+    if slope >= 0:
+        return None
+    return float(np.exp(x[seg] + (target - y[seg]) / slope)), not inside
+
+
 def interpolate_at(points: Sequence[Sequence[float]], x: float) -> float | None:
     """``y`` of the curve ``[(x, y), ...]`` at ``x`` by linear interpolation; None outside its x range."""
     pts = np.asarray(points, dtype=np.float64)
