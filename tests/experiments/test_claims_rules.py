@@ -239,3 +239,29 @@ def test_budget_to_match_interpolates_in_log_budget():
         stats.budget_to_match([2, 1], [5.0, 4.6], 4.8)
     with pytest.raises(ValueError, match=">= 2 budgets"):
         stats.budget_to_match([1], [5.0], 4.8)
+
+
+def test_differential_comparison_table_pairs_cells_by_seed(tmp_path):
+    """The report's Differential table pairs wv-tiny-diff with wv-tiny by seed: standard 100/110/120 and
+    Differential 150/165/180 -> +50% in every seed; while a cell is unfinished its rows say so."""
+    import json
+
+    from coupled_qk.experiments.claims_records import Records
+    from coupled_qk.experiments.claims_report import _comparisons
+    from coupled_qk.experiments.claims_runs import record_path
+
+    def write(cell, variant, seed, ppl):
+        path = record_path(tmp_path, "cpu", cell, variant, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"cell": cell, "variant": variant, "seed": seed, "tokens": 1,
+                                    "train_seconds": 1.0, "wall_seconds": 60.0,
+                                    "final": {"test/perplexity": ppl}}))
+
+    for seed in range(3):
+        write("wv-tiny", "standard", seed, 100.0 + 10 * seed)
+        write("wv-tiny", "coupled", seed, 99.0 + 10 * seed)
+        write("wv-tiny-diff", "differential", seed, 1.5 * (100.0 + 10 * seed))
+    rows = _comparisons(Records.load(tmp_path, get_protocol("cpu")))["differential"]
+    assert rows[0]["mean"] == pytest.approx(50.0) and rows[0]["n"] == 3 and rows[0]["status"] == "measured"
+    assert rows[0]["a_ppl"] == pytest.approx(110.0) and rows[0]["b_ppl"] == pytest.approx(165.0)
+    assert rows[2]["status"].startswith("not run (in progress: 3 of 6 runs of wv-tiny-diff")

@@ -42,17 +42,34 @@ def _scan(rec: Records) -> list[dict]:
 
 
 GQA_CELL = "gqa-tiny"
-GQA_COMPARISONS = (
-    ("per-head evolved keys (paper) vs standard", "standard", "coupled"),
-    ("shared evolved keys vs standard", "standard", "coupled+keys_per_query_head=False"),
-    ("shared vs per-head evolved keys", "coupled", "coupled+keys_per_query_head=False"),
-)
+COMPARISONS = {
+    "gqa": ("Grouped-query attention: shared vs per-head evolved keys (beyond the paper)",
+            f"Cell `{GQA_CELL}`: the tiny preset with 4 query heads and 2 key/value heads. Per-head keys (the "
+            "paper's rule) cache 4 evolved keys per layer, shared keys (`keys_per_query_head=False`) 2, as "
+            "standard attention does.",
+            (("per-head evolved keys (paper) vs standard", (GQA_CELL, "standard"), (GQA_CELL, "coupled")),
+             ("shared evolved keys vs standard", (GQA_CELL, "standard"), (GQA_CELL, "coupled+keys_per_query_head=False")),
+             ("shared vs per-head evolved keys", (GQA_CELL, "coupled"), (GQA_CELL, "coupled+keys_per_query_head=False")))),
+    "differential": ("Differential Attention at the tiny size",
+                     "Cells `wv-tiny` and `wv-tiny-diff` (same data, budget and seeds): Differential Attention "
+                     "(arXiv:2410.05258) with and without coupling, against the tiny standard and coupled models.",
+                     (("Differential vs standard", ("wv-tiny", "standard"), ("wv-tiny-diff", "differential")),
+                      ("Differential vs coupled", ("wv-tiny", "coupled"), ("wv-tiny-diff", "differential")),
+                      ("coupled Differential vs Differential", ("wv-tiny-diff", "differential"),
+                       ("wv-tiny-diff", "coupled_differential")))),
+}
+"""Paired comparisons reported next to the claims: ``{key: (title, intro, ((label, (cell, variant) a, b), ...))}``."""
 
 
-def _gqa(rec: Records) -> list[dict]:
-    """Grouped-query attention (beyond the paper): paired % changes in held-out test perplexity."""
-    return [{"comparison": label, "a": a, "b": b, **_paired(rec, (GQA_CELL, a), (GQA_CELL, b))}
-            for label, a, b in GQA_COMPARISONS]
+def _comparisons(rec: Records) -> dict[str, list[dict]]:
+    """Each :data:`COMPARISONS` table whose cells the protocol has: paired % changes of b vs a in held-out test
+    perplexity (with both mean perplexities)."""
+    out = {}
+    for key, (_, _, comps) in COMPARISONS.items():
+        if all(rec.protocol.has_cell(c) for _, a, b in comps for c in (a[0], b[0])):
+            out[key] = [{"comparison": label, "a": "/".join(a), "b": "/".join(b), **_paired(rec, a, b)}
+                        for label, a, b in comps]
+    return out
 
 
 def _mqar_escape(rec: Records) -> list[dict]:
@@ -117,7 +134,7 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
                       "tokens_per_run": sorted({r["tokens"] for r in done}), "est_cpu_minutes_per_run": c.est_cpu_minutes})
     return {"protocol": protocol.name, "description": protocol.description, "notes": list(protocol.notes),
             "expected_hours": protocol.expected_hours, "primary_metric": PRIMARY, "rows": rows,
-            "scan": _scan(rec) if protocol.runnable else [], "gqa": _gqa(rec) if protocol.runnable else [],
+            "scan": _scan(rec) if protocol.runnable else [], **(_comparisons(rec) if protocol.runnable else {}),
             "mqar_escape": _mqar_escape(rec), "holm": holm,
             "cells": cells, "n_records": len({id(r) for r in rec.by_key.values()}),  # aliases (seeds_of) once
             "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -170,16 +187,17 @@ def format_markdown(report: dict, command: str) -> str:
         for s in report["scan"]:
             eff = f"{_num(s.get('mean'))} [{_num(s.get('low'))}, {_num(s.get('high'))}]" if "mean" in s else "-"
             lines.append(f"| {s['factor']} | {eff} | {s.get('n', '-')} | {s['status']} |")
-    if report.get("gqa"):
-        lines += ["", "## Grouped-query attention: shared vs per-head evolved keys (beyond the paper)", "",
-                  f"Cell `{GQA_CELL}`: the tiny preset with 4 query heads and 2 key/value heads. Per-head keys (the "
-                  "paper's rule) cache 4 evolved keys per layer, shared keys (`keys_per_query_head=False`) 2, as "
-                  "standard attention does. Held-out test perplexity, % change of the second vs the first, paired "
-                  "by seed:", "", "| comparison | % [95% CI] | n | p | status |", "|---|---|---|---|---|"]
-        for g in report["gqa"]:
+    for key, (title, intro, _) in COMPARISONS.items():
+        if not report.get(key):
+            continue
+        lines += ["", f"## {title}", "", intro + " Held-out test perplexity (mean over seeds) and the % change of "
+                  "the second vs the first, paired by seed:", "",
+                  "| comparison | ppl (first, second) | % [95% CI] | n | p | status |", "|---|---|---|---|---|---|"]
+        for g in report[key]:
             eff = f"{_num(g.get('mean'))} [{_num(g.get('low'))}, {_num(g.get('high'))}]" if "mean" in g else "-"
+            ppl = f"{_num(g.get('a_ppl'), 1)}, {_num(g.get('b_ppl'), 1)}" if "a_ppl" in g else "-"
             p = f"{g['p']:.3g}" if isinstance(g.get("p"), float) else "-"
-            lines.append(f"| {g['comparison']} | {eff} | {g.get('n', '-')} | {p} | {g['status']} |")
+            lines.append(f"| {g['comparison']} | {ppl} | {eff} | {g.get('n', '-')} | {p} | {g['status']} |")
     if report["mqar_escape"]:
         lines += ["", "## MQAR: which learning rates escape the 1/K plateau", "",
                   "| difficulty | lr | variant | seeds escaped (acc >= 0.9) | mean accuracy |", "|---|---|---|---|---|"]
