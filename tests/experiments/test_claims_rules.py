@@ -241,6 +241,24 @@ def test_budget_to_match_interpolates_in_log_budget():
         stats.budget_to_match([1], [5.0], 4.8)
 
 
+
+def test_loss_at_budget_is_the_inverse_of_budget_to_match():
+    """Hand-computed: losses 5.0 at 1 and 4.6 at 2 -> 4.8 at sqrt(2) (half-way in log budget), 4.2 at 4
+    (extrapolated); and reading the loss back at budget_to_match's budget returns the target."""
+    from coupled_qk.experiments import stats
+
+    assert stats.loss_at_budget([1, 2], [5.0, 4.6], 2 ** 0.5) == pytest.approx(4.8)
+    assert stats.loss_at_budget([1, 2], [5.0, 4.6], 4) == pytest.approx(4.2)
+    assert stats.loss_at_budget([1, 2, 4], [5.0, 4.6, 4.4], 2 ** 1.5) == pytest.approx(4.5)
+    assert stats.loss_at_budget([1, 2, 4], [5.0, 4.6, 4.4], 0.5) == pytest.approx(5.4)
+    for target in (4.95, 4.5, 4.3):
+        budget, _ = stats.budget_to_match([1, 2, 4], [5.0, 4.6, 4.4], target)
+        assert stats.loss_at_budget([1, 2, 4], [5.0, 4.6, 4.4], budget) == pytest.approx(target)
+    with pytest.raises(ValueError, match="budget=0"):
+        stats.loss_at_budget([1, 2], [5.0, 4.6], 0)
+    with pytest.raises(ValueError, match="increasing"):
+        stats.loss_at_budget([2, 1], [5.0, 4.6], 1.5)
+
 def test_differential_comparison_table_pairs_cells_by_seed(tmp_path):
     """The report's Differential table pairs wv-tiny-diff with wv-tiny by seed: standard 100/110/120 and
     Differential 150/165/180 -> +50% in every seed; while a cell is unfinished its rows say so."""

@@ -148,8 +148,7 @@ def c6(rec):
         ratios.append(match[0] / cou["tokens"])
         extrapolated += match[1]
         # wall-clock matched: standard trained for as long as coupled took (each run's own training seconds)
-        budget = cou["tokens"] * cou["train_seconds"] / std1["train_seconds"]
-        std_at = losses[0] + (losses[1] - losses[0]) * math.log(budget / budgets[0]) / math.log(budgets[1] / budgets[0])
+        std_at = stats.loss_at_budget(budgets, losses, cou["tokens"] * cou["train_seconds"] / std1["train_seconds"])
         matched.append(100 * (math.exp(target - std_at) - 1))
     if len(ratios) < rec.min_seeds:
         raise NotReady(f"{len(ratios)} seeds with a budget match; at least {rec.min_seeds} needed")

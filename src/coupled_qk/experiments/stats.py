@@ -218,6 +218,37 @@ def budget_to_match(budgets: Sequence[float], losses: Sequence[float], target: f
     return float(np.exp(x[seg] + (target - y[seg]) / slope)), not inside
 
 
+def loss_at_budget(budgets: Sequence[float], losses: Sequence[float], budget: float) -> float:
+    """A model's *final* loss at ``budget``, interpolated linearly in ``log(budget)`` between its two nearest runs.
+
+    The forward map of :func:`budget_to_match` (same segments, extrapolated with the end segment's slope outside
+    the measured range).
+
+    Args:
+        budgets: training budgets (e.g. tokens), at least 2, strictly increasing, positive.
+        losses: final losses (nats) of the runs at those budgets.
+        budget: the budget to read the loss at (positive, same unit as ``budgets``).
+
+    Returns:
+        The interpolated loss (nats).
+
+    Raises:
+        ValueError: fewer than 2 budgets, a length mismatch, budgets not positive and increasing, or
+            ``budget <= 0``.
+    """
+    b = np.asarray(budgets, dtype=np.float64)
+    y = np.asarray(losses, dtype=np.float64)
+    if b.ndim != 1 or b.size < 2 or b.shape != y.shape:
+        raise ValueError(f"need >= 2 budgets and as many losses; got {b.size} budgets and {y.size} losses")
+    if np.any(b <= 0) or np.any(np.diff(b) <= 0):
+        raise ValueError(f"budgets must be positive and strictly increasing; got {b.tolist()}")
+    if not budget > 0:
+        raise ValueError(f"budget={budget!r} must be positive")
+    x, xb = np.log(b), math.log(budget)
+    seg = int(np.clip(np.searchsorted(x, xb) - 1, 0, b.size - 2))
+    return float(y[seg] + (y[seg + 1] - y[seg]) * (xb - x[seg]) / (x[seg + 1] - x[seg]))
+
+
 def interpolate_at(points: Sequence[Sequence[float]], x: float) -> float | None:
     """``y`` of the curve ``[(x, y), ...]`` at ``x`` by linear interpolation; None outside its x range."""
     pts = np.asarray(points, dtype=np.float64)
