@@ -177,6 +177,17 @@ def interpolate_crossing(points: Sequence[Sequence[float]], target: float) -> fl
     return None
 
 
+def _budget_curve(budgets, losses) -> tuple[np.ndarray, np.ndarray]:
+    """``(budgets, losses)`` as float64 arrays, checked as :func:`budget_to_match` documents."""
+    b = np.asarray(budgets, dtype=np.float64)
+    y = np.asarray(losses, dtype=np.float64)
+    if b.ndim != 1 or b.size < 2 or b.shape != y.shape:
+        raise ValueError(f"need >= 2 budgets and as many losses; got {b.size} budgets and {y.size} losses")
+    if np.any(b <= 0) or np.any(np.diff(b) <= 0):
+        raise ValueError(f"budgets must be positive and strictly increasing; got {b.tolist()}")
+    return b, y
+
+
 def budget_to_match(budgets: Sequence[float], losses: Sequence[float], target: float) -> tuple[float, bool] | None:
     """The training budget at which a model's *final* loss would equal ``target``, from its finals at several budgets.
 
@@ -196,12 +207,7 @@ def budget_to_match(budgets: Sequence[float], losses: Sequence[float], target: f
     Raises:
         ValueError: fewer than 2 budgets, a length mismatch, or budgets that are not positive and increasing.
     """
-    b = np.asarray(budgets, dtype=np.float64)
-    y = np.asarray(losses, dtype=np.float64)
-    if b.ndim != 1 or b.size < 2 or b.shape != y.shape:
-        raise ValueError(f"need >= 2 budgets and as many losses; got {b.size} budgets and {y.size} losses")
-    if np.any(b <= 0) or np.any(np.diff(b) <= 0):
-        raise ValueError(f"budgets must be positive and strictly increasing; got {b.tolist()}")
+    b, y = _budget_curve(budgets, losses)
     x = np.log(b)
     inside = y[-1] <= target <= y[0] or y[0] <= target <= y[-1]
     seg = 0
@@ -236,12 +242,7 @@ def loss_at_budget(budgets: Sequence[float], losses: Sequence[float], budget: fl
         ValueError: fewer than 2 budgets, a length mismatch, budgets not positive and increasing, or
             ``budget <= 0``.
     """
-    b = np.asarray(budgets, dtype=np.float64)
-    y = np.asarray(losses, dtype=np.float64)
-    if b.ndim != 1 or b.size < 2 or b.shape != y.shape:
-        raise ValueError(f"need >= 2 budgets and as many losses; got {b.size} budgets and {y.size} losses")
-    if np.any(b <= 0) or np.any(np.diff(b) <= 0):
-        raise ValueError(f"budgets must be positive and strictly increasing; got {b.tolist()}")
+    b, y = _budget_curve(budgets, losses)
     if not budget > 0:
         raise ValueError(f"budget={budget!r} must be positive")
     x, xb = np.log(b), math.log(budget)
