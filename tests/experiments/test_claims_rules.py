@@ -259,6 +259,7 @@ def test_loss_at_budget_is_the_inverse_of_budget_to_match():
     with pytest.raises(ValueError, match="increasing"):
         stats.loss_at_budget([2, 1], [5.0, 4.6], 1.5)
 
+
 def test_differential_comparison_table_pairs_cells_by_seed(tmp_path):
     """The report's Differential table pairs wv-tiny-diff with wv-tiny by seed: standard 100/110/120 and
     Differential 150/165/180 -> +50% in every seed; while a cell is unfinished its rows say so."""
@@ -283,3 +284,41 @@ def test_differential_comparison_table_pairs_cells_by_seed(tmp_path):
     assert rows[0]["mean"] == pytest.approx(50.0) and rows[0]["n"] == 3 and rows[0]["status"] == "measured"
     assert rows[0]["a_ppl"] == pytest.approx(110.0) and rows[0]["b_ppl"] == pytest.approx(165.0)
     assert rows[2]["status"].startswith("not run (in progress: 3 of 6 runs of wv-tiny-diff")
+
+
+def test_token_trend_pools_budget_ladder_and_fits_slopes_per_seed(tmp_path):
+    """Coupled vs standard at 2^18 (cpu-short wv-tiny), 2^20 (cpu wv-tiny) and 2^21 tokens (cpu wv-tiny-2x) built as
+    pct = a_s + b_s (log2 tokens - 18) with slopes b = -1, -2, -3: the per-seed fit recovers them, so the slope is
+    -2 with the hand-computed t interval -2 +- t(0.975, 2) * 1 / sqrt(3); the per-budget means are exact."""
+    import json
+    import math
+
+    from scipy import stats as st
+
+    from coupled_qk.experiments.claims_report import token_trend
+    from coupled_qk.experiments.claims_runs import record_path
+
+    def write(protocol, cell, variant, seed, tokens, ppl):
+        path = record_path(tmp_path, protocol, cell, variant, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"cell": cell, "variant": variant, "seed": seed, "tokens": tokens,
+                                    "train_seconds": 1.0, "wall_seconds": 60.0, "final": {"test/perplexity": ppl}}))
+
+    intercepts, slopes = (1.0, 3.0, -1.0), (-1.0, -2.0, -3.0)
+    ladder = (("cpu-short", "wv-tiny", 2 ** 18), ("cpu", "wv-tiny", 2 ** 20), ("cpu", "wv-tiny-2x", 2 ** 21))
+    for seed in range(3):
+        for protocol, cell, tokens in ladder:
+            pct = intercepts[seed] + slopes[seed] * (math.log2(tokens) - 18)
+            write(protocol, cell, "standard", seed, tokens, 200.0)
+            write(protocol, cell, "coupled", seed, tokens, 200.0 * (1 + pct / 100))
+    trend = token_trend(tmp_path, get_protocol("cpu"))
+    assert trend["status"] == "measured"
+    assert trend["slope"]["mean"] == pytest.approx(-2.0)
+    half = st.t.ppf(0.975, 2) / math.sqrt(3)
+    assert (trend["slope"]["low"], trend["slope"]["high"]) == (pytest.approx(-2 - half), pytest.approx(-2 + half))
+    assert [b["tokens"] for b in trend["budgets"]] == [2 ** 18, 2 ** 20, 2 ** 21]
+    assert [b["mean"] for b in trend["budgets"]] == pytest.approx([1.0, -3.0, -5.0]), trend["budgets"]
+    # the cpu-short report pools the same ladder; with only one budget per seed there is no slope
+    assert token_trend(tmp_path, get_protocol("cpu-short"))["slope"]["mean"] == pytest.approx(-2.0)
+    only_cpu = token_trend(tmp_path / "none", get_protocol("smoke"))
+    assert only_cpu["status"].startswith("not run (0 seeds") and only_cpu["budgets"] == []

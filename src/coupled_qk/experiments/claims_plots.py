@@ -13,7 +13,8 @@ def _finite(*xs) -> bool:
 
 
 def make_figures(report: dict, rec: Records, folder: str | Path) -> list[Path]:
-    """Write ``<protocol>-effects.png``, ``-curves.png``, ``-scan.png`` and ``-rank.png`` where there is data."""
+    """Write ``<protocol>-effects.png``, ``-curves.png``, ``-scan.png``, ``-trend.png`` and ``-rank.png`` where there
+    is data."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,6 +66,21 @@ def make_figures(report: dict, rec: Records, folder: str | Path) -> list[Path]:
         ax.axvline(0, color="k", lw=0.8)
         ax.set_xlabel("coupled vs standard, % held-out test perplexity (negative: coupling helps)")
         save(fig, "scan")
+    trend = report.get("token_trend") or {}
+    if trend.get("budgets"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for per in trend["per_seed"].values():
+            ax.plot([t for t, _ in per], [p for _, p in per], color="0.7", marker=".", lw=0.8)
+        b = [x for x in trend["budgets"] if _finite(x["mean"], x["low"], x["high"])]
+        ax.errorbar([x["tokens"] for x in b], [x["mean"] for x in b], fmt="o-", capsize=4, color="C0",
+                    yerr=[[x["mean"] - x["low"] for x in b], [x["high"] - x["mean"] for x in b]], label="mean, 95% CI")
+        ax.set_xscale("log", base=2)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("training tokens per run")
+        ax.set_ylabel("coupled vs standard, % held-out test ppl")
+        ax.set_title("trend with training tokens (grey: one line per seed)")
+        ax.legend(fontsize=8)
+        save(fig, "trend")
     pts = [(r["diagnostics"]["effective_rank"], r["final"]["test/perplexity"], r["variant"])
            for _, r in same_tokenizer_runs(rec) if r.get("diagnostics", {}).get("effective_rank") is not None
            and "test/perplexity" in r["final"] and r["cell"].startswith(("wv-tiny", "scan-"))]

@@ -13,10 +13,12 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
+
 from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims import CLAIMS, c11
 from coupled_qk.experiments.claims_records import PRIMARY, NotReady, Records
-from coupled_qk.experiments.protocols import SCAN_FACTORS, Protocol
+from coupled_qk.experiments.protocols import BUDGET_LADDERS, PROTOCOLS, SCAN_FACTORS, Protocol
 from coupled_qk.io import write_text_atomic
 
 ALPHA = 0.05
@@ -39,6 +41,46 @@ def _scan(rec: Records) -> list[dict]:
     """The one-factor scan (issue 10, item 4): coupled vs standard per factor."""
     return [{"factor": label, "coupled": f"{c_var} ({c_cell})", "standard": f"standard ({s_cell})",
              **_paired(rec, (s_cell, "standard"), (c_cell, c_var))} for label, c_cell, c_var, s_cell in SCAN_FACTORS]
+
+
+TREND_CELLS = ("wv-tiny", "wv-tiny-2x")
+
+
+def token_trend(out_dir: str | Path, protocol: Protocol) -> dict:
+    """How coupling's effect changes with training tokens (issue 10, item 4: the token-budget factor).
+
+    Pools the ``wv-tiny`` and ``wv-tiny-2x`` runs of the protocol and of the protocols that differ from it only in
+    the budget (:data:`~coupled_qk.experiments.protocols.BUDGET_LADDERS`), read from ``<out_dir>/runs/<name>``.
+    Per seed and budget: the % change of coupled vs standard in held-out test perplexity. The same seed shares its
+    initialisation and data order across budgets, so the points of one seed are not independent: the slope against
+    ``log2(tokens)`` is fitted per seed (least squares, seeds with at least 2 budgets) and the t interval is taken
+    over the seeds' slopes.
+
+    Returns:
+        ``{"budgets": [{"tokens", "n", "mean", "low", "high"}...], "per_seed": {seed: [[tokens, %]...]},
+        "slope": {"n", "mean", "low", "high", "p", ...} (% per doubling of tokens), "status"}``; ``status`` is
+        ``"measured"`` or ``"not run (reason)"`` (fewer than 2 seeds with 2 budgets).
+    """
+    points: dict[int, dict[int, float]] = {}
+    for name in BUDGET_LADDERS.get(protocol.name, (protocol.name,)):
+        rec = Records.load(out_dir, PROTOCOLS[name]) if name != protocol.name else Records.load(out_dir, protocol)
+        for cell in TREND_CELLS:
+            std, cou = rec.values(cell, "standard"), rec.values(cell, "coupled")
+            for seed in sorted(set(std) & set(cou)):
+                tokens = rec.by_key[(cell, "coupled", seed)]["tokens"]
+                points.setdefault(seed, {})[tokens] = 100 * (cou[seed] / std[seed] - 1)
+    by_budget: dict[int, list[float]] = {}
+    for per in points.values():
+        for tokens, pct in per.items():
+            by_budget.setdefault(tokens, []).append(pct)
+    budgets = [{"tokens": t, **{k: v for k, v in stats.mean_ci(by_budget[t]).items() if k in ("n", "mean", "low", "high")}}
+               for t in sorted(by_budget)]
+    slopes = [float(np.polyfit(np.log2(sorted(per)), [per[t] for t in sorted(per)], 1)[0])
+              for per in points.values() if len(per) >= 2]
+    out = {"budgets": budgets, "per_seed": {s: sorted(per.items()) for s, per in sorted(points.items())}}
+    if len(slopes) < 2:
+        return {**out, "status": f"not run ({len(slopes)} seeds with runs at 2 or more budgets; 2 needed)"}
+    return {**out, "slope": stats.mean_ci(slopes), "status": "measured"}
 
 
 GQA_CELL = "gqa-tiny"
@@ -135,6 +177,7 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
     return {"protocol": protocol.name, "description": protocol.description, "notes": list(protocol.notes),
             "expected_hours": protocol.expected_hours, "primary_metric": PRIMARY, "rows": rows,
             "scan": _scan(rec) if protocol.runnable else [], **(_comparisons(rec) if protocol.runnable else {}),
+            "token_trend": token_trend(out_dir, protocol) if protocol.runnable else None,
             "mqar_escape": _mqar_escape(rec), "holm": holm,
             "cells": cells, "n_records": len({id(r) for r in rec.by_key.values()}),  # aliases (seeds_of) once
             "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -187,6 +230,22 @@ def format_markdown(report: dict, command: str) -> str:
         for s in report["scan"]:
             eff = f"{_num(s.get('mean'))} [{_num(s.get('low'))}, {_num(s.get('high'))}]" if "mean" in s else "-"
             lines.append(f"| {s['factor']} | {eff} | {s.get('n', '-')} | {s['status']} |")
+    trend = report.get("token_trend")
+    if trend and trend["budgets"]:
+        lines += ["", "## Trend with training tokens", "",
+                  "Runs of `" + "`, `".join(TREND_CELLS) + "` in this protocol and in those that differ from it only in "
+                  "the budget (each budget its own run and learning-rate schedule). Coupled vs standard, % change of "
+                  "held-out test perplexity, mean over seeds [95% CI]:", "",
+                  "| tokens per run | coupled vs standard % [95% CI] | n |", "|---|---|---|"]
+        lines += [f"| {b['tokens']:,} | {_num(b['mean'])} [{_num(b['low'])}, {_num(b['high'])}] | {b['n']} |"
+                  for b in trend["budgets"]]
+        if trend["status"] == "measured":
+            sl = trend["slope"]
+            lines += ["", f"Slope against log2(tokens), fitted per seed, t interval over seeds: {_num(sl['mean'])} "
+                      f"[{_num(sl['low'])}, {_num(sl['high'])}] % per doubling, n = {sl['n']} seeds, p = {sl['p']:.3g} "
+                      "(negative: coupling gains with training)."]
+        else:
+            lines += ["", f"Slope: {trend['status']}."]
     for key, (title, intro, _) in COMPARISONS.items():
         if not report.get(key):
             continue

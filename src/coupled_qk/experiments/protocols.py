@@ -246,6 +246,12 @@ PROTOCOLS: dict[str, Protocol] = {
 }
 
 
+BUDGET_LADDERS: dict[str, tuple[str, ...]] = {"cpu": ("cpu-short", "cpu"), "cpu-short": ("cpu-short", "cpu")}
+"""Protocols whose language-model cells differ only in the token budget (and the budget-proportional warmup and
+validation interval): the claims report of one pools their ``wv-tiny`` / ``wv-tiny-2x`` runs into the trend of
+coupling's effect with training tokens. A protocol not listed pools only its own runs."""
+
+
 def get_protocol(name: str) -> Protocol:
     """The protocol called ``name``; ``ValueError`` listing the known names otherwise."""
     choice("protocol", name, PROTOCOLS)
