@@ -322,3 +322,28 @@ def test_token_trend_pools_budget_ladder_and_fits_slopes_per_seed(tmp_path):
     assert token_trend(tmp_path, get_protocol("cpu-short"))["slope"]["mean"] == pytest.approx(-2.0)
     only_cpu = token_trend(tmp_path / "none", get_protocol("smoke"))
     assert only_cpu["status"].startswith("not run (0 seeds") and only_cpu["budgets"] == []
+
+
+@pytest.mark.parametrize("changes, inside", [((-6.0, -7.0, -6.8), True), ((-1.0, -1.2, -0.8), False)])
+def test_report_says_whether_the_papers_value_is_inside_our_interval(tmp_path, changes, inside):
+    """C1's paper value is -6.6%: per-seed changes -6.0/-7.0/-6.8% (mean -6.6) put it inside the interval,
+    -1.0/-1.2/-0.8% (interval about [-1.5, -0.5]) exclude it; the markdown and README tables show it."""
+    import json
+
+    from coupled_qk.experiments.claims_report import build_report, format_markdown, format_readme_section
+    from coupled_qk.experiments.claims_runs import record_path
+
+    for seed, change in enumerate(changes):
+        for variant, ppl in (("standard", 100.0 + 10 * seed), ("coupled", (100.0 + 10 * seed) * (1 + change / 100))):
+            path = record_path(tmp_path, "cpu", "wv-tiny", variant, seed)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"cell": "wv-tiny", "variant": variant, "seed": seed, "tokens": 1,
+                                        "train_seconds": 1.0, "wall_seconds": 60.0, "final": {"test/perplexity": ppl}}))
+    report = build_report(get_protocol("cpu"), tmp_path)
+    c1 = next(r for r in report["rows"] if r["id"] == "C1")
+    assert c1["mean"] == pytest.approx(sum(changes) / 3)
+    assert c1["paper_effect"] == -6.6 and c1["paper_effect_in_ci"] is inside
+    word = "yes" if inside else "no"
+    assert f"| **{c1['verdict']}** | {word} (-6.6) |" in format_markdown(report, "cmd")
+    assert f"| {c1['verdict']} | {word} (-6.6) |" in format_readme_section(report, "cmd")
+    assert "paper_effect" not in next(r for r in report["rows"] if r["id"] == "C7")  # not run: no comparison

@@ -325,3 +325,18 @@ CLAIMS: dict[str, tuple[str, str, Callable]] = {
     "C12": ("associative recall improves", "perfect MQAR accuracy on easy/medium where standard plateaus", c12),
     "C13": ("coupling enriches the QK space", "higher effective rank of attention maps", c13),
 }
+
+PAPER_EFFECTS: dict[str, float] = {
+    "C1": -6.6,  # % ppl, coupled vs standard at 60M
+    "C3": 100 * (22.585 / 23.81 - 1),  # % ppl, coupled (22.55-22.62, midpoint) vs uncoupled MLP (23.81): -5.1
+    "C4": 8.0,  # seed variance ratio, uncoupled MLP / coupled
+    "C6": 2.4,  # tokens standard needs / coupled's tokens
+    "C7": -6.7,  # % ppl at 150M
+    "C8": 100 * (18.93 / 19.35 - 1),  # % ppl, Differential vs coupled at 350M: -2.2
+    "C9": -4.5,  # % ppl on PubMed
+    "C10": 10.3,  # % ppl on heterogeneous web text
+}
+"""The paper's effect in the units of our rule's effect (arXiv:2604.01683v1; ``../shared/docs/PAPER.md``), for the
+report's "is the paper's value inside our interval" column. Measured at 60M-350M parameters: a value outside an
+interval measured at the CPU scale excludes that magnitude *at this scale*, not in the paper's setting."""
+

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from coupled_qk.experiments import stats
-from coupled_qk.experiments.claims import CLAIMS, c11
+from coupled_qk.experiments.claims import CLAIMS, PAPER_EFFECTS, c11
 from coupled_qk.experiments.claims_records import PRIMARY, NotReady, Records
 from coupled_qk.experiments.protocols import BUDGET_LADDERS, PROTOCOLS, SCAN_FACTORS, Protocol
 from coupled_qk.io import write_text_atomic
@@ -162,6 +162,9 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
                 provisional = _provisional(rec, rule) if cid != "C11" and "in progress" in str(exc) else None
                 if provisional:
                     row["provisional"] = provisional
+        value = PAPER_EFFECTS.get(cid)
+        if value is not None and row["verdict"] != "not run" and math.isfinite(row["low"]) and math.isfinite(row["high"]):
+            row.update(paper_effect=value, paper_effect_in_ci=bool(row["low"] <= value <= row["high"]))
         rows.append(row)
     tested = [r for r in rows if isinstance(r.get("p"), float) and math.isfinite(r["p"])]
     adjusted = stats.holm([r["p"] for r in tested])
@@ -187,14 +190,21 @@ def _num(x, digits: int = 2) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
 
 
+def _paper_in_ci(row: dict) -> str:
+    """``"yes (V)"`` / ``"no (V)"`` for a measured row with a paper value ``V`` in our units, else ``"-"``."""
+    if "paper_effect_in_ci" not in row:
+        return "-"
+    return f"{'yes' if row['paper_effect_in_ci'] else 'no'} ({_num(row['paper_effect'], 1)})"
+
+
 def format_markdown(report: dict, command: str) -> str:
     """The report as markdown: verdict table, notes, scan, MQAR escape table, Holm note, cell progress."""
     lines = [f"# Claims report: protocol `{report['protocol']}`", "", report["description"] + ".", "",
              f"Regenerate: `{command}`", "", f"Generated {report['generated_utc']} from {report['n_records']} run "
              "records. Effects are means over seeds with 95% t intervals (paired by seed where two variants are "
              "compared); the primary metric is the in-distribution held-out test perplexity.", "",
-             "| id | claim | paper | measured effect | mean [95% CI] | n | tokens/run | training hours (sum) | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| id | claim | paper | measured effect | mean [95% CI] | n | tokens/run | training hours (sum) | verdict | "
+             "paper's value in our CI |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         if r["verdict"] == "not run":
             p = r.get("provisional")
@@ -202,13 +212,15 @@ def format_markdown(report: dict, command: str) -> str:
                 else ("-", "-")
             n = p["n"] if p else "-"
             lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {eff} | {val} | {n} | - | - | not run: "
-                         f"{r['reason']} |")
+                         f"{r['reason']} | - |")
             continue
         tokens = ", ".join(f"{t:,}" for t in r["tokens"]) or "-"
         lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {r['effect']} | {_num(r['mean'])} "
                      f"[{_num(r['low'])}, {_num(r['high'])}] | {r['n']} | {tokens} | {_num(r['train_hours'])} | "
-                     f"**{r['verdict']}** |")
+                     f"**{r['verdict']}** | {_paper_in_ci(r)} |")
     lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    lines.append("- \"Paper's value in our CI\": the paper's number in the units of our effect "
+                 "(`claims.PAPER_EFFECTS`); \"no\" excludes that magnitude at this scale, not at the paper's.")
     if report["expected_hours"]:
         lines.append("- Expected hours: " + ", ".join(f"{k}: {v}" for k, v in report["expected_hours"].items()))
     lines += ["", "## Details", ""]
@@ -275,16 +287,16 @@ def format_readme_section(report: dict, command: str) -> str:
     lines = [f"Measured by `{command}` (protocol `{report['protocol']}`: {report['description']}; "
              f"{report['n_records']} runs). Effects: mean over seeds with a 95% interval, paired by seed; "
              f"full report: `docs/results/claims/{report['protocol']}.md`.", "",
-             "| claim | paper | measured here | verdict |", "|---|---|---|---|"]
+             "| claim | paper | measured here | verdict | paper's value in our CI |", "|---|---|---|---|---|"]
     for r in report["rows"]:
         if r["verdict"] == "not run":
             p = r.get("provisional")
             got = f"provisional, n = {p['n']}: {p['effect']}: {_num(p['mean'])} [{_num(p['low'])}, {_num(p['high'])}]" \
                 if p else "-"
-            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {got} | not run ({r['reason']}) |")
+            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {got} | not run ({r['reason']}) | - |")
         else:
             lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {r['effect']}: {_num(r['mean'])} "
-                         f"[{_num(r['low'])}, {_num(r['high'])}], n = {r['n']} | {r['verdict']} |")
+                         f"[{_num(r['low'])}, {_num(r['high'])}], n = {r['n']} | {r['verdict']} | {_paper_in_ci(r)} |")
     return "\n".join(lines) + "\n"
 
 
