@@ -132,6 +132,23 @@ def test_decoding_uses_the_fold_and_rebuilds_it_after_a_weight_update():
     torch.testing.assert_close(greedy_logits(model, IDX, fold=False), full2, rtol=1e-5, atol=1e-5)
 
 
+def test_the_fold_is_validated_once_per_cache():
+    """No per-token check: after its first step a cache only looks its fold up, so a weight change in the middle
+    of a generation is not seen by that cache (whose keys are stale anyway); the next cache rebuilds."""
+    model = make_model()
+    cache = model.new_cache()
+    greedy_logits(model, IDX[:, :4], cache=cache)
+    old = model.blocks[0].attn._fold
+    with torch.no_grad():
+        model.blocks[0].attn.qk_map.dt.mul_(-1.0)  # a versioned in-place write
+    greedy_logits(model, IDX[:, 4:], cache=cache)
+    assert cache.folds[0] is old and model.blocks[0].attn._fold is old
+    with torch.no_grad():
+        full = model(IDX)
+    torch.testing.assert_close(greedy_logits(model, IDX), full, rtol=1e-5, atol=1e-5)
+    assert model.blocks[0].attn._fold is not old
+
+
 @pytest.mark.parametrize("write", ["data", "fused_adamw"])
 def test_writes_that_bypass_the_version_counter_are_caught_by_the_next_cache(write):
     """``.data`` writes and fused optimizers change weights without a version bump: the next generation (a

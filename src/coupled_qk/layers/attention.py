@@ -176,7 +176,7 @@ class CausalSelfAttention(nn.Module):
     Single-token decoding steps (a ``cache``, ``T == 1``, gradients off) of a foldable map (the coupled
     dynamics with ``n_steps=1`` before RoPE; :mod:`coupled_qk.layers.folded`) use the map folded into the
     projection: the same function up to rounding, in two to four kernels instead of seven to twelve, checked
-    against the weights every step and every new cache. ``layer.fold_inference = False`` turns it off.
+    against the weights once per cache. ``layer.fold_inference = False`` turns it off.
 
     State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) load.
 
@@ -262,21 +262,24 @@ class CausalSelfAttention(nn.Module):
         """The map folded into the projection for a single-token step with ``cache``, or ``None`` when folding
         is off (``fold_inference = False``), impossible for this map or cache, or the model is being compiled.
 
-        The fold lives on the cache (``cache.folds``) and is checked against the weights' versions every step;
-        the first step with a new cache also compares the weights' checksum with the layer's last fold, which
-        it reuses when equal (see :mod:`coupled_qk.layers.folded` for what each check catches)."""
+        The fold lives on the cache (``cache.folds``, ``None`` for a layer that cannot fold) and is validated once
+        per cache, at its first single-token step: the weights' versions and checksum are compared with the
+        layer's last fold, which is reused when equal (see :mod:`coupled_qk.layers.folded` for what each check
+        catches). Later steps with the same cache only look it up."""
         if not self.fold_inference or torch.compiler.is_compiling():
             return None
         folds = getattr(cache, "folds", None)
-        key = None if folds is None else fold_key(self)
-        if key is None:
+        if folds is None:
             return None
-        fp = folds.get(self.layer_idx)
-        if fp is None or fp.key != key:
+        if self.layer_idx in folds:
+            return folds[self.layer_idx]
+        key = fold_key(self)
+        fp = None
+        if key is not None:
             fp = self._fold
             if fp is None or fp.key != key or fp.checksum != weight_checksum(self):
                 fp = self._fold = fold_projection(self)
-            folds[self.layer_idx] = fp
+        folds[self.layer_idx] = fp
         return fp
 
     def __getstate__(self):

@@ -18,12 +18,14 @@ basis vectors, so they reuse the integrator's own head-layout functions rather t
 Used by :class:`~coupled_qk.layers.attention.CausalSelfAttention` for single-token steps with a KV cache and
 gradients disabled; equal to the unfolded map up to floating-point rounding (tests compare in float64).
 
-When a fold is stale. Each decoding step compares :func:`fold_key` (the parameters' identity, storage and
-autograd version: optimizer steps, ``load_state_dict`` and ``.to()`` change it). Writes that bypass the
-version counter (``.data`` writes, fused optimizers) are caught once per cache: the first single-token step
-with a new cache also compares :func:`weight_checksum` (sums of the weights and of their squares, in float64).
-So a fold is never stale across ``generate`` calls; only weights changed through ``.data`` or a fused optimizer
-*in the middle of one generation* go unseen (set ``fold_inference = False`` for such code).
+When a fold is stale. A fold is validated once per cache, at the cache's first single-token step (no
+per-token check in the decoding loop, issue 12): :func:`fold_key` (the parameters' identity, storage and
+autograd version: optimizer steps, ``load_state_dict`` and ``.to()`` change it) and :func:`weight_checksum`
+(sums of the weights and of their squares, in float64: writes that bypass the version counter, ``.data``
+writes and fused optimizers) are compared with the layer's last fold, rebuilt when either differs. So a fold
+is never stale across ``generate`` calls (each makes a new cache). Weights changed *in the middle of one
+generation* are not seen by the rest of it; such a cache is stale anyway (its keys were computed with the old
+weights): start a new cache after changing weights, or set ``fold_inference = False``.
 
 Memory: a layer that has decoded keeps its last fold (``layer._fold``, not in the state dict, not pickled): a
 projection 1.3-1.7x the size of ``qkv.weight`` plus the kick matrices (``(H hidden)^2`` to ``3 (H hidden)^2``).
