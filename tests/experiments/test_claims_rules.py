@@ -347,3 +347,40 @@ def test_report_says_whether_the_papers_value_is_inside_our_interval(tmp_path, c
     assert f"| **{c1['verdict']}** | {word} (-6.6) |" in format_markdown(report, "cmd")
     assert f"| {c1['verdict']} | {word} (-6.6) |" in format_readme_section(report, "cmd")
     assert "paper_effect" not in next(r for r in report["rows"] if r["id"] == "C7")  # not run: no comparison
+
+
+def test_a_pending_wikitext2_evaluation_is_completed_when_the_run_folder_is_here(tmp_path, monkeypatch, capsys):
+    """A record trained with --defer-wt2 (``wt2_pending``) and reused later without it: evaluated and rewritten
+    when its run folder exists on this machine; returned as it is, with a message, when the folder is absent."""
+    import json
+    from pathlib import Path
+
+    from coupled_qk.experiments import claims_runs
+
+    calls = []
+
+    def fake_eval(run_dir, data_dir):
+        calls.append(Path(run_dir))
+        return {"wt2_test/perplexity": 1234.5}
+
+    monkeypatch.setattr(claims_runs, "wikitext2_eval", fake_eval)
+    cell = get_protocol("smoke").cell("wv-tiny")
+    run_root, out_dir = tmp_path / "runs", tmp_path / "out"
+    run_dir = run_root / "smoke" / "wv-tiny" / "standard" / "seed0"
+    cfg = claims_runs.train_config(cell, "standard", 0, run_dir, tmp_path)
+    path = claims_runs.record_path(out_dir, "smoke", "wv-tiny", "standard", 0)
+    path.parent.mkdir(parents=True)
+    record = {"cell": "wv-tiny", "variant": "standard", "seed": 0, "config": claims_runs.settings_of(cfg),
+              "final": {"test/perplexity": 100.0}, "wt2_pending": True, "run_dir": "elsewhere/seed0"}
+    path.write_text(json.dumps(record))
+
+    def execute():
+        return claims_runs.execute(cell, "standard", 0, "smoke", out_dir, run_root, tmp_path, tmp_path)
+
+    assert execute()["wt2_pending"] is True and calls == []  # no run folder here: nothing to evaluate
+    assert "is not on this machine" in capsys.readouterr().out
+    run_dir.mkdir(parents=True)
+    rec = execute()
+    assert calls == [run_dir] and rec["wt2_pending"] is False and rec["final"]["wt2_test/perplexity"] == 1234.5
+    assert json.loads(path.read_text())["final"] == {"test/perplexity": 100.0, "wt2_test/perplexity": 1234.5}
+    assert execute() == rec and len(calls) == 1  # done once

@@ -176,6 +176,11 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(rec, indent=1, default=str))
     if rec is not None:
+        if rec.get("wt2_pending") and not defer_wt2:  # trained with --defer-wt2 earlier: evaluate now if possible
+            if run_dir.is_dir():
+                return complete_wt2(path, data_dir, run_dir)
+            print(f"claims: {path} waits for its WikiText-2 evaluation, but its run folder {run_dir} is not on "
+                  "this machine; reported without it", flush=True)
         return rec
     if path.is_file():
         print(f"claims: {path} was made with other settings; running again", flush=True)
@@ -244,9 +249,10 @@ def run_protocol(protocol, out_dir: str | Path, run_root: str | Path, data_dir: 
     return records
 
 
-def complete_wt2(path: str | Path, data_dir: str | Path) -> dict:
-    """Add the WikiText-2 evaluation to a record written with ``defer_wt2`` (its run folder must still exist).
+def complete_wt2(path: str | Path, data_dir: str | Path, run_dir: str | Path | None = None) -> dict:
+    """Add the WikiText-2 evaluation to a record written with ``defer_wt2`` and rewrite it atomically.
 
+    ``run_dir`` is the run folder to evaluate (default: the one the record names; it must still exist).
     Returns the record (unchanged if nothing is pending). Raises ``FileNotFoundError`` if the run folder is gone.
     """
     path = Path(path)
@@ -254,7 +260,7 @@ def complete_wt2(path: str | Path, data_dir: str | Path) -> dict:
     if not rec.get("wt2_pending"):
         return rec
     print(f"== claims: WikiText-2 evaluation of {rec['cell']} {rec['variant']} seed {rec['seed']}", flush=True)
-    rec["final"].update(wikitext2_eval(rec["run_dir"], data_dir))
+    rec["final"].update(wikitext2_eval(rec["run_dir"] if run_dir is None else run_dir, data_dir))
     rec["wt2_pending"] = False
     write_text_atomic(path, json.dumps(rec, indent=1, default=str))
     return rec
