@@ -61,3 +61,22 @@ def test_results_interrupted_and_partial_removal(tmp_path):
     run.latest_path.write_text("ckpt-00000007\n")
     with pytest.raises(ValueError, match="holds a checkpoint or results"):
         run.remove_partial()
+
+
+def test_partial_removal_never_touches_a_run_another_process_is_writing(tmp_path):
+    """A run still training before its first checkpoint looks like a killed one; while its writer holds the
+    lock, a second process's clean-up is refused and every file stays (a real loss seen with two claims
+    processes on one run folder). flock locks per open file, so a second RunLock in this process conflicts too."""
+    from coupled_qk.training.lock import RunLock, RunLockedError
+
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    for name in ("config.json", "metrics.jsonl"):
+        (run / name).write_text("{}")
+    run.tokenizer_dir.mkdir()
+    with RunLock(run.path):
+        with pytest.raises(RunLockedError, match="is in use by pid"):
+            run.remove_partial()
+        assert run.config_path.is_file() and run.metrics_path.is_file() and run.tokenizer_dir.is_dir()
+    run.remove_partial()  # the writer is gone: now it is a killed run, cleaned
+    assert not run.config_path.exists() and not run.tokenizer_dir.exists() and not (run / ".lock").exists()

@@ -170,17 +170,25 @@ class RunDir:
         results (a run killed early), so it starts again cleanly: configs, data description, metrics, tokenizer,
         TensorBoard folder and checkpoint folders that ``latest`` never named. Files outside the layout are kept.
 
+        Holds the run's lock (:class:`~coupled_qk.training.lock.RunLock`) while it checks and deletes: a run
+        that is still training before its first checkpoint looks exactly like a killed one, and must not lose
+        its files to a second process. The caller must not hold the lock itself.
+
         Raises:
+            RunLockedError: another process is writing the run (nothing is deleted; a ``ValueError``).
             ValueError: the run has a checkpoint or results (refusing to delete them).
         """
-        if self.has_checkpoint() or self.is_finished():
-            raise ValueError(f"{self.path} holds a checkpoint or results; not removing it")
-        for name in (self.CONFIG, self.MODEL_CONFIG, self.DATA, self.METRICS, self.INTERRUPTED_RESULTS):
-            (self.path / name).unlink(missing_ok=True)
-        for name in (self.TOKENIZER, self.TENSORBOARD):
-            shutil.rmtree(self.path / name, ignore_errors=True)
-        for orphan in self.checkpoints():  # complete folders that ``latest`` never named
-            shutil.rmtree(orphan, ignore_errors=True)
+        from coupled_qk.training.lock import RunLock
+
+        with RunLock(self.path):
+            if self.has_checkpoint() or self.is_finished():
+                raise ValueError(f"{self.path} holds a checkpoint or results; not removing it")
+            for name in (self.CONFIG, self.MODEL_CONFIG, self.DATA, self.METRICS, self.INTERRUPTED_RESULTS):
+                (self.path / name).unlink(missing_ok=True)
+            for name in (self.TOKENIZER, self.TENSORBOARD):
+                shutil.rmtree(self.path / name, ignore_errors=True)
+            for orphan in self.checkpoints():  # complete folders that ``latest`` never named
+                shutil.rmtree(orphan, ignore_errors=True)
 
 
 def _read_json(path: Path) -> dict | None:
