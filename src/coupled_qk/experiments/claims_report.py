@@ -63,7 +63,7 @@ def token_trend(out_dir: str | Path, protocol: Protocol) -> dict:
     """
     points: dict[int, dict[int, float]] = {}
     for name in BUDGET_LADDERS.get(protocol.name, (protocol.name,)):
-        rec = Records.load(out_dir, PROTOCOLS[name]) if name != protocol.name else Records.load(out_dir, protocol)
+        rec = Records.load(out_dir, protocol if name == protocol.name else PROTOCOLS[name])
         for cell in TREND_CELLS:
             std, cou = rec.values(cell, "standard"), rec.values(cell, "coupled")
             for seed in sorted(set(std) & set(cou)):
