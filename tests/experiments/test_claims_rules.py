@@ -384,3 +384,41 @@ def test_a_pending_wikitext2_evaluation_is_completed_when_the_run_folder_is_here
     assert calls == [run_dir] and rec["wt2_pending"] is False and rec["final"]["wt2_test/perplexity"] == 1234.5
     assert json.loads(path.read_text())["final"] == {"test/perplexity": 100.0, "wt2_test/perplexity": 1234.5}
     assert execute() == rec and len(calls) == 1  # done once
+
+
+def test_rank_perplexity_correlation_separates_within_cell_from_pooled(tmp_path):
+    """Two cells whose levels differ (scan-dhead64: higher rank, lower perplexity) make the pooled correlation
+    negative, while inside each cell rank and perplexity rise together (ppl = level + 2 rank + noise): the
+    within-cell r is positive and equals the stats function on the cell-centred points; the report shows both."""
+    import json
+
+    from coupled_qk.experiments import stats
+    from coupled_qk.experiments.claims_report import build_report, format_markdown
+    from coupled_qk.experiments.claims_runs import record_path
+
+    protocol = get_protocol("cpu")
+    tok = protocol.cell("wv-tiny").base.get("tokenizer")
+    noise = [0.3, -0.2, 0.1, -0.4, 0.2, 0.0]
+    points = []
+    for cell, rank0, level in (("wv-tiny", 10.0, 200.0), ("scan-dhead64", 20.0, 150.0)):
+        for seed in range(3):
+            for j, variant in enumerate(("standard", "coupled")):
+                rank = rank0 + seed + 0.5 * j
+                ppl = level + 2 * rank + noise[2 * seed + j]
+                points.append((cell, rank, ppl))
+                path = record_path(tmp_path, "cpu", cell, variant, seed)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({
+                    "cell": cell, "variant": variant, "seed": seed, "tokens": 1, "train_seconds": 1.0,
+                    "wall_seconds": 60.0, "config": {"tokenizer": tok}, "final": {"test/perplexity": ppl},
+                    "diagnostics": {"effective_rank": rank}}))
+    report = build_report(protocol, tmp_path)
+    corr = next(r for r in report["rows"] if r["id"] == "C13")["details"]["rank_vs_ppl"]
+    cells, ranks, ppls = zip(*points)
+    assert corr["n"] == 12 and corr["pearson_r"] == pytest.approx(stats.correlation(ranks, ppls)["pearson_r"])
+    assert corr["pearson_r"] < -0.5
+    within = stats.within_group_correlation(ranks, ppls, cells)
+    assert corr["within_cell"] == pytest.approx(within) and within["groups"] == 2 and within["pearson_r"] > 0.9
+    md = format_markdown(report, "cmd")
+    assert "## Effective rank and perplexity across runs (C13)" in md
+    assert f"| within cells (centred on each cell's means) | 12 (2) | {within['pearson_r']:.2f} [" in md

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy.stats import t as scipy_t
 
 from coupled_qk.experiments import stats
 
@@ -87,6 +88,33 @@ def test_correlation_fisher_interval():
     assert r["low"] == pytest.approx(math.tanh(z - 1.959964 * se), abs=1e-5)
     assert r["high"] == pytest.approx(math.tanh(z + 1.959964 * se), abs=1e-5)
     assert r["spearman_rho"] == pytest.approx(rr)  # ranks equal the values here
+
+
+def test_within_group_correlation_matches_regression_with_group_indicators():
+    # Two groups whose offsets make the pooled correlation strongly negative while x and y rise together
+    # inside each group; a third group of one observation carries no within-group information.
+    x = [1.0, 2.0, 3.0, 4.0, 11.0, 12.0, 13.0, 14.0, 50.0]
+    y = [10.0, 12.5, 11.5, 14.0, 0.0, 1.5, 1.0, 3.5, -40.0]
+    groups = ["a"] * 4 + ["b"] * 4 + ["c"]
+    assert stats.correlation(x, y)["pearson_r"] < -0.9
+    r = stats.within_group_correlation(x, y, groups)
+    # Independent reference: OLS of y on x and one indicator per group (the singleton dropped), by lstsq.
+    xa, ya = np.array(x[:8]), np.array(y[:8])
+    design = np.column_stack([xa, np.repeat([1.0, 0.0], 4), np.repeat([0.0, 1.0], 4)])
+    coef, res, *_ = np.linalg.lstsq(design, ya, rcond=None)
+    df = 8 - 3
+    se = math.sqrt(res[0] / df * np.linalg.inv(design.T @ design)[0, 0])
+    t = coef[0] / se
+    assert r["n"] == 8 and r["groups"] == 2
+    assert r["pearson_r"] == pytest.approx(t / math.sqrt(t * t + df))  # partial r from the slope's t
+    assert r["pearson_r"] > 0.8
+    assert r["p"] == pytest.approx(2 * (1 - scipy_t.cdf(abs(t), df)))
+    z, half = math.atanh(r["pearson_r"]), 1.959964 / math.sqrt(8 - 2 - 2)
+    assert (r["low"], r["high"]) == pytest.approx((math.tanh(z - half), math.tanh(z + half)), abs=1e-5)
+    with pytest.raises(ValueError, match="n - groups >= 3"):
+        stats.within_group_correlation(x[:4], y[:4], ["a", "a", "b", "b"])
+    with pytest.raises(ValueError, match="equal lengths"):
+        stats.within_group_correlation(x, y, groups[:-1])
 
 
 def test_bootstrap_brackets_the_mean():

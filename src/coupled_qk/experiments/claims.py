@@ -297,17 +297,34 @@ def c13(rec):
                 direction_verdict(r["low"], r["high"], "positive"), rec.runs("wv-tiny"), **details)
 
 
-def rank_perplexity_correlation(rec: Records) -> dict | None:
-    """Pearson/Spearman correlation of effective rank with held-out test ppl over the tiny-size wiki-vital runs
-    that share the ``wv-tiny`` cell's tokenizer (perplexities of different tokenizers are not comparable)."""
-    xs, ys = [], []
-    for (cell, _, _), r in same_tokenizer_runs(rec):
-        same_setup = cell.startswith(("wv-tiny", "scan-"))
+def rank_perplexity_points(rec: Records) -> list[tuple[str, str, float, float]]:
+    """``(cell, variant, effective rank, held-out test ppl)`` of the tiny-size wiki-vital runs (cells ``wv-tiny*``
+    and ``scan-*``) that share the ``wv-tiny`` cell's tokenizer (perplexities of different tokenizers are not
+    comparable) and have both numbers."""
+    points = []
+    for (cell, variant, _), r in same_tokenizer_runs(rec):
         rank, ppl = r.get("diagnostics", {}).get("effective_rank"), r["final"].get(PRIMARY)
-        if same_setup and rank is not None and ppl is not None:
-            xs.append(rank)
-            ys.append(ppl)
-    return stats.correlation(xs, ys) if len(xs) >= 4 else None
+        if cell.startswith(("wv-tiny", "scan-")) and rank is not None and ppl is not None:
+            points.append((cell, variant, rank, ppl))
+    return points
+
+
+def rank_perplexity_correlation(rec: Records) -> dict | None:
+    """Correlation of effective rank with held-out test ppl over :func:`rank_perplexity_points`: pooled (Pearson
+    with its Fisher interval, Spearman) and, under ``"within_cell"``, within cells
+    (:func:`~coupled_qk.experiments.stats.within_group_correlation`), which cell-level differences (e.g.
+    Differential Attention's far higher perplexity and different attention maps) cannot produce. ``None`` with
+    fewer than 4 runs."""
+    points = rank_perplexity_points(rec)
+    if len(points) < 4:
+        return None
+    cells, _, ranks, ppls = zip(*points)
+    out = stats.correlation(ranks, ppls)
+    try:
+        out["within_cell"] = stats.within_group_correlation(ranks, ppls, cells)
+    except ValueError:  # too few runs per cell yet
+        out["within_cell"] = None
+    return out
 
 
 CLAIMS: dict[str, tuple[str, str, Callable]] = {

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from coupled_qk.experiments.claims_records import Records, same_tokenizer_runs
+from coupled_qk.experiments.claims import rank_perplexity_points
+from coupled_qk.experiments.claims_records import Records
 
 
 def _finite(*xs) -> bool:
@@ -81,9 +82,7 @@ def make_figures(report: dict, rec: Records, folder: str | Path) -> list[Path]:
         ax.set_title("trend with training tokens (grey: one line per seed)")
         ax.legend(fontsize=8)
         save(fig, "trend")
-    pts = [(r["diagnostics"]["effective_rank"], r["final"]["test/perplexity"], r["variant"])
-           for _, r in same_tokenizer_runs(rec) if r.get("diagnostics", {}).get("effective_rank") is not None
-           and "test/perplexity" in r["final"] and r["cell"].startswith(("wv-tiny", "scan-"))]
+    pts = [(rank, ppl, variant) for _, variant, rank, ppl in rank_perplexity_points(rec)]
     if pts:
         fig, ax = plt.subplots(figsize=(6, 4))
         for i, v in enumerate(sorted({p[2] for p in pts})):

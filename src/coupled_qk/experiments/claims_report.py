@@ -258,6 +258,7 @@ def format_markdown(report: dict, command: str) -> str:
                       "(negative: coupling gains with training)."]
         else:
             lines += ["", f"Slope: {trend['status']}."]
+    lines += _rank_section(report)
     for key, (title, intro, _) in COMPARISONS.items():
         if not report.get(key):
             continue
@@ -280,6 +281,28 @@ def format_markdown(report: dict, command: str) -> str:
               f"{', '.join(f'{t:,}' for t in c['tokens_per_run']) or '-'} | {_num(c['train_hours'])} |"
               for c in report["cells"]]
     return "\n".join(lines) + "\n"
+
+
+def _rank_section(report: dict) -> list[str]:
+    """Markdown of C13's question "does effective rank go with perplexity across runs", pooled and within cells."""
+    row = next((r for r in report["rows"] if r["id"] == "C13"), None)
+    corr = (row or {}).get("details", {}).get("rank_vs_ppl")
+    if not corr:
+        return []
+    w = corr.get("within_cell")
+    lines = ["", "## Effective rank and perplexity across runs (C13)", "",
+             f"Runs of the tiny wiki-vital cells with the `wv-tiny` tokenizer (`{report['protocol']}-rank.png`): "
+             "layer-mean effective rank of the attention maps against held-out test perplexity. Pearson r [95% "
+             "Fisher interval], p:", "", "| correlation | runs (cells) | r [95% CI] | p |", "|---|---|---|---|",
+             f"| pooled over runs | {corr['n']} | {_num(corr['pearson_r'])} [{_num(corr['low'])}, {_num(corr['high'])}] "
+             f"| {corr['p']:.3g} (Spearman rho {_num(corr['spearman_rho'])}, p {corr['spearman_p']:.3g}) |"]
+    if w:
+        lines.append(f"| within cells (centred on each cell's means) | {w['n']} ({w['groups']}) | "
+                     f"{_num(w['pearson_r'])} [{_num(w['low'])}, {_num(w['high'])}] | {w['p']:.3g} |")
+    lines += ["", "Negative r: higher rank, lower perplexity (the paper's reading). The pooled number mixes cells "
+              "that differ in budget and head layout, which move both quantities; the within-cell correlation "
+              "compares runs of one setup (variants and seeds) only."]
+    return lines
 
 
 def format_readme_section(report: dict, command: str) -> str:

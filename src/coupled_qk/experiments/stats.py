@@ -141,6 +141,50 @@ def correlation(x: Sequence[float], y: Sequence[float], conf: float = 0.95) -> d
             "p": float(res.pvalue), "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue)}
 
 
+def within_group_correlation(x: Sequence[float], y: Sequence[float], groups: Sequence, conf: float = 0.95) -> dict:
+    """Pearson correlation of ``x`` and ``y`` *within* groups: both centred on their group means (the fixed-effects
+    or partial correlation given the group), so differences between groups (e.g. model sizes, corpora or
+    architectures with their own perplexity level) cannot create it.
+
+    With ``n`` observations in ``g`` groups (groups of one observation are dropped: they carry no within-group
+    information) the test is the t-test of ``x``'s slope in the regression of ``y`` on ``x`` and group
+    indicators, ``t = r sqrt(df / (1 - r^2))`` with ``df = n - g - 1``, and the interval is Fisher's z with
+    standard error ``1 / sqrt(n - g - 2)`` (a partial correlation given ``g - 1`` covariates).
+
+    Returns:
+        ``{"n", "groups", "pearson_r", "low", "high", "p"}``.
+
+    Raises:
+        ValueError: unequal lengths, non-finite values, or fewer than 3 observations beyond the groups
+            (``n - g < 3``: no interval).
+
+    Source: Fisher (1924), the distribution of partial correlation coefficients; the fixed-effects (within)
+    estimator of panel data.
+    """
+    a, b = _array("x", x), _array("y", y)
+    keys = list(groups)
+    if not a.size == b.size == len(keys):
+        raise ValueError(f"within_group_correlation needs equal lengths; got x: {a.size}, y: {b.size}, "
+                         f"groups: {len(keys)}")
+    members: dict = {}
+    for i, key in enumerate(keys):
+        members.setdefault(key, []).append(i)
+    kept = [idx for idx in members.values() if len(idx) > 1]
+    n, g = sum(len(idx) for idx in kept), len(kept)
+    if n - g < 3:
+        raise ValueError(f"within_group_correlation needs n - groups >= 3 (groups of one dropped); got n={n}, "
+                         f"groups={g}")
+    ra = np.concatenate([a[idx] - a[idx].mean() for idx in kept])
+    rb = np.concatenate([b[idx] - b[idx].mean() for idx in kept])
+    r = float(np.dot(ra, rb) / math.sqrt(np.dot(ra, ra) * np.dot(rb, rb)))
+    df = n - g - 1
+    t = r * math.sqrt(df / max(1.0 - r * r, 1e-300))
+    z = math.atanh(min(max(r, -1 + 1e-15), 1 - 1e-15))
+    half = st.norm.ppf(0.5 + _conf(conf) / 2) / math.sqrt(n - g - 2)
+    return {"n": n, "groups": g, "pearson_r": r, "low": math.tanh(z - half), "high": math.tanh(z + half),
+            "p": float(2 * st.t.sf(abs(t), df))}
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (Holm 1979), in the input order.
 
