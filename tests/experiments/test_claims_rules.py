@@ -89,6 +89,14 @@ def test_c11_reads_the_glue_results(tmp_path):
             r["score"] -= 0.001 - 0.002 * (r["seed"] == 0)  # gains +0.002, 0, 0: not significant
     path.write_text(json.dumps(rows))
     assert c11(rec, path)["verdict"] == "reproduced"
+    # an underpowered null is not "no benefit": rte gains +0.03, -0.02, 0 (mean +0.003, CI reaching past +0.01)
+    for r in rows:
+        if r["task"] == "rte" and r["variant"] == "coupled":
+            r["score"] += {0: 0.028, 1: -0.02, 2: 0.0}[r["seed"]]
+    path.write_text(json.dumps(rows))
+    row = c11(rec, path)
+    assert row["details"]["per_task"]["rte"]["high"] > 0.01 and row["verdict"] == "not reproduced at this scale"
+    assert row["p"] == pytest.approx(min(row["details"]["task_holm_p"].values()))
 
 
 def test_record_reuse_compares_settings(tmp_path):

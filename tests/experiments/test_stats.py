@@ -90,6 +90,32 @@ def test_correlation_fisher_interval():
     assert r["spearman_rho"] == pytest.approx(rr)  # ranks equal the values here
 
 
+def test_paired_variance_ratio_is_the_test_of_uncorrelated_sums_and_differences():
+    """Pitman-Morgan: var(a) = theta var(b) exactly when a / sqrt(theta) + b and a / sqrt(theta) - b are
+    uncorrelated, so scipy's Pearson test of those (an independent computation) must give p = 0.05 at both ends of
+    the 95% interval and the reported p at theta = 1."""
+    from scipy.stats import pearsonr
+
+    a = [208.1, 206.0, 209.4, 207.2, 211.0]
+    b = [209.5, 207.9, 209.6, 208.3, 210.8]
+    r = stats.paired_variance_ratio(a, b)
+    av, bv = np.array(a), np.array(b)
+    assert r["ratio"] == pytest.approx(av.var(ddof=1) / bv.var(ddof=1))
+    assert r["r"] == pytest.approx(np.corrcoef(av, bv)[0, 1])
+    assert r["p"] == pytest.approx(pearsonr(av + bv, av - bv).pvalue)
+    for theta in (r["low"], r["high"]):
+        s = av / math.sqrt(theta)
+        assert pearsonr(s + bv, s - bv).pvalue == pytest.approx(0.05, abs=1e-9)
+    assert r["low"] < r["ratio"] < r["high"]
+    # pairing narrows the interval compared with the independent-samples F interval
+    f = stats.variance_ratio(a, b)
+    assert r["high"] / r["low"] < f["high"] / f["low"]
+    with pytest.raises(ValueError, match="pairs"):
+        stats.paired_variance_ratio(a, b[:4])
+    with pytest.raises(ValueError, match="spread"):
+        stats.paired_variance_ratio([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])
+
+
 def test_within_group_correlation_matches_regression_with_group_indicators():
     # Two groups whose offsets make the pooled correlation strongly negative while x and y rise together
     # inside each group; a third group of one observation carries no within-group information.

@@ -7,7 +7,6 @@ Example: ``coupled-qk claims --protocol cpu-short`` trains what is missing, then
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 DEFAULT_GLUE_JSON = "docs/results/glue-cpu/results.json"  # committed by the GLUE study (issue 15)
@@ -68,7 +67,12 @@ def run(args) -> int:
     use_default = protocol.name != "smoke" and Path(DEFAULT_GLUE_JSON).is_file()  # smoke: toy runs only
     glue_json = args.glue_json or (DEFAULT_GLUE_JSON if use_default else None)
     report = build_report(protocol, out_dir, glue_json)
-    given = sys.argv[2:] if sys.argv[1:2] == ["claims"] else ["--protocol", args.protocol]
+    # the command that regenerates this report from scratch: without --cells/--shard/--report-only/--run-root,
+    # which choose what this invocation trains, not what the report contains
+    given = ["--protocol", args.protocol]
+    for flag, value in (("--seeds", args.seeds), ("--out-dir", args.out_dir), ("--glue-json", args.glue_json)):
+        if value is not None:
+            given += [flag, str(value)]
     command = "coupled-qk claims " + shlex.join(given)
     paths = write_report(report, protocol, out_dir, command, figures=not args.no_figures)
     print(format_markdown(report, command).split("\n## Notes")[0])

@@ -173,7 +173,7 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
             for r, a in zip(tested, adjusted)]
     cells = []
     for c in protocol.cells:
-        done = [r for r in rec.runs(c.name)]
+        done = [r for r in rec.runs(c.name) if r["cell"] == c.name]  # not the seeds_of cells' records it aliases
         cells.append({"cell": c.name, "claims": list(c.claims), "planned": len(c.units()), "finished": len(done),
                       "train_hours": sum(r["train_seconds"] for r in done) / 3600,
                       "tokens_per_run": sorted({r["tokens"] for r in done}), "est_cpu_minutes_per_run": c.est_cpu_minutes})
@@ -200,7 +200,8 @@ def _paper_in_ci(row: dict) -> str:
 def format_markdown(report: dict, command: str) -> str:
     """The report as markdown: verdict table, notes, scan, MQAR escape table, Holm note, cell progress."""
     lines = [f"# Claims report: protocol `{report['protocol']}`", "", report["description"] + ".", "",
-             f"Regenerate: `{command}`", "", f"Generated {report['generated_utc']} from {report['n_records']} run "
+             f"Regenerate: `{command}` (trains the runs whose records are missing, then writes this report; add "
+             "`--report-only` to rebuild it from the committed records).", "", f"Generated {report['generated_utc']} from {report['n_records']} run "
              "records. Effects are means over seeds with 95% t intervals (paired by seed where two variants are "
              "compared); the primary metric is the in-distribution held-out test perplexity.", "",
              "| id | claim | paper | measured effect | mean [95% CI] | n | tokens/run | training hours (sum) | verdict | "
@@ -307,7 +308,7 @@ def _rank_section(report: dict) -> list[str]:
 
 def format_readme_section(report: dict, command: str) -> str:
     """The README's results section: one verdict table (claim, measured effect, verdict) and the command."""
-    lines = [f"Measured by `{command}` (protocol `{report['protocol']}`: {report['description']}; "
+    lines = [f"Produced by `{command}` (protocol `{report['protocol']}`: {report['description']}; "
              f"{report['n_records']} runs). Effects: mean over seeds with a 95% interval, paired by seed; "
              f"full report: `docs/results/claims/{report['protocol']}.md`.", "",
              "| claim | paper | measured here | verdict | paper's value in our CI |", "|---|---|---|---|---|"]
