@@ -222,6 +222,11 @@ def format_markdown(report: dict, command: str) -> str:
     lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     lines.append("- \"Paper's value in our CI\": the paper's number in the units of our effect "
                  "(`claims.PAPER_EFFECTS`); \"no\" excludes that magnitude at this scale, not at the paper's.")
+    c11 = next((r for r in report["rows"] if r["id"] == "C11"), None)
+    if c11 and c11["verdict"] != "not run":
+        lines.append("- C11 is read from GLUE fine-tuning results (`--glue-json`; default "
+                     "`docs/results/glue-cpu/results.json`, with its own pretraining budget and one pretrained "
+                     "checkpoint per model, so its seeds are fine-tuning seeds), not from this protocol's runs.")
     if report["expected_hours"]:
         lines.append("- Expected hours: " + ", ".join(f"{k}: {v}" for k, v in report["expected_hours"].items()))
     lines += ["", "## Details", ""]
@@ -238,7 +243,10 @@ def format_markdown(report: dict, command: str) -> str:
         lines += [f"| {h['id']} | {h['p']:.3g} | {h['holm_p']:.3g} | {h['verdict']} | {survive[h['survives']]} |"
                   for h in report["holm"]]
     if report["scan"]:
-        lines += ["", "## Where does coupling help? One factor at a time (issue item 4)", "",
+        lines += ["", "## Where does coupling help? One factor at a time", "",
+                  "The question the paper leaves open: each factor changes one setting of the `wv-tiny` cell (the "
+                  "standard run of the same setting is the reference; dt_init and the force's width change only the "
+                  "coupled model, so they are compared with `wv-tiny`'s standard runs).", "",
                   "| factor | coupled vs standard, held-out test ppl % [95% CI] | n | status |", "|---|---|---|---|"]
         for s in report["scan"]:
             eff = f"{_num(s.get('mean'))} [{_num(s.get('low'))}, {_num(s.get('high'))}]" if "mean" in s else "-"
@@ -247,16 +255,18 @@ def format_markdown(report: dict, command: str) -> str:
     if trend and trend["budgets"]:
         lines += ["", "## Trend with training tokens", "",
                   "Runs of `" + "`, `".join(TREND_CELLS) + "` in this protocol and in those that differ from it only in "
-                  "the budget (each budget its own run and learning-rate schedule). Coupled vs standard, % change of "
-                  "held-out test perplexity, mean over seeds [95% CI]:", "",
+                  "the budget and the budget-proportional warmup and validation interval (each budget its own run and "
+                  "learning-rate schedule). Coupled vs standard, % change of held-out test perplexity, mean over the "
+                  "seeds each budget has [95% CI]:", "",
                   "| tokens per run | coupled vs standard % [95% CI] | n |", "|---|---|---|"]
         lines += [f"| {b['tokens']:,} | {_num(b['mean'])} [{_num(b['low'])}, {_num(b['high'])}] | {b['n']} |"
                   for b in trend["budgets"]]
         if trend["status"] == "measured":
             sl = trend["slope"]
-            lines += ["", f"Slope against log2(tokens), fitted per seed, t interval over seeds: {_num(sl['mean'])} "
+            lines += ["", f"Slope against log2(tokens), fitted per seed over the seeds run at every budget, t interval "
+                      f"over those seeds: {_num(sl['mean'])} "
                       f"[{_num(sl['low'])}, {_num(sl['high'])}] % per doubling, n = {sl['n']} seeds, p = {sl['p']:.3g} "
-                      "(negative: coupling gains with training)."]
+                      "(negative: coupled's change falls, i.e. its advantage grows, with training)."]
         else:
             lines += ["", f"Slope: {trend['status']}."]
     lines += _rank_section(report)
@@ -273,6 +283,8 @@ def format_markdown(report: dict, command: str) -> str:
             lines.append(f"| {g['comparison']} | {ppl} | {eff} | {g.get('n', '-')} | {p} | {g['status']} |")
     if report["mqar_escape"]:
         lines += ["", "## MQAR: which learning rates escape the 1/K plateau", "",
+                  "Each run stops early once its validation accuracy reaches 0.99, so runs differ in tokens; C12 compares "
+                  "each seed's best accuracy over the learning rates.", "",
                   "| difficulty | lr | variant | seeds escaped (acc >= 0.9) | mean accuracy |", "|---|---|---|---|---|"]
         lines += [f"| {m['difficulty']} | {m['lr']:g} | {m['variant']} | {m['escaped']}/{m['n']} | {m['mean_accuracy']:.3f} |"
                   for m in report["mqar_escape"]]
