@@ -29,7 +29,7 @@ CPU_TOKENS = 512 * TOKENS_PER_STEP_TINY  # 1,048,576 tokens per run at the tiny 
 CPU_NOTES = (
     "Budget (our choice): 1,048,576 tokens per tiny-preset run (512 steps of 16 x 128), about 0.86 epoch of the "
     "1.22M-token wiki-vital training articles, chosen so that the whole protocol (150 runs when chosen, the ~4x "
-    "model included; 171 with the extra seeds) stays near 10-15 CPU-hours on an idle machine, where a single-threaded tiny run trains at about "
+    "model included; 171 with the extra seeds) takes about 16 CPU-hours on an idle machine, where a single-threaded tiny run trains at about "
     "4k tokens/s (the demo ran 901,120 tokens in 2.2 minutes on 2 cores). Measured in this session on the shared "
     "machine (load average 12-24 from other jobs): 185-340 tokens/s per process, so a 1M-token run took over an "
     "hour; the cpu-short protocol (a quarter of these budgets) is the part that finishes in a session there. "
