@@ -421,13 +421,24 @@ def test_rank_perplexity_correlation_separates_within_cell_from_pooled(tmp_path)
                     "cell": cell, "variant": variant, "seed": seed, "tokens": 1, "train_seconds": 1.0,
                     "wall_seconds": 60.0, "config": {"tokenizer": tok}, "final": {"test/perplexity": ppl},
                     "diagnostics": {"effective_rank": rank}}))
+    for seed in (3, 4):  # extra seeds of wv-tiny: counted once, in wv-tiny's group
+        for j, variant in enumerate(("standard", "coupled")):
+            rank = 10.0 + seed + 0.5 * j
+            ppl = 200.0 + 2 * rank + 0.1 * (j - 0.5)
+            points.append(("wv-tiny", rank, ppl))
+            path = record_path(tmp_path, "cpu", "wv-tiny-seeds", variant, seed)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({
+                "cell": "wv-tiny-seeds", "variant": variant, "seed": seed, "tokens": 1, "train_seconds": 1.0,
+                "wall_seconds": 60.0, "config": {"tokenizer": tok}, "final": {"test/perplexity": ppl},
+                "diagnostics": {"effective_rank": rank}}))
     report = build_report(protocol, tmp_path)
     corr = next(r for r in report["rows"] if r["id"] == "C13")["details"]["rank_vs_ppl"]
     cells, ranks, ppls = zip(*points)
-    assert corr["n"] == 12 and corr["pearson_r"] == pytest.approx(stats.correlation(ranks, ppls)["pearson_r"])
+    assert corr["n"] == 16 and corr["pearson_r"] == pytest.approx(stats.correlation(ranks, ppls)["pearson_r"])
     assert corr["pearson_r"] < -0.5
     within = stats.within_group_correlation(ranks, ppls, cells)
     assert corr["within_cell"] == pytest.approx(within) and within["groups"] == 2 and within["pearson_r"] > 0.9
     md = format_markdown(report, "cmd")
     assert "## Effective rank and perplexity across runs (C13)" in md
-    assert f"| within cells (centred on each cell's means) | 12 (2) | {within['pearson_r']:.2f} [" in md
+    assert f"| within cells (centred on each cell's means) | 16 (2) | {within['pearson_r']:.2f} [" in md

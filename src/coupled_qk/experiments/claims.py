@@ -315,9 +315,11 @@ def c13(rec):
 def rank_perplexity_points(rec: Records) -> list[tuple[str, str, float, float]]:
     """``(cell, variant, effective rank, held-out test ppl)`` of the tiny-size wiki-vital runs (cells ``wv-tiny*``
     and ``scan-*``) that share the ``wv-tiny`` cell's tokenizer (perplexities of different tokenizers are not
-    comparable) and have both numbers."""
+    comparable) and have both numbers; each run once, extra seeds under their base cell."""
     points = []
     for (cell, variant, _), r in same_tokenizer_runs(rec):
+        if rec.protocol.has_cell(cell) and rec.protocol.cell(cell).seeds_of:
+            continue  # extra seeds: the same record is also indexed under its base cell, counted there once
         rank, ppl = r.get("diagnostics", {}).get("effective_rank"), r["final"].get(PRIMARY)
         if cell.startswith(("wv-tiny", "scan-")) and rank is not None and ppl is not None:
             points.append((cell, variant, rank, ppl))
@@ -327,8 +329,8 @@ def rank_perplexity_points(rec: Records) -> list[tuple[str, str, float, float]]:
 def rank_perplexity_correlation(rec: Records) -> dict | None:
     """Correlation of effective rank with held-out test ppl over :func:`rank_perplexity_points`: pooled (Pearson
     with its Fisher interval, Spearman) and, under ``"within_cell"``, within cells
-    (:func:`~coupled_qk.experiments.stats.within_group_correlation`), which cell-level differences (e.g.
-    Differential Attention's far higher perplexity and different attention maps) cannot produce. ``None`` with
+    (:func:`~coupled_qk.experiments.stats.within_group_correlation`), which cell-level differences (e.g. the
+    budget or the head layout, which move both numbers) cannot produce. ``None`` with
     fewer than 4 runs."""
     points = rank_perplexity_points(rec)
     if len(points) < 4:
