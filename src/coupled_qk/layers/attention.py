@@ -315,6 +315,8 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
         q = q.view(b, t, h, dh).transpose(1, 2)
         k = k.view(b, t, -1, dh).transpose(1, 2)
+        if t > 1:  # head-major copies: the map's and RoPE's elementwise kernels run 2-3x faster on them (issue 12)
+            q, k = q.contiguous(), k.contiguous()
         group = 2 if self.differential else 1
         v = v.view(b, t, hkv // group, group * dh).transpose(1, 2)
         if folded is None and self.keys_per_query_head:  # each query head evolves its own copy of the key
