@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from coupled_qk.cli import main
-from coupled_qk.experiments.bench import run_bench, with_baseline
+from coupled_qk.experiments.bench import machine_info, machine_line, run_bench, with_baseline
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.variants import MAIN_VARIANTS as VARIANTS
 
@@ -82,3 +82,17 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
 def test_bench_rejects_attention_option(tmp_path):
     assert main(["bench", "--attention", "coupled", "--out-dir", str(tmp_path)]) == 2
     assert main(["bench", *MICRO, "--seq-len", "32", "--out-dir", str(tmp_path)]) == 2
+
+
+def test_machine_records_the_timing_environment(monkeypatch):
+    """Allocator and thread settings that change CPU timings are written with the results (and only those)."""
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "1073741824")
+    monkeypatch.setenv("UNRELATED_VARIABLE", "x")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    m = machine_info(torch.device("cpu"))
+    assert m["env"]["MALLOC_TOP_PAD_"] == "1073741824"
+    assert "UNRELATED_VARIABLE" not in m["env"] and "LD_PRELOAD" not in m["env"]
+    line = machine_line(m)
+    assert "MALLOC_TOP_PAD_=1073741824" in line and f"{m['threads']} threads" in line
+    old = {k: v for k, v in m.items() if k not in ("env", "platform")}  # results written before these fields
+    assert machine_line(old).startswith(f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs)")

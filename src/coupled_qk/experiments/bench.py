@@ -62,8 +62,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+TIMING_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+              "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+"""Environment variables that change CPU timings (threads, a preloaded allocator, glibc malloc tuning)."""
+
+
 def machine_info(device: torch.device) -> dict:
-    """Where the numbers come from: CPU, cores, torch version and threads, device and GPU name."""
+    """Where the numbers come from: CPU, cores, torch version and threads, device and GPU name, and the
+    :data:`TIMING_ENV` variables that are set (``env``)."""
     info = dict(
         cpu=cpu_model(),
         cpu_count=os.cpu_count(),
@@ -73,11 +79,20 @@ def machine_info(device: torch.device) -> dict:
         threads=torch.get_num_threads(),
         device=str(device),
         cuda=None,
+        env={k: os.environ[k] for k in TIMING_ENV if k in os.environ},
     )
     if device.type == "cuda":
         info["cuda"] = torch.cuda.get_device_name(device)
         info["cuda_version"] = torch.version.cuda
     return info
+
+
+def machine_line(m: dict) -> str:
+    """The markdown line describing :func:`machine_info`'s ``m`` (results written before ``env`` existed too)."""
+    gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
+    env = "".join(f"; {k}={v}" for k, v in (m.get("env") or {}).items())
+    return (f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, {m['threads']} threads"
+            f"{env}; {m.get('platform', '?')}")
 
 
 def _sync(device: torch.device) -> None:
@@ -311,14 +326,12 @@ def result_stem(preset: str, result: dict) -> str:
 
 def bench_markdown(result: dict) -> str:
     """The result as markdown: settings, machine, command and one table row per variant."""
-    s, m = result["settings"], result["machine"]
+    s = result["settings"]
     c = s["config"]
-    gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
     lines = [
         f"# Train-step benchmark: {result.get('preset', '?')} preset on {s['device']}",
         "",
-        f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, "
-        f"{m['threads']} threads; {m['platform']}",
+        machine_line(result["machine"]),
         f"- command: `{result.get('command', '')}`",
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} "
         f"vocab={c['vocab_size']} map options={s.get('map_options') or 'defaults'}; batch {s['batch_size']} x seq {s['seq_len']} "

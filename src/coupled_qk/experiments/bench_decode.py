@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from coupled_qk.experiments.bench import _sync, _variant_configs, machine_info, with_baseline
+from coupled_qk.experiments.bench import _sync, _variant_configs, machine_info, machine_line, with_baseline
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training.distributed import pick_device
@@ -189,16 +189,11 @@ def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int
     )
 
 
-def _machine_line(m: dict) -> str:
-    gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
-    return f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, {m['threads']} threads"
-
-
 def decode_markdown(result: dict) -> str:
     """Markdown table of :func:`run_decode`'s result."""
     s = result["settings"]
     lines = [f"# Decode benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
-             _machine_line(result["machine"]), f"- command: `{result.get('command', '')}`",
+             machine_line(result["machine"]), f"- command: `{result.get('command', '')}`",
              f"- cached greedy decoding, {s['new_tokens']} timed tokens after an untimed prefill, median of "
              f"{s['repeats']} interleaved repeats; ratio = median over repeats of time / standard's time in the same "
              f"round, [95% bootstrap interval]; lower is faster. Skipped cells (too long for block_size): "
@@ -217,7 +212,7 @@ def memory_markdown(result: dict) -> str:
     s = result["settings"]
     how = "torch.cuda.max_memory_allocated" if s["device"].startswith("cuda") else "torch.profiler CPU allocator records"
     lines = [f"# Memory benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
-             _machine_line(result["machine"]), f"- command: `{result.get('command', '')}`",
+             machine_line(result["machine"]), f"- command: `{result.get('command', '')}`",
              f"- train step peak ({how}) above the resident parameters, gradients and AdamW state; batch "
              f"{s['batch_size']} x seq {s['seq_len']}. KV cache: allocated buffers after a {s['cache_batch']} x "
              f"{s['cache_len']} prefill", "",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coupled_qk.experiments.bench import _variant_configs, run_bench, with_baseline
+from coupled_qk.experiments.bench import _variant_configs, machine_line, run_bench, with_baseline
 from coupled_qk.experiments.bench_decode import paired_ratio
 from coupled_qk.models.config import GPTConfig
 
@@ -126,8 +126,7 @@ def run_sweep(base: GPTConfig, variants=None, d_models=(64, 128, 256), seq_lens=
 def sweep_markdown(result: dict) -> str:
     """Markdown table of :func:`run_sweep`'s result (measured ratio [95% interval] and FLOP floor)."""
     lines = [f"# Cost curve: {result.get('preset', '?')} preset on {result['settings']['device']}", "",
-             f"- command: `{result.get('command', '')}`", f"- machine: {result['machine']['cpu']} "
-             f"({result['machine']['cpu_count']} logical CPUs); torch {result['machine']['torch']}",
+             f"- command: `{result.get('command', '')}`", machine_line(result["machine"]),
              "- ratio = median over interleaved repeats of train-step time / standard's in the same round "
              "[95% bootstrap interval]; floor = FLOP ratio (`train_step_flops`)", "",
              "| axis | value | variant | measured ratio | FLOP floor |", "|---|---:|---|---:|---:|"]

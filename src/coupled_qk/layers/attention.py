@@ -178,6 +178,9 @@ class CausalSelfAttention(nn.Module):
     projection: the same function up to rounding, in two to four kernels instead of seven to twelve, checked
     against the weights once per cache. ``layer.fold_inference = False`` turns it off.
 
+    On CPU, a training or prefill step (``T > 1``) hands the map head-major contiguous copies of ``q`` and ``k``:
+    faster elementwise kernels for two more activations per layer (``benchmarks/README.md``, issue 12).
+
     State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) load.
 
     Raises:
@@ -315,7 +318,10 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
         q = q.view(b, t, h, dh).transpose(1, 2)
         k = k.view(b, t, -1, dh).transpose(1, 2)
-        if t > 1:  # head-major copies: the map's and RoPE's elementwise kernels run 2-3x faster on them (issue 12)
+        if t > 1 and self.qk_map is not None and folded is None and x.device.type == "cpu":
+            # CPU: the map's memory-bound elementwise kernels run 2-3x faster on head-major copies than on the
+            # projection's strided columns (about 3% of a tiny training step), for two more activations per layer
+            # kept for backward (benchmarks/README.md, issue 12)
             q, k = q.contiguous(), k.contiguous()
         group = 2 if self.differential else 1
         v = v.view(b, t, hkv // group, group * dh).transpose(1, 2)
