@@ -178,9 +178,6 @@ class CausalSelfAttention(nn.Module):
     projection: the same function up to rounding, in two to four kernels instead of seven to twelve, checked
     against the weights once per cache. ``layer.fold_inference = False`` turns it off.
 
-    On CPU, a training or prefill step (``T > 1``) hands the map head-major contiguous copies of ``q`` and ``k``:
-    faster elementwise kernels for two more activations per layer (``benchmarks/README.md``, issue 12).
-
     State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) load.
 
     Raises:
@@ -244,7 +241,6 @@ class CausalSelfAttention(nn.Module):
             )
             self.subln = nn.RMSNorm(2 * d_head, eps=1e-5, elementwise_affine=True)
         self.fold_inference = True  # decoding folds the map into the projection (layers/folded.py)
-        self.copy_map_inputs = True  # CPU: the map gets head-major copies of q, k (see the class docstring)
         self._fold: FoldedProjection | None = None
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
 
@@ -319,10 +315,6 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
         q = q.view(b, t, h, dh).transpose(1, 2)
         k = k.view(b, t, -1, dh).transpose(1, 2)
-        if t > 1 and folded is None and self.copy_map_inputs and self.qk_map is not None and x.device.type == "cpu":
-            # the map's memory-bound elementwise kernels run 2-3x faster on head-major copies than on the
-            # projection's strided columns (benchmarks/layer_ab.py, issue 12)
-            q, k = q.contiguous(), k.contiguous()
         group = 2 if self.differential else 1
         v = v.view(b, t, hkv // group, group * dh).transpose(1, 2)
         if folded is None and self.keys_per_query_head:  # each query head evolves its own copy of the key
