@@ -145,6 +145,26 @@ QKMapFactory = Callable[[int, int], nn.Module]
 _LEGACY_PREFIXES = (("dynamics.", "qk_map."), ("query_mlp.", "qk_map.mlp."), ("dt", "qk_map.dt"))
 
 
+MAP_RNG_SALT = 0x5EED_C0DE
+"""Mixed into the seed of a query-key map's own random stream (:func:`build_with_own_rng`)."""
+
+
+def build_with_own_rng(factory, d_head: int, n_heads: int) -> nn.Module:
+    """Build a query-key map from ``factory(d_head, n_heads)`` with its own random stream.
+
+    The map's initial parameters are drawn from a generator seeded by one number read from the global CPU
+    stream inside :func:`torch.random.fork_rng`, so the global stream leaves this call exactly as it entered.
+    Consequence (the point of it): for one seed, every weight that two attention variants have in common (the
+    projections, embeddings, MLPs, norms, Differential Attention's lambdas) is drawn identically whether or
+    not a map, or which map, sits in the layer, so comparisons "paired by seed" pair the initial weights too;
+    the map's own parameters are a deterministic function of the same seed. Returns the factory's module.
+    """
+    with torch.random.fork_rng(devices=[]):
+        seed = int(torch.randint(0, 2**62, (), device="cpu")) ^ MAP_RNG_SALT  # cpu: also under a meta device
+        torch.manual_seed(seed)
+        return factory(d_head, n_heads)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with an optional query-key map and a scoring rule.
 
@@ -221,7 +241,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=False)
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=False)
         if qk_map is not None and not isinstance(qk_map, nn.Module):
-            qk_map = qk_map(d_head, n_heads)
+            qk_map = build_with_own_rng(qk_map, d_head, n_heads)
         self.qk_map = qk_map
         if qk_map is not None:
             map_heads = getattr(qk_map, "n_heads", n_heads)

@@ -109,18 +109,31 @@ def save_checkpoint(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     step = int(state["step"])
-    tmp = make_temp_dir(run_dir, f".ckpt-{step:08d}.tmp-")
+    files = {
+        "model.safetensors": lambda p: _save_weights(model_state, p),
+        "model_config.json": model_config.save,
+        "rng.pt": lambda p: torch.save(rng_state(), p),
+        "state.json": lambda p: p.write_text(json.dumps(state, indent=2, sort_keys=True)),
+    }
+    if optimizer_state is not None:
+        files["optimizer.pt"] = lambda p: torch.save(optimizer_state, p)
+    name = _write_folder(run_dir, files, f".ckpt-{step:08d}.tmp-", lambda: _fresh_name(run_dir, step))
+    write_text_atomic(run_dir / "latest", name + "\n")
+    prune_checkpoints(run_dir, keep)
+    return run_dir / name
+
+
+def _save_weights(model_state: dict[str, torch.Tensor], path: Path) -> None:
+    save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items() if k not in TIED_KEYS}, str(path))
+
+
+def _write_folder(run_dir: Path, files: dict, tmp_prefix: str, final_name) -> str:
+    """Write ``files`` (name -> writer of a path) into a temporary folder of ``run_dir`` with checksums, flush
+    it and rename it to ``final_name()``; return that name. On any error the partial folder is removed and the
+    error (``OSError`` naming the file) is raised."""
+    tmp = make_temp_dir(run_dir, tmp_prefix)
     current = None
     try:
-        files = {
-            "model.safetensors": lambda p: save_file(
-                {k: v.detach().cpu().contiguous() for k, v in model_state.items() if k not in TIED_KEYS}, str(p)),
-            "model_config.json": model_config.save,
-            "rng.pt": lambda p: torch.save(rng_state(), p),
-            "state.json": lambda p: p.write_text(json.dumps(state, indent=2, sort_keys=True)),
-        }
-        if optimizer_state is not None:
-            files["optimizer.pt"] = lambda p: torch.save(optimizer_state, p)
         sums, mode = {}, file_mode()
         for name, write in files.items():
             current = tmp / name
@@ -135,15 +148,65 @@ def save_checkpoint(
         current = tmp / CHECKSUMS
         current.write_text(json.dumps(sums, indent=2, sort_keys=True))
         fsync_dir(tmp)
-        name = _fresh_name(run_dir, step)
+        name = final_name()
         os.replace(tmp, run_dir / name)
         fsync_dir(run_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    write_text_atomic(run_dir / "latest", name + "\n")
-    prune_checkpoints(run_dir, keep)
+    return name
+
+
+BEST = "best"
+"""Pointer file naming the best-validation checkpoint folder (``best-<step>``) of a run."""
+
+
+def save_best(run_dir: str | Path, model_state: dict[str, torch.Tensor], model_config: GPTConfig, info: dict) -> Path:
+    """Write the best-validation weights atomically as ``run_dir/best-<step>/`` and point ``run_dir/best`` at it.
+
+    The folder holds ``model.safetensors``, ``model_config.json``, ``state.json`` (``info``: at least ``step``;
+    the loop adds the metric, its value, tokens and epoch) and ``checksums.json``, so it loads like any
+    checkpoint (:func:`load_checkpoint_model`, ``coupled-qk eval RUN/best-<step>``). No optimizer state: the
+    best weights are for evaluation; training resumes from ``latest``. The pointer is replaced atomically and
+    older ``best-*`` folders are deleted only after it, so a kill at any moment leaves ``best`` naming a
+    complete folder (or no ``best`` yet).
+
+    Raises:
+        OSError: a file could not be written, naming it; the previous best is untouched.
+    """
+    run_dir = Path(run_dir)
+    step = int(info["step"])
+
+    def fresh() -> str:
+        name, k = f"best-{step:08d}", 0
+        while (run_dir / name).exists():
+            k += 1
+            name = f"best-{step:08d}-r{k}"
+        return name
+
+    files = {"model.safetensors": lambda p: _save_weights(model_state, p), "model_config.json": model_config.save,
+             "state.json": lambda p: p.write_text(json.dumps(info, indent=2, sort_keys=True))}
+    name = _write_folder(run_dir, files, f".ckpt-best-{step:08d}.tmp-", fresh)
+    write_text_atomic(run_dir / BEST, name + "\n")
+    for old in run_dir.glob("best-*"):
+        if old.name != name and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
     return run_dir / name
+
+
+def resolve_best(run_dir: str | Path) -> Path | None:
+    """The best-validation checkpoint folder of a run (named by ``run_dir/best``), or ``None`` if it has none.
+
+    Raises:
+        FileNotFoundError: ``best`` names a folder without ``model.safetensors``.
+    """
+    pointer = Path(run_dir) / BEST
+    if not pointer.is_file():
+        return None
+    folder = Path(run_dir) / pointer.read_text().strip()
+    if not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{pointer} names {folder.name}, which has no model.safetensors")
+    return folder
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:

@@ -17,6 +17,8 @@ from coupled_qk.training.tasks import TASKS
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 BUDGET_CHANGES = ("keep", "rewarm")
+BEST_MODES = ("auto", "min", "max")
+_HIGHER_IS_BETTER = ("accuracy", "f1", "mcc", "score", "matthews")
 
 RESULT_NEUTRAL_FIELDS = frozenset({
     "out_dir", "resume", "progress", "tensorboard", "log_interval", "checkpoint_interval", "checkpoint_minutes",
@@ -115,6 +117,14 @@ class TrainConfig(JSONConfig):
     early_stop_metric: str | None = _f(None, "validation metric that ends training once it reaches "
                                        "early_stop_value (e.g. valid/accuracy)")
     early_stop_value: float | None = _f(None, "threshold of early_stop_metric")
+    full_eval: bool = _f(False, "periodic validations use the whole validation split (not eval_batches batches)")
+    best_metric: str | None = _f(None, "keep the checkpoint with the best value of this validation metric "
+                                 "(e.g. valid/loss) as best-<step>/; the final evaluation uses it")
+    best_mode: str = _f("auto", "whether lower or higher best_metric is better (auto: higher for accuracy, f1, "
+                        "mcc and score metrics, lower otherwise)", BEST_MODES)
+    patience: int | None = _f(None, "stop after this many validations in a row without an improvement of "
+                              "best_metric larger than min_delta (needs best_metric)")
+    min_delta: float = _f(0.0, "smallest change of best_metric that counts as an improvement (absolute)")
     # runtime
     seed: int = _f(0, "random seed (initialisation and data order)")
     device: str = _f("auto", "auto (CUDA if available), cpu, cuda or cuda:N")
@@ -163,11 +173,34 @@ class TrainConfig(JSONConfig):
             raise ValueError("TrainConfig.early_stop_metric and early_stop_value must be given together")
         if self.early_stop_value is not None:
             finite(f"{name}.early_stop_value", self.early_stop_value)
+        if self.patience is not None:
+            positive_int(f"{name}.patience", self.patience)
+            if self.best_metric is None:
+                raise ValueError(f"{name}.patience={self.patience} needs best_metric (the metric whose "
+                                 "improvement it waits for), e.g. best_metric='valid/loss'")
+        finite(f"{name}.min_delta", self.min_delta, 0)
+        for field in ("best_metric", "early_stop_metric"):
+            value = getattr(self, field)
+            if value is not None and not value.strip():
+                raise ValueError(f"{name}.{field}={value!r} is empty; expected a validation metric such as "
+                                 "'valid/loss'")
         self.gpt_config()  # validates the model overrides
+
+    def best_is_higher(self) -> bool:
+        """Whether a higher ``best_metric`` is better (``best_mode``, or for ``auto`` the metric's name)."""
+        return higher_is_better(self.best_metric or "", self.best_mode)
 
     def gpt_config(self, **extra) -> GPTConfig:
         """The model configuration: ``preset`` with ``model`` overrides, then ``extra``."""
         return GPTConfig.from_preset(self.preset, **{**self.model, **extra})
+
+
+def higher_is_better(metric: str, mode: str = "auto") -> bool:
+    """Direction of a validation metric: ``mode`` ``"max"``/``"min"``, or for ``"auto"`` higher for names
+    containing accuracy, f1, mcc, matthews or score and lower otherwise (losses, perplexities, bits per byte)."""
+    if mode != "auto":
+        return mode == "max"
+    return any(word in metric.lower() for word in _HIGHER_IS_BETTER)
 
 
 def config_differences(saved: dict, current: TrainConfig, ignore=CONTINUATION_FIELDS) -> dict:

@@ -163,7 +163,7 @@ class LMTask:
             res = evaluate_perplexity(
                 model, self.tokens[split], self.block_size, batch_size=self.cfg.batch_size, device=device,
                 n_words=n_words, autocast_dtype=autocast_dtype,
-                max_windows=self.cfg.eval_batches * self.cfg.batch_size if quick else None,
+                max_windows=self.cfg.eval_batches * self.cfg.batch_size if quick and not self.cfg.full_eval else None,
                 desc=None if quick or not self.cfg.progress else f"final evaluation, {split} split",
             )
             out.update({f"{split}/{k}": v for k, v in res.items()})

@@ -32,7 +32,7 @@ from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
-from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.config import TrainConfig, higher_is_better
 from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, setup_runtime, teardown
 from coupled_qk.training.lock import RunLock, RunLockedError
 from coupled_qk.training.metrics import Logger, read_metrics
@@ -127,6 +127,55 @@ def _grad_norm(model: torch.nn.Module, clip: float) -> float:
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
         norm = norm.full_tensor()
     return float(norm)
+
+
+def check_metrics(cfg: TrainConfig, metrics: dict, task=None) -> None:
+    """Raise ``ValueError`` if ``best_metric`` or ``early_stop_metric`` is not among the validation ``metrics``
+    that the task reports (checked at the first validation, listing the metrics that exist)."""
+    for field in ("best_metric", "early_stop_metric"):
+        name = getattr(cfg, field)
+        if name is not None and name not in metrics:
+            known = ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, (int, float))))
+            raise ValueError(f"TrainConfig.{field}={name!r} is not a validation metric of task {cfg.task!r}; it "
+                             f"reports: {known}")
+
+
+def track_best(cfg: TrainConfig, state: dict, metrics: dict, train_tokens: int | None, save_best) -> bool:
+    """Update ``state["best"]`` with a validation result; save the weights when it is the best so far.
+
+    ``state["best"]`` (saved in every checkpoint, so a resume continues it) holds the metric, its best
+    ``value``, the ``step``, ``tokens`` and ``epoch`` where it was reached, ``patience_ref`` (the value that
+    the patience counter compares with) and ``evals_since`` (validations in a row without an improvement
+    larger than ``min_delta``). ``save_best(info)`` is called with the new best's record. Returns whether
+    ``patience`` validations have passed without such an improvement (the run should stop: it plateaued).
+    """
+    higher = cfg.best_is_higher()
+    value = float(metrics[cfg.best_metric])
+    best = state.get("best")
+    sign = 1.0 if higher else -1.0
+    if best is None or sign * (value - best["value"]) > 0:
+        ref = best["patience_ref"] if best is not None else None
+        best = {"metric": cfg.best_metric, "value": value, "step": state["step"], "tokens": state["tokens"],
+                "epoch": state["tokens"] / train_tokens if train_tokens else None,
+                "patience_ref": ref, "evals_since": best["evals_since"] if best is not None else 0}
+        save_best({k: v for k, v in best.items() if k not in ("patience_ref", "evals_since")})
+    if best["patience_ref"] is None or sign * (value - best["patience_ref"]) > cfg.min_delta:
+        best["patience_ref"], best["evals_since"] = value, 0
+    else:
+        best["evals_since"] += 1
+    state["best"] = best
+    return cfg.patience is not None and best["evals_since"] >= cfg.patience
+
+
+def _load_full_weights(model: torch.nn.Module, folder: Path, cfg: TrainConfig, runtime: Runtime) -> None:
+    if runtime.world > 1 and cfg.fsdp:
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        weights = load_file(str(folder / "model.safetensors"))
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    else:
+        ckpt.load_weights(model, folder)
 
 
 def train(cfg: TrainConfig, task=None) -> dict:
@@ -244,6 +293,24 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
         stop.checkpointed()
         return path
 
+    train_tokens = (task.describe().get("tokens") or {}).get("train") if hasattr(task, "describe") else None
+
+    def save_best(info: dict) -> None:
+        if runtime.world > 1 and cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            model_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            model_state = model.state_dict()
+        error = None
+        if runtime.is_main:
+            try:
+                ckpt.save_best(run_dir, model_state, model_cfg, info)
+            except Exception as exc:  # every rank must learn of it
+                error = exc
+        if not broadcast_ok(error is None, runtime):
+            raise error or RuntimeError("rank 0 failed to save the best checkpoint")
+
     with SignalCatcher() as catcher:
         stop = StopControl(runtime, cfg.max_minutes, cfg.checkpoint_minutes, state["train_seconds"], catcher)
         wrapped.train()
@@ -302,10 +369,17 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
                 last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
                 logger.log({"step": step, "tokens": state["tokens"], **last_eval})
                 wrapped.train()
-                metric = cfg.early_stop_metric
-                if metric is not None and last_eval.get(metric, -math.inf) >= cfg.early_stop_value:
-                    stop_reason = "early_stop"
+                check_metrics(cfg, last_eval, task)
+                if cfg.best_metric is not None and track_best(cfg, state, last_eval, train_tokens, save_best):
+                    stop_reason = "patience"
                     break
+                metric = cfg.early_stop_metric
+                if metric is not None:
+                    value, target = last_eval[metric], cfg.early_stop_value
+                    if (value >= target) if higher_is_better(metric, cfg.best_mode if metric == cfg.best_metric
+                                                             else "auto") else (value <= target):
+                        stop_reason = "early_stop"
+                        break
             if decision.time_up:
                 stop_reason = "max_minutes"
                 break
@@ -315,6 +389,12 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     logger.close()
     if step != saved_step or where is None:
         save()
+    final_from = "last"
+    if cfg.best_metric is not None and state.get("best") is not None:
+        best_dir = ckpt.resolve_best(run_dir)
+        if best_dir is not None:  # the final evaluation is the best-validation checkpoint's
+            _load_full_weights(model, best_dir, cfg, runtime)
+            final_from = best_dir.name
     final = task.evaluate(model, runtime.device, quick=False, autocast_dtype=runtime.autocast_dtype)
     results = {
         "config": cfg.to_dict(),
@@ -324,7 +404,11 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
         "steps": state["step"],
         "tokens": state["tokens"],
         "train_seconds": state["train_seconds"],
-        "stop_reason": stop_reason if state["step"] < sched.end or stop_reason == "early_stop" else "completed",
+        "stop_reason": stop_reason if state["step"] < sched.end or stop_reason in ("early_stop", "patience")
+        else "completed",
+        "epochs": state["tokens"] / train_tokens if train_tokens else None,
+        "best": state.get("best"),
+        "final_from": final_from,
         "device": str(runtime.device),
         "world_size": runtime.world,
         "final": final,
