@@ -41,7 +41,7 @@ def test_protocols_are_consistent():
             assert (c.base, c.heldout) == (base.base, base.heldout) and set(c.variants) <= set(base.variants)
             assert not set(c.seeds) & set(base.seeds)
     assert cpu.cell("wv-tiny-seeds").seeds_of == "wv-tiny"
-    assert not get_protocol("gpu-60m").runnable
+    assert not get_protocol("gpu-paper").runnable
     with pytest.raises(ValueError, match="protocol"):
         get_protocol("nope")
 

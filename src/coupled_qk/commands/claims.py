@@ -14,11 +14,22 @@ HELP = "run a claims protocol (C1-C13 with seeds and confidence intervals) and r
 
 
 def add_arguments(parser) -> None:
+    from coupled_qk.experiments.converged import DESIGNS
     from coupled_qk.experiments.protocols import PROTOCOLS
 
-    parser.add_argument("--protocol", required=True, choices=sorted(PROTOCOLS),
-                        help="smoke (toy budgets, every code path), cpu-short / cpu (the CPU study), gpu-60m / "
-                             "gpu-paper (defined, not runnable here)")
+    parser.add_argument("--protocol", required=True, choices=sorted([*PROTOCOLS, *DESIGNS]),
+                        help="smoke (toy budgets, every code path), cpu-short / cpu (the first-epoch CPU study), "
+                             "cpu-converged (trained to a plateau at tuned learning rates), gpu-60m (the same design "
+                             "at 60M on WikiText-103, for a GPU), toy-converged (its toy instance), gpu-paper "
+                             "(defined, not runnable here)")
+    parser.add_argument("--plan", action="store_true",
+                        help="converged protocols: print the planned runs, the data check and the cost estimate; "
+                             "train nothing")
+    parser.add_argument("--max-runs", type=int, default=None,
+                        help="converged protocols: stop after training this many new runs")
+    parser.add_argument("--commit-records", action="store_true",
+                        help="converged protocols: git-commit each new run record (and the regenerated report) as "
+                             "soon as it is written")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds replacing every cell's seeds")
     parser.add_argument("--out-dir", default=None,
                         help="report folder; run records go to OUT_DIR/runs/PROTOCOL (default docs/results/claims; "
@@ -51,8 +62,11 @@ def run(args) -> int:
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
     from coupled_qk.experiments.claims_report import build_report, format_markdown, write_report
     from coupled_qk.experiments.claims_runs import run_protocol
+    from coupled_qk.experiments.converged import DESIGNS
     from coupled_qk.experiments.protocols import get_protocol
 
+    if args.protocol in DESIGNS:
+        return _run_converged(args)
     protocol = get_protocol(args.protocol)
     if args.seeds is not None:
         protocol = protocol.with_seeds(tuple(parse_seeds(args.seeds)))
@@ -78,3 +92,62 @@ def run(args) -> int:
     print(format_markdown(report, command).split("\n## Notes")[0])
     print("written: " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _run_converged(args) -> int:
+    """``claims --protocol cpu-converged|gpu-60m|toy-converged``: plan, train (resumable), report."""
+    from coupled_qk.data.paths import default_cache_dir, default_data_dir
+    from coupled_qk.experiments.converged import get_design
+    from coupled_qk.experiments.converged_study import build_report, plan_lines, run_design, write_report
+
+    design = get_design(args.protocol)
+    for flag, value in (("--seeds", args.seeds), ("--cells", args.cells), ("--glue-json", args.glue_json)):
+        if value is not None:
+            raise ValueError(f"{flag} does not apply to the converged protocol {design.name!r} (its seeds and "
+                             "stages are pre-registered)")
+    if args.max_runs is not None and args.max_runs < 1:
+        raise ValueError(f"--max-runs={args.max_runs}: expected a positive number of runs")
+    default_out = "runs/claims-toy" if design.name == "toy-converged" else "docs/results/claims"
+    out_dir = args.out_dir or default_out
+    data_dir = args.data_dir or default_data_dir()
+    command = "coupled-qk claims " + shlex.join(["--protocol", design.name, *(["--out-dir", args.out_dir]
+                                                                              if args.out_dir else [])])
+    if args.plan:
+        print("\n".join(plan_lines(design, out_dir, data_dir)))
+        return 0
+
+    def regenerate() -> list[Path]:
+        return write_report(build_report(design, out_dir), out_dir, command + " --report-only",
+                            figures=not args.no_figures)
+
+    def commit(path: Path, record: dict) -> None:
+        paths = regenerate()
+        _git_commit([path, *paths], f"{design.name}: {record['cell']} {record['variant']} seed {record['seed']} "
+                    f"(test ppl {record['final'].get('test/perplexity', float('nan')):.2f})")
+
+    if not args.report_only:
+        cache = args.cache_dir or (default_cache_dir() / "claims-data")
+        run_design(design, out_dir, args.run_root, data_dir, cache, max_runs=args.max_runs,
+                   on_record=commit if args.commit_records else None)
+    paths = regenerate()
+    print((Path(out_dir) / f"{design.name}.md").read_text().split("\n## Learning-rate grid")[0])
+    print("written: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _git_commit(paths: list[Path], message: str) -> None:
+    """Commit ``paths`` (retrying while another git process holds the index); a failure is reported, not raised:
+    the record is already safe on disk."""
+    import subprocess
+    import sys
+    import time
+
+    for attempt in range(10):
+        add = subprocess.run(["git", "add", "--", *map(str, paths)], capture_output=True, text=True)
+        done = add.returncode == 0 and subprocess.run(["git", "commit", "-q", "-m", message, "--", *map(str, paths)],
+                                                      capture_output=True, text=True).returncode == 0
+        if done:
+            return
+        time.sleep(2 + attempt)
+    print(f"claims: could not git-commit {', '.join(map(str, paths))} (the files are written; commit them by hand)",
+          file=sys.stderr)

@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from coupled_qk.experiments.heldout import heldout_corpus, wikitext2_eval
+from coupled_qk.experiments.heldout import document_split, heldout_corpus, wikitext2_eval
 from coupled_qk.experiments.protocols import Cell
 from coupled_qk.experiments.runner import PlannedRun, setting_differences
 from coupled_qk.experiments.runner import execute as execute_plan
@@ -54,7 +54,7 @@ def train_config(cell: Cell, variant: str, seed: int, run_dir: Path, data_dir: P
         cfg = run_config(preset, diff, variant, cell.mqar["d_model"], cell.mqar["lr"], run_dir)
         extra = {"max_steps": cell.mqar["max_steps"]} if "max_steps" in cell.mqar else {}
         return dataclasses.replace(cfg, seed=seed, out_dir=str(run_dir), **extra)
-    base = dict(cell.base)
+    base = {**cell.base, **cell.variant_base.get(variant, {})}
     model = {**base.pop("model", {}), **variant_overrides(variant)}
     return TrainConfig(**base, model=model, seed=seed, out_dir=str(run_dir), data_dir=str(data_dir) if data_dir else None,
                        tensorboard=False, progress=False)
@@ -143,9 +143,9 @@ def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> di
     from coupled_qk.analysis.capture import analyze_model
     from coupled_qk.data.corpora import load_corpus
     from coupled_qk.data.tokenizers import Tokenizer
-    from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
+    from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_best, resolve_checkpoint
 
-    model, _ = load_checkpoint_model(resolve_checkpoint(run_dir), "cpu")
+    model, _ = load_checkpoint_model(resolve_best(run_dir) or resolve_checkpoint(run_dir), "cpu")
     tokenizer = Tokenizer.load(run_dir / "tokenizer")
     text = load_corpus(cfg.corpus, corpus_dir, seed=int(cfg.task_options.get("split_seed", 0))).split("valid")
     ids = tokenizer.encode(text[:200_000])
@@ -166,7 +166,8 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
     evaluation of held-out cells for :func:`complete_wt2` and marks the record ``"wt2_pending": true``.
     """
     run_dir = Path(run_root) / protocol / cell.name / variant_tag(variant) / f"seed{seed}"
-    corpus_dir = Path(cache_root) if cell.heldout else Path(data_dir)  # heldout_corpus writes into cache_root
+    # heldout_corpus and document_split write into cache_root
+    corpus_dir = Path(cache_root) if (cell.heldout or cell.split) else Path(data_dir)
     cfg = train_config(cell, variant, seed, run_dir, corpus_dir if cell.mqar is None else None)
     path = record_path(out_dir, protocol, cell.name, variant, seed)
     rec = load_record(path, cfg)
@@ -186,6 +187,8 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
         print(f"claims: {path} was made with other settings; running again", flush=True)
     if cell.heldout:
         heldout_corpus(data_dir, cache_root)
+    if cell.split:
+        document_split(data_dir, cache_root, cell.base["corpus"], **cell.split)
     from coupled_qk.training.loop import read_metrics
 
     t0 = time.perf_counter()
@@ -202,6 +205,7 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
         "steps": results["steps"], "train_seconds": results["train_seconds"],
         "wall_seconds": time.perf_counter() - t0, "stop_reason": results["stop_reason"], "final": final,
         "diagnostics": diagnostics, "curve": compact_curve(read_metrics(run_dir)), "data": results.get("data"),
+        "epochs": results.get("epochs"), "best": results.get("best"), "final_from": results.get("final_from"),
         "wt2_pending": bool(cell.heldout and defer_wt2), "run_dir": str(run_dir), "git_commit": _git_commit(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -70,6 +70,66 @@ def heldout_corpus(data_dir: str | Path, out_root: str | Path, seed: int = 0, fr
     return out
 
 
+SPLIT_SOURCES = ("wiki-vital", "pubmed")
+
+
+def _documents(data_dir: Path, source: str) -> list[str]:
+    """The documents of a released corpus: wiki-vital articles (:func:`split_articles`), PubMed abstracts
+    (one per paragraph)."""
+    if source == "wiki-vital":
+        return split_articles(read_text(data_dir / "wiki-vital" / "train.txt", "wiki-vital"))
+    text = read_text(data_dir / "pubmed" / "abstracts.txt", "pubmed")
+    return [d.strip() for d in re.split(r"\n\s*\n", text) if d.strip()]
+
+
+def document_split(data_dir: str | Path, out_root: str | Path, name: str, source: str = "wiki-vital", seed: int = 0,
+                   valid_docs: int = 200, test_docs: int = 1000, train_fraction: float = 0.25) -> Path:
+    """Write (once) a document-level split with a training *subset* and an enlarged test split; return its folder.
+
+    For studies run to a plateau (the ``cpu-converged`` protocol, issue 25): the documents of ``source``
+    (``wiki-vital`` articles or ``pubmed`` abstracts) are put in the order ``sha256(f"{seed}:{i}")``;
+    ``valid`` takes the first ``valid_docs``, ``test`` the next ``test_docs``, and ``train`` the first
+    ``round(train_fraction * rest)`` documents of the rest, so the test split can be far larger than a
+    fraction of a small corpus (unused documents, never trained on) and paired evaluation noise falls well
+    below the effect under test. Written to ``<out_root>/<name>/{train,valid,test}.txt`` with ``source.txt``
+    stamping the input's sha256 and the settings; a folder made from other input or settings is rewritten.
+
+    Raises:
+        ValueError: unknown ``source``, a bad name, count or fraction, or fewer documents than the splits need.
+        FileNotFoundError: the source corpus is missing under ``data_dir``.
+    """
+    from coupled_qk._checks import choice, positive_int
+
+    choice("source", source, SPLIT_SOURCES)
+    nonneg_int("seed", seed)
+    positive_int("valid_docs", valid_docs)
+    positive_int("test_docs", test_docs)
+    finite("train_fraction", train_fraction, 0, 1, lo_open=True)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or ""):
+        raise ValueError(f"name={name!r} must be a folder-safe name ([A-Za-z0-9_.-]+)")
+    docs = _documents(Path(data_dir), source)
+    rest = len(docs) - valid_docs - test_docs
+    n_train = round(train_fraction * rest)
+    if rest < 1 or n_train < 1:
+        raise ValueError(f"{source} has {len(docs)} documents: too few for valid_docs={valid_docs}, "
+                         f"test_docs={test_docs} and a training fraction {train_fraction} of the rest")
+    digest = hashlib.sha256("\n\n".join(docs).encode()).hexdigest()
+    stamp = (f"source={source} sha256={digest} seed={seed} valid_docs={valid_docs} test_docs={test_docs} "
+             f"train_fraction={train_fraction} unit=document\n")
+    out = Path(out_root) / name
+    if (out / "source.txt").is_file() and (out / "source.txt").read_text() == stamp:
+        return out
+    order = sorted(range(len(docs)), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+    valid = [docs[i] for i in order[:valid_docs]]
+    test = [docs[i] for i in order[valid_docs:valid_docs + test_docs]]
+    train = [docs[i] for i in order[valid_docs + test_docs:][:n_train]]
+    out.mkdir(parents=True, exist_ok=True)
+    for split, chosen in (("train", train), ("valid", valid), ("test", test)):
+        write_text_atomic(out / f"{split}.txt", "\n\n".join(chosen) + "\n")
+    write_text_atomic(out / "source.txt", stamp)
+    return out
+
+
 def wikitext2_eval(run_dir: str | Path, data_dir: str | Path | None = None, batch_size: int = 16) -> dict:
     """WikiText-2 valid/test perplexity (token- and word-level) of a finished run's latest checkpoint.
 

@@ -10,8 +10,11 @@ Protocols (budgets are our choice; the paper's token budgets are unknown):
 
 * ``smoke``: every code path with toy budgets (a few steps, two seeds), for tests; its numbers mean nothing.
 * ``cpu``: the study these CPUs allow (see :data:`CPU_NOTES` for the throughput measurement behind it).
-* ``gpu-60m`` / ``gpu-paper``: the paper-scale configurations (60M; 60M/150M/350M), defined with token
-  budgets and expected accelerator hours, not run here.
+* ``gpu-paper``: the paper-scale configurations (60M/150M/350M), defined with token budgets and expected
+  accelerator hours, not run here.
+
+The studies trained to a plateau (``cpu-converged``, ``gpu-60m``, ``toy-converged``) are *designs* with
+stages, in :mod:`coupled_qk.experiments.converged`.
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ class Cell:
         est_cpu_minutes: expected minutes per run on one idle CPU core (0 if not measured).
         seeds_of: the name of a cell this one adds seeds to (same base and variants, other seeds): the claim
             rules read its records as that cell's (e.g. ``wv-tiny-seeds`` brings ``wv-tiny`` to 5 seeds).
+        split: keyword arguments of :func:`coupled_qk.experiments.heldout.document_split` (a training subset
+            and an enlarged test split, written under the derived-data folder as the corpus ``base["corpus"]``).
+        variant_base: per-variant overrides of ``base`` (e.g. ``{"coupled": {"lr": 0.004}}``: hyperparameters
+            chosen per variant by a grid stage).
     """
 
     name: str
@@ -73,6 +80,8 @@ class Cell:
     mqar: dict | None = None
     est_cpu_minutes: float = 0.0
     seeds_of: str | None = None
+    split: dict | None = None
+    variant_base: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
@@ -251,8 +260,6 @@ PROTOCOLS: dict[str, Protocol] = {
                           "loaded 2-core machine finishes in a session; the MQAR cells and the GLUE results are the "
                           "cpu protocol's, so C11 and C12 are not separate evidence)", _scaled(CPU_CELLS, 0.25, 16, 12),
                           notes=CPU_SHORT_NOTES),
-    "gpu-60m": _gpu("gpu-60m", {"60m": 2_000_000_000}, {"60m per run": 0.6, "total (15 runs)": 9.0},
-                    "60M preset on WikiText-103, 2B tokens per run (C1-C4, C13)"),
     "gpu-paper": _gpu("gpu-paper", {"60m": 2_000_000_000, "150m": 4_000_000_000, "350m": 8_000_000_000},
                       {"60m per run": 0.6, "150m per run": 2.5, "350m per run": 12.0, "total (45 runs)": 226.0},
                       "60M/150M/350M presets on WikiText-103 (C1-C4, C7, C8, C13)"),

@@ -1,0 +1,363 @@
+"""Studies run to a plateau: per-variant learning rates from a grid stage, best-validation checkpoints, patience.
+
+The first-epoch claims protocols (:mod:`coupled_qk.experiments.protocols`) stop every run inside its first or
+second epoch, at one learning rate for every variant. A *converged design* (issue 25) answers the paper's
+question instead: each model is trained to its plateau, at its own tuned learning rate, with paired
+initialisation (:func:`coupled_qk.layers.attention.build_with_own_rng`), and evaluated from its
+best-validation checkpoint. Its stages, each a list of :class:`~coupled_qk.experiments.protocols.Cell`
+executed by :func:`coupled_qk.experiments.claims_runs.execute` (one committed record per run):
+
+1. ``grid``: every variant at each learning rate of ``lrs`` on the reserve seed (never used for verdicts);
+   when a variant's best rate is at an edge of what was tried, the next rate beyond it (x0.5 or x2) is added
+   once. The chosen rate minimises the best validation loss (ties: the smaller rate).
+2. ``horizon`` (no runs): the chosen rates' grid runs must have plateaued (:func:`plateaued`); if any did not,
+   every later stage trains ``long_epochs`` instead of ``epochs``.
+3. ``main``: standard vs coupled at their own rates, ``seeds`` (C1).
+4. ``matched``: standard with ``matched_factor`` x the tokens, ``matched_seeds`` (C6, compute-matched).
+5. ``uncoupled``: the uncoupled MLP at its own rate, ``seeds`` (C3, C4).
+
+Every rule here is fixed before any run of the design (pre-registered): the seed counts, the grid, the
+plateau rule and the order. A cell is never extended because its interval straddles zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coupled_qk.experiments.protocols import Cell
+
+GRID, MAIN, MATCHED, UNCOUPLED = "grid", "main", "matched", "uncoupled"
+PLATEAU_WINDOW_EPOCHS = 0.5  # the last half epoch of validations ...
+PLATEAU_TOLERANCE = 0.005  # ... improves the best validation loss before it by less than 0.5% (relative)
+
+
+@dataclass(frozen=True)
+class Design:
+    """One converged study: the data, the model, the budget rule and the stages' seeds.
+
+    Attributes:
+        name: the protocol's name (records go to ``<out>/runs/<name>/...``).
+        description: one line for reports and ``--plan``.
+        base: :class:`~coupled_qk.training.config.TrainConfig` fields of every run (``lr``, ``max_tokens`` and
+            ``eval_interval`` are set per stage from the fields below).
+        split: :func:`~coupled_qk.experiments.heldout.document_split` options (``base["corpus"]`` names the
+            folder), or ``None`` for a corpus with its own splits (WikiText-103).
+        train_tokens: training tokens of one epoch (measured; records store the exact epochs of each run).
+        epochs / long_epochs: the horizon, and the one used when the grid runs did not plateau.
+        evals_per_epoch: full validations per epoch (the best checkpoint and patience act on them).
+        lrs: the grid's learning rates; reserve_seed: the grid's seed.
+        variants: standard, coupled and the uncoupled MLP (in that role order).
+        seeds, matched_seeds, matched_factor: the verdict stages' seeds and the compute-matched multiple.
+        notes: what a reader needs to judge it (pre-registration, measurements behind the budget).
+        runnable_here: ``False`` for designs that need accelerators (planned and printed, not run on CPU).
+        tokens_per_second: expected training throughput per run, for the cost estimate.
+    """
+
+    name: str
+    description: str
+    base: dict
+    split: dict | None
+    train_tokens: int
+    epochs: float
+    long_epochs: float
+    evals_per_epoch: int
+    lrs: tuple[float, ...]
+    reserve_seed: int
+    seeds: tuple[int, ...]
+    matched_seeds: tuple[int, ...]
+    matched_factor: float = 2.4
+    variants: tuple[str, str, str] = ("standard", "coupled", "uncoupled_mlp")
+    notes: tuple[str, ...] = ()
+    runnable_here: bool = True
+    tokens_per_second: float = 2800.0
+    params: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_step(self) -> int:
+        from coupled_qk.models.config import PRESETS
+
+        block = self.base.get("model", {}).get("block_size") or PRESETS[self.base["preset"]]["block_size"]
+        return self.base["batch_size"] * self.base.get("grad_accum", 1) * block
+
+    def eval_interval(self) -> int:
+        """Steps between full validations: ``1 / evals_per_epoch`` of an epoch."""
+        return max(1, round(self.train_tokens / self.tokens_per_step / self.evals_per_epoch))
+
+    def cell_base(self, epochs: float, lr: float | None = None) -> dict:
+        """``base`` with the budget of ``epochs`` epochs and the validation interval filled in."""
+        out = {**self.base, "max_tokens": int(round(epochs * self.train_tokens)), "eval_interval": self.eval_interval()}
+        return out if lr is None else {**out, "lr": lr}
+
+
+def lr_tag(lr: float) -> str:
+    """``0.002`` -> ``0.002``, ``0.0012`` -> ``0.0012`` (folder-safe, distinct for distinct rates)."""
+    return f"{lr:g}"
+
+
+def grid_name(design: Design, lr: float) -> str:
+    """The grid cell's name for one learning rate: ``<design>-grid-lr<rate>``."""
+    return f"{design.name}-grid-lr{lr_tag(lr)}"
+
+
+def grid_cell(design: Design, lr: float, variants: tuple[str, ...]) -> Cell:
+    """The grid cell of ``variants`` at ``lr`` on the reserve seed, at the design's horizon."""
+    return Cell(grid_name(design, lr), design.cell_base(design.epochs, lr), tuple(variants),
+                (design.reserve_seed,), ("lr",), split=design.split)
+
+
+def best_loss(rec: dict) -> float:
+    """A record's best validation loss (the best checkpoint's, else its final validation loss)."""
+    best = rec.get("best") or {}
+    if best.get("metric") == "valid/loss":
+        return float(best["value"])
+    return float(rec["final"]["valid/loss"])
+
+
+def plateaued(rec: dict) -> bool:
+    """Whether a run reached its plateau: stopped by patience, or its validation loss over the last
+    ``PLATEAU_WINDOW_EPOCHS`` of the run improved its best before that window by less than
+    ``PLATEAU_TOLERANCE`` (relative)."""
+    if rec.get("stop_reason") == "patience":
+        return True
+    curve = rec.get("curve", {}).get("valid", [])
+    epochs, tokens = rec.get("epochs"), rec.get("tokens")
+    if not curve or not epochs or not tokens:
+        return False
+    per_epoch = tokens / epochs
+    cut = tokens - PLATEAU_WINDOW_EPOCHS * per_epoch
+    before = [loss for t, loss in curve if t <= cut]
+    after = [loss for t, loss in curve if t > cut]
+    if not before or not after:
+        return False
+    return (min(before) - min(after)) / min(before) < PLATEAU_TOLERANCE
+
+
+@dataclass
+class Plan:
+    """What a design runs next, given the records so far.
+
+    Attributes:
+        cells: ``(stage, cell)`` in execution order: every cell that can be planned now.
+        chosen_lr: variant -> learning rate, once the grid is complete.
+        epochs: the horizon of the verdict stages (``None`` until the grid is complete).
+        waiting: a line per stage that cannot be planned yet, and why.
+        grid: variant -> {lr: best validation loss} of the finished grid runs.
+    """
+
+    cells: list[tuple[str, Cell]]
+    chosen_lr: dict
+    epochs: float | None
+    waiting: list[str]
+    grid: dict
+
+
+def plan(design: Design, records: dict) -> Plan:
+    """The cells of ``design`` given ``records`` (``{(cell, variant, seed): record}``, finished runs only).
+
+    The grid cells come first; the verdict stages appear once every variant's grid (with its edge extension)
+    is finished, at the chosen rates and horizon. Deterministic: the same records always give the same plan,
+    so an interrupted study resumes where it stopped.
+    """
+    cells: list[tuple[str, Cell]] = []
+    grid: dict = {v: {} for v in design.variants}
+    tried: dict = {v: list(design.lrs) for v in design.variants}
+    complete = True
+    # the base grid, then at most one extension per edge and variant
+    for lr in design.lrs:
+        cells.append((GRID, grid_cell(design, lr, design.variants)))
+    for variant in design.variants:
+        for lr in design.lrs:
+            rec = records.get((grid_cell(design, lr, design.variants).name, variant, design.reserve_seed))
+            if rec is not None:
+                grid[variant][lr] = best_loss(rec)
+    extensions: dict = {}
+    for variant in design.variants:
+        if len(grid[variant]) < len(design.lrs):
+            complete = False
+            continue
+        best = min(sorted(grid[variant]), key=lambda lr: grid[variant][lr])
+        lo, hi = min(design.lrs), max(design.lrs)
+        if best in (lo, hi):
+            extra = lo / 2 if best == lo else hi * 2
+            extensions.setdefault(extra, []).append(variant)
+            tried[variant].append(extra)
+    for extra in sorted(extensions):
+        variants = tuple(v for v in design.variants if v in extensions[extra])
+        cell = grid_cell(design, extra, variants)
+        cells.append((GRID, cell))
+        for variant in variants:
+            rec = records.get((cell.name, variant, design.reserve_seed))
+            if rec is None:
+                complete = False
+            else:
+                grid[variant][extra] = best_loss(rec)
+    if not complete:
+        return Plan(cells, {}, None, ["main, matched, uncoupled: wait for the learning-rate grid"], grid)
+    chosen = {v: min(sorted(grid[v]), key=lambda lr: grid[v][lr]) for v in design.variants}
+    chosen_recs = [records.get((grid_name(design, chosen[v]), v, design.reserve_seed)) for v in design.variants]
+    epochs = design.epochs if all(r is not None and plateaued(r) for r in chosen_recs) else design.long_epochs
+    standard, coupled, uncoupled = design.variants
+    by = {v: {"lr": chosen[v]} for v in design.variants}
+    base = design.cell_base(epochs)
+    cells.append((MAIN, Cell(f"{design.name}-main", base, (standard, coupled), design.seeds, ("C1",),
+                             split=design.split, variant_base={v: by[v] for v in (standard, coupled)})))
+    cells.append((MATCHED, Cell(f"{design.name}-matched", design.cell_base(epochs * design.matched_factor),
+                                (standard,), design.matched_seeds, ("C6",), split=design.split,
+                                variant_base={standard: by[standard]})))
+    cells.append((UNCOUPLED, Cell(f"{design.name}-uncoupled", base, (uncoupled,), design.seeds, ("C3", "C4"),
+                                  split=design.split, variant_base={uncoupled: by[uncoupled]})))
+    return Plan(cells, chosen, epochs, [], grid)
+
+
+def units(p: Plan) -> list[tuple[str, Cell, str, int]]:
+    """``(stage, cell, variant, seed)`` of a plan in execution order (seed-major inside a cell)."""
+    return [(stage, cell, v, s) for stage, cell in p.cells for v, s in cell.units()]
+
+
+def cost_hours(design: Design, p: Plan) -> dict:
+    """Expected training hours of the planned runs at ``design.tokens_per_second`` (grid runs at the horizon
+    ``epochs``; verdict stages at the plan's horizon), and the total including not-yet-planned stages at
+    ``epochs``."""
+    per_epoch = design.train_tokens / design.tokens_per_second / 3600
+    grid_runs = sum(len(c.variants) * len(c.seeds) for s, c in p.cells if s == GRID)
+    epochs = p.epochs or design.epochs
+    main = 2 * len(design.seeds) * epochs
+    matched = len(design.matched_seeds) * epochs * design.matched_factor
+    unc = len(design.seeds) * epochs
+    return {"grid": grid_runs * design.epochs * per_epoch, "main": main * per_epoch, "matched": matched * per_epoch,
+            "uncoupled": unc * per_epoch,
+            "total": (grid_runs * design.epochs + main + matched + unc) * per_epoch}
+
+
+# ---- the designs --------------------------------------------------------------------------------------------
+
+_TINY_BASE = dict(
+    task="lm", corpus="wiki-vital-quarter", tokenizer="bpe-8192", preset="tiny", batch_size=16, warmup_steps=60,
+    min_lr_ratio=0.1, eval_batches=4, log_interval=16, full_eval=True, best_metric="valid/loss", patience=4,
+    checkpoint_minutes=5.0,
+)
+
+CPU_CONVERGED = Design(
+    name="cpu-converged",
+    description="tiny preset trained to a plateau on a quarter of the wiki-vital articles, per-variant learning "
+                "rates, best-validation checkpoints, 1,000-article test split",
+    base=_TINY_BASE,
+    split=dict(source="wiki-vital", seed=0, valid_docs=200, test_docs=1000, train_fraction=0.25),
+    train_tokens=303_000,
+    epochs=8.0,
+    long_epochs=12.0,
+    evals_per_epoch=4,
+    lrs=(1e-3, 2e-3, 4e-3),
+    reserve_seed=100,
+    seeds=tuple(range(10)),
+    matched_seeds=(0, 1, 2, 3),
+    notes=(
+        "Pre-registered before any run (issue 25): seeds 0-9 for standard, coupled and the uncoupled MLP, seeds "
+        "0-3 for standard at 2.4x the horizon; the learning-rate grid {1e-3, 2e-3, 4e-3} on seed 100 (reserve, "
+        "never in a verdict), extended once by x0.5 or x2 for a variant whose best rate is at an edge; the "
+        "chosen rate minimises the best validation loss. Horizon 8 epochs, or 12 if a chosen rate's grid run "
+        "did not plateau (stopped by patience, or < 0.5% improvement of the best validation loss over its last "
+        "half epoch). No interim analysis: a cell's verdict is read when it is complete, and no cell is "
+        "extended because its interval straddles zero.",
+        "Data: wiki-vital articles ordered by sha256(seed 0); 200 validation articles (~24k tokens; the best "
+        "checkpoint and patience use the whole split, every quarter epoch), 1,000 test articles (~120k tokens, "
+        "never trained on), and a quarter of the remaining 8,833 articles for training (2,208 articles, "
+        "~300k bpe-8192 tokens). Patience: 4 validations (one epoch) without a new best.",
+        "Cost: ~2,800 training tokens/s per single-threaded process on these 2-core machines (measured "
+        "2026-11-30), so an 8-epoch run (~2.4M tokens) takes ~15 minutes; the whole design ~12 CPU-hours.",
+    ),
+)
+
+TOY_CONVERGED = dataclasses.replace(
+    CPU_CONVERGED,
+    name="toy-converged",
+    description="the cpu-converged design at toy size (every code path; numbers meaningless), for CI",
+    base={**_TINY_BASE, "corpus": "wiki-vital-toy", "tokenizer": "bpe-300", "batch_size": 4, "warmup_steps": 2,
+          "eval_batches": 2, "log_interval": 1, "patience": 2, "checkpoint_minutes": None,
+          "model": {"n_layer": 1, "d_model": 16, "n_heads": 2, "block_size": 32}},
+    split=dict(source="wiki-vital", seed=0, valid_docs=4, test_docs=6, train_fraction=0.003),
+    train_tokens=1_024, epochs=2.0, long_epochs=3.0, evals_per_epoch=2, lrs=(1e-3, 3e-2), reserve_seed=100,
+    seeds=(0, 1, 2), matched_seeds=(0, 1), variants=("standard", "coupled", "uncoupled_mlp"),
+    notes=("Toy budgets: exercises the instrument only.",),
+)
+
+WT103_TRAIN_TOKENS = 117_000_000  # GPT-2 tokens of WikiText-103 train (~103M words); an estimate
+
+GPU_60M = Design(
+    name="gpu-60m",
+    description="60M preset trained to a plateau on WikiText-103 (GPT-2 BPE), per-variant learning rates, "
+                "best-validation checkpoints",
+    base=dict(task="lm", corpus="wikitext-103", tokenizer="gpt2", preset="60m", batch_size=32, grad_accum=1,
+              warmup_steps=2000, min_lr_ratio=0.1, eval_batches=50, log_interval=50, full_eval=True,
+              best_metric="valid/loss", patience=4, dtype="bf16", compile=True, checkpoint_minutes=15.0),
+    split=None,
+    train_tokens=WT103_TRAIN_TOKENS,
+    epochs=5.0,
+    long_epochs=8.0,
+    evals_per_epoch=4,
+    lrs=(3e-4, 6e-4, 1.2e-3),
+    reserve_seed=100,
+    seeds=(0, 1, 2, 3, 4),
+    matched_seeds=(0, 1, 2),
+    runnable_here=False,
+    tokens_per_second=250_000.0,
+    notes=(
+        "The cpu-converged design at the paper's scale: WikiText-103 from your folder (--data-dir with "
+        "wikitext-103/wiki.{train,valid,test}.tokens), GPT-2 BPE, 60m preset, batch 32 x 512, bf16, compiled; "
+        "horizon 5 epochs (8 if a chosen rate's grid run did not plateau), full validation every quarter epoch, "
+        "patience 4, grid {3e-4, 6e-4, 1.2e-3} on seed 100, seeds 0-4 (standard, coupled, uncoupled MLP) and "
+        "0-2 (standard at 2.4x).",
+        "Cost: an estimate, not a measurement: ~250k tokens/s on one H100/H200 for the 60m preset in bf16 "
+        "(6 x 60M x 250k = 90 TFLOP/s, ~10% of the dense bf16 peak); no GPU run exists yet in this project.",
+    ),
+)
+
+DESIGNS: dict[str, Design] = {d.name: d for d in (CPU_CONVERGED, TOY_CONVERGED, GPU_60M)}
+
+
+def get_design(name: str) -> Design:
+    """The converged design called ``name``; ``ValueError`` listing the known ones otherwise."""
+    from coupled_qk._checks import choice
+
+    choice("protocol", name, DESIGNS)
+    return DESIGNS[name]
+
+
+def train_config_dict(design: Design, variant: str, lr: float, seed: int, epochs: float | None = None,
+                      out_dir: str | None = None) -> dict:
+    """The :class:`TrainConfig` (as a JSON dict) of one run of ``design``, as a standalone config file would
+    hold it (``coupled-qk train --config FILE``): the single source of the committed ``configs/`` files."""
+    from coupled_qk.experiments.claims_runs import train_config
+
+    cell = Cell("x", design.cell_base(epochs or design.epochs, lr), (variant,), (seed,), ())
+    cfg = train_config(cell, variant, seed, Path(out_dir or f"runs/{design.name}-{variant}-seed{seed}"), None)
+    d = cfg.to_dict()
+    d.pop("progress", None)
+    d.pop("tensorboard", None)
+    return {k: v for k, v in d.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def standalone_configs(design: Design) -> dict[str, dict]:
+    """``{file name: config dict}`` of one run per variant of ``design`` at the grid's middle learning rate and
+    seed 0, for ``coupled-qk train --config FILE`` outside the study (the committed ``configs/wt103-60m-*.json``
+    come from :data:`GPU_60M` through this function; a test keeps them equal)."""
+    lr = sorted(design.lrs)[len(design.lrs) // 2]
+    stem = "wt103-60m" if design.name == "gpu-60m" else design.name
+    return {f"{stem}-{v}.json": train_config_dict(design, v, lr, 0, out_dir=f"runs/{stem}-{v}") for v in design.variants}
+
+
+def write_configs(design: Design, folder: str | Path) -> list[Path]:
+    """Write :func:`standalone_configs` into ``folder`` (JSON, sorted keys); return the paths."""
+    import json
+
+    from coupled_qk.io import write_text_atomic
+
+    out = []
+    for name, cfg in standalone_configs(design).items():
+        path = Path(folder) / name
+        write_text_atomic(path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        out.append(path)
+    return out

@@ -1,0 +1,150 @@
+"""Converged designs (issue 25): the plan's rules on synthetic records, the toy instance end to end, the report
+recomputed independently from the records, and the committed GPU configs generated from the design."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coupled_qk.experiments.converged import (
+    CPU_CONVERGED,
+    GPU_60M,
+    TOY_CONVERGED,
+    grid_cell,
+    grid_name,
+    plan,
+    plateaued,
+    standalone_configs,
+)
+
+D = CPU_CONVERGED
+
+
+def _rec(loss, stop="patience", curve=None, tokens=2_400_000, epochs=8.0):
+    return {"best": {"metric": "valid/loss", "value": loss, "tokens": tokens}, "final": {"valid/loss": loss},
+            "stop_reason": stop, "curve": {"valid": curve or []}, "tokens": tokens, "epochs": epochs}
+
+
+def _grid(losses: dict, stop="patience") -> dict:
+    """records for the base grid: losses[variant][lr]"""
+    out = {}
+    for v, by_lr in losses.items():
+        for lr, loss in by_lr.items():
+            out[(grid_cell(D, lr, D.variants).name, v, D.reserve_seed)] = _rec(loss, stop)
+    return out
+
+
+def test_grid_first_then_verdict_stages_at_each_variants_own_rate():
+    p = plan(D, {})
+    assert [s for s, _ in p.cells] == ["grid"] * 3 and p.waiting and p.epochs is None
+    interior = {"standard": {1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.3}, "coupled": {1e-3: 3.3, 2e-3: 3.05, 4e-3: 3.2},
+                "uncoupled_mlp": {1e-3: 3.4, 2e-3: 3.1, 4e-3: 3.15}}
+    p = plan(D, _grid(interior))
+    assert p.chosen_lr == {"standard": 2e-3, "coupled": 2e-3, "uncoupled_mlp": 2e-3} and p.epochs == 8.0
+    stages = {s: c for s, c in p.cells if s != "grid"}
+    assert stages["main"].variants == ("standard", "coupled") and stages["main"].seeds == tuple(range(10))
+    assert stages["main"].variant_base == {"standard": {"lr": 2e-3}, "coupled": {"lr": 2e-3}}
+    assert stages["matched"].base["max_tokens"] == round(8.0 * 2.4 * D.train_tokens)
+    assert stages["uncoupled"].variants == ("uncoupled_mlp",)
+
+
+def test_an_edge_optimum_adds_the_next_rate_once_and_waits_for_it():
+    edge = {"standard": {1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.3}, "coupled": {1e-3: 3.3, 2e-3: 3.2, 4e-3: 3.0},
+            "uncoupled_mlp": {1e-3: 3.0, 2e-3: 3.1, 4e-3: 3.15}}
+    recs = _grid(edge)
+    p = plan(D, recs)
+    extra = {c.name: c.variants for s, c in p.cells[3:]}
+    assert extra == {grid_name(D, 5e-4): ("uncoupled_mlp",), grid_name(D, 8e-3): ("coupled",)}
+    assert p.waiting and not p.chosen_lr
+    recs[(grid_name(D, 8e-3), "coupled", 100)] = _rec(2.9)
+    recs[(grid_name(D, 5e-4), "uncoupled_mlp", 100)] = _rec(3.05)
+    p = plan(D, recs)
+    # coupled's best is now 8e-3, at the new edge: no second extension; uncoupled keeps 1e-3
+    assert p.chosen_lr == {"standard": 2e-3, "coupled": 8e-3, "uncoupled_mlp": 1e-3}
+    assert len([1 for s, _ in p.cells if s == "grid"]) == 5
+
+
+def test_horizon_grows_when_a_chosen_run_did_not_plateau():
+    interior = {v: {1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.3} for v in D.variants}
+    recs = _grid(interior)
+    key = (grid_cell(D, 2e-3, D.variants).name, "coupled", 100)
+    # still falling 2% over the last half epoch, and stopped by the budget
+    curve = [[t, 3.9 - 0.96 * t / 2_400_000] for t in range(75_000, 2_400_001, 75_000)]
+    recs[key] = _rec(curve[-1][1], stop="completed", curve=curve)
+    assert not plateaued(recs[key])
+    assert plan(D, recs).epochs == D.long_epochs
+
+
+def test_plateau_rule():
+    flat = [[t, 3.0 + (0.001 if t > 2_250_000 else 0.0)] for t in range(75_000, 2_400_001, 75_000)]
+    assert plateaued(_rec(3.0, stop="completed", curve=flat))
+    assert plateaued(_rec(3.0, stop="patience"))
+    assert not plateaued(_rec(3.0, stop="completed", curve=[]))
+
+
+def test_committed_gpu_configs_come_from_the_design():
+    root = Path(__file__).resolve().parents[2]
+    for name, cfg in standalone_configs(GPU_60M).items():
+        assert json.loads((root / "configs" / name).read_text()) == cfg, name
+    cfg = standalone_configs(GPU_60M)["wt103-60m-coupled.json"]
+    assert cfg["best_metric"] == "valid/loss" and cfg["patience"] == 4 and cfg["full_eval"]
+    assert cfg["max_tokens"] == round(GPU_60M.epochs * GPU_60M.train_tokens)
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "coupled_qk.cli", "claims", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=1200)
+
+
+def test_gpu_plan_mode_trains_nothing_and_checks_the_data(tmp_path):
+    res = _cli("--protocol", "gpu-60m", "--plan", "--data-dir", str(tmp_path), "--out-dir", str(tmp_path / "o"),
+               cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "[grid] gpu-60m-grid-lr0.0006 coupled seed 100" in res.stdout
+    assert "MISSING wiki.train.tokens" in res.stdout and "cost estimate" in res.stdout
+    assert not (tmp_path / "o").exists()
+    res = _cli("--protocol", "gpu-60m", "--data-dir", str(tmp_path), "--out-dir", str(tmp_path / "o"), cwd=tmp_path)
+    assert res.returncode != 0 and "needs a GPU" in res.stderr
+
+
+@pytest.mark.slow
+def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    res = _cli("--protocol", "toy-converged", "--out-dir", str(out), "--run-root", str(runs), "--no-figures",
+               cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((out / "toy-converged.json").read_text())
+    assert all(c["done"] == c["planned"] for c in report["progress"].values())
+    recs = {}
+    for path in (out / "runs" / "toy-converged").glob("*/*/seed*.json"):
+        r = json.loads(path.read_text())
+        recs[(r["cell"], r["variant"], r["seed"])] = r
+        assert r["best"]["metric"] == "valid/loss" and r["final_from"].startswith("best-")
+    # C1 recomputed independently: mean of the per-seed relative changes of test perplexity
+    main = "toy-converged-main"
+    d = [100 * (recs[(main, "coupled", s)]["final"]["test/perplexity"] /
+                recs[(main, "standard", s)]["final"]["test/perplexity"] - 1) for s in TOY_CONVERGED.seeds]
+    c1 = next(c for c in report["claims"] if c["claim"] == "C1")
+    assert c1["mean"] == pytest.approx(sum(d) / len(d)) and c1["n"] == 3
+    sd = math.sqrt(sum((x - c1["mean"]) ** 2 for x in d) / 2)
+    assert c1["high"] - c1["mean"] == pytest.approx(4.302653 * sd / math.sqrt(3), rel=1e-5)  # t_{0.975, 2}
+    # each run of the main stage used its variant's chosen rate
+    for (cell, v, _), r in recs.items():
+        if cell == main:
+            assert r["config"]["lr"] == report["chosen_lr"][v]
+    # an independent re-run of one record (same code path, fresh folder) reproduces its test loss
+    from coupled_qk.experiments.claims_runs import train_config
+    from coupled_qk.experiments.converged import plan as make_plan
+    from coupled_qk.experiments.converged_study import load_records
+    from coupled_qk.training.loop import train
+
+    p = make_plan(TOY_CONVERGED, load_records(out, TOY_CONVERGED))
+    cell = next(c for s, c in p.cells if s == "main")
+    from coupled_qk.data.paths import default_cache_dir
+
+    cfg = train_config(cell, "coupled", 1, tmp_path / "rerun", default_cache_dir() / "claims-data")
+    again = train(cfg)
+    assert again["final"]["test/loss"] == pytest.approx(recs[(main, "coupled", 1)]["final"]["test/loss"], abs=1e-6)
