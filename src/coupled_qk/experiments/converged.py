@@ -246,7 +246,7 @@ CPU_CONVERGED = Design(
                 "rates, best-validation checkpoints, 1,000-article test split",
     base=_TINY_BASE,
     split=dict(source="wiki-vital", seed=0, valid_docs=200, test_docs=1000, train_fraction=0.25),
-    train_tokens=303_000,
+    train_tokens=270_841,  # measured: bpe-8192 tokens of the training split (first grid run)
     epochs=8.0,
     long_epochs=12.0,
     evals_per_epoch=4,
@@ -265,7 +265,7 @@ CPU_CONVERGED = Design(
         "Data: wiki-vital articles ordered by sha256(seed 0); 200 validation articles (~24k tokens; the best "
         "checkpoint and patience use the whole split, every quarter epoch), 1,000 test articles (~120k tokens, "
         "never trained on), and a quarter of the remaining 8,833 articles for training (2,208 articles, "
-        "~300k bpe-8192 tokens). Patience: 4 validations (one epoch) without a new best.",
+        "270,841 bpe-8192 tokens). Patience: 4 validations (one epoch) without a new best.",
         "Cost: ~2,800 training tokens/s per single-threaded process on these 2-core machines (measured "
         "2026-11-30), so an 8-epoch run (~2.4M tokens) takes ~15 minutes; the whole design ~12 CPU-hours.",
     ),
