@@ -209,10 +209,25 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
         done = (cell.name, variant, seed) in records
         d, t = progress.get(stage, (0, 0))
         progress[stage] = (d + done, t + 1)
+    first = _first_epoch_rows(Path(out_dir) / "cpu.json") if design.name == "cpu-converged" else {}
+    for row in [*rows, c4, c6]:
+        if row["claim"] in first:
+            row["first_epoch"] = first[row["claim"]]
     return {"design": design.name, "description": design.description, "notes": list(design.notes),
             "chosen_lr": {v: lr for v, lr in p.chosen_lr.items()}, "epochs": p.epochs, "grid": grid,
             "waiting": p.waiting, "claims": [*rows, c4, c6], "runs": runs, "curves": curves,
             "progress": {k: {"done": d, "planned": t} for k, (d, t) in progress.items()}}
+
+
+def _first_epoch_rows(path: Path) -> dict:
+    """C1, C3, C4 and C6 of the first-epoch ``cpu`` protocol's report (``cpu.json`` beside this report), to show
+    the two regimes side by side; ``{}`` if that report is absent."""
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    keep = ("mean", "low", "high", "n", "verdict")
+    return {r["id"]: {k: r.get(k) for k in keep} for r in rows if r.get("id") in ("C1", "C3", "C4", "C6")}
 
 
 def _fmt(x, digits=2) -> str:
@@ -244,6 +259,15 @@ def format_markdown(report: dict, command: str) -> str:
         lines.append(f"| {r['claim']} | {r['effect']} | {_fmt(r['mean'])} | [{_fmt(r['low'])}, {_fmt(r['high'])}] | "
                      f"{r['n']} | {p} | {_fmt(r.get('power'))} | {_pct(r.get('mde80'))} | "
                      f"{r.get('verdict', '')} ({r['status']}) |")
+    first = [r for r in report["claims"] if r.get("first_epoch")]
+    if first:
+        lines += ["", "The same claims in the first-epoch `cpu` protocol (one learning rate for every variant, runs "
+                  "stopped inside the first epoch, last iterate; [cpu.md](cpu.md)):", "",
+                  "| claim | mean | 95% interval | n | verdict there |", "|---|---|---|---|---|"]
+        for r in first:
+            f = r["first_epoch"]
+            lines.append(f"| {r['claim']} | {_fmt(f['mean'])} | [{_fmt(f['low'])}, {_fmt(f['high'])}] | {f['n']} | "
+                         f"{f['verdict']} |")
     c6 = next((r for r in report["claims"] if r["claim"] == "C6"), None)
     if c6 and c6["tokens_ratio"]["per_seed"]:
         tr = c6["tokens_ratio"]
