@@ -101,7 +101,7 @@ STAGES = (
     Stage("memory", 40, 30),
     Stage("compile", 150, 60, min_s=30),
 )
-SELFTEST = (Stage("_fail", 20, 20), Stage("_sleep", 3, 3, min_s=1))  # the runner's own tests (never by default)
+SELFTEST = (Stage("_fail", 30, 30), Stage("_sleep", 15, 15, min_s=1))  # the runner's own tests (never by default)
 
 
 # --------------------------------------------------------------------------------------------- the runner
@@ -918,7 +918,7 @@ def stage_fail(ctx: Ctx):
 def stage_sleep(ctx: Ctx):
     ctx.result["slept"] = "started"
     ctx.save()
-    time.sleep(60)
+    time.sleep(600)
 
 
 # ------------------------------------------------------------------------------------------ data bundle
