@@ -30,7 +30,8 @@ Stages (``--stages`` selects; default all, in this order):
   tokenizer): a run of N steps, and the same run stopped at N/2, checkpointed and resumed to N (the losses of
   both must agree), the final WikiText-2 valid/test evaluation, and greedy generation from the saved run.
 - ``bench``: bf16 train-step time of every paper variant against ``standard`` (interleaved, medians), tokens/s,
-  ratios and MFU against the H200's dense bf16 peak, at the 60m and 350m presets.
+  ratios and MFU against the H200's dense bf16 peak, at the 60m and 350m presets; and standard at 60m with the
+  vocabulary padded to a multiple of 64 against unpadded.
 - ``memory``: peak train-step memory (bf16 autocast) and KV-cache bytes at 60m and 350m.
 - ``compile``: ``torch.compile`` against eager for standard and coupled at 60m: compile time, interleaved step
   times, the loss of both, and Dynamo's graph, graph-break and recompile counts.
@@ -812,6 +813,40 @@ def stage_bench(ctx: Ctx):
         ctx.save()
         if ctx.cuda:
             torch.cuda.empty_cache()
+    _vocab_padding_timing(ctx, dtype)
+
+
+def _vocab_padding_timing(ctx: Ctx, dtype: str) -> None:
+    """Standard attention's train step with the vocabulary padded to a multiple of 64 against unpadded
+    (``GPTConfig.vocab_pad_multiple``; 60m: 50,257 -> 50,304 rows), interleaved, medians."""
+    import numpy as np
+    import torch
+
+    from coupled_qk import GPTConfig
+    from coupled_qk.experiments.bench import _Runner
+
+    if ctx.quick:
+        base, batch, repeats = _tiny_config(vocab_size=500, block_size=32), 2, 3
+    else:
+        base, batch, repeats = GPTConfig.from_preset("60m"), 16, 10
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, base.vocab_size, (batch, base.block_size + 1), generator=gen).to(ctx.device)
+    configs = {"unpadded": base, "padded": base.replace(vocab_pad_multiple=64)}
+    runners = {k: _Runner(k, c, tokens[:, :-1], tokens[:, 1:], ctx.device, dtype, False, 0) for k, c in configs.items()}
+    for r in runners.values():
+        r.first_step()
+    times = {k: [] for k in runners}
+    for i in range(repeats):
+        for k in (("unpadded", "padded") if i % 2 == 0 else ("padded", "unpadded")):
+            times[k].append(runners[k].timed_step()[0])
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    ctx.result["vocab_padding"] = dict(rows={k: c.padded_vocab_size for k, c in configs.items()}, median_ms=med,
+                                       times_ms=times, ratio=med["padded"] / med["unpadded"])
+    ctx.md += ["", f"Vocabulary padding (standard, batch {batch} x {base.block_size}, {repeats} interleaved steps): "
+               f"{configs['unpadded'].padded_vocab_size:,} rows {med['unpadded']:.1f} ms, "
+               f"{configs['padded'].padded_vocab_size:,} rows {med['padded']:.1f} ms, ratio "
+               f"{med['padded'] / med['unpadded']:.3f}."]
+    ctx.save()
 
 
 def stage_memory(ctx: Ctx):

@@ -124,6 +124,7 @@ def test_quick_cpu_run_passes_every_stage(shared_data, tmp_path):
     assert st["train"]["result"]["loss_rel_diff_max"] == 0.0  # CPU resume repeats the run bit for bit
     assert st["compile"]["result"]["coupled"]["recompiles"] >= 0
     assert set(st["bench"]["result"]["micro"]["variants"]) == {"standard", "coupled"}
+    assert st["bench"]["result"]["vocab_padding"]["rows"] == {"unpadded": 500, "padded": 512}
     md = (out / "results.md").read_text()
     for name in status:
         assert f"| {name} | {status[name]} |" in md
