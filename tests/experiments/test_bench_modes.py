@@ -94,3 +94,53 @@ def test_mfu_markdown_uses_the_flop_count():
                variants={"standard": dict(tokens_per_s=1e9)})
     # 3 x 8320 FLOPs per token (test_train_step_flops_by_hand) x 1e9 tokens/s = 24.96 TFLOP/s; of 100 -> 25.0%
     assert "| micro | off | standard | 1,000,000,000 | 25.0 | 25.0% |" in mfu_markdown([res], 100.0)
+
+
+@pytest.mark.slow
+def test_memory_mode_honours_dtype_and_compile(tmp_path, monkeypatch):
+    """Issue 28 item 6: ``--mode memory`` runs the measured step under the requested autocast dtype and through
+    ``torch.compile`` when asked (a compile failure falls back to eager and is reported)."""
+    import torch
+
+    from coupled_qk.experiments import bench_decode
+
+    seen = []
+    real_loss = bench_decode.GPT.loss
+
+    def spy_loss(self, idx, targets, ignore_index=-100):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return real_loss(self, idx, targets, ignore_index)
+
+    monkeypatch.setattr(bench_decode.GPT, "loss", spy_loss)
+    compiled = []
+
+    def fake_compile(fn, **kw):  # a compiler that records what it compiles and fails on its first call
+        compiled.append(fn)
+
+        def broken(*a, **k):
+            raise RuntimeError("backend exploded\nmore")
+        return broken
+
+    monkeypatch.setattr(bench_decode.torch, "compile", fake_compile)
+    out = str(tmp_path)
+    args = ["bench", *MICRO, "--mode", "memory", "--batch-size", "2", "--seq-len", "8", "--cache-len", "4",
+            "--device", "cpu", "--variants", "coupled", "--out-dir", out]
+    assert main(args + ["--dtype", "bf16"]) == 0
+    assert seen and set(seen) == {torch.bfloat16}
+    res = json.loads((tmp_path / "memory-tiny-cpu-bf16.json").read_text())
+    assert res["settings"]["dtype"] == "bf16" and res["settings"]["compile"] is False
+    bf16_peak = res["variants"]["standard"]["train_peak_bytes"]
+    seen.clear()
+    assert main(args + ["--dtype", "fp32"]) == 0
+    assert set(seen) == {None}
+    res32 = json.loads((tmp_path / "memory-tiny-cpu.json").read_text())
+    assert res32["variants"]["standard"]["train_peak_bytes"] != bf16_peak  # bf16 activations are measured
+    assert not compiled
+    assert main(args + ["--compile"]) == 0
+    assert len(compiled) == 2  # standard and coupled
+    res = json.loads((tmp_path / "memory-tiny-cpu-compile.json").read_text())
+    assert res["settings"]["compile"] is True
+    for v in res["variants"].values():
+        assert v["compiled"] is False and v["compile_error"] == "RuntimeError: backend exploded"
+    assert "compile failed" in (tmp_path / "memory-tiny-cpu-compile.md").read_text()
+

@@ -233,3 +233,71 @@ def test_bad_attention_arguments():
         CausalSelfAttention(16, 4, 3, 4)
     with pytest.raises(ValueError, match="even"):
         CausalSelfAttention(16, 3, 3, 4, scoring="differential")
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+@pytest.mark.parametrize("attention", ["differential", "coupled_differential"])
+def test_differential_split_values_equals_full_width_values(attention, n_kv_heads):
+    """Issue 28 item 5: the flash-eligible split-value path (forced on CPU) equals the full-width path in
+    outputs and gradients, with and without padding and with a KV cache."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=61, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=n_kv_heads,
+                    attention=attention)
+    model = GPT(cfg).double()
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.subln.weight.uniform_(0.5, 1.5)
+    idx = torch.randint(0, 61, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0
+    outs, grads = [], []
+    for split in (False, True):
+        for blk in model.blocks:
+            blk.attn.split_values = split
+        model.zero_grad()
+        out = model(idx, attention_mask=mask)
+        (out.sin() * torch.linspace(-1, 1, 61, dtype=torch.float64)).sum().backward()
+        outs.append(out.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+        with torch.no_grad():  # cached decoding through the split path
+            cache = model.new_cache()
+            step = torch.cat([model(idx[:, :8], cache), model(idx[:, 8:9], cache)], dim=1)
+            torch.testing.assert_close(step, model(idx[:, :9]), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-12, atol=1e-12)
+    for g1, g0 in zip(grads[1], grads[0]):
+        torch.testing.assert_close(g1, g0, rtol=1e-10, atol=1e-12)
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 1, 5, 16)
+    from coupled_qk.layers.attention import differential_split_values, scaled_dot_product
+    y1, y2 = differential_split_values(q, k, v)
+    assert y1.shape == y2.shape == (2, 2, 5, 16)
+    torch.testing.assert_close(y1, scaled_dot_product(q[:, 0::2], k[:, 0::2], v, True)[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y2, scaled_dot_product(q[:, 1::2], k[:, 1::2], v, True)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_differential_split_values_defaults_to_cuda_only():
+    attn = CausalSelfAttention(32, 4, 4, 8, scoring="differential")
+    assert attn.split_values is None
+    assert not attn._split_values(torch.zeros(1, device="cpu"))
+    assert attn._split_values(torch.zeros(1, device="meta")) is False
+    attn.split_values = True
+    assert attn._split_values(torch.zeros(1))
+
+
+def test_differential_rmsnorm_runs_in_float32_under_bf16_autocast():
+    """Issue 28 item 5: under autocast the sub-layer norm gets a float32 input (its weight's dtype), not bf16,
+    and the layer still returns bf16; in float32 the output is unchanged (no casts)."""
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(32, 4, 4, 8, scoring="differential", layer_idx=1)
+    seen = []
+    attn.subln.register_forward_hook(lambda m, inp, out: seen.append((inp[0].dtype, out.dtype)))
+    x = torch.randn(2, 6, 32)
+    from coupled_qk.ops.rope import rope_tables
+    cos, sin = rope_tables(6, 8, 10000.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = attn(x, (cos, sin))
+    assert seen[-1] == (torch.float32, torch.float32)
+    assert y.dtype == torch.bfloat16
+    y32 = attn(x, (cos, sin))
+    assert seen[-1] == (torch.float32, torch.float32) and y32.dtype == torch.float32
+    torch.testing.assert_close(y.float(), y32, rtol=0.05, atol=0.02)

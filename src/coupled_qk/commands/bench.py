@@ -3,8 +3,8 @@
 ``--mode train`` (default): median train-step time, ``bench-<preset>-<device>[-<dtype>][-compile]``.
 ``--mode decode``: cached greedy decoding tokens/s after each ``--prefixes`` at each ``--decode-batch-sizes``,
 ``decode-<preset>-<device>``. ``--mode memory``: train-step peak memory and KV-cache bytes,
-``memory-<preset>-<device>``. ``--sweep``: the cost curve (train-step ratio and FLOP floor vs d_model, sequence
-length and n_steps), ``sweep-<preset>-<device>`` with a PNG. JSON + markdown under ``--out-dir``
+``memory-<preset>-<device>[-<dtype>][-compile]`` (honouring ``--dtype`` and ``--compile``). ``--sweep``: the cost
+curve (train-step ratio and FLOP floor vs d_model, sequence length and n_steps), ``sweep-<preset>-<device>`` with a PNG. JSON + markdown under ``--out-dir``
 (``benchmarks/results`` by default); see ``benchmarks/README.md`` for the method.
 """
 
@@ -143,11 +143,13 @@ def _run_other(args, config, map_options, command) -> int:
         kind, markdown = "decode", decode_markdown
     else:
         result = run_memory(config, batch_size=args.batch_size, seq_len=args.seq_len, cache_len=args.cache_len,
-                            map_options=map_options, **common)
+                            map_options=map_options, dtype=args.dtype, compile_model=args.compile, **common)
         kind, markdown = "memory", memory_markdown
     result = dict(preset=args.preset, command=command or shlex.join(["coupled-qk", "bench", "--mode", kind]),
                   **result)
     stem = f"{kind}-{args.preset}-{result['settings']['device'].split(':')[0]}"
+    if kind == "memory":  # memory-<preset>-<device>[-<dtype>][-compile], as the train mode's names
+        stem = "memory" + result_stem(args.preset, result)[len("bench"):]
     text, plots = markdown(result), {}
     if args.sweep:
         plots = {f"{stem}.png": lambda path: plot_sweep(result, path)}

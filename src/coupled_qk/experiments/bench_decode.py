@@ -16,13 +16,21 @@ the preallocated buffers).
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import time
 
 import numpy as np
 import torch
 
-from coupled_qk.experiments.bench import _sync, _variant_configs, machine_info, machine_line, with_baseline
+from coupled_qk.experiments.bench import (
+    DTYPES,
+    _sync,
+    _variant_configs,
+    machine_info,
+    machine_line,
+    resolve_dtype,
+    with_baseline,
+)
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training.distributed import pick_device
@@ -129,27 +137,66 @@ def peak_step_bytes(step, device: torch.device) -> int:
     return int(max(0, running.max())) if len(running) else 0
 
 
-def _train_step(model: GPT, opt, tokens: torch.Tensor) -> None:
-    model.loss(tokens[:, :-1], tokens[:, 1:]).backward()
-    opt.step()
-    opt.zero_grad(set_to_none=False)
+class _MemoryStep:
+    """One training step of ``model`` (forward under autocast when ``dtype`` is not fp32, backward, AdamW,
+    ``zero_grad(set_to_none=False)`` so gradients stay resident), with the loss optionally compiled; a compile
+    failure at the first call falls back to eager and is recorded in ``compile_error``."""
+
+    def __init__(self, model: GPT, opt, tokens: torch.Tensor, device: torch.device, dtype: str, compile_model: bool):
+        self.model, self.opt, self.tokens, self.device = model, opt, tokens, device
+        self.autocast_dtype = None if dtype == "fp32" else DTYPES[dtype]
+        self.loss_fn = torch.compile(model.loss) if compile_model else model.loss
+        self.compiled, self.compile_error = compile_model, None
+
+    def __call__(self) -> None:
+        ctx = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
+               else contextlib.nullcontext())
+        with ctx:
+            loss = self.loss_fn(self.tokens[:, :-1], self.tokens[:, 1:])
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=False)
+
+    def first(self) -> None:
+        """The warm-up step (compiles when asked; eager fallback with the reason recorded)."""
+        try:
+            self()
+        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
+            if not self.compiled:
+                raise
+            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+            self.compile_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
+            self.compiled, self.loss_fn = False, self.model.loss
+            self.opt.zero_grad(set_to_none=False)
+            self()
+        _sync(self.device)
 
 
 def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int | None = None,
                cache_batch: int = 1, cache_len: int | None = None, device="auto", seed: int = 0,
-               map_options=None) -> dict:
+               map_options=None, dtype: str = "auto", compile_model: bool = False) -> dict:
     """Peak training-step memory and KV-cache bytes of each variant against ``standard`` (module docstring).
+
+    Args:
+        dtype: ``auto`` (bf16 autocast on CUDA, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16``: the training step
+            runs under ``torch.autocast`` with that dtype (fp32 weights, optimizer state and gradients), as
+            ``coupled-qk bench`` and ``train`` do; the KV cache is measured with the fp32 weights.
+        compile_model: ``torch.compile`` the loss; the warm-up step compiles, the measured step runs the
+            compiled graph (a compile failure falls back to eager, reported as ``compile_error``).
 
     Returns:
         ``{"mode": "memory", "settings", "machine", "variants": {name: {"train_peak_bytes", "train_ratio",
-        "resident_bytes", "kv_cache_bytes", "kv_ratio"}}}``; ``resident_bytes`` = parameters, gradients and
-        optimizer state before the measured step.
+        "resident_bytes", "kv_cache_bytes", "kv_ratio", "compiled", "compile_error"}}}``; ``resident_bytes`` =
+        parameters, gradients and optimizer state before the measured step; ``settings`` holds ``dtype`` and
+        ``compile``.
 
     Raises:
-        ValueError: ``seq_len`` or ``cache_len`` outside ``[1, block_size]``, or as ``run_bench``.
+        ValueError: ``seq_len`` or ``cache_len`` outside ``[1, block_size]``, an unknown dtype, or as
+            ``run_bench``.
     """
     names = with_baseline(variants)
     dev = device if isinstance(device, torch.device) else pick_device(device)
+    dtype = resolve_dtype(dtype, dev)
     seq_len = base.block_size if seq_len is None else seq_len
     cache_len = base.block_size if cache_len is None else cache_len
     for name, value in (("seq_len", seq_len), ("cache_len", cache_len)):
@@ -159,14 +206,17 @@ def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
     prompt = torch.randint(0, base.vocab_size, (cache_batch, cache_len), generator=gen).to(dev)
+    if compile_model:  # one compiled frame (GPT.loss) per variant
+        dyn = torch._dynamo.config
+        dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
     out = {}
     for n in names:
         torch.manual_seed(seed)
         model = GPT(configs[n]).to(dev).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        step = functools.partial(_train_step, model, opt, tokens)
-        step()  # optimizer state and gradients now exist
+        step = _MemoryStep(model, opt, tokens, dev, dtype, compile_model)
+        step.first()  # optimizer state and gradients now exist (and the loss is compiled)
         tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
         tensors += [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
         resident = sum(t.numel() * t.element_size() for t in tensors)
@@ -175,16 +225,17 @@ def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int
         with torch.no_grad():
             cache = model.new_cache(cache_len)
             model.next_token_logits(prompt, cache)
-        out[n] = dict(train_peak_bytes=peak, resident_bytes=resident, kv_cache_bytes=cache.nbytes())
-        del model, opt
+        out[n] = dict(train_peak_bytes=peak, resident_bytes=resident, kv_cache_bytes=cache.nbytes(),
+                      compiled=step.compiled, compile_error=step.compile_error)
+        del model, opt, step
     for n in names:
         out[n]["train_ratio"] = out[n]["train_peak_bytes"] / max(1, out[BASELINE]["train_peak_bytes"])
         out[n]["kv_ratio"] = out[n]["kv_cache_bytes"] / out[BASELINE]["kv_cache_bytes"]
     return dict(
         mode="memory",
         settings=dict(variants=names, batch_size=batch_size, seq_len=seq_len, cache_batch=cache_batch,
-                      cache_len=cache_len, device=str(dev), seed=seed, config=base.to_dict(),
-                      map_options=dict(map_options or {})),
+                      cache_len=cache_len, device=str(dev), dtype=dtype, compile=compile_model, seed=seed,
+                      config=base.to_dict(), map_options=dict(map_options or {})),
         machine=machine_info(dev), variants=out,
     )
 
@@ -214,11 +265,13 @@ def memory_markdown(result: dict) -> str:
     lines = [f"# Memory benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
              machine_line(result["machine"]), f"- command: `{result.get('command', '')}`",
              f"- train step peak ({how}) above the resident parameters, gradients and AdamW state; batch "
-             f"{s['batch_size']} x seq {s['seq_len']}. KV cache: allocated buffers after a {s['cache_batch']} x "
+             f"{s['batch_size']} x seq {s['seq_len']}; dtype {s.get('dtype', 'fp32')}, compile "
+             f"{'on' if s.get('compile') else 'off'}. KV cache: allocated buffers after a {s['cache_batch']} x "
              f"{s['cache_len']} prefill", "",
              "| variant | resident MiB | train-step peak MiB | ratio | KV cache MiB | ratio |", "|---|---:|---:|---:|---:|---:|"]
     mib = 2.0 ** 20
     for n, v in result["variants"].items():
-        lines.append(f"| {n} | {v['resident_bytes'] / mib:.1f} | {v['train_peak_bytes'] / mib:.1f} | "
+        note = " (eager: compile failed)" if v.get("compile_error") else ""
+        lines.append(f"| {n}{note} | {v['resident_bytes'] / mib:.1f} | {v['train_peak_bytes'] / mib:.1f} | "
                      f"{v['train_ratio']:.3f}x | {v['kv_cache_bytes'] / mib:.2f} | {v['kv_ratio']:.3f}x |")
     return "\n".join(lines) + "\n"

@@ -63,7 +63,7 @@ def gpt_to_gpt2(model: GPT):
     with torch.no_grad():
         for p in hf.parameters():
             p.zero_()  # biases stay zero; every weight is overwritten below
-        t.wte.weight.copy_(model.tok_emb.weight)
+        t.wte.weight.copy_(model.tok_emb.weight[: c.vocab_size])  # without GPTConfig.vocab_pad_multiple rows
         t.wpe.weight.copy_(model.pos_emb.weight)
         t.ln_f.load_state_dict(model.ln_f.state_dict())
         for block, h in zip(model.blocks, t.h, strict=True):

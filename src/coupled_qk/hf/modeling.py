@@ -262,7 +262,7 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         hidden, cache, use_cache = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        logits = self.model.lm_head(hidden)
+        logits = self.model.logits(hidden)  # vocab_size columns (a padded head's extra rows dropped)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)

@@ -111,6 +111,44 @@ def scaled_dot_product(
     return torch.matmul(attn.to(v.dtype), v), probs
 
 
+def differential_split_values(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two attention outputs ``A1 V`` and ``A2 V`` of differential scoring in one SDPA call whose query,
+    key and value heads all have width ``d``, so that on CUDA the flash kernel is eligible (it needs equal
+    widths; ``V`` of width ``2 d`` falls to a slower kernel, issue 28 item 5).
+
+    ``V`` is split into its halves ``Va, Vb`` (width ``d`` each) and the four products ``A1 Va, A1 Vb, A2 Va,
+    A2 Vb`` are stacked along the batch dimension (``4 B``); ``A1 V = [A1 Va, A1 Vb]`` (concatenated on the
+    last dimension). This is the layout of the reference implementation (microsoft/unilm Diff-Transformer,
+    ``multihead_flashdiff_2``: two flash calls per map, one per value half). The scores are computed twice,
+    the value products once: the same function as :func:`scaled_dot_product` on the full-width ``V`` up to
+    rounding.
+
+    Args:
+        q: ``(B, H, T_q, d)`` with sub-heads interleaved (``q[:, 0::2]`` feeds ``A1``, ``q[:, 1::2]`` ``A2``);
+            k: ``(B, H_k, T_k, d)`` likewise; v: ``(B, H_v, T_k, 2 d)``, ``H_v`` dividing ``H / 2``.
+        dropout_p: attention dropout; mask: optional bool ``(B, 1, T_q, T_k)`` (:func:`attention_mask_4d`).
+
+    Returns:
+        ``(y1, y2)``, each ``(B, H / 2, T_q, 2 d)``.
+    """
+    b, d = q.shape[0], q.shape[-1]
+    va, vb = v[..., :d], v[..., d:]
+    q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]
+    qs = torch.cat([q1, q1, q2, q2])
+    ks = torch.cat([k1, k1, k2, k2])
+    vs = torch.cat([va, vb, va, vb])
+    ms = None if mask is None else mask.expand(b, *mask.shape[1:]).repeat(4, 1, 1, 1)
+    out, _ = scaled_dot_product(qs, ks, vs, False, dropout_p, ms)
+    o = out.unflatten(0, (4, b))
+    return torch.cat([o[0], o[1]], dim=-1), torch.cat([o[2], o[3]], dim=-1)
+
+
 @dataclass
 class AttentionRecord:
     """What one attention layer computed on one forward pass (``CausalSelfAttention.forward(record=True)``).
@@ -198,6 +236,12 @@ class CausalSelfAttention(nn.Module):
     projection: the same function up to rounding, in two to four kernels instead of seven to twelve, checked
     against the weights once per cache. ``layer.fold_inference = False`` turns it off.
 
+    Differential scoring on the fast path: ``layer.split_values`` (default ``None``: on CUDA only) computes
+    ``A1 V`` and ``A2 V`` with the value split into halves of width ``d_head`` in one SDPA call
+    (:func:`differential_split_values`), so every head width is equal and CUDA's flash kernel is eligible; the
+    function is the same up to rounding. The per-head RMSNorm runs in its weight's dtype (float32 under
+    autocast) and returns the input dtype.
+
     State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) load.
 
     Raises:
@@ -260,6 +304,8 @@ class CausalSelfAttention(nn.Module):
                 nn.Parameter(torch.randn(d_head) * 0.1) for _ in range(4)
             )
             self.subln = nn.RMSNorm(2 * d_head, eps=1e-5, elementwise_affine=True)
+        # differential scoring: one SDPA call with values split into halves of width d_head (None: on CUDA)
+        self.split_values: bool | None = None
         self.fold_inference = True  # decoding folds the map into the projection (layers/folded.py)
         self._fold: FoldedProjection | None = None
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
@@ -305,6 +351,11 @@ class CausalSelfAttention(nn.Module):
     def __getstate__(self):
         """Pickling and ``copy.deepcopy`` leave the decoding fold behind (it is rebuilt when needed)."""
         return {**super().__getstate__(), "_fold": None}
+
+    def _split_values(self, q: torch.Tensor) -> bool:
+        """Whether differential scoring uses :func:`differential_split_values` (``split_values``: ``None`` =
+        on CUDA only, where equal head widths let SDPA pick the flash kernel; ``True``/``False`` force it)."""
+        return q.device.type == "cuda" if self.split_values is None else bool(self.split_values)
 
     def differential_lambda(self) -> torch.Tensor:
         """Scalar ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (arXiv:2410.05258, eq. 2)."""
@@ -359,11 +410,19 @@ class CausalSelfAttention(nn.Module):
         mask = attention_mask_4d(key_mask, t, k.shape[-2])
         if not self.differential:
             y, a1 = scaled_dot_product(q, k, v, eager, p, mask)
+        elif not eager and self._split_values(q):
+            y1, y2 = differential_split_values(q, k, v, p, mask)
+            a1 = None
         else:
             y1, a1 = scaled_dot_product(q[:, 0::2], k[:, 0::2], v, eager, p, mask)
             y2, a2 = scaled_dot_product(q[:, 1::2], k[:, 1::2], v, eager, p, mask)
+        if self.differential:
             lam = self.differential_lambda()
-            y = self.subln(y1 - lam.to(y1.dtype) * y2) * (1.0 - self.lambda_init)
+            z = y1 - lam.to(y1.dtype) * y2
+            # the norm runs in its weight's precision (fp32 under autocast: no bf16-input/fp32-weight mismatch,
+            # which also disables the fused kernel); fp32 and fp64 models see no cast at all
+            norm_dtype = torch.promote_types(z.dtype, self.subln.weight.dtype)
+            y = (self.subln(z.to(norm_dtype)) * (1.0 - self.lambda_init)).to(z.dtype)
         y = self.out_proj(y.transpose(1, 2).reshape(b, t, h * dh))
         if not record:
             return y

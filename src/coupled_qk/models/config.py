@@ -80,6 +80,12 @@ class GPTConfig(JSONConfig):
 
     Fields:
         vocab_size: number of token ids.
+        vocab_pad_multiple: round the rows of the token embedding and the tied output head up to a multiple
+            of this (``padded_vocab_size``; default 1: no padding). 64 turns GPT-2's 50,257 into 50,304, so the
+            output head's matmul gets tensor-core friendly shapes on GPUs (issue 28 item 6; nanoGPT's choice).
+            The extra rows start at zero and are never used: the model's logits keep ``vocab_size`` columns
+            (padded ids are never scored nor sampled), and ids ``>= vocab_size`` are rejected as before.
+            Checkpoints of a padded model hold ``padded_vocab_size`` rows and need the same setting to load.
         block_size: context length in tokens (longest sequence the model accepts).
         n_layer, d_model, n_heads: depth, width, query heads.
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
@@ -109,6 +115,7 @@ class GPTConfig(JSONConfig):
     """
 
     vocab_size: int = 8192
+    vocab_pad_multiple: int = 1
     block_size: int = 128
     n_layer: int = 4
     d_model: int = 128
@@ -158,7 +165,7 @@ class GPTConfig(JSONConfig):
 
     def validate(self) -> None:
         """Check every field; raise ``ValueError`` naming the first offending field."""
-        for name in ("vocab_size", "block_size", "n_layer", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff"):
+        for name in ("vocab_size", "vocab_pad_multiple", "block_size", "n_layer", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff"):
             positive_int(f"GPTConfig.{name}", getattr(self, name))
         spec = get_attention(self.attention)
         choice("GPTConfig.position", self.position, ("rope", "learned"))
@@ -178,6 +185,12 @@ class GPTConfig(JSONConfig):
         finite("GPTConfig.dropout", self.dropout, 0.0, 1.0, hi_open=True)
         if self.dynamics_position == "post_rope" and self.position != "rope":
             raise ValueError("GPTConfig.dynamics_position='post_rope' needs position='rope'")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the token embedding and output head: ``vocab_size`` rounded up to ``vocab_pad_multiple``."""
+        m = self.vocab_pad_multiple
+        return -(-self.vocab_size // m) * m
 
     def replace(self, **changes) -> GPTConfig:
         """A copy with ``changes`` (fields or flat map options). Changing ``attention`` to one with another

@@ -100,18 +100,22 @@ class GPT(nn.Module):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
         self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        n_rows = config.padded_vocab_size  # vocab_size, or rounded up (GPTConfig.vocab_pad_multiple)
+        self.tok_emb = nn.Embedding(n_rows, config.d_model)
         self.pos_emb = nn.Embedding(config.block_size, config.d_model) if config.position == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.d_model)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, n_rows, bias=False)
         self.lm_head.weight = self.tok_emb.weight
         self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # tables per device, built lazily
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("out_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if n_rows > config.vocab_size:
+            with torch.no_grad():
+                self.tok_emb.weight[config.vocab_size:].zero_()  # padding rows: never read, never scored
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -218,7 +222,20 @@ class GPT(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.lm_head(self.hidden_states(idx, cache, attention_mask, position_ids))
+        return self.logits(self.hidden_states(idx, cache, attention_mask, position_ids))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head on hidden states ``(..., d_model)`` -> logits ``(..., vocab_size)``.
+
+        With a padded vocabulary (``GPTConfig.vocab_pad_multiple``) the head computes ``padded_vocab_size``
+        columns and the padding columns are dropped here (a view), so padded ids are never scored or sampled
+        and the logits of real ids equal those of an unpadded model with the same weights.
+        """
+        out = self.lm_head(hidden)
+        v = self.config.vocab_size
+        if self.config.padded_vocab_size != v and getattr(self.lm_head, "out_features", None) == out.shape[-1]:
+            out = out[..., :v]
+        return out
 
     def trace(self, idx: torch.Tensor) -> Iterator[BlockTrace]:
         """Run the blocks on ``idx (B, T)`` through the eager attention path, yielding one :class:`BlockTrace`
@@ -309,7 +326,7 @@ class GPT(nn.Module):
         x, rope = self.embed(idx, cache, check_ids=False)
         for block in self.blocks:
             x = block(x, rope, cache)
-        return self.lm_head(self.ln_f(x[:, -1]))
+        return self.logits(self.ln_f(x[:, -1]))
 
 
 def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> torch.Tensor | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -24,14 +25,65 @@ class Runtime:
         return self.rank == 0
 
 
+PG_TIMEOUT_ENV = "COUPLED_QK_PG_TIMEOUT_S"
+"""Environment variable: seconds a collective may wait before the process group fails (default 1800)."""
+
+DEFAULT_PG_TIMEOUT_S = 1800.0
+"""Default process-group timeout: rank 0 alone tokenizes a corpus and writes checkpoints while the other ranks
+wait in a collective; 30 minutes covers WikiText-103's tokenization on one core, and a real hang still ends."""
+
+
 def pick_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when available, else CPU; other names are passed to ``torch.device``."""
+    """``auto`` picks CUDA when available, else CPU; other names are passed to ``torch.device``.
+
+    Choosing a CUDA device also enables TF32 for float32 matmuls and convolutions (:func:`enable_tf32`).
+
+    Raises:
+        ValueError: a CUDA device requested on a machine without CUDA.
+    """
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r} requested but CUDA is not available")
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(name)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={name!r} requested but CUDA is not available")
+    enable_tf32(device)
     return device
+
+
+def enable_tf32(device: torch.device, enabled: bool = True) -> bool:
+    """Let float32 matmuls and cuDNN convolutions on CUDA use TensorFloat-32 (issue 28 item 6): fp32 paths (the
+    fp32 bench, decoding with fp32 weights, evaluation without autocast) run on the tensor cores, with a
+    10-bit mantissa in the products and float32 accumulation, as PyTorch recommends for training on Ampere
+    and later GPUs (https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices).
+
+    Uses the flags ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` (they keep
+    the newer ``fp32_precision`` view consistent; CPU matmuls are untouched). Nothing happens for a non-CUDA
+    ``device``. Returns whether the flags were set.
+    """
+    if torch.device(device).type != "cuda":
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    return True
+
+
+def pg_timeout() -> timedelta:
+    """The process-group timeout: ``$COUPLED_QK_PG_TIMEOUT_S`` seconds, else :data:`DEFAULT_PG_TIMEOUT_S`.
+
+    Raises:
+        ValueError: naming the variable, when it is not a positive number.
+    """
+    text = os.environ.get(PG_TIMEOUT_ENV)
+    if text is None or not text.strip():
+        return timedelta(seconds=DEFAULT_PG_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{PG_TIMEOUT_ENV}={text!r} must be a positive number of seconds")
+    return timedelta(seconds=seconds)
 
 
 def pick_autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
@@ -46,7 +98,11 @@ def pick_autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
 def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
     """Initialise the process group when launched by ``torchrun`` (``WORLD_SIZE > 1``).
 
-    The backend is NCCL on CUDA and gloo on CPU; each process uses ``cuda:LOCAL_RANK``.
+    The backend is NCCL on CUDA and gloo on CPU; each process uses ``cuda:LOCAL_RANK``. Collectives time out
+    after :func:`pg_timeout` (``$COUPLED_QK_PG_TIMEOUT_S``, default 30 minutes) instead of hanging.
+
+    Raises:
+        ValueError: CUDA requested but unavailable, or a bad ``$COUPLED_QK_PG_TIMEOUT_S``.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -57,7 +113,7 @@ def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
             dev = torch.device("cuda", local_rank)
             torch.cuda.set_device(dev)
         if not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", timeout=pg_timeout())
     return Runtime(rank, world, local_rank, dev, pick_autocast_dtype(dtype, dev))
 
 
