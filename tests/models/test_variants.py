@@ -159,11 +159,9 @@ class ScaledKeysOptions(MapOptions):
 
 @pytest.fixture
 def scaled_key_variant():
-    saved = dict(variants.QK_MAPS), dict(variants.ATTENTIONS)
-    register_qk_map("scaled_key", "scaled_key", ScaledKeys, ScaledKeysOptions)
-    yield
-    variants.QK_MAPS.clear(), variants.QK_MAPS.update(saved[0])
-    variants.ATTENTIONS.clear(), variants.ATTENTIONS.update(saved[1])
+    with variants.isolated():  # the registration is undone after the test
+        register_qk_map("scaled_key", "scaled_key", ScaledKeys, ScaledKeysOptions)
+        yield
 
 
 def test_worked_example_registers_a_toy_variant_and_trains_it(scaled_key_variant, tiny_cfg):

@@ -40,7 +40,7 @@ from coupled_qk._checks import positive_int
 from coupled_qk.analysis import metrics
 from coupled_qk.analysis.conventions import CONVENTIONS, as_float, mean_of, order_metrics
 from coupled_qk.layers.attention import AttentionRecord
-from coupled_qk.models.variants import get_attention
+from coupled_qk.models.registry import get_attention
 
 __all__ = ["analyze_model", "token_windows"]
 

@@ -21,7 +21,7 @@ from coupled_qk.experiments.bench import bench_markdown, result_stem, run_bench,
 from coupled_qk.experiments.bench_decode import decode_markdown, memory_markdown, run_decode, run_memory
 from coupled_qk.experiments.cost_curve import plot_sweep, run_sweep, sweep_markdown
 from coupled_qk.experiments.runner import Report, write_report
-from coupled_qk.models.variants import VARIANTS
+from coupled_qk.models.registry import default_variants, variant_names
 
 HELP = "train-step and decoding speed, memory and the cost curve of every attention variant against standard"
 
@@ -33,8 +33,9 @@ def add_arguments(parser) -> None:
             action.help = argparse.SUPPRESS
     parser.add_argument(
         "--variants", default="all",
-        help=f"comma-separated subset of {','.join(VARIANTS)} ('coupled' = Euler); standard is always "
-        "measured as the baseline (default: all)",
+        help=f"comma-separated variant specs from {','.join(variant_names())} ('coupled' = Euler), each "
+        "optionally +field=value; standard is always measured as the baseline (default: all = "
+        f"{','.join(default_variants())})",
     )
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: block_size)")

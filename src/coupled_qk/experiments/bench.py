@@ -24,7 +24,8 @@ import torch
 from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
-from coupled_qk.models.variants import FLAT_MAP_OPTIONS, get_attention, parse_variants, variant_overrides
+from coupled_qk.models.registry import OPTION_ALIASES, get_attention
+from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.training.distributed import pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -173,7 +174,7 @@ def _variant_configs(base: GPTConfig, names: list[str], map_options: dict) -> di
         overrides = variant_overrides(n)
         qk_map = get_attention(overrides["attention"]).qk_map
         valid = qk_map.option_names() if qk_map else []
-        extra = {k: v for k, v in map_options.items() if FLAT_MAP_OPTIONS.get(k, k) in valid}
+        extra = {k: v for k, v in map_options.items() if OPTION_ALIASES.get(k, k) in valid}
         used.update(extra)
         configs[n] = base.replace(**{**extra, **overrides})
     unused = sorted(set(map_options) - used)
