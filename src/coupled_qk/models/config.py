@@ -4,16 +4,22 @@ and :func:`parse_overrides`, the typed parser of ``FIELD=VALUE`` overrides."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Sequence
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 from coupled_qk._checks import choice, coerce, coerce_fields, field_types, finite, parse_assignments, positive_int
 from coupled_qk.layers.attention import MAP_POSITIONS
 from coupled_qk.models.options import MapOptions
-from coupled_qk.models.registry import LEGACY_DEFAULTS, OPTION_ALIASES, flat_option_names, get_attention, map_option_types
+from coupled_qk.models.registry import (
+    LEGACY_DEFAULTS,
+    OPTION_ALIASES,
+    flat_option_names,
+    get_attention,
+    map_option_types,
+)
 
 PRESETS: dict[str, dict] = {
     # trains on 2 CPU cores in minutes (with a small trained byte-level BPE vocabulary)
