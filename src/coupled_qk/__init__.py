@@ -6,6 +6,7 @@ from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKDynamics, QKMap, QueryMLP
 from coupled_qk.models.config import PRESETS, GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
+from coupled_qk.models.options import MapOptions
 from coupled_qk.models.registry import ATTENTIONS, VARIANTS, register_qk_map, register_variant
 from coupled_qk.ops.dynamics import INTEGRATORS, integrate_qk
 
@@ -42,6 +43,7 @@ __all__ = [
     "KVCache",
     "LoadedRun",
     "MLPForce",
+    "MapOptions",
     "QKDynamics",
     "QKMap",
     "QueryMLP",

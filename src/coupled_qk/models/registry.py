@@ -157,7 +157,7 @@ ALIASES = {"coupled_euler": "coupled", "leapfrog": "coupled_leapfrog", "diff": "
 
 _DEFAULTS: list[str] = []  # the default variant set, in registration order
 
-_plugins = {"loaded": False}
+_plugins: dict = {"loaded": False, "names": ()}  # group read?; entry points registered so far
 
 
 def load_plugins(reload: bool = False) -> list[str]:
@@ -166,7 +166,8 @@ def load_plugins(reload: bool = False) -> list[str]:
     Each entry point is loaded; when it names a callable, the callable is called with no argument (it makes
     its :func:`register_qk_map` / :func:`register_variant` calls); a module makes them on import. Every
     function of this module that lists or looks up variants calls this first, so plugins load lazily, the first
-    time the registry is queried. ``reload=True`` reads the group again (after ``sys.path`` changed).
+    time the registry is queried. ``reload=True`` reads the group again (after ``sys.path`` changed); an entry
+    point registered before is not loaded twice.
 
     Returns:
         The names of the entry points loaded by this call (empty when they were loaded before).
@@ -181,6 +182,9 @@ def load_plugins(reload: bool = False) -> list[str]:
 
     loaded = []
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if ep.value in _plugins["names"]:
+            continue
+        _plugins["names"] += (ep.value,)
         try:
             obj = ep.load()
             if callable(obj):
@@ -329,9 +333,11 @@ def map_option_types() -> dict[str, object]:
 
 @contextlib.contextmanager
 def isolated() -> Iterator[None]:
-    """Undo, on exit, every registration made inside (for tests and notebooks); plugin loading is undone too,
-    so the next query reads the entry points again."""
+    """Undo, on exit, every registration made inside (for tests and notebooks). Inside, the first registry query
+    reads the entry-point group again (a distribution put on ``sys.path`` inside is found); on exit, its
+    registrations are undone too."""
     saved = (dict(QK_MAPS), dict(ATTENTIONS), dict(VARIANTS), dict(ALIASES), list(_DEFAULTS), dict(_plugins))
+    _plugins["loaded"] = False
     try:
         yield
     finally:
