@@ -164,3 +164,26 @@ def test_compare_bench_and_mqar_see_the_plugin(drift, tiny_corpus, tmp_path, cap
                          lrs=(3e-3,), variants=("drift+gain=2",), epochs=1.0, max_steps=2, eval_interval=2)
     result = run_sweep(preset, tmp_path / "mqar", device="cpu", log=lambda line: None)
     assert [r["variant"] for r in result["runs"]] == ["drift+gain=2"] and result["counts"] == {"ran": 1}
+
+
+def test_claims_variants_adds_the_plugin_to_every_cell(drift, tmp_path, capsys):
+    from coupled_qk.experiments.protocols import get_protocol
+
+    smoke = get_protocol("smoke")
+    extended = smoke.with_variants(["drift+gain=2", "standard"])
+    assert extended.extra_variants == ("drift+gain=2", "standard")
+    for old, new in zip(smoke.cells, extended.cells, strict=True):
+        added = tuple(v for v in ("drift+gain=2", "standard") if v not in old.variants)
+        assert new.variants == old.variants + added and new.seeds == old.seeds
+    with pytest.raises(ValueError, match="unknown variant 'mamba'"):
+        smoke.with_variants(["mamba"])
+    out = tmp_path / "claims"
+    assert main(["claims", "--protocol", "smoke", "--variants", "drift+gain=2", "--report-only", "--no-figures",
+                 "--out-dir", str(out)]) == 0
+    report = json.loads((out / "smoke.json").read_text())
+    rows = report["extra_variants"]
+    assert rows and {r["variant"] for r in rows} == {"drift+gain=2"} and all(r["status"].startswith("not run") for r in rows)
+    assert "wv-tiny" in {r["cell"] for r in rows}
+    assert "## Added variants (claims --variants)" in (out / "smoke.md").read_text()
+    assert main(["claims", "--protocol", "smoke", "--variants", "mamba", "--report-only", "--out-dir", str(out)]) == 2
+    assert "unknown variant 'mamba'" in capsys.readouterr().err
