@@ -96,7 +96,7 @@ def machine_line(m: dict) -> str:
             f"{env}; {m.get('platform', '?')}")
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -141,16 +141,16 @@ class _Runner:
             self.loss_fn = self.model.loss
             self.optimizer.zero_grad(set_to_none=True)
             self._step()
-        _sync(self.device)
+        sync_device(self.device)
         if self.compiled:
             self.compile_s = time.perf_counter() - start
 
     def timed_step(self) -> tuple[float, float]:
         """One step; returns its wall and process CPU time in ms (accelerator synchronised before and after)."""
-        _sync(self.device)
+        sync_device(self.device)
         start, cpu_start = time.perf_counter(), time.process_time()
         self._step()
-        _sync(self.device)
+        sync_device(self.device)
         return 1000.0 * (time.perf_counter() - start), 1000.0 * (time.process_time() - cpu_start)
 
 
@@ -167,7 +167,7 @@ def step_time_stats(times_ms: list[float], tokens_per_step: int) -> dict:
     )
 
 
-def _variant_configs(base: GPTConfig, names: list[str], map_options: dict) -> dict[str, GPTConfig]:
+def variant_configs(base: GPTConfig, names: list[str], map_options: dict) -> dict[str, GPTConfig]:
     """Each variant's config: ``base`` with the variant's overrides and the ``map_options`` its map has."""
     configs, used = {}, set()
     for n in names:
@@ -235,7 +235,7 @@ def run_bench(
     if batch_size < 1 or repeats < 1 or warmup < 1:
         raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 1; got {batch_size}, {repeats}, {warmup}")
     log = log or (lambda *a, **k: None)
-    configs = _variant_configs(base, names, map_options or {})
+    configs = variant_configs(base, names, map_options or {})
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
