@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from coupled_qk.commands.options import add_model_options, config_from_args
+from coupled_qk.commands.options import add_model_options, gpt_config_from_args
 from coupled_qk.experiments.bench import bench_markdown, result_stem, run_bench, write_results
 from coupled_qk.experiments.bench_decode import decode_markdown, memory_markdown, run_decode, run_memory
 from coupled_qk.experiments.cost_curve import plot_sweep, run_sweep, sweep_markdown
@@ -100,7 +100,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     map_options = {} if args.n_steps is None else {"n_steps": args.n_steps}
     # --n-steps applies per variant (run_bench), not to the base config, whose attention has no map
-    config = config_from_args(argparse.Namespace(**{**vars(args), "n_steps": None}))
+    config = gpt_config_from_args(argparse.Namespace(**{**vars(args), "n_steps": None}))
     invoked = sys.argv[1:]
     command = shlex.join(["coupled-qk", *invoked]) if invoked[:1] == ["bench"] else None
     if args.sweep or args.mode != "train":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coupled_qk.commands.options import parse_seeds, reject_variant_flags
-from coupled_qk.commands.train import add_train_options, config_from_args
+from coupled_qk.commands.train import add_train_options, train_config_from_args
 from coupled_qk.models.registry import variant_names
 
 HELP = "train several attention variants with the same data and budget, then compare"
@@ -25,7 +25,7 @@ def run(args) -> int:
     reject_variant_flags(args, "compare")
     if args.out_dir is None:
         args.out_dir = "runs/compare"
-    base = config_from_args(args)
+    base = train_config_from_args(args)
     seeds = parse_seeds(args.seeds)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     summary = run_comparison(base, variants, seeds, base.out_dir)

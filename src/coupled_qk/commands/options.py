@@ -51,7 +51,7 @@ def reject_variant_flags(args, command: str) -> None:
             f"(variants: {', '.join(variant_names())})")
 
 
-def config_from_args(args, **extra) -> GPTConfig:
+def gpt_config_from_args(args, **extra) -> GPTConfig:
     """Build the validated :class:`GPTConfig` from parsed model options (``extra`` wins over the preset)."""
     overrides = {**extra, **parse_overrides(args.overrides)}
     for name in ("attention", "integrator", "n_steps"):
