@@ -187,3 +187,52 @@ def test_claims_variants_adds_the_plugin_to_every_cell(drift, tmp_path, capsys):
     assert "## Added variants (claims --variants)" in (out / "smoke.md").read_text()
     assert main(["claims", "--protocol", "smoke", "--variants", "mamba", "--report-only", "--out-dir", str(out)]) == 2
     assert "unknown variant 'mamba'" in capsys.readouterr().err
+
+
+TOY_DROP_IN = '''
+import dataclasses
+
+from coupled_qk import MapOptions, QKMap, register_qk_map
+
+
+class ScaledQueries(QKMap):
+    keys_per_query_head = False
+
+    def __init__(self, d_head, n_heads, scale=2.0):
+        super().__init__()
+        self.scale, self.dt = scale, None
+
+    def forward(self, q, k):
+        return self.scale * q, k
+
+
+@dataclasses.dataclass
+class ScaledQueriesOptions(MapOptions):
+    scale: float = 2.0
+
+
+def register():
+    register_qk_map("scaled_queries", "scaled_q", ScaledQueries, ScaledQueriesOptions, in_defaults=("standard",))
+'''
+
+
+def test_a_drop_in_module_in_models_maps_is_one_file(tmp_path, monkeypatch):
+    """Inside the package, a variant is one file in ``coupled_qk/models/maps/`` (here a folder added to that
+    package's path): found at the first registry query, options generated, in the defaults it asked for."""
+    from coupled_qk.models import maps
+
+    (tmp_path / "toy_scaled_queries.py").write_text(TOY_DROP_IN)
+    monkeypatch.setattr(maps, "__path__", [*maps.__path__, str(tmp_path)])
+    with registry.isolated():
+        assert "scaled_q" not in registry.ATTENTIONS
+        assert variant_overrides("scaled_q+scale=3") == {"attention": "scaled_q", "scale": 3.0}
+        assert "scaled_q" in registry.default_variants() and "scaled_q_differential" not in registry.default_variants()
+        torch.manual_seed(0)
+        std = GPT(GPTConfig(**SMALL)).eval()
+        toy = GPT(GPTConfig(**SMALL, attention="scaled_q", scale=1.0)).eval()
+        toy.load_state_dict(std.state_dict())
+        idx = torch.randint(0, 50, (2, 8))
+        with torch.no_grad():
+            assert torch.equal(toy(idx), std(idx))  # scale 1 is the identity map
+    assert "scaled_q" not in registry.ATTENTIONS  # undone on exit
+    sys.modules.pop("coupled_qk.models.maps.toy_scaled_queries", None)

@@ -160,11 +160,22 @@ _DEFAULTS: list[str] = []  # the default variant set, in registration order
 _plugins: dict = {"loaded": False, "names": ()}  # group read?; entry points registered so far
 
 
-def load_plugins(reload: bool = False) -> list[str]:
-    """Load the third-party registrations of the entry-point group :data:`ENTRY_POINT_GROUP` (once).
+def _drop_in_maps() -> list[tuple[str, str]]:
+    """``(name, "module:register")`` of every module of :mod:`coupled_qk.models.maps` (the in-package drop-ins)."""
+    import pkgutil
 
-    Each entry point is loaded; when it names a callable, the callable is called with no argument (it makes
-    its :func:`register_qk_map` / :func:`register_variant` calls); a module makes them on import. Every
+    from coupled_qk.models import maps
+
+    return [(m.name, f"{maps.__name__}.{m.name}:register") for m in pkgutil.iter_modules(maps.__path__)]
+
+
+def load_plugins(reload: bool = False) -> list[str]:
+    """Load the drop-in maps of :mod:`coupled_qk.models.maps` and the third-party registrations of the
+    entry-point group :data:`ENTRY_POINT_GROUP` (once).
+
+    Each entry point (and each drop-in module's ``register``) is loaded; when it names a callable, the callable
+    is called with no argument (it makes its :func:`register_qk_map` / :func:`register_variant` calls); a
+    module makes them on import. Every
     function of this module that lists or looks up variants calls this first, so plugins load lazily, the first
     time the registry is queried. ``reload=True`` reads the group again (after ``sys.path`` changed); an entry
     point registered before is not loaded twice.
@@ -178,10 +189,11 @@ def load_plugins(reload: bool = False) -> list[str]:
     if _plugins["loaded"] and not reload:
         return []
     _plugins["loaded"] = True  # before loading: a plugin's own registry calls must not load again
-    from importlib.metadata import entry_points
+    from importlib.metadata import EntryPoint, entry_points
 
     loaded = []
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    drop_ins = [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in _drop_in_maps()]
+    for ep in drop_ins + sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         if ep.value in _plugins["names"]:
             continue
         _plugins["names"] += (ep.value,)
