@@ -151,15 +151,15 @@ def private_imports(path: Path, module: str) -> list[str]:
     (a private name crossing a module boundary); private modules (``coupled_qk._checks``) are fine."""
     out = []
     tree = ast.parse(path.read_text(), str(path))
+    mods, imported = source_modules(), _imported_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coupled_qk") and node.module != module:
-            mods = source_modules()
             out += [f"{node.module}.{a.name}" for a in node.names
                     if a.name.startswith("_") and not a.name.startswith("__") and f"{node.module}.{a.name}" not in mods]
         elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             # Class._private / module._private reads on an imported coupled_qk name
             base = node.value
-            if isinstance(base, ast.Name) and base.id in _imported_names(tree) and base.id != "self":
+            if isinstance(base, ast.Name) and base.id in imported and base.id != "self":
                 out.append(f"{base.id}.{node.attr}")
     return out
 

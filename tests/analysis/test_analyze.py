@@ -275,6 +275,7 @@ def test_token_windows_match_full_encoding(checkpoints):
         token_windows(text, tok, 10_000, 16)
 
 
+@pytest.mark.slow
 def test_analyze_checkpoints_end_to_end(checkpoints, tmp_path):
     _, corpus, runs, _ = checkpoints
     out = tmp_path / "report"

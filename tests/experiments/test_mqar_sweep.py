@@ -117,6 +117,7 @@ def _micro_preset():
     )
 
 
+@pytest.mark.slow
 def test_micro_sweep_writes_results_table_plot_and_reuses_runs(tmp_path):
     preset = _micro_preset()
     calls = []
