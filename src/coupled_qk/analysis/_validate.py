@@ -14,6 +14,8 @@ EPS64 = torch.finfo(torch.float64).eps
 
 
 def to_f64(x: torch.Tensor, name: str) -> torch.Tensor:
+    """``x`` detached in float64; ``TypeError`` for a non-tensor or complex input, ``ValueError`` naming ``name``
+    for non-finite entries."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
     if x.is_complex():
@@ -29,6 +31,7 @@ def _default_atol(dtype: torch.dtype) -> float:
 
 
 def check_matrix(x: torch.Tensor, name: str, what: str) -> None:
+    """``ValueError`` naming ``name`` unless ``x`` has at least 2 dimensions, the last two non-empty."""
     if x.dim() < 2:
         raise ValueError(
             f"{name} must have at least 2 dimensions {what}; got shape {tuple(x.shape)} ({x.dim()}-D)"
@@ -68,6 +71,7 @@ def check_stochastic(A64: torch.Tensor, name: str, atol: float) -> None:
 
 
 def check_causal(A64: torch.Tensor, name: str, atol: float) -> None:
+    """``ValueError`` naming ``name`` when an entry above the diagonal of ``A64`` exceeds ``atol`` in magnitude."""
     if A64.numel() == 0:
         return
     upper = float(torch.triu(A64, diagonal=1).abs().max())
@@ -85,6 +89,7 @@ def safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_atol(atol: float | None, dtype: torch.dtype) -> float:
+    """``atol``, checked ``>= 0``, or the default tolerance of ``dtype`` when ``None``."""
     if atol is None:
         return _default_atol(dtype)
     if not atol >= 0:

@@ -16,11 +16,14 @@ from coupled_qk.analysis._validate import F64, check_causal, check_stochastic, m
 
 
 def row_entropy_f64(A64: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) of each row of the float64 attention ``A64`` of shape ``(..., T, T)`` -> ``(..., T)``."""
     p = A64.clamp_min(0.0)  # tiny negatives allowed by atol are rounding noise
     return -torch.special.xlogy(p, p).sum(dim=-1)
 
 
 def normalized_entropy_f64(H: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Mean row entropy ``H`` ``(..., T)`` divided by the largest possible (``log`` of each row's length; causal rows
+    1..T-1, row 0 has one key and is skipped) -> ``(...)``."""
     T = H.shape[-1]
     if causal:
         log_len = torch.log(torch.arange(2, T + 1, dtype=F64, device=H.device))  # rows 1..T-1
@@ -113,6 +116,7 @@ def normalized_attention_entropy(
 
 
 def sink_mass_f64(A64: torch.Tensor, include_first_row: bool) -> torch.Tensor:
+    """Mean attention on the first key over the query rows of ``A64`` ``(..., T, T)`` -> ``(...)``."""
     col0 = A64[..., :, 0]
     return (col0 if include_first_row else col0[..., 1:]).mean(dim=-1)
 

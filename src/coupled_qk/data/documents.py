@@ -102,6 +102,7 @@ def split_documents(text: str, max_lines: int = MAX_DOC_LINES, group_lines: int 
 
 
 def check_fraction(name: str, value: float) -> float:
+    """``value`` as a float; ``ValueError`` naming ``name`` unless it is a number strictly between 0 and 1."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise ValueError(f"{name}={value!r} must be a number strictly between 0 and 1")
     return float(value)

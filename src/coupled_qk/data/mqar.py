@@ -56,10 +56,12 @@ MAX_SEED = 2**32
 
 
 def is_int(x: object) -> bool:
+    """Whether ``x`` is a Python or NumPy integer (``bool`` is not)."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def check_types(**ints: object) -> None:
+    """``ValueError`` listing every keyword argument that is not an integer (see :func:`is_int`)."""
     bad = [f"{name}={value!r} (type {type(value).__name__})" for name, value in ints.items()
            if not is_int(value)]
     if bad:

@@ -97,6 +97,7 @@ def machine_line(m: dict) -> str:
 
 
 def sync_device(device: torch.device) -> None:
+    """Wait for the queued CUDA work on ``device`` (a no-op on CPU), so that a timer reads finished work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
