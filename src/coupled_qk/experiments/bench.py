@@ -246,53 +246,9 @@ def run_bench(
         dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
     runners = {n: _Runner(n, configs[n], x, y, dev, dtype, compile_model, seed) for n in names}
 
-    for n, r in runners.items():  # warmup, compiling if asked
-        r.first_step()
-        msg = f"  {n}: compiled in {r.compile_s:.1f} s" if r.compiled else f"  {n}: warm"
-        log(msg + (f" (compile failed, eager: {r.compile_error})" if r.compile_error else ""))
-    for _ in range(warmup - 1):
-        for r in runners.values():
-            r.timed_step()
-
-    gc.collect()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    cpu_times: dict[str, list[float]] = {n: [] for n in names}
-    order = list(names)
-    for i in range(repeats):
-        for n in order[i % len(order):] + order[: i % len(order)]:
-            wall_ms, cpu_ms = runners[n].timed_step()
-            times[n].append(wall_ms)
-            cpu_times[n].append(cpu_ms)
-        if (i + 1) % max(1, repeats // 5) == 0:
-            log(f"  repeat {i + 1}/{repeats}")
-
+    times, cpu_times = _time_interleaved(runners, warmup, repeats, log)
     tokens_per_step = batch_size * seq_len
-    results = {}
-    for n in names:
-        r = runners[n]
-        info = coupling_parameter_overhead(configs[n])
-        results[n] = dict(
-            attention=configs[n].attention,
-            integrator=getattr(configs[n].qk_map, "integrator", None),
-            n_steps=getattr(configs[n].qk_map, "n_steps", None),
-            **step_time_stats(times[n], tokens_per_step),
-            params=info["params"],
-            overhead_percent=info["overhead_percent"],
-            compiled=r.compiled,
-            compile_s=r.compile_s,
-            compile_error=r.compile_error,
-            times_ms=times[n],
-        )
-        if dev.type == "cpu":  # CPU time of this process (all threads): less sensitive to other processes
-            results[n]["cpu_median_ms"] = float(np.median(cpu_times[n]))
-            results[n]["cpu_times_ms"] = cpu_times[n]
-    base_median, base_times = results[BASELINE]["median_ms"], np.asarray(times[BASELINE])
-    for n in names:
-        results[n]["ratio"] = results[n]["median_ms"] / base_median
-        # robustness check under load: median over repeats of (variant / standard) within the same round
-        results[n]["paired_ratio"] = float(np.median(np.asarray(times[n]) / base_times))
-        if dev.type == "cpu":
-            results[n]["cpu_ratio"] = results[n]["cpu_median_ms"] / results[BASELINE]["cpu_median_ms"]
+    results = _variant_results(runners, configs, times, cpu_times, tokens_per_step, dev)
     return dict(
         settings=dict(
             variants=names,
@@ -312,6 +268,62 @@ def run_bench(
         variants=results,
         elapsed_s=time.perf_counter() - t0,
     )
+
+
+def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[dict, dict]:
+    """Warm every runner up (compiling if asked), then time ``repeats`` rounds of one step per variant, the
+    order rotated each round; returns wall and process-CPU milliseconds per variant."""
+    for n, r in runners.items():  # warmup, compiling if asked
+        r.first_step()
+        msg = f"  {n}: compiled in {r.compile_s:.1f} s" if r.compiled else f"  {n}: warm"
+        log(msg + (f" (compile failed, eager: {r.compile_error})" if r.compile_error else ""))
+    for _ in range(warmup - 1):
+        for r in runners.values():
+            r.timed_step()
+
+    gc.collect()
+    times: dict[str, list[float]] = {n: [] for n in runners}
+    cpu_times: dict[str, list[float]] = {n: [] for n in runners}
+    order = list(runners)
+    for i in range(repeats):
+        for n in order[i % len(order):] + order[: i % len(order)]:
+            wall_ms, cpu_ms = runners[n].timed_step()
+            times[n].append(wall_ms)
+            cpu_times[n].append(cpu_ms)
+        if (i + 1) % max(1, repeats // 5) == 0:
+            log(f"  repeat {i + 1}/{repeats}")
+    return times, cpu_times
+
+
+def _variant_results(runners: dict, configs: dict, times: dict, cpu_times: dict, tokens_per_step: int,
+                     dev: torch.device) -> dict:
+    """Per variant: step-time statistics, parameters, compile status and the ratios against ``standard``."""
+    results = {}
+    for n, r in runners.items():
+        info = coupling_parameter_overhead(configs[n])
+        results[n] = dict(
+            attention=configs[n].attention,
+            integrator=getattr(configs[n].qk_map, "integrator", None),
+            n_steps=getattr(configs[n].qk_map, "n_steps", None),
+            **step_time_stats(times[n], tokens_per_step),
+            params=info["params"],
+            overhead_percent=info["overhead_percent"],
+            compiled=r.compiled,
+            compile_s=r.compile_s,
+            compile_error=r.compile_error,
+            times_ms=times[n],
+        )
+        if dev.type == "cpu":  # CPU time of this process (all threads): less sensitive to other processes
+            results[n]["cpu_median_ms"] = float(np.median(cpu_times[n]))
+            results[n]["cpu_times_ms"] = cpu_times[n]
+    base_median, base_times = results[BASELINE]["median_ms"], np.asarray(times[BASELINE])
+    for n in runners:
+        results[n]["ratio"] = results[n]["median_ms"] / base_median
+        # robustness check under load: median over repeats of (variant / standard) within the same round
+        results[n]["paired_ratio"] = float(np.median(np.asarray(times[n]) / base_times))
+        if dev.type == "cpu":
+            results[n]["cpu_ratio"] = results[n]["cpu_median_ms"] / results[BASELINE]["cpu_median_ms"]
+    return results
 
 
 def result_stem(preset: str, result: dict) -> str:
