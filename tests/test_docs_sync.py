@@ -20,16 +20,22 @@ def _defaults(options: type) -> str:
 
 
 def generated() -> dict[str, str]:
-    """The markdown of each generated block, from the registry as it is before any plugin loads (the dicts are
-    read directly; plugins are not part of the library's documentation)."""
+    """The markdown of each generated block, from the library's registry: the built-in variants and the drop-ins
+    of ``coupled_qk/models/maps/``, not third-party plugins (their map classes live outside ``coupled_qk``)."""
+    registry.load_plugins()
+    ours = [n for n, a in registry.ATTENTIONS.items()
+            if a.qk_map is None or a.qk_map.module.__module__.startswith("coupled_qk.")]
     a_rows = ["| attention | query-key map (class) | scoring | map options (defaults) |", "|---|---|---|---|"]
-    for name, a in registry.ATTENTIONS.items():
+    for name in ours:
+        a = registry.ATTENTIONS[name]
         m = a.qk_map
         a_rows.append(f"| `{name}` | {f'`{m.name}` (`{m.module.__name__}`)' if m else '-'} | {a.scoring} | "
                       f"{_defaults(m.options) if m else '-'} |")
-    defaults = set(registry._DEFAULTS)
+    defaults = set(registry.default_variants())
     v_rows = ["| variant | `GPTConfig` overrides | in the default set |", "|---|---|---|"]
     for name, spec in registry.VARIANTS.items():
+        if spec["attention"] not in ours:
+            continue
         overrides = ", ".join(f"`{k}={v!r}`" for k, v in spec.items())
         v_rows.append(f"| `{name}` | {overrides} | {'yes' if name in defaults else 'no'} |")
     aliases = ", ".join(f"`{a}` = `{n}`" for a, n in registry.ALIASES.items())

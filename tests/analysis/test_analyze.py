@@ -11,9 +11,9 @@ from coupled_qk.analysis import metrics
 from coupled_qk.analysis.analyze import MAP_METRICS, analyze_checkpoints, analyze_model, token_windows
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
-from coupled_qk.models.variants import ATTENTIONS, get_attention
+from coupled_qk.models.registry import attention_names, get_attention
 
-ATTENTION_VARIANTS = tuple(ATTENTIONS)
+ATTENTION_VARIANTS = tuple(attention_names())  # plugins and drop-ins included
 
 B, T = 3, 12
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from coupled_qk import GPT, GPTConfig, KVCache
-from coupled_qk.models.variants import ATTENTIONS, get_attention
+from coupled_qk.models.registry import attention_names, get_attention
 from coupled_qk.ops.dynamics import integrate_qk
 from coupled_qk.ops.heads import expand_kv, group_mean
 from coupled_qk.ops.reference import integrate_qk_shared_reference
@@ -37,7 +37,7 @@ def make_model(attention, n_kv_heads=2, shared_keys=False, integrator="leapfrog"
     return model
 
 
-CASES = [(a, False) for a in ATTENTIONS] + [("coupled", True), ("coupled_differential", True)]
+CASES = [(a, False) for a in attention_names()] + [("coupled", True), ("coupled_differential", True)]
 
 
 @pytest.mark.parametrize("attention, shared_keys", CASES)
