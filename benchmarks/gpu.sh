@@ -25,7 +25,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 status=$?
 
 if [ "${EXTENDED:-0}" = "1" ]; then
-  V=coupled,coupled_leapfrog,uncoupled_mlp,differential,coupled_differential
+  V=all  # the registry's default variant set (coupled-qk bench --help lists it)
   T=${EXTENDED_TIMEOUT_S:-900}
   cli() { timeout "$T" "$PY" -c 'import sys; from coupled_qk.cli import main; sys.exit(main(sys.argv[1:]))' "$@" \
             || { echo "gpu.sh: failed or timed out (status $?): $*"; status=1; }; }

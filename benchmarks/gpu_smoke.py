@@ -797,9 +797,9 @@ def stage_bench(ctx: Ctx):
         res = run_bench(base, variants=list(variants), device=ctx.device, dtype=dtype, log=ctx.log, **kw)
         out = {}
         for name, v in res["variants"].items():
-            from coupled_qk.experiments.bench import _variant_configs
+            from coupled_qk.experiments.bench import variant_configs
 
-            cfg = _variant_configs(base, [name], {})[name]
+            cfg = variant_configs(base, [name], {})[name]
             s = res["settings"]
             flops = train_step_flops(cfg, s["batch_size"], s["seq_len"])["step"]
             mfu = flops / (v["median_ms"] / 1000) / (H200_BF16_DENSE_TFLOPS * 1e12) if ctx.cuda else None

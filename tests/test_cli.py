@@ -40,6 +40,7 @@ def test_no_command_prints_help(capsys):
     assert "describe" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_train_eval_compare(tiny_corpus, tmp_path, capsys):
     common = ["--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir", str(tmp_path / "cache"),
               "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",

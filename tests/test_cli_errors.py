@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coupled_qk.cli import build_parser, main
-from coupled_qk.commands.train import config_from_args, train_flags
+from coupled_qk.commands.train import train_config_from_args, train_flags
 from coupled_qk.training.config import TrainConfig
 from tests.conftest import make_text
 
@@ -137,7 +137,7 @@ def test_6_typed_overrides_in_cli_json_and_api(setup):
         ["train", "--attention", "coupled", "--set", "use_mlp=False", "--set", "shared_across_heads=False",
          "--set", "n_layer=2",
          "--opt", "compile=false", "--opt", "min_lr_ratio=0.5", "--no-tensorboard", "--max-minutes", "none"])
-    cfg = config_from_args(args)
+    cfg = train_config_from_args(args)
     assert cfg.model["use_mlp"] is False and cfg.model["shared_across_heads"] is False and cfg.model["n_layer"] == 2
     assert cfg.compile is False and cfg.min_lr_ratio == 0.5 and cfg.tensorboard is False and cfg.max_minutes is None
     assert cfg.gpt_config().use_mlp is False and cfg.gpt_config().qk_map.shared_across_heads is False

@@ -24,9 +24,16 @@ LEVELS = {
 }
 
 
+ROOT_LEVEL = 6
+"""``from coupled_qk import name`` inside the package: the root re-exports every level, so no module imports it."""
+
+
 def level_of(module: str) -> int:
-    """Level of ``coupled_qk.<top>...``; an unknown top-level name fails (classify new packages here)."""
+    """Level of ``coupled_qk.<top>...``; a name of the package root (not a module) is :data:`ROOT_LEVEL`; an
+    unknown top-level module fails (classify new packages here)."""
     top = module.split(".")[1]
+    if not (SRC / top).is_dir() and not (SRC / f"{top}.py").is_file():
+        return ROOT_LEVEL
     assert top in LEVELS, f"coupled_qk.{top} has no level in tests/test_layering.py: add it to LEVELS"
     return LEVELS[top]
 
@@ -66,7 +73,9 @@ def test_imports_flow_one_way():
             continue
         own = level_of(module)
         back_edges += [(module, m) for m in imports if level_of(m) > own]
-    assert not back_edges, "imports from a higher level:\n" + "\n".join(f"{a} -> {b}" for a, b in back_edges)
+    assert not back_edges, ("imports from a higher level (coupled_qk.<name> of a class or function is the package "
+                            "root: import it from the module that defines it):\n"
+                            + "\n".join(f"{a} -> {b}" for a, b in back_edges))
 
 
 def test_checker_sees_back_edges(tmp_path):
@@ -76,3 +85,112 @@ def test_checker_sees_back_edges(tmp_path):
     imports = imported_modules(path, "coupled_qk.models.bad")
     assert imports == ["coupled_qk.commands.options"]
     assert level_of(imports[0]) > level_of("coupled_qk.models.bad")
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Source module -> the source modules it imports (``from pkg import name`` counts as ``pkg.name`` when that
+    is a module, else as ``pkg``)."""
+    mods = source_modules()
+    graph = {}
+    for module, path in mods.items():
+        edges = set()
+        for target in imported_modules(path, module):
+            while target not in mods and "." in target:
+                target = target.rsplit(".", 1)[0]  # an imported name, not a module
+            if target in mods and target != module:
+                edges.add(target)
+        graph[module] = edges
+    return graph
+
+
+def strongly_connected_components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm (iterative); only components of more than one module, each sorted."""
+    index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    comp.append(top)
+                    if top == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or through others (a package ``__init__`` re-exporting its
+    own modules is a cycle too: import what you need from the module that defines it)."""
+    cycles = strongly_connected_components(module_graph())
+    assert not cycles, "import cycles (strongly connected components):\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_sees_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert strongly_connected_components(graph) == [["a", "b", "c"]]
+
+
+def private_imports(path: Path, module: str) -> list[str]:
+    """``from coupled_qk.x import _name`` and ``coupled_qk.x._name`` attribute reads where ``x`` is not ``module``
+    (a private name crossing a module boundary); private modules (``coupled_qk._checks``) are fine."""
+    out = []
+    tree = ast.parse(path.read_text(), str(path))
+    mods, imported = source_modules(), _imported_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coupled_qk") and node.module != module:
+            out += [f"{node.module}.{a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__") and f"{node.module}.{a.name}" not in mods]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            # Class._private / module._private reads on an imported coupled_qk name
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in imported and base.id != "self":
+                out.append(f"{base.id}.{node.attr}")
+    return out
+
+
+def _imported_names(tree: ast.AST) -> set[str]:
+    """Names bound by ``from coupled_qk... import name`` in ``tree``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coupled_qk"):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def test_no_private_names_cross_module_boundaries():
+    found = []
+    for module, path in sorted(source_modules().items()):
+        found += [f"{module}: {name}" for name in private_imports(path, module)]
+    assert not found, "private names used outside their module (make them public or move the code):\n" + "\n".join(found)
+
+
+def test_private_name_checker(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text("from coupled_qk.data.corpora import _join, load_corpus\nfrom coupled_qk._checks import choice\n"
+                    "from coupled_qk.models.config import GPTConfig\nx = GPTConfig._upgrade\n")
+    assert private_imports(path, "coupled_qk.data.hub") == ["coupled_qk.data.corpora._join", "GPTConfig._upgrade"]

@@ -6,19 +6,22 @@ from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKDynamics, QKMap, QueryMLP
 from coupled_qk.models.config import PRESETS, GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
-from coupled_qk.models.variants import ATTENTIONS, VARIANTS, register_qk_map, register_variant
+from coupled_qk.models.options import MapOptions
+from coupled_qk.models.registry import ATTENTIONS, VARIANTS, register_qk_map, register_variant
 from coupled_qk.ops.dynamics import INTEGRATORS, integrate_qk
 
 __version__ = "0.1.0"
-
-ATTENTION_VARIANTS = tuple(ATTENTIONS)
-"""Names of the attentions registered at import (see :data:`coupled_qk.models.variants.ATTENTIONS`)."""
 
 _hf_hook.install()  # AutoConfig/AutoModelForCausalLM know "coupled_qk" once transformers is used (no import here)
 
 
 def __getattr__(name: str):
-    """Lazy exports that would otherwise import the data and training layers with the package."""
+    """Lazy exports: ``ATTENTION_VARIANTS`` (the registered attention names, computed when read, plugins
+    included) and those that would otherwise import the data and training layers with the package."""
+    if name == "ATTENTION_VARIANTS":
+        from coupled_qk.models.registry import attention_names
+
+        return tuple(attention_names())
     if name in ("load_run", "LoadedRun"):
         from coupled_qk.training import pretrained
 
@@ -40,6 +43,7 @@ __all__ = [
     "KVCache",
     "LoadedRun",
     "MLPForce",
+    "MapOptions",
     "QKDynamics",
     "QKMap",
     "QueryMLP",

@@ -11,9 +11,9 @@ from coupled_qk.analysis import metrics
 from coupled_qk.analysis.analyze import MAP_METRICS, analyze_checkpoints, analyze_model, token_windows
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
-from coupled_qk.models.variants import ATTENTIONS, get_attention
+from coupled_qk.models.registry import attention_names, get_attention
 
-ATTENTION_VARIANTS = tuple(ATTENTIONS)
+ATTENTION_VARIANTS = tuple(attention_names())  # plugins and drop-ins included
 
 B, T = 3, 12
 
@@ -122,7 +122,11 @@ def test_per_layer_keys_and_shapes(attention):
         assert all(v == 0 for layer in res["layers"] for v in layer["qk_heads"]["k_update"])
     if attention.startswith("invertible"):  # the v2 coupling is exactly the identity at initialisation
         assert all(v == 0 for layer in res["layers"] for k in qk for v in layer["qk_heads"][k])
-    elif get_attention(attention).qk_map is not None:
+    elif get_attention(attention).qk_map is not None:  # a map that is not the identity moves q or k of each head
+        for layer in res["layers"]:
+            heads = zip(layer["qk_heads"]["q_update"], layer["qk_heads"]["k_update"], strict=True)
+            assert all(qu + ku > 0 for qu, ku in heads)
+    if attention.startswith(("coupled", "uncoupled_mlp")):  # both move the queries
         assert all(v > 0 for layer in res["layers"] for v in layer["qk_heads"]["q_update"])
     ex = res["example"]
     assert (ex["layer"], ex["head"], ex["tokens"]) == (cfg.n_layer - 1, 1, 8)
@@ -275,6 +279,7 @@ def test_token_windows_match_full_encoding(checkpoints):
         token_windows(text, tok, 10_000, 16)
 
 
+@pytest.mark.slow
 def test_analyze_checkpoints_end_to_end(checkpoints, tmp_path):
     _, corpus, runs, _ = checkpoints
     out = tmp_path / "report"

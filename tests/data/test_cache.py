@@ -29,6 +29,7 @@ def real_slices(data_dir) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_chunked_encoding_equals_whole_on_real_text(gpt2, small_bpe, real_slices):
     for name, text in real_slices.items():
         n_chunks = len(chunk_text(text, 300, gpt2.added_tokens))

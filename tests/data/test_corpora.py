@@ -98,6 +98,7 @@ def test_pubmed_split_is_deterministic_and_partitions(data_dir):
     assert d.source["n_documents"] == {"train": 4779, "valid": 281, "test": 562}
 
 
+@pytest.mark.slow
 def test_mixed_domain(data_dir):
     c = load_corpus("mixed-domain", data_dir)
     names = [Path(f).name for f in c.source["files"]]

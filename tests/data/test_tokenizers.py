@@ -47,6 +47,7 @@ def test_gpt2_basics(gpt2):
     assert gpt2.chunk_safe and gpt2.added_tokens == [EOT] and len(gpt2.fingerprint) == 64
 
 
+@pytest.mark.slow
 def test_gpt2_matches_tiktoken_on_real_text(gpt2, tiktoken_gpt2, data_dir):
     for name, text in _real_slices(data_dir).items():
         assert EOT not in text
@@ -143,6 +144,7 @@ def test_train_bpe_validation():
     assert train_bpe("tiny text", 5000).vocab_size < 5000  # fewer merges than requested
 
 
+@pytest.mark.slow
 def test_save_load_roundtrip(tmp_path, small_bpe, gpt2, wiki_head):
     for tok in (small_bpe, gpt2):
         path = tok.save(tmp_path / tok.name)
@@ -161,6 +163,7 @@ def test_save_load_roundtrip(tmp_path, small_bpe, gpt2, wiki_head):
         Tokenizer("gpt2", "gpt2")
 
 
+@pytest.mark.slow
 def test_get_tokenizer(tmp_path, gpt2, small_bpe, wiki_head, data_dir):
     assert get_tokenizer("gpt2", data_dir=data_dir).fingerprint == gpt2.fingerprint
     assert get_tokenizer("bpe-1000", train_text=wiki_head).fingerprint == small_bpe.fingerprint

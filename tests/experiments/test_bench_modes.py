@@ -72,6 +72,7 @@ def test_decode_and_memory_modes(tmp_path):
         assert v["resident_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_sweep_writes_the_cost_curve(tmp_path):
     assert main(["bench", *MICRO, "--sweep", "--sweep-d-model", "16,32", "--sweep-seq-len", "4,8", "--sweep-n-steps",
                  "1,2", "--variants", "coupled", "--batch-size", "2", "--repeats", "2",

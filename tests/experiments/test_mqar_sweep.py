@@ -7,12 +7,12 @@ import json
 import pytest
 
 from coupled_qk.experiments.mqar_presets import (
-    MQAR_VARIANTS,
     SWEEP_PRESETS,
     Difficulty,
     SweepPreset,
     get_preset,
     heads_for,
+    mqar_variants,
 )
 from coupled_qk.experiments.mqar_report import accuracy_table, best_over_lr
 from coupled_qk.experiments.mqar_sweep import plan_sweep, run_config, run_sweep
@@ -27,6 +27,7 @@ def _rec(variant, d, lr, acc, difficulty="easy", status="ran"):
 def test_variants_cover_every_attention_variant_and_leapfrog():
     from coupled_qk import ATTENTION_VARIANTS
 
+    MQAR_VARIANTS = mqar_variants()
     # every attention of the paper (the grid cell uncoupled_mlp x differential is beyond it)
     assert {v["attention"] for v in MQAR_VARIANTS.values()} == set(ATTENTION_VARIANTS) - {"uncoupled_mlp_differential"}
     assert MQAR_VARIANTS["coupled_leapfrog"] == {"attention": "coupled", "integrator": "leapfrog"}
@@ -77,7 +78,7 @@ def test_presets_match_the_papers():
         for d in preset.difficulties:
             for L, K, _ in d.train_slices + d.test_slices:
                 mqar_batch(1, L, preset.vocab_size, K)
-            for v in preset.variants:
+            for v in preset.variants or mqar_variants():
                 cfg = run_config(preset, d, v, preset.d_models[0], preset.lrs[0], "unused")
                 cfg.gpt_config(vocab_size=preset.vocab_size, block_size=max(x[0] for x in d.test_slices))
     fig2 = run_config(z, z.difficulties[0], "standard", 64, 1e-3, "unused")
@@ -116,6 +117,7 @@ def _micro_preset():
     )
 
 
+@pytest.mark.slow
 def test_micro_sweep_writes_results_table_plot_and_reuses_runs(tmp_path):
     preset = _micro_preset()
     calls = []

@@ -52,6 +52,7 @@ def test_loading_a_run_folder_points_to_export(trained_run):
         CoupledQKForCausalLM.from_pretrained(trained_run)
 
 
+@pytest.mark.slow
 def test_import_is_lazy_and_auto_classes_work_offline(trained_run, tmp_path):
     hf_dir = tmp_path / "hf"
     assert main(["export", str(trained_run), str(hf_dir)]) == 0

@@ -12,11 +12,11 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCac
 
 from coupled_qk import GPT, GPTConfig  # noqa: E402
 from coupled_qk.hf import CoupledQKConfig, CoupledQKForCausalLM  # noqa: E402
-from coupled_qk.models.variants import ATTENTIONS, VARIANTS  # noqa: E402
+from coupled_qk.models.registry import VARIANTS, variant_names  # noqa: E402
 
 V = 53
-# every named variant, plus every registered attention no variant names (e.g. uncoupled_mlp_differential)
-CASES = {**VARIANTS, **{a: dict(attention=a) for a in ATTENTIONS if a not in {v["attention"] for v in VARIANTS.values()}}}
+# every named variant (every attention is one too): built-in, drop-in or plugin
+CASES = {n: VARIANTS[n] for n in variant_names()}
 
 
 def tiny_gpt(variant="coupled", seed=0, **kw) -> GPT:

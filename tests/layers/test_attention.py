@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from coupled_qk import ATTENTION_VARIANTS, GPT, GPTConfig, QueryMLP
 from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, differential_lambda_init
 from coupled_qk.models.variants import get_attention
+from coupled_qk.ops.reference import rms_norm_reference, rope_reference
 
 POSITIONS = ["rope", "learned"]
 
@@ -93,19 +94,6 @@ def test_coupled_with_dt_zero_or_no_steps_equals_standard(change):
         assert torch.equal(std(idx), cpl(idx))
 
 
-def rms_norm(x, weight, eps=1e-5):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-def rope64(x, base=10000.0):
-    t, d = x.shape[-2], x.shape[-1]
-    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None]
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    c, s = ang.cos(), ang.sin()
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-
-
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
 def test_differential_attention_matches_float64_reference(n_kv_heads):
     torch.manual_seed(1)
@@ -134,13 +122,13 @@ def test_differential_attention_matches_float64_reference(n_kv_heads):
             j = i // rep
             maps = []
             for s in range(2):
-                q = rope64(x[b] @ wq[(2 * i + s) * d_head : (2 * i + s + 1) * d_head].T)
-                k = rope64(x[b] @ wk[(2 * j + s) * d_head : (2 * j + s + 1) * d_head].T)
+                q = rope_reference(x[b] @ wq[(2 * i + s) * d_head : (2 * i + s + 1) * d_head].T)
+                k = rope_reference(x[b] @ wk[(2 * j + s) * d_head : (2 * j + s + 1) * d_head].T)
                 scores = (q @ k.T / math.sqrt(d_head)).masked_fill(~mask, float("-inf"))
                 maps.append(scores.softmax(-1))
             v = x[b] @ wv[j * 2 * d_head : (j + 1) * 2 * d_head].T
             o = (maps[0] - lam * maps[1]) @ v
-            per_head.append(rms_norm(o, attn.subln.weight) * (1 - lam_init))
+            per_head.append(rms_norm_reference(o, attn.subln.weight) * (1 - lam_init))
         heads.append(torch.cat(per_head, dim=-1) @ attn.out_proj.weight.T)
     torch.testing.assert_close(out, torch.stack(heads), rtol=1e-10, atol=1e-10)
 
@@ -177,7 +165,7 @@ def test_record_of_post_rope_map_holds_the_rotated_inputs():
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     _, rec = attn(x, rope_tables(6, 8, dtype=torch.float64), record=True)
     q = attn.qkv(x)[..., :16].view(2, 6, 2, 8).transpose(1, 2)
-    torch.testing.assert_close(rec.q, rope64(q))  # the map's real input: no re-rotation needed by consumers
+    torch.testing.assert_close(rec.q, rope_reference(q))  # the map's real input: no re-rotation needed by consumers
 
 
 def test_recording_returns_probabilities_and_keeps_outputs():

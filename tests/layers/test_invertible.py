@@ -242,7 +242,7 @@ def test_model_causality_and_kv_cache_parity_with_trained_like_coupling(base, at
     assert (plain - full).abs().max() > 1e-2  # the coupling is far from the identity here
 
 
-@pytest.mark.parametrize("preset", ["tiny", "60m", "150m", "350m"])
+@pytest.mark.parametrize("preset", ["tiny", "60m", "150m", pytest.param("350m", marks=pytest.mark.slow)])
 def test_parameter_overhead_per_preset(preset):
     from coupled_qk import GPTConfig, coupling_parameter_overhead
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from coupled_qk import GPT, GPTConfig, KVCache
-from coupled_qk.models.variants import ATTENTIONS, get_attention
+from coupled_qk.models.registry import attention_names, get_attention
 from coupled_qk.ops.dynamics import integrate_qk
 from coupled_qk.ops.heads import expand_kv, group_mean
+from coupled_qk.ops.reference import integrate_qk_shared_reference
 
 BLOCK = 12
 
@@ -36,7 +37,7 @@ def make_model(attention, n_kv_heads=2, shared_keys=False, integrator="leapfrog"
     return model
 
 
-CASES = [(a, False) for a in ATTENTIONS] + [("coupled", True), ("coupled_differential", True)]
+CASES = [(a, False) for a in attention_names()] + [("coupled", True), ("coupled_differential", True)]
 
 
 @pytest.mark.parametrize("attention, shared_keys", CASES)
@@ -81,33 +82,6 @@ def test_shared_keys_without_grouping_equal_the_default(attention, integrator):
         assert torch.equal(a(idx), b(idx))
 
 
-def _reference_shared(q, k, force, dt, integrator, n_rep, group):
-    """float64 loop over key/value heads: the rules of docs/METHOD.md section 1.1, written out per head."""
-    q, k, dt = q.double(), k.double(), dt.double()
-    h, hk = q.shape[1], k.shape[1]
-    kv_of = [group * ((j // group) // n_rep) + j % group for j in range(h)]
-    members = [[j for j in range(h) if kv_of[j] == g] for g in range(hk)]
-    dtk = torch.stack([dt[m].mean() for m in members])
-
-    def kick(qq):
-        return torch.stack([force(qq[:, m].mean(1)) for m in members], 1)
-
-    def drift(kk):
-        return torch.stack([kk[:, kv_of[j]] for j in range(h)], 1)
-
-    def scale(x, s):
-        return x * s.view(1, -1, 1, 1)
-
-    if integrator == "euler":
-        return q + scale(drift(k), dt), k + scale(kick(q), dtk)
-    if integrator == "symplectic_euler":
-        k = k + scale(kick(q), dtk)
-        return q + scale(drift(k), dt), k
-    k = k + scale(kick(q), dtk / 2)
-    q = q + scale(drift(k), dt)
-    return q, k + scale(kick(q), dtk / 2)
-
-
 @pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])
 @pytest.mark.parametrize("group", [1, 2])
 def test_integrate_qk_shared_keys_match_a_per_head_reference(integrator, group):
@@ -121,7 +95,7 @@ def test_integrate_qk_shared_keys_match_a_per_head_reference(integrator, group):
     q, k = torch.randn(2, hk * n_rep, 5, 4, dtype=torch.float64), torch.randn(2, hk, 5, 4, dtype=torch.float64)
     dt = torch.rand(hk * n_rep, dtype=torch.float64)
     got = integrate_qk(q, k, force, dt, integrator, 1, group)
-    want = _reference_shared(q, k, force, dt, integrator, n_rep, group)
+    want = integrate_qk_shared_reference(q, k, force, dt, integrator, n_rep, group)
     torch.testing.assert_close(got, want)
 
 

@@ -97,6 +97,7 @@ def test_tied_embeddings_and_logits_shape():
     assert model(torch.zeros(3, 8, dtype=torch.long)).shape == (3, 8, 50)
 
 
+@pytest.mark.slow
 def test_training_reduces_loss_for_every_variant():
     from coupled_qk import ATTENTION_VARIANTS
 

@@ -5,10 +5,11 @@ import torch
 
 from coupled_qk import GPT, GPTConfig
 from coupled_qk.layers.attention import attention_mask_4d
-from coupled_qk.models.variants import ATTENTIONS, VARIANTS
+from coupled_qk.models.registry import VARIANTS, variant_names
 
-# every named variant and every registered attention (uncoupled_mlp_differential has no variant name)
-SPECS = {**VARIANTS, **{a: dict(attention=a) for a in ATTENTIONS if a not in {v["attention"] for v in VARIANTS.values()}}}
+# every named variant (every attention is one too): built-in, drop-in or plugin
+SPECS = {n: VARIANTS[n] for n in variant_names()}
+
 CASES = [(v, "rope") for v in SPECS] + [("standard", "learned"), ("coupled", "learned"), ("differential", "learned")]
 
 

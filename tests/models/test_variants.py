@@ -159,11 +159,9 @@ class ScaledKeysOptions(MapOptions):
 
 @pytest.fixture
 def scaled_key_variant():
-    saved = dict(variants.QK_MAPS), dict(variants.ATTENTIONS)
-    register_qk_map("scaled_key", "scaled_key", ScaledKeys, ScaledKeysOptions)
-    yield
-    variants.QK_MAPS.clear(), variants.QK_MAPS.update(saved[0])
-    variants.ATTENTIONS.clear(), variants.ATTENTIONS.update(saved[1])
+    with variants.isolated():  # the registration is undone after the test
+        register_qk_map("scaled_key", "scaled_key", ScaledKeys, ScaledKeysOptions)
+        yield
 
 
 def test_worked_example_registers_a_toy_variant_and_trains_it(scaled_key_variant, tiny_cfg):
@@ -194,3 +192,21 @@ def test_worked_example_registers_a_toy_variant_and_trains_it(scaled_key_variant
     assert results["steps"] == 3 and torch.isfinite(torch.tensor(results["final"]["valid/loss"]))
     saved = GPTConfig.load(next(Path(cfg.out_dir).rglob("model_config.json")))
     assert saved.attention == "scaled_key" and saved.qk_map == ScaledKeysOptions(scale=0.5)
+
+
+def test_every_maps_options_are_flat_spellings_with_their_types():
+    """The option names are generated from each registered dataclass: the v2 invertible map's too."""
+    assert parse_overrides(["n_alternations=2", "scale_max=0.5"]) == {"n_alternations": 2, "scale_max": 0.5}
+    spec = variant_overrides("invertible+n_alternations=3")
+    assert spec == {"attention": "invertible", "n_alternations": 3}
+    cfg = GPTConfig(**SMALL, **spec)
+    assert cfg.qk_map.n_alternations == 3 and not hasattr(cfg, "n_alternations")
+    with pytest.raises(ValueError, match=r"--set n_alternations='two' is not an integer"):
+        parse_overrides(["n_alternations=two"])
+    with pytest.raises(ValueError, match=r"GPTConfig.qk_map.n_alternations"):
+        GPTConfig(**SMALL, attention="invertible", n_alternations=0)
+    with pytest.raises(ValueError, match=r"\['n_alternations'\] do not apply to attention='coupled'"):
+        GPTConfig(**SMALL, attention="coupled", n_alternations=2)
+    with pytest.raises(TypeError, match="n_alternatoins"):  # a name no map has is the dataclass's own error
+        GPTConfig(**SMALL, attention="invertible", n_alternatoins=2)
+    assert set(variants.FLAT_MAP_OPTIONS) >= {"integrator", "n_steps", "dynamics_hidden", "hidden", "n_alternations"}

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from coupled_qk import GradientForce, MLPForce, QKDynamics, integrate_qk
+from coupled_qk.ops.reference import integrate_qk_reference
 
 torch.manual_seed(0)
 B, H, T, D = 2, 3, 5, 4
@@ -16,24 +17,6 @@ def random_force(d=D, hidden=6, seed=0):
     return lambda x: torch.nn.functional.silu(x @ w1.T) @ w2.T
 
 
-def reference(q, k, f, dt, integrator, n):
-    """Plain per-head loops over the formulas of PAPER.md section 1."""
-    q, k = q.clone(), k.clone()
-    for _ in range(n):
-        for h in range(q.shape[1]):
-            qh, kh, d = q[:, h], k[:, h], float(dt[h])
-            if integrator == "euler":
-                q[:, h], k[:, h] = qh + d * kh, kh + d * f(qh)
-            elif integrator == "leapfrog":
-                k_half = kh + d / 2 * f(qh)
-                q_new = qh + d * k_half
-                q[:, h], k[:, h] = q_new, k_half + d / 2 * f(q_new)
-            else:
-                k_new = kh + d * f(qh)
-                q[:, h], k[:, h] = qh + d * k_new, k_new
-    return q, k
-
-
 @pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])
 @pytest.mark.parametrize("n", [1, 2, 5])
 def test_integrators_match_formulas(integrator, n):
@@ -42,7 +25,7 @@ def test_integrators_match_formulas(integrator, n):
     dt = torch.rand(H, dtype=torch.float64) * 0.5 - 0.1
     f = random_force()
     q2, k2 = integrate_qk(q, k, f, dt, integrator, n)
-    qr, kr = reference(q, k, f, dt, integrator, n)
+    qr, kr = integrate_qk_reference(q, k, f, dt, integrator, n)
     torch.testing.assert_close(q2, qr, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(k2, kr, rtol=1e-12, atol=1e-12)
 
@@ -54,6 +37,8 @@ def test_euler_one_step_by_hand():
     q2, k2 = integrate_qk(q, k, lambda x: 2 * x, torch.tensor([0.5], dtype=torch.float64), "euler", 1)
     assert q2.flatten().tolist() == [2.5, 0.0]
     assert k2.flatten().tolist() == [4.0, 2.0]
+    qr, kr = integrate_qk_reference(q, k, lambda x: 2 * x, torch.tensor([0.5], dtype=torch.float64), "euler", 1)
+    assert qr.flatten().tolist() == [2.5, 0.0] and kr.flatten().tolist() == [4.0, 2.0]  # the reference too
 
 
 @pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])

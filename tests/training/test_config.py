@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from coupled_qk.cli import build_parser
-from coupled_qk.commands.train import config_from_args
+from coupled_qk.commands.train import train_config_from_args
 from coupled_qk.training.config import TrainConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.json"))
@@ -54,6 +54,6 @@ def test_command_line_merge(tmp_path):
         ["train", "--config", str(tmp_path / "c.json"), "--lr", "0.01", "--integrator", "leapfrog",
          "--set", "n_layer=2", "--opt", "min_lr_ratio=0.5"]
     )
-    cfg = config_from_args(args)
+    cfg = train_config_from_args(args)
     assert cfg.preset == "60m" and cfg.lr == 0.01 and cfg.min_lr_ratio == 0.5 and cfg.max_steps == 5
     assert cfg.model == {"attention": "coupled", "integrator": "leapfrog", "n_layer": 2}

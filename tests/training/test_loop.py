@@ -116,6 +116,7 @@ ckpt.save_checkpoint(sys.argv[1], model.state_dict(), model.config, None, {"step
 """
 
 
+@pytest.mark.slow
 def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
     run = tmp_path / "killed"
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(run)], capture_output=True, text=True)
@@ -150,6 +151,7 @@ train(cfg)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
 def test_two_processes_match_single_process(tiny_cfg, tmp_path, fsdp):
     single = tiny_cfg(batch_size=4, max_steps=4, out_dir=str(tmp_path / "single"))

@@ -54,6 +54,7 @@ def test_1_lock_refuses_second_writer_naming_holder(tiny_cfg, tmp_path, capsys):
     assert not (Path(cfg.out_dir) / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_1_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
     run = tmp_path / "run"
     code = f"from coupled_qk.training.lock import RunLock; import os; RunLock({str(run)!r}).acquire(); os._exit(9)"
@@ -66,6 +67,7 @@ def test_1_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
 
 # 2. stop signals save the current step; periodic checkpoints by default ---------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, sig, code):
     ref = tiny_cfg(max_steps=40, eval_interval=1000, out_dir=str(tmp_path / "ref"))

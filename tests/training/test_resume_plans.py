@@ -34,6 +34,7 @@ def records(run_dir, key):
     return [(r["step"], r[key]) for r in read_metrics(run_dir) if key in r]
 
 
+@pytest.mark.slow
 def test_A_time_budget_is_one_decision_for_all_ranks(tiny_cfg, tmp_path):
     # each rank's own clock used to decide: ranks stopped at different steps and the final save hung
     cfg = tiny_cfg(batch_size=2, max_steps=100_000, max_minutes=0.03, eval_interval=10**6,
@@ -45,6 +46,7 @@ def test_A_time_budget_is_one_decision_for_all_ranks(tiny_cfg, tmp_path):
     assert ckpt.load_checkpoint_model(tmp_path / "ddp")[1]["step"] == res["steps"]
 
 
+@pytest.mark.slow
 def test_B_resume_on_another_world_size_is_refused_or_replanned_exactly(tiny_cfg, tmp_path, capsys):
     run = str(tmp_path / "ddp")
     proc = torchrun(tmp_path, tiny_cfg(batch_size=2, max_steps=4, stop_after_steps=2, out_dir=run))

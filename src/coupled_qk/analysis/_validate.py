@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-_F64 = torch.float64
-_EPS64 = torch.finfo(torch.float64).eps
+F64 = torch.float64
+EPS64 = torch.finfo(torch.float64).eps
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -13,12 +13,14 @@ _EPS64 = torch.finfo(torch.float64).eps
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _to_f64(x: torch.Tensor, name: str) -> torch.Tensor:
+def to_f64(x: torch.Tensor, name: str) -> torch.Tensor:
+    """``x`` detached in float64; ``TypeError`` for a non-tensor or complex input, ``ValueError`` naming ``name``
+    for non-finite entries."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
     if x.is_complex():
         raise TypeError(f"{name} must be real; got complex dtype {x.dtype}")
-    x64 = x.detach().to(_F64)
+    x64 = x.detach().to(F64)
     if x64.numel() and not bool(torch.isfinite(x64).all()):
         raise ValueError(f"{name} must be finite; got nan/inf in a tensor of shape {tuple(x.shape)}")
     return x64
@@ -28,7 +30,8 @@ def _default_atol(dtype: torch.dtype) -> float:
     return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
 
 
-def _check_matrix(x: torch.Tensor, name: str, what: str) -> None:
+def check_matrix(x: torch.Tensor, name: str, what: str) -> None:
+    """``ValueError`` naming ``name`` unless ``x`` has at least 2 dimensions, the last two non-empty."""
     if x.dim() < 2:
         raise ValueError(
             f"{name} must have at least 2 dimensions {what}; got shape {tuple(x.shape)} ({x.dim()}-D)"
@@ -37,19 +40,19 @@ def _check_matrix(x: torch.Tensor, name: str, what: str) -> None:
         raise ValueError(f"{name} must have non-empty trailing dimensions {what}; got shape {tuple(x.shape)}")
 
 
-def _map_f64(A: torch.Tensor, name: str = "A") -> torch.Tensor:
+def map_f64(A: torch.Tensor, name: str = "A") -> torch.Tensor:
     """Validate an attention map's shape (``(..., T, T)``, ``T >= 1``) and return it in float64."""
     if not isinstance(A, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(A).__name__}")
-    _check_matrix(A, name, "(..., T, T)")
+    check_matrix(A, name, "(..., T, T)")
     if A.shape[-1] != A.shape[-2]:
         raise ValueError(
             f"{name} must be square in its last two dimensions (..., T, T); got shape {tuple(A.shape)}"
         )
-    return _to_f64(A, name)
+    return to_f64(A, name)
 
 
-def _check_stochastic(A64: torch.Tensor, name: str, atol: float) -> None:
+def check_stochastic(A64: torch.Tensor, name: str, atol: float) -> None:
     """Rows must be probability vectors: entries >= -atol and row sums within atol of 1."""
     if A64.numel() == 0:
         return
@@ -67,7 +70,8 @@ def _check_stochastic(A64: torch.Tensor, name: str, atol: float) -> None:
         )
 
 
-def _check_causal(A64: torch.Tensor, name: str, atol: float) -> None:
+def check_causal(A64: torch.Tensor, name: str, atol: float) -> None:
+    """``ValueError`` naming ``name`` when an entry above the diagonal of ``A64`` exceeds ``atol`` in magnitude."""
     if A64.numel() == 0:
         return
     upper = float(torch.triu(A64, diagonal=1).abs().max())
@@ -79,12 +83,13 @@ def _check_causal(A64: torch.Tensor, name: str, atol: float) -> None:
         )
 
 
-def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+def safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     """``num / den`` where ``den > 0``; the value where ``den <= 0`` is arbitrary (callers mask it)."""
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
-def _resolve_atol(atol: float | None, dtype: torch.dtype) -> float:
+def resolve_atol(atol: float | None, dtype: torch.dtype) -> float:
+    """``atol``, checked ``>= 0``, or the default tolerance of ``dtype`` when ``None``."""
     if atol is None:
         return _default_atol(dtype)
     if not atol >= 0:

@@ -146,11 +146,63 @@ def analyze_checkpoints(
             too few tokens, a tokenizer whose ids exceed a model's vocabulary.
         FileNotFoundError: a checkpoint, tokenizer or corpus file is missing.
     """
+    from coupled_qk.training.lm import run_corpus
+
+    paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer = _checked_inputs(
+        paths, split, n_sequences, seq_len, labels, example_layer)
+    corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
+    text_corpus = run_corpus(corpus, data_dir, task_options)
+    text = text_corpus.split(split)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    windows: dict[str, tuple[torch.Tensor, dict]] = {}
+    entries, examples = [], []
+    for label, path, ckpt, tok, tok_dir in zip(labels, paths, ckpts, tokenizers, tok_dirs):
+        if tok.fingerprint not in windows:
+            windows[tok.fingerprint] = _windows_of(text, tok, n_sequences, seq_len)
+        ids, text_info = windows[tok.fingerprint]
+        entry, example = _analyze_checkpoint(ckpt, ids, device, batch_size, (example_layer, example_head),
+                                             example_tokens, threads)
+        examples.append(example)
+        entries.append({
+            "label": label,
+            "path": str(path),
+            "checkpoint": str(ckpt),
+            "run_dir": str(ckpt.parent),
+            "state": entry["state"],
+            "tokenizer": {"path": str(tok_dir), "name": tok.name, "fingerprint": tok.fingerprint,
+                          "vocab_size": tok.vocab_size},
+            "text": dict(text_info),
+            "seconds": entry["seconds"],
+            "analysis": entry["analysis"],
+        })
+    report = {
+        "corpus": str(corpus),
+        "corpus_source": text_corpus.source,
+        "split": split,
+        "split_seed": task_options.get("split_seed", 0),
+        "task_options": task_options,
+        "n_sequences": n_sequences,
+        "seq_len": seq_len,
+        "windows": "the first n_sequences non-overlapping windows of seq_len tokens from the start of the split; "
+        "the same text for every checkpoint only when the tokenizers are the same",
+        "same_tokenizer": len(windows) == 1,
+        "example": {"layer": example_layer, "head": example_head, "sequence": 0},
+        "conventions": dict(CONVENTIONS),
+        "checkpoints": entries,
+    }
+    report["files"] = _write_analysis(report, entries, examples, out_dir, make_plots)
+    return report
+
+
+def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer):
+    """The paths (as a list), checkpoints, labels, tokenizers (and their folders), window length and example layer
+    of :func:`analyze_checkpoints`, every argument checked (its ``ValueError`` / ``FileNotFoundError``)."""
     from coupled_qk.data.corpora import SPLITS
     from coupled_qk.data.tokenizers import Tokenizer
     from coupled_qk.models.config import GPTConfig
-    from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
-    from coupled_qk.training.lm import run_corpus
+    from coupled_qk.training.checkpoint import resolve_checkpoint
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -187,57 +239,34 @@ def analyze_checkpoints(
                              f"{cfg.vocab_size}")
     if example_layer is None:
         example_layer = min(c.n_layer for c in configs) // 2
+    return paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer
 
-    corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
-    text_corpus = run_corpus(corpus, data_dir, task_options)
-    text = text_corpus.split(split)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
 
-    windows: dict[str, tuple[torch.Tensor, dict]] = {}
-    entries, examples = [], []
-    for label, path, ckpt, tok, tok_dir in zip(labels, paths, ckpts, tokenizers, tok_dirs):
-        if tok.fingerprint not in windows:
-            ids = token_windows(text, tok, n_sequences, seq_len)
-            covered = len(tok.decode(ids.flatten().tolist()))
-            digest = hashlib.sha256(ids.numpy().astype("<i8").tobytes()).hexdigest()
-            windows[tok.fingerprint] = (ids, {"tokens": int(ids.numel()), "chars_covered": covered,
-                                             "token_sha256": digest})
-        ids, text_info = windows[tok.fingerprint]
-        model, state = load_checkpoint_model(ckpt, map_location=device)
-        t0 = time.perf_counter()
-        result = analyze_model(model, ids, batch_size=batch_size, example=(example_layer, example_head),
-                               example_tokens=example_tokens, threads=threads)
-        seconds = time.perf_counter() - t0
-        del model
-        examples.append(result.pop("example"))
-        entries.append({
-            "label": label,
-            "path": str(path),
-            "checkpoint": str(ckpt),
-            "run_dir": str(ckpt.parent),
-            "state": state,
-            "tokenizer": {"path": str(tok_dir), "name": tok.name, "fingerprint": tok.fingerprint,
-                          "vocab_size": tok.vocab_size},
-            "text": dict(text_info),
-            "seconds": seconds,
-            "analysis": result,
-        })
-    report = {
-        "corpus": str(corpus),
-        "corpus_source": text_corpus.source,
-        "split": split,
-        "split_seed": task_options.get("split_seed", 0),
-        "task_options": task_options,
-        "n_sequences": n_sequences,
-        "seq_len": seq_len,
-        "windows": "the first n_sequences non-overlapping windows of seq_len tokens from the start of the split; "
-        "the same text for every checkpoint only when the tokenizers are the same",
-        "same_tokenizer": len(windows) == 1,
-        "example": {"layer": example_layer, "head": example_head, "sequence": 0},
-        "conventions": dict(CONVENTIONS),
-        "checkpoints": entries,
-    }
+def _windows_of(text: str, tok, n_sequences: int, seq_len: int) -> tuple[torch.Tensor, dict]:
+    """The token windows of ``text`` for ``tok`` (:func:`token_windows`) and what they cover."""
+    ids = token_windows(text, tok, n_sequences, seq_len)
+    covered = len(tok.decode(ids.flatten().tolist()))
+    digest = hashlib.sha256(ids.numpy().astype("<i8").tobytes()).hexdigest()
+    return ids, {"tokens": int(ids.numel()), "chars_covered": covered, "token_sha256": digest}
+
+
+def _analyze_checkpoint(ckpt: Path, ids: torch.Tensor, device, batch_size, example: tuple[int, int],
+                        example_tokens: int, threads) -> tuple[dict, object]:
+    """One checkpoint's :func:`analyze_model` result (``state``, ``seconds``, ``analysis``) and its example map."""
+    from coupled_qk.training.checkpoint import load_checkpoint_model
+
+    model, state = load_checkpoint_model(ckpt, map_location=device)
+    t0 = time.perf_counter()
+    result = analyze_model(model, ids, batch_size=batch_size, example=example, example_tokens=example_tokens,
+                           threads=threads)
+    seconds = time.perf_counter() - t0
+    del model
+    example_map = result.pop("example")
+    return {"state": state, "seconds": seconds, "analysis": result}, example_map
+
+
+def _write_analysis(report: dict, entries: list, examples: list, out_dir: Path, make_plots: bool) -> dict[str, str]:
+    """Write the figures (adding ``report["figures"]``), ``analysis.json`` and ``summary.md``; their paths."""
     files: dict[str, str] = {}
     if make_plots:
         from coupled_qk.analysis.plots import make_figures
@@ -250,6 +279,5 @@ def analyze_checkpoints(
     md_path = out_dir / "summary.md"
     md_path.write_text(summary_markdown(report))
     files.update({"analysis.json": str(json_path), "summary.md": str(md_path)})
-    report["files"] = files
-    return report
+    return files
 

@@ -40,7 +40,7 @@ from coupled_qk._checks import positive_int
 from coupled_qk.analysis import metrics
 from coupled_qk.analysis.conventions import CONVENTIONS, as_float, mean_of, order_metrics
 from coupled_qk.layers.attention import AttentionRecord
-from coupled_qk.models.variants import get_attention
+from coupled_qk.models.registry import get_attention
 
 __all__ = ["analyze_model", "token_windows"]
 
@@ -283,29 +283,7 @@ def analyze_model(
         for m, flag in zip(modules, saved_training):
             m.training = flag
 
-    layers = []
-    for i, acc in enumerate(accs):
-        n = acc.n
-        heads = {k: (v / n).tolist() for k, v in acc.heads.items()}
-        layer: dict = {"layer": i, "heads": order_metrics(heads)}
-        layer["spectrum"] = {k: [[float(f"{x:.6g}") for x in row] for row in (v / n).tolist()]
-                             for k, v in acc.spectra.items()}
-        qk: dict[str, list[float]] = {}
-        if i in dts:
-            qk["dt"] = dts[i].to("cpu", torch.float64).tolist()
-        qk.update({k: (v / n).tolist() for k, v in acc.qk.items()})
-        layer["qk_heads"] = qk
-        for key, value in acc.scalars.items():
-            layer[key] = as_float(value / n)
-        if acc.lam is not None:
-            layer["lambda"] = acc.lam
-        mean = {k: mean_of(v) for k, v in heads.items()}
-        mean.update({k: mean_of(v) for k, v in qk.items()})
-        mean.update({k: layer[k] for k in acc.scalars})
-        if acc.lam is not None:
-            mean["lambda"] = acc.lam
-        layer["mean"] = order_metrics(mean)
-        layers.append(layer)
+    layers = [_layer_summary(i, acc, dts.get(i)) for i, acc in enumerate(accs)]
     keys = list(dict.fromkeys(k for layer in layers for k in layer["mean"]))
     result = {
         "attention": variant,
@@ -325,6 +303,32 @@ def analyze_model(
                              "maps": example_maps}
     return result
 
+
+
+def _layer_summary(i: int, acc, dt: torch.Tensor | None) -> dict:
+    """Layer ``i``'s entry of :func:`analyze_model`: the accumulated sums of ``acc`` divided by its sequence count
+    (per head, spectra, query-key metrics with ``dt``, scalars, lambda) and their means over heads."""
+    n = acc.n
+    heads = {k: (v / n).tolist() for k, v in acc.heads.items()}
+    layer: dict = {"layer": i, "heads": order_metrics(heads)}
+    layer["spectrum"] = {k: [[float(f"{x:.6g}") for x in row] for row in (v / n).tolist()]
+                         for k, v in acc.spectra.items()}
+    qk: dict[str, list[float]] = {}
+    if dt is not None:
+        qk["dt"] = dt.to("cpu", torch.float64).tolist()
+    qk.update({k: (v / n).tolist() for k, v in acc.qk.items()})
+    layer["qk_heads"] = qk
+    for key, value in acc.scalars.items():
+        layer[key] = as_float(value / n)
+    if acc.lam is not None:
+        layer["lambda"] = acc.lam
+    mean = {k: mean_of(v) for k, v in heads.items()}
+    mean.update({k: mean_of(v) for k, v in qk.items()})
+    mean.update({k: layer[k] for k in acc.scalars})
+    if acc.lam is not None:
+        mean["lambda"] = acc.lam
+    layer["mean"] = order_metrics(mean)
+    return layer
 
 
 def token_windows(text: str, tokenizer, n_sequences: int, seq_len: int) -> torch.Tensor:

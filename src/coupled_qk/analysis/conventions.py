@@ -75,7 +75,7 @@ def order_metrics(d: dict) -> dict:
 
 
 
-_DESCRIPTIONS = {
+DESCRIPTIONS = {
     "entropy": "attention entropy (nats)",
     "normalized_entropy": "normalised entropy (/ log row length)",
     "effective_rank": "effective rank (Roy & Vetterli)",
@@ -89,7 +89,7 @@ _DESCRIPTIONS = {
     "k_update": "relative key update |k'-k|/|k|",
     "lambda": "differential lambda",
 }
-_MAP_NAMES = {"a1": "A1", "a2": "A2", "signed": "A1 - lambda A2"}
+MAP_NAMES = {"a1": "A1", "a2": "A2", "signed": "A1 - lambda A2"}
 
 #: Metrics given a per-layer table in ``summary.md``.
 PER_LAYER_TABLES = ("normalized_entropy", "effective_rank", "sink_mass", "rank_collapse_residual", "q_update")
@@ -98,6 +98,6 @@ PER_LAYER_TABLES = ("normalized_entropy", "effective_rank", "sink_mass", "rank_c
 def describe_metric(key: str) -> str:
     """Human-readable name of a metric key (``"a1/entropy"`` -> ``"attention entropy (nats) [A1]"``)."""
     prefix, _, base = key.rpartition("/")
-    text = _DESCRIPTIONS.get(base, base)
-    return f"{text} [{_MAP_NAMES.get(prefix, prefix)}]" if prefix else text
+    text = DESCRIPTIONS.get(base, base)
+    return f"{text} [{MAP_NAMES.get(prefix, prefix)}]" if prefix else text
 

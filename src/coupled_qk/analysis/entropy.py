@@ -8,22 +8,25 @@ import math
 
 import torch
 
-from coupled_qk.analysis._validate import _F64, _check_causal, _check_stochastic, _map_f64, _resolve_atol
+from coupled_qk.analysis._validate import F64, check_causal, check_stochastic, map_f64, resolve_atol
 
 # ----------------------------------------------------------------------------------------------------------
 # entropy
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _row_entropy_f64(A64: torch.Tensor) -> torch.Tensor:
+def row_entropy_f64(A64: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) of each row of the float64 attention ``A64`` of shape ``(..., T, T)`` -> ``(..., T)``."""
     p = A64.clamp_min(0.0)  # tiny negatives allowed by atol are rounding noise
     return -torch.special.xlogy(p, p).sum(dim=-1)
 
 
-def _normalized_entropy_f64(H: torch.Tensor, causal: bool) -> torch.Tensor:
+def normalized_entropy_f64(H: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Mean row entropy ``H`` ``(..., T)`` divided by the largest possible (``log`` of each row's length; causal rows
+    1..T-1, row 0 has one key and is skipped) -> ``(...)``."""
     T = H.shape[-1]
     if causal:
-        log_len = torch.log(torch.arange(2, T + 1, dtype=_F64, device=H.device))  # rows 1..T-1
+        log_len = torch.log(torch.arange(2, T + 1, dtype=F64, device=H.device))  # rows 1..T-1
         return (H[..., 1:] / log_len).mean(dim=-1)
     return H.mean(dim=-1) / math.log(T)
 
@@ -46,9 +49,9 @@ def row_entropy(A: torch.Tensor, *, atol: float | None = None) -> torch.Tensor:
         ValueError: ``A`` is not ``(..., T, T)``, has non-finite entries, entries below ``-atol``, or rows
             whose sum differs from 1 by more than ``atol``.
     """
-    A64 = _map_f64(A, "A")
-    _check_stochastic(A64, "A", _resolve_atol(atol, A.dtype))
-    return _row_entropy_f64(A64)
+    A64 = map_f64(A, "A")
+    check_stochastic(A64, "A", resolve_atol(atol, A.dtype))
+    return row_entropy_f64(A64)
 
 
 def attention_entropy(A: torch.Tensor, *, atol: float | None = None) -> torch.Tensor:
@@ -93,18 +96,18 @@ def normalized_attention_entropy(
         TypeError: ``A`` is not a real tensor.
         ValueError: as :func:`row_entropy`; also if ``T < 2`` or (``causal=True``) mass above the diagonal.
     """
-    A64 = _map_f64(A, "A")
+    A64 = map_f64(A, "A")
     T = A64.shape[-1]
     if T < 2:
         raise ValueError(
             f"normalized entropy needs T >= 2 (row 0 has log(1) = 0 and is excluded); got A of shape "
             f"{tuple(A.shape)}"
         )
-    tol = _resolve_atol(atol, A.dtype)
-    _check_stochastic(A64, "A", tol)
+    tol = resolve_atol(atol, A.dtype)
+    check_stochastic(A64, "A", tol)
     if causal:
-        _check_causal(A64, "A", tol)
-    return _normalized_entropy_f64(_row_entropy_f64(A64), causal)
+        check_causal(A64, "A", tol)
+    return normalized_entropy_f64(row_entropy_f64(A64), causal)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -112,7 +115,8 @@ def normalized_attention_entropy(
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _sink_mass_f64(A64: torch.Tensor, include_first_row: bool) -> torch.Tensor:
+def sink_mass_f64(A64: torch.Tensor, include_first_row: bool) -> torch.Tensor:
+    """Mean attention on the first key over the query rows of ``A64`` ``(..., T, T)`` -> ``(...)``."""
     col0 = A64[..., :, 0]
     return (col0 if include_first_row else col0[..., 1:]).mean(dim=-1)
 
@@ -137,10 +141,10 @@ def sink_mass(A: torch.Tensor, *, include_first_row: bool = False) -> torch.Tens
         TypeError: ``A`` is not a real tensor.
         ValueError: ``A`` is not ``(..., T, T)``, has non-finite entries, or ``T < 2`` with row 0 excluded.
     """
-    A64 = _map_f64(A, "A")
+    A64 = map_f64(A, "A")
     if not include_first_row and A64.shape[-1] < 2:
         raise ValueError(
             f"sink mass excluding row 0 needs T >= 2; got A of shape {tuple(A.shape)} "
             "(pass include_first_row=True)"
         )
-    return _sink_mass_f64(A64, include_first_row)
+    return sink_mass_f64(A64, include_first_row)

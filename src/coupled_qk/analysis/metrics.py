@@ -34,15 +34,15 @@ import math
 
 import torch
 
-from coupled_qk.analysis._validate import _F64, _check_causal, _check_stochastic, _map_f64, _resolve_atol, _to_f64
+from coupled_qk.analysis._validate import F64, check_causal, check_stochastic, map_f64, resolve_atol, to_f64
 from coupled_qk.analysis.entropy import (
-    _normalized_entropy_f64,
-    _row_entropy_f64,
-    _sink_mass_f64,
     attention_entropy,
     normalized_attention_entropy,
+    normalized_entropy_f64,
     row_entropy,
+    row_entropy_f64,
     sink_mass,
+    sink_mass_f64,
 )
 from coupled_qk.analysis.residuals import rank_collapse_residual, relative_update
 from coupled_qk.analysis.spectral import (
@@ -94,14 +94,14 @@ def _summarize_f64(
             f"summarize needs T >= 2 (normalized entropy and sink mass exclude row 0); got {name} of shape "
             f"{tuple(A64.shape)}"
         )
-    _check_stochastic(A64, name, tol)
+    check_stochastic(A64, name, tol)
     if causal:
-        _check_causal(A64, name, tol)
-    H = _row_entropy_f64(A64)
+        check_causal(A64, name, tol)
+    H = row_entropy_f64(A64)
     out = {
         "entropy": H.mean(dim=-1),
-        "normalized_entropy": _normalized_entropy_f64(H, causal),
-        "sink_mass": _sink_mass_f64(A64, include_first_row),
+        "normalized_entropy": normalized_entropy_f64(H, causal),
+        "sink_mass": sink_mass_f64(A64, include_first_row),
     }
     out.update(_spectral_summary(torch.linalg.svdvals(A64), rtol))
     return out
@@ -143,8 +143,8 @@ def summarize_attention(
         ValueError: ``A`` is not ``(..., T, T)`` with ``T >= 2``, is non-finite, is not row-stochastic
             within ``atol``, or (``causal=True``) has mass above the diagonal.
     """
-    A64 = _map_f64(A, "A")
-    return _summarize_f64(A64, "A", _resolve_atol(atol, A.dtype), causal, include_first_row, rtol)
+    A64 = map_f64(A, "A")
+    return _summarize_f64(A64, "A", resolve_atol(atol, A.dtype), causal, include_first_row, rtol)
 
 
 def summarize_differential_attention(
@@ -184,19 +184,19 @@ def summarize_differential_attention(
         ValueError: as :func:`summarize_attention` for ``A1`` or ``A2``; shapes of ``A1`` and ``A2`` differ;
             ``lam`` is non-finite or not broadcastable to ``A1.shape[:-2]``.
     """
-    A1_64 = _map_f64(A1, "A1")
-    A2_64 = _map_f64(A2, "A2")
+    A1_64 = map_f64(A1, "A1")
+    A2_64 = map_f64(A2, "A2")
     if A1.shape != A2.shape:
         raise ValueError(
             f"A1 and A2 must have the same shape (..., T, T); got A1 {tuple(A1.shape)} and "
             f"A2 {tuple(A2.shape)}"
         )
     if isinstance(lam, torch.Tensor):
-        lam64 = _to_f64(lam, "lam")
+        lam64 = to_f64(lam, "lam")
     elif isinstance(lam, (int, float)) and not isinstance(lam, bool):
         if not math.isfinite(lam):
             raise ValueError(f"lam must be finite; got {lam}")
-        lam64 = torch.tensor(float(lam), dtype=_F64, device=A1_64.device)
+        lam64 = torch.tensor(float(lam), dtype=F64, device=A1_64.device)
     else:
         raise TypeError(f"lam must be a number or a torch.Tensor; got {type(lam).__name__}")
     lead = A1.shape[:-2]
@@ -210,7 +210,7 @@ def summarize_differential_attention(
         ) from None
     out: dict[str, torch.Tensor] = {}
     for name, A64, orig in (("a1", A1_64, A1), ("a2", A2_64, A2)):
-        tol = _resolve_atol(atol, orig.dtype)
+        tol = resolve_atol(atol, orig.dtype)
         for key, val in _summarize_f64(A64, name.upper(), tol, causal, include_first_row, rtol).items():
             out[f"{name}/{key}"] = val
     signed = A1_64 - lam64.to(A1_64.device)[..., None, None] * A2_64

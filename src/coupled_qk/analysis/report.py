@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coupled_qk.analysis.conventions import _DESCRIPTIONS, _MAP_NAMES, PER_LAYER_TABLES, describe_metric, metric_rank
+from coupled_qk.analysis.conventions import DESCRIPTIONS, MAP_NAMES, PER_LAYER_TABLES, describe_metric, metric_rank
 
 __all__ = ["dumps", "summary_markdown"]
 
@@ -104,13 +104,13 @@ def summary_markdown(report: dict) -> str:
         present = [k for k in keys if k.rpartition("/")[2] == base]
         if not present:
             continue
-        lines += ["", f"## Per layer: {_DESCRIPTIONS[base]}", ""]
+        lines += ["", f"## Per layer: {DESCRIPTIONS[base]}", ""]
         header, columns = ["layer"], []
         for key in present:
             for e in entries:
                 if key in e["analysis"]["mean"]:
                     prefix = key.rpartition("/")[0]
-                    header.append(e["label"] + (f" {_MAP_NAMES[prefix]}" if prefix else ""))
+                    header.append(e["label"] + (f" {MAP_NAMES[prefix]}" if prefix else ""))
                     columns.append([layer["mean"].get(key) for layer in e["analysis"]["layers"]])
         depth = max(len(c) for c in columns)
         rows = [[str(i)] + [_fmt(c[i]) if i < len(c) else "–" for c in columns] for i in range(depth)]

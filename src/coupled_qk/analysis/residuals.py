@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from coupled_qk.analysis._validate import _check_matrix, _safe_div, _to_f64
+from coupled_qk.analysis._validate import check_matrix, safe_div, to_f64
 
 # ----------------------------------------------------------------------------------------------------------
 # rank collapse and update size
@@ -53,8 +53,8 @@ def rank_collapse_residual(X: torch.Tensor, *, norm: str = "fro") -> torch.Tenso
     """
     if not isinstance(X, torch.Tensor):
         raise TypeError(f"X must be a torch.Tensor; got {type(X).__name__}")
-    _check_matrix(X, "X", "(..., T, d)")
-    X64 = _to_f64(X, "X")
+    check_matrix(X, "X", "(..., T, d)")
+    X64 = to_f64(X, "X")
     if norm == "fro":
         R = X64 - X64.mean(dim=-2, keepdim=True)
         num = torch.linalg.matrix_norm(R, ord="fro")
@@ -67,7 +67,7 @@ def rank_collapse_residual(X: torch.Tensor, *, norm: str = "fro") -> torch.Tenso
         den = _l1inf_norm(X64)
     else:
         raise ValueError(f"norm must be 'fro' or 'l1inf'; got {norm!r}")
-    return torch.where(den > 0, _safe_div(num, den), torch.zeros_like(den))
+    return torch.where(den > 0, safe_div(num, den), torch.zeros_like(den))
 
 
 def relative_update(x_new: torch.Tensor, x: torch.Tensor, *, eps: float = 1e-12) -> torch.Tensor:
@@ -93,7 +93,7 @@ def relative_update(x_new: torch.Tensor, x: torch.Tensor, *, eps: float = 1e-12)
     for name, t in (("x_new", x_new), ("x", x)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
-        _check_matrix(t, name, "(..., T, d)")
+        check_matrix(t, name, "(..., T, d)")
     if x_new.shape != x.shape:
         raise ValueError(
             f"x_new and x must have the same shape (..., T, d); got x_new {tuple(x_new.shape)} and "
@@ -101,10 +101,10 @@ def relative_update(x_new: torch.Tensor, x: torch.Tensor, *, eps: float = 1e-12)
         )
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0; got {eps}")
-    xn = _to_f64(x_new, "x_new")
-    x0 = _to_f64(x, "x")
+    xn = to_f64(x_new, "x_new")
+    x0 = to_f64(x, "x")
     diff = torch.linalg.vector_norm(xn - x0, dim=-1)
     ref = torch.linalg.vector_norm(x0, dim=-1) + eps
-    ratio = torch.where(diff > 0, _safe_div(diff, ref), torch.zeros_like(diff))
+    ratio = torch.where(diff > 0, safe_div(diff, ref), torch.zeros_like(diff))
     ratio = torch.where((diff > 0) & (ref == 0), torch.full_like(diff, math.inf), ratio)
     return ratio.mean(dim=-1)

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from coupled_qk.analysis._validate import _EPS64, _map_f64, _safe_div, _to_f64
+from coupled_qk.analysis._validate import EPS64, map_f64, safe_div, to_f64
 
 # ----------------------------------------------------------------------------------------------------------
 # spectrum
@@ -17,7 +17,7 @@ from coupled_qk.analysis._validate import _EPS64, _map_f64, _safe_div, _to_f64
 
 def _default_rtol(s: torch.Tensor, rtol: float | None) -> float:
     if rtol is None:
-        return s.shape[-1] * _EPS64
+        return s.shape[-1] * EPS64
     if not rtol >= 0:
         raise ValueError(f"rtol must be >= 0; got {rtol}")
     return float(rtol)
@@ -32,7 +32,7 @@ def _check_sv(s: torch.Tensor, name: str = "s") -> torch.Tensor:
         raise TypeError(f"{name} must be a torch.Tensor; got {type(s).__name__}")
     if s.dim() < 1 or s.shape[-1] < 1:
         raise ValueError(f"{name} must have shape (..., k) with k >= 1; got shape {tuple(s.shape)}")
-    s64 = _to_f64(s, name)
+    s64 = to_f64(s, name)
     if s64.numel() and float(s64.min()) < 0:
         raise ValueError(f"{name} must be non-negative singular values; got min {float(s64.min()):.3g}")
     return s64
@@ -53,7 +53,7 @@ def singular_values(A: torch.Tensor) -> torch.Tensor:
         TypeError: ``A`` is not a real tensor.
         ValueError: ``A`` is not ``(..., T, T)`` or has non-finite entries.
     """
-    return torch.linalg.svdvals(_map_f64(A, "A"))
+    return torch.linalg.svdvals(map_f64(A, "A"))
 
 
 def effective_rank_from_singular_values(s: torch.Tensor, *, rtol: float | None = None) -> torch.Tensor:
@@ -79,7 +79,7 @@ def effective_rank_from_singular_values(s: torch.Tensor, *, rtol: float | None =
     s64 = _check_sv(s)
     s64 = _zero_tiny(s64, _default_rtol(s64, rtol))
     total = s64.sum(dim=-1, keepdim=True)
-    p = _safe_div(s64, total)
+    p = safe_div(s64, total)
     erank = torch.exp(-torch.special.xlogy(p, p).sum(dim=-1))
     return torch.where(total.squeeze(-1) > 0, erank, torch.zeros_like(erank))
 
@@ -128,9 +128,9 @@ def spectral_gap_from_singular_values(
     s1 = s64[..., 0]
     s2 = s64[..., 1] if s64.shape[-1] > 1 else torch.zeros_like(s1)
     nan = torch.full_like(s1, float("nan"))
-    ratio = torch.where(s2 > 0, _safe_div(s1, s2), torch.full_like(s1, math.inf))
+    ratio = torch.where(s2 > 0, safe_div(s1, s2), torch.full_like(s1, math.inf))
     ratio = torch.where(s1 > 0, ratio, nan)
-    relative = torch.where(s1 > 0, _safe_div(s1 - s2, s1), nan)
+    relative = torch.where(s1 > 0, safe_div(s1 - s2, s1), nan)
     return ratio, relative
 
 

@@ -16,12 +16,12 @@ import sys
 
 import torch
 
-from coupled_qk.commands.options import add_model_options, config_from_args
+from coupled_qk.commands.options import add_model_options, gpt_config_from_args
 from coupled_qk.experiments.bench import bench_markdown, result_stem, run_bench, write_results
 from coupled_qk.experiments.bench_decode import decode_markdown, memory_markdown, run_decode, run_memory
 from coupled_qk.experiments.cost_curve import plot_sweep, run_sweep, sweep_markdown
 from coupled_qk.experiments.runner import Report, write_report
-from coupled_qk.models.variants import VARIANTS
+from coupled_qk.models.registry import default_variants, variant_names
 
 HELP = "train-step and decoding speed, memory and the cost curve of every attention variant against standard"
 
@@ -33,8 +33,9 @@ def add_arguments(parser) -> None:
             action.help = argparse.SUPPRESS
     parser.add_argument(
         "--variants", default="all",
-        help=f"comma-separated subset of {','.join(VARIANTS)} ('coupled' = Euler); standard is always "
-        "measured as the baseline (default: all)",
+        help=f"comma-separated variant specs from {','.join(variant_names())} ('coupled' = Euler), each "
+        "optionally +field=value; standard is always measured as the baseline (default: all = "
+        f"{','.join(default_variants())})",
     )
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: block_size)")
@@ -99,7 +100,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     map_options = {} if args.n_steps is None else {"n_steps": args.n_steps}
     # --n-steps applies per variant (run_bench), not to the base config, whose attention has no map
-    config = config_from_args(argparse.Namespace(**{**vars(args), "n_steps": None}))
+    config = gpt_config_from_args(argparse.Namespace(**{**vars(args), "n_steps": None}))
     invoked = sys.argv[1:]
     command = shlex.join(["coupled-qk", *invoked]) if invoked[:1] == ["bench"] else None
     if args.sweep or args.mode != "train":

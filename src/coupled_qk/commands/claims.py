@@ -31,6 +31,10 @@ def add_arguments(parser) -> None:
                         help="converged protocols: git-commit each new run record (and the regenerated report) as "
                              "soon as it is written")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds replacing every cell's seeds")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated variant specs trained in every cell next to its own variants (paired by "
+                        "seed) and reported against the cell's standard runs, e.g. --variants coupled+n_steps=3; any "
+                        "registered variant, plugins included")
     parser.add_argument("--out-dir", default=None,
                         help="report folder; run records go to OUT_DIR/runs/PROTOCOL (default docs/results/claims; "
                              "runs/claims-smoke for the smoke protocol)")
@@ -70,6 +74,8 @@ def run(args) -> int:
     protocol = get_protocol(args.protocol)
     if args.seeds is not None:
         protocol = protocol.with_seeds(tuple(parse_seeds(args.seeds)))
+    if args.variants is not None:
+        protocol = protocol.with_variants(args.variants.split(","))
     shard = _shard(args.shard)
     out_dir = args.out_dir or ("runs/claims-smoke" if protocol.name == "smoke" else "docs/results/claims")
     if not args.report_only and protocol.runnable:
@@ -84,7 +90,8 @@ def run(args) -> int:
     # the command that regenerates this report from scratch: without --cells/--shard/--report-only/--run-root,
     # which choose what this invocation trains, not what the report contains
     given = ["--protocol", args.protocol]
-    for flag, value in (("--seeds", args.seeds), ("--out-dir", args.out_dir), ("--glue-json", args.glue_json)):
+    for flag, value in (("--seeds", args.seeds), ("--variants", args.variants), ("--out-dir", args.out_dir),
+                        ("--glue-json", args.glue_json)):
         if value is not None:
             given += [flag, str(value)]
     command = "coupled-qk claims " + shlex.join(given)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from coupled_qk.commands.options import parse_seeds, reject_variant_flags
-from coupled_qk.commands.train import add_train_options, config_from_args
-from coupled_qk.models.variants import VARIANTS
+from coupled_qk.commands.train import add_train_options, train_config_from_args
+from coupled_qk.models.registry import variant_names
 
 HELP = "train several attention variants with the same data and budget, then compare"
 
@@ -13,7 +13,7 @@ def add_arguments(parser) -> None:
     add_train_options(parser, variant_flags=False)
     parser.add_argument(
         "--variants", default="standard,coupled,coupled_leapfrog,uncoupled_mlp",
-        help=f"comma-separated variant specs ({', '.join(VARIANTS)}), each optionally +field=value, e.g. "
+        help=f"comma-separated variant specs ({', '.join(variant_names())}), each optionally +field=value, e.g. "
         "coupled+n_steps=3 (default: standard,coupled,coupled_leapfrog,uncoupled_mlp)",
     )
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (mean and std reported)")
@@ -25,7 +25,7 @@ def run(args) -> int:
     reject_variant_flags(args, "compare")
     if args.out_dir is None:
         args.out_dir = "runs/compare"
-    base = config_from_args(args)
+    base = train_config_from_args(args)
     seeds = parse_seeds(args.seeds)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     summary = run_comparison(base, variants, seeds, base.out_dir)

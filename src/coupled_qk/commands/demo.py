@@ -7,7 +7,7 @@ validates and tests on WikiText-2 valid/test, all on CPU in about 15 minutes on 
 from __future__ import annotations
 
 from coupled_qk.commands.options import parse_seeds, reject_variant_flags
-from coupled_qk.commands.train import add_train_options, config_from_args
+from coupled_qk.commands.train import add_train_options, train_config_from_args
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes"
 DEMO_VARIANTS = "standard,coupled,coupled_leapfrog,uncoupled_mlp"
@@ -33,7 +33,7 @@ def run(args) -> int:
 
         defaults["corpus"], which = demo_corpus(args.data_dir)
         print(which)
-    base = config_from_args(args, **defaults)
+    base = train_config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
     summary = run_comparison(base, args.variants.split(","), seeds, base.out_dir)
     print(comparison_table(summary))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from coupled_qk.commands.options import add_model_options, config_from_args
+from coupled_qk.commands.options import add_model_options, gpt_config_from_args
 from coupled_qk.models.gpt import coupling_parameter_overhead
 
 HELP = "parameter counts and coupling overhead of a model"
@@ -16,7 +16,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    config = config_from_args(args)
+    config = gpt_config_from_args(args)
     info = coupling_parameter_overhead(config)
     info["config"] = config.to_dict()
     if args.json:

@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from coupled_qk.experiments.mqar_presets import MQAR_VARIANTS, SWEEP_PRESETS, get_preset, heads_for
+from coupled_qk.experiments.mqar_presets import SWEEP_PRESETS, get_preset, heads_for, mqar_variants
 from coupled_qk.experiments.mqar_sweep import plan_sweep, run_sweep
-from coupled_qk.models.variants import parse_variants
+from coupled_qk.models.specs import parse_variants
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
 
@@ -40,7 +40,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--preset", default="cpu", choices=sorted(SWEEP_PRESETS),
                         help="sweep preset (default cpu: measured 9.4 minutes on 2 shared CPU cores)")
     parser.add_argument("--variants", default=None,
-                        help=f"comma-separated subset of {','.join(MQAR_VARIANTS)} (default: all)")
+                        help=f"comma-separated variant specs (default: all = {','.join(mqar_variants())})")
     parser.add_argument("--d-models", default=None, help="comma-separated model widths (default: the preset's)")
     parser.add_argument("--lrs", default=None, help="comma-separated learning rates (default: the preset's)")
     parser.add_argument("--difficulties", default=None, help="comma-separated difficulty names (default: all)")

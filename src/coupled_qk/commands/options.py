@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from coupled_qk.models.config import PRESETS, GPTConfig, parse_overrides
-from coupled_qk.models.variants import ATTENTIONS, VARIANTS
+from coupled_qk.models.registry import QK_MAPS, attention_names, variant_names
 
 VARIANT_FLAGS = ("attention", "integrator", "n_steps")
 
@@ -21,15 +21,23 @@ def add_model_options(parser: argparse.ArgumentParser, default_preset: str | Non
         "--preset", default=default_preset, choices=sorted(PRESETS), help=f"model size preset (default: {default_preset or 'tiny, or the config file'})"
     )
     parser.add_argument("--attention", default=None,
-                        help=hide or f"attention: {', '.join(ATTENTIONS)} (default: standard)")
+                        help=hide or f"attention: {', '.join(attention_names())} (default: standard)")
     parser.add_argument("--integrator", default=None,
                         help=hide or "integrator of coupled attention: euler, leapfrog or symplectic_euler (default: euler)")
     parser.add_argument("--n-steps", type=int, default=None, metavar="INT",
                         help=hide or "integration steps of coupled attention (default: 1)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-        help="override any GPTConfig field, e.g. --set n_layer=6 --set position=learned (repeatable)",
+        help="override any GPTConfig field or option of the attention's query-key map, e.g. --set n_layer=6 "
+        f"--set position=learned (repeatable); map options: {map_options_help()}",
     )
+
+
+def map_options_help() -> str:
+    """``"dynamics (coupled*): integrator, n_steps, ...; ..."``: every registered map's options (from its
+    dataclass), for help texts."""
+    attention_names()  # loads plugins
+    return "; ".join(f"{m.name} ({m.stem}*): {', '.join(m.option_names())}" for m in QK_MAPS.values())
 
 
 def reject_variant_flags(args, command: str) -> None:
@@ -40,10 +48,10 @@ def reject_variant_flags(args, command: str) -> None:
         raise ValueError(
             f"{command} trains the variants named by --variants, so {', '.join(given)} would be ignored; put the "
             "setting in a variant spec instead, e.g. --variants standard,coupled+integrator=leapfrog+n_steps=3 "
-            f"(variants: {', '.join(VARIANTS)})")
+            f"(variants: {', '.join(variant_names())})")
 
 
-def config_from_args(args, **extra) -> GPTConfig:
+def gpt_config_from_args(args, **extra) -> GPTConfig:
     """Build the validated :class:`GPTConfig` from parsed model options (``extra`` wins over the preset)."""
     overrides = {**extra, **parse_overrides(args.overrides)}
     for name in ("attention", "integrator", "n_steps"):

@@ -43,7 +43,7 @@ def add_train_options(parser, model: bool = True, defaults: dict | None = None, 
     """Flags shared by ``train``, ``compare`` and ``demo``: one per :class:`TrainConfig` field (its help and
     default from the field's metadata; ``defaults`` replaces the shown defaults, as ``demo`` does), plus
     ``--config``, the model options (``variant_flags``: see :func:`add_model_options`) and ``--opt FIELD=VALUE``.
-    Values stay strings here; they are parsed to the field's type in :func:`config_from_args`."""
+    Values stay strings here; they are parsed to the field's type in :func:`train_config_from_args`."""
     parser.add_argument("--config", default=None, metavar="FILE",
                         help="TrainConfig JSON file (e.g. configs/wt103-60m-coupled.json); flags override its fields")
     if model:
@@ -90,7 +90,7 @@ def _load_config_file(path: str) -> dict:
     return TrainConfig.load(p).to_dict()
 
 
-def config_from_args(args, **fields) -> TrainConfig:
+def train_config_from_args(args, **fields) -> TrainConfig:
     """Merge the config file, ``fields``, explicit flags and ``--opt``/``--set`` overrides (later wins).
 
     Every value is parsed to its field's declared type (:func:`coupled_qk._checks.coerce`).
@@ -145,7 +145,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    cfg = config_from_args(args)
+    cfg = train_config_from_args(args)
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0

@@ -78,7 +78,7 @@ def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test
         Exceptions of ``datasets`` (e.g. ``ConnectionError``) when the dataset can neither be downloaded nor
         found in the local cache.
     """
-    from coupled_qk.data.corpora import _finish, _join, random_split, split_documents
+    from coupled_qk.data.documents import finish_corpus, join_documents, random_split, split_documents
 
     name, config = parse_spec(spec)
     try:
@@ -97,12 +97,12 @@ def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test
               "datasets_version": datasets.__version__}  # fmt: skip
     if found["valid"] is None or found["test"] is None:
         train, valid, test = random_split(split_documents(texts["train"]), seed, valid_fraction, test_fraction, spec)
-        texts = {"train": _join(train), "valid": _join(valid), "test": _join(test)}
+        texts = {"train": join_documents(train), "valid": join_documents(valid), "test": join_documents(test)}
         source.update(split="document-level random", seed=seed, valid_fraction=valid_fraction,
                       test_fraction=test_fraction)  # fmt: skip
     else:
         source["split"] = "given"
-    return _finish(spec, texts["train"], texts["valid"], texts["test"], source)
+    return finish_corpus(spec, texts["train"], texts["valid"], texts["test"], source)
 
 
 def demo_corpus(data_dir=None) -> tuple[str, str]:

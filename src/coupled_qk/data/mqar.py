@@ -46,8 +46,8 @@ __all__ = ["IGNORE_INDEX", "mqar_batch", "query_slot_probabilities"]
 IGNORE_INDEX = -100
 """Label value ignored by the loss and the accuracy (Zoology / ``nn.CrossEntropyLoss`` default)."""
 
-_GENERATOR_VERSION = "coupled_qk.mqar/v1"  # bump when the sampling code changes (invalidates caches)
-_MAX_SEED = 2**32
+GENERATOR_VERSION = "coupled_qk.mqar/v1"  # bump when the sampling code changes (invalidates caches)
+MAX_SEED = 2**32
 
 
 # --------------------------------------------------------------------------------------------
@@ -55,18 +55,20 @@ _MAX_SEED = 2**32
 # --------------------------------------------------------------------------------------------
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
+    """Whether ``x`` is a Python or NumPy integer (``bool`` is not)."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-def _check_types(**ints: object) -> None:
+def check_types(**ints: object) -> None:
+    """``ValueError`` listing every keyword argument that is not an integer (see :func:`is_int`)."""
     bad = [f"{name}={value!r} (type {type(value).__name__})" for name, value in ints.items()
-           if not _is_int(value)]
+           if not is_int(value)]
     if bad:
         raise ValueError("MQAR: expected integer arguments, got " + ", ".join(bad))
 
 
-def _validate(
+def validate_mqar_args(
     num_examples: int,
     input_seq_len: int,
     vocab_size: int,
@@ -74,7 +76,7 @@ def _validate(
     power_a: float,
 ) -> None:
     """Raise one ValueError listing every violated requirement (Zoology asserts the first three)."""
-    _check_types(num_examples=num_examples, input_seq_len=input_seq_len, vocab_size=vocab_size,
+    check_types(num_examples=num_examples, input_seq_len=input_seq_len, vocab_size=vocab_size,
                  num_kv_pairs=num_kv_pairs)
     problems = []
     if num_examples < 1:
@@ -107,7 +109,7 @@ def _validate(
 def _make_rng(seed: int | np.random.Generator) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
-    if not _is_int(seed) or int(seed) < 0:
+    if not is_int(seed) or int(seed) < 0:
         raise ValueError(f"MQAR: seed={seed!r} must be a non-negative int or a numpy Generator")
     return np.random.default_rng(int(seed))
 
@@ -133,7 +135,7 @@ def query_slot_probabilities(num_slots: int, power_a: float = 0.01) -> np.ndarra
 
     Source: Zoology iclr24 ``multiquery_ar`` (arXiv:2312.04927).
     """
-    if not _is_int(num_slots) or num_slots < 1:
+    if not is_int(num_slots) or num_slots < 1:
         raise ValueError(f"num_slots={num_slots!r} must be an int >= 1")
     if not (math.isfinite(float(power_a)) and float(power_a) > 0):
         raise ValueError(f"power_a={power_a!r} must be finite and > 0")
@@ -216,7 +218,7 @@ def mqar_batch(
     Source: Zoology iclr24, ``zoology/data/associative_recall.py::multiquery_ar``
     (arXiv:2312.04927).
     """
-    _validate(num_examples, input_seq_len, vocab_size, num_kv_pairs, power_a)
+    validate_mqar_args(num_examples, input_seq_len, vocab_size, num_kv_pairs, power_a)
     rng = _make_rng(seed)
     n, length, vocab, k = int(num_examples), int(input_seq_len), int(vocab_size), int(num_kv_pairs)
     context = 2 * k

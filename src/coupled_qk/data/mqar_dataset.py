@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk.data.mqar import _GENERATOR_VERSION, _MAX_SEED, _check_types, _is_int, _validate, mqar_batch
+from coupled_qk.data.mqar import GENERATOR_VERSION, MAX_SEED, check_types, is_int, mqar_batch, validate_mqar_args
 from coupled_qk.io import atomic_write
 
 __all__ = ["MQARDataset", "MQARSlice", "MQARSliceSpec", "make_mqar_dataset"]
@@ -55,9 +55,9 @@ class MQARSliceSpec:
     random_non_queries: bool = False
 
     def __post_init__(self) -> None:
-        _check_types(seq_len=self.seq_len, num_kv_pairs=self.num_kv_pairs,
+        check_types(seq_len=self.seq_len, num_kv_pairs=self.num_kv_pairs,
                      num_examples=self.num_examples)
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= int(self.seed) < _MAX_SEED):
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= int(self.seed) < MAX_SEED):
             raise ValueError(f"MQARSliceSpec: seed={self.seed!r} must be None or an int in [0, 2**32)")
         if not isinstance(self.random_non_queries, bool):
             raise ValueError(f"MQARSliceSpec: random_non_queries={self.random_non_queries!r} must be a bool")
@@ -71,7 +71,7 @@ class MQARSliceSpec:
         """Plain-JSON dict of all fields (used for cache keys)."""
         d = dataclasses.asdict(self)
         d["power_a"] = float(d["power_a"])
-        return {key: (int(v) if _is_int(v) else v) for key, v in d.items()}
+        return {key: (int(v) if is_int(v) else v) for key, v in d.items()}
 
 
 @dataclass
@@ -118,7 +118,7 @@ class MQARDataset:
 
 
 def _cache_key(spec: MQARSliceSpec, vocab_size: int) -> str:
-    payload = {"generator": _GENERATOR_VERSION, "vocab_size": int(vocab_size), **spec.to_dict()}
+    payload = {"generator": GENERATOR_VERSION, "vocab_size": int(vocab_size), **spec.to_dict()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -142,7 +142,7 @@ def _build_slice(spec: MQARSliceSpec, vocab_size: int, cache_dir: Path | None) -
                                 seed=int(spec.seed))
     if path is not None:
         payload = {"inputs": inputs, "labels": labels, "spec": spec.to_dict(),
-                   "vocab_size": int(vocab_size), "generator": _GENERATOR_VERSION}
+                   "vocab_size": int(vocab_size), "generator": GENERATOR_VERSION}
         atomic_write(path, lambda f: torch.save(payload, f))
     return MQARSlice(spec, vocab_size, inputs, labels, from_cache=False)
 
@@ -225,13 +225,13 @@ def make_mqar_dataset(
         for i, s in enumerate(specs):
             if not isinstance(s, MQARSliceSpec):
                 raise ValueError(f"{role}[{i}] must be an MQARSliceSpec, got {type(s).__name__}")
-    if not _is_int(seed) or int(seed) < 0:
+    if not is_int(seed) or int(seed) < 0:
         raise ValueError(f"make_mqar_dataset: seed={seed!r} must be a non-negative int")
-    _check_types(vocab_size=vocab_size)
+    check_types(vocab_size=vocab_size)
 
     master = np.random.default_rng(int(seed))
-    train_seeds = master.integers(0, _MAX_SEED // 2, size=len(train_specs))
-    test_seeds = master.integers(_MAX_SEED // 2, _MAX_SEED, size=len(test_specs))
+    train_seeds = master.integers(0, MAX_SEED // 2, size=len(train_specs))
+    test_seeds = master.integers(MAX_SEED // 2, MAX_SEED, size=len(test_specs))
     train_specs = [s if s.seed is not None else dataclasses.replace(s, seed=int(d))
                    for s, d in zip(train_specs, train_seeds)]
     test_specs = [s if s.seed is not None else dataclasses.replace(s, seed=int(d))
@@ -239,7 +239,7 @@ def make_mqar_dataset(
     for role, specs in (("train", train_specs), ("test", test_specs)):
         for i, s in enumerate(specs):
             try:
-                _validate(s.num_examples, s.seq_len, vocab_size, s.num_kv_pairs, s.power_a)
+                validate_mqar_args(s.num_examples, s.seq_len, vocab_size, s.num_kv_pairs, s.power_a)
             except ValueError as exc:
                 raise ValueError(f"{role} slice {i} ({s.name}): {exc}") from None
 

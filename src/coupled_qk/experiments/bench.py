@@ -24,7 +24,8 @@ import torch
 from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
-from coupled_qk.models.variants import FLAT_MAP_OPTIONS, get_attention, parse_variants, variant_overrides
+from coupled_qk.models.registry import OPTION_ALIASES, get_attention
+from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.training.distributed import pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -95,7 +96,8 @@ def machine_line(m: dict) -> str:
             f"{env}; {m.get('platform', '?')}")
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the queued CUDA work on ``device`` (a no-op on CPU), so that a timer reads finished work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -140,16 +142,16 @@ class _Runner:
             self.loss_fn = self.model.loss
             self.optimizer.zero_grad(set_to_none=True)
             self._step()
-        _sync(self.device)
+        sync_device(self.device)
         if self.compiled:
             self.compile_s = time.perf_counter() - start
 
     def timed_step(self) -> tuple[float, float]:
         """One step; returns its wall and process CPU time in ms (accelerator synchronised before and after)."""
-        _sync(self.device)
+        sync_device(self.device)
         start, cpu_start = time.perf_counter(), time.process_time()
         self._step()
-        _sync(self.device)
+        sync_device(self.device)
         return 1000.0 * (time.perf_counter() - start), 1000.0 * (time.process_time() - cpu_start)
 
 
@@ -166,14 +168,14 @@ def step_time_stats(times_ms: list[float], tokens_per_step: int) -> dict:
     )
 
 
-def _variant_configs(base: GPTConfig, names: list[str], map_options: dict) -> dict[str, GPTConfig]:
+def variant_configs(base: GPTConfig, names: list[str], map_options: dict) -> dict[str, GPTConfig]:
     """Each variant's config: ``base`` with the variant's overrides and the ``map_options`` its map has."""
     configs, used = {}, set()
     for n in names:
         overrides = variant_overrides(n)
         qk_map = get_attention(overrides["attention"]).qk_map
         valid = qk_map.option_names() if qk_map else []
-        extra = {k: v for k, v in map_options.items() if FLAT_MAP_OPTIONS.get(k, k) in valid}
+        extra = {k: v for k, v in map_options.items() if OPTION_ALIASES.get(k, k) in valid}
         used.update(extra)
         configs[n] = base.replace(**{**extra, **overrides})
     unused = sorted(set(map_options) - used)
@@ -234,7 +236,7 @@ def run_bench(
     if batch_size < 1 or repeats < 1 or warmup < 1:
         raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 1; got {batch_size}, {repeats}, {warmup}")
     log = log or (lambda *a, **k: None)
-    configs = _variant_configs(base, names, map_options or {})
+    configs = variant_configs(base, names, map_options or {})
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -244,53 +246,9 @@ def run_bench(
         dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
     runners = {n: _Runner(n, configs[n], x, y, dev, dtype, compile_model, seed) for n in names}
 
-    for n, r in runners.items():  # warmup, compiling if asked
-        r.first_step()
-        msg = f"  {n}: compiled in {r.compile_s:.1f} s" if r.compiled else f"  {n}: warm"
-        log(msg + (f" (compile failed, eager: {r.compile_error})" if r.compile_error else ""))
-    for _ in range(warmup - 1):
-        for r in runners.values():
-            r.timed_step()
-
-    gc.collect()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    cpu_times: dict[str, list[float]] = {n: [] for n in names}
-    order = list(names)
-    for i in range(repeats):
-        for n in order[i % len(order):] + order[: i % len(order)]:
-            wall_ms, cpu_ms = runners[n].timed_step()
-            times[n].append(wall_ms)
-            cpu_times[n].append(cpu_ms)
-        if (i + 1) % max(1, repeats // 5) == 0:
-            log(f"  repeat {i + 1}/{repeats}")
-
+    times, cpu_times = _time_interleaved(runners, warmup, repeats, log)
     tokens_per_step = batch_size * seq_len
-    results = {}
-    for n in names:
-        r = runners[n]
-        info = coupling_parameter_overhead(configs[n])
-        results[n] = dict(
-            attention=configs[n].attention,
-            integrator=getattr(configs[n].qk_map, "integrator", None),
-            n_steps=getattr(configs[n].qk_map, "n_steps", None),
-            **step_time_stats(times[n], tokens_per_step),
-            params=info["params"],
-            overhead_percent=info["overhead_percent"],
-            compiled=r.compiled,
-            compile_s=r.compile_s,
-            compile_error=r.compile_error,
-            times_ms=times[n],
-        )
-        if dev.type == "cpu":  # CPU time of this process (all threads): less sensitive to other processes
-            results[n]["cpu_median_ms"] = float(np.median(cpu_times[n]))
-            results[n]["cpu_times_ms"] = cpu_times[n]
-    base_median, base_times = results[BASELINE]["median_ms"], np.asarray(times[BASELINE])
-    for n in names:
-        results[n]["ratio"] = results[n]["median_ms"] / base_median
-        # robustness check under load: median over repeats of (variant / standard) within the same round
-        results[n]["paired_ratio"] = float(np.median(np.asarray(times[n]) / base_times))
-        if dev.type == "cpu":
-            results[n]["cpu_ratio"] = results[n]["cpu_median_ms"] / results[BASELINE]["cpu_median_ms"]
+    results = _variant_results(runners, configs, times, cpu_times, tokens_per_step, dev)
     return dict(
         settings=dict(
             variants=names,
@@ -310,6 +268,62 @@ def run_bench(
         variants=results,
         elapsed_s=time.perf_counter() - t0,
     )
+
+
+def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[dict, dict]:
+    """Warm every runner up (compiling if asked), then time ``repeats`` rounds of one step per variant, the
+    order rotated each round; returns wall and process-CPU milliseconds per variant."""
+    for n, r in runners.items():  # warmup, compiling if asked
+        r.first_step()
+        msg = f"  {n}: compiled in {r.compile_s:.1f} s" if r.compiled else f"  {n}: warm"
+        log(msg + (f" (compile failed, eager: {r.compile_error})" if r.compile_error else ""))
+    for _ in range(warmup - 1):
+        for r in runners.values():
+            r.timed_step()
+
+    gc.collect()
+    times: dict[str, list[float]] = {n: [] for n in runners}
+    cpu_times: dict[str, list[float]] = {n: [] for n in runners}
+    order = list(runners)
+    for i in range(repeats):
+        for n in order[i % len(order):] + order[: i % len(order)]:
+            wall_ms, cpu_ms = runners[n].timed_step()
+            times[n].append(wall_ms)
+            cpu_times[n].append(cpu_ms)
+        if (i + 1) % max(1, repeats // 5) == 0:
+            log(f"  repeat {i + 1}/{repeats}")
+    return times, cpu_times
+
+
+def _variant_results(runners: dict, configs: dict, times: dict, cpu_times: dict, tokens_per_step: int,
+                     dev: torch.device) -> dict:
+    """Per variant: step-time statistics, parameters, compile status and the ratios against ``standard``."""
+    results = {}
+    for n, r in runners.items():
+        info = coupling_parameter_overhead(configs[n])
+        results[n] = dict(
+            attention=configs[n].attention,
+            integrator=getattr(configs[n].qk_map, "integrator", None),
+            n_steps=getattr(configs[n].qk_map, "n_steps", None),
+            **step_time_stats(times[n], tokens_per_step),
+            params=info["params"],
+            overhead_percent=info["overhead_percent"],
+            compiled=r.compiled,
+            compile_s=r.compile_s,
+            compile_error=r.compile_error,
+            times_ms=times[n],
+        )
+        if dev.type == "cpu":  # CPU time of this process (all threads): less sensitive to other processes
+            results[n]["cpu_median_ms"] = float(np.median(cpu_times[n]))
+            results[n]["cpu_times_ms"] = cpu_times[n]
+    base_median, base_times = results[BASELINE]["median_ms"], np.asarray(times[BASELINE])
+    for n in runners:
+        results[n]["ratio"] = results[n]["median_ms"] / base_median
+        # robustness check under load: median over repeats of (variant / standard) within the same round
+        results[n]["paired_ratio"] = float(np.median(np.asarray(times[n]) / base_times))
+        if dev.type == "cpu":
+            results[n]["cpu_ratio"] = results[n]["cpu_median_ms"] / results[BASELINE]["cpu_median_ms"]
+    return results
 
 
 def result_stem(preset: str, result: dict) -> str:

@@ -24,11 +24,11 @@ import torch
 
 from coupled_qk.experiments.bench import (
     DTYPES,
-    _sync,
-    _variant_configs,
     machine_info,
     machine_line,
     resolve_dtype,
+    sync_device,
+    variant_configs,
     with_baseline,
 )
 from coupled_qk.models.config import GPTConfig
@@ -52,11 +52,11 @@ def _decode_once(model: GPT, prompt: torch.Tensor, new_tokens: int, device) -> f
     with torch.no_grad():
         cache = model.new_cache(prompt.shape[1] + new_tokens)
         nxt = model.next_token_logits(prompt, cache).argmax(-1, keepdim=True)
-        _sync(device)
+        sync_device(device)
         start = time.perf_counter()
         for _ in range(new_tokens):
             nxt = model.next_token_logits(nxt, cache).argmax(-1, keepdim=True)
-        _sync(device)
+        sync_device(device)
     return time.perf_counter() - start
 
 
@@ -81,7 +81,7 @@ def run_decode(base: GPTConfig, variants=None, batch_sizes=(1, 8), prefixes=(128
         raise ValueError(f"need repeats >= 1 and new_tokens >= 1; got {repeats}, {new_tokens}")
     names = with_baseline(variants)
     dev = device if isinstance(device, torch.device) else pick_device(device)
-    configs = _variant_configs(base, names, map_options or {})
+    configs = variant_configs(base, names, map_options or {})
     cells = [(b, p) for b in batch_sizes for p in prefixes if p + new_tokens <= base.block_size]
     skipped = [(b, p) for b in batch_sizes for p in prefixes if (b, p) not in cells]
     if not cells:
@@ -169,7 +169,7 @@ class _MemoryStep:
             self.compiled, self.loss_fn = False, self.model.loss
             self.opt.zero_grad(set_to_none=False)
             self()
-        _sync(self.device)
+        sync_device(self.device)
 
 
 def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int | None = None,
@@ -202,7 +202,7 @@ def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int
     for name, value in (("seq_len", seq_len), ("cache_len", cache_len)):
         if not 1 <= value <= base.block_size:
             raise ValueError(f"{name}={value} must be in [1, block_size={base.block_size}]")
-    configs = _variant_configs(base, names, map_options or {})
+    configs = variant_configs(base, names, map_options or {})
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
     prompt = torch.randint(0, base.vocab_size, (cache_batch, cache_len), generator=gen).to(dev)

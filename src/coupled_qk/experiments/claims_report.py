@@ -114,6 +114,14 @@ def _comparisons(rec: Records) -> dict[str, list[dict]]:
     return out
 
 
+def _extra_variants(rec: Records) -> list[dict]:
+    """``claims --variants``: each added variant against the ``standard`` runs of every language-model cell that
+    has them (paired % change of held-out test perplexity, as :func:`_paired`)."""
+    return [{"variant": v, "cell": c.name, **_paired(rec, (c.name, "standard"), (c.name, v))}
+            for v in rec.protocol.extra_variants for c in rec.protocol.cells
+            if c.mqar is None and "standard" in c.variants and v != "standard"]
+
+
 def _mqar_escape(rec: Records) -> list[dict]:
     """Per (difficulty, lr, variant): how many seeds reached ``ESCAPE_ACCURACY`` and their mean accuracy."""
     from coupled_qk.experiments.claims import ESCAPE_ACCURACY
@@ -181,7 +189,7 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
             "expected_hours": protocol.expected_hours, "primary_metric": PRIMARY, "rows": rows,
             "scan": _scan(rec) if protocol.runnable else [], **(_comparisons(rec) if protocol.runnable else {}),
             "token_trend": token_trend(out_dir, protocol) if protocol.runnable else None,
-            "mqar_escape": _mqar_escape(rec), "holm": holm,
+            "mqar_escape": _mqar_escape(rec), "holm": holm, "extra_variants": _extra_variants(rec),
             "cells": cells, "n_records": len({id(r) for r in rec.by_key.values()}),  # aliases (seeds_of) once
             "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
@@ -288,6 +296,15 @@ def format_markdown(report: dict, command: str) -> str:
                   "| difficulty | lr | variant | seeds escaped (acc >= 0.9) | mean accuracy |", "|---|---|---|---|---|"]
         lines += [f"| {m['difficulty']} | {m['lr']:g} | {m['variant']} | {m['escaped']}/{m['n']} | {m['mean_accuracy']:.3f} |"
                   for m in report["mqar_escape"]]
+    if report.get("extra_variants"):
+        lines += ["", "## Added variants (claims --variants)", "",
+                  "Each added variant against the standard runs of the same cell, paired by seed: held-out test "
+                  "perplexity (standard, added) and the % change.", "",
+                  "| variant | cell | ppl (standard, added) | % [95% CI] | n | status |", "|---|---|---|---|---|---|"]
+        for g in report["extra_variants"]:
+            eff = f"{_num(g.get('mean'))} [{_num(g.get('low'))}, {_num(g.get('high'))}]" if "mean" in g else "-"
+            ppl = f"{_num(g.get('a_ppl'), 1)}, {_num(g.get('b_ppl'), 1)}" if "a_ppl" in g else "-"
+            lines.append(f"| {g['variant']} | {g['cell']} | {ppl} | {eff} | {g.get('n', '-')} | {g['status']} |")
     lines += ["", "## Progress", "", "| cell | claims | finished / planned runs | tokens/run | train hours |",
               "|---|---|---|---|---|"]
     lines += [f"| {c['cell']} | {', '.join(c['claims'])} | {c['finished']}/{c['planned']} | "

@@ -22,7 +22,7 @@ from coupled_qk.experiments.protocols import Cell
 from coupled_qk.experiments.runner import PlannedRun, setting_differences
 from coupled_qk.experiments.runner import execute as execute_plan
 from coupled_qk.io import write_text_atomic
-from coupled_qk.models.variants import variant_overrides
+from coupled_qk.models.specs import variant_overrides
 from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig
 
 RECORD_VERSION = 1

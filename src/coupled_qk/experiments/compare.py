@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coupled_qk.experiments.runner import PlannedRun, Report, RunRecord, run_experiment
-from coupled_qk.models.variants import parse_variants, variant_overrides
+from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.rundir import RunDir
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coupled_qk.experiments.bench import _variant_configs, machine_line, run_bench, with_baseline
+from coupled_qk.experiments.bench import machine_line, run_bench, variant_configs, with_baseline
 from coupled_qk.experiments.bench_decode import paired_ratio
 from coupled_qk.models.config import GPTConfig
 
@@ -111,7 +111,7 @@ def run_sweep(base: GPTConfig, variants=None, d_models=(64, 128, 256), seq_lens=
         res = run_bench(cfg, sub, batch_size=batch_size, seq_len=seq, repeats=repeats, warmup=warmup, device=device,
                         seed=seed, map_options=opts)
         machine = res["machine"]
-        configs = _variant_configs(cfg, sub, opts)
+        configs = variant_configs(cfg, sub, opts)
         base_times = res["variants"]["standard"]["times_ms"]
         entry = {n: dict(ratio=paired_ratio(v["times_ms"], base_times), floor=flop_floor(configs[n], batch_size, seq))
                  for n, v in res["variants"].items()}
@@ -192,7 +192,7 @@ def mfu_markdown(results: list[dict], peak_tflops: float) -> str:
     for res in results:
         s = res["settings"]
         base = GPTConfig.from_dict(s["config"])
-        configs = _variant_configs(base, s["variants"], s.get("map_options") or {})
+        configs = variant_configs(base, s["variants"], s.get("map_options") or {})
         for n, v in res["variants"].items():
             flops = train_step_flops(configs[n], s["batch_size"], s["seq_len"])["step"] / s["tokens_per_step"]
             tflops = v["tokens_per_s"] * flops / 1e12

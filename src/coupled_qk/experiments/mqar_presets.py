@@ -4,7 +4,7 @@ Source: Arora, Eyuboglu et al., "Zoology", arXiv:2312.04927 (HazyResearch/zoolog
 ``zoology/experiments/iclr24_zoology_figure2/configs.py``); ``docs/METHOD.md`` section 6 and claim C12.
 
 Models: attention-only blocks (``use_mlp=False``), 2 layers, 1 head, learned absolute positions, a sweep of
-``d_model``; every attention variant of the library (:data:`MQAR_VARIANTS`). Differential variants pair
+``d_model``; every attention variant of the library (:func:`mqar_variants`). Differential variants pair
 heads into sub-heads, so a sweep with an odd head count gives them twice the heads (one differential head =
 two sub-heads of width ``d_model / 2``, parameter-matched to one standard head).
 
@@ -47,15 +47,27 @@ import math
 from dataclasses import dataclass, field
 
 from coupled_qk._checks import positive_int
-from coupled_qk.models.variants import MAIN_VARIANTS, VARIANTS, variant_attention
+from coupled_qk.models.registry import VARIANTS, default_variants
+from coupled_qk.models.specs import variant_attention
 from coupled_qk.training.mqar_task import parse_slices
 
-__all__ = ["MQAR_VARIANTS", "SWEEP_PRESETS", "Difficulty", "SweepPreset", "get_preset", "heads_for"]
+__all__ = ["SWEEP_PRESETS", "Difficulty", "SweepPreset", "get_preset", "heads_for", "mqar_variants"]
 
-MQAR_VARIANTS: dict[str, dict] = {name: VARIANTS[name] for name in MAIN_VARIANTS}
-"""Default sweep variants -> ``GPTConfig`` overrides: the paper's variants and baselines (every attention of the
-registry except the ``uncoupled_mlp_differential`` grid cell) plus coupled with the leapfrog integrator
-(``coupled`` is the paper's Euler integrator). Any spec of :mod:`coupled_qk.models.variants` works."""
+
+def mqar_variants() -> dict[str, dict]:
+    """Default sweep variants -> ``GPTConfig`` overrides, computed now from the registry
+    (:func:`~coupled_qk.models.registry.default_variants`): the paper's variants and baselines (every built-in
+    attention except the ``uncoupled_mlp_differential`` grid cell) plus coupled with the leapfrog integrator
+    (``coupled`` is the paper's Euler integrator), and every variant registered later that joined the defaults.
+    Any spec of :mod:`coupled_qk.models.specs` works."""
+    return {name: VARIANTS[name] for name in default_variants()}
+
+
+def __getattr__(name: str):
+    """``MQAR_VARIANTS``: :func:`mqar_variants` when read (kept for code written before it was a function)."""
+    if name == "MQAR_VARIANTS":
+        return mqar_variants()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -101,7 +113,7 @@ class SweepPreset:
         difficulties: the (L, K) settings, in run order.
         d_models: model widths.
         lrs: peak learning rates (the best final accuracy over them is reported).
-        variants: names from :data:`MQAR_VARIANTS`.
+        variants: variant specs; ``None`` (the default): :func:`mqar_variants` when the sweep is planned.
         epochs: training length in epochs over the training slices (the cosine schedule's horizon).
         max_steps: optional cap on the steps of a run (also the schedule's horizon when smaller).
         eval_interval: steps between quick evaluations (early stopping is checked there); ``None`` = once
@@ -125,7 +137,7 @@ class SweepPreset:
     difficulties: tuple
     d_models: tuple
     lrs: tuple
-    variants: tuple = tuple(MQAR_VARIANTS)
+    variants: tuple | None = None
     epochs: float = 64.0
     max_steps: int | None = None
     eval_interval: int | None = None

@@ -18,7 +18,7 @@ from coupled_qk._checks import finite, positive_int
 from coupled_qk.experiments.mqar_presets import Difficulty, SweepPreset, heads_for
 from coupled_qk.experiments.mqar_report import sweep_report
 from coupled_qk.experiments.runner import PlannedRun, RunRecord, run_experiment
-from coupled_qk.models.variants import parse_variants, variant_overrides
+from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_task import steps_per_epoch
 
@@ -89,7 +89,7 @@ def plan_sweep(preset: SweepPreset, variants=None, d_models=None, lrs=None, diff
     Raises:
         ValueError: unknown variant or difficulty, or a non-positive d_model or lr.
     """
-    variants = parse_variants(variants) if variants is not None else list(preset.variants)
+    variants = parse_variants(variants if variants is not None else preset.variants)  # None: the defaults now
     d_models = list(d_models) if d_models is not None else list(preset.d_models)
     lrs = list(lrs) if lrs is not None else list(preset.lrs)
     diffs = [preset.difficulty(n) for n in difficulties] if difficulties is not None else list(preset.difficulties)

@@ -104,6 +104,7 @@ class Protocol:
     notes: tuple[str, ...] = ()
     runnable: bool = True
     expected_hours: dict = field(default_factory=dict)
+    extra_variants: tuple[str, ...] = ()  # added by with_variants (claims --variants)
 
     def cell(self, name: str) -> Cell:
         """The cell called ``name`` (``KeyError`` if absent)."""
@@ -115,6 +116,22 @@ class Protocol:
     def has_cell(self, name: str) -> bool:
         """Whether the protocol defines a cell called ``name``."""
         return any(c.name == name for c in self.cells)
+
+    def with_variants(self, specs) -> Protocol:
+        """The same protocol with the variant specs ``specs`` (``claims --variants``; any registered variant,
+        plugins included, optionally ``+field=value``) trained in every cell next to the cell's own variants,
+        paired by seed; the report compares each with the cell's ``standard`` runs. Specs a cell already has are
+        not repeated.
+
+        Raises:
+            ValueError: an unknown variant or an invalid spec (from :func:`~coupled_qk.models.specs.parse_variants`).
+        """
+        from coupled_qk.models.specs import parse_variants
+
+        extra = tuple(parse_variants(list(specs)))
+        cells = tuple(dataclasses.replace(c, variants=c.variants + tuple(v for v in extra if v not in c.variants))
+                      for c in self.cells)
+        return dataclasses.replace(self, cells=cells, extra_variants=self.extra_variants + extra)
 
     def with_seeds(self, seeds: tuple[int, ...]) -> Protocol:
         """The same protocol with every cell's seeds replaced (``--seeds``)."""

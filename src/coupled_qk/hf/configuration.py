@@ -19,8 +19,6 @@ from coupled_qk.models.config import GPTConfig
 GPT_FIELDS = tuple(f.name for f in dataclasses.fields(GPTConfig))
 """Names of the ``GPTConfig`` fields (stored in ``config.json``)."""
 
-FLAT_OPTIONS = tuple(GPTConfig._extra_names)
-"""Flat spellings of ``qk_map`` options that ``GPTConfig`` routes into ``qk_map`` (input only)."""
 
 
 class CoupledQKConfig(PretrainedConfig):
@@ -54,12 +52,13 @@ class CoupledQKConfig(PretrainedConfig):
 
     def __init__(self, **kwargs):
         legacy = kwargs.pop("gpt", None) or {}  # written by coupled-qk 0.1.0 (flat options, top-level copies)
-        top = {k: kwargs.pop(k) for k in GPT_FIELDS + FLAT_OPTIONS if k in kwargs}
+        # the flat spellings of qk_map options (input only), generated from the registry at each call
+        top = {k: kwargs.pop(k) for k in GPT_FIELDS + GPTConfig.extra_names() if k in kwargs}
         if top.get("qk_map", 0) is None:  # None means "the defaults": never let it erase given map options
             del top["qk_map"]
         fields = {**legacy, **top}  # top-level keys win
         if legacy:
-            fields = GPTConfig._upgrade(fields, "config.json")
+            fields = GPTConfig.upgrade(fields, "config.json")
         gpt = GPTConfig.from_dict(fields)
         kwargs.setdefault("tie_word_embeddings", True)
         use_cache = bool(kwargs.pop("use_cache", True)) or bool(legacy)  # the old wrapper could not cache

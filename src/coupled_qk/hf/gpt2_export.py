@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import torch
 
+from coupled_qk.layers.qk_maps import QKDynamics
 from coupled_qk.models.gpt import GPT
+from coupled_qk.models.registry import attention_names, get_attention
 
-CONVERTIBLE = ("standard", "coupled")
+
+def convertible(attention: str) -> bool:
+    """Whether GPT-2 can express ``attention``: standard scoring with no query-key map, or with the coupled
+    dynamics (:class:`~coupled_qk.layers.qk_maps.QKDynamics`, inserted by :func:`~coupled_qk.hf.retrofit.retrofit`);
+    read from the registry (``ValueError`` for an unknown attention)."""
+    a = get_attention(attention)
+    return a.scoring == "standard" and (a.qk_map is None or a.qk_map.module is QKDynamics)
 
 
 def gpt_to_gpt2(model: GPT):
@@ -37,7 +45,8 @@ def gpt_to_gpt2(model: GPT):
     c = model.config
     checks = [
         ("position", c.position, c.position == "learned", "'learned' (GPT-2 has learned absolute positions)"),
-        ("attention", c.attention, c.attention in CONVERTIBLE, f"one of {list(CONVERTIBLE)}"),
+        ("attention", c.attention, convertible(c.attention),
+         f"one of {[a for a in attention_names() if convertible(a)]}"),
         ("n_kv_heads", c.n_kv_heads, c.n_kv_heads == c.n_heads, f"n_heads={c.n_heads} (GPT-2 has no GQA)"),
         ("d_head", c.d_head, c.d_head * c.n_heads == c.d_model, f"d_model / n_heads = {c.d_model // c.n_heads}"),
         ("use_mlp", c.use_mlp, c.use_mlp, "True"),
@@ -53,7 +62,7 @@ def gpt_to_gpt2(model: GPT):
     )  # fmt: skip
     hf_config._attn_implementation = "sdpa"
     hf = GPT2LMHeadModel(hf_config).to(model.tok_emb.weight.dtype)
-    if c.attention == "coupled":
+    if get_attention(c.attention).qk_map is not None:
         m = c.qk_map  # DynamicsOptions
         retrofit(
             hf, integrator=m.integrator, n_steps=m.n_steps, hidden=m.hidden, force=m.force,
@@ -73,7 +82,7 @@ def gpt_to_gpt2(model: GPT):
             h.attn.c_proj.weight.copy_(block.attn.out_proj.weight.t())
             h.mlp.c_fc.weight.copy_(block.mlp.fc.weight.t())
             h.mlp.c_proj.weight.copy_(block.mlp.out_proj.weight.t())
-            if c.attention == "coupled":
+            if get_attention(c.attention).qk_map is not None:
                 h.attn.qk_dynamics.load_state_dict(block.attn.qk_map.state_dict())
     hf.tie_weights()
     return hf.to(model.tok_emb.weight.device).eval()

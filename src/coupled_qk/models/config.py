@@ -4,19 +4,21 @@ and :func:`parse_overrides`, the typed parser of ``FIELD=VALUE`` overrides."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Sequence
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from coupled_qk._checks import choice, coerce, coerce_fields, field_types, finite, parse_assignments, positive_int
 from coupled_qk.layers.attention import MAP_POSITIONS
-from coupled_qk.models.variants import (
-    FLAT_MAP_OPTIONS,
+from coupled_qk.models.options import MapOptions
+from coupled_qk.models.registry import (
     LEGACY_DEFAULTS,
-    DynamicsOptions,
-    MapOptions,
+    OPTION_ALIASES,
+    flat_option_names,
     get_attention,
+    map_option_types,
 )
 
 PRESETS: dict[str, dict] = {
@@ -36,15 +38,18 @@ class JSONConfig:
         """All fields as a JSON-serialisable dict."""
         return dataclasses.asdict(self)
 
-    #: names accepted by :meth:`from_dict` besides the fields (flat spellings routed by ``__post_init__``)
-    _extra_names: tuple[str, ...] = ()
+    @classmethod
+    def extra_names(cls) -> tuple[str, ...]:
+        """Names accepted by :meth:`from_dict` besides the fields (none here; ``GPTConfig``: the flat map
+        options)."""
+        return ()
 
     @classmethod
     def from_dict(cls, data: dict):
         """Build from a dict; unknown keys raise ``ValueError`` listing them and the valid fields."""
         if not isinstance(data, dict):
             raise ValueError(f"a {cls.__name__} must be given as a dict of fields; got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)} | set(cls._extra_names)
+        names = {f.name for f in dataclasses.fields(cls)} | set(cls.extra_names())
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
@@ -66,10 +71,10 @@ class JSONConfig:
             raise ValueError(f"config file {path} is not valid JSON ({exc})") from exc
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a JSON object; got {type(data).__name__}")
-        return cls.from_dict(cls._upgrade(data, path))
+        return cls.from_dict(cls.upgrade(data, path))
 
     @classmethod
-    def _upgrade(cls, data: dict, path: Path) -> dict:
+    def upgrade(cls, data: dict, path: str | Path) -> dict:
         """Rewrite a dict read by :meth:`load` from an older format (identity here)."""
         return data
 
@@ -92,10 +97,10 @@ class GPTConfig(JSONConfig):
         d_head: head width (default ``d_model // n_heads``).
         d_ff: feed-forward hidden width (default ``4 d_model``); ``use_mlp=False`` drops the feed-forward
             sub-layer (attention-only blocks, as in Zoology's MQAR models).
-        attention: a name from :data:`coupled_qk.models.variants.ATTENTIONS` (query-key map x scoring):
-            ``standard, coupled, uncoupled_mlp, differential, coupled_differential, uncoupled_mlp_differential``.
-        qk_map: the nested options of the attention's query-key map (``DynamicsOptions`` for ``coupled*``,
-            ``QueryMLPOptions`` for ``uncoupled_mlp*``; a dict is converted; ``None`` gives the defaults). It
+        attention: a registered attention (:func:`coupled_qk.models.registry.attention_names`: query-key map x
+            scoring, e.g. ``standard``, ``coupled``, ``differential``, ``coupled_differential``).
+        qk_map: the nested options of the attention's query-key map (the options dataclass registered with the
+            map, e.g. ``DynamicsOptions`` for ``coupled*``; a dict is converted; ``None`` gives the defaults). It
             exists only for attentions with a map: ``None`` otherwise.
         position: ``"rope"`` or ``"learned"`` (absolute embeddings, GPT-2 style).
         dynamics_position: where the query-key map acts: ``"pre_rope"`` (default) or ``"post_rope"``.
@@ -103,9 +108,10 @@ class GPTConfig(JSONConfig):
         dropout: dropout on attention probabilities and residual branches, in ``[0, 1)``.
         attn_impl: ``"sdpa"`` or ``"eager"``.
 
-    Flat spellings (keyword arguments, dict keys, ``--set``): ``integrator``, ``n_steps``, ``dynamics_hidden``
-    (-> ``qk_map.hidden``), ``dt_init``, ``shared_across_heads``, ``force``, ``keys_per_query_head`` are routed
-    into ``qk_map``; they are not attributes. Every field is converted to its declared type (``use_mlp="False"``
+    Flat spellings (keyword arguments, dict keys, ``--set``, variant specs): every option of every registered
+    map (:func:`coupled_qk.models.registry.flat_option_names`: ``integrator``, ``n_steps``, ``dt_init``, ...,
+    ``dynamics_hidden`` -> ``qk_map.hidden``, and a plugin map's own fields) is routed into ``qk_map``; they are
+    not attributes; ``None`` means not given. Every field is converted to its declared type (``use_mlp="False"``
     is ``False``).
 
     Raises:
@@ -131,21 +137,15 @@ class GPTConfig(JSONConfig):
     rope_base: float = 10000.0
     dropout: float = 0.0
     attn_impl: str = "sdpa"
-    integrator: InitVar[str | None] = None
-    n_steps: InitVar[int | None] = None
-    dynamics_hidden: InitVar[int | None] = None
-    dt_init: InitVar[float | None] = None
-    shared_across_heads: InitVar[bool | None] = None
-    force: InitVar[str | None] = None
-    keys_per_query_head: InitVar[bool | None] = None
 
-    _extra_names = tuple(FLAT_MAP_OPTIONS)
+    @classmethod
+    def extra_names(cls) -> tuple[str, ...]:
+        """The flat map-option spellings (:func:`~coupled_qk.models.registry.flat_option_names`)."""
+        return tuple(flat_option_names())
 
-    def __post_init__(self, integrator, n_steps, dynamics_hidden, dt_init, shared_across_heads, force,
-                      keys_per_query_head):
+    def __post_init__(self):
         coerce_fields(self)
-        flat = dict(integrator=integrator, n_steps=n_steps, dynamics_hidden=dynamics_hidden, dt_init=dt_init,
-                    shared_across_heads=shared_across_heads, force=force, keys_per_query_head=keys_per_query_head)
+        flat = self.__dict__.pop("flat_map_options", {})  # set by the wrapped __init__ below
         spec = get_attention(self.attention)
         self.qk_map = spec.options(self.qk_map, {k: v for k, v in flat.items() if v is not None})
         positive_int("GPTConfig.d_model", self.d_model)
@@ -207,7 +207,7 @@ class GPTConfig(JSONConfig):
         return type(self).from_dict(data)
 
     @classmethod
-    def _upgrade(cls, data: dict, path: Path) -> dict:
+    def upgrade(cls, data: dict, path: str | Path) -> dict:
         """Configs saved before ``qk_map`` existed held every dynamics option flat (and ``extra``): route them
         into ``qk_map`` and drop those that the saved attention never used when they hold the old default."""
         data = dict(data)
@@ -221,8 +221,8 @@ class GPTConfig(JSONConfig):
         except ValueError as exc:
             raise ValueError(f"config file {path}: {exc}") from None
         valid = set(spec.qk_map.option_names()) if spec.qk_map else set()
-        for key, nested in FLAT_MAP_OPTIONS.items():
-            if key in data and nested not in valid and data[key] == LEGACY_DEFAULTS[key]:
+        for key, value in LEGACY_DEFAULTS.items():
+            if key in data and OPTION_ALIASES.get(key, key) not in valid and data[key] == value:
                 del data[key]
         return data
 
@@ -238,17 +238,32 @@ class GPTConfig(JSONConfig):
         return cls.from_dict({**PRESETS[name], **overrides})
 
 
-for _name in FLAT_MAP_OPTIONS:  # flat spellings are constructor arguments only, never (None) attributes
-    delattr(GPTConfig, _name)
+def _accept_flat_map_options(init):
+    """Wrap the dataclass ``__init__`` of :class:`GPTConfig` so that it also takes the flat map options of every
+    registered map (generated from the registry at each call, so a map registered later is included); any other
+    unknown keyword is still the dataclass's ``TypeError``."""
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        names = flat_option_names() if set(kwargs) - fields else {}
+        flat = {k: kwargs.pop(k) for k in list(kwargs) if k not in fields and k in names}
+        self.__dict__["flat_map_options"] = flat  # read and removed by __post_init__
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+GPTConfig.__init__ = _accept_flat_map_options(GPTConfig.__init__)
 
 
 def parse_overrides(items: Sequence[str], target: type = GPTConfig, flag: str = "--set") -> dict:
     """Typed ``FIELD=VALUE`` overrides: ``["n_layer=6", "use_mlp=False"] -> {"n_layer": 6, "use_mlp": False}``.
 
     Each value is converted to the declared type of the field of the dataclass ``target`` (see
-    :func:`coupled_qk._checks.coerce`); for :class:`GPTConfig` the flat map options (``integrator``,
-    ``n_steps``, ...) take the types of :class:`~coupled_qk.models.variants.DynamicsOptions`. ``-`` in a name
-    reads as ``_``.
+    :func:`coupled_qk._checks.coerce`); for :class:`GPTConfig` the flat map options of every registered map
+    (``integrator``, ``n_steps``, a plugin map's fields, ...) take the types declared by their options
+    dataclass (:func:`~coupled_qk.models.registry.map_option_types`). ``-`` in a name reads as ``_``.
 
     Raises:
         ValueError: naming ``flag``, for an item without ``=``, an unknown field (listing the valid ones) or a
@@ -256,8 +271,7 @@ def parse_overrides(items: Sequence[str], target: type = GPTConfig, flag: str = 
     """
     types = dict(field_types(target))
     if target is GPTConfig:
-        nested = field_types(DynamicsOptions)
-        types.update({flat: nested[name] for flat, name in FLAT_MAP_OPTIONS.items()})
+        types.update(map_option_types())
         types["qk_map"] = dict | None
     out = {}
     for key, value in parse_assignments(items, flag).items():

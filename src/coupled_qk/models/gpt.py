@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.variants import get_attention
+from coupled_qk.models.registry import get_attention
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables
 

@@ -11,31 +11,9 @@ import warnings
 from pathlib import Path
 
 from coupled_qk.progress import progress
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.rundir import RunDir, parse_metrics
 
-
-def parse_metrics(path: Path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file, without a torn (unparseable) last line.
-
-    Raises:
-        ValueError: a line other than the last is not a JSON object, naming the file and line number.
-    """
-    lines = Path(path).read_text(errors="replace").splitlines()
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == len(lines) - 1:
-                warnings.warn(f"{path}: dropping a torn last line (left by an interrupted write)", stacklevel=2)
-                break
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
-        records.append(record)
-    return records
+__all__ = ["Logger", "parse_metrics", "read_metrics"]  # parse_metrics lives in rundir (the run folder's files)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

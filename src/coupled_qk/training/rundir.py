@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 from coupled_qk.io import write_text_atomic
@@ -32,6 +33,31 @@ __all__ = ["RunDir"]
 def _member(name: str, doc: str) -> property:
     """A read-only ``Path`` property: ``<run folder>/<name>``."""
     return property(lambda self: self.path / name, doc=doc)
+
+
+
+def parse_metrics(path: Path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` file, without a torn (unparseable) last line.
+
+    Raises:
+        ValueError: a line other than the last is not a JSON object, naming the file and line number.
+    """
+    lines = Path(path).read_text(errors="replace").splitlines()
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:
+                warnings.warn(f"{path}: dropping a torn last line (left by an interrupted write)", stacklevel=2)
+                break
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
+        records.append(record)
+    return records
 
 
 class RunDir:
@@ -139,8 +165,6 @@ class RunDir:
         """
         if not self.metrics_path.is_file():
             return []
-        from coupled_qk.training.metrics import parse_metrics  # the one reader (it imports this module)
-
         return parse_metrics(self.metrics_path)
 
     def train_seconds(self) -> float:

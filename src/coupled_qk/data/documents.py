@@ -1,0 +1,165 @@
+"""Documents and splits: the :class:`Corpus` value, document splitting, the deterministic document-level random
+split and the joining conventions shared by every corpus source (:mod:`coupled_qk.data.corpora` for files,
+:mod:`coupled_qk.data.hub` for Hugging Face datasets).
+
+Documents (:func:`split_documents`): runs of non-blank lines separated by blank (whitespace-only) lines. A
+paragraph longer than ``MAX_DOC_LINES`` = 100 lines is cut into consecutive groups of ``GROUP_LINES`` = 20
+lines. Random splits (:func:`random_split`) shuffle documents by ``sha256(f"{seed}:{index}")`` (independent of
+Python/NumPy versions); each split's documents are joined with a blank line (:func:`join_documents`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from coupled_qk._checks import nonneg_int
+
+SPLITS = ("train", "valid", "test")
+MAX_DOC_LINES = 100
+GROUP_LINES = 20
+MIN_SPLIT_WORDS = 10_000  # words each random evaluation split aims for (~13k GPT-2 tokens)
+MAX_EVAL_SHARE = 0.2  # ... but never more than this share of the corpus's words
+
+@dataclass
+class Corpus:
+    """A corpus as three text splits.
+
+    Attributes:
+        name: corpus name or the path it was loaded from.
+        train, valid, test: the split texts (``str``, unicode, exactly as read / joined; never empty).
+        source: provenance: files read, data dir, split method, seed, fractions, document counts.
+        word_counts: per split, the word count of the *original* text where the text was transformed
+            (``wiki-vital``'s detokenized WikiText-2 splits), for word-level perplexity.
+    """
+
+    name: str
+    train: str = field(repr=False)
+    valid: str = field(repr=False)
+    test: str = field(repr=False)
+    source: dict = field(default_factory=dict)
+    word_counts: dict = field(default_factory=dict)
+
+    def words(self, split: str) -> int:
+        """Words of ``split`` in WikiText's convention (whitespace words plus one ``<eos>`` per line) of the
+        original text: the normaliser of word-level perplexity."""
+        return self.word_counts.get(split) or word_count(self.split(split), add_eos=True)
+
+    def split(self, split: str) -> str:
+        """The text of ``split`` (one of ``"train"``, ``"valid"``, ``"test"``); ValueError otherwise."""
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is not one of {SPLITS}")
+        return getattr(self, split)
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={len(getattr(self, s)):,} chars" for s in SPLITS)
+        return f"Corpus(name={self.name!r}, {sizes})"
+
+
+def word_count(text: str, *, add_eos: bool = False) -> int:
+    """Number of whitespace-separated words in ``text`` (``len(text.split())``).
+
+    This is the normaliser for word-level perplexity on WikiText: ``ppl_word = exp(total_nll / words)``
+    with the NLL summed over all subword tokens. ``add_eos=True`` also counts one ``<eos>`` per line (every
+    ``"\\n"``, plus an unterminated last line), the convention of Merity et al. (2016): it gives their
+    WikiText-2 counts, 217,646 (valid) and 245,569 (test) tokens.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    n = len(text.split())
+    if add_eos:
+        n += text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    return n
+
+
+def split_documents(text: str, max_lines: int = MAX_DOC_LINES, group_lines: int = GROUP_LINES) -> list[str]:
+    """Split ``text`` into documents: blank-line-separated paragraphs, long ones cut into line groups.
+
+    Returns:
+        Non-empty documents, in order, each a ``"\\n"``-joined run of non-blank lines (lines are split at
+        ``"\\n"`` only; other whitespace, including ``"\\r"``, is kept). A paragraph of more than
+        ``max_lines`` lines becomes consecutive groups of ``group_lines`` lines.
+    """
+    if max_lines < 1 or group_lines < 1:
+        raise ValueError(f"max_lines={max_lines} and group_lines={group_lines} must both be >= 1")
+    docs: list[str] = []
+    para: list[str] = []
+
+    def flush() -> None:
+        if len(para) > max_lines:
+            docs.extend("\n".join(para[i:i + group_lines]) for i in range(0, len(para), group_lines))
+        elif para:
+            docs.append("\n".join(para))
+        para.clear()
+
+    for line in text.split("\n"):
+        if line.strip():
+            para.append(line)
+        else:
+            flush()
+    flush()
+    return docs
+
+
+def check_fraction(name: str, value: float) -> float:
+    """``value`` as a float; ``ValueError`` naming ``name`` unless it is a number strictly between 0 and 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"{name}={value!r} must be a number strictly between 0 and 1")
+    return float(value)
+
+
+def random_split(docs: list[str], seed: int, valid_fraction: float, test_fraction: float,
+                 corpus: str, min_split_words: int = MIN_SPLIT_WORDS) -> tuple[list[str], list[str], list[str]]:
+    """Deterministic document-level split into (train, valid, test) lists, in shuffled order.
+
+    The order is ``sorted(range(n), key=sha256(f"{seed}:{i}"))``. Test takes the first documents of that
+    order, valid the next ones, train the rest. Each evaluation split takes at least
+    ``max(1, round(n * fraction))`` documents and keeps adding documents until it holds ``min_split_words``
+    whitespace-separated words (about 1.3 GPT-2 tokens each), but never more than
+    ``MAX_EVAL_SHARE`` = 20% of the corpus's words, so small corpora still train on most of their text (their
+    evaluation splits are then smaller than ``min_split_words``, and the training task warns).
+
+    Raises:
+        ValueError: bad seed / fractions / minimum, or fewer documents than needed for one per split.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed!r} must be an int")
+    valid_fraction = check_fraction("valid_fraction", valid_fraction)
+    test_fraction = check_fraction("test_fraction", test_fraction)
+    nonneg_int("min_split_words", min_split_words)
+    if valid_fraction + test_fraction >= 1:
+        raise ValueError(f"valid_fraction + test_fraction = {valid_fraction + test_fraction} must be < 1")
+    n = len(docs)
+    n_test, n_valid = max(1, round(n * test_fraction)), max(1, round(n * valid_fraction))
+    if n - n_test - n_valid < 1:
+        raise ValueError(f"corpus {corpus!r} has {n} documents; need at least {n_test + n_valid + 1} "
+                         "for non-empty train/valid/test splits")
+    order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+    words = [len(docs[i].split()) for i in order]
+    cap = MAX_EVAL_SHARE * sum(words)
+
+    def take(start: int, n_min: int, reserve: int) -> int:  # end index of a split starting at ``start``
+        end, have = start + n_min, sum(words[start:start + n_min])
+        while have < min_split_words and end < n - reserve and have + words[end] <= cap:
+            have += words[end]
+            end += 1
+        return end
+
+    test_end = take(0, n_test, n_valid + 1)
+    valid_end = take(test_end, n_valid, 1)
+    test = [docs[i] for i in order[:test_end]]
+    valid = [docs[i] for i in order[test_end:valid_end]]
+    return [docs[i] for i in order[valid_end:]], valid, test
+
+
+def join_documents(docs: list[str]) -> str:
+    """The documents joined with a blank line (``"\\n\\n"``) plus a final newline; ``""`` for none."""
+    return "\n\n".join(docs) + "\n" if docs else ""
+
+
+def finish_corpus(name: str, train: str, valid: str, test: str, source: dict) -> Corpus:
+    """The :class:`Corpus` of three split texts; ``ValueError`` naming the corpus and split when one is empty."""
+    for split, text in zip(SPLITS, (train, valid, test)):
+        if not text.strip():
+            raise ValueError(f"corpus {name!r}: the {split} split is empty (source: {source.get('files')})")
+    return Corpus(name, train, valid, test, source)

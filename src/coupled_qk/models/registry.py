@@ -1,0 +1,384 @@
+"""The one registry of attention variants: query-key map x scoring rule, named variants, default lists.
+
+This module is the library's extension point (docs/DESIGN.md, "Adding an attention variant"). Two levels
+(docs/METHOD.md sections 1-2):
+
+- An **attention** (``GPTConfig.attention``) is one cell of the grid *query-key map x scoring*, built by
+  :func:`register_qk_map`: every registered map (:data:`QK_MAPS`) combines with every scoring rule
+  (:data:`~coupled_qk.layers.attention.SCORINGS`). Names: ``standard`` and ``differential`` without a map;
+  ``<stem>`` and ``<stem>_differential`` for a map registered with that stem (``coupled`` and
+  ``coupled_differential`` for the dynamics). The scoring fixes the head layout (:attr:`Attention.head_group`)
+  and the map fixes the nested config schema (``GPTConfig.qk_map``, a :class:`~coupled_qk.models.options.MapOptions`
+  dataclass that exists only for attentions with a map, so an option that would be ignored is an error).
+- A **variant** (:data:`VARIANTS`) is a named spec used by ``compare``, ``bench``, ``mqar``, ``claims
+  --variants`` and ``demo``: an attention plus option overrides, e.g. ``coupled_leapfrog``. Every attention is
+  also a variant of its own name. :func:`default_variants` is the default set of ``bench`` and ``mqar``,
+  computed when asked, so a variant registered later (by a plugin) is in it.
+
+Everything else is generated from the registry when asked: the flat option spellings that ``--set``, variant
+specs (``name+field=value``) and ``GPTConfig(...)`` keywords accept (:func:`flat_option_names`, the fields of
+every registered options dataclass), their types (:func:`map_option_types`) and the lists in help texts.
+
+Third-party packages register through the entry-point group :data:`ENTRY_POINT_GROUP` (``coupled_qk.variants``,
+the convention of pytest and lm-eval plugins): each entry point names a function that makes the registrations
+(or a module whose import makes them). The group is read lazily, the first time the registry is queried
+(:func:`load_plugins`), never at ``import coupled_qk``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from coupled_qk._checks import field_types
+from coupled_qk.layers.attention import SCORINGS
+from coupled_qk.layers.invertible import InvertibleQKCoupling
+from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
+from coupled_qk.models.options import DynamicsOptions, InvertibleOptions, MapOptions, QueryMLPOptions
+
+ENTRY_POINT_GROUP = "coupled_qk.variants"
+"""Python entry-point group read by :func:`load_plugins` (``[project.entry-points."coupled_qk.variants"]``)."""
+
+OPTION_ALIASES = {"dynamics_hidden": "hidden"}
+"""Flat spellings that differ from the nested field name (config files and ``--set`` of earlier versions)."""
+
+LEGACY_DEFAULTS = dict(integrator="euler", n_steps=1, dynamics_hidden=None, dt_init=0.1, shared_across_heads=True,
+                       force="mlp", keys_per_query_head=True)
+"""Values that configs saved before the nested ``qk_map`` wrote for every attention (dropped on load where
+the attention has no such option)."""
+
+# ------------------------------------------------------------------------------------------------------
+# the grid: query-key maps x scoring rules
+# ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QKMapType:
+    """A registered query-key map.
+
+    Fields:
+        name: registry key (``"dynamics"``, ``"query_mlp"``).
+        stem: attention-name stem (``"coupled"`` gives ``coupled`` and ``coupled_differential``).
+        module: the map class, built as ``module(d_head, n_heads, **dataclasses.asdict(options))``.
+        options: its nested config, a :class:`MapOptions` dataclass.
+    """
+
+    name: str
+    stem: str
+    module: type
+    options: type
+
+    def option_names(self) -> list[str]:
+        """Field names of the nested config."""
+        return [f.name for f in dataclasses.fields(self.options)]
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One cell of the grid: an optional query-key map and a scoring rule.
+
+    Fields: ``name`` (``GPTConfig.attention``), ``qk_map`` (a :class:`QKMapType` or ``None``), ``scoring``
+    (``"standard"`` or ``"differential"``).
+    """
+
+    name: str
+    qk_map: QKMapType | None
+    scoring: str
+
+    @property
+    def head_group(self) -> int:
+        """Query/key sub-heads per attention head: 2 for differential scoring (``n_heads`` and ``n_kv_heads``
+        must be even), else 1."""
+        return 2 if self.scoring == "differential" else 1
+
+    def options(self, given=None, flat: dict | None = None) -> MapOptions | None:
+        """The validated nested config from ``given`` (a :class:`MapOptions`, a dict or ``None`` for the
+        defaults) and ``flat`` options (flat spelling -> value, see :func:`flat_option_names`; they win).
+
+        Raises:
+            ValueError: naming the option and this attention, for options of an attention without a map, or
+                options that its map does not have; or from the options dataclass (a value of the wrong type
+                or out of range, naming ``GPTConfig.qk_map.<field>``).
+        """
+        flat = dict(flat or {})
+        if self.qk_map is None:
+            if given is not None or flat:
+                names = sorted(flat) or ["qk_map"]
+                raise ValueError(
+                    f"GPTConfig option(s) {names} do not apply to attention={self.name!r}: it has no query-key map "
+                    f"(map options exist for {[a for a, s in ATTENTIONS.items() if s.qk_map is not None]})"
+                )
+            return None
+        if isinstance(given, MapOptions):
+            given = dataclasses.asdict(given)
+        if given is not None and not isinstance(given, dict):
+            raise ValueError(f"GPTConfig.qk_map={given!r} must be a dict of {self.qk_map.name} options or null")
+        data = dict(given or {})
+        valid = self.qk_map.option_names()
+        for key, value in flat.items():
+            data[OPTION_ALIASES.get(key, key)] = value
+        unknown = [k for k in data if k not in valid]
+        if unknown:
+            spelled = [next((f for f, n in OPTION_ALIASES.items() if n == k and f in flat), k) for k in unknown]
+            raise ValueError(
+                f"GPTConfig option(s) {spelled} do not apply to attention={self.name!r}: its query-key map "
+                f"{self.qk_map.name!r} has the options {valid}"
+            )
+        return self.qk_map.options(**data)
+
+    def layer_kwargs(self, options: MapOptions | None) -> dict:
+        """``qk_map`` (a factory ``(d_head, n_heads) -> module`` or ``None``) and ``scoring`` for
+        :class:`~coupled_qk.layers.attention.CausalSelfAttention`."""
+        factory = None
+        if self.qk_map is not None:
+            factory = functools.partial(build_map, self.qk_map.module, dataclasses.asdict(options))
+        return dict(qk_map=factory, scoring=self.scoring)
+
+
+def build_map(module: type, options: dict, d_head: int, n_heads: int):
+    """``module(d_head, n_heads, **options)``: a query-key map of one layer (a picklable factory part)."""
+    return module(d_head, n_heads, **options)
+
+
+QK_MAPS: dict[str, QKMapType] = {}
+"""Registered query-key maps by name."""
+
+ATTENTIONS: dict[str, Attention] = {scoring: Attention(scoring, None, scoring) for scoring in SCORINGS}
+"""Every attention of the grid by name (maps x scorings, plus the map-free ``standard``/``differential``)."""
+
+VARIANTS: dict[str, dict] = {}
+"""Variant name -> ``GPTConfig`` overrides (flat spellings; see :func:`register_variant`)."""
+
+ALIASES = {"coupled_euler": "coupled", "leapfrog": "coupled_leapfrog", "diff": "differential"}
+"""Other spellings of variant names."""
+
+_DEFAULTS: list[str] = []  # the default variant set, in registration order
+
+_plugins: dict = {"loaded": False, "names": ()}  # group read?; entry points registered so far
+
+
+def _drop_in_maps() -> list[tuple[str, str]]:
+    """``(name, "module:register")`` of every module of :mod:`coupled_qk.models.maps` (the in-package drop-ins)."""
+    import pkgutil
+
+    from coupled_qk.models import maps
+
+    return [(m.name, f"{maps.__name__}.{m.name}:register") for m in pkgutil.iter_modules(maps.__path__)]
+
+
+def load_plugins(reload: bool = False) -> list[str]:
+    """Load the drop-in maps of :mod:`coupled_qk.models.maps` and the third-party registrations of the
+    entry-point group :data:`ENTRY_POINT_GROUP` (once).
+
+    Each entry point (and each drop-in module's ``register``) is loaded; when it names a callable, the callable
+    is called with no argument (it makes its :func:`register_qk_map` / :func:`register_variant` calls); a
+    module makes them on import. Every
+    function of this module that lists or looks up variants calls this first, so plugins load lazily, the first
+    time the registry is queried. ``reload=True`` reads the group again (after ``sys.path`` changed); an entry
+    point registered before is not loaded twice.
+
+    Returns:
+        The names of the entry points loaded by this call (empty when they were loaded before).
+
+    Raises:
+        RuntimeError: an entry point that fails to load or to register, naming it and the error.
+    """
+    if _plugins["loaded"] and not reload:
+        return []
+    _plugins["loaded"] = True  # before loading: a plugin's own registry calls must not load again
+    from importlib.metadata import EntryPoint, entry_points
+
+    loaded = []
+    drop_ins = [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in _drop_in_maps()]
+    for ep in drop_ins + sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if ep.value in _plugins["names"]:
+            continue
+        _plugins["names"] += (ep.value,)
+        try:
+            obj = ep.load()
+            if callable(obj):
+                obj()
+        except Exception as exc:
+            raise RuntimeError(
+                f"the {ENTRY_POINT_GROUP!r} entry point {ep.name} = {ep.value!r} failed to register: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        loaded.append(ep.name)
+    return loaded
+
+
+def attention_name(stem: str, scoring: str) -> str:
+    """The grid's name of a map stem with a scoring rule (``coupled`` + ``differential`` ->
+    ``coupled_differential``)."""
+    return stem if scoring == "standard" else f"{stem}_{scoring}"
+
+
+def _register_map(name: str, stem: str, module: type, options: type) -> QKMapType:
+    if name in QK_MAPS:
+        raise ValueError(f"query-key map {name!r} is already registered")
+    if not (isinstance(options, type) and issubclass(options, MapOptions) and dataclasses.is_dataclass(options)):
+        raise ValueError(f"options={options!r} must be a dataclass subclassing MapOptions")
+    if not isinstance(module, type):
+        raise ValueError(f"module={module!r} must be a class (a QKMap subclass)")
+    names = [attention_name(stem, s) for s in SCORINGS]
+    taken = [n for n in names if n in ATTENTIONS or n in VARIANTS or n in ALIASES]
+    if taken:
+        raise ValueError(f"map stem {stem!r} gives attention names {taken} that are already registered")
+    entry = QKMapType(name, stem, module, options)
+    QK_MAPS[name] = entry
+    for scoring, attention in zip(SCORINGS, names):
+        ATTENTIONS[attention] = Attention(attention, entry, scoring)
+    return entry
+
+
+def register_qk_map(name: str, stem: str, module: type, options: type,
+                    in_defaults: bool | Sequence[str] = True) -> QKMapType:
+    """Register a query-key map: its attentions (one per scoring rule) and a variant of each attention's name.
+
+    This one call is all a new map needs (docs/DESIGN.md): from then on ``GPTConfig(attention=stem)``, every
+    command, the default variant lists, the variant-spec parser, ``--set`` (each field of ``options`` is a flat
+    spelling), ``bench``, ``mqar``, ``claims --variants``, the diagnostics and the Hugging Face classes know it.
+
+    Args:
+        name: map name (key of :data:`QK_MAPS`).
+        stem: attention-name stem (see :func:`attention_name`).
+        module: a :class:`~coupled_qk.layers.qk_maps.QKMap` subclass built as ``module(d_head, n_heads, **options)``.
+        options: its nested config, a dataclass subclassing :class:`MapOptions` whose fields are ``module``'s
+            keyword arguments.
+        in_defaults: which of its variants join :func:`default_variants`: ``True`` (all), ``False`` (none) or the
+            scoring rules whose attention joins (e.g. ``("standard",)``).
+
+    Raises:
+        ValueError: a name or stem already taken, ``module`` not a class, ``options`` not a :class:`MapOptions`
+            dataclass, or an unknown scoring rule in ``in_defaults``.
+    """
+    load_plugins()  # names taken by plugins are checked too
+    scorings = SCORINGS if in_defaults is True else () if in_defaults is False else tuple(in_defaults)
+    unknown = [s for s in scorings if s not in SCORINGS]
+    if unknown:
+        raise ValueError(f"in_defaults={in_defaults!r}: unknown scoring rule(s) {unknown}; expected {list(SCORINGS)}")
+    entry = _register_map(name, stem, module, options)
+    for scoring in SCORINGS:
+        attention = attention_name(stem, scoring)
+        VARIANTS[attention] = dict(attention=attention)
+        if scoring in scorings:
+            _DEFAULTS.append(attention)
+    return entry
+
+
+def register_variant(name: str, attention: str, *, in_defaults: bool = True, **options) -> None:
+    """Add a named variant: ``attention`` (a key of :data:`ATTENTIONS`) with map ``options`` (flat spellings).
+
+    Args:
+        name: the variant's name (``-`` is read as ``_`` in specs).
+        attention: a registered attention.
+        in_defaults: whether the variant joins :func:`default_variants` (the default set of ``bench`` and
+            ``mqar``).
+        **options: map options, e.g. ``integrator="leapfrog"``.
+
+    Raises:
+        ValueError: a taken name, an unknown attention or options that do not apply to it.
+    """
+    load_plugins()
+    if name in VARIANTS or name in ALIASES:
+        raise ValueError(f"variant {name!r} is already registered")
+    get_attention(attention).options(None, options)  # validates
+    VARIANTS[name] = dict(attention=attention, **options)
+    if in_defaults:
+        _DEFAULTS.append(name)
+
+
+def get_attention(name: str) -> Attention:
+    """The registered :class:`Attention` called ``name``; ``ValueError`` listing the known names otherwise."""
+    load_plugins()
+    if name not in ATTENTIONS:
+        raise ValueError(f"GPTConfig.attention={name!r} is unknown; expected one of {list(ATTENTIONS)}")
+    return ATTENTIONS[name]
+
+
+def attention_names() -> list[str]:
+    """Every registered attention name (plugins loaded), in registration order."""
+    load_plugins()
+    return list(ATTENTIONS)
+
+
+def variant_names() -> list[str]:
+    """Every registered variant name (plugins loaded), in registration order."""
+    load_plugins()
+    return list(VARIANTS)
+
+
+def default_variants() -> list[str]:
+    """The default variant set of ``bench`` and ``mqar`` (the paper's variants, v1 and v2, and baselines, plus
+    every registered variant that asked to be in it), computed now: a variant registered later is included."""
+    load_plugins()
+    return list(_DEFAULTS)
+
+
+def flat_option_names() -> dict[str, str]:
+    """Flat spelling -> nested ``qk_map`` field, for every option of every registered map (plus
+    :data:`OPTION_ALIASES`). These are the names ``GPTConfig(...)`` keywords, config dicts, ``--set`` and
+    variant specs accept besides the ``GPTConfig`` fields."""
+    load_plugins()
+    out = {}
+    for entry in QK_MAPS.values():
+        out.update({n: n for n in entry.option_names()})
+    out.update({flat: nested for flat, nested in OPTION_ALIASES.items() if nested in out})
+    return out
+
+
+def map_option_types() -> dict[str, object]:
+    """Flat spelling -> declared type of every map option (from the options dataclasses). A name that two maps
+    declare with different types maps to ``str``: its value is converted by the options dataclass of the
+    attention it ends up in."""
+    flat = flat_option_names()
+    types: dict[str, object] = {}
+    for entry in QK_MAPS.values():
+        for nested, annotation in field_types(entry.options).items():
+            for spelling in (s for s, n in flat.items() if n == nested):
+                types[spelling] = annotation if types.get(spelling, annotation) == annotation else str
+    return types
+
+
+@contextlib.contextmanager
+def isolated() -> Iterator[None]:
+    """Undo, on exit, every registration made inside (for tests and notebooks). Inside, the first registry query
+    reads the entry-point group again (a distribution put on ``sys.path`` inside is found); on exit, its
+    registrations are undone too."""
+    saved = (dict(QK_MAPS), dict(ATTENTIONS), dict(VARIANTS), dict(ALIASES), list(_DEFAULTS), dict(_plugins))
+    _plugins["loaded"] = False
+    try:
+        yield
+    finally:
+        for live, old in zip((QK_MAPS, ATTENTIONS, VARIANTS, ALIASES, _plugins), saved[:4] + saved[5:]):
+            live.clear()
+            live.update(old)
+        _DEFAULTS[:] = saved[4]
+
+
+# ------------------------------------------------------------------------------------------------------
+# the built-in maps and named variants (the order is the order of the default lists and reports)
+# ------------------------------------------------------------------------------------------------------
+
+_register_map("dynamics", "coupled", QKDynamics, DynamicsOptions)
+_register_map("query_mlp", "uncoupled_mlp", QueryMLP, QueryMLPOptions)
+_register_map("invertible", "invertible", InvertibleQKCoupling, InvertibleOptions)  # v2's coupling
+for _name, _spec, _default in (
+    ("standard", dict(attention="standard"), True),
+    ("coupled", dict(attention="coupled", integrator="euler"), True),  # the paper's Euler integrator
+    ("coupled_leapfrog", dict(attention="coupled", integrator="leapfrog"), True),  # the paper's Hamiltonian one
+    ("coupled_symplectic_euler", dict(attention="coupled", integrator="symplectic_euler"), False),
+    ("uncoupled_mlp", dict(attention="uncoupled_mlp"), True),
+    ("differential", dict(attention="differential"), True),
+    ("coupled_differential", dict(attention="coupled_differential"), True),
+    ("invertible", dict(attention="invertible"), True),  # arXiv:2604.01683v2: standard scoring + invertible map
+    ("invertible_differential", dict(attention="invertible_differential"), True),  # v2's headline combination
+    ("uncoupled_mlp_differential", dict(attention="uncoupled_mlp_differential"), False),  # a grid cell, no paper
+):
+    VARIANTS[_name] = _spec
+    if _default:
+        _DEFAULTS.append(_name)
+del _name, _spec, _default
