@@ -23,6 +23,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.utils import logging
 
 from coupled_qk.hf.configuration import CoupledQKConfig
+from coupled_qk.hf.registration import run_folder_hint
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
@@ -232,9 +233,9 @@ def _check_folder(path: Path) -> None:
     """``FileNotFoundError`` for a local folder that is not a Hugging Face model folder (a hub name passes)."""
     if not path.is_dir():
         return
-    if (path / "latest").is_file() or (path / "model_config.json").is_file():
-        raise FileNotFoundError(f"{path} is a coupled-qk training run or checkpoint, not a Hugging Face model "
-                                f"folder; convert it with `coupled-qk export {path} HF_DIR`")
+    hint = run_folder_hint(path)
+    if hint is not None:
+        raise FileNotFoundError(hint)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
                                 "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`")
