@@ -215,8 +215,14 @@ def test_static_cache_steps_equal_full_forward_and_overflow_is_named():
             lm(ids(2, 2), cache=cache)
 
 
+COMPILE_CASES = sorted({a.scoring if a.qk_map is None else name for name, a in ATTENTIONS.items()
+                        if a.scoring == "differential"})
+"""One attention per registered query-key map (and none), with differential scoring, the layout with the most
+cases (sub-head pairs, grouped values, per-query-head keys): compiling costs tens of seconds per model on CPU."""
+
+
 @pytest.mark.slow
-@variants
+@pytest.mark.parametrize("variant", COMPILE_CASES)
 def test_compiled_static_cache_decoding_matches_eager(variant):
     """``generate`` compiles the decoding step when the cache is static (``torch.compile`` of the forward; on CPU
     when asked through ``compile_config``); the compiled decoding must produce eager's tokens exactly. The
