@@ -247,9 +247,20 @@ def test_compiled_static_cache_decoding_matches_eager(variant):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _grads(lm, x, mask, labels):
+def _grads(lm, x, mask, labels, saved=None):
+    """Parameter gradients of the loss; ``saved`` (a list) receives the bytes autograd keeps for backward."""
     lm.zero_grad()
-    lm(x, attention_mask=mask, labels=labels).loss.backward()
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = lm(x, attention_mask=mask, labels=labels).loss
+    loss.backward()
+    if saved is not None:
+        saved.append(total[0])
     return {n: p.grad.clone() for n, p in lm.named_parameters() if p.grad is not None}
 
 
@@ -258,14 +269,16 @@ def test_gradient_checkpointing_gives_the_same_gradients(variant):
     lm = tiny_lm(variant).train()
     x, mask = _left_padded((5, 9, 7))
     labels = x.masked_fill(mask == 0, -100)
-    ref = _grads(lm, x, mask, labels)
+    saved = []
+    ref = _grads(lm, x, mask, labels, saved)
     lm.activation_checkpointing_enable()
     assert lm.is_activation_checkpointing and lm.model.gradient_checkpointing
     calls = []
     func = lm.model._gradient_checkpointing_func
     lm.model._gradient_checkpointing_func = lambda *a, **k: calls.append(1) or func(*a, **k)
-    got = _grads(lm, x, mask, labels)
+    got = _grads(lm, x, mask, labels, saved)
     assert len(calls) == lm.config.n_layer  # one checkpoint per block
+    assert saved[1] < 0.5 * saved[0], saved  # the blocks' activations are no longer kept for backward
     assert got.keys() == ref.keys()
     for name in ref:
         close(got[name], ref[name], atol=1e-6, rtol=1e-5)
