@@ -9,9 +9,21 @@ peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+from coupled_qk import GPT, GPTConfig  # noqa: E402
 from coupled_qk.hf import CoupledQKForCausalLM  # noqa: E402
 
-from test_contract import ids, tiny_lm  # noqa: E402  (tests/hf is on sys.path: pytest's prepend import mode)
+V = 53
+
+
+def tiny_lm(attention: str) -> CoupledQKForCausalLM:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, attention=attention,
+                    dt_init=0.5)
+    return CoupledQKForCausalLM.from_gpt(GPT(cfg), pad_token_id=0).eval()
+
+
+def ids(*shape):
+    return torch.randint(1, V, shape, generator=torch.Generator().manual_seed(0))
 
 # nn.Linear projections by module name; the coupling network's weights are plain parameters (one matrix per head),
 # which peft adapts through target_parameters
