@@ -171,9 +171,13 @@ def test_generate_until_on_a_tiny_model_fits_the_context(tmp_path):
         new = new[: new.index(eot)] if eot in new else new
         assert s["resps"][0][0] == hf_tok.decode(new).split("\n")[0]
 
-    # an explicit length is used as given; one that does not fit is refused naming it
-    res = _run_harness([*args[:3], args[3] + ",max_gen_toks=8", *args[4:-3], "--output_path", str(tmp_path / "o2")],
-                       tmp_path)
-    assert res.returncode == 0 and "coupled-qk: max_gen_toks" not in res.stderr, res.stderr[-3000:]
-    res = _run_harness([*args[:3], args[3] + ",max_gen_toks=128", *args[4:-3]], tmp_path)
-    assert res.returncode != 0 and "max_gen_toks=128 must be a positive integer smaller than" in res.stderr
+    # an explicit length is used as given; one that does not fit is refused naming it (in process: no lm-eval run)
+    from coupled_qk.hf.harness import lm_class
+
+    def lm(**kw):
+        return lm_class()(pretrained=str(hf_dir), backend="causal", dtype="float32", device="cpu", **kw)
+
+    assert lm(max_gen_toks=8).max_gen_toks == 8
+    with pytest.raises(ValueError, match="max_gen_toks=128 must be a positive integer smaller than the model's "
+                                         "context of 128 tokens"):
+        lm(max_gen_toks=128)

@@ -190,23 +190,23 @@ def lm_class():
     class CoupledQKLM(HFLM):
         def __init__(self, *args, max_gen_toks=None, **kwargs):
             super().__init__(*args, **kwargs)
-            self._requested_gen_toks = max_gen_toks
-            self._gen_toks = None
+            context, n = self.max_length, max_gen_toks
+            if isinstance(n, str) and n.strip().isdigit():
+                n = int(n)
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 < n < context):
+                raise ValueError(f"max_gen_toks={n!r} must be a positive integer smaller than the model's "
+                                 f"context of {context} tokens")
+            self._gen_toks, self._noticed = n, n is not None
 
         @property
         def max_gen_toks(self) -> int:
             if self._gen_toks is None:
-                context, n = self.max_length, self._requested_gen_toks
-                if n is None:
-                    n = fitting_max_gen_toks(context)
-                    if n != LM_EVAL_MAX_GEN_TOKS:
-                        print(f"coupled-qk: max_gen_toks={n} (half the model's context of {context} tokens; lm-eval's "
-                              f"default {LM_EVAL_MAX_GEN_TOKS} does not fit); choose with --model_args "
-                              "...,max_gen_toks=N", file=sys.stderr)
-                elif isinstance(n, bool) or not isinstance(n, int) or not 0 < n < context:
-                    raise ValueError(f"max_gen_toks={n!r} must be a positive integer smaller than the model's "
-                                     f"context of {context} tokens")
-                self._gen_toks = n
+                self._gen_toks = fitting_max_gen_toks(self.max_length)
+            if not self._noticed and self._gen_toks != LM_EVAL_MAX_GEN_TOKS:
+                print(f"coupled-qk: max_gen_toks={self._gen_toks} (half the model's context of {self.max_length} "
+                      f"tokens; lm-eval's default {LM_EVAL_MAX_GEN_TOKS} does not fit); choose with --model_args "
+                      "...,max_gen_toks=N", file=sys.stderr)
+            self._noticed = True
             return self._gen_toks
 
     if "coupled_qk" not in model_registry:
