@@ -351,3 +351,29 @@ def test_trainer_accumulation_equals_trainer_on_the_large_batch(tmp_path):
     large = _trainer_grads("coupled", rows, 8, 1, tmp_path / "one")
     for name in large:
         close(accumulated[name], large[name], atol=1e-6, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# output options
+# --------------------------------------------------------------------------------------------------------------
+
+
+@variants
+def test_output_hidden_states_and_return_dict(variant):
+    lm = tiny_lm(variant)
+    x = ids(2, 7)
+    with torch.no_grad():
+        out = lm(x, output_hidden_states=True)
+        trace = list(lm.model.trace(x))  # the eager path, block by block: an independent recomputation
+        states = out.hidden_states
+        assert len(states) == lm.config.n_layer + 1
+        close(states[0], trace[0].input)
+        for i in range(1, lm.config.n_layer):
+            close(states[i], trace[i - 1].output)
+        close(states[-1], lm.model.ln_f(trace[-1].output))
+        close(lm.model.lm_head(states[-1]), out.logits)
+        assert lm(x).hidden_states is None
+        as_tuple = lm(x, labels=x, return_dict=False)
+        assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[1], out.logits)
+        with pytest.raises(ValueError, match="output_attentions=True is not supported.*GPT.trace"):
+            lm(x, output_attentions=True)

@@ -6,6 +6,11 @@ two classes read the same folders. Decoding reuses the ``transformers`` cache cl
 dynamics and RoPE, one per query head for the coupled variants; see :class:`coupled_qk.KVCache`), so cached
 decoding is exact for every variant (``docs/METHOD.md`` section 1). ``attention_mask`` (0 at padding, left
 or right) hides padded keys in every variant and positions count real tokens only.
+
+The usual ``transformers`` contract holds (``tests/hf/test_contract.py``, over every registered variant): static
+caches (:class:`CacheView`), ``resize_token_embeddings`` (config and tie kept), ``Trainer`` with gradient
+accumulation (the loss honours ``num_items_in_batch``), activation checkpointing per block
+(``activation_checkpointing_enable()``, through ``GPT.gradient_checkpointing``) and LoRA through ``peft``.
 """
 
 from __future__ import annotations
@@ -271,7 +276,25 @@ def _run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, 
     if use_cache and cache is None:
         cache = DynamicCache(config=module.config)
     view = CacheView(cache) if cache is not None else None
-    return module.model.hidden_states(input_ids, view, attention_mask, position_ids), cache, use_cache
+    if kwargs.get("output_attentions"):
+        raise ValueError("output_attentions=True is not supported by coupled-qk models (they score with SDPA); use "
+                         "coupled_qk.GPT.trace(idx) for each layer's attention probabilities, queries and keys")
+    if not kwargs.get("output_hidden_states", module.config.output_hidden_states):
+        return module.model.hidden_states(input_ids, view, attention_mask, position_ids), cache, use_cache, None
+    states = []  # transformers' convention: the embeddings, each block's output, the last after the final norm
+    hooks = [module.model.blocks[0].register_forward_pre_hook(lambda m, args: states.append(args[0]))]
+    hooks += [b.register_forward_hook(lambda m, args, out: states.append(out)) for b in module.model.blocks]
+    try:
+        hidden = module.model.hidden_states(input_ids, view, attention_mask, position_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return hidden, cache, use_cache, (*states[:-1], hidden)
+
+
+def _output(module, output, kwargs):
+    """``output`` as a tuple when ``return_dict=False`` (argument, else the config), as ``transformers`` models."""
+    return output if kwargs.get("return_dict", module.config.return_dict) else output.to_tuple()
 
 
 class CoupledQKModel(CoupledQKPreTrainedModel):
@@ -282,8 +305,10 @@ class CoupledQKModel(CoupledQKPreTrainedModel):
     """
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
-        hidden, cache, use_cache = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None)
+        hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
+                                                    kwargs)
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None, hidden_states=states)
+        return _output(self, out, kwargs)
 
 
 class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
@@ -303,12 +328,16 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
       large batch (``transformers``' ``ForCausalLMLoss``); ``shift_labels`` (already shifted targets) are
       honoured the same way.
     - ``logits_to_keep``: compute logits for the last ``n`` positions only (0 = all).
+    - ``output_hidden_states``: also return ``hidden_states``, ``n_layer + 1`` tensors ``(B, T, d_model)``: the
+      embeddings, each block's output, the last one after the final LayerNorm (as ``transformers`` models).
+    - ``return_dict=False``: a tuple instead of the output object.
 
     ``generate`` works with greedy, sampling and beam search, cached (default) or not (``use_cache=False``),
     and a left-padded batch generates what each prompt generates alone. Source: ``docs/METHOD.md`` section 1.
 
     Raises:
-        ValueError: ``inputs_embeds`` (unsupported), no ``input_ids``, and the input errors of
+        ValueError: ``inputs_embeds`` or ``output_attentions=True`` (unsupported), no ``input_ids``, and the input
+            errors of
             :meth:`coupled_qk.GPT.hidden_states` (ids out of range, too long, bad mask or positions).
     """
 
@@ -328,7 +357,8 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        hidden, cache, use_cache = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs)
+        hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
+                                                    kwargs)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.model.lm_head(hidden)
@@ -336,4 +366,5 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss_kwargs = {k: kwargs[k] for k in ("num_items_in_batch", "shift_labels", "ignore_index") if k in kwargs}
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None, hidden_states=states)
+        return _output(self, out, kwargs)
