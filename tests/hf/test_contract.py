@@ -307,18 +307,19 @@ class _Grads(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        self.checkpointing = self.model.model.gradient_checkpointing
 
 
-def _trainer_grads(variant, rows, batch, accumulation, out_dir):
+def _trainer_grads(variant, rows, batch, accumulation, out_dir, **training_args):
     lm = tiny_lm(variant).train()
     grab = _Grads(lm)
     args = TrainingArguments(
         output_dir=str(out_dir), per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
         max_steps=1, max_grad_norm=0.0, report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
-        dataloader_num_workers=0, disable_tqdm=True, seed=0,
+        dataloader_num_workers=0, disable_tqdm=True, seed=0, **training_args,
     )
     Trainer(model=lm, args=args, train_dataset=rows, data_collator=default_data_collator, callbacks=[grab]).train()
-    return grab.grads
+    return grab
 
 
 def _reference_grads(variant, rows):
@@ -339,16 +340,19 @@ def test_trainer_gradient_accumulation_equals_one_large_batch(tmp_path, variant)
     rows = _rows(8, 12)
     assert len({int(r["attention_mask"].sum()) for r in rows}) > 2  # uneven padding
     ref = _reference_grads(variant, rows)
-    accumulated = _trainer_grads(variant, rows, 2, 4, tmp_path)
+    accumulated = _trainer_grads(variant, rows, 2, 4, tmp_path).grads
     assert accumulated.keys() == ref.keys()
     for name in ref:
         close(accumulated[name], ref[name].float(), atol=1e-6, rtol=1e-4)
 
 
 def test_trainer_accumulation_equals_trainer_on_the_large_batch(tmp_path):
+    """Also with ``TrainingArguments(gradient_checkpointing=True)``, which Trainer turns on in the model."""
     rows = _rows(8, 12, seed=5)
-    accumulated = _trainer_grads("coupled", rows, 2, 4, tmp_path / "acc")
-    large = _trainer_grads("coupled", rows, 8, 1, tmp_path / "one")
+    accumulated = _trainer_grads("coupled", rows, 2, 4, tmp_path / "acc", gradient_checkpointing=True)
+    assert accumulated.checkpointing
+    accumulated = accumulated.grads
+    large = _trainer_grads("coupled", rows, 8, 1, tmp_path / "one").grads
     for name in large:
         close(accumulated[name], large[name], atol=1e-6, rtol=1e-4)
 
