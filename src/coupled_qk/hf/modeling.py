@@ -7,7 +7,7 @@ dynamics and RoPE, one per query head for the coupled variants; see :class:`coup
 decoding is exact for every variant (``docs/METHOD.md`` section 1). ``attention_mask`` (0 at padding, left
 or right) hides padded keys in every variant and positions count real tokens only.
 
-The usual ``transformers`` contract holds (``tests/hf/test_contract.py``, over every registered variant): static
+The usual ``transformers`` contract holds (``tests/hf/test_hf_contract.py``, over every registered variant): static
 caches (:class:`CacheView`), ``resize_token_embeddings`` (config and tie kept), ``Trainer`` with gradient
 accumulation (the loss honours ``num_items_in_batch``), activation checkpointing per block
 (``activation_checkpointing_enable()``, through ``GPT.gradient_checkpointing``) and LoRA through ``peft``.
