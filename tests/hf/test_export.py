@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,6 +51,13 @@ def test_loading_a_run_folder_points_to_export(trained_run):
 
     with pytest.raises(FileNotFoundError, match="coupled-qk export"):
         CoupledQKForCausalLM.from_pretrained(trained_run)
+    # transformers' own error ("Unrecognized model in RUN. Should have a `model_type` key in its config.json.")
+    # carries the hint too: import coupled_qk wraps AutoConfig.from_pretrained (hf/registration.py)
+    with pytest.raises(ValueError, match=r"Unrecognized model in .*coupled-qk training run .*`coupled-qk export "):
+        AutoModelForCausalLM.from_pretrained(trained_run)
+    ckpt = sorted(Path(trained_run).glob("ckpt-*"))[-1]
+    with pytest.raises((ValueError, OSError), match="coupled-qk training run or checkpoint"):
+        AutoModelForCausalLM.from_pretrained(ckpt)
 
 
 @pytest.mark.slow

@@ -99,3 +99,85 @@ def test_lm_eval_command_on_local_tasks_matches_our_recomputation(tmp_path):
         scores = [_loglik(gpt, ctx, tok.encode(" " + c)) for c in ("negative", "positive")]
         correct += int(max(range(2), key=scores.__getitem__) == int(label))
     assert results["local_sst2"]["acc,none"] == pytest.approx(correct / len(SST2))
+
+
+def test_fitting_max_gen_toks():
+    from coupled_qk.hf.harness import fitting_max_gen_toks
+
+    assert [fitting_max_gen_toks(n) for n in (2, 3, 128, 511, 512, 513, 2048)] == [1, 1, 64, 255, 256, 256, 256]
+    with pytest.raises(ValueError, match="max_length=1 must be an integer >= 2"):
+        fitting_max_gen_toks(1)
+
+
+GEN_YAML = """task: local_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  do_sample: false
+metric_list:
+  - metric: exact_match
+metadata:
+  version: 1.0
+"""
+
+
+def _run_harness(args, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "ds_cache")}
+    return subprocess.run([sys.executable, "-m", "coupled_qk.hf.harness", "run", *args], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_generate_until_on_a_tiny_model_fits_the_context(tmp_path):
+    """A generate_until task that sets no length, on a `tiny` model (context 128 <= lm-eval's 256): the entry point
+    picks max_gen_toks = 64 with a notice, and lm-eval's answers are our own greedy continuations."""
+    from transformers import AutoTokenizer
+
+    tok = train_bpe(make_text(200, 0), 300)
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_preset("tiny", vocab_size=tok.vocab_size, attention="coupled", dt_init=0.5)).eval()
+    assert gpt.config.block_size == 128
+    hf_dir = tmp_path / "model"
+    eot = tok.eot_id
+    CoupledQKForCausalLM.from_gpt(gpt, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot).save_pretrained(hf_dir)
+    hf_tokenizer(tok, 128).save_pretrained(hf_dir)
+    docs = [{"question": " ".join(make_text(1, s).split()[:n]), "answer": "the"} for s, n in ((1, 5), (2, 9), (3, 3))]
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    data = tasks / "local_gen.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tasks / "local_gen.yaml").write_text(GEN_YAML.format(data=json.dumps(str(data))))
+    out = tmp_path / "out"
+    args = ["--model", "hf", "--model_args", f"pretrained={hf_dir},backend=causal,dtype=float32", "--tasks",
+            "local_gen", "--include_path", str(tasks), "--device", "cpu", "--batch_size", "3", "--output_path",
+            str(out), "--log_samples"]
+    res = _run_harness(args, tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "coupled-qk: max_gen_toks=64 (half the model's context of 128 tokens" in res.stderr
+    samples = [json.loads(line) for f in out.rglob("samples_local_gen_*.jsonl") for line in f.read_text().splitlines()]
+    assert len(samples) == 3
+    hf_tok = AutoTokenizer.from_pretrained(hf_dir)
+    for s in samples:
+        prompt = torch.tensor([tok.encode(s["doc"]["question"])])
+        new = gpt.generate(prompt, 64, temperature=0)[0, prompt.shape[1]:].tolist()
+        new = new[: new.index(eot)] if eot in new else new
+        assert s["resps"][0][0] == hf_tok.decode(new).split("\n")[0]
+
+    # an explicit length is used as given; one that does not fit is refused naming it (in process: no lm-eval run)
+    from coupled_qk.hf.harness import lm_class
+
+    def lm(**kw):
+        return lm_class()(pretrained=str(hf_dir), backend="causal", dtype="float32", device="cpu", **kw)
+
+    assert lm(max_gen_toks=8).max_gen_toks == 8
+    with pytest.raises(ValueError, match="max_gen_toks=128 must be a positive integer smaller than the model's "
+                                         "context of 128 tokens"):
+        lm(max_gen_toks=128)

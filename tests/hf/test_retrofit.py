@@ -174,9 +174,9 @@ def test_training_moves_dt_and_cached_decoding_stays_exact(family, gqa, position
     with torch.no_grad():
         full = model(x).logits
         cache = transformers.DynamicCache(config=model.config)
-        parts = [model(x[:, :6], past_key_values=cache, use_cache=True).logits]
+        parts = [model(x[:, :6], cache=cache, use_cache=True).logits]
         for i in range(6, 14):
-            parts.append(model(x[:, i : i + 1], past_key_values=cache, use_cache=True).logits)
+            parts.append(model(x[:, i : i + 1], cache=cache, use_cache=True).logits)
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
     prompt = x[:, :4]
     cached = _greedy(model, prompt, 8)
@@ -222,4 +222,4 @@ def test_clear_errors():
         retrofit(model)
     static = transformers.StaticCache(config=model.config, max_cache_len=16)
     with pytest.raises(ValueError, match="static cache"):
-        model(torch.zeros(1, 3, dtype=torch.long), past_key_values=static, use_cache=True)
+        model(torch.zeros(1, 3, dtype=torch.long), cache=static, use_cache=True)

@@ -2,7 +2,9 @@
 
 - :class:`CoupledQKConfig`, :class:`CoupledQKModel`, :class:`CoupledQKForCausalLM`: native ``transformers``
   models, registered with ``AutoConfig`` / ``AutoModel`` / ``AutoModelForCausalLM`` by ``import coupled_qk``.
-  Generation uses the ``transformers`` cache classes (``DynamicCache``), padding via ``attention_mask``.
+  Generation uses the ``transformers`` cache classes (``DynamicCache``, ``StaticCache``), padding via
+  ``attention_mask``; ``Trainer`` (gradient accumulation, activation checkpointing), ``resize_token_embeddings``
+  and LoRA through ``peft`` work as for any causal LM (``tests/hf/test_hf_contract.py``).
 - :func:`export_run`: a training run (or checkpoint) -> a ``save_pretrained`` folder with the tokenizer
   (``coupled-qk export RUN_DIR HF_DIR``).
 - :func:`retrofit`, :func:`load_retrofitted`: insert coupled query-key dynamics into an existing

@@ -20,6 +20,45 @@ GPT_FIELDS = tuple(f.name for f in dataclasses.fields(GPTConfig))
 """Names of the ``GPTConfig`` fields (stored in ``config.json``)."""
 
 
+STANDARD_NAMES = {
+    "num_hidden_layers": "n_layer",
+    "hidden_size": "d_model",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
+    "head_dim": "d_head",
+    "intermediate_size": "d_ff",
+    "max_position_embeddings": "block_size",
+}
+"""The standard ``transformers`` config names and the ``GPTConfig`` fields they stand for."""
+
+
+def _standard_names_to_ours(kwargs: dict) -> dict:
+    """Move standard names in ``kwargs`` to our field names, in place; return ``{our name: standard name}`` of
+    those moved. ``None`` values are dropped (the default). ``ValueError`` on a conflicting pair."""
+    given = {}
+    for standard, ours in STANDARD_NAMES.items():
+        if standard not in kwargs:
+            continue
+        value = kwargs.pop(standard)
+        if value is None:
+            continue
+        if kwargs.get(ours) is not None and kwargs[ours] != value:
+            raise ValueError(
+                f"CoupledQKConfig got {standard}={value!r} and {ours}={kwargs[ours]!r}, which name the same field "
+                f"({standard} is the transformers name of {ours}); pass only one of them"
+            )
+        kwargs[ours], given[ours] = value, standard
+    return given
+
+
+def _name_standard(exc: ValueError, given: dict) -> ValueError:
+    """``exc`` with the standard name added when the field it names was given under that name."""
+    message = str(exc)
+    for ours, standard in given.items():
+        if f"GPTConfig.{ours}=" in message:
+            return ValueError(f"{standard} (GPTConfig.{ours}): {message}")
+    return exc
+
 
 class CoupledQKConfig(PretrainedConfig):
     """Hugging Face config of a coupled-qk model (``model_type = "coupled_qk"``).
@@ -31,26 +70,31 @@ class CoupledQKConfig(PretrainedConfig):
             keywords (``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ...). Fields left out take the
             ``GPTConfig`` defaults; derived ones (``n_kv_heads``, ``d_head``, ``d_ff``) are filled in.
 
-    Standard names map onto ours: ``num_hidden_layers -> n_layer``, ``hidden_size -> d_model``,
+    Standard ``transformers`` names map onto ours in both directions (keyword arguments, reading and
+    assigning attributes): ``num_hidden_layers -> n_layer``, ``hidden_size -> d_model``,
     ``num_attention_heads -> n_heads``, ``num_key_value_heads -> n_kv_heads``, ``head_dim -> d_head``,
-    ``intermediate_size -> d_ff``, ``max_position_embeddings -> block_size``.
+    ``intermediate_size -> d_ff``, ``max_position_embeddings -> block_size`` (:data:`STANDARD_NAMES`). A
+    standard name given as ``None`` means "the default" (as in ``transformers`` configs); ``config.json`` stores
+    our names only.
 
     Raises:
-        ValueError: an invalid field value (from :class:`~coupled_qk.GPTConfig`), naming the field.
+        ValueError: an invalid field value (validated by :class:`~coupled_qk.GPTConfig`: sizes must be positive
+            integers, heads must divide, ...), naming the field (and the standard name it was given as); a
+            standard name and our name for the same field given with different values
+            (``num_hidden_layers=2, n_layer=4``).
     """
 
     model_type = "coupled_qk"
-    attribute_map = {
-        "num_hidden_layers": "n_layer",
-        "hidden_size": "d_model",
-        "num_attention_heads": "n_heads",
-        "num_key_value_heads": "n_kv_heads",
-        "head_dim": "d_head",
-        "intermediate_size": "d_ff",
-        "max_position_embeddings": "block_size",
-    }
+    attribute_map = STANDARD_NAMES
 
     def __init__(self, **kwargs):
+        given = _standard_names_to_ours(kwargs)
+        try:
+            self._build(kwargs)
+        except ValueError as exc:
+            raise _name_standard(exc, given) from None
+
+    def _build(self, kwargs: dict) -> None:
         legacy = kwargs.pop("gpt", None) or {}  # written by coupled-qk 0.1.0 (flat options, top-level copies)
         # the flat spellings of qk_map options (input only), generated from the registry at each call
         top = {k: kwargs.pop(k) for k in GPT_FIELDS + GPTConfig.extra_names() if k in kwargs}

@@ -4,6 +4,13 @@
 --include_path TASK_DIR --device cpu`` is the ``lm-eval`` command line (``pip install "coupled-qk[lm-eval]"``)
 after ``import coupled_qk``, which registers ``model_type = "coupled_qk"`` with ``AutoModelForCausalLM``.
 
+Generation length (``generate_until`` tasks): lm-eval's ``hf`` model generates up to 256 tokens unless the task
+sets ``max_gen_toks``, and stops with an assertion when the context is not longer than that (every ``tiny``
+model: context 128). This entry point runs ``--model hf`` (or ``--model coupled_qk``) through
+:class:`CoupledQKLM`, lm-eval's ``HFLM`` whose default generation length is :func:`fitting_max_gen_toks`: 256
+when the context holds more than 512 tokens, else half the context (a one-line notice says so); ``--model_args
+...,max_gen_toks=N`` overrides it. A length set by the task itself is lm-eval's business and is kept.
+
 ``python -m coupled_qk.hf.harness make-task perplexity|sst2 FILE TASK_DIR [--name NAME] [--max-docs N]`` writes
 a local task (``NAME.yaml`` + ``NAME.jsonl``) that lm-eval reads with ``datasets``' ``json`` loader, so no
 dataset is downloaded:
@@ -142,6 +149,83 @@ def _sst2_rows(path: Path) -> list[dict]:
     return rows
 
 
+LM_EVAL_MAX_GEN_TOKS = 256
+"""lm-eval's default generation length (``HFLM.max_gen_toks``)."""
+
+MODEL_NAMES = ("hf", "hf-auto", "huggingface", "coupled_qk")
+"""``--model`` values this entry point runs through :class:`CoupledQKLM`."""
+
+
+def fitting_max_gen_toks(max_length: int, default: int = LM_EVAL_MAX_GEN_TOKS) -> int:
+    """The default generation length for a model whose context holds ``max_length`` tokens: ``default`` (lm-eval's
+    256) when that leaves at least as many tokens of context, else half the context, so that lm-eval's
+    ``max_length - max_gen_toks > 0`` holds and prompts keep half the window.
+
+    Raises:
+        ValueError: ``max_length < 2`` (no room for a prompt and a generated token).
+    """
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length={max_length!r} must be an integer >= 2 (a prompt token and a generated one)")
+    return min(default, max_length // 2)
+
+
+_LM_CLASS = None
+
+
+def lm_class():
+    """:class:`CoupledQKLM` (defined on first use, as it needs ``lm_eval``), registered with lm-eval's model
+    registry as ``coupled_qk``.
+
+    ``CoupledQKLM`` is lm-eval's ``HFLM`` with one more model argument, ``max_gen_toks`` (default
+    :func:`fitting_max_gen_toks` of the model's context, with a one-line notice on stderr when that differs from
+    lm-eval's 256). Raises ``ValueError`` for ``max_gen_toks`` that is not a positive integer smaller than the
+    model's context.
+    """
+    global _LM_CLASS
+    if _LM_CLASS is not None:
+        return _LM_CLASS
+    from lm_eval.api.registry import model_registry
+    from lm_eval.models.huggingface import HFLM
+
+    class CoupledQKLM(HFLM):
+        def __init__(self, *args, max_gen_toks=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            context, n = self.max_length, max_gen_toks
+            if isinstance(n, str) and n.strip().isdigit():
+                n = int(n)
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 < n < context):
+                raise ValueError(f"max_gen_toks={n!r} must be a positive integer smaller than the model's "
+                                 f"context of {context} tokens")
+            self._gen_toks, self._noticed = n, n is not None
+
+        @property
+        def max_gen_toks(self) -> int:
+            if self._gen_toks is None:
+                self._gen_toks = fitting_max_gen_toks(self.max_length)
+            if not self._noticed and self._gen_toks != LM_EVAL_MAX_GEN_TOKS:
+                print(f"coupled-qk: max_gen_toks={self._gen_toks} (half the model's context of {self.max_length} "
+                      f"tokens; lm-eval's default {LM_EVAL_MAX_GEN_TOKS} does not fit); choose with --model_args "
+                      "...,max_gen_toks=N", file=sys.stderr)
+            self._noticed = True
+            return self._gen_toks
+
+    if "coupled_qk" not in model_registry:
+        model_registry.register("coupled_qk")(CoupledQKLM)
+    _LM_CLASS = CoupledQKLM
+    return CoupledQKLM
+
+
+def _run_through_our_model(argv: list[str]) -> list[str]:
+    """``argv`` with ``--model hf`` (and its aliases) replaced by ``coupled_qk`` (:class:`CoupledQKLM`)."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--model" and i + 1 < len(out) and out[i + 1] in MODEL_NAMES:
+            out[i + 1] = "coupled_qk"
+        elif arg.startswith("--model=") and arg.split("=", 1)[1] in MODEL_NAMES:
+            out[i] = "--model=coupled_qk"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``make-task ...`` writes a local task; anything else runs the lm-eval command line with our models
     registered. Returns the exit code."""
@@ -168,10 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     register()
     try:
         from lm_eval.__main__ import cli_evaluate
+
+        lm_class()
     except ModuleNotFoundError as exc:
         print(f'lm-eval is not installed ({exc}); pip install "coupled-qk[lm-eval]"', file=sys.stderr)
         return 2
-    sys.argv = ["lm-eval", *argv]
+    sys.argv = ["lm-eval", *_run_through_our_model(argv)]
     cli_evaluate()
     return 0
 

@@ -6,6 +6,11 @@ two classes read the same folders. Decoding reuses the ``transformers`` cache cl
 dynamics and RoPE, one per query head for the coupled variants; see :class:`coupled_qk.KVCache`), so cached
 decoding is exact for every variant (``docs/METHOD.md`` section 1). ``attention_mask`` (0 at padding, left
 or right) hides padded keys in every variant and positions count real tokens only.
+
+The usual ``transformers`` contract holds (``tests/hf/test_hf_contract.py``, over every registered variant): static
+caches (:class:`CacheView`), ``resize_token_embeddings`` (config and tie kept), ``Trainer`` with gradient
+accumulation (the loss honours ``num_items_in_batch``), activation checkpointing per block
+(``activation_checkpointing_enable()``, through ``GPT.gradient_checkpointing``) and LoRA through ``peft``.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils import logging
 
 from coupled_qk.hf.configuration import CoupledQKConfig
+from coupled_qk.hf.registration import run_folder_hint
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.models.gpt import GPT
+
+logger = logging.get_logger(__name__)
 
 TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
 
@@ -33,15 +42,25 @@ TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
 class CacheView:
     """The :class:`coupled_qk.KVCache` interface (``length``, ``update(layer_idx, k, v)``) over a
     ``transformers`` :class:`~transformers.cache_utils.Cache` (e.g. ``DynamicCache``), so ``GPT`` can read
-    and extend a cache that ``generate`` owns (beam search reordering, cropping, ... keep working)."""
+    and extend a cache that ``generate`` owns (beam search reordering, cropping, ... keep working).
+
+    Static caches (``StaticCache``, ``generate(..., cache_implementation="static")``; any cache with
+    ``is_compileable``) preallocate ``max_cache_len`` positions and lay keys and values out with the *same*
+    number of heads, while our keys may have more heads than the values (coupled keys are stored one per query
+    head; differential values are grouped per head pair). The view then stores each value head repeated
+    ``r = H_k / H_v`` times (``r`` times the value memory, nothing else changes) and returns the filled
+    positions only, keys ``(B, H_k, T_past + T, d)`` and the original values ``(B, H_v, T_past + T, d_v)``
+    (a strided view of the repeated ones), so attention sees exactly what a ``DynamicCache`` gives it.
+    """
 
     def __init__(self, cache: Cache):
         self.cache = cache
+        self.static = bool(getattr(cache, "is_compileable", False))
 
     @property
     def length(self) -> int:
         """Number of cached positions."""
-        return self.cache.get_seq_length()
+        return int(self.cache.get_seq_length())
 
     @property
     def folds(self) -> dict:
@@ -53,8 +72,23 @@ class CacheView:
         return folds
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k, v`` ``(B, H, T_new, d)`` for ``layer_idx``; return the full cached tensors."""
-        return self.cache.update(k, v, layer_idx)
+        """Append ``k (B, H_k, T_new, d)``, ``v (B, H_v, T_new, d_v)`` for ``layer_idx``; return the cached
+        tensors of all positions so far.
+
+        Raises:
+            ValueError: a static cache too short for the new positions (naming ``max_cache_len``).
+        """
+        if not self.static:
+            return self.cache.update(k, v, layer_idx)
+        past = int(self.cache.get_seq_length(layer_idx))
+        size = self.cache.get_max_length(layer_idx)
+        if size is not None and 0 <= size < past + k.shape[-2]:
+            raise ValueError(f"the static cache holds max_cache_len={size} positions; {past} are cached and "
+                             f"{k.shape[-2]} more were given. Create it with a larger max_cache_len")
+        r = k.shape[1] // v.shape[1]
+        keys, values = self.cache.update(k, v.repeat_interleave(r, dim=1) if r > 1 else v, layer_idx)
+        n = past + k.shape[-2]
+        return keys[:, :, :n], values[:, ::r, :n]
 
 
 class CoupledQKPreTrainedModel(PreTrainedModel):
@@ -71,6 +105,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["Block"]
     _tied_weights_keys = {TIED: "model.tok_emb.weight"}
     _supports_sdpa = True
+    supports_gradient_checkpointing = True  # GPT.gradient_checkpointing: one checkpoint per block
 
     def __init__(self, config: CoupledQKConfig):
         super().__init__(config)
@@ -117,6 +152,33 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.tok_emb = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        """The output head ``model.lm_head`` (``(vocab_size, d_model)`` weight, tied to the input embedding)."""
+        return self.model.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.model.lm_head = new_embeddings
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """``PreTrainedModel.resize_token_embeddings``, then the wrapped ``GPT``'s config takes the new
+        ``vocab_size`` too (its id check and ``save_pretrained``'s ``config.json`` agree), and the output head
+        stays tied to the input embedding (one tensor).
+
+        Raises:
+            ValueError: ``new_num_tokens`` not a positive integer (or ``None``: only pad to the multiple).
+        """
+        if new_num_tokens is not None and (isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int)
+                                           or new_num_tokens < 1):
+            raise ValueError(f"new_num_tokens={new_num_tokens!r} must be a positive integer (or None)")
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        n = embeddings.weight.shape[0]
+        self.config.vocab_size = n
+        self.model.config = self.model.config.replace(vocab_size=n)
+        if self.config.tie_word_embeddings:
+            self.model.lm_head.weight = self.model.tok_emb.weight
+        return embeddings
 
     @classmethod
     def from_gpt(cls, model: GPT, **config_kwargs):
@@ -176,9 +238,9 @@ def _check_folder(path: Path) -> None:
     """``FileNotFoundError`` for a local folder that is not a Hugging Face model folder (a hub name passes)."""
     if not path.is_dir():
         return
-    if (path / "latest").is_file() or (path / "model_config.json").is_file():
-        raise FileNotFoundError(f"{path} is a coupled-qk training run or checkpoint, not a Hugging Face model "
-                                f"folder; convert it with `coupled-qk export {path} HF_DIR`")
+    hint = run_folder_hint(path)
+    if hint is not None:
+        raise FileNotFoundError(hint)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
                                 "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`")
@@ -204,11 +266,35 @@ def _run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, 
     wrapped GPT to its final hidden states. Returns ``(hidden (B, T, d_model), cache, use_cache)``."""
     _check_inputs(input_ids, kwargs)
     cache = _cache_arg(cache, kwargs)
+    asked = use_cache
     use_cache = module.config.use_cache if use_cache is None else use_cache
+    if use_cache and module.model.gradient_checkpointing and module.training and torch.is_grad_enabled():
+        if cache is not None or asked:  # (the config's default use_cache=True is dropped silently)
+            logger.warning_once("use_cache=True is incompatible with gradient checkpointing while training; "
+                                "running without a cache (use_cache=False)")
+        use_cache, cache = False, None
     if use_cache and cache is None:
         cache = DynamicCache(config=module.config)
     view = CacheView(cache) if cache is not None else None
-    return module.model.hidden_states(input_ids, view, attention_mask, position_ids), cache, use_cache
+    if kwargs.get("output_attentions"):
+        raise ValueError("output_attentions=True is not supported by coupled-qk models (they score with SDPA); use "
+                         "coupled_qk.GPT.trace(idx) for each layer's attention probabilities, queries and keys")
+    if not kwargs.get("output_hidden_states", module.config.output_hidden_states):
+        return module.model.hidden_states(input_ids, view, attention_mask, position_ids), cache, use_cache, None
+    states = []  # transformers' convention: the embeddings, each block's output, the last after the final norm
+    hooks = [module.model.blocks[0].register_forward_pre_hook(lambda m, args: states.append(args[0]))]
+    hooks += [b.register_forward_hook(lambda m, args, out: states.append(out)) for b in module.model.blocks]
+    try:
+        hidden = module.model.hidden_states(input_ids, view, attention_mask, position_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return hidden, cache, use_cache, (*states[:-1], hidden)
+
+
+def _output(module, output, kwargs):
+    """``output`` as a tuple when ``return_dict=False`` (argument, else the config), as ``transformers`` models."""
+    return output if kwargs.get("return_dict", module.config.return_dict) else output.to_tuple()
 
 
 class CoupledQKModel(CoupledQKPreTrainedModel):
@@ -219,8 +305,10 @@ class CoupledQKModel(CoupledQKPreTrainedModel):
     """
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
-        hidden, cache, use_cache = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None)
+        hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
+                                                    kwargs)
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None, hidden_states=states)
+        return _output(self, out, kwargs)
 
 
 class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
@@ -234,19 +322,29 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
     - ``cache``: a ``transformers`` ``Cache`` to read and extend (``generate`` passes a ``DynamicCache``);
       with ``use_cache`` (default ``config.use_cache``) a new one is created and returned.
     - ``labels``: the *unshifted* input ids (``-100`` ignored); ``loss`` is the mean next-token cross-entropy
-      in nats, as in every Hugging Face causal LM.
+      in nats, as in every Hugging Face causal LM. ``num_items_in_batch`` (passed by ``Trainer`` with gradient
+      accumulation: the number of non-ignored targets over all the micro-batches of one optimizer step) makes
+      it the *sum* divided by that number instead, so that accumulated micro-batches give the gradient of one
+      large batch (``transformers``' ``ForCausalLMLoss``); ``shift_labels`` (already shifted targets) are
+      honoured the same way.
     - ``logits_to_keep``: compute logits for the last ``n`` positions only (0 = all).
+    - ``output_hidden_states``: also return ``hidden_states``, ``n_layer + 1`` tensors ``(B, T, d_model)``: the
+      embeddings, each block's output, the last one after the final LayerNorm (as ``transformers`` models).
+    - ``return_dict=False``: a tuple instead of the output object.
 
     ``generate`` works with greedy, sampling and beam search, cached (default) or not (``use_cache=False``),
     and a left-padded batch generates what each prompt generates alone. Source: ``docs/METHOD.md`` section 1.
 
     Raises:
-        ValueError: ``inputs_embeds`` (unsupported), no ``input_ids``, and the input errors of
+        ValueError: ``inputs_embeds`` or ``output_attentions=True`` (unsupported), no ``input_ids``, and the input
+            errors of
             :meth:`coupled_qk.GPT.hidden_states` (ids out of range, too long, bad mask or positions).
     """
 
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.model.lm_head
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask=None, **kwargs):
+        """``generate`` asks for a 4-D mask with static caches; our forward takes the 2-D ``attention_mask``
+        ``(B, T_past + T)`` with every cache (the causal part is built inside), so it is returned unchanged."""
+        return attention_mask
 
     def forward(
         self,
@@ -259,11 +357,14 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        hidden, cache, use_cache = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs)
+        hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
+                                                    kwargs)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.model.logits(hidden)  # vocab_size columns (a padded head's extra rows dropped)
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
+            loss_kwargs = {k: kwargs[k] for k in ("num_items_in_batch", "shift_labels", "ignore_index") if k in kwargs}
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None, hidden_states=states)
+        return _output(self, out, kwargs)

@@ -2,14 +2,55 @@
 
 from __future__ import annotations
 
+import functools
+import os
+from pathlib import Path
+
+
+def run_folder_hint(path) -> str | None:
+    """The hint for a local coupled-qk training run (or ``ckpt-*``) folder given where a Hugging Face model
+    folder is expected (``None`` for anything else): convert it with ``coupled-qk export``."""
+    try:
+        folder = Path(os.fspath(path)).expanduser()
+    except TypeError:
+        return None
+    if folder.is_dir() and ((folder / "latest").is_file() or (folder / "model_config.json").is_file()):
+        return (f"{folder} is a coupled-qk training run or checkpoint, not a Hugging Face model folder; convert it "
+                f"with `coupled-qk export {folder} HF_DIR` and load HF_DIR")
+    return None
+
+
+def _with_run_folder_hint(auto_config) -> None:
+    """Wrap ``AutoConfig.from_pretrained`` (which ``AutoModel*.from_pretrained`` call first) so that its error for
+    a coupled-qk run folder ("Unrecognized model in RUN. Should have a `model_type` key ...") carries the
+    ``coupled-qk export`` hint. Only that failing call changes; idempotent."""
+    original = auto_config.from_pretrained.__func__
+    if getattr(original, "_coupled_qk_hint", False):
+        return
+
+    @functools.wraps(original)
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        try:
+            return original(cls, pretrained_model_name_or_path, *args, **kwargs)
+        except (ValueError, OSError) as exc:
+            hint = run_folder_hint(pretrained_model_name_or_path)
+            if hint is None:
+                raise
+            raise type(exc)(f"{exc} {hint}") from exc
+
+    from_pretrained._coupled_qk_hint = True
+    auto_config.from_pretrained = classmethod(from_pretrained)
+
 
 def register_config() -> None:
-    """``AutoConfig``: ``model_type = "coupled_qk"`` -> :class:`CoupledQKConfig` (idempotent)."""
+    """``AutoConfig``: ``model_type = "coupled_qk"`` -> :class:`CoupledQKConfig` (idempotent), and the
+    ``coupled-qk export`` hint on loading a training run folder (:func:`run_folder_hint`)."""
     from transformers.models.auto.configuration_auto import AutoConfig
 
     from coupled_qk.hf.configuration import CoupledQKConfig
 
     AutoConfig.register("coupled_qk", CoupledQKConfig, exist_ok=True)
+    _with_run_folder_hint(AutoConfig)
 
 
 def register_models() -> None:

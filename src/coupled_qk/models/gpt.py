@@ -7,6 +7,7 @@ to the token embedding.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
 from coupled_qk.models.config import GPTConfig
@@ -85,7 +87,9 @@ class GPT(nn.Module):
 
     ``model(idx)`` maps token ids ``idx`` (LongTensor ``(B, T)``, ``T <= block_size``) to logits
     ``(B, T, vocab_size)`` in the parameters' dtype. Pass a :class:`KVCache` (``model.new_cache()``) to
-    decode incrementally; positions continue from the cache length.
+    decode incrementally; positions continue from the cache length. ``model.gradient_checkpointing = True``
+    recomputes each block's activations in the backward pass of a training forward without a cache
+    (activation checkpointing, ``torch.utils.checkpoint``; same values and gradients, less memory).
 
     Raises:
         ValueError: ``idx`` not 2-D integer, ids outside ``[0, vocab_size)``, or a sequence (plus cached
@@ -109,6 +113,10 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.d_model, n_rows, bias=False)
         self.lm_head.weight = self.tok_emb.weight
         self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # tables per device, built lazily
+        # activation checkpointing (transformers' attribute names, set by gradient_checkpointing_enable()): while
+        # training without a cache, each block's activations are recomputed in the backward pass instead of stored
+        self.gradient_checkpointing = False
+        self._gradient_checkpointing_func = None
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("out_proj.weight"):
@@ -211,8 +219,13 @@ class GPT(nn.Module):
         if attention_mask is not None and idx.dim() == 2:  # (a bad idx is reported by embed)
             key_mask = key_padding_mask(attention_mask, idx.shape[0], idx.shape[1] + (0 if cache is None else cache.length))
         x, rope = self.embed(idx, cache, key_mask, position_ids)
+        checkpoint = self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, rope, cache, key_mask=key_mask)
+            if checkpoint:  # same values and gradients; the block's activations are recomputed in backward
+                run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
+                x = run(block.__call__, x, rope, None, key_mask=key_mask)
+            else:
+                x = block(x, rope, cache, key_mask=key_mask)
         return self.ln_f(x)
 
     def forward(

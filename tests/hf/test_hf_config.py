@@ -1,0 +1,75 @@
+"""CoupledQKConfig: the standard transformers names map onto the GPTConfig fields in both directions, conflicts are
+errors, and every value is validated exactly as GPTConfig validates it (GPTConfig is the oracle)."""
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+hypothesis = pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from coupled_qk import GPTConfig  # noqa: E402
+from coupled_qk.hf import CoupledQKConfig, CoupledQKForCausalLM  # noqa: E402
+from coupled_qk.hf.configuration import STANDARD_NAMES  # noqa: E402
+
+BASE = dict(vocab_size=50, block_size=32, attention="coupled")
+
+
+def test_the_issue_example_builds_what_it_says():
+    c = CoupledQKConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, vocab_size=50)
+    assert (c.n_layer, c.d_model, c.n_heads) == (2, 64, 2)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.head_dim, c.intermediate_size) == (
+        2, 64, 2, 32, 256)
+    model = CoupledQKForCausalLM(c)
+    assert len(model.model.blocks) == 2 and model.model.tok_emb.weight.shape == (50, 64)
+    assert model.model.blocks[0].attn.n_heads == 2
+
+
+def test_assigning_a_standard_name_sets_our_field_and_json_keeps_our_names(tmp_path):
+    c = CoupledQKConfig(**BASE)
+    c.num_hidden_layers = 3
+    assert c.n_layer == 3 and c.to_gpt_config().n_layer == 3
+    c.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["n_layer"] == 3 and not set(STANDARD_NAMES) & set(saved)
+    assert CoupledQKConfig.from_pretrained(tmp_path).num_hidden_layers == 3
+
+
+def test_conflicting_names_are_an_error_and_agreeing_ones_are_not():
+    with pytest.raises(ValueError, match=r"num_hidden_layers=2 and n_layer=4, which name the same field"):
+        CoupledQKConfig(num_hidden_layers=2, n_layer=4)
+    assert CoupledQKConfig(num_hidden_layers=2, n_layer=2).n_layer == 2
+    assert CoupledQKConfig(num_key_value_heads=None, head_dim=None, n_heads=4).n_kv_heads == 4  # None: default
+
+
+def test_out_of_range_values_are_refused_naming_the_standard_name():
+    with pytest.raises(ValueError, match=r"num_hidden_layers \(GPTConfig.n_layer\): GPTConfig.n_layer=-1 must be"):
+        CoupledQKConfig(num_hidden_layers=-1)
+    with pytest.raises(ValueError, match=r"num_key_value_heads \(GPTConfig.n_kv_heads\).* must divide n_heads=4"):
+        CoupledQKConfig(num_attention_heads=4, num_key_value_heads=3)
+    with pytest.raises(ValueError, match=r"GPTConfig.n_layer=0 must be a positive integer"):
+        CoupledQKConfig(n_layer=0)
+
+
+VALUES = st.one_of(st.integers(-3, 300), st.sampled_from([None, 1.5, "8", True]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(STANDARD_NAMES)), VALUES, max_size=4))
+def test_standard_names_behave_exactly_like_our_names(given_values):
+    """Any mix of standard names and values: CoupledQKConfig builds the config GPTConfig builds from our names,
+    or fails where GPTConfig fails (a ValueError), and reading the standard names gives our fields back."""
+    ours = {STANDARD_NAMES[k]: v for k, v in given_values.items() if v is not None}
+    try:
+        expected = GPTConfig(**BASE, **ours)
+    except (ValueError, TypeError):
+        with pytest.raises(ValueError):
+            CoupledQKConfig(**BASE, **given_values)
+        return
+    c = CoupledQKConfig(**BASE, **given_values)
+    assert c.to_gpt_config() == expected
+    for standard, field in STANDARD_NAMES.items():
+        assert getattr(c, standard) == getattr(expected, field)
