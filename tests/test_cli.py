@@ -1,6 +1,7 @@
 """Command line: describe output, train/eval/compare end to end on a tiny corpus, clear errors."""
 
 import json
+import math
 
 import pytest
 
@@ -53,6 +54,9 @@ def test_train_eval_compare(tiny_corpus, tmp_path, capsys):
     assert "valid: token perplexity" in out and "test: token perplexity" in out
     res = json.loads((tmp_path / "e.json").read_text())
     assert res["stride"] == 8 and res["valid"]["perplexity"] > 1
+    raw = (tiny_corpus / "test.txt").read_bytes()  # bits per byte: total NLL in bits over the file's own bytes
+    assert res["test"]["bits_per_byte"] == pytest.approx(res["test"]["nll"] / math.log(2) / len(raw), rel=1e-12)
+    assert f"{res['test']['bits_per_byte']:.4f} bits per byte over {len(raw):,} bytes" in out
     cmp_dir = tmp_path / "cmp"
     assert main(["compare", *common, "--max-steps", "3", "--out-dir", str(cmp_dir),
                  "--variants", "standard,coupled-leapfrog", "--seeds", "0,1"]) == 0
