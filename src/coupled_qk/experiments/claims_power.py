@@ -19,8 +19,6 @@ seen, not what the true effect is. Every input is read from the committed report
 
 from __future__ import annotations
 
-import math
-
 from scipy import optimize
 from scipy import stats as sps
 
