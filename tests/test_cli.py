@@ -126,3 +126,26 @@ def test_relative_corpus_path_is_stored_absolute(tmp_path, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["corpus"] == str(tmp_path.resolve() / "notes.txt")
     assert main(["train", "--print-config", "--corpus", "pubmed"]) == 0
     assert json.loads(capsys.readouterr().out)["corpus"] == "pubmed"
+
+
+@pytest.mark.slow
+def test_demo_quick_is_a_labelled_smoke_run(tiny_corpus, tmp_path, capsys):
+    """``demo --quick`` end to end on a tiny corpus (flags still override its budget): every variant's final
+    evaluation scores only the first QUICK_EVAL_WINDOWS windows, and the printed table says it is a smoke run."""
+    from coupled_qk.commands.demo import QUICK_DEFAULTS, QUICK_EVAL_WINDOWS
+
+    out_dir = tmp_path / "quick"
+    assert main(["demo", "--quick", "--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir",
+                 str(tmp_path / "cache"), "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2",
+                 "--set", "block_size=16", "--batch-size", "4", "--max-tokens", "128", "--variants",
+                 "standard,coupled", "--out-dir", str(out_dir), "--no-progress", "--no-tensorboard"]) == 0
+    out = capsys.readouterr().out
+    assert "demo --quick: a smoke run" in out
+    assert f"Smoke run: valid and test scored on their first {QUICK_EVAL_WINDOWS} windows only" in out
+    summary = json.loads((out_dir / "results.json").read_text())
+    assert summary["base_config"]["task_options"] == {"final_eval_windows": QUICK_EVAL_WINDOWS}
+    assert summary["base_config"]["max_tokens"] == 128  # the flag wins over QUICK_DEFAULTS
+    assert summary["base_config"]["eval_interval"] == QUICK_DEFAULTS["eval_interval"]
+    for entry in summary["variants"].values():
+        final = entry["runs"][0]["final"]
+        assert final["test/n_tokens"] == QUICK_EVAL_WINDOWS * 16 and final["test/subsample_windows"] == 24
