@@ -48,7 +48,8 @@ def test_train_eval_compare(tiny_corpus, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *common, "--max-steps", "6", "--out-dir", str(run), "--attention", "coupled"]) == 0
     assert json.loads((run / "results.json").read_text())["steps"] == 6
-    capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert '"test/bits_per_byte"' in printed and '"test/perplexity"' in printed
     assert main(["eval", str(run), "--stride", "8", "--json", str(tmp_path / "e.json")]) == 0
     out = capsys.readouterr().out
     assert "valid: token perplexity" in out and "test: token perplexity" in out
