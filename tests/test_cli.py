@@ -1,6 +1,7 @@
 """Command line: describe output, train/eval/compare end to end on a tiny corpus, clear errors."""
 
 import json
+import math
 
 import pytest
 
@@ -48,12 +49,16 @@ def test_train_eval_compare(tiny_corpus, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *common, "--max-steps", "6", "--out-dir", str(run), "--attention", "coupled"]) == 0
     assert json.loads((run / "results.json").read_text())["steps"] == 6
-    capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert '"test/bits_per_byte"' in printed and '"test/perplexity"' in printed
     assert main(["eval", str(run), "--stride", "8", "--json", str(tmp_path / "e.json")]) == 0
     out = capsys.readouterr().out
     assert "valid: token perplexity" in out and "test: token perplexity" in out
     res = json.loads((tmp_path / "e.json").read_text())
     assert res["stride"] == 8 and res["valid"]["perplexity"] > 1
+    raw = (tiny_corpus / "test.txt").read_bytes()  # bits per byte: total NLL in bits over the file's own bytes
+    assert res["test"]["bits_per_byte"] == pytest.approx(res["test"]["nll"] / math.log(2) / len(raw), rel=1e-12)
+    assert f"{res['test']['bits_per_byte']:.4f} bits per byte over {len(raw):,} bytes" in out
     cmp_dir = tmp_path / "cmp"
     assert main(["compare", *common, "--max-steps", "3", "--out-dir", str(cmp_dir),
                  "--variants", "standard,coupled-leapfrog", "--seeds", "0,1"]) == 0
@@ -123,3 +128,26 @@ def test_relative_corpus_path_is_stored_absolute(tmp_path, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["corpus"] == str(tmp_path.resolve() / "notes.txt")
     assert main(["train", "--print-config", "--corpus", "pubmed"]) == 0
     assert json.loads(capsys.readouterr().out)["corpus"] == "pubmed"
+
+
+@pytest.mark.slow
+def test_demo_quick_is_a_labelled_smoke_run(tiny_corpus, tmp_path, capsys):
+    """``demo --quick`` end to end on a tiny corpus (flags still override its budget): every variant's final
+    evaluation scores only the first QUICK_EVAL_WINDOWS windows, and the printed table says it is a smoke run."""
+    from coupled_qk.commands.demo import QUICK_DEFAULTS, QUICK_EVAL_WINDOWS
+
+    out_dir = tmp_path / "quick"
+    assert main(["demo", "--quick", "--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir",
+                 str(tmp_path / "cache"), "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2",
+                 "--set", "block_size=16", "--batch-size", "4", "--max-tokens", "128", "--variants",
+                 "standard,coupled", "--out-dir", str(out_dir), "--no-progress", "--no-tensorboard"]) == 0
+    out = capsys.readouterr().out
+    assert "demo --quick: a smoke run" in out
+    assert f"Smoke run: valid and test scored on their first {QUICK_EVAL_WINDOWS} windows only" in out
+    summary = json.loads((out_dir / "results.json").read_text())
+    assert summary["base_config"]["task_options"] == {"final_eval_windows": QUICK_EVAL_WINDOWS}
+    assert summary["base_config"]["max_tokens"] == 128  # the flag wins over QUICK_DEFAULTS
+    assert summary["base_config"]["eval_interval"] == QUICK_DEFAULTS["eval_interval"]
+    for entry in summary["variants"].values():
+        final = entry["runs"][0]["final"]
+        assert final["test/n_tokens"] == QUICK_EVAL_WINDOWS * 16 and final["test/subsample_windows"] == 24

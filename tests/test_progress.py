@@ -48,3 +48,51 @@ def test_perplexity_reports_progress(monkeypatch, capsys):
     assert res["perplexity"] == pytest.approx(7.0)
     err = capsys.readouterr().err
     assert "eval test: 100% 7/7 windows" in err
+
+
+class _Tty:
+    """A stream that claims to be a terminal, backed by a real file descriptor."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def isatty(self):
+        return True
+
+    def fileno(self):
+        return self.fd
+
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "openpty"), reason="needs a pseudo-terminal")
+def test_terminal_reporting_zero_columns_falls_back_to_lines(monkeypatch):
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    try:
+        tty = _Tty(slave)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))  # `stty size` -> 0 0
+        assert P.terminal_columns(tty) == 0
+        monkeypatch.setattr(P.sys, "stderr", tty)
+        monkeypatch.setitem(P._MODE, "mode", "auto")
+        assert isinstance(P.progress(3, "x"), P.LineProgress)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # a real width: a bar
+        assert P.terminal_columns(tty) == 80
+        bar = P.progress(3, "x")
+        assert not isinstance(bar, P.LineProgress)
+        bar.close()
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_terminal_columns_of_a_non_terminal_is_zero():
+    assert P.terminal_columns(io.StringIO()) == 0  # no file descriptor

@@ -1,8 +1,10 @@
 """Progress reporting for every phase that takes more than a few seconds.
 
-On a terminal this is a ``tqdm`` bar. Without one (output redirected to a log file, CI) or when the bar is
-switched off, a carriage-return bar would make the log unreadable, so :class:`LineProgress` prints a plain
-line every ``interval`` seconds (``COUPLED_QK_LOG_INTERVAL``, default 30) and one when the phase ends.
+On a terminal this is a ``tqdm`` bar. Without one (output redirected to a log file, CI), on a terminal that
+reports no width (``stty size`` of ``0 0``: some containers, serial consoles and IDE panes, where ``tqdm``
+would draw nothing) or when the bar is switched off, a carriage-return bar would make the log unreadable or
+empty, so :class:`LineProgress` prints a plain line every ``interval`` seconds (``COUPLED_QK_LOG_INTERVAL``,
+default 30) and one when the phase ends.
 ``--no-progress`` on the command line (or :func:`set_mode` ``"off"``) silences both.
 """
 
@@ -95,9 +97,26 @@ class LineProgress:
         self.close()
 
 
+def terminal_columns(stream=None) -> int:
+    """Columns of the terminal behind ``stream`` (default ``sys.stderr``); 0 when it reports none or is not one.
+
+    A terminal may report a width of 0 (``stty size`` prints ``0 0``); ``tqdm`` then draws an empty bar, so
+    :func:`progress` falls back to plain lines. ``COLUMNS`` is not consulted: it describes the shell, not the
+    stream.
+    """
+    stream = sys.stderr if stream is None else stream
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
 def progress(total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0,
              enabled: bool = True):
     """A progress reporter for one phase: a ``tqdm`` bar, a :class:`LineProgress`, or a silent one.
+
+    Mode ``auto`` draws a bar only when stderr is a terminal reporting a non-zero width
+    (:func:`terminal_columns`), plain lines otherwise.
 
     Args:
         total: expected count (``None`` if unknown). desc: what is running. unit: what is counted.
@@ -106,7 +125,7 @@ def progress(total: int | None = None, desc: str = "", unit: str = "it", initial
     mode = _MODE["mode"]
     if not enabled or mode == "off":
         return tqdm(total=total, initial=initial, disable=True)
-    if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
+    if mode == "bar" or (mode == "auto" and sys.stderr.isatty() and terminal_columns() > 0):
         return tqdm(total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True)
     return LineProgress(total, desc, unit, initial)
 

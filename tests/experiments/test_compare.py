@@ -49,8 +49,24 @@ def test_summary_means_spreads_and_the_change_against_standard(tmp_path):
     assert [r["seed"] for r in cpl["runs"]] == [0, 1] and cpl["runs"][1]["run_dir"] == str(tmp_path / "coupled" / "seed1")
     assert "test_word_perplexity" not in std  # only metrics the runs have
     table = comparison_table(summary).splitlines()
-    assert table[2] == "| standard | 22.00 ± 1.41 | 21.00 ± 1.41 | - | +0.0% | 1,000 | 4,096 | 1.5 |"
-    assert table[3].startswith("| coupled | 19.50 ± 0.71 | 18.50 ± 0.71 | - | -11.9% |")  # 18.5 / 21 - 1
+    assert table[2] == "| standard | 22.00 ± 1.41 | 21.00 ± 1.41 | - | - | +0.0% | 1,000 | 4,096 | 1.5 |"
+    assert table[3].startswith("| coupled | 19.50 ± 0.71 | 18.50 ± 0.71 | - | - | -11.9% |")  # 18.5 / 21 - 1
+    assert not any("Smoke run" in line for line in table)
     assert report.text["results.md"] == comparison_table(summary) + "\n"
     report.plots["loss_curves.png"](tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_shows_bits_per_byte_and_labels_a_subsampled_evaluation(tmp_path):
+    base = TrainConfig(max_steps=3)
+    plan = plan_comparison(base, ["standard"], [0, 1], tmp_path)
+    records = []
+    for run, bpb in zip(plan, (1.25, 1.75)):
+        rec = _record(run, 20.0, 60.0)
+        rec.results["final"].update({"test/bits_per_byte": bpb, "test/subsample_windows": 64})
+        records.append(rec)
+    summary = analyze_comparison(records, base, [0, 1]).json["results.json"]
+    assert summary["variants"]["standard"]["test_bits_per_byte"]["values"] == [1.25, 1.75]
+    table = comparison_table(summary).splitlines()
+    assert table[2].split(" | ")[4] == "1.5000 ± 0.3536"  # mean 1.5, sample sd 0.5 / sqrt(2)
+    assert table[-1].startswith("Smoke run: valid and test scored on their first 64 windows only")

@@ -84,7 +84,7 @@ def test_forward_errors():
     with pytest.raises(ValueError, match=r"\(B, T\)"):
         model(torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="block_size"):
-        model.generate(torch.zeros(1, 5, dtype=torch.long), 4)
+        model.generate(torch.zeros(1, 5, dtype=torch.long), 4, context="error")
     cache = model.new_cache()
     model(torch.zeros(1, 6, dtype=torch.long), cache)
     with pytest.raises(ValueError, match="cached 6"):

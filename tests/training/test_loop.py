@@ -1,6 +1,7 @@
 """The training loop: exact resume, atomic checkpoints, clear errors, runs end to end on real files."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -208,3 +209,54 @@ def test_small_splits_and_repeated_data_warn(tiny_cfg):
 def test_warmup_longer_than_the_run_warns(tiny_cfg):
     with pytest.warns(UserWarning, match=r"warmup_steps=8 is at least the schedule's 8 steps"):
         train(tiny_cfg(warmup_steps=8, max_steps=8))
+
+
+def test_final_metrics_carry_bits_per_byte_of_the_split_files(tiny_cfg, tiny_corpus):
+    """Bits per byte/char of the final evaluation, recomputed from the reported total NLL and the split files'
+    own bytes and characters (read here, independently of the corpus loader)."""
+    res = train(tiny_cfg(max_steps=2))
+    for split in ("valid", "test"):
+        raw = (tiny_corpus / f"{split}.txt").read_bytes()
+        final = {k.split("/", 1)[1]: v for k, v in res["final"].items() if k.startswith(split + "/")}
+        assert final["n_bytes"] == len(raw) and final["n_chars"] == len(raw.decode("utf-8"))
+        bits = final["nll"] / math.log(2)
+        assert final["bits_per_byte"] == pytest.approx(bits / len(raw), rel=1e-12)
+        assert final["bits_per_char"] == pytest.approx(bits / final["n_chars"], rel=1e-12)
+        # per token and per byte describe the same total: ln(ppl) * tokens = bpb * ln 2 * bytes
+        assert math.log(final["perplexity"]) * final["n_tokens"] == pytest.approx(
+            final["bits_per_byte"] * math.log(2) * len(raw), rel=1e-9)
+
+
+def test_final_eval_subsample_is_labelled_and_counts_the_scored_text(tiny_cfg):
+    from coupled_qk.data.tokenizers import Tokenizer
+    from coupled_qk.training.rundir import RunDir
+
+    cfg = tiny_cfg(max_steps=2, task_options={"final_eval_windows": 3})
+    final = train(cfg)["final"]
+    assert final["test/subsample_windows"] == 3 and final["test/n_tokens"] == 3 * 16  # block_size 16
+    tok = Tokenizer.load(RunDir(cfg.out_dir).tokenizer_dir)
+    full = tok.encode((Path(cfg.corpus) / "test.txt").read_text())
+    scored_text = tok.decode(full[: 3 * 16 + 1])
+    assert final["test/n_bytes"] == len(scored_text.encode("utf-8"))
+    assert "test/word_perplexity" not in final
+    with pytest.raises(ValueError, match="final_eval_windows=0 must be a positive integer"):
+        train(tiny_cfg(max_steps=2, out_dir=cfg.out_dir + "-bad", task_options={"final_eval_windows": 0}))
+
+
+def test_default_eval_interval_gives_about_ten_validations_and_sizes_are_printed(tiny_cfg, capsys, monkeypatch):
+    from coupled_qk import progress
+    from coupled_qk.training.config import auto_eval_interval
+
+    assert [auto_eval_interval(n) for n in (1, 8, 20, 147, 10_000)] == [1, 1, 2, 15, 1000]
+    with pytest.raises(ValueError, match="total_steps=0"):
+        auto_eval_interval(0)
+    monkeypatch.setitem(progress._MODE, "mode", "lines")
+    cfg = tiny_cfg(max_steps=20, eval_interval=None, progress=True)
+    res = train(cfg)
+    evaluated = [r["step"] for r in read_metrics(cfg.out_dir) if "valid/loss" in r]
+    assert evaluated == list(range(2, 21, 2))
+    err = capsys.readouterr().err
+    assert "quick validation every 2 steps (about 10 over the run's 20 steps" in err
+    sizes = res["data"]["tokens"]
+    assert (f"data: train {sizes['train']:,} tokens, 300 documents; valid {sizes['valid']:,} tokens, 20 documents; "
+            f"test {sizes['test']:,} tokens, 20 documents") in err

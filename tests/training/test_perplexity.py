@@ -64,3 +64,32 @@ def test_context_longer_than_model_is_an_error():
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, d_model=16, n_heads=2))
     with pytest.raises(ValueError, match="block_size=8"):
         evaluate_perplexity(model, torch.arange(40) % 20, block_size=16)
+
+
+def test_bits_per_byte_and_char_against_hand_computation():
+    """Byte tokens (one token per UTF-8 byte) of a text with multi-byte characters: bits per byte is the hand
+    NLL in bits over the bytes; bits per character divides the same bits by the (fewer) characters."""
+    text = "naïve café — über 9 ℃\n"
+    data = text.encode("utf-8")
+    tokens = torch.tensor(list(data))
+    torch.manual_seed(1)
+    table = torch.randn(256, 256)
+    res = evaluate_perplexity(Bigram(table), tokens, block_size=8, batch_size=2, n_bytes=len(data),
+                              n_chars=len(text))
+    bits = hand_nll(tokens.tolist(), table) / math.log(2)
+    assert len(data) > len(text)  # the text has multi-byte characters: the two units differ
+    assert res["n_bytes"] == len(data) and res["n_chars"] == len(text)
+    assert res["bits_per_byte"] == pytest.approx(bits / len(data), rel=1e-6)
+    assert res["bits_per_char"] == pytest.approx(bits / len(text), rel=1e-6)
+    # a uniform model over 256 byte values costs 8 bits for every scored byte (all but the first)
+    uniform = evaluate_perplexity(Bigram(torch.zeros(256, 256)), tokens, block_size=8, n_bytes=len(data))
+    assert uniform["bits_per_byte"] == pytest.approx(8 * (len(data) - 1) / len(data), rel=1e-6)
+
+
+def test_text_units_and_bad_unit_counts():
+    from coupled_qk.training.perplexity import text_units
+
+    assert text_units("aé€😀") == {"n_bytes": 1 + 2 + 3 + 4, "n_chars": 4}
+    for name in ("n_words", "n_bytes", "n_chars"):
+        with pytest.raises(ValueError, match=f"{name}=0 must be a positive integer"):
+            evaluate_perplexity(Bigram(torch.zeros(3, 3)), torch.arange(9) % 3, block_size=4, **{name: 0})

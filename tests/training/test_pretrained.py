@@ -53,13 +53,41 @@ def test_generate_deterministic_and_cache_exact(run_dir, capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--max-new-tokens", "40"], "exceeds the model's context block_size=32"),
+    (["--max-new-tokens", "40", "--context", "error"], "exceeds the model's context block_size=32"),
     (["--temperature", "-1"], "--temperature=-1.0"),
     (["--top-k", "0"], "--top-k=0"),
 ])
 def test_generate_errors(run_dir, capsys, extra, message):
     assert main(["generate", str(run_dir), "--prompt", "the"] + extra) == 2
     assert message in capsys.readouterr().err
+
+
+def test_generate_slides_past_the_context_by_default(run_dir, capsys):
+    """40 new tokens after a 2-token prompt with block_size 32: the window slides, and the text is what the
+    model gives when re-run on the last 32 tokens before every token (greedy)."""
+    assert main(["generate", str(run_dir), "--prompt", "the dog", "--max-new-tokens", "40",
+                 "--temperature", "0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "sliding context of 32 tokens" in out[0]
+    run = coupled_qk.load_run(run_dir)
+    seq = run.encode("the dog")
+    n_prompt = seq.shape[1]
+    with torch.no_grad():
+        for _ in range(40):
+            seq = torch.cat([seq, run.model(seq[:, -32:])[:, -1:].argmax(-1)], dim=1)
+    assert seq.shape[1] == n_prompt + 40
+    assert "\n".join(out[1:]) == "the dog" + run.tokenizer.decode(seq[0, n_prompt:])
+
+
+def test_generate_default_temperature_is_the_model_default():
+    import inspect
+
+    from coupled_qk.cli import build_parser
+    from coupled_qk.models.gpt import GPT
+
+    args = build_parser("generate").parse_args(["generate", "x"])
+    assert args.temperature == inspect.signature(GPT.generate).parameters["temperature"].default == 1.0
+    assert args.context == inspect.signature(GPT.generate).parameters["context"].default == "slide"
 
 
 def test_load_run_missing(tmp_path):

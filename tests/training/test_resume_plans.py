@@ -148,3 +148,16 @@ def test_11_modes_follow_the_umask(tiny_cfg, tmp_path, umask, dmode, fmode):
     assert (where.stat().st_mode & 0o777) == dmode
     for file in [*where.iterdir(), run / "results.json", run / "latest", run / "config.json"]:
         assert (file.stat().st_mode & 0o777) == fmode, file
+
+
+def test_C_smaller_budget_than_the_steps_done_offers_a_new_out_dir(tiny_cfg):
+    """Issue 31.2: an interrupted run at step 6 resumed with a 3-step budget cannot keep or re-warm a schedule
+    (both would train backwards): the message offers a new --out-dir, never --on-budget-change."""
+    train(tiny_cfg(max_steps=10, stop_after_steps=6))
+    for choice in (None, "rewarm", "keep"):
+        with pytest.raises(ValueError) as err:
+            train(tiny_cfg(max_steps=3, resume=True, on_budget_change=choice))
+        message = str(err.value)
+        assert "already at step 6, past this budget's end at step 3" in message, choice
+        assert "pass another --out-dir" in message and "--on-budget-change" not in message
+    assert train(tiny_cfg(max_steps=10, resume=True))["steps"] == 10  # its own budget still finishes it

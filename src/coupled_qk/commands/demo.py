@@ -1,7 +1,14 @@
 """``coupled-qk demo``: standard vs coupled (Euler, leapfrog) vs uncoupled MLP on real Wikipedia text.
 
 Trains the ``tiny`` preset with a byte-level BPE (8,192 tokens) trained on the wiki-vital lead sections,
-validates and tests on WikiText-2 valid/test, all on CPU in about 15 minutes on 2 cores.
+validates and tests on WikiText-2 valid/test, all on CPU in about 15 minutes on 2 cores (idle; an hour or
+more on a busy machine).
+
+``--quick`` is a smoke run: the same four variants, data and tokenizer with a budget of
+:data:`QUICK_DEFAULTS` (about 3 minutes on 2 cores) and a final evaluation on the first
+:data:`QUICK_EVAL_WINDOWS` windows of WikiText-2 valid and test only (``task_options.final_eval_windows``), in
+its own folder ``runs/demo-quick``. It shows that everything works end to end; its numbers say nothing about
+the variants (the table says it is a smoke run).
 """
 
 from __future__ import annotations
@@ -9,30 +16,55 @@ from __future__ import annotations
 from coupled_qk.commands.options import parse_seeds, reject_variant_flags
 from coupled_qk.commands.train import add_train_options, train_config_from_args
 
-HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes"
+HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes (--quick: ~3)"
 DEMO_VARIANTS = "standard,coupled,coupled_leapfrog,uncoupled_mlp"
 DEMO_DEFAULTS = dict(
     corpus="wiki-vital", tokenizer="bpe-8192", preset="tiny", batch_size=16, lr=2e-3, warmup_steps=50,
     max_tokens=900_000, eval_interval=100, eval_batches=8, log_interval=10, out_dir="runs/demo",
 )
+QUICK_DEFAULTS = dict(max_tokens=65_536, warmup_steps=8, eval_interval=8, eval_batches=2, log_interval=4,
+                      out_dir="runs/demo-quick")
+"""What ``--quick`` changes (explicit flags still win): 32 steps of 2,048 tokens per variant."""
+QUICK_EVAL_WINDOWS = 24
+"""Windows of ``block_size`` (128) tokens of each of WikiText-2 valid and test scored by ``--quick``'s final
+evaluation (3,072 tokens each, about 1% of the splits)."""
 
 
 def add_arguments(parser) -> None:
     add_train_options(parser, defaults=DEMO_DEFAULTS, variant_flags=False)
     parser.add_argument("--variants", default=DEMO_VARIANTS, help=f"variants to compare (default {DEMO_VARIANTS})")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke run (about 3 minutes on 2 cores): max_tokens {QUICK_DEFAULTS['max_tokens']:,}, "
+                             f"final evaluation on the first {QUICK_EVAL_WINDOWS} windows of WikiText-2 valid/test "
+                             f"only, out_dir {QUICK_DEFAULTS['out_dir']}; shows the pipeline works, not which "
+                             "variant is better")
+
+
+def demo_fields(args) -> dict:
+    """The demo's ``TrainConfig`` fields that no flag set: :data:`DEMO_DEFAULTS`, with :data:`QUICK_DEFAULTS`
+    and the evaluation subsample under ``--quick``."""
+    base = {**DEMO_DEFAULTS, **(QUICK_DEFAULTS if args.quick else {})}
+    fields = {k: v for k, v in base.items() if getattr(args, k, None) is None}
+    if args.quick:
+        fields["task_options"] = {"final_eval_windows": QUICK_EVAL_WINDOWS}
+    return fields
 
 
 def run(args) -> int:
     from coupled_qk.experiments.compare import comparison_table, run_comparison
 
     reject_variant_flags(args, "demo")
-    defaults = {k: v for k, v in DEMO_DEFAULTS.items() if getattr(args, k, None) is None}
+    defaults = demo_fields(args)
     if "corpus" in defaults:  # wiki-vital offline, else WikiText-2 from the hub, else an error saying what to get
         from coupled_qk.data.hub import demo_corpus
 
         defaults["corpus"], which = demo_corpus(args.data_dir)
         print(which)
+    if args.quick:
+        print(f"demo --quick: a smoke run ({defaults.get('max_tokens', args.max_tokens)} training tokens per "
+              f"variant, final evaluation on {QUICK_EVAL_WINDOWS} windows of each split); for the real comparison "
+              "run `coupled-qk demo`", flush=True)
     base = train_config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
     summary = run_comparison(base, args.variants.split(","), seeds, base.out_dir)

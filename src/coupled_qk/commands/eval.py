@@ -1,11 +1,12 @@
-"""``coupled-qk eval CHECKPOINT``: perplexity of a trained model on whole corpus splits."""
+"""``coupled-qk eval CHECKPOINT``: perplexity (per token and per word) and bits per byte and per character of a
+trained model on whole corpus splits."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-HELP = "perplexity of a checkpoint on a corpus split"
+HELP = "perplexity and bits per byte of a checkpoint on a corpus split"
 
 
 def add_arguments(parser) -> None:
@@ -30,6 +31,9 @@ def run(args) -> int:
         line = f"{split}: token perplexity {r['perplexity']:.3f} over {r['n_tokens']:,} {res['tokenizer']} tokens"
         if "word_perplexity" in r:
             line += f"; word perplexity {r['word_perplexity']:.3f} over {r['n_words']:,} words"
+        if "bits_per_byte" in r:
+            line += (f"; {r['bits_per_byte']:.4f} bits per byte over {r['n_bytes']:,} bytes, "
+                     f"{r['bits_per_char']:.4f} bits per character")
         print(line)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res, indent=2))

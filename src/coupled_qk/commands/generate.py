@@ -1,4 +1,10 @@
-"""``coupled-qk generate RUN_DIR --prompt TEXT``: sample text from a trained run with its own tokenizer."""
+"""``coupled-qk generate RUN_DIR --prompt TEXT``: sample text from a trained run with its own tokenizer.
+
+Past the model's context (``block_size`` tokens) the window slides by default: each new token is predicted from
+the last ``block_size`` tokens, as nanoGPT's ``sample.py`` does (:meth:`coupled_qk.models.gpt.GPT.generate_sliding`;
+the KV cache is used while the text fits and rebuilt from the window after that). ``--context error`` refuses
+instead. The default temperature is 1.0, the same as :meth:`~coupled_qk.models.gpt.GPT.generate`.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("run_dir", help="a run folder (its latest checkpoint) or a ckpt-* folder")
     parser.add_argument("--prompt", default="", help="text to continue (default: empty = start of a document)")
     parser.add_argument("--max-new-tokens", type=int, default=100,
-                        help="tokens to generate; prompt + new tokens must fit the context (default 100)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+                        help="tokens to generate; past the context the window slides (see --context) (default 100)")
+    parser.add_argument("--context", choices=("slide", "error"), default="slide",
+                        help="when prompt + new tokens exceed the model's context: slide (predict each token from "
+                             "the last block_size tokens, as nanoGPT; the cache is rebuilt from the window) or "
+                             "error (default slide)")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="0 = greedy; 1 samples the model's distribution (default 1.0, as GPT.generate)")
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (default 50)")
     parser.add_argument("--num-samples", type=int, default=1, help="independent samples (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0); same seed, same text")
@@ -32,15 +43,17 @@ def run(args) -> int:
     run = load_run(args.run_dir, device)
     prompt = run.encode(args.prompt, device)
     limit = run.model.config.block_size
-    if prompt.shape[1] + args.max_new_tokens > limit:
+    over = prompt.shape[1] + args.max_new_tokens > limit
+    if over and args.context == "error":
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} plus the prompt's {prompt.shape[1]} tokens "
                          f"exceeds the model's context block_size={limit}; use at most "
-                         f"{limit - prompt.shape[1]}")
+                         f"{max(limit - prompt.shape[1], 0)}, or --context slide")
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    print(f"# {run.checkpoint} (step {run.step}, {run.model.config.attention}); tokenizer {run.tokenizer.name}")
+    print(f"# {run.checkpoint} (step {run.step}, {run.model.config.attention}); tokenizer {run.tokenizer.name}"
+          + (f"; sliding context of {limit} tokens" if over else ""))
     for i in range(args.num_samples):
         out = run.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                 generator=generator)
+                                 generator=generator, context=args.context)
         if args.num_samples > 1:
             print(f"--- sample {i + 1}")
         print(args.prompt + run.tokenizer.decode(out[0, prompt.shape[1]:]))

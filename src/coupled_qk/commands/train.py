@@ -155,7 +155,8 @@ def run(args) -> int:
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     final = results["final"]
-    print(json.dumps({k: v for k, v in final.items() if "perplexity" in k or k.endswith("loss")}, indent=2))
+    print(json.dumps({k: v for k, v in final.items() if "perplexity" in k or "bits_per" in k or k.endswith("loss")},
+                     indent=2))
     print(f"run: {cfg.out_dir}  steps={results['steps']} tokens={results['tokens']:,} "
           f"time={results['train_seconds'] / 60:.1f} min ({results['stop_reason']})")
     return 0

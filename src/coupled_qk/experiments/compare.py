@@ -22,7 +22,8 @@ from coupled_qk.training.rundir import RunDir
 
 __all__ = ["analyze_comparison", "comparison_table", "plan_comparison", "plot_loss_curves", "run_comparison"]
 
-METRICS = ("valid/perplexity", "test/perplexity", "valid/word_perplexity", "test/word_perplexity")
+METRICS = ("valid/perplexity", "test/perplexity", "valid/word_perplexity", "test/word_perplexity",
+           "valid/bits_per_byte", "test/bits_per_byte")
 
 
 def _summary(values: list[float]) -> dict:
@@ -104,28 +105,37 @@ def run_comparison(base: TrainConfig, variants: list[str], seeds: list[int], out
 
 
 def comparison_table(summary: dict) -> str:
-    """Markdown table: per variant, perplexities (mean +- std over seeds), change vs standard, parameters."""
+    """Markdown table: per variant, perplexities per token and per word and bits per byte of the test split
+    (mean +- std over seeds), change vs standard, parameters. Runs whose final evaluation scored only a
+    subsample of the splits (``task_options.final_eval_windows``, ``demo --quick``) get a line saying so."""
     variants = summary["variants"]
     ref = variants.get("standard", {}).get("test_perplexity", {}).get("mean")
 
-    def cell(entry, key):
+    def cell(entry, key, digits=2):
         s = entry.get(key)
         if not s:
             return "-"
-        return f"{s['mean']:.2f} ± {s['std']:.2f}" if len(s["values"]) > 1 else f"{s['mean']:.2f}"
+        return (f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}" if len(s["values"]) > 1
+                else f"{s['mean']:.{digits}f}")
 
     lines = [
-        "| variant | valid ppl | test ppl | test word ppl | test vs standard | params | tokens | minutes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | valid ppl | test ppl | test word ppl | test bits/byte | test vs standard | params | tokens | "
+        "minutes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in variants.items():
         test = e.get("test_perplexity", {}).get("mean")
         delta = f"{100 * (test / ref - 1):+.1f}%" if ref and test else "-"
         lines.append(
             f"| {name} | {cell(e, 'valid_perplexity')} | {cell(e, 'test_perplexity')} | "
-            f"{cell(e, 'test_word_perplexity')} | {delta} | {e['params']:,} | {e['runs'][0]['tokens']:,} | "
-            f"{e['minutes']:.1f} |"
+            f"{cell(e, 'test_word_perplexity')} | {cell(e, 'test_bits_per_byte', 4)} | {delta} | {e['params']:,} | "
+            f"{e['runs'][0]['tokens']:,} | {e['minutes']:.1f} |"
         )
+    windows = sorted({r["final"]["test/subsample_windows"] for e in variants.values() for r in e["runs"]
+                      if "test/subsample_windows" in (r.get("final") or {})})
+    if windows:
+        lines.append(f"\nSmoke run: valid and test scored on their first {', '.join(map(str, windows))} windows "
+                     "only (a subsample, not the whole splits); not comparable with full evaluations.")
     return "\n".join(lines)
 
 

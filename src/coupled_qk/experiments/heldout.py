@@ -131,7 +131,8 @@ def document_split(data_dir: str | Path, out_root: str | Path, name: str, source
 
 
 def wikitext2_eval(run_dir: str | Path, data_dir: str | Path | None = None, batch_size: int = 16) -> dict:
-    """WikiText-2 valid/test perplexity (token- and word-level) of a finished run's latest checkpoint.
+    """WikiText-2 valid/test perplexity (token- and word-level) and bits per byte/character of a finished run's
+    latest checkpoint.
 
     Uses the ``wiki-vital`` corpus definition (detokenized WikiText-2 splits, original word counts) with the
     run's own tokenizer: ``{"wt2_valid/perplexity": ..., "wt2_valid/word_perplexity": ..., "wt2_test/...": ...}``.
@@ -144,7 +145,8 @@ def wikitext2_eval(run_dir: str | Path, data_dir: str | Path | None = None, batc
     res = evaluate_checkpoint(run_dir, corpus="wiki-vital", data_dir=data_dir, batch_size=batch_size, device="cpu")
     out = {}
     for split in ("valid", "test"):
-        for key in ("loss", "perplexity", "word_perplexity", "n_tokens", "n_words"):
+        for key in ("loss", "perplexity", "word_perplexity", "bits_per_byte", "bits_per_char", "n_tokens", "n_words",
+                    "n_bytes", "n_chars"):
             if key in res[split]:
                 out[f"wt2_{split}/{key}"] = res[split][key]
     return out

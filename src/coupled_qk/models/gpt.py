@@ -276,17 +276,24 @@ class GPT(nn.Module):
         use_cache: bool = True,
         generator: torch.Generator | None = None,
         attention_mask: torch.Tensor | None = None,
+        context: str = "slide",
     ) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after the prompt ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
 
-        ``temperature = 0`` decodes greedily. With ``use_cache`` the prompt is encoded once and each new token
-        reuses the :class:`KVCache` (every variant; exact because the dynamics act per token).
-        ``attention_mask (B, T)`` (0 at padding) lets prompts of different lengths share a batch, padded on
-        the left: each row then generates what its prompt generates alone (positions count real tokens).
+        ``temperature = 0`` decodes greedily; the default ``1.0`` samples from the model's own distribution
+        (as Hugging Face ``generate``; the ``coupled-qk generate`` command uses the same default). With
+        ``use_cache`` the prompt is encoded once and each new token reuses the :class:`KVCache` (every
+        variant; exact because the dynamics act per token). ``attention_mask (B, T)`` (0 at padding) lets
+        prompts of different lengths share a batch, padded on the left: each row then generates what its
+        prompt generates alone (positions count real tokens).
+
+        ``context`` decides what happens when prompt plus new tokens exceed ``block_size``: ``"slide"``
+        (default, as nanoGPT's ``sample.py`` and a sliding window in Hugging Face) predicts each token from the
+        last ``block_size`` tokens (see :meth:`generate_sliding`); ``"error"`` raises instead.
 
         Raises:
-            ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, or a total length beyond
-                ``block_size`` (no silent cropping).
+            ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, ``context`` other than
+                ``"slide"``/``"error"``, or (``context="error"``) a total length beyond ``block_size``.
         """
         if max_new_tokens < 0 or temperature < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} and temperature={temperature} must be >= 0")
@@ -294,7 +301,13 @@ class GPT(nn.Module):
             raise ValueError(f"top_k={top_k} must be >= 1 (or None for no truncation)")
         total = idx.shape[1] + max_new_tokens
         if total > self.config.block_size:
-            raise ValueError(f"prompt + max_new_tokens = {total} exceeds block_size={self.config.block_size}")
+            if context == "slide":
+                return self.generate_sliding(idx, max_new_tokens, temperature, top_k, use_cache, generator,
+                                             attention_mask)
+            if context != "error":
+                raise ValueError(f"context={context!r} must be 'slide' or 'error'")
+            raise ValueError(f"prompt + max_new_tokens = {total} exceeds block_size={self.config.block_size} "
+                             "(context='slide' predicts from the last block_size tokens instead)")
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         self._check_ids(idx)  # once: the generated ids come from the vocabulary
@@ -323,6 +336,64 @@ class GPT(nn.Module):
             step_input = nxt
         return out
 
+    @torch.no_grad()
+    def generate_sliding(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`generate` past the context: each new token is predicted from the last ``block_size`` tokens.
+
+        Exactly what re-running the model on ``out[:, -block_size:]`` before each token gives (nanoGPT's
+        ``idx[:, -block_size:]`` crop): positions restart at 0 at the window's first token. While prompt plus
+        generated tokens fit the context, decoding is :meth:`generate` (with the :class:`KVCache` if
+        ``use_cache``); after that the window moves by one token per step and the cache is rebuilt from the
+        window at every step (a rolled cache would keep keys computed at their old positions, which learned
+        positions and the query-key maps do not allow), so each token beyond the context costs one forward
+        pass over ``block_size`` tokens. A prompt longer than ``block_size`` is read through its last
+        ``block_size`` tokens; the output still starts with the whole prompt. ``attention_mask (B, T)`` (left
+        padding) is cropped with the window, so each row still generates what its prompt generates alone.
+
+        Args and returns as :meth:`generate`: ``(B, T + max_new_tokens)`` token ids.
+
+        Raises:
+            ValueError: as :meth:`generate` (bad ``idx``, ids, ``max_new_tokens``, ``temperature`` or
+                ``top_k``), or an ``attention_mask`` whose shape is not ``idx``'s.
+        """
+        if max_new_tokens < 0 or temperature < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} and temperature={temperature} must be >= 0")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k={top_k} must be >= 1 (or None for no truncation)")
+        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
+            raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
+        if attention_mask is not None and attention_mask.shape != idx.shape:
+            raise ValueError(f"attention_mask must have the shape of idx {tuple(idx.shape)}; got "
+                             f"{tuple(attention_mask.shape)}")
+        self._check_ids(idx)
+        block = self.config.block_size
+        b, t = idx.shape
+        first = min(max_new_tokens, max(block - t, 0))  # tokens that still fit the context: plain decoding
+        out = self.generate(idx, first, temperature, top_k, use_cache, generator, attention_mask,
+                            context="error") if first else idx
+        mask = attention_mask
+        if mask is not None and first:
+            mask = torch.cat([mask, mask.new_ones(b, first)], dim=1)
+        out = torch.cat([out, out.new_empty(b, max_new_tokens - first)], dim=1)
+        for i in range(t + first, t + max_new_tokens):
+            window = out[:, i - block : i] if i > block else out[:, :i]
+            if mask is None:
+                logits = self.next_token_logits(window, None).float()
+            else:
+                mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1) if mask.shape[1] < i else mask
+                logits = self(window, None, mask[:, i - window.shape[1] : i])[:, -1, :].float()
+            out[:, i : i + 1] = sample_next_token(logits, temperature, top_k, generator)
+        return out
+
     def _check_ids(self, idx: torch.Tensor) -> None:
         if idx.numel() and idx.device.type == "cpu":
             lo, hi = int(idx.min()), int(idx.max())
@@ -340,6 +411,20 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, rope, cache)
         return self.logits(self.ln_f(x[:, -1]))
+
+
+def sample_next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row from float logits ``(B, vocab)`` -> ids ``(B, 1)``: the arg-max at ``temperature = 0``,
+    else a draw from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest logits (ties at the
+    k-th value kept). The same rule (and random-number use) as the loop of :meth:`GPT.generate`."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
 
 def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> torch.Tensor | None:

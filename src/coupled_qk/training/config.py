@@ -107,7 +107,8 @@ class TrainConfig(JSONConfig):
     on_budget_change: str | None = _f(None, "on --resume with a different max_steps/max_tokens: keep the saved "
                                       "schedule, or rewarm a new one from the current step", BUDGET_CHANGES)
     # evaluation, logging, checkpoints
-    eval_interval: int = _f(200, "steps between quick validations")
+    eval_interval: int | None = _f(None, "steps between quick validations (none: about 10 per run, "
+                                   "see auto_eval_interval)", shown="none = the schedule's steps / 10")
     eval_batches: int = _f(20, "batches per quick validation")
     log_interval: int = _f(10, "steps between metrics.jsonl records")
     checkpoint_interval: int | None = _f(None, "steps between checkpoints (besides checkpoint_minutes and the end)")
@@ -151,9 +152,9 @@ class TrainConfig(JSONConfig):
         for f in dataclasses.fields(self):
             if "choices" in f.metadata and getattr(self, f.name) is not None:
                 choice(f"{name}.{f.name}", getattr(self, f.name), f.metadata["choices"])
-        for field in ("batch_size", "grad_accum", "eval_interval", "eval_batches", "log_interval", "keep_checkpoints"):
+        for field in ("batch_size", "grad_accum", "eval_batches", "log_interval", "keep_checkpoints"):
             positive_int(f"{name}.{field}", getattr(self, field))
-        for field in ("max_steps", "max_tokens", "stop_after_steps", "checkpoint_interval"):
+        for field in ("max_steps", "max_tokens", "stop_after_steps", "checkpoint_interval", "eval_interval"):
             if getattr(self, field) is not None:
                 positive_int(f"{name}.{field}", getattr(self, field))
         nonneg_int(f"{name}.warmup_steps", self.warmup_steps)
@@ -201,6 +202,21 @@ def higher_is_better(metric: str, mode: str = "auto") -> bool:
     if mode != "auto":
         return mode == "max"
     return any(word in metric.lower() for word in _HIGHER_IS_BETTER)
+
+
+EVALUATIONS_PER_RUN = 10
+
+
+def auto_eval_interval(total_steps: int) -> int:
+    """The default ``eval_interval`` of a run whose schedule has ``total_steps`` optimiser steps: about
+    :data:`EVALUATIONS_PER_RUN` quick validations per run (``round(total_steps / 10)``, at least 1), so that
+    a short run draws a validation curve too. The last step is always evaluated as well.
+
+    Raises:
+        ValueError: ``total_steps`` not a positive integer.
+    """
+    positive_int("total_steps", total_steps)
+    return max(1, round(total_steps / EVALUATIONS_PER_RUN))
 
 
 def config_differences(saved: dict, current: TrainConfig, ignore=CONTINUATION_FIELDS) -> dict:

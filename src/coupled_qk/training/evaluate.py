@@ -1,4 +1,5 @@
-"""Evaluate a saved language model: token- and word-level perplexity of a checkpoint on whole corpus splits.
+"""Evaluate a saved language model: token- and word-level perplexity and bits per byte/character of a checkpoint
+on whole corpus splits.
 
 The run folder (:class:`~coupled_qk.training.rundir.RunDir`) provides the tokenizer and, unless overridden,
 the corpus, data folder, token cache and split seed the model was trained with. Perplexity as in
@@ -17,7 +18,7 @@ from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
 from coupled_qk.training.distributed import pick_device
 from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus
-from coupled_qk.training.perplexity import evaluate_perplexity
+from coupled_qk.training.perplexity import evaluate_perplexity, text_units
 from coupled_qk.training.rundir import RunDir
 
 __all__ = ["evaluate_checkpoint"]
@@ -32,7 +33,7 @@ def evaluate_checkpoint(
     batch_size: int = 8,
     device: str = "auto",
 ) -> dict:
-    """Token- and word-level perplexity of a checkpoint on whole splits.
+    """Token- and word-level perplexity and bits per byte and per character of a checkpoint on whole splits.
 
     Args:
         checkpoint: a run folder (its ``latest`` checkpoint) or a ``ckpt-*`` folder inside one.
@@ -45,7 +46,9 @@ def evaluate_checkpoint(
 
     Returns:
         ``{"checkpoint", "step", "corpus", "tokenizer", "stride", "block_size", <split>: {"perplexity",
-        "n_tokens", "loss", ["word_perplexity", "n_words"]}, ...}`` (word-level for WikiText-style corpora).
+        "n_tokens", "loss", "nll", "bits_per_byte", "n_bytes", "bits_per_char", "n_chars", ["word_perplexity",
+        "n_words"]}, ...}`` (word-level for WikiText-style corpora; bits over the UTF-8 bytes and characters of
+        the split's text, see :func:`~coupled_qk.training.perplexity.evaluate_perplexity`).
 
     Raises:
         FileNotFoundError: no checkpoint, tokenizer or corpus file where expected.
@@ -73,8 +76,9 @@ def evaluate_checkpoint(
     out = {"checkpoint": str(ckpt), "step": state.get("step"), "corpus": data.name, "tokenizer": tokenizer.name,
            "stride": stride, "block_size": model.config.block_size}
     for split in splits:
-        tokens = tokenize_to_cache(data.split(split), tokenizer, cache / "tokens")
+        text = data.split(split)
+        tokens = tokenize_to_cache(text, tokenizer, cache / "tokens")
         n_words = data.words(split) if data.name in WORD_LEVEL_CORPORA else None
         out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words,
-                                         desc=f"eval {split}")
+                                         desc=f"eval {split}", **text_units(text))
     return out

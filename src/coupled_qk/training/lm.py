@@ -11,24 +11,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import nonneg_int
+from coupled_qk._checks import nonneg_int, positive_int
 from coupled_qk.data.cache import tokenize_to_cache
-from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus
+from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus, split_documents
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
 from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.perplexity import evaluate_perplexity
+from coupled_qk.training.perplexity import evaluate_perplexity, perplexity_windows, text_units
 from coupled_qk.training.rundir import RunDir
 from coupled_qk.training.tasks import check_options
 
 MIN_EVAL_TOKENS = 10_000  # smaller evaluation splits give noisy perplexities (a warning says so)
 WORD_LEVEL_CORPORA = ("wiki-vital", "wikitext-2", "wikitext-103", "wikitext-2-raw", "wikitext-103-raw")
-OPTIONS = ("split_seed", "valid_fraction", "test_fraction", "min_split_words")
-"""``TrainConfig.task_options`` of the language-modelling task, used only by corpora split at random (see
+OPTIONS = ("split_seed", "valid_fraction", "test_fraction", "min_split_words", "final_eval_windows")
+"""``TrainConfig.task_options`` of the language-modelling task. Used only by corpora split at random (see
 :func:`coupled_qk.data.corpora.load_corpus`): ``split_seed`` (int >= 0, default 0) seeds the document-level
 split; ``valid_fraction`` and ``test_fraction`` (default 0.01 each) are the documents' shares of the evaluation
-splits, each of which then grows to ``min_split_words`` words (default 10,000) within 20% of the corpus."""
+splits, each of which then grows to ``min_split_words`` words (default 10,000) within 20% of the corpus.
+``final_eval_windows`` (int >= 1, default none: whole splits) makes the final evaluation score only the first
+that many ``block_size`` windows of the valid and test splits (a smoke run's estimate, e.g. ``demo --quick``):
+its results carry ``<split>/subsample_windows`` and no word perplexity."""
 
 
 def run_corpus(corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
@@ -75,6 +78,8 @@ class LMTask:
         self.cfg = cfg
         cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.corpus = run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
+        if (cfg.task_options or {}).get("final_eval_windows") is not None:
+            positive_int("task_options.final_eval_windows", cfg.task_options["final_eval_windows"])
         run = RunDir(run_dir) if run_dir is not None else None
         resuming = cfg.resume and run is not None and run.has_checkpoint()
         if resuming and run.has_tokenizer():
@@ -93,6 +98,15 @@ class LMTask:
                 f"{self.block_size + 2}"
             )
         self._warn_about_sizes(cfg, n_train)
+        announce("data: " + "; ".join(f"{split} {n:,} tokens, {self.n_documents(split):,} documents"
+                                      for split, n in self.describe()["tokens"].items())
+                 + f" ({self.corpus.name}, tokenizer {self.tokenizer.name})", enabled=cfg.progress)
+
+    def n_documents(self, split: str) -> int:
+        """Documents in ``split``: the count of the document-level split where the corpus was split at random,
+        else the documents :func:`coupled_qk.data.corpora.split_documents` finds in the given split's text."""
+        counted = (self.corpus.source.get("n_documents") or {}).get(split)
+        return counted if counted is not None else len(split_documents(self.corpus.split(split)))
 
     def _warn_about_sizes(self, cfg: TrainConfig, n_train: int) -> None:
         """Warn when evaluation splits are too small to trust or the budget repeats the training data."""
@@ -156,18 +170,40 @@ class LMTask:
         full validation and test perplexity (and word-level perplexity for WikiText-style corpora)."""
         out = {}
         splits = ("valid",) if quick else ("valid", "test")
+        subsample = None if quick else (self.cfg.task_options or {}).get("final_eval_windows")
         for split in splits:
-            n_words = None
-            if not quick and self.corpus.name in WORD_LEVEL_CORPORA:
-                n_words = self.corpus.words(split)
+            units: dict = {}
+            if not quick and subsample is None:
+                units = text_units(self.corpus.split(split))
+                if self.corpus.name in WORD_LEVEL_CORPORA:
+                    units["n_words"] = self.corpus.words(split)
+            elif not quick:
+                units = text_units(self._scored_text(split, subsample))
             res = evaluate_perplexity(
                 model, self.tokens[split], self.block_size, batch_size=self.cfg.batch_size, device=device,
-                n_words=n_words, autocast_dtype=autocast_dtype,
-                max_windows=self.cfg.eval_batches * self.cfg.batch_size if quick and not self.cfg.full_eval else None,
-                desc=None if quick or not self.cfg.progress else f"final evaluation, {split} split",
+                autocast_dtype=autocast_dtype, **units,
+                max_windows=self._eval_windows(quick, subsample),
+                desc=None if quick or not self.cfg.progress else f"final evaluation, {split} split"
+                + (f" (first {subsample} windows: a smoke-run estimate)" if subsample else ""),
             )
+            if subsample is not None:
+                res["subsample_windows"] = subsample
             out.update({f"{split}/{k}": v for k, v in res.items()})
         return out
+
+    def _eval_windows(self, quick: bool, subsample: int | None) -> int | None:
+        """Windows an evaluation reads: ``eval_batches`` batches for a quick one (all with ``full_eval``), the
+        ``final_eval_windows`` subsample or all for the final one."""
+        if quick:
+            return None if self.cfg.full_eval else self.cfg.eval_batches * self.cfg.batch_size
+        return subsample
+
+    def _scored_text(self, split: str, n_windows: int) -> str:
+        """The text of the tokens that the first ``n_windows`` evaluation windows of ``split`` read (decoded:
+        a byte-level tokenizer gives back the original text)."""
+        tokens = self.tokens[split]
+        start, length, _ = list(perplexity_windows(len(tokens), self.block_size))[:n_windows][-1]
+        return self.tokenizer.decode(np.asarray(tokens[: start + length + 1], dtype=np.int64).tolist())
 
     def save(self, run_dir: Path) -> None:
         """Write the tokenizer and a description of the data next to the checkpoints."""

@@ -32,7 +32,7 @@ from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
-from coupled_qk.training.config import TrainConfig, higher_is_better
+from coupled_qk.training.config import EVALUATIONS_PER_RUN, TrainConfig, auto_eval_interval, higher_is_better
 from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, setup_runtime, teardown
 from coupled_qk.training.lock import RunLock, RunLockedError
 from coupled_qk.training.metrics import Logger, read_metrics
@@ -251,6 +251,10 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
                       "the learning rate never reaches --lr and the cosine decay never runs; set --warmup-steps "
                       f"below the step count (e.g. {max(1, (sched.horizon - sched.start) // 10)}, 10% of it)",
                       stacklevel=2)
+    eval_interval = cfg.eval_interval if cfg.eval_interval is not None else auto_eval_interval(sched.end)
+    if cfg.eval_interval is None and state["step"] < sched.end:
+        say(f"quick validation every {eval_interval} steps (about {EVALUATIONS_PER_RUN} over the run's {sched.end} "
+            "steps; --eval-interval to change)")
     model = getattr(task, "build_model", GPT)(model_cfg).to(runtime.device)
     if where is not None:
         ckpt.load_weights(model, where)
@@ -365,7 +369,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
                 logger.close()
                 where_saved = save() if step != saved_step else ckpt.resolve_checkpoint(run_dir)
                 raise TrainingInterrupted(decision.signum, step, where_saved or run_dir)
-            if step % cfg.eval_interval == 0 or step == sched.end:
+            if step % eval_interval == 0 or step == sched.end:
                 last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
                 logger.log({"step": step, "tokens": state["tokens"], **last_eval})
                 wrapped.train()

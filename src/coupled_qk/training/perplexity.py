@@ -1,4 +1,10 @@
-"""Perplexity over a whole token sequence: non-overlapping or sliding windows (docs/METHOD.md section 5)."""
+"""Perplexity over a whole token sequence: non-overlapping or sliding windows (docs/METHOD.md section 5).
+
+Besides perplexity per token of the run's tokenizer (which depends on the tokenizer) and per word (the WikiText
+convention), :func:`evaluate_perplexity` reports the tokenizer-free units of the text itself: bits per byte of
+its UTF-8 encoding and bits per character (the units of byte-level language modelling, e.g. enwik8 and The
+Pile; Gao et al. 2020, section 5.1): ``total NLL / ln 2 / n_bytes``.
+"""
 
 from __future__ import annotations
 
@@ -56,6 +62,8 @@ def evaluate_perplexity(
     max_windows: int | None = None,
     autocast_dtype: torch.dtype | None = None,
     desc: str | None = None,
+    n_bytes: int | None = None,
+    n_chars: int | None = None,
 ) -> dict:
     """Token-level (and optionally word-level) perplexity of ``model`` on a 1-D token sequence.
 
@@ -68,16 +76,31 @@ def evaluate_perplexity(
             exp(total NLL / n_words)`` (the traditional WikiText unit).
         max_windows: score only the first windows (a quick estimate during training).
         desc: show progress (:func:`coupled_qk.progress.progress`) under this label; ``None``: silent.
+        n_bytes: UTF-8 bytes of the text the scored tokens encode; adds ``bits_per_byte = total NLL / ln 2 /
+            n_bytes`` (tokenizer-free, comparable across tokenizers and with byte-level results). Pass the
+            bytes of the whole text for a whole split (the first token, which is never a target, is then
+            counted in the denominator: a relative bias of about one token in ``n_tokens``, as in the usual
+            definition over a whole test set), or of the scored range when ``max_windows`` cuts it short.
+        n_chars: Unicode characters of the same text; adds ``bits_per_char = total NLL / ln 2 / n_chars``.
 
     Returns:
         dict with ``nll`` (total, nats), ``n_tokens`` (scored targets), ``loss`` (mean nats per token),
-        ``perplexity`` (``exp(loss)``, per token of the tokenizer), and ``word_perplexity`` if ``n_words``.
+        ``perplexity`` (``exp(loss)``, per token of the tokenizer), ``word_perplexity`` (and ``n_words``) if
+        ``n_words``, ``bits_per_byte`` (and ``n_bytes``) if ``n_bytes``, ``bits_per_char`` (and ``n_chars``)
+        if ``n_chars``.
+
+    Raises:
+        ValueError: ``tokens`` not 1-D, a bad ``batch_size``, or ``n_words``/``n_bytes``/``n_chars`` not a
+            positive integer (or ``None``); window errors from :func:`perplexity_windows`.
     """
     tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64)) if not torch.is_tensor(tokens) else tokens.long()
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
     if tokens.dim() != 1:
         raise ValueError(f"tokens must be 1-D; got shape {tuple(tokens.shape)}")
+    for name, value in (("n_words", n_words), ("n_bytes", n_bytes), ("n_chars", n_chars)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise ValueError(f"{name}={value!r} must be a positive integer or None")
     was_training = model.training
     model.eval()
     windows = list(perplexity_windows(len(tokens), block_size, stride))
@@ -107,4 +130,17 @@ def evaluate_perplexity(
     if n_words:
         out["n_words"] = n_words
         out["word_perplexity"] = math.exp(total / n_words)
+    bits = total / math.log(2)
+    if n_bytes:
+        out["n_bytes"] = n_bytes
+        out["bits_per_byte"] = bits / n_bytes
+    if n_chars:
+        out["n_chars"] = n_chars
+        out["bits_per_char"] = bits / n_chars
     return out
+
+
+def text_units(text: str) -> dict:
+    """``{"n_bytes": UTF-8 bytes, "n_chars": Unicode code points}`` of ``text``: the denominators of
+    ``bits_per_byte`` and ``bits_per_char`` in :func:`evaluate_perplexity`."""
+    return {"n_bytes": len(text.encode("utf-8")), "n_chars": len(text)}

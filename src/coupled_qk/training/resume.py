@@ -94,14 +94,22 @@ def plan_schedule(state: dict, cfg: TrainConfig, end: int, say) -> Schedule:
     """The schedule of a run that is at ``state["step"]`` (0 for a new run) and whose budget ends at ``end``.
 
     Raises:
-        ValueError: the budget changed on resume and ``cfg.on_budget_change`` is not set; the message shows
-            the learning-rate jump it would cause and the two choices.
+        ValueError: the budget changed on resume and ``cfg.on_budget_change`` is not set (the message shows
+            the learning-rate jump it would cause and the two choices), or the new budget ends before the
+            run's current step (the message offers a new ``--out-dir`` instead).
     """
     saved = state.get("schedule")
     step = int(state.get("step", 0))
     if not saved or saved["end_steps"] == end:
         return Schedule(saved["start"], saved["total_steps"], end) if saved else Schedule(0, end, end)
     old = Schedule(saved["start"], saved["total_steps"], saved["end_steps"])
+    if end < step:  # neither keep nor rewarm can train backwards
+        raise ValueError(
+            f"cannot resume with this budget: the run in {cfg.out_dir} is already at step {step}, past this "
+            f"budget's end at step {end} (its own schedule ends at step {old.end}). To train with the smaller "
+            f"budget, start a new run: pass another --out-dir, or delete {cfg.out_dir}; to finish the saved "
+            f"run, resume it with its own budget"
+        )
     if cfg.on_budget_change is None:
         kept = lr_at(step, cfg, old.horizon, old.start)
         stretched = lr_at(step, cfg, end, old.start)
