@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.utils import logging
 
 from coupled_qk.hf.configuration import CoupledQKConfig
-from coupled_qk.hf.registration import run_folder_hint
+from coupled_qk.hf.hints import run_folder_hint
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
