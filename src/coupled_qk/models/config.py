@@ -52,18 +52,25 @@ class JSONConfig:
 
     def save(self, path: str | Path) -> None:
         """Write the config as JSON."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        from coupled_qk.io import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
     @classmethod
     def load(cls, path: str | Path):
         """Read a config written by :meth:`save` (``FileNotFoundError`` naming the path if it is missing)."""
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"config file {path} is a folder; expected a JSON file")
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"config file {path} is not valid JSON ({exc})") from exc
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); expected "
+                             "a JSON file") from None
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a JSON object; got {type(data).__name__}")
         return cls.from_dict(cls._upgrade(data, path))
