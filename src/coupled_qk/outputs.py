@@ -35,7 +35,7 @@ from coupled_qk.io import atomic_write, fsync_dir, write_text_atomic
 
 __all__ = ["OutputDir", "OutputRefused", "input_dir", "input_file", "input_path", "output_file", "path_value"]
 
-IGNORED = (".lock", ".*.tmp", ".*.tmp.*")
+IGNORED = (".lock", ".*.tmp*")
 """Entries of an output folder that are never counted as someone else's: a run lock and our temporary files."""
 
 
