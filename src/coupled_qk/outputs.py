@@ -275,3 +275,17 @@ def as_output_dir(out_dir, option: str = "out_dir", **claim) -> OutputDir:
     if isinstance(out_dir, OutputDir):
         return out_dir
     return OutputDir(out_dir, option, **claim)
+
+
+def output_location(option: str, value) -> Path:
+    """Check a folder option that a command creates or fills over several runs (a cache, a run root): not
+    empty, not a file, creatable and writable. Its content is managed by the command's own checks.
+
+    Raises:
+        ValueError: naming ``option``.
+    """
+    path = path_value(option, value)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
+    _check_location(option, path)
+    return path

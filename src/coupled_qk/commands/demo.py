@@ -6,7 +6,7 @@ validates and tests on WikiText-2 valid/test, all on CPU in about 15 minutes on 
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import parse_seeds, reject_variant_flags
+from coupled_qk.commands.options import add_overwrite_option, parse_seeds, reject_variant_flags
 from coupled_qk.commands.train import add_train_options, config_from_args
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes"
@@ -20,11 +20,12 @@ DEMO_DEFAULTS = dict(
 def add_arguments(parser) -> None:
     add_train_options(parser, defaults=DEMO_DEFAULTS, variant_flags=False)
     parser.add_argument("--variants", default=DEMO_VARIANTS, help=f"variants to compare (default {DEMO_VARIANTS})")
+    add_overwrite_option(parser)
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
 
 
 def run(args) -> int:
-    from coupled_qk.experiments.compare import comparison_table, run_comparison
+    from coupled_qk.experiments.compare import comparison_dir, comparison_table, run_comparison
 
     reject_variant_flags(args, "demo")
     defaults = {k: v for k, v in DEMO_DEFAULTS.items() if getattr(args, k, None) is None}
@@ -35,7 +36,8 @@ def run(args) -> int:
         print(which)
     base = config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
-    summary = run_comparison(base, args.variants.split(","), seeds, base.out_dir)
+    variants = [v.strip() for v in args.variants.split(",")]
+    summary = run_comparison(base, variants, seeds, comparison_dir(base.out_dir, variants, args.overwrite))
     print(comparison_table(summary))
     print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")
     return 0
