@@ -232,6 +232,20 @@ class OutputDir(os.PathLike):
             self.written.append(path)
         return path
 
+    def claim_existing(self) -> None:
+        """Check up front that every file already in the folder may be replaced (``--overwrite`` or a rewrite
+        pattern): for commands whose file names are known only after the work (figures per checkpoint), so
+        that a folder holding an earlier output is refused before any work, not halfway through writing.
+
+        Raises:
+            OutputRefused: naming the first such file.
+        """
+        if not self.path.is_dir():
+            return
+        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
+            if entry.is_file() and not _matches(entry.name, False, IGNORED):
+                self.claim(entry.name, check_only=True)
+
     def _prepare(self, name) -> Path:
         path = self.claim(name)
         path.parent.mkdir(parents=True, exist_ok=True)

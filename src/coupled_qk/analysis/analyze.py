@@ -84,6 +84,10 @@ def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_s
     return corpus, data_dir, json.loads(opts)
 
 
+ANALYSIS_LAYOUT = ("analysis.json", "summary.md", "*.png")
+"""What an analysis folder holds; any other file there makes :func:`analyze_checkpoints` refuse the folder."""
+
+
 def analyze_checkpoints(
     paths: Sequence[str | Path],
     corpus: str | None = None,
@@ -149,9 +153,14 @@ def analyze_checkpoints(
     from coupled_qk.data.corpora import SPLITS
     from coupled_qk.data.tokenizers import Tokenizer
     from coupled_qk.models.config import GPTConfig
+    from coupled_qk.outputs import as_output_dir
     from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
     from coupled_qk.training.lm import run_corpus
 
+    # the output is claimed before any work: a folder holding other files, or an earlier analysis without
+    # --overwrite, is refused here (docs/RELIABILITY.md, "Outputs")
+    out = as_output_dir(out_dir, "out_dir", layout=ANALYSIS_LAYOUT, what="analyze")
+    out.claim_existing()
     if isinstance(paths, (str, Path)):
         paths = [paths]
     paths = list(paths)
@@ -191,7 +200,7 @@ def analyze_checkpoints(
     corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
     text_corpus = run_corpus(corpus, data_dir, task_options)
     text = text_corpus.split(split)
-    out_dir = Path(out_dir)
+    out_dir = out.path
     out_dir.mkdir(parents=True, exist_ok=True)
 
     windows: dict[str, tuple[torch.Tensor, dict]] = {}
@@ -245,10 +254,8 @@ def analyze_checkpoints(
         figures = make_figures(entries, examples, out_dir)
         report["figures"] = {k: Path(v).name for k, v in figures.items()}
         files.update({k: str(v) for k, v in figures.items()})
-    json_path = out_dir / "analysis.json"
-    json_path.write_text(dumps(report))
-    md_path = out_dir / "summary.md"
-    md_path.write_text(summary_markdown(report))
+    json_path = out.write_text("analysis.json", dumps(report))
+    md_path = out.write_text("summary.md", summary_markdown(report))
     files.update({"analysis.json": str(json_path), "summary.md": str(md_path)})
     report["files"] = files
     return report
