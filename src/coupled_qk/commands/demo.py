@@ -7,7 +7,7 @@ validates and tests on WikiText-2 valid/test, all on CPU in about 15 minutes on 
 from __future__ import annotations
 
 from coupled_qk.commands.options import add_overwrite_option, parse_seeds, reject_variant_flags
-from coupled_qk.commands.train import add_train_options, config_from_args
+from coupled_qk.commands.train import add_train_options, config_from_args, preflight
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes"
 DEMO_VARIANTS = "standard,coupled,coupled_leapfrog,uncoupled_mlp"
@@ -36,6 +36,7 @@ def run(args) -> int:
         print(which)
     base = config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
+    preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
     variants = [v.strip() for v in args.variants.split(",")]
     summary = run_comparison(base, variants, seeds, comparison_dir(base.out_dir, variants, args.overwrite))
     print(comparison_table(summary))

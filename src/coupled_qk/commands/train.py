@@ -139,6 +139,33 @@ def _absolute_paths(data: dict) -> None:
         data["data_dir"] = str(Path(data["data_dir"]).expanduser().resolve())
 
 
+def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
+    """Checks of a training config against this machine and its file system, before any data is read:
+    ``device`` and ``dtype`` exist here, ``data_dir`` is not a file, ``cache_dir`` can be created, and (with
+    ``run_folder``) ``out_dir`` may hold a run (:func:`coupled_qk.training.resume.check_out_dir`).
+
+    Raises:
+        ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``, ``out_dir``).
+    """
+    from coupled_qk.devices import check_device, check_dtype
+    from coupled_qk.outputs import output_location, path_value
+    from coupled_qk.training.resume import check_out_dir
+
+    device = check_device("--device", cfg.device)
+    check_dtype("--dtype", cfg.dtype, device)
+    if cfg.data_dir is not None:
+        data_dir = path_value("--data-dir", cfg.data_dir)
+        if data_dir.exists() and not data_dir.is_dir():
+            raise ValueError(f"--data-dir={cfg.data_dir!r} is a file; expected a folder")
+    if cfg.cache_dir is not None:
+        output_location("--cache-dir", cfg.cache_dir)
+    for name in ("corpus", "tokenizer"):
+        if not str(getattr(cfg, name)).strip():
+            raise ValueError(f"--{name}='' is empty")
+    if run_folder:
+        check_out_dir(path_value("--out-dir", cfg.out_dir))
+
+
 def add_arguments(parser) -> None:
     add_train_options(parser, resume=True)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -149,6 +176,7 @@ def run(args) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
+    preflight(cfg)
     from coupled_qk.training.loop import train
 
     results = train(cfg)

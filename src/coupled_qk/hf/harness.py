@@ -110,7 +110,7 @@ def make_task(kind: str, source: str | Path, out_dir: str | Path, name: str | No
     if max_docs is not None:
         positive_int("max_docs", max_docs)
     source = Path(source).expanduser()
-    name = name or f"coupled_qk_{kind}_{re.sub(r'[^A-Za-z0-9_]', '_', source.stem)}"
+    name = name if name is not None else f"coupled_qk_{kind}_{re.sub(r'[^A-Za-z0-9_]', '_', source.stem)}"
     if kind == "perplexity":
         rows = [{"text": d} for d in text_documents(source)]
     else:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from coupled_qk.devices import check_device
+
 
 @dataclass
 class Runtime:
@@ -25,13 +27,16 @@ class Runtime:
 
 
 def pick_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when available, else CPU; other names are passed to ``torch.device``."""
+    """``auto`` picks CUDA when available, else CPU; other names must be devices this machine has.
+
+    Raises:
+        ValueError: an unknown or absent device, listing the available ones
+            (:func:`coupled_qk.devices.check_device`).
+    """
+    name = check_device("device", name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r} requested but CUDA is not available")
-    return device
+    return torch.device(name)
 
 
 def pick_autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:

@@ -164,7 +164,9 @@ class GlueTask:
         subsample_seed = _int_option(opts, "subsample_seed", 0, 0)
         self.pretrained = str(opts["pretrained"])
         self.ckpt_dir, self.model_cfg, self.tokenizer = resolve_pretrained(self.pretrained)
-        glue_dir = opts.get("glue_dir") or default_data_dir() / "glue"
+        glue_dir = opts["glue_dir"] if opts.get("glue_dir") is not None else default_data_dir() / "glue"
+        if not str(glue_dir).strip():
+            raise ValueError("task_options.glue_dir='' is empty; expected the folder holding SST-2/, CoLA/, ...")
         train = load_glue(self.glue_task, "train", glue_dir)
         self.n_train_total = len(train)
         self.train_split = train.subsample(max_train, subsample_seed) if max_train else train
