@@ -27,6 +27,14 @@ def positive_int(name: str, value) -> int:
     return value
 
 
+def boolean(name: str, value) -> bool:
+    """``value`` if it is a ``bool``; ``ValueError`` naming ``name`` otherwise (a string such as ``"False"`` is not
+    read by its truthiness; :func:`coerce` parses strings where a string is expected)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be True or False")
+    return value
+
+
 def nonneg_int(name: str, value) -> int:
     """``value`` if it is an ``int >= 0``; ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
