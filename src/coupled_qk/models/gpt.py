@@ -20,6 +20,7 @@ from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.variants import get_attention
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables
+from coupled_qk.tensor_checks import check_generate_args
 
 
 class MLP(nn.Module):
@@ -255,19 +256,15 @@ class GPT(nn.Module):
         the left: each row then generates what its prompt generates alone (positions count real tokens).
 
         Raises:
-            ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, or a total length beyond
-                ``block_size`` (no silent cropping).
+            TypeError, ValueError: from :func:`coupled_qk.tensor_checks.check_generate_args`, naming the
+                argument: negative or non-int ``max_new_tokens``, negative or non-finite ``temperature``,
+                ``top_k < 1``, an empty prompt or batch, ids out of the vocabulary, a mask of another shape, or
+                a total length beyond ``block_size`` (no silent cropping).
         """
-        if max_new_tokens < 0 or temperature < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} and temperature={temperature} must be >= 0")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k={top_k} must be >= 1 (or None for no truncation)")
+        check_generate_args(idx, max_new_tokens, block_size=self.config.block_size, vocab_size=self.config.vocab_size,
+                            temperature=temperature, top_k=top_k, use_cache=use_cache, generator=generator,
+                            attention_mask=attention_mask)  # once per call: the generated ids come from the vocabulary
         total = idx.shape[1] + max_new_tokens
-        if total > self.config.block_size:
-            raise ValueError(f"prompt + max_new_tokens = {total} exceeds block_size={self.config.block_size}")
-        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
-            raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
-        self._check_ids(idx)  # once: the generated ids come from the vocabulary
         cache = self.new_cache(max(total, 1)) if use_cache else None
         b, t = idx.shape
         out = idx.new_empty(b, total)
