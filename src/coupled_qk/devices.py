@@ -14,7 +14,7 @@ import re
 
 import torch
 
-__all__ = ["AUTOCAST_DTYPES", "available_devices", "check_device", "check_dtype"]
+__all__ = ["AUTOCAST_DTYPES", "available_devices", "check_device", "check_device_name", "check_dtype"]
 
 AUTOCAST_DTYPES = ("auto", "fp32", "bf16", "fp16")
 """Names of the autocast dtypes (``auto``: bf16 on CUDA, fp32 elsewhere)."""
@@ -63,6 +63,18 @@ def check_device(option: str, value, *, allow_auto: bool = True) -> str:
         raise ValueError(f"{given} is not available on this machine; available here: "
                          f"{', '.join(available)}")
     return name
+
+
+def check_device_name(option: str, value) -> str:
+    """``value`` if it is *spelled* as a device (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``), whether or not
+    this machine has it: for configs that may be read on another machine (a GPU run's config on a laptop).
+
+    Raises:
+        ValueError: naming ``option``, for anything else.
+    """
+    if not isinstance(value, str) or not (value.strip().lower() == "auto" or _DEVICE.match(value.strip().lower())):
+        raise ValueError(f"{option}={value!r} is not a device name; expected auto, cpu, cuda, cuda:N or mps")
+    return value
 
 
 def check_dtype(option: str, value, device: str = "auto") -> str:

@@ -59,7 +59,10 @@ def path_value(option: str, value) -> Path:
         raise ValueError(f"{option}={value!r} is empty; expected a path")
     if "\x00" in value:
         raise ValueError(f"{option}={value!r} contains a NUL character; expected a path")
-    return Path(value).expanduser()
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # "~someone" for a user that does not exist
+        raise ValueError(f"{option}={value!r}: cannot expand {value.split('/')[0]!r} (no such user)") from None
 
 
 def _check_location(option: str, path: Path) -> None:

@@ -6,15 +6,21 @@ HELP = "sample text from a trained run (its own tokenizer, KV-cache decoding)"
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import add_device_option, nonneg_int_arg, path_arg
+    from coupled_qk.commands.options import (
+        add_device_option,
+        nonneg_float_arg,
+        nonneg_int_arg,
+        path_arg,
+        positive_int_arg,
+    )
 
     parser.add_argument("run_dir", type=path_arg, help="a run folder (its latest checkpoint) or a ckpt-* folder")
     parser.add_argument("--prompt", default="", help="text to continue (default: empty = start of a document)")
-    parser.add_argument("--max-new-tokens", type=int, default=100,
+    parser.add_argument("--max-new-tokens", type=nonneg_int_arg, default=100,
                         help="tokens to generate; prompt + new tokens must fit the context (default 100)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
-    parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (default 50)")
-    parser.add_argument("--num-samples", type=int, default=1, help="independent samples (default 1)")
+    parser.add_argument("--temperature", type=nonneg_float_arg, default=0.8, help="0 = greedy (default 0.8)")
+    parser.add_argument("--top-k", type=positive_int_arg, default=50, help="sample among the k most likely tokens (default 50)")
+    parser.add_argument("--num-samples", type=positive_int_arg, default=1, help="independent samples (default 1)")
     parser.add_argument("--seed", type=nonneg_int_arg, default=0, help="sampling seed (default 0); same seed, same text")
     add_device_option(parser, default="cpu")
 

@@ -25,7 +25,7 @@ def add_model_options(parser: argparse.ArgumentParser, default_preset: str | Non
                         help=hide or f"attention: {', '.join(ATTENTIONS)} (default: standard)")
     parser.add_argument("--integrator", default=None,
                         help=hide or "integrator of coupled attention: euler, leapfrog or symplectic_euler (default: euler)")
-    parser.add_argument("--n-steps", type=int, default=None, metavar="INT",
+    parser.add_argument("--n-steps", type=nonneg_int_arg, default=None, metavar="INT",
                         help=hide or "integration steps of coupled attention (default: 1)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -91,6 +91,8 @@ def _arg(check, what: str):
 
 
 def _int_text(text: str) -> int:
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not an integer (write it with the digits 0-9)")
     try:
         return int(text.strip().replace("_", ""))
     except ValueError:
@@ -112,6 +114,8 @@ def _nonneg_int(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
     try:
         value = float(text)
     except ValueError:
@@ -191,3 +195,28 @@ positive_ints_arg = _arg(_list(_positive_int, "positive integers"), "list of pos
 """argparse type: ``"16,32"`` -> ``[16, 32]``; empty items, repeats, zero, negatives and non-integers refused."""
 positive_floats_arg = _arg(_list(_positive_float, "positive numbers"), "list of positive numbers")
 """argparse type: ``"3e-3,1e-2"`` -> ``[0.003, 0.01]``; empty items, repeats, NaN, inf, 0 and negatives refused."""
+
+
+def _nonneg_float(text: str) -> float:
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _nonneg_float(text)
+    if value > 1:
+        raise ValueError(f"{text!r} must be a fraction in [0, 1]")
+    return value
+
+
+nonneg_float_arg = _arg(_nonneg_float, "number >= 0")
+"""argparse type: a finite number >= 0 (a temperature: 0 means greedy)."""
+fraction_arg = _arg(_fraction, "fraction")
+"""argparse type: a finite number in [0, 1] (the command checks any tighter range)."""

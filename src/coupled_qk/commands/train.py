@@ -13,7 +13,13 @@ import os
 from pathlib import Path
 
 from coupled_qk._checks import coerce, field_types
-from coupled_qk.commands.options import add_model_options, parse_overrides
+from coupled_qk.commands.options import (
+    add_model_options,
+    fraction_arg,
+    nonneg_int_arg,
+    parse_overrides,
+    positive_int_arg,
+)
 from coupled_qk.training.config import TrainConfig
 
 HELP = "train a language model on a corpus"
@@ -67,14 +73,14 @@ def add_train_options(parser, model: bool = True, defaults: dict | None = None, 
     split = parser.add_argument_group(
         "held-out splits (language modelling): for corpora split at random by documents (a text file, a folder "
         "of *.txt files, pubmed, mixed-domain); a folder with train.txt/valid.txt/test.txt is used as given")
-    split.add_argument("--valid-fraction", type=float, default=None, metavar="FLOAT",
+    split.add_argument("--valid-fraction", type=fraction_arg, default=None, metavar="FLOAT",
                        help="share of documents in the validation split (default: 0.01)")
-    split.add_argument("--test-fraction", type=float, default=None, metavar="FLOAT",
+    split.add_argument("--test-fraction", type=fraction_arg, default=None, metavar="FLOAT",
                        help="share of documents in the test split (default: 0.01)")
-    split.add_argument("--min-split-words", type=int, default=None, metavar="INT",
+    split.add_argument("--min-split-words", type=positive_int_arg, default=None, metavar="INT",
                        help="each evaluation split grows to this many words (~1.3 tokens each), within 20%% of the "
                        "corpus (default: 10000)")
-    split.add_argument("--split-seed", type=int, default=None, metavar="INT",
+    split.add_argument("--split-seed", type=nonneg_int_arg, default=None, metavar="INT",
                        help="seed of the document shuffle (default: 0)")
     parser.add_argument(
         "--opt", dest="train_overrides", action="append", default=[], metavar="FIELD=VALUE",
