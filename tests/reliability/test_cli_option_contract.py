@@ -55,10 +55,12 @@ CHECKING_TYPES = {
 TRAIN_FIELDS = set(field_types(TrainConfig))
 
 
+TOP = {name: cli.build_parser(name) for name in cli.COMMANDS}  # built once: parse_args does not change them
+
+
 def subparsers() -> dict[str, argparse.ArgumentParser]:
     out = {}
-    for name in cli.COMMANDS:
-        parser = cli.build_parser(name)
+    for name, parser in TOP.items():
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         out[name] = sub.choices[name]
     return out
@@ -142,7 +144,7 @@ TYPED = sorted({(cmd, a.option_strings[-1]) for cmd, a in all_actions()
 
 
 def _parse(cmd: str, argv: list[str]):
-    return cli.build_parser(cmd).parse_args([cmd, *REQUIRED.get(cmd, []), *argv])
+    return TOP[cmd].parse_args([cmd, *REQUIRED.get(cmd, []), *argv])
 
 
 def _action(cmd: str, flag: str) -> argparse.Action:
