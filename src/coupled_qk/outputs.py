@@ -65,10 +65,10 @@ def path_value(option: str, value) -> Path:
         raise ValueError(f"{option}={value!r}: cannot expand {value.split('/')[0]!r} (no such user)") from None
 
 
-def _check_location(option: str, path: Path) -> None:
+def _check_location(option: str, path: Path, is_file: bool = False) -> None:
     """Refuse ``path`` when it cannot be created: an ancestor is a file, or the nearest existing ancestor is
-    not a writable folder."""
-    ancestor = path.parent if not path.exists() else path
+    not a writable folder (for a file: its folder)."""
+    ancestor = path.parent if (is_file or not path.exists()) else path
     while not ancestor.exists():
         if ancestor.is_symlink():  # a dangling link
             raise ValueError(f"{option}={str(path)!r}: {ancestor} is a broken symbolic link")
@@ -102,7 +102,7 @@ def output_file(option: str, value, *, overwrite: bool = False, suffixes: Iterab
         raise ValueError(f"{option}={str(value)!r} is a folder; expected a file name")
     if suffixes and path.suffix.lower() not in suffixes:
         raise ValueError(f"{option}={str(value)!r}: expected a file ending in {' or '.join(suffixes)}")
-    _check_location(option, path)
+    _check_location(option, path, is_file=True)
     if path.exists() and not overwrite:
         raise OutputRefused(f"{option}={str(value)!r} already exists; pass --overwrite to replace it or choose "
                             "another name")
