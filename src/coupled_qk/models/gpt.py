@@ -278,10 +278,11 @@ class GPT(nn.Module):
                 logits = self.next_token_logits(context, cache).float()
             else:
                 logits = self(context, cache, mask)[:, -1, :].float()
-            if temperature == 0:
+            if temperature < torch.finfo(logits.dtype).tiny:  # 0, or so small that it underflows: the greedy limit
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:
-                logits = logits / temperature
+                # shifted first, so a tiny temperature cannot overflow to inf - inf = nan (softmax is shift-invariant)
+                logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, float("-inf"))
