@@ -185,3 +185,26 @@ def test_unwritable_folder_is_refused(tmp_path):
             OutputDir(locked / "out")
     finally:
         locked.chmod(0o700)
+
+
+def test_a_safetensors_write_error_is_one_oserror_naming_the_file(tmp_path, monkeypatch):
+    """safetensors reports a full disk with its own exception type: it becomes an OSError naming the file, and
+    the previous checkpoint and ``latest`` are untouched."""
+    import torch
+    from safetensors import SafetensorError
+
+    from coupled_qk import GPTConfig
+    from coupled_qk.training import checkpoint
+
+    cfg = GPTConfig.from_preset("tiny", n_layer=1, d_model=16, n_heads=2, vocab_size=32, block_size=8)
+    state = {"w": torch.zeros(2)}
+    checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 1})
+    before = snapshot(tmp_path)
+
+    def full_disk(*a, **k):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    with pytest.raises(OSError, match="model.safetensors"):
+        checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 2})
+    assert snapshot(tmp_path) == before
