@@ -111,3 +111,35 @@ def test_attention_constructor(kwargs, match):
     args = dict(d_model=16, n_heads=2, n_kv_heads=2, d_head=8)
     with pytest.raises(ValueError, match=match):
         CausalSelfAttention(**{**args, **kwargs})
+
+
+# ------------------------------------------------------------------------- configs re-checked after construction
+
+from coupled_qk._checks import field_types  # noqa: E402
+from coupled_qk.training.config import TrainConfig  # noqa: E402
+
+INT_BAD = [0, -1, 2.5, True, "x", "2.5", float("nan"), None]
+
+
+@pytest.mark.parametrize("cls", [GPTConfig, TrainConfig])
+def test_assignment_after_construction_is_checked(cls):
+    """Every int/float field: a bad value assigned after construction is refused, naming the field, and the
+    old value stays; a typo is an AttributeError, not a new attribute."""
+    cfg = GPTConfig.from_preset("tiny") if cls is GPTConfig else TrainConfig(max_steps=10)
+    for name, annotation in field_types(cls).items():
+        text = str(annotation)
+        if text not in ("int", "float", "<class 'int'>", "<class 'float'>"):
+            continue
+        old = getattr(cfg, name)
+        bad = INT_BAD if "int" in text else [float("nan"), float("inf"), True, "x", None]
+        for value in bad:
+            try:
+                setattr(cfg, name, value)
+            except ValueError as exc:
+                assert name in str(exc)
+            else:  # accepted: only a value valid for that field (e.g. 0 for a seed or warmup)
+                assert isinstance(getattr(cfg, name), type(old)) and not isinstance(getattr(cfg, name), bool)
+                setattr(cfg, name, old)
+            assert getattr(cfg, name) == old or getattr(cfg, name) == value
+    with pytest.raises(AttributeError, match="no field"):
+        cfg.n_layerz = 3
