@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 
 import pytest
+import reliability_profile  # noqa: F401  (the example budget)
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import reliability_profile  # noqa: F401  (the example budget)
 import torch
 from hypothesis import given
 from hypothesis import strategies as st

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+import reliability_profile  # noqa: F401  (the example budget)
 from hypothesis import given
 from hypothesis import strategies as st
 

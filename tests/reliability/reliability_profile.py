@@ -1,4 +1,5 @@
-"""Hypothesis profile of the reliability tests: a fixed example budget in CI, a larger one for a nightly run.
+"""Hypothesis profile of the reliability tests (imported by each of them; not a conftest.py, whose module name
+would shadow tests/conftest.py for ``from conftest import ...``): a fixed example budget in CI, a larger one for a nightly run.
 
 ``COUPLED_QK_HYPOTHESIS_EXAMPLES=2000 pytest tests/reliability`` raises the budget (default 25 per test).
 """
