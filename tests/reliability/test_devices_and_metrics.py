@@ -76,3 +76,21 @@ def test_early_stop_metric_must_exist_and_have_a_direction():
             check_early_stop(bad, None, METRICS)
     with pytest.raises(ValueError, match="mode"):
         check_early_stop("valid/loss", "down", METRICS)
+
+
+def test_a_token_budget_below_one_step_is_said():
+    from coupled_qk.training.tasks import steps_for_tokens
+
+    class Task:
+        name = "fake"
+
+        def step_tokens(self, step, world):
+            return 64 * world
+
+    with pytest.warns(UserWarning, match=r"max_tokens=10 is smaller than one optimizer step \(128 tokens"):
+        assert steps_for_tokens(Task(), 10, 2) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert steps_for_tokens(Task(), 128, 2) == 1 and steps_for_tokens(Task(), 129, 2) == 2
