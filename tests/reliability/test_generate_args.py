@@ -144,3 +144,14 @@ def test_assignment_after_construction_is_checked(cls):
             assert getattr(cfg, name) == old or getattr(cfg, name) == value
     with pytest.raises(AttributeError, match="no field"):
         cfg.n_layerz = 3
+
+
+@pytest.mark.parametrize("idx,error,match", [
+    ([[1, 2]], TypeError, "torch.Tensor"), (torch.zeros(0, 3, dtype=torch.long), ValueError, "zero-sized"),
+    (torch.zeros(2, 0, dtype=torch.long), ValueError, "zero-sized"), (torch.zeros(1, 3), ValueError, "integer"),
+    (torch.full((1, 3), VOCAB), ValueError, "token ids"), (torch.zeros(1, BLOCK + 1, dtype=torch.long), ValueError,
+                                                           "block_size"),
+])
+def test_forward_entry_checks(model, idx, error, match):
+    with pytest.raises(error, match=match):
+        model(idx)

@@ -156,12 +156,14 @@ class GPT(nn.Module):
         :func:`key_padding_mask`, which numbers the positions when ``position_ids`` is ``None``. Arguments
         and errors as :meth:`hidden_states`; ``check_ids=False`` skips the id-range check (a reduction over
         ``idx``; :meth:`generate` checks the prompt once)."""
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"idx must be a torch.Tensor of token ids with shape (B, T); got {type(idx).__name__}")
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         b, t = idx.shape
         past = 0 if cache is None else cache.length
-        if t == 0:
-            raise ValueError("idx has no tokens (T = 0)")
+        if t == 0 or b == 0:
+            raise ValueError(f"idx has a zero-sized dimension: shape {tuple(idx.shape)} (need B >= 1 and T >= 1)")
         if past + t > self.config.block_size:
             raise ValueError(
                 f"sequence length {past + t} (cached {past} + new {t}) exceeds the context "
