@@ -206,3 +206,24 @@ def test_train_config_fields_refuse_wrong_types(field, tiny_cfg):
     for value in bad:
         with pytest.raises(ValueError, match=field):
             TrainConfig.from_dict({**base, field: value})
+
+
+@given(data=st.data())
+def test_gpt_config_fields_from_their_annotations(data):
+    """Every GPTConfig field: generated values of the wrong kind (and NaN/inf/0/negative numbers) either build a
+    valid config or raise ValueError naming the field; never another exception type."""
+    from coupled_qk.models.config import GPTConfig
+
+    types = field_types(GPTConfig)
+    name = data.draw(st.sampled_from(sorted(n for n in types if n != "qk_map")))
+    value = data.draw(st.one_of(
+        st.sampled_from([0, -1, 2.5, True, False, None, "", "False", "0", "None", "x", float("nan"), float("inf"),
+                         -float("inf"), 10**12, [], {}]),
+        st.integers(-5, 5), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6)))
+    try:
+        cfg = GPTConfig.from_preset("tiny", **{name: value})
+    except ValueError as exc:
+        assert name in str(exc) or "GPTConfig" in str(exc), (name, value, str(exc))
+    else:
+        got = getattr(cfg, name)
+        assert not (isinstance(got, float) and got != got), (name, value)  # no NaN accepted
