@@ -209,3 +209,23 @@ def test_a_safetensors_write_error_is_one_oserror_naming_the_file(tmp_path, monk
     with pytest.raises(OSError, match="model.safetensors"):
         checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 2})
     assert snapshot(tmp_path) == before
+
+
+def test_make_task_claims_its_folder(tmp_path):
+    from coupled_qk.hf.harness import make_task
+
+    src = tmp_path / "text.txt"
+    src.write_text("= A =\n\nsome words here .\n\n= B =\n\nmore words .\n")
+    out = tmp_path / "tasks"
+    yaml = make_task("perplexity", src, out, name="t1")
+    before = snapshot(tmp_path)
+    with pytest.raises(OutputRefused, match="--overwrite"):
+        make_task("perplexity", src, out, name="t1")
+    assert snapshot(tmp_path) == before
+    assert make_task("perplexity", src, out, name="t1", overwrite=True) == yaml
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputRefused, match="notes.txt"):
+        make_task("perplexity", src, out, name="t2", overwrite=True)
+    for bad in ("", "../x", "a/b", " "):
+        with pytest.raises(ValueError, match="name"):
+            make_task("perplexity", src, tmp_path / "other", name=bad)
