@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from coupled_qk.data.glue import TASK_INFO, check_task, encode_split, glue_metrics, load_glue
 from coupled_qk.data.paths import default_data_dir
 from coupled_qk.data.tokenizers import Tokenizer
+from coupled_qk.io import write_text_atomic
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training import checkpoint as ckpt
@@ -259,4 +260,4 @@ class GlueTask:
     def save(self, run_dir: Path) -> None:
         """Write the tokenizer and :meth:`describe` (``data.json``) next to the checkpoints."""
         self.tokenizer.save(Path(run_dir) / "tokenizer")
-        (Path(run_dir) / "data.json").write_text(json.dumps(self.describe(), indent=2))
+        write_text_atomic(Path(run_dir) / "data.json", json.dumps(self.describe(), indent=2))
