@@ -71,6 +71,7 @@ REFUSED = {
     "compare into the current folder": ["compare", "--out-dir", ".", "--max-steps", "2"],
     "demo into a user's folder": ["demo", "--out-dir", "{mine}", "--corpus", "{a_file}"],
     "glue into a user's folder": ["glue", "{run}", "--out-dir", "{mine}"],
+    "glue of a missing run": ["glue", "{mine}/nothing", "--out-dir", "{mine}/../g"],
     "claims into a user's folder": ["claims", "--protocol", "smoke", "--out-dir", "{mine}", "--report-only"],
     "claims into a file": ["claims", "--protocol", "smoke", "--out-dir", "{a_file}", "--report-only"],
 }

@@ -107,6 +107,8 @@ class JSONConfig:
         path = Path(path)
         if path.is_dir():
             raise ValueError(f"config file {path} is a folder; expected a JSON file")
+        if path.exists() and not path.is_file():
+            raise ValueError(f"config file {path} is not a regular file; expected a JSON file")
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
         try:
