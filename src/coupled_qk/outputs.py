@@ -98,8 +98,10 @@ def output_file(option: str, value, *, overwrite: bool = False, suffixes: Iterab
     """
     path = path_value(option, value)
     suffixes = tuple(suffixes)
-    if path.is_dir() or str(value).endswith(os.sep):
+    if path.is_dir():
         raise ValueError(f"{option}={str(value)!r} is a folder; expected a file name")
+    if str(value).endswith(os.sep):
+        raise ValueError(f"{option}={str(value)!r} ends with {os.sep!r}, so it names a folder; expected a file name")
     if suffixes and path.suffix.lower() not in suffixes:
         raise ValueError(f"{option}={str(value)!r}: expected a file ending in {' or '.join(suffixes)}")
     _check_location(option, path, is_file=True)
