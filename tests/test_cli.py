@@ -118,7 +118,7 @@ def test_split_flags_reach_task_options(capsys):
     cfg = json.loads(capsys.readouterr().out)
     assert cfg["task_options"] == {"split_seed": 4, "valid_fraction": 0.05, "min_split_words": 2000}
     assert main(["train", "--print-config", "--min-split-words", "many"]) == 2
-    assert "--min-split-words: invalid int value" in capsys.readouterr().err
+    assert "--min-split-words=many is not an integer" in capsys.readouterr().err
 
 
 def test_relative_corpus_path_is_stored_absolute(tmp_path, monkeypatch, capsys):

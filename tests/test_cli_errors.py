@@ -104,7 +104,7 @@ BAD = [
     ("integrator-standard", ["--integrator", "leapfrog"], "do not apply to attention='standard'"),
     ("n-steps-standard", ["--n-steps", "3"], "['n_steps'] do not apply to attention='standard'"),
     ("bool-value", ["--compile=maybe"], "ignored explicit argument"),
-    ("n-steps-word", ["--n-steps", "x"], "invalid int value"),
+    ("n-steps-word", ["--n-steps", "x"], "--n-steps=x is not an integer"),
     ("unknown-flag", ["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
     ("int-overflow", ["--eval-interval", "1e400"], "is not an integer"),
     ("no-resume", [], "already holds checkpoints; pass --resume"),

@@ -27,6 +27,14 @@ def positive_int(name: str, value) -> int:
     return value
 
 
+def boolean(name: str, value) -> bool:
+    """``value`` if it is a ``bool``; ``ValueError`` naming ``name`` otherwise (a string such as ``"False"`` is not
+    read by its truthiness; :func:`coerce` parses strings where a string is expected)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be True or False")
+    return value
+
+
 def nonneg_int(name: str, value) -> int:
     """``value`` if it is an ``int >= 0``; ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -174,3 +182,55 @@ def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, st
             raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE")
         out[key] = value.strip()
     return out
+
+
+METRIC_DIRECTIONS = (("loss", "min"), ("perplexity", "min"), ("error", "min"), ("accuracy", "max"), ("f1", "max"),
+                     ("mcc", "max"), ("matthews", "max"), ("acc", "max"))
+"""Name fragments and the direction in which such a metric improves (first match wins)."""
+
+
+def metric_direction(metric: str) -> str | None:
+    """``"min"`` or ``"max"``: the direction in which ``metric`` improves, from its name (``valid/loss`` -> min,
+    ``valid/accuracy`` -> max), or ``None`` when the name does not say."""
+    last = metric.rsplit("/", 1)[-1].lower()
+    for fragment, direction in METRIC_DIRECTIONS:
+        if fragment in last:
+            return direction
+    return None
+
+
+def check_early_stop(metric, mode, available: Iterable[str], option: str = "early_stop_metric") -> str:
+    """Check an early-stopping metric against the metrics the task's evaluation produces, and its direction.
+
+    To be called once the task is built (its evaluation's metric names known), before the first step.
+
+    Args:
+        metric: the metric name (``"valid/loss"``).
+        mode: ``"min"``, ``"max"`` or ``None`` (then inferred with :func:`metric_direction`).
+        available: the metric names the evaluation returns.
+        option: how the user named the metric, for messages.
+
+    Returns:
+        The direction, ``"min"`` or ``"max"``.
+
+    Raises:
+        ValueError: naming ``option``: a non-string or empty metric, one that the evaluation never produces
+            (listing those it does), a mode other than min/max, or no mode for a metric whose name does not
+            say which direction is better; also a declared mode that contradicts the name (``max`` for a loss).
+    """
+    names = sorted(set(available))
+    if not isinstance(metric, str) or not metric.strip():
+        raise ValueError(f"{option}={metric!r} must be a metric name; the evaluation produces {names}")
+    if metric not in names:
+        raise ValueError(f"{option}={metric!r} is not a metric of this task's evaluation; expected one of {names}")
+    inferred = metric_direction(metric)
+    if mode is None:
+        if inferred is None:
+            raise ValueError(f"{option}={metric!r}: cannot tell whether higher or lower is better; declare the mode "
+                             "(min or max)")
+        return inferred
+    choice(f"{option} mode", mode, ("min", "max"))
+    if inferred is not None and mode != inferred:
+        raise ValueError(f"{option}={metric!r} improves when it goes {'down' if inferred == 'min' else 'up'}, but "
+                         f"the mode is {mode!r}; use {inferred!r}")
+    return mode

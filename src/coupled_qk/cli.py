@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 import warnings
 
@@ -38,6 +39,10 @@ class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line (not the whole usage block) and exit 2."""
 
     def error(self, message: str):
+        # an option type's refusal ("argument --n: '0' must be ...") reads as "--n=0 must be ..."
+        typed = re.match(r"^argument (?:[^:]*/)?(-[-\w]+): '(.*)' (.*)$", message, re.S)
+        if typed:
+            message = f"{typed.group(1)}={typed.group(2)} {typed.group(3)}"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -326,11 +326,17 @@ def test_analyze_command(checkpoints, tmp_path, capsys):
     data = json.loads((out / "analysis.json").read_text())
     assert [e["label"] for e in data["checkpoints"]] == ["std", "cpl"]
     assert "summary.md" in capsys.readouterr().out
-    rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--seq-len", "99", "--out-dir", str(out)])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--out-dir", str(out)])  # an earlier report
+    assert rc == 2 and "--overwrite" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--seq-len", "99", "--out-dir", str(out),
+               "--overwrite"])
     assert rc == 2 and "block_size" in capsys.readouterr().err
-    rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--labels", "a,b", "--out-dir", str(out)])
+    rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--labels", "a,b", "--out-dir", str(out),
+               "--overwrite"])
     assert rc == 2 and "labels" in capsys.readouterr().err
-    rc = main(["analyze", str(tmp_path / "nothing"), "--corpus", str(corpus), "--out-dir", str(out)])
+    rc = main(["analyze", str(tmp_path / "nothing"), "--corpus", str(corpus), "--out-dir", str(out), "--overwrite"])
     assert rc == 2 and "no checkpoint" in capsys.readouterr().err
 
 

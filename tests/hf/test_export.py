@@ -41,9 +41,16 @@ def test_export_loads_with_auto_classes(trained_run, tmp_path, capsys):
     assert tok.decode(ids[0]) == text and tok.eos_token_id == run_tok.eot_id == lm.config.eos_token_id
     with torch.no_grad():
         assert torch.equal(lm(ids).logits, gpt(ids))
+    before = {p.name: p.read_bytes() for p in hf_dir.iterdir()}
     assert main(["export", str(trained_run), str(hf_dir)]) == 2  # refuses to overwrite
-    assert "not an empty folder" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in hf_dir.iterdir()} == before
     assert main(["export", str(trained_run), str(hf_dir), "--overwrite"]) == 0
+    assert sorted(p.name for p in hf_dir.iterdir()) == sorted(before)  # no temporary folder left
+    (hf_dir / "notes.txt").write_text("mine")  # a file export does not write: refused even with --overwrite
+    assert main(["export", str(trained_run), str(hf_dir), "--overwrite"]) == 2
+    assert "notes.txt" in capsys.readouterr().err and (hf_dir / "notes.txt").read_text() == "mine"
 
 
 def test_loading_a_run_folder_points_to_export(trained_run):

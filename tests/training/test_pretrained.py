@@ -54,7 +54,7 @@ def test_generate_deterministic_and_cache_exact(run_dir, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--max-new-tokens", "40", "--context", "error"], "exceeds the model's context block_size=32"),
-    (["--temperature", "-1"], "--temperature=-1.0"),
+    (["--temperature", "-1"], "--temperature=-1 must be"),
     (["--top-k", "0"], "--top-k=0"),
 ])
 def test_generate_errors(run_dir, capsys, extra, message):

@@ -84,6 +84,10 @@ def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_s
     return corpus, data_dir, json.loads(opts)
 
 
+ANALYSIS_LAYOUT = ("analysis.json", "summary.md", "*.png")
+"""What an analysis folder holds; any other file there makes :func:`analyze_checkpoints` refuse the folder."""
+
+
 def analyze_checkpoints(
     paths: Sequence[str | Path],
     corpus: str | None = None,
@@ -146,14 +150,19 @@ def analyze_checkpoints(
             too few tokens, a tokenizer whose ids exceed a model's vocabulary.
         FileNotFoundError: a checkpoint, tokenizer or corpus file is missing.
     """
+    from coupled_qk.outputs import as_output_dir
     from coupled_qk.training.lm import run_corpus
 
+    # the output is claimed before any work: a folder holding other files, or an earlier analysis without
+    # --overwrite, is refused here (docs/RELIABILITY.md, "Outputs")
+    out = as_output_dir(out_dir, "out_dir", layout=ANALYSIS_LAYOUT, what="analyze")
+    out.claim_existing()
     paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer = _checked_inputs(
         paths, split, n_sequences, seq_len, labels, example_layer)
     corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
     text_corpus = run_corpus(corpus, data_dir, task_options)
     text = text_corpus.split(split)
-    out_dir = Path(out_dir)
+    out_dir = out.path
     out_dir.mkdir(parents=True, exist_ok=True)
 
     windows: dict[str, tuple[torch.Tensor, dict]] = {}
@@ -192,7 +201,7 @@ def analyze_checkpoints(
         "conventions": dict(CONVENTIONS),
         "checkpoints": entries,
     }
-    report["files"] = _write_analysis(report, entries, examples, out_dir, make_plots)
+    report["files"] = _write_analysis(report, entries, examples, out, make_plots)
     return report
 
 
@@ -265,19 +274,18 @@ def _analyze_checkpoint(ckpt: Path, ids: torch.Tensor, device, batch_size, examp
     return {"state": state, "seconds": seconds, "analysis": result}, example_map
 
 
-def _write_analysis(report: dict, entries: list, examples: list, out_dir: Path, make_plots: bool) -> dict[str, str]:
-    """Write the figures (adding ``report["figures"]``), ``analysis.json`` and ``summary.md``; their paths."""
+def _write_analysis(report: dict, entries: list, examples: list, out, make_plots: bool) -> dict[str, str]:
+    """Write the figures (adding ``report["figures"]``), ``analysis.json`` and ``summary.md`` into the claimed
+    output folder ``out`` (:class:`coupled_qk.outputs.OutputDir`, atomic writes); their paths."""
     files: dict[str, str] = {}
     if make_plots:
         from coupled_qk.analysis.plots import make_figures
 
-        figures = make_figures(entries, examples, out_dir)
+        figures = make_figures(entries, examples, out.path)
         report["figures"] = {k: Path(v).name for k, v in figures.items()}
         files.update({k: str(v) for k, v in figures.items()})
-    json_path = out_dir / "analysis.json"
-    json_path.write_text(dumps(report))
-    md_path = out_dir / "summary.md"
-    md_path.write_text(summary_markdown(report))
+    json_path = out.write_text("analysis.json", dumps(report))
+    md_path = out.write_text("summary.md", summary_markdown(report))
     files.update({"analysis.json": str(json_path), "summary.md": str(md_path)})
     return files
 

@@ -11,27 +11,38 @@ HELP = "attention diagnostics (entropy, effective rank, sinks, rank collapse) of
 
 
 def add_arguments(parser) -> None:
+    from coupled_qk.commands.options import (
+        add_device_option,
+        add_overwrite_option,
+        nonneg_int_arg,
+        path_arg,
+        positive_int_arg,
+    )
+
     parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                         help="run folders (their latest checkpoint) or checkpoint folders (ckpt-*)")
     parser.add_argument("--corpus", default=None,
                         help="corpus name (wiki-vital, pubmed, mixed-domain, wikitext-2, ...) or a text path "
                              "(default: the runs' own corpus, split as in training)")
     parser.add_argument("--split", default="valid", choices=("train", "valid", "test"), help="default: valid")
-    parser.add_argument("--n-sequences", type=int, default=8, help="windows analysed (default 8)")
-    parser.add_argument("--seq-len", type=int, default=None,
+    parser.add_argument("--n-sequences", type=positive_int_arg, default=8, help="windows analysed (default 8)")
+    parser.add_argument("--seq-len", type=positive_int_arg, default=None,
                         help="tokens per window (default: the smallest block_size of the checkpoints)")
-    parser.add_argument("--data-dir", default=None, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
-    parser.add_argument("--out-dir", default="runs/analysis", help="where the report goes (default runs/analysis)")
+    parser.add_argument("--data-dir", default=None, type=path_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
+    parser.add_argument("--out-dir", default="runs/analysis", type=path_arg,
+                        help="where the report goes (default runs/analysis); an earlier report there is replaced "
+                        "only with --overwrite")
+    add_overwrite_option(parser)
     parser.add_argument("--labels", default=None, help="comma-separated labels, one per checkpoint")
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--batch-size", type=positive_int_arg, default=None,
                         help="sequences per forward pass (default: all; lower it to save memory)")
-    parser.add_argument("--example-layer", type=int, default=None,
+    parser.add_argument("--example-layer", type=nonneg_int_arg, default=None,
                         help="layer of the example attention maps (default: the middle layer)")
-    parser.add_argument("--example-head", type=int, default=0, help="head of the example maps (default 0)")
-    parser.add_argument("--split-seed", type=int, default=None,
+    parser.add_argument("--example-head", type=nonneg_int_arg, default=0, help="head of the example maps (default 0)")
+    parser.add_argument("--split-seed", type=nonneg_int_arg, default=None,
                         help="seed of random document splits (pubmed, mixed-domain, text paths); default: the run's")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--threads", type=int, default=None,
+    add_device_option(parser, default="cpu")
+    parser.add_argument("--threads", type=positive_int_arg, default=None,
                         help="CPU: heads analysed concurrently (default: torch's thread count)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
 
@@ -51,6 +62,10 @@ def run(args) -> int:
         labels = [label.strip() for label in args.labels.split(",")]
         if any(not label for label in labels):
             raise ValueError(f"--labels {args.labels!r}: labels must be non-empty")
+    from coupled_qk.analysis.analyze import ANALYSIS_LAYOUT
+    from coupled_qk.outputs import OutputDir
+
+    out = OutputDir(args.out_dir, "--out-dir", overwrite=args.overwrite, layout=ANALYSIS_LAYOUT, what="analyze")
     report = analyze_checkpoints(
         args.checkpoints,
         args.corpus,
@@ -58,7 +73,7 @@ def run(args) -> int:
         n_sequences=args.n_sequences,
         seq_len=args.seq_len,
         data_dir=args.data_dir,
-        out_dir=args.out_dir,
+        out_dir=out,
         labels=labels,
         batch_size=args.batch_size,
         example_layer=args.example_layer,

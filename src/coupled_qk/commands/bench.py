@@ -16,12 +16,26 @@ import sys
 
 import torch
 
-from coupled_qk.commands.options import add_model_options, gpt_config_from_args
-from coupled_qk.experiments.bench import bench_markdown, result_stem, run_bench, write_results
+from coupled_qk.commands.options import (
+    add_device_option,
+    add_model_options,
+    add_overwrite_option,
+    dtype_arg,
+    gpt_config_from_args,
+    nonneg_int_arg,
+    path_arg,
+    positive_int_arg,
+    positive_ints_arg,
+)
+from coupled_qk.experiments.bench import bench_markdown, resolve_dtype, result_stem, run_bench, write_results
 from coupled_qk.experiments.bench_decode import decode_markdown, memory_markdown, run_decode, run_memory
 from coupled_qk.experiments.cost_curve import plot_sweep, run_sweep, sweep_markdown
 from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.registry import default_variants, variant_names
+from coupled_qk.outputs import OutputDir
+
+RESULTS_LAYOUT = ("bench-*", "decode-*", "memory-*", "sweep-*", "hf-generate-*", "README.md", "*/")
+"""What a benchmark results folder may hold: result files of each mode, a README and sub-folders of studies."""
 
 HELP = "train-step and decoding speed, memory and the cost curve of every attention variant against standard"
 
@@ -37,30 +51,32 @@ def add_arguments(parser) -> None:
         "optionally +field=value; standard is always measured as the baseline (default: all = "
         f"{','.join(default_variants())})",
     )
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
-    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: block_size)")
-    parser.add_argument("--repeats", type=int, default=10, help="timed steps per variant (default 10)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first, >= 1 (default 3)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if available")
+    parser.add_argument("--batch-size", type=positive_int_arg, default=16, help="sequences per step (default 16)")
+    parser.add_argument("--seq-len", type=positive_int_arg, default=None, help="tokens per sequence (default: block_size)")
+    parser.add_argument("--repeats", type=positive_int_arg, default=10, help="timed steps per variant (default 10)")
+    parser.add_argument("--warmup", type=positive_int_arg, default=3, help="untimed steps per variant first, >= 1 (default 3)")
+    parser.add_argument("--threads", type=positive_int_arg, default=None, help="torch CPU threads (default: torch's choice)")
+    add_device_option(parser)
     parser.add_argument(
-        "--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+        "--dtype", default="auto", type=dtype_arg, metavar="{auto,fp32,bf16,fp16}",
         help="auto = fp32 on CPU, bf16 autocast on CUDA",
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (eager fallback on failure)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the token batch")
-    parser.add_argument("--out-dir", default="benchmarks/results", help="where the JSON and markdown go")
+    parser.add_argument("--seed", type=nonneg_int_arg, default=0, help="seed of the weights and the token batch")
+    parser.add_argument("--out-dir", default="benchmarks/results", type=path_arg,
+                        help="where the JSON and markdown go (an existing result is replaced only with --overwrite)")
+    add_overwrite_option(parser)
     parser.add_argument("--mode", default="train", choices=("train", "decode", "memory"),
                         help="train-step time (default), cached decoding tokens/s, or memory")
     parser.add_argument("--sweep", action="store_true",
                         help="cost curve: train-step ratio and FLOP floor vs d_model, seq length and n_steps (PNG)")
-    parser.add_argument("--sweep-d-model", default="64,128,256", help="sweep: d_model values (default 64,128,256)")
-    parser.add_argument("--sweep-seq-len", default="32,64,128", help="sweep: sequence lengths (default 32,64,128)")
-    parser.add_argument("--sweep-n-steps", default="1,2,4", help="sweep: n_steps values (default 1,2,4)")
-    parser.add_argument("--prefixes", default="128,512", help="decode: prompt lengths (default 128,512)")
-    parser.add_argument("--decode-batch-sizes", default="1,8", help="decode: batch sizes (default 1,8)")
-    parser.add_argument("--new-tokens", type=int, default=32, help="decode: timed tokens per repeat (default 32)")
-    parser.add_argument("--cache-len", type=int, default=None, help="memory: KV-cache length (default block_size)")
+    parser.add_argument("--sweep-d-model", default=[64, 128, 256], type=positive_ints_arg, help="sweep: d_model values (default 64,128,256)")
+    parser.add_argument("--sweep-seq-len", default=[32, 64, 128], type=positive_ints_arg, help="sweep: sequence lengths (default 32,64,128)")
+    parser.add_argument("--sweep-n-steps", default=[1, 2, 4], type=positive_ints_arg, help="sweep: n_steps values (default 1,2,4)")
+    parser.add_argument("--prefixes", default=[128, 512], type=positive_ints_arg, help="decode: prompt lengths (default 128,512)")
+    parser.add_argument("--decode-batch-sizes", default=[1, 8], type=positive_ints_arg, help="decode: batch sizes (default 1,8)")
+    parser.add_argument("--new-tokens", type=positive_int_arg, default=32, help="decode: timed tokens per repeat (default 32)")
+    parser.add_argument("--cache-len", type=positive_int_arg, default=None, help="memory: KV-cache length (default block_size)")
 
 
 def _reproduce_command(args, threads: int) -> str:
@@ -77,26 +93,36 @@ def _reproduce_command(args, threads: int) -> str:
     parts += ["--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed)]
     if args.compile:
         parts.append("--compile")
-    parts += ["--out-dir", args.out_dir]
+    parts += ["--out-dir", str(args.out_dir)]
     return shlex.join(parts)
 
 
-def _ints(flag: str, text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise ValueError(f"{flag}={text!r} must be a comma-separated list of positive integers")
-    return values
+def _device_type(device: str) -> str:
+    """``cpu``/``cuda``/``mps``: the device type a result file is named after (``auto`` resolved)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device.split(":")[0]
+
+
+def _stem(args) -> str:
+    """The result files' stem, known before any measurement (so a refused output costs nothing)."""
+    device = _device_type(args.device)
+    if args.sweep or args.mode != "train":
+        return f"{'sweep' if args.sweep else args.mode}-{args.preset}-{device}"
+    settings = {"device": device, "dtype": resolve_dtype(args.dtype, torch.device(device)), "compile": args.compile}
+    return result_stem(args.preset, {"settings": settings})
 
 
 def run(args) -> int:
+    # claim the output before measuring: a measurement must never be lost to its output path
+    out = OutputDir(args.out_dir, "--out-dir", overwrite=args.overwrite, layout=RESULTS_LAYOUT, what="bench")
+    stem = _stem(args)
+    for suffix in (".json", ".md") + ((".png",) if args.sweep else ()):
+        out.claim(stem + suffix, check_only=True)
+    args.out_dir = out
     if args.attention is not None or args.integrator is not None:
         raise ValueError("bench sets attention and integrator per variant; choose them with --variants")
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads={args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
     map_options = {} if args.n_steps is None else {"n_steps": args.n_steps}
     # --n-steps applies per variant (run_bench), not to the base config, whose attention has no map
@@ -132,14 +158,14 @@ def _run_other(args, config, map_options, command) -> int:
     """``--mode decode``, ``--mode memory`` and ``--sweep``."""
     common = dict(variants=args.variants, device=args.device, seed=args.seed)
     if args.sweep:
-        result = run_sweep(config, d_models=_ints("--sweep-d-model", args.sweep_d_model),
-                           seq_lens=_ints("--sweep-seq-len", args.sweep_seq_len),
-                           n_steps=_ints("--sweep-n-steps", args.sweep_n_steps), batch_size=args.batch_size,
+        result = run_sweep(config, d_models=args.sweep_d_model,
+                           seq_lens=args.sweep_seq_len,
+                           n_steps=args.sweep_n_steps, batch_size=args.batch_size,
                            repeats=args.repeats, warmup=args.warmup, log=print, **common)
         kind, markdown = "sweep", sweep_markdown
     elif args.mode == "decode":
-        result = run_decode(config, batch_sizes=_ints("--decode-batch-sizes", args.decode_batch_sizes),
-                            prefixes=_ints("--prefixes", args.prefixes), new_tokens=args.new_tokens,
+        result = run_decode(config, batch_sizes=args.decode_batch_sizes,
+                            prefixes=args.prefixes, new_tokens=args.new_tokens,
                             repeats=args.repeats, map_options=map_options, log=print, **common)
         kind, markdown = "decode", decode_markdown
     else:

@@ -14,6 +14,7 @@ HELP = "run a claims protocol (C1-C13 with seeds and confidence intervals) and r
 
 
 def add_arguments(parser) -> None:
+    from coupled_qk.commands.options import path_arg, positive_int_arg
     from coupled_qk.experiments.converged import DESIGNS
     from coupled_qk.experiments.protocols import PROTOCOLS
 
@@ -25,7 +26,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plan", action="store_true",
                         help="converged protocols: print the planned runs, the data check and the cost estimate; "
                              "train nothing")
-    parser.add_argument("--max-runs", type=int, default=None,
+    parser.add_argument("--max-runs", type=positive_int_arg, default=None,
                         help="converged protocols: stop after training this many new runs")
     parser.add_argument("--commit-records", action="store_true",
                         help="converged protocols: git-commit each new run record (and the regenerated report) as "
@@ -35,20 +36,23 @@ def add_arguments(parser) -> None:
                         help="comma-separated variant specs trained in every cell next to its own variants (paired by "
                         "seed) and reported against the cell's standard runs, e.g. --variants coupled+n_steps=3; any "
                         "registered variant, plugins included")
-    parser.add_argument("--out-dir", default=None,
+    parser.add_argument("--out-dir", default=None, type=path_arg,
                         help="report folder; run records go to OUT_DIR/runs/PROTOCOL (default docs/results/claims; "
                              "runs/claims-smoke for the smoke protocol)")
-    parser.add_argument("--run-root", default="runs/claims", help="run folders (checkpoints; default runs/claims)")
-    parser.add_argument("--data-dir", default=None, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
-    parser.add_argument("--cache-dir", default=None, help="derived data (default: the token cache folder)")
+    parser.add_argument("--run-root", default="runs/claims", type=path_arg, help="run folders (checkpoints; default runs/claims)")
+    parser.add_argument("--data-dir", default=None, type=path_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
+    parser.add_argument("--cache-dir", default=None, type=path_arg, help="derived data (default: the token cache folder)")
     parser.add_argument("--cells", default=None, help="comma-separated cells to run (default: all, in order)")
     parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel processes)")
     parser.add_argument("--defer-wt2", action="store_true", help="train every run first, then evaluate WikiText-2")
     parser.add_argument("--report-only", action="store_true", help="do not train; report from the records")
-    parser.add_argument("--glue-json", default=None,
+    parser.add_argument("--glue-json", default=None, type=path_arg,
                         help="GLUE results for C11: a `coupled-qk glue` results.json, or a JSON list of rows with task, "
                         f"variant, seed and score (default: {DEFAULT_GLUE_JSON} if it exists, except for smoke)")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    from coupled_qk.commands.options import add_overwrite_option
+
+    add_overwrite_option(parser)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -64,7 +68,7 @@ def _shard(text: str) -> tuple[int, int]:
 def run(args) -> int:
     from coupled_qk.commands.options import parse_seeds
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
-    from coupled_qk.experiments.claims_report import build_report, format_markdown, write_report
+    from coupled_qk.experiments.claims_report import build_report, format_markdown, report_dir, write_report
     from coupled_qk.experiments.claims_runs import run_protocol
     from coupled_qk.experiments.converged import DESIGNS
     from coupled_qk.experiments.protocols import get_protocol
@@ -77,15 +81,25 @@ def run(args) -> int:
     if args.variants is not None:
         protocol = protocol.with_variants(args.variants.split(","))
     shard = _shard(args.shard)
-    out_dir = args.out_dir or ("runs/claims-smoke" if protocol.name == "smoke" else "docs/results/claims")
+    if args.out_dir is None:
+        out_dir = "runs/claims-smoke" if protocol.name == "smoke" else "docs/results/claims"
+    else:
+        out_dir = args.out_dir
+    out = report_dir(out_dir, protocol.name, overwrite=args.overwrite)  # checked before any training
     if not args.report_only and protocol.runnable:
-        data_dir = args.data_dir or default_data_dir()
-        cache = args.cache_dir or (default_cache_dir() / "claims-data")
+        from coupled_qk.outputs import input_dir, output_location
+
+        output_location("--run-root", args.run_root)
+        if args.data_dir is not None and Path(args.data_dir).exists():  # missing is fine when every run is reused
+            input_dir("--data-dir", args.data_dir)
+        data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
+        cache = output_location("--cache-dir", args.cache_dir) if args.cache_dir is not None else (
+            default_cache_dir() / "claims-data")
         cells = [c for c in args.cells.split(",") if c.strip()] if args.cells else None
         run_protocol(protocol, out_dir, args.run_root, data_dir, cache, cells=cells, shard=shard,
                      defer_wt2=args.defer_wt2)
     use_default = protocol.name != "smoke" and Path(DEFAULT_GLUE_JSON).is_file()  # smoke: toy runs only
-    glue_json = args.glue_json or (DEFAULT_GLUE_JSON if use_default else None)
+    glue_json = args.glue_json if args.glue_json is not None else (DEFAULT_GLUE_JSON if use_default else None)
     report = build_report(protocol, out_dir, glue_json)
     # the command that regenerates this report from scratch: without --cells/--shard/--report-only/--run-root,
     # which choose what this invocation trains, not what the report contains
@@ -95,7 +109,7 @@ def run(args) -> int:
         if value is not None:
             given += [flag, str(value)]
     command = "coupled-qk claims " + shlex.join(given)
-    paths = write_report(report, protocol, out_dir, command, figures=not args.no_figures)
+    paths = write_report(report, protocol, out, command, figures=not args.no_figures)
     print(format_markdown(report, command).split("\n## Notes")[0])
     print("written: " + ", ".join(str(p) for p in paths))
     return 0
@@ -108,12 +122,11 @@ def _run_converged(args) -> int:
     from coupled_qk.experiments.converged_study import build_report, plan_lines, run_design, write_report
 
     design = get_design(args.protocol)
-    for flag, value in (("--seeds", args.seeds), ("--cells", args.cells), ("--glue-json", args.glue_json)):
+    for flag, value in (("--seeds", args.seeds), ("--cells", args.cells), ("--glue-json", args.glue_json),
+                        ("--variants", args.variants)):
         if value is not None:
             raise ValueError(f"{flag} does not apply to the converged protocol {design.name!r} (its seeds and "
                              "stages are pre-registered)")
-    if args.max_runs is not None and args.max_runs < 1:
-        raise ValueError(f"--max-runs={args.max_runs}: expected a positive number of runs")
     default_out = "runs/claims-toy" if design.name == "toy-converged" else "docs/results/claims"
     out_dir = args.out_dir or default_out
     data_dir = args.data_dir or default_data_dir()

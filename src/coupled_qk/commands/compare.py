@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import parse_seeds, reject_variant_flags
-from coupled_qk.commands.train import add_train_options, train_config_from_args
+from coupled_qk.commands.options import add_overwrite_option, parse_seeds, reject_variant_flags
+from coupled_qk.commands.train import add_train_options, preflight, train_config_from_args
 from coupled_qk.models.registry import variant_names
 
 HELP = "train several attention variants with the same data and budget, then compare"
@@ -16,19 +16,21 @@ def add_arguments(parser) -> None:
         help=f"comma-separated variant specs ({', '.join(variant_names())}), each optionally +field=value, e.g. "
         "coupled+n_steps=3 (default: standard,coupled,coupled_leapfrog,uncoupled_mlp)",
     )
+    add_overwrite_option(parser)
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (mean and std reported)")
 
 
 def run(args) -> int:
-    from coupled_qk.experiments.compare import comparison_table, run_comparison
+    from coupled_qk.experiments.compare import comparison_dir, comparison_table, run_comparison
 
     reject_variant_flags(args, "compare")
     if args.out_dir is None:
         args.out_dir = "runs/compare"
     base = train_config_from_args(args)
     seeds = parse_seeds(args.seeds)
+    preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    summary = run_comparison(base, variants, seeds, base.out_dir)
+    summary = run_comparison(base, variants, seeds, comparison_dir(base.out_dir, variants, args.overwrite))
     print(comparison_table(summary))
     print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")
     return 0

@@ -13,8 +13,8 @@ the variants (the table says it is a smoke run).
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import parse_seeds, reject_variant_flags
-from coupled_qk.commands.train import add_train_options, train_config_from_args
+from coupled_qk.commands.options import add_overwrite_option, parse_seeds, reject_variant_flags
+from coupled_qk.commands.train import add_train_options, preflight, train_config_from_args
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes (--quick: ~3)"
 DEMO_VARIANTS = "standard,coupled,coupled_leapfrog,uncoupled_mlp"
@@ -33,6 +33,7 @@ evaluation (3,072 tokens each, about 1% of the splits)."""
 def add_arguments(parser) -> None:
     add_train_options(parser, defaults=DEMO_DEFAULTS, variant_flags=False)
     parser.add_argument("--variants", default=DEMO_VARIANTS, help=f"variants to compare (default {DEMO_VARIANTS})")
+    add_overwrite_option(parser)
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke run (about 3 minutes on 2 cores): max_tokens {QUICK_DEFAULTS['max_tokens']:,}, "
@@ -52,7 +53,7 @@ def demo_fields(args) -> dict:
 
 
 def run(args) -> int:
-    from coupled_qk.experiments.compare import comparison_table, run_comparison
+    from coupled_qk.experiments.compare import comparison_dir, comparison_table, run_comparison
 
     reject_variant_flags(args, "demo")
     defaults = demo_fields(args)
@@ -67,7 +68,9 @@ def run(args) -> int:
               "run `coupled-qk demo`", flush=True)
     base = train_config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
-    summary = run_comparison(base, args.variants.split(","), seeds, base.out_dir)
+    preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
+    variants = [v.strip() for v in args.variants.split(",")]
+    summary = run_comparison(base, variants, seeds, comparison_dir(base.out_dir, variants, args.overwrite))
     print(comparison_table(summary))
     print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")
     return 0

@@ -4,29 +4,42 @@ trained model on whole corpus splits."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 HELP = "perplexity and bits per byte of a checkpoint on a corpus split"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("checkpoint", help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
+    from coupled_qk.commands.options import add_device_option, add_overwrite_option, path_arg, positive_int_arg
+
+    parser.add_argument("checkpoint", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
     parser.add_argument("--corpus", default=None, help="corpus name or path (default: the run's corpus)")
-    parser.add_argument("--data-dir", default=None,
+    parser.add_argument("--data-dir", default=None, type=path_arg,
                         help="data folder of named corpora (default: the run's, else COUPLED_QK_DATA or ../shared/data)")
     parser.add_argument("--splits", default="valid,test", help="comma-separated splits (train, valid, test)")
-    parser.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: non-overlapping)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--json", dest="json_out", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--stride", type=positive_int_arg, default=None, help="sliding-window stride (default: non-overlapping)")
+    parser.add_argument("--batch-size", type=positive_int_arg, default=8, help="windows per forward pass (default 8)")
+    add_device_option(parser)
+    parser.add_argument("--json", dest="json_out", default=None, type=path_arg,
+                        help="also write the results to this JSON file (an existing file only with --overwrite)")
+    add_overwrite_option(parser)
 
 
 def run(args) -> int:
+    from coupled_qk.outputs import output_file
     from coupled_qk.training.evaluate import evaluate_checkpoint
 
-    res = evaluate_checkpoint(args.checkpoint, args.corpus, args.data_dir, args.splits.split(","), args.stride,
+    json_out = None
+    if args.json_out is not None:  # checked before the evaluation, so its result is never lost to its path
+        json_out = output_file("--json", args.json_out, overwrite=args.overwrite)
+    splits = [s.strip() for s in args.splits.split(",")]
+    if not all(splits) or len(set(splits)) != len(splits):
+        raise ValueError(f"--splits={args.splits!r}: expected distinct comma-separated split names (train, valid, "
+                         "test)")
+    if args.corpus is not None and not args.corpus.strip():
+        raise ValueError("--corpus='' is empty; expected a corpus name or path")
+    res = evaluate_checkpoint(args.checkpoint, args.corpus, args.data_dir, splits, args.stride,
                               args.batch_size, args.device)
-    for split in args.splits.split(","):
+    for split in splits:
         r = res[split]
         line = f"{split}: token perplexity {r['perplexity']:.3f} over {r['n_tokens']:,} {res['tokenizer']} tokens"
         if "word_perplexity" in r:
@@ -35,6 +48,8 @@ def run(args) -> int:
             line += (f"; {r['bits_per_byte']:.4f} bits per byte over {r['n_bytes']:,} bytes, "
                      f"{r['bits_per_char']:.4f} bits per character")
         print(line)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=2))
+    if json_out is not None:
+        from coupled_qk.io import write_text_atomic
+
+        write_text_atomic(json_out, json.dumps(res, indent=2) + "\n")
     return 0

@@ -6,9 +6,12 @@ HELP = "write a run's checkpoint as a Hugging Face folder (AutoModelForCausalLM 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("run_dir", help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
-    parser.add_argument("hf_dir", help="output folder for save_pretrained files")
-    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty HF_DIR")
+    from coupled_qk.commands.options import add_overwrite_option, path_arg
+
+    parser.add_argument("run_dir", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
+    parser.add_argument("hf_dir", type=path_arg, help="output folder for save_pretrained files (new or empty, or "
+                        "an earlier export with --overwrite)")
+    add_overwrite_option(parser)
 
 
 def run(args) -> int:
@@ -18,7 +21,11 @@ def run(args) -> int:
         if exc.name != "transformers":
             raise
         raise ValueError('export needs transformers: pip install "coupled-qk[hf]"') from exc
-    info = export_run(args.run_dir, args.hf_dir, overwrite=args.overwrite)
+    from coupled_qk.hf.export import EXPORT_LAYOUT
+    from coupled_qk.outputs import OutputDir
+
+    out = OutputDir(args.hf_dir, "HF_DIR", overwrite=args.overwrite, layout=EXPORT_LAYOUT, what="export")
+    info = export_run(args.run_dir, out, overwrite=args.overwrite)
     tok = f"tokenizer {info['tokenizer']}" if info["tokenizer"] else "no tokenizer (the run has none)"
     print(f"exported {info['checkpoint']} (step {info['step']}, attention={info['attention']}) with {tok} to "
           f"{info['hf_dir']}\nload it with: import coupled_qk; from transformers import AutoModelForCausalLM, "

@@ -12,20 +12,28 @@ HELP = "sample text from a trained run (its own tokenizer, KV-cache decoding)"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("run_dir", help="a run folder (its latest checkpoint) or a ckpt-* folder")
+    from coupled_qk.commands.options import (
+        add_device_option,
+        nonneg_float_arg,
+        nonneg_int_arg,
+        path_arg,
+        positive_int_arg,
+    )
+
+    parser.add_argument("run_dir", type=path_arg, help="a run folder (its latest checkpoint) or a ckpt-* folder")
     parser.add_argument("--prompt", default="", help="text to continue (default: empty = start of a document)")
-    parser.add_argument("--max-new-tokens", type=int, default=100,
+    parser.add_argument("--max-new-tokens", type=nonneg_int_arg, default=100,
                         help="tokens to generate; past the context the window slides (see --context) (default 100)")
     parser.add_argument("--context", choices=("slide", "error"), default="slide",
                         help="when prompt + new tokens exceed the model's context: slide (predict each token from "
                              "the last block_size tokens, as nanoGPT; the cache is rebuilt from the window) or "
                              "error (default slide)")
-    parser.add_argument("--temperature", type=float, default=1.0,
+    parser.add_argument("--temperature", type=nonneg_float_arg, default=1.0,
                         help="0 = greedy; 1 samples the model's distribution (default 1.0, as GPT.generate)")
-    parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (default 50)")
-    parser.add_argument("--num-samples", type=int, default=1, help="independent samples (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0); same seed, same text")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default cpu)")
+    parser.add_argument("--top-k", type=positive_int_arg, default=50, help="sample among the k most likely tokens (default 50)")
+    parser.add_argument("--num-samples", type=positive_int_arg, default=1, help="independent samples (default 1)")
+    parser.add_argument("--seed", type=nonneg_int_arg, default=0, help="sampling seed (default 0); same seed, same text")
+    add_device_option(parser, default="cpu")
 
 
 def run(args) -> int:

@@ -14,25 +14,31 @@ import time
 
 import torch
 
+from coupled_qk.commands.options import (
+    add_device_option,
+    add_overwrite_option,
+    path_arg,
+    positive_float_arg,
+    positive_floats_arg,
+    positive_int_arg,
+    positive_ints_arg,
+)
 from coupled_qk.experiments.mqar_presets import SWEEP_PRESETS, get_preset, heads_for, mqar_variants
 from coupled_qk.experiments.mqar_sweep import plan_sweep, run_sweep
 from coupled_qk.models.specs import parse_variants
+from coupled_qk.outputs import OutputDir
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--d-models={text!r}: expected comma-separated integers, e.g. 16,32") from None
+def sweep_rewrite(preset) -> tuple[str, ...]:
+    """The report files a rerun of the sweep regenerates (its documented resume path)."""
+    return ("results.json", "summary.json", f"mqar-{preset.name}.png")
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--lrs={text!r}: expected comma-separated numbers, e.g. 3e-3,1e-2") from None
+def sweep_layout(preset, plan) -> tuple[str, ...]:
+    """Top-level names of a sweep folder: the reports, the data cache and one folder per difficulty."""
+    return (*sweep_rewrite(preset), "mqar-*.png", "data-cache/", *sorted({f"{d.name}/" for d in preset.difficulties} | {f"{r.difficulty.name}/" for r in plan}))
 
 
 def add_arguments(parser) -> None:
@@ -41,15 +47,18 @@ def add_arguments(parser) -> None:
                         help="sweep preset (default cpu: measured 9.4 minutes on 2 shared CPU cores)")
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated variant specs (default: all = {','.join(mqar_variants())})")
-    parser.add_argument("--d-models", default=None, help="comma-separated model widths (default: the preset's)")
-    parser.add_argument("--lrs", default=None, help="comma-separated learning rates (default: the preset's)")
+    parser.add_argument("--d-models", default=None, type=positive_ints_arg, help="comma-separated model widths (default: the preset's)")
+    parser.add_argument("--lrs", default=None, type=positive_floats_arg, help="comma-separated learning rates (default: the preset's)")
     parser.add_argument("--difficulties", default=None, help="comma-separated difficulty names (default: all)")
-    parser.add_argument("--out-dir", default=None, help="sweep folder (default runs/mqar-<preset>)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if available")
-    parser.add_argument("--max-minutes", type=float, default=None,
+    parser.add_argument("--out-dir", default=None, type=path_arg,
+                        help="sweep folder (default runs/mqar-<preset>); a folder holding anything but a sweep is "
+                        "refused")
+    add_overwrite_option(parser)
+    add_device_option(parser)
+    parser.add_argument("--max-minutes", type=positive_float_arg, default=None,
                         help="wall-clock guard for the whole sweep: the run in progress is stopped (and resumed by "
                         "the next invocation), later runs are skipped")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int_arg, default=None,
                         help="torch CPU threads (default: the preset's; cpu uses 1, others torch's choice)")
     parser.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
 
@@ -57,17 +66,23 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     """Run the sweep described by ``args``; returns 0 (errors raise ``ValueError``, reported by the CLI)."""
     preset = get_preset(args.preset)
-    variants = parse_variants(args.variants) if args.variants else None
-    d_models = _int_list(args.d_models) if args.d_models else None
-    lrs = _float_list(args.lrs) if args.lrs else None
-    difficulties = [d.strip() for d in args.difficulties.split(",") if d.strip()] if args.difficulties else None
-    out_dir = args.out_dir or f"runs/mqar-{preset.name}"
+    variants = parse_variants(args.variants) if args.variants is not None else None
+    d_models, lrs = args.d_models, args.lrs
+    difficulties = None
+    if args.difficulties is not None:
+        difficulties = [d.strip() for d in args.difficulties.split(",")]
+        if not all(difficulties):
+            raise ValueError(f"--difficulties={args.difficulties!r}: expected comma-separated difficulty names")
+    out_dir = args.out_dir if args.out_dir is not None else f"runs/mqar-{preset.name}"
     threads = args.threads if args.threads is not None else preset.threads
     if threads is not None:
         if threads < 1:
             raise ValueError(f"--threads={threads} must be >= 1")
         torch.set_num_threads(threads)
     plan = plan_sweep(preset, variants, d_models, lrs, difficulties)
+    if not args.dry_run:  # claim the folder before any training (docs/RELIABILITY.md, "Outputs")
+        out_dir = OutputDir(out_dir, "--out-dir", overwrite=args.overwrite, what="an MQAR sweep",
+                            layout=sweep_layout(preset, plan), rewrite=sweep_rewrite(preset))
     print(f"coupled-qk mqar: preset {preset.name}: {preset.description}")
     print(f"  {len(plan)} runs -> {out_dir} (torch threads {torch.get_num_threads()}); differential variants use "
           f"n_heads={heads_for('differential', preset.n_heads)} where the others use n_heads={preset.n_heads} "

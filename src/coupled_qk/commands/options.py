@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from coupled_qk.models.config import PRESETS, GPTConfig, parse_overrides
 from coupled_qk.models.registry import QK_MAPS, attention_names, variant_names
@@ -24,7 +25,7 @@ def add_model_options(parser: argparse.ArgumentParser, default_preset: str | Non
                         help=hide or f"attention: {', '.join(attention_names())} (default: standard)")
     parser.add_argument("--integrator", default=None,
                         help=hide or "integrator of coupled attention: euler, leapfrog or symplectic_euler (default: euler)")
-    parser.add_argument("--n-steps", type=int, default=None, metavar="INT",
+    parser.add_argument("--n-steps", type=nonneg_int_arg, default=None, metavar="INT",
                         help=hide or "integration steps of coupled attention (default: 1)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -77,3 +78,153 @@ def parse_seeds(text: str) -> list[int]:
     if negative:
         raise ValueError(f"--seeds={text!r}: seeds must be >= 0, got {negative}")
     return seeds
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# argparse types: one rule per kind of value, shared by every command (docs/RELIABILITY.md, "Command line").
+# Each raises argparse.ArgumentTypeError, which the parser prints as one line naming the option, exit 2.
+
+
+def _arg(check, what: str):
+    """An argparse ``type`` calling ``check(text)``; its ``ValueError`` becomes a one-line usage error."""
+
+    def parse(text: str):
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+def _int_text(text: str) -> int:
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not an integer (write it with the digits 0-9)")
+    try:
+        return int(text.strip().replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _int_text(text)
+    if value < 1:
+        raise ValueError(f"{text!r} must be a positive integer (>= 1)")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    value = _int_text(text)
+    if value < 0:
+        raise ValueError(f"{text!r} must be an integer >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{text!r} must be a finite number > 0")
+    return value
+
+
+def _path_text(text: str) -> str:
+    from coupled_qk.outputs import path_value
+
+    if not text.strip():
+        raise ValueError(f"{text!r} is empty; expected a path")
+    path_value("path", text)
+    return text
+
+
+def _device_text(text: str) -> str:
+    from coupled_qk.devices import check_device
+
+    return check_device("", text)
+
+
+def _dtype_text(text: str) -> str:
+    from coupled_qk.devices import check_dtype
+
+    return check_dtype("", text)
+
+
+positive_int_arg = _arg(_positive_int, "positive integer")
+"""argparse type: an integer >= 1 (``0``, ``-1``, ``2.5``, ``"x"`` refused in one line)."""
+nonneg_int_arg = _arg(_nonneg_int, "integer >= 0")
+"""argparse type: an integer >= 0."""
+positive_float_arg = _arg(_positive_float, "positive number")
+"""argparse type: a finite number > 0 (NaN, inf, 0 and negatives refused)."""
+path_arg = _arg(_path_text, "path")
+"""argparse type: a non-empty path without NUL characters (kind and existence are checked by the command)."""
+device_arg = _arg(_device_text, "device")
+"""argparse type: a device this machine has (:func:`coupled_qk.devices.check_device`), listing the choices."""
+dtype_arg = _arg(_dtype_text, "dtype")
+"""argparse type: an autocast dtype name (:func:`coupled_qk.devices.check_dtype`)."""
+
+
+def add_device_option(parser, default: str = "auto", help: str | None = None) -> None:
+    """``--device``, checked against the devices of this machine when parsed."""
+    from coupled_qk.devices import available_devices
+
+    parser.add_argument("--device", default=default, type=device_arg, metavar="DEVICE",
+                        help=help or f"torch device: {', '.join(available_devices())} (default: {default}; auto = "
+                        "CUDA if available)")
+
+
+def add_overwrite_option(parser) -> None:
+    """``--overwrite``: allow replacing files in the output that exist from an earlier run (never files the
+    command does not write; see :mod:`coupled_qk.outputs`)."""
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace output files left by an earlier run (files the command does not write are "
+                        "never touched, and a folder holding them is still refused)")
+
+
+def _list(item, what: str):
+    def parse(text: str) -> list:
+        parts = [p.strip() for p in text.split(",")]
+        if not text.strip() or any(not p for p in parts):
+            raise ValueError(f"{text!r}: expected a comma-separated list of {what} without empty items, e.g. "
+                             f"{'16,32' if 'integer' in what else '3e-3,1e-2'}")
+        values = [item(p) for p in parts]
+        if len(set(values)) != len(values):
+            raise ValueError(f"{text!r} repeats a value")
+        return values
+
+    return parse
+
+
+positive_ints_arg = _arg(_list(_positive_int, "positive integers"), "list of positive integers")
+"""argparse type: ``"16,32"`` -> ``[16, 32]``; empty items, repeats, zero, negatives and non-integers refused."""
+positive_floats_arg = _arg(_list(_positive_float, "positive numbers"), "list of positive numbers")
+"""argparse type: ``"3e-3,1e-2"`` -> ``[0.003, 0.01]``; empty items, repeats, NaN, inf, 0 and negatives refused."""
+
+
+def _nonneg_float(text: str) -> float:
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _nonneg_float(text)
+    if value > 1:
+        raise ValueError(f"{text!r} must be a fraction in [0, 1]")
+    return value
+
+
+nonneg_float_arg = _arg(_nonneg_float, "number >= 0")
+"""argparse type: a finite number >= 0 (a temperature: 0 means greedy)."""
+fraction_arg = _arg(_fraction, "fraction")
+"""argparse type: a finite number in [0, 1] (the command checks any tighter range)."""

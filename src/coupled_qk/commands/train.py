@@ -13,7 +13,13 @@ import os
 from pathlib import Path
 
 from coupled_qk._checks import coerce, field_types
-from coupled_qk.commands.options import add_model_options, parse_overrides
+from coupled_qk.commands.options import (
+    add_model_options,
+    fraction_arg,
+    nonneg_int_arg,
+    parse_overrides,
+    positive_int_arg,
+)
 from coupled_qk.training.config import TrainConfig
 
 HELP = "train a language model on a corpus"
@@ -67,14 +73,14 @@ def add_train_options(parser, model: bool = True, defaults: dict | None = None, 
     split = parser.add_argument_group(
         "held-out splits (language modelling): for corpora split at random by documents (a text file, a folder "
         "of *.txt files, pubmed, mixed-domain); a folder with train.txt/valid.txt/test.txt is used as given")
-    split.add_argument("--valid-fraction", type=float, default=None, metavar="FLOAT",
+    split.add_argument("--valid-fraction", type=fraction_arg, default=None, metavar="FLOAT",
                        help="share of documents in the validation split (default: 0.01)")
-    split.add_argument("--test-fraction", type=float, default=None, metavar="FLOAT",
+    split.add_argument("--test-fraction", type=fraction_arg, default=None, metavar="FLOAT",
                        help="share of documents in the test split (default: 0.01)")
-    split.add_argument("--min-split-words", type=int, default=None, metavar="INT",
+    split.add_argument("--min-split-words", type=positive_int_arg, default=None, metavar="INT",
                        help="each evaluation split grows to this many words (~1.3 tokens each), within 20%% of the "
                        "corpus (default: 10000)")
-    split.add_argument("--split-seed", type=int, default=None, metavar="INT",
+    split.add_argument("--split-seed", type=nonneg_int_arg, default=None, metavar="INT",
                        help="seed of the document shuffle (default: 0)")
     parser.add_argument(
         "--opt", dest="train_overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -139,6 +145,33 @@ def _absolute_paths(data: dict) -> None:
         data["data_dir"] = str(Path(data["data_dir"]).expanduser().resolve())
 
 
+def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
+    """Checks of a training config against this machine and its file system, before any data is read:
+    ``device`` and ``dtype`` exist here, ``data_dir`` is not a file, ``cache_dir`` can be created, and (with
+    ``run_folder``) ``out_dir`` may hold a run (:func:`coupled_qk.training.resume.check_out_dir`).
+
+    Raises:
+        ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``, ``out_dir``).
+    """
+    from coupled_qk.devices import check_device, check_dtype
+    from coupled_qk.outputs import output_location, path_value
+    from coupled_qk.training.resume import check_out_dir
+
+    device = check_device("--device", cfg.device)
+    check_dtype("--dtype", cfg.dtype, device)
+    if cfg.data_dir is not None:
+        data_dir = path_value("--data-dir", cfg.data_dir)
+        if data_dir.exists() and not data_dir.is_dir():
+            raise ValueError(f"--data-dir={cfg.data_dir!r} is a file; expected a folder")
+    if cfg.cache_dir is not None:
+        output_location("--cache-dir", cfg.cache_dir)
+    for name in ("corpus", "tokenizer"):
+        if not str(getattr(cfg, name)).strip():
+            raise ValueError(f"--{name}='' is empty")
+    if run_folder:
+        check_out_dir(path_value("--out-dir", cfg.out_dir))
+
+
 def add_arguments(parser) -> None:
     add_train_options(parser, resume=True)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -149,6 +182,7 @@ def run(args) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
+    preflight(cfg)
     from coupled_qk.training.loop import train
 
     results = train(cfg)

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from coupled_qk.data.paths import DATA_ENV, default_data_dir
+from coupled_qk.io import write_text_atomic
 from coupled_qk.progress import progress_mode
 
 EOT = "<|endoftext|>"
@@ -138,9 +139,9 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "tokenizer.json"
-        self._tok.save(str(path))
+        write_text_atomic(path, self._tok.to_str(pretty=True))  # as Tokenizer.save writes it, but atomic: a crash never leaves half a tokenizer
         meta = {"name": self.name, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}
-        (directory / _META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        write_text_atomic(directory / _META, json.dumps(meta, indent=1) + "\n")
         return path
 
     @classmethod

@@ -13,9 +13,10 @@ def _finite(*xs) -> bool:
     return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
 
 
-def make_figures(report: dict, rec: Records, folder: str | Path) -> list[Path]:
+def make_figures(report: dict, rec: Records, folder: str | Path, save_as=None) -> list[Path]:
     """Write ``<protocol>-effects.png``, ``-curves.png``, ``-scan.png``, ``-trend.png`` and ``-rank.png`` where there
-    is data."""
+    is data. ``save_as(name, draw)`` (e.g. :meth:`coupled_qk.outputs.OutputDir.write_with`), when given, writes
+    each file (``draw(path)`` saves the figure); by default figures are saved into ``folder`` directly."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,8 +29,13 @@ def make_figures(report: dict, rec: Records, folder: str | Path) -> list[Path]:
     def save(fig, suffix):
         path = folder / f"{name}-{suffix}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        try:
+            if save_as is None:
+                fig.savefig(path, dpi=100)
+            else:
+                path = save_as(path.name, lambda p: fig.savefig(p, dpi=100, format="png"))
+        finally:
+            plt.close(fig)
         written.append(path)
 
     pct = [r for r in report["rows"] if r["verdict"] != "not run" and "%" in r.get("effect", "")

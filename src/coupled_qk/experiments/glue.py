@@ -137,7 +137,7 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
         names = [model_name(p) for p in pretrained]
     if len(names) != len(pretrained) or len(set(names)) != len(names):
         raise ValueError(f"names={names!r}: need one distinct name per pretrained run ({len(pretrained)})")
-    out_dir = Path(out_dir)
+    report_dir, out_dir = out_dir, Path(out_dir)  # report_dir may be a command's OutputDir claim
     per_task = options.pop("max_train_examples", None)
     plan = []
     for name, path in zip(names, pretrained, strict=True):
@@ -173,7 +173,7 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
                                         base["tasks"][task]["metrics"][m]["values"]) for m in TASK_INFO[task][3]}
             for task in tasks
         }
-    write_report(out_dir, Report(json={"results.json": summary}, text={"results.md": format_table(summary) + "\n"}))
+    write_report(report_dir, Report(json={"results.json": summary}, text={"results.md": format_table(summary) + "\n"}))
     return summary
 
 

@@ -16,13 +16,12 @@ Used by ``compare``/``demo`` (:mod:`.compare`) and the MQAR sweep (:mod:`.mqar_s
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coupled_qk.io import write_text_atomic
+from coupled_qk.outputs import OutputDir, as_output_dir
 from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig, describe_differences
 from coupled_qk.training.rundir import RunDir
 
@@ -227,32 +226,41 @@ def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: flo
     return RunRecord(run, status, results, cfg, seconds)
 
 
-def write_report(out_dir: str | Path, report: Report, log: Callable[[str], None] | None = None) -> list[Path]:
-    """Write a :class:`Report` into ``out_dir`` (created): JSON and text atomically, then the figures.
+def write_report(out_dir: str | Path | OutputDir, report: Report,
+                 log: Callable[[str], None] | None = None) -> list[Path]:
+    """Write a :class:`Report` into ``out_dir`` (created): JSON and text atomically, then the figures (each drawn
+    into a temporary file and renamed, so a failed drawing leaves the previous figure).
+
+    ``out_dir`` may be an :class:`~coupled_qk.outputs.OutputDir` claimed by a command before its work (then a
+    file that exists and was not written in this run is refused unless ``--overwrite`` or the claim's rewrite
+    patterns allow it); a plain path is the library's documented resume path: the report's own files are
+    regenerated in place.
 
     A figure whose drawing needs a missing package (``ImportError``) is skipped with a logged line, so the
     numbers are never lost to a plotting problem.
 
     Returns:
         The paths written, in the order JSON, text, figures.
+
+    Raises:
+        OutputRefused: (a ``ValueError``) a report file exists that this run may not replace.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    names = [*report.json, *report.text, *report.plots]
+    out = as_output_dir(out_dir, "out_dir", layout=("*", "*/"), rewrite=names, what="the report")
+    for name in names:  # all refusals before the first write
+        out.claim(name, check_only=True)
     written = []
     for name, obj in report.json.items():
-        write_text_atomic(out / name, json.dumps(obj, indent=2) + "\n")
-        written.append(out / name)
+        written.append(out.write_json(name, obj))
     for name, text in report.text.items():
-        write_text_atomic(out / name, text)
-        written.append(out / name)
+        written.append(out.write_text(name, text))
     for name, draw in report.plots.items():
         try:
-            draw(out / name)
+            written.append(out.write_with(name, draw))
         except ImportError as exc:  # matplotlib is a dependency, but keep the results if it is missing
             if log is not None:
                 log(f"plot {name} skipped: {exc}")
             continue
-        written.append(out / name)
     return written
 
 

@@ -6,10 +6,14 @@ The folder then loads offline with ``AutoModelForCausalLM.from_pretrained(folder
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from coupled_qk.data.tokenizers import EOT, Tokenizer
 from coupled_qk.hf.modeling import CoupledQKForCausalLM
+from coupled_qk.io import fsync_dir, make_temp_dir, write_error
+from coupled_qk.outputs import as_output_dir
 from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
 
 
@@ -20,6 +24,12 @@ def hf_tokenizer(tokenizer: Tokenizer, model_max_length: int):
 
     special = {} if tokenizer.eot_id is None else dict(bos_token=EOT, eos_token=EOT, pad_token=EOT, unk_token=EOT)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer.hf, model_max_length=model_max_length, **special)
+
+
+EXPORT_LAYOUT = ("config.json", "generation_config.json", "model.safetensors", "model-*.safetensors",
+                 "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "chat_template.jinja")
+"""The files of an exported folder (what ``save_pretrained`` of the model and the tokenizer write)."""
 
 
 def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False) -> dict:
@@ -37,14 +47,17 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False)
         has none, e.g. an MQAR run: then only the model is written).
 
     Raises:
-        FileNotFoundError: no checkpoint at ``run_dir``. FileExistsError: ``hf_dir`` is not empty and
-        ``overwrite`` is false. ValueError: the tokenizer's vocabulary does not fit the model.
+        FileNotFoundError: no checkpoint at ``run_dir``. OutputRefused (a ``ValueError``): ``hf_dir`` holds an
+        earlier export and ``overwrite`` is false, or holds files an export does not write (even with
+        ``overwrite``), or is a file. ValueError: the tokenizer's vocabulary does not fit the model.
+        OSError: a failed write (naming the folder and the free space).
     """
+    # claimed before loading anything: a folder holding other files is refused even with overwrite, and an
+    # earlier export is replaced only with overwrite (docs/RELIABILITY.md, "Outputs")
+    out = as_output_dir(hf_dir, "hf_dir", overwrite=overwrite, layout=EXPORT_LAYOUT, what="export")
+    out.claim_existing()
+    hf_dir = out.path
     ckpt = resolve_checkpoint(run_dir)
-    hf_dir = Path(hf_dir).expanduser()
-    if hf_dir.exists() and (not hf_dir.is_dir() or any(hf_dir.iterdir())) and not overwrite:
-        raise FileExistsError(f"{hf_dir} exists and is not an empty folder; choose another or pass overwrite "
-                              "(--overwrite)")
     model, state = load_checkpoint_model(ckpt)
     tok_dir = ckpt.parent / "tokenizer"
     tokenizer = Tokenizer.load(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
@@ -57,8 +70,22 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False)
             special = dict(bos_token_id=tokenizer.eot_id, eos_token_id=tokenizer.eot_id, pad_token_id=tokenizer.eot_id)
     hf_model = CoupledQKForCausalLM.from_gpt(model, **special)
     hf_dir.mkdir(parents=True, exist_ok=True)
-    hf_model.save_pretrained(hf_dir)
-    if tokenizer is not None:
-        hf_tokenizer(tokenizer, model.config.block_size).save_pretrained(hf_dir)
+    # save_pretrained writes into a hidden temporary folder inside hf_dir; each file is then claimed and renamed
+    # into place, so a failure (a full disk) leaves the previous export or nothing, never a mix
+    tmp = make_temp_dir(hf_dir, ".export.tmp-")
+    try:
+        hf_model.save_pretrained(tmp)
+        if tokenizer is not None:
+            hf_tokenizer(tokenizer, model.config.block_size).save_pretrained(tmp)
+        files = sorted(p for p in tmp.iterdir() if p.is_file())
+        for f in files:
+            out.claim(f.name, check_only=True)
+        for f in files:
+            os.replace(f, out.claim(f.name))
+        fsync_dir(hf_dir)
+    except OSError as exc:
+        raise write_error(hf_dir, exc) from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"hf_dir": str(hf_dir), "checkpoint": str(ckpt), "step": state.get("step"),
             "attention": model.config.attention, "tokenizer": None if tokenizer is None else tokenizer.name}

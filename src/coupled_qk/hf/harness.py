@@ -30,6 +30,8 @@ import re
 import sys
 from pathlib import Path
 
+from coupled_qk.outputs import OutputDir
+
 _HEADING = re.compile(r"^ = [^=].* = $")
 
 PERPLEXITY_YAML = """task: {name}
@@ -94,7 +96,7 @@ def text_documents(path: str | Path) -> list[str]:
 
 
 def make_task(kind: str, source: str | Path, out_dir: str | Path, name: str | None = None,
-              max_docs: int | None = None) -> Path:
+              max_docs: int | None = None, overwrite: bool = False) -> Path:
     """Write the local lm-eval task ``<out_dir>/<name>.yaml`` and its data ``<name>.jsonl``.
 
     Args:
@@ -103,12 +105,16 @@ def make_task(kind: str, source: str | Path, out_dir: str | Path, name: str | No
         out_dir: folder for the task (pass it to lm-eval as ``--include_path``).
         name: task name (default ``coupled_qk_<kind>_<file stem>``).
         max_docs: keep only the first ``max_docs`` documents / examples (``None``: all).
+        overwrite: replace this task's files left by an earlier call (the folder may hold only ``*.jsonl``
+            and ``*.yaml`` files: :class:`coupled_qk.outputs.OutputDir`).
 
     Returns:
         The YAML path.
 
     Raises:
-        ValueError: unknown ``kind``, bad ``max_docs``, a malformed SST-2 line (naming the line), or no data.
+        ValueError: unknown ``kind``, bad ``max_docs`` or ``name``, a malformed SST-2 line (naming the line),
+            no data, an output folder holding other files, or this task's files already there without
+            ``overwrite``.
         FileNotFoundError: ``source`` does not exist.
     """
     from coupled_qk._checks import choice, positive_int
@@ -117,20 +123,21 @@ def make_task(kind: str, source: str | Path, out_dir: str | Path, name: str | No
     if max_docs is not None:
         positive_int("max_docs", max_docs)
     source = Path(source).expanduser()
-    name = name or f"coupled_qk_{kind}_{re.sub(r'[^A-Za-z0-9_]', '_', source.stem)}"
+    name = name if name is not None else f"coupled_qk_{kind}_{re.sub(r'[^A-Za-z0-9_]', '_', source.stem)}"
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
+        raise ValueError(f"name={name!r} must be a task name of letters, digits, '_', '-' and '.'")
     if kind == "perplexity":
         rows = [{"text": d} for d in text_documents(source)]
     else:
         rows = _sst2_rows(source)
     rows = rows[:max_docs] if max_docs else rows
-    out_dir = Path(out_dir).expanduser()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data = (out_dir / f"{name}.jsonl").resolve()
-    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    out = OutputDir(out_dir, "out_dir", overwrite=overwrite, layout=("*.jsonl", "*.yaml"),
+                    what="make-task")  # a task folder: the tasks' JSONL and YAML files, nothing else
+    for f in (f"{name}.jsonl", f"{name}.yaml"):  # both refused before either is written
+        out.claim(f, check_only=True)
+    data = out.write_text(f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)).resolve()
     template = PERPLEXITY_YAML if kind == "perplexity" else SST2_YAML
-    yaml = out_dir / f"{name}.yaml"
-    yaml.write_text(template.format(name=name, data=json.dumps(str(data))), encoding="utf-8")
-    return yaml
+    return out.write_text(f"{name}.yaml", template.format(name=name, data=json.dumps(str(data))))
 
 
 def _sst2_rows(path: Path) -> list[dict]:
@@ -238,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("out_dir", help="task folder, for lm-eval's --include_path")
         p.add_argument("--name", default=None)
         p.add_argument("--max-docs", type=int, default=None)
+        p.add_argument("--overwrite", action="store_true", help="replace this task's files from an earlier run")
         a = p.parse_args(argv[1:])
         try:
-            path = make_task(a.kind, a.source, a.out_dir, a.name, a.max_docs)
+            path = make_task(a.kind, a.source, a.out_dir, a.name, a.max_docs, overwrite=a.overwrite)
         except (ValueError, OSError) as exc:
             print(f"make-task: error: {exc}", file=sys.stderr)
             return 2

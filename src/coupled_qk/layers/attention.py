@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from coupled_qk._checks import boolean, finite, nonneg_int, positive_int
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
 from coupled_qk.layers.kv_cache import KVCache
 from coupled_qk.ops.heads import expand_kv
@@ -264,6 +265,12 @@ class CausalSelfAttention(nn.Module):
         impl: str = "sdpa",
     ):
         super().__init__()
+        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads),
+                            ("d_head", d_head)):
+            positive_int(name, value)  # before any arithmetic on them (n_heads % n_kv_heads)
+        nonneg_int("layer_idx", layer_idx)
+        boolean("use_rope", use_rope)
+        finite("dropout", dropout, 0, 1, hi_open=True)
         if scoring not in SCORINGS:
             raise ValueError(f"scoring={scoring!r} is unknown; expected one of {SCORINGS}")
         if impl not in ("sdpa", "eager"):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import finite, nonneg_int, positive_int
+from coupled_qk._checks import boolean, finite, nonneg_int, positive_int
 from coupled_qk.layers.forces import FORCE_CLASSES, FORCES, MLPForce
 from coupled_qk.ops.dynamics import apply_query_mlp, check_integrator, integrate_qk
 
@@ -103,6 +103,8 @@ class QKDynamics(QKMap):
         hidden = d_head if hidden is None else positive_int("hidden", hidden)
         nonneg_int("n_steps", n_steps)
         finite("dt_init", dt_init)
+        boolean("shared_across_heads", shared_across_heads)
+        boolean("keys_per_query_head", keys_per_query_head)
         if force not in FORCES:
             raise ValueError(f"force={force!r} is not supported; expected one of {FORCES}")
         if not keys_per_query_head and not shared_across_heads:
@@ -193,6 +195,7 @@ class QueryMLP(QKMap):
         positive_int("d_head", d_head)
         positive_int("n_heads", n_heads)
         hidden = d_head if hidden is None else positive_int("hidden", hidden)
+        boolean("shared_across_heads", shared_across_heads)
         self.mlp = MLPForce(d_head, hidden, None if shared_across_heads else n_heads)
         self.dt = nn.Parameter(torch.full((n_heads,), finite("dt_init", dt_init)))
 

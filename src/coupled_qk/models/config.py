@@ -32,7 +32,51 @@ PRESETS: dict[str, dict] = {
 
 
 class JSONConfig:
-    """Dict/JSON round trip for validated config dataclasses; unknown fields fail loudly."""
+    """Dict/JSON round trip for validated config dataclasses; unknown fields fail loudly.
+
+    Assignment after construction is checked like construction (docs/RELIABILITY.md, "Configuration"): the
+    value is converted to the field's declared type (:func:`coupled_qk._checks.coerce`) and ``validate()`` runs
+    again; on an error the old value is restored and ``ValueError`` names the field. An unknown attribute is an
+    ``AttributeError`` (a typo never creates a silent new attribute). Reads are untouched, so hot paths that
+    read a config cost nothing more.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        post = cls.__dict__.get("__post_init__")
+        if post is not None:  # assignments made while constructing are not re-checked one by one
+
+            @functools.wraps(post)
+            def post_init(self, *args, **kw):
+                object.__setattr__(self, "_checking", True)
+                try:
+                    post(self, *args, **kw)
+                finally:
+                    object.__setattr__(self, "_checking", False)
+                object.__setattr__(self, "_constructed", True)
+
+            cls.__post_init__ = post_init
+
+    def __setattr__(self, name: str, value) -> None:
+        state = self.__dict__
+        if name.startswith("_") or not state.get("_constructed") or state.get("_checking"):
+            object.__setattr__(self, name, value)
+            return
+        owner = type(self).__name__
+        types = field_types(type(self))
+        if name not in types:
+            raise AttributeError(f"{owner} has no field {name!r}; fields: {sorted(types)}")
+        value = coerce(f"{owner}.{name}", value, types[name])
+        old = state[name]
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_checking", True)
+        try:
+            self.validate()
+        except BaseException:
+            object.__setattr__(self, name, old)
+            raise
+        finally:
+            object.__setattr__(self, "_checking", False)
 
     def to_dict(self) -> dict:
         """All fields as a JSON-serialisable dict."""
@@ -57,18 +101,27 @@ class JSONConfig:
 
     def save(self, path: str | Path) -> None:
         """Write the config as JSON."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        from coupled_qk.io import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
     @classmethod
     def load(cls, path: str | Path):
         """Read a config written by :meth:`save` (``FileNotFoundError`` naming the path if it is missing)."""
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"config file {path} is a folder; expected a JSON file")
+        if path.exists() and not path.is_file():
+            raise ValueError(f"config file {path} is not a regular file; expected a JSON file")
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"config file {path} is not valid JSON ({exc})") from exc
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); expected "
+                             "a JSON file") from None
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a JSON object; got {type(data).__name__}")
         return cls.from_dict(cls.upgrade(data, path))

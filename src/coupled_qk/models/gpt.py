@@ -22,6 +22,7 @@ from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.registry import get_attention
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables
+from coupled_qk.tensor_checks import check_generate_args
 
 
 class MLP(nn.Module):
@@ -167,12 +168,14 @@ class GPT(nn.Module):
         :func:`key_padding_mask`, which numbers the positions when ``position_ids`` is ``None``. Arguments
         and errors as :meth:`hidden_states`; ``check_ids=False`` skips the id-range check (a reduction over
         ``idx``; :meth:`generate` checks the prompt once)."""
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"idx must be a torch.Tensor of token ids with shape (B, T); got {type(idx).__name__}")
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         b, t = idx.shape
         past = 0 if cache is None else cache.length
-        if t == 0:
-            raise ValueError("idx has no tokens (T = 0)")
+        if t == 0 or b == 0:
+            raise ValueError(f"idx has a zero-sized dimension: shape {tuple(idx.shape)} (need B >= 1 and T >= 1)")
         if past + t > self.config.block_size:
             raise ValueError(
                 f"sequence length {past + t} (cached {past} + new {t}) exceeds the context "
@@ -292,25 +295,21 @@ class GPT(nn.Module):
         last ``block_size`` tokens (see :meth:`generate_sliding`); ``"error"`` raises instead.
 
         Raises:
-            ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, ``context`` other than
-                ``"slide"``/``"error"``, or (``context="error"``) a total length beyond ``block_size``.
+            TypeError, ValueError: from :func:`coupled_qk.tensor_checks.check_generate_args`, naming the
+                argument: negative or non-int ``max_new_tokens``, negative or non-finite ``temperature``,
+                ``top_k < 1``, an empty prompt or batch, ids out of the vocabulary, a mask of another shape, or
+                (``context="error"``) a total length beyond ``block_size`` (no silent cropping); ``context``
+                other than ``"slide"``/``"error"``.
         """
-        if max_new_tokens < 0 or temperature < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} and temperature={temperature} must be >= 0")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k={top_k} must be >= 1 (or None for no truncation)")
+        if context not in ("slide", "error"):
+            raise ValueError(f"context={context!r} must be 'slide' or 'error'")
+        check_generate_args(idx, max_new_tokens, block_size=self.config.block_size, vocab_size=self.config.vocab_size,
+                            temperature=temperature, top_k=top_k, use_cache=use_cache, generator=generator,
+                            attention_mask=attention_mask, fit_context=context == "error")  # once per call
         total = idx.shape[1] + max_new_tokens
-        if total > self.config.block_size:
-            if context == "slide":
-                return self.generate_sliding(idx, max_new_tokens, temperature, top_k, use_cache, generator,
-                                             attention_mask)
-            if context != "error":
-                raise ValueError(f"context={context!r} must be 'slide' or 'error'")
-            raise ValueError(f"prompt + max_new_tokens = {total} exceeds block_size={self.config.block_size} "
-                             "(context='slide' predicts from the last block_size tokens instead)")
-        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
-            raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
-        self._check_ids(idx)  # once: the generated ids come from the vocabulary
+        if total > self.config.block_size:  # context="slide" (checked above): predict from the last block_size
+            return self.generate_sliding(idx, max_new_tokens, temperature, top_k, use_cache, generator,
+                                         attention_mask)
         cache = self.new_cache(max(total, 1)) if use_cache else None
         b, t = idx.shape
         out = idx.new_empty(b, total)
@@ -324,14 +323,7 @@ class GPT(nn.Module):
                 logits = self.next_token_logits(context, cache).float()
             else:
                 logits = self(context, cache, mask)[:, -1, :].float()
-            if temperature == 0:
-                nxt = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            nxt = sample_next_token(logits, temperature, top_k, generator)
             out[:, t + i : t + i + 1] = nxt
             step_input = nxt
         return out
@@ -417,10 +409,12 @@ def sample_next_token(logits: torch.Tensor, temperature: float, top_k: int | Non
                       generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row from float logits ``(B, vocab)`` -> ids ``(B, 1)``: the arg-max at ``temperature = 0``,
     else a draw from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest logits (ties at the
-    k-th value kept). The same rule (and random-number use) as the loop of :meth:`GPT.generate`."""
-    if temperature == 0:
+    k-th value kept). Used by :meth:`GPT.generate` and :meth:`GPT.generate_sliding`. A temperature so small
+    that it underflows in the logits' dtype decodes greedily (its limit); the logits are shifted by their
+    maximum first, so a tiny temperature cannot overflow to ``inf - inf = nan``."""
+    if temperature < torch.finfo(logits.dtype).tiny:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from coupled_qk.io import file_mode, fsync_dir, make_temp_dir, write_error, write_text_atomic
@@ -139,7 +140,7 @@ def _write_folder(run_dir: Path, files: dict, tmp_prefix: str, final_name) -> st
             current = tmp / name
             try:
                 write(current)
-            except (OSError, RuntimeError) as exc:  # torch/safetensors report a full disk as RuntimeError
+            except (OSError, RuntimeError, SafetensorError) as exc:  # torch: RuntimeError, safetensors: its own
                 raise write_error(current, exc) from exc
             os.chmod(current, mode)  # safetensors writes 0600 whatever the umask
             with open(current, "rb") as fh:

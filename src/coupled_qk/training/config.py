@@ -149,6 +149,7 @@ class TrainConfig(JSONConfig):
         self.model = {k: coerce(f"TrainConfig.model.{k}", v, types[k]) if k in types else v
                       for k, v in self.model.items()}
         name = type(self).__name__
+        check_text_fields(self)
         for f in dataclasses.fields(self):
             if "choices" in f.metadata and getattr(self, f.name) is not None:
                 choice(f"{name}.{f.name}", getattr(self, f.name), f.metadata["choices"])
@@ -217,6 +218,22 @@ def auto_eval_interval(total_steps: int) -> int:
     """
     positive_int("total_steps", total_steps)
     return max(1, round(total_steps / EVALUATIONS_PER_RUN))
+
+
+def check_text_fields(cfg: TrainConfig) -> None:
+    """No text field is empty or blank (an empty ``out_dir`` would mean the current folder, an empty ``corpus``
+    the default one), and ``device`` is spelled as a device (its presence is checked where it is used).
+
+    Raises:
+        ValueError: naming the field.
+    """
+    from coupled_qk.devices import check_device_name
+
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(f"{type(cfg).__name__}.{f.name}={value!r} is empty")
+    check_device_name(f"{type(cfg).__name__}.device", cfg.device)
 
 
 def config_differences(saved: dict, current: TrainConfig, ignore=CONTINUATION_FIELDS) -> dict:

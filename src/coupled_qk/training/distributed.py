@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from coupled_qk.devices import check_device
+
 
 @dataclass
 class Runtime:
@@ -34,19 +36,16 @@ wait in a collective; 30 minutes covers WikiText-103's tokenization on one core,
 
 
 def pick_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when available, else CPU; other names are passed to ``torch.device``.
+    """``auto`` picks CUDA when available, else CPU; other names must be devices this machine has.
 
     Choosing a CUDA device also enables TF32 for float32 matmuls and convolutions (:func:`enable_tf32`).
 
     Raises:
-        ValueError: a CUDA device requested on a machine without CUDA.
+        ValueError: an unknown or absent device, listing the available ones
+            (:func:`coupled_qk.devices.check_device`).
     """
-    if name == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(name)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={name!r} requested but CUDA is not available")
+    name = check_device("device", name)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
     enable_tf32(device)
     return device
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from coupled_qk.data.glue import TASK_INFO, check_task, encode_split, glue_metrics, load_glue
 from coupled_qk.data.paths import default_data_dir
 from coupled_qk.data.tokenizers import Tokenizer
+from coupled_qk.io import write_text_atomic
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training import checkpoint as ckpt
@@ -164,7 +165,9 @@ class GlueTask:
         subsample_seed = _int_option(opts, "subsample_seed", 0, 0)
         self.pretrained = str(opts["pretrained"])
         self.ckpt_dir, self.model_cfg, self.tokenizer = resolve_pretrained(self.pretrained)
-        glue_dir = opts.get("glue_dir") or default_data_dir() / "glue"
+        glue_dir = opts["glue_dir"] if opts.get("glue_dir") is not None else default_data_dir() / "glue"
+        if not str(glue_dir).strip():
+            raise ValueError("task_options.glue_dir='' is empty; expected the folder holding SST-2/, CoLA/, ...")
         train = load_glue(self.glue_task, "train", glue_dir)
         self.n_train_total = len(train)
         self.train_split = train.subsample(max_train, subsample_seed) if max_train else train
@@ -257,4 +260,4 @@ class GlueTask:
     def save(self, run_dir: Path) -> None:
         """Write the tokenizer and :meth:`describe` (``data.json``) next to the checkpoints."""
         self.tokenizer.save(Path(run_dir) / "tokenizer")
-        (Path(run_dir) / "data.json").write_text(json.dumps(self.describe(), indent=2))
+        write_text_atomic(Path(run_dir) / "data.json", json.dumps(self.describe(), indent=2))

@@ -16,6 +16,7 @@ from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus, split_documents
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
+from coupled_qk.io import write_text_atomic
 from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.perplexity import evaluate_perplexity, perplexity_windows, text_units
@@ -209,4 +210,4 @@ class LMTask:
         """Write the tokenizer and a description of the data next to the checkpoints."""
         run = RunDir(run_dir)
         self.tokenizer.save(run.tokenizer_dir)
-        run.data_path.write_text(json.dumps(self.describe(), indent=2))
+        write_text_atomic(run.data_path, json.dumps(self.describe(), indent=2))

@@ -10,6 +10,7 @@ import json
 import warnings
 from pathlib import Path
 
+from coupled_qk.io import write_text_atomic
 from coupled_qk.progress import progress
 from coupled_qk.training.rundir import RunDir, parse_metrics
 
@@ -35,7 +36,7 @@ class Logger:
         path = RunDir(run_dir).metrics_path
         if path.exists():
             keep = [r for r in parse_metrics(path) if r.get("step", 0) <= start_step]
-            path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))  # a crash keeps the old file
         self.file = path.open("a")
         if cfg.tensorboard:
             try:

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
+from coupled_qk.io import write_text_atomic
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_metrics import evaluate_slices
 from coupled_qk.training.rundir import RunDir
@@ -293,7 +294,7 @@ class MQARTask:
 
     def save(self, run_dir: Path) -> None:
         """Write :meth:`describe` as ``data.json`` into ``run_dir``."""
-        RunDir(run_dir).data_path.write_text(json.dumps(self.describe(), indent=2))
+        write_text_atomic(RunDir(run_dir).data_path, json.dumps(self.describe(), indent=2))
 
 
 def _int_option(opts: dict, name: str, default: int, minimum: int) -> int:

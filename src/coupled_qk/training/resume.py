@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from coupled_qk.outputs import OutputDir
 from coupled_qk.training.checkpoint import checkpoint_step
 from coupled_qk.training.config import CONTINUATION_FIELDS, TrainConfig, config_differences, describe_differences
 
@@ -42,14 +43,24 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, start: int = 0) -> floa
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - floor)
 
 
+RUN_LAYOUT = ("config.json", "model_config.json", "data.json", "tokenizer/", "metrics.jsonl", "tensorboard/",
+              "ckpt-*/", "latest", "results.json", "results.interrupted.json", "glue/")
+"""Top-level names of a run folder (``training/rundir.py``) plus ``glue/``, the default output of ``coupled-qk
+glue`` for one run. A folder holding anything else is not a run folder and is refused as ``out_dir``."""
+
+
 def check_out_dir(run_dir: Path) -> None:
-    """Refuse an ``out_dir`` that is a file or a checkpoint folder inside a run (``--out-dir RUN/ckpt-...``)."""
+    """Refuse an ``out_dir`` that is empty, a file, not creatable or writable, a checkpoint folder inside a run
+    (``--out-dir RUN/ckpt-...``), or a folder holding files a run does not write (a home folder, a user's
+    project, another command's output): the run would mix its files with them or replace them
+    (:class:`coupled_qk.outputs.OutputDir`; docs/RELIABILITY.md, "Outputs")."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"out_dir {run_dir} is a file, not a folder")
     if (run_dir / "model.safetensors").is_file() or (
             checkpoint_step(run_dir) is not None and (run_dir.parent / "latest").is_file()):
         raise ValueError(f"out_dir {run_dir} is a checkpoint folder inside the run {run_dir.parent}; pass "
                          f"--out-dir {run_dir.parent} (the run folder)")
+    OutputDir(run_dir, "out_dir", layout=RUN_LAYOUT, what="a training run")
 
 
 def check_config(run_dir: Path, cfg: TrainConfig) -> None:

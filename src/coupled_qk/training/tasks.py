@@ -7,6 +7,7 @@ with the :class:`Task` interface. See ``docs/DESIGN.md`` (how data flows through
 from __future__ import annotations
 
 import importlib
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -100,6 +101,9 @@ def steps_for_tokens(task: Task, max_tokens: int, world: int, max_steps: int | N
 
     Raises:
         ValueError: ``max_tokens`` < 1, or a step with no tokens (the budget could never be reached).
+
+    Warns:
+        UserWarning: ``max_tokens`` is smaller than the first step's tokens (the run trains one whole step).
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens!r} must be a positive integer")
@@ -108,6 +112,10 @@ def steps_for_tokens(task: Task, max_tokens: int, world: int, max_steps: int | N
         n = task.step_tokens(step, world)
         if n < 1:
             raise ValueError(f"task {task.name!r} reports {n} tokens at step {step}; a token budget needs >= 1")
+        if step == 0 and n > max_tokens:
+            warnings.warn(f"max_tokens={max_tokens:,} is smaller than one optimizer step ({n:,} tokens: batch_size x "
+                          "grad_accum x processes x sequence length); the run trains one step of "
+                          f"{n:,} tokens. Raise max_tokens or lower batch_size for a smaller budget", stacklevel=2)
         seen += n
         step += 1
     return step

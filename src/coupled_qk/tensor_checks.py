@@ -1,0 +1,146 @@
+"""Checks of tensor entry points and sampling arguments, run once per call (never per layer or per token).
+
+Used at the top of :meth:`coupled_qk.GPT.generate` (and available to the Hugging Face wrapper): every argument
+is checked for type, shape (zero-sized dimensions included), dtype, device, finiteness and range, raising
+``TypeError`` (wrong kind of object) or ``ValueError`` (wrong value) whose message names the argument.
+
+Level 0 of the layering (torch and :mod:`coupled_qk._checks` only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["check_generate_args", "check_ids"]
+
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _int(name: str, value, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}={value!r} must be an int (got {type(value).__name__})")
+    if value < lo:
+        raise ValueError(f"{name}={value!r} must be >= {lo}")
+    return value
+
+
+def _real(name: str, value, lo: float, hi: float | None = None, lo_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}={value!r} must be a real number (got {type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be finite")
+    if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+        left = "(" if lo_open else "["
+        raise ValueError(f"{name}={value!r} must be in {left}{lo:g}, {'inf' if hi is None else f'{hi:g}'}]")
+    return float(value)
+
+
+def check_ids(name: str, idx, *, vocab_size: int | None = None, allow_empty_time: bool = False) -> None:
+    """``idx`` must be an integer tensor of shape ``(B, T)`` with ``B >= 1`` (and ``T >= 1`` unless
+    ``allow_empty_time``), ids in ``[0, vocab_size)`` (checked on CPU tensors only, to avoid a device sync).
+
+    Raises:
+        TypeError: not a tensor. ValueError: naming ``name``: wrong rank, zero-sized dimension, floating or
+            bool dtype, an id out of range.
+    """
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids with shape (B, T); got {type(idx).__name__}")
+    if idx.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, T); got shape {tuple(idx.shape)}")
+    if idx.dtype not in _INT_DTYPES:
+        raise ValueError(f"{name} must hold integer token ids; got dtype {idx.dtype}")
+    if idx.shape[0] == 0 or (idx.shape[1] == 0 and not allow_empty_time):
+        raise ValueError(f"{name} has a zero-sized dimension: shape {tuple(idx.shape)}; need at least one sequence "
+                         "of at least one token (e.g. the end-of-text id)")
+    if vocab_size is not None and idx.numel() and idx.device.type == "cpu":
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{name}: token ids must be in [0, {vocab_size}); got min {lo}, max {hi}")
+
+
+def check_generate_args(
+    idx,
+    max_new_tokens,
+    *,
+    block_size: int,
+    vocab_size: int,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    repetition_penalty=None,
+    stop_ids: Sequence[int] | None = None,
+    use_cache=True,
+    generator=None,
+    attention_mask=None,
+    device: torch.device | None = None,
+    fit_context: bool = True,
+) -> None:
+    """Check every argument of a sampling call once, before any token is computed.
+
+    Args:
+        idx: ``(B, T)`` integer prompt ids, ``B, T >= 1``, ids in ``[0, vocab_size)``.
+        max_new_tokens: int ``>= 0``; ``T + max_new_tokens <= block_size`` when ``fit_context``.
+        temperature: finite real ``>= 0`` (``0``: greedy).
+        top_k: ``None`` or int ``>= 1``.
+        top_p: ``None`` or finite real in ``(0, 1]``.
+        repetition_penalty: ``None`` or finite real ``> 0``.
+        stop_ids: ``None`` or a sequence of ints in ``[0, vocab_size)``.
+        use_cache: bool.
+        generator: ``None`` or a ``torch.Generator`` on ``idx``'s device type.
+        attention_mask: ``None`` or a bool/integer tensor of ``idx``'s shape and device, values 0/1, at least
+            one real token per row.
+        device: the model's device; ``idx`` must be on it.
+        fit_context: whether prompt plus new tokens must fit ``block_size`` (``False`` for a sliding window).
+
+    Raises:
+        TypeError: a wrong kind of object (a float for an int, a string for a bool, a list for a tensor).
+        ValueError: a value out of range, non-finite, a zero-sized or mismatched shape, a wrong dtype or
+            device, a total length beyond ``block_size``. Each message names the argument.
+    """
+    check_ids("idx", idx, vocab_size=vocab_size)
+    _int("max_new_tokens", max_new_tokens, 0)
+    total = idx.shape[1] + max_new_tokens
+    if fit_context and total > block_size:
+        raise ValueError(f"prompt length {idx.shape[1]} + max_new_tokens={max_new_tokens} = {total} exceeds "
+                         f"block_size={block_size} (no silent cropping)")
+    _real("temperature", temperature, 0.0)
+    if top_k is not None:
+        _int("top_k", top_k, 1)
+    if top_p is not None:
+        _real("top_p", top_p, 0.0, 1.0, lo_open=True)
+    if repetition_penalty is not None:
+        _real("repetition_penalty", repetition_penalty, 0.0, lo_open=True)
+    if stop_ids is not None:
+        if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, Sequence):
+            raise TypeError(f"stop_ids={stop_ids!r} must be a sequence of token ids")
+        for i, s in enumerate(stop_ids):
+            _int(f"stop_ids[{i}]", s, 0)
+            if s >= vocab_size:
+                raise ValueError(f"stop_ids[{i}]={s} must be < vocab_size={vocab_size}")
+    if not isinstance(use_cache, bool):
+        raise TypeError(f"use_cache={use_cache!r} must be True or False")
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
+        if generator.device.type != idx.device.type:
+            raise ValueError(f"generator is on {generator.device} but idx is on {idx.device}")
+    if device is not None and idx.device.type != torch.device(device).type:
+        raise ValueError(f"idx is on {idx.device} but the model is on {device}")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask must be a tensor or None; got {type(attention_mask).__name__}")
+        if attention_mask.shape != idx.shape:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected idx's shape "
+                             f"{tuple(idx.shape)}")
+        if attention_mask.device != idx.device:
+            raise ValueError(f"attention_mask is on {attention_mask.device} but idx is on {idx.device}")
+        if attention_mask.dtype != torch.bool and attention_mask.dtype not in _INT_DTYPES:
+            raise ValueError(f"attention_mask must be bool or 0/1 integers; got dtype {attention_mask.dtype}")
+        if attention_mask.device.type == "cpu":
+            if attention_mask.dtype != torch.bool and ((attention_mask != 0) & (attention_mask != 1)).any():
+                raise ValueError("attention_mask must hold only 0 and 1")
+            if not attention_mask.bool().any(dim=1).all():
+                raise ValueError("attention_mask has a row without any real token (all zeros)")

@@ -1,0 +1,232 @@
+"""Output safety, one rule (coupled_qk.outputs): around every writing command, a snapshot of the folder tree
+before and after proves that a refused output changes nothing, that nothing outside the output folder changes,
+and that no pre-existing file is modified unless ``--overwrite`` (or the command's resume path) allows it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import reliability_profile  # noqa: F401  (the example budget)
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coupled_qk.cli import main
+from coupled_qk.outputs import OutputDir, OutputRefused, output_file
+
+
+def snapshot(root: Path) -> dict:
+    """``{relative path: (kind, sha256, mtime_ns)}`` of everything under ``root`` (folders included)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            p = Path(dirpath) / d
+            out[str(p.relative_to(root)) + "/"] = ("dir", None, None)
+        for f in filenames:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(root))] = ("file", hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A user's folder: a finished-looking run, personal files, and the current directory inside it."""
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "notes.txt").write_text("my notes")
+    (tmp_path / "cwd" / "config.json").write_text('{"mine": true}')
+    run = tmp_path / "run"
+    (run / "ckpt-00000004").mkdir(parents=True)
+    (run / "ckpt-00000004" / "model.safetensors").write_bytes(b"weights")
+    (run / "config.json").write_text("{}")
+    (run / "latest").write_text("ckpt-00000004\n")
+    (run / "results.json").write_text('{"final": {}}')
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("\\documentclass{article}")
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.chdir(tmp_path / "cwd")
+    return tmp_path
+
+
+REFUSED = {
+    "mqar into a finished run": ["mqar", "--out-dir", "{run}"],
+    "mqar into a user's folder": ["mqar", "--out-dir", "{mine}"],
+    "mqar into the current folder": ["mqar", "--out-dir", "."],
+    "mqar into a file": ["mqar", "--out-dir", "{a_file}"],
+    "bench into a user's folder": ["bench", "--out-dir", "{mine}"],
+    "bench into a file": ["bench", "--out-dir", "{a_file}"],
+    "bench under a file": ["bench", "--out-dir", "{a_file}/sub"],
+    "eval json onto a file": ["eval", "{run}", "--json", "{a_file}"],
+    "eval json onto a folder": ["eval", "{run}", "--json", "{mine}"],
+    "analyze into a user's folder": ["analyze", "{run}", "--out-dir", "{mine}"],
+    "analyze into the current folder": ["analyze", "{run}", "--out-dir", "."],
+    "export into a user's folder": ["export", "{run}", "{mine}", "--overwrite"],
+    "export into a file": ["export", "{run}", "{a_file}"],
+    "train into a user's folder": ["train", "--out-dir", "{mine}", "--max-steps", "2"],
+    "train into the current folder": ["train", "--out-dir", ".", "--max-steps", "2"],
+    "train into a file": ["train", "--out-dir", "{a_file}", "--max-steps", "2"],
+    "compare into a finished run": ["compare", "--out-dir", "{run}", "--max-steps", "2"],
+    "compare into the current folder": ["compare", "--out-dir", ".", "--max-steps", "2"],
+    "demo into a user's folder": ["demo", "--out-dir", "{mine}", "--corpus", "{a_file}"],
+    "glue into a user's folder": ["glue", "{run}", "--out-dir", "{mine}"],
+    "glue of a missing run": ["glue", "{mine}/nothing", "--out-dir", "{mine}/../g"],
+    "claims into a user's folder": ["claims", "--protocol", "smoke", "--out-dir", "{mine}", "--report-only"],
+    "claims into a file": ["claims", "--protocol", "smoke", "--out-dir", "{a_file}", "--report-only"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_outputs_change_nothing(case, world, capsys):
+    names = {"run": world / "run", "mine": world / "mine", "a_file": world / "a_file"}
+    argv = [a.format(**names) for a in REFUSED[case]]
+    before = snapshot(world)
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, (case, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert snapshot(world) == before, case
+
+
+@pytest.mark.slow
+def test_bench_result_is_replaced_only_with_overwrite(tmp_path, capsys):
+    """A second bench into the same folder is refused before measuring; --overwrite replaces only its files."""
+    argv = ["bench", "--preset", "tiny", "--variants", "coupled", "--repeats", "1", "--warmup", "1",
+            "--batch-size", "2", "--seq-len", "8", "--device", "cpu", "--out-dir", str(tmp_path / "b")]
+    assert main(argv) == 0
+    (tmp_path / "b" / "README.md").write_text("about these results")
+    before = snapshot(tmp_path)
+    assert main(argv) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert snapshot(tmp_path) == before
+    assert main([*argv, "--overwrite"]) == 0
+    after = snapshot(tmp_path)
+    assert after["b/README.md"] == before["b/README.md"]
+    assert sorted(after) == sorted(before)  # the same files, no temporary leftovers
+
+
+# --------------------------------------------------------------------------------- the rule itself, generated
+
+NAMES = st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="/\\"), min_size=1,
+                max_size=12).filter(lambda s: s not in (".", "..") and not s.startswith(".") and s.strip() == s)
+
+
+@given(foreign=NAMES, data=st.binary(max_size=64))
+def test_a_folder_with_a_file_outside_the_layout_is_refused(tmp_path_factory, foreign, data):
+    root = tmp_path_factory.mktemp("out")
+    if foreign in ("results.json", "summary.md"):
+        return
+    (root / foreign).write_bytes(data)
+    before = snapshot(root)
+    with pytest.raises(OutputRefused, match="--out-dir"):
+        OutputDir(root, "--out-dir", layout=("results.json", "summary.md"), overwrite=True)
+    assert snapshot(root) == before
+
+
+@given(name=NAMES, old=st.binary(max_size=32), new=st.text(max_size=32), overwrite=st.booleans())
+def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path_factory, name, old, new, overwrite):
+    root = tmp_path_factory.mktemp("out")
+    (root / name).write_bytes(old)
+    out = OutputDir(root, "--out-dir", layout=("*",), overwrite=overwrite)
+    if overwrite:
+        out.write_text(name, new)
+        assert (root / name).read_text(encoding="utf-8") == new
+        out.write_text(name, new + "again")  # written in this run: may be rewritten
+    else:
+        with pytest.raises(OutputRefused, match="--overwrite"):
+            out.write_text(name, new)
+        assert (root / name).read_bytes() == old
+    assert sorted(p.name for p in root.iterdir()) == [name]  # no temporary file left
+
+
+def test_a_failed_figure_leaves_the_previous_one(tmp_path):
+    (tmp_path / "fig.png").write_bytes(b"old")
+    out = OutputDir(tmp_path, layout=("fig.png",), rewrite=("fig.png",))
+
+    def draw(path):
+        Path(path).write_bytes(b"half")
+        raise RuntimeError("plotting failed")
+
+    with pytest.raises(RuntimeError):
+        out.write_with("fig.png", draw)
+    assert [p.name for p in tmp_path.iterdir()] == ["fig.png"] and (tmp_path / "fig.png").read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("value,match", [("", "empty"), ("  ", "empty"), (None, "path"), (3, "path"),
+                                         ("a\x00b", "NUL")])
+def test_path_values(value, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        OutputDir(value, "--out-dir")
+    with pytest.raises(ValueError, match=match):
+        output_file("--json", value)
+
+
+def test_output_file_kinds(tmp_path):
+    (tmp_path / "f.json").write_text("{}")
+    with pytest.raises(OutputRefused, match="--overwrite"):
+        output_file("--json", tmp_path / "f.json")
+    assert output_file("--json", tmp_path / "f.json", overwrite=True) == tmp_path / "f.json"
+    with pytest.raises(ValueError, match="is a folder"):
+        output_file("--json", tmp_path)
+    with pytest.raises(ValueError, match="is a file"):
+        output_file("--json", tmp_path / "f.json" / "x.json")
+    with pytest.raises(ValueError, match="is a file"):
+        OutputDir(tmp_path / "f.json")
+    assert (tmp_path / "f.json").read_text() == "{}"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_unwritable_folder_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="not writable"):
+            OutputDir(locked / "out")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_a_safetensors_write_error_is_one_oserror_naming_the_file(tmp_path, monkeypatch):
+    """safetensors reports a full disk with its own exception type: it becomes an OSError naming the file, and
+    the previous checkpoint and ``latest`` are untouched."""
+    import torch
+    from safetensors import SafetensorError
+
+    from coupled_qk import GPTConfig
+    from coupled_qk.training import checkpoint
+
+    cfg = GPTConfig.from_preset("tiny", n_layer=1, d_model=16, n_heads=2, vocab_size=32, block_size=8)
+    state = {"w": torch.zeros(2)}
+    checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 1})
+    before = snapshot(tmp_path)
+
+    def full_disk(*a, **k):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    with pytest.raises(OSError, match="model.safetensors"):
+        checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 2})
+    assert snapshot(tmp_path) == before
+
+
+def test_make_task_claims_its_folder(tmp_path):
+    from coupled_qk.hf.harness import make_task
+
+    src = tmp_path / "text.txt"
+    src.write_text("= A =\n\nsome words here .\n\n= B =\n\nmore words .\n")
+    out = tmp_path / "tasks"
+    yaml = make_task("perplexity", src, out, name="t1")
+    before = snapshot(tmp_path)
+    with pytest.raises(OutputRefused, match="--overwrite"):
+        make_task("perplexity", src, out, name="t1")
+    assert snapshot(tmp_path) == before
+    assert make_task("perplexity", src, out, name="t1", overwrite=True) == yaml
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputRefused, match="notes.txt"):
+        make_task("perplexity", src, out, name="t2", overwrite=True)
+    for bad in ("", "../x", "a/b", " "):
+        with pytest.raises(ValueError, match="name"):
+            make_task("perplexity", src, tmp_path / "other", name=bad)
