@@ -58,7 +58,12 @@ def test_each_bad_argument_is_named(model, arg):
 ])
 def test_bad_prompts(model, idx, match):
     with pytest.raises((TypeError, ValueError), match=match):
-        model.generate(idx, 1)
+        model.generate(idx, 1, context="error")  # the default context="slide" slides past block_size instead
+
+
+def test_unknown_context_is_named(model):
+    with pytest.raises(ValueError, match="context='wrap'"):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 1, context="wrap")
 
 
 @given(b=st.integers(1, 3), t=st.integers(1, 8), new=st.integers(0, 8), temperature=st.floats(0, 5),

@@ -75,4 +75,6 @@ def test_command_errors(tmp_path, capsys):
     assert "'wnli' is unknown" in capsys.readouterr().err
     assert main(["glue", str(tmp_path / "missing"), "--task", "sst2", "--glue-dir", str(tmp_path),
                  "--out-dir", str(tmp_path / "o")]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err  # every run is checked before anything is created
+    assert main(["glue", str(a), "--task", "sst2", "--glue-dir", str(tmp_path), "--out-dir", str(tmp_path / "o")]) == 2
     assert "SST-2/train.tsv is missing" in capsys.readouterr().err

@@ -44,7 +44,7 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, start: int = 0) -> floa
 
 
 RUN_LAYOUT = ("config.json", "model_config.json", "data.json", "tokenizer/", "metrics.jsonl", "tensorboard/",
-              "ckpt-*/", "latest", "results.json", "results.interrupted.json", "glue/")
+              "ckpt-*/", "latest", "best", "best-*/", "results.json", "results.interrupted.json", "glue/")
 """Top-level names of a run folder (``training/rundir.py``) plus ``glue/``, the default output of ``coupled-qk
 glue`` for one run. A folder holding anything else is not a run folder and is refused as ``out_dir``."""
 
