@@ -95,8 +95,14 @@ def scaled_dot_product(
         gqa = k.shape[1] != h
         causal = False
         if mask is None:
-            causal = t_q == t_k > 1
-            mask = None if t_q == 1 or t_q == t_k else _causal_mask(t_q, t_k, q.device)
+            # plain Python branches, never a symbolic bool: under torch.compile with dynamic shapes `t_q == t_k`
+            # is a SymBool, which SDPA's is_causal rejects (a graph break in every cached decoding step)
+            if t_q == 1:
+                pass  # one query at the end of the keys sees all of them
+            elif t_q == t_k:
+                causal = True
+            else:
+                mask = _causal_mask(t_q, t_k, q.device)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p, enable_gqa=gqa
         ), None
@@ -337,6 +343,8 @@ class CausalSelfAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         lam = a2 = None
         mask = attention_mask_4d(key_mask, t, k.shape[-2])
+        if mask is None and cache is not None and hasattr(cache, "attn_mask"):
+            mask = cache.attn_mask()  # a StaticKVCache: hide its unwritten slots
         if not self.differential:
             y, a1 = scaled_dot_product(q, k, v, eager, p, mask)
         else:

@@ -8,6 +8,8 @@ to the token embedding.
 from __future__ import annotations
 
 import math
+import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
+from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.variants import get_attention
 from coupled_qk.ops.losses import next_token_loss
@@ -107,11 +110,34 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight
-        self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # tables per device, built lazily
+        self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # tables per device
+        self._compile_state: str | None = None  # None (eager), "pending" (first call not yet made), "ok", "failed"
+        self.compile_info: dict = {}
+        self._decode_step = None  # the compiled single-token step of generate(compile=True), built once
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("out_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        self._build_rope()
+
+    def _build_rope(self) -> None:
+        """Build the RoPE tables on the parameters' device now (not on first use: a table added to ``_rope``
+        inside a compiled call changes the guarded dict and recompiles the whole graph on the second call).
+        Nothing is built on the meta device (the tables are made on first use after materialisation)."""
+        self._rope = {}
+        device = self.tok_emb.weight.device
+        if self.pos_emb is None and device.type != "meta":
+            self.rope_tables(device)
+
+    def _apply(self, fn, recurse=True):
+        """``.to()``, ``.cuda()``, ``.to_empty()``...: move the parameters, then rebuild the RoPE tables there."""
+        out = super()._apply(fn, recurse)
+        self._build_rope()
+        return out
+
+    def __getstate__(self):
+        """Pickling and ``copy.deepcopy`` leave the compiled decoding step behind (rebuilt when needed)."""
+        return {**super().__getstate__(), "_decode_step": None}
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -119,12 +145,89 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE ``(cos, sin)`` tables ``(block_size, d_head)`` in float32 on ``device`` (computed once per device;
-        not buffers, so meta-device construction and ``from_pretrained`` never see stale values)."""
+        """RoPE ``(cos, sin)`` tables ``(block_size, d_head)`` in float32 on ``device`` (computed once per device,
+        at construction and after every move of the parameters; not buffers, so meta-device construction and
+        ``from_pretrained`` never see stale values)."""
         if device not in self._rope:
             c = self.config
             self._rope[device] = rope_tables(c.block_size, c.d_head, c.rope_base, device=device)
         return self._rope[device]
+
+    def compile(
+        self,
+        backend: str = "inductor",
+        mode: str | None = None,
+        dynamic: bool | None = None,
+        fullgraph: bool = False,
+        options: dict | None = None,
+    ) -> GPT:
+        """Compile the model in place, one block at a time (regional compilation); returns ``self``.
+
+        Each transformer block's forward is compiled with ``torch.compile(backend, mode, dynamic, fullgraph,
+        options)`` (``nn.Module.compile`` of every block): blocks of one variant share one compiled graph, so
+        compile time does not grow with depth, and the parameter names (``state_dict``, checkpoints, the Hugging
+        Face export) stay those of the eager model (no ``_orig_mod.`` prefix). The embedding, the output head
+        and the loss stay eager. Compilation is lazy: it happens on the first forward, whose wall time is
+        recorded in ``self.compile_info["first_call_s"]``. If that first call fails inside the compiler while
+        the same call succeeds eagerly, the model falls back to eager for good with one ``RuntimeWarning``
+        naming the error (``self.compile_info["error"]``); an error that eager execution raises too is
+        re-raised unchanged. A failure in the lazily compiled backward surfaces at the first ``backward()``
+        (the training loop probes forward and backward once; see :func:`compile_regions`).
+
+        Arguments are those of :func:`torch.compile`. Source: PyTorch "regional compilation" recipe.
+        """
+        for block in self.blocks:
+            block.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options)
+        self._compile_state = "pending"
+        self.compile_info = dict(backend=backend, mode=mode, regional=True)
+        return self
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether the blocks are compiled (``compile()`` was called and has not fallen back to eager)."""
+        return self._compile_state in ("pending", "ok")
+
+    def uncompile(self, reason: str | None = None) -> None:
+        """Return to eager execution (keeps the weights); ``reason`` is recorded as ``compile_info["error"]``."""
+        for block in self.blocks:
+            block._compiled_call_impl = None
+        self._compile_state = "failed" if reason else None
+        if reason:
+            self.compile_info["error"] = reason
+
+    def _run_blocks(self, x, rope, cache, key_mask=None) -> torch.Tensor:
+        """The blocks on ``x (B, T, d_model)``; the first call after :meth:`compile` falls back to eager if the
+        compiler fails (see :meth:`compile`)."""
+        if self._compile_state == "pending":
+            return self._first_compiled_call(x, rope, cache, key_mask)
+        for block in self.blocks:
+            x = block(x, rope, cache, key_mask=key_mask)
+        return x
+
+    def _first_compiled_call(self, x, rope, cache, key_mask) -> torch.Tensor:
+        start = time.perf_counter()
+        past = getattr(cache, "length", None)
+        self._compile_state = "ok"
+        try:
+            y = self._run_blocks(x, rope, cache, key_mask)
+        except Exception as exc:  # noqa: BLE001 - decided below: compiler failure or the caller's error
+            if past is not None and hasattr(cache, "crop"):
+                cache.crop(past)  # forget what the failed call wrote
+            saved = [b._compiled_call_impl for b in self.blocks]
+            self.uncompile()
+            try:
+                y = self._run_blocks(x, rope, cache, key_mask)
+            except Exception:
+                for b, impl in zip(self.blocks, saved):  # eager fails too: the caller's error, not the compiler's
+                    b._compiled_call_impl = impl
+                self._compile_state = "pending"
+                raise
+            reason = compile_error_summary(exc)
+            self.uncompile(reason)
+            warnings.warn(f"torch.compile failed ({reason}); the model runs eagerly", RuntimeWarning, stacklevel=3)
+            return y
+        self.compile_info["first_call_s"] = time.perf_counter() - start
+        return y
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
@@ -207,9 +310,7 @@ class GPT(nn.Module):
         if attention_mask is not None and idx.dim() == 2:  # (a bad idx is reported by embed)
             key_mask = key_padding_mask(attention_mask, idx.shape[0], idx.shape[1] + (0 if cache is None else cache.length))
         x, rope = self.embed(idx, cache, key_mask, position_ids)
-        for block in self.blocks:
-            x = block(x, rope, cache, key_mask=key_mask)
-        return self.ln_f(x)
+        return self.ln_f(self._run_blocks(x, rope, cache, key_mask))
 
     def forward(
         self,
@@ -246,6 +347,7 @@ class GPT(nn.Module):
         use_cache: bool = True,
         generator: torch.Generator | None = None,
         attention_mask: torch.Tensor | None = None,
+        compile: bool = False,
     ) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after the prompt ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
 
@@ -253,10 +355,15 @@ class GPT(nn.Module):
         reuses the :class:`KVCache` (every variant; exact because the dynamics act per token).
         ``attention_mask (B, T)`` (0 at padding) lets prompts of different lengths share a batch, padded on
         the left: each row then generates what its prompt generates alone (positions count real tokens).
+        ``compile=True``: an eager prefill, then every new token through one compiled single-token step over a
+        preallocated :class:`~coupled_qk.layers.kv_cache.StaticKVCache` (:meth:`compiled_decode_step`; built
+        once and kept on the model, so later calls do not recompile); the same tokens as eager decoding up to
+        float rounding.
 
         Raises:
             ValueError: negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``, or a total length beyond
-                ``block_size`` (no silent cropping).
+                ``block_size`` (no silent cropping); ``compile=True`` with ``attention_mask`` or without
+                ``use_cache``.
         """
         if max_new_tokens < 0 or temperature < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} and temperature={temperature} must be >= 0")
@@ -268,6 +375,9 @@ class GPT(nn.Module):
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         self._check_ids(idx)  # once: the generated ids come from the vocabulary
+        if compile:
+            return self._generate_compiled(idx, max_new_tokens, temperature, top_k, generator, attention_mask,
+                                           use_cache)
         cache = self.new_cache(max(total, 1)) if use_cache else None
         b, t = idx.shape
         out = idx.new_empty(b, total)
@@ -293,6 +403,88 @@ class GPT(nn.Module):
             step_input = nxt
         return out
 
+    def _generate_compiled(self, idx, max_new_tokens, temperature, top_k, generator, attention_mask, use_cache):
+        """:meth:`generate` with ``compile=True`` (arguments checked there)."""
+        if attention_mask is not None or not use_cache:
+            raise ValueError("generate(compile=True) decodes unpadded prompts with the cache: attention_mask must be "
+                             f"None (got a tensor) and use_cache True (got {use_cache})")
+        b, t = idx.shape
+        total = t + max_new_tokens
+        out = idx.new_empty(b, total)
+        out[:, :t] = idx
+        if max_new_tokens == 0:
+            return out
+        cache = self.new_cache(static_capacity(total, self.config.block_size))
+        logits = self.next_token_logits(idx, cache).float()  # the prefill, eager
+        static = StaticKVCache.from_cache(cache)
+        step = self.compiled_decode_step()
+        for i in range(max_new_tokens):
+            nxt = _pick_next(logits, temperature, top_k, generator)
+            out[:, t + i : t + i + 1] = nxt
+            if i + 1 < max_new_tokens:
+                logits = step(nxt, static).float()
+                static.advance()
+        return out
+
+    def decode_step(self, idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """One decoding step with fixed shapes: logits ``(B, vocab)`` of the tokens ``idx (B, 1)`` at slot
+        ``cache.position``, writing their keys and values there (the function :meth:`compiled_decode_step`
+        compiles; it also runs eagerly). Nothing here reads a Python number that changes between steps, so a
+        compiled version never recompiles; the caller advances ``cache`` afterwards."""
+        pos = cache.position
+        x = self.tok_emb(idx)
+        rope = None
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(pos)
+        else:
+            cos, sin = self.rope_tables(idx.device)
+            rope = (cos[pos], sin[pos])
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, rope, cache)
+        return self.lm_head(self.ln_f(x[:, -1]))
+
+    def compiled_decode_step(self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False):
+        """The compiled :meth:`decode_step`, built on the first call and kept on the model (later calls, and
+        every :meth:`generate` with ``compile=True``, reuse it). ``mode="auto"``: ``"reduce-overhead"`` (CUDA
+        graphs) on CUDA, the default mode elsewhere. Shapes are static (``dynamic=False``): one graph per batch
+        size and cache capacity (:func:`static_capacity` rounds capacities to powers of two).
+
+        The returned callable ``(idx (B, 1), cache) -> logits (B, vocab)`` compiles on its first call; if that
+        call fails in the compiler (and :meth:`decode_step` succeeds eagerly) it warns once
+        (``RuntimeWarning``) and decodes eagerly from then on.
+        """
+        if self._decode_step is not None:
+            return self._decode_step
+        if mode == "auto":
+            mode = "reduce-overhead" if self.tok_emb.weight.device.type == "cuda" else None
+        compiled = torch.compile(self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph)
+        state = {"first": True}
+
+        def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+            if not state["first"]:
+                return compiled(idx, cache)
+            state["first"] = False
+            start = time.perf_counter()
+            saved = [t.clone() for t in cache.k + cache.v]  # a failed first call may have written its slot
+            try:
+                logits = compiled(idx, cache)
+            except Exception as exc:  # noqa: BLE001 - compiler failure: fall back if eager works
+                for t, s in zip(cache.k + cache.v, saved):
+                    t.copy_(s)
+                logits = self.decode_step(idx, cache)  # raises the caller's own errors
+                reason = compile_error_summary(exc)
+                self.compile_info["decode_error"] = reason
+                self._decode_step = self.decode_step
+                warnings.warn(f"torch.compile of the decoding step failed ({reason}); decoding eagerly",
+                              RuntimeWarning, stacklevel=2)
+                return logits
+            self.compile_info["decode_first_call_s"] = time.perf_counter() - start
+            return logits
+
+        self._decode_step = step
+        return step
+
     def _check_ids(self, idx: torch.Tensor) -> None:
         if idx.numel() and idx.device.type == "cpu":
             lo, hi = int(idx.min()), int(idx.max())
@@ -307,9 +499,59 @@ class GPT(nn.Module):
         :meth:`forward`. ``cache`` is read and extended as in :meth:`forward`.
         """
         x, rope = self.embed(idx, cache, check_ids=False)
-        for block in self.blocks:
-            x = block(x, rope, cache)
+        x = self._run_blocks(x, rope, cache)
         return self.lm_head(self.ln_f(x[:, -1]))
+
+
+def _pick_next(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+    """The next tokens ``(B, 1)`` from float logits ``(B, vocab)``: argmax for ``temperature == 0``, else a
+    sample of ``softmax(logits / temperature)`` restricted to the ``top_k`` largest (as :meth:`GPT.generate`)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+def static_capacity(total: int, block_size: int, minimum: int = 64) -> int:
+    """Cache capacity for a compiled decode of ``total`` positions: the next power of two ``>= total`` (at least
+    ``minimum``), at most ``block_size``; a few capacities (hence compiled graphs) serve every length.
+
+    Raises:
+        ValueError: ``total`` outside ``[1, block_size]``.
+    """
+    if not 1 <= total <= block_size:
+        raise ValueError(f"total={total} positions must be in [1, block_size={block_size}]")
+    return min(block_size, max(minimum, 1 << (total - 1).bit_length()))
+
+
+def compile_error_summary(exc: BaseException) -> str:
+    """``"<ExceptionType>: <first non-empty line>"`` of a compiler error, at most 300 characters."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def compile_regions(module: nn.Module, **kwargs) -> list[GPT]:
+    """Regional compilation of ``module`` in place: :meth:`GPT.compile` on every :class:`GPT` it is or
+    contains (a classifier wrapping a GPT included); a module without one is compiled whole, in place
+    (``nn.Module.compile``: its ``state_dict`` keeps its names). ``kwargs`` go to :func:`torch.compile`.
+    Returns the compiled GPTs (empty for a whole-module compile). Undo with :func:`uncompile_regions`."""
+    gpts = [m for m in module.modules() if isinstance(m, GPT)]
+    for g in gpts:
+        g.compile(**kwargs)
+    if not gpts:
+        module.compile(**kwargs)
+    return gpts
+
+
+def uncompile_regions(module: nn.Module, reason: str | None = None) -> None:
+    """Undo :func:`compile_regions`: every compiled submodule of ``module`` (and ``module``) runs eagerly."""
+    for m in module.modules():
+        if isinstance(m, GPT):
+            m.uncompile(reason)
+        m._compiled_call_impl = None
 
 
 def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> torch.Tensor | None:
