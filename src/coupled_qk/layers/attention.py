@@ -92,11 +92,13 @@ def scaled_dot_product(
     if not eager:
         if v.shape[1] != k.shape[1]:  # per-query-head keys over grouped values: one fused kernel path
             v = expand_kv(v, k.shape[1] // v.shape[1])
-        gqa = k.shape[1] != h
+        # plain Python branches, never a symbolic bool: under torch.compile with dynamic shapes `t_q == t_k` is a
+        # SymBool, which SDPA's is_causal and enable_gqa reject (a graph break in every cached decoding step)
+        gqa = False
+        if k.shape[1] != h:
+            gqa = True
         causal = False
         if mask is None:
-            # plain Python branches, never a symbolic bool: under torch.compile with dynamic shapes `t_q == t_k`
-            # is a SymBool, which SDPA's is_causal rejects (a graph break in every cached decoding step)
             if t_q == 1:
                 pass  # one query at the end of the keys sees all of them
             elif t_q == t_k:

@@ -459,12 +459,12 @@ class GPT(nn.Module):
         if mode == "auto":
             mode = "reduce-overhead" if self.tok_emb.weight.device.type == "cuda" else None
         compiled = torch.compile(self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph)
-        state = {"first": True}
+        state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
 
         def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-            if not state["first"]:
-                return compiled(idx, cache)
-            state["first"] = False
+            if state["fn"] is not None:
+                return state["fn"](idx, cache)
+            state["fn"] = compiled
             start = time.perf_counter()
             saved = [t.clone() for t in cache.k + cache.v]  # a failed first call may have written its slot
             try:
@@ -475,7 +475,7 @@ class GPT(nn.Module):
                 logits = self.decode_step(idx, cache)  # raises the caller's own errors
                 reason = compile_error_summary(exc)
                 self.compile_info["decode_error"] = reason
-                self._decode_step = self.decode_step
+                self._decode_step = state["fn"] = self.decode_step
                 warnings.warn(f"torch.compile of the decoding step failed ({reason}); decoding eagerly",
                               RuntimeWarning, stacklevel=2)
                 return logits
@@ -528,9 +528,15 @@ def static_capacity(total: int, block_size: int, minimum: int = 64) -> int:
 
 
 def compile_error_summary(exc: BaseException) -> str:
-    """``"<ExceptionType>: <first non-empty line>"`` of a compiler error, at most 300 characters."""
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+    """``"<ExceptionType>: <first non-empty line>"`` of a compiler error, followed by the same for the error it
+    wraps (a backend's own exception inside Dynamo's ``BackendCompilerFailed``); at most 300 characters."""
+
+    def line(e: BaseException) -> str:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+    inner = getattr(exc, "inner_exception", None) or exc.__cause__
+    return (line(exc) + (f" <- {line(inner)}" if inner is not None and inner is not exc else ""))[:300]
 
 
 def compile_regions(module: nn.Module, **kwargs) -> list[GPT]:
