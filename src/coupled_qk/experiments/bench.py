@@ -114,8 +114,8 @@ class _Runner:
         self.compiled = False
         self.compile_error: str | None = None
         self.compile_s: float | None = None
-        if compile_model:
-            self.loss_fn = torch.compile(self.model.loss)
+        if compile_model:  # regional (GPT.compile): one graph per block structure, plain parameter names
+            self.model.compile()
             self.compiled = True
 
     def _step(self) -> None:
@@ -131,16 +131,18 @@ class _Runner:
         start = time.perf_counter()
         try:
             self._step()
-        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
+        except Exception as exc:  # noqa: BLE001 - a failure of the (lazily compiled) backward: run eager
             if not self.compiled:
                 raise
             lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
             self.compile_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
             self.compiled = False
-            self.loss_fn = self.model.loss
+            self.model.uncompile(self.compile_error)
             self.optimizer.zero_grad(set_to_none=True)
             self._step()
         _sync(self.device)
+        if self.compiled and self.model.compile_info.get("error"):  # the forward fell back (GPT.compile)
+            self.compiled, self.compile_error = False, self.model.compile_info["error"][:500]
         if self.compiled:
             self.compile_s = time.perf_counter() - start
 
@@ -206,7 +208,7 @@ def run_bench(
             least 1: the first step compiles when ``compile_model``).
         device: ``auto``, ``cpu``, ``cuda`` (or a ``torch.device``); dtype: ``auto``, ``fp32``, ``bf16``,
             ``fp16`` (non-fp32 runs under ``torch.autocast``; ``auto`` is bf16 on CUDA, fp32 on CPU).
-        compile_model: ``torch.compile`` the loss (forward); a variant whose compile fails runs eager and
+        compile_model: regional compilation (:meth:`GPT.compile`, per block); a variant whose compile fails runs eager and
             reports ``compile_error``.
         log: optional ``print``-like callable for progress.
         map_options: query-key map options (flat spellings, e.g. ``{"n_steps": 3}``) applied to every variant
