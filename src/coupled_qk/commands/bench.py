@@ -19,6 +19,8 @@ import torch
 from coupled_qk.commands.options import add_model_options, config_from_args
 from coupled_qk.experiments.bench import bench_markdown, result_stem, run_bench, write_results
 from coupled_qk.experiments.bench_decode import decode_markdown, memory_markdown, run_decode, run_memory
+from coupled_qk.experiments.bench_fast import MODES as FAST_MODES
+from coupled_qk.experiments.bench_fast import PEERS, fastpath_markdown, run_fastpath
 from coupled_qk.experiments.cost_curve import plot_sweep, run_sweep, sweep_markdown
 from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.variants import VARIANTS
@@ -49,8 +51,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (eager fallback on failure)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the token batch")
     parser.add_argument("--out-dir", default="benchmarks/results", help="where the JSON and markdown go")
-    parser.add_argument("--mode", default="train", choices=("train", "decode", "memory"),
-                        help="train-step time (default), cached decoding tokens/s, or memory")
+    parser.add_argument("--mode", default="train", choices=("train", "decode", "memory", "fastpath"),
+                        help="train-step time (default), cached decoding tokens/s, memory, or fastpath: eager vs "
+                        "compiled, fp32 vs bf16, peers and MFU in one interleaved run")
+    parser.add_argument("--modes", default=",".join(FAST_MODES),
+                        help=f"fastpath: train-step modes (default {','.join(FAST_MODES)})")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help=f"fastpath: transformers peers at the same dimensions (default {','.join(PEERS)}; '' for none)")
+    parser.add_argument("--no-decode", action="store_true", help="fastpath: skip the decoding measurements")
     parser.add_argument("--sweep", action="store_true",
                         help="cost curve: train-step ratio and FLOP floor vs d_model, seq length and n_steps (PNG)")
     parser.add_argument("--sweep-d-model", default="64,128,256", help="sweep: d_model values (default 64,128,256)")
@@ -136,6 +144,17 @@ def _run_other(args, config, map_options, command) -> int:
                            n_steps=_ints("--sweep-n-steps", args.sweep_n_steps), batch_size=args.batch_size,
                            repeats=args.repeats, warmup=args.warmup, log=print, **common)
         kind, markdown = "sweep", sweep_markdown
+    elif args.mode == "fastpath":
+        if map_options:
+            raise ValueError("--mode fastpath takes map options in the variant spec (e.g. coupled+n_steps=2), "
+                             "not --n-steps")
+        result = run_fastpath(config, modes=[m for m in args.modes.split(",") if m],
+                              peers=[p for p in args.peers.split(",") if p], batch_size=args.batch_size,
+                              seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup, decode=not args.no_decode,
+                              decode_batch_sizes=_ints("--decode-batch-sizes", args.decode_batch_sizes),
+                              prefixes=_ints("--prefixes", args.prefixes), new_tokens=args.new_tokens,
+                              decode_repeats=args.repeats, log=print, **common)
+        kind, markdown = "fastpath", fastpath_markdown
     elif args.mode == "decode":
         result = run_decode(config, batch_sizes=_ints("--decode-batch-sizes", args.decode_batch_sizes),
                             prefixes=_ints("--prefixes", args.prefixes), new_tokens=args.new_tokens,
