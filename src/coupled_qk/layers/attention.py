@@ -176,7 +176,8 @@ class CausalSelfAttention(nn.Module):
         impl: ``"sdpa"`` (fast) or ``"eager"``.
 
     Forward: ``x (B, T, d_model) -> (B, T, d_model)``; ``rope`` is ``(cos, sin)`` of shape ``(T, d_head)``
-    (or ``(B, 1, T, d_head)``: positions per sequence) for the current positions, ``cache`` a
+    (or ``(B, 1, T, d_head)``: positions per sequence) for the current positions, optionally with a third table
+    ``signed_sin(sin)`` (:func:`coupled_qk.ops.rope.apply_rope`; the model passes it), ``cache`` a
     :class:`KVCache` to read and extend, ``key_mask`` an optional bool ``(B, T_past + T)``, False at padding
     (hidden from every query, see :func:`attention_mask_4d`). With ``record=True`` the eager path runs and the
     result is ``(y, AttentionRecord)``.

@@ -22,7 +22,7 @@ from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.variants import get_attention
 from coupled_qk.ops.losses import next_token_loss
-from coupled_qk.ops.rope import rope_tables
+from coupled_qk.ops.rope import rope_tables, signed_sin
 
 
 class MLP(nn.Module):
@@ -110,7 +110,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight
-        self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # tables per device
+        self._rope: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # (cos, sin, signed sin) per device
         self._compile_state: str | None = None  # None (eager), "pending" (first call not yet made), "ok", "failed"
         self.compile_info: dict = {}
         self._decode_step = None  # the compiled single-token step of generate(compile=True), built once
@@ -127,7 +127,7 @@ class GPT(nn.Module):
         self._rope = {}
         device = self.tok_emb.weight.device
         if self.pos_emb is None and device.type != "meta":
-            self.rope_tables(device)
+            self._rope_tables(device)
 
     def _apply(self, fn, recurse=True):
         """``.to()``, ``.cuda()``, ``.to_empty()``...: move the parameters, then rebuild the RoPE tables there."""
@@ -148,9 +148,15 @@ class GPT(nn.Module):
         """RoPE ``(cos, sin)`` tables ``(block_size, d_head)`` in float32 on ``device`` (computed once per device,
         at construction and after every move of the parameters; not buffers, so meta-device construction and
         ``from_pretrained`` never see stale values)."""
+        return self._rope_tables(device)[:2]
+
+    def _rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(cos, sin, signed_sin(sin))`` on ``device``: the two tables and the third one that makes the
+        rotation one ``addcmul`` (:func:`coupled_qk.ops.rope.apply_rope`)."""
         if device not in self._rope:
             c = self.config
-            self._rope[device] = rope_tables(c.block_size, c.d_head, c.rope_base, device=device)
+            cos, sin = rope_tables(c.block_size, c.d_head, c.rope_base, device=device)
+            self._rope[device] = (cos, sin, signed_sin(sin))
         return self._rope[device]
 
     def compile(
@@ -254,7 +260,8 @@ class GPT(nn.Module):
         check_ids: bool = True,
     ) -> tuple[torch.Tensor, tuple | None]:
         """Checked token ids ``(B, T)`` -> the input of block 0 ``(B, T, d_model)`` and the RoPE tables of the
-        current positions (``None`` with learned positions). ``key_mask``: bool ``(B, T_past + T)`` from
+        current positions (``(cos, sin, signed sin)``, see :func:`coupled_qk.ops.rope.apply_rope`; ``None`` with
+        learned positions). ``key_mask``: bool ``(B, T_past + T)`` from
         :func:`key_padding_mask`, which numbers the positions when ``position_ids`` is ``None``. Arguments
         and errors as :meth:`hidden_states`; ``check_ids=False`` skips the id-range check (a reduction over
         ``idx``; :meth:`generate` checks the prompt once)."""
@@ -278,10 +285,9 @@ class GPT(nn.Module):
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)
         else:
-            cos, sin = self.rope_tables(idx.device)
-            rope = (cos[positions], sin[positions])
+            rope = tuple(t[positions] for t in self._rope_tables(idx.device))
             if positions.dim() == 2:  # per sequence: broadcast over heads
-                rope = (rope[0].unsqueeze(1), rope[1].unsqueeze(1))
+                rope = tuple(t.unsqueeze(1) for t in rope)
         return self.drop(x), rope
 
     def hidden_states(
@@ -437,8 +443,7 @@ class GPT(nn.Module):
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
         else:
-            cos, sin = self.rope_tables(idx.device)
-            rope = (cos[pos], sin[pos])
+            rope = tuple(t[pos] for t in self._rope_tables(idx.device))
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, cache)
