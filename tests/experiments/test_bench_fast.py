@@ -31,6 +31,7 @@ def test_fastpath_reports_every_runner_against_standard_in_its_mode():
         assert v["achieved_flops"] == pytest.approx(v["step_flops"] / (v["median_ms"] / 1000))
         assert v["mfu"] == pytest.approx(v["achieved_flops"] / r["peaks"][v["mode"].split("-")[1]])
     assert r["train"]["gpt2 eager-fp32"]["peer"] and not r["train"]["coupled eager-fp32"]["peer"]
+    assert r["settings"]["recompiles_during_timing"] == 0  # everything compiled during the untimed warmup
     assert [(c["batch"], c["prefix"]) for c in r["decode"]] == [(1, 8)]  # 40 + 4 > block_size: skipped
     runs = r["decode"][0]["runs"]
     assert set(runs) == {"standard eager", "coupled eager", "gpt2 eager", "llama eager", "standard compiled",

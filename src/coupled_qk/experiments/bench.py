@@ -95,6 +95,13 @@ def machine_line(m: dict) -> str:
             f"{env}; {m.get('platform', '?')}")
 
 
+def _compiled_graphs() -> int:
+    """Graphs compiled by ``torch.compile`` in this process so far (Dynamo's ``unique_graphs`` counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -255,6 +262,7 @@ def run_bench(
             r.timed_step()
 
     gc.collect()
+    graphs_before = _compiled_graphs()
     times: dict[str, list[float]] = {n: [] for n in names}
     cpu_times: dict[str, list[float]] = {n: [] for n in names}
     order = list(names)
@@ -266,6 +274,7 @@ def run_bench(
         if (i + 1) % max(1, repeats // 5) == 0:
             log(f"  repeat {i + 1}/{repeats}")
 
+    recompiles = _compiled_graphs() - graphs_before  # a graph compiled inside a timed step (issue 28 item 2)
     tokens_per_step = batch_size * seq_len
     results = {}
     for n in names:
@@ -304,6 +313,7 @@ def run_bench(
             device=str(dev),
             dtype=dtype,
             compile=compile_model,
+            recompiles_during_timing=recompiles,
             seed=seed,
             config=base.to_dict(),
             map_options=dict(map_options or {}),
@@ -337,7 +347,9 @@ def bench_markdown(result: dict) -> str:
         f"- command: `{result.get('command', '')}`",
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} "
         f"vocab={c['vocab_size']} map options={s.get('map_options') or 'defaults'}; batch {s['batch_size']} x seq {s['seq_len']} "
-        f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}",
+        f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}"
+        + (f" (graphs compiled during timed steps: {s['recompiles_during_timing']})"
+           if s['compile'] and 'recompiles_during_timing' in s else ""),
         f"- step = forward + backward + AdamW step + zero_grad; {s['warmup']} warmup, median of {s['repeats']} "
         f"interleaved repeats; ratio = median / median(standard); paired ratio = median over repeats of "
         f"step / standard step in the same round; CPU-time ratio = the same from process CPU time (all threads, "

@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from coupled_qk.experiments.bench import (
     BASELINE,
+    _compiled_graphs,
     _sync,
     _variant_configs,
     machine_info,
@@ -239,6 +240,7 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
     precisions = sorted({m.split("-")[1] for m in modes})
     shape = (batch_size * seq_len, base.d_model, base.d_ff)
     gc.collect()
+    graphs_before = _compiled_graphs()
     times: dict[str, list[float]] = {k: [] for k in runners}
     keys = list(runners)
     for i in range(repeats):
@@ -247,6 +249,7 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
         for p in precisions:  # the matmul peak, interleaved with the steps (same load)
             peaks[p].append(matmul_peak(*shape, torch.bfloat16 if p == "bf16" else torch.float32, dev, repeats=3))
         log(f"  train repeat {i + 1}/{repeats}")
+    recompiles = _compiled_graphs() - graphs_before  # graphs compiled inside timed steps: should be 0
     peak = {p: float(np.median(v)) for p, v in peaks.items() if v}
     tokens_per_step = batch_size * seq_len
     train = {}
@@ -274,6 +277,7 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
         mode="fastpath",
         settings=dict(variants=names, modes=modes, peers=peers, batch_size=batch_size, seq_len=seq_len,
                       tokens_per_step=tokens_per_step, repeats=repeats, warmup=warmup, device=str(dev), seed=seed,
+                      recompiles_during_timing=recompiles,
                       config=base.to_dict(), decode_batch_sizes=list(decode_batch_sizes), prefixes=list(prefixes),
                       new_tokens=new_tokens, decode_repeats=decode_repeats, matmul_shape=list(shape), backend=backend),
         machine=dict(machine_info(dev), cpu_bf16=cpu_supports_bf16() if dev.type == "cpu" else None),
@@ -359,7 +363,8 @@ def fastpath_markdown(result: dict) -> str:
         f"- command: `{result.get('command', '')}`",
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} d_ff={c['d_ff']} "
         f"vocab={c['vocab_size']}; train batch {s['batch_size']} x seq {s['seq_len']}; {s['warmup']} warmup, "
-        f"median of {s['repeats']} interleaved repeats; total {result['elapsed_s']:.0f} s",
+        f"median of {s['repeats']} interleaved repeats; graphs compiled during timed steps: "
+        f"{s.get('recompiles_during_timing', '?')}; total {result['elapsed_s']:.0f} s",
         f"- ratio = median / median of standard in the same mode; speedup = standard eager-fp32 / this; MFU = model "
         f"FLOP/s / matmul peak measured in the same run at (M, K, N) = {tuple(s['matmul_shape'])} "
         f"({peaks})", "",
