@@ -72,7 +72,7 @@ def peer_model(name: str, c: GPTConfig) -> nn.Module:
 
         cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.d_model, n_layer=c.n_layer,
                          n_head=c.n_heads, n_inner=c.d_ff, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         tie_word_embeddings=True)
+                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
         cfg._attn_implementation = "sdpa"
         return GPT2LMHeadModel(cfg)
     if name == "llama":
@@ -325,13 +325,13 @@ def _decode_cells(base, names, peers, configs, dev, seed, batch_sizes, prefixes,
 def _decode_time(model: nn.Module, how: str, prompt: torch.Tensor, new_tokens: int, dev) -> float:
     """Seconds for ``new_tokens`` greedy steps after an untimed prefill of ``prompt``."""
     if not isinstance(model, GPT):
-        out = model(prompt, use_cache=True)
-        past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        out = model(prompt, use_cache=True)  # transformers >= 5.24 (the hf extra): the cache is ``cache``
+        past, nxt = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
         _sync(dev)
         start = time.perf_counter()
         for _ in range(new_tokens):
-            out = model(nxt, past_key_values=past, use_cache=True)
-            past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            out = model(nxt, cache=past, use_cache=True)
+            past, nxt = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
         _sync(dev)
         return time.perf_counter() - start
     total = prompt.shape[1] + new_tokens
