@@ -252,9 +252,9 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     start_step = step = saved_step = state["step"]
     logger = Logger(run_dir, cfg, runtime.is_main, start_step, sched.end)
     autocast = dict(device_type=runtime.device.type, dtype=runtime.autocast_dtype, enabled=runtime.autocast_dtype is not None)
-    say(f"precision: {'fp32' if runtime.autocast_dtype is None else str(runtime.autocast_dtype).split('.')[-1] + ' autocast'}"
-        f" on {runtime.device}" + (" (CPU with native bf16; --dtype fp32 to opt out)"
-                                   if runtime.device.type == "cpu" and runtime.autocast_dtype is not None else ""))
+    if runtime.device.type == "cpu" and runtime.autocast_dtype is not None:  # reported: not the CPU's usual fp32
+        say(f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
+            + (" (--compile on a CPU with native bf16; --dtype fp32 to opt out)" if cfg.dtype == "auto" else ""))
     compile_status = _compile_probe(wrapped, model, task, cfg, runtime, start_step, autocast, say) if cfg.compile else None
     stop_reason, last_eval = "max_steps", {}
     window_t, window_tokens = time.perf_counter(), 0
