@@ -142,7 +142,8 @@ class _TrainRunner:
     def _loss(self):
         if isinstance(self.model, GPT):
             return self.model.loss(self.x, self.y)
-        return next_token_loss(self.model(self.x).logits, self.y)
+        # no KV cache in training (transformers builds one by default: wasted work, and a recompile per layer)
+        return next_token_loss(self.model(self.x, use_cache=False).logits, self.y)
 
     def step(self) -> None:
         ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
