@@ -3,6 +3,7 @@
 from coupled_qk import _hf_hook
 from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
 from coupled_qk.layers.forces import GradientForce, MLPForce
+from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.layers.qk_maps import QKDynamics, QKMap, QueryMLP
 from coupled_qk.models.config import PRESETS, GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
@@ -41,6 +42,7 @@ __all__ = [
     "GPTConfig",
     "GradientForce",
     "KVCache",
+    "StaticKVCache",
     "LoadedRun",
     "MLPForce",
     "MapOptions",

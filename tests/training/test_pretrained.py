@@ -93,3 +93,22 @@ def test_generate_default_temperature_is_the_model_default():
 def test_load_run_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         coupled_qk.load_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_generate_compile_prints_the_same_text(run_dir, capsys, monkeypatch):
+    import functools
+
+    from coupled_qk.models.gpt import GPT
+
+    # Dynamo capture only (the Inductor decoding step is checked in tests/models/test_compile.py)
+    monkeypatch.setattr(GPT, "compiled_decode_step",
+                        functools.partialmethod(GPT.compiled_decode_step, backend="eager"))
+    args = ["generate", str(run_dir), "--prompt", "the dog", "--max-new-tokens", "12", "--seed", "3",
+            "--num-samples", "2"]
+    assert main(args) == 0
+    eager = capsys.readouterr().out
+    assert main(args + ["--compile"]) == 0
+    out = capsys.readouterr()
+    assert out.out == eager
+    assert "# compiled decoding step: first call (compile)" in out.err

@@ -29,6 +29,8 @@ from coupled_qk.commands.options import (
 )
 from coupled_qk.experiments.bench import bench_markdown, resolve_dtype, result_stem, run_bench, write_results
 from coupled_qk.experiments.bench_decode import decode_markdown, memory_markdown, run_decode, run_memory
+from coupled_qk.experiments.bench_fast import MODES as FAST_MODES
+from coupled_qk.experiments.bench_fast import PEERS, fastpath_markdown, run_fastpath
 from coupled_qk.experiments.cost_curve import plot_sweep, run_sweep, sweep_markdown
 from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.registry import default_variants, variant_names
@@ -66,8 +68,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out-dir", default="benchmarks/results", type=path_arg,
                         help="where the JSON and markdown go (an existing result is replaced only with --overwrite)")
     add_overwrite_option(parser)
-    parser.add_argument("--mode", default="train", choices=("train", "decode", "memory"),
-                        help="train-step time (default), cached decoding tokens/s, or memory")
+    parser.add_argument("--mode", default="train", choices=("train", "decode", "memory", "fastpath"),
+                        help="train-step time (default), cached decoding tokens/s, memory, or fastpath: eager vs "
+                        "compiled, fp32 vs bf16, peers and MFU in one interleaved run")
+    parser.add_argument("--modes", default=",".join(FAST_MODES),
+                        help=f"fastpath: train-step modes (default {','.join(FAST_MODES)})")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help=f"fastpath: transformers peers at the same dimensions (default {','.join(PEERS)}; '' for none)")
+    parser.add_argument("--no-decode", action="store_true", help="fastpath: skip the decoding measurements")
     parser.add_argument("--sweep", action="store_true",
                         help="cost curve: train-step ratio and FLOP floor vs d_model, seq length and n_steps (PNG)")
     parser.add_argument("--sweep-d-model", default=[64, 128, 256], type=positive_ints_arg, help="sweep: d_model values (default 64,128,256)")
@@ -163,6 +171,17 @@ def _run_other(args, config, map_options, command) -> int:
                            n_steps=args.sweep_n_steps, batch_size=args.batch_size,
                            repeats=args.repeats, warmup=args.warmup, log=print, **common)
         kind, markdown = "sweep", sweep_markdown
+    elif args.mode == "fastpath":
+        if map_options:
+            raise ValueError("--mode fastpath takes map options in the variant spec (e.g. coupled+n_steps=2), "
+                             "not --n-steps")
+        result = run_fastpath(config, modes=[m for m in args.modes.split(",") if m],
+                              peers=[p for p in args.peers.split(",") if p], batch_size=args.batch_size,
+                              seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup, decode=not args.no_decode,
+                              decode_batch_sizes=args.decode_batch_sizes,
+                              prefixes=args.prefixes, new_tokens=args.new_tokens,
+                              decode_repeats=args.repeats, log=print, **common)
+        kind, markdown = "fastpath", fastpath_markdown
     elif args.mode == "decode":
         result = run_decode(config, batch_sizes=args.decode_batch_sizes,
                             prefixes=args.prefixes, new_tokens=args.new_tokens,

@@ -34,6 +34,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--num-samples", type=positive_int_arg, default=1, help="independent samples (default 1)")
     parser.add_argument("--seed", type=nonneg_int_arg, default=0, help="sampling seed (default 0); same seed, same text")
     add_device_option(parser, default="cpu")
+    parser.add_argument("--compile", action="store_true",
+                        help="decode through one compiled single-token step over a static KV cache "
+                        "(GPT.generate(compile=True); eager with a warning if compilation fails)")
 
 
 def run(args) -> int:
@@ -61,8 +64,27 @@ def run(args) -> int:
           + (f"; sliding context of {limit} tokens" if over else ""))
     for i in range(args.num_samples):
         out = run.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                 generator=generator, context=args.context)
+                                 generator=generator, context=args.context, **_compile_kwargs(args))
         if args.num_samples > 1:
             print(f"--- sample {i + 1}")
         print(args.prompt + run.tokenizer.decode(out[0, prompt.shape[1]:]))
+    _report_compile(args, run.model)
     return 0
+
+
+def _compile_kwargs(args) -> dict:
+    """``generate()`` keyword arguments of ``--compile`` (none without it)."""
+    return {"compile": True} if getattr(args, "compile", False) else {}
+
+
+def _report_compile(args, model) -> None:
+    """One line on stderr: the compiled step's first-call (compile) time, or why it fell back to eager."""
+    import sys
+
+    if not getattr(args, "compile", False):
+        return
+    info = model.compile_info
+    if "decode_error" in info:
+        print(f"# compile failed, decoded eagerly: {info['decode_error']}", file=sys.stderr)
+    elif "decode_first_call_s" in info:
+        print(f"# compiled decoding step: first call (compile) {info['decode_first_call_s']:.1f} s", file=sys.stderr)

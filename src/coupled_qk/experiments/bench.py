@@ -96,6 +96,13 @@ def machine_line(m: dict) -> str:
             f"{env}; {m.get('platform', '?')}")
 
 
+def compiled_graphs() -> int:
+    """Graphs compiled by ``torch.compile`` in this process so far (Dynamo's ``unique_graphs`` counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def sync_device(device: torch.device) -> None:
     """Wait for the queued CUDA work on ``device`` (a no-op on CPU), so that a timer reads finished work."""
     if device.type == "cuda":
@@ -116,8 +123,8 @@ class _Runner:
         self.compiled = False
         self.compile_error: str | None = None
         self.compile_s: float | None = None
-        if compile_model:
-            self.loss_fn = torch.compile(self.model.loss)
+        if compile_model:  # regional (GPT.compile): one graph per block structure, plain parameter names
+            self.model.compile()
             self.compiled = True
 
     def _step(self) -> None:
@@ -133,16 +140,18 @@ class _Runner:
         start = time.perf_counter()
         try:
             self._step()
-        except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
+        except Exception as exc:  # noqa: BLE001 - a failure of the (lazily compiled) backward: run eager
             if not self.compiled:
                 raise
             lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
             self.compile_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
             self.compiled = False
-            self.loss_fn = self.model.loss
+            self.model.uncompile(self.compile_error)
             self.optimizer.zero_grad(set_to_none=True)
             self._step()
         sync_device(self.device)
+        if self.compiled and self.model.compile_info.get("error"):  # the forward fell back (GPT.compile)
+            self.compiled, self.compile_error = False, self.model.compile_info["error"][:500]
         if self.compiled:
             self.compile_s = time.perf_counter() - start
 
@@ -208,7 +217,7 @@ def run_bench(
             least 1: the first step compiles when ``compile_model``).
         device: ``auto``, ``cpu``, ``cuda`` (or a ``torch.device``); dtype: ``auto``, ``fp32``, ``bf16``,
             ``fp16`` (non-fp32 runs under ``torch.autocast``; ``auto`` is bf16 on CUDA, fp32 on CPU).
-        compile_model: ``torch.compile`` the loss (forward); a variant whose compile fails runs eager and
+        compile_model: regional compilation (:meth:`GPT.compile`, per block); a variant whose compile fails runs eager and
             reports ``compile_error``.
         log: optional ``print``-like callable for progress.
         map_options: query-key map options (flat spellings, e.g. ``{"n_steps": 3}``) applied to every variant
@@ -246,7 +255,7 @@ def run_bench(
         dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
     runners = {n: _Runner(n, configs[n], x, y, dev, dtype, compile_model, seed) for n in names}
 
-    times, cpu_times = _time_interleaved(runners, warmup, repeats, log)
+    times, cpu_times, recompiles = _time_interleaved(runners, warmup, repeats, log)
     tokens_per_step = batch_size * seq_len
     results = _variant_results(runners, configs, times, cpu_times, tokens_per_step, dev)
     return dict(
@@ -260,6 +269,7 @@ def run_bench(
             device=str(dev),
             dtype=dtype,
             compile=compile_model,
+            recompiles_during_timing=recompiles,
             seed=seed,
             config=base.to_dict(),
             map_options=dict(map_options or {}),
@@ -270,9 +280,10 @@ def run_bench(
     )
 
 
-def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[dict, dict]:
+def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[dict, dict, int]:
     """Warm every runner up (compiling if asked), then time ``repeats`` rounds of one step per variant, the
-    order rotated each round; returns wall and process-CPU milliseconds per variant."""
+    order rotated each round; returns wall and process-CPU milliseconds per variant and the number of graphs
+    compiled during the timed rounds (a recompile inside a timed step, issue 28 item 2)."""
     for n, r in runners.items():  # warmup, compiling if asked
         r.first_step()
         msg = f"  {n}: compiled in {r.compile_s:.1f} s" if r.compiled else f"  {n}: warm"
@@ -282,6 +293,7 @@ def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[di
             r.timed_step()
 
     gc.collect()
+    graphs_before = compiled_graphs()
     times: dict[str, list[float]] = {n: [] for n in runners}
     cpu_times: dict[str, list[float]] = {n: [] for n in runners}
     order = list(runners)
@@ -292,7 +304,7 @@ def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[di
             cpu_times[n].append(cpu_ms)
         if (i + 1) % max(1, repeats // 5) == 0:
             log(f"  repeat {i + 1}/{repeats}")
-    return times, cpu_times
+    return times, cpu_times, compiled_graphs() - graphs_before
 
 
 def _variant_results(runners: dict, configs: dict, times: dict, cpu_times: dict, tokens_per_step: int,
@@ -349,7 +361,9 @@ def bench_markdown(result: dict) -> str:
         f"- command: `{result.get('command', '')}`",
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} "
         f"vocab={c['vocab_size']} map options={s.get('map_options') or 'defaults'}; batch {s['batch_size']} x seq {s['seq_len']} "
-        f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}",
+        f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}"
+        + (f" (graphs compiled during timed steps: {s['recompiles_during_timing']})"
+           if s['compile'] and 'recompiles_during_timing' in s else ""),
         f"- step = forward + backward + AdamW step + zero_grad; {s['warmup']} warmup, median of {s['repeats']} "
         f"interleaved repeats; ratio = median / median(standard); paired ratio = median over repeats of "
         f"step / standard step in the same round; CPU-time ratio = the same from process CPU time (all threads, "

@@ -93,11 +93,19 @@ def scaled_dot_product(
     if not eager:
         if v.shape[1] != k.shape[1]:  # per-query-head keys over grouped values: one fused kernel path
             v = expand_kv(v, k.shape[1] // v.shape[1])
-        gqa = k.shape[1] != h
+        # plain Python branches, never a symbolic bool: under torch.compile with dynamic shapes `t_q == t_k` is a
+        # SymBool, which SDPA's is_causal and enable_gqa reject (a graph break in every cached decoding step)
+        gqa = False
+        if k.shape[1] != h:
+            gqa = True
         causal = False
         if mask is None:
-            causal = t_q == t_k > 1
-            mask = None if t_q == 1 or t_q == t_k else _causal_mask(t_q, t_k, q.device)
+            if t_q == 1:
+                pass  # one query at the end of the keys sees all of them
+            elif t_q == t_k:
+                causal = True
+            else:
+                mask = _causal_mask(t_q, t_k, q.device)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p, enable_gqa=gqa
         ), None
@@ -227,7 +235,8 @@ class CausalSelfAttention(nn.Module):
         impl: ``"sdpa"`` (fast) or ``"eager"``.
 
     Forward: ``x (B, T, d_model) -> (B, T, d_model)``; ``rope`` is ``(cos, sin)`` of shape ``(T, d_head)``
-    (or ``(B, 1, T, d_head)``: positions per sequence) for the current positions, ``cache`` a
+    (or ``(B, 1, T, d_head)``: positions per sequence) for the current positions, optionally with a third table
+    ``signed_sin(sin)`` (:func:`coupled_qk.ops.rope.apply_rope`; the model passes it), ``cache`` a
     :class:`KVCache` to read and extend, ``key_mask`` an optional bool ``(B, T_past + T)``, False at padding
     (hidden from every query, see :func:`attention_mask_4d`). With ``record=True`` the eager path runs and the
     result is ``(y, AttentionRecord)``.
@@ -415,6 +424,8 @@ class CausalSelfAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         lam = a2 = None
         mask = attention_mask_4d(key_mask, t, k.shape[-2])
+        if mask is None and cache is not None and hasattr(cache, "attn_mask"):
+            mask = cache.attn_mask()  # a StaticKVCache: hide its unwritten slots
         if not self.differential:
             y, a1 = scaled_dot_product(q, k, v, eager, p, mask)
         elif not eager and self._split_values(q):

@@ -6,7 +6,7 @@ import torch
 
 from coupled_qk._checks import positive_int
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "StaticKVCache"]
 
 
 class KVCache:
@@ -103,3 +103,77 @@ class KVCache:
         vb[..., n:end, :] = v
         self._len[layer_idx] = end
         return kb[..., :end, :], vb[..., :end, :]
+
+
+class StaticKVCache:
+    """Fixed-shape decoding cache for one compiled single-token step: the buffers never change shape and the
+    write position is a tensor, so one compiled graph (and, on CUDA, one CUDA graph) serves every step.
+
+    It wraps the preallocated buffers of a :class:`KVCache` after an (eager) prefill
+    (:meth:`from_cache`): per layer keys ``(B, H_k, capacity, d)`` and values ``(B, H_v, capacity, d_v)``.
+    :meth:`update` writes the new token's key and value at slot ``position`` in place (``index_copy_``) and
+    returns the whole buffers; attention then masks the slots after ``position`` with :meth:`attn_mask`
+    (the unwritten slots are zeroed by :meth:`from_cache`: a masked slot has probability 0, but ``0 * NaN`` from
+    uninitialised memory would still poison the output). Mathematically the
+    step equals a :class:`KVCache` step (same keys, same softmax over the filled slots); it is checked token
+    for token against eager decoding in ``tests/models/test_compile.py``.
+
+    Args:
+        keys, values: one buffer per layer (equal batch, capacity, device); position: ``(1,)`` int64 tensor,
+            the slot of the next token (``0 <= position < capacity``).
+
+    Raises:
+        ValueError: empty or unequal lists, buffers of different capacity, a position outside the buffers.
+    """
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], position: int):
+        if not keys or len(keys) != len(values):
+            raise ValueError(f"need one key and one value buffer per layer; got {len(keys)} and {len(values)}")
+        capacity = keys[0].shape[-2]
+        if any(t.shape[-2] != capacity for t in keys + values):
+            raise ValueError(f"every buffer must have capacity {capacity}; got {[t.shape[-2] for t in keys + values]}")
+        if not 0 <= position < capacity:
+            raise ValueError(f"position={position} must be in [0, capacity={capacity})")
+        self.k, self.v = list(keys), list(values)
+        self.capacity = capacity
+        self.position = torch.tensor([position], dtype=torch.long, device=keys[0].device)
+        self.slots = torch.arange(capacity, device=keys[0].device)
+
+    @classmethod
+    def from_cache(cls, cache: KVCache) -> StaticKVCache:
+        """The buffers of ``cache`` (every layer filled to ``cache.length``, fixed ``capacity``), writing next
+        at ``cache.length``. The buffers are shared, not copied; their unfilled slots are zeroed.
+
+        Raises:
+            ValueError: ``cache`` has no fixed capacity, an empty layer, layers of unequal length, or no free slot.
+        """
+        if cache.capacity is None:
+            raise ValueError("a StaticKVCache needs a KVCache with a fixed capacity (GPT.new_cache(capacity))")
+        if any(k is None for k in cache._k) or len(set(cache._len)) != 1:
+            raise ValueError(f"every layer of the cache must be filled to the same length; got {cache._len}")
+        if any(k.shape[-2] != cache.capacity for k in cache._k):
+            raise ValueError("the cache's buffers are not preallocated (it was filled under autograd)")
+        for t in cache._k + cache._v:  # masked slots get probability 0, but 0 * NaN garbage would still be NaN
+            t[..., cache.length:, :].zero_()
+        return cls(cache._k, cache._v, cache.length)
+
+    @property
+    def length(self) -> int:
+        """Filled slots (a device-to-host read of :attr:`position`; not for use inside a compiled step)."""
+        return int(self.position)
+
+    def advance(self) -> None:
+        """Move the write position one slot on (after a step)."""
+        self.position += 1
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k (B, H_k, 1, d)`` and ``v (B, H_v, 1, d_v)`` at slot :attr:`position` of ``layer_idx``;
+        return the whole buffers ``(B, H_k, capacity, d)`` and ``(B, H_v, capacity, d_v)``."""
+        kb, vb = self.k[layer_idx], self.v[layer_idx]
+        kb.index_copy_(2, self.position, k.to(kb.dtype))
+        vb.index_copy_(2, self.position, v.to(vb.dtype))
+        return kb, vb
+
+    def attn_mask(self) -> torch.Tensor:
+        """Boolean ``(1, 1, 1, capacity)``: True at the filled slots ``0..position`` (the step's own included)."""
+        return (self.slots <= self.position).view(1, 1, 1, -1)

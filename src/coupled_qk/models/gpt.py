@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
+import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,10 +20,11 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
+from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.registry import get_attention
 from coupled_qk.ops.losses import next_token_loss
-from coupled_qk.ops.rope import rope_tables
+from coupled_qk.ops.rope import rope_tables, signed_sin
 from coupled_qk.tensor_checks import check_generate_args
 
 
@@ -113,7 +116,10 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, n_rows, bias=False)
         self.lm_head.weight = self.tok_emb.weight
-        self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # tables per device, built lazily
+        self._rope: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # (cos, sin, signed sin) per device
+        self._compile_state: str | None = None  # None (eager), "pending" (first call not yet made), "ok", "failed"
+        self.compile_info: dict = {}
+        self._decode_step = None  # the compiled single-token step of generate(compile=True), built once
         # activation checkpointing (transformers' attribute names, set by gradient_checkpointing_enable()): while
         # training without a cache, each block's activations are recomputed in the backward pass instead of stored
         self.gradient_checkpointing = False
@@ -125,6 +131,26 @@ class GPT(nn.Module):
         if n_rows > config.vocab_size:
             with torch.no_grad():
                 self.tok_emb.weight[config.vocab_size:].zero_()  # padding rows: never read, never scored
+        self._build_rope()
+
+    def _build_rope(self) -> None:
+        """Build the RoPE tables on the parameters' device now (not on first use: a table added to ``_rope``
+        inside a compiled call changes the guarded dict and recompiles the whole graph on the second call).
+        Nothing is built on the meta device (the tables are made on first use after materialisation)."""
+        self._rope = {}
+        device = self.tok_emb.weight.device
+        if self.pos_emb is None and device.type != "meta":
+            self._rope_tables(device)
+
+    def _apply(self, fn, recurse=True):
+        """``.to()``, ``.cuda()``, ``.to_empty()``...: move the parameters, then rebuild the RoPE tables there."""
+        out = super()._apply(fn, recurse)
+        self._build_rope()
+        return out
+
+    def __getstate__(self):
+        """Pickling and ``copy.deepcopy`` leave the compiled decoding step behind (rebuilt when needed)."""
+        return {**super().__getstate__(), "_decode_step": None}
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -132,12 +158,95 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE ``(cos, sin)`` tables ``(block_size, d_head)`` in float32 on ``device`` (computed once per device;
-        not buffers, so meta-device construction and ``from_pretrained`` never see stale values)."""
+        """RoPE ``(cos, sin)`` tables ``(block_size, d_head)`` in float32 on ``device`` (computed once per device,
+        at construction and after every move of the parameters; not buffers, so meta-device construction and
+        ``from_pretrained`` never see stale values)."""
+        return self._rope_tables(device)[:2]
+
+    def _rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(cos, sin, signed_sin(sin))`` on ``device``: the two tables and the third one that makes the
+        rotation one ``addcmul`` (:func:`coupled_qk.ops.rope.apply_rope`)."""
         if device not in self._rope:
             c = self.config
-            self._rope[device] = rope_tables(c.block_size, c.d_head, c.rope_base, device=device)
+            cos, sin = rope_tables(c.block_size, c.d_head, c.rope_base, device=device)
+            self._rope[device] = (cos, sin, signed_sin(sin))
         return self._rope[device]
+
+    def compile(
+        self,
+        backend: str = "inductor",
+        mode: str | None = None,
+        dynamic: bool | None = None,
+        fullgraph: bool = False,
+        options: dict | None = None,
+    ) -> GPT:
+        """Compile the model in place, one block at a time (regional compilation); returns ``self``.
+
+        Each transformer block's forward is compiled with ``torch.compile(backend, mode, dynamic, fullgraph,
+        options)`` (``nn.Module.compile`` of every block): blocks of one variant share one compiled graph, so
+        compile time does not grow with depth, and the parameter names (``state_dict``, checkpoints, the Hugging
+        Face export) stay those of the eager model (no ``_orig_mod.`` prefix). The embedding, the output head
+        and the loss stay eager. Compilation is lazy: it happens on the first forward, whose wall time is
+        recorded in ``self.compile_info["first_call_s"]``. If that first call fails inside the compiler while
+        the same call succeeds eagerly, the model falls back to eager for good with one ``RuntimeWarning``
+        naming the error (``self.compile_info["error"]``); an error that eager execution raises too is
+        re-raised unchanged. A failure in the lazily compiled backward surfaces at the first ``backward()``
+        (the training loop probes forward and backward once; see :func:`compile_regions`).
+
+        Arguments are those of :func:`torch.compile`. Source: PyTorch "regional compilation" recipe.
+        """
+        for block in self.blocks:
+            block.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options)
+        self._compile_state = "pending"
+        self.compile_info = dict(backend=backend, mode=mode, regional=True)
+        return self
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether the blocks are compiled (``compile()`` was called and has not fallen back to eager)."""
+        return self._compile_state in ("pending", "ok")
+
+    def uncompile(self, reason: str | None = None) -> None:
+        """Return to eager execution (keeps the weights); ``reason`` is recorded as ``compile_info["error"]``."""
+        for block in self.blocks:
+            block._compiled_call_impl = None
+        self._compile_state = "failed" if reason else None
+        if reason:
+            self.compile_info["error"] = reason
+
+    def _run_blocks(self, x, rope, cache, key_mask=None) -> torch.Tensor:
+        """The blocks on ``x (B, T, d_model)``; the first call after :meth:`compile` falls back to eager if the
+        compiler fails (see :meth:`compile`)."""
+        if self._compile_state == "pending":
+            return self._first_compiled_call(x, rope, cache, key_mask)
+        for block in self.blocks:
+            x = block(x, rope, cache, key_mask=key_mask)
+        return x
+
+    def _first_compiled_call(self, x, rope, cache, key_mask) -> torch.Tensor:
+        start = time.perf_counter()
+        past = getattr(cache, "length", None)
+        self._compile_state = "ok"
+        try:
+            y = self._run_blocks(x, rope, cache, key_mask)
+        except Exception as exc:  # noqa: BLE001 - decided below: compiler failure or the caller's error
+            if past is not None and hasattr(cache, "crop"):
+                cache.crop(past)  # forget what the failed call wrote
+            saved = [b._compiled_call_impl for b in self.blocks]
+            self.uncompile()
+            try:
+                y = self._run_blocks(x, rope, cache, key_mask)
+            except Exception:
+                for b, impl in zip(self.blocks, saved):  # eager fails too: the caller's error, not the compiler's
+                    b._compiled_call_impl = impl
+                self._compile_state = "pending"
+                raise
+            reason = compile_error_summary(exc)
+            self.uncompile(reason)
+            warnings.warn(f"torch.compile failed ({reason}); the model runs eagerly", RuntimeWarning, stacklevel=3)
+            return y
+        self.compile_info["first_call_s"] = time.perf_counter() - start
+        return y
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
@@ -164,7 +273,8 @@ class GPT(nn.Module):
         check_ids: bool = True,
     ) -> tuple[torch.Tensor, tuple | None]:
         """Checked token ids ``(B, T)`` -> the input of block 0 ``(B, T, d_model)`` and the RoPE tables of the
-        current positions (``None`` with learned positions). ``key_mask``: bool ``(B, T_past + T)`` from
+        current positions (``(cos, sin, signed sin)``, see :func:`coupled_qk.ops.rope.apply_rope`; ``None`` with
+        learned positions). ``key_mask``: bool ``(B, T_past + T)`` from
         :func:`key_padding_mask`, which numbers the positions when ``position_ids`` is ``None``. Arguments
         and errors as :meth:`hidden_states`; ``check_ids=False`` skips the id-range check (a reduction over
         ``idx``; :meth:`generate` checks the prompt once)."""
@@ -190,10 +300,9 @@ class GPT(nn.Module):
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)
         else:
-            cos, sin = self.rope_tables(idx.device)
-            rope = (cos[positions], sin[positions])
+            rope = tuple(t[positions] for t in self._rope_tables(idx.device))
             if positions.dim() == 2:  # per sequence: broadcast over heads
-                rope = (rope[0].unsqueeze(1), rope[1].unsqueeze(1))
+                rope = tuple(t.unsqueeze(1) for t in rope)
         return self.drop(x), rope
 
     def hidden_states(
@@ -222,14 +331,12 @@ class GPT(nn.Module):
         if attention_mask is not None and idx.dim() == 2:  # (a bad idx is reported by embed)
             key_mask = key_padding_mask(attention_mask, idx.shape[0], idx.shape[1] + (0 if cache is None else cache.length))
         x, rope = self.embed(idx, cache, key_mask, position_ids)
-        checkpoint = self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled()
-        for block in self.blocks:
-            if checkpoint:  # same values and gradients; the block's activations are recomputed in backward
-                run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
+        if self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled():
+            run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
+            for block in self.blocks:  # same values and gradients; the block's activations are recomputed in backward
                 x = run(block.__call__, x, rope, None, key_mask=key_mask)
-            else:
-                x = block(x, rope, cache, key_mask=key_mask)
-        return self.ln_f(x)
+            return self.ln_f(x)
+        return self.ln_f(self._run_blocks(x, rope, cache, key_mask))
 
     def forward(
         self,
@@ -280,6 +387,7 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
         attention_mask: torch.Tensor | None = None,
         context: str = "slide",
+        compile: bool = False,
     ) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after the prompt ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
 
@@ -294,12 +402,18 @@ class GPT(nn.Module):
         (default, as nanoGPT's ``sample.py`` and a sliding window in Hugging Face) predicts each token from the
         last ``block_size`` tokens (see :meth:`generate_sliding`); ``"error"`` raises instead.
 
+        ``compile=True``: an eager prefill, then every new token through one compiled single-token step over a
+        preallocated :class:`~coupled_qk.layers.kv_cache.StaticKVCache` (:meth:`compiled_decode_step`; built
+        once and kept on the model, so later calls do not recompile); the same tokens as eager decoding up to
+        float rounding. Within the context only (with ``context="slide"`` the part past it decodes eagerly).
+
         Raises:
             TypeError, ValueError: from :func:`coupled_qk.tensor_checks.check_generate_args`, naming the
                 argument: negative or non-int ``max_new_tokens``, negative or non-finite ``temperature``,
                 ``top_k < 1``, an empty prompt or batch, ids out of the vocabulary, a mask of another shape, or
                 (``context="error"``) a total length beyond ``block_size`` (no silent cropping); ``context``
-                other than ``"slide"``/``"error"``.
+                other than ``"slide"``/``"error"``; ``compile=True`` with ``attention_mask`` or without
+                ``use_cache``.
         """
         if context not in ("slide", "error"):
             raise ValueError(f"context={context!r} must be 'slide' or 'error'")
@@ -310,6 +424,9 @@ class GPT(nn.Module):
         if total > self.config.block_size:  # context="slide" (checked above): predict from the last block_size
             return self.generate_sliding(idx, max_new_tokens, temperature, top_k, use_cache, generator,
                                          attention_mask)
+        if compile:
+            return self._generate_compiled(idx, max_new_tokens, temperature, top_k, generator, attention_mask,
+                                           use_cache)
         cache = self.new_cache(max(total, 1)) if use_cache else None
         b, t = idx.shape
         out = idx.new_empty(b, total)
@@ -386,6 +503,87 @@ class GPT(nn.Module):
             out[:, i : i + 1] = sample_next_token(logits, temperature, top_k, generator)
         return out
 
+    def _generate_compiled(self, idx, max_new_tokens, temperature, top_k, generator, attention_mask, use_cache):
+        """:meth:`generate` with ``compile=True`` (arguments checked there)."""
+        if attention_mask is not None or not use_cache:
+            raise ValueError("generate(compile=True) decodes unpadded prompts with the cache: attention_mask must be "
+                             f"None (got a tensor) and use_cache True (got {use_cache})")
+        b, t = idx.shape
+        total = t + max_new_tokens
+        out = idx.new_empty(b, total)
+        out[:, :t] = idx
+        if max_new_tokens == 0:
+            return out
+        cache = self.new_cache(static_capacity(total, self.config.block_size))
+        logits = self.next_token_logits(idx, cache).float()  # the prefill, eager
+        static = StaticKVCache.from_cache(cache)
+        step = self.compiled_decode_step()
+        for i in range(max_new_tokens):
+            nxt = sample_next_token(logits, temperature, top_k, generator)
+            out[:, t + i : t + i + 1] = nxt
+            if i + 1 < max_new_tokens:
+                logits = step(nxt, static).float()
+                static.advance()
+        return out
+
+    def decode_step(self, idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """One decoding step with fixed shapes: logits ``(B, vocab)`` of the tokens ``idx (B, 1)`` at slot
+        ``cache.position``, writing their keys and values there (the function :meth:`compiled_decode_step`
+        compiles; it also runs eagerly). Nothing here reads a Python number that changes between steps, so a
+        compiled version never recompiles; the caller advances ``cache`` afterwards."""
+        pos = cache.position
+        x = self.tok_emb(idx)
+        rope = None
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(pos)
+        else:
+            rope = tuple(t[pos] for t in self._rope_tables(idx.device))
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, rope, cache)
+        return self.logits(self.ln_f(x[:, -1]))
+
+    def compiled_decode_step(self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False):
+        """The compiled :meth:`decode_step`, built on the first call and kept on the model (later calls, and
+        every :meth:`generate` with ``compile=True``, reuse it). ``mode="auto"``: ``"reduce-overhead"`` (CUDA
+        graphs) on CUDA, the default mode elsewhere. Shapes are static (``dynamic=False``): one graph per batch
+        size and cache capacity (:func:`static_capacity` rounds capacities to powers of two).
+
+        The returned callable ``(idx (B, 1), cache) -> logits (B, vocab)`` compiles on its first call; if that
+        call fails in the compiler (and :meth:`decode_step` succeeds eagerly) it warns once
+        (``RuntimeWarning``) and decodes eagerly from then on.
+        """
+        if self._decode_step is not None:
+            return self._decode_step
+        if mode == "auto":
+            mode = "reduce-overhead" if self.tok_emb.weight.device.type == "cuda" else None
+        compiled = torch.compile(self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph)
+        state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
+
+        def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+            if state["fn"] is not None:
+                return state["fn"](idx, cache)
+            state["fn"] = compiled
+            start = time.perf_counter()
+            saved = [t.clone() for t in cache.k + cache.v]  # a failed first call may have written its slot
+            try:
+                logits = compiled(idx, cache)
+            except Exception as exc:  # noqa: BLE001 - compiler failure: fall back if eager works
+                for t, s in zip(cache.k + cache.v, saved):
+                    t.copy_(s)
+                logits = self.decode_step(idx, cache)  # raises the caller's own errors
+                reason = compile_error_summary(exc)
+                self.compile_info["decode_error"] = reason
+                self._decode_step = state["fn"] = self.decode_step
+                warnings.warn(f"torch.compile of the decoding step failed ({reason}); decoding eagerly",
+                              RuntimeWarning, stacklevel=2)
+                return logits
+            self.compile_info["decode_first_call_s"] = time.perf_counter() - start
+            return logits
+
+        self._decode_step = step
+        return step
+
     def _check_ids(self, idx: torch.Tensor) -> None:
         if idx.numel() and idx.device.type == "cpu":
             lo, hi = int(idx.min()), int(idx.max())
@@ -400,8 +598,7 @@ class GPT(nn.Module):
         :meth:`forward`. ``cache`` is read and extended as in :meth:`forward`.
         """
         x, rope = self.embed(idx, cache, check_ids=False)
-        for block in self.blocks:
-            x = block(x, rope, cache)
+        x = self._run_blocks(x, rope, cache)
         return self.logits(self.ln_f(x[:, -1]))
 
 
@@ -419,6 +616,51 @@ def sample_next_token(logits: torch.Tensor, temperature: float, top_k: int | Non
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+def static_capacity(total: int, block_size: int, minimum: int = 64) -> int:
+    """Cache capacity for a compiled decode of ``total`` positions: the next power of two ``>= total`` (at least
+    ``minimum``), at most ``block_size``; a few capacities (hence compiled graphs) serve every length.
+
+    Raises:
+        ValueError: ``total`` outside ``[1, block_size]``.
+    """
+    if not 1 <= total <= block_size:
+        raise ValueError(f"total={total} positions must be in [1, block_size={block_size}]")
+    return min(block_size, max(minimum, 1 << (total - 1).bit_length()))
+
+
+def compile_error_summary(exc: BaseException) -> str:
+    """``"<ExceptionType>: <first non-empty line>"`` of a compiler error, followed by the same for the error it
+    wraps (a backend's own exception inside Dynamo's ``BackendCompilerFailed``); at most 300 characters."""
+
+    def line(e: BaseException) -> str:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+    inner = getattr(exc, "inner_exception", None) or exc.__cause__
+    return (line(exc) + (f" <- {line(inner)}" if inner is not None and inner is not exc else ""))[:300]
+
+
+def compile_regions(module: nn.Module, **kwargs) -> list[GPT]:
+    """Regional compilation of ``module`` in place: :meth:`GPT.compile` on every :class:`GPT` it is or
+    contains (a classifier wrapping a GPT included); a module without one is compiled whole, in place
+    (``nn.Module.compile``: its ``state_dict`` keeps its names). ``kwargs`` go to :func:`torch.compile`.
+    Returns the compiled GPTs (empty for a whole-module compile). Undo with :func:`uncompile_regions`."""
+    gpts = [m for m in module.modules() if isinstance(m, GPT)]
+    for g in gpts:
+        g.compile(**kwargs)
+    if not gpts:
+        module.compile(**kwargs)
+    return gpts
+
+
+def uncompile_regions(module: nn.Module, reason: str | None = None) -> None:
+    """Undo :func:`compile_regions`: every compiled submodule of ``module`` (and ``module``) runs eagerly."""
+    for m in module.modules():
+        if isinstance(m, GPT):
+            m.uncompile(reason)
+        m._compiled_call_impl = None
 
 
 def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> torch.Tensor | None:

@@ -32,12 +32,25 @@ def rope_tables(
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` of shape ``(..., d_head)`` with its first half negated: the table :func:`apply_rope` multiplies the
+    swapped halves by, so that the rotation is one ``cat`` and one ``addcmul`` (precompute it with the tables)."""
+    s1, s2 = sin.chunk(2, dim=-1)
+    return torch.cat([-s1, s2], dim=-1)
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sin_signed: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rotate ``x`` of shape ``(..., T, d_head)`` by the tables ``cos, sin`` of shape ``(T, d_head)``.
 
-    Returns a tensor of the shape and dtype of ``x``. Dot products of rotated queries and keys depend only
-    on the difference of their positions.
+    Returns a tensor of the shape and dtype of ``x``: ``x cos + rotate_half(x) sin`` with ``rotate_half(x) =
+    (-x2, x1)``. Dot products of rotated queries and keys depend only on the difference of their positions.
+    ``sin_signed``: :func:`signed_sin` of ``sin``, precomputed (the model keeps it with its tables); the
+    rotation is then ``addcmul(x cos, (x2, x1), sin_signed)``, three kernels instead of five (issue 29: RoPE at
+    decoding cost); equal to the plain form up to float rounding.
     """
     x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+    if sin_signed is None:
+        sin_signed = signed_sin(sin)
+    return torch.addcmul(x * cos.to(x.dtype), torch.cat([x2, x1], dim=-1), sin_signed.to(x.dtype))

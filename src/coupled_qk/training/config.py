@@ -129,8 +129,8 @@ class TrainConfig(JSONConfig):
     # runtime
     seed: int = _f(0, "random seed (initialisation and data order)")
     device: str = _f("auto", "auto (CUDA if available), cpu, cuda or cuda:N")
-    dtype: str = _f("auto", "autocast dtype (auto: bf16 on CUDA, fp32 on CPU)", DTYPES)
-    compile: bool = _f(False, "torch.compile the model")
+    dtype: str = _f("auto", "autocast dtype (auto: bf16 on CUDA; on CPU fp32, or bf16 with --compile where the CPU has native bf16)", DTYPES)
+    compile: bool = _f(False, "torch.compile the model per block (GPT.compile; eager with a warning if compilation fails)")
     fsdp: bool = _f(False, "FSDP2 instead of DDP under torchrun")
     out_dir: str = _f("runs/run", "run folder (config, metrics, checkpoints, results)")
     resume: bool = _f(False, "continue the run in out_dir from its latest checkpoint")

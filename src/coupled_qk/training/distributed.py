@@ -85,8 +85,26 @@ def pg_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def pick_autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
-    """``auto``: bf16 autocast on CUDA (fp16 if bf16 is unsupported), none (fp32) on CPU."""
+def cpu_supports_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (x86 ``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``; Arm
+    ``bf16``); ``False`` where the flags cannot be read. Without it bf16 autocast is emulated and slower."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":")[0].strip() in ("flags", "Features"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def pick_autocast_dtype(dtype: str, device: torch.device, compiled: bool = False) -> torch.dtype | None:
+    """``auto``: bf16 autocast on CUDA (fp16 if bf16 is unsupported); on CPU none (fp32), except for a compiled
+    model on a CPU with native bf16 (:func:`cpu_supports_bf16`), where bf16 autocast is the fast path (issue 29;
+    weights and optimizer stay fp32; ``dtype="fp32"`` opts out)."""
+    if dtype == "auto" and device.type == "cpu" and compiled and cpu_supports_bf16():
+        return torch.bfloat16
     if dtype == "fp32" or (dtype == "auto" and device.type != "cuda"):
         return None
     if dtype == "auto":
@@ -94,7 +112,7 @@ def pick_autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
-def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
+def setup_runtime(device: str = "auto", dtype: str = "auto", compiled: bool = False) -> Runtime:
     """Initialise the process group when launched by ``torchrun`` (``WORLD_SIZE > 1``).
 
     The backend is NCCL on CUDA and gloo on CPU; each process uses ``cuda:LOCAL_RANK``. Collectives time out
@@ -113,7 +131,7 @@ def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
             torch.cuda.set_device(dev)
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", timeout=pg_timeout())
-    return Runtime(rank, world, local_rank, dev, pick_autocast_dtype(dtype, dev))
+    return Runtime(rank, world, local_rank, dev, pick_autocast_dtype(dtype, dev, compiled))
 
 
 def all_reduce_mean(value: float, runtime: Runtime) -> float:

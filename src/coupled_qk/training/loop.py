@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.gpt import GPT
+from coupled_qk.models.gpt import GPT, compile_error_summary, compile_regions, uncompile_regions
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import EVALUATIONS_PER_RUN, TrainConfig, auto_eval_interval, higher_is_better
@@ -94,12 +94,42 @@ def _wrap(model: GPT, cfg: TrainConfig, runtime: Runtime) -> torch.nn.Module:
     elif runtime.world > 1:
         ids = [runtime.device.index] if runtime.device.type == "cuda" else None
         wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    if cfg.compile:
-        try:
-            wrapped = torch.compile(wrapped)
-        except Exception as exc:  # pragma: no cover - depends on the platform's compiler
-            warnings.warn(f"torch.compile failed ({exc}); training eagerly", stacklevel=2)
+    if cfg.compile:  # regional and in place: parameter names (checkpoints, resume, export) are unchanged
+        compile_regions(model)
     return wrapped
+
+
+def _compile_probe(wrapped, model, task, cfg: TrainConfig, runtime: Runtime, step: int, autocast: dict, say) -> dict:
+    """Compile now, on one forward and backward of the first training batch (compilation is lazy: without this a
+    compiler error would abort the run at its first step). On failure (on any rank) the model trains eagerly,
+    with one warning. The probe leaves no trace: gradients are dropped and the random state is restored.
+
+    Returns ``{"compiled": bool, "compile_s": float, "error": str | None}``."""
+    start, error = time.perf_counter(), None
+    devices = [runtime.device] if runtime.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            x, y = task.train_batch(step, 0, runtime.rank, runtime.world, cfg.batch_size, runtime.device)
+            ctx = wrapped.no_sync() if hasattr(wrapped, "no_sync") else contextlib.nullcontext()
+            with ctx:
+                with torch.autocast(**autocast):
+                    loss = next_token_loss(wrapped(x), y)
+                loss.backward()
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly
+            error = compile_error_summary(exc)
+    for p in model.parameters():
+        p.grad = None
+    warned = error is None and bool(getattr(model, "compile_info", {}).get("error"))
+    if warned:
+        error = model.compile_info["error"]  # GPT fell back to eager on the forward and has warned
+    if not broadcast_ok(error is None, runtime):
+        error = error or "compilation failed on another rank"
+        uncompile_regions(model, error)
+        if not warned:
+            warnings.warn(f"torch.compile failed ({error}); training eagerly", RuntimeWarning, stacklevel=2)
+    seconds = time.perf_counter() - start
+    say(f"compile: {'failed, training eagerly' if error else f'compiled (regional) in {seconds:.1f} s'}")
+    return {"compiled": error is None, "compile_s": seconds, "error": error}
 
 
 def _full_states(model: GPT, optimizer, cfg: TrainConfig, runtime: Runtime) -> tuple[dict, dict]:
@@ -197,7 +227,7 @@ def train(cfg: TrainConfig, task=None) -> dict:
     """
     run_dir = Path(cfg.out_dir)
     check_out_dir(run_dir)
-    runtime = setup_runtime(cfg.device, cfg.dtype)
+    runtime = setup_runtime(cfg.device, cfg.dtype, compiled=cfg.compile)
     created = not run_dir.exists()
     lock, error = RunLock(run_dir), None
     try:
@@ -275,6 +305,10 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     start_step = step = saved_step = state["step"]
     logger = Logger(run_dir, cfg, runtime.is_main, start_step, sched.end)
     autocast = dict(device_type=runtime.device.type, dtype=runtime.autocast_dtype, enabled=runtime.autocast_dtype is not None)
+    if runtime.device.type == "cpu" and runtime.autocast_dtype is not None:  # reported: not the CPU's usual fp32
+        say(f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
+            + (" (--compile on a CPU with native bf16; --dtype fp32 to opt out)" if cfg.dtype == "auto" else ""))
+    compile_status = _compile_probe(wrapped, model, task, cfg, runtime, start_step, autocast, say) if cfg.compile else None
     stop_reason, last_eval = "max_steps", {}
     window_t, window_tokens = time.perf_counter(), 0
 
@@ -416,6 +450,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
         "device": str(runtime.device),
         "world_size": runtime.world,
         "final": final,
+        "compile": compile_status,
     }
     if runtime.is_main:
         run.write_results(results)

@@ -1,0 +1,394 @@
+"""``coupled-qk bench --mode fastpath``: the compiled fast path against eager, fp32 against bf16, every variant
+against ``standard``, and two peers, measured interleaved in one run (issue 29).
+
+Train step (forward with next-token loss, backward, AdamW step, zero_grad; one fixed random batch): one
+runner per (model, mode); a model is a variant of :mod:`coupled_qk.models.variants` or a peer built from
+``transformers`` at the same dimensions (``gpt2``: ``GPT2LMHeadModel``, learned positions, GELU MLP;
+``llama``: ``LlamaForCausalLM``, RoPE, SwiGLU MLP with the same ``d_ff``, hence three MLP matrices instead of
+two: see the ``params`` column); a mode is ``eager`` or ``compiled`` (regional: :meth:`GPT.compile` for our
+models, ``nn.Module.compile`` of every decoder layer for the peers) times ``fp32`` or ``bf16`` (autocast,
+fp32 weights). After the untimed warmup steps (the first compiles; its wall time is ``compile_s``), every
+repeat times one step of every runner in round-robin order, rotated by one runner per repeat. Reported per
+runner: median and p10-p90 step time, tokens/s, ``ratio`` = median / median of ``standard`` in the same mode,
+``speedup`` = median of ``standard`` eager fp32 / median, and achieved model FLOP/s (FLOPs of
+:func:`coupled_qk.experiments.cost_curve.train_step_flops`) against the matrix-multiply peak measured in the
+same run at the model's MLP shapes in the runner's dtype (``mfu``).
+
+Decode (cached greedy decoding, fp32): for each (batch, prefix) cell, after an untimed prefill, the time of
+``new_tokens`` single-token steps: our models eager (:meth:`GPT.next_token_logits` with a :class:`KVCache`)
+and compiled (:meth:`GPT.compiled_decode_step` over a :class:`StaticKVCache`), the peers eager (their own
+``DynamicCache``); runners interleaved per repeat; ``ratio`` = median / median of ``standard`` in the same
+mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from coupled_qk.experiments.bench import (
+    BASELINE,
+    compiled_graphs,
+    machine_info,
+    machine_line,
+    step_time_stats,
+    sync_device,
+    variant_configs,
+    with_baseline,
+)
+from coupled_qk.layers.kv_cache import StaticKVCache
+from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.gpt import GPT, static_capacity
+from coupled_qk.ops.losses import next_token_loss
+from coupled_qk.training.distributed import cpu_supports_bf16, pick_device
+
+MODES = ("eager-fp32", "compiled-fp32", "eager-bf16", "compiled-bf16")
+"""Train-step modes: execution (``eager``, ``compiled``) x precision (``fp32``, ``bf16`` autocast)."""
+PEERS = ("gpt2", "llama")
+"""Peers built from ``transformers`` at the same dimensions."""
+
+
+def _check_choices(flag: str, values: list[str], allowed: tuple[str, ...]) -> list[str]:
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise ValueError(f"{flag}: unknown {bad}; expected a subset of {list(allowed)}")
+    return values
+
+
+def peer_model(name: str, c: GPTConfig) -> nn.Module:
+    """A ``transformers`` causal LM with the dimensions of ``c`` (layers, width, heads, key/value heads, ``d_ff``,
+    vocabulary, context), tied embeddings, no dropout, SDPA attention, randomly initialised.
+
+    Raises:
+        ValueError: an unknown peer name.
+    """
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.d_model, n_layer=c.n_layer,
+                         n_head=c.n_heads, n_inner=c.d_ff, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
+        cfg._attn_implementation = "sdpa"
+        return GPT2LMHeadModel(cfg)
+    if name == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+                          num_hidden_layers=c.n_layer, num_attention_heads=c.n_heads,
+                          num_key_value_heads=c.n_kv_heads, head_dim=c.d_head, max_position_embeddings=c.block_size,
+                          rope_theta=c.rope_base, tie_word_embeddings=True, attention_dropout=0.0)
+        cfg._attn_implementation = "sdpa"
+        return LlamaForCausalLM(cfg)
+    raise ValueError(f"unknown peer {name!r}; expected one of {PEERS}")
+
+
+def _peer_layers(model: nn.Module) -> nn.ModuleList:
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+def model_step_flops(name: str, config: GPTConfig, batch_size: int, seq_len: int) -> int:
+    """FLOPs of one training step of variant or peer ``name`` (:func:`train_step_flops` counting rules; the
+    Llama peer adds its third MLP matrix, ``2 d_model d_ff`` per token and layer, forward)."""
+    from coupled_qk.experiments.cost_curve import train_step_flops
+
+    if name in PEERS:
+        flops = train_step_flops(config.replace(attention="standard"), batch_size, seq_len)["step"]
+        if name == "llama":
+            flops += 3 * batch_size * seq_len * config.n_layer * 2 * config.d_model * config.d_ff
+        return int(flops)
+    return int(train_step_flops(config, batch_size, seq_len)["step"])
+
+
+def matmul_peak(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, repeats: int = 9) -> float:
+    """Measured matrix-multiply throughput in FLOP/s: the median over ``repeats`` of ``(m, k) @ (k, n)`` in
+    ``dtype`` (``2 m k n`` FLOPs each; one untimed call first)."""
+    a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        sync_device(device)
+        start = time.perf_counter()
+        a @ b
+        sync_device(device)
+        times.append(time.perf_counter() - start)
+    return 2.0 * m * k * n / float(np.median(times))
+
+
+class _TrainRunner:
+    """One (model, mode): ``step()`` = forward + loss, backward, AdamW, zero_grad."""
+
+    def __init__(self, name: str, mode: str, config: GPTConfig, x, y, device, seed: int, backend: str):
+        self.name, self.mode, self.x, self.y, self.device = name, mode, x, y, device
+        self.compiled, dtype = mode.split("-")[0] == "compiled", mode.split("-")[1]
+        self.autocast = dtype == "bf16"
+        torch.manual_seed(seed)
+        self.model = (peer_model(name, config) if name in PEERS else GPT(config)).to(device).train()
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.1)
+        self.compile_s: float | None = None
+        self.compile_error: str | None = None
+        if self.compiled:
+            if isinstance(self.model, GPT):
+                self.model.compile(backend=backend)
+            else:
+                for layer in _peer_layers(self.model):
+                    layer.compile(backend=backend)
+
+    def _loss(self):
+        if isinstance(self.model, GPT):
+            return self.model.loss(self.x, self.y)
+        # no KV cache in training (transformers builds one by default: wasted work, and a recompile per layer)
+        return next_token_loss(self.model(self.x, use_cache=False).logits, self.y)
+
+    def step(self) -> None:
+        ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
+        with ctx:
+            loss = self._loss()
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def first_step(self) -> None:
+        start = time.perf_counter()
+        try:
+            self.step()
+        except Exception as exc:  # noqa: BLE001 - a lazily compiled backward failed: run eager
+            if not self.compiled:
+                raise
+            from coupled_qk.models.gpt import compile_error_summary, uncompile_regions
+
+            self.compile_error, self.compiled = compile_error_summary(exc), False
+            uncompile_regions(self.model, self.compile_error)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step()
+        sync_device(self.device)
+        error = getattr(self.model, "compile_info", {}).get("error")
+        if self.compiled and error:
+            self.compiled, self.compile_error = False, error
+        if self.compiled:
+            self.compile_s = time.perf_counter() - start
+
+    def timed(self) -> float:
+        sync_device(self.device)
+        start = time.perf_counter()
+        self.step()
+        sync_device(self.device)
+        return 1000.0 * (time.perf_counter() - start)
+
+
+def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch_size: int = 16,
+                 seq_len: int | None = None, repeats: int = 5, warmup: int = 2, device="cpu", seed: int = 0,
+                 decode: bool = True, decode_batch_sizes=(1, 8), prefixes=(128, 512), new_tokens: int = 32,
+                 decode_repeats: int = 5, log=None, backend: str = "inductor") -> dict:
+    """Measure the train step (every variant x mode and peer x mode) and cached decoding (eager and compiled)
+    interleaved, as the module docstring describes.
+
+    Args:
+        base: shared model configuration; variants: variant specs (``standard`` always included); modes: subset
+            of :data:`MODES`; peers: subset of :data:`PEERS` (needs ``transformers``); batch_size, seq_len
+            (default ``block_size``): the training batch; repeats, warmup: timed and untimed steps per runner
+            (``warmup >= 1``: the first step compiles); decode: also measure decoding over the cells
+            ``decode_batch_sizes x prefixes`` that fit ``block_size`` with ``new_tokens``; backend: the
+            ``torch.compile`` backend of the compiled modes (``"eager"`` in the tests).
+
+    Returns:
+        ``{"mode": "fastpath", "settings", "machine", "train": {runner: {...}}, "decode": [cells], "peaks",
+        "elapsed_s"}``; runner keys are ``"<model> <mode>"``.
+
+    Raises:
+        ValueError: unknown variants, modes or peers; ``repeats``, ``warmup``, ``batch_size`` or ``new_tokens``
+            < 1; ``seq_len`` outside ``[1, block_size]``; bf16 modes on a device without bf16.
+    """
+    t0 = time.perf_counter()
+    names = with_baseline(variants)
+    modes = _check_choices("modes", list(modes), MODES)
+    peers = _check_choices("peers", list(peers), PEERS)
+    dev = device if isinstance(device, torch.device) else pick_device(device)
+    seq_len = base.block_size if seq_len is None else seq_len
+    if not 1 <= seq_len <= base.block_size:
+        raise ValueError(f"seq_len={seq_len} must be in [1, block_size={base.block_size}]")
+    if min(batch_size, repeats, warmup, new_tokens, decode_repeats) < 1:
+        raise ValueError("batch_size, repeats, warmup, new_tokens and decode_repeats must be >= 1; got "
+                         f"{batch_size}, {repeats}, {warmup}, {new_tokens}, {decode_repeats}")
+    bf16 = dev.type == "cuda" or cpu_supports_bf16()
+    if any(m.endswith("bf16") for m in modes) and not bf16:
+        raise ValueError(f"modes {modes} include bf16, which this {dev.type} does not compute natively")
+    log = log or (lambda *a, **k: None)
+    configs = variant_configs(base, names, {})
+    configs.update({p: base.replace(attention="standard") for p in peers})
+    models = names + peers
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    dyn = torch._dynamo.config
+    dyn.recompile_limit = max(dyn.recompile_limit, 4 * len(models))
+    runners = {}
+    for m in models:
+        for mode in modes:
+            r = runners[f"{m} {mode}"] = _TrainRunner(m, mode, configs[m], x, y, dev, seed, backend)
+            r.first_step()
+            log(f"  {m} {mode}: " + (f"compiled in {r.compile_s:.1f} s" if r.compiled else
+                                     f"eager{' (compile failed: ' + r.compile_error + ')' if r.compile_error else ''}"))
+    for _ in range(warmup - 1):
+        for r in runners.values():
+            r.timed()
+    peaks: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    precisions = sorted({m.split("-")[1] for m in modes})
+    shape = (batch_size * seq_len, base.d_model, base.d_ff)
+    gc.collect()
+    graphs_before = compiled_graphs()
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    keys = list(runners)
+    for i in range(repeats):
+        for k in keys[i % len(keys):] + keys[: i % len(keys)]:
+            times[k].append(runners[k].timed())
+        for p in precisions:  # the matmul peak, interleaved with the steps (same load)
+            peaks[p].append(matmul_peak(*shape, torch.bfloat16 if p == "bf16" else torch.float32, dev, repeats=3))
+        log(f"  train repeat {i + 1}/{repeats}")
+    recompiles = compiled_graphs() - graphs_before  # graphs compiled inside timed steps: should be 0
+    peak = {p: float(np.median(v)) for p, v in peaks.items() if v}
+    tokens_per_step = batch_size * seq_len
+    train = {}
+    for k, r in runners.items():
+        stats = step_time_stats(times[k], tokens_per_step)
+        flops = model_step_flops(r.name, configs[r.name], batch_size, seq_len)
+        achieved = flops / (stats["median_ms"] / 1000.0)
+        train[k] = dict(model=r.name, mode=r.mode, peer=r.name in peers, params=r.params, **stats,
+                        compiled=r.compiled, compile_s=r.compile_s, compile_error=r.compile_error,
+                        step_flops=flops, achieved_flops=achieved, mfu=achieved / peak[r.mode.split("-")[1]],
+                        times_ms=times[k])
+    reference = train.get(f"{BASELINE} eager-fp32")
+    for k, v in train.items():
+        base_k = f"{BASELINE} {v['mode']}"
+        v["ratio"] = v["median_ms"] / train[base_k]["median_ms"]
+        v["paired_ratio"] = float(np.median(np.asarray(times[k]) / np.asarray(times[base_k])))
+        v["speedup"] = None if reference is None else reference["median_ms"] / v["median_ms"]
+    del runners
+    gc.collect()
+    cells = []
+    if decode:
+        cells = _decode_cells(base, names, peers, configs, dev, seed, decode_batch_sizes, prefixes, new_tokens,
+                              decode_repeats, log, backend)
+    return dict(
+        mode="fastpath",
+        settings=dict(variants=names, modes=modes, peers=peers, batch_size=batch_size, seq_len=seq_len,
+                      tokens_per_step=tokens_per_step, repeats=repeats, warmup=warmup, device=str(dev), seed=seed,
+                      recompiles_during_timing=recompiles,
+                      config=base.to_dict(), decode_batch_sizes=list(decode_batch_sizes), prefixes=list(prefixes),
+                      new_tokens=new_tokens, decode_repeats=decode_repeats, matmul_shape=list(shape), backend=backend),
+        machine=dict(machine_info(dev), cpu_bf16=cpu_supports_bf16() if dev.type == "cpu" else None),
+        train=train, peaks=peak, decode=cells, elapsed_s=time.perf_counter() - t0,
+    )
+
+
+def _decode_cells(base, names, peers, configs, dev, seed, batch_sizes, prefixes, new_tokens, repeats, log,
+                  backend) -> list:
+    models = {}
+    for n in names + peers:
+        torch.manual_seed(seed)
+        models[n] = (peer_model(n, configs[n]) if n in peers else GPT(configs[n])).to(dev).eval()
+        if n not in peers:
+            models[n].compiled_decode_step(backend=backend)
+    runs = [(n, "eager") for n in names + peers] + [(n, "compiled") for n in names]
+    gen = torch.Generator().manual_seed(seed)
+    cells = []
+    for b in batch_sizes:
+        for p in prefixes:
+            if p + new_tokens > base.block_size:
+                log(f"  decode batch {b} prefix {p}: skipped (prefix + new tokens > block_size {base.block_size})")
+                continue
+            prompt = torch.randint(0, base.vocab_size, (b, p), generator=gen).to(dev)
+            for n, how in runs:  # warm-up (compiles the static step for this batch and capacity)
+                _decode_time(models[n], how, prompt, new_tokens, dev)
+            times = {r: [] for r in runs}
+            for i in range(repeats):
+                for r in runs[i % len(runs):] + runs[: i % len(runs)]:
+                    times[r].append(_decode_time(models[r[0]], r[1], prompt, new_tokens, dev))
+            res = {}
+            for (n, how), t in times.items():
+                base_t = times[(BASELINE, how)]
+                res[f"{n} {how}"] = dict(model=n, mode=how, peer=n in peers,
+                                         ms_per_token=1000.0 * float(np.median(t)) / new_tokens,
+                                         p10_ms=1000.0 * float(np.percentile(t, 10)) / new_tokens,
+                                         p90_ms=1000.0 * float(np.percentile(t, 90)) / new_tokens,
+                                         ratio=float(np.median(np.asarray(t) / np.asarray(base_t))), times_s=t)
+            cells.append(dict(batch=b, prefix=p, runs=res))
+            log(f"  decode batch {b} prefix {p}: done")
+    return cells
+
+
+@torch.no_grad()
+def _decode_time(model: nn.Module, how: str, prompt: torch.Tensor, new_tokens: int, dev) -> float:
+    """Seconds for ``new_tokens`` greedy steps after an untimed prefill of ``prompt``."""
+    if not isinstance(model, GPT):
+        out = model(prompt, use_cache=True)  # transformers >= 5.24 (the hf extra): the cache is ``cache``
+        past, nxt = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+        sync_device(dev)
+        start = time.perf_counter()
+        for _ in range(new_tokens):
+            out = model(nxt, cache=past, use_cache=True)
+            past, nxt = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+        sync_device(dev)
+        return time.perf_counter() - start
+    total = prompt.shape[1] + new_tokens
+    cache = model.new_cache(static_capacity(total, model.config.block_size) if how == "compiled" else total)
+    nxt = model.next_token_logits(prompt, cache).argmax(-1, keepdim=True)
+    if how == "compiled":
+        static, step = StaticKVCache.from_cache(cache), model.compiled_decode_step()
+        sync_device(dev)
+        start = time.perf_counter()
+        for _ in range(new_tokens):
+            nxt = step(nxt, static).argmax(-1, keepdim=True)
+            static.advance()
+    else:
+        sync_device(dev)
+        start = time.perf_counter()
+        for _ in range(new_tokens):
+            nxt = model.next_token_logits(nxt, cache).argmax(-1, keepdim=True)
+    sync_device(dev)
+    return time.perf_counter() - start
+
+
+def fastpath_markdown(result: dict) -> str:
+    """Markdown tables of :func:`run_fastpath`'s result (train step, then decode)."""
+    s, c = result["settings"], result["settings"]["config"]
+    peaks = ", ".join(f"{p} {v / 1e9:.1f} GFLOP/s" for p, v in result["peaks"].items())
+    lines = [
+        f"# Fast-path benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
+        machine_line(result["machine"]) + f"; native CPU bf16: {result['machine'].get('cpu_bf16')}",
+        f"- command: `{result.get('command', '')}`",
+        f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} d_ff={c['d_ff']} "
+        f"vocab={c['vocab_size']}; train batch {s['batch_size']} x seq {s['seq_len']}; {s['warmup']} warmup, "
+        f"median of {s['repeats']} interleaved repeats; graphs compiled during timed steps: "
+        f"{s.get('recompiles_during_timing', '?')}; total {result['elapsed_s']:.0f} s",
+        f"- ratio = median / median of standard in the same mode; speedup = standard eager-fp32 / this; MFU = model "
+        f"FLOP/s / matmul peak measured in the same run at (M, K, N) = {tuple(s['matmul_shape'])} "
+        f"({peaks})", "",
+        "| model | mode | params | compile s | median ms | p10-p90 ms | tokens/s | ratio vs standard | speedup | "
+        "GFLOP/s | MFU |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for v in result["train"].values():
+        comp = f"{v['compile_s']:.0f}" if v["compile_s"] is not None else ("failed" if v["compile_error"] else "-")
+        speed = f"{v['speedup']:.2f}x" if v["speedup"] is not None else "-"
+        name = f"{v['model']} (peer)" if v["peer"] else v["model"]
+        lines.append(f"| {name} | {v['mode']} | {v['params']:,} | {comp} | {v['median_ms']:.1f} | "
+                     f"{v['p10_ms']:.1f}-{v['p90_ms']:.1f} | {v['tokens_per_s']:,.0f} | {v['ratio']:.3f}x | {speed} | "
+                     f"{v['achieved_flops'] / 1e9:.1f} | {100 * v['mfu']:.0f}% |")
+    if result["decode"]:
+        lines += ["", f"Cached greedy decoding (fp32), {s['new_tokens']} timed tokens after an untimed prefill, median "
+                  f"of {s['decode_repeats']} interleaved repeats; ratio = median over repeats of time / standard's time "
+                  "in the same mode (eager or compiled)", "",
+                  "| batch | prefix | model | mode | ms/token | p10-p90 | ratio vs standard |",
+                  "|---:|---:|---|---|---:|---:|---:|"]
+        for cell in result["decode"]:
+            for v in cell["runs"].values():
+                name = f"{v['model']} (peer)" if v["peer"] else v["model"]
+                lines.append(f"| {cell['batch']} | {cell['prefix']} | {name} | {v['mode']} | {v['ms_per_token']:.2f} | "
+                             f"{v['p10_ms']:.2f}-{v['p90_ms']:.2f} | {v['ratio']:.3f}x |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,342 @@
+"""The compiled path (issue 29; issue 28 items 2-4): no recompiles, no graph breaks, a fallback that fires,
+regional compilation equal to eager for every registered variant, a static-cache compiled decoding step equal
+to eager decoding token for token.
+
+Most tests compile with the ``eager`` / ``aot_eager`` backends: they run the real Dynamo capture (graph breaks,
+guards, recompiles) and AOT autograd (the joint forward/backward graph) in seconds, without Inductor's code
+generation; Inductor itself is exercised by the tests marked ``slow``.
+"""
+
+import copy
+import pickle
+import warnings
+
+import pytest
+import torch
+import torch._dynamo as dynamo
+from torch._dynamo.utils import counters
+
+from coupled_qk import GPT, GPTConfig
+from coupled_qk.layers.attention import scaled_dot_product
+from coupled_qk.layers.kv_cache import KVCache, StaticKVCache
+from coupled_qk.models.gpt import compile_regions, static_capacity, uncompile_regions
+from coupled_qk.models.variants import VARIANTS, variant_overrides
+
+
+def tiny(variant="standard", **kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=64, block_size=32, n_layer=2, d_model=32, n_heads=4, **variant_overrides(variant))
+    cfg.update(kw)
+    return GPT(GPTConfig(**cfg))
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    dynamo.reset()
+    counters.clear()
+    yield
+    dynamo.reset()
+
+
+def broken_backend(gm, example_inputs):
+    raise RuntimeError("no compiler here\nsecond line")
+
+
+def frames():
+    return counters["stats"]["unique_graphs"]
+
+
+# --- issue 28 item 2: RoPE tables built eagerly, no recompile on the second call ---------------------------
+
+@pytest.mark.parametrize("position", ["rope", "learned"])
+def test_whole_model_compile_does_not_recompile_on_the_second_call(position):
+    model = tiny(position=position)
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randint(0, 64, (2, 8))
+    first = compiled(x)
+    assert frames() == 1
+    second = compiled(x)
+    assert frames() == 1  # before the fix: 2 (the RoPE dict filled inside the first call broke its guards)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    torch.testing.assert_close(first, model(x), rtol=1e-6, atol=1e-6)
+
+
+def test_rope_tables_exist_at_construction_and_follow_the_parameters():
+    model = tiny()
+    assert list(model._rope) == [torch.device("cpu")]
+    model.double()  # a move rebuilds them on the parameters' device (float32 tables, cast where applied)
+    assert list(model._rope) == [torch.device("cpu")] and model._rope[torch.device("cpu")][0].dtype == torch.float32
+    with torch.device("meta"):
+        meta = tiny()
+    assert meta._rope == {}  # nothing built on the meta device
+    meta.to_empty(device="cpu")
+    assert list(meta._rope) == [torch.device("cpu")]
+    assert tiny(position="learned")._rope == {}
+
+
+# --- issue 28 item 3: no graph break at is_causal in cached decoding ---------------------------------------
+
+def test_sdpa_causal_flag_is_never_a_symbolic_bool():
+    q = torch.randn(1, 2, 6, 8)
+    f = torch.compile(lambda q, k: scaled_dot_product(q, k, k, False)[0], backend="eager", dynamic=True)
+    for t_q, t_k in ((6, 6), (3, 3), (1, 6), (1, 4), (2, 6)):  # prefill, decode steps, chunked prefill
+        torch.testing.assert_close(f(q[:, :, :t_q], q[:, :, :t_k]), scaled_dot_product(q[:, :, :t_q], q[:, :, :t_k],
+                                                                                       q[:, :, :t_k], True)[0])
+    assert dict(counters["graph_break"]) == {}  # before the fix: 'is_causal must be bool, not SymBool'
+    ex = dynamo.explain(lambda q, k: scaled_dot_product(q, k, k, False)[0])(q[:, :, :1], q)
+    assert ex.graph_break_count == 0
+
+
+@pytest.mark.slow
+def test_cached_decoding_with_dynamic_shapes_has_no_graph_break():
+    model = tiny("coupled").eval()
+    eager = copy.deepcopy(model)
+    model.compile(backend="eager", dynamic=True)
+    x = torch.randint(0, 64, (2, 6))
+    with torch.no_grad():
+        cache, eager_cache = model.new_cache(), eager.new_cache()
+        out, ref = model(x, cache), eager(x, eager_cache)
+        for _ in range(3):  # the second step recompiles with a dynamic cache length
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+            nxt = ref[:, -1:].argmax(-1)
+            out, ref = model(nxt, cache), eager(nxt, eager_cache)
+    assert dict(counters["graph_break"]) == {}
+    rope = tuple(t[6:7] for t in model.rope_tables(torch.device("cpu")))
+    with torch.no_grad():
+        ex = dynamo.explain(eager.blocks[0])(torch.randn(2, 1, 32), rope, cache)
+    assert ex.graph_break_count == 0
+
+
+# --- issue 28 item 4: a compile fallback that fires --------------------------------------------------------
+
+def test_compile_failure_falls_back_to_eager_with_one_warning():
+    model = tiny("coupled")
+    x = torch.randint(0, 64, (2, 8))
+    expected = model(x)
+    model.compile(backend=broken_backend)
+    assert model.is_compiled
+    with pytest.warns(RuntimeWarning, match=r"torch.compile failed .*RuntimeError: no compiler here\); the model runs eagerly"):
+        out = model(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert not model.is_compiled and "no compiler here" in model.compile_info["error"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        model(x)
+
+
+def test_a_failed_first_call_leaves_the_cache_as_it_was():
+    model = tiny("standard").eval()
+    x = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        expected = model(x, model.new_cache())
+        model.compile(backend=broken_backend)
+        cache = model.new_cache()
+        with pytest.warns(RuntimeWarning):
+            out = model(x, cache)
+    assert cache.length == 8
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_the_callers_own_error_is_raised_and_compilation_kept():
+    model = tiny("standard").eval().compile(backend="eager")
+    with torch.no_grad():
+        cache = model.new_cache()
+        model(torch.randint(0, 64, (2, 4)), cache)
+        with pytest.raises(ValueError, match="do not match the cached"):
+            model(torch.randint(0, 64, (3, 1)), cache)  # another batch size than the cache holds
+    assert model.is_compiled and "error" not in model.compile_info
+
+
+# --- regional compilation: equal to eager, names unchanged -------------------------------------------------
+
+@pytest.mark.slow  # 2-10 s per variant (Dynamo capture)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_regional_compile_matches_eager_forward_and_backward(variant):
+    eager = tiny(variant)
+    compiled = copy.deepcopy(eager).compile(backend="aot_eager", fullgraph=True)
+    x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+    le, lc = eager.loss(x, y), compiled.loss(x, y)
+    torch.testing.assert_close(lc, le, rtol=1e-5, atol=1e-6)
+    le.backward()
+    lc.backward()
+    for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(pc.grad, pe.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert compiled.is_compiled and dict(counters["graph_break"]) == {}
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+    assert not any("_orig_mod" in k for k in compiled.state_dict())
+
+
+def test_regional_compile_shares_one_graph_across_blocks():
+    model = tiny("coupled", n_layer=4).compile(backend="eager")
+    model(torch.randint(0, 64, (2, 8)))
+    assert frames() == 1  # four blocks, one compiled graph: compile time does not grow with depth
+
+
+def test_compiled_model_state_dict_loads_into_an_eager_one_and_back():
+    compiled = tiny("coupled").compile(backend="eager")
+    eager = tiny("coupled", n_layer=2)
+    with torch.no_grad():
+        for p in compiled.parameters():
+            p.add_(0.01)
+    eager.load_state_dict(compiled.state_dict())
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.randint(0, 64, (1, 5))
+    torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-6)
+
+
+def test_compile_regions_finds_the_gpt_inside_a_wrapper_and_uncompiles():
+    wrapper = torch.nn.Sequential(tiny())
+    assert compile_regions(wrapper, backend="eager") == [wrapper[0]]
+    assert wrapper[0].is_compiled and wrapper[0].blocks[0]._compiled_call_impl is not None
+    uncompile_regions(wrapper, "test")
+    assert not wrapper[0].is_compiled and wrapper[0].blocks[0]._compiled_call_impl is None
+    plain = torch.nn.Linear(3, 3)
+    assert compile_regions(plain, backend="eager") == [] and plain._compiled_call_impl is not None
+    assert list(plain.state_dict()) == ["weight", "bias"]
+
+
+@pytest.mark.slow
+def test_inductor_regional_compile_matches_eager():
+    eager = tiny("coupled_leapfrog")
+    compiled = copy.deepcopy(eager).compile()
+    x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+    le, lc = eager.loss(x, y), compiled.loss(x, y)
+    torch.testing.assert_close(lc, le, rtol=1e-4, atol=1e-5)
+    le.backward()
+    lc.backward()
+    for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(pc.grad, pe.grad, rtol=1e-3, atol=1e-5, msg=name)
+    assert compiled.compile_info["first_call_s"] > 0 and "error" not in compiled.compile_info
+
+
+# --- compiled decoding over a static cache -----------------------------------------------------------------
+
+@pytest.mark.slow  # 2-10 s per variant (Dynamo capture)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_compiled_decoding_matches_eager_token_for_token(variant):
+    model = tiny(variant).eval()
+    x = torch.randint(0, 64, (2, 5))
+    expected = model.generate(x, 10, temperature=0)
+    model.compiled_decode_step(backend="eager", fullgraph=True)  # fullgraph: a graph break would be an error
+    out = model.generate(x, 10, temperature=0, compile=True)
+    assert torch.equal(out, expected)
+    assert frames() == 1 and "decode_error" not in model.compile_info
+    again = model.generate(x, 10, temperature=0, compile=True)  # the step is cached: no recompile
+    assert torch.equal(again, expected) and frames() == 1
+
+
+def test_compiled_sampling_matches_eager_sampling():
+    model = tiny("coupled").eval()
+    x = torch.randint(0, 64, (1, 3))
+    expected = model.generate(x, 12, temperature=0.9, top_k=20, generator=torch.Generator().manual_seed(3))
+    model.compiled_decode_step(backend="eager")
+    out = model.generate(x, 12, temperature=0.9, top_k=20, generator=torch.Generator().manual_seed(3), compile=True)
+    assert torch.equal(out, expected)
+
+
+def test_static_step_logits_equal_the_dynamic_cache_step():
+    model = tiny("coupled_differential").eval()
+    for block in model.blocks:
+        block.attn.fold_inference = False  # same arithmetic on both sides: compare to float rounding
+    x = torch.randint(0, 64, (3, 7))
+    with torch.no_grad():
+        dyn = model.new_cache(16)
+        filled = model.new_cache(16)
+        nxt = model.next_token_logits(x, dyn).argmax(-1, keepdim=True)
+        model.next_token_logits(x, filled)
+        static = StaticKVCache.from_cache(filled)
+        for _ in range(6):
+            a = model.next_token_logits(nxt, dyn)
+            b = model.decode_step(nxt, static)
+            static.advance()
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+            nxt = a.argmax(-1, keepdim=True)
+    assert static.length == dyn.length == 13
+
+
+def test_compiled_decoding_falls_back_to_eager_with_one_warning():
+    model = tiny("coupled").eval()
+    x = torch.randint(0, 64, (2, 4))
+    expected = model.generate(x, 6, temperature=0)
+    model.compiled_decode_step(backend=broken_backend)
+    with pytest.warns(RuntimeWarning, match="decoding step failed .*no compiler here"):
+        out = model.generate(x, 6, temperature=0, compile=True)
+    assert torch.equal(out, expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(model.generate(x, 6, temperature=0, compile=True), expected)
+
+
+def test_compiled_generate_argument_errors_and_edge_cases():
+    model = tiny().eval()
+    x = torch.randint(0, 64, (2, 4))
+    with pytest.raises(ValueError, match="attention_mask must be None"):
+        model.generate(x, 2, compile=True, attention_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="use_cache True"):
+        model.generate(x, 2, compile=True, use_cache=False)
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        model.generate(x, 40, compile=True)
+    assert torch.equal(model.generate(x, 0, compile=True), x)
+    model.compiled_decode_step(backend="eager")
+    assert model.generate(x, 28, temperature=0, compile=True).shape == (2, 32)  # fills the whole context
+
+
+def test_model_with_a_compiled_step_pickles_and_deepcopies():
+    model = tiny().eval()
+    model.compiled_decode_step(backend="eager")
+    model.generate(torch.randint(0, 64, (1, 3)), 2, temperature=0, compile=True)
+    assert copy.deepcopy(model)._decode_step is None
+    assert pickle.loads(pickle.dumps(model))._decode_step is None
+
+
+@pytest.mark.slow
+def test_inductor_compiled_decoding_matches_eager_token_for_token():
+    model = tiny("coupled_leapfrog").eval()
+    x = torch.randint(0, 64, (2, 5))
+    expected = model.generate(x, 10, temperature=0)
+    assert torch.equal(model.generate(x, 10, temperature=0, compile=True), expected)
+    assert "decode_error" not in model.compile_info and model.compile_info["decode_first_call_s"] > 0
+    assert frames() == 1
+
+
+# --- StaticKVCache and its capacity ------------------------------------------------------------------------
+
+def test_static_kv_cache_writes_in_place_and_masks_the_rest():
+    cache = KVCache(1, 8)
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 6)
+    cache.update(0, k, v)
+    s = StaticKVCache.from_cache(cache)
+    assert s.length == 5 and s.capacity == 8 and s.k[0] is cache._k[0]
+    assert torch.equal(s.k[0][..., 5:, :], torch.zeros(2, 3, 3, 4))  # unfilled slots zeroed
+    k1, v1 = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 6)
+    kb, vb = s.update(0, k1, v1)
+    assert torch.equal(kb[..., 5:6, :], k1) and torch.equal(vb[..., :5, :], v)
+    assert s.attn_mask().tolist() == [[[[True] * 6 + [False] * 2]]]
+    s.advance()
+    assert s.length == 6
+
+
+def test_static_kv_cache_errors():
+    with pytest.raises(ValueError, match="one key and one value buffer per layer"):
+        StaticKVCache([], [], 0)
+    with pytest.raises(ValueError, match="capacity 4"):
+        StaticKVCache([torch.zeros(1, 1, 4, 2)], [torch.zeros(1, 1, 5, 2)], 0)
+    with pytest.raises(ValueError, match=r"position=4 must be in \[0, capacity=4\)"):
+        StaticKVCache([torch.zeros(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 4)
+    with pytest.raises(ValueError, match="fixed capacity"):
+        StaticKVCache.from_cache(KVCache(1))
+    with pytest.raises(ValueError, match="filled to the same length"):
+        StaticKVCache.from_cache(KVCache(2, 4))
+
+
+@pytest.mark.parametrize("total, block, expected", [(1, 512, 64), (64, 512, 64), (65, 512, 128), (160, 512, 256),
+                                                    (300, 512, 512), (512, 512, 512), (20, 32, 32), (3, 8, 8)])
+def test_static_capacity(total, block, expected):
+    assert static_capacity(total, block) == expected
+
+
+def test_static_capacity_errors():
+    with pytest.raises(ValueError, match=r"total=0 positions must be in \[1, block_size=8\]"):
+        static_capacity(0, 8)
+    with pytest.raises(ValueError, match="total=9"):
+        static_capacity(9, 8)

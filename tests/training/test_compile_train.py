@@ -1,0 +1,128 @@
+"""``train --compile`` (issue 29, issue 28 item 4): regional compilation probed on the first batch, a fallback to
+eager that really fires (forward or lazily compiled backward), checkpoints without ``_orig_mod.``, and bf16
+autocast on CPU against fp32."""
+
+import functools
+import warnings
+
+import pytest
+import torch
+import torch._dynamo as dynamo
+from torch._dynamo.backends.common import aot_autograd
+
+from coupled_qk.models import gpt as gpt_module
+from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training import distributed, loop
+from coupled_qk.training.loop import read_metrics, train
+
+MODEL = dict(n_layer=1, d_model=32, n_heads=2, block_size=16, attention="coupled")
+FAST = dict(model=MODEL, max_steps=3, eval_interval=100, dtype="fp32")
+
+
+def losses(run_dir):
+    return [r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    dynamo.reset()
+    yield
+    dynamo.reset()
+
+
+def use_backend(monkeypatch, backend):
+    monkeypatch.setattr(loop, "compile_regions", functools.partial(gpt_module.compile_regions, backend=backend))
+
+
+def _raise(gm, example_inputs):
+    raise RuntimeError("no compiler here")
+
+
+def _fw_ok(gm, example_inputs):
+    return gm.forward
+
+
+@pytest.mark.slow  # three short runs, one compiled (AOT autograd of the training graph)
+def test_compiled_training_matches_eager_and_checkpoints_have_plain_names(tiny_cfg, tmp_path, monkeypatch):
+    eager = train(tiny_cfg(out_dir=str(tmp_path / "eager"), **FAST))
+    use_backend(monkeypatch, "aot_eager")
+    compiled = train(tiny_cfg(out_dir=str(tmp_path / "compiled"), compile=True, **FAST))
+    assert compiled["compile"]["compiled"] is True and compiled["compile"]["error"] is None
+    assert compiled["compile"]["compile_s"] > 0 and eager["compile"] is None
+    a, b = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    assert len(a) == len(b) == 3
+    assert b == pytest.approx(a, rel=1e-4)  # the probe changed neither the weights nor the random state
+    model, state = ckpt.load_checkpoint_model(tmp_path / "compiled")
+    assert not any("_orig_mod" in k for k in model.state_dict()) and state["step"] == 3
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt.resolve_checkpoint(tmp_path / "compiled") / "model.safetensors"), "pt") as f:
+        assert not any("_orig_mod" in k for k in f.keys())
+    # an eager run resumes compiled (and the reverse is the same file): the checkpoint does not care
+    res = train(tiny_cfg(out_dir=str(tmp_path / "eager"), compile=True, resume=True, on_budget_change="keep",
+                         **{**FAST, "max_steps": 5}))
+    assert res["steps"] == 5 and res["compile"]["compiled"] is True
+
+
+@pytest.mark.slow  # three short runs
+def test_a_compile_failure_trains_eagerly_with_one_warning(tiny_cfg, tmp_path, monkeypatch):
+    eager = train(tiny_cfg(out_dir=str(tmp_path / "eager"), **FAST))
+    # the backward's compiler runs lazily, at the first backward(): only the loop's probe can catch it
+    for where, backend in (("forward", _raise), ("backward", aot_autograd(fw_compiler=_fw_ok, bw_compiler=_raise))):
+        dynamo.reset()
+        use_backend(monkeypatch, backend)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = train(tiny_cfg(out_dir=str(tmp_path / where), compile=True, **FAST))
+        failed = [w for w in caught if "torch.compile failed" in str(w.message)]
+        assert len(failed) == 1 and "no compiler here" in str(failed[0].message), where
+        assert "eager" in str(failed[0].message)
+        assert res["compile"]["compiled"] is False and "no compiler here" in res["compile"]["error"]
+        assert losses(tmp_path / where) == losses(tmp_path / "eager")  # bit-identical: the eager path, same data
+        assert res["final"] == eager["final"]
+
+
+@pytest.mark.slow
+def test_inductor_compiled_training_runs(tiny_cfg, tmp_path):
+    eager = train(tiny_cfg(out_dir=str(tmp_path / "eager"), model=MODEL, max_steps=2, dtype="fp32"))
+    res = train(tiny_cfg(out_dir=str(tmp_path / "c"), model=MODEL, max_steps=2, compile=True, dtype="fp32"))
+    assert res["compile"]["compiled"] is True, res["compile"]
+    assert losses(tmp_path / "c") == pytest.approx(losses(tmp_path / "eager"), rel=1e-3)
+    assert res["final"]["test/loss"] == pytest.approx(eager["final"]["test/loss"], rel=1e-3)
+
+
+def test_auto_dtype_is_bf16_on_cpu_only_when_compiled_and_supported(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
+    assert distributed.pick_autocast_dtype("auto", cpu, compiled=True) == torch.bfloat16
+    assert distributed.pick_autocast_dtype("auto", cpu, compiled=False) is None
+    assert distributed.pick_autocast_dtype("fp32", cpu, compiled=True) is None  # the opt-out
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
+    assert distributed.pick_autocast_dtype("auto", cpu, compiled=True) is None
+    assert distributed.pick_autocast_dtype("bf16", cpu) == torch.bfloat16
+
+
+def test_cpu_bf16_detection_reads_the_cpu_flags(monkeypatch, tmp_path):
+    import builtins
+
+    real_open = builtins.open
+    for flags, expected in (("fpu sse avx512f avx512_bf16", True), ("fpu sse amx_bf16", True), ("fpu sse avx2", False)):
+        info = tmp_path / "cpuinfo"
+        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        monkeypatch.setattr(builtins, "open", lambda p, *a, _i=info, **k: real_open(_i if p == "/proc/cpuinfo" else p,
+                                                                                     *a, **k))
+        assert distributed.cpu_supports_bf16() is expected
+    monkeypatch.setattr(builtins, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("no /proc")))
+    assert distributed.cpu_supports_bf16() is False
+
+
+@pytest.mark.slow  # two short runs
+def test_bf16_autocast_loss_is_within_tolerance_of_fp32(tiny_cfg, tmp_path):
+    fp32 = train(tiny_cfg(out_dir=str(tmp_path / "fp32"), model=MODEL, max_steps=6, dtype="fp32"))
+    bf16 = train(tiny_cfg(out_dir=str(tmp_path / "bf16"), model=MODEL, max_steps=6, dtype="bf16"))
+    a, b = losses(tmp_path / "fp32"), losses(tmp_path / "bf16")
+    assert a != b  # bf16 really ran (an exact match would mean autocast did nothing)
+    assert b == pytest.approx(a, rel=0.02)  # bf16 has 8 bits of mantissa: ~0.4% per op, 2% on the loss
+    assert bf16["final"]["test/loss"] == pytest.approx(fp32["final"]["test/loss"], rel=0.02)
+    model, _ = ckpt.load_checkpoint_model(tmp_path / "bf16")
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights
