@@ -271,11 +271,11 @@ def test_compiled_generate_argument_errors_and_edge_cases():
     model = tiny().eval()
     x = torch.randint(0, 64, (2, 4))
     with pytest.raises(ValueError, match="attention_mask must be None"):
-        model.generate(x, 2, compile=True, attention_mask=torch.ones(2, 4))
+        model.generate(x, 2, compile=True, attention_mask=torch.ones(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="use_cache True"):
         model.generate(x, 2, compile=True, use_cache=False)
     with pytest.raises(ValueError, match="exceeds block_size"):
-        model.generate(x, 40, compile=True)
+        model.generate(x, 40, compile=True, context="error")
     assert torch.equal(model.generate(x, 0, compile=True), x)
     model.compiled_decode_step(backend="eager")
     assert model.generate(x, 28, temperature=0, compile=True).shape == (2, 32)  # fills the whole context

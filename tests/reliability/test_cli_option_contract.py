@@ -76,7 +76,7 @@ def declared(action: argparse.Action) -> str | None:
         return "flag"
     if action.choices is not None:
         return "choices"
-    if action.type in CHECKING_TYPES:
+    if action.type in CHECKING_TYPES or getattr(action.type, "checks_choices", None):
         return "type"
     if action.dest in TRAIN_FIELDS and action.type is None:
         return "TrainConfig"

@@ -26,6 +26,7 @@ from coupled_qk.commands.options import (
     path_arg,
     positive_int_arg,
     positive_ints_arg,
+    subset_arg,
 )
 from coupled_qk.experiments.bench import bench_markdown, resolve_dtype, result_stem, run_bench, write_results
 from coupled_qk.experiments.bench_decode import decode_markdown, memory_markdown, run_decode, run_memory
@@ -71,9 +72,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mode", default="train", choices=("train", "decode", "memory", "fastpath"),
                         help="train-step time (default), cached decoding tokens/s, memory, or fastpath: eager vs "
                         "compiled, fp32 vs bf16, peers and MFU in one interleaved run")
-    parser.add_argument("--modes", default=",".join(FAST_MODES),
+    parser.add_argument("--modes", default=",".join(FAST_MODES), type=subset_arg(FAST_MODES),
                         help=f"fastpath: train-step modes (default {','.join(FAST_MODES)})")
-    parser.add_argument("--peers", default=",".join(PEERS),
+    parser.add_argument("--peers", default=",".join(PEERS), type=subset_arg(PEERS, allow_empty=True),
                         help=f"fastpath: transformers peers at the same dimensions (default {','.join(PEERS)}; '' for none)")
     parser.add_argument("--no-decode", action="store_true", help="fastpath: skip the decoding measurements")
     parser.add_argument("--sweep", action="store_true",
@@ -175,8 +176,8 @@ def _run_other(args, config, map_options, command) -> int:
         if map_options:
             raise ValueError("--mode fastpath takes map options in the variant spec (e.g. coupled+n_steps=2), "
                              "not --n-steps")
-        result = run_fastpath(config, modes=[m for m in args.modes.split(",") if m],
-                              peers=[p for p in args.peers.split(",") if p], batch_size=args.batch_size,
+        result = run_fastpath(config, modes=args.modes,
+                              peers=args.peers, batch_size=args.batch_size,
                               seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup, decode=not args.no_decode,
                               decode_batch_sizes=args.decode_batch_sizes,
                               prefixes=args.prefixes, new_tokens=args.new_tokens,

@@ -228,3 +228,24 @@ nonneg_float_arg = _arg(_nonneg_float, "number >= 0")
 """argparse type: a finite number >= 0 (a temperature: 0 means greedy)."""
 fraction_arg = _arg(_fraction, "fraction")
 """argparse type: a finite number in [0, 1] (the command checks any tighter range)."""
+
+
+def subset_arg(choices, allow_empty: bool = False):
+    """An argparse type for a comma-separated subset of ``choices``: ``"a,b"`` -> ``["a", "b"]``; unknown,
+    repeated or empty items are refused with the valid names (``allow_empty``: ``""`` is the empty list). The
+    returned type carries ``checks_choices`` (what the option-contract tests read)."""
+    choices = tuple(choices)
+
+    def check(text: str) -> list[str]:
+        if allow_empty and not text.strip():
+            return []
+        parts = [p.strip() for p in text.split(",")]
+        bad = [p for p in parts if p not in choices]
+        if bad or len(set(parts)) != len(parts):
+            raise ValueError(f"{text!r}: expected a comma-separated subset of {', '.join(choices)} without repeats"
+                             + (" (or '' for none)" if allow_empty else ""))
+        return parts
+
+    parse = _arg(check, "comma-separated subset of " + ",".join(choices))
+    parse.checks_choices = choices
+    return parse
