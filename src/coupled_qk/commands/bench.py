@@ -116,9 +116,11 @@ def _device_type(device: str) -> str:
 def _stem(args) -> str:
     """The result files' stem, known before any measurement (so a refused output costs nothing)."""
     device = _device_type(args.device)
+    settings = {"device": device, "dtype": resolve_dtype(args.dtype, torch.device(device)), "compile": args.compile}
+    if args.mode == "memory" and not args.sweep:  # memory-<preset>-<device>[-<dtype>][-compile], as _run_other
+        return "memory" + result_stem(args.preset, {"settings": settings})[len("bench"):]
     if args.sweep or args.mode != "train":
         return f"{'sweep' if args.sweep else args.mode}-{args.preset}-{device}"
-    settings = {"device": device, "dtype": resolve_dtype(args.dtype, torch.device(device)), "compile": args.compile}
     return result_stem(args.preset, {"settings": settings})
 
 
