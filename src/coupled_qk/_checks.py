@@ -184,8 +184,9 @@ def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, st
     return out
 
 
-METRIC_DIRECTIONS = (("loss", "min"), ("perplexity", "min"), ("error", "min"), ("accuracy", "max"), ("f1", "max"),
-                     ("mcc", "max"), ("matthews", "max"), ("acc", "max"))
+METRIC_DIRECTIONS = (("loss", "min"), ("perplexity", "min"), ("error", "min"), ("bpb", "min"), ("bits", "min"),
+                     ("accuracy", "max"), ("f1", "max"), ("mcc", "max"), ("matthews", "max"), ("score", "max"),
+                     ("acc", "max"))
 """Name fragments and the direction in which such a metric improves (first match wins)."""
 
 
@@ -199,35 +200,39 @@ def metric_direction(metric: str) -> str | None:
     return None
 
 
-def check_early_stop(metric, mode, available: Iterable[str], option: str = "early_stop_metric") -> str:
-    """Check an early-stopping metric against the metrics the task's evaluation produces, and its direction.
-
-    To be called once the task is built (its evaluation's metric names known), before the first step.
+def check_metric(option: str, metric, mode, available: Iterable[str], task: str | None = None) -> str:
+    """Check a validation metric named by the user (``best_metric``, ``early_stop_metric``) against the metrics
+    the task's evaluation reports, and its direction. The training loop calls it once, at the first validation
+    (``training.loop.check_metrics``), when those names are known.
 
     Args:
+        option: how the user named the metric, for messages (``"TrainConfig.best_metric"``).
         metric: the metric name (``"valid/loss"``).
-        mode: ``"min"``, ``"max"`` or ``None`` (then inferred with :func:`metric_direction`).
-        available: the metric names the evaluation returns.
-        option: how the user named the metric, for messages.
+        mode: ``"min"``, ``"max"``, or ``None``/``"auto"`` (then inferred with :func:`metric_direction`).
+        available: the metric names the evaluation reports.
+        task: the task's name, for messages.
 
     Returns:
-        The direction, ``"min"`` or ``"max"``.
+        The direction in which the metric improves, ``"min"`` or ``"max"``.
 
     Raises:
-        ValueError: naming ``option``: a non-string or empty metric, one that the evaluation never produces
-            (listing those it does), a mode other than min/max, or no mode for a metric whose name does not
-            say which direction is better; also a declared mode that contradicts the name (``max`` for a loss).
+        ValueError: naming ``option``: a non-string or empty metric, one that the evaluation does not report
+            ("is not a validation metric ...; it reports: ..."), a mode other than min/max/auto, no mode for a
+            metric whose name does not say which direction is better, or a mode that contradicts the name
+            (``max`` for a loss).
     """
     names = sorted(set(available))
+    of_task = f" of task {task!r}" if task else ""
     if not isinstance(metric, str) or not metric.strip():
-        raise ValueError(f"{option}={metric!r} must be a metric name; the evaluation produces {names}")
+        raise ValueError(f"{option}={metric!r} must be a metric name; the evaluation{of_task} reports: "
+                         f"{', '.join(names)}")
     if metric not in names:
-        raise ValueError(f"{option}={metric!r} is not a metric of this task's evaluation; expected one of {names}")
+        raise ValueError(f"{option}={metric!r} is not a validation metric{of_task}; it reports: {', '.join(names)}")
     inferred = metric_direction(metric)
-    if mode is None:
+    if mode is None or mode == "auto":
         if inferred is None:
-            raise ValueError(f"{option}={metric!r}: cannot tell whether higher or lower is better; declare the mode "
-                             "(min or max)")
+            raise ValueError(f"{option}={metric!r}: cannot tell whether higher or lower is better; declare it with "
+                             "best_mode='min' or 'max' (and make it the best_metric)")
         return inferred
     choice(f"{option} mode", mode, ("min", "max"))
     if inferred is not None and mode != inferred:

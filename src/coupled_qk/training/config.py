@@ -11,14 +11,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from coupled_qk._checks import check_declared, coerce, coerce_fields, declare, field_types, positive_int
+from coupled_qk._checks import (
+    check_declared,
+    coerce,
+    coerce_fields,
+    declare,
+    field_types,
+    metric_direction,
+    positive_int,
+)
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
 from coupled_qk.training.tasks import TASKS
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 BUDGET_CHANGES = ("keep", "rewarm")
 BEST_MODES = ("auto", "min", "max")
-_HIGHER_IS_BETTER = ("accuracy", "f1", "mcc", "score", "matthews")
 
 RESULT_NEUTRAL_FIELDS = frozenset({
     "out_dir", "resume", "progress", "tensorboard", "log_interval", "checkpoint_interval", "checkpoint_minutes",
@@ -187,11 +194,13 @@ class TrainConfig(JSONConfig):
 
 
 def higher_is_better(metric: str, mode: str = "auto") -> bool:
-    """Direction of a validation metric: ``mode`` ``"max"``/``"min"``, or for ``"auto"`` higher for names
-    containing accuracy, f1, mcc, matthews or score and lower otherwise (losses, perplexities, bits per byte)."""
+    """Direction of a validation metric: ``mode`` ``"max"``/``"min"``, or for ``"auto"`` the direction its name
+    says (:func:`coupled_qk._checks.metric_direction`: higher for accuracy, f1, mcc, matthews and score, lower
+    for losses, perplexities, errors and bits per byte) and lower for a name that says nothing (the training
+    loop refuses such a metric with ``auto`` at its first validation: ``training.loop.check_metrics``)."""
     if mode != "auto":
         return mode == "max"
-    return any(word in metric.lower() for word in _HIGHER_IS_BETTER)
+    return metric_direction(metric) == "max"
 
 
 EVALUATIONS_PER_RUN = 10

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from coupled_qk._checks import check_metric
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
@@ -130,14 +131,20 @@ def _grad_norm(model: torch.nn.Module, clip: float) -> float:
 
 
 def check_metrics(cfg: TrainConfig, metrics: dict, task=None) -> None:
-    """Raise ``ValueError`` if ``best_metric`` or ``early_stop_metric`` is not among the validation ``metrics``
-    that the task reports (checked at the first validation, listing the metrics that exist)."""
-    for field in ("best_metric", "early_stop_metric"):
-        name = getattr(cfg, field)
-        if name is not None and name not in metrics:
-            known = ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, (int, float))))
-            raise ValueError(f"TrainConfig.{field}={name!r} is not a validation metric of task {cfg.task!r}; it "
-                             f"reports: {known}")
+    """Check ``best_metric`` and ``early_stop_metric`` against the validation ``metrics`` that the task reports,
+    and their directions (:func:`coupled_qk._checks.check_metric`); called once, at the first validation.
+
+    Raises:
+        ValueError: naming the field: a metric the task does not report (listing those it does), a
+            ``best_mode`` that contradicts the metric's name (``max`` for a loss), or a metric whose name does
+            not say which direction is better and no ``best_mode`` for it.
+    """
+    known = [k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if cfg.best_metric is not None:
+        check_metric("TrainConfig.best_metric", cfg.best_metric, cfg.best_mode, known, cfg.task)
+    if cfg.early_stop_metric is not None:
+        mode = cfg.best_mode if cfg.early_stop_metric == cfg.best_metric else None
+        check_metric("TrainConfig.early_stop_metric", cfg.early_stop_metric, mode, known, cfg.task)
 
 
 def track_best(cfg: TrainConfig, state: dict, metrics: dict, train_tokens: int | None, save_best) -> bool:
@@ -275,7 +282,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     start_step = step = saved_step = state["step"]
     logger = Logger(run_dir, cfg, runtime.is_main, start_step, sched.end)
     autocast = dict(device_type=runtime.device.type, dtype=runtime.autocast_dtype, enabled=runtime.autocast_dtype is not None)
-    stop_reason, last_eval = "max_steps", {}
+    stop_reason, last_eval, metrics_checked = "max_steps", {}, False
     window_t, window_tokens = time.perf_counter(), 0
 
     def save() -> Path | None:
@@ -373,7 +380,9 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
                 last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
                 logger.log({"step": step, "tokens": state["tokens"], **last_eval})
                 wrapped.train()
-                check_metrics(cfg, last_eval, task)
+                if not metrics_checked:  # the metric names are known from the first validation on
+                    check_metrics(cfg, last_eval, task)
+                    metrics_checked = True
                 if cfg.best_metric is not None and track_best(cfg, state, last_eval, train_tokens, save_best):
                     stop_reason = "patience"
                     break
