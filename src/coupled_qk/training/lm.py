@@ -98,6 +98,7 @@ class LMTask:
                 f"the training split of {cfg.corpus!r} has {n_train} tokens, fewer than block_size + 2 = "
                 f"{self.block_size + 2}"
             )
+        self._check_context(cfg, n_train)
         self._warn_about_sizes(cfg, n_train)
         announce("data: " + "; ".join(f"{split} {n:,} tokens, {self.n_documents(split):,} documents"
                                       for split, n in self.describe()["tokens"].items())
@@ -108,6 +109,37 @@ class LMTask:
         else the documents :func:`coupled_qk.data.corpora.split_documents` finds in the given split's text."""
         counted = (self.corpus.source.get("n_documents") or {}).get(split)
         return counted if counted is not None else len(split_documents(self.corpus.split(split)))
+
+    def _check_context(self, cfg: TrainConfig, n_train: int) -> None:
+        """The context length against the data, where the data enters (docs/RELIABILITY.md, "Data").
+
+        Raises:
+            ValueError: an evaluation split with fewer than 2 tokens (nothing to score), naming the split, its
+                tokens and ``block_size``.
+
+        Warns:
+            UserWarning: an evaluation split shorter than ``block_size + 1`` tokens (its one window has less
+                context than the model's, so its loss is not comparable with a run whose windows are full), or a
+                training split with fewer distinct windows (``tokens - block_size``) than a batch has sequences.
+        """
+        block = self.block_size
+        for split in ("valid", "test"):
+            n = len(self.tokens[split])
+            if n < 2:
+                raise ValueError(f"the {split} split of {cfg.corpus!r} has {n} token(s): nothing to evaluate "
+                                 f"(block_size={block}); give the corpus a longer {split} split")
+            if n < block + 1:
+                warnings.warn(
+                    f"block_size={block} is longer than the {split} split of {cfg.corpus!r} ({n:,} tokens): its "
+                    f"evaluation is one window of {n - 1:,} targets with less context than the model's, not "
+                    "comparable with runs whose windows are full; lower block_size (--set block_size=...) or use "
+                    "a longer split", stacklevel=3)
+        windows = n_train - block
+        if windows < cfg.batch_size:
+            warnings.warn(
+                f"block_size={block} leaves only {windows:,} distinct training windows in the {n_train:,} tokens of "
+                f"the training split of {cfg.corpus!r}, fewer than batch_size={cfg.batch_size}: every batch "
+                "repeats the same text; lower block_size or use a longer training split", stacklevel=3)
 
     def _warn_about_sizes(self, cfg: TrainConfig, n_train: int) -> None:
         """Warn when evaluation splits are too small to trust or the budget repeats the training data."""
