@@ -233,8 +233,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     where = None
     if cfg.resume and has_ckpt:
         check_config(run_dir, cfg)
-        where = ckpt.resolve_checkpoint(run_dir)
-        ckpt.verify_checksums(where)
+        where = ckpt.resume_checkpoint(run_dir, say)  # latest, or the previous good one if latest is damaged
         state = ckpt.read_json(where / "state.json")
         saved_cfg = run.read_config() or {}
         plan_batch(state, saved_cfg, cfg, runtime.world, say)
