@@ -5,9 +5,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from conftest import make_text
 
 from coupled_qk.training.lm import LMTask
+from tests.conftest import make_text
 
 
 def _corpus(tmp_path, valid: str):
