@@ -20,6 +20,7 @@ from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.options import MapOptions
 from coupled_qk.models.registry import QK_MAPS, load_plugins
 from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.lm import LMOptions
 
 NO_SHRINK = settings(phases=[Phase.explicit, Phase.reuse, Phase.generate])
 """Each example draws a value for every field (the draws are labelled in a failure's report): shrinking such
@@ -38,7 +39,7 @@ def declared_classes() -> list[tuple[type, str, dict]]:
     """``(class, owner prefix in messages, base keyword arguments)`` of every declared dataclass."""
     out = [(GPTConfig, "GPTConfig", {}), (TrainConfig, "TrainConfig", TRAIN_BASE)]
     out += [(cls, "GPTConfig.qk_map", {}) for cls in map_options_classes()]
-    return out
+    return out + [(LMOptions, "task_options", {})]
 
 
 def _bounds(meta: dict, inner) -> tuple:
@@ -176,6 +177,14 @@ def test_values_outside_the_declaration_are_refused_naming_the_field(data):
                 with pytest.raises(ValueError, match=f"{name.replace('.', '[.]')}"):
                     setattr(cfg, field.name, value)
                 assert getattr(cfg, field.name) == before
+
+
+@NO_SHRINK
+@given(st.data())
+def test_lm_task_options_accept_every_declared_value(data):
+    for field in dataclasses.fields(LMOptions):
+        value = data.draw(valid_values(LMOptions, field), label=field.name)
+        assert getattr(LMOptions.from_options({field.name: value}), field.name) == value
 
 
 @pytest.mark.parametrize("field,value,message", [
