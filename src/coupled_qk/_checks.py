@@ -184,8 +184,9 @@ def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, st
     return out
 
 
-METRIC_DIRECTIONS = (("loss", "min"), ("perplexity", "min"), ("error", "min"), ("accuracy", "max"), ("f1", "max"),
-                     ("mcc", "max"), ("matthews", "max"), ("acc", "max"))
+METRIC_DIRECTIONS = (("loss", "min"), ("perplexity", "min"), ("error", "min"), ("bpb", "min"), ("bits", "min"),
+                     ("accuracy", "max"), ("f1", "max"), ("mcc", "max"), ("matthews", "max"), ("score", "max"),
+                     ("acc", "max"))
 """Name fragments and the direction in which such a metric improves (first match wins)."""
 
 
@@ -199,38 +200,153 @@ def metric_direction(metric: str) -> str | None:
     return None
 
 
-def check_early_stop(metric, mode, available: Iterable[str], option: str = "early_stop_metric") -> str:
-    """Check an early-stopping metric against the metrics the task's evaluation produces, and its direction.
-
-    To be called once the task is built (its evaluation's metric names known), before the first step.
+def check_metric(option: str, metric, mode, available: Iterable[str], task: str | None = None) -> str:
+    """Check a validation metric named by the user (``best_metric``, ``early_stop_metric``) against the metrics
+    the task's evaluation reports, and its direction. The training loop calls it once, at the first validation
+    (``training.loop.check_metrics``), when those names are known.
 
     Args:
+        option: how the user named the metric, for messages (``"TrainConfig.best_metric"``).
         metric: the metric name (``"valid/loss"``).
-        mode: ``"min"``, ``"max"`` or ``None`` (then inferred with :func:`metric_direction`).
-        available: the metric names the evaluation returns.
-        option: how the user named the metric, for messages.
+        mode: ``"min"``, ``"max"``, or ``None``/``"auto"`` (then inferred with :func:`metric_direction`).
+        available: the metric names the evaluation reports.
+        task: the task's name, for messages.
 
     Returns:
-        The direction, ``"min"`` or ``"max"``.
+        The direction in which the metric improves, ``"min"`` or ``"max"``.
 
     Raises:
-        ValueError: naming ``option``: a non-string or empty metric, one that the evaluation never produces
-            (listing those it does), a mode other than min/max, or no mode for a metric whose name does not
-            say which direction is better; also a declared mode that contradicts the name (``max`` for a loss).
+        ValueError: naming ``option``: a non-string or empty metric, one that the evaluation does not report
+            ("is not a validation metric ...; it reports: ..."), a mode other than min/max/auto, no mode for a
+            metric whose name does not say which direction is better, or a mode that contradicts the name
+            (``max`` for a loss).
     """
     names = sorted(set(available))
+    of_task = f" of task {task!r}" if task else ""
     if not isinstance(metric, str) or not metric.strip():
-        raise ValueError(f"{option}={metric!r} must be a metric name; the evaluation produces {names}")
+        raise ValueError(f"{option}={metric!r} must be a metric name; the evaluation{of_task} reports: "
+                         f"{', '.join(names)}")
     if metric not in names:
-        raise ValueError(f"{option}={metric!r} is not a metric of this task's evaluation; expected one of {names}")
+        raise ValueError(f"{option}={metric!r} is not a validation metric{of_task}; it reports: {', '.join(names)}")
     inferred = metric_direction(metric)
-    if mode is None:
+    if mode is None or mode == "auto":
         if inferred is None:
-            raise ValueError(f"{option}={metric!r}: cannot tell whether higher or lower is better; declare the mode "
-                             "(min or max)")
+            raise ValueError(f"{option}={metric!r}: cannot tell whether higher or lower is better; declare it with "
+                             "best_mode='min' or 'max' (and make it the best_metric)")
         return inferred
     choice(f"{option} mode", mode, ("min", "max"))
     if inferred is not None and mode != inferred:
         raise ValueError(f"{option}={metric!r} improves when it goes {'down' if inferred == 'min' else 'up'}, but "
                          f"the mode is {mode!r}; use {inferred!r}")
     return mode
+
+
+# ------------------------------------------------------------------------------------------------------
+# Field declarations: each field's type and valid range, declared once in dataclass field metadata
+# (docs/RELIABILITY.md, "Configuration").
+# ------------------------------------------------------------------------------------------------------
+
+DECLARATION_KEYS = ("range", "choices", "free")
+"""Metadata keys that declare a field's valid values: ``range`` (``(lo, hi)``, ``None`` for an open side; with
+``lo_open``/``hi_open``) for numbers, ``choices`` (a tuple, or a callable returning one, e.g. a registry's
+names) for a fixed set, ``free`` (a sentence saying who checks the value) for text, dicts and nested configs.
+A ``bool`` field is declared by its type alone."""
+
+
+def declare(default=dataclasses.MISSING, *, lo=None, hi=None, lo_open: bool = False, hi_open: bool = False,
+            choices=None, free: str | None = None, default_factory=dataclasses.MISSING, **metadata):
+    """A dataclass field whose valid values are declared in its metadata (read by :func:`check_declared`).
+
+    Args:
+        default, default_factory: as :func:`dataclasses.field`.
+        lo, hi: bounds of a number field (``None``: unbounded on that side; a float field with neither bound
+            is declared as any finite number).
+        lo_open, hi_open: whether the bounds are excluded.
+        choices: the allowed values (a tuple, or a callable returning them, evaluated at each check).
+        free: for text, dict and nested fields, a sentence saying what checks the value.
+        **metadata: further metadata (``help``, ``shown``).
+
+    Returns:
+        A :class:`dataclasses.Field`; numbers get ``metadata["range"] = (lo, hi)``.
+    """
+    meta = dict(metadata)
+    if choices is not None:
+        meta["choices"] = choices
+    elif free is not None:
+        meta["free"] = free
+    else:
+        meta.update({"range": (lo, hi), "lo_open": lo_open, "hi_open": hi_open})
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def declaration_problems(cls) -> list[str]:
+    """``["Owner.field: why", ...]`` for each field of the dataclass ``cls`` whose valid values are not declared
+    in its metadata (see :data:`DECLARATION_KEYS`): a number without ``range`` or ``choices``, a text without
+    ``choices`` or ``free``, any other non-``bool`` field without one of the keys. Empty when all are declared."""
+    problems = []
+    for f in dataclasses.fields(cls):
+        inner, _ = _unwrap_optional(field_types(cls)[f.name])
+        keys = [k for k in DECLARATION_KEYS if k in f.metadata]
+        if inner is bool and not keys:
+            continue
+        if len(keys) != 1:
+            problems.append(f"{cls.__name__}.{f.name}: declares {keys or 'nothing'}; expected exactly one of "
+                            f"{list(DECLARATION_KEYS)}")
+        elif inner in (int, float) and keys[0] == "free":
+            problems.append(f"{cls.__name__}.{f.name}: a number must declare a range or choices, not 'free'")
+        elif inner not in (int, float, bool) and keys[0] == "range":
+            problems.append(f"{cls.__name__}.{f.name}: only numbers declare a range; declare choices or free")
+    return problems
+
+
+def check_value(name: str, value, annotation, metadata) -> None:
+    """Check one converted field value against its declaration (``metadata`` of :func:`declare`); ``None`` of an
+    optional field passes.
+
+    Raises:
+        ValueError: naming ``name``, the value and what was expected: a value outside ``choices``, a number
+            outside ``range`` (integers: "must be a positive integer", "must be an integer >= 0" or "must be
+            an integer in [lo, hi]"; floats: :func:`finite`).
+    """
+    inner, _ = _unwrap_optional(annotation)
+    if value is None or inner is bool:  # a bool is declared by its type (coerce_fields)
+        return
+    if "choices" in metadata:
+        allowed = metadata["choices"]
+        choice(name, value, allowed() if callable(allowed) else allowed)
+        return
+    if "range" not in metadata:
+        return
+    lo, hi = metadata["range"]
+    lo_open, hi_open = metadata.get("lo_open", False), metadata.get("hi_open", False)
+    if inner is int:
+        if lo is not None and lo_open:
+            lo, lo_open = lo + 1, False
+        if hi is not None and hi_open:
+            hi, hi_open = hi - 1, False
+        if (lo, hi) == (1, None):
+            positive_int(name, value)
+        elif (lo, hi) == (0, None):
+            nonneg_int(name, value)
+        elif isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo) or (
+                hi is not None and value > hi):
+            lo_s = "-inf" if lo is None else lo
+            hi_s = "inf" if hi is None else hi
+            raise ValueError(f"{name}={value!r} must be an integer in [{lo_s}, {hi_s}]")
+        return
+    finite(name, value, lo, hi, lo_open=lo_open, hi_open=hi_open)
+
+
+def check_declared(obj, owner: str | None = None) -> None:
+    """Check every field of the dataclass instance ``obj`` against its declaration (:func:`check_value`), in
+    declaration order; error messages name ``Owner.field`` (``owner`` defaults to the class name).
+
+    Raises:
+        ValueError: naming the first offending field.
+    """
+    owner = owner or type(obj).__name__
+    types = field_types(type(obj))
+    for f in dataclasses.fields(obj):
+        check_value(f"{owner}.{f.name}", getattr(obj, f.name), types[f.name], f.metadata)

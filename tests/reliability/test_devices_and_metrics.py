@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coupled_qk._checks import check_early_stop, metric_direction
+from coupled_qk._checks import check_metric, metric_direction
 from coupled_qk.devices import available_devices, check_device, check_device_name, check_dtype
 from coupled_qk.training.distributed import pick_device
 
@@ -59,23 +59,23 @@ METRICS = ["valid/loss", "valid/perplexity", "valid/accuracy", "dev/f1", "dev/mc
                                               ("valid/accuracy", "max"), ("dev/f1", "max"), ("dev/mcc", "max")])
 def test_early_stop_direction_is_inferred(metric, direction):
     assert metric_direction(metric) == direction
-    assert check_early_stop(metric, None, METRICS) == direction
-    assert check_early_stop(metric, direction, METRICS) == direction
+    assert check_metric("early_stop_metric", metric, None, METRICS) == direction
+    assert check_metric("early_stop_metric", metric, direction, METRICS) == direction
     with pytest.raises(ValueError, match="improves when it goes"):
-        check_early_stop(metric, "max" if direction == "min" else "min", METRICS)
+        check_metric("early_stop_metric", metric, "max" if direction == "min" else "min", METRICS)
 
 
 def test_early_stop_metric_must_exist_and_have_a_direction():
-    with pytest.raises(ValueError, match=r"not a metric.*valid/accuracy"):
-        check_early_stop("valid/acc", None, METRICS)
+    with pytest.raises(ValueError, match=r"not a validation metric.*valid/accuracy"):
+        check_metric("early_stop_metric", "valid/acc", None, METRICS)
     with pytest.raises(ValueError, match="cannot tell"):
-        check_early_stop("tokens_per_s", None, METRICS)
-    assert check_early_stop("tokens_per_s", "max", METRICS) == "max"
+        check_metric("early_stop_metric", "tokens_per_s", None, METRICS)
+    assert check_metric("early_stop_metric", "tokens_per_s", "max", METRICS) == "max"
     for bad in ("", None, 3):
         with pytest.raises(ValueError, match="early_stop_metric"):
-            check_early_stop(bad, None, METRICS)
+            check_metric("early_stop_metric", bad, None, METRICS)
     with pytest.raises(ValueError, match="mode"):
-        check_early_stop("valid/loss", "down", METRICS)
+        check_metric("early_stop_metric", "valid/loss", "down", METRICS)
 
 
 def test_a_token_budget_below_one_step_is_said():
@@ -94,3 +94,30 @@ def test_a_token_budget_below_one_step_is_said():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert steps_for_tokens(Task(), 128, 2) == 1 and steps_for_tokens(Task(), 129, 2) == 2
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(best_metric="valid/loss", best_mode="max"), r"TrainConfig.best_metric='valid/loss' improves when it goes "
+                                                      r"down, but the mode is 'max'"),
+    (dict(early_stop_metric="valid/acc", early_stop_value=0.5),
+     r"TrainConfig.early_stop_metric='valid/acc' is not a validation metric of task 'lm'; it reports: .*valid/loss"),
+])
+def test_the_loop_checks_metrics_at_the_first_validation(tiny_cfg, tmp_path, kw, message):
+    """One check (``_checks.check_metric``) for both metrics, run at the first validation, before any best
+    checkpoint or early stop acts on the metric."""
+    from coupled_qk.training.loop import train
+
+    out = tmp_path / "r"
+    with pytest.raises(ValueError, match=message):
+        train(tiny_cfg(out_dir=str(out), max_steps=2, eval_interval=1, **kw))
+    assert not list(out.glob("best-*"))
+
+
+def test_check_metrics_lists_only_numeric_metrics():
+    from coupled_qk.training.config import TrainConfig
+    from coupled_qk.training.loop import check_metrics
+
+    cfg = TrainConfig(max_steps=1, best_metric="valid/loss")
+    check_metrics(cfg, {"valid/loss": 1.0, "note": "x"})
+    with pytest.raises(ValueError, match=r"it reports: valid/loss$"):
+        check_metrics(TrainConfig(max_steps=1, best_metric="note"), {"valid/loss": 1.0, "note": "x"})

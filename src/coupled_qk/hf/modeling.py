@@ -33,6 +33,7 @@ from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.models.gpt import GPT
+from coupled_qk.tensor_checks import check_generate_args, check_ids
 
 logger = logging.get_logger(__name__)
 
@@ -254,17 +255,61 @@ def _cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
     return cache
 
 
-def _check_inputs(input_ids: torch.Tensor | None, kwargs: dict) -> None:
+def _check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -> None:
+    """The forward arguments that :meth:`coupled_qk.GPT.hidden_states` does not check itself (it checks
+    ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: no ``inputs_embeds``, an
+    ``input_ids`` (a ``(B, T)`` integer tensor, named ``input_ids`` in messages), and
+    ``use_cache``/``output_hidden_states``/``return_dict`` ``None`` or a bool.
+
+    Raises:
+        ValueError: ``inputs_embeds`` given, ``input_ids`` missing or of a wrong shape or dtype. TypeError: a
+            non-tensor ``input_ids``; a flag that is not a bool, naming it (the string ``"False"`` would
+            otherwise be read as true).
+    """
     if kwargs.get("inputs_embeds") is not None:
         raise ValueError("inputs_embeds is not supported by coupled-qk models; pass input_ids")
     if input_ids is None:
         raise ValueError("input_ids is required (LongTensor of shape (B, T))")
+    check_ids("input_ids", input_ids)  # kind, rank, dtype and sizes, named as here; the ids' range: GPT.embed
+    for name, value in (("use_cache", use_cache), ("output_hidden_states", kwargs.get("output_hidden_states")),
+                        ("return_dict", kwargs.get("return_dict"))):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} must be True, False or None")
+
+
+def _check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep) -> None:
+    """``labels`` (``None`` or an integer tensor of ``input_ids``' shape, ids in ``[0, vocab_size)`` or
+    ``-100``; values checked on CPU tensors only, to avoid a device sync) and ``logits_to_keep`` (an int
+    ``>= 0``) of :meth:`CoupledQKForCausalLM.forward`.
+
+    Raises:
+        TypeError: a non-tensor ``labels`` or a non-int ``logits_to_keep``. ValueError: naming the argument: a
+            shape other than ``input_ids``', a floating dtype, an id out of range, a negative ``logits_to_keep``.
+    """
+    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
+        raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions)")
+    if logits_to_keep < 0:
+        raise ValueError(f"logits_to_keep={logits_to_keep} must be >= 0 (0: all positions)")
+    if labels is None:
+        return
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"labels must be a torch.Tensor of token ids of input_ids' shape; got {type(labels).__name__}")
+    if labels.shape != input_ids.shape:
+        raise ValueError(f"labels has shape {tuple(labels.shape)}; expected input_ids' shape {tuple(input_ids.shape)} "
+                         "(unshifted: the model shifts them)")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
+        raise ValueError(f"labels must hold integer token ids; got dtype {labels.dtype}")
+    if labels.numel() and labels.device.type == "cpu":
+        real = labels[labels != -100]
+        if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
+            raise ValueError(f"labels: token ids must be in [0, {vocab_size}) or -100 (ignored); got min "
+                             f"{int(real.min())}, max {int(real.max())}")
 
 
 def _run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, kwargs):
     """The shared body of both forwards: check the inputs, set up the ``DynamicCache`` (when caching) and run the
     wrapped GPT to its final hidden states. Returns ``(hidden (B, T, d_model), cache, use_cache)``."""
-    _check_inputs(input_ids, kwargs)
+    _check_inputs(input_ids, kwargs, use_cache)
     cache = _cache_arg(cache, kwargs)
     asked = use_cache
     use_cache = module.config.use_cache if use_cache is None else use_cache
@@ -341,6 +386,38 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
             :meth:`coupled_qk.GPT.hidden_states` (ids out of range, too long, bad mask or positions).
     """
 
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """``GenerationMixin.generate`` with its arguments checked once per call, before any token is computed,
+        as :meth:`coupled_qk.GPT.generate`'s (:func:`coupled_qk.tensor_checks.check_generate_args`): the prompt
+        ``(B, T)`` integer ids in the vocabulary; ``max_new_tokens`` (or what ``max_length`` leaves) an int
+        ``>= 0`` with ``T + max_new_tokens <= block_size`` (the model cannot see further: without this check the
+        error came after the first ``block_size - T`` tokens); ``temperature``, ``top_k``, ``top_p``,
+        ``repetition_penalty`` in range when given; ``use_cache`` a bool; ``attention_mask`` of the prompt's
+        shape with a real token in each row. Everything else is ``transformers``' (beam search, stopping
+        criteria, ...).
+
+        Raises:
+            TypeError, ValueError: naming the argument (see :func:`~coupled_qk.tensor_checks.check_generate_args`).
+        """
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if ids is not None:
+            self._check_generate(ids, generation_config or self.generation_config, kwargs)
+        return super().generate(inputs, generation_config, **kwargs)
+
+    def _check_generate(self, ids, config, kwargs: dict) -> None:
+        check_ids("input_ids", ids, vocab_size=self.config.vocab_size)
+        new = kwargs.get("max_new_tokens", config.max_new_tokens)
+        if new is None:
+            max_length = kwargs.get("max_length", config.max_length)
+            if isinstance(max_length, bool) or not isinstance(max_length, int):
+                raise TypeError(f"max_length={max_length!r} must be an int")
+            new = max(0, max_length - ids.shape[1])
+        given = {k: kwargs[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty") if
+                 kwargs.get(k) is not None}
+        check_generate_args(ids, new, block_size=self.config.block_size, vocab_size=self.config.vocab_size,
+                            use_cache=kwargs.get("use_cache", True), attention_mask=kwargs.get("attention_mask"),
+                            device=self.device, **given)
+
     def create_masks_for_generate(self, config, inputs_embeds, attention_mask=None, **kwargs):
         """``generate`` asks for a 4-D mask with static caches; our forward takes the 2-D ``attention_mask``
         ``(B, T_past + T)`` with every cache (the causal part is built inside), so it is returned unchanged."""
@@ -357,6 +434,9 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
+        if labels is not None or logits_to_keep:
+            _check_labels(labels, input_ids if input_ids is not None else labels, self.config.vocab_size,
+                          logits_to_keep)
         hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
                                                     kwargs)
         if logits_to_keep:

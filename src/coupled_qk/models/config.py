@@ -10,12 +10,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk._checks import choice, coerce, coerce_fields, field_types, finite, parse_assignments, positive_int
+from coupled_qk._checks import (
+    check_declared,
+    coerce,
+    coerce_fields,
+    declare,
+    field_types,
+    parse_assignments,
+    positive_int,
+)
 from coupled_qk.layers.attention import MAP_POSITIONS
 from coupled_qk.models.options import MapOptions
 from coupled_qk.models.registry import (
     LEGACY_DEFAULTS,
     OPTION_ALIASES,
+    attention_names,
     flat_option_names,
     get_attention,
     map_option_types,
@@ -173,23 +182,23 @@ class GPTConfig(JSONConfig):
             has no such option, or unknown fields (:meth:`from_dict`).
     """
 
-    vocab_size: int = 8192
-    vocab_pad_multiple: int = 1
-    block_size: int = 128
-    n_layer: int = 4
-    d_model: int = 128
-    n_heads: int = 4
-    n_kv_heads: int | None = None
-    d_head: int | None = None
-    d_ff: int | None = None
+    vocab_size: int = declare(8192, lo=1)
+    vocab_pad_multiple: int = declare(1, lo=1)
+    block_size: int = declare(128, lo=1)
+    n_layer: int = declare(4, lo=1)
+    d_model: int = declare(128, lo=1)
+    n_heads: int = declare(4, lo=1)
+    n_kv_heads: int | None = declare(None, lo=1)
+    d_head: int | None = declare(None, lo=1)
+    d_ff: int | None = declare(None, lo=1)
     use_mlp: bool = True
-    attention: str = "standard"
-    qk_map: MapOptions | None = None
-    position: str = "rope"
-    dynamics_position: str = "pre_rope"
-    rope_base: float = 10000.0
-    dropout: float = 0.0
-    attn_impl: str = "sdpa"
+    attention: str = declare("standard", choices=attention_names)
+    qk_map: MapOptions | None = declare(None, free="the attention's map options dataclass (MapOptions)")
+    position: str = declare("rope", choices=("rope", "learned"))
+    dynamics_position: str = declare("pre_rope", choices=MAP_POSITIONS)
+    rope_base: float = declare(10000.0, lo=0.0, lo_open=True)
+    dropout: float = declare(0.0, lo=0.0, hi=1.0, hi_open=True)
+    attn_impl: str = declare("sdpa", choices=("sdpa", "eager"))
 
     @classmethod
     def extra_names(cls) -> tuple[str, ...]:
@@ -217,13 +226,10 @@ class GPTConfig(JSONConfig):
         self.validate()
 
     def validate(self) -> None:
-        """Check every field; raise ``ValueError`` naming the first offending field."""
-        for name in ("vocab_size", "vocab_pad_multiple", "block_size", "n_layer", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff"):
-            positive_int(f"GPTConfig.{name}", getattr(self, name))
+        """Check every field against its declaration in the field metadata (``_checks.check_declared``), then
+        the cross-field rules; raise ``ValueError`` naming the first offending field."""
+        check_declared(self)
         spec = get_attention(self.attention)
-        choice("GPTConfig.position", self.position, ("rope", "learned"))
-        choice("GPTConfig.dynamics_position", self.dynamics_position, MAP_POSITIONS)
-        choice("GPTConfig.attn_impl", self.attn_impl, ("sdpa", "eager"))
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"GPTConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         if self.position == "rope" and self.d_head % 2:
@@ -234,8 +240,6 @@ class GPTConfig(JSONConfig):
                 f"GPTConfig.attention={self.attention!r} needs n_heads and n_kv_heads divisible by {group} "
                 f"(even: pairs of sub-heads); got n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
             )
-        finite("GPTConfig.rope_base", self.rope_base, lo=0.0, lo_open=True)
-        finite("GPTConfig.dropout", self.dropout, 0.0, 1.0, hi_open=True)
         if self.dynamics_position == "post_rope" and self.position != "rope":
             raise ValueError("GPTConfig.dynamics_position='post_rope' needs position='rope'")
 

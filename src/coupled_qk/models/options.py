@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from coupled_qk._checks import choice, coerce_fields, finite, nonneg_int, positive_int
+from coupled_qk._checks import check_declared, coerce_fields, declare
 from coupled_qk.layers.forces import FORCES
 from coupled_qk.ops.dynamics import INTEGRATORS
 
@@ -23,7 +23,10 @@ class MapOptions:
 
     Subclasses are dataclasses whose fields are the keyword arguments of their map's constructor. On
     construction every field is converted to its declared type (``_checks.coerce_fields``: ``"False"`` ->
-    ``False``, ``"2"`` -> ``2``) and :meth:`validate` checks ranges.
+    ``False``, ``"2"`` -> ``2``), checked against the range or choices declared once in its field metadata
+    (``_checks.declare``; ``_checks.check_declared``), then :meth:`validate` runs the cross-field checks.
+    Every field must be declared (``tests/reliability/test_field_declarations.py`` introspects every
+    registered map's options).
 
     Raises:
         ValueError: naming ``GPTConfig.qk_map.<field>``, the value and what was expected.
@@ -31,11 +34,12 @@ class MapOptions:
 
     def __post_init__(self):
         coerce_fields(self, "GPTConfig.qk_map")
+        check_declared(self, "GPTConfig.qk_map")
         self.validate()
 
     def validate(self) -> None:
-        """Range checks of the converted fields (override in subclasses; raise ``ValueError`` naming
-        ``GPTConfig.qk_map.<field>``)."""
+        """Cross-field checks of the converted, range-checked fields (override in subclasses; raise
+        ``ValueError`` naming ``GPTConfig.qk_map.<field>``)."""
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -43,16 +47,10 @@ class MapOptions:
         return [f.name for f in dataclasses.fields(cls)]
 
 
-def check_hidden_dt(opts: MapOptions) -> None:
-    """Range checks shared by the coupling networks' options: ``hidden`` (``None`` or > 0) and a finite
-    ``dt_init``.
-
-    Raises:
-        ValueError: naming ``GPTConfig.qk_map.hidden`` or ``GPTConfig.qk_map.dt_init``.
-    """
-    if opts.hidden is not None:
-        positive_int("GPTConfig.qk_map.hidden", opts.hidden)
-    finite("GPTConfig.qk_map.dt_init", opts.dt_init)
+HIDDEN = dict(lo=1)
+"""Declaration of a coupling network's width ``hidden`` (``None`` or >= 1)."""
+DT_INIT = dict(lo=None, hi=None)
+"""Declaration of an initial step ``dt_init`` (any finite number)."""
 
 
 @dataclass
@@ -68,19 +66,15 @@ class DynamicsOptions(MapOptions):
     ``GPTConfig(attention="coupled", n_kv_heads=2, qk_map={"keys_per_query_head": False})``.
     """
 
-    integrator: str = "euler"
-    n_steps: int = 1
-    hidden: int | None = None
-    dt_init: float = 0.1
+    integrator: str = declare("euler", choices=INTEGRATORS)
+    n_steps: int = declare(1, lo=0)
+    hidden: int | None = declare(None, **HIDDEN)
+    dt_init: float = declare(0.1, **DT_INIT)
     shared_across_heads: bool = True
-    force: str = "mlp"
+    force: str = declare("mlp", choices=FORCES)
     keys_per_query_head: bool = True
 
     def validate(self) -> None:
-        choice("GPTConfig.qk_map.integrator", self.integrator, INTEGRATORS)
-        nonneg_int("GPTConfig.qk_map.n_steps", self.n_steps)
-        check_hidden_dt(self)
-        choice("GPTConfig.qk_map.force", self.force, FORCES)
         if not self.keys_per_query_head and not self.shared_across_heads:
             raise ValueError(
                 "GPTConfig.qk_map.keys_per_query_head=False needs shared_across_heads=True (the force acts on the "
@@ -93,12 +87,9 @@ class QueryMLPOptions(MapOptions):
     """Options of :class:`~coupled_qk.layers.qk_maps.QueryMLP` (docs/METHOD.md section 2): ``hidden``,
     ``dt_init`` and ``shared_across_heads`` as in :class:`DynamicsOptions`."""
 
-    hidden: int | None = None
-    dt_init: float = 0.1
+    hidden: int | None = declare(None, **HIDDEN)
+    dt_init: float = declare(0.1, **DT_INIT)
     shared_across_heads: bool = True
-
-    def validate(self) -> None:
-        check_hidden_dt(self)
 
 
 @dataclass
@@ -107,13 +98,7 @@ class InvertibleOptions(MapOptions):
     section 1): ``hidden`` (conditioner width, ``None`` = ``5 d_head // 8``), ``n_alternations`` (>= 1),
     ``scale_max`` (bound of each log-scale, > 0), ``shared_across_heads``."""
 
-    hidden: int | None = None
-    n_alternations: int = 1
-    scale_max: float = 1.0
+    hidden: int | None = declare(None, **HIDDEN)
+    n_alternations: int = declare(1, lo=1)
+    scale_max: float = declare(1.0, lo=0.0, lo_open=True)
     shared_across_heads: bool = True
-
-    def validate(self) -> None:
-        if self.hidden is not None:
-            positive_int("GPTConfig.qk_map.hidden", self.hidden)
-        positive_int("GPTConfig.qk_map.n_alternations", self.n_alternations)
-        finite("GPTConfig.qk_map.scale_max", self.scale_max, lo=0.0, lo_open=True)

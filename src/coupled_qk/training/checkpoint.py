@@ -292,6 +292,58 @@ def verify_checksums(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
             )
 
 
+def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
+    """The checkpoint a ``--resume`` continues from: the one ``latest`` names if it verifies, else the newest
+    older ``ckpt-*`` folder of the run that does (docs/RELIABILITY.md, "Faults").
+
+    A checkpoint verifies when its ``latest`` target exists with ``model.safetensors``, every file matches
+    ``checksums.json`` (:func:`verify_checksums`: a truncated or zeroed file differs) and ``state.json`` parses.
+    The damaged folder is left in place (the next save rewrites ``latest``; :func:`prune_checkpoints` removes it
+    once the resumed run has saved its step again, as a superseded copy).
+
+    Args:
+        run_dir: the run folder.
+        say: called with one line when a damaged checkpoint is skipped (naming it, why, and the one used).
+
+    Returns:
+        The checkpoint folder to resume from.
+
+    Raises:
+        ValueError / FileNotFoundError: the damage of ``latest``'s checkpoint (naming the file), when no older
+            checkpoint verifies either.
+    """
+    run_dir = Path(run_dir)
+
+    def check(folder: Path) -> None:
+        if not (folder / "model.safetensors").is_file():
+            raise FileNotFoundError(f"{folder} has no model.safetensors")
+        verify_checksums(folder)
+        read_json(folder / "state.json")
+
+    try:
+        where = resolve_checkpoint(run_dir)
+        check(where)
+        return where
+    except (ValueError, FileNotFoundError) as exc:
+        damage = exc
+    latest = (run_dir / "latest").read_text().strip() if (run_dir / "latest").is_file() else ""
+    latest_step = checkpoint_step(Path(latest))
+    older = sorted((f for f in run_dir.glob("ckpt-*") if f.is_dir() and f.name != latest
+                    and checkpoint_step(f) is not None
+                    and (latest_step is None or checkpoint_step(f) < latest_step)),
+                   key=lambda f: (checkpoint_step(f), f.name), reverse=True)
+    for folder in older:
+        try:
+            check(folder)
+        except (ValueError, FileNotFoundError):
+            continue
+        if say is not None:
+            say(f"warning: the latest checkpoint is refused ({damage}); resuming from the previous good checkpoint "
+                f"{folder.name} (step {checkpoint_step(folder)}); the damaged folder is left in place")
+        return folder
+    raise type(damage)(f"{damage}; and no older checkpoint of {run_dir} verifies") from None
+
+
 def load_checkpoint_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[GPT, dict]:
     """Load a model and its progress state from a checkpoint or run directory (checksums verified).
 

@@ -11,14 +11,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from coupled_qk._checks import choice, coerce, coerce_fields, field_types, finite, nonneg_int, positive_int
+from coupled_qk._checks import (
+    check_declared,
+    coerce,
+    coerce_fields,
+    declare,
+    field_types,
+    metric_direction,
+    positive_int,
+)
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
 from coupled_qk.training.tasks import TASKS
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 BUDGET_CHANGES = ("keep", "rewarm")
 BEST_MODES = ("auto", "min", "max")
-_HIGHER_IS_BETTER = ("accuracy", "f1", "mcc", "score", "matthews")
 
 RESULT_NEUTRAL_FIELDS = frozenset({
     "out_dir", "resume", "progress", "tensorboard", "log_interval", "checkpoint_interval", "checkpoint_minutes",
@@ -36,12 +43,20 @@ change needs ``on_budget_change``), and ``batch_size`` together with the number 
 is checked by :func:`coupled_qk.training.resume.plan_batch`)."""
 
 
-def _f(default, help: str, choices=None, default_factory=None, shown: str | None = None):
-    """A dataclass field with its command-line help, allowed values and how its default reads in ``metadata``."""
-    meta = {"help": help, **({"choices": choices} if choices else {}), **({"shown": shown} if shown else {})}
+def _f(default, help: str, choices=None, default_factory=None, shown: str | None = None, *, lo=None, hi=None,
+       lo_open: bool = False, hi_open: bool = False, free: str | None = None):
+    """A dataclass field with its command-line help, its valid values declared once (``choices``; ``lo``/``hi``
+    with ``lo_open``/``hi_open`` for numbers; ``free`` for text and dicts, saying what checks them; nothing for
+    a ``bool``; see :func:`coupled_qk._checks.declare`) and how its default reads, all in ``metadata``."""
+    extra = {"help": help, **({"shown": shown} if shown else {})}
     if default_factory is not None:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+        return declare(default_factory=default_factory, choices=choices, free=free, lo=lo, hi=hi, lo_open=lo_open,
+                       hi_open=hi_open, **extra)
+    return declare(default, choices=choices, free=free, lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open, **extra)
+
+
+_TEXT = "a non-empty text (check_text_fields); its meaning is checked where it is used"
+_METRIC = "a metric name, checked against the task's evaluation at the first validation (check_metrics)"
 
 
 @dataclass
@@ -78,109 +93,90 @@ class TrainConfig(JSONConfig):
     task: str = _f("lm", "training task", tuple(TASKS))
     # data (language modelling)
     corpus: str = _f("wiki-vital", "corpus name (wiki-vital, pubmed, mixed-domain, wikitext-103, ...) or a text "
-                     "file or folder with train/valid/test splits")
-    data_dir: str | None = _f(None, "folder holding the released corpora", shown="the shared data folder")
-    tokenizer: str = _f("bpe-8192", "gpt2, bpe-<vocab> (trained on the training split) or a saved tokenizer path")
-    cache_dir: str | None = _f(None, "token cache folder", shown="the user cache folder")
+                     "file or folder with train/valid/test splits", free=_TEXT)
+    data_dir: str | None = _f(None, "folder holding the released corpora", shown="the shared data folder", free=_TEXT)
+    tokenizer: str = _f("bpe-8192", "gpt2, bpe-<vocab> (trained on the training split) or a saved tokenizer path",
+                        free=_TEXT)
+    cache_dir: str | None = _f(None, "token cache folder", shown="the user cache folder", free=_TEXT)
     # model
     preset: str = _f("tiny", "model size preset", tuple(sorted(PRESETS)))
-    model: dict = _f(None, "GPTConfig overrides (command line: --set FIELD=VALUE)", default_factory=dict)
+    model: dict = _f(None, "GPTConfig overrides (command line: --set FIELD=VALUE)", default_factory=dict,
+                     free="GPTConfig overrides, checked by gpt_config()")
     # optimisation
-    batch_size: int = _f(16, "sequences per process and micro-step")
-    grad_accum: int = _f(1, "micro-steps (gradient accumulation) per optimizer step")
-    lr: float = _f(1e-3, "peak learning rate (AdamW)")
-    min_lr_ratio: float = _f(0.1, "final learning rate of the cosine decay, as a fraction of lr")
-    warmup_steps: int = _f(100, "linear warmup steps")
-    weight_decay: float = _f(0.1, "AdamW weight decay on matrices (none on vectors)")
-    beta1: float = _f(0.9, "AdamW beta1")
-    beta2: float = _f(0.95, "AdamW beta2")
-    grad_clip: float = _f(1.0, "clip the gradient norm to this value (0: no clipping)")
+    batch_size: int = _f(16, "sequences per process and micro-step", lo=1)
+    grad_accum: int = _f(1, "micro-steps (gradient accumulation) per optimizer step", lo=1)
+    lr: float = _f(1e-3, "peak learning rate (AdamW)", lo=0, lo_open=True)
+    min_lr_ratio: float = _f(0.1, "final learning rate of the cosine decay, as a fraction of lr", lo=0, hi=1)
+    warmup_steps: int = _f(100, "linear warmup steps", lo=0)
+    weight_decay: float = _f(0.1, "AdamW weight decay on matrices (none on vectors)", lo=0)
+    beta1: float = _f(0.9, "AdamW beta1", lo=0, hi=1, hi_open=True)
+    beta2: float = _f(0.95, "AdamW beta2", lo=0, hi=1, hi_open=True)
+    grad_clip: float = _f(1.0, "clip the gradient norm to this value (0: no clipping)", lo=0)
     # budget
     max_steps: int | None = _f(None, "optimizer steps of the schedule",
-                               shown="none; 1000 on the command line when max_tokens is none too")
+                               shown="none; 1000 on the command line when max_tokens is none too", lo=1)
     max_tokens: int | None = _f(None, "training tokens over all processes (sets the schedule when smaller than "
-                                "max_steps)")
+                                "max_steps)", lo=1)
     max_minutes: float | None = _f(None, "stop (checkpointing) after this much training time; the schedule is "
-                                   "unchanged")
+                                   "unchanged", lo=0, lo_open=True)
     stop_after_steps: int | None = _f(None, "end this invocation after this many steps, to be continued with "
-                                      "--resume")
+                                      "--resume", lo=1)
     on_budget_change: str | None = _f(None, "on --resume with a different max_steps/max_tokens: keep the saved "
                                       "schedule, or rewarm a new one from the current step", BUDGET_CHANGES)
     # evaluation, logging, checkpoints
     eval_interval: int | None = _f(None, "steps between quick validations (none: about 10 per run, "
-                                   "see auto_eval_interval)", shown="none = the schedule's steps / 10")
-    eval_batches: int = _f(20, "batches per quick validation")
-    log_interval: int = _f(10, "steps between metrics.jsonl records")
-    checkpoint_interval: int | None = _f(None, "steps between checkpoints (besides checkpoint_minutes and the end)")
+                                   "see auto_eval_interval)", shown="none = the schedule's steps / 10", lo=1)
+    eval_batches: int = _f(20, "batches per quick validation", lo=1)
+    log_interval: int = _f(10, "steps between metrics.jsonl records", lo=1)
+    checkpoint_interval: int | None = _f(None, "steps between checkpoints (besides checkpoint_minutes and the end)",
+                                         lo=1)
     checkpoint_minutes: float | None = _f(15.0, "minutes of training between checkpoints (none: only "
-                                          "checkpoint_interval, the end and a stop signal)")
-    keep_checkpoints: int = _f(2, "newest checkpoints kept")
+                                          "checkpoint_interval, the end and a stop signal)", lo=0, lo_open=True)
+    keep_checkpoints: int = _f(2, "newest checkpoints kept", lo=1)
     early_stop_metric: str | None = _f(None, "validation metric that ends training once it reaches "
-                                       "early_stop_value (e.g. valid/accuracy)")
-    early_stop_value: float | None = _f(None, "threshold of early_stop_metric")
+                                       "early_stop_value (e.g. valid/accuracy)", free=_METRIC)
+    early_stop_value: float | None = _f(None, "threshold of early_stop_metric", lo=None, hi=None)
     full_eval: bool = _f(False, "periodic validations use the whole validation split (not eval_batches batches)")
     best_metric: str | None = _f(None, "keep the checkpoint with the best value of this validation metric "
-                                 "(e.g. valid/loss) as best-<step>/; the final evaluation uses it")
+                                 "(e.g. valid/loss) as best-<step>/; the final evaluation uses it", free=_METRIC)
     best_mode: str = _f("auto", "whether lower or higher best_metric is better (auto: higher for accuracy, f1, "
                         "mcc and score metrics, lower otherwise)", BEST_MODES)
     patience: int | None = _f(None, "stop after this many validations in a row without an improvement of "
-                              "best_metric larger than min_delta (needs best_metric)")
-    min_delta: float = _f(0.0, "smallest change of best_metric that counts as an improvement (absolute)")
+                              "best_metric larger than min_delta (needs best_metric)", lo=1)
+    min_delta: float = _f(0.0, "smallest change of best_metric that counts as an improvement (absolute)", lo=0)
     # runtime
-    seed: int = _f(0, "random seed (initialisation and data order)")
-    device: str = _f("auto", "auto (CUDA if available), cpu, cuda or cuda:N")
+    seed: int = _f(0, "random seed (initialisation and data order)", lo=0)
+    device: str = _f("auto", "auto (CUDA if available), cpu, cuda or cuda:N", free="a device name (check_device_name)")
     dtype: str = _f("auto", "autocast dtype (auto: bf16 on CUDA; on CPU fp32, or bf16 with --compile where the CPU has native bf16)", DTYPES)
     compile: bool = _f(False, "torch.compile the model per block (GPT.compile; eager with a warning if compilation fails)")
     fsdp: bool = _f(False, "FSDP2 instead of DDP under torchrun")
-    out_dir: str = _f("runs/run", "run folder (config, metrics, checkpoints, results)")
+    out_dir: str = _f("runs/run", "run folder (config, metrics, checkpoints, results)", free=_TEXT)
     resume: bool = _f(False, "continue the run in out_dir from its latest checkpoint")
     tensorboard: bool = _f(True, "write TensorBoard events")
     progress: bool = _f(True, "show progress: a bar on a terminal, plain periodic log lines otherwise")
     task_options: dict = _f(None, "task-specific options (command line: --opt task_options='{...}')",
-                            default_factory=dict)
+                            default_factory=dict, free="the task's options, checked by the task")
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
-        """Convert every field to its type and check it; raise ``ValueError`` naming the first offending one."""
+        """Convert every field to its type, check it against its declaration (``_f``: range or choices in the
+        field metadata), then the cross-field rules; raise ``ValueError`` naming the first offending one."""
         coerce_fields(self)
         types = field_types(GPTConfig)
         self.model = {k: coerce(f"TrainConfig.model.{k}", v, types[k]) if k in types else v
                       for k, v in self.model.items()}
         name = type(self).__name__
         check_text_fields(self)
-        for f in dataclasses.fields(self):
-            if "choices" in f.metadata and getattr(self, f.name) is not None:
-                choice(f"{name}.{f.name}", getattr(self, f.name), f.metadata["choices"])
-        for field in ("batch_size", "grad_accum", "eval_batches", "log_interval", "keep_checkpoints"):
-            positive_int(f"{name}.{field}", getattr(self, field))
-        for field in ("max_steps", "max_tokens", "stop_after_steps", "checkpoint_interval", "eval_interval"):
-            if getattr(self, field) is not None:
-                positive_int(f"{name}.{field}", getattr(self, field))
-        nonneg_int(f"{name}.warmup_steps", self.warmup_steps)
-        nonneg_int(f"{name}.seed", self.seed)
-        for field in ("max_minutes", "checkpoint_minutes"):
-            if getattr(self, field) is not None:
-                finite(f"{name}.{field}", getattr(self, field), 0, lo_open=True)
+        check_declared(self)  # each field's range or choices, declared once in its metadata (_f)
         if self.max_steps is None and self.max_tokens is None:
             raise ValueError("TrainConfig needs max_steps or max_tokens (the learning-rate schedule's horizon)")
-        finite(f"{name}.lr", self.lr, 0, lo_open=True)
-        finite(f"{name}.min_lr_ratio", self.min_lr_ratio, 0, 1)
-        finite(f"{name}.weight_decay", self.weight_decay, 0)
-        finite(f"{name}.grad_clip", self.grad_clip, 0)
-        finite(f"{name}.beta1", self.beta1, 0, 1, hi_open=True)
-        finite(f"{name}.beta2", self.beta2, 0, 1, hi_open=True)
         if (self.early_stop_metric is None) != (self.early_stop_value is None):
             raise ValueError("TrainConfig.early_stop_metric and early_stop_value must be given together")
-        if self.early_stop_value is not None:
-            finite(f"{name}.early_stop_value", self.early_stop_value)
-        if self.patience is not None:
-            positive_int(f"{name}.patience", self.patience)
-            if self.best_metric is None:
-                raise ValueError(f"{name}.patience={self.patience} needs best_metric (the metric whose "
-                                 "improvement it waits for), e.g. best_metric='valid/loss'")
-        finite(f"{name}.min_delta", self.min_delta, 0)
+        if self.patience is not None and self.best_metric is None:
+            raise ValueError(f"{name}.patience={self.patience} needs best_metric (the metric whose "
+                             "improvement it waits for), e.g. best_metric='valid/loss'")
         for field in ("best_metric", "early_stop_metric"):
             value = getattr(self, field)
             if value is not None and not value.strip():
@@ -198,11 +194,13 @@ class TrainConfig(JSONConfig):
 
 
 def higher_is_better(metric: str, mode: str = "auto") -> bool:
-    """Direction of a validation metric: ``mode`` ``"max"``/``"min"``, or for ``"auto"`` higher for names
-    containing accuracy, f1, mcc, matthews or score and lower otherwise (losses, perplexities, bits per byte)."""
+    """Direction of a validation metric: ``mode`` ``"max"``/``"min"``, or for ``"auto"`` the direction its name
+    says (:func:`coupled_qk._checks.metric_direction`: higher for accuracy, f1, mcc, matthews and score, lower
+    for losses, perplexities, errors and bits per byte) and lower for a name that says nothing (the training
+    loop refuses such a metric with ``auto`` at its first validation: ``training.loop.check_metrics``)."""
     if mode != "auto":
         return mode == "max"
-    return any(word in metric.lower() for word in _HIGHER_IS_BETTER)
+    return metric_direction(metric) == "max"
 
 
 EVALUATIONS_PER_RUN = 10

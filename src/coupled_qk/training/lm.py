@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import nonneg_int, positive_int
+from coupled_qk._checks import check_declared, coerce_fields, declare
 from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus, split_documents
 from coupled_qk.data.paths import default_cache_dir
@@ -25,8 +26,40 @@ from coupled_qk.training.tasks import check_options
 
 MIN_EVAL_TOKENS = 10_000  # smaller evaluation splits give noisy perplexities (a warning says so)
 WORD_LEVEL_CORPORA = ("wiki-vital", "wikitext-2", "wikitext-103", "wikitext-2-raw", "wikitext-103-raw")
-OPTIONS = ("split_seed", "valid_fraction", "test_fraction", "min_split_words", "final_eval_windows")
-"""``TrainConfig.task_options`` of the language-modelling task. Used only by corpora split at random (see
+@dataclasses.dataclass
+class LMOptions:
+    """``TrainConfig.task_options`` of the language-modelling task, each field's valid values declared once in
+    its metadata (``_checks.declare``; docs/RELIABILITY.md, "Configuration"); see :data:`OPTIONS` for their
+    meaning. Construction converts each to its type and checks it.
+
+    Raises:
+        ValueError: naming ``task_options.<field>``, the value and what was expected.
+    """
+
+    split_seed: int = declare(0, lo=0)
+    valid_fraction: float = declare(0.01, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    test_fraction: float = declare(0.01, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    min_split_words: int = declare(MIN_SPLIT_WORDS, lo=0)
+    final_eval_windows: int | None = declare(None, lo=1)
+
+    def __post_init__(self):
+        coerce_fields(self, "task_options")
+        check_declared(self, "task_options")
+
+    @classmethod
+    def from_options(cls, task_options: dict | None) -> LMOptions:
+        """The checked options of a run's ``task_options`` dict (``None``: the defaults).
+
+        Raises:
+            ValueError: an unknown key (listing the valid ones) or a value out of its declared range.
+        """
+        opts = task_options or {}
+        check_options("lm", opts, OPTIONS)
+        return cls(**opts)
+
+
+OPTIONS = tuple(f.name for f in dataclasses.fields(LMOptions))
+"""``TrainConfig.task_options`` of the language-modelling task (the fields of :class:`LMOptions`). Used only by corpora split at random (see
 :func:`coupled_qk.data.corpora.load_corpus`): ``split_seed`` (int >= 0, default 0) seeds the document-level
 split; ``valid_fraction`` and ``test_fraction`` (default 0.01 each) are the documents' shares of the evaluation
 splits, each of which then grows to ``min_split_words`` words (default 10,000) within 20% of the corpus.
@@ -43,11 +76,9 @@ def run_corpus(corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
     at random (see :func:`~coupled_qk.data.corpora.load_corpus`). Training, ``eval`` and ``analyze`` all call
     this, so they see the same held-out text.
     """
-    opts = task_options or {}
-    check_options("lm", opts, OPTIONS)
-    return load_corpus(corpus, data_dir, seed=nonneg_int("task_options.split_seed", opts.get("split_seed", 0)),
-                       valid_fraction=opts.get("valid_fraction", 0.01), test_fraction=opts.get("test_fraction", 0.01),
-                       min_split_words=opts.get("min_split_words", MIN_SPLIT_WORDS))
+    opts = LMOptions.from_options(task_options)
+    return load_corpus(corpus, data_dir, seed=opts.split_seed, valid_fraction=opts.valid_fraction,
+                       test_fraction=opts.test_fraction, min_split_words=opts.min_split_words)
 
 
 def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:
@@ -78,9 +109,8 @@ class LMTask:
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
         cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+        self.options = LMOptions.from_options(cfg.task_options)
         self.corpus = run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
-        if (cfg.task_options or {}).get("final_eval_windows") is not None:
-            positive_int("task_options.final_eval_windows", cfg.task_options["final_eval_windows"])
         run = RunDir(run_dir) if run_dir is not None else None
         resuming = cfg.resume and run is not None and run.has_checkpoint()
         if resuming and run.has_tokenizer():
@@ -98,6 +128,7 @@ class LMTask:
                 f"the training split of {cfg.corpus!r} has {n_train} tokens, fewer than block_size + 2 = "
                 f"{self.block_size + 2}"
             )
+        self._check_context(cfg, n_train)
         self._warn_about_sizes(cfg, n_train)
         announce("data: " + "; ".join(f"{split} {n:,} tokens, {self.n_documents(split):,} documents"
                                       for split, n in self.describe()["tokens"].items())
@@ -108,6 +139,37 @@ class LMTask:
         else the documents :func:`coupled_qk.data.corpora.split_documents` finds in the given split's text."""
         counted = (self.corpus.source.get("n_documents") or {}).get(split)
         return counted if counted is not None else len(split_documents(self.corpus.split(split)))
+
+    def _check_context(self, cfg: TrainConfig, n_train: int) -> None:
+        """The context length against the data, where the data enters (docs/RELIABILITY.md, "Data").
+
+        Raises:
+            ValueError: an evaluation split with fewer than 2 tokens (nothing to score), naming the split, its
+                tokens and ``block_size``.
+
+        Warns:
+            UserWarning: an evaluation split shorter than ``block_size + 1`` tokens (its one window has less
+                context than the model's, so its loss is not comparable with a run whose windows are full), or a
+                training split with fewer distinct windows (``tokens - block_size``) than a batch has sequences.
+        """
+        block = self.block_size
+        for split in ("valid", "test"):
+            n = len(self.tokens[split])
+            if n < 2:
+                raise ValueError(f"the {split} split of {cfg.corpus!r} has {n} token(s): nothing to evaluate "
+                                 f"(block_size={block}); give the corpus a longer {split} split")
+            if n < block + 1:
+                warnings.warn(
+                    f"block_size={block} is longer than the {split} split of {cfg.corpus!r} ({n:,} tokens): its "
+                    f"evaluation is one window of {n - 1:,} targets with less context than the model's, not "
+                    "comparable with runs whose windows are full; lower block_size (--set block_size=...) or use "
+                    "a longer split", stacklevel=3)
+        windows = n_train - block
+        if windows < cfg.batch_size:
+            warnings.warn(
+                f"block_size={block} leaves only {windows:,} distinct training windows in the {n_train:,} tokens of "
+                f"the training split of {cfg.corpus!r}, fewer than batch_size={cfg.batch_size}: every batch "
+                "repeats the same text; lower block_size or use a longer training split", stacklevel=3)
 
     def _warn_about_sizes(self, cfg: TrainConfig, n_train: int) -> None:
         """Warn when evaluation splits are too small to trust or the budget repeats the training data."""
@@ -171,7 +233,7 @@ class LMTask:
         full validation and test perplexity (and word-level perplexity for WikiText-style corpora)."""
         out = {}
         splits = ("valid",) if quick else ("valid", "test")
-        subsample = None if quick else (self.cfg.task_options or {}).get("final_eval_windows")
+        subsample = None if quick else self.options.final_eval_windows
         for split in splits:
             units: dict = {}
             if not quick and subsample is None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from coupled_qk._checks import check_metric
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, compile_error_summary, compile_regions, uncompile_regions
 from coupled_qk.ops.losses import next_token_loss
@@ -160,14 +161,20 @@ def _grad_norm(model: torch.nn.Module, clip: float) -> float:
 
 
 def check_metrics(cfg: TrainConfig, metrics: dict, task=None) -> None:
-    """Raise ``ValueError`` if ``best_metric`` or ``early_stop_metric`` is not among the validation ``metrics``
-    that the task reports (checked at the first validation, listing the metrics that exist)."""
-    for field in ("best_metric", "early_stop_metric"):
-        name = getattr(cfg, field)
-        if name is not None and name not in metrics:
-            known = ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, (int, float))))
-            raise ValueError(f"TrainConfig.{field}={name!r} is not a validation metric of task {cfg.task!r}; it "
-                             f"reports: {known}")
+    """Check ``best_metric`` and ``early_stop_metric`` against the validation ``metrics`` that the task reports,
+    and their directions (:func:`coupled_qk._checks.check_metric`); called once, at the first validation.
+
+    Raises:
+        ValueError: naming the field: a metric the task does not report (listing those it does), a
+            ``best_mode`` that contradicts the metric's name (``max`` for a loss), or a metric whose name does
+            not say which direction is better and no ``best_mode`` for it.
+    """
+    known = [k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if cfg.best_metric is not None:
+        check_metric("TrainConfig.best_metric", cfg.best_metric, cfg.best_mode, known, cfg.task)
+    if cfg.early_stop_metric is not None:
+        mode = cfg.best_mode if cfg.early_stop_metric == cfg.best_metric else None
+        check_metric("TrainConfig.early_stop_metric", cfg.early_stop_metric, mode, known, cfg.task)
 
 
 def track_best(cfg: TrainConfig, state: dict, metrics: dict, train_tokens: int | None, save_best) -> bool:
@@ -256,8 +263,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     where = None
     if cfg.resume and has_ckpt:
         check_config(run_dir, cfg)
-        where = ckpt.resolve_checkpoint(run_dir)
-        ckpt.verify_checksums(where)
+        where = ckpt.resume_checkpoint(run_dir, say)  # latest, or the previous good one if latest is damaged
         state = ckpt.read_json(where / "state.json")
         saved_cfg = run.read_config() or {}
         plan_batch(state, saved_cfg, cfg, runtime.world, say)
@@ -309,7 +315,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
         say(f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
             + (" (--compile on a CPU with native bf16; --dtype fp32 to opt out)" if cfg.dtype == "auto" else ""))
     compile_status = _compile_probe(wrapped, model, task, cfg, runtime, start_step, autocast, say) if cfg.compile else None
-    stop_reason, last_eval = "max_steps", {}
+    stop_reason, last_eval, metrics_checked = "max_steps", {}, False
     window_t, window_tokens = time.perf_counter(), 0
 
     def save() -> Path | None:
@@ -407,7 +413,9 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
                 last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
                 logger.log({"step": step, "tokens": state["tokens"], **last_eval})
                 wrapped.train()
-                check_metrics(cfg, last_eval, task)
+                if not metrics_checked:  # the metric names are known from the first validation on
+                    check_metrics(cfg, last_eval, task)
+                    metrics_checked = True
                 if cfg.best_metric is not None and track_best(cfg, state, last_eval, train_tokens, save_best):
                     stop_reason = "patience"
                     break
