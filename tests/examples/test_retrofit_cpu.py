@@ -140,3 +140,11 @@ def test_example_runs_end_to_end(base_run, tmp_path, capsys):
     row = json.loads((again / "rows-seed1.json").read_text())
     for arm in ("as_is", "retrofit"):
         assert row[arm]["valid_perplexity"] == rows[1][arm]["valid_perplexity"]
+
+
+def test_every_example_has_a_test():
+    """docs/DESIGN.md: each script of ``examples/`` is tested in ``tests/examples/test_<name>.py``."""
+    root = EXAMPLE.parent
+    untested = [p.name for p in sorted(root.glob("*.py"))
+                if not (Path(__file__).parent / f"test_{p.stem}.py").is_file()]
+    assert EXAMPLE.is_file() and not untested, f"examples without a test in tests/examples/: {untested}"
