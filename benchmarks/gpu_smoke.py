@@ -780,8 +780,8 @@ def stage_bench(ctx: Ctx):
     import torch
 
     from coupled_qk import GPTConfig
-    from coupled_qk.experiments.bench import run_bench
-    from coupled_qk.experiments.cost_curve import train_step_flops
+    from coupled_qk.experiments.bench.cost_curve import train_step_flops
+    from coupled_qk.experiments.bench.train import run_bench
 
     plan = [("micro", dict(batch_size=2, repeats=3, warmup=1), ("coupled",))] if ctx.quick else [
         ("60m", dict(batch_size=16, repeats=10, warmup=2), PAPER_VARIANTS),
@@ -797,7 +797,7 @@ def stage_bench(ctx: Ctx):
         res = run_bench(base, variants=list(variants), device=ctx.device, dtype=dtype, log=ctx.log, **kw)
         out = {}
         for name, v in res["variants"].items():
-            from coupled_qk.experiments.bench import variant_configs
+            from coupled_qk.experiments.bench.train import variant_configs
 
             cfg = variant_configs(base, [name], {})[name]
             s = res["settings"]
@@ -823,7 +823,7 @@ def _vocab_padding_timing(ctx: Ctx, dtype: str) -> None:
     import torch
 
     from coupled_qk import GPTConfig
-    from coupled_qk.experiments.bench import _Runner
+    from coupled_qk.experiments.bench.train import _Runner
 
     if ctx.quick:
         base, batch, repeats = _tiny_config(vocab_size=500, block_size=32), 2, 3
@@ -853,7 +853,7 @@ def stage_memory(ctx: Ctx):
     import torch
 
     from coupled_qk import GPTConfig
-    from coupled_qk.experiments.bench_decode import run_memory
+    from coupled_qk.experiments.bench.decode import run_memory
 
     plan = [("micro", dict(batch_size=2), ("coupled",))] if ctx.quick else [
         ("60m", dict(batch_size=16), PAPER_VARIANTS), ("350m", dict(batch_size=16), PAPER_VARIANTS)]

@@ -14,7 +14,7 @@ import torch
 
 import coupled_qk.layers.attention as attention
 from coupled_qk import GPT, GPTConfig
-from coupled_qk.experiments.bench import machine_info
+from coupled_qk.experiments.bench.train import machine_info
 from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.gpt import static_capacity
 

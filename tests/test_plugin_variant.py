@@ -45,8 +45,8 @@ def test_entry_point_is_read_lazily_and_fills_every_list(drift):
     assert "drift_strong" in registry.variant_names() and "drift_strong" not in registry.default_variants()
     assert parse_variants("all")[-2:] == ["drift", "drift_differential"]
     assert {"gain": "gain", "dt_init": "dt_init"}.items() <= registry.flat_option_names().items()
-    from coupled_qk.experiments.bench import with_baseline
-    from coupled_qk.experiments.mqar_presets import mqar_variants
+    from coupled_qk.experiments.bench.train import with_baseline
+    from coupled_qk.experiments.mqar.presets import mqar_variants
 
     assert "drift" in with_baseline(None) and mqar_variants()["drift_differential"] == {"attention": "drift_differential"}
 
@@ -156,8 +156,8 @@ def test_compare_bench_and_mqar_see_the_plugin(drift, tiny_corpus, tmp_path, cap
                  "--dry-run"]) == 0
     planned = capsys.readouterr().out
     assert " drift " in planned and " drift_differential " in planned
-    from coupled_qk.experiments.mqar_presets import Difficulty, SweepPreset
-    from coupled_qk.experiments.mqar_sweep import run_sweep
+    from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset
+    from coupled_qk.experiments.mqar.sweep import run_sweep
 
     preset = SweepPreset(name="micro", description="test", vocab_size=32,
                          difficulties=(Difficulty("easy", ((8, 2, 64),), ((8, 2, 32),), 32),), d_models=(16,),
@@ -167,7 +167,7 @@ def test_compare_bench_and_mqar_see_the_plugin(drift, tiny_corpus, tmp_path, cap
 
 
 def test_claims_variants_adds_the_plugin_to_every_cell(drift, tmp_path, capsys):
-    from coupled_qk.experiments.protocols import get_protocol
+    from coupled_qk.experiments.claims.protocols import get_protocol
 
     smoke = get_protocol("smoke")
     extended = smoke.with_variants(["drift+gain=2", "standard"])

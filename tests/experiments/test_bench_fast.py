@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from coupled_qk.experiments.bench_fast import (
+from coupled_qk.experiments.bench.cost_curve import train_step_flops
+from coupled_qk.experiments.bench.fast import (
     fastpath_markdown,
     matmul_peak,
     model_step_flops,
     peer_model,
     run_fastpath,
 )
-from coupled_qk.experiments.cost_curve import train_step_flops
 from coupled_qk.models.config import GPTConfig
 
 CFG = GPTConfig(vocab_size=64, block_size=32, n_layer=1, d_model=32, n_heads=2)

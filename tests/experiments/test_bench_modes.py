@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from coupled_qk.cli import main
-from coupled_qk.experiments.bench_decode import paired_ratio
-from coupled_qk.experiments.cost_curve import flop_floor, train_step_flops
+from coupled_qk.experiments.bench.cost_curve import flop_floor, train_step_flops
+from coupled_qk.experiments.bench.decode import paired_ratio
 from coupled_qk.models.config import GPTConfig
 
 MICRO = ["--set", "vocab_size=64", "--set", "block_size=16", "--set", "n_layer=1", "--set", "d_model=16",
@@ -87,7 +87,7 @@ def test_sweep_writes_the_cost_curve(tmp_path):
 
 
 def test_mfu_markdown_uses_the_flop_count():
-    from coupled_qk.experiments.cost_curve import mfu_markdown
+    from coupled_qk.experiments.bench.cost_curve import mfu_markdown
 
     cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=1, d_model=16, n_heads=2)
     res = dict(preset="micro", settings=dict(config=cfg.to_dict(), variants=["standard"], batch_size=1, seq_len=3,
@@ -103,7 +103,7 @@ def test_memory_mode_honours_dtype_and_compile(tmp_path, monkeypatch):
     ``torch.compile`` when asked (a compile failure falls back to eager and is reported)."""
     import torch
 
-    from coupled_qk.experiments import bench_decode
+    from coupled_qk.experiments.bench import decode as bench_decode
 
     seen = []
     real_loss = bench_decode.GPT.loss

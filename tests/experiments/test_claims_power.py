@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from coupled_qk.experiments.claims_power import (
+from coupled_qk.experiments.claims.power import (
     detectable_effect,
     null_reading,
     power_two_sided,

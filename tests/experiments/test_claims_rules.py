@@ -2,9 +2,9 @@
 
 import pytest
 
-from coupled_qk.experiments.claims import direction_verdict, equivalence_verdict
-from coupled_qk.experiments.heldout import heldout_corpus, split_articles
-from coupled_qk.experiments.protocols import CPU_EXTRA_SEEDS, PROTOCOLS, get_protocol
+from coupled_qk.experiments.claims.heldout import heldout_corpus, split_articles
+from coupled_qk.experiments.claims.protocols import CPU_EXTRA_SEEDS, PROTOCOLS, get_protocol
+from coupled_qk.experiments.claims.rules import direction_verdict, equivalence_verdict
 
 
 def test_direction_verdict():
@@ -67,8 +67,8 @@ def test_split_articles_and_heldout_corpus(tmp_path):
 
 
 def test_c11_reads_the_glue_results(tmp_path):
-    from coupled_qk.experiments.claims import c11
-    from coupled_qk.experiments.claims_records import NotReady, Records
+    from coupled_qk.experiments.claims.records import NotReady, Records
+    from coupled_qk.experiments.claims.rules import c11
 
     rec = Records(get_protocol("cpu-short"), {})
     with pytest.raises(NotReady, match="GLUE"):
@@ -104,7 +104,7 @@ def test_record_reuse_compares_settings(tmp_path):
     import json
     from pathlib import Path
 
-    from coupled_qk.experiments.claims_runs import load_record, settings_of, train_config
+    from coupled_qk.experiments.claims.runs import load_record, settings_of, train_config
 
     cell = get_protocol("cpu-short").cell("wv-tiny")
     cfg = train_config(cell, "coupled", 1, Path("runs/x"), Path("data"))
@@ -125,9 +125,9 @@ def test_extra_seeds_join_their_base_cell(tmp_path):
     """C1 and C4 read wv-tiny-seeds (seeds 3-4) as more seeds of wv-tiny: n grows from 3 to 5."""
     import json
 
-    from coupled_qk.experiments.claims import c1, c4
-    from coupled_qk.experiments.claims_records import Records
-    from coupled_qk.experiments.claims_runs import record_path
+    from coupled_qk.experiments.claims.records import Records
+    from coupled_qk.experiments.claims.rules import c1, c4
+    from coupled_qk.experiments.claims.runs import record_path
 
     protocol = get_protocol("cpu")
     ppl = {"standard": 100.0, "coupled": 99.0, "uncoupled_mlp": 101.0}
@@ -150,7 +150,7 @@ def test_identical_runs_of_another_protocol_are_reused(tmp_path):
     import json
     from pathlib import Path
 
-    from coupled_qk.experiments.claims_runs import (
+    from coupled_qk.experiments.claims.runs import (
         execute,
         record_path,
         same_run_elsewhere,
@@ -182,9 +182,9 @@ def test_c11_on_the_committed_glue_results_is_uninformative():
     null claim can be neither supported nor contradicted by it."""
     from pathlib import Path
 
-    from coupled_qk.experiments.claims import c11
-    from coupled_qk.experiments.claims_glue import glue_score_rows, majority_score
-    from coupled_qk.experiments.claims_records import Records
+    from coupled_qk.experiments.claims.glue import glue_score_rows, majority_score
+    from coupled_qk.experiments.claims.records import Records
+    from coupled_qk.experiments.claims.rules import c11
 
     path = Path(__file__).parents[2] / "docs" / "results" / "glue-cpu" / "results.json"
     import json
@@ -203,9 +203,9 @@ def test_sample_efficiency_matches_final_perplexities_across_budgets(tmp_path):
     import json
     import math
 
-    from coupled_qk.experiments.claims import c6
-    from coupled_qk.experiments.claims_records import Records
-    from coupled_qk.experiments.claims_runs import record_path
+    from coupled_qk.experiments.claims.records import Records
+    from coupled_qk.experiments.claims.rules import c6
+    from coupled_qk.experiments.claims.runs import record_path
 
     def write(cell, variant, seed, log_ppl, tokens, seconds):
         path = record_path(tmp_path, "cpu", cell, variant, seed)
@@ -274,9 +274,9 @@ def test_differential_comparison_table_pairs_cells_by_seed(tmp_path):
     Differential 150/165/180 -> +50% in every seed; while a cell is unfinished its rows say so."""
     import json
 
-    from coupled_qk.experiments.claims_records import Records
-    from coupled_qk.experiments.claims_report import _comparisons
-    from coupled_qk.experiments.claims_runs import record_path
+    from coupled_qk.experiments.claims.records import Records
+    from coupled_qk.experiments.claims.report import _comparisons
+    from coupled_qk.experiments.claims.runs import record_path
 
     def write(cell, variant, seed, ppl):
         path = record_path(tmp_path, "cpu", cell, variant, seed)
@@ -304,8 +304,8 @@ def test_token_trend_pools_budget_ladder_and_fits_slopes_per_seed(tmp_path):
 
     from scipy import stats as st
 
-    from coupled_qk.experiments.claims_report import token_trend
-    from coupled_qk.experiments.claims_runs import record_path
+    from coupled_qk.experiments.claims.report import token_trend
+    from coupled_qk.experiments.claims.runs import record_path
 
     def write(protocol, cell, variant, seed, tokens, ppl):
         path = record_path(tmp_path, protocol, cell, variant, seed)
@@ -339,8 +339,8 @@ def test_report_says_whether_the_papers_value_is_inside_our_interval(tmp_path, c
     -1.0/-1.2/-0.8% (interval about [-1.5, -0.5]) exclude it; the markdown and README tables show it."""
     import json
 
-    from coupled_qk.experiments.claims_report import build_report, format_markdown, format_readme_section
-    from coupled_qk.experiments.claims_runs import record_path
+    from coupled_qk.experiments.claims.report import build_report, format_markdown, format_readme_section
+    from coupled_qk.experiments.claims.runs import record_path
 
     for seed, change in enumerate(changes):
         for variant, ppl in (("standard", 100.0 + 10 * seed), ("coupled", (100.0 + 10 * seed) * (1 + change / 100))):
@@ -364,7 +364,7 @@ def test_a_pending_wikitext2_evaluation_is_completed_when_the_run_folder_is_here
     import json
     from pathlib import Path
 
-    from coupled_qk.experiments import claims_runs
+    from coupled_qk.experiments.claims import runs as claims_runs
 
     calls = []
 
@@ -402,8 +402,8 @@ def test_rank_perplexity_correlation_separates_within_cell_from_pooled(tmp_path)
     import json
 
     from coupled_qk.experiments import stats
-    from coupled_qk.experiments.claims_report import build_report, format_markdown
-    from coupled_qk.experiments.claims_runs import record_path
+    from coupled_qk.experiments.claims.report import build_report, format_markdown
+    from coupled_qk.experiments.claims.runs import record_path
 
     protocol = get_protocol("cpu")
     tok = protocol.cell("wv-tiny").base.get("tokenizer")

@@ -6,9 +6,9 @@ import shutil
 import pytest
 
 from coupled_qk.cli import main
-from coupled_qk.experiments.claims import VERDICTS
-from coupled_qk.experiments.claims_report import build_report
-from coupled_qk.experiments.protocols import get_protocol
+from coupled_qk.experiments.claims.protocols import get_protocol
+from coupled_qk.experiments.claims.report import build_report
+from coupled_qk.experiments.claims.rules import VERDICTS
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coupled_qk.experiments.converged import (
+from coupled_qk.experiments.claims.converged import (
     CPU_CONVERGED,
     GPU_60M,
     TOY_CONVERGED,
@@ -136,9 +136,9 @@ def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
         if cell == main:
             assert r["config"]["lr"] == report["chosen_lr"][v]
     # an independent re-run of one record (same code path, fresh folder) reproduces its test loss
-    from coupled_qk.experiments.claims_runs import train_config
-    from coupled_qk.experiments.converged import plan as make_plan
-    from coupled_qk.experiments.converged_study import load_records
+    from coupled_qk.experiments.claims.converged import plan as make_plan
+    from coupled_qk.experiments.claims.converged_study import load_records
+    from coupled_qk.experiments.claims.runs import train_config
     from coupled_qk.training.loop import train
 
     p = make_plan(TOY_CONVERGED, load_records(out, TOY_CONVERGED))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from coupled_qk.experiments.mqar_presets import (
+from coupled_qk.experiments.mqar.presets import (
     SWEEP_PRESETS,
     Difficulty,
     SweepPreset,
@@ -14,8 +14,8 @@ from coupled_qk.experiments.mqar_presets import (
     heads_for,
     mqar_variants,
 )
-from coupled_qk.experiments.mqar_report import accuracy_table, best_over_lr
-from coupled_qk.experiments.mqar_sweep import plan_sweep, run_config, run_sweep
+from coupled_qk.experiments.mqar.report import accuracy_table, best_over_lr
+from coupled_qk.experiments.mqar.sweep import plan_sweep, run_config, run_sweep
 from coupled_qk.models.variants import parse_variants
 
 

@@ -8,7 +8,13 @@ from scipy import stats
 from test_glue_task import make_pretrained, write_sst2  # tests/training is on sys.path (rootdir conftest)
 
 from coupled_qk.cli import main
-from coupled_qk.experiments.glue import finetune_config, model_name, paired_difference, parse_per_task, parse_tasks
+from coupled_qk.experiments.glue.finetune import (
+    finetune_config,
+    model_name,
+    paired_difference,
+    parse_per_task,
+    parse_tasks,
+)
 
 
 def test_paired_difference_matches_a_hand_computed_t_interval():

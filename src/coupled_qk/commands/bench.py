@@ -28,11 +28,11 @@ from coupled_qk.commands.options import (
     positive_ints_arg,
     subset_arg,
 )
-from coupled_qk.experiments.bench import bench_markdown, resolve_dtype, result_stem, run_bench, write_results
-from coupled_qk.experiments.bench_decode import decode_markdown, memory_markdown, run_decode, run_memory
-from coupled_qk.experiments.bench_fast import MODES as FAST_MODES
-from coupled_qk.experiments.bench_fast import PEERS, fastpath_markdown, run_fastpath
-from coupled_qk.experiments.cost_curve import plot_sweep, run_sweep, sweep_markdown
+from coupled_qk.experiments.bench.cost_curve import plot_sweep, run_sweep, sweep_markdown
+from coupled_qk.experiments.bench.decode import decode_markdown, memory_markdown, run_decode, run_memory
+from coupled_qk.experiments.bench.fast import MODES as FAST_MODES
+from coupled_qk.experiments.bench.fast import PEERS, fastpath_markdown, run_fastpath
+from coupled_qk.experiments.bench.train import bench_markdown, resolve_dtype, result_stem, run_bench, write_results
 from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.registry import default_variants, variant_names
 from coupled_qk.outputs import OutputDir

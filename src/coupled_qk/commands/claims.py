@@ -15,8 +15,8 @@ HELP = "run a claims protocol (C1-C13 with seeds and confidence intervals) and r
 
 def add_arguments(parser) -> None:
     from coupled_qk.commands.options import path_arg, positive_int_arg
-    from coupled_qk.experiments.converged import DESIGNS
-    from coupled_qk.experiments.protocols import PROTOCOLS
+    from coupled_qk.experiments.claims.converged import DESIGNS
+    from coupled_qk.experiments.claims.protocols import PROTOCOLS
 
     parser.add_argument("--protocol", required=True, choices=sorted([*PROTOCOLS, *DESIGNS]),
                         help="smoke (toy budgets, every code path), cpu-short / cpu (the first-epoch CPU study), "
@@ -68,10 +68,10 @@ def _shard(text: str) -> tuple[int, int]:
 def run(args) -> int:
     from coupled_qk.commands.options import parse_seeds
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
-    from coupled_qk.experiments.claims_report import build_report, format_markdown, report_dir, write_report
-    from coupled_qk.experiments.claims_runs import run_protocol
-    from coupled_qk.experiments.converged import DESIGNS
-    from coupled_qk.experiments.protocols import get_protocol
+    from coupled_qk.experiments.claims.converged import DESIGNS
+    from coupled_qk.experiments.claims.protocols import get_protocol
+    from coupled_qk.experiments.claims.report import build_report, format_markdown, report_dir, write_report
+    from coupled_qk.experiments.claims.runs import run_protocol
 
     if args.protocol in DESIGNS:
         return _run_converged(args)
@@ -118,8 +118,8 @@ def run(args) -> int:
 def _run_converged(args) -> int:
     """``claims --protocol cpu-converged|gpu-60m|toy-converged``: plan, train (resumable), report."""
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
-    from coupled_qk.experiments.converged import get_design
-    from coupled_qk.experiments.converged_study import build_report, plan_lines, run_design, write_report
+    from coupled_qk.experiments.claims.converged import get_design
+    from coupled_qk.experiments.claims.converged_study import build_report, plan_lines, run_design, write_report
 
     design = get_design(args.protocol)
     for flag, value in (("--seeds", args.seeds), ("--cells", args.cells), ("--glue-json", args.glue_json),

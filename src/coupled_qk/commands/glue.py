@@ -39,7 +39,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from coupled_qk.experiments.glue import format_table, parse_per_task, parse_tasks, run_glue
+    from coupled_qk.experiments.glue.finetune import format_table, parse_per_task, parse_tasks, run_glue
 
     tasks, seeds = parse_tasks(args.task), parse_seeds(args.seeds)
     from coupled_qk.outputs import OutputDir

@@ -23,8 +23,8 @@ from coupled_qk.commands.options import (
     positive_int_arg,
     positive_ints_arg,
 )
-from coupled_qk.experiments.mqar_presets import SWEEP_PRESETS, get_preset, heads_for, mqar_variants
-from coupled_qk.experiments.mqar_sweep import plan_sweep, run_sweep
+from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, get_preset, heads_for, mqar_variants
+from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep
 from coupled_qk.models.specs import parse_variants
 from coupled_qk.outputs import OutputDir
 

@@ -10,7 +10,7 @@ optional wall-clock guard (``max_minutes``) gives each run the time left; a run 
 
 The protocol's analysis turns the records into a :class:`Report` (JSON files, markdown, PNG figures) that
 :func:`write_report` writes; :func:`run_experiment` does plan -> execute -> analyse -> write in one call.
-Used by ``compare``/``demo`` (:mod:`.compare`) and the MQAR sweep (:mod:`.mqar_sweep`). See ``docs/DESIGN.md``.
+Used by ``compare``/``demo`` (:mod:`.compare`) and the MQAR sweep (:mod:`.mqar.sweep`). See ``docs/DESIGN.md``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run a converged design (:mod:`coupled_qk.experiments.converged`) and report it from its run records.
+"""Run a converged design (:mod:`coupled_qk.experiments.claims.converged`) and report it from its run records.
 
 ``run_design`` executes the plan one run at a time (re-planning after each, so the grid's edge extensions and
 the verdict stages appear as soon as their inputs exist), writes one record per run and can hand each new
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coupled_qk.experiments import stats
-from coupled_qk.experiments.claims_runs import execute, record_path
-from coupled_qk.experiments.converged import Design, best_loss, plan, plateaued, units
+from coupled_qk.experiments.claims.converged import Design, best_loss, plan, plateaued, units
+from coupled_qk.experiments.claims.runs import execute, record_path
 from coupled_qk.io import write_text_atomic
 
 PRIMARY = "test/perplexity"
@@ -328,7 +328,7 @@ def _figure(report: dict, path: Path) -> Path:
 
 def plan_lines(design: Design, out_dir: str | Path, data_dir: str | Path | None) -> list[str]:
     """``--plan``: the runs planned now, what waits, the data check and the cost estimate (no training)."""
-    from coupled_qk.experiments.converged import cost_hours
+    from coupled_qk.experiments.claims.converged import cost_hours
 
     records = load_records(out_dir, design)
     p = plan(design, records)

@@ -11,7 +11,7 @@ fp32 weights). After the untimed warmup steps (the first compiles; its wall time
 repeat times one step of every runner in round-robin order, rotated by one runner per repeat. Reported per
 runner: median and p10-p90 step time, tokens/s, ``ratio`` = median / median of ``standard`` in the same mode,
 ``speedup`` = median of ``standard`` eager fp32 / median, and achieved model FLOP/s (FLOPs of
-:func:`coupled_qk.experiments.cost_curve.train_step_flops`) against the matrix-multiply peak measured in the
+:func:`coupled_qk.experiments.bench.cost_curve.train_step_flops`) against the matrix-multiply peak measured in the
 same run at the model's MLP shapes in the runner's dtype (``mfu``).
 
 Decode (cached greedy decoding, fp32): for each (batch, prefix) cell, after an untimed prefill, the time of
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from coupled_qk.experiments.bench import (
+from coupled_qk.experiments.bench.train import (
     BASELINE,
     compiled_graphs,
     machine_info,
@@ -94,7 +94,7 @@ def _peer_layers(model: nn.Module) -> nn.ModuleList:
 def model_step_flops(name: str, config: GPTConfig, batch_size: int, seq_len: int) -> int:
     """FLOPs of one training step of variant or peer ``name`` (:func:`train_step_flops` counting rules; the
     Llama peer adds its third MLP matrix, ``2 d_model d_ff`` per token and layer, forward)."""
-    from coupled_qk.experiments.cost_curve import train_step_flops
+    from coupled_qk.experiments.bench.cost_curve import train_step_flops
 
     if name in PEERS:
         flops = train_step_flops(config.replace(attention="standard"), batch_size, seq_len)["step"]

@@ -1,10 +1,10 @@
 """MQAR sweeps over attention variants, model widths and learning rates, run by the shared experiment runner.
 
-A sweep preset (:mod:`coupled_qk.experiments.mqar_presets`) spans difficulties x d_model x learning rate x
+A sweep preset (:mod:`coupled_qk.experiments.mqar.presets`) spans difficulties x d_model x learning rate x
 variant; :func:`plan_sweep` lists the points, :func:`run_config` makes each point's :class:`TrainConfig`
 (``task="mqar"``, :class:`coupled_qk.training.mqar_task.MQARTask`), and :func:`run_sweep` executes them with
 :func:`coupled_qk.experiments.runner.execute` (reuse, resume, time guard) and writes the report of
-:mod:`coupled_qk.experiments.mqar_report`. Source: Zoology arXiv:2312.04927; ``docs/METHOD.md`` section 6.
+:mod:`coupled_qk.experiments.mqar.report`. Source: Zoology arXiv:2312.04927; ``docs/METHOD.md`` section 6.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coupled_qk._checks import finite, positive_int
-from coupled_qk.experiments.mqar_presets import Difficulty, SweepPreset, heads_for
-from coupled_qk.experiments.mqar_report import sweep_report
+from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, heads_for
+from coupled_qk.experiments.mqar.report import sweep_report
 from coupled_qk.experiments.runner import PlannedRun, RunRecord, run_experiment
 from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.training.config import TrainConfig
@@ -140,7 +140,7 @@ def run_sweep(
     ``mqar-<preset>.png`` into ``out_dir``.
 
     Args:
-        preset: the sweep (see :data:`coupled_qk.experiments.mqar_presets.SWEEP_PRESETS`); variants, d_models,
+        preset: the sweep (see :data:`coupled_qk.experiments.mqar.presets.SWEEP_PRESETS`); variants, d_models,
             lrs and difficulties override its values (see :func:`plan_sweep`).
         out_dir: sweep folder; data are cached in ``<out_dir>/data-cache``.
         device: ``auto``, ``cpu`` or ``cuda``.
@@ -149,7 +149,7 @@ def run_sweep(
         train_fn: the training function (default :func:`coupled_qk.training.loop.train`; tests may wrap it).
 
     Returns:
-        The summary written to ``results.json`` (see :func:`coupled_qk.experiments.mqar_report.sweep_summary`).
+        The summary written to ``results.json`` (see :func:`coupled_qk.experiments.mqar.report.sweep_summary`).
 
     Raises:
         ValueError: from :func:`plan_sweep`, a run's configuration, a finished run with other settings;

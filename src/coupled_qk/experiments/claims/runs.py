@@ -17,8 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from coupled_qk.experiments.heldout import document_split, heldout_corpus, wikitext2_eval
-from coupled_qk.experiments.protocols import Cell
+from coupled_qk.experiments.claims.heldout import document_split, heldout_corpus, wikitext2_eval
+from coupled_qk.experiments.claims.protocols import Cell
 from coupled_qk.experiments.runner import PlannedRun, setting_differences
 from coupled_qk.experiments.runner import execute as execute_plan
 from coupled_qk.io import write_text_atomic
@@ -43,11 +43,11 @@ def train_config(cell: Cell, variant: str, seed: int, run_dir: Path, data_dir: P
 
     For ``lm`` cells: the cell's base with the variant's model overrides; ``data_dir`` is the folder holding
     the held-out wiki-vital split for ``heldout`` cells. For ``mqar`` cells: the MQAR sweep's configuration
-    (:func:`coupled_qk.experiments.mqar_sweep.run_config`) of the cell's point, with this seed.
+    (:func:`coupled_qk.experiments.mqar.sweep.run_config`) of the cell's point, with this seed.
     """
     if cell.mqar is not None:
-        from coupled_qk.experiments.mqar_presets import get_preset
-        from coupled_qk.experiments.mqar_sweep import run_config
+        from coupled_qk.experiments.mqar.presets import get_preset
+        from coupled_qk.experiments.mqar.sweep import run_config
 
         preset = get_preset(cell.mqar["preset"])
         diff = {d.name: d for d in preset.difficulties}[cell.mqar["difficulty"]]
@@ -218,7 +218,7 @@ def run_protocol(protocol, out_dir: str | Path, run_root: str | Path, data_dir: 
     """Execute (or reuse) every run of ``protocol`` in order and return their records.
 
     Args:
-        protocol: a :class:`~coupled_qk.experiments.protocols.Protocol`.
+        protocol: a :class:`~coupled_qk.experiments.claims.protocols.Protocol`.
         out_dir: report folder; records go to ``<out_dir>/runs``.
         run_root: folder of the run folders (checkpoints, metrics; not committed).
         data_dir: real data folder; cache_root: folder for derived data.

@@ -1,11 +1,11 @@
 """Studies run to a plateau: per-variant learning rates from a grid stage, best-validation checkpoints, patience.
 
-The first-epoch claims protocols (:mod:`coupled_qk.experiments.protocols`) stop every run inside its first or
+The first-epoch claims protocols (:mod:`coupled_qk.experiments.claims.protocols`) stop every run inside its first or
 second epoch, at one learning rate for every variant. A *converged design* (issue 25) answers the paper's
 question instead: each model is trained to its plateau, at its own tuned learning rate, with paired
 initialisation (:func:`coupled_qk.layers.attention.build_with_own_rng`), and evaluated from its
-best-validation checkpoint. Its stages, each a list of :class:`~coupled_qk.experiments.protocols.Cell`
-executed by :func:`coupled_qk.experiments.claims_runs.execute` (one committed record per run):
+best-validation checkpoint. Its stages, each a list of :class:`~coupled_qk.experiments.claims.protocols.Cell`
+executed by :func:`coupled_qk.experiments.claims.runs.execute` (one committed record per run):
 
 1. ``grid``: every variant at each learning rate of ``lrs`` on the reserve seed (never used for verdicts);
    when a variant's best rate is at an edge of what was tried, the next rate beyond it (x0.5 or x2) is added
@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coupled_qk.experiments.protocols import Cell
+from coupled_qk.experiments.claims.protocols import Cell
 
 GRID, MAIN, MATCHED, UNCOUPLED = "grid", "main", "matched", "uncoupled"
 PLATEAU_WINDOW_EPOCHS = 0.5  # the last half epoch of validations ...
@@ -43,7 +43,7 @@ class Design:
         description: one line for reports and ``--plan``.
         base: :class:`~coupled_qk.training.config.TrainConfig` fields of every run (``lr``, ``max_tokens`` and
             ``eval_interval`` are set per stage from the fields below).
-        split: :func:`~coupled_qk.experiments.heldout.document_split` options (``base["corpus"]`` names the
+        split: :func:`~coupled_qk.experiments.claims.heldout.document_split` options (``base["corpus"]`` names the
             folder), or ``None`` for a corpus with its own splits (WikiText-103).
         train_tokens: training tokens of one epoch (measured; records store the exact epochs of each run).
         epochs / long_epochs: the horizon, and the one used when the grid runs did not plateau.
@@ -330,7 +330,7 @@ def train_config_dict(design: Design, variant: str, lr: float, seed: int, epochs
                       out_dir: str | None = None) -> dict:
     """The :class:`TrainConfig` (as a JSON dict) of one run of ``design``, as a standalone config file would
     hold it (``coupled-qk train --config FILE``): the single source of the committed ``configs/`` files."""
-    from coupled_qk.experiments.claims_runs import train_config
+    from coupled_qk.experiments.claims.runs import train_config
 
     cell = Cell("x", design.cell_base(epochs or design.epochs, lr), (variant,), (seed,), ())
     cfg = train_config(cell, variant, seed, Path(out_dir or f"runs/{design.name}-{variant}-seed{seed}"), None)

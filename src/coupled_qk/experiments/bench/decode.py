@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from coupled_qk.experiments.bench import (
+from coupled_qk.experiments.bench.train import (
     DTYPES,
     machine_info,
     machine_line,

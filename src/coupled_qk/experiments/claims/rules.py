@@ -1,6 +1,6 @@
 """The claims report: one row per paper claim C1-C13 with our measured effect, its interval and a verdict.
 
-Every verdict is computed from the run records (:mod:`coupled_qk.experiments.claims_runs`) by a fixed rule
+Every verdict is computed from the run records (:mod:`coupled_qk.experiments.claims.runs`) by a fixed rule
 (``docs/METHOD.md`` section 3):
 
 * direction claims ("A beats B"): ``reproduced`` if the 95% interval of the paired effect lies entirely on the
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coupled_qk.experiments import stats
-from coupled_qk.experiments.claims_glue import glue_score_rows, informative_tasks
-from coupled_qk.experiments.claims_records import PRIMARY, NotReady, Records, same_tokenizer_runs
+from coupled_qk.experiments.claims.glue import glue_score_rows, informative_tasks
+from coupled_qk.experiments.claims.records import PRIMARY, NotReady, Records, same_tokenizer_runs
 
 VERDICTS = ("reproduced", "not reproduced at this scale", "contradicted", "not run")
 EQUIVALENCE_MARGIN = 1.0  # percent of perplexity; our choice (the paper's Euler/leapfrog spread is ~0.3%)

@@ -3,7 +3,7 @@
 :func:`train_step_flops` is the arithmetic: the floating-point operations of one training step (forward and
 backward) of a :class:`GPTConfig`, so that ``flops(variant) / flops(standard)`` is the overhead a perfectly
 efficient implementation would pay (the *floor*). :func:`run_sweep` measures the train-step ratio of each
-variant (:func:`coupled_qk.experiments.bench.run_bench`, interleaved, paired ratio with a 95% bootstrap
+variant (:func:`coupled_qk.experiments.bench.train.run_bench`, interleaved, paired ratio with a 95% bootstrap
 interval) along three axes of a base config, ``d_model``, sequence length and ``n_steps``, and draws one
 panel per axis with the floor next to each measurement.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from coupled_qk.experiments.bench import machine_line, run_bench, variant_configs, with_baseline
-from coupled_qk.experiments.bench_decode import paired_ratio
+from coupled_qk.experiments.bench.decode import paired_ratio
+from coupled_qk.experiments.bench.train import machine_line, run_bench, variant_configs, with_baseline
 from coupled_qk.models.config import GPTConfig
 
 

@@ -1,4 +1,4 @@
-"""Retrofit experiment at CPU scale (issue 11, item 5).
+"""Retrofit experiment at CPU scale (issue 11, item 5): a walk-through built on the library.
 
 Takes a ``standard`` model trained by this project (``coupled-qk train ... --set position=learned``),
 exports it to a Hugging Face ``GPT2LMHeadModel`` (:func:`coupled_qk.hf.gpt2_export.gpt_to_gpt2`, checked to
@@ -9,19 +9,37 @@ give the same logits), then continues training it for the same token batches per
 
 and reports validation perplexity per seed and the paired difference (b - a) with a 95% t-interval.
 
-    OMP_NUM_THREADS=1 python experiments/retrofit_cpu.py --run runs/base-standard \
+    OMP_NUM_THREADS=1 python examples/retrofit_cpu.py --run runs/base-standard \
         --seeds 0 1 2 --steps 40 --out docs/results/retrofit-cpu
 
 Seeds may run as separate processes (``--seeds 0``, ``--seeds 1`` ... with the same ``--out``); each writes
 ``rows-seed<S>.json`` and rebuilds ``results.json`` / ``README.md`` from all rows present.
+
+What comes from the library (nothing here re-implements it):
+
+- data: the base run's corpus and tokenizer through :class:`coupled_qk.training.lm.LMTask`; the batches of
+  seed ``S`` are the task's own :meth:`~coupled_qk.training.lm.LMTask.train_batch` with the data seed
+  ``data_seed + S`` (a pure function of seed and step, the same batches for both arms);
+- the learning-rate schedule: the training loop's :func:`coupled_qk.training.loop.lr_at` (linear warmup, cosine
+  decay to a tenth of the peak);
+- the loss: :func:`coupled_qk.ops.losses.next_token_loss` (the loop's float32 cross-entropy);
+- the evaluation: :func:`coupled_qk.training.perplexity.evaluate_perplexity`;
+- the statistics: :func:`coupled_qk.experiments.stats.paired_difference` (paired t interval);
+- the model: :func:`coupled_qk.hf.gpt2_export.gpt_to_gpt2` and :func:`coupled_qk.hf.retrofit`.
+
+The continued training itself is the few lines of :func:`train` rather than :func:`coupled_qk.training.loop.train`:
+the loop trains the library's own ``GPT`` from a ``TrainConfig`` with one learning rate for every parameter,
+while this experiment trains a ``transformers`` model and gives the new coupling parameters (``dt`` and the
+coupling network) their own learning rate (``--coupling-lr``) and no weight decay. Tested by
+``tests/examples/test_retrofit_cpu.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
-import math
 import platform
 import sys
 import time
@@ -29,15 +47,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from scipy import stats
 
+from coupled_qk.experiments.stats import paired_difference
 from coupled_qk.hf import retrofit
 from coupled_qk.hf.gpt2_export import gpt_to_gpt2
 from coupled_qk.hf.retrofit import coupling_parameters, step_sizes
+from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training.checkpoint import load_checkpoint_model, read_json
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.lm import LMTask, batch_offsets
+from coupled_qk.training.lm import LMTask
+from coupled_qk.training.loop import lr_at
 from coupled_qk.training.perplexity import evaluate_perplexity
 
 
@@ -52,15 +71,16 @@ class Logits(torch.nn.Module):
         return self.hf(x).logits
 
 
-def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    """Linear warmup then cosine decay to ``lr / 10``."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def schedule_scale(cfg: TrainConfig, step: int, steps: int, warmup: int) -> float:
+    """The training loop's learning-rate factor at ``step`` of ``steps``: :func:`coupled_qk.training.loop.lr_at`
+    with peak 1, ``warmup`` linear warmup steps and cosine decay to ``0.1`` (each group's ``base_lr`` times it)."""
+    return lr_at(step, dataclasses.replace(cfg, lr=1.0, warmup_steps=warmup, min_lr_ratio=0.1), steps)
 
 
 def param_groups(model, lr, coupling_lr, weight_decay):
+    """AdamW groups: matrices with ``weight_decay``, vectors without (as the loop's ``build_optimizer``), and the
+    retrofit's coupling parameters (:func:`coupled_qk.hf.retrofit.coupling_parameters`) at ``coupling_lr`` without
+    weight decay. Each group keeps its peak learning rate as ``base_lr``."""
     new = {id(p) for p in coupling_parameters(model)}
     groups = {"decay": [], "no_decay": [], "coupling": []}
     for p in model.parameters():
@@ -78,19 +98,23 @@ def param_groups(model, lr, coupling_lr, weight_decay):
 
 
 def train(model, task, args, seed):
+    """Continue training ``model`` (a ``transformers`` causal LM) for ``args.steps`` steps of ``args.batch_size``
+    windows of the task's training split; returns ``(model in eval mode, per-step training losses in nats)``.
+
+    The batches are ``task.train_batch`` (the task's data seed must be ``args.data_seed + seed``), the schedule
+    :func:`schedule_scale`, the loss :func:`~coupled_qk.ops.losses.next_token_loss`; AdamW ``betas=(0.9, 0.95)``,
+    gradient norm clipped at 1.
+    """
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(param_groups(model, args.lr, args.coupling_lr, args.weight_decay), betas=(0.9, 0.95))
-    tokens, bs = task.tokens["train"], task.block_size
     model.train()
     losses = []
     for step in range(args.steps):
-        scale = lr_at(step, args.steps, 1.0, args.warmup)
+        scale = schedule_scale(task.cfg, step, args.steps, args.warmup)
         for group in opt.param_groups:
             group["lr"] = group["base_lr"] * scale
-        offsets = batch_offsets(args.data_seed + seed, step, 0, len(tokens) - bs, args.batch_size)
-        chunk = torch.from_numpy(np.asarray(tokens[offsets[:, None] + np.arange(bs + 1)], dtype=np.int64))
-        logits = model(chunk[:, :-1]).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), chunk[:, 1:].reshape(-1))
+        x, y = task.train_batch(step, 0, 0, 1, args.batch_size, "cpu")
+        loss = next_token_loss(model(x).logits, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -100,22 +124,28 @@ def train(model, task, args, seed):
 
 
 def evaluate(model, task, args) -> dict:
+    """Validation perplexity of ``model`` over the first ``args.eval_windows`` windows (``evaluate_perplexity``)."""
     return evaluate_perplexity(
         Logits(model), task.tokens["valid"], task.block_size, batch_size=args.batch_size, max_windows=args.eval_windows
     )
 
 
 def paired(a: list[float], b: list[float]) -> dict:
-    d = np.asarray(b) - np.asarray(a)
-    n = len(d)
-    mean = float(d.mean())
-    if n < 2:
-        return {"n": n, "mean": mean, "ci95": None}
-    half = float(stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / math.sqrt(n))
-    return {"n": n, "mean": mean, "sd": float(d.std(ddof=1)), "ci95": [mean - half, mean + half]}
+    """``b - a`` per seed with its 95% t interval (:func:`coupled_qk.experiments.stats.paired_difference`), as
+    ``{"n", "mean", "sd", "ci95": [low, high]}`` (``{"n", "mean", "ci95": None}`` for one seed)."""
+    d = paired_difference(a, b, conf=0.95)
+    if d["n"] < 2:
+        return {"n": d["n"], "mean": d["mean"], "ci95": None}
+    return {"n": d["n"], "mean": d["mean"], "sd": d["sd"], "ci95": [d["low"], d["high"]]}
 
 
 def main(argv=None):
+    """Command line: see the module docstring and ``--help``. Writes ``rows-seed<S>.json``, ``results.json`` and
+    ``README.md`` into ``--out``.
+
+    Raises:
+        RuntimeError: the ``dt = 0`` retrofit changed the exported model's logits.
+    """
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run folder of a standard model trained with position=learned")
     p.add_argument("--data-dir", default=None, help="offline data folder (default: the run's / COUPLED_QK_DATA)")
@@ -137,7 +167,7 @@ def main(argv=None):
     cfg = TrainConfig.from_dict({**read_json(run / "config.json"), "resume": True, "out_dir": str(run)})
     if args.data_dir:
         cfg.data_dir = args.data_dir
-    task = LMTask(cfg, run_dir=run)
+    task = LMTask(cfg, run_dir=run)  # the start and final evaluations read its valid split
     gpt, state = load_checkpoint_model(run)
     base = gpt_to_gpt2(gpt)
     x = torch.from_numpy(np.asarray(task.tokens["valid"][: 4 * task.block_size], dtype=np.int64)).view(4, -1)
@@ -153,13 +183,14 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
         row = {"seed": seed, "start_valid_perplexity": start["perplexity"]}
+        seed_task = LMTask(dataclasses.replace(cfg, seed=args.data_seed + seed), run_dir=run)  # its batches
         for arm in ("as_is", "retrofit"):
             model = copy.deepcopy(base)
             if arm == "retrofit":
                 torch.manual_seed(seed)  # coupling-network init
                 retrofit(model, integrator=args.integrator, dt_init=0.0)
             ts = time.time()
-            model, losses = train(model, task, args, seed)
+            model, losses = train(model, seed_task, args, seed)
             ev = evaluate(model, task, args)
             row[arm] = {"valid_perplexity": ev["perplexity"], "valid_loss": ev["loss"],
                         "final_train_loss": float(np.mean(losses[-10:])), "seconds": time.time() - ts}
@@ -169,7 +200,7 @@ def main(argv=None):
             print(json.dumps({"seed": seed, "arm": arm, **row[arm]}), flush=True)
         (out / f"rows-seed{seed}.json").write_text(json.dumps(row, indent=2))
     header = {
-        "command": "OMP_NUM_THREADS=1 python experiments/retrofit_cpu.py " + " ".join(argv or sys.argv[1:]),
+        "command": "OMP_NUM_THREADS=1 python examples/retrofit_cpu.py " + " ".join(argv or sys.argv[1:]),
         "base_run": str(run), "base_state": state, "base_model": gpt.config.to_dict(),
         "data": task.describe(), "export_max_abs_logit_diff": export_diff,
         "tokens_per_arm": args.steps * args.batch_size * task.block_size,
@@ -200,6 +231,7 @@ def summarize(out: Path, header: dict) -> dict:
 
 
 def markdown(r: dict) -> str:
+    """The ``README.md`` of a ``results.json`` dict: setup, one row per seed, the paired difference."""
     d, rel = r["ppl_diff_retrofit_minus_as_is"], r["rel_diff_percent"]
 
     def ci(x):

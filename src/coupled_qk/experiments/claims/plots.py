@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from coupled_qk.experiments.claims import rank_perplexity_points
-from coupled_qk.experiments.claims_records import Records
+from coupled_qk.experiments.claims.records import Records
+from coupled_qk.experiments.claims.rules import rank_perplexity_points
 
 
 def _finite(*xs) -> bool:

@@ -1,6 +1,6 @@
-"""Run records of one claims protocol, indexed for the claim rules of :mod:`coupled_qk.experiments.claims`.
+"""Run records of one claims protocol, indexed for the claim rules of :mod:`coupled_qk.experiments.claims.rules`.
 
-:class:`Records` reads the committed per-run JSON records (:mod:`coupled_qk.experiments.claims_runs`), pairs
+:class:`Records` reads the committed per-run JSON records (:mod:`coupled_qk.experiments.claims.runs`), pairs
 them by seed and says, through :class:`NotReady`, which runs a claim still waits for and how long they take.
 """
 
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk.experiments.protocols import Protocol
+from coupled_qk.experiments.claims.protocols import Protocol
 
 PRIMARY = "test/perplexity"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from coupled_qk.experiments.mqar_presets import Difficulty, SweepPreset, mqar_variants
+from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, mqar_variants
 from coupled_qk.experiments.runner import Report, RunRecord
 
 __all__ = ["accuracy_table", "best_over_lr", "plot_sweep", "sweep_record", "sweep_report", "sweep_summary"]
@@ -49,7 +49,7 @@ def sweep_report(preset: SweepPreset, records: Sequence[RunRecord], wall_seconds
 
 
 def _in_variant_order(names) -> list[str]:
-    """``names`` in :func:`~coupled_qk.experiments.mqar_presets.mqar_variants` order, other specs after them alphabetically."""
+    """``names`` in :func:`~coupled_qk.experiments.mqar.presets.mqar_variants` order, other specs after them alphabetically."""
     rank = {v: i for i, v in enumerate(mqar_variants())}
     return sorted(set(names), key=lambda v: (rank.get(v, len(rank)), v))
 
@@ -113,7 +113,7 @@ def accuracy_table(best: Sequence[dict], difficulty_order: Sequence[str] | None 
         difficulty_order: column order of difficulties (default: first-seen order).
 
     Returns:
-        A Markdown table (``-`` where a cell has no finished run); variants in :func:`~coupled_qk.experiments.mqar_presets.mqar_variants` order.
+        A Markdown table (``-`` where a cell has no finished run); variants in :func:`~coupled_qk.experiments.mqar.presets.mqar_variants` order.
     """
     diffs = list(difficulty_order or [])
     for b in best:

@@ -14,7 +14,7 @@ Protocols (budgets are our choice; the paper's token budgets are unknown):
   accelerator hours, not run here.
 
 The studies trained to a plateau (``cpu-converged``, ``gpu-60m``, ``toy-converged``) are *designs* with
-stages, in :mod:`coupled_qk.experiments.converged`.
+stages, in :mod:`coupled_qk.experiments.claims.converged`.
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ class Cell:
         variants: variant specs (``name[+field=value...]``).
         seeds: seeds (each seed fixes initialisation and data order).
         claims: the claim ids this cell feeds.
-        heldout: wiki-vital article split + WikiText-2 evaluation (:mod:`coupled_qk.experiments.heldout`).
+        heldout: wiki-vital article split + WikiText-2 evaluation (:mod:`coupled_qk.experiments.claims.heldout`).
         mqar: for ``task="mqar"``: ``{"preset": name, "difficulty": name, "d_model": int, "lr": float}``.
         est_cpu_minutes: expected minutes per run on one idle CPU core (0 if not measured).
         seeds_of: the name of a cell this one adds seeds to (same base and variants, other seeds): the claim
             rules read its records as that cell's (e.g. ``wv-tiny-seeds`` brings ``wv-tiny`` to 5 seeds).
-        split: keyword arguments of :func:`coupled_qk.experiments.heldout.document_split` (a training subset
+        split: keyword arguments of :func:`coupled_qk.experiments.claims.heldout.document_split` (a training subset
             and an enlarged test split, written under the derived-data folder as the corpus ``base["corpus"]``).
         variant_base: per-variant overrides of ``base`` (e.g. ``{"coupled": {"lr": 0.004}}``: hyperparameters
             chosen per variant by a grid stage).

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from coupled_qk.experiments import stats
-from coupled_qk.experiments.claims import CLAIMS, PAPER_EFFECTS, c11
-from coupled_qk.experiments.claims_records import PRIMARY, NotReady, Records
-from coupled_qk.experiments.protocols import BUDGET_LADDERS, PROTOCOLS, SCAN_FACTORS, Protocol
+from coupled_qk.experiments.claims.protocols import BUDGET_LADDERS, PROTOCOLS, SCAN_FACTORS, Protocol
+from coupled_qk.experiments.claims.records import PRIMARY, NotReady, Records
+from coupled_qk.experiments.claims.rules import CLAIMS, PAPER_EFFECTS, c11
 from coupled_qk.outputs import OutputDir
 
 ALPHA = 0.05
@@ -50,7 +50,7 @@ def token_trend(out_dir: str | Path, protocol: Protocol) -> dict:
     """How coupling's effect changes with training tokens (issue 10, item 4: the token-budget factor).
 
     Pools the ``wv-tiny`` and ``wv-tiny-2x`` runs of the protocol and of the protocols that differ from it only in
-    the budget (:data:`~coupled_qk.experiments.protocols.BUDGET_LADDERS`), read from ``<out_dir>/runs/<name>``.
+    the budget (:data:`~coupled_qk.experiments.claims.protocols.BUDGET_LADDERS`), read from ``<out_dir>/runs/<name>``.
     Per seed and budget: the % change of coupled vs standard in held-out test perplexity. The same seed shares its
     initialisation and data order across budgets, so the points of one seed are not independent: the slope against
     ``log2(tokens)`` is fitted per seed (least squares, seeds with at least 2 budgets) and the t interval is taken
@@ -124,7 +124,7 @@ def _extra_variants(rec: Records) -> list[dict]:
 
 def _mqar_escape(rec: Records) -> list[dict]:
     """Per (difficulty, lr, variant): how many seeds reached ``ESCAPE_ACCURACY`` and their mean accuracy."""
-    from coupled_qk.experiments.claims import ESCAPE_ACCURACY
+    from coupled_qk.experiments.claims.rules import ESCAPE_ACCURACY
 
     out = []
     for c in rec.protocol.cells:
@@ -150,7 +150,7 @@ def _provisional(rec: Records, rule) -> dict | None:
 
 def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path | None = None,
                  min_seeds: int | None = None) -> dict:
-    """The report of ``protocol`` from the records under ``out_dir`` (see :mod:`coupled_qk.experiments.claims`).
+    """The report of ``protocol`` from the records under ``out_dir`` (see :mod:`coupled_qk.experiments.claims.rules`).
 
     Returns ``{"protocol", "description", "notes", "rows": [one per claim], "scan", "gqa", "mqar_escape", "holm", "cells",
     "generated_utc"}``; each row has ``id, claim, paper, verdict, reason`` and, when measured, ``effect, mean,
@@ -393,7 +393,7 @@ def write_report(report: dict, protocol: Protocol, out_dir: str | Path | OutputD
              out.write_text(files[1], format_markdown(report, command)),
              out.write_text(files[2], format_readme_section(report, command))]
     if figures:
-        from coupled_qk.experiments.claims_plots import make_figures
+        from coupled_qk.experiments.claims.plots import make_figures
 
         paths += make_figures(report, Records.load(out.path, protocol), out.path / "figures",
                               save_as=lambda rel, draw: out.write_with(Path("figures") / rel, draw))
