@@ -3,6 +3,7 @@ recomputed independently from the records, and the committed GPU configs generat
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -95,8 +96,9 @@ def test_committed_gpu_configs_come_from_the_design():
 
 
 def _cli(*args, cwd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread, as the in-process re-run below: same reductions
     return subprocess.run([sys.executable, "-m", "coupled_qk.cli", "claims", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=1200)
+                          cwd=cwd, timeout=1200, env=env)
 
 
 def test_gpu_plan_mode_trains_nothing_and_checks_the_data(tmp_path):
@@ -146,5 +148,12 @@ def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
     from coupled_qk.data.paths import default_cache_dir
 
     cfg = train_config(cell, "coupled", 1, tmp_path / "rerun", default_cache_dir() / "claims-data")
-    again = train(cfg)
-    assert again["final"]["test/loss"] == pytest.approx(recs[(main, "coupled", 1)]["final"]["test/loss"], abs=1e-6)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        again = train(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    assert again["final"]["test/loss"] == pytest.approx(recs[(main, "coupled", 1)]["final"]["test/loss"], abs=1e-9)
