@@ -76,7 +76,7 @@ def test_context_error_keeps_the_old_refusal_and_bad_values_are_named():
     with pytest.raises(ValueError, match="context='wrap'"):
         model.generate(prompt, 4, context="wrap")
     assert model.generate(prompt, 3, context="error").shape == (1, 8)  # fits: no window needed
-    with pytest.raises(ValueError, match="attention_mask must have the shape"):
+    with pytest.raises(ValueError, match="attention_mask has shape"):
         model.generate_sliding(prompt, 4, attention_mask=torch.ones(1, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="token ids"):
         model.generate_sliding(torch.full((1, 9), 23), 2)

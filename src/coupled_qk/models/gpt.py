@@ -471,19 +471,11 @@ class GPT(nn.Module):
         Args and returns as :meth:`generate`: ``(B, T + max_new_tokens)`` token ids.
 
         Raises:
-            ValueError: as :meth:`generate` (bad ``idx``, ids, ``max_new_tokens``, ``temperature`` or
-                ``top_k``), or an ``attention_mask`` whose shape is not ``idx``'s.
+            TypeError, ValueError: as :meth:`generate` (:func:`coupled_qk.tensor_checks.check_generate_args`).
         """
-        if max_new_tokens < 0 or temperature < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} and temperature={temperature} must be >= 0")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k={top_k} must be >= 1 (or None for no truncation)")
-        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
-            raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
-        if attention_mask is not None and attention_mask.shape != idx.shape:
-            raise ValueError(f"attention_mask must have the shape of idx {tuple(idx.shape)}; got "
-                             f"{tuple(attention_mask.shape)}")
-        self._check_ids(idx)
+        check_generate_args(idx, max_new_tokens, block_size=self.config.block_size, vocab_size=self.config.vocab_size,
+                            temperature=temperature, top_k=top_k, use_cache=use_cache, generator=generator,
+                            attention_mask=attention_mask, fit_context=False)
         block = self.config.block_size
         b, t = idx.shape
         first = min(max_new_tokens, max(block - t, 0))  # tokens that still fit the context: plain decoding
