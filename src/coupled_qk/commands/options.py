@@ -121,16 +121,21 @@ def _nonneg_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def _float_text(text: str, positive: bool) -> float:
+    """A finite float written in ASCII, ``> 0`` (``positive``) or ``>= 0``; ``ValueError`` naming the text."""
     if not text.isascii():
         raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
     try:
         value = float(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{text!r} must be a finite number > 0")
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise ValueError(f"{text!r} must be a finite number {'>' if positive else '>='} 0")
     return value
+
+
+def _positive_float(text: str) -> float:
+    return _float_text(text, positive=True)
 
 
 def _path_text(text: str) -> str:
@@ -206,15 +211,7 @@ positive_floats_arg = _arg(_list(_positive_float, "positive numbers"), "list of 
 
 
 def _nonneg_float(text: str) -> float:
-    if not text.isascii():
-        raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{text!r} must be a finite number >= 0")
-    return value
+    return _float_text(text, positive=False)
 
 
 def _fraction(text: str) -> float:
