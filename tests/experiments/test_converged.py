@@ -157,3 +157,22 @@ def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert again["final"]["test/loss"] == pytest.approx(recs[(main, "coupled", 1)]["final"]["test/loss"], abs=1e-9)
+
+
+def test_a_run_held_by_another_process_is_left_to_it(tmp_path):
+    """Parallel workers on one study: the first grid run's folder is locked (as by a second process), so this
+    worker trains the next run of the plan and writes no record for the held one."""
+    from coupled_qk.data.paths import default_cache_dir, default_data_dir
+    from coupled_qk.experiments.claims.converged_study import run_design
+    from coupled_qk.experiments.claims.runs import record_path, variant_tag
+    from coupled_qk.training.lock import RunLock
+
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    first = grid_cell(TOY_CONVERGED, TOY_CONVERGED.lrs[0], TOY_CONVERGED.variants)
+    held = runs / TOY_CONVERGED.name / first.name / variant_tag("standard") / "seed100"
+    held.mkdir(parents=True)
+    with RunLock(held):
+        n = run_design(TOY_CONVERGED, out, runs, default_data_dir(), default_cache_dir() / "claims-data", max_runs=1)
+    assert n == 1
+    assert not record_path(out, TOY_CONVERGED.name, first.name, "standard", 100).exists()
+    assert record_path(out, TOY_CONVERGED.name, first.name, "coupled", 100).is_file()

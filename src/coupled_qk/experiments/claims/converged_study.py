@@ -40,16 +40,26 @@ def load_records(out_dir: str | Path, design: Design) -> dict:
 
 def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_dir: str | Path,
                cache_root: str | Path, max_runs: int | None = None,
-               on_record: Callable[[Path, dict], None] | None = None) -> int:
+               on_record: Callable[[Path, dict], None] | None = None, wait_seconds: float = 60.0) -> int:
     """Train every run of ``design`` that has no record yet, in plan order; return how many were trained.
 
     ``max_runs`` stops after that many new runs (a session's share); ``on_record(path, record)`` is called
     after each new record is written. Interrupting is safe: a run folder resumes, a record is atomic.
 
+    Several processes may work on one study at once (one per core, or per GPU): a run whose folder another
+    process holds (its :class:`~coupled_qk.training.lock.RunLock`) is left to that process and the next run
+    of the plan is taken. When every run still to do is held elsewhere (e.g. the last grid run, on which the
+    verdict stages depend), this process waits ``wait_seconds`` and plans again; it returns once nothing is
+    left to do.
+
     Raises:
         ValueError: the design needs accelerators (``runnable_here`` is false) and no GPU is present.
     """
+    import time
+
     import torch
+
+    from coupled_qk.training.lock import RunLockedError
 
     if not design.runnable_here and not torch.cuda.is_available():
         raise ValueError(f"protocol {design.name!r} needs a GPU (see --plan for its runs and cost); none is "
@@ -58,19 +68,29 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
     while max_runs is None or trained < max_runs:
         records = load_records(out_dir, design)
         p = plan(design, records)
-        new = None
-        for k, (stage, cell, variant, seed) in enumerate(units(p)):
+        new, held = None, []
+        todo = units(p)
+        for k, (stage, cell, variant, seed) in enumerate(todo):
             path = record_path(out_dir, design.name, cell.name, variant, seed)
             before = path.stat().st_mtime_ns if path.is_file() else None
-            print(f"== {design.name} [{stage}] {cell.name} {variant} seed {seed} ({k + 1}/{len(units(p))})",
+            print(f"== {design.name} [{stage}] {cell.name} {variant} seed {seed} ({k + 1}/{len(todo)})",
                   flush=True)
-            rec = execute(cell, variant, seed, design.name, Path(out_dir), Path(run_root), Path(data_dir),
-                          Path(cache_root))
+            try:
+                rec = execute(cell, variant, seed, design.name, Path(out_dir), Path(run_root), Path(data_dir),
+                              Path(cache_root))
+            except RunLockedError as exc:
+                print(f"== held by another process, left to it: {exc}", flush=True)
+                held.append((cell.name, variant, seed))
+                continue
             if not path.is_file() or path.stat().st_mtime_ns != before:
                 new = (path, rec)
                 break
         if new is None:
-            break
+            if not held:
+                break
+            print(f"== {len(held)} run(s) held by other processes; planning again in {wait_seconds:g} s", flush=True)
+            time.sleep(wait_seconds)
+            continue
         trained += 1
         if on_record is not None:
             on_record(*new)
