@@ -8,6 +8,7 @@ generation; Inductor itself is exercised by the tests marked ``slow``.
 """
 
 import copy
+import dataclasses
 import pickle
 import warnings
 
@@ -225,6 +226,29 @@ def test_compiled_decoding_matches_eager_token_for_token(variant):
     assert torch.equal(again, expected) and frames() == 1
 
 
+@pytest.mark.parametrize("variant", ["coupled", "coupled_leapfrog"])
+def test_compiled_decoding_reads_the_folded_projection(variant):
+    """The compiled step uses the fold built eagerly on the cache (one wider product instead of the map's small
+    kernels): its logits equal the eager folded step's, and a fold swapped on the cache changes them (so the
+    graph reads the fold, not the unfolded map)."""
+    model = tiny(variant).eval()
+    x = torch.randint(0, 64, (2, 5))
+    with torch.no_grad():
+        filled = model.new_cache(16)
+        nxt = model.next_token_logits(x, filled).argmax(-1, keepdim=True)
+        static = StaticKVCache.from_cache(filled)
+        step = model.compiled_decode_step(backend="eager", fullgraph=True)
+        logits = step(nxt, static)
+        assert static.folds_ready and all(static.folds[i] is b.attn._fold is not None
+                                           for i, b in enumerate(model.blocks))
+        ref = model.new_cache(16)
+        model.next_token_logits(x, ref)
+        torch.testing.assert_close(logits, model.next_token_logits(nxt, ref), rtol=1e-5, atol=1e-5)
+        static.folds[0] = dataclasses.replace(static.folds[0], weight=2 * static.folds[0].weight)
+        assert not torch.allclose(step(nxt, static), logits, atol=1e-3)
+    assert frames() == 1
+
+
 def test_compiled_sampling_matches_eager_sampling():
     model = tiny("coupled").eval()
     x = torch.randint(0, 64, (1, 3))
@@ -340,3 +364,26 @@ def test_static_capacity_errors():
         static_capacity(0, 8)
     with pytest.raises(ValueError, match="total=9"):
         static_capacity(9, 8)
+
+
+@pytest.mark.slow  # ~10 Dynamo captures with the eager backend
+def test_many_models_and_shapes_never_fall_back_to_eager_silently():
+    """Every model's blocks and decoding step are one Python function each to Dynamo, which by default keeps 8
+    graphs per function and then runs it eagerly without an error. More than 8 must all compile."""
+    with dynamo.config.patch(recompile_limit=8):  # the default, whatever an earlier test raised it to
+        models = [tiny(v).eval() for v in ("standard", "coupled", "coupled_leapfrog")]
+        for m in models:
+            m.compiled_decode_step(backend="eager")
+        for m in models:
+            for b in (1, 2, 3):
+                m.generate(torch.randint(0, 64, (b, 4)), 3, temperature=0, compile=True)
+        assert frames() == 9
+    dynamo.reset()
+    counters.clear()
+    with dynamo.config.patch(recompile_limit=8):
+        compiled = [tiny(v).compile(backend="eager") for v in list(VARIANTS)[:5]]
+        for m in compiled:  # a training-mode and a no-grad graph per variant: 10 graphs of Block.forward
+            m(torch.randint(0, 64, (2, 8)))
+            with torch.no_grad():
+                m(torch.randint(0, 64, (2, 8)))
+        assert frames() >= 10 and all(m.is_compiled for m in compiled)

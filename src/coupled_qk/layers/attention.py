@@ -340,21 +340,23 @@ class CausalSelfAttention(nn.Module):
         """Whether keys are repeated to one per query head before the map (and cached that way)."""
         return self.qk_map is not None and getattr(self.qk_map, "keys_per_query_head", True)
 
-    def _folded_projection(self, cache) -> FoldedProjection | None:
+    def decoding_fold(self, cache) -> FoldedProjection | None:
         """The map folded into the projection for a single-token step with ``cache``, or ``None`` when folding
-        is off (``fold_inference = False``), impossible for this map or cache, or the model is being compiled.
+        is off (``fold_inference = False``), impossible for this map or cache.
 
-        The fold lives on the cache (``cache.folds``, ``None`` for a layer that cannot fold) and is validated once
-        per cache, at its first single-token step: the weights' versions and checksum are compared with the
-        layer's last fold, which is reused when equal (see :mod:`coupled_qk.layers.folded` for what each check
-        catches). Later steps with the same cache only look it up."""
-        if not self.fold_inference or torch.compiler.is_compiling():
+        The fold lives on the cache (``cache.folds``: layer index -> fold, ``None`` for a layer that cannot fold)
+        and is validated once per cache, at its first single-token step: the weights' versions and checksum are
+        compared with the layer's last fold, which is reused when equal (see :mod:`coupled_qk.layers.folded` for
+        what each check catches). Later steps with the same cache only look it up. Inside a compiled graph
+        nothing is built: the fold is read from the cache if it was prepared eagerly beforehand (as
+        :meth:`coupled_qk.models.gpt.GPT.compiled_decode_step` does), else the map runs unfolded."""
+        if not self.fold_inference or self.qk_map is None:
             return None
         folds = getattr(cache, "folds", None)
         if folds is None:
             return None
-        if self.layer_idx in folds:
-            return folds[self.layer_idx]
+        if self.layer_idx in folds or torch.compiler.is_compiling():
+            return folds.get(self.layer_idx)
         key = fold_key(self)
         fp = None
         if key is not None:
@@ -395,7 +397,7 @@ class CausalSelfAttention(nn.Module):
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
         folded = None
         if t == 1 and self.qk_map is not None and cache is not None and not record and not torch.is_grad_enabled():
-            folded = self._folded_projection(cache)
+            folded = self.decoding_fold(cache)
         if folded is not None:  # a decoding step: the map is folded into the projection (layers/folded.py)
             q, k, v = folded_qkv(folded, x)
         else:

@@ -193,8 +193,13 @@ class GPT(nn.Module):
         re-raised unchanged. A failure in the lazily compiled backward surfaces at the first ``backward()``
         (the training loop probes forward and backward once; see :func:`compile_regions`).
 
+        Dynamo's limit on graphs per function is raised for the process (:func:`make_graph_room`): every model's
+        blocks share one Python function, and past the default limit (8 graphs: variants x modes x dtypes) the
+        blocks would run eagerly without a word.
+
         Arguments are those of :func:`torch.compile`. Source: PyTorch "regional compilation" recipe.
         """
+        make_graph_room()
         for block in self.blocks:
             block.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options)
         self._compile_state = "pending"
@@ -539,7 +544,9 @@ class GPT(nn.Module):
         """The compiled :meth:`decode_step`, built on the first call and kept on the model (later calls, and
         every :meth:`generate` with ``compile=True``, reuse it). ``mode="auto"``: ``"reduce-overhead"`` (CUDA
         graphs) on CUDA, the default mode elsewhere. Shapes are static (``dynamic=False``): one graph per batch
-        size and cache capacity (:func:`static_capacity` rounds capacities to powers of two).
+        size and cache capacity (:func:`static_capacity` rounds capacities to powers of two); Dynamo's limit on
+        graphs per function is raised so that many models and shapes never fall back to eager silently
+        (:func:`make_graph_room`).
 
         The returned callable ``(idx (B, 1), cache) -> logits (B, vocab)`` compiles on its first call; if that
         call fails in the compiler (and :meth:`decode_step` succeeds eagerly) it warns once
@@ -549,10 +556,13 @@ class GPT(nn.Module):
             return self._decode_step
         if mode == "auto":
             mode = "reduce-overhead" if self.tok_emb.weight.device.type == "cuda" else None
+        make_graph_room()
         compiled = torch.compile(self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph)
         state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
 
         def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+            if not cache.folds_ready:  # once per cache, eagerly: the graph reads the folds, never builds them
+                self.prepare_decoding_folds(cache)
             if state["fn"] is not None:
                 return state["fn"](idx, cache)
             state["fn"] = compiled
@@ -576,6 +586,21 @@ class GPT(nn.Module):
         self._decode_step = step
         return step
 
+    @torch.no_grad()
+    def prepare_decoding_folds(self, cache: StaticKVCache) -> None:
+        """Build (or validate and reuse) every layer's decoding fold for ``cache`` eagerly
+        (:meth:`~coupled_qk.layers.attention.CausalSelfAttention.decoding_fold`), so that a compiled
+        :meth:`decode_step` reads the folded projection (one wider matrix product instead of the map's small
+        kernels; :mod:`coupled_qk.layers.folded`) without building it inside the graph. On CUDA the folded
+        matrices are marked as static addresses, so CUDA graphs do not copy them at every replay."""
+        for block in self.blocks:
+            fp = block.attn.decoding_fold(cache)
+            if fp is not None and fp.weight.device.type == "cuda":
+                for t in (fp.weight, fp.kick, fp.kick2):
+                    if t is not None:
+                        torch._dynamo.mark_static_address(t)
+        cache.folds_ready = True
+
     def _check_ids(self, idx: torch.Tensor) -> None:
         if idx.numel() and idx.device.type == "cpu":
             lo, hi = int(idx.min()), int(idx.max())
@@ -592,6 +617,30 @@ class GPT(nn.Module):
         x, rope = self.embed(idx, cache, check_ids=False)
         x = self._run_blocks(x, rope, cache)
         return self.logits(self.ln_f(x[:, -1]))
+
+
+GRAPH_ROOM = 256
+
+
+def make_graph_room() -> None:
+    """Let Dynamo hold up to :data:`GRAPH_ROOM` graphs per function (its default limit is 8); called by
+    :meth:`GPT.compile` and :meth:`GPT.compiled_decode_step`. Raises ``torch._dynamo.config.recompile_limit``
+    (and the accumulated limit) for the process, never lowers them.
+
+    Why: Dynamo counts graphs per Python function, and every model of the process shares ours
+    (``Block.forward`` for regional compilation, :meth:`GPT.decode_step` for compiled decoding): one graph per
+    variant, training/evaluation mode, dtype, batch size and cache capacity. Past the limit it silently runs
+    the function eagerly, so ``compare --compile`` over five variants, or a benchmark of several, would
+    measure eager code while calling it compiled. A process-wide setting rather than a per-call context,
+    because entering a context costs 15-80 us per call (a decoding step is ~400 us).
+    """
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    if config.recompile_limit < GRAPH_ROOM:
+        config.recompile_limit = GRAPH_ROOM
+    if config.accumulated_recompile_limit < GRAPH_ROOM:
+        config.accumulated_recompile_limit = GRAPH_ROOM
 
 
 def sample_next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
@@ -643,6 +692,7 @@ def compile_regions(module: nn.Module, **kwargs) -> list[GPT]:
     for g in gpts:
         g.compile(**kwargs)
     if not gpts:
+        make_graph_room()
         module.compile(**kwargs)
     return gpts
 
