@@ -133,6 +133,38 @@ def test_differential_attention_matches_float64_reference(n_kv_heads):
     torch.testing.assert_close(out, torch.stack(heads), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_standard_rope_attention_matches_float64_reference(n_kv_heads):
+    """Standard attention with RoPE (q and k rotated in one call) against per-head float64 formulas, with
+    grouped-query heads (head i reads kv head i // n_rep), a shared position table and per-row positions."""
+    torch.manual_seed(2)
+    d_model, n_heads, d_head, t = 32, 4, 8, 7
+    attn = CausalSelfAttention(d_model, n_heads, n_kv_heads, d_head).double()
+    x = torch.randn(2, t, d_model, dtype=torch.float64)
+    from coupled_qk.ops.rope import rope_tables
+
+    cos, sin = rope_tables(t + 3, d_head, dtype=torch.float64)
+    offsets = [0, 3]  # row b sits at positions offsets[b] .. offsets[b] + t - 1
+    pos = torch.stack([torch.arange(o, o + t) for o in offsets])
+    outs = {"shared": attn(x, (cos[:t], sin[:t])), "per_row": attn(x, (cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)))}
+    w = attn.qkv.weight
+    wq, wk, wv = w[: n_heads * d_head], w[n_heads * d_head: (n_heads + n_kv_heads) * d_head], w[(n_heads + n_kv_heads) * d_head:]
+    rep, mask = n_heads // n_kv_heads, torch.ones(t, t).tril().bool()
+    for how, out in outs.items():
+        rows = []
+        for b in range(2):
+            start = offsets[b] if how == "per_row" else 0
+            heads = []
+            for i in range(n_heads):
+                j = i // rep
+                q = rope_reference(x[b] @ wq[i * d_head: (i + 1) * d_head].T, start=start)
+                k = rope_reference(x[b] @ wk[j * d_head: (j + 1) * d_head].T, start=start)
+                scores = (q @ k.T / math.sqrt(d_head)).masked_fill(~mask, float("-inf"))
+                heads.append(scores.softmax(-1) @ (x[b] @ wv[j * d_head: (j + 1) * d_head].T))
+            rows.append(torch.cat(heads, -1) @ attn.out_proj.weight.T)
+        torch.testing.assert_close(out, torch.stack(rows), rtol=1e-10, atol=1e-10)
+
+
 def test_differential_parameter_delta_is_six_d_head_per_layer():
     cfg = dict(vocab_size=101, block_size=16, n_layer=3, d_model=64, n_heads=4)
     std = GPT(GPTConfig(**cfg)).num_parameters()

@@ -398,17 +398,23 @@ class CausalSelfAttention(nn.Module):
         folded = None
         if t == 1 and self.qk_map is not None and cache is not None and not record and not torch.is_grad_enabled():
             folded = self.decoding_fold(cache)
+        rotated = self.use_rope and self.qk_map is None  # no map: q and k rotate together (one rotation, not two)
         if folded is not None:  # a decoding step: the map is folded into the projection (layers/folded.py)
             q, k, v = folded_qkv(folded, x)
+        elif rotated:
+            z = self.qkv(x)
+            qk = apply_rope(z[..., : (h + hkv) * dh].view(b, t, h + hkv, dh).transpose(1, 2), *rope)
+            q, k, v = qk[:, :h], qk[:, h:], z[..., (h + hkv) * dh:]
         else:
             q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
-        q = q.view(b, t, h, dh).transpose(1, 2)
-        k = k.view(b, t, -1, dh).transpose(1, 2)
+        if not rotated:
+            q = q.view(b, t, h, dh).transpose(1, 2)
+            k = k.view(b, t, -1, dh).transpose(1, 2)
         group = 2 if self.differential else 1
         v = v.view(b, t, hkv // group, group * dh).transpose(1, 2)
         if folded is None and self.keys_per_query_head:  # each query head evolves its own copy of the key
             k = expand_kv(k, self.n_rep, group)
-        if self.use_rope and self.map_position == "post_rope":
+        if self.use_rope and self.map_position == "post_rope" and not rotated:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         maps = {}
         if folded is None and self.qk_map is not None:
@@ -417,7 +423,7 @@ class CausalSelfAttention(nn.Module):
             if record:
                 maps = dict(q=q_in.detach(), k=self._per_query_head(k_in).detach(), q_mapped=q.detach(),
                             k_mapped=self._per_query_head(k).detach())
-        if self.use_rope and self.map_position == "pre_rope":
+        if self.use_rope and self.map_position == "pre_rope" and not rotated:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)

@@ -105,20 +105,21 @@ def integrate_qk_shared_reference(q: torch.Tensor, k: torch.Tensor, force: Force
     return q, k + scale(kick(q), dtk / 2)
 
 
-def rope_reference(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Rotary position embedding of positions ``0 .. T-1`` in float64, half-split layout (Su et al. 2021):
+def rope_reference(x: torch.Tensor, base: float = 10000.0, start: int = 0) -> torch.Tensor:
+    """Rotary position embedding of positions ``start .. start+T-1`` in float64, half-split layout (Su et al. 2021):
     ``[x1 cos - x2 sin, x2 cos + x1 sin]`` with angles ``t * base^(-2i/d)``.
 
     Args:
         x: ``(..., T, d)`` with ``d`` even.
         base: frequency base (> 0).
+        start: position of the first row (>= 0).
 
     Returns:
         The rotated tensor, float64, shape of ``x``.
     """
     t, d = x.shape[-2], x.shape[-1]
     inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None]
+    ang = torch.arange(start, start + t, dtype=torch.float64)[:, None] * inv[None]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     c, s = ang.cos(), ang.sin()
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
