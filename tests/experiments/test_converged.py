@@ -176,3 +176,32 @@ def test_a_run_held_by_another_process_is_left_to_it(tmp_path):
     assert n == 1
     assert not record_path(out, TOY_CONVERGED.name, first.name, "standard", 100).exists()
     assert record_path(out, TOY_CONVERGED.name, first.name, "coupled", 100).is_file()
+
+
+@pytest.mark.slow
+def test_a_design_runs_under_torchrun_and_records_the_one_process_run(tmp_path):
+    """`claims --protocol toy-converged` under torchrun (2 CPU processes, gloo): the ranks train each run together
+    with the global batch split between them, rank 0 writes the records and the report, and a record matches
+    the same run trained by one process (same global batches; float summation order aside)."""
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "coupled_qk.cli",
+           "claims", "--protocol", "toy-converged", "--out-dir", str(out), "--run-root", str(runs), "--no-figures",
+           "--max-runs", "2"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=900, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    recs = sorted((out / "runs" / "toy-converged").glob("*/*/seed*.json"))
+    assert len(recs) == 2 and (out / "toy-converged.json").is_file()
+    rec = json.loads(recs[0].read_text())
+    assert rec["config"]["batch_size"] == TOY_CONVERGED.base["batch_size"]  # the global batch, as one process
+    results = json.loads((Path(rec["run_dir"]) / "results.json").read_text())
+    assert results["world_size"] == 2
+
+    from coupled_qk.data.paths import default_cache_dir
+    from coupled_qk.experiments.claims.converged import plan as make_plan
+    from coupled_qk.experiments.claims.runs import train_config
+    from coupled_qk.training.loop import train
+
+    cell = next(c for _, c in make_plan(TOY_CONVERGED, {}).cells if c.name == rec["cell"])
+    again = train(train_config(cell, rec["variant"], rec["seed"], tmp_path / "one", default_cache_dir() / "claims-data"))
+    assert again["final"]["test/loss"] == pytest.approx(rec["final"]["test/loss"], abs=1e-4)

@@ -6,6 +6,7 @@ Example: ``coupled-qk claims --protocol cpu-short`` trains what is missing, then
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -149,6 +150,8 @@ def _run_converged(args) -> int:
         cache = args.cache_dir or (default_cache_dir() / "claims-data")
         run_design(design, out_dir, args.run_root, data_dir, cache, max_runs=args.max_runs,
                    on_record=commit if args.commit_records else None)
+        if os.environ.get("RANK", "0") != "0":
+            return 0  # under torchrun, rank 0 alone writes the report
     paths = regenerate()
     print((Path(out_dir) / f"{design.name}.md").read_text().split("\n## Learning-rate grid")[0])
     print("written: " + ", ".join(str(p) for p in paths))

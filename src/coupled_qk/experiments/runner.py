@@ -16,6 +16,7 @@ Used by ``compare``/``demo`` (:mod:`.compare`) and the MQAR sweep (:mod:`.mqar.s
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -212,8 +213,9 @@ def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: flo
     if remaining is not None:  # the loop counts training time over all sessions of a resumed run
         changes["max_minutes"] = remaining + rundir.train_seconds() / 60
     cfg = dataclasses.replace(cfg, **changes)
-    if rundir.path.is_dir() and not changes["resume"]:
-        rundir.remove_partial()  # a run killed before its first checkpoint: start it again cleanly
+    if rundir.path.is_dir() and not changes["resume"] and os.environ.get("RANK", "0") == "0":
+        rundir.remove_partial()  # a run killed before its first checkpoint: start it again cleanly (rank 0 only:
+        # under torchrun the ranks meet in the training loop's first collective, after this)
     if log is not None:
         log(f"== {run.label} -> {rundir.path}")
     start = time.perf_counter()

@@ -21,6 +21,7 @@ class Runtime:
     local_rank: int
     device: torch.device
     autocast_dtype: torch.dtype | None
+    owns_group: bool = False  # this runtime initialised the process group (and its teardown destroys it)
 
     @property
     def is_main(self) -> bool:
@@ -115,7 +116,8 @@ def pick_autocast_dtype(dtype: str, device: torch.device, compiled: bool = False
 def setup_runtime(device: str = "auto", dtype: str = "auto", compiled: bool = False) -> Runtime:
     """Initialise the process group when launched by ``torchrun`` (``WORLD_SIZE > 1``).
 
-    The backend is NCCL on CUDA and gloo on CPU; each process uses ``cuda:LOCAL_RANK``. Collectives time out
+    The backend is NCCL on CUDA and gloo on CPU; each process uses ``cuda:LOCAL_RANK``. An existing process
+    group is reused (and left in place by :func:`teardown`). Collectives time out
     after :func:`pg_timeout` (``$COUPLED_QK_PG_TIMEOUT_S``, default 30 minutes) instead of hanging.
 
     Raises:
@@ -125,13 +127,15 @@ def setup_runtime(device: str = "auto", dtype: str = "auto", compiled: bool = Fa
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device)
+    owns = False
     if world > 1:
         if dev.type == "cuda":
             dev = torch.device("cuda", local_rank)
             torch.cuda.set_device(dev)
-        if not dist.is_initialized():
+        owns = not dist.is_initialized()
+        if owns:
             dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", timeout=pg_timeout())
-    return Runtime(rank, world, local_rank, dev, pick_autocast_dtype(dtype, dev, compiled))
+    return Runtime(rank, world, local_rank, dev, pick_autocast_dtype(dtype, dev, compiled), owns_group=owns)
 
 
 def all_reduce_mean(value: float, runtime: Runtime) -> float:
@@ -167,6 +171,7 @@ def barrier(runtime: Runtime) -> None:
 
 
 def teardown(runtime: Runtime) -> None:
-    """Destroy the process group if this module created one."""
-    if runtime.world > 1 and dist.is_initialized():
+    """Destroy the process group if this runtime created it (a group made by the caller, e.g. a study that
+    trains many runs under one ``torchrun``, is left to the caller)."""
+    if runtime.owns_group and dist.is_initialized():
         dist.destroy_process_group()

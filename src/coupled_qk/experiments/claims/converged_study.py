@@ -52,49 +52,83 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
     verdict stages depend), this process waits ``wait_seconds`` and plans again; it returns once nothing is
     left to do.
 
+    Under ``torchrun`` (``WORLD_SIZE > 1``) every rank trains every run together: the process group is made
+    once for the study, rank 0's records decide the plan for all ranks (broadcast), each cell's batch is the
+    global batch split over the ranks (:func:`~coupled_qk.experiments.claims.runs.execute`), and rank 0 alone
+    writes records and calls ``on_record``.
+
     Raises:
-        ValueError: the design needs accelerators (``runnable_here`` is false) and no GPU is present.
+        ValueError: the design needs accelerators (``runnable_here`` is false) and no GPU is present; under
+            ``torchrun``, a global batch the number of processes does not divide.
     """
+    import os
     import time
 
     import torch
 
+    from coupled_qk.training.distributed import barrier, setup_runtime, teardown
     from coupled_qk.training.lock import RunLockedError
 
     if not design.runnable_here and not torch.cuda.is_available():
         raise ValueError(f"protocol {design.name!r} needs a GPU (see --plan for its runs and cost); none is "
                          "available here")
+    runtime = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        runtime = setup_runtime(design.base.get("device", "auto"))
+    main = runtime is None or runtime.is_main
     trained = 0
-    while max_runs is None or trained < max_runs:
-        records = load_records(out_dir, design)
-        p = plan(design, records)
-        new, held = None, []
-        todo = units(p)
-        for k, (stage, cell, variant, seed) in enumerate(todo):
-            path = record_path(out_dir, design.name, cell.name, variant, seed)
-            before = path.stat().st_mtime_ns if path.is_file() else None
-            print(f"== {design.name} [{stage}] {cell.name} {variant} seed {seed} ({k + 1}/{len(todo)})",
-                  flush=True)
-            try:
-                rec = execute(cell, variant, seed, design.name, Path(out_dir), Path(run_root), Path(data_dir),
-                              Path(cache_root))
-            except RunLockedError as exc:
-                print(f"== held by another process, left to it: {exc}", flush=True)
-                held.append((cell.name, variant, seed))
+    try:
+        while max_runs is None or trained < max_runs:
+            records = _shared(load_records(out_dir, design) if main else None, runtime)
+            p = plan(design, records)
+            new, held = None, []
+            todo = units(p)
+            for k, (stage, cell, variant, seed) in enumerate(todo):
+                path = record_path(out_dir, design.name, cell.name, variant, seed)
+                before = path.stat().st_mtime_ns if path.is_file() else None
+                if main:
+                    print(f"== {design.name} [{stage}] {cell.name} {variant} seed {seed} ({k + 1}/{len(todo)})",
+                          flush=True)
+                try:
+                    rec = execute(cell, variant, seed, design.name, Path(out_dir), Path(run_root), Path(data_dir),
+                                  Path(cache_root), runtime=runtime)
+                except RunLockedError as exc:
+                    if main:
+                        print(f"== held by another process, left to it: {exc}", flush=True)
+                    held.append((cell.name, variant, seed))
+                    continue
+                if runtime is not None:
+                    barrier(runtime)  # rank 0's record is on disk before any rank looks at it
+                if not path.is_file() or path.stat().st_mtime_ns != before:
+                    new = (path, rec)
+                    break
+            if new is None:
+                if not held:
+                    break
+                if main:
+                    print(f"== {len(held)} run(s) held by other processes; planning again in {wait_seconds:g} s",
+                          flush=True)
+                time.sleep(wait_seconds)
                 continue
-            if not path.is_file() or path.stat().st_mtime_ns != before:
-                new = (path, rec)
-                break
-        if new is None:
-            if not held:
-                break
-            print(f"== {len(held)} run(s) held by other processes; planning again in {wait_seconds:g} s", flush=True)
-            time.sleep(wait_seconds)
-            continue
-        trained += 1
-        if on_record is not None:
-            on_record(*new)
+            trained += 1
+            if on_record is not None and main:
+                on_record(*new)
+    finally:
+        if runtime is not None:
+            teardown(runtime)
     return trained
+
+
+def _shared(records: dict | None, runtime) -> dict:
+    """Rank 0's ``records`` on every rank (a broadcast under ``torchrun``; identity for one process), so that
+    all ranks plan the same runs even if another process writes a record between their reads."""
+    if runtime is None:
+        return records
+    import torch.distributed as dist
+
+    box = [records]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _power(sd: float, n: int, effect: float = POWER_EFFECT) -> dict:

@@ -158,42 +158,65 @@ def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> di
 
 
 def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, run_root: Path,
-            data_dir: Path, cache_root: Path, defer_wt2: bool = False) -> dict:
+            data_dir: Path, cache_root: Path, defer_wt2: bool = False, runtime=None) -> dict | None:
     """Reuse or produce the record of one run (see the module docstring) and return it.
 
     ``data_dir`` is the real data folder (WikiText-2, PubMed ...); ``cache_root`` holds derived data (the
     held-out wiki-vital split). Writes the record atomically. ``defer_wt2`` leaves the (slow) WikiText-2
     evaluation of held-out cells for :func:`complete_wt2` and marks the record ``"wt2_pending": true``.
+
+    ``runtime``: the :class:`~coupled_qk.training.distributed.Runtime` of a study launched by ``torchrun``
+    (every rank calls this with the same arguments). The cell's ``batch_size`` is then the global batch, split
+    evenly over the ranks (the training loop draws the same global batches at any world size, so the record
+    and its fingerprint are those of the one-process run); rank 0 alone prepares data and writes the record,
+    and the other ranks return ``None`` after training.
+
+    Raises:
+        ValueError: under ``torchrun``, a global batch that the number of processes does not divide.
     """
+    world, rank = (runtime.world, runtime.rank) if runtime is not None else (1, 0)
     run_dir = Path(run_root) / protocol / cell.name / variant_tag(variant) / f"seed{seed}"
     # heldout_corpus and document_split write into cache_root
     corpus_dir = Path(cache_root) if (cell.heldout or cell.split) else Path(data_dir)
     cfg = train_config(cell, variant, seed, run_dir, corpus_dir if cell.mqar is None else None)
+    if world > 1 and cfg.batch_size % world:
+        raise ValueError(f"batch_size={cfg.batch_size} of cell {cell.name!r} is the global batch and must be divisible "
+                         f"by the {world} processes of torchrun (use a divisor of it for --nproc_per_node)")
     path = record_path(out_dir, protocol, cell.name, variant, seed)
     rec = load_record(path, cfg)
     if rec is None and (rec := same_run_elsewhere(out_dir, protocol, cell.name, variant, seed, cfg)) is not None:
-        print(f"== {cell.name} {variant} seed {seed}: reusing the identical run of protocol {rec['reused_from']}",
-              flush=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(rec, indent=1, default=str))
+        if rank == 0:
+            print(f"== {cell.name} {variant} seed {seed}: reusing the identical run of protocol "
+                  f"{rec['reused_from']}", flush=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, json.dumps(rec, indent=1, default=str))
     if rec is not None:
-        if rec.get("wt2_pending") and not defer_wt2:  # trained with --defer-wt2 earlier: evaluate now if possible
+        if rec.get("wt2_pending") and not defer_wt2 and rank == 0:  # trained with --defer-wt2 earlier: evaluate now if possible
             if run_dir.is_dir():
                 return complete_wt2(path, data_dir, run_dir)
             print(f"claims: {path} waits for its WikiText-2 evaluation, but its run folder {run_dir} is not on "
                   "this machine; reported without it", flush=True)
         return rec
-    if path.is_file():
+    if path.is_file() and rank == 0:
         print(f"claims: {path} was made with other settings; running again", flush=True)
-    if cell.heldout:
-        heldout_corpus(data_dir, cache_root)
-    if cell.split:
-        document_split(data_dir, cache_root, cell.base["corpus"], **cell.split)
+    if rank == 0:
+        if cell.heldout:
+            heldout_corpus(data_dir, cache_root)
+        if cell.split:
+            document_split(data_dir, cache_root, cell.base["corpus"], **cell.split)
+    if world > 1:
+        from coupled_qk.training.distributed import barrier
+
+        barrier(runtime)  # the derived data exists before any rank reads it
     from coupled_qk.training.loop import read_metrics
 
     t0 = time.perf_counter()
     # the shared runner reuses a finished run folder (same settings), resumes an unfinished one, or trains
-    (outcome,) = execute_plan([PlannedRun(cfg, f"{cell.name} {variant} seed {seed}", {"cell": cell.name})])
+    ranked = dataclasses.replace(cfg, batch_size=cfg.batch_size // world) if world > 1 else cfg
+    (outcome,) = execute_plan([PlannedRun(ranked, f"{cell.name} {variant} seed {seed}", {"cell": cell.name})],
+                              announce=rank == 0)
+    if rank != 0:
+        return None
     results = outcome.results
     final = dict(results["final"])
     if cell.heldout and not defer_wt2:
