@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import types
 import typing
 from collections.abc import Iterable, Sequence
@@ -106,6 +107,8 @@ def coerce(name: str, value, annotation):
             raise ValueError(f"{name}={value!r} is not an integer; {expected}")
         if isinstance(value, int):
             return value
+        if isinstance(value, numbers.Integral):  # numpy integers
+            return int(value)
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, str):
@@ -124,6 +127,8 @@ def coerce(name: str, value, annotation):
         if isinstance(value, bool):
             raise ValueError(f"{name}={value!r} is not a number; {expected}")
         if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, numbers.Real) and not isinstance(value, str):  # numpy numbers
             return float(value)
         if isinstance(value, str):
             try:

@@ -147,15 +147,18 @@ def _absolute_paths(data: dict) -> None:
 
 def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     """Checks of a training config against this machine and its file system, before any data is read:
-    ``device`` and ``dtype`` exist here, ``data_dir`` is not a file, ``cache_dir`` can be created, and (with
-    ``run_folder``) ``out_dir`` may hold a run (:func:`coupled_qk.training.resume.check_out_dir`).
+    ``device`` and ``dtype`` exist here, ``data_dir`` is not a file, ``cache_dir`` can be created, the task's
+    ``task_options`` are valid (:func:`coupled_qk.training.tasks.check_task_options`), and (with ``run_folder``)
+    ``out_dir`` may hold a run (:func:`coupled_qk.training.resume.check_out_dir`).
 
     Raises:
-        ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``, ``out_dir``).
+        ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``,
+            ``task_options.<field>``, ``out_dir``).
     """
     from coupled_qk.devices import check_device, check_dtype
     from coupled_qk.outputs import output_location, path_value
     from coupled_qk.training.resume import check_out_dir
+    from coupled_qk.training.tasks import check_task_options
 
     device = check_device("--device", cfg.device)
     check_dtype("--dtype", cfg.dtype, device)
@@ -168,6 +171,7 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     for name in ("corpus", "tokenizer"):
         if not str(getattr(cfg, name)).strip():
             raise ValueError(f"--{name}='' is empty")
+    check_task_options(cfg.task, cfg.task_options)
     if run_folder:
         check_out_dir(path_value("--out-dir", cfg.out_dir))
 

@@ -105,6 +105,7 @@ class LMTask:
     """
 
     name = "lm"
+    options_class = LMOptions
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
