@@ -16,6 +16,9 @@ import types
 import typing
 from collections.abc import Iterable, Sequence
 
+MAX_SEED = 2**32 - 1
+"""The largest seed: seeds reach numpy's legacy generator (``np.random.seed``), which takes ``[0, 2**32)``."""
+
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 _NONE = ("none", "null")

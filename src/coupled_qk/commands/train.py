@@ -16,9 +16,9 @@ from coupled_qk._checks import coerce, field_types
 from coupled_qk.commands.options import (
     add_model_options,
     fraction_arg,
-    nonneg_int_arg,
     parse_overrides,
     positive_int_arg,
+    seed_arg,
 )
 from coupled_qk.training.config import TrainConfig
 
@@ -80,7 +80,7 @@ def add_train_options(parser, model: bool = True, defaults: dict | None = None, 
     split.add_argument("--min-split-words", type=positive_int_arg, default=None, metavar="INT",
                        help="each evaluation split grows to this many words (~1.3 tokens each), within 20%% of the "
                        "corpus (default: 10000)")
-    split.add_argument("--split-seed", type=nonneg_int_arg, default=None, metavar="INT",
+    split.add_argument("--split-seed", type=seed_arg, default=None, metavar="INT",
                        help="seed of the document shuffle (default: 0)")
     parser.add_argument(
         "--opt", dest="train_overrides", action="append", default=[], metavar="FIELD=VALUE",

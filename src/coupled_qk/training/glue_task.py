@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk._checks import check_declared, coerce_fields, declare
+from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, encode_split, glue_metrics, load_glue
 from coupled_qk.data.paths import default_data_dir
 from coupled_qk.data.tokenizers import Tokenizer
@@ -70,7 +70,7 @@ class GlueOptions:
                                    "default <data dir>/glue")
     pooling: str = declare("last", choices=POOLINGS)
     max_train_examples: int | None = declare(None, lo=1)
-    subsample_seed: int = declare(0, lo=0)
+    subsample_seed: int = declare(0, lo=0, hi=MAX_SEED)
     quick_eval_examples: int = declare(64, lo=1)
     eval_batch_size: int = declare(64, lo=1)
 

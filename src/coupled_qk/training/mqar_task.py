@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import check_declared, coerce_fields, declare
+from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
 from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
 from coupled_qk.io import write_text_atomic
 from coupled_qk.training.config import TrainConfig
@@ -98,7 +98,7 @@ class MQAROptions:
     vocab_size: int = declare(DEFAULT_VOCAB_SIZE, lo=4)
     train_slices: Sequence | None = declare(None, free=_SLICES)
     test_slices: Sequence | None = declare(None, free=_SLICES)
-    data_seed: int = declare(DEFAULT_DATA_SEED, lo=0)
+    data_seed: int = declare(DEFAULT_DATA_SEED, lo=0, hi=MAX_SEED)
     power_a: float = declare(0.01, lo=0.0, lo_open=True)
     random_non_queries: bool = False
     cache_dir: str | None = declare(None, free="a folder for generated slices (never empty); default "
