@@ -16,6 +16,9 @@ import types
 import typing
 from collections.abc import Iterable, Sequence
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: a number stored in a float32 parameter (``dt_init``) must lie within +-this."""
+
 MAX_SEED = 2**32 - 1
 """The largest seed: seeds reach numpy's legacy generator (``np.random.seed``), which takes ``[0, 2**32)``."""
 

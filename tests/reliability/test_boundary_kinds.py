@@ -158,3 +158,33 @@ def test_claims_cells_are_checked_against_the_protocol(cells, capsys, tmp_path_f
     err = _one_line(capsys)
     assert "--cells" in err
     assert not out.exists()
+
+
+@given(which=st.sampled_from(["q", "k"]), bad=st.sampled_from([None, [1.0], 3, "q", "meta"]),
+       cls=st.sampled_from(["QKDynamics", "QueryMLP", "InvertibleQKCoupling"]))
+def test_query_key_maps_name_a_non_tensor_or_a_tensor_on_another_device(which, bad, cls):
+    """Every query-key map called directly: a non-tensor ``q``/``k`` is a TypeError naming it, a tensor on another
+    device a ValueError naming it (not an AttributeError or torch's message from inside a matmul)."""
+    from coupled_qk.layers import invertible, qk_maps
+
+    module = getattr(qk_maps, cls, None) or getattr(invertible, cls)
+    m = module(4, 2)
+    q = torch.randn(1, 2, 3, 4)
+    value = q.to("meta") if bad == "meta" else bad
+    args = (value, q) if which == "q" else (q, value)
+    with pytest.raises(ValueError if bad == "meta" else TypeError, match=f"^{which} "):
+        m(*args)
+
+
+@given(dt_init=st.one_of(st.floats(min_value=3.5e38, max_value=1e308), st.floats(min_value=-1e308, max_value=-3.5e38)))
+def test_a_dt_init_beyond_float32_is_refused_naming_it(dt_init):
+    """``dt_init=1e308`` is finite in Python but infinite in the float32 parameter: refused by the config and by
+    the module, naming ``dt_init`` (before: torch's overflow RuntimeError)."""
+    from coupled_qk import GPTConfig
+    from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
+
+    with pytest.raises(ValueError, match="GPTConfig.qk_map.dt_init"):
+        GPTConfig(attention="coupled", qk_map={"dt_init": dt_init})
+    for cls in (QKDynamics, QueryMLP):
+        with pytest.raises(ValueError, match="dt_init"):
+            cls(4, 2, dt_init=dt_init)
