@@ -188,3 +188,14 @@ def test_a_dt_init_beyond_float32_is_refused_naming_it(dt_init):
     for cls in (QKDynamics, QueryMLP):
         with pytest.raises(ValueError, match="dt_init"):
             cls(4, 2, dt_init=dt_init)
+
+
+@given(name=st.sampled_from(["lr", "epochs", "batch_size", "max_train_examples"]),
+       value=st.sampled_from([0, 0.0, -1, float("nan"), float("inf"), True, "3"]))
+def test_glue_finetune_arguments_explicit_zero_is_an_error_not_the_default(name, value):
+    """``finetune_config(lr=0)`` used the task's default learning rate (``lr or default``): an explicit zero,
+    negative, NaN, inf, bool or string is now one ValueError naming the argument, before the data is read."""
+    from coupled_qk.experiments.glue.finetune import finetune_config
+
+    with pytest.raises(ValueError, match=name):
+        finetune_config("no-such-run", "sst2", 0, "out", glue_dir="no-such-glue-dir", **{name: value})
