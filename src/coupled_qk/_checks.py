@@ -19,6 +19,10 @@ from collections.abc import Iterable, Sequence
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: a number stored in a float32 parameter (``dt_init``) must lie within +-this."""
 
+MAX_VOCAB = 2**31 - 1
+"""The largest vocabulary: token ids must fit int32, the smallest id dtype the models take (``vocab_size=10**30``
+was numpy's "high is out of bounds for int64" from inside the MQAR data)."""
+
 MAX_SEED = 2**32 - 1
 """The largest seed: seeds reach numpy's legacy generator (``np.random.seed``), which takes ``[0, 2**32)``."""
 

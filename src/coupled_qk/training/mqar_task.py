@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
+from coupled_qk._checks import MAX_SEED, MAX_VOCAB, check_declared, coerce_fields, declare
 from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
 from coupled_qk.io import write_text_atomic
 from coupled_qk.training.config import TrainConfig
@@ -95,7 +95,7 @@ class MQAROptions:
         ValueError: naming ``task_options.<field>``, the value and what was expected.
     """
 
-    vocab_size: int = declare(DEFAULT_VOCAB_SIZE, lo=4)
+    vocab_size: int = declare(DEFAULT_VOCAB_SIZE, lo=4, hi=MAX_VOCAB)
     train_slices: Sequence | None = declare(None, free=_SLICES)
     test_slices: Sequence | None = declare(None, free=_SLICES)
     data_seed: int = declare(DEFAULT_DATA_SEED, lo=0, hi=MAX_SEED)
