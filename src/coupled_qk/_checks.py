@@ -11,9 +11,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import types
 import typing
 from collections.abc import Iterable, Sequence
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: a number stored in a float32 parameter (``dt_init``) must lie within +-this."""
+
+MAX_VOCAB = 2**31 - 1
+"""The largest vocabulary: token ids must fit int32, the smallest id dtype the models take (``vocab_size=10**30``
+was numpy's "high is out of bounds for int64" from inside the MQAR data)."""
+
+MAX_SEED = 2**32 - 1
+"""The largest seed: seeds reach numpy's legacy generator (``np.random.seed``), which takes ``[0, 2**32)``."""
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -106,6 +117,8 @@ def coerce(name: str, value, annotation):
             raise ValueError(f"{name}={value!r} is not an integer; {expected}")
         if isinstance(value, int):
             return value
+        if isinstance(value, numbers.Integral):  # numpy integers
+            return int(value)
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, str):
@@ -124,6 +137,8 @@ def coerce(name: str, value, annotation):
         if isinstance(value, bool):
             raise ValueError(f"{name}={value!r} is not a number; {expected}")
         if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, numbers.Real) and not isinstance(value, str):  # numpy numbers
             return float(value)
         if isinstance(value, str):
             try:

@@ -59,6 +59,37 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def non_utf8_argument(argv: list[str]) -> str | None:
+    """One line naming the first command-line argument that is not valid UTF-8 (a byte string the shell passed,
+    which Python holds as lone surrogates: tokenizers, JSON files and reports cannot take it), or ``None``."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            option = arg.split("=", 1)[0] if arg.startswith("-") else (
+                argv[i - 1] if i and argv[i - 1].startswith("-") else f"argument {i + 1}")
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            return f"{option}: '{shown}' is not valid UTF-8 text; give text and paths in UTF-8"
+    return None
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """One line for an allocation failure (``MemoryError``, torch's ``OutOfMemoryError`` or its CPU allocator's
+    ``RuntimeError``), saying how much was asked and what to lower; ``None`` for any other error."""
+    text = str(exc)
+    if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text or "out of memory" in text.lower()):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    if asked:
+        size = f"{int(asked.group(1)) / 1e9:.1f} GB"
+    else:
+        gib = re.search(r"allocate ([\d.]+ [KMGT]iB)", text)
+        size = gib.group(1) if gib else "more than is free"
+    return (f"out of memory: tried to allocate {size}; lower the batch size, sequence length or model size "
+            "(e.g. --batch-size, --seq-len, --set d_model=...)")
+
+
 def _say(command: str, message: str) -> None:
     print(f"coupled-qk {command}: {message}", file=sys.stderr, flush=True)
 
@@ -74,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in COMMANDS:
         command = None
+    problem = non_utf8_argument(argv)
+    if problem is not None:  # refused before parsing: nothing downstream can encode it
+        _say(command or "", f"error: {problem}")
+        return EXIT_USAGE
     try:
         args = build_parser(command).parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2), already reported in one line
@@ -109,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         _say(args.command, f"error: {exc}")
+        return EXIT_USAGE
+    except (RuntimeError, MemoryError) as exc:  # an allocation failure is the size asked for, not a bug
+        message = out_of_memory(exc)
+        if message is None or args.debug:
+            raise
+        _say(args.command, f"error: {message}")
         return EXIT_USAGE
 
 

@@ -50,7 +50,8 @@ FREE_TEXT = {
 CHECKING_TYPES = {
     options.positive_int_arg, options.nonneg_int_arg, options.positive_float_arg, options.path_arg,
     options.device_arg, options.dtype_arg, options.positive_ints_arg, options.positive_floats_arg,
-    options.nonneg_float_arg, options.fraction_arg,
+    options.nonneg_float_arg, options.fraction_arg, options.seed_arg, options.threads_arg,
+    options.folder_arg,
 }
 
 TRAIN_FIELDS = set(field_types(TrainConfig))
@@ -123,6 +124,9 @@ BAD = {
     options.fraction_arg: ["-0.1", "1.5", "nan", "inf", "", "x", "True"],
     options.device_arg: ["", "gpu", "cuda:99", "tpu", "cpu:x", "None", "0"],
     options.dtype_arg: ["", "float32", "fp64", "None", "0"],
+    options.folder_arg: ["", "   ", "a\x00b", __file__],
+    options.seed_arg: ["-1", "2.5", "nan", "", "x", "True", "None", str(2**32), "99999999999999999999999"],
+    options.threads_arg: ["0", "-1", "2.5", "nan", "", "x", "False", "None", str(options.cpu_count() + 1), "100000"],
 }
 GOOD = {
     options.positive_int_arg: st.integers(1, 10**6).map(str),
@@ -138,6 +142,10 @@ GOOD = {
     options.fraction_arg: st.floats(0, 1, allow_nan=False).map(repr),
     options.device_arg: st.sampled_from(["auto", "cpu", "CPU", " cpu "]),
     options.dtype_arg: st.sampled_from(["auto", "fp32", "bf16", "fp16"]),
+    options.seed_arg: st.integers(0, 2**32 - 1).map(str),
+    options.folder_arg: st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=20).filter(
+        lambda s: s.strip() and not s.startswith(("-", "~"))),
+    options.threads_arg: st.integers(1, options.cpu_count()).map(str),
 }
 
 TYPED = sorted({(cmd, a.option_strings[-1]) for cmd, a in all_actions()

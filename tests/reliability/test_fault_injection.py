@@ -5,7 +5,10 @@ naming the file, and the previous good checkpoint is used.
 The kill steps are drawn by a seeded generator: ``COUPLED_QK_FAULT_EXAMPLES`` steps per signal (default 1 in
 CI; ``COUPLED_QK_FAULT_EXAMPLES=10 pytest tests/reliability/test_fault_injection.py`` for more), and
 ``COUPLED_QK_FAULT_SEED`` picks other steps. A kill at every point of a checkpoint write is
-``tests/training/test_reliability.py::test_3_kill_at_every_point_of_a_resave_leaves_a_loadable_latest``.
+``tests/training/test_reliability.py::test_3_kill_at_every_point_of_a_resave_leaves_a_loadable_latest``; a SIGKILL
+of a real ``coupled-qk train`` inside a checkpoint write, at a drawn save, phase, file and byte, is
+:func:`test_a_kill_inside_a_checkpoint_write_resumes_from_the_previous_good_checkpoint` (2 examples in CI,
+``COUPLED_QK_HYPOTHESIS_EXAMPLES=N`` for more).
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import time
 from pathlib import Path
 
 import pytest
+import reliability_profile  # noqa: F401  (the example budget)
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.loop import read_metrics, train
@@ -138,3 +144,61 @@ def test_no_good_checkpoint_is_one_clear_error(tmp_path):
     (run / "latest").write_text("ckpt-00000004\n")  # ...with latest still naming the damaged one
     assert ckpt.resume_checkpoint(run, said.append).name == "ckpt-00000001"
     assert len(said) == 1 and "ckpt-00000004" in said[0] and "step 1" in said[0]
+
+
+CHILD = Path(__file__).with_name("checkpoint_fault_child.py")
+CHECKPOINT_FILES = ("model.safetensors", "model_config.json", "rng.pt", "state.json", "optimizer.pt")
+PHASES = ("file", "checksums", "rename", "latest", "prune")
+"""Where inside a save the kill falls (``checkpoint_fault_child.py``): before ``latest`` names the new checkpoint
+(the first four) or after (``prune``)."""
+KILL_EXAMPLES = int(os.environ.get("COUPLED_QK_HYPOTHESIS_EXAMPLES", "2"))
+SAVES = STEPS // 2 - 1  # checkpoint_interval 2: saves at steps 2, 4, ..., the last ones before the end
+
+
+def _leftovers(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in list(run_dir.glob(".ckpt-*")) + list(run_dir.glob(".*.tmp")))
+
+
+@pytest.mark.slow
+def test_a_kill_inside_a_checkpoint_write_resumes_from_the_previous_good_checkpoint(tiny_cfg, tmp_path):
+    """SIGKILL a real ``coupled-qk train`` inside save number ``save`` at a drawn phase (a checkpoint file or
+    ``checksums.json`` cut at a drawn byte, the complete folder before its rename, ``latest`` half replaced, old
+    checkpoints half deleted): the checkpoint ``--resume`` picks is a complete, verified one (the previous save's
+    when the kill fell before ``latest`` was replaced), the resumed run's losses and final test loss equal the
+    uninterrupted run's, and no partial folder or temporary file is left."""
+    ref = _cfg(tiny_cfg, tmp_path / "ref")
+    train(ref)
+    runs = iter(range(10**6))
+
+    @settings(max_examples=KILL_EXAMPLES)
+    @given(save=st.integers(1, SAVES), phase=st.sampled_from(PHASES), file=st.sampled_from(CHECKPOINT_FILES),
+           fraction=st.floats(0, 1))
+    def kill_and_resume(save, phase, file, fraction):
+        cfg = _cfg(tiny_cfg, tmp_path / f"run{next(runs)}")
+        run_dir = Path(cfg.out_dir)
+        marker = tmp_path / f"paused-{run_dir.name}"
+        fault = json.dumps({"save": save, "phase": phase, "file": file, "fraction": fraction})
+        env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONPATH": os.pathsep.join(sys.path)}
+        proc = subprocess.Popen([sys.executable, str(CHILD), str(marker), fault, "--", *cli_args(cfg)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None and not marker.exists():
+            time.sleep(0.01)
+        assert marker.exists(), proc.communicate(timeout=60)[1]
+        proc.kill()
+        proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+        before_latest = phase != "prune"
+        expected = 2 * (save - 1) if before_latest else 2 * save  # the step --resume continues from
+        if expected == 0:
+            assert not (run_dir / "latest").exists()
+        else:
+            where = ckpt.resume_checkpoint(run_dir)  # verified: never the partial one
+            assert ckpt.checkpoint_step(where) == expected, (where, _leftovers(run_dir))
+        train(_cfg(tiny_cfg, run_dir, resume=True))
+        assert losses(run_dir) == losses(ref.out_dir)
+        assert final(run_dir)["test/loss"] == final(ref.out_dir)["test/loss"]
+        assert _leftovers(run_dir) == []
+        ckpt.verify_checksums(ckpt.resolve_checkpoint(run_dir))
+
+    kill_and_resume()

@@ -1,5 +1,6 @@
-"""Every field of GPTConfig, of each registered map's options and of TrainConfig declares its valid values once in
-its dataclass field metadata (``_checks.declare``); valid and invalid values are drawn FROM those declarations.
+"""Every field of GPTConfig, of each registered map's options, of TrainConfig and of each registered task's options
+(``options_class``: LMOptions, MQAROptions, GlueOptions) declares its valid values once in its dataclass field
+metadata (``_checks.declare``); valid and invalid values are drawn FROM those declarations.
 
 A field added without a declaration fails ``test_every_field_is_declared``; a declaration that construction does
 not enforce fails ``test_values_outside_the_declaration_are_refused_naming_the_field``.
@@ -21,6 +22,7 @@ from coupled_qk.models.options import MapOptions
 from coupled_qk.models.registry import QK_MAPS, load_plugins
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.lm import LMOptions
+from coupled_qk.training.tasks import TASKS, task_class
 
 NO_SHRINK = settings(phases=[Phase.explicit, Phase.reuse, Phase.generate])
 """Each example draws a value for every field (the draws are labelled in a failure's report): shrinking such
@@ -35,11 +37,23 @@ def map_options_classes() -> list[type]:
     return [entry.options for entry in QK_MAPS.values()]
 
 
+TASK_BASE = {
+    "mqar": {"train_slices": [[16, 2, 10]], "test_slices": [[16, 2, 10]]},
+    "glue": {"glue_task": "sst2", "pretrained": "runs/pretrained"},
+}
+"""The required options of each task (a task without an entry needs none)."""
+
+
+def task_options_classes() -> list[tuple[str, type]]:
+    """``(task name, options class)`` of every registered task (introspected from ``TASKS``)."""
+    return [(name, task_class(name).options_class) for name in TASKS]
+
+
 def declared_classes() -> list[tuple[type, str, dict]]:
     """``(class, owner prefix in messages, base keyword arguments)`` of every declared dataclass."""
     out = [(GPTConfig, "GPTConfig", {}), (TrainConfig, "TrainConfig", TRAIN_BASE)]
     out += [(cls, "GPTConfig.qk_map", {}) for cls in map_options_classes()]
-    return out + [(LMOptions, "task_options", {})]
+    return out + [(cls, "task_options", TASK_BASE.get(task, {})) for task, cls in task_options_classes()]
 
 
 def _bounds(meta: dict, inner) -> tuple:
@@ -86,7 +100,8 @@ def invalid_values(cls, field: dataclasses.Field) -> st.SearchStrategy:
     if "choices" in meta:
         allowed = _choices(meta)
         text = st.text(max_size=12).filter(lambda t: t not in allowed and (
-            not optional or t.strip().lower() not in ("none", "null")))
+            not optional or t.strip().lower() not in ("none", "null"))
+            and t.lower().replace("-", "") not in allowed)  # GLUE task names are read case- and dash-blind
         return st.one_of(text, st.just(3), st.just(2.5))
     lo, hi, lo_open, hi_open = _bounds(meta, inner)
     if inner is int:
@@ -171,6 +186,7 @@ def test_values_outside_the_declaration_are_refused_naming_the_field(data):
             with pytest.raises(ValueError, match=f"{name.replace('.', '[.]')}") as info:
                 cls(**{**base, field.name: value})
             assert "\n" not in str(info.value)
+            assert info.type is ValueError
             if isinstance(cls, type) and issubclass(cls, (GPTConfig, TrainConfig)):  # assignment is re-checked
                 cfg = cls(**base)
                 before = getattr(cfg, field.name)
@@ -179,12 +195,56 @@ def test_values_outside_the_declaration_are_refused_naming_the_field(data):
                 assert getattr(cfg, field.name) == before
 
 
+def test_every_task_declares_its_options():
+    """Each registered task names a dataclass of its ``task_options`` (``options_class``), so the tests below cover
+    a task added later; its ``from_options`` refuses an unknown key."""
+    for task, cls in task_options_classes():
+        assert dataclasses.is_dataclass(cls), task
+        with pytest.raises(ValueError, match="unknown .*task_options.*bogus"):
+            cls.from_options({**TASK_BASE.get(task, {}), "bogus": 1})
+    assert LMOptions in [cls for _, cls in task_options_classes()]
+
+
 @NO_SHRINK
 @given(st.data())
-def test_lm_task_options_accept_every_declared_value(data):
-    for field in dataclasses.fields(LMOptions):
-        value = data.draw(valid_values(LMOptions, field), label=field.name)
-        assert getattr(LMOptions.from_options({field.name: value}), field.name) == value
+def test_task_options_accept_every_declared_value(data):
+    for task, cls in task_options_classes():
+        for field in checked_fields(cls) + [f for f in dataclasses.fields(cls) if f.type in ("bool", bool)]:
+            value = data.draw(valid_values(cls, field), label=f"{cls.__name__}.{field.name}")
+            if value is None and field.name in TASK_BASE.get(task, {}):
+                continue  # a required option
+            opts = cls.from_options({**TASK_BASE.get(task, {}), field.name: value})
+            assert getattr(opts, field.name) == value
+
+
+GENERIC_BAD = [math.nan, math.inf, -math.inf, 0, -1, 10**30, -(10**30), 2.5, True, "False", "0", "None", "", " ",
+               "fast", "\u0661", [], {}, [1], object()]
+"""Values of every kind a user may put in a JSON file or a Python call (some are valid for some fields)."""
+
+
+@NO_SHRINK
+@given(st.data())
+def test_task_options_any_value_is_accepted_as_declared_or_refused_naming_the_field(data):
+    """Any value of any kind for any task option: construction either keeps a value its declaration allows or
+    raises one ``ValueError`` naming ``task_options.<field>``; never another exception type, never NaN or inf."""
+    from coupled_qk._checks import check_value
+
+    for task, cls in task_options_classes():
+        types = field_types(cls)
+        for field in dataclasses.fields(cls):
+            value = data.draw(st.one_of(st.sampled_from(GENERIC_BAD), st.integers(), st.floats(),
+                                        st.text(max_size=8)), label=f"{cls.__name__}.{field.name}")
+            try:
+                opts = cls.from_options({**TASK_BASE.get(task, {}), field.name: value})
+            except ValueError as exc:
+                message = str(exc)
+                assert f"task_options.{field.name}" in message or "task_options" in message and field.name in \
+                    message, (field.name, value, message)
+                assert "\n" not in message
+                continue
+            got = getattr(opts, field.name)
+            assert not (isinstance(got, float) and not math.isfinite(got)), (field.name, value)
+            check_value(f"task_options.{field.name}", got, types[field.name], field.metadata)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -200,3 +260,25 @@ def test_declared_messages_read_as_before(field, value, message):
         DynamicsOptions(**{field: value})
     with pytest.raises(ValueError, match=r"GPTConfig.dropout=1.0 must be in \[0, 1\)"):
         GPTConfig(dropout=1.0)
+
+
+@NO_SHRINK
+@given(data=st.data())
+def test_task_options_from_the_command_line_are_one_line_errors(tmp_path_factory, capsys, data):
+    """``train --task T --opt task_options='{...}'`` with a value outside a task option's declaration: exit 2 and
+    one line on stderr naming ``task_options.<field>``, no traceback, before the run folder is created."""
+    import json
+
+    from coupled_qk.cli import main
+
+    out = tmp_path_factory.mktemp("cli") / "run"
+    for task, cls in task_options_classes():
+        for field in checked_fields(cls):
+            value = data.draw(invalid_values(cls, field), label=f"{cls.__name__}.{field.name}")
+            options = json.dumps({**TASK_BASE.get(task, {}), field.name: value})
+            code = main(["train", "--task", task, "--max-steps", "1", "--device", "cpu", "--out-dir", str(out),
+                         "--opt", f"task_options={options}"])
+            err = capsys.readouterr().err
+            assert code == 2, (task, field.name, value, err)
+            assert err.count("\n") == 1 and f"task_options.{field.name}" in err and "Traceback" not in err, err
+            assert not out.exists()

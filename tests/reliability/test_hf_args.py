@@ -92,3 +92,14 @@ def test_a_prompt_that_fills_the_context_exactly_generates(lm):
 def test_ids_out_of_the_vocabulary_are_refused_by_gpt(lm):
     with pytest.raises(ValueError, match=rf"token ids must be in \[0, {V}\)"):
         lm(input_ids=IDS + V)
+
+
+@pytest.mark.parametrize("name", ["num_beams", "num_return_sequences", "num_beam_groups"])
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "2"])
+def test_counts_transformers_divides_by_are_named_before_any_token(lm, name, value, monkeypatch):
+    """``num_beams=0`` was a ZeroDivisionError from inside transformers: every count it divides by is checked."""
+    calls = []
+    monkeypatch.setattr(type(lm), "forward", lambda self, *a, **k: calls.append(1))
+    with pytest.raises((TypeError, ValueError), match=f"{name}=.* must be an int >= 1"):
+        lm.generate(IDS, max_new_tokens=2, **{name: value})
+    assert calls == []

@@ -14,9 +14,12 @@ def add_arguments(parser) -> None:
     from coupled_qk.commands.options import (
         add_device_option,
         add_overwrite_option,
+        folder_arg,
         nonneg_int_arg,
         path_arg,
         positive_int_arg,
+        seed_arg,
+        threads_arg,
     )
 
     parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
@@ -28,7 +31,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--n-sequences", type=positive_int_arg, default=8, help="windows analysed (default 8)")
     parser.add_argument("--seq-len", type=positive_int_arg, default=None,
                         help="tokens per window (default: the smallest block_size of the checkpoints)")
-    parser.add_argument("--data-dir", default=None, type=path_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
+    parser.add_argument("--data-dir", default=None, type=folder_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
     parser.add_argument("--out-dir", default="runs/analysis", type=path_arg,
                         help="where the report goes (default runs/analysis); an earlier report there is replaced "
                         "only with --overwrite")
@@ -39,10 +42,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--example-layer", type=nonneg_int_arg, default=None,
                         help="layer of the example attention maps (default: the middle layer)")
     parser.add_argument("--example-head", type=nonneg_int_arg, default=0, help="head of the example maps (default 0)")
-    parser.add_argument("--split-seed", type=nonneg_int_arg, default=None,
+    parser.add_argument("--split-seed", type=seed_arg, default=None,
                         help="seed of random document splits (pubmed, mixed-domain, text paths); default: the run's")
     add_device_option(parser, default="cpu")
-    parser.add_argument("--threads", type=positive_int_arg, default=None,
+    parser.add_argument("--threads", type=threads_arg, default=None,
                         help="CPU: heads analysed concurrently (default: torch's thread count)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
 

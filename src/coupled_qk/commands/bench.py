@@ -22,11 +22,12 @@ from coupled_qk.commands.options import (
     add_overwrite_option,
     dtype_arg,
     gpt_config_from_args,
-    nonneg_int_arg,
     path_arg,
     positive_int_arg,
     positive_ints_arg,
+    seed_arg,
     subset_arg,
+    threads_arg,
 )
 from coupled_qk.experiments.bench.cost_curve import plot_sweep, run_sweep, sweep_markdown
 from coupled_qk.experiments.bench.decode import decode_markdown, memory_markdown, run_decode, run_memory
@@ -58,14 +59,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seq-len", type=positive_int_arg, default=None, help="tokens per sequence (default: block_size)")
     parser.add_argument("--repeats", type=positive_int_arg, default=10, help="timed steps per variant (default 10)")
     parser.add_argument("--warmup", type=positive_int_arg, default=3, help="untimed steps per variant first, >= 1 (default 3)")
-    parser.add_argument("--threads", type=positive_int_arg, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=threads_arg, default=None, help="torch CPU threads (default: torch's choice)")
     add_device_option(parser)
     parser.add_argument(
         "--dtype", default="auto", type=dtype_arg, metavar="{auto,fp32,bf16,fp16}",
         help="auto = fp32 on CPU, bf16 autocast on CUDA",
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (eager fallback on failure)")
-    parser.add_argument("--seed", type=nonneg_int_arg, default=0, help="seed of the weights and the token batch")
+    parser.add_argument("--seed", type=seed_arg, default=0, help="seed of the weights and the token batch")
     parser.add_argument("--out-dir", default="benchmarks/results", type=path_arg,
                         help="where the JSON and markdown go (an existing result is replaced only with --overwrite)")
     add_overwrite_option(parser)

@@ -15,7 +15,7 @@ HELP = "run a claims protocol (C1-C13 with seeds and confidence intervals) and r
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import path_arg, positive_int_arg
+    from coupled_qk.commands.options import folder_arg, path_arg, positive_int_arg
     from coupled_qk.experiments.claims.converged import DESIGNS
     from coupled_qk.experiments.claims.protocols import PROTOCOLS
 
@@ -40,9 +40,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out-dir", default=None, type=path_arg,
                         help="report folder; run records go to OUT_DIR/runs/PROTOCOL (default docs/results/claims; "
                              "runs/claims-smoke for the smoke protocol)")
-    parser.add_argument("--run-root", default="runs/claims", type=path_arg, help="run folders (checkpoints; default runs/claims)")
-    parser.add_argument("--data-dir", default=None, type=path_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
-    parser.add_argument("--cache-dir", default=None, type=path_arg, help="derived data (default: the token cache folder)")
+    parser.add_argument("--run-root", default="runs/claims", type=folder_arg, help="run folders (checkpoints; default runs/claims)")
+    parser.add_argument("--data-dir", default=None, type=folder_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
+    parser.add_argument("--cache-dir", default=None, type=folder_arg, help="derived data (default: the token cache folder)")
     parser.add_argument("--cells", default=None, help="comma-separated cells to run (default: all, in order)")
     parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel processes)")
     parser.add_argument("--defer-wt2", action="store_true", help="train every run first, then evaluate WikiText-2")
@@ -82,6 +82,19 @@ def run(args) -> int:
     if args.variants is not None:
         protocol = protocol.with_variants(args.variants.split(","))
     shard = _shard(args.shard)
+    if args.cells is not None:  # checked when the command starts, also when nothing is trained
+        cells = [c.strip() for c in args.cells.split(",")]
+        names = [c.name for c in protocol.cells]
+        unknown = [c for c in cells if c not in names]
+        if not all(cells) or unknown:
+            raise ValueError(f"--cells={args.cells!r}: {unknown or 'an empty name'} is not a cell of protocol "
+                             f"{protocol.name!r}; expected some of {names}")
+    if args.report_only and (args.cells is not None or shard != (0, 1)):
+        raise ValueError("--cells and --shard choose the runs to train; --report-only trains nothing (drop them)")
+    if args.glue_json is not None:  # an explicit results file must exist and parse (before any training)
+        from coupled_qk.experiments.claims.glue import load_glue_rows
+
+        load_glue_rows("--glue-json", args.glue_json)
     if args.out_dir is None:
         out_dir = "runs/claims-smoke" if protocol.name == "smoke" else "docs/results/claims"
     else:

@@ -9,11 +9,17 @@ HELP = "perplexity and bits per byte of a checkpoint on a corpus split"
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import add_device_option, add_overwrite_option, path_arg, positive_int_arg
+    from coupled_qk.commands.options import (
+        add_device_option,
+        add_overwrite_option,
+        folder_arg,
+        path_arg,
+        positive_int_arg,
+    )
 
     parser.add_argument("checkpoint", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
     parser.add_argument("--corpus", default=None, help="corpus name or path (default: the run's corpus)")
-    parser.add_argument("--data-dir", default=None, type=path_arg,
+    parser.add_argument("--data-dir", default=None, type=folder_arg,
                         help="data folder of named corpora (default: the run's, else COUPLED_QK_DATA or ../shared/data)")
     parser.add_argument("--splits", default="valid,test", help="comma-separated splits (train, valid, test)")
     parser.add_argument("--stride", type=positive_int_arg, default=None, help="sliding-window stride (default: non-overlapping)")

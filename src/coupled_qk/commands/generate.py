@@ -18,7 +18,8 @@ def add_arguments(parser) -> None:
         nonneg_int_arg,
         path_arg,
         positive_int_arg,
-    )
+        seed_arg,
+)
 
     parser.add_argument("run_dir", type=path_arg, help="a run folder (its latest checkpoint) or a ckpt-* folder")
     parser.add_argument("--prompt", default="", help="text to continue (default: empty = start of a document)")
@@ -32,7 +33,7 @@ def add_arguments(parser) -> None:
                         help="0 = greedy; 1 samples the model's distribution (default 1.0, as GPT.generate)")
     parser.add_argument("--top-k", type=positive_int_arg, default=50, help="sample among the k most likely tokens (default 50)")
     parser.add_argument("--num-samples", type=positive_int_arg, default=1, help="independent samples (default 1)")
-    parser.add_argument("--seed", type=nonneg_int_arg, default=0, help="sampling seed (default 0); same seed, same text")
+    parser.add_argument("--seed", type=seed_arg, default=0, help="sampling seed (default 0); same seed, same text")
     add_device_option(parser, default="cpu")
     parser.add_argument("--compile", action="store_true",
                         help="decode through one compiled single-token step over a static KV cache "

@@ -11,6 +11,7 @@ def add_arguments(parser) -> None:
     from coupled_qk.commands.options import (
         add_device_option,
         add_overwrite_option,
+        folder_arg,
         path_arg,
         positive_float_arg,
         positive_int_arg,
@@ -25,7 +26,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out-dir", default=None, type=path_arg,
                         help="default: RUN_DIR/glue for one run, runs/glue for several")
     add_overwrite_option(parser)
-    parser.add_argument("--glue-dir", default=None, type=path_arg, help="folder with SST-2/, CoLA/, RTE/, MRPC/ (default: <data>/glue)")
+    parser.add_argument("--glue-dir", default=None, type=folder_arg, help="folder with SST-2/, CoLA/, RTE/, MRPC/ (default: <data>/glue)")
     parser.add_argument("--lr", type=positive_float_arg, default=None, help="learning rate (default per task, 1e-4)")
     parser.add_argument("--epochs", type=positive_float_arg, default=None, help="epochs (default per task: 3, RTE/MRPC 5)")
     parser.add_argument("--batch-size", type=positive_int_arg, default=None, help="batch size (default 32)")
@@ -47,6 +48,10 @@ def run(args) -> int:
 
     for run_dir in args.run_dirs:  # every pretrained run exists before any folder is created
         resolve_checkpoint(run_dir)
+    if args.glue_dir is not None:  # a file, a missing or an unreadable folder: one line naming the option
+        from coupled_qk.outputs import input_dir
+
+        input_dir("--glue-dir", args.glue_dir)
 
     names = [n.strip() for n in args.names.split(",")] if args.names is not None else None
     if args.out_dir is not None:

@@ -20,8 +20,8 @@ from coupled_qk.commands.options import (
     path_arg,
     positive_float_arg,
     positive_floats_arg,
-    positive_int_arg,
     positive_ints_arg,
+    threads_arg,
 )
 from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, get_preset, heads_for, mqar_variants
 from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep
@@ -58,7 +58,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-minutes", type=positive_float_arg, default=None,
                         help="wall-clock guard for the whole sweep: the run in progress is stopped (and resumed by "
                         "the next invocation), later runs are skipped")
-    parser.add_argument("--threads", type=positive_int_arg, default=None,
+    parser.add_argument("--threads", type=threads_arg, default=None,
                         help="torch CPU threads (default: the preset's; cpu uses 1, others torch's choice)")
     parser.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
 

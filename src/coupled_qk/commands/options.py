@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
+from coupled_qk._checks import MAX_SEED
 from coupled_qk.models.config import PRESETS, GPTConfig, parse_overrides
 from coupled_qk.models.registry import QK_MAPS, attention_names, variant_names
 
@@ -77,6 +79,9 @@ def parse_seeds(text: str) -> list[int]:
     negative = [s for s in seeds if s < 0]
     if negative:
         raise ValueError(f"--seeds={text!r}: seeds must be >= 0, got {negative}")
+    huge = [s for s in seeds if s > MAX_SEED]
+    if huge:
+        raise ValueError(f"--seeds={text!r}: seeds must be <= {MAX_SEED} (2**32 - 1), got {huge}")
     return seeds
 
 
@@ -121,6 +126,29 @@ def _nonneg_int(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    value = _nonneg_int(text)
+    if value > MAX_SEED:
+        raise ValueError(f"{text!r} must be a seed in [0, {MAX_SEED}] (2**32 - 1)")
+    return value
+
+
+def cpu_count() -> int:
+    """The CPUs this process may use (its affinity where the system says, else ``os.cpu_count()``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _threads(text: str) -> int:
+    value = _positive_int(text)
+    if value > cpu_count():
+        raise ValueError(f"{text!r} is more threads than this machine's {cpu_count()} CPUs; expected 1 to "
+                         f"{cpu_count()}")
+    return value
+
+
 def _float_text(text: str, positive: bool) -> float:
     """A finite float written in ASCII, ``> 0`` (``positive``) or ``>= 0``; ``ValueError`` naming the text."""
     if not text.isascii():
@@ -147,6 +175,16 @@ def _path_text(text: str) -> str:
     return text
 
 
+def _folder_text(text: str) -> str:
+    from pathlib import Path
+
+    _path_text(text)
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{text!r} is a file; expected a folder")
+    return text
+
+
 def _device_text(text: str) -> str:
     from coupled_qk.devices import check_device
 
@@ -163,10 +201,17 @@ positive_int_arg = _arg(_positive_int, "positive integer")
 """argparse type: an integer >= 1 (``0``, ``-1``, ``2.5``, ``"x"`` refused in one line)."""
 nonneg_int_arg = _arg(_nonneg_int, "integer >= 0")
 """argparse type: an integer >= 0."""
+seed_arg = _arg(_seed, "seed")
+"""argparse type: a seed, an integer in ``[0, 2**32 - 1]`` (:data:`coupled_qk._checks.MAX_SEED`)."""
+threads_arg = _arg(_threads, "thread count")
+"""argparse type: a thread count from 1 to this machine's CPUs (``torch.set_num_threads(100000)`` crashes)."""
 positive_float_arg = _arg(_positive_float, "positive number")
 """argparse type: a finite number > 0 (NaN, inf, 0 and negatives refused)."""
 path_arg = _arg(_path_text, "path")
 """argparse type: a non-empty path without NUL characters (kind and existence are checked by the command)."""
+folder_arg = _arg(_folder_text, "folder")
+"""argparse type: a folder path (:data:`path_arg`) that, where it exists, is a folder and not a file (the command
+checks whether it must exist)."""
 device_arg = _arg(_device_text, "device")
 """argparse type: a device this machine has (:func:`coupled_qk.devices.check_device`), listing the choices."""
 dtype_arg = _arg(_dtype_text, "dtype")

@@ -16,9 +16,9 @@ from coupled_qk._checks import coerce, field_types
 from coupled_qk.commands.options import (
     add_model_options,
     fraction_arg,
-    nonneg_int_arg,
     parse_overrides,
     positive_int_arg,
+    seed_arg,
 )
 from coupled_qk.training.config import TrainConfig
 
@@ -80,7 +80,7 @@ def add_train_options(parser, model: bool = True, defaults: dict | None = None, 
     split.add_argument("--min-split-words", type=positive_int_arg, default=None, metavar="INT",
                        help="each evaluation split grows to this many words (~1.3 tokens each), within 20%% of the "
                        "corpus (default: 10000)")
-    split.add_argument("--split-seed", type=nonneg_int_arg, default=None, metavar="INT",
+    split.add_argument("--split-seed", type=seed_arg, default=None, metavar="INT",
                        help="seed of the document shuffle (default: 0)")
     parser.add_argument(
         "--opt", dest="train_overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -147,15 +147,18 @@ def _absolute_paths(data: dict) -> None:
 
 def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     """Checks of a training config against this machine and its file system, before any data is read:
-    ``device`` and ``dtype`` exist here, ``data_dir`` is not a file, ``cache_dir`` can be created, and (with
-    ``run_folder``) ``out_dir`` may hold a run (:func:`coupled_qk.training.resume.check_out_dir`).
+    ``device`` and ``dtype`` exist here, ``data_dir`` is not a file, ``cache_dir`` can be created, the task's
+    ``task_options`` are valid (:func:`coupled_qk.training.tasks.check_task_options`), and (with ``run_folder``)
+    ``out_dir`` may hold a run (:func:`coupled_qk.training.resume.check_out_dir`).
 
     Raises:
-        ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``, ``out_dir``).
+        ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``,
+            ``task_options.<field>``, ``out_dir``).
     """
     from coupled_qk.devices import check_device, check_dtype
     from coupled_qk.outputs import output_location, path_value
     from coupled_qk.training.resume import check_out_dir
+    from coupled_qk.training.tasks import check_task_options
 
     device = check_device("--device", cfg.device)
     check_dtype("--dtype", cfg.dtype, device)
@@ -168,6 +171,7 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     for name in ("corpus", "tokenizer"):
         if not str(getattr(cfg, name)).strip():
             raise ValueError(f"--{name}='' is empty")
+    check_task_options(cfg.task, cfg.task_options)
     if run_folder:
         check_out_dir(path_value("--out-dir", cfg.out_dir))
 

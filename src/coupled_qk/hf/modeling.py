@@ -392,7 +392,8 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         ``(B, T)`` integer ids in the vocabulary; ``max_new_tokens`` (or what ``max_length`` leaves) an int
         ``>= 0`` with ``T + max_new_tokens <= block_size`` (the model cannot see further: without this check the
         error came after the first ``block_size - T`` tokens); ``temperature``, ``top_k``, ``top_p``,
-        ``repetition_penalty`` in range when given; ``use_cache`` a bool; ``attention_mask`` of the prompt's
+        ``repetition_penalty`` in range when given; ``num_beams``, ``num_return_sequences`` and
+        ``num_beam_groups`` ints ``>= 1`` when given; ``use_cache`` a bool; ``attention_mask`` of the prompt's
         shape with a real token in each row. Everything else is ``transformers``' (beam search, stopping
         criteria, ...).
 
@@ -412,6 +413,11 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
             if isinstance(max_length, bool) or not isinstance(max_length, int):
                 raise TypeError(f"max_length={max_length!r} must be an int")
             new = max(0, max_length - ids.shape[1])
+        for name in ("num_beams", "num_return_sequences", "num_beam_groups"):  # transformers divides by them
+            value = kwargs.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError)(
+                    f"{name}={value!r} must be an int >= 1")
         given = {k: kwargs[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty") if
                  kwargs.get(k) is not None}
         check_generate_args(ids, new, block_size=self.config.block_size, vocab_size=self.config.vocab_size,

@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coupled_qk._checks import finite, positive_int
-from coupled_qk.layers.qk_maps import QKMap
+from coupled_qk.layers.qk_maps import QKMap, check_qk_tensors
 
 
 def default_hidden(d_head: int) -> int:
@@ -156,6 +156,7 @@ class InvertibleQKCoupling(QKMap):
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """Validate shapes and dtypes (see the class docstring for the errors raised)."""
+        check_qk_tensors(q, k, self.q_nets[0].w_in.device)
         if q.dim() != 4 or k.dim() != 4:
             raise ValueError(
                 f"q and k must have shape (B, H, T, d_head); got q {tuple(q.shape)} and k {tuple(k.shape)}"

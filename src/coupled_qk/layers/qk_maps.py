@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import boolean, finite, nonneg_int, positive_int
+from coupled_qk._checks import FLOAT32_MAX, boolean, finite, nonneg_int, positive_int
 from coupled_qk.layers.forces import FORCE_CLASSES, FORCES, MLPForce
 from coupled_qk.ops.dynamics import apply_query_mlp, check_integrator, integrate_qk
 
@@ -102,7 +102,7 @@ class QKDynamics(QKMap):
         positive_int("n_heads", n_heads)
         hidden = d_head if hidden is None else positive_int("hidden", hidden)
         nonneg_int("n_steps", n_steps)
-        finite("dt_init", dt_init)
+        finite("dt_init", dt_init, -FLOAT32_MAX, FLOAT32_MAX)  # a float32 parameter
         boolean("shared_across_heads", shared_across_heads)
         boolean("keys_per_query_head", keys_per_query_head)
         if force not in FORCES:
@@ -130,6 +130,7 @@ class QKDynamics(QKMap):
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """Validate shapes and ``dt`` (see the class docstring for the errors raised)."""
+        check_qk_tensors(q, k, self.dt.device)
         if q.dim() != 4 or k.dim() != 4:
             raise ValueError(
                 f"q and k must have shape (B, H, T, d_head); got q {tuple(q.shape)} and k {tuple(k.shape)}"
@@ -159,6 +160,19 @@ class QKDynamics(QKMap):
         return integrate_qk(
             q, k, self.force, self.dt, self.integrator, self.n_steps, self.head_group, check=self.check_every_call
         )
+
+
+def check_qk_tensors(q, k, device: torch.device) -> None:
+    """``q`` and ``k`` are tensors on the module's ``device`` (a query-key map's first check, before any shape).
+
+    Raises:
+        TypeError: naming ``q`` or ``k``, for a non-tensor. ValueError: a tensor on another device.
+    """
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, T, d_head); got {type(t).__name__}")
+        if t.device != device and device.type != "meta":
+            raise ValueError(f"{name} is on {t.device} but the module is on {device}; move it there")
 
 
 class QueryMLP(QKMap):
@@ -197,7 +211,11 @@ class QueryMLP(QKMap):
         hidden = d_head if hidden is None else positive_int("hidden", hidden)
         boolean("shared_across_heads", shared_across_heads)
         self.mlp = MLPForce(d_head, hidden, None if shared_across_heads else n_heads)
-        self.dt = nn.Parameter(torch.full((n_heads,), finite("dt_init", dt_init)))
+        self.dt = nn.Parameter(torch.full((n_heads,), finite("dt_init", dt_init, -FLOAT32_MAX, FLOAT32_MAX)))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.check_every_call:
+            check_qk_tensors(q, k, self.dt.device)
+            if q.dim() != 4 or q.shape[1] != self.dt.shape[0]:
+                raise ValueError(f"q must have shape (B, {self.dt.shape[0]}, T, d_head); got {tuple(q.shape)}")
         return apply_query_mlp(q, self.mlp, self.dt), k

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coupled_qk._checks import (
+    MAX_VOCAB,
     check_declared,
     coerce,
     coerce_fields,
@@ -182,7 +183,7 @@ class GPTConfig(JSONConfig):
             has no such option, or unknown fields (:meth:`from_dict`).
     """
 
-    vocab_size: int = declare(8192, lo=1)
+    vocab_size: int = declare(8192, lo=1, hi=MAX_VOCAB)
     vocab_pad_multiple: int = declare(1, lo=1)
     block_size: int = declare(128, lo=1)
     n_layer: int = declare(4, lo=1)

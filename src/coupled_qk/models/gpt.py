@@ -288,6 +288,10 @@ class GPT(nn.Module):
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"idx must be an integer tensor of shape (B, T); got {idx.dtype} {tuple(idx.shape)}")
         b, t = idx.shape
+        weight = self.tok_emb.weight
+        if idx.device != weight.device and weight.device.type != "meta":
+            raise ValueError(f"idx is on {idx.device} but the model is on {weight.device}; move the ids there "
+                             f"(idx.to({str(weight.device)!r}))")
         past = 0 if cache is None else cache.length
         if t == 0 or b == 0:
             raise ValueError(f"idx has a zero-sized dimension: shape {tuple(idx.shape)} (need B >= 1 and T >= 1)")

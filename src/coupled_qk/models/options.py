@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from coupled_qk._checks import check_declared, coerce_fields, declare
+from coupled_qk._checks import FLOAT32_MAX, check_declared, coerce_fields, declare
 from coupled_qk.layers.forces import FORCES
 from coupled_qk.ops.dynamics import INTEGRATORS
 
@@ -49,8 +49,9 @@ class MapOptions:
 
 HIDDEN = dict(lo=1)
 """Declaration of a coupling network's width ``hidden`` (``None`` or >= 1)."""
-DT_INIT = dict(lo=None, hi=None)
-"""Declaration of an initial step ``dt_init`` (any finite number)."""
+DT_INIT = dict(lo=-FLOAT32_MAX, hi=FLOAT32_MAX)
+"""Declaration of an initial step ``dt_init`` (any number a float32 parameter holds: 1e308 is finite in Python
+but infinite in float32)."""
 
 
 @dataclass

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from coupled_qk._checks import (
+    MAX_SEED,
     check_declared,
     coerce,
     coerce_fields,
@@ -145,7 +146,7 @@ class TrainConfig(JSONConfig):
                               "best_metric larger than min_delta (needs best_metric)", lo=1)
     min_delta: float = _f(0.0, "smallest change of best_metric that counts as an improvement (absolute)", lo=0)
     # runtime
-    seed: int = _f(0, "random seed (initialisation and data order)", lo=0)
+    seed: int = _f(0, "random seed (initialisation and data order)", lo=0, hi=MAX_SEED)
     device: str = _f("auto", "auto (CUDA if available), cpu, cuda or cuda:N", free="a device name (check_device_name)")
     dtype: str = _f("auto", "autocast dtype (auto: bf16 on CUDA; on CPU fp32, or bf16 with --compile where the CPU has native bf16)", DTYPES)
     compile: bool = _f(False, "torch.compile the model per block (GPT.compile; eager with a warning if compilation fails)")

@@ -26,8 +26,10 @@ counts real tokens only.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -36,7 +38,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk.data.glue import TASK_INFO, check_task, encode_split, glue_metrics, load_glue
+from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
+from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, encode_split, glue_metrics, load_glue
 from coupled_qk.data.paths import default_data_dir
 from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.io import write_text_atomic
@@ -48,8 +51,63 @@ from coupled_qk.training.tasks import check_options
 
 PAD_ID = -1
 POOLINGS = ("last", "mean")
-KNOWN_OPTIONS = ("glue_task", "pretrained", "glue_dir", "pooling", "max_train_examples", "subsample_seed",
-                 "quick_eval_examples", "eval_batch_size")
+
+
+@dataclasses.dataclass
+class GlueOptions:
+    """``TrainConfig.task_options`` of the GLUE task (module docstring: their meaning), each field's valid values
+    declared once in its metadata (``_checks.declare``; docs/RELIABILITY.md, "Configuration"). Construction
+    converts each to its type and checks it; ``glue_task`` and ``pretrained`` are required, ``glue_task`` is
+    read as :func:`~coupled_qk.data.glue.check_task` reads it (``"SST-2"`` is ``"sst2"``).
+
+    Raises:
+        ValueError: naming ``task_options.<field>``, the value and what was expected.
+    """
+
+    glue_task: str | None = declare(None, choices=GLUE_TASKS)
+    pretrained: str | None = declare(None, free="a run or ckpt-* folder (never empty): resolve_pretrained")
+    glue_dir: str | None = declare(None, free="a folder with SST-2/, CoLA/, RTE/, MRPC/ (never empty); "
+                                   "default <data dir>/glue")
+    pooling: str = declare("last", choices=POOLINGS)
+    max_train_examples: int | None = declare(None, lo=1)
+    subsample_seed: int = declare(0, lo=0, hi=MAX_SEED)
+    quick_eval_examples: int = declare(64, lo=1)
+    eval_batch_size: int = declare(64, lo=1)
+
+    def __post_init__(self):
+        for key in ("glue_task", "pretrained"):
+            if getattr(self, key) is None:
+                raise ValueError(f"task 'glue' needs task_options.{key}")
+        for key in ("pretrained", "glue_dir"):
+            if isinstance(getattr(self, key), os.PathLike):
+                setattr(self, key, os.fspath(getattr(self, key)))
+        coerce_fields(self, "task_options")
+        try:
+            self.glue_task = check_task(self.glue_task)
+        except ValueError as exc:
+            raise ValueError(f"task_options.glue_task={self.glue_task!r}: {exc}") from None
+        check_declared(self, "task_options")
+        if not self.pretrained.strip():
+            raise ValueError(f"task_options.pretrained={self.pretrained!r} is empty; expected a pretrained run folder")
+        if self.glue_dir is not None and not self.glue_dir.strip():
+            raise ValueError(f"task_options.glue_dir={self.glue_dir!r} is empty; expected the folder holding SST-2/, "
+                             "CoLA/, ...")
+
+    @classmethod
+    def from_options(cls, task_options: dict | None) -> GlueOptions:
+        """The checked options of a run's ``task_options`` dict.
+
+        Raises:
+            ValueError: an unknown key (listing the valid ones), a missing ``glue_task`` or ``pretrained``, or
+                a value outside its declaration.
+        """
+        opts = task_options if task_options is not None else {}
+        check_options("glue", opts, KNOWN_OPTIONS)
+        return cls(**opts)
+
+
+KNOWN_OPTIONS = tuple(f.name for f in dataclasses.fields(GlueOptions))
+"""The ``task_options`` names of the GLUE task (the fields of :class:`GlueOptions`)."""
 
 
 class SequenceClassifier(nn.Module):
@@ -129,15 +187,6 @@ def resolve_pretrained(path: str | Path) -> tuple[Path, GPTConfig, Tokenizer]:
     return where, model_cfg, tokenizer
 
 
-def _int_option(opts: dict, name: str, default: int | None, lo: int) -> int | None:
-    value = opts.get(name, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"task_options.{name}={value!r} must be an integer >= {lo}")
-    return value
-
-
 class GlueTask:
     """Fine-tune a pretrained checkpoint on one GLUE task (module docstring: options, batches, metrics).
 
@@ -148,26 +197,19 @@ class GlueTask:
     """
 
     name = "glue"
+    options_class = GlueOptions
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
-        opts = dict(check_options("glue", cfg.task_options, KNOWN_OPTIONS))
-        for key in ("glue_task", "pretrained"):
-            if key not in opts:
-                raise ValueError(f"task 'glue' needs task_options.{key}")
-        self.glue_task = check_task(opts["glue_task"])
-        self.pooling = opts.get("pooling", "last")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"task_options.pooling={self.pooling!r} is unknown; expected one of {POOLINGS}")
-        self.quick_examples = _int_option(opts, "quick_eval_examples", 64, 1)
-        self.eval_batch_size = _int_option(opts, "eval_batch_size", 64, 1)
-        max_train = _int_option(opts, "max_train_examples", None, 1)
-        subsample_seed = _int_option(opts, "subsample_seed", 0, 0)
-        self.pretrained = str(opts["pretrained"])
+        self.options = opts = GlueOptions.from_options(cfg.task_options)
+        self.glue_task = opts.glue_task
+        self.pooling = opts.pooling
+        self.quick_examples = opts.quick_eval_examples
+        self.eval_batch_size = opts.eval_batch_size
+        max_train, subsample_seed = opts.max_train_examples, opts.subsample_seed
+        self.pretrained = opts.pretrained
         self.ckpt_dir, self.model_cfg, self.tokenizer = resolve_pretrained(self.pretrained)
-        glue_dir = opts["glue_dir"] if opts.get("glue_dir") is not None else default_data_dir() / "glue"
-        if not str(glue_dir).strip():
-            raise ValueError("task_options.glue_dir='' is empty; expected the folder holding SST-2/, CoLA/, ...")
+        glue_dir = opts.glue_dir if opts.glue_dir is not None else default_data_dir() / "glue"
         train = load_glue(self.glue_task, "train", glue_dir)
         self.n_train_total = len(train)
         self.train_split = train.subsample(max_train, subsample_seed) if max_train else train

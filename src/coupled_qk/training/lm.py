@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import check_declared, coerce_fields, declare
+from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
 from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus, split_documents
 from coupled_qk.data.paths import default_cache_dir
@@ -36,7 +36,7 @@ class LMOptions:
         ValueError: naming ``task_options.<field>``, the value and what was expected.
     """
 
-    split_seed: int = declare(0, lo=0)
+    split_seed: int = declare(0, lo=0, hi=MAX_SEED)
     valid_fraction: float = declare(0.01, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     test_fraction: float = declare(0.01, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     min_split_words: int = declare(MIN_SPLIT_WORDS, lo=0)
@@ -105,6 +105,7 @@ class LMTask:
     """
 
     name = "lm"
+    options_class = LMOptions
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg

@@ -31,14 +31,17 @@ rows ``[r * batch_size, (r + 1) * batch_size)`` of it, so the batches are a pure
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from coupled_qk._checks import MAX_SEED, MAX_VOCAB, check_declared, coerce_fields, declare
 from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
 from coupled_qk.io import write_text_atomic
 from coupled_qk.training.config import TrainConfig
@@ -46,21 +49,11 @@ from coupled_qk.training.mqar_metrics import evaluate_slices
 from coupled_qk.training.rundir import RunDir
 from coupled_qk.training.tasks import check_options
 
-__all__ = ["MQARTask", "batches_per_epoch", "parse_slices", "steps_per_epoch"]
+__all__ = ["MQAROptions", "MQARTask", "batches_per_epoch", "parse_slices", "steps_per_epoch"]
 
 DEFAULT_VOCAB_SIZE = 8192
 DEFAULT_DATA_SEED = 123
-KNOWN_OPTIONS = (
-    "vocab_size",
-    "train_slices",
-    "test_slices",
-    "data_seed",
-    "power_a",
-    "random_non_queries",
-    "cache_dir",
-    "quick_eval_examples",
-    "eval_batch_size",
-)
+_SLICES = "parse_slices: a non-empty list of [seq_len, num_kv_pairs, num_examples], three positive integers each"
 
 
 def parse_slices(value, name: str) -> list[tuple[int, int, int]]:
@@ -89,6 +82,60 @@ def parse_slices(value, name: str) -> list[tuple[int, int, int]]:
             )
         out.append((int(item[0]), int(item[1]), int(item[2])))
     return out
+
+
+@dataclasses.dataclass
+class MQAROptions:
+    """``TrainConfig.task_options`` of the MQAR task (module docstring: their meaning), each field's valid values
+    declared once in its metadata (``_checks.declare``; docs/RELIABILITY.md, "Configuration"). Construction
+    converts each to its type (``"false"`` is ``False``, ``2.5`` is not an int) and checks it; ``train_slices``
+    and ``test_slices`` are required and checked by :func:`parse_slices` (kept as given).
+
+    Raises:
+        ValueError: naming ``task_options.<field>``, the value and what was expected.
+    """
+
+    vocab_size: int = declare(DEFAULT_VOCAB_SIZE, lo=4, hi=MAX_VOCAB)
+    train_slices: Sequence | None = declare(None, free=_SLICES)
+    test_slices: Sequence | None = declare(None, free=_SLICES)
+    data_seed: int = declare(DEFAULT_DATA_SEED, lo=0, hi=MAX_SEED)
+    power_a: float = declare(0.01, lo=0.0, lo_open=True)
+    random_non_queries: bool = False
+    cache_dir: str | None = declare(None, free="a folder for generated slices (never empty); default "
+                                    "TrainConfig.cache_dir/mqar")
+    quick_eval_examples: int | None = declare(None, lo=1)
+    eval_batch_size: int | None = declare(None, lo=1)
+
+    def __post_init__(self):
+        for required in ("train_slices", "test_slices"):
+            if getattr(self, required) is None:
+                raise ValueError(f"task_options.{required} is required for task='mqar' "
+                                 "(a list of [seq_len, num_kv_pairs, num_examples])")
+        if isinstance(self.cache_dir, os.PathLike):
+            self.cache_dir = os.fspath(self.cache_dir)
+        coerce_fields(self, "task_options")
+        check_declared(self, "task_options")
+        for name in ("train_slices", "test_slices"):
+            parse_slices(getattr(self, name), f"task_options.{name}")
+        if self.cache_dir is not None and not self.cache_dir.strip():
+            raise ValueError(f"task_options.cache_dir={self.cache_dir!r} is empty; expected a folder (or leave it "
+                             "out: TrainConfig.cache_dir/mqar)")
+
+    @classmethod
+    def from_options(cls, task_options: dict | None) -> MQAROptions:
+        """The checked options of a run's ``task_options`` dict.
+
+        Raises:
+            ValueError: an unknown key (listing the valid ones), a missing slice list, or a value outside its
+                declaration.
+        """
+        opts = task_options if task_options is not None else {}
+        check_options("MQAR", opts, KNOWN_OPTIONS)
+        return cls(**opts)
+
+
+KNOWN_OPTIONS = tuple(f.name for f in dataclasses.fields(MQAROptions))
+"""The ``task_options`` names of the MQAR task (the fields of :class:`MQAROptions`)."""
 
 
 def batches_per_epoch(slice_sizes: Sequence[int], global_batch: int) -> int:
@@ -145,28 +192,20 @@ class MQARTask:
     """
 
     name = "mqar"
+    options_class = MQAROptions
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
-        opts = dict(check_options("MQAR", cfg.task_options, KNOWN_OPTIONS))
-        for required in ("train_slices", "test_slices"):
-            if required not in opts:
-                raise ValueError(
-                    f"task_options.{required} is required for task='mqar' "
-                    "(a list of [seq_len, num_kv_pairs, num_examples])"
-                )
-        self.vocab_size = _int_option(opts, "vocab_size", DEFAULT_VOCAB_SIZE, minimum=4)
-        self.data_seed = _int_option(opts, "data_seed", DEFAULT_DATA_SEED, minimum=0)
-        self.power_a = float(opts.get("power_a", 0.01))
-        self.random_non_queries = opts.get("random_non_queries", False)
-        if not isinstance(self.random_non_queries, bool):
-            raise ValueError(f"task_options.random_non_queries={self.random_non_queries!r} must be true or false")
-        quick = opts.get("quick_eval_examples")
-        self.quick_eval_examples = None if quick is None else _int_option(opts, "quick_eval_examples", 0, minimum=1)
-        self.eval_batch_size = _int_option(opts, "eval_batch_size", cfg.batch_size, minimum=1)
-        train = parse_slices(opts["train_slices"], "task_options.train_slices")
-        test = parse_slices(opts["test_slices"], "task_options.test_slices")
-        cache_dir = opts.get("cache_dir")
+        self.options = opts = MQAROptions.from_options(cfg.task_options)
+        self.vocab_size = opts.vocab_size
+        self.data_seed = opts.data_seed
+        self.power_a = opts.power_a
+        self.random_non_queries = opts.random_non_queries
+        self.quick_eval_examples = opts.quick_eval_examples
+        self.eval_batch_size = opts.eval_batch_size if opts.eval_batch_size is not None else cfg.batch_size
+        train = parse_slices(opts.train_slices, "task_options.train_slices")
+        test = parse_slices(opts.test_slices, "task_options.test_slices")
+        cache_dir = opts.cache_dir
         if cache_dir is None and cfg.cache_dir:
             cache_dir = str(Path(cfg.cache_dir) / "mqar")
         self.cache_dir = cache_dir
@@ -296,9 +335,3 @@ class MQARTask:
         """Write :meth:`describe` as ``data.json`` into ``run_dir``."""
         write_text_atomic(RunDir(run_dir).data_path, json.dumps(self.describe(), indent=2))
 
-
-def _int_option(opts: dict, name: str, default: int, minimum: int) -> int:
-    value = opts.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"task_options.{name}={value!r} must be an integer >= {minimum}")
-    return int(value)

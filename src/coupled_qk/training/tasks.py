@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["TASKS", "Task", "check_options", "steps_for_tokens", "task_class"]
+__all__ = ["TASKS", "Task", "check_options", "check_task_options", "steps_for_tokens", "task_class"]
 
 TASKS: dict[str, str] = {
     "lm": "coupled_qk.training.lm:LMTask",
@@ -34,6 +34,11 @@ class Task(Protocol):
 
     Attributes:
         name: the registry name (``"lm"``, ``"mqar"``).
+
+    A task should also name, as the class attribute ``options_class``, the dataclass of its ``task_options``
+    (fields declared with ``_checks.declare``, a ``from_options(dict)`` class method): the command line checks
+    the options with it before any work (:func:`check_task_options`) and the introspection tests draw valid and
+    invalid values from its declarations (``tests/reliability/test_field_declarations.py``).
     """
 
     name: str
@@ -93,6 +98,19 @@ def check_options(task: str, options: dict, known) -> dict:
     if unknown:
         raise ValueError(f"unknown {task} task_options {unknown}; valid options: {sorted(known)}")
     return options
+
+
+def check_task_options(task: str, options: dict | None):
+    """The checked options of task ``task`` (its class's ``options_class.from_options(options)``), or ``options``
+    unchanged for a task that declares no options class. Run by ``train`` before any work, so a bad option is one
+    line before the run folder is touched.
+
+    Raises:
+        ValueError: an unknown task, an unknown option, a missing required one or a value outside its declaration,
+            naming ``task_options.<field>``.
+    """
+    options_class = getattr(task_class(task), "options_class", None)
+    return options if options_class is None else options_class.from_options(options)
 
 
 def steps_for_tokens(task: Task, max_tokens: int, world: int, max_steps: int | None = None) -> int:

@@ -330,9 +330,11 @@ def train_config_dict(design: Design, variant: str, lr: float, seed: int, epochs
                       out_dir: str | None = None) -> dict:
     """The :class:`TrainConfig` (as a JSON dict) of one run of ``design``, as a standalone config file would
     hold it (``coupled-qk train --config FILE``): the single source of the committed ``configs/`` files."""
+    from coupled_qk._checks import finite
     from coupled_qk.experiments.claims.runs import train_config
 
-    cell = Cell("x", design.cell_base(epochs or design.epochs, lr), (variant,), (seed,), ())
+    epochs = design.epochs if epochs is None else finite("epochs", epochs, 0, lo_open=True)  # 0 is not "default"
+    cell = Cell("x", design.cell_base(epochs, lr), (variant,), (seed,), ())
     cfg = train_config(cell, variant, seed, Path(out_dir or f"runs/{design.name}-{variant}-seed{seed}"), None)
     d = cfg.to_dict()
     d.pop("progress", None)

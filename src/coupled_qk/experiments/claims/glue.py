@@ -7,6 +7,10 @@ so :func:`informative_tasks` keeps only the tasks where the baseline beats the m
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import numpy as np
 
 PRIMARY = {"sst2": "accuracy", "cola": "mcc", "rte": "accuracy", "mrpc": "f1"}
@@ -37,6 +41,48 @@ def glue_score_rows(data) -> list[dict]:
                                  "score": float(run["dev"][PRIMARY[task]])})
         return rows
     return data.get("runs", data) if isinstance(data, dict) else data
+
+
+ROW_KEYS = ("task", "variant", "seed", "score")
+
+
+def load_glue_rows(option: str, path: str | Path) -> list[dict]:
+    """The score rows of a GLUE results file (:func:`glue_score_rows`), each checked: a dict with ``task``,
+    ``variant`` (text), ``seed`` (an int) and a finite ``score``.
+
+    Raises:
+        FileNotFoundError / ValueError: naming ``option`` and the file: missing, a folder, not UTF-8, not JSON,
+            another schema, or a malformed row.
+    """
+    from coupled_qk.outputs import input_file
+
+    file = input_file(option, path)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{option}={str(path)!r} is not a UTF-8 text file") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{option}={str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    try:
+        rows = glue_score_rows(data)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{option}={str(path)!r} is not a coupled-qk glue results.json ({exc!r} missing or "
+                         "malformed)") from None
+    except ValueError as exc:
+        raise ValueError(f"{option}={str(path)!r}: {exc}") from None
+    if not isinstance(rows, list):
+        raise ValueError(f"{option}={str(path)!r}: expected glue's results.json or a JSON list of rows with "
+                         f"{', '.join(ROW_KEYS)}")
+    for i, row in enumerate(rows):
+        ok = isinstance(row, dict) and all(k in row for k in ROW_KEYS)
+        ok = ok and isinstance(row["task"], str) and isinstance(row["variant"], str)
+        ok = ok and isinstance(row["seed"], int) and not isinstance(row["seed"], bool)
+        ok = ok and isinstance(row["score"], (int, float)) and not isinstance(row["score"], bool) and \
+            math.isfinite(row["score"])
+        if not ok:
+            raise ValueError(f"{option}={str(path)!r}: row {i} {row!r} must hold task and variant (text), seed (an "
+                             "integer) and a finite score")
+    return rows
 
 
 def majority_score(task: str, data_dir=None) -> float | None:

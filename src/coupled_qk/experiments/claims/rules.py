@@ -17,13 +17,12 @@ next to it. Effects on perplexity are per-seed relative changes in percent, pair
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
 
 from coupled_qk.experiments import stats
-from coupled_qk.experiments.claims.glue import glue_score_rows, informative_tasks
+from coupled_qk.experiments.claims.glue import informative_tasks, load_glue_rows
 from coupled_qk.experiments.claims.records import PRIMARY, NotReady, Records, same_tokenizer_runs
 
 VERDICTS = ("reproduced", "not reproduced at this scale", "contradicted", "not run")
@@ -235,7 +234,7 @@ def c11(rec, glue_json: str | Path | None = None):
     path = Path(glue_json) if glue_json else None
     if path is None or not path.is_file():
         raise NotReady(f"waiting for the GLUE fine-tuning results (issue 15): expected {path or '--glue-json FILE'}")
-    rows = glue_score_rows(json.loads(path.read_text()))
+    rows = load_glue_rows("--glue-json", path)
     by = {}
     for r in rows:
         by.setdefault(r["task"], {}).setdefault(r["variant"], {})[r["seed"]] = float(r["score"])

@@ -12,6 +12,7 @@ import math
 import statistics
 from pathlib import Path
 
+from coupled_qk._checks import finite, positive_int
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, load_glue
 from coupled_qk.experiments.runner import PlannedRun, Report, execute, write_report
 from coupled_qk.training.config import TrainConfig
@@ -72,16 +73,19 @@ def finetune_config(pretrained: str, task: str, seed: int, out_dir: str | Path, 
     0.01), warmup over 10% of the steps then cosine decay to 0, ``max_steps = ceil(epochs * N / batch_size)``.
     ``fields`` override any other TrainConfig field (e.g. ``device``, ``progress``)."""
     d = DEFAULTS[check_task(task)]
-    lr, epochs, batch_size = lr or d["lr"], epochs or d["epochs"], batch_size or d["batch_size"]
-    if not epochs > 0:
-        raise ValueError(f"epochs={epochs!r} must be > 0")
+    # an explicit 0 is an error, never "not given" (docs/RELIABILITY.md, "0 means not given")
+    lr = d["lr"] if lr is None else finite("lr", lr, 0, lo_open=True)
+    epochs = d["epochs"] if epochs is None else finite("epochs", epochs, 0, lo_open=True)
+    batch_size = d["batch_size"] if batch_size is None else positive_int("batch_size", batch_size)
+    if max_train_examples is not None:
+        positive_int("max_train_examples", max_train_examples)
     n = len(load_glue(task, "train", glue_dir))
-    n = min(n, max_train_examples) if max_train_examples else n
+    n = min(n, max_train_examples) if max_train_examples is not None else n
     steps = max(1, math.ceil(epochs * n / batch_size))
     options = {"glue_task": task, "pretrained": str(pretrained), "pooling": pooling}
     if glue_dir is not None:
         options["glue_dir"] = str(glue_dir)
-    if max_train_examples:
+    if max_train_examples is not None:
         options["max_train_examples"] = int(max_train_examples)
     base = dict(task="glue", lr=lr, batch_size=batch_size, max_steps=steps, warmup_steps=max(1, steps // 10),
                 min_lr_ratio=0.0, weight_decay=0.01, eval_interval=steps, log_interval=max(1, steps // 20),

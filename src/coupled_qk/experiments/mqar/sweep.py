@@ -87,7 +87,10 @@ def plan_sweep(preset: SweepPreset, variants=None, d_models=None, lrs=None, diff
     variants, never one variant alone). Arguments default to the preset's values.
 
     Raises:
-        ValueError: unknown variant or difficulty, or a non-positive d_model or lr.
+        ValueError: unknown variant or difficulty, a non-positive d_model or lr, or a point whose configuration
+            is invalid (e.g. a width the variant's heads do not divide, a variant option out of range), naming the
+            point: every run's :class:`TrainConfig` is built here, so ``--dry-run`` and the sweep refuse it before
+            any training.
     """
     variants = parse_variants(variants if variants is not None else preset.variants)  # None: the defaults now
     d_models = list(d_models) if d_models is not None else list(preset.d_models)
@@ -97,7 +100,14 @@ def plan_sweep(preset: SweepPreset, variants=None, d_models=None, lrs=None, diff
         positive_int("d_model", d)
     for lr in lrs:
         finite("lr", lr, 0, lo_open=True)
-    return [SweepPoint(diff, v, d, float(lr)) for diff in diffs for d in d_models for lr in lrs for v in variants]
+    plan = [SweepPoint(diff, v, d, float(lr)) for diff in diffs for d in d_models for lr in lrs for v in variants]
+    for point in plan:
+        try:
+            run_config(preset, point.difficulty, point.variant, point.d_model, point.lr, "plan")
+        except ValueError as exc:
+            raise ValueError(f"{point.difficulty.name} {point.variant} d_model={point.d_model} lr={point.lr:g}: "
+                             f"{exc}") from None
+    return plan
 
 
 def _line(total: int):
