@@ -192,7 +192,7 @@ def test_dt_reported_equals_parameter(attention):
 
 
 def test_relative_update_post_rope_compares_rotated_states():
-    model = tiny_gpt("coupled", dynamics_position="post_rope", dt_init=0.0)
+    model = tiny_gpt("coupled", map_position="post_rope", dt_init=0.0)
     with torch.no_grad():
         for block in model.blocks:
             block.attn.qk_map.dt.zero_()  # dynamics = identity: the update must be exactly 0

@@ -54,7 +54,7 @@ class Block(nn.Module):
             config.d_head,
             **get_attention(config.attention).layer_kwargs(config.qk_map),
             layer_idx=layer_idx,
-            map_position=config.dynamics_position,
+            map_position=config.map_position,
             use_rope=config.position == "rope",
             dropout=config.dropout,
             impl=config.attn_impl,
