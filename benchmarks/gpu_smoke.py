@@ -719,7 +719,7 @@ def stage_train(ctx: Ctx):
 
     from coupled_qk.training.config import TrainConfig
     from coupled_qk.training.loop import train
-    from coupled_qk.training.metrics import read_metrics
+    from coupled_qk.training.metrics_log import read_metrics
     from coupled_qk.training.pretrained import load_run
 
     steps = 6 if ctx.quick else 20

@@ -8,7 +8,7 @@ import math
 
 __all__ = ["MAP_METRICS", "CONVENTIONS", "PER_LAYER_TABLES", "describe_metric", "order_metrics", "metric_rank"]
 
-#: Per-map scalar diagnostics (names as in :func:`coupled_qk.analysis.metrics.summarize_attention`).
+#: Per-map scalar diagnostics (names as in :func:`coupled_qk.analysis.attention_stats.summarize_attention`).
 MAP_METRICS = (
     "entropy",
     "normalized_entropy",

@@ -36,7 +36,7 @@ from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import EVALUATIONS_PER_RUN, TrainConfig, auto_eval_interval, higher_is_better
 from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, setup_runtime, teardown
 from coupled_qk.training.lock import RunLock, RunLockedError
-from coupled_qk.training.metrics import Logger, read_metrics
+from coupled_qk.training.metrics_log import Logger, read_metrics
 from coupled_qk.training.resume import (
     check_config,
     check_out_dir,
