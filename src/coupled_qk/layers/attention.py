@@ -7,6 +7,10 @@ The layer knows nothing about variant names; :mod:`coupled_qk.models.variants` b
 - ``differential``: Differential Attention V1 (Ye et al. 2024, arXiv:2410.05258, microsoft/unilm
   Diff-Transformer): ``(A1 - lambda A2) V`` with half the heads, per-head RMSNorm and ``(1 - lambda_init)``.
 
+Other scoring rules are modules following :class:`ScoringRule` (registered with
+:func:`coupled_qk.models.registry.register_scoring`, from inside or outside the package); the layer takes
+their class (or factory) as ``scoring``.
+
 The query-key map (:mod:`coupled_qk.layers.qk_maps`, e.g. the coupled dynamics or the uncoupled query MLP)
 transforms the projected ``(q, k)`` before scoring, before RoPE (``map_position="pre_rope"``, default) or
 after it (``"post_rope"``); with differential scoring it acts on each query/key sub-head before both maps.
@@ -186,6 +190,38 @@ class AttentionRecord:
     dt: torch.Tensor | None = None
 
 
+class ScoringRule(nn.Module):
+    """Interface of a scoring rule beyond the built-in :data:`SCORINGS`: ``(q, k, v) -> attention output``.
+
+    A subclass is built once per layer as ``cls(d_head, n_heads, layer_idx)`` (with its own random stream, like a
+    query-key map: :func:`build_with_own_rng`) and called after the query-key map and RoPE, on the keys and values
+    the cache returns.
+
+    ``forward(q, k, v, eager, dropout_p, mask)``, shapes: ``q (B, H, T_q, d_head)``, ``k (B, H_k, T_k, d_head)``
+    and ``v (B, H_v, T_k, d_head)`` with ``T_k >= T_q`` (the last ``T_q`` keys are the queries' own positions)
+    and ``H_k``, ``H_v`` dividing ``H`` (grouped-query attention, as in :func:`scaled_dot_product`);
+    ``mask`` is ``None`` (plain causal) or a bool ``(B, 1, T_q, T_k)``, True where a query may attend
+    (:func:`attention_mask_4d`). Returns ``(y (B, H, T_q, d_head), probs)``: ``probs`` ``(B, H, T_q, T_k)``
+    (the attention map the diagnostics read) when ``eager`` is True, else ``None`` allowed.
+    :func:`scaled_dot_product` is the building block most rules need. A rule with parameters may define
+    ``reset_parameters()`` (called by the Hugging Face classes to initialise fresh weights).
+
+    Attributes:
+        head_group: query/key sub-heads per head; only 1 is supported for added rules (the built-in
+            differential rule pairs sub-heads).
+    """
+
+    head_group: int = 1
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eager: bool, dropout_p: float = 0.0,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention output and (when ``eager``) probabilities; see the class docstring."""
+        raise NotImplementedError
+
+
+ScoringFactory = Callable[[int, int, int], ScoringRule]
+"""``(d_head, n_heads, layer_idx) -> scoring rule module`` (a :class:`ScoringRule` subclass is one)."""
+
 QKMapFactory = Callable[[int, int], nn.Module]
 """``(d_head, n_heads) -> query-key map module`` (see :mod:`coupled_qk.layers.qk_maps`)."""
 
@@ -226,7 +262,8 @@ class CausalSelfAttention(nn.Module):
             :mod:`coupled_qk.layers.qk_maps` (a map class itself is one; it is called after the projections
             are created, so parameters are created and randomly initialised in a fixed order), or a map
             module built by the caller.
-        scoring: ``"standard"`` or ``"differential"``.
+        scoring: ``"standard"``, ``"differential"`` or another rule's :class:`ScoringRule` class (or factory
+            ``(d_head, n_heads, layer_idx) -> module``), built into ``self.scorer``.
         layer_idx: 0-based layer index (sets the differential ``lambda_init`` and the cache slot).
         map_position: ``"pre_rope"`` (default: map on the raw projections, RoPE on the mapped pair) or
             ``"post_rope"``.
@@ -266,7 +303,7 @@ class CausalSelfAttention(nn.Module):
         n_kv_heads: int,
         d_head: int,
         qk_map: QKMapFactory | None = None,
-        scoring: str = "standard",
+        scoring: str | ScoringFactory = "standard",
         layer_idx: int = 0,
         map_position: str = "pre_rope",
         use_rope: bool = True,
@@ -280,8 +317,10 @@ class CausalSelfAttention(nn.Module):
         nonneg_int("layer_idx", layer_idx)
         boolean("use_rope", use_rope)
         finite("dropout", dropout, 0, 1, hi_open=True)
-        if scoring not in SCORINGS:
-            raise ValueError(f"scoring={scoring!r} is unknown; expected one of {SCORINGS}")
+        if isinstance(scoring, str) and scoring not in SCORINGS:
+            raise ValueError(f"scoring={scoring!r} is unknown; expected one of {SCORINGS} or a ScoringRule class")
+        if not isinstance(scoring, str) and not callable(scoring):
+            raise ValueError(f"scoring={scoring!r} must be a name in {SCORINGS} or a ScoringRule class (factory)")
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"impl={impl!r} is unknown; expected 'sdpa' or 'eager'")
         if map_position not in MAP_POSITIONS:
@@ -303,6 +342,13 @@ class CausalSelfAttention(nn.Module):
         if qk_map is not None and not isinstance(qk_map, nn.Module):
             qk_map = build_with_own_rng(qk_map, d_head, n_heads)
         self.qk_map = qk_map
+        self.scorer = None  # an added scoring rule (ScoringRule); None for the built-in ones
+        if not isinstance(scoring, str):
+            self.scorer = build_with_own_rng(lambda d, n: scoring(d, n, layer_idx), d_head, n_heads)
+            if getattr(self.scorer, "head_group", 1) != 1:
+                raise ValueError(f"scoring rule {type(self.scorer).__name__} has head_group="
+                                 f"{self.scorer.head_group}; added scoring rules must use head_group=1")
+            self.scoring = getattr(scoring, "__name__", type(self.scorer).__name__)
         if qk_map is not None:
             map_heads = getattr(qk_map, "n_heads", n_heads)
             if map_heads != n_heads or getattr(qk_map, "d_head", d_head) != d_head:
@@ -426,7 +472,9 @@ class CausalSelfAttention(nn.Module):
         mask = attention_mask_4d(key_mask, t, k.shape[-2])
         if mask is None and cache is not None and hasattr(cache, "attn_mask"):
             mask = cache.attn_mask()  # a StaticKVCache: hide its unwritten slots
-        if not self.differential:
+        if self.scorer is not None:
+            y, a1 = self.scorer(q, k, v, eager, p, mask)
+        elif not self.differential:
             y, a1 = scaled_dot_product(q, k, v, eager, p, mask)
         elif not eager and self._split_values(q):
             y1, y2 = differential_split_values(q, k, v, p, mask)
