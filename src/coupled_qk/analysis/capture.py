@@ -258,14 +258,7 @@ def analyze_model(
         acc._add(acc.scalars, "rank_collapse_residual_l1inf", attention_stats.rank_collapse_residual(output, norm="l1inf").sum())
         acc.n += output.shape[0]
         if example is not None and first_chunk and example[0] == i:
-            h = example[1]
-            a1 = rec.attn[0, h, :n_ex, :n_ex].detach().float().cpu()
-            if differential:
-                a2 = rec.attn2[0, h, :n_ex, :n_ex].detach().float().cpu()
-                lam = as_float(rec.lam)
-                example_maps.update(a1=a1.numpy(), a2=a2.numpy(), signed=(a1 - lam * a2).numpy())
-            else:
-                example_maps["attn"] = a1.numpy()
+            example_maps.update(_example_maps(rec, example[1], n_ex, differential))
 
     dts: dict[int, torch.Tensor] = {}
     modules = list(model.modules())
@@ -284,25 +277,44 @@ def analyze_model(
             m.training = flag
 
     layers = [_layer_summary(i, acc, dts.get(i)) for i, acc in enumerate(accs)]
-    keys = list(dict.fromkeys(k for layer in layers for k in layer["mean"]))
-    result = {
-        "attention": variant,
-        "n_layer": n_layer,
-        "n_heads": config.n_heads,
-        "n_map_heads": n_map_heads,
-        "n_sequences": B,
-        "seq_len": T,
-        "config": config.to_dict(),
-        "conventions": dict(CONVENTIONS),
-        "rank_collapse_input": {k: as_float(v / B) for k, v in input_rank.items()},
-        "layers": layers,
-        "mean": {k: mean_of(layer["mean"][k] for layer in layers if k in layer["mean"]) for k in keys},
-    }
+    result = _model_summary(config, n_map_heads, B, T, input_rank, layers)
     if example is not None:
         result["example"] = {"layer": example[0], "head": example[1], "sequence": 0, "tokens": n_ex,
                              "maps": example_maps}
     return result
 
+
+
+def _example_maps(rec: AttentionRecord, head: int, n: int, differential: bool) -> dict[str, np.ndarray]:
+    """The top-left ``n x n`` attention map(s) of sequence 0 and map head ``head`` of ``rec``, float32 numpy:
+    ``attn``, or ``a1``, ``a2`` and ``signed`` (``A1 - lambda A2``) for differential scoring."""
+    a1 = rec.attn[0, head, :n, :n].detach().float().cpu()
+    if not differential:
+        return {"attn": a1.numpy()}
+    a2 = rec.attn2[0, head, :n, :n].detach().float().cpu()
+    lam = as_float(rec.lam)
+    return {"a1": a1.numpy(), "a2": a2.numpy(), "signed": (a1 - lam * a2).numpy()}
+
+
+def _model_summary(config, n_map_heads: int, n_sequences: int, seq_len: int, input_rank: dict,
+                   layers: list[dict]) -> dict:
+    """The result of :func:`analyze_model` without its example: the model's shape, the per-layer summaries, the
+    embedding output's rank-collapse residuals (sums over ``n_sequences``) and every layer mean averaged over
+    layers."""
+    keys = list(dict.fromkeys(k for layer in layers for k in layer["mean"]))
+    return {
+        "attention": config.attention,
+        "n_layer": len(layers),
+        "n_heads": config.n_heads,
+        "n_map_heads": n_map_heads,
+        "n_sequences": n_sequences,
+        "seq_len": seq_len,
+        "config": config.to_dict(),
+        "conventions": dict(CONVENTIONS),
+        "rank_collapse_input": {k: as_float(v / n_sequences) for k, v in input_rank.items()},
+        "layers": layers,
+        "mean": {k: mean_of(layer["mean"][k] for layer in layers if k in layer["mean"]) for k in keys},
+    }
 
 
 def _layer_summary(i: int, acc, dt: torch.Tensor | None) -> dict:
