@@ -316,6 +316,7 @@ class _Trainer:
         self.saved_step = state["step"]
         self.stop: StopControl | None = None  # set when the loop starts (it needs the signal catcher)
         self.metrics_checked = False
+        self.window: list = [time.perf_counter(), 0]  # the logging window: start time, tokens (reset at the loop)
         self.train_tokens = (task.describe().get("tokens") or {}).get("train") if hasattr(task, "describe") else None
 
     def save(self, step: int) -> Path | None:
@@ -390,6 +391,21 @@ class _Trainer:
         scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, decision
+
+    def log_step(self, logger: Logger, step: int, lr: float, grad_norm: float, train_loss: float,
+                 tokens_per_step: int, step_start: float) -> None:
+        """Log the training record every ``log_interval`` steps and at the last (throughput over the window since
+        the previous record) and advance the progress bar (this step's throughput)."""
+        self.window[1] += tokens_per_step
+        if step % self.cfg.log_interval == 0 or step == self.sched.end:
+            now = time.perf_counter()
+            tps = self.window[1] / max(now - self.window[0], 1e-9)
+            self.window = [now, 0]
+            record = {"step": step, "train/loss": train_loss, "lr": lr, "tokens": self.state["tokens"],
+                      "tokens_per_s": tps, "grad_norm": grad_norm}
+            logger.log({**record, "loss_scale": self.scaler.get_scale()} if self.use_scaler else record)
+        step_tps = tokens_per_step / max(time.perf_counter() - step_start, 1e-9)
+        logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{step_tps:,.0f}")
 
     def validate(self, step: int, logger: Logger) -> tuple[dict, str | None]:
         """Quick validation at ``step``, logged; returns its metrics and why to stop (``"patience"`` or
@@ -473,7 +489,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     compile_status = (_compile_probe(trainer.wrapped, trainer.model, task, cfg, runtime, start_step, trainer.autocast,
                                      say) if cfg.compile else None)
     stop_reason = "max_steps"
-    window_t, window_tokens = time.perf_counter(), 0
+    trainer.window = [time.perf_counter(), 0]  # start of the logging window, tokens in it
     with SignalCatcher() as catcher:
         stop = trainer.stop = StopControl(runtime, cfg.max_minutes, cfg.checkpoint_minutes, state["train_seconds"],
                                           catcher)
@@ -487,18 +503,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
             lr = lr_at(step, cfg, sched.horizon, sched.start)
             grad_norm, decision = trainer.optimizer_step(step, lr)
             step += 1
-            train_loss = decision.loss
             state.update(step=step, tokens=state["tokens"] + tokens_per_step, train_seconds=stop.train_seconds())
-            window_tokens += tokens_per_step
-            if step % cfg.log_interval == 0 or step == sched.end:
-                now = time.perf_counter()
-                tps = window_tokens / max(now - window_t, 1e-9)
-                window_t, window_tokens = now, 0
-                record = {"step": step, "train/loss": train_loss, "lr": lr, "tokens": state["tokens"],
-                          "tokens_per_s": tps, "grad_norm": grad_norm}
-                logger.log({**record, "loss_scale": trainer.scaler.get_scale()} if trainer.use_scaler else record)
-            step_tps = tokens_per_step / max(time.perf_counter() - step_start, 1e-9)
-            logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{step_tps:,.0f}")
+            trainer.log_step(logger, step, lr, grad_norm, decision.loss, tokens_per_step, step_start)
             if decision.signum is not None:
                 logger.close()
                 where_saved = trainer.save(step) if step != trainer.saved_step else ckpt.resolve_checkpoint(run_dir)
