@@ -1,10 +1,11 @@
 """coupled-qk: coupled query-key dynamics attention (Gahtan & Bronstein, arXiv:2604.01683v1) for PyTorch."""
 
 from coupled_qk import _hf_hook
-from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache, ScoringRule, scaled_dot_product
+from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.layers.qk_maps import QKDynamics, QKMap, QueryMLP
+from coupled_qk.layers.scoring import ScoringRule, scaled_dot_product
 from coupled_qk.models.config import PRESETS, GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
 from coupled_qk.models.options import MapOptions

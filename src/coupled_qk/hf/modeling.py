@@ -29,9 +29,10 @@ from transformers.utils import logging
 
 from coupled_qk.hf.configuration import CoupledQKConfig
 from coupled_qk.hf.hints import run_folder_hint
-from coupled_qk.layers.attention import CausalSelfAttention, ScoringRule
+from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
+from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.gpt import GPT
 from coupled_qk.tensor_checks import check_generate_args, check_ids
 

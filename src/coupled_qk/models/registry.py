@@ -35,9 +35,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from coupled_qk._checks import field_types
-from coupled_qk.layers.attention import SCORINGS, ScoringRule
 from coupled_qk.layers.invertible import InvertibleQKCoupling
 from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
+from coupled_qk.layers.scoring import SCORINGS, ScoringRule
 from coupled_qk.models.options import DynamicsOptions, InvertibleOptions, MapOptions, QueryMLPOptions
 
 ENTRY_POINT_GROUP = "coupled_qk.variants"
