@@ -212,21 +212,7 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
     recompiles = compiled_graphs() - graphs_before  # graphs compiled inside timed steps: should be 0
     peak = {p: float(np.median(v)) for p, v in peaks.items() if v}
     tokens_per_step = batch_size * seq_len
-    train = {}
-    for k, r in runners.items():
-        stats = step_time_stats(times[k], tokens_per_step)
-        flops = model_step_flops(r.name, configs[r.name], batch_size, seq_len)
-        achieved = flops / (stats["median_ms"] / 1000.0)
-        train[k] = dict(model=r.name, mode=r.mode, peer=r.name in peers, params=r.params, **stats,
-                        compiled=r.compiled, compile_s=r.compile_s, compile_error=r.compile_error,
-                        step_flops=flops, achieved_flops=achieved, mfu=achieved / peak[r.mode.split("-")[1]],
-                        times_ms=times[k])
-    reference = train.get(f"{BASELINE} eager-fp32")
-    for k, v in train.items():
-        base_k = f"{BASELINE} {v['mode']}"
-        v["ratio"] = v["median_ms"] / train[base_k]["median_ms"]
-        v["paired_ratio"] = float(np.median(np.asarray(times[k]) / np.asarray(times[base_k])))
-        v["speedup"] = None if reference is None else reference["median_ms"] / v["median_ms"]
+    train = _train_results(runners, times, configs, peers, peak, batch_size, seq_len)
     del runners
     gc.collect()
     cells = []
@@ -243,6 +229,30 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
         machine=dict(machine_info(dev), cpu_bf16=cpu_supports_bf16() if dev.type == "cpu" else None),
         train=train, peaks=peak, decode=cells, elapsed_s=time.perf_counter() - t0,
     )
+
+
+def _train_results(runners: dict, times: dict, configs: dict, peers, peak: dict, batch_size: int,
+                   seq_len: int) -> dict:
+    """``{"<model> <mode>": {...}}`` of :func:`run_fastpath`: each runner's step-time statistics, FLOPs and MFU
+    against the measured matmul ``peak`` of its precision, and its ratios to ``standard`` in the same mode
+    (``ratio`` of medians, ``paired_ratio`` median of per-repeat ratios) and ``speedup`` over standard eager
+    fp32."""
+    train = {}
+    for k, r in runners.items():
+        stats = step_time_stats(times[k], batch_size * seq_len)
+        flops = model_step_flops(r.name, configs[r.name], batch_size, seq_len)
+        achieved = flops / (stats["median_ms"] / 1000.0)
+        train[k] = dict(model=r.name, mode=r.mode, peer=r.name in peers, params=r.params, **stats,
+                        compiled=r.compiled, compile_s=r.compile_s, compile_error=r.compile_error,
+                        step_flops=flops, achieved_flops=achieved, mfu=achieved / peak[r.mode.split("-")[1]],
+                        times_ms=times[k])
+    reference = train.get(f"{BASELINE} eager-fp32")
+    for k, v in train.items():
+        base_k = f"{BASELINE} {v['mode']}"
+        v["ratio"] = v["median_ms"] / train[base_k]["median_ms"]
+        v["paired_ratio"] = float(np.median(np.asarray(times[k]) / np.asarray(times[base_k])))
+        v["speedup"] = None if reference is None else reference["median_ms"] / v["median_ms"]
+    return train
 
 
 def _decode_cells(base, names, peers, configs, dev, seed, batch_sizes, prefixes, new_tokens, repeats, log,
