@@ -719,7 +719,7 @@ def stage_train(ctx: Ctx):
 
     from coupled_qk.training.config import TrainConfig
     from coupled_qk.training.loop import train
-    from coupled_qk.training.metrics import read_metrics
+    from coupled_qk.training.metrics_log import read_metrics
     from coupled_qk.training.pretrained import load_run
 
     steps = 6 if ctx.quick else 20
@@ -822,8 +822,8 @@ def _vocab_padding_timing(ctx: Ctx, dtype: str) -> None:
     import numpy as np
     import torch
 
-    from coupled_qk import GPTConfig
-    from coupled_qk.experiments.bench.train import _Runner
+    from coupled_qk import GPT, GPTConfig
+    from coupled_qk.experiments.bench.train import DTYPES, TrainStepRunner
 
     if ctx.quick:
         base, batch, repeats = _tiny_config(vocab_size=500, block_size=32), 2, 3
@@ -832,7 +832,9 @@ def _vocab_padding_timing(ctx: Ctx, dtype: str) -> None:
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, base.vocab_size, (batch, base.block_size + 1), generator=gen).to(ctx.device)
     configs = {"unpadded": base, "padded": base.replace(vocab_pad_multiple=64)}
-    runners = {k: _Runner(k, c, tokens[:, :-1], tokens[:, 1:], ctx.device, dtype, False, 0) for k, c in configs.items()}
+    autocast = None if dtype == "fp32" else DTYPES[dtype]
+    runners = {k: TrainStepRunner(k, lambda c=c: GPT(c), tokens[:, :-1], tokens[:, 1:], ctx.device, 0, autocast)
+               for k, c in configs.items()}
     for r in runners.values():
         r.first_step()
     times = {k: [] for k in runners}

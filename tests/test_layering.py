@@ -194,3 +194,50 @@ def test_private_name_checker(tmp_path):
     path.write_text("from coupled_qk.data.corpora import _join, load_corpus\nfrom coupled_qk._checks import choice\n"
                     "from coupled_qk.models.config import GPTConfig\nx = GPTConfig._upgrade\n")
     assert private_imports(path, "coupled_qk.data.hub") == ["coupled_qk.data.corpora._join", "GPTConfig._upgrade"]
+
+
+MAX_FUNCTION_LINES = 100
+"""The longest a function of ``src/`` may be, in lines of code after its docstring (issue 30 item 4: split long
+functions at their natural seams; a docstring documenting arguments is never a reason to split)."""
+
+LONG_FUNCTIONS_ALLOWED: dict[str, int] = {}
+"""``"module::function"`` -> its current length, for a function that must stay longer (none today)."""
+
+
+def function_lengths(path: Path) -> dict[str, int]:
+    """``name -> lines of code`` (from the first statement after the docstring to the end) of every function and
+    method in ``path``, nested ones included (``Class.method``, ``outer.inner``)."""
+    out = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = child.body
+                doc = (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                       and isinstance(body[0].value.value, str) and len(body) > 1)
+                start = body[1].lineno if doc else child.lineno
+                out[prefix + child.name] = child.end_lineno - start + 1
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+
+    visit(ast.parse(path.read_text(), str(path)), "")
+    return out
+
+
+def test_no_function_is_longer_than_the_limit():
+    too_long = []
+    for module, path in sorted(source_modules().items()):
+        for name, n in function_lengths(path).items():
+            key = f"{module}::{name}"
+            if n > max(MAX_FUNCTION_LINES, LONG_FUNCTIONS_ALLOWED.get(key, 0)):
+                too_long.append(f"{key}: {n} lines")
+    assert not too_long, (f"functions longer than {MAX_FUNCTION_LINES} lines of code (split them at their natural "
+                          "seams):\n" + "\n".join(too_long))
+
+
+def test_function_length_counts_code_after_the_docstring(tmp_path):
+    path = tmp_path / "f.py"
+    path.write_text('def f():\n    """Doc\n    more."""\n    a = 1\n    return a\n\n\nclass C:\n    def m(self):\n'
+                    '        def inner():\n            pass\n        return inner\n')
+    assert function_lengths(path) == {"f": 2, "C.m": 4, "C.m.inner": 2}

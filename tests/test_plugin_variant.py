@@ -6,6 +6,7 @@ round trip."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from coupled_qk import GPT, GPTConfig
 from coupled_qk.cli import main
 from coupled_qk.models import registry
 from coupled_qk.models.config import parse_overrides
+from coupled_qk.models.options import MapOptions
 from coupled_qk.models.specs import parse_variants, variant_overrides
 
 PLUGIN = Path(__file__).parent / "plugins" / "drift"
@@ -236,3 +238,109 @@ def test_a_drop_in_module_in_models_maps_is_one_file(tmp_path, monkeypatch):
             assert torch.equal(toy(idx), std(idx))  # scale 1 is the identity map
     assert "scaled_q" not in registry.ATTENTIONS  # undone on exit
     sys.modules.pop("coupled_qk.models.maps.toy_scaled_queries", None)
+
+
+# ------------------------------------------------------------------------------------------------------
+# a scoring rule is the same kind of extension point: tests/plugins/tempered (softmax at temperature 0.5)
+# ------------------------------------------------------------------------------------------------------
+
+TEMPERED = Path(__file__).parent / "plugins" / "tempered"
+
+
+@pytest.fixture
+def tempered(monkeypatch):
+    """The scoring-rule plugin's folder on ``sys.path``; every registration is undone after the test."""
+    monkeypatch.syspath_prepend(str(TEMPERED))
+    with registry.isolated():
+        yield
+    sys.modules.pop("coupled_qk_tempered", None)
+
+
+def test_a_scoring_rule_from_an_entry_point_combines_with_every_map(tempered):
+    assert "tempered" not in registry.ATTENTIONS  # read lazily
+    import coupled_qk
+
+    names = set(coupled_qk.ATTENTION_VARIANTS)
+    assert {"tempered", "coupled_tempered", "uncoupled_mlp_tempered", "invertible_tempered"} <= names
+    assert registry.get_attention("coupled_tempered").qk_map.name == "dynamics"
+    assert registry.get_attention("tempered").head_group == 1
+    assert "tempered" in registry.default_variants() and "coupled_tempered" not in registry.default_variants()
+    assert variant_overrides("coupled_tempered+n_steps=2") == {"attention": "coupled_tempered", "n_steps": 2}
+    cfg = GPTConfig(**SMALL, attention="coupled_tempered", integrator="leapfrog")
+    assert cfg.qk_map.integrator == "leapfrog"
+    with pytest.raises(ValueError, match=r"\['n_steps'\] do not apply to attention='tempered'"):
+        GPTConfig(**SMALL, attention="tempered", n_steps=2)
+    # a map registered after the rule combines with it too
+    registry.register_qk_map("toy_identity", "toy_id", TinyIdentity, NoOptions)
+    assert registry.get_attention("toy_id_tempered").scoring == "tempered"
+    assert "toy_id_tempered" not in registry.default_variants()
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_scoring("tempered", sys.modules["coupled_qk_tempered"].Tempered)
+    with pytest.raises(ValueError, match="ScoringRule subclass"):
+        registry.register_scoring("plain", torch.nn.Linear)
+
+
+@dataclasses.dataclass
+class NoOptions(MapOptions):
+    """The options of :class:`TinyIdentity`: none."""
+
+
+class TinyIdentity(torch.nn.Module):
+    """The identity query-key map (no options), for registration tests."""
+
+    keys_per_query_head = True
+
+    def __init__(self, d_head, n_heads):
+        super().__init__()
+        self.dt = None
+
+    def forward(self, q, k):
+        return q, k
+
+
+def test_tempered_scoring_equals_standard_attention_with_doubled_query_weights(tempered):
+    """Independent identity: ``softmax(q k^T / (0.5 sqrt d))`` is standard scoring of ``2 q``, and RoPE is linear,
+    so the tempered model equals a standard model whose query weights are doubled (float64)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SMALL, attention="tempered")).double().eval()
+    std = GPT(GPTConfig(**SMALL)).double().eval()
+    std.load_state_dict(model.state_dict())  # a rule without parameters: the same state dict
+    with torch.no_grad():
+        for block in std.blocks:
+            block.attn.qkv.weight[: 4 * 8] *= 2.0
+    idx = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), std(idx), rtol=1e-10, atol=1e-10)
+        attn = next(model.trace(idx)).record.attn
+    assert attn.shape == (2, 4, 12, 12)  # the diagnostics see the rule's probabilities
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 4, 12, dtype=attn.dtype))
+
+
+@pytest.mark.slow
+def test_tempered_trains_decodes_and_round_trips_through_hugging_face(tempered, tiny_corpus, tmp_path):
+    common = ["--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir", str(tmp_path / "cache"),
+              "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
+              "--batch-size", "4", "--eval-interval", "2", "--eval-batches", "1", "--warmup-steps", "1", "--no-progress",
+              "--no-tensorboard"]
+    run = tmp_path / "run"
+    assert main(["train", *common, "--max-steps", "2", "--out-dir", str(run), "--attention", "coupled_tempered",
+                 "--set", "n_steps=2"]) == 0
+    from coupled_qk import load_run
+
+    loaded = load_run(run)
+    assert loaded.model.config.attention == "coupled_tempered" and loaded.model.config.qk_map.n_steps == 2
+    model, idx = loaded.model.eval(), torch.randint(0, loaded.model.config.vocab_size, (2, 4))
+    cached = model.generate(idx, 8, temperature=0)
+    assert torch.equal(cached, model.generate(idx, 8, temperature=0, use_cache=False))
+
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from coupled_qk.hf import CoupledQKForCausalLM
+
+    CoupledQKForCausalLM.from_gpt(model).save_pretrained(tmp_path / "hf")
+    assert AutoConfig.from_pretrained(tmp_path / "hf").to_gpt_config() == model.config
+    lm = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        assert torch.equal(lm(input_ids=idx).logits, model(idx))
+    assert torch.equal(lm.generate(idx, max_new_tokens=8, do_sample=False), cached)

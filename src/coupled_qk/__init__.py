@@ -5,10 +5,11 @@ from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KV
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.layers.qk_maps import QKDynamics, QKMap, QueryMLP
+from coupled_qk.layers.scoring import ScoringRule, scaled_dot_product
 from coupled_qk.models.config import PRESETS, GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
 from coupled_qk.models.options import MapOptions
-from coupled_qk.models.registry import ATTENTIONS, VARIANTS, register_qk_map, register_variant
+from coupled_qk.models.registry import ATTENTIONS, VARIANTS, register_qk_map, register_scoring, register_variant
 from coupled_qk.ops.dynamics import INTEGRATORS, integrate_qk
 
 __version__ = "0.1.0"
@@ -49,9 +50,12 @@ __all__ = [
     "QKDynamics",
     "QKMap",
     "QueryMLP",
+    "ScoringRule",
     "coupling_parameter_overhead",
     "integrate_qk",
     "load_run",
     "register_qk_map",
+    "register_scoring",
     "register_variant",
+    "scaled_dot_product",
 ]

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from coupled_qk.analysis import metrics
+from coupled_qk.analysis import attention_stats
 from coupled_qk.analysis.analyze import MAP_METRICS, analyze_checkpoints, analyze_model, token_windows
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
@@ -144,14 +144,14 @@ def test_map_metrics_match_metrics_module(attention):
         x = model.blocks[0](x, rope)
         _, rec = model.blocks[1].attn(model.blocks[1].ln_1(x), rope, record=True)
     if attention == "standard":
-        ref = metrics.summarize_attention(rec.attn)
+        ref = attention_stats.summarize_attention(rec.attn)
         for key in MAP_METRICS:
             torch.testing.assert_close(torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64),
                                        ref[key].mean(dim=0))
         torch.testing.assert_close(torch.tensor(res["layers"][1]["spectrum"]["attn"], dtype=torch.float64),
                                    ref["singular_values"].mean(dim=0), rtol=1e-5, atol=0)
     else:
-        ref = metrics.summarize_differential_attention(rec.attn, rec.attn2, rec.lam)
+        ref = attention_stats.summarize_differential_attention(rec.attn, rec.attn2, rec.lam)
         for key in ("a1/entropy", "a2/sink_mass", "signed/effective_rank"):
             torch.testing.assert_close(torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64),
                                        ref[key].mean(dim=0))
@@ -172,13 +172,13 @@ def test_rank_collapse_matches_independent_block_outputs(attention):
     finally:
         for h in handles:
             h.remove()
-    expected_input = metrics.rank_collapse_residual(inputs[0]).mean()
+    expected_input = attention_stats.rank_collapse_residual(inputs[0]).mean()
     assert res["rank_collapse_input"]["fro"] == pytest.approx(float(expected_input), rel=1e-10)
     for layer, out in zip(res["layers"], outs):
         assert layer["rank_collapse_residual"] == pytest.approx(
-            float(metrics.rank_collapse_residual(out).mean()), rel=1e-6)
+            float(attention_stats.rank_collapse_residual(out).mean()), rel=1e-6)
         assert layer["rank_collapse_residual_l1inf"] == pytest.approx(
-            float(metrics.rank_collapse_residual(out, norm="l1inf").mean()), rel=1e-6)
+            float(attention_stats.rank_collapse_residual(out, norm="l1inf").mean()), rel=1e-6)
 
 
 @pytest.mark.parametrize("attention", ["coupled", "uncoupled_mlp", "coupled_differential"])
@@ -192,7 +192,7 @@ def test_dt_reported_equals_parameter(attention):
 
 
 def test_relative_update_post_rope_compares_rotated_states():
-    model = tiny_gpt("coupled", dynamics_position="post_rope", dt_init=0.0)
+    model = tiny_gpt("coupled", map_position="post_rope", dt_init=0.0)
     with torch.no_grad():
         for block in model.blocks:
             block.attn.qk_map.dt.zero_()  # dynamics = identity: the update must be exactly 0

@@ -66,6 +66,19 @@ def test_runs_then_reuses_in_plan_order(tmp_path):
     assert len(train.calls) == 3
 
 
+def test_a_run_saved_with_the_old_field_name_dynamics_position_is_reused(tmp_path):
+    """GPTConfig.dynamics_position became map_position: a finished run that stored the old name in its model
+    overrides has the same settings as a plan using the new name (read with a DeprecationWarning)."""
+    planned = _cfg(tmp_path, "a", model={"attention": "coupled", "map_position": "post_rope"})
+    saved = planned.to_dict()
+    saved["model"] = {"attention": "coupled", "dynamics_position": "post_rope"}
+    with pytest.warns(DeprecationWarning, match="map_position"):
+        assert setting_differences(saved, planned) == {}
+    saved["model"] = {"attention": "coupled", "dynamics_position": "pre_rope"}
+    with pytest.warns(DeprecationWarning):
+        assert set(setting_differences(saved, planned)) == {"model"}
+
+
 def test_setting_differences_ignore_only_result_neutral_fields(tmp_path):
     base = _cfg(tmp_path, "a", task_options={"split_seed": 1})
     saved = base.to_dict()

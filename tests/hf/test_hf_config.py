@@ -73,3 +73,14 @@ def test_standard_names_behave_exactly_like_our_names(given_values):
     assert c.to_gpt_config() == expected
     for standard, field in STANDARD_NAMES.items():
         assert getattr(c, standard) == getattr(expected, field)
+
+
+def test_an_old_config_json_with_dynamics_position_loads(tmp_path):
+    """A config.json saved before GPTConfig.dynamics_position became map_position keeps its setting."""
+    data = CoupledQKConfig(attention="coupled", map_position="post_rope").to_dict()
+    data["dynamics_position"] = data.pop("map_position")
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.warns(DeprecationWarning, match="map_position"):
+        config = CoupledQKConfig.from_pretrained(tmp_path)
+    assert config.map_position == "post_rope" and not hasattr(config, "dynamics_position")
+    assert config.to_gpt_config().map_position == "post_rope"

@@ -60,11 +60,11 @@ def test_fast_path_equals_eager(attention, position):
 
 
 @pytest.mark.parametrize(
-    "position, dynamics_position", [("rope", "pre_rope"), ("rope", "post_rope"), ("learned", "pre_rope")]
+    "position, map_position", [("rope", "pre_rope"), ("rope", "post_rope"), ("learned", "pre_rope")]
 )
 @pytest.mark.parametrize("attention", ATTENTION_VARIANTS)
-def test_kv_cache_decoding_matches_full_forward(attention, position, dynamics_position):
-    model = small_model(attention, position, dynamics_position=dynamics_position, integrator="leapfrog")
+def test_kv_cache_decoding_matches_full_forward(attention, position, map_position):
+    model = small_model(attention, position, map_position=map_position, integrator="leapfrog")
     idx = torch.randint(0, 97, (2, 20))
     with torch.no_grad():
         full = model(idx)

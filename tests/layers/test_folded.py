@@ -272,7 +272,7 @@ def test_maps_that_do_not_fold_decode_through_the_ordinary_path(qk_map):
 def test_post_rope_map_does_not_fold():
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=41, block_size=16, n_layer=1, d_model=32, n_heads=4, attention="coupled",
-                    dynamics_position="post_rope")
+                    map_position="post_rope")
     assert not foldable(GPT(cfg).blocks[0].attn)
 
 

@@ -1,5 +1,7 @@
 """GPT model and config: presets against parameter arithmetic, validation, errors."""
 
+import json
+
 import pytest
 import torch
 
@@ -46,7 +48,7 @@ def test_uncoupled_mlp_has_matched_capacity():
         (dict(n_heads=4, n_kv_heads=3), "n_kv_heads"),
         (dict(attention="differential", n_heads=3, d_model=96), "even"),
         (dict(position="alibi"), "position"),
-        (dict(position="learned", dynamics_position="post_rope"), "post_rope"),
+        (dict(position="learned", map_position="post_rope"), "post_rope"),
         (dict(vocab_size=0), "vocab_size"),
         (dict(attention="coupled", dt_init=float("inf")), "dt_init"),
         (dict(attention="coupled", integrator="rk4"), "integrator"),
@@ -73,6 +75,27 @@ def test_config_rejects_unknown_fields_and_round_trips(tmp_path):
     cfg = GPTConfig.from_preset("tiny", attention="coupled", integrator="leapfrog")
     cfg.save(tmp_path / "c.json")
     assert GPTConfig.load(tmp_path / "c.json") == cfg
+
+
+def test_old_config_with_dynamics_position_loads_as_map_position(tmp_path):
+    """Configs saved before the rename (checkpoint model_config.json, run config.json model overrides) load,
+    with a DeprecationWarning naming both names; an old and a new name that disagree are an error."""
+    from coupled_qk.training.config import TrainConfig
+
+    old = {**GPTConfig(attention="coupled").to_dict(), "dynamics_position": "post_rope"}
+    del old["map_position"]
+    (tmp_path / "model_config.json").write_text(json.dumps(old))
+    with pytest.warns(DeprecationWarning, match="'dynamics_position' is now called 'map_position'"):
+        cfg = GPTConfig.load(tmp_path / "model_config.json")
+    assert cfg.map_position == "post_rope" and "dynamics_position" not in cfg.to_dict()
+    with pytest.warns(DeprecationWarning):
+        assert GPTConfig.from_dict({"dynamics_position": "post_rope"}).map_position == "post_rope"
+    with pytest.warns(DeprecationWarning):
+        run = TrainConfig(max_steps=1, model={"attention": "coupled", "dynamics_position": "post_rope"})
+    assert run.model == {"attention": "coupled", "map_position": "post_rope"}
+    assert run.gpt_config().map_position == "post_rope"
+    with pytest.raises(ValueError, match="disagree"):
+        GPTConfig.from_dict({"dynamics_position": "post_rope", "map_position": "pre_rope"})
 
 
 def test_forward_errors():

@@ -113,7 +113,7 @@ def test_old_saved_configs_load(tmp_path):
     """config.json written before GPTConfig.qk_map: every dynamics option flat, plus ``extra``."""
     old = dict(SMALL, n_kv_heads=4, d_head=8, d_ff=128, use_mlp=True, attention="standard", integrator="euler",
                n_steps=1, dynamics_hidden=None, dt_init=0.1, shared_across_heads=True, force="mlp",
-               position="rope", dynamics_position="pre_rope", rope_base=10000.0, dropout=0.0, attn_impl="sdpa",
+               position="rope", map_position="pre_rope", rope_base=10000.0, dropout=0.0, attn_impl="sdpa",
                extra={})
     path = tmp_path / "model_config.json"
     path.write_text(json.dumps(old))

@@ -3,7 +3,7 @@
 :func:`analyze_model` runs the blocks of a :class:`~coupled_qk.models.gpt.GPT` over a batch of token windows
 with :meth:`~coupled_qk.models.gpt.GPT.trace` (the eager attention path, one
 :class:`~coupled_qk.layers.attention.AttentionRecord` per block) and computes, per layer and per head, the
-diagnostics of :mod:`coupled_qk.analysis.metrics`:
+diagnostics of :mod:`coupled_qk.analysis.attention_stats`:
 
 * attention entropy (nats, mean over all rows) and normalised entropy (row ``i`` divided by
   ``log(i + 1)``, row 0 excluded), attention-sink mass on the first key (row 0 excluded), the effective rank
@@ -18,7 +18,7 @@ diagnostics of :mod:`coupled_qk.analysis.metrics`:
   ``A2`` (keys ``a1/...`` and ``a2/...``) and, for the signed map ``A1 - lambda A2``, only the spectrum,
   effective rank and spectral gap (keys ``signed/...``): the signed map is not a probability matrix, so
   entropies and sink mass are undefined for it (the convention of
-  :func:`coupled_qk.analysis.metrics.summarize_differential_attention`).
+  :func:`coupled_qk.analysis.attention_stats.summarize_differential_attention`).
 
 Every per-map value is computed for each sequence and then averaged over the sequences (so a value is the
 mean over the batch of the per-map diagnostic, e.g. the mean of the per-map ratios ``sigma1/sigma2``);
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from coupled_qk._checks import positive_int
-from coupled_qk.analysis import metrics
+from coupled_qk.analysis import attention_stats
 from coupled_qk.analysis.conventions import CONVENTIONS, as_float, mean_of, order_metrics
 from coupled_qk.layers.attention import AttentionRecord
 from coupled_qk.models.registry import get_attention
@@ -102,8 +102,8 @@ def _accumulate_maps(acc: _LayerAccumulator, rec: AttentionRecord, differential:
 
     def one_head(h: int) -> dict[str, torch.Tensor]:  # one head bounds the float64 working set to (B, T, T)
         if differential:
-            return metrics.summarize_differential_attention(A1[:, h], rec.attn2[:, h], rec.lam)
-        return metrics.summarize_attention(A1[:, h])
+            return attention_stats.summarize_differential_attention(A1[:, h], rec.attn2[:, h], rec.lam)
+        return attention_stats.summarize_attention(A1[:, h])
 
     summaries = list(pool.map(one_head, range(n_heads))) if pool is not None else map(one_head, range(n_heads))
     per_head: dict[str, list[torch.Tensor]] = {}
@@ -126,8 +126,8 @@ def _accumulate_qk(acc: _LayerAccumulator, rec: AttentionRecord) -> None:
     """Relative update sizes of the query-key map, summed over the batch into ``acc`` (no-op without a map)."""
     if rec.q is None:
         return
-    acc._add(acc.qk, "q_update", metrics.relative_update(rec.q_mapped, rec.q).sum(dim=0))
-    acc._add(acc.qk, "k_update", metrics.relative_update(rec.k_mapped, rec.k).sum(dim=0))
+    acc._add(acc.qk, "q_update", attention_stats.relative_update(rec.q_mapped, rec.q).sum(dim=0))
+    acc._add(acc.qk, "k_update", attention_stats.relative_update(rec.k_mapped, rec.k).sum(dim=0))
 
 
 def _resolve_example(example, n_layer: int, n_map_heads: int) -> tuple[int, int] | None:
@@ -247,25 +247,18 @@ def analyze_model(
     def consume(step, first_chunk: bool) -> None:
         i, rec, output, acc = step.layer, step.record, step.output, accs[step.layer]
         if i == 0:
-            input_rank["fro"] += metrics.rank_collapse_residual(step.input).sum().cpu()
-            input_rank["l1inf"] += metrics.rank_collapse_residual(step.input, norm="l1inf").sum().cpu()
+            input_rank["fro"] += attention_stats.rank_collapse_residual(step.input).sum().cpu()
+            input_rank["l1inf"] += attention_stats.rank_collapse_residual(step.input, norm="l1inf").sum().cpu()
         with _single_threaded(on_cpu):
             _accumulate_maps(acc, rec, differential, pool)
         _accumulate_qk(acc, rec)
         if rec.dt is not None:
             dts[i] = rec.dt
-        acc._add(acc.scalars, "rank_collapse_residual", metrics.rank_collapse_residual(output).sum())
-        acc._add(acc.scalars, "rank_collapse_residual_l1inf", metrics.rank_collapse_residual(output, norm="l1inf").sum())
+        acc._add(acc.scalars, "rank_collapse_residual", attention_stats.rank_collapse_residual(output).sum())
+        acc._add(acc.scalars, "rank_collapse_residual_l1inf", attention_stats.rank_collapse_residual(output, norm="l1inf").sum())
         acc.n += output.shape[0]
         if example is not None and first_chunk and example[0] == i:
-            h = example[1]
-            a1 = rec.attn[0, h, :n_ex, :n_ex].detach().float().cpu()
-            if differential:
-                a2 = rec.attn2[0, h, :n_ex, :n_ex].detach().float().cpu()
-                lam = as_float(rec.lam)
-                example_maps.update(a1=a1.numpy(), a2=a2.numpy(), signed=(a1 - lam * a2).numpy())
-            else:
-                example_maps["attn"] = a1.numpy()
+            example_maps.update(_example_maps(rec, example[1], n_ex, differential))
 
     dts: dict[int, torch.Tensor] = {}
     modules = list(model.modules())
@@ -284,25 +277,44 @@ def analyze_model(
             m.training = flag
 
     layers = [_layer_summary(i, acc, dts.get(i)) for i, acc in enumerate(accs)]
-    keys = list(dict.fromkeys(k for layer in layers for k in layer["mean"]))
-    result = {
-        "attention": variant,
-        "n_layer": n_layer,
-        "n_heads": config.n_heads,
-        "n_map_heads": n_map_heads,
-        "n_sequences": B,
-        "seq_len": T,
-        "config": config.to_dict(),
-        "conventions": dict(CONVENTIONS),
-        "rank_collapse_input": {k: as_float(v / B) for k, v in input_rank.items()},
-        "layers": layers,
-        "mean": {k: mean_of(layer["mean"][k] for layer in layers if k in layer["mean"]) for k in keys},
-    }
+    result = _model_summary(config, n_map_heads, B, T, input_rank, layers)
     if example is not None:
         result["example"] = {"layer": example[0], "head": example[1], "sequence": 0, "tokens": n_ex,
                              "maps": example_maps}
     return result
 
+
+
+def _example_maps(rec: AttentionRecord, head: int, n: int, differential: bool) -> dict[str, np.ndarray]:
+    """The top-left ``n x n`` attention map(s) of sequence 0 and map head ``head`` of ``rec``, float32 numpy:
+    ``attn``, or ``a1``, ``a2`` and ``signed`` (``A1 - lambda A2``) for differential scoring."""
+    a1 = rec.attn[0, head, :n, :n].detach().float().cpu()
+    if not differential:
+        return {"attn": a1.numpy()}
+    a2 = rec.attn2[0, head, :n, :n].detach().float().cpu()
+    lam = as_float(rec.lam)
+    return {"a1": a1.numpy(), "a2": a2.numpy(), "signed": (a1 - lam * a2).numpy()}
+
+
+def _model_summary(config, n_map_heads: int, n_sequences: int, seq_len: int, input_rank: dict,
+                   layers: list[dict]) -> dict:
+    """The result of :func:`analyze_model` without its example: the model's shape, the per-layer summaries, the
+    embedding output's rank-collapse residuals (sums over ``n_sequences``) and every layer mean averaged over
+    layers."""
+    keys = list(dict.fromkeys(k for layer in layers for k in layer["mean"]))
+    return {
+        "attention": config.attention,
+        "n_layer": len(layers),
+        "n_heads": config.n_heads,
+        "n_map_heads": n_map_heads,
+        "n_sequences": n_sequences,
+        "seq_len": seq_len,
+        "config": config.to_dict(),
+        "conventions": dict(CONVENTIONS),
+        "rank_collapse_input": {k: as_float(v / n_sequences) for k, v in input_rank.items()},
+        "layers": layers,
+        "mean": {k: mean_of(layer["mean"][k] for layer in layers if k in layer["mean"]) for k in keys},
+    }
 
 
 def _layer_summary(i: int, acc, dt: torch.Tensor | None) -> dict:

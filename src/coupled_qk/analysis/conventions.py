@@ -8,7 +8,7 @@ import math
 
 __all__ = ["MAP_METRICS", "CONVENTIONS", "PER_LAYER_TABLES", "describe_metric", "order_metrics", "metric_rank"]
 
-#: Per-map scalar diagnostics (names as in :func:`coupled_qk.analysis.metrics.summarize_attention`).
+#: Per-map scalar diagnostics (names as in :func:`coupled_qk.analysis.attention_stats.summarize_attention`).
 MAP_METRICS = (
     "entropy",
     "normalized_entropy",
@@ -40,7 +40,7 @@ CONVENTIONS = {
     "dt": "learned step size per query head (per query sub-head for coupled_differential: sub-heads 2j, 2j+1 "
     "belong to differential head j); null for variants without dynamics",
     "q_update/k_update": "mean over tokens of |q' - q|_2 / |q|_2 (and for keys) per query (sub-)head, "
-    "q = projection before the dynamics (RoPE-rotated for dynamics_position='post_rope'), q' = after; "
+    "q = projection before the dynamics (RoPE-rotated for map_position='post_rope'), q' = after; "
     "coupled variants compare each query head's own copy of the key; uncoupled_mlp leaves keys untouched "
     "(k_update = 0); absent for standard/differential",
     "differential": "A1 and A2 are reported separately (a1/..., a2/...); the signed map A1 - lambda A2 is not "

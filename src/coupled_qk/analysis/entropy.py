@@ -1,6 +1,6 @@
 """Attention entropies and attention-sink mass of (causal) attention maps.
 
-Conventions: :mod:`coupled_qk.analysis.metrics` (docs/METHOD.md section 7)."""
+Conventions: :mod:`coupled_qk.analysis.attention_stats` (docs/METHOD.md section 7)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Rank collapse of hidden states (Dong et al. 2021) and relative update sizes of the query-key maps.
 
-Conventions: :mod:`coupled_qk.analysis.metrics` (docs/METHOD.md section 7)."""
+Conventions: :mod:`coupled_qk.analysis.attention_stats` (docs/METHOD.md section 7)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Singular values, effective rank (Roy & Vetterli 2007) and spectral gap of attention maps.
 
-Conventions: :mod:`coupled_qk.analysis.metrics` (docs/METHOD.md section 7)."""
+Conventions: :mod:`coupled_qk.analysis.attention_stats` (docs/METHOD.md section 7)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coupled_qk.models.config import rename_fields
 from coupled_qk.outputs import OutputDir, as_output_dir
 from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig, describe_differences
 from coupled_qk.training.rundir import RunDir
@@ -124,9 +125,13 @@ def setting_differences(saved: dict, planned: TrainConfig) -> dict:
         saved: a finished run's ``results["config"]`` (a ``TrainConfig.to_dict()``).
         planned: the configuration the protocol wants.
 
-    Fields in :data:`RESULT_NEUTRAL_FIELDS` and task options in :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored.
+    Fields in :data:`RESULT_NEUTRAL_FIELDS` and task options in :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored;
+    model overrides saved under an old field name (:data:`coupled_qk.models.config.RENAMED_FIELDS`) are read
+    under the new one.
     """
     now = planned.to_dict()
+    if isinstance(saved.get("model"), dict):
+        saved = {**saved, "model": rename_fields(saved["model"], "saved TrainConfig.model")}
     diff = {k: (saved.get(k), v) for k, v in now.items()
             if k not in RESULT_NEUTRAL_FIELDS and k != "task_options" and saved.get(k) != v}
 

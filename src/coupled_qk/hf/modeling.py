@@ -32,6 +32,7 @@ from coupled_qk.hf.hints import run_folder_hint
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
+from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.gpt import GPT
 from coupled_qk.tensor_checks import check_generate_args, check_ids
 
@@ -143,6 +144,8 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         elif isinstance(module, QKMap):
             if isinstance(module.dt, nn.Parameter):  # per-head step sizes of the coupled dynamics / query MLP
                 init.constant_(module.dt, float(self.config.qk_map["dt_init"]))
+        elif isinstance(module, ScoringRule) and hasattr(module, "reset_parameters"):
+            module.reset_parameters()  # an added scoring rule with parameters initialises its own
         elif isinstance(module, CausalSelfAttention):
             if module.differential:
                 for p in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):

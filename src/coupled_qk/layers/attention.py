@@ -1,11 +1,15 @@
 """Causal self-attention: one optional query-key map and one scoring rule (docs/METHOD.md sections 1-2).
 
 The layer knows nothing about variant names; :mod:`coupled_qk.models.variants` builds it from a registered
-(query-key map x scoring) pair. Scoring rules (:data:`SCORINGS`):
+(query-key map x scoring) pair. Scoring rules (:data:`SCORINGS`, code in :mod:`coupled_qk.layers.scoring`):
 
 - ``standard``: scaled dot-product attention (Vaswani et al. 2017).
 - ``differential``: Differential Attention V1 (Ye et al. 2024, arXiv:2410.05258, microsoft/unilm
   Diff-Transformer): ``(A1 - lambda A2) V`` with half the heads, per-head RMSNorm and ``(1 - lambda_init)``.
+
+Other scoring rules are modules following :class:`ScoringRule` (registered with
+:func:`coupled_qk.models.registry.register_scoring`, from inside or outside the package); the layer takes
+their class (or factory) as ``scoring``.
 
 The query-key map (:mod:`coupled_qk.layers.qk_maps`, e.g. the coupled dynamics or the uncoupled query MLP)
 transforms the projected ``(q, k)`` before scoring, before RoPE (``map_position="pre_rope"``, default) or
@@ -19,143 +23,29 @@ query head ``i`` uses key/value head ``i // (n_heads // n_kv_heads)``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from coupled_qk._checks import boolean, finite, nonneg_int, positive_int
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
 from coupled_qk.layers.kv_cache import KVCache
+from coupled_qk.layers.scoring import (  # noqa: F401 - the scoring names are public here too
+    SCORINGS,
+    ScoringFactory,
+    ScoringRule,
+    attention_mask_4d,
+    differential_lambda_init,
+    differential_split_values,
+    scaled_dot_product,
+)
 from coupled_qk.ops.heads import expand_kv
 from coupled_qk.ops.rope import apply_rope
 
-SCORINGS = ("standard", "differential")
-"""Scoring rules of :class:`CausalSelfAttention`."""
-
 MAP_POSITIONS = ("pre_rope", "post_rope")
 """Where the query-key map acts relative to RoPE."""
-
-
-def differential_lambda_init(layer_idx: int) -> float:
-    """``lambda_init = 0.8 - 0.6 exp(-0.3 * layer_idx)`` for a 0-based layer index (arXiv:2410.05258, eq. 3)."""
-    return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
-
-
-def _causal_mask(t_q: int, t_k: int, device) -> torch.Tensor:
-    """Boolean ``(t_q, t_k)`` mask, True where query ``i`` (absolute position ``t_k - t_q + i``) may attend."""
-    offset = t_k - t_q
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
-
-
-def attention_mask_4d(key_mask: torch.Tensor | None, t_q: int, t_k: int) -> torch.Tensor | None:
-    """Boolean mask ``(B, 1, T_q, T_k)`` (True = may attend): causal, with padded keys (``key_mask`` False)
-    hidden from every query except the padded position itself (so no row is empty and no NaN appears; the
-    outputs at padded positions are never seen by real tokens). ``None`` when ``key_mask`` is ``None``.
-
-    Args:
-        key_mask: ``(B, T_k)`` bool, True at real tokens, or ``None``.
-    """
-    if key_mask is None:
-        return None
-    causal = _causal_mask(t_q, t_k, key_mask.device)
-    own = torch.eye(t_q, t_k, dtype=torch.bool, device=key_mask.device).roll(t_k - t_q, dims=1)
-    return (causal & key_mask[:, None, None, :]) | own
-
-
-def scaled_dot_product(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    eager: bool,
-    dropout_p: float = 0.0,
-    mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Causal attention ``softmax(q k^T / sqrt(d) + mask) v`` with the causal mask aligned to the end.
-
-    Args:
-        q: ``(B, H, T_q, d)``; k: ``(B, H_k, T_k, d)`` with ``T_k >= T_q`` (the last ``T_q`` keys are the
-            queries' own positions); v: ``(B, H_v, T_k, d_v)``. ``H_k`` and ``H_v`` divide ``H``: query head
-            ``i`` uses key head ``i // (H / H_k)`` and value head ``i // (H / H_v)`` (grouped-query attention;
-            with ``H_k == H_v`` read in place by SDPA's ``enable_gqa``, without repeating the cache).
-        eager: compute the scores and softmax explicitly in (at least) float32 and also return the
-            probabilities (float32 for half-precision inputs).
-        mask: optional boolean ``(B, 1, T_q, T_k)`` from :func:`attention_mask_4d` (padding); it replaces the
-            plain causal mask.
-
-    Returns:
-        ``(out (B, H, T_q, d_v), probs (B, H, T_q, T_k) or None)``.
-    """
-    t_q, t_k, h = q.shape[-2], k.shape[-2], q.shape[1]
-    if not eager:
-        if v.shape[1] != k.shape[1]:  # per-query-head keys over grouped values: one fused kernel path
-            v = expand_kv(v, k.shape[1] // v.shape[1])
-        # plain Python branches, never a symbolic bool: under torch.compile with dynamic shapes `t_q == t_k` is a
-        # SymBool, which SDPA's is_causal and enable_gqa reject (a graph break in every cached decoding step)
-        gqa = False
-        if k.shape[1] != h:
-            gqa = True
-        causal = False
-        if mask is None:
-            if t_q == 1:
-                pass  # one query at the end of the keys sees all of them
-            elif t_q == t_k:
-                causal = True
-            else:
-                mask = _causal_mask(t_q, t_k, q.device)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p, enable_gqa=gqa
-        ), None
-    k, v = expand_kv(k, h // k.shape[1]), expand_kv(v, h // v.shape[1])
-    # Upcast before the product (issue 9 F): q k^T in float16 overflows for |q|, |k| ~ 33 at d = 64. The
-    # product is then scaled in float32, so float32 inputs give the same bits as before.
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~(_causal_mask(t_q, t_k, q.device) if mask is None else mask), float("-inf"))
-    probs = scores.softmax(dim=-1)
-    attn = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
-    return torch.matmul(attn.to(v.dtype), v), probs
-
-
-def differential_split_values(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float = 0.0,
-    mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two attention outputs ``A1 V`` and ``A2 V`` of differential scoring in one SDPA call whose query,
-    key and value heads all have width ``d``, so that on CUDA the flash kernel is eligible (it needs equal
-    widths; ``V`` of width ``2 d`` falls to a slower kernel, issue 28 item 5).
-
-    ``V`` is split into its halves ``Va, Vb`` (width ``d`` each) and the four products ``A1 Va, A1 Vb, A2 Va,
-    A2 Vb`` are stacked along the batch dimension (``4 B``); ``A1 V = [A1 Va, A1 Vb]`` (concatenated on the
-    last dimension). This is the layout of the reference implementation (microsoft/unilm Diff-Transformer,
-    ``multihead_flashdiff_2``: two flash calls per map, one per value half). The scores are computed twice,
-    the value products once: the same function as :func:`scaled_dot_product` on the full-width ``V`` up to
-    rounding.
-
-    Args:
-        q: ``(B, H, T_q, d)`` with sub-heads interleaved (``q[:, 0::2]`` feeds ``A1``, ``q[:, 1::2]`` ``A2``);
-            k: ``(B, H_k, T_k, d)`` likewise; v: ``(B, H_v, T_k, 2 d)``, ``H_v`` dividing ``H / 2``.
-        dropout_p: attention dropout; mask: optional bool ``(B, 1, T_q, T_k)`` (:func:`attention_mask_4d`).
-
-    Returns:
-        ``(y1, y2)``, each ``(B, H / 2, T_q, 2 d)``.
-    """
-    b, d = q.shape[0], q.shape[-1]
-    va, vb = v[..., :d], v[..., d:]
-    q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]
-    qs = torch.cat([q1, q1, q2, q2])
-    ks = torch.cat([k1, k1, k2, k2])
-    vs = torch.cat([va, vb, va, vb])
-    ms = None if mask is None else mask.expand(b, *mask.shape[1:]).repeat(4, 1, 1, 1)
-    out, _ = scaled_dot_product(qs, ks, vs, False, dropout_p, ms)
-    o = out.unflatten(0, (4, b))
-    return torch.cat([o[0], o[1]], dim=-1), torch.cat([o[2], o[3]], dim=-1)
 
 
 @dataclass
@@ -226,7 +116,8 @@ class CausalSelfAttention(nn.Module):
             :mod:`coupled_qk.layers.qk_maps` (a map class itself is one; it is called after the projections
             are created, so parameters are created and randomly initialised in a fixed order), or a map
             module built by the caller.
-        scoring: ``"standard"`` or ``"differential"``.
+        scoring: ``"standard"``, ``"differential"`` or another rule's :class:`ScoringRule` class (or factory
+            ``(d_head, n_heads, layer_idx) -> module``), built into ``self.scorer``.
         layer_idx: 0-based layer index (sets the differential ``lambda_init`` and the cache slot).
         map_position: ``"pre_rope"`` (default: map on the raw projections, RoPE on the mapped pair) or
             ``"post_rope"``.
@@ -266,7 +157,7 @@ class CausalSelfAttention(nn.Module):
         n_kv_heads: int,
         d_head: int,
         qk_map: QKMapFactory | None = None,
-        scoring: str = "standard",
+        scoring: str | ScoringFactory = "standard",
         layer_idx: int = 0,
         map_position: str = "pre_rope",
         use_rope: bool = True,
@@ -280,8 +171,10 @@ class CausalSelfAttention(nn.Module):
         nonneg_int("layer_idx", layer_idx)
         boolean("use_rope", use_rope)
         finite("dropout", dropout, 0, 1, hi_open=True)
-        if scoring not in SCORINGS:
-            raise ValueError(f"scoring={scoring!r} is unknown; expected one of {SCORINGS}")
+        if isinstance(scoring, str) and scoring not in SCORINGS:
+            raise ValueError(f"scoring={scoring!r} is unknown; expected one of {SCORINGS} or a ScoringRule class")
+        if not isinstance(scoring, str) and not callable(scoring):
+            raise ValueError(f"scoring={scoring!r} must be a name in {SCORINGS} or a ScoringRule class (factory)")
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"impl={impl!r} is unknown; expected 'sdpa' or 'eager'")
         if map_position not in MAP_POSITIONS:
@@ -303,6 +196,13 @@ class CausalSelfAttention(nn.Module):
         if qk_map is not None and not isinstance(qk_map, nn.Module):
             qk_map = build_with_own_rng(qk_map, d_head, n_heads)
         self.qk_map = qk_map
+        self.scorer = None  # an added scoring rule (ScoringRule); None for the built-in ones
+        if not isinstance(scoring, str):
+            self.scorer = build_with_own_rng(lambda d, n: scoring(d, n, layer_idx), d_head, n_heads)
+            if getattr(self.scorer, "head_group", 1) != 1:
+                raise ValueError(f"scoring rule {type(self.scorer).__name__} has head_group="
+                                 f"{self.scorer.head_group}; added scoring rules must use head_group=1")
+            self.scoring = getattr(scoring, "__name__", type(self.scorer).__name__)
         if qk_map is not None:
             map_heads = getattr(qk_map, "n_heads", n_heads)
             if map_heads != n_heads or getattr(qk_map, "d_head", d_head) != d_head:
@@ -434,7 +334,9 @@ class CausalSelfAttention(nn.Module):
         mask = attention_mask_4d(key_mask, t, k.shape[-2])
         if mask is None and cache is not None and hasattr(cache, "attn_mask"):
             mask = cache.attn_mask()  # a StaticKVCache: hide its unwritten slots
-        if not self.differential:
+        if self.scorer is not None:
+            y, a1 = self.scorer(q, k, v, eager, p, mask)
+        elif not self.differential:
             y, a1 = scaled_dot_product(q, k, v, eager, p, mask)
         elif not eager and self._split_values(q):
             y1, y2 = differential_split_values(q, k, v, p, mask)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,35 @@ PRESETS: dict[str, dict] = {
     "150m": dict(vocab_size=50257, block_size=512, n_layer=16, d_model=768, n_heads=12),
     "350m": dict(vocab_size=50257, block_size=512, n_layer=24, d_model=1024, n_heads=16),
 }
+
+
+RENAMED_FIELDS: dict[str, str] = {"dynamics_position": "map_position"}
+"""Old :class:`GPTConfig` field names -> their current names. Configs saved under an old name (a checkpoint's
+``model_config.json``, a run's ``config.json`` model overrides, a Hugging Face ``config.json``) still load:
+:func:`rename_fields` moves the value to the new name with a ``DeprecationWarning``."""
+
+
+def rename_fields(data: dict, where: str = "GPTConfig") -> dict:
+    """``data`` (GPTConfig fields or overrides) with every old field name of :data:`RENAMED_FIELDS` moved to its
+    current name, warning once per name (``DeprecationWarning``); ``data`` itself is not changed.
+
+    Raises:
+        ValueError: an old name and its new name given with different values.
+    """
+    if not any(old in data for old in RENAMED_FIELDS):
+        return data
+    out = dict(data)
+    for old, new in RENAMED_FIELDS.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if new in out and out[new] != value:
+            raise ValueError(f"{where}: {old}={value!r} (the old name of {new}) and {new}={out[new]!r} disagree; "
+                             f"give only {new}")
+        out[new] = value
+        warnings.warn(f"{where}: the field {old!r} is now called {new!r}; read {old}={value!r} as {new}={value!r} "
+                      f"(save the config again to store the new name)", DeprecationWarning, stacklevel=3)
+    return out
 
 
 class JSONConfig:
@@ -166,7 +196,10 @@ class GPTConfig(JSONConfig):
             map, e.g. ``DynamicsOptions`` for ``coupled*``; a dict is converted; ``None`` gives the defaults). It
             exists only for attentions with a map: ``None`` otherwise.
         position: ``"rope"`` or ``"learned"`` (absolute embeddings, GPT-2 style).
-        dynamics_position: where the query-key map acts: ``"pre_rope"`` (default) or ``"post_rope"``.
+        map_position: where the query-key map acts relative to RoPE: ``"pre_rope"`` (default: on the raw
+            projections, RoPE on the mapped pair) or ``"post_rope"`` (on the rotated pair). The same name as
+            :class:`~coupled_qk.layers.attention.CausalSelfAttention`'s argument; saved configs holding the old
+            name ``dynamics_position`` still load (:data:`RENAMED_FIELDS`, with a ``DeprecationWarning``).
         rope_base: RoPE frequency base (> 0).
         dropout: dropout on attention probabilities and residual branches, in ``[0, 1)``.
         attn_impl: ``"sdpa"`` or ``"eager"``.
@@ -196,15 +229,16 @@ class GPTConfig(JSONConfig):
     attention: str = declare("standard", choices=attention_names)
     qk_map: MapOptions | None = declare(None, free="the attention's map options dataclass (MapOptions)")
     position: str = declare("rope", choices=("rope", "learned"))
-    dynamics_position: str = declare("pre_rope", choices=MAP_POSITIONS)
+    map_position: str = declare("pre_rope", choices=MAP_POSITIONS)
     rope_base: float = declare(10000.0, lo=0.0, lo_open=True)
     dropout: float = declare(0.0, lo=0.0, hi=1.0, hi_open=True)
     attn_impl: str = declare("sdpa", choices=("sdpa", "eager"))
 
     @classmethod
     def extra_names(cls) -> tuple[str, ...]:
-        """The flat map-option spellings (:func:`~coupled_qk.models.registry.flat_option_names`)."""
-        return tuple(flat_option_names())
+        """The flat map-option spellings (:func:`~coupled_qk.models.registry.flat_option_names`) and the old
+        field names of :data:`RENAMED_FIELDS` (read under their new names)."""
+        return tuple(flat_option_names()) + tuple(RENAMED_FIELDS)
 
     def __post_init__(self):
         coerce_fields(self)
@@ -241,8 +275,8 @@ class GPTConfig(JSONConfig):
                 f"GPTConfig.attention={self.attention!r} needs n_heads and n_kv_heads divisible by {group} "
                 f"(even: pairs of sub-heads); got n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
             )
-        if self.dynamics_position == "post_rope" and self.position != "rope":
-            raise ValueError("GPTConfig.dynamics_position='post_rope' needs position='rope'")
+        if self.map_position == "post_rope" and self.position != "rope":
+            raise ValueError("GPTConfig.map_position='post_rope' needs position='rope'")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -298,12 +332,14 @@ class GPTConfig(JSONConfig):
 
 def _accept_flat_map_options(init):
     """Wrap the dataclass ``__init__`` of :class:`GPTConfig` so that it also takes the flat map options of every
-    registered map (generated from the registry at each call, so a map registered later is included); any other
-    unknown keyword is still the dataclass's ``TypeError``."""
+    registered map (generated from the registry at each call, so a map registered later is included) and the old
+    field names of :data:`RENAMED_FIELDS` (every dict, file and keyword becoming a ``GPTConfig`` passes here);
+    any other unknown keyword is still the dataclass's ``TypeError``."""
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
+        kwargs = rename_fields(kwargs)
         names = flat_option_names() if set(kwargs) - fields else {}
         flat = {k: kwargs.pop(k) for k in list(kwargs) if k not in fields and k in names}
         self.__dict__["flat_map_options"] = flat  # read and removed by __post_init__

@@ -4,10 +4,11 @@ This module is the library's extension point (docs/DESIGN.md, "Adding an attenti
 (docs/METHOD.md sections 1-2):
 
 - An **attention** (``GPTConfig.attention``) is one cell of the grid *query-key map x scoring*, built by
-  :func:`register_qk_map`: every registered map (:data:`QK_MAPS`) combines with every scoring rule
-  (:data:`~coupled_qk.layers.attention.SCORINGS`). Names: ``standard`` and ``differential`` without a map;
-  ``<stem>`` and ``<stem>_differential`` for a map registered with that stem (``coupled`` and
-  ``coupled_differential`` for the dynamics). The scoring fixes the head layout (:attr:`Attention.head_group`)
+  :func:`register_qk_map` and :func:`register_scoring`: every registered map (:data:`QK_MAPS`) combines with
+  every registered scoring rule (:data:`SCORING_RULES`: the built-in ``standard`` and ``differential``, plus
+  any added :class:`~coupled_qk.layers.attention.ScoringRule`). Names: the rule's name without a map
+  (``standard``, ``differential``); ``<stem>`` (standard scoring) and ``<stem>_<rule>`` for a map registered
+  with that stem (``coupled`` and ``coupled_differential`` for the dynamics). The scoring fixes the head layout (:attr:`Attention.head_group`)
   and the map fixes the nested config schema (``GPTConfig.qk_map``, a :class:`~coupled_qk.models.options.MapOptions`
   dataclass that exists only for attentions with a map, so an option that would be ignored is an error).
 - A **variant** (:data:`VARIANTS`) is a named spec used by ``compare``, ``bench``, ``mqar``, ``claims
@@ -34,9 +35,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from coupled_qk._checks import field_types
-from coupled_qk.layers.attention import SCORINGS
 from coupled_qk.layers.invertible import InvertibleQKCoupling
 from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
+from coupled_qk.layers.scoring import SCORINGS, ScoringRule
 from coupled_qk.models.options import DynamicsOptions, InvertibleOptions, MapOptions, QueryMLPOptions
 
 ENTRY_POINT_GROUP = "coupled_qk.variants"
@@ -77,6 +78,23 @@ class QKMapType:
 
 
 @dataclass(frozen=True)
+class ScoringType:
+    """A registered scoring rule.
+
+    Fields:
+        name: registry key and attention-name suffix (``"standard"``, ``"differential"``, a plugin's name).
+        module: ``None`` for the built-in rules (code in :mod:`coupled_qk.layers.attention`), else a
+            :class:`~coupled_qk.layers.attention.ScoringRule` subclass built as ``module(d_head, n_heads,
+            layer_idx)``.
+        head_group: query/key sub-heads per head (2 for differential scoring, else 1).
+    """
+
+    name: str
+    module: type | None
+    head_group: int = 1
+
+
+@dataclass(frozen=True)
 class Attention:
     """One cell of the grid: an optional query-key map and a scoring rule.
 
@@ -91,8 +109,8 @@ class Attention:
     @property
     def head_group(self) -> int:
         """Query/key sub-heads per attention head: 2 for differential scoring (``n_heads`` and ``n_kv_heads``
-        must be even), else 1."""
-        return 2 if self.scoring == "differential" else 1
+        must be even), else 1 (the scoring rule's :attr:`ScoringType.head_group`)."""
+        return SCORING_RULES[self.scoring].head_group
 
     def options(self, given=None, flat: dict | None = None) -> MapOptions | None:
         """The validated nested config from ``given`` (a :class:`MapOptions`, a dict or ``None`` for the
@@ -130,12 +148,13 @@ class Attention:
         return self.qk_map.options(**data)
 
     def layer_kwargs(self, options: MapOptions | None) -> dict:
-        """``qk_map`` (a factory ``(d_head, n_heads) -> module`` or ``None``) and ``scoring`` for
-        :class:`~coupled_qk.layers.attention.CausalSelfAttention`."""
+        """``qk_map`` (a factory ``(d_head, n_heads) -> module`` or ``None``) and ``scoring`` (a built-in rule's
+        name or an added rule's class) for :class:`~coupled_qk.layers.attention.CausalSelfAttention`."""
         factory = None
         if self.qk_map is not None:
             factory = functools.partial(build_map, self.qk_map.module, dataclasses.asdict(options))
-        return dict(qk_map=factory, scoring=self.scoring)
+        rule = SCORING_RULES[self.scoring]
+        return dict(qk_map=factory, scoring=self.scoring if rule.module is None else rule.module)
 
 
 def build_map(module: type, options: dict, d_head: int, n_heads: int):
@@ -145,6 +164,11 @@ def build_map(module: type, options: dict, d_head: int, n_heads: int):
 
 QK_MAPS: dict[str, QKMapType] = {}
 """Registered query-key maps by name."""
+
+SCORING_RULES: dict[str, ScoringType] = {"standard": ScoringType("standard", None, 1),
+                                         "differential": ScoringType("differential", None, 2)}
+"""Registered scoring rules by name: the built-in :data:`~coupled_qk.layers.attention.SCORINGS` first."""
+assert tuple(SCORING_RULES) == SCORINGS
 
 ATTENTIONS: dict[str, Attention] = {scoring: Attention(scoring, None, scoring) for scoring in SCORINGS}
 """Every attention of the grid by name (maps x scorings, plus the map-free ``standard``/``differential``)."""
@@ -223,13 +247,13 @@ def _register_map(name: str, stem: str, module: type, options: type) -> QKMapTyp
         raise ValueError(f"options={options!r} must be a dataclass subclassing MapOptions")
     if not isinstance(module, type):
         raise ValueError(f"module={module!r} must be a class (a QKMap subclass)")
-    names = [attention_name(stem, s) for s in SCORINGS]
+    names = [attention_name(stem, s) for s in SCORING_RULES]
     taken = [n for n in names if n in ATTENTIONS or n in VARIANTS or n in ALIASES]
     if taken:
         raise ValueError(f"map stem {stem!r} gives attention names {taken} that are already registered")
     entry = QKMapType(name, stem, module, options)
     QK_MAPS[name] = entry
-    for scoring, attention in zip(SCORINGS, names):
+    for scoring, attention in zip(SCORING_RULES, names):
         ATTENTIONS[attention] = Attention(attention, entry, scoring)
     return entry
 
@@ -248,8 +272,10 @@ def register_qk_map(name: str, stem: str, module: type, options: type,
         module: a :class:`~coupled_qk.layers.qk_maps.QKMap` subclass built as ``module(d_head, n_heads, **options)``.
         options: its nested config, a dataclass subclassing :class:`MapOptions` whose fields are ``module``'s
             keyword arguments.
-        in_defaults: which of its variants join :func:`default_variants`: ``True`` (all), ``False`` (none) or the
-            scoring rules whose attention joins (e.g. ``("standard",)``).
+        in_defaults: which of its variants join :func:`default_variants`: ``True`` (with the built-in scoring
+            rules, ``standard`` and ``differential``), ``False`` (none) or the scoring rules whose attention
+            joins (e.g. ``("standard",)``). With every other registered scoring rule the map gives an attention
+            and a variant outside the defaults.
 
     Raises:
         ValueError: a name or stem already taken, ``module`` not a class, ``options`` not a :class:`MapOptions`
@@ -257,16 +283,58 @@ def register_qk_map(name: str, stem: str, module: type, options: type,
     """
     load_plugins()  # names taken by plugins are checked too
     scorings = SCORINGS if in_defaults is True else () if in_defaults is False else tuple(in_defaults)
-    unknown = [s for s in scorings if s not in SCORINGS]
+    unknown = [s for s in scorings if s not in SCORING_RULES]
     if unknown:
-        raise ValueError(f"in_defaults={in_defaults!r}: unknown scoring rule(s) {unknown}; expected {list(SCORINGS)}")
+        raise ValueError(f"in_defaults={in_defaults!r}: unknown scoring rule(s) {unknown}; expected one of "
+                         f"{list(SCORING_RULES)}")
     entry = _register_map(name, stem, module, options)
-    for scoring in SCORINGS:
+    for scoring in SCORING_RULES:
         attention = attention_name(stem, scoring)
         VARIANTS[attention] = dict(attention=attention)
         if scoring in scorings:
             _DEFAULTS.append(attention)
     return entry
+
+
+def register_scoring(name: str, module: type, in_defaults: bool = True) -> ScoringType:
+    """Register a scoring rule: its attentions (alone and with every registered query-key map) and a variant of
+    each attention's name.
+
+    This one call is all a new scoring rule needs (docs/DESIGN.md), as :func:`register_qk_map` is for a map: from
+    then on ``GPTConfig(attention=name)``, ``GPTConfig(attention="<map stem>_<name>")`` (e.g. ``coupled_<name>``),
+    every command, the variant-spec parser, ``bench``, ``mqar``, ``claims --variants``, the diagnostics and the
+    Hugging Face classes know it. A map registered later combines with it too.
+
+    Args:
+        name: the rule's name: the map-free attention's name and the suffix of the others
+            (``<stem>_<name>``); a Python identifier.
+        module: a :class:`~coupled_qk.layers.attention.ScoringRule` subclass (``head_group`` 1), built per layer
+            as ``module(d_head, n_heads, layer_idx)``.
+        in_defaults: whether the map-free attention ``name`` joins :func:`default_variants` (its combinations
+            with maps never do: name them in ``--variants``).
+
+    Raises:
+        ValueError: a name already taken (by a rule, an attention, a variant or an alias), a name that is not an
+            identifier, or ``module`` not a :class:`ScoringRule` subclass with ``head_group`` 1.
+    """
+    load_plugins()
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"scoring rule name {name!r} must be a Python identifier (it is part of attention names)")
+    if not (isinstance(module, type) and issubclass(module, ScoringRule)):
+        raise ValueError(f"module={module!r} must be a ScoringRule subclass (coupled_qk.layers.attention)")
+    if module.head_group != 1:
+        raise ValueError(f"{module.__name__}.head_group={module.head_group}: added scoring rules must use 1")
+    names = [name] + [attention_name(m.stem, name) for m in QK_MAPS.values()]
+    taken = [n for n in names if n in SCORING_RULES or n in ATTENTIONS or n in VARIANTS or n in ALIASES]
+    if taken:
+        raise ValueError(f"scoring rule {name!r} gives attention names {taken} that are already registered")
+    rule = SCORING_RULES[name] = ScoringType(name, module, 1)
+    for entry, attention in zip([None, *QK_MAPS.values()], names):
+        ATTENTIONS[attention] = Attention(attention, entry, name)
+        VARIANTS[attention] = dict(attention=attention)
+    if in_defaults:
+        _DEFAULTS.append(name)
+    return rule
 
 
 def register_variant(name: str, attention: str, *, in_defaults: bool = True, **options) -> None:
@@ -348,15 +416,17 @@ def isolated() -> Iterator[None]:
     """Undo, on exit, every registration made inside (for tests and notebooks). Inside, the first registry query
     reads the entry-point group again (a distribution put on ``sys.path`` inside is found); on exit, its
     registrations are undone too."""
-    saved = (dict(QK_MAPS), dict(ATTENTIONS), dict(VARIANTS), dict(ALIASES), list(_DEFAULTS), dict(_plugins))
+    live = (QK_MAPS, SCORING_RULES, ATTENTIONS, VARIANTS, ALIASES, _plugins)
+    saved = [dict(d) for d in live]
+    defaults = list(_DEFAULTS)
     _plugins["loaded"] = False
     try:
         yield
     finally:
-        for live, old in zip((QK_MAPS, ATTENTIONS, VARIANTS, ALIASES, _plugins), saved[:4] + saved[5:]):
-            live.clear()
-            live.update(old)
-        _DEFAULTS[:] = saved[4]
+        for current, old in zip(live, saved):
+            current.clear()
+            current.update(old)
+        _DEFAULTS[:] = defaults
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from coupled_qk._checks import (
     metric_direction,
     positive_int,
 )
-from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig
+from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
 from coupled_qk.training.tasks import TASKS
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -166,6 +166,7 @@ class TrainConfig(JSONConfig):
         field metadata), then the cross-field rules; raise ``ValueError`` naming the first offending one."""
         coerce_fields(self)
         types = field_types(GPTConfig)
+        self.model = rename_fields(self.model, "TrainConfig.model")  # old field names of saved run configs
         self.model = {k: coerce(f"TrainConfig.model.{k}", v, types[k]) if k in types else v
                       for k, v in self.model.items()}
         name = type(self).__name__

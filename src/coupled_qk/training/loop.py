@@ -36,8 +36,9 @@ from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import EVALUATIONS_PER_RUN, TrainConfig, auto_eval_interval, higher_is_better
 from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, setup_runtime, teardown
 from coupled_qk.training.lock import RunLock, RunLockedError
-from coupled_qk.training.metrics import Logger, read_metrics
+from coupled_qk.training.metrics_log import Logger, read_metrics
 from coupled_qk.training.resume import (
+    Schedule,
     check_config,
     check_out_dir,
     lr_at,
@@ -45,7 +46,7 @@ from coupled_qk.training.resume import (
     plan_schedule,
 )
 from coupled_qk.training.rundir import RunDir
-from coupled_qk.training.stop import SignalCatcher, StopControl, TrainingDiverged, TrainingInterrupted
+from coupled_qk.training.stop import Decision, SignalCatcher, StopControl, TrainingDiverged, TrainingInterrupted
 from coupled_qk.training.tasks import steps_for_tokens, task_class
 
 __all__ = ["train", "lr_at", "total_steps_of", "read_metrics", "build_optimizer", "TrainingDiverged",
@@ -253,12 +254,13 @@ def train(cfg: TrainConfig, task=None) -> dict:
         teardown(runtime)
 
 
-def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
-    run = RunDir(run_dir)
+def _resume_point(cfg: TrainConfig, run: RunDir, runtime: Runtime, say) -> tuple[dict, Path | None]:
+    """The run's starting state (``step``, ``tokens``, ``train_seconds``, ...) and the checkpoint folder it resumes
+    from (``None`` for a new run); checks that a resume is allowed and plans its global batch."""
+    run_dir = run.path
     has_ckpt = run.has_checkpoint()
     if has_ckpt and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints; pass --resume to continue it or choose another --out-dir")
-    say = (lambda msg: print(f"coupled-qk: {msg}", file=sys.stderr, flush=True)) if runtime.is_main else (lambda m: None)
     state: dict = {"step": 0, "tokens": 0, "train_seconds": 0.0}
     where = None
     if cfg.resume and has_ckpt:
@@ -269,6 +271,198 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
         plan_batch(state, saved_cfg, cfg, runtime.world, say)
     elif cfg.resume:
         say(f"no checkpoint in {run_dir}; starting a new run there")
+    return state, where
+
+
+def _plan(cfg: TrainConfig, state: dict, task, runtime: Runtime, say) -> tuple[Schedule, int]:
+    """The learning-rate schedule and the quick-validation interval of the run (warning about a warmup that never
+    ends and announcing an automatic interval)."""
+    sched = plan_schedule(state, cfg, total_steps_of(cfg, task, runtime.world), say)
+    if runtime.is_main and cfg.warmup_steps >= sched.horizon - sched.start:
+        warnings.warn(f"warmup_steps={cfg.warmup_steps} is at least the schedule's {sched.horizon - sched.start} steps: "
+                      "the learning rate never reaches --lr and the cosine decay never runs; set --warmup-steps "
+                      f"below the step count (e.g. {max(1, (sched.horizon - sched.start) // 10)}, 10% of it)",
+                      stacklevel=3)
+    eval_interval = cfg.eval_interval if cfg.eval_interval is not None else auto_eval_interval(sched.end)
+    if cfg.eval_interval is None and state["step"] < sched.end:
+        say(f"quick validation every {eval_interval} steps (about {EVALUATIONS_PER_RUN} over the run's {sched.end} "
+            "steps; --eval-interval to change)")
+    return sched, eval_interval
+
+
+class _Trainer:
+    """The objects one training run shares (model, its wrapper, optimizer, loss scaler, state) and the pieces of
+    its loop: one optimisation step, validation with its stop rules, checkpoints. :func:`_train` drives it."""
+
+    def __init__(self, cfg: TrainConfig, runtime: Runtime, run_dir: Path, task, model_cfg: GPTConfig, state: dict,
+                 where: Path | None, sched: Schedule):
+        self.cfg, self.runtime, self.run_dir, self.task = cfg, runtime, run_dir, task
+        self.model_cfg, self.state, self.sched = model_cfg, state, sched
+        self.model = getattr(task, "build_model", GPT)(model_cfg).to(runtime.device)
+        if where is not None:
+            ckpt.load_weights(self.model, where)
+        self.wrapped = _wrap(self.model, cfg, runtime)  # FSDP2 replaces the parameters: build the optimizer after it
+        self.optimizer = build_optimizer(self.model, cfg, fused=runtime.device.type == "cuda")
+        self.use_scaler = runtime.autocast_dtype == torch.float16
+        self.scaler = torch.amp.GradScaler(runtime.device.type, init_scale=GRAD_SCALE_INIT, enabled=self.use_scaler)
+        if where is not None:
+            _load_optimizer_state(self.model, self.optimizer, ckpt.load_torch_file(where / "optimizer.pt",
+                                                                                   runtime.device), cfg, runtime)
+            ckpt.set_rng_state(ckpt.load_torch_file(where / "rng.pt"))
+            if self.use_scaler and state.get("grad_scaler"):
+                self.scaler.load_state_dict(state["grad_scaler"])
+        self.autocast = dict(device_type=runtime.device.type, dtype=runtime.autocast_dtype,
+                             enabled=runtime.autocast_dtype is not None)
+        self.saved_step = state["step"]
+        self.stop: StopControl | None = None  # set when the loop starts (it needs the signal catcher)
+        self.metrics_checked = False
+        self.window: list = [time.perf_counter(), 0]  # the logging window: start time, tokens (reset at the loop)
+        self.train_tokens = (task.describe().get("tokens") or {}).get("train") if hasattr(task, "describe") else None
+
+    def save(self, step: int) -> Path | None:
+        """Checkpoint the current step (every rank takes part; rank 0 writes) and return its folder (rank 0)."""
+        cfg, runtime, state = self.cfg, self.runtime, self.state
+        state.update(schedule=self.sched.to_dict(), grad_scaler=self.scaler.state_dict() if self.use_scaler else None,
+                     global_batch={"batch_size": cfg.batch_size, "world_size": runtime.world,
+                                   "grad_accum": cfg.grad_accum})
+        model_state, opt_state = _full_states(self.model, self.optimizer, cfg, runtime)
+        path, error = None, None
+        if runtime.is_main:
+            try:
+                path = ckpt.save_checkpoint(self.run_dir, model_state, self.model_cfg, opt_state, dict(state),
+                                            keep=cfg.keep_checkpoints)
+            except Exception as exc:  # every rank must learn of it, or the others wait forever
+                error = exc
+        if not broadcast_ok(error is None, runtime):
+            raise error or RuntimeError("rank 0 failed to save a checkpoint")
+        self.saved_step = step
+        self.stop.checkpointed()
+        return path
+
+    def save_best(self, info: dict) -> None:
+        """Write the best-validation checkpoint (``info``: its metric and step)."""
+        if self.runtime.world > 1 and self.cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            model_state = get_model_state_dict(self.model,
+                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            model_state = self.model.state_dict()
+        error = None
+        if self.runtime.is_main:
+            try:
+                ckpt.save_best(self.run_dir, model_state, self.model_cfg, info)
+            except Exception as exc:  # every rank must learn of it
+                error = exc
+        if not broadcast_ok(error is None, self.runtime):
+            raise error or RuntimeError("rank 0 failed to save the best checkpoint")
+
+    def optimizer_step(self, step: int, lr: float) -> tuple[float, Decision]:
+        """Step ``step`` (0-based) at learning rate ``lr``: forward and backward of every micro-batch, clipping,
+        the shared stop decision, then the update (not taken when the loss or gradient is non-finite:
+        :class:`TrainingDiverged`). Returns the gradient norm and the decision."""
+        cfg, runtime, task, wrapped, scaler = self.cfg, self.runtime, self.task, self.wrapped, self.scaler
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=runtime.device)
+        for micro in range(cfg.grad_accum):
+            x, y = task.train_batch(step, micro, runtime.rank, runtime.world, cfg.batch_size, runtime.device)
+            sync = micro == cfg.grad_accum - 1
+            ctx = wrapped.no_sync() if (not sync and hasattr(wrapped, "no_sync")) else contextlib.nullcontext()
+            with ctx, torch.autocast(**self.autocast):
+                logits = wrapped(x)
+                loss = next_token_loss(logits, y)
+            scaler.scale(loss / cfg.grad_accum).backward()
+            loss_sum += loss.detach()
+        scaler.unscale_(self.optimizer)
+        grad_norm = _grad_norm(self.model, cfg.grad_clip)
+        # one collective per step: the loss and every stop decision (the fp16 scaler skips inf gradients)
+        decision = self.stop.sync(loss_sum.item(), cfg.grad_accum, None if self.use_scaler else grad_norm)
+        if decision.non_finite:
+            run_dir = self.run_dir
+            last = f"the last good checkpoint is {run_dir / ckpt.resolve_checkpoint(run_dir).name}" if (
+                run_dir / "latest").is_file() else "the run has no checkpoint yet"
+            raise TrainingDiverged(
+                f"training became non-finite at step {step + 1} (loss {loss_sum.item() / cfg.grad_accum:.4g}, "
+                f"gradient norm {grad_norm:.4g}, learning rate {lr:.3g}); the step was not taken and nothing "
+                f"was saved after it ({last}); lower --lr or raise --warmup-steps"
+            )
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, decision
+
+    def log_step(self, logger: Logger, step: int, lr: float, grad_norm: float, train_loss: float,
+                 tokens_per_step: int, step_start: float) -> None:
+        """Log the training record every ``log_interval`` steps and at the last (throughput over the window since
+        the previous record) and advance the progress bar (this step's throughput)."""
+        self.window[1] += tokens_per_step
+        if step % self.cfg.log_interval == 0 or step == self.sched.end:
+            now = time.perf_counter()
+            tps = self.window[1] / max(now - self.window[0], 1e-9)
+            self.window = [now, 0]
+            record = {"step": step, "train/loss": train_loss, "lr": lr, "tokens": self.state["tokens"],
+                      "tokens_per_s": tps, "grad_norm": grad_norm}
+            logger.log({**record, "loss_scale": self.scaler.get_scale()} if self.use_scaler else record)
+        step_tps = tokens_per_step / max(time.perf_counter() - step_start, 1e-9)
+        logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{step_tps:,.0f}")
+
+    def validate(self, step: int, logger: Logger) -> tuple[dict, str | None]:
+        """Quick validation at ``step``, logged; returns its metrics and why to stop (``"patience"`` or
+        ``"early_stop"``) or ``None``. Saves the best checkpoint when ``best_metric`` improved."""
+        cfg = self.cfg
+        metrics = self.task.evaluate(self.model, self.runtime.device, quick=True,
+                                     autocast_dtype=self.runtime.autocast_dtype)
+        logger.log({"step": step, "tokens": self.state["tokens"], **metrics})
+        self.wrapped.train()
+        if not self.metrics_checked:  # the metric names are known from the first validation on
+            check_metrics(cfg, metrics, self.task)
+            self.metrics_checked = True
+        if cfg.best_metric is not None and track_best(cfg, self.state, metrics, self.train_tokens, self.save_best):
+            return metrics, "patience"
+        metric = cfg.early_stop_metric
+        if metric is not None:
+            value, target = metrics[metric], cfg.early_stop_value
+            if (value >= target) if higher_is_better(metric, cfg.best_mode if metric == cfg.best_metric
+                                                     else "auto") else (value <= target):
+                return metrics, "early_stop"
+        return metrics, None
+
+    def results(self, stop_reason: str, compile_status: dict | None) -> dict:
+        """The final evaluation (of the best-validation checkpoint when ``best_metric`` is set) and the run's
+        ``results.json`` contents."""
+        cfg, runtime, state = self.cfg, self.runtime, self.state
+        final_from = "last"
+        if cfg.best_metric is not None and state.get("best") is not None:
+            best_dir = ckpt.resolve_best(self.run_dir)
+            if best_dir is not None:  # the final evaluation is the best-validation checkpoint's
+                _load_full_weights(self.model, best_dir, cfg, runtime)
+                final_from = best_dir.name
+        final = self.task.evaluate(self.model, runtime.device, quick=False, autocast_dtype=runtime.autocast_dtype)
+        return {
+            "config": cfg.to_dict(),
+            "model_config": self.model_cfg.to_dict(),
+            "params": self.model.num_parameters(),
+            "data": self.task.describe(),
+            "steps": state["step"],
+            "tokens": state["tokens"],
+            "train_seconds": state["train_seconds"],
+            "stop_reason": stop_reason if state["step"] < self.sched.end or stop_reason in ("early_stop", "patience")
+            else "completed",
+            "epochs": state["tokens"] / self.train_tokens if self.train_tokens else None,
+            "best": state.get("best"),
+            "final_from": final_from,
+            "device": str(runtime.device),
+            "world_size": runtime.world,
+            "final": final,
+            "compile": compile_status,
+        }
+
+
+def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
+    run = RunDir(run_dir)
+    say = (lambda msg: print(f"coupled-qk: {msg}", file=sys.stderr, flush=True)) if runtime.is_main else (lambda m: None)
+    state, where = _resume_point(cfg, run, runtime, say)
     if cfg.fsdp and runtime.world == 1:
         say("fsdp has no effect in a single process (it applies under torchrun with several processes)")
     if runtime.is_main:
@@ -281,83 +475,25 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     model_cfg = cfg.gpt_config(**task.model_overrides())
     if where is not None:
         ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
-    sched = plan_schedule(state, cfg, total_steps_of(cfg, task, runtime.world), say)
-    if runtime.is_main and cfg.warmup_steps >= sched.horizon - sched.start:
-        warnings.warn(f"warmup_steps={cfg.warmup_steps} is at least the schedule's {sched.horizon - sched.start} steps: "
-                      "the learning rate never reaches --lr and the cosine decay never runs; set --warmup-steps "
-                      f"below the step count (e.g. {max(1, (sched.horizon - sched.start) // 10)}, 10% of it)",
-                      stacklevel=2)
-    eval_interval = cfg.eval_interval if cfg.eval_interval is not None else auto_eval_interval(sched.end)
-    if cfg.eval_interval is None and state["step"] < sched.end:
-        say(f"quick validation every {eval_interval} steps (about {EVALUATIONS_PER_RUN} over the run's {sched.end} "
-            "steps; --eval-interval to change)")
-    model = getattr(task, "build_model", GPT)(model_cfg).to(runtime.device)
-    if where is not None:
-        ckpt.load_weights(model, where)
-    wrapped = _wrap(model, cfg, runtime)  # FSDP2 replaces the parameters: build the optimizer after it
-    optimizer = build_optimizer(model, cfg, fused=runtime.device.type == "cuda")
-    use_scaler = runtime.autocast_dtype == torch.float16
-    scaler = torch.amp.GradScaler(runtime.device.type, init_scale=GRAD_SCALE_INIT, enabled=use_scaler)
-    if where is not None:
-        _load_optimizer_state(model, optimizer, ckpt.load_torch_file(where / "optimizer.pt", runtime.device), cfg,
-                              runtime)
-        ckpt.set_rng_state(ckpt.load_torch_file(where / "rng.pt"))
-        if use_scaler and state.get("grad_scaler"):
-            scaler.load_state_dict(state["grad_scaler"])
+    sched, eval_interval = _plan(cfg, state, task, runtime, say)
+    trainer = _Trainer(cfg, runtime, run_dir, task, model_cfg, state, where, sched)
     if runtime.is_main:
         cfg.save(run.config_path)
         model_cfg.save(run.model_config_path)
         task.save(run_dir)
-    start_step = step = saved_step = state["step"]
+    start_step = step = state["step"]
     logger = Logger(run_dir, cfg, runtime.is_main, start_step, sched.end)
-    autocast = dict(device_type=runtime.device.type, dtype=runtime.autocast_dtype, enabled=runtime.autocast_dtype is not None)
     if runtime.device.type == "cpu" and runtime.autocast_dtype is not None:  # reported: not the CPU's usual fp32
         say(f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
             + (" (--compile on a CPU with native bf16; --dtype fp32 to opt out)" if cfg.dtype == "auto" else ""))
-    compile_status = _compile_probe(wrapped, model, task, cfg, runtime, start_step, autocast, say) if cfg.compile else None
-    stop_reason, last_eval, metrics_checked = "max_steps", {}, False
-    window_t, window_tokens = time.perf_counter(), 0
-
-    def save() -> Path | None:
-        nonlocal saved_step
-        state.update(schedule=sched.to_dict(), grad_scaler=scaler.state_dict() if use_scaler else None,
-                     global_batch={"batch_size": cfg.batch_size, "world_size": runtime.world,
-                                   "grad_accum": cfg.grad_accum})
-        model_state, opt_state = _full_states(model, optimizer, cfg, runtime)
-        path, error = None, None
-        if runtime.is_main:
-            try:
-                path = ckpt.save_checkpoint(run_dir, model_state, model_cfg, opt_state, dict(state),
-                                            keep=cfg.keep_checkpoints)
-            except Exception as exc:  # every rank must learn of it, or the others wait forever
-                error = exc
-        if not broadcast_ok(error is None, runtime):
-            raise error or RuntimeError("rank 0 failed to save a checkpoint")
-        saved_step = step
-        stop.checkpointed()
-        return path
-
-    train_tokens = (task.describe().get("tokens") or {}).get("train") if hasattr(task, "describe") else None
-
-    def save_best(info: dict) -> None:
-        if runtime.world > 1 and cfg.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            model_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        else:
-            model_state = model.state_dict()
-        error = None
-        if runtime.is_main:
-            try:
-                ckpt.save_best(run_dir, model_state, model_cfg, info)
-            except Exception as exc:  # every rank must learn of it
-                error = exc
-        if not broadcast_ok(error is None, runtime):
-            raise error or RuntimeError("rank 0 failed to save the best checkpoint")
-
+    compile_status = (_compile_probe(trainer.wrapped, trainer.model, task, cfg, runtime, start_step, trainer.autocast,
+                                     say) if cfg.compile else None)
+    stop_reason = "max_steps"
+    trainer.window = [time.perf_counter(), 0]  # start of the logging window, tokens in it
     with SignalCatcher() as catcher:
-        stop = StopControl(runtime, cfg.max_minutes, cfg.checkpoint_minutes, state["train_seconds"], catcher)
-        wrapped.train()
+        stop = trainer.stop = StopControl(runtime, cfg.max_minutes, cfg.checkpoint_minutes, state["train_seconds"],
+                                          catcher)
+        trainer.wrapped.train()
         while step < sched.end:
             if cfg.stop_after_steps is not None and step - start_step >= cfg.stop_after_steps:
                 stop_reason = "stop_after_steps"
@@ -365,101 +501,29 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
             step_start = time.perf_counter()
             tokens_per_step = task.step_tokens(step, runtime.world)
             lr = lr_at(step, cfg, sched.horizon, sched.start)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_sum = torch.zeros((), device=runtime.device)
-            for micro in range(cfg.grad_accum):
-                x, y = task.train_batch(step, micro, runtime.rank, runtime.world, cfg.batch_size, runtime.device)
-                sync = micro == cfg.grad_accum - 1
-                ctx = wrapped.no_sync() if (not sync and hasattr(wrapped, "no_sync")) else contextlib.nullcontext()
-                with ctx, torch.autocast(**autocast):
-                    logits = wrapped(x)
-                    loss = next_token_loss(logits, y)
-                scaler.scale(loss / cfg.grad_accum).backward()
-                loss_sum += loss.detach()
-            scaler.unscale_(optimizer)
-            grad_norm = _grad_norm(model, cfg.grad_clip)
-            # one collective per step: the loss and every stop decision (the fp16 scaler skips inf gradients)
-            decision = stop.sync(loss_sum.item(), cfg.grad_accum, None if use_scaler else grad_norm)
-            if decision.non_finite:
-                last = f"the last good checkpoint is {run_dir / ckpt.resolve_checkpoint(run_dir).name}" if (
-                    run_dir / "latest").is_file() else "the run has no checkpoint yet"
-                raise TrainingDiverged(
-                    f"training became non-finite at step {step + 1} (loss {loss_sum.item() / cfg.grad_accum:.4g}, "
-                    f"gradient norm {grad_norm:.4g}, learning rate {lr:.3g}); the step was not taken and nothing "
-                    f"was saved after it ({last}); lower --lr or raise --warmup-steps"
-                )
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm, decision = trainer.optimizer_step(step, lr)
             step += 1
-            train_loss = decision.loss
             state.update(step=step, tokens=state["tokens"] + tokens_per_step, train_seconds=stop.train_seconds())
-            window_tokens += tokens_per_step
-            if step % cfg.log_interval == 0 or step == sched.end:
-                now = time.perf_counter()
-                tps = window_tokens / max(now - window_t, 1e-9)
-                window_t, window_tokens = now, 0
-                record = {"step": step, "train/loss": train_loss, "lr": lr, "tokens": state["tokens"],
-                          "tokens_per_s": tps, "grad_norm": grad_norm}
-                logger.log({**record, "loss_scale": scaler.get_scale()} if use_scaler else record)
-            step_tps = tokens_per_step / max(time.perf_counter() - step_start, 1e-9)
-            logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{step_tps:,.0f}")
+            trainer.log_step(logger, step, lr, grad_norm, decision.loss, tokens_per_step, step_start)
             if decision.signum is not None:
                 logger.close()
-                where_saved = save() if step != saved_step else ckpt.resolve_checkpoint(run_dir)
+                where_saved = trainer.save(step) if step != trainer.saved_step else ckpt.resolve_checkpoint(run_dir)
                 raise TrainingInterrupted(decision.signum, step, where_saved or run_dir)
             if step % eval_interval == 0 or step == sched.end:
-                last_eval = task.evaluate(model, runtime.device, quick=True, autocast_dtype=runtime.autocast_dtype)
-                logger.log({"step": step, "tokens": state["tokens"], **last_eval})
-                wrapped.train()
-                if not metrics_checked:  # the metric names are known from the first validation on
-                    check_metrics(cfg, last_eval, task)
-                    metrics_checked = True
-                if cfg.best_metric is not None and track_best(cfg, state, last_eval, train_tokens, save_best):
-                    stop_reason = "patience"
+                _, reason = trainer.validate(step, logger)
+                if reason is not None:
+                    stop_reason = reason
                     break
-                metric = cfg.early_stop_metric
-                if metric is not None:
-                    value, target = last_eval[metric], cfg.early_stop_value
-                    if (value >= target) if higher_is_better(metric, cfg.best_mode if metric == cfg.best_metric
-                                                             else "auto") else (value <= target):
-                        stop_reason = "early_stop"
-                        break
             if decision.time_up:
                 stop_reason = "max_minutes"
                 break
             periodic = cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
             if (periodic or decision.checkpoint_due) and step < sched.end:
-                save()
+                trainer.save(step)
     logger.close()
-    if step != saved_step or where is None:
-        save()
-    final_from = "last"
-    if cfg.best_metric is not None and state.get("best") is not None:
-        best_dir = ckpt.resolve_best(run_dir)
-        if best_dir is not None:  # the final evaluation is the best-validation checkpoint's
-            _load_full_weights(model, best_dir, cfg, runtime)
-            final_from = best_dir.name
-    final = task.evaluate(model, runtime.device, quick=False, autocast_dtype=runtime.autocast_dtype)
-    results = {
-        "config": cfg.to_dict(),
-        "model_config": model_cfg.to_dict(),
-        "params": model.num_parameters(),
-        "data": task.describe(),
-        "steps": state["step"],
-        "tokens": state["tokens"],
-        "train_seconds": state["train_seconds"],
-        "stop_reason": stop_reason if state["step"] < sched.end or stop_reason in ("early_stop", "patience")
-        else "completed",
-        "epochs": state["tokens"] / train_tokens if train_tokens else None,
-        "best": state.get("best"),
-        "final_from": final_from,
-        "device": str(runtime.device),
-        "world_size": runtime.world,
-        "final": final,
-        "compile": compile_status,
-    }
+    if step != trainer.saved_step or where is None:
+        trainer.save(step)
+    results = trainer.results(stop_reason, compile_status)
     if runtime.is_main:
         run.write_results(results)
     if catcher.received is not None:

@@ -45,7 +45,7 @@ from coupled_qk._checks import MAX_SEED, MAX_VOCAB, check_declared, coerce_field
 from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
 from coupled_qk.io import write_text_atomic
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.mqar_metrics import evaluate_slices
+from coupled_qk.training.mqar_accuracy import evaluate_slices
 from coupled_qk.training.rundir import RunDir
 from coupled_qk.training.tasks import check_options
 
@@ -325,7 +325,7 @@ class MQARTask:
         Returns:
             ``{"valid/accuracy": overall, "valid/loss": mean cross-entropy (nats) over query positions,
             "valid/accuracy/<L..._K...>": per-slice accuracy, ...}`` as Python floats (see
-            :func:`coupled_qk.training.mqar_metrics.evaluate_slices`).
+            :func:`coupled_qk.training.mqar_accuracy.evaluate_slices`).
         """
         max_rows = self.quick_eval_examples if quick else None
         return evaluate_slices(model, self.dataset.test, self.test_names, self.eval_batch_size, device,

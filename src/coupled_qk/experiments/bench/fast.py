@@ -23,7 +23,6 @@ mode.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
 
@@ -33,6 +32,7 @@ import torch.nn as nn
 
 from coupled_qk.experiments.bench.train import (
     BASELINE,
+    TrainStepRunner,
     compiled_graphs,
     machine_info,
     machine_line,
@@ -44,7 +44,6 @@ from coupled_qk.experiments.bench.train import (
 from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, static_capacity
-from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training.distributed import cpu_supports_bf16, pick_device
 
 MODES = ("eager-fp32", "compiled-fp32", "eager-bf16", "compiled-bf16")
@@ -119,66 +118,26 @@ def matmul_peak(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device
     return 2.0 * m * k * n / float(np.median(times))
 
 
-class _TrainRunner:
-    """One (model, mode): ``step()`` = forward + loss, backward, AdamW, zero_grad."""
+def train_runner(name: str, mode: str, config: GPTConfig, x, y, device, seed: int, backend: str) -> TrainStepRunner:
+    """The :class:`TrainStepRunner` of one (model, mode): a variant's :class:`GPT` or a peer's model
+    (:func:`peer_model`), compiled per block with ``backend`` for the ``compiled-*`` modes, under bf16 autocast
+    for the ``*-bf16`` modes. Its ``mode`` attribute is set to ``mode``."""
+    compiled, dtype = mode.split("-")[0] == "compiled", mode.split("-")[1]
 
-    def __init__(self, name: str, mode: str, config: GPTConfig, x, y, device, seed: int, backend: str):
-        self.name, self.mode, self.x, self.y, self.device = name, mode, x, y, device
-        self.compiled, dtype = mode.split("-")[0] == "compiled", mode.split("-")[1]
-        self.autocast = dtype == "bf16"
-        torch.manual_seed(seed)
-        self.model = (peer_model(name, config) if name in PEERS else GPT(config)).to(device).train()
-        self.params = sum(p.numel() for p in self.model.parameters())
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.1)
-        self.compile_s: float | None = None
-        self.compile_error: str | None = None
-        if self.compiled:
-            if isinstance(self.model, GPT):
-                self.model.compile(backend=backend)
-            else:
-                for layer in _peer_layers(self.model):
-                    layer.compile(backend=backend)
+    def build() -> nn.Module:
+        return peer_model(name, config) if name in PEERS else GPT(config)
 
-    def _loss(self):
-        if isinstance(self.model, GPT):
-            return self.model.loss(self.x, self.y)
-        # no KV cache in training (transformers builds one by default: wasted work, and a recompile per layer)
-        return next_token_loss(self.model(self.x, use_cache=False).logits, self.y)
+    def compile_model(model: nn.Module) -> None:
+        if isinstance(model, GPT):
+            model.compile(backend=backend)
+        else:
+            for layer in _peer_layers(model):
+                layer.compile(backend=backend)
 
-    def step(self) -> None:
-        ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
-        with ctx:
-            loss = self._loss()
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def first_step(self) -> None:
-        start = time.perf_counter()
-        try:
-            self.step()
-        except Exception as exc:  # noqa: BLE001 - a lazily compiled backward failed: run eager
-            if not self.compiled:
-                raise
-            from coupled_qk.models.gpt import compile_error_summary, uncompile_regions
-
-            self.compile_error, self.compiled = compile_error_summary(exc), False
-            uncompile_regions(self.model, self.compile_error)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.step()
-        sync_device(self.device)
-        error = getattr(self.model, "compile_info", {}).get("error")
-        if self.compiled and error:
-            self.compiled, self.compile_error = False, error
-        if self.compiled:
-            self.compile_s = time.perf_counter() - start
-
-    def timed(self) -> float:
-        sync_device(self.device)
-        start = time.perf_counter()
-        self.step()
-        sync_device(self.device)
-        return 1000.0 * (time.perf_counter() - start)
+    runner = TrainStepRunner(name, build, x, y, device, seed, torch.bfloat16 if dtype == "bf16" else None,
+                             compile_model if compiled else None)
+    runner.mode = mode
+    return runner
 
 
 def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch_size: int = 16,
@@ -230,13 +189,13 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
     runners = {}
     for m in models:
         for mode in modes:
-            r = runners[f"{m} {mode}"] = _TrainRunner(m, mode, configs[m], x, y, dev, seed, backend)
+            r = runners[f"{m} {mode}"] = train_runner(m, mode, configs[m], x, y, dev, seed, backend)
             r.first_step()
             log(f"  {m} {mode}: " + (f"compiled in {r.compile_s:.1f} s" if r.compiled else
                                      f"eager{' (compile failed: ' + r.compile_error + ')' if r.compile_error else ''}"))
     for _ in range(warmup - 1):
         for r in runners.values():
-            r.timed()
+            r.timed_step()
     peaks: dict[str, list[float]] = {"fp32": [], "bf16": []}
     precisions = sorted({m.split("-")[1] for m in modes})
     shape = (batch_size * seq_len, base.d_model, base.d_ff)
@@ -246,28 +205,14 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
     keys = list(runners)
     for i in range(repeats):
         for k in keys[i % len(keys):] + keys[: i % len(keys)]:
-            times[k].append(runners[k].timed())
+            times[k].append(runners[k].timed_step()[0])
         for p in precisions:  # the matmul peak, interleaved with the steps (same load)
             peaks[p].append(matmul_peak(*shape, torch.bfloat16 if p == "bf16" else torch.float32, dev, repeats=3))
         log(f"  train repeat {i + 1}/{repeats}")
     recompiles = compiled_graphs() - graphs_before  # graphs compiled inside timed steps: should be 0
     peak = {p: float(np.median(v)) for p, v in peaks.items() if v}
     tokens_per_step = batch_size * seq_len
-    train = {}
-    for k, r in runners.items():
-        stats = step_time_stats(times[k], tokens_per_step)
-        flops = model_step_flops(r.name, configs[r.name], batch_size, seq_len)
-        achieved = flops / (stats["median_ms"] / 1000.0)
-        train[k] = dict(model=r.name, mode=r.mode, peer=r.name in peers, params=r.params, **stats,
-                        compiled=r.compiled, compile_s=r.compile_s, compile_error=r.compile_error,
-                        step_flops=flops, achieved_flops=achieved, mfu=achieved / peak[r.mode.split("-")[1]],
-                        times_ms=times[k])
-    reference = train.get(f"{BASELINE} eager-fp32")
-    for k, v in train.items():
-        base_k = f"{BASELINE} {v['mode']}"
-        v["ratio"] = v["median_ms"] / train[base_k]["median_ms"]
-        v["paired_ratio"] = float(np.median(np.asarray(times[k]) / np.asarray(times[base_k])))
-        v["speedup"] = None if reference is None else reference["median_ms"] / v["median_ms"]
+    train = _train_results(runners, times, configs, peers, peak, batch_size, seq_len)
     del runners
     gc.collect()
     cells = []
@@ -284,6 +229,30 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
         machine=dict(machine_info(dev), cpu_bf16=cpu_supports_bf16() if dev.type == "cpu" else None),
         train=train, peaks=peak, decode=cells, elapsed_s=time.perf_counter() - t0,
     )
+
+
+def _train_results(runners: dict, times: dict, configs: dict, peers, peak: dict, batch_size: int,
+                   seq_len: int) -> dict:
+    """``{"<model> <mode>": {...}}`` of :func:`run_fastpath`: each runner's step-time statistics, FLOPs and MFU
+    against the measured matmul ``peak`` of its precision, and its ratios to ``standard`` in the same mode
+    (``ratio`` of medians, ``paired_ratio`` median of per-repeat ratios) and ``speedup`` over standard eager
+    fp32."""
+    train = {}
+    for k, r in runners.items():
+        stats = step_time_stats(times[k], batch_size * seq_len)
+        flops = model_step_flops(r.name, configs[r.name], batch_size, seq_len)
+        achieved = flops / (stats["median_ms"] / 1000.0)
+        train[k] = dict(model=r.name, mode=r.mode, peer=r.name in peers, params=r.params, **stats,
+                        compiled=r.compiled, compile_s=r.compile_s, compile_error=r.compile_error,
+                        step_flops=flops, achieved_flops=achieved, mfu=achieved / peak[r.mode.split("-")[1]],
+                        times_ms=times[k])
+    reference = train.get(f"{BASELINE} eager-fp32")
+    for k, v in train.items():
+        base_k = f"{BASELINE} {v['mode']}"
+        v["ratio"] = v["median_ms"] / train[base_k]["median_ms"]
+        v["paired_ratio"] = float(np.median(np.asarray(times[k]) / np.asarray(times[base_k])))
+        v["speedup"] = None if reference is None else reference["median_ms"] / v["median_ms"]
+    return train
 
 
 def _decode_cells(base, names, peers, configs, dev, seed, batch_sizes, prefixes, new_tokens, repeats, log,

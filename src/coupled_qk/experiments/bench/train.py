@@ -12,6 +12,7 @@ median, and ``ratio = median / median(standard)`` from the same run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import platform
@@ -23,9 +24,10 @@ import torch
 
 from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
+from coupled_qk.models.gpt import GPT, compile_error_summary, coupling_parameter_overhead, uncompile_regions
 from coupled_qk.models.registry import OPTION_ALIASES, get_attention
 from coupled_qk.models.specs import parse_variants, variant_overrides
+from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training.distributed import pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -109,28 +111,51 @@ def sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class _Runner:
-    """One variant: model, optimizer and a ``step()`` that does forward, backward, AdamW and zero_grad."""
+class TrainStepRunner:
+    """One model's timed training step (the runner of ``bench`` and of ``bench --fast``'s train cells).
 
-    def __init__(self, name, config, x, y, device, dtype, compile_model, seed):
-        self.name, self.config, self.x, self.y, self.device = name, config, x, y, device
+    One step is forward (next-token loss: :meth:`GPT.loss`, or cross-entropy of a Hugging Face model's logits,
+    run without its KV cache), backward, ``AdamW.step()`` (lr ``1e-4``, weight decay 0.1) and ``zero_grad()``,
+    under autocast to ``autocast_dtype`` when given.
+
+    Args:
+        name: the label of the model (a variant spec or a peer's name).
+        build: ``() -> nn.Module``, called after ``torch.manual_seed(seed)`` (so every runner of one seed starts
+            from the same random state).
+        x, y: the token batch ``(B, T)`` and its targets, on ``device``.
+        device: where the model runs.
+        seed: the seed set before ``build``.
+        autocast_dtype: ``torch.bfloat16`` / ``torch.float16`` for mixed precision, ``None`` for full precision.
+        compile: ``(model) -> None`` that compiles the model in place (regional), or ``None`` for eager; the
+            first step then compiles, falling back to eager with the reason in ``compile_error``.
+    """
+
+    def __init__(self, name: str, build, x: torch.Tensor, y: torch.Tensor, device: torch.device, seed: int,
+                 autocast_dtype: torch.dtype | None = None, compile=None):
+        self.name, self.x, self.y, self.device = name, x, y, device
         torch.manual_seed(seed)
-        self.model = GPT(config).to(device).train()
+        self.model = build().to(device).train()
+        self.params = sum(p.numel() for p in self.model.parameters())
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.1)
-        self.autocast = dtype != "fp32"
-        self.dtype = DTYPES[dtype]
-        self.loss_fn = self.model.loss
-        self.compiled = False
+        self.autocast_dtype = autocast_dtype
+        self.compiled = compile is not None
         self.compile_error: str | None = None
         self.compile_s: float | None = None
-        if compile_model:  # regional (GPT.compile): one graph per block structure, plain parameter names
-            self.model.compile()
-            self.compiled = True
+        if compile is not None:
+            compile(self.model)
 
-    def _step(self) -> None:
-        ctx = (torch.autocast(self.device.type, dtype=self.dtype) if self.autocast else contextlib.nullcontext())
+    def _loss(self) -> torch.Tensor:
+        if isinstance(self.model, GPT):
+            return self.model.loss(self.x, self.y)
+        # no KV cache in training (transformers builds one by default: wasted work, and a recompile per layer)
+        return next_token_loss(self.model(self.x, use_cache=False).logits, self.y)
+
+    def step(self) -> None:
+        """One untimed training step."""
+        ctx = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
+               else contextlib.nullcontext())
         with ctx:
-            loss = self.loss_fn(self.x, self.y)
+            loss = self._loss()
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -139,19 +164,18 @@ class _Runner:
         """The first (warmup) step; compiles when asked, falling back to eager with the reason recorded."""
         start = time.perf_counter()
         try:
-            self._step()
+            self.step()
         except Exception as exc:  # noqa: BLE001 - a failure of the (lazily compiled) backward: run eager
             if not self.compiled:
                 raise
-            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-            self.compile_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
-            self.compiled = False
-            self.model.uncompile(self.compile_error)
+            self.compile_error, self.compiled = compile_error_summary(exc), False
+            uncompile_regions(self.model, self.compile_error)
             self.optimizer.zero_grad(set_to_none=True)
-            self._step()
+            self.step()
         sync_device(self.device)
-        if self.compiled and self.model.compile_info.get("error"):  # the forward fell back (GPT.compile)
-            self.compiled, self.compile_error = False, self.model.compile_info["error"][:500]
+        error = getattr(self.model, "compile_info", {}).get("error")
+        if self.compiled and error:  # the forward fell back (GPT.compile)
+            self.compiled, self.compile_error = False, error
         if self.compiled:
             self.compile_s = time.perf_counter() - start
 
@@ -159,7 +183,7 @@ class _Runner:
         """One step; returns its wall and process CPU time in ms (accelerator synchronised before and after)."""
         sync_device(self.device)
         start, cpu_start = time.perf_counter(), time.process_time()
-        self._step()
+        self.step()
         sync_device(self.device)
         return 1000.0 * (time.perf_counter() - start), 1000.0 * (time.process_time() - cpu_start)
 
@@ -253,7 +277,10 @@ def run_bench(
         # one compiled frame (GPT.loss) per variant: keep dynamo from giving up after the default limit
         dyn = torch._dynamo.config
         dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
-    runners = {n: _Runner(n, configs[n], x, y, dev, dtype, compile_model, seed) for n in names}
+    autocast = None if dtype == "fp32" else DTYPES[dtype]
+    compile_fn = GPT.compile if compile_model else None  # regional: one graph per block structure, plain names
+    runners = {n: TrainStepRunner(n, functools.partial(GPT, configs[n]), x, y, dev, seed, autocast, compile_fn)
+               for n in names}
 
     times, cpu_times, recompiles = _time_interleaved(runners, warmup, repeats, log)
     tokens_per_step = batch_size * seq_len

@@ -207,6 +207,14 @@ def _paper_in_ci(row: dict) -> str:
 
 def format_markdown(report: dict, command: str) -> str:
     """The report as markdown: verdict table, notes, scan, MQAR escape table, Holm note, cell progress."""
+    lines = (_verdict_table(report, command) + _notes_section(report) + _details_and_holm(report)
+             + _scan_and_trend(report) + _rank_section(report) + _comparisons_and_added(report)
+             + _progress_section(report))
+    return "\n".join(lines) + "\n"
+
+
+def _verdict_table(report: dict, command: str) -> list[str]:
+    """The title, how to regenerate, and one row per claim (markdown lines)."""
     lines = [f"# Claims report: protocol `{report['protocol']}`", "", report["description"] + ".", "",
              f"Regenerate: `{command}` (trains the runs whose records are missing, then writes this report; add "
              "`--report-only` to rebuild it from the committed records).", "", f"Generated {report['generated_utc']} from {report['n_records']} run "
@@ -227,6 +235,12 @@ def format_markdown(report: dict, command: str) -> str:
         lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {r['effect']} | {_num(r['mean'])} "
                      f"[{_num(r['low'])}, {_num(r['high'])}] | {r['n']} | {tokens} | {_num(r['train_hours'])} | "
                      f"**{r['verdict']}** | {_paper_in_ci(r)} |")
+    return lines
+
+
+def _notes_section(report: dict) -> list[str]:
+    """The notes: the protocol's, how to read the paper's value, C11's source, expected hours."""
+    lines: list[str] = []
     lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     lines.append("- \"Paper's value in our CI\": the paper's number in the units of our effect "
                  "(`claims.PAPER_EFFECTS`); \"no\" excludes that magnitude at this scale, not at the paper's.")
@@ -237,6 +251,12 @@ def format_markdown(report: dict, command: str) -> str:
                      "checkpoint per model, so its seeds are fine-tuning seeds), not from this protocol's runs.")
     if report["expected_hours"]:
         lines.append("- Expected hours: " + ", ".join(f"{k}: {v}" for k, v in report["expected_hours"].items()))
+    return lines
+
+
+def _details_and_holm(report: dict) -> list[str]:
+    """Each claim's details (JSON) and Holm's adjustment for multiple comparisons."""
+    lines: list[str] = []
     lines += ["", "## Details", ""]
     for r in report["rows"]:
         if r.get("details"):
@@ -250,6 +270,12 @@ def format_markdown(report: dict, command: str) -> str:
         survive = {True: "yes", False: "no", None: "-"}
         lines += [f"| {h['id']} | {h['p']:.3g} | {h['holm_p']:.3g} | {h['verdict']} | {survive[h['survives']]} |"
                   for h in report["holm"]]
+    return lines
+
+
+def _scan_and_trend(report: dict) -> list[str]:
+    """The one-factor-at-a-time scan and the trend of the effect with training tokens."""
+    lines: list[str] = []
     if report["scan"]:
         lines += ["", "## Where does coupling help? One factor at a time", "",
                   "The question the paper leaves open: each factor changes one setting of the `wv-tiny` cell (the "
@@ -277,7 +303,12 @@ def format_markdown(report: dict, command: str) -> str:
                       "(negative: coupled's change falls, i.e. its advantage grows, with training)."]
         else:
             lines += ["", f"Slope: {trend['status']}."]
-    lines += _rank_section(report)
+    return lines
+
+
+def _comparisons_and_added(report: dict) -> list[str]:
+    """The paired comparisons (:data:`COMPARISONS`), the MQAR escape table and the variants added with ``claims --variants``."""
+    lines: list[str] = []
     for key, (title, intro, _) in COMPARISONS.items():
         if not report.get(key):
             continue
@@ -305,12 +336,18 @@ def format_markdown(report: dict, command: str) -> str:
             eff = f"{_num(g.get('mean'))} [{_num(g.get('low'))}, {_num(g.get('high'))}]" if "mean" in g else "-"
             ppl = f"{_num(g.get('a_ppl'), 1)}, {_num(g.get('b_ppl'), 1)}" if "a_ppl" in g else "-"
             lines.append(f"| {g['variant']} | {g['cell']} | {ppl} | {eff} | {g.get('n', '-')} | {g['status']} |")
+    return lines
+
+
+def _progress_section(report: dict) -> list[str]:
+    """Finished and planned runs per cell."""
+    lines: list[str] = []
     lines += ["", "## Progress", "", "| cell | claims | finished / planned runs | tokens/run | train hours |",
               "|---|---|---|---|---|"]
     lines += [f"| {c['cell']} | {', '.join(c['claims'])} | {c['finished']}/{c['planned']} | "
               f"{', '.join(f'{t:,}' for t in c['tokens_per_run']) or '-'} | {_num(c['train_hours'])} |"
               for c in report["cells"]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _rank_section(report: dict) -> list[str]:

@@ -1,4 +1,4 @@
-"""Tests for coupled_qk.analysis.metrics against values known by hand or computed independently (numpy)."""
+"""Tests for coupled_qk.analysis.attention_stats against values known by hand or computed independently (numpy)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from coupled_qk.analysis.metrics import (
+from coupled_qk.analysis.attention_stats import (
     attention_entropy,
     effective_rank,
     effective_rank_from_singular_values,
