@@ -8,7 +8,6 @@ generation; Inductor itself is exercised by the tests marked ``slow``.
 """
 
 import copy
-import dataclasses
 import pickle
 import warnings
 
@@ -227,25 +226,23 @@ def test_compiled_decoding_matches_eager_token_for_token(variant):
 
 
 @pytest.mark.parametrize("variant", ["coupled", "coupled_leapfrog"])
-def test_compiled_decoding_reads_the_folded_projection(variant):
-    """The compiled step uses the fold built eagerly on the cache (one wider product instead of the map's small
-    kernels): its logits equal the eager folded step's, and a fold swapped on the cache changes them (so the
-    graph reads the fold, not the unfolded map)."""
+def test_compiled_decoding_runs_the_unfolded_map(variant):
+    """Under compilation the map is not folded (measured slower than the fused unfolded map,
+    benchmarks/results/issue29/compiled-decode-fold-ab.md): the compiled step equals the eager *unfolded*
+    step to float rounding, and compiling builds no fold."""
     model = tiny(variant).eval()
     x = torch.randint(0, 64, (2, 5))
     with torch.no_grad():
         filled = model.new_cache(16)
         nxt = model.next_token_logits(x, filled).argmax(-1, keepdim=True)
-        static = StaticKVCache.from_cache(filled)
         step = model.compiled_decode_step(backend="eager", fullgraph=True)
-        logits = step(nxt, static)
-        assert static.folds_ready and all(static.folds[i] is b.attn._fold is not None
-                                           for i, b in enumerate(model.blocks))
+        logits = step(nxt, StaticKVCache.from_cache(filled))
+        assert all(b.attn._fold is None for b in model.blocks)
+        for b in model.blocks:
+            b.attn.fold_inference = False
         ref = model.new_cache(16)
         model.next_token_logits(x, ref)
-        torch.testing.assert_close(logits, model.next_token_logits(nxt, ref), rtol=1e-5, atol=1e-5)
-        static.folds[0] = dataclasses.replace(static.folds[0], weight=2 * static.folds[0].weight)
-        assert not torch.allclose(step(nxt, static), logits, atol=1e-3)
+        torch.testing.assert_close(logits, model.next_token_logits(nxt, ref), rtol=1e-6, atol=1e-6)
     assert frames() == 1
 
 

@@ -247,16 +247,18 @@ class CausalSelfAttention(nn.Module):
         The fold lives on the cache (``cache.folds``: layer index -> fold, ``None`` for a layer that cannot fold)
         and is validated once per cache, at its first single-token step: the weights' versions and checksum are
         compared with the layer's last fold, which is reused when equal (see :mod:`coupled_qk.layers.folded` for
-        what each check catches). Later steps with the same cache only look it up. Inside a compiled graph
-        nothing is built: the fold is read from the cache if it was prepared eagerly beforehand (as
-        :meth:`coupled_qk.models.gpt.GPT.compiled_decode_step` does), else the map runs unfolded."""
+        what each check catches). Later steps with the same cache only look it up. Never inside a compiled
+        graph: there Inductor fuses the map's elementwise work and the unfolded map is faster than the fold,
+        which adds arithmetic (``benchmarks/results/issue29/compiled-decode-fold-ab.md``)."""
         if not self.fold_inference or self.qk_map is None:
             return None
         folds = getattr(cache, "folds", None)
         if folds is None:
             return None
-        if self.layer_idx in folds or torch.compiler.is_compiling():
-            return folds.get(self.layer_idx)
+        if torch.compiler.is_compiling():
+            return None
+        if self.layer_idx in folds:
+            return folds[self.layer_idx]
         key = fold_key(self)
         fp = None
         if key is not None:

@@ -138,8 +138,6 @@ class StaticKVCache:
         self.capacity = capacity
         self.position = torch.tensor([position], dtype=torch.long, device=keys[0].device)
         self.slots = torch.arange(capacity, device=keys[0].device)
-        self.folds: dict = {}  # layer index -> decoding fold, built eagerly before the first compiled step
-        self.folds_ready = False  # set by GPT.prepare_decoding_folds
 
     @classmethod
     def from_cache(cls, cache: KVCache) -> StaticKVCache:

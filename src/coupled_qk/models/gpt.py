@@ -429,8 +429,6 @@ class GPT(GPTGenerationMixin, nn.Module):
         state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
 
         def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-            if not cache.folds_ready:  # once per cache, eagerly: the graph reads the folds, never builds them
-                self.prepare_decoding_folds(cache)
             if state["fn"] is not None:
                 return state["fn"](idx, cache)
             state["fn"] = compiled
@@ -453,21 +451,6 @@ class GPT(GPTGenerationMixin, nn.Module):
 
         self._decode_step = step
         return step
-
-    @torch.no_grad()
-    def prepare_decoding_folds(self, cache: StaticKVCache) -> None:
-        """Build (or validate and reuse) every layer's decoding fold for ``cache`` eagerly
-        (:meth:`~coupled_qk.layers.attention.CausalSelfAttention.decoding_fold`), so that a compiled
-        :meth:`decode_step` reads the folded projection (one wider matrix product instead of the map's small
-        kernels; :mod:`coupled_qk.layers.folded`) without building it inside the graph. On CUDA the folded
-        matrices are marked as static addresses, so CUDA graphs do not copy them at every replay."""
-        for block in self.blocks:
-            fp = block.attn.decoding_fold(cache)
-            if fp is not None and fp.weight.device.type == "cuda":
-                for t in (fp.weight, fp.kick, fp.kick2):
-                    if t is not None:
-                        torch._dynamo.mark_static_address(t)
-        cache.folds_ready = True
 
     def _check_ids(self, idx: torch.Tensor) -> None:
         if idx.numel() and idx.device.type == "cpu":
