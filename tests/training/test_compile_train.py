@@ -12,7 +12,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from coupled_qk.models import gpt as gpt_module
 from coupled_qk.training import checkpoint as ckpt
-from coupled_qk.training import distributed, loop
+from coupled_qk.training import distributed, model_setup
 from coupled_qk.training.loop import read_metrics, train
 
 MODEL = dict(n_layer=1, d_model=32, n_heads=2, block_size=16, attention="coupled")
@@ -31,7 +31,7 @@ def fresh_dynamo():
 
 
 def use_backend(monkeypatch, backend):
-    monkeypatch.setattr(loop, "compile_regions", functools.partial(gpt_module.compile_regions, backend=backend))
+    monkeypatch.setattr(model_setup, "compile_regions", functools.partial(gpt_module.compile_regions, backend=backend))
 
 
 def _raise(gm, example_inputs):

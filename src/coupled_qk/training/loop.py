@@ -18,7 +18,6 @@ checked and planned by :mod:`~coupled_qk.training.resume`.
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import sys
 import time
@@ -28,15 +27,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import check_metric
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.gpt import GPT, compile_error_summary, compile_regions, uncompile_regions
+from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training.best import check_metrics, track_best
 from coupled_qk.training.config import EVALUATIONS_PER_RUN, TrainConfig, auto_eval_interval, higher_is_better
 from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, setup_runtime, teardown
 from coupled_qk.training.lock import RunLock, RunLockedError
 from coupled_qk.training.metrics_log import Logger, read_metrics
+from coupled_qk.training.model_setup import (
+    build_optimizer,
+    compile_probe,
+    full_states,
+    gradient_norm,
+    load_full_weights,
+    load_optimizer_state,
+    wrap_model,
+)
 from coupled_qk.training.resume import (
     Schedule,
     check_config,
@@ -49,21 +57,10 @@ from coupled_qk.training.rundir import RunDir
 from coupled_qk.training.stop import Decision, SignalCatcher, StopControl, TrainingDiverged, TrainingInterrupted
 from coupled_qk.training.tasks import steps_for_tokens, task_class
 
-__all__ = ["train", "lr_at", "total_steps_of", "read_metrics", "build_optimizer", "TrainingDiverged",
-           "TrainingInterrupted"]
+__all__ = ["train", "lr_at", "total_steps_of", "read_metrics", "build_optimizer", "check_metrics", "track_best",
+           "TrainingDiverged", "TrainingInterrupted"]
 
 GRAD_SCALE_INIT = 2.0**16  # torch's default initial fp16 loss scale
-
-
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices (``dim >= 2``) and none on vectors (norms, ``dt``, lambdas)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    kwargs = {"fused": True} if fused else {}
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **kwargs)
 
 
 def total_steps_of(cfg: TrainConfig, task, world: int) -> int:
@@ -83,137 +80,6 @@ def _build_task(cfg: TrainConfig, run_dir: Path, runtime: Runtime):
         barrier(runtime)
         task = task_cls(cfg, run_dir)
     return task
-
-
-def _wrap(model: GPT, cfg: TrainConfig, runtime: Runtime) -> torch.nn.Module:
-    wrapped: torch.nn.Module = model
-    if runtime.world > 1 and cfg.fsdp:
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-    elif runtime.world > 1:
-        ids = [runtime.device.index] if runtime.device.type == "cuda" else None
-        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    if cfg.compile:  # regional and in place: parameter names (checkpoints, resume, export) are unchanged
-        compile_regions(model)
-    return wrapped
-
-
-def _compile_probe(wrapped, model, task, cfg: TrainConfig, runtime: Runtime, step: int, autocast: dict, say) -> dict:
-    """Compile now, on one forward and backward of the first training batch (compilation is lazy: without this a
-    compiler error would abort the run at its first step). On failure (on any rank) the model trains eagerly,
-    with one warning. The probe leaves no trace: gradients are dropped and the random state is restored.
-
-    Returns ``{"compiled": bool, "compile_s": float, "error": str | None}``."""
-    start, error = time.perf_counter(), None
-    devices = [runtime.device] if runtime.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            x, y = task.train_batch(step, 0, runtime.rank, runtime.world, cfg.batch_size, runtime.device)
-            ctx = wrapped.no_sync() if hasattr(wrapped, "no_sync") else contextlib.nullcontext()
-            with ctx:
-                with torch.autocast(**autocast):
-                    loss = next_token_loss(wrapped(x), y)
-                loss.backward()
-        except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly
-            error = compile_error_summary(exc)
-    for p in model.parameters():
-        p.grad = None
-    warned = error is None and bool(getattr(model, "compile_info", {}).get("error"))
-    if warned:
-        error = model.compile_info["error"]  # GPT fell back to eager on the forward and has warned
-    if not broadcast_ok(error is None, runtime):
-        error = error or "compilation failed on another rank"
-        uncompile_regions(model, error)
-        if not warned:
-            warnings.warn(f"torch.compile failed ({error}); training eagerly", RuntimeWarning, stacklevel=2)
-    seconds = time.perf_counter() - start
-    say(f"compile: {'failed, training eagerly' if error else f'compiled (regional) in {seconds:.1f} s'}")
-    return {"compiled": error is None, "compile_s": seconds, "error": error}
-
-
-def _full_states(model: GPT, optimizer, cfg: TrainConfig, runtime: Runtime) -> tuple[dict, dict]:
-    if runtime.world > 1 and cfg.fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_state_dict(model, optimizer, options=opts)
-    return model.state_dict(), optimizer.state_dict()
-
-
-def _load_optimizer_state(model: GPT, optimizer, opt_state: dict, cfg: TrainConfig, runtime: Runtime) -> None:
-    if runtime.world > 1 and cfg.fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
-        set_optimizer_state_dict(model, optimizer, opt_state, options=opts)
-    else:
-        optimizer.load_state_dict(opt_state)
-
-
-def _grad_norm(model: torch.nn.Module, clip: float) -> float:
-    """Total gradient norm (clipping to ``clip`` when ``clip > 0``)."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else math.inf)
-    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
-        norm = norm.full_tensor()
-    return float(norm)
-
-
-def check_metrics(cfg: TrainConfig, metrics: dict, task=None) -> None:
-    """Check ``best_metric`` and ``early_stop_metric`` against the validation ``metrics`` that the task reports,
-    and their directions (:func:`coupled_qk._checks.check_metric`); called once, at the first validation.
-
-    Raises:
-        ValueError: naming the field: a metric the task does not report (listing those it does), a
-            ``best_mode`` that contradicts the metric's name (``max`` for a loss), or a metric whose name does
-            not say which direction is better and no ``best_mode`` for it.
-    """
-    known = [k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if cfg.best_metric is not None:
-        check_metric("TrainConfig.best_metric", cfg.best_metric, cfg.best_mode, known, cfg.task)
-    if cfg.early_stop_metric is not None:
-        mode = cfg.best_mode if cfg.early_stop_metric == cfg.best_metric else None
-        check_metric("TrainConfig.early_stop_metric", cfg.early_stop_metric, mode, known, cfg.task)
-
-
-def track_best(cfg: TrainConfig, state: dict, metrics: dict, train_tokens: int | None, save_best) -> bool:
-    """Update ``state["best"]`` with a validation result; save the weights when it is the best so far.
-
-    ``state["best"]`` (saved in every checkpoint, so a resume continues it) holds the metric, its best
-    ``value``, the ``step``, ``tokens`` and ``epoch`` where it was reached, ``patience_ref`` (the value that
-    the patience counter compares with) and ``evals_since`` (validations in a row without an improvement
-    larger than ``min_delta``). ``save_best(info)`` is called with the new best's record. Returns whether
-    ``patience`` validations have passed without such an improvement (the run should stop: it plateaued).
-    """
-    higher = cfg.best_is_higher()
-    value = float(metrics[cfg.best_metric])
-    best = state.get("best")
-    sign = 1.0 if higher else -1.0
-    if best is None or sign * (value - best["value"]) > 0:
-        ref = best["patience_ref"] if best is not None else None
-        best = {"metric": cfg.best_metric, "value": value, "step": state["step"], "tokens": state["tokens"],
-                "epoch": state["tokens"] / train_tokens if train_tokens else None,
-                "patience_ref": ref, "evals_since": best["evals_since"] if best is not None else 0}
-        save_best({k: v for k, v in best.items() if k not in ("patience_ref", "evals_since")})
-    if best["patience_ref"] is None or sign * (value - best["patience_ref"]) > cfg.min_delta:
-        best["patience_ref"], best["evals_since"] = value, 0
-    else:
-        best["evals_since"] += 1
-    state["best"] = best
-    return cfg.patience is not None and best["evals_since"] >= cfg.patience
-
-
-def _load_full_weights(model: torch.nn.Module, folder: Path, cfg: TrainConfig, runtime: Runtime) -> None:
-    if runtime.world > 1 and cfg.fsdp:
-        from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        weights = load_file(str(folder / "model.safetensors"))
-        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
-    else:
-        ckpt.load_weights(model, folder)
 
 
 def train(cfg: TrainConfig, task=None) -> dict:
@@ -301,12 +167,12 @@ class _Trainer:
         self.model = getattr(task, "build_model", GPT)(model_cfg).to(runtime.device)
         if where is not None:
             ckpt.load_weights(self.model, where)
-        self.wrapped = _wrap(self.model, cfg, runtime)  # FSDP2 replaces the parameters: build the optimizer after it
+        self.wrapped = wrap_model(self.model, cfg, runtime)  # FSDP2 replaces the parameters: build the optimizer after it
         self.optimizer = build_optimizer(self.model, cfg, fused=runtime.device.type == "cuda")
         self.use_scaler = runtime.autocast_dtype == torch.float16
         self.scaler = torch.amp.GradScaler(runtime.device.type, init_scale=GRAD_SCALE_INIT, enabled=self.use_scaler)
         if where is not None:
-            _load_optimizer_state(self.model, self.optimizer, ckpt.load_torch_file(where / "optimizer.pt",
+            load_optimizer_state(self.model, self.optimizer, ckpt.load_torch_file(where / "optimizer.pt",
                                                                                    runtime.device), cfg, runtime)
             ckpt.set_rng_state(ckpt.load_torch_file(where / "rng.pt"))
             if self.use_scaler and state.get("grad_scaler"):
@@ -325,7 +191,7 @@ class _Trainer:
         state.update(schedule=self.sched.to_dict(), grad_scaler=self.scaler.state_dict() if self.use_scaler else None,
                      global_batch={"batch_size": cfg.batch_size, "world_size": runtime.world,
                                    "grad_accum": cfg.grad_accum})
-        model_state, opt_state = _full_states(self.model, self.optimizer, cfg, runtime)
+        model_state, opt_state = full_states(self.model, self.optimizer, cfg, runtime)
         path, error = None, None
         if runtime.is_main:
             try:
@@ -375,7 +241,7 @@ class _Trainer:
             scaler.scale(loss / cfg.grad_accum).backward()
             loss_sum += loss.detach()
         scaler.unscale_(self.optimizer)
-        grad_norm = _grad_norm(self.model, cfg.grad_clip)
+        grad_norm = gradient_norm(self.model, cfg.grad_clip)
         # one collective per step: the loss and every stop decision (the fp16 scaler skips inf gradients)
         decision = self.stop.sync(loss_sum.item(), cfg.grad_accum, None if self.use_scaler else grad_norm)
         if decision.non_finite:
@@ -436,7 +302,7 @@ class _Trainer:
         if cfg.best_metric is not None and state.get("best") is not None:
             best_dir = ckpt.resolve_best(self.run_dir)
             if best_dir is not None:  # the final evaluation is the best-validation checkpoint's
-                _load_full_weights(self.model, best_dir, cfg, runtime)
+                load_full_weights(self.model, best_dir, cfg, runtime)
                 final_from = best_dir.name
         final = self.task.evaluate(self.model, runtime.device, quick=False, autocast_dtype=runtime.autocast_dtype)
         return {
@@ -486,7 +352,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     if runtime.device.type == "cpu" and runtime.autocast_dtype is not None:  # reported: not the CPU's usual fp32
         say(f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
             + (" (--compile on a CPU with native bf16; --dtype fp32 to opt out)" if cfg.dtype == "auto" else ""))
-    compile_status = (_compile_probe(trainer.wrapped, trainer.model, task, cfg, runtime, start_step, trainer.autocast,
+    compile_status = (compile_probe(trainer.wrapped, trainer.model, task, cfg, runtime, start_step, trainer.autocast,
                                      say) if cfg.compile else None)
     stop_reason = "max_steps"
     trainer.window = [time.perf_counter(), 0]  # start of the logging window, tokens in it
