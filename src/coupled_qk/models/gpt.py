@@ -3,16 +3,14 @@
 Architecture after nanoGPT / GPT-2 (Radford et al. 2019): token embedding (+ learned positions, or RoPE in
 attention), ``n_layer`` blocks ``x + Attn(LN(x))``, ``x + MLP(LN(x))``, final LayerNorm, output head tied
 to the token embedding. Text generation (``generate``, ``generate_sliding``, ``next_token_logits``) is in
-:mod:`coupled_qk.models.generation`, a mixin of :class:`GPT`; the compiled decoding step is here, with the rest
-of the compiled path.
+:mod:`coupled_qk.models.generation`, a mixin of :class:`GPT`; the compiled path (regional compilation, the
+compiled decoding step) in :mod:`coupled_qk.models.compiled`, another.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -22,7 +20,14 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
-from coupled_qk.layers.kv_cache import StaticKVCache
+from coupled_qk.models.compiled import (  # noqa: F401 - the compiled path's helpers: public here too
+    GRAPH_ROOM,
+    GPTCompileMixin,
+    compile_error_summary,
+    compile_regions,
+    make_graph_room,
+    uncompile_regions,
+)
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.generation import (  # noqa: F401 - sample_next_token, static_capacity: public here too
     GPTGenerationMixin,
@@ -92,7 +97,7 @@ class BlockTrace:
     record: AttentionRecord
 
 
-class GPT(GPTGenerationMixin, nn.Module):
+class GPT(GPTCompileMixin, GPTGenerationMixin, nn.Module):
     """GPT language model with a selectable attention variant.
 
     ``model(idx)`` maps token ids ``idx`` (LongTensor ``(B, T)``, ``T <= block_size``) to logits
@@ -178,53 +183,6 @@ class GPT(GPTGenerationMixin, nn.Module):
             self._rope[device] = (cos, sin, signed_sin(sin))
         return self._rope[device]
 
-    def compile(
-        self,
-        backend: str = "inductor",
-        mode: str | None = None,
-        dynamic: bool | None = None,
-        fullgraph: bool = False,
-        options: dict | None = None,
-    ) -> GPT:
-        """Compile the model in place, one block at a time (regional compilation); returns ``self``.
-
-        Each transformer block's forward is compiled with ``torch.compile(backend, mode, dynamic, fullgraph,
-        options)`` (``nn.Module.compile`` of every block): blocks of one variant share one compiled graph, so
-        compile time does not grow with depth, and the parameter names (``state_dict``, checkpoints, the Hugging
-        Face export) stay those of the eager model (no ``_orig_mod.`` prefix). The embedding, the output head
-        and the loss stay eager. Compilation is lazy: it happens on the first forward, whose wall time is
-        recorded in ``self.compile_info["first_call_s"]``. If that first call fails inside the compiler while
-        the same call succeeds eagerly, the model falls back to eager for good with one ``RuntimeWarning``
-        naming the error (``self.compile_info["error"]``); an error that eager execution raises too is
-        re-raised unchanged. A failure in the lazily compiled backward surfaces at the first ``backward()``
-        (the training loop probes forward and backward once; see :func:`compile_regions`).
-
-        Dynamo's limit on graphs per function is raised for the process (:func:`make_graph_room`): every model's
-        blocks share one Python function, and past the default limit (8 graphs: variants x modes x dtypes) the
-        blocks would run eagerly without a word.
-
-        Arguments are those of :func:`torch.compile`. Source: PyTorch "regional compilation" recipe.
-        """
-        make_graph_room()
-        for block in self.blocks:
-            block.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options)
-        self._compile_state = "pending"
-        self.compile_info = dict(backend=backend, mode=mode, regional=True)
-        return self
-
-    @property
-    def is_compiled(self) -> bool:
-        """Whether the blocks are compiled (``compile()`` was called and has not fallen back to eager)."""
-        return self._compile_state in ("pending", "ok")
-
-    def uncompile(self, reason: str | None = None) -> None:
-        """Return to eager execution (keeps the weights); ``reason`` is recorded as ``compile_info["error"]``."""
-        for block in self.blocks:
-            block._compiled_call_impl = None
-        self._compile_state = "failed" if reason else None
-        if reason:
-            self.compile_info["error"] = reason
-
     def _run_blocks(self, x, rope, cache, key_mask=None) -> torch.Tensor:
         """The blocks on ``x (B, T, d_model)``; the first call after :meth:`compile` falls back to eager if the
         compiler fails (see :meth:`compile`)."""
@@ -233,31 +191,6 @@ class GPT(GPTGenerationMixin, nn.Module):
         for block in self.blocks:
             x = block(x, rope, cache, key_mask=key_mask)
         return x
-
-    def _first_compiled_call(self, x, rope, cache, key_mask) -> torch.Tensor:
-        start = time.perf_counter()
-        past = getattr(cache, "length", None)
-        self._compile_state = "ok"
-        try:
-            y = self._run_blocks(x, rope, cache, key_mask)
-        except Exception as exc:  # noqa: BLE001 - decided below: compiler failure or the caller's error
-            if past is not None and hasattr(cache, "crop"):
-                cache.crop(past)  # forget what the failed call wrote
-            saved = [b._compiled_call_impl for b in self.blocks]
-            self.uncompile()
-            try:
-                y = self._run_blocks(x, rope, cache, key_mask)
-            except Exception:
-                for b, impl in zip(self.blocks, saved):  # eager fails too: the caller's error, not the compiler's
-                    b._compiled_call_impl = impl
-                self._compile_state = "pending"
-                raise
-            reason = compile_error_summary(exc)
-            self.uncompile(reason)
-            warnings.warn(f"torch.compile failed ({reason}); the model runs eagerly", RuntimeWarning, stacklevel=3)
-            return y
-        self.compile_info["first_call_s"] = time.perf_counter() - start
-        return y
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
@@ -391,131 +324,11 @@ class GPT(GPTGenerationMixin, nn.Module):
         :func:`coupled_qk.ops.losses.next_token_loss`)."""
         return next_token_loss(self(idx), targets, ignore_index)
 
-    def decode_step(self, idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-        """One decoding step with fixed shapes: logits ``(B, vocab)`` of the tokens ``idx (B, 1)`` at slot
-        ``cache.position``, writing their keys and values there (the function :meth:`compiled_decode_step`
-        compiles; it also runs eagerly). Nothing here reads a Python number that changes between steps, so a
-        compiled version never recompiles; the caller advances ``cache`` afterwards."""
-        pos = cache.position
-        x = self.tok_emb(idx)
-        rope = None
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(pos)
-        else:
-            rope = tuple(t[pos] for t in self._rope_tables(idx.device))
-        x = self.drop(x)
-        for block in self.blocks:
-            x = block(x, rope, cache)
-        return self.logits(self.ln_f(x[:, -1]))
-
-    def compiled_decode_step(self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False):
-        """The compiled :meth:`decode_step`, built on the first call and kept on the model (later calls, and
-        every :meth:`generate` with ``compile=True``, reuse it). ``mode="auto"``: ``"reduce-overhead"`` (CUDA
-        graphs) on CUDA, the default mode elsewhere. Shapes are static (``dynamic=False``): one graph per batch
-        size and cache capacity (:func:`static_capacity` rounds capacities to powers of two); Dynamo's limit on
-        graphs per function is raised so that many models and shapes never fall back to eager silently
-        (:func:`make_graph_room`).
-
-        The returned callable ``(idx (B, 1), cache) -> logits (B, vocab)`` compiles on its first call; if that
-        call fails in the compiler (and :meth:`decode_step` succeeds eagerly) it warns once
-        (``RuntimeWarning``) and decodes eagerly from then on.
-        """
-        if self._decode_step is not None:
-            return self._decode_step
-        if mode == "auto":
-            mode = "reduce-overhead" if self.tok_emb.weight.device.type == "cuda" else None
-        make_graph_room()
-        compiled = torch.compile(self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph)
-        state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
-
-        def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-            if state["fn"] is not None:
-                return state["fn"](idx, cache)
-            state["fn"] = compiled
-            start = time.perf_counter()
-            saved = [t.clone() for t in cache.k + cache.v]  # a failed first call may have written its slot
-            try:
-                logits = compiled(idx, cache)
-            except Exception as exc:  # noqa: BLE001 - compiler failure: fall back if eager works
-                for t, s in zip(cache.k + cache.v, saved):
-                    t.copy_(s)
-                logits = self.decode_step(idx, cache)  # raises the caller's own errors
-                reason = compile_error_summary(exc)
-                self.compile_info["decode_error"] = reason
-                self._decode_step = state["fn"] = self.decode_step
-                warnings.warn(f"torch.compile of the decoding step failed ({reason}); decoding eagerly",
-                              RuntimeWarning, stacklevel=2)
-                return logits
-            self.compile_info["decode_first_call_s"] = time.perf_counter() - start
-            return logits
-
-        self._decode_step = step
-        return step
-
     def _check_ids(self, idx: torch.Tensor) -> None:
         if idx.numel() and idx.device.type == "cpu":
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must be in [0, {self.config.vocab_size}); got min {lo}, max {hi}")
-
-GRAPH_ROOM = 256
-
-
-def make_graph_room() -> None:
-    """Let Dynamo hold up to :data:`GRAPH_ROOM` graphs per function (its default limit is 8); called by
-    :meth:`GPT.compile` and :meth:`GPT.compiled_decode_step`. Raises ``torch._dynamo.config.recompile_limit``
-    (and the accumulated limit) for the process, never lowers them.
-
-    Why: Dynamo counts graphs per Python function, and every model of the process shares ours
-    (``Block.forward`` for regional compilation, :meth:`GPT.decode_step` for compiled decoding): one graph per
-    variant, training/evaluation mode, dtype, batch size and cache capacity. Past the limit it silently runs
-    the function eagerly, so ``compare --compile`` over five variants, or a benchmark of several, would
-    measure eager code while calling it compiled. A process-wide setting rather than a per-call context,
-    because entering a context costs 15-80 us per call (a decoding step is ~400 us).
-    """
-    import torch._dynamo
-
-    config = torch._dynamo.config
-    if config.recompile_limit < GRAPH_ROOM:
-        config.recompile_limit = GRAPH_ROOM
-    if config.accumulated_recompile_limit < GRAPH_ROOM:
-        config.accumulated_recompile_limit = GRAPH_ROOM
-
-
-
-def compile_error_summary(exc: BaseException) -> str:
-    """``"<ExceptionType>: <first non-empty line>"`` of a compiler error, followed by the same for the error it
-    wraps (a backend's own exception inside Dynamo's ``BackendCompilerFailed``); at most 300 characters."""
-
-    def line(e: BaseException) -> str:
-        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-        return f"{type(e).__name__}: {lines[0] if lines else ''}"
-
-    inner = getattr(exc, "inner_exception", None) or exc.__cause__
-    return (line(exc) + (f" <- {line(inner)}" if inner is not None and inner is not exc else ""))[:300]
-
-
-def compile_regions(module: nn.Module, **kwargs) -> list[GPT]:
-    """Regional compilation of ``module`` in place: :meth:`GPT.compile` on every :class:`GPT` it is or
-    contains (a classifier wrapping a GPT included); a module without one is compiled whole, in place
-    (``nn.Module.compile``: its ``state_dict`` keeps its names). ``kwargs`` go to :func:`torch.compile`.
-    Returns the compiled GPTs (empty for a whole-module compile). Undo with :func:`uncompile_regions`."""
-    gpts = [m for m in module.modules() if isinstance(m, GPT)]
-    for g in gpts:
-        g.compile(**kwargs)
-    if not gpts:
-        make_graph_room()
-        module.compile(**kwargs)
-    return gpts
-
-
-def uncompile_regions(module: nn.Module, reason: str | None = None) -> None:
-    """Undo :func:`compile_regions`: every compiled submodule of ``module`` (and ``module``) runs eagerly."""
-    for m in module.modules():
-        if isinstance(m, GPT):
-            m.uncompile(reason)
-        m._compiled_call_impl = None
-
 
 def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> torch.Tensor | None:
     """A Hugging Face style ``attention_mask`` ``(B, T_k)`` (1 or True at tokens, 0 at padding) as bool;

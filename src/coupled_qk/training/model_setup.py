@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from coupled_qk.models.gpt import GPT, compile_error_summary, compile_regions, uncompile_regions
+from coupled_qk.models.compiled import compile_error_summary, compile_regions, uncompile_regions
+from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import TrainConfig

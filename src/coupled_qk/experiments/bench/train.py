@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from coupled_qk.experiments.runner import Report, write_report
+from coupled_qk.models.compiled import compile_error_summary, uncompile_regions
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.gpt import GPT, compile_error_summary, coupling_parameter_overhead, uncompile_regions
+from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
 from coupled_qk.models.registry import OPTION_ALIASES, get_attention
 from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.ops.losses import next_token_loss
