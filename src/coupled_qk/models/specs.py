@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coupled_qk.models.config import parse_overrides
-from coupled_qk.models.registry import ALIASES, VARIANTS, Attention, default_variants, get_attention, variant_names
+from coupled_qk.models.registry import (
+    ALIASES,
+    UNKNOWN_HINT,
+    VARIANTS,
+    Attention,
+    default_variants,
+    get_attention,
+    variant_names,
+)
 
 __all__ = ["canonical_name", "parse_variants", "variant_attention", "variant_overrides"]
 
@@ -35,7 +43,8 @@ def variant_overrides(spec: str) -> dict:
         raise ValueError(f"variant spec {spec!r} is empty")
     known = variant_names()  # loads plugins
     if name not in VARIANTS:
-        raise ValueError(f"unknown variant {spec!r}; expected one of {known}, optionally +field=value")
+        raise ValueError(f"unknown variant {spec!r}; expected one of {known}, optionally +field=value; "
+                         f"{UNKNOWN_HINT}")
     return {**VARIANTS[name], **parse_overrides(rest.split("+") if rest else [], flag=f"variant {spec!r}")}
 
 
