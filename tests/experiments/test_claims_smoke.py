@@ -115,3 +115,14 @@ def test_gpu_protocols_are_defined_not_run(tmp_path):
     report = build_report(get_protocol("gpu-paper"), tmp_path)
     assert all(r["verdict"] == "not run" and "not run here" in r["reason"] for r in report["rows"])
     assert report["expected_hours"]
+
+
+@pytest.mark.parametrize("flag", [["--plan"], ["--max-runs", "1"], ["--commit-records"]])
+def test_converged_only_flags_are_refused_not_ignored(flag, tmp_path, capsys):
+    """`claims --protocol smoke --plan` once trained the whole protocol: a flag of the converged protocols is
+    an error (exit 2, naming it) on the others, before anything is trained or written."""
+    assert main(["claims", "--protocol", "smoke", *flag, "--out-dir", str(tmp_path / "out"),
+                 "--run-root", str(tmp_path / "runs"), "--data-dir", str(tmp_path / "nodata")]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag[0]} applies only to the converged protocols" in err and "toy-converged" in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()

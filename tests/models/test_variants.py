@@ -210,3 +210,28 @@ def test_every_maps_options_are_flat_spellings_with_their_types():
     with pytest.raises(TypeError, match="n_alternatoins"):  # a name no map has is the dataclass's own error
         GPTConfig(**SMALL, attention="invertible", n_alternatoins=2)
     assert set(variants.FLAT_MAP_OPTIONS) >= {"integrator", "n_steps", "dynamics_hidden", "hidden", "n_alternations"}
+
+
+def test_unknown_names_say_where_plugin_names_come_from_and_where_specs_go():
+    """A run of a plugin's variant loaded where the plugin is not installed, or a spec given as an attention name,
+    is an error that says why, not only the list of known names."""
+    with pytest.raises(ValueError, match="is unknown.*installed.*entry-point group 'coupled_qk.variants'"):
+        GPTConfig(attention="not_installed")
+    with pytest.raises(ValueError, match="unknown variant 'not_installed'.*entry-point group 'coupled_qk.variants'"):
+        variant_overrides("not_installed")
+    with pytest.raises(ValueError, match=r"read by --variants only.*--attention coupled --set n_steps=3 --set "
+                                         r"dt_init=0\.2\)"):
+        GPTConfig(attention="coupled+n_steps=3+dt_init=0.2")
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("coupled+n_steps=-1", r"variant 'coupled\+n_steps=-1': GPTConfig.qk_map.n_steps"),
+    ("standard+n_steps=2", r"variant 'standard\+n_steps=2': GPTConfig option\(s\) \['n_steps'\] do not apply"),
+    ("invertible+dt_init=0.2", r"variant 'invertible\+dt_init=0.2': .*do not apply to attention='invertible'"),
+])
+def test_a_spec_with_bad_map_options_is_refused_when_parsed_naming_the_spec(spec, match):
+    """`claims --variants drift+gain=-1` once trained a cell's other runs before failing on the bad one, and
+    `compare` did not say which spec was wrong: a spec's map options are checked when it is parsed."""
+    with pytest.raises(ValueError, match=match):
+        variant_overrides(spec)
+    assert variant_overrides("coupled+n_steps=2+integrator=leapfrog")["n_steps"] == 2

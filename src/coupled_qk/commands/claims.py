@@ -76,6 +76,13 @@ def run(args) -> int:
 
     if args.protocol in DESIGNS:
         return _run_converged(args)
+    # the converged-only flags, refused rather than ignored: `--plan` ignored would train the whole protocol
+    for flag, given in (("--plan", args.plan), ("--max-runs", args.max_runs is not None),
+                        ("--commit-records", args.commit_records)):
+        if given:
+            raise ValueError(f"{flag} applies only to the converged protocols ({', '.join(sorted(DESIGNS))}), "
+                             f"not to {args.protocol!r}, which has no plan mode: --report-only trains nothing, "
+                             "--cells chooses the cells to train")
     protocol = get_protocol(args.protocol)
     if args.seeds is not None:
         protocol = protocol.with_seeds(tuple(parse_seeds(args.seeds)))

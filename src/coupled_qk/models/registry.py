@@ -43,6 +43,10 @@ from coupled_qk.models.options import DynamicsOptions, InvertibleOptions, MapOpt
 ENTRY_POINT_GROUP = "coupled_qk.variants"
 """Python entry-point group read by :func:`load_plugins` (``[project.entry-points."coupled_qk.variants"]``)."""
 
+UNKNOWN_HINT = (f"an attention or variant of another package exists only where that package is installed "
+                f"(it registers through the entry-point group {ENTRY_POINT_GROUP!r}, docs/DESIGN.md)")
+"""The end of the error for an unknown attention or variant name: where plugin names come from."""
+
 OPTION_ALIASES = {"dynamics_hidden": "hidden"}
 """Flat spellings that differ from the nested field name (config files and ``--set`` of earlier versions)."""
 
@@ -363,7 +367,14 @@ def get_attention(name: str) -> Attention:
     """The registered :class:`Attention` called ``name``; ``ValueError`` listing the known names otherwise."""
     load_plugins()
     if name not in ATTENTIONS:
-        raise ValueError(f"GPTConfig.attention={name!r} is unknown; expected one of {list(ATTENTIONS)}")
+        if isinstance(name, str) and "+" in name:
+            head, _, rest = name.partition("+")
+            hint = (f"; a variant spec (NAME+field=value) is read by --variants only: give the attention and its "
+                    f"options separately (attention={head!r} plus {rest!r}; on the command line --attention {head} "
+                    f"--set {rest.replace('+', ' --set ')})")
+        else:
+            hint = f"; {UNKNOWN_HINT}"
+        raise ValueError(f"GPTConfig.attention={name!r} is unknown; expected one of {list(ATTENTIONS)}{hint}")
     return ATTENTIONS[name]
 
 

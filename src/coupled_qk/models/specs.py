@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coupled_qk.models.config import parse_overrides
-from coupled_qk.models.registry import ALIASES, VARIANTS, Attention, default_variants, get_attention, variant_names
+from coupled_qk.models.registry import (
+    ALIASES,
+    UNKNOWN_HINT,
+    VARIANTS,
+    Attention,
+    default_variants,
+    flat_option_names,
+    get_attention,
+    variant_names,
+)
 
 __all__ = ["canonical_name", "parse_variants", "variant_attention", "variant_overrides"]
 
@@ -28,15 +37,24 @@ def variant_overrides(spec: str) -> dict:
 
     Raises:
         ValueError: an empty spec, an unknown name (listing the known ones), a ``+`` part without ``=``, an
-            unknown field or a value of the wrong type.
+            unknown field or a value of the wrong type; map options its attention does not have or out of their
+            range (the options dataclass's ``validate``), naming the spec, so that a study refuses a bad spec
+            before it trains anything.
     """
     name, _, rest = canonical_name(spec).partition("+")
     if not name:
         raise ValueError(f"variant spec {spec!r} is empty")
     known = variant_names()  # loads plugins
     if name not in VARIANTS:
-        raise ValueError(f"unknown variant {spec!r}; expected one of {known}, optionally +field=value")
-    return {**VARIANTS[name], **parse_overrides(rest.split("+") if rest else [], flag=f"variant {spec!r}")}
+        raise ValueError(f"unknown variant {spec!r}; expected one of {known}, optionally +field=value; "
+                         f"{UNKNOWN_HINT}")
+    overrides = {**VARIANTS[name], **parse_overrides(rest.split("+") if rest else [], flag=f"variant {spec!r}")}
+    flat = flat_option_names()
+    try:
+        get_attention(overrides["attention"]).options(None, {k: v for k, v in overrides.items() if k in flat})
+    except ValueError as exc:
+        raise ValueError(f"variant {spec!r}: {exc}") from None
+    return overrides
 
 
 def variant_attention(spec: str) -> Attention:
