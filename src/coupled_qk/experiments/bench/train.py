@@ -388,7 +388,8 @@ def bench_markdown(result: dict) -> str:
         machine_line(result["machine"]),
         f"- command: `{result.get('command', '')}`",
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} "
-        f"vocab={c['vocab_size']} map options={s.get('map_options') or 'defaults'}; batch {s['batch_size']} x seq {s['seq_len']} "
+        f"vocab={c['vocab_size']}; map options for every variant (--set): {s.get('map_options') or 'none'} "
+        f"(a variant spec's own options are in its name); batch {s['batch_size']} x seq {s['seq_len']} "
         f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}"
         + (f" (graphs compiled during timed steps: {s['recompiles_during_timing']})"
            if s['compile'] and 'recompiles_during_timing' in s else ""),
