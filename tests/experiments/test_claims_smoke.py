@@ -117,12 +117,38 @@ def test_gpu_protocols_are_defined_not_run(tmp_path):
     assert report["expected_hours"]
 
 
-@pytest.mark.parametrize("flag", [["--plan"], ["--max-runs", "1"], ["--commit-records"]])
+@pytest.mark.parametrize("flag", [["--max-runs", "1"], ["--commit-records"]])
 def test_converged_only_flags_are_refused_not_ignored(flag, tmp_path, capsys):
-    """`claims --protocol smoke --plan` once trained the whole protocol: a flag of the converged protocols is
-    an error (exit 2, naming it) on the others, before anything is trained or written."""
+    """A flag of the converged protocols is an error (exit 2, naming it) on the others, before anything is
+    trained or written."""
     assert main(["claims", "--protocol", "smoke", *flag, "--out-dir", str(tmp_path / "out"),
                  "--run-root", str(tmp_path / "runs"), "--data-dir", str(tmp_path / "nodata")]) == 2
     err = capsys.readouterr().err
     assert f"{flag[0]} applies only to the converged protocols" in err and "toy-converged" in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+def test_plan_lists_the_runs_and_their_records_and_trains_nothing(tmp_path, capsys):
+    """`claims --protocol smoke --plan` once trained the whole protocol; now it prints each run with its state:
+    a record with the planned settings is done, one with other settings stale, none to run."""
+    import json
+
+    from coupled_qk.experiments.claims.runs import record_path, settings_of, train_config
+
+    protocol = get_protocol("smoke")
+    cell = protocol.cells[0]
+    (variant, seed), (variant2, seed2) = list(cell.units())[:2]
+    out = tmp_path / "out"
+    cfg = train_config(cell, variant, seed, tmp_path / "r", tmp_path / "d")
+    for (v, s), settings in (((variant, seed), settings_of(cfg)), ((variant2, seed2), {**settings_of(cfg), "lr": 9.0})):
+        path = record_path(out, "smoke", cell.name, v, s)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"config": settings}))
+    args = ["claims", "--protocol", "smoke", "--plan", "--out-dir", str(out), "--run-root", str(tmp_path / "runs")]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    n = sum(len(list(c.units())) for c in protocol.cells)
+    assert lines[0] == f"protocol smoke: {n} runs (1 done, 1 stale, {n - 2} to run)"
+    assert lines[1] == f"  {cell.name} {variant} seed {seed} (done)"
+    assert lines[2] == f"  {cell.name} {variant2} seed {seed2} (stale)"
+    assert not (tmp_path / "runs").exists()

@@ -25,7 +25,7 @@ def add_arguments(parser) -> None:
                              "at 60M on WikiText-103, for a GPU), toy-converged (its toy instance), gpu-paper "
                              "(defined, not runnable here)")
     parser.add_argument("--plan", action="store_true",
-                        help="converged protocols: print the planned runs, the data check and the cost estimate; "
+                        help="print the planned runs and whether each has a record (converged protocols: also the data check and the cost estimate); "
                              "train nothing")
     parser.add_argument("--max-runs", type=positive_int_arg, default=None,
                         help="converged protocols: stop after training this many new runs")
@@ -76,13 +76,11 @@ def run(args) -> int:
 
     if args.protocol in DESIGNS:
         return _run_converged(args)
-    # the converged-only flags, refused rather than ignored: `--plan` ignored would train the whole protocol
-    for flag, given in (("--plan", args.plan), ("--max-runs", args.max_runs is not None),
-                        ("--commit-records", args.commit_records)):
+    # the converged-only flags, refused rather than ignored
+    for flag, given in (("--max-runs", args.max_runs is not None), ("--commit-records", args.commit_records)):
         if given:
             raise ValueError(f"{flag} applies only to the converged protocols ({', '.join(sorted(DESIGNS))}), "
-                             f"not to {args.protocol!r}, which has no plan mode: --report-only trains nothing, "
-                             "--cells chooses the cells to train")
+                             f"not to {args.protocol!r}: --cells and --shard choose the runs to train")
     protocol = get_protocol(args.protocol)
     if args.seeds is not None:
         protocol = protocol.with_seeds(tuple(parse_seeds(args.seeds)))
@@ -98,6 +96,13 @@ def run(args) -> int:
                              f"{protocol.name!r}; expected some of {names}")
     if args.report_only and (args.cells is not None or shard != (0, 1)):
         raise ValueError("--cells and --shard choose the runs to train; --report-only trains nothing (drop them)")
+    if args.plan:  # the runs and their state; trains and writes nothing
+        from coupled_qk.experiments.claims.runs import plan_lines as protocol_plan
+
+        out_dir = args.out_dir or ("runs/claims-smoke" if protocol.name == "smoke" else "docs/results/claims")
+        cells = [c.strip() for c in args.cells.split(",")] if args.cells else None
+        print("\n".join(protocol_plan(protocol, out_dir, cells)))
+        return 0
     if args.glue_json is not None:  # an explicit results file must exist and parse (before any training)
         from coupled_qk.experiments.claims.glue import load_glue_rows
 

@@ -276,6 +276,28 @@ def run_protocol(protocol, out_dir: str | Path, run_root: str | Path, data_dir: 
     return records
 
 
+def plan_lines(protocol, out_dir: str | Path, cells: list[str] | None = None) -> list[str]:
+    """One line per run of ``protocol`` (in execution order): its cell, variant, seed and whether a record with
+    the same result-changing settings exists (``done``, also when another protocol made the identical run),
+    exists with other settings (``stale``: it would be trained again) or is missing (``to run``). Trains and
+    writes nothing (``claims --plan``)."""
+    chosen = [c for c in protocol.cells if not cells or c.name in cells]
+    lines, counts = [], {"done": 0, "stale": 0, "to run": 0}
+    for cell in chosen:
+        for variant, seed in cell.units():
+            cfg = train_config(cell, variant, seed, Path("run"), None if cell.mqar is not None else Path("data"))
+            path = record_path(out_dir, protocol.name, cell.name, variant, seed)
+            if load_record(path, cfg) is not None or same_run_elsewhere(out_dir, protocol.name, cell.name, variant,
+                                                                        seed, cfg) is not None:
+                status = "done"
+            else:
+                status = "stale" if path.is_file() else "to run"
+            counts[status] += 1
+            lines.append(f"  {cell.name} {variant} seed {seed} ({status})")
+    summary = ", ".join(f"{n} {k}" for k, n in counts.items())
+    return [f"protocol {protocol.name}: {sum(counts.values())} runs ({summary})", *lines]
+
+
 def complete_wt2(path: str | Path, data_dir: str | Path, run_dir: str | Path | None = None) -> dict:
     """Add the WikiText-2 evaluation to a record written with ``defer_wt2`` and rewrite it atomically.
 
