@@ -205,3 +205,33 @@ def test_a_design_runs_under_torchrun_and_records_the_one_process_run(tmp_path):
     cell = next(c for _, c in make_plan(TOY_CONVERGED, {}).cells if c.name == rec["cell"])
     again = train(train_config(cell, rec["variant"], rec["seed"], tmp_path / "one", default_cache_dir() / "claims-data"))
     assert again["final"]["test/loss"] == pytest.approx(rec["final"]["test/loss"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_the_gpu_protocol_at_toy_size_runs_on_a_cpu(tmp_path):
+    """`toy-gpu-60m` is `gpu-60m` with toy budgets (same corpus layout, GPT-2 BPE, grid and stages): on a small
+    WikiText-103-layout folder it plans, trains the first grid runs, records and reports, on a CPU."""
+    from coupled_qk.data.paths import default_data_dir
+    from coupled_qk.experiments.claims.converged import TOY_GPU_60M
+
+    assert {k: v for k, v in TOY_GPU_60M.base.items() if k not in ("preset", "batch_size", "warmup_steps",
+            "eval_batches", "log_interval", "patience", "dtype", "compile", "checkpoint_minutes", "model")} == {
+        k: v for k, v in GPU_60M.base.items() if k not in ("preset", "batch_size", "warmup_steps", "eval_batches",
+                                                        "log_interval", "patience", "dtype", "compile",
+                                                        "checkpoint_minutes")}
+    lines = (default_data_dir() / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    data = tmp_path / "data"
+    (data / "wikitext-103").mkdir(parents=True)
+    for name, part in (("train", lines[:60]), ("valid", lines[60:90]), ("test", lines[90:120])):
+        (data / "wikitext-103" / f"wiki.{name}.tokens").write_text("".join(part), encoding="utf-8")
+    (data / "tokenizer").symlink_to(default_data_dir() / "tokenizer")
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    plan = _cli("--protocol", "toy-gpu-60m", "--plan", "--data-dir", str(data), "--out-dir", str(out), cwd=tmp_path)
+    assert plan.returncode == 0 and "[grid] toy-gpu-60m-grid-lr0.001 coupled seed 100" in plan.stdout, plan.stderr
+    res = _cli("--protocol", "toy-gpu-60m", "--data-dir", str(data), "--out-dir", str(out), "--run-root", str(runs),
+               "--max-runs", "2", "--no-figures", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    recs = [json.loads(p.read_text()) for p in (out / "runs" / "toy-gpu-60m").glob("*/*/seed*.json")]
+    assert len(recs) == 2 and all(r["config"]["corpus"] == "wikitext-103" and r["config"]["tokenizer"] == "gpt2"
+                                  for r in recs)
+    assert (out / "toy-gpu-60m.json").is_file()

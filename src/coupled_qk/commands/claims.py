@@ -22,7 +22,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--protocol", required=True, choices=sorted([*PROTOCOLS, *DESIGNS]),
                         help="smoke (toy budgets, every code path), cpu-short / cpu (the first-epoch CPU study), "
                              "cpu-converged (trained to a plateau at tuned learning rates), gpu-60m (the same design "
-                             "at 60M on WikiText-103, for a GPU), toy-converged (its toy instance), gpu-paper "
+                             "at 60M on WikiText-103, for a GPU), toy-converged / toy-gpu-60m (their toy instances), gpu-paper "
                              "(defined, not runnable here)")
     parser.add_argument("--plan", action="store_true",
                         help="print the planned runs and whether each has a record (converged protocols: also the data check and the cost estimate); "
@@ -153,7 +153,7 @@ def _run_converged(args) -> int:
         if value is not None:
             raise ValueError(f"{flag} does not apply to the converged protocol {design.name!r} (its seeds and "
                              "stages are pre-registered)")
-    default_out = "runs/claims-toy" if design.name == "toy-converged" else "docs/results/claims"
+    default_out = "runs/claims-toy" if design.name.startswith("toy-") else "docs/results/claims"
     out_dir = args.out_dir or default_out
     data_dir = args.data_dir or default_data_dir()
     command = "coupled-qk claims " + shlex.join(["--protocol", design.name, *(["--out-dir", args.out_dir]

@@ -315,7 +315,20 @@ GPU_60M = Design(
     ),
 )
 
-DESIGNS: dict[str, Design] = {d.name: d for d in (CPU_CONVERGED, TOY_CONVERGED, GPU_60M)}
+TOY_GPU_60M = dataclasses.replace(
+    GPU_60M,
+    name="toy-gpu-60m",
+    description="the gpu-60m design at toy size (WikiText-103 layout, GPT-2 BPE, its grid and stages; fp32, eager), "
+                "so that the GPU protocol's code path runs on a CPU in CI; numbers meaningless",
+    base={**GPU_60M.base, "preset": "tiny", "batch_size": 4, "warmup_steps": 2, "eval_batches": 2, "log_interval": 1,
+          "patience": 2, "dtype": "fp32", "compile": False, "checkpoint_minutes": None,
+          "model": {"n_layer": 1, "d_model": 16, "n_heads": 2, "block_size": 32}},
+    train_tokens=2_048, epochs=2.0, long_epochs=3.0, evals_per_epoch=2, lrs=(1e-3, 3e-2), seeds=(0, 1, 2),
+    matched_seeds=(0, 1), runnable_here=True, tokens_per_second=2_000.0,
+    notes=("Toy budgets on a small WikiText-103-layout folder: exercises the GPU protocol's path only.",),
+)
+
+DESIGNS: dict[str, Design] = {d.name: d for d in (CPU_CONVERGED, TOY_CONVERGED, GPU_60M, TOY_GPU_60M)}
 
 
 def get_design(name: str) -> Design:
