@@ -47,7 +47,7 @@ def paired_ratio(times, base_times, seed: int = 0, n_boot: int = 2000) -> dict:
     return dict(median=float(np.median(r)), lo=float(np.percentile(boots, 2.5)), hi=float(np.percentile(boots, 97.5)))
 
 
-def _decode_once(model: GPT, prompt: torch.Tensor, new_tokens: int, device) -> float:
+def decode_seconds(model: GPT, prompt: torch.Tensor, new_tokens: int, device) -> float:
     """Seconds for ``new_tokens`` cached greedy steps after an (untimed) prefill of ``prompt``."""
     with torch.no_grad():
         cache = model.new_cache(prompt.shape[1] + new_tokens)
@@ -97,10 +97,10 @@ def run_decode(base: GPTConfig, variants=None, batch_sizes=(1, 8), prefixes=(128
         prompt = torch.randint(0, base.vocab_size, (b, p), generator=gen).to(dev)
         times = {n: [] for n in names}
         for n in names:  # warm-up
-            _decode_once(models[n], prompt, min(new_tokens, 4), dev)
+            decode_seconds(models[n], prompt, min(new_tokens, 4), dev)
         for i in range(repeats):
             for n in names[i % len(names):] + names[: i % len(names)]:
-                times[n].append(_decode_once(models[n], prompt, new_tokens, dev))
+                times[n].append(decode_seconds(models[n], prompt, new_tokens, dev))
         log(f"  decode batch {b} prefix {p}: done")
         res = {}
         for n in names:

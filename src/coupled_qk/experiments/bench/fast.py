@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from coupled_qk.experiments.bench.decode import decode_seconds
 from coupled_qk.experiments.bench.train import (
     BASELINE,
     TrainStepRunner,
@@ -304,21 +305,17 @@ def _decode_time(model: nn.Module, how: str, prompt: torch.Tensor, new_tokens: i
             past, nxt = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
         sync_device(dev)
         return time.perf_counter() - start
+    if how != "compiled":
+        return decode_seconds(model, prompt, new_tokens, dev)
     total = prompt.shape[1] + new_tokens
-    cache = model.new_cache(static_capacity(total, model.config.block_size) if how == "compiled" else total)
+    cache = model.new_cache(static_capacity(total, model.config.block_size))
     nxt = model.next_token_logits(prompt, cache).argmax(-1, keepdim=True)
-    if how == "compiled":
-        static, step = StaticKVCache.from_cache(cache), model.compiled_decode_step()
-        sync_device(dev)
-        start = time.perf_counter()
-        for _ in range(new_tokens):
-            nxt = step(nxt, static).argmax(-1, keepdim=True)
-            static.advance()
-    else:
-        sync_device(dev)
-        start = time.perf_counter()
-        for _ in range(new_tokens):
-            nxt = model.next_token_logits(nxt, cache).argmax(-1, keepdim=True)
+    static, step = StaticKVCache.from_cache(cache), model.compiled_decode_step()
+    sync_device(dev)
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        nxt = step(nxt, static).argmax(-1, keepdim=True)
+        static.advance()
     sync_device(dev)
     return time.perf_counter() - start
 
