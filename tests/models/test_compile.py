@@ -320,6 +320,21 @@ def test_inductor_compiled_decoding_matches_eager_token_for_token():
     assert frames() == 1
 
 
+@pytest.mark.slow
+def test_inductor_cpp_wrapper_decoding_matches_eager_token_for_token():
+    model = tiny("coupled").eval()
+    x = torch.randint(0, 64, (2, 5))
+    expected = model.generate(x, 8, temperature=0)
+    model.compiled_decode_step(options={"cpp_wrapper": True})
+    assert torch.equal(model.generate(x, 8, temperature=0, compile=True), expected)
+    assert "decode_error" not in model.compile_info and frames() == 1
+
+
+def test_compiled_decode_step_refuses_mode_with_options():
+    with pytest.raises(ValueError, match="mode='max-autotune' and options"):
+        tiny().compiled_decode_step(mode="max-autotune", options={"cpp_wrapper": True})
+
+
 # --- StaticKVCache and its capacity ------------------------------------------------------------------------
 
 def test_static_kv_cache_writes_in_place_and_masks_the_rest():
