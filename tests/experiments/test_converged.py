@@ -137,26 +137,47 @@ def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
     for (cell, v, _), r in recs.items():
         if cell == main:
             assert r["config"]["lr"] == report["chosen_lr"][v]
-    # an independent re-run of one record (same code path, fresh folder) reproduces its test loss
-    from coupled_qk.experiments.claims.converged import plan as make_plan
-    from coupled_qk.experiments.claims.converged_study import load_records
-    from coupled_qk.experiments.claims.runs import train_config
-    from coupled_qk.training.loop import train
+    # `claims --verify`: the run of one record re-trained from scratch in a fresh folder matches it exactly
+    rec_path = out / "runs" / "toy-converged" / main / "coupled" / "seed1.json"
+    res = _cli("--protocol", "toy-converged", "--verify", str(rec_path), "--run-root", str(runs), "--tolerance", "0",
+               cwd=tmp_path)
+    assert res.returncode == 0 and "MATCH: test/loss differs by +0" in res.stdout, res.stdout + res.stderr[-2000:]
+    assert (runs / "verify" / "toy-converged" / main / "coupled" / "seed1").is_dir()
+    # a record whose stored loss is off is caught (the verified run folder is reused, nothing retrained)
+    tampered = json.loads(rec_path.read_text())
+    tampered["final"]["test/loss"] += 0.01
+    rec_path.write_text(json.dumps(tampered))
+    res = _cli("--protocol", "toy-converged", "--verify", str(rec_path), "--run-root", str(runs), cwd=tmp_path)
+    assert res.returncode == 1 and "MISMATCH: test/loss differs by -0.01" in res.stdout, res.stdout + res.stderr
 
-    p = make_plan(TOY_CONVERGED, load_records(out, TOY_CONVERGED))
-    cell = next(c for s, c in p.cells if s == "main")
-    from coupled_qk.data.paths import default_cache_dir
 
-    cfg = train_config(cell, "coupled", 1, tmp_path / "rerun", default_cache_dir() / "claims-data")
-    import torch
+def test_verify_refuses_what_is_not_a_record_of_the_protocol(tmp_path, capsys):
+    from coupled_qk.cli import main
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        again = train(cfg)
-    finally:
-        torch.set_num_threads(threads)
-    assert again["final"]["test/loss"] == pytest.approx(recs[(main, "coupled", 1)]["final"]["test/loss"], abs=1e-9)
+    good = tmp_path / "out" / "runs" / "toy-converged" / "toy-converged-main" / "coupled" / "seed1.json"
+    good.parent.mkdir(parents=True)
+    good.write_text(json.dumps({"protocol": "toy-converged", "cell": "toy-converged-main", "variant": "coupled",
+                                "seed": 1, "final": {}}))
+    moved = tmp_path / "seed1.json"
+    moved.write_text(good.read_text())
+    (tmp_path / "bad.json").write_text("{")
+    cases = [(["--verify", str(tmp_path / "none.json")], "no such record file"),
+             (["--verify", str(tmp_path / "bad.json")], "is not a JSON run record"),
+             (["--verify", str(moved)], "must stay where the study wrote it"),
+             (["--verify", str(good), "--plan"], "--plan cannot be combined"),
+             (["--verify", str(good), "--tolerance", "-1"], "--tolerance"),
+             (["--verify", str(good), "--protocol", "cpu"], "not of --protocol 'cpu'")]
+    for extra, message in cases:
+        args = ["claims", "--protocol", "toy-converged", "--run-root", str(tmp_path / "runs"), *extra]
+        if "--protocol" in extra:
+            args = ["claims", "--run-root", str(tmp_path / "runs"), *extra]
+        try:
+            code = main(args)
+        except SystemExit as exc:  # argparse's own type errors
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, (extra, err)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_run_held_by_another_process_is_left_to_it(tmp_path):

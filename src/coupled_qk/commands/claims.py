@@ -15,7 +15,7 @@ HELP = "run a claims protocol (C1-C13 with seeds and confidence intervals) and r
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import folder_arg, path_arg, positive_int_arg
+    from coupled_qk.commands.options import folder_arg, nonneg_float_arg, path_arg, positive_int_arg
     from coupled_qk.experiments.claims.converged import DESIGNS
     from coupled_qk.experiments.claims.protocols import PROTOCOLS
 
@@ -51,6 +51,12 @@ def add_arguments(parser) -> None:
                         help="GLUE results for C11: a `coupled-qk glue` results.json, or a JSON list of rows with task, "
                         f"variant, seed and score (default: {DEFAULT_GLUE_JSON} if it exists, except for smoke)")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    parser.add_argument("--verify", default=None, metavar="RECORD", type=path_arg,
+                        help="re-train the run of one committed record of this protocol from scratch (in "
+                             "RUN_ROOT/verify, one thread) and compare its metrics with the record; exit 1 if the "
+                             "primary metric differs by more than --tolerance")
+    parser.add_argument("--tolerance", default=1e-4, type=nonneg_float_arg,
+                        help="--verify: accepted difference of the test loss (else validation loss), nats (default 1e-4)")
     from coupled_qk.commands.options import add_overwrite_option
 
     add_overwrite_option(parser)
@@ -74,6 +80,8 @@ def run(args) -> int:
     from coupled_qk.experiments.claims.report import build_report, format_markdown, report_dir, write_report
     from coupled_qk.experiments.claims.runs import run_protocol
 
+    if args.verify is not None:
+        return _verify(args)
     if args.protocol in DESIGNS:
         return _run_converged(args)
     # the converged-only flags, refused rather than ignored
@@ -181,6 +189,29 @@ def _run_converged(args) -> int:
     print((Path(out_dir) / f"{design.name}.md").read_text().split("\n## Learning-rate grid")[0])
     print("written: " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _verify(args) -> int:
+    """``claims --protocol P --verify RECORD``: re-train one record's run and compare (exit 1 on a mismatch)."""
+    from coupled_qk.data.paths import default_cache_dir, default_data_dir
+    from coupled_qk.experiments.claims.verify import format_comparison, read_record, verify_record
+
+    chosen = [flag for flag, given in (("--plan", args.plan), ("--report-only", args.report_only),
+                                       ("--max-runs", args.max_runs is not None), ("--commit-records", args.commit_records),
+                                       ("--cells", args.cells is not None), ("--seeds", args.seeds is not None),
+                                       ("--variants", args.variants is not None), ("--shard", args.shard != "0/1"))
+              if given]
+    if chosen:
+        raise ValueError(f"--verify re-trains the one run of its record; {', '.join(chosen)} cannot be combined with it")
+    record, _ = read_record(args.verify)
+    if record["protocol"] != args.protocol:
+        raise ValueError(f"--verify={args.verify!r} is a record of protocol {record['protocol']!r}, not of "
+                         f"--protocol {args.protocol!r}")
+    cache = args.cache_dir or (default_cache_dir() / "claims-data")
+    result = verify_record(args.verify, args.run_root, args.data_dir or default_data_dir(), cache,
+                           tolerance=args.tolerance)
+    print(format_comparison(result))
+    return 0 if result["match"] else 1
 
 
 def _git_commit(paths: list[Path], message: str) -> None:
