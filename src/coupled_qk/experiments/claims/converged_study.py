@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coupled_qk.experiments import stats
-from coupled_qk.experiments.claims.converged import Design, best_loss, plan, plateaued, units
+from coupled_qk.experiments.claims.converged import DESIGNS, Design, best_loss, plan, plateaued, units
 from coupled_qk.experiments.claims.runs import execute, record_path
 from coupled_qk.io import write_text_atomic
 
@@ -346,12 +346,19 @@ def format_markdown(report: dict, command: str) -> str:
 
 
 def write_report(report: dict, out_dir: str | Path, command: str, figures: bool = True) -> list[Path]:
-    """Write ``<out_dir>/<design>.json``, ``.md`` and (with ``figures``) ``figures/<design>-valid.png``."""
+    """Write ``<out_dir>/<design>.json``, ``.md``, ``-readme.md`` (the README's headline,
+    :func:`~coupled_qk.experiments.claims.headline.converged_headline`) and (with ``figures``)
+    ``figures/<design>-valid.png``."""
+    from coupled_qk.experiments.claims.headline import converged_headline
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{report['design']}.json", out_dir / f"{report['design']}.md"]
+    name = report["design"]
+    paths = [out_dir / f"{name}.json", out_dir / f"{name}.md", out_dir / f"{name}-readme.md"]
     write_text_atomic(paths[0], json.dumps(report, indent=1, default=str) + "\n")
     write_text_atomic(paths[1], format_markdown(report, command))
+    tokens = DESIGNS[name].train_tokens if name in DESIGNS else None
+    write_text_atomic(paths[2], converged_headline(report, tokens) + "\n")
     if figures and any(report["curves"].values()):
         paths.append(_figure(report, out_dir / "figures" / f"{report['design']}-valid.png"))
     return paths

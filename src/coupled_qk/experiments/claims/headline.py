@@ -1,0 +1,61 @@
+"""The README's one-sentence answer of a converged study (issue 25 item 3), generated from its report.
+
+:func:`converged_headline` reads the report of :func:`coupled_qk.experiments.claims.converged_study.build_report`
+and says what coupling did to held-out test perplexity against standard attention in the converged regime (C1,
+mean and 95% interval over paired seeds, the seed count) beside the first-epoch regime's C1, or, while C1 is
+incomplete, that no statement is made yet (the study's pre-registered rule). The README block
+``<!-- claims:<design> -->`` is a copy of ``<design>-readme.md`` (kept equal by a test), so the sentence
+changes only with the records.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _interval(row: dict) -> str:
+    return f"{row['mean']:+.2f}% [{row['low']:+.2f}, {row['high']:+.2f}]"
+
+
+def _reading(row: dict) -> str:
+    if row["high"] < 0:
+        return "lowers it"
+    if row["low"] > 0:
+        return "raises it"
+    return "does not change it measurably"
+
+
+def converged_headline(report: dict, train_tokens: int | None = None) -> str:
+    """One paragraph: the converged C1 with interval and seeds, and the first-epoch C1 beside it.
+
+    Args:
+        report: a converged study's report (``claims`` rows with ``mean``/``low``/``high``/``n``/``status``/
+            ``power``/``mde80`` and ``first_epoch``; ``epochs``, ``chosen_lr``, ``design``).
+        train_tokens: training tokens of one epoch, for the sentence (omitted when ``None``).
+
+    Returns:
+        Markdown text (no trailing newline).
+    """
+    c1 = next((r for r in report["claims"] if r["claim"] == "C1"), None)
+    name = report["design"]
+    if c1 is None or c1.get("status") != "complete" or not all(
+            isinstance(c1.get(k), (int, float)) and math.isfinite(c1[k]) for k in ("mean", "low", "high")):
+        done = 0 if c1 is None else c1.get("n", 0)
+        total = "?" if c1 is None else c1.get("expected_n", "?")
+        return (f"**Converged regime (`{name}`): no statement yet.** Its C1 cell (coupled vs standard, paired "
+                f"seeds) has {done} of {total} pairs; by the study's pre-registered rule nothing is read from it "
+                f"before it is complete. Progress: [docs/results/claims/{name}.md](docs/results/claims/{name}.md).")
+    lrs = report.get("chosen_lr") or {}
+    lr_text = ", ".join(f"{v} {lr:g}" for v, lr in lrs.items())
+    tokens = f" of {train_tokens:,} training tokens" if train_tokens else ""
+    text = (f"**Converged regime (`{name}`, tiny preset, {report['epochs']:g} epochs{tokens}, best-validation "
+            f"checkpoint, each variant at its own learning rate: {lr_text}; {c1['n']} paired seeds):** coupling "
+            f"{_reading(c1)}: held-out test perplexity, coupled vs standard, {_interval(c1)} "
+            f"(mean and 95% interval over seeds; power for a true 1% effect {c1['power']:.0%}, smallest effect "
+            f"detectable at 80% power {c1['mde80']:.2f}%).")
+    first = c1.get("first_epoch")
+    if first:
+        text += (f" In the first epoch at one shared learning rate (`cpu` protocol) the same comparison gave "
+                 f"{_interval(first)} ({first['n']} seeds). The paper reports -6.6% at 60M parameters on "
+                 f"WikiText-103.")
+    return text + f" Full report: [docs/results/claims/{name}.md](docs/results/claims/{name}.md)."
