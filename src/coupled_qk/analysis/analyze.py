@@ -211,7 +211,7 @@ def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer):
     from coupled_qk.data.corpora import SPLITS
     from coupled_qk.data.tokenizers import Tokenizer
     from coupled_qk.models.config import GPTConfig
-    from coupled_qk.training.checkpoint import resolve_checkpoint
+    from coupled_qk.training.checkpoint_load import resolve_checkpoint
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -262,7 +262,7 @@ def _windows_of(text: str, tok, n_sequences: int, seq_len: int) -> tuple[torch.T
 def _analyze_checkpoint(ckpt: Path, ids: torch.Tensor, device, batch_size, example: tuple[int, int],
                         example_tokens: int, threads) -> tuple[dict, object]:
     """One checkpoint's :func:`analyze_model` result (``state``, ``seconds``, ``analysis``) and its example map."""
-    from coupled_qk.training.checkpoint import load_checkpoint_model
+    from coupled_qk.training.checkpoint_load import load_checkpoint_model
 
     model, state = load_checkpoint_model(ckpt, map_location=device)
     t0 = time.perf_counter()

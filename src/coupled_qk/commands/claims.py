@@ -69,9 +69,11 @@ def _shard(text: str) -> tuple[int, int]:
 def run(args) -> int:
     from coupled_qk.commands.options import parse_seeds
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
+    from coupled_qk.experiments.claims.build import build_report
     from coupled_qk.experiments.claims.converged import DESIGNS
+    from coupled_qk.experiments.claims.markdown import format_markdown
     from coupled_qk.experiments.claims.protocols import get_protocol
-    from coupled_qk.experiments.claims.report import build_report, format_markdown, report_dir, write_report
+    from coupled_qk.experiments.claims.report import report_dir, write_report
     from coupled_qk.experiments.claims.runs import run_protocol
 
     if args.protocol in DESIGNS:
