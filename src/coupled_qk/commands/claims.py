@@ -147,7 +147,8 @@ def _run_converged(args) -> int:
     """``claims --protocol cpu-converged|gpu-60m|toy-converged``: plan, train (resumable), report."""
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
     from coupled_qk.experiments.claims.converged import get_design
-    from coupled_qk.experiments.claims.converged_study import build_report, plan_lines, run_design, write_report
+    from coupled_qk.experiments.claims.converged_report import build_report, write_report
+    from coupled_qk.experiments.claims.converged_study import plan_lines, run_design
 
     design = get_design(args.protocol)
     for flag, value in (("--seeds", args.seeds), ("--cells", args.cells), ("--glue-json", args.glue_json),
