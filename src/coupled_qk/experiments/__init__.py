@@ -11,8 +11,7 @@
 - :mod:`.glue` (``finetune``): GLUE fine-tuning of pretrained checkpoints x tasks x seeds (``coupled-qk glue``).
 - :mod:`.claims` (``protocols``, ``runs``, ``records``, ``rules``, ``build``, ``markdown``, ``report``, ``plots``,
   ``power``, ``glue``, ``heldout``, ``converged``, ``converged_study``, ``converged_report``): the claims report
-  C1-C13 with seeds and intervals
-  (``coupled-qk claims``).
+  C1-C13 with seeds and intervals (``coupled-qk claims``).
 
 Submodules are imported on use (plotting and timing code stays out of ``import coupled_qk``); a sub-package's
 ``__init__`` re-exports nothing (that would be an import cycle): import a name from the module that defines it.
