@@ -6,8 +6,8 @@
   correlations, bootstrap, Holm).
 - :mod:`.compare`: attention variants x seeds on a language-modelling corpus (``coupled-qk compare``/``demo``).
 - :mod:`.mqar` (``presets``, ``sweep``, ``report``): MQAR sweeps (``coupled-qk mqar``).
-- :mod:`.bench` (``train``, ``decode``, ``cost_curve``): interleaved timing and memory of the variants
-  (``coupled-qk bench``).
+- :mod:`.bench` (``train``, ``step``, ``machine``, ``decode``, ``fast``, ``cost_curve``): interleaved timing and
+  memory of the variants (``coupled-qk bench``).
 - :mod:`.glue` (``finetune``): GLUE fine-tuning of pretrained checkpoints x tasks x seeds (``coupled-qk glue``).
 - :mod:`.claims` (``protocols``, ``runs``, ``records``, ``rules``, ``build``, ``markdown``, ``report``, ``plots``,
   ``power``, ``glue``, ``heldout``, ``converged``, ``converged_study``, ``converged_report``): the claims report

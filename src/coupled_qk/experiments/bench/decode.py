@@ -22,15 +22,8 @@ import time
 import numpy as np
 import torch
 
-from coupled_qk.experiments.bench.train import (
-    DTYPES,
-    machine_info,
-    machine_line,
-    resolve_dtype,
-    sync_device,
-    variant_configs,
-    with_baseline,
-)
+from coupled_qk.experiments.bench.machine import machine_info, machine_line, sync_device
+from coupled_qk.experiments.bench.train import DTYPES, resolve_dtype, variant_configs, with_baseline
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training.distributed import pick_device

@@ -31,17 +31,9 @@ import torch
 import torch.nn as nn
 
 from coupled_qk.experiments.bench.decode import decode_seconds
-from coupled_qk.experiments.bench.train import (
-    BASELINE,
-    TrainStepRunner,
-    compiled_graphs,
-    machine_info,
-    machine_line,
-    step_time_stats,
-    sync_device,
-    variant_configs,
-    with_baseline,
-)
+from coupled_qk.experiments.bench.machine import compiled_graphs, machine_info, machine_line, sync_device
+from coupled_qk.experiments.bench.step import TrainStepRunner, step_time_stats
+from coupled_qk.experiments.bench.train import BASELINE, variant_configs, with_baseline
 from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, static_capacity
