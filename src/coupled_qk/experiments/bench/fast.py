@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from coupled_qk.experiments.bench.decode import decode_seconds
-from coupled_qk.experiments.bench.machine import compiled_graphs, machine_info, machine_line, sync_device
+from coupled_qk.experiments.bench.machine import compiled_graphs, machine_info, report_header, sync_device
 from coupled_qk.experiments.bench.step import TrainStepRunner, step_time_stats
 from coupled_qk.experiments.bench.train import BASELINE, variant_configs, with_baseline
 from coupled_qk.layers.kv_cache import StaticKVCache
@@ -340,9 +340,7 @@ def fastpath_markdown(result: dict) -> str:
     s, c = result["settings"], result["settings"]["config"]
     peaks = ", ".join(f"{p} {v / 1e9:.1f} GFLOP/s" for p, v in result["peaks"].items())
     lines = [
-        f"# Fast-path benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
-        machine_line(result["machine"]) + f"; native CPU bf16: {result['machine'].get('cpu_bf16')}",
-        f"- command: `{result.get('command', '')}`",
+        *report_header("Fast-path", result, f"; native CPU bf16: {result['machine'].get('cpu_bf16')}"),
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} d_ff={c['d_ff']} "
         f"vocab={c['vocab_size']}; train batch {s['batch_size']} x seq {s['seq_len']}; {s['warmup']} warmup, "
         f"median of {s['repeats']} interleaved repeats; graphs compiled during timed steps: "

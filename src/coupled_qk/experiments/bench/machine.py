@@ -54,6 +54,13 @@ def machine_line(m: dict) -> str:
             f"{env}; {m.get('platform', '?')}")
 
 
+def report_header(kind: str, result: dict, machine_note: str = "") -> list[str]:
+    """The first lines of a bench result's markdown: the title (``kind``, preset and device), a blank line, the
+    machine line (:func:`machine_line`, then ``machine_note``) and the command."""
+    return [f"# {kind} benchmark: {result.get('preset', '?')} preset on {result['settings']['device']}", "",
+            machine_line(result["machine"]) + machine_note, f"- command: `{result.get('command', '')}`"]
+
+
 def compiled_graphs() -> int:
     """Graphs compiled by ``torch.compile`` in this process so far (Dynamo's ``unique_graphs`` counter)."""
     from torch._dynamo.utils import counters

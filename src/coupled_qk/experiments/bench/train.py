@@ -25,6 +25,7 @@ from coupled_qk.experiments.bench.machine import (  # noqa: F401 - the machine h
     cpu_model,
     machine_info,
     machine_line,
+    report_header,
     sync_device,
 )
 from coupled_qk.experiments.bench.step import TrainStepRunner, step_time_stats
@@ -252,10 +253,7 @@ def bench_markdown(result: dict) -> str:
     s = result["settings"]
     c = s["config"]
     lines = [
-        f"# Train-step benchmark: {result.get('preset', '?')} preset on {s['device']}",
-        "",
-        machine_line(result["machine"]),
-        f"- command: `{result.get('command', '')}`",
+        *report_header("Train-step", result),
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} "
         f"vocab={c['vocab_size']}; map options for every variant (--set): {s.get('map_options') or 'none'} "
         f"(a variant spec's own options are in its name); batch {s['batch_size']} x seq {s['seq_len']} "
