@@ -80,7 +80,8 @@ class Attention:
 
     def options(self, given=None, flat: dict | None = None) -> MapOptions | None:
         """The validated nested config from ``given`` (a :class:`MapOptions`, a dict or ``None`` for the
-        defaults) and ``flat`` options (flat spelling -> value, see :func:`flat_option_names`; they win).
+        defaults) and ``flat`` options (flat spelling -> value, see
+        :func:`~coupled_qk.models.registry.flat_option_names`; they win).
 
         Raises:
             ValueError: naming the option and this attention, for options of an attention without a map, or
@@ -131,24 +132,20 @@ def build_map(module: type, options: dict, d_head: int, n_heads: int):
 QK_MAPS: dict[str, QKMapType] = {}
 """Registered query-key maps by name."""
 
-
 SCORING_RULES: dict[str, ScoringType] = {"standard": ScoringType("standard", None, 1),
                                          "differential": ScoringType("differential", None, 2)}
 """Registered scoring rules by name: the built-in :data:`~coupled_qk.layers.attention.SCORINGS` first."""
 assert tuple(SCORING_RULES) == SCORINGS
 
-
 ATTENTIONS: dict[str, Attention] = {scoring: Attention(scoring, None, scoring) for scoring in SCORINGS}
 """Every attention of the grid by name (maps x scorings, plus the map-free ``standard``/``differential``)."""
 
-
 VARIANTS: dict[str, dict] = {}
-"""Variant name -> ``GPTConfig`` overrides (flat spellings; see :func:`register_variant`)."""
-
+"""Variant name -> ``GPTConfig`` overrides (flat spellings; see
+:func:`~coupled_qk.models.registry.register_variant`)."""
 
 ALIASES = {"coupled_euler": "coupled", "leapfrog": "coupled_leapfrog", "diff": "differential"}
 """Other spellings of variant names."""
-
 
 DEFAULTS: list[str] = []
 """The default variant set, in registration order (read it with ``registry.default_variants()``)."""

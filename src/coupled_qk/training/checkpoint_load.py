@@ -111,8 +111,9 @@ def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
 
     A checkpoint verifies when its ``latest`` target exists with ``model.safetensors``, every file matches
     ``checksums.json`` (:func:`verify_checksums`: a truncated or zeroed file differs) and ``state.json`` parses.
-    The damaged folder is left in place (the next save rewrites ``latest``; :func:`prune_checkpoints` removes it
-    once the resumed run has saved its step again, as a superseded copy).
+    The damaged folder is left in place (the next save rewrites ``latest``;
+    :func:`~coupled_qk.training.checkpoint.prune_checkpoints` removes it once the resumed run has saved its step
+    again, as a superseded copy).
 
     Args:
         run_dir: the run folder.
