@@ -26,14 +26,19 @@ def make_text(n_docs: int, seed: int) -> str:
     return "\n\n".join(docs) + "\n"
 
 
+def write_corpus(folder, sizes=(300, 20, 20)):
+    """Create ``folder`` as a folder corpus: train/valid/test splits of ``sizes`` documents of :func:`make_text`
+    (seeds 0, 1, 2); returns it."""
+    folder.mkdir()
+    for split, n, seed in zip(("train", "valid", "test"), sizes, (0, 1, 2)):
+        (folder / f"{split}.txt").write_text(make_text(n, seed))
+    return folder
+
+
 @pytest.fixture
 def tiny_corpus(tmp_path):
     """A folder corpus with given train/valid/test splits, written in the test."""
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for split, n, seed in (("train", 300, 0), ("valid", 20, 1), ("test", 20, 2)):
-        (root / f"{split}.txt").write_text(make_text(n, seed))
-    return root
+    return write_corpus(tmp_path / "corpus")
 
 
 @pytest.fixture

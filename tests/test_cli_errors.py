@@ -11,17 +11,14 @@ import pytest
 from coupled_qk.cli import build_parser, main
 from coupled_qk.commands.train import train_config_from_args, train_flags
 from coupled_qk.training.config import TrainConfig
-from tests.conftest import make_text
+from tests.conftest import write_corpus
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A finished 6-step run (checkpoint interval 3) and the arguments that made it."""
     root = tmp_path_factory.mktemp("cli")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for split, n, seed in (("train", 300, 0), ("valid", 20, 1), ("test", 20, 2)):
-        (corpus / f"{split}.txt").write_text(make_text(n, seed))
+    corpus = write_corpus(root / "corpus")
     run = root / "run"
     base = ["--corpus", str(corpus), "--tokenizer", "bpe-300", "--cache-dir", str(root / "cache"),
             "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",

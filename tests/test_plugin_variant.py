@@ -95,32 +95,21 @@ def test_drift_equals_standard_attention_with_shifted_query_weights(drift):
         assert not torch.allclose(drift_model(idx), GPT(GPTConfig(**cfg)).double().eval()(idx))
 
 
-@pytest.mark.slow
-def test_train_analyze_generate_and_hf_round_trip(drift, tiny_corpus, tmp_path, capsys):
-    common = ["--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir", str(tmp_path / "cache"),
-              "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
-              "--batch-size", "4", "--eval-interval", "2", "--eval-batches", "1", "--warmup-steps", "1", "--no-progress",
-              "--no-tensorboard"]
-    run = tmp_path / "run"
-    assert main(["train", *common, "--max-steps", "2", "--out-dir", str(run), "--attention", "drift",
-                 "--set", "gain=2", "--set", "dt_init=0.05"]) == 0
-    from coupled_qk import load_run
+def _train_args(tiny_corpus, tmp_path) -> list[str]:
+    """Command-line options of a 2-step micro run on the tiny corpus (shared by the slow tests)."""
+    return ["--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir", str(tmp_path / "cache"),
+            "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
+            "--batch-size", "4", "--eval-interval", "2", "--eval-batches", "1", "--warmup-steps", "1", "--no-progress",
+            "--no-tensorboard"]
 
-    loaded = load_run(run)
-    assert loaded.model.config.qk_map.gain == 2.0 and loaded.model.config.attention == "drift"
-    assert main(["analyze", str(run), "--corpus", str(tiny_corpus), "--n-sequences", "1", "--seq-len", "8",
-                 "--out-dir", str(tmp_path / "analysis"), "--no-plots"]) == 0
-    analysis = json.loads((tmp_path / "analysis" / "analysis.json").read_text())["checkpoints"][0]["analysis"]
-    assert analysis["attention"] == "drift"
-    dt = loaded.model.blocks[0].attn.qk_map.dt.detach().tolist()
-    assert analysis["layers"][0]["qk_heads"]["dt"] == pytest.approx(dt)
 
-    # cached decoding equals decoding without the cache
-    model, idx = loaded.model.eval(), torch.randint(0, loaded.model.config.vocab_size, (2, 4))
+def _check_decoding_and_hf_round_trip(model, tmp_path) -> None:
+    """Cached decoding equals decoding without the cache; the Hugging Face classes save the model, load it
+    through the Auto classes and give the same logits and the same cached generation."""
+    model, idx = model.eval(), torch.randint(0, model.config.vocab_size, (2, 4))
     cached = model.generate(idx, 8, temperature=0)
     assert torch.equal(cached, model.generate(idx, 8, temperature=0, use_cache=False))
 
-    # the Hugging Face classes: save, load through the Auto classes, same logits and the same cached generation
     pytest.importorskip("transformers")
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -135,11 +124,28 @@ def test_train_analyze_generate_and_hf_round_trip(drift, tiny_corpus, tmp_path, 
 
 
 @pytest.mark.slow
+def test_train_analyze_generate_and_hf_round_trip(drift, tiny_corpus, tmp_path, capsys):
+    common = _train_args(tiny_corpus, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", *common, "--max-steps", "2", "--out-dir", str(run), "--attention", "drift",
+                 "--set", "gain=2", "--set", "dt_init=0.05"]) == 0
+    from coupled_qk import load_run
+
+    loaded = load_run(run)
+    assert loaded.model.config.qk_map.gain == 2.0 and loaded.model.config.attention == "drift"
+    assert main(["analyze", str(run), "--corpus", str(tiny_corpus), "--n-sequences", "1", "--seq-len", "8",
+                 "--out-dir", str(tmp_path / "analysis"), "--no-plots"]) == 0
+    analysis = json.loads((tmp_path / "analysis" / "analysis.json").read_text())["checkpoints"][0]["analysis"]
+    assert analysis["attention"] == "drift"
+    dt = loaded.model.blocks[0].attn.qk_map.dt.detach().tolist()
+    assert analysis["layers"][0]["qk_heads"]["dt"] == pytest.approx(dt)
+
+    _check_decoding_and_hf_round_trip(loaded.model, tmp_path)
+
+
+@pytest.mark.slow
 def test_compare_bench_and_mqar_see_the_plugin(drift, tiny_corpus, tmp_path, capsys):
-    common = ["--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir", str(tmp_path / "cache"),
-              "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
-              "--batch-size", "4", "--eval-interval", "2", "--eval-batches", "1", "--warmup-steps", "1", "--no-progress",
-              "--no-tensorboard"]
+    common = _train_args(tiny_corpus, tmp_path)
     assert main(["compare", *common, "--max-steps", "2", "--out-dir", str(tmp_path / "cmp"),
                  "--variants", "standard,drift+gain=2", "--seeds", "0"]) == 0
     summary = json.loads((tmp_path / "cmp" / "results.json").read_text())
@@ -318,10 +324,7 @@ def test_tempered_scoring_equals_standard_attention_with_doubled_query_weights(t
 
 @pytest.mark.slow
 def test_tempered_trains_decodes_and_round_trips_through_hugging_face(tempered, tiny_corpus, tmp_path):
-    common = ["--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir", str(tmp_path / "cache"),
-              "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
-              "--batch-size", "4", "--eval-interval", "2", "--eval-batches", "1", "--warmup-steps", "1", "--no-progress",
-              "--no-tensorboard"]
+    common = _train_args(tiny_corpus, tmp_path)
     run = tmp_path / "run"
     assert main(["train", *common, "--max-steps", "2", "--out-dir", str(run), "--attention", "coupled_tempered",
                  "--set", "n_steps=2"]) == 0
@@ -329,18 +332,4 @@ def test_tempered_trains_decodes_and_round_trips_through_hugging_face(tempered, 
 
     loaded = load_run(run)
     assert loaded.model.config.attention == "coupled_tempered" and loaded.model.config.qk_map.n_steps == 2
-    model, idx = loaded.model.eval(), torch.randint(0, loaded.model.config.vocab_size, (2, 4))
-    cached = model.generate(idx, 8, temperature=0)
-    assert torch.equal(cached, model.generate(idx, 8, temperature=0, use_cache=False))
-
-    pytest.importorskip("transformers")
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from coupled_qk.hf import CoupledQKForCausalLM
-
-    CoupledQKForCausalLM.from_gpt(model).save_pretrained(tmp_path / "hf")
-    assert AutoConfig.from_pretrained(tmp_path / "hf").to_gpt_config() == model.config
-    lm = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    with torch.no_grad():
-        assert torch.equal(lm(input_ids=idx).logits, model(idx))
-    assert torch.equal(lm.generate(idx, max_new_tokens=8, do_sample=False), cached)
+    _check_decoding_and_hf_round_trip(loaded.model, tmp_path)

@@ -62,21 +62,9 @@ def check_ids(name: str, idx, *, vocab_size: int | None = None, allow_empty_time
 
 
 def check_generate_args(
-    idx,
-    max_new_tokens,
-    *,
-    block_size: int,
-    vocab_size: int,
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    repetition_penalty=None,
-    stop_ids: Sequence[int] | None = None,
-    use_cache=True,
-    generator=None,
-    attention_mask=None,
-    device: torch.device | None = None,
-    fit_context: bool = True,
+    idx, max_new_tokens, *, block_size: int, vocab_size: int, temperature=1.0, top_k=None, top_p=None,
+    repetition_penalty=None, stop_ids: Sequence[int] | None = None, use_cache=True, generator=None,
+    attention_mask=None, device: torch.device | None = None, fit_context: bool = True,
 ) -> None:
     """Check every argument of a sampling call once, before any token is computed.
 
@@ -114,12 +102,7 @@ def check_generate_args(
     if repetition_penalty is not None:
         _real("repetition_penalty", repetition_penalty, 0.0, lo_open=True)
     if stop_ids is not None:
-        if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, Sequence):
-            raise TypeError(f"stop_ids={stop_ids!r} must be a sequence of token ids")
-        for i, s in enumerate(stop_ids):
-            _int(f"stop_ids[{i}]", s, 0)
-            if s >= vocab_size:
-                raise ValueError(f"stop_ids[{i}]={s} must be < vocab_size={vocab_size}")
+        _check_stop_ids(stop_ids, vocab_size)
     if not isinstance(use_cache, bool):
         raise TypeError(f"use_cache={use_cache!r} must be True or False")
     if generator is not None:
@@ -130,17 +113,33 @@ def check_generate_args(
     if device is not None and idx.device.type != torch.device(device).type:
         raise ValueError(f"idx is on {idx.device} but the model is on {device}")
     if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor):
-            raise TypeError(f"attention_mask must be a tensor or None; got {type(attention_mask).__name__}")
-        if attention_mask.shape != idx.shape:
-            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected idx's shape "
-                             f"{tuple(idx.shape)}")
-        if attention_mask.device != idx.device:
-            raise ValueError(f"attention_mask is on {attention_mask.device} but idx is on {idx.device}")
-        if attention_mask.dtype != torch.bool and attention_mask.dtype not in _INT_DTYPES:
-            raise ValueError(f"attention_mask must be bool or 0/1 integers; got dtype {attention_mask.dtype}")
-        if attention_mask.device.type == "cpu":
-            if attention_mask.dtype != torch.bool and ((attention_mask != 0) & (attention_mask != 1)).any():
-                raise ValueError("attention_mask must hold only 0 and 1")
-            if not attention_mask.bool().any(dim=1).all():
-                raise ValueError("attention_mask has a row without any real token (all zeros)")
+        _check_mask(attention_mask, idx)
+
+
+def _check_stop_ids(stop_ids, vocab_size: int) -> None:
+    """``stop_ids``: a sequence (not a string) of ints in ``[0, vocab_size)``."""
+    if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, Sequence):
+        raise TypeError(f"stop_ids={stop_ids!r} must be a sequence of token ids")
+    for i, s in enumerate(stop_ids):
+        _int(f"stop_ids[{i}]", s, 0)
+        if s >= vocab_size:
+            raise ValueError(f"stop_ids[{i}]={s} must be < vocab_size={vocab_size}")
+
+
+def _check_mask(attention_mask, idx: torch.Tensor) -> None:
+    """``attention_mask``: a bool or 0/1 integer tensor of ``idx``'s shape and device, at least one real token
+    per row (values checked on CPU tensors only, to avoid a device sync)."""
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a tensor or None; got {type(attention_mask).__name__}")
+    if attention_mask.shape != idx.shape:
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected idx's shape "
+                         f"{tuple(idx.shape)}")
+    if attention_mask.device != idx.device:
+        raise ValueError(f"attention_mask is on {attention_mask.device} but idx is on {idx.device}")
+    if attention_mask.dtype != torch.bool and attention_mask.dtype not in _INT_DTYPES:
+        raise ValueError(f"attention_mask must be bool or 0/1 integers; got dtype {attention_mask.dtype}")
+    if attention_mask.device.type == "cpu":
+        if attention_mask.dtype != torch.bool and ((attention_mask != 0) & (attention_mask != 1)).any():
+            raise ValueError("attention_mask must hold only 0 and 1")
+        if not attention_mask.bool().any(dim=1).all():
+            raise ValueError("attention_mask has a row without any real token (all zeros)")

@@ -233,12 +233,9 @@ def test_relative_update_errors():
 # ----------------------------------------------------------------------------------------------------------
 
 
-def test_batched_equals_loop():
-    T = 12
-    A = random_causal(2, 3, T=T, seed=3)
-    X = torch.randn(2, 3, T, 8, generator=torch.Generator().manual_seed(4), dtype=F64)
-    Xn = X + 0.1 * torch.randn(2, 3, T, 8, generator=torch.Generator().manual_seed(5), dtype=F64)
-    batched = {
+def every_metric(A, X, Xn) -> dict:
+    """Every diagnostic of attention maps ``A`` and hidden states ``X`` (``Xn``: ``X`` after an update)."""
+    return {
         "entropy": attention_entropy(A),
         "normalized_entropy": normalized_attention_entropy(A),
         "effective_rank": effective_rank(A),
@@ -251,22 +248,18 @@ def test_batched_equals_loop():
         "res_l1inf": rank_collapse_residual(X, norm="l1inf"),
         "update": relative_update(Xn, X),
     }
+
+
+def test_batched_equals_loop():
+    T = 12
+    A = random_causal(2, 3, T=T, seed=3)
+    X = torch.randn(2, 3, T, 8, generator=torch.Generator().manual_seed(4), dtype=F64)
+    Xn = X + 0.1 * torch.randn(2, 3, T, 8, generator=torch.Generator().manual_seed(5), dtype=F64)
+    batched = every_metric(A, X, Xn)
     for b in range(2):
         for h in range(3):
             a, x, xn = A[b, h], X[b, h], Xn[b, h]
-            single = {
-                "entropy": attention_entropy(a),
-                "normalized_entropy": normalized_attention_entropy(a),
-                "effective_rank": effective_rank(a),
-                "gap_ratio": spectral_gap(a)[0],
-                "gap_relative": spectral_gap(a)[1],
-                "sink": sink_mass(a),
-                "sink_all": sink_mass(a, include_first_row=True),
-                "svals": singular_values(a),
-                "res_fro": rank_collapse_residual(x),
-                "res_l1inf": rank_collapse_residual(x, norm="l1inf"),
-                "update": relative_update(xn, x),
-            }
+            single = every_metric(a, x, xn)
             for key, val in single.items():
                 torch.testing.assert_close(batched[key][b, h], val, rtol=1e-12, atol=1e-12, msg=key)
     for key in ("entropy", "effective_rank", "sink", "res_fro", "update"):

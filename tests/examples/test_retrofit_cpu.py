@@ -20,7 +20,7 @@ from scipy import stats
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.lm import LMTask, batch_offsets
 from coupled_qk.training.loop import train
-from tests.conftest import make_text
+from tests.conftest import write_corpus
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "retrofit_cpu.py"
 
@@ -74,9 +74,7 @@ def base_run(tmp_path_factory):
     """A tiny ``standard`` model with learned positions trained by the library's loop (exportable to GPT-2),
     trained once for this module (the ``tiny_corpus`` text of ``tests/conftest.py``)."""
     root = tmp_path_factory.mktemp("retrofit")
-    (root / "corpus").mkdir()
-    for split, n, seed in (("train", 300, 0), ("valid", 20, 1), ("test", 20, 2)):
-        (root / "corpus" / f"{split}.txt").write_text(make_text(n, seed))
+    write_corpus(root / "corpus")
     cfg = TrainConfig.from_dict(dict(
         corpus=str(root / "corpus"), tokenizer="bpe-300", cache_dir=str(root / "cache"),
         model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16, position="learned"), batch_size=4, max_steps=4,

@@ -274,8 +274,8 @@ def test_differential_comparison_table_pairs_cells_by_seed(tmp_path):
     Differential 150/165/180 -> +50% in every seed; while a cell is unfinished its rows say so."""
     import json
 
+    from coupled_qk.experiments.claims.build import _comparisons
     from coupled_qk.experiments.claims.records import Records
-    from coupled_qk.experiments.claims.report import _comparisons
     from coupled_qk.experiments.claims.runs import record_path
 
     def write(cell, variant, seed, ppl):

@@ -1,5 +1,5 @@
 """The Hugging Face wrapper's forward and generate arguments are checked once per call, as ``GPT``'s
-(``hf/modeling.py``: ``_check_inputs``, ``_check_labels``, ``CoupledQKForCausalLM.generate``)."""
+(``hf/inputs.py``: ``check_inputs``, ``check_labels``, ``check_hf_generate_args``, used by ``hf/modeling.py``)."""
 
 from __future__ import annotations
 

@@ -11,13 +11,10 @@ from coupled_qk.training.loop import train
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     from coupled_qk.training.config import TrainConfig
-    from tests.conftest import make_text
+    from tests.conftest import write_corpus
 
     root = tmp_path_factory.mktemp("gen")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for split, n, seed in (("train", 200, 0), ("valid", 10, 1), ("test", 10, 2)):
-        (corpus / f"{split}.txt").write_text(make_text(n, seed))
+    corpus = write_corpus(root / "corpus", (200, 10, 10))
     cfg = TrainConfig.from_dict(dict(
         corpus=str(corpus), tokenizer="bpe-300", cache_dir=str(root / "cache"), out_dir=str(root / "run"),
         model=dict(n_layer=1, d_model=32, n_heads=2, block_size=32, attention="coupled"), batch_size=4,

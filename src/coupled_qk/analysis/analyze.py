@@ -89,23 +89,11 @@ ANALYSIS_LAYOUT = ("analysis.json", "summary.md", "*.png")
 
 
 def analyze_checkpoints(
-    paths: Sequence[str | Path],
-    corpus: str | None = None,
-    split: str = "valid",
-    n_sequences: int = 8,
-    seq_len: int | None = None,
-    data_dir: str | Path | None = None,
-    out_dir: str | Path = "runs/analysis",
-    *,
-    labels: Sequence[str] | None = None,
-    batch_size: int | None = None,
-    example_layer: int | None = None,
-    example_head: int = 0,
-    example_tokens: int = 128,
-    split_seed: int | None = None,
-    device: str | torch.device = "cpu",
-    make_plots: bool = True,
-    threads: int | None = None,
+    paths: Sequence[str | Path], corpus: str | None = None, split: str = "valid", n_sequences: int = 8,
+    seq_len: int | None = None, data_dir: str | Path | None = None, out_dir: str | Path = "runs/analysis", *,
+    labels: Sequence[str] | None = None, batch_size: int | None = None, example_layer: int | None = None,
+    example_head: int = 0, example_tokens: int = 128, split_seed: int | None = None,
+    device: str | torch.device = "cpu", make_plots: bool = True, threads: int | None = None,
 ) -> dict:
     """Analyse several checkpoints on the same windows of a corpus split and write a report.
 
@@ -162,18 +150,49 @@ def analyze_checkpoints(
     corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
     text_corpus = run_corpus(corpus, data_dir, task_options)
     text = text_corpus.split(split)
-    out_dir = out.path
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out.path.mkdir(parents=True, exist_ok=True)
+    entries, examples, n_tokenizers = _analyze_each(
+        zip(labels, paths, ckpts, tokenizers, tok_dirs), text, n_sequences, seq_len, device, batch_size,
+        (example_layer, example_head), example_tokens, threads)
+    report = {
+        **_text_settings(corpus, text_corpus, split, task_options, n_sequences, seq_len),
+        "same_tokenizer": n_tokenizers == 1,
+        "example": {"layer": example_layer, "head": example_head, "sequence": 0},
+        "conventions": dict(CONVENTIONS),
+        "checkpoints": entries,
+    }
+    report["files"] = _write_analysis(report, entries, examples, out, make_plots)
+    return report
 
+
+def _text_settings(corpus, text_corpus, split: str, task_options: dict, n_sequences: int, seq_len: int) -> dict:
+    """The text settings that open ``analysis.json``: corpus, split, task options and windows."""
+    return {
+        "corpus": str(corpus),
+        "corpus_source": text_corpus.source,
+        "split": split,
+        "split_seed": task_options.get("split_seed", 0),
+        "task_options": task_options,
+        "n_sequences": n_sequences,
+        "seq_len": seq_len,
+        "windows": "the first n_sequences non-overlapping windows of seq_len tokens from the start of the split; "
+        "the same text for every checkpoint only when the tokenizers are the same",
+    }
+
+
+def _analyze_each(inputs, text: str, n_sequences: int, seq_len: int, device, batch_size: int | None,
+                  example: tuple[int, int], example_tokens: int, threads: int | None) -> tuple[list, list, int]:
+    """:func:`analyze_model` of each ``(label, path, checkpoint, tokenizer, tokenizer folder)`` of ``inputs`` on
+    the windows of ``text`` its tokenizer gives (tokenized once per tokenizer); returns the ``analysis.json``
+    entries, the example maps and the number of distinct tokenizers."""
     windows: dict[str, tuple[torch.Tensor, dict]] = {}
     entries, examples = [], []
-    for label, path, ckpt, tok, tok_dir in zip(labels, paths, ckpts, tokenizers, tok_dirs):
+    for label, path, ckpt, tok, tok_dir in inputs:
         if tok.fingerprint not in windows:
             windows[tok.fingerprint] = _windows_of(text, tok, n_sequences, seq_len)
         ids, text_info = windows[tok.fingerprint]
-        entry, example = _analyze_checkpoint(ckpt, ids, device, batch_size, (example_layer, example_head),
-                                             example_tokens, threads)
-        examples.append(example)
+        entry, example_map = _analyze_checkpoint(ckpt, ids, device, batch_size, example, example_tokens, threads)
+        examples.append(example_map)
         entries.append({
             "label": label,
             "path": str(path),
@@ -186,23 +205,7 @@ def analyze_checkpoints(
             "seconds": entry["seconds"],
             "analysis": entry["analysis"],
         })
-    report = {
-        "corpus": str(corpus),
-        "corpus_source": text_corpus.source,
-        "split": split,
-        "split_seed": task_options.get("split_seed", 0),
-        "task_options": task_options,
-        "n_sequences": n_sequences,
-        "seq_len": seq_len,
-        "windows": "the first n_sequences non-overlapping windows of seq_len tokens from the start of the split; "
-        "the same text for every checkpoint only when the tokenizers are the same",
-        "same_tokenizer": len(windows) == 1,
-        "example": {"layer": example_layer, "head": example_head, "sequence": 0},
-        "conventions": dict(CONVENTIONS),
-        "checkpoints": entries,
-    }
-    report["files"] = _write_analysis(report, entries, examples, out, make_plots)
-    return report
+    return entries, examples, len(windows)
 
 
 def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer):
@@ -211,7 +214,7 @@ def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer):
     from coupled_qk.data.corpora import SPLITS
     from coupled_qk.data.tokenizers import Tokenizer
     from coupled_qk.models.config import GPTConfig
-    from coupled_qk.training.checkpoint import resolve_checkpoint
+    from coupled_qk.training.checkpoint_load import resolve_checkpoint
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -262,7 +265,7 @@ def _windows_of(text: str, tok, n_sequences: int, seq_len: int) -> tuple[torch.T
 def _analyze_checkpoint(ckpt: Path, ids: torch.Tensor, device, batch_size, example: tuple[int, int],
                         example_tokens: int, threads) -> tuple[dict, object]:
     """One checkpoint's :func:`analyze_model` result (``state``, ``seconds``, ``analysis``) and its example map."""
-    from coupled_qk.training.checkpoint import load_checkpoint_model
+    from coupled_qk.training.checkpoint_load import load_checkpoint_model
 
     model, state = load_checkpoint_model(ckpt, map_location=device)
     t0 = time.perf_counter()

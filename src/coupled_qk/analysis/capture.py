@@ -161,15 +161,8 @@ def _check_tokens(tokens, config) -> torch.Tensor:
 
 
 @torch.no_grad()
-def analyze_model(
-    model,
-    tokens: torch.Tensor,
-    *,
-    batch_size: int | None = None,
-    example: tuple[int, int] | None = None,
-    example_tokens: int = 128,
-    threads: int | None = None,
-) -> dict:
+def analyze_model(model, tokens: torch.Tensor, *, batch_size: int | None = None, example: tuple[int, int] | None = None,
+                  example_tokens: int = 128, threads: int | None = None) -> dict:
     """Per-layer, per-head attention diagnostics of ``model`` on ``tokens`` (docs/METHOD.md section 7).
 
     The blocks run through :meth:`~coupled_qk.models.gpt.GPT.trace` (the eager attention path): each block's
@@ -219,70 +212,82 @@ def analyze_model(
             block_size``, ids outside the vocabulary, a bad ``batch_size`` / ``example`` /
             ``example_tokens``; attention maps that are not causal probability maps (metrics checks).
     """
-    attns = _attention_layers(model)
-    config = model.config
-    tokens = _check_tokens(tokens, config)
-    B, T = tokens.shape
-    if batch_size is None:
-        batch_size = B
-    positive_int("batch_size", batch_size)
-    positive_int("example_tokens", example_tokens)
-    if threads is None:
-        threads = torch.get_num_threads()
-    positive_int("threads", threads)
-    variant = config.attention
-    differential = get_attention(variant).scoring == "differential"
-    n_layer = len(attns)
-    n_map_heads = config.n_heads // get_attention(variant).head_group
-    example = _resolve_example(example, n_layer, n_map_heads)
-    device = next(model.parameters()).device
-    tokens = tokens.to(device)
-    on_cpu = device.type == "cpu"
+    capture = _Capture(model, tokens, batch_size, example, example_tokens, threads)
+    capture.run(model)
+    return capture.result()
 
-    accs = [_LayerAccumulator() for _ in range(n_layer)]
-    input_rank = {"fro": torch.zeros((), dtype=torch.float64), "l1inf": torch.zeros((), dtype=torch.float64)}
-    example_maps: dict[str, np.ndarray] = {}
-    n_ex = min(T, example_tokens)
 
-    def consume(step, first_chunk: bool) -> None:
-        i, rec, output, acc = step.layer, step.record, step.output, accs[step.layer]
+class _Capture:
+    """One :func:`analyze_model` call: its checked arguments (checked in the order of the signature) and the
+    per-layer running sums its traced blocks feed."""
+
+    def __init__(self, model, tokens, batch_size, example, example_tokens, threads) -> None:
+        n_layer = len(_attention_layers(model))
+        self.config = config = model.config
+        tokens = _check_tokens(tokens, config)
+        self.B, self.T = tokens.shape
+        self.batch_size = self.B if batch_size is None else batch_size
+        positive_int("batch_size", self.batch_size)
+        positive_int("example_tokens", example_tokens)
+        self.threads = torch.get_num_threads() if threads is None else threads
+        positive_int("threads", self.threads)
+        attention = get_attention(config.attention)
+        self.differential = attention.scoring == "differential"
+        self.n_map_heads = config.n_heads // attention.head_group
+        self.example = _resolve_example(example, n_layer, self.n_map_heads)
+        device = next(model.parameters()).device
+        self.tokens, self.on_cpu = tokens.to(device), device.type == "cpu"
+        self.accs = [_LayerAccumulator() for _ in range(n_layer)]
+        self.input_rank = {"fro": torch.zeros((), dtype=torch.float64), "l1inf": torch.zeros((), dtype=torch.float64)}
+        self.example_maps: dict[str, np.ndarray] = {}
+        self.n_ex = min(self.T, example_tokens)
+        self.dts: dict[int, torch.Tensor] = {}
+        self.pool = None
+
+    def run(self, model) -> None:
+        """Trace every chunk of ``batch_size`` sequences in eval mode, restoring each module's ``training``
+        flag afterwards (also on error)."""
+        modules = list(model.modules())
+        saved_training = [m.training for m in modules]
+        if self.on_cpu and self.threads > 1:
+            self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="analyze")
+        try:
+            model.eval()
+            for start in range(0, self.B, self.batch_size):
+                steps: Iterator = model.trace(self.tokens[start : start + self.batch_size])
+                for step in steps:  # each block's record is consumed and dropped before the next block runs
+                    self.consume(step, start == 0)
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown()
+            for m, flag in zip(modules, saved_training):
+                m.training = flag
+
+    def consume(self, step, first_chunk: bool) -> None:
+        """Add one traced block's record and output to its layer's sums."""
+        i, rec, output, acc = step.layer, step.record, step.output, self.accs[step.layer]
         if i == 0:
-            input_rank["fro"] += attention_stats.rank_collapse_residual(step.input).sum().cpu()
-            input_rank["l1inf"] += attention_stats.rank_collapse_residual(step.input, norm="l1inf").sum().cpu()
-        with _single_threaded(on_cpu):
-            _accumulate_maps(acc, rec, differential, pool)
+            self.input_rank["fro"] += attention_stats.rank_collapse_residual(step.input).sum().cpu()
+            self.input_rank["l1inf"] += attention_stats.rank_collapse_residual(step.input, norm="l1inf").sum().cpu()
+        with _single_threaded(self.on_cpu):
+            _accumulate_maps(acc, rec, self.differential, self.pool)
         _accumulate_qk(acc, rec)
         if rec.dt is not None:
-            dts[i] = rec.dt
+            self.dts[i] = rec.dt
         acc._add(acc.scalars, "rank_collapse_residual", attention_stats.rank_collapse_residual(output).sum())
         acc._add(acc.scalars, "rank_collapse_residual_l1inf", attention_stats.rank_collapse_residual(output, norm="l1inf").sum())
         acc.n += output.shape[0]
-        if example is not None and first_chunk and example[0] == i:
-            example_maps.update(_example_maps(rec, example[1], n_ex, differential))
+        if self.example is not None and first_chunk and self.example[0] == i:
+            self.example_maps.update(_example_maps(rec, self.example[1], self.n_ex, self.differential))
 
-    dts: dict[int, torch.Tensor] = {}
-    modules = list(model.modules())
-    saved_training = [m.training for m in modules]
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="analyze") if on_cpu and threads > 1 else None
-    try:
-        model.eval()
-        for start in range(0, B, batch_size):
-            steps: Iterator = model.trace(tokens[start : start + batch_size])
-            for step in steps:  # each block's record is consumed and dropped before the next block runs
-                consume(step, start == 0)
-    finally:
-        if pool is not None:
-            pool.shutdown()
-        for m, flag in zip(modules, saved_training):
-            m.training = flag
-
-    layers = [_layer_summary(i, acc, dts.get(i)) for i, acc in enumerate(accs)]
-    result = _model_summary(config, n_map_heads, B, T, input_rank, layers)
-    if example is not None:
-        result["example"] = {"layer": example[0], "head": example[1], "sequence": 0, "tokens": n_ex,
-                             "maps": example_maps}
-    return result
-
+    def result(self) -> dict:
+        """The dict :func:`analyze_model` returns."""
+        layers = [_layer_summary(i, acc, self.dts.get(i)) for i, acc in enumerate(self.accs)]
+        result = _model_summary(self.config, self.n_map_heads, self.B, self.T, self.input_rank, layers)
+        if self.example is not None:
+            result["example"] = {"layer": self.example[0], "head": self.example[1], "sequence": 0,
+                                 "tokens": self.n_ex, "maps": self.example_maps}
+        return result
 
 
 def _example_maps(rec: AttentionRecord, head: int, n: int, differential: bool) -> dict[str, np.ndarray]:

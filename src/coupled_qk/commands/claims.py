@@ -75,9 +75,11 @@ def _shard(text: str) -> tuple[int, int]:
 def run(args) -> int:
     from coupled_qk.commands.options import parse_seeds
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
+    from coupled_qk.experiments.claims.build import build_report
     from coupled_qk.experiments.claims.converged import DESIGNS
+    from coupled_qk.experiments.claims.markdown import format_markdown
     from coupled_qk.experiments.claims.protocols import get_protocol
-    from coupled_qk.experiments.claims.report import build_report, format_markdown, report_dir, write_report
+    from coupled_qk.experiments.claims.report import report_dir, write_report
     from coupled_qk.experiments.claims.runs import run_protocol
 
     if args.verify is not None:
@@ -153,7 +155,8 @@ def _run_converged(args) -> int:
     """``claims --protocol cpu-converged|gpu-60m|toy-converged``: plan, train (resumable), report."""
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
     from coupled_qk.experiments.claims.converged import get_design
-    from coupled_qk.experiments.claims.converged_study import build_report, plan_lines, run_design, write_report
+    from coupled_qk.experiments.claims.converged_report import build_report, write_report
+    from coupled_qk.experiments.claims.converged_study import plan_lines, run_design
 
     design = get_design(args.protocol)
     for flag, value in (("--seeds", args.seeds), ("--cells", args.cells), ("--glue-json", args.glue_json),

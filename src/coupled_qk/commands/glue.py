@@ -44,7 +44,7 @@ def run(args) -> int:
 
     tasks, seeds = parse_tasks(args.task), parse_seeds(args.seeds)
     from coupled_qk.outputs import OutputDir
-    from coupled_qk.training.checkpoint import resolve_checkpoint
+    from coupled_qk.training.checkpoint_load import resolve_checkpoint
 
     for run_dir in args.run_dirs:  # every pretrained run exists before any folder is created
         resolve_checkpoint(run_dir)

@@ -220,29 +220,7 @@ def make_mqar_dataset(
     Source: Zoology iclr24 ``zoology/data/utils.py::prepare_data`` and ``DataSegment.from_config``
     (arXiv:2312.04927).
     """
-    train_specs, test_specs = list(train_specs), list(test_specs)
-    for role, specs in (("train_specs", train_specs), ("test_specs", test_specs)):
-        for i, s in enumerate(specs):
-            if not isinstance(s, MQARSliceSpec):
-                raise ValueError(f"{role}[{i}] must be an MQARSliceSpec, got {type(s).__name__}")
-    if not is_int(seed) or int(seed) < 0:
-        raise ValueError(f"make_mqar_dataset: seed={seed!r} must be a non-negative int")
-    check_types(vocab_size=vocab_size)
-
-    master = np.random.default_rng(int(seed))
-    train_seeds = master.integers(0, MAX_SEED // 2, size=len(train_specs))
-    test_seeds = master.integers(MAX_SEED // 2, MAX_SEED, size=len(test_specs))
-    train_specs = [s if s.seed is not None else dataclasses.replace(s, seed=int(d))
-                   for s, d in zip(train_specs, train_seeds)]
-    test_specs = [s if s.seed is not None else dataclasses.replace(s, seed=int(d))
-                  for s, d in zip(test_specs, test_seeds)]
-    for role, specs in (("train", train_specs), ("test", test_specs)):
-        for i, s in enumerate(specs):
-            try:
-                validate_mqar_args(s.num_examples, s.seq_len, vocab_size, s.num_kv_pairs, s.power_a)
-            except ValueError as exc:
-                raise ValueError(f"{role} slice {i} ({s.name}): {exc}") from None
-
+    train_specs, test_specs = _resolved_specs(train_specs, test_specs, vocab_size, seed)
     shared = sorted({s.seed for s in train_specs} & {s.seed for s in test_specs})
     if shared:
         warnings.warn(f"MQAR: train and test slices share seed(s) {shared}; slices with the same "
@@ -257,13 +235,45 @@ def make_mqar_dataset(
     test = [_build_slice(s, int(vocab_size), cache_path) for s in test_specs]
 
     if check_leakage and train and test:
-        report = []
-        for t in test:
-            n_leaked = _count_leaked(train, t)
-            if n_leaked:
-                report.append(f"{t.name} (seed {t.spec.seed}): {n_leaked}/{len(t)} "
-                              f"({n_leaked / len(t):.2%})")
-        if report:
-            warnings.warn("MQAR data leakage: test sequences whose exact inputs also appear in the "
-                          "train data: " + "; ".join(report), UserWarning, stacklevel=2)
+        _warn_leaks(train, test)
     return MQARDataset(train=train, test=test, vocab_size=int(vocab_size))
+
+
+def _resolved_specs(train_specs, test_specs, vocab_size, seed) -> tuple[list[MQARSliceSpec], list[MQARSliceSpec]]:
+    """:func:`make_mqar_dataset`'s specs checked, with derived seeds where a spec has none, and every slice
+    validated before anything is generated (its ``ValueError``, naming the slice)."""
+    train_specs, test_specs = list(train_specs), list(test_specs)
+    for role, specs in (("train_specs", train_specs), ("test_specs", test_specs)):
+        for i, s in enumerate(specs):
+            if not isinstance(s, MQARSliceSpec):
+                raise ValueError(f"{role}[{i}] must be an MQARSliceSpec, got {type(s).__name__}")
+    if not is_int(seed) or int(seed) < 0:
+        raise ValueError(f"make_mqar_dataset: seed={seed!r} must be a non-negative int")
+    check_types(vocab_size=vocab_size)
+    master = np.random.default_rng(int(seed))
+    train_seeds = master.integers(0, MAX_SEED // 2, size=len(train_specs))
+    test_seeds = master.integers(MAX_SEED // 2, MAX_SEED, size=len(test_specs))
+    train_specs = [s if s.seed is not None else dataclasses.replace(s, seed=int(d))
+                   for s, d in zip(train_specs, train_seeds)]
+    test_specs = [s if s.seed is not None else dataclasses.replace(s, seed=int(d))
+                  for s, d in zip(test_specs, test_seeds)]
+    for role, specs in (("train", train_specs), ("test", test_specs)):
+        for i, s in enumerate(specs):
+            try:
+                validate_mqar_args(s.num_examples, s.seq_len, vocab_size, s.num_kv_pairs, s.power_a)
+            except ValueError as exc:
+                raise ValueError(f"{role} slice {i} ({s.name}): {exc}") from None
+    return train_specs, test_specs
+
+
+def _warn_leaks(train: list[MQARSlice], test: list[MQARSlice]) -> None:
+    """Warn (for :func:`make_mqar_dataset`'s caller) about test sequences whose exact inputs occur in train."""
+    report = []
+    for t in test:
+        n_leaked = _count_leaked(train, t)
+        if n_leaked:
+            report.append(f"{t.name} (seed {t.spec.seed}): {n_leaked}/{len(t)} "
+                          f"({n_leaked / len(t):.2%})")
+    if report:
+        warnings.warn("MQAR data leakage: test sequences whose exact inputs also appear in the "
+                      "train data: " + "; ".join(report), UserWarning, stacklevel=3)

@@ -14,7 +14,7 @@ from coupled_qk.data.tokenizers import EOT, Tokenizer
 from coupled_qk.hf.modeling import CoupledQKForCausalLM
 from coupled_qk.io import fsync_dir, make_temp_dir, write_error
 from coupled_qk.outputs import as_output_dir
-from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
+from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_checkpoint
 
 
 def hf_tokenizer(tokenizer: Tokenizer, model_max_length: int):

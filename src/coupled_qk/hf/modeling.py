@@ -23,74 +23,22 @@ import torch
 import torch.nn as nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import logging
 
+from coupled_qk.hf.cache_view import CacheView
 from coupled_qk.hf.configuration import CoupledQKConfig
-from coupled_qk.hf.hints import run_folder_hint
+from coupled_qk.hf.inputs import cache_arg, check_folder, check_hf_generate_args, check_inputs, check_labels
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.gpt import GPT
-from coupled_qk.tensor_checks import check_generate_args, check_ids
 
 logger = logging.get_logger(__name__)
 
 TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
-
-
-class CacheView:
-    """The :class:`coupled_qk.KVCache` interface (``length``, ``update(layer_idx, k, v)``) over a
-    ``transformers`` :class:`~transformers.cache_utils.Cache` (e.g. ``DynamicCache``), so ``GPT`` can read
-    and extend a cache that ``generate`` owns (beam search reordering, cropping, ... keep working).
-
-    Static caches (``StaticCache``, ``generate(..., cache_implementation="static")``; any cache with
-    ``is_compileable``) preallocate ``max_cache_len`` positions and lay keys and values out with the *same*
-    number of heads, while our keys may have more heads than the values (coupled keys are stored one per query
-    head; differential values are grouped per head pair). The view then stores each value head repeated
-    ``r = H_k / H_v`` times (``r`` times the value memory, nothing else changes) and returns the filled
-    positions only, keys ``(B, H_k, T_past + T, d)`` and the original values ``(B, H_v, T_past + T, d_v)``
-    (a strided view of the repeated ones), so attention sees exactly what a ``DynamicCache`` gives it.
-    """
-
-    def __init__(self, cache: Cache):
-        self.cache = cache
-        self.static = bool(getattr(cache, "is_compileable", False))
-
-    @property
-    def length(self) -> int:
-        """Number of cached positions."""
-        return int(self.cache.get_seq_length())
-
-    @property
-    def folds(self) -> dict:
-        """The decoding folds used with this cache (:mod:`coupled_qk.layers.folded`), kept on the wrapped
-        ``transformers`` cache so that they last across the views ``generate`` makes each step."""
-        folds = getattr(self.cache, "_coupled_qk_folds", None)
-        if folds is None:
-            folds = self.cache._coupled_qk_folds = {}
-        return folds
-
-    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k (B, H_k, T_new, d)``, ``v (B, H_v, T_new, d_v)`` for ``layer_idx``; return the cached
-        tensors of all positions so far.
-
-        Raises:
-            ValueError: a static cache too short for the new positions (naming ``max_cache_len``).
-        """
-        if not self.static:
-            return self.cache.update(k, v, layer_idx)
-        past = int(self.cache.get_seq_length(layer_idx))
-        size = self.cache.get_max_length(layer_idx)
-        if size is not None and 0 <= size < past + k.shape[-2]:
-            raise ValueError(f"the static cache holds max_cache_len={size} positions; {past} are cached and "
-                             f"{k.shape[-2]} more were given. Create it with a larger max_cache_len")
-        r = k.shape[1] // v.shape[1]
-        keys, values = self.cache.update(k, v.repeat_interleave(r, dim=1) if r > 1 else v, layer_idx)
-        n = past + k.shape[-2]
-        return keys[:, :, :n], values[:, ::r, :n]
 
 
 class CoupledQKPreTrainedModel(PreTrainedModel):
@@ -212,7 +160,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
             ValueError: (``strict``) missing / unexpected / mismatched weights, naming them; an invalid config
                 field (from :class:`CoupledQKConfig`).
         """
-        _check_folder(Path(os.fspath(pretrained_model_name_or_path)).expanduser())
+        check_folder(Path(os.fspath(pretrained_model_name_or_path)).expanduser())
         want_info = kwargs.pop("output_loading_info", False)
         allow_mismatch = kwargs.pop("ignore_mismatched_sizes", False) or not strict
         model, info = super().from_pretrained(
@@ -238,82 +186,11 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         return (model, info) if want_info else model
 
 
-def _check_folder(path: Path) -> None:
-    """``FileNotFoundError`` for a local folder that is not a Hugging Face model folder (a hub name passes)."""
-    if not path.is_dir():
-        return
-    hint = run_folder_hint(path)
-    if hint is not None:
-        raise FileNotFoundError(hint)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
-                                "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`")
-
-
-def _cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
-    legacy = kwargs.pop("past_key_values", None)  # the name before transformers 5.x renamed it to `cache`
-    cache = legacy if cache is None else cache
-    if cache is not None and not isinstance(cache, Cache):
-        raise ValueError(f"cache must be a transformers Cache (e.g. DynamicCache); got {type(cache).__name__}")
-    return cache
-
-
-def _check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -> None:
-    """The forward arguments that :meth:`coupled_qk.GPT.hidden_states` does not check itself (it checks
-    ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: no ``inputs_embeds``, an
-    ``input_ids`` (a ``(B, T)`` integer tensor, named ``input_ids`` in messages), and
-    ``use_cache``/``output_hidden_states``/``return_dict`` ``None`` or a bool.
-
-    Raises:
-        ValueError: ``inputs_embeds`` given, ``input_ids`` missing or of a wrong shape or dtype. TypeError: a
-            non-tensor ``input_ids``; a flag that is not a bool, naming it (the string ``"False"`` would
-            otherwise be read as true).
-    """
-    if kwargs.get("inputs_embeds") is not None:
-        raise ValueError("inputs_embeds is not supported by coupled-qk models; pass input_ids")
-    if input_ids is None:
-        raise ValueError("input_ids is required (LongTensor of shape (B, T))")
-    check_ids("input_ids", input_ids)  # kind, rank, dtype and sizes, named as here; the ids' range: GPT.embed
-    for name, value in (("use_cache", use_cache), ("output_hidden_states", kwargs.get("output_hidden_states")),
-                        ("return_dict", kwargs.get("return_dict"))):
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"{name}={value!r} must be True, False or None")
-
-
-def _check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep) -> None:
-    """``labels`` (``None`` or an integer tensor of ``input_ids``' shape, ids in ``[0, vocab_size)`` or
-    ``-100``; values checked on CPU tensors only, to avoid a device sync) and ``logits_to_keep`` (an int
-    ``>= 0``) of :meth:`CoupledQKForCausalLM.forward`.
-
-    Raises:
-        TypeError: a non-tensor ``labels`` or a non-int ``logits_to_keep``. ValueError: naming the argument: a
-            shape other than ``input_ids``', a floating dtype, an id out of range, a negative ``logits_to_keep``.
-    """
-    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
-        raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions)")
-    if logits_to_keep < 0:
-        raise ValueError(f"logits_to_keep={logits_to_keep} must be >= 0 (0: all positions)")
-    if labels is None:
-        return
-    if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"labels must be a torch.Tensor of token ids of input_ids' shape; got {type(labels).__name__}")
-    if labels.shape != input_ids.shape:
-        raise ValueError(f"labels has shape {tuple(labels.shape)}; expected input_ids' shape {tuple(input_ids.shape)} "
-                         "(unshifted: the model shifts them)")
-    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
-        raise ValueError(f"labels must hold integer token ids; got dtype {labels.dtype}")
-    if labels.numel() and labels.device.type == "cpu":
-        real = labels[labels != -100]
-        if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
-            raise ValueError(f"labels: token ids must be in [0, {vocab_size}) or -100 (ignored); got min "
-                             f"{int(real.min())}, max {int(real.max())}")
-
-
 def _run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, kwargs):
     """The shared body of both forwards: check the inputs, set up the ``DynamicCache`` (when caching) and run the
     wrapped GPT to its final hidden states. Returns ``(hidden (B, T, d_model), cache, use_cache)``."""
-    _check_inputs(input_ids, kwargs, use_cache)
-    cache = _cache_arg(cache, kwargs)
+    check_inputs(input_ids, kwargs, use_cache)
+    cache = cache_arg(cache, kwargs)
     asked = use_cache
     use_cache = module.config.use_cache if use_cache is None else use_cache
     if use_cache and module.model.gradient_checkpointing and module.training and torch.is_grad_enabled():
@@ -405,27 +282,8 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         """
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if ids is not None:
-            self._check_generate(ids, generation_config or self.generation_config, kwargs)
+            check_hf_generate_args(ids, self.config, generation_config or self.generation_config, kwargs, self.device)
         return super().generate(inputs, generation_config, **kwargs)
-
-    def _check_generate(self, ids, config, kwargs: dict) -> None:
-        check_ids("input_ids", ids, vocab_size=self.config.vocab_size)
-        new = kwargs.get("max_new_tokens", config.max_new_tokens)
-        if new is None:
-            max_length = kwargs.get("max_length", config.max_length)
-            if isinstance(max_length, bool) or not isinstance(max_length, int):
-                raise TypeError(f"max_length={max_length!r} must be an int")
-            new = max(0, max_length - ids.shape[1])
-        for name in ("num_beams", "num_return_sequences", "num_beam_groups"):  # transformers divides by them
-            value = kwargs.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError)(
-                    f"{name}={value!r} must be an int >= 1")
-        given = {k: kwargs[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty") if
-                 kwargs.get(k) is not None}
-        check_generate_args(ids, new, block_size=self.config.block_size, vocab_size=self.config.vocab_size,
-                            use_cache=kwargs.get("use_cache", True), attention_mask=kwargs.get("attention_mask"),
-                            device=self.device, **given)
 
     def create_masks_for_generate(self, config, inputs_embeds, attention_mask=None, **kwargs):
         """``generate`` asks for a 4-D mask with static caches; our forward takes the 2-D ``attention_mask``
@@ -444,7 +302,7 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> CausalLMOutputWithPast:
         if labels is not None or logits_to_keep:
-            _check_labels(labels, input_ids if input_ids is not None else labels, self.config.vocab_size,
+            check_labels(labels, input_ids if input_ids is not None else labels, self.config.vocab_size,
                           logits_to_keep)
         hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
                                                     kwargs)

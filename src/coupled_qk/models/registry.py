@@ -24,20 +24,34 @@ Third-party packages register through the entry-point group :data:`ENTRY_POINT_G
 the convention of pytest and lm-eval plugins): each entry point names a function that makes the registrations
 (or a module whose import makes them). The group is read lazily, the first time the registry is queried
 (:func:`load_plugins`), never at ``import coupled_qk``.
+
+The tables and their entry types (:class:`Attention`, :data:`ATTENTIONS`, ...) are defined in
+:mod:`coupled_qk.models.grid` and importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 from coupled_qk._checks import field_types
 from coupled_qk.layers.invertible import InvertibleQKCoupling
 from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
 from coupled_qk.layers.scoring import SCORINGS, ScoringRule
+from coupled_qk.models.grid import (  # noqa: F401 - the grid's tables and types: public here too
+    ALIASES,
+    ATTENTIONS,
+    DEFAULTS,
+    OPTION_ALIASES,
+    QK_MAPS,
+    SCORING_RULES,
+    VARIANTS,
+    Attention,
+    QKMapType,
+    ScoringType,
+    build_map,
+)
 from coupled_qk.models.options import DynamicsOptions, InvertibleOptions, MapOptions, QueryMLPOptions
 
 ENTRY_POINT_GROUP = "coupled_qk.variants"
@@ -47,143 +61,10 @@ UNKNOWN_HINT = (f"an attention or variant of another package exists only where t
                 f"(it registers through the entry-point group {ENTRY_POINT_GROUP!r}, docs/DESIGN.md)")
 """The end of the error for an unknown attention or variant name: where plugin names come from."""
 
-OPTION_ALIASES = {"dynamics_hidden": "hidden"}
-"""Flat spellings that differ from the nested field name (config files and ``--set`` of earlier versions)."""
-
 LEGACY_DEFAULTS = dict(integrator="euler", n_steps=1, dynamics_hidden=None, dt_init=0.1, shared_across_heads=True,
                        force="mlp", keys_per_query_head=True)
 """Values that configs saved before the nested ``qk_map`` wrote for every attention (dropped on load where
 the attention has no such option)."""
-
-# ------------------------------------------------------------------------------------------------------
-# the grid: query-key maps x scoring rules
-# ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QKMapType:
-    """A registered query-key map.
-
-    Fields:
-        name: registry key (``"dynamics"``, ``"query_mlp"``).
-        stem: attention-name stem (``"coupled"`` gives ``coupled`` and ``coupled_differential``).
-        module: the map class, built as ``module(d_head, n_heads, **dataclasses.asdict(options))``.
-        options: its nested config, a :class:`MapOptions` dataclass.
-    """
-
-    name: str
-    stem: str
-    module: type
-    options: type
-
-    def option_names(self) -> list[str]:
-        """Field names of the nested config."""
-        return [f.name for f in dataclasses.fields(self.options)]
-
-
-@dataclass(frozen=True)
-class ScoringType:
-    """A registered scoring rule.
-
-    Fields:
-        name: registry key and attention-name suffix (``"standard"``, ``"differential"``, a plugin's name).
-        module: ``None`` for the built-in rules (code in :mod:`coupled_qk.layers.attention`), else a
-            :class:`~coupled_qk.layers.attention.ScoringRule` subclass built as ``module(d_head, n_heads,
-            layer_idx)``.
-        head_group: query/key sub-heads per head (2 for differential scoring, else 1).
-    """
-
-    name: str
-    module: type | None
-    head_group: int = 1
-
-
-@dataclass(frozen=True)
-class Attention:
-    """One cell of the grid: an optional query-key map and a scoring rule.
-
-    Fields: ``name`` (``GPTConfig.attention``), ``qk_map`` (a :class:`QKMapType` or ``None``), ``scoring``
-    (``"standard"`` or ``"differential"``).
-    """
-
-    name: str
-    qk_map: QKMapType | None
-    scoring: str
-
-    @property
-    def head_group(self) -> int:
-        """Query/key sub-heads per attention head: 2 for differential scoring (``n_heads`` and ``n_kv_heads``
-        must be even), else 1 (the scoring rule's :attr:`ScoringType.head_group`)."""
-        return SCORING_RULES[self.scoring].head_group
-
-    def options(self, given=None, flat: dict | None = None) -> MapOptions | None:
-        """The validated nested config from ``given`` (a :class:`MapOptions`, a dict or ``None`` for the
-        defaults) and ``flat`` options (flat spelling -> value, see :func:`flat_option_names`; they win).
-
-        Raises:
-            ValueError: naming the option and this attention, for options of an attention without a map, or
-                options that its map does not have; or from the options dataclass (a value of the wrong type
-                or out of range, naming ``GPTConfig.qk_map.<field>``).
-        """
-        flat = dict(flat or {})
-        if self.qk_map is None:
-            if given is not None or flat:
-                names = sorted(flat) or ["qk_map"]
-                raise ValueError(
-                    f"GPTConfig option(s) {names} do not apply to attention={self.name!r}: it has no query-key map "
-                    f"(map options exist for {[a for a, s in ATTENTIONS.items() if s.qk_map is not None]})"
-                )
-            return None
-        if isinstance(given, MapOptions):
-            given = dataclasses.asdict(given)
-        if given is not None and not isinstance(given, dict):
-            raise ValueError(f"GPTConfig.qk_map={given!r} must be a dict of {self.qk_map.name} options or null")
-        data = dict(given or {})
-        valid = self.qk_map.option_names()
-        for key, value in flat.items():
-            data[OPTION_ALIASES.get(key, key)] = value
-        unknown = [k for k in data if k not in valid]
-        if unknown:
-            spelled = [next((f for f, n in OPTION_ALIASES.items() if n == k and f in flat), k) for k in unknown]
-            raise ValueError(
-                f"GPTConfig option(s) {spelled} do not apply to attention={self.name!r}: its query-key map "
-                f"{self.qk_map.name!r} has the options {valid}"
-            )
-        return self.qk_map.options(**data)
-
-    def layer_kwargs(self, options: MapOptions | None) -> dict:
-        """``qk_map`` (a factory ``(d_head, n_heads) -> module`` or ``None``) and ``scoring`` (a built-in rule's
-        name or an added rule's class) for :class:`~coupled_qk.layers.attention.CausalSelfAttention`."""
-        factory = None
-        if self.qk_map is not None:
-            factory = functools.partial(build_map, self.qk_map.module, dataclasses.asdict(options))
-        rule = SCORING_RULES[self.scoring]
-        return dict(qk_map=factory, scoring=self.scoring if rule.module is None else rule.module)
-
-
-def build_map(module: type, options: dict, d_head: int, n_heads: int):
-    """``module(d_head, n_heads, **options)``: a query-key map of one layer (a picklable factory part)."""
-    return module(d_head, n_heads, **options)
-
-
-QK_MAPS: dict[str, QKMapType] = {}
-"""Registered query-key maps by name."""
-
-SCORING_RULES: dict[str, ScoringType] = {"standard": ScoringType("standard", None, 1),
-                                         "differential": ScoringType("differential", None, 2)}
-"""Registered scoring rules by name: the built-in :data:`~coupled_qk.layers.attention.SCORINGS` first."""
-assert tuple(SCORING_RULES) == SCORINGS
-
-ATTENTIONS: dict[str, Attention] = {scoring: Attention(scoring, None, scoring) for scoring in SCORINGS}
-"""Every attention of the grid by name (maps x scorings, plus the map-free ``standard``/``differential``)."""
-
-VARIANTS: dict[str, dict] = {}
-"""Variant name -> ``GPTConfig`` overrides (flat spellings; see :func:`register_variant`)."""
-
-ALIASES = {"coupled_euler": "coupled", "leapfrog": "coupled_leapfrog", "diff": "differential"}
-"""Other spellings of variant names."""
-
-_DEFAULTS: list[str] = []  # the default variant set, in registration order
 
 _plugins: dict = {"loaded": False, "names": ()}  # group read?; entry points registered so far
 
@@ -296,7 +177,7 @@ def register_qk_map(name: str, stem: str, module: type, options: type,
         attention = attention_name(stem, scoring)
         VARIANTS[attention] = dict(attention=attention)
         if scoring in scorings:
-            _DEFAULTS.append(attention)
+            DEFAULTS.append(attention)
     return entry
 
 
@@ -337,7 +218,7 @@ def register_scoring(name: str, module: type, in_defaults: bool = True) -> Scori
         ATTENTIONS[attention] = Attention(attention, entry, name)
         VARIANTS[attention] = dict(attention=attention)
     if in_defaults:
-        _DEFAULTS.append(name)
+        DEFAULTS.append(name)
     return rule
 
 
@@ -360,7 +241,7 @@ def register_variant(name: str, attention: str, *, in_defaults: bool = True, **o
     get_attention(attention).options(None, options)  # validates
     VARIANTS[name] = dict(attention=attention, **options)
     if in_defaults:
-        _DEFAULTS.append(name)
+        DEFAULTS.append(name)
 
 
 def get_attention(name: str) -> Attention:
@@ -394,7 +275,7 @@ def default_variants() -> list[str]:
     """The default variant set of ``bench`` and ``mqar`` (the paper's variants, v1 and v2, and baselines, plus
     every registered variant that asked to be in it), computed now: a variant registered later is included."""
     load_plugins()
-    return list(_DEFAULTS)
+    return list(DEFAULTS)
 
 
 def flat_option_names() -> dict[str, str]:
@@ -429,7 +310,7 @@ def isolated() -> Iterator[None]:
     registrations are undone too."""
     live = (QK_MAPS, SCORING_RULES, ATTENTIONS, VARIANTS, ALIASES, _plugins)
     saved = [dict(d) for d in live]
-    defaults = list(_DEFAULTS)
+    defaults = list(DEFAULTS)
     _plugins["loaded"] = False
     try:
         yield
@@ -437,7 +318,7 @@ def isolated() -> Iterator[None]:
         for current, old in zip(live, saved):
             current.clear()
             current.update(old)
-        _DEFAULTS[:] = defaults
+        DEFAULTS[:] = defaults
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -461,5 +342,5 @@ for _name, _spec, _default in (
 ):
     VARIANTS[_name] = _spec
     if _default:
-        _DEFAULTS.append(_name)
+        DEFAULTS.append(_name)
 del _name, _spec, _default

@@ -15,7 +15,7 @@ from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import SPLITS
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer
-from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_checkpoint
+from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_checkpoint
 from coupled_qk.training.distributed import pick_device
 from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus
 from coupled_qk.training.perplexity import evaluate_perplexity, text_units

@@ -52,18 +52,10 @@ def perplexity_windows(n_tokens: int, block_size: int, stride: int | None = None
 
 @torch.no_grad()
 def evaluate_perplexity(
-    model: torch.nn.Module,
-    tokens: np.ndarray | torch.Tensor,
-    block_size: int,
-    batch_size: int = 8,
-    stride: int | None = None,
-    device: str | torch.device = "cpu",
-    n_words: int | None = None,
-    max_windows: int | None = None,
-    autocast_dtype: torch.dtype | None = None,
-    desc: str | None = None,
-    n_bytes: int | None = None,
-    n_chars: int | None = None,
+    model: torch.nn.Module, tokens: np.ndarray | torch.Tensor, block_size: int, batch_size: int = 8,
+    stride: int | None = None, device: str | torch.device = "cpu", n_words: int | None = None,
+    max_windows: int | None = None, autocast_dtype: torch.dtype | None = None, desc: str | None = None,
+    n_bytes: int | None = None, n_chars: int | None = None,
 ) -> dict:
     """Token-level (and optionally word-level) perplexity of ``model`` on a 1-D token sequence.
 
@@ -93,6 +85,21 @@ def evaluate_perplexity(
         ValueError: ``tokens`` not 1-D, a bad ``batch_size``, or ``n_words``/``n_bytes``/``n_chars`` not a
             positive integer (or ``None``); window errors from :func:`perplexity_windows`.
     """
+    tokens = _checked_tokens(tokens, batch_size, n_words, n_bytes, n_chars)
+    was_training = model.training
+    model.eval()
+    windows = list(perplexity_windows(len(tokens), block_size, stride))
+    if max_windows is not None:
+        windows = windows[:max_windows]
+    bar = progress(len(windows), desc or "", "windows", enabled=desc is not None)
+    total, count = _summed_nll(model, tokens, windows, batch_size, device, autocast_dtype, bar)
+    bar.close()
+    model.train(was_training)
+    return _per_unit(total, count, n_words, n_bytes, n_chars)
+
+
+def _checked_tokens(tokens, batch_size, n_words, n_bytes, n_chars) -> torch.Tensor:
+    """:func:`evaluate_perplexity`'s ``tokens`` as a 1-D long tensor, its arguments checked (``ValueError``)."""
     tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64)) if not torch.is_tensor(tokens) else tokens.long()
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
@@ -101,16 +108,17 @@ def evaluate_perplexity(
     for name, value in (("n_words", n_words), ("n_bytes", n_bytes), ("n_chars", n_chars)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{name}={value!r} must be a positive integer or None")
-    was_training = model.training
-    model.eval()
-    windows = list(perplexity_windows(len(tokens), block_size, stride))
-    if max_windows is not None:
-        windows = windows[:max_windows]
+    return tokens
+
+
+def _summed_nll(model, tokens: torch.Tensor, windows: list, batch_size: int, device, autocast_dtype,
+                bar) -> tuple[float, int]:
+    """Total NLL (nats, float64 sum) and number of scored targets over ``windows`` (``(start, length,
+    n_scored)``), batching windows of equal length."""
     total, count = 0.0, 0
     by_length: dict[int, list[tuple[int, int]]] = {}
     for start, length, n_scored in windows:
         by_length.setdefault(length, []).append((start, n_scored))
-    bar = progress(len(windows), desc or "", "windows", enabled=desc is not None)
     for length, group in by_length.items():
         for i in range(0, len(group), batch_size):
             chunk = group[i : i + batch_size]
@@ -123,8 +131,11 @@ def evaluate_perplexity(
                 total += nll[row, length - n_scored :].double().sum().item()
                 count += n_scored
             bar.update(len(chunk))
-    bar.close()
-    model.train(was_training)
+    return total, count
+
+
+def _per_unit(total: float, count: int, n_words, n_bytes, n_chars) -> dict:
+    """The result of :func:`evaluate_perplexity` from the total NLL over ``count`` targets."""
     loss = total / count
     out = {"nll": total, "n_tokens": count, "loss": loss, "perplexity": math.exp(loss)}
     if n_words:

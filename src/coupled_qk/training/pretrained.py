@@ -9,7 +9,7 @@ import torch
 
 from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.models.gpt import GPT
-from coupled_qk.training.checkpoint import load_checkpoint_model, read_json, resolve_checkpoint
+from coupled_qk.training.checkpoint_load import load_checkpoint_model, read_json, resolve_checkpoint
 
 
 @dataclass

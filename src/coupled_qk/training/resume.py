@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coupled_qk.outputs import OutputDir
-from coupled_qk.training.checkpoint import checkpoint_step
+from coupled_qk.training.checkpoint_load import checkpoint_step
 from coupled_qk.training.config import CONTINUATION_FIELDS, TrainConfig, config_differences, describe_differences
 
 

@@ -133,7 +133,7 @@ class RunDir:
         Raises:
             FileNotFoundError: no ``latest`` file, or it names a folder without ``model.safetensors``.
         """
-        from coupled_qk.training.checkpoint import resolve_checkpoint
+        from coupled_qk.training.checkpoint_load import resolve_checkpoint
 
         return resolve_checkpoint(self.path)
 

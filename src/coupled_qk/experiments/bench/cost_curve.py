@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from coupled_qk.experiments.bench.decode import paired_ratio
-from coupled_qk.experiments.bench.train import machine_line, run_bench, variant_configs, with_baseline
+from coupled_qk.experiments.bench.machine import machine_line
+from coupled_qk.experiments.bench.train import run_bench, variant_configs, with_baseline
 from coupled_qk.models.config import GPTConfig
 
 

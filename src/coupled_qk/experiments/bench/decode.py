@@ -22,15 +22,8 @@ import time
 import numpy as np
 import torch
 
-from coupled_qk.experiments.bench.train import (
-    DTYPES,
-    machine_info,
-    machine_line,
-    resolve_dtype,
-    sync_device,
-    variant_configs,
-    with_baseline,
-)
+from coupled_qk.experiments.bench.machine import machine_info, report_header, sync_device
+from coupled_qk.experiments.bench.train import DTYPES, resolve_dtype, variant_configs, with_baseline
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training.distributed import pick_device
@@ -243,8 +236,7 @@ def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int
 def decode_markdown(result: dict) -> str:
     """Markdown table of :func:`run_decode`'s result."""
     s = result["settings"]
-    lines = [f"# Decode benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
-             machine_line(result["machine"]), f"- command: `{result.get('command', '')}`",
+    lines = [*report_header("Decode", result),
              f"- cached greedy decoding, {s['new_tokens']} timed tokens after an untimed prefill, median of "
              f"{s['repeats']} interleaved repeats; ratio = median over repeats of time / standard's time in the same "
              f"round, [95% bootstrap interval]; lower is faster. Skipped cells (too long for block_size): "
@@ -262,8 +254,7 @@ def memory_markdown(result: dict) -> str:
     """Markdown table of :func:`run_memory`'s result."""
     s = result["settings"]
     how = "torch.cuda.max_memory_allocated" if s["device"].startswith("cuda") else "torch.profiler CPU allocator records"
-    lines = [f"# Memory benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
-             machine_line(result["machine"]), f"- command: `{result.get('command', '')}`",
+    lines = [*report_header("Memory", result),
              f"- train step peak ({how}) above the resident parameters, gradients and AdamW state; batch "
              f"{s['batch_size']} x seq {s['seq_len']}; dtype {s.get('dtype', 'fp32')}, compile "
              f"{'on' if s.get('compile') else 'off'}. KV cache: allocated buffers after a {s['cache_batch']} x "

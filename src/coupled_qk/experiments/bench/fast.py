@@ -31,17 +31,9 @@ import torch
 import torch.nn as nn
 
 from coupled_qk.experiments.bench.decode import decode_seconds
-from coupled_qk.experiments.bench.train import (
-    BASELINE,
-    TrainStepRunner,
-    compiled_graphs,
-    machine_info,
-    machine_line,
-    step_time_stats,
-    sync_device,
-    variant_configs,
-    with_baseline,
-)
+from coupled_qk.experiments.bench.machine import compiled_graphs, machine_info, report_header, sync_device
+from coupled_qk.experiments.bench.step import TrainStepRunner, step_time_stats
+from coupled_qk.experiments.bench.train import BASELINE, variant_configs, with_baseline
 from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, static_capacity
@@ -170,48 +162,14 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
     peers = _check_choices("peers", list(peers), PEERS)
     dev = device if isinstance(device, torch.device) else pick_device(device)
     seq_len = base.block_size if seq_len is None else seq_len
-    if not 1 <= seq_len <= base.block_size:
-        raise ValueError(f"seq_len={seq_len} must be in [1, block_size={base.block_size}]")
-    if min(batch_size, repeats, warmup, new_tokens, decode_repeats) < 1:
-        raise ValueError("batch_size, repeats, warmup, new_tokens and decode_repeats must be >= 1; got "
-                         f"{batch_size}, {repeats}, {warmup}, {new_tokens}, {decode_repeats}")
-    bf16 = dev.type == "cuda" or cpu_supports_bf16()
-    if any(m.endswith("bf16") for m in modes) and not bf16:
-        raise ValueError(f"modes {modes} include bf16, which this {dev.type} does not compute natively")
+    _check_fastpath_sizes(base, dev, modes, seq_len, batch_size, repeats, warmup, new_tokens, decode_repeats)
     log = log or (lambda *a, **k: None)
     configs = variant_configs(base, names, {})
     configs.update({p: base.replace(attention="standard") for p in peers})
-    models = names + peers
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    dyn = torch._dynamo.config
-    dyn.recompile_limit = max(dyn.recompile_limit, 4 * len(models))
-    runners = {}
-    for m in models:
-        for mode in modes:
-            r = runners[f"{m} {mode}"] = train_runner(m, mode, configs[m], x, y, dev, seed, backend)
-            r.first_step()
-            log(f"  {m} {mode}: " + (f"compiled in {r.compile_s:.1f} s" if r.compiled else
-                                     f"eager{' (compile failed: ' + r.compile_error + ')' if r.compile_error else ''}"))
-    for _ in range(warmup - 1):
-        for r in runners.values():
-            r.timed_step()
-    peaks: dict[str, list[float]] = {"fp32": [], "bf16": []}
-    precisions = sorted({m.split("-")[1] for m in modes})
+    runners = _warm_runners(names + peers, modes, configs, base.vocab_size, batch_size, seq_len, dev, seed, warmup,
+                            backend, log)
     shape = (batch_size * seq_len, base.d_model, base.d_ff)
-    gc.collect()
-    graphs_before = compiled_graphs()
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    keys = list(runners)
-    for i in range(repeats):
-        for k in keys[i % len(keys):] + keys[: i % len(keys)]:
-            times[k].append(runners[k].timed_step()[0])
-        for p in precisions:  # the matmul peak, interleaved with the steps (same load)
-            peaks[p].append(matmul_peak(*shape, torch.bfloat16 if p == "bf16" else torch.float32, dev, repeats=3))
-        log(f"  train repeat {i + 1}/{repeats}")
-    recompiles = compiled_graphs() - graphs_before  # graphs compiled inside timed steps: should be 0
-    peak = {p: float(np.median(v)) for p, v in peaks.items() if v}
+    times, peak, recompiles = _time_rounds(runners, modes, shape, dev, repeats, log)
     tokens_per_step = batch_size * seq_len
     train = _train_results(runners, times, configs, peers, peak, batch_size, seq_len)
     del runners
@@ -230,6 +188,63 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
         machine=dict(machine_info(dev), cpu_bf16=cpu_supports_bf16() if dev.type == "cpu" else None),
         train=train, peaks=peak, decode=cells, elapsed_s=time.perf_counter() - t0,
     )
+
+
+def _check_fastpath_sizes(base: GPTConfig, dev: torch.device, modes: list[str], seq_len: int, batch_size: int,
+                          repeats: int, warmup: int, new_tokens: int, decode_repeats: int) -> None:
+    """:func:`run_fastpath`'s ``ValueError`` for a ``seq_len`` outside ``[1, block_size]``, a count below 1, or
+    bf16 modes on a device without native bf16."""
+    if not 1 <= seq_len <= base.block_size:
+        raise ValueError(f"seq_len={seq_len} must be in [1, block_size={base.block_size}]")
+    if min(batch_size, repeats, warmup, new_tokens, decode_repeats) < 1:
+        raise ValueError("batch_size, repeats, warmup, new_tokens and decode_repeats must be >= 1; got "
+                         f"{batch_size}, {repeats}, {warmup}, {new_tokens}, {decode_repeats}")
+    bf16 = dev.type == "cuda" or cpu_supports_bf16()
+    if any(m.endswith("bf16") for m in modes) and not bf16:
+        raise ValueError(f"modes {modes} include bf16, which this {dev.type} does not compute natively")
+
+
+def _warm_runners(models: list[str], modes: list[str], configs: dict, vocab_size: int, batch_size: int,
+                  seq_len: int, dev: torch.device, seed: int, warmup: int, backend: str, log) -> dict:
+    """``{"<model> <mode>": runner}`` on one random batch drawn from ``seed``, each through its first step
+    (compiling) and ``warmup - 1`` more untimed rounds."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    dyn = torch._dynamo.config
+    dyn.recompile_limit = max(dyn.recompile_limit, 4 * len(models))
+    runners = {}
+    for m in models:
+        for mode in modes:
+            r = runners[f"{m} {mode}"] = train_runner(m, mode, configs[m], x, y, dev, seed, backend)
+            r.first_step()
+            log(f"  {m} {mode}: " + (f"compiled in {r.compile_s:.1f} s" if r.compiled else
+                                     f"eager{' (compile failed: ' + r.compile_error + ')' if r.compile_error else ''}"))
+    for _ in range(warmup - 1):
+        for r in runners.values():
+            r.timed_step()
+    return runners
+
+
+def _time_rounds(runners: dict, modes: list[str], shape: tuple[int, int, int], dev: torch.device, repeats: int,
+                 log) -> tuple[dict, dict, int]:
+    """``repeats`` rounds of one timed step per runner (order rotated each round), each round followed by the
+    matmul peak (:func:`matmul_peak` of ``shape``) of every precision in ``modes``; returns the step times (ms)
+    per runner, the median peak per precision and the graphs compiled during the rounds (should be 0)."""
+    peaks: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    precisions = sorted({m.split("-")[1] for m in modes})
+    gc.collect()
+    graphs_before = compiled_graphs()
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    keys = list(runners)
+    for i in range(repeats):
+        for k in keys[i % len(keys):] + keys[: i % len(keys)]:
+            times[k].append(runners[k].timed_step()[0])
+        for p in precisions:  # the matmul peak, interleaved with the steps (same load)
+            peaks[p].append(matmul_peak(*shape, torch.bfloat16 if p == "bf16" else torch.float32, dev, repeats=3))
+        log(f"  train repeat {i + 1}/{repeats}")
+    recompiles = compiled_graphs() - graphs_before  # graphs compiled inside timed steps: should be 0
+    return times, {p: float(np.median(v)) for p, v in peaks.items() if v}, recompiles
 
 
 def _train_results(runners: dict, times: dict, configs: dict, peers, peak: dict, batch_size: int,
@@ -325,9 +340,7 @@ def fastpath_markdown(result: dict) -> str:
     s, c = result["settings"], result["settings"]["config"]
     peaks = ", ".join(f"{p} {v / 1e9:.1f} GFLOP/s" for p, v in result["peaks"].items())
     lines = [
-        f"# Fast-path benchmark: {result.get('preset', '?')} preset on {s['device']}", "",
-        machine_line(result["machine"]) + f"; native CPU bf16: {result['machine'].get('cpu_bf16')}",
-        f"- command: `{result.get('command', '')}`",
+        *report_header("Fast-path", result, f"; native CPU bf16: {result['machine'].get('cpu_bf16')}"),
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} d_ff={c['d_ff']} "
         f"vocab={c['vocab_size']}; train batch {s['batch_size']} x seq {s['seq_len']}; {s['warmup']} warmup, "
         f"median of {s['repeats']} interleaved repeats; graphs compiled during timed steps: "

@@ -11,24 +11,29 @@ median, and ``ratio = median / median(standard)`` from the same run.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
-import os
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from coupled_qk.experiments.bench.machine import (  # noqa: F401 - the machine helpers: public here too
+    TIMING_ENV,
+    compiled_graphs,
+    cpu_model,
+    machine_info,
+    machine_line,
+    report_header,
+    sync_device,
+)
+from coupled_qk.experiments.bench.step import TrainStepRunner, step_time_stats
 from coupled_qk.experiments.runner import Report, write_report
-from coupled_qk.models.compiled import compile_error_summary, uncompile_regions
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
 from coupled_qk.models.registry import OPTION_ALIASES, get_attention
 from coupled_qk.models.specs import parse_variants, variant_overrides
-from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training.distributed import pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -53,153 +58,6 @@ def resolve_dtype(name: str, device: torch.device) -> str:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; expected auto or one of {list(DTYPES)}")
     return name
-
-
-def cpu_model() -> str:
-    """The CPU model name from ``/proc/cpuinfo`` (Linux), else :func:`platform.processor`."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.split(":")[0].strip() in ("model name", "Hardware", "cpu model"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-TIMING_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-              "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
-"""Environment variables that change CPU timings (threads, a preloaded allocator, glibc malloc tuning)."""
-
-
-def machine_info(device: torch.device) -> dict:
-    """Where the numbers come from: CPU, cores, torch version and threads, device and GPU name, and the
-    :data:`TIMING_ENV` variables that are set (``env``)."""
-    info = dict(
-        cpu=cpu_model(),
-        cpu_count=os.cpu_count(),
-        platform=platform.platform(),
-        python=platform.python_version(),
-        torch=torch.__version__,
-        threads=torch.get_num_threads(),
-        device=str(device),
-        cuda=None,
-        env={k: os.environ[k] for k in TIMING_ENV if k in os.environ},
-    )
-    if device.type == "cuda":
-        info["cuda"] = torch.cuda.get_device_name(device)
-        info["cuda_version"] = torch.version.cuda
-    return info
-
-
-def machine_line(m: dict) -> str:
-    """The markdown line describing :func:`machine_info`'s ``m`` (results written before ``env`` existed too)."""
-    gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
-    env = "".join(f"; {k}={v}" for k, v in (m.get("env") or {}).items())
-    return (f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, {m['threads']} threads"
-            f"{env}; {m.get('platform', '?')}")
-
-
-def compiled_graphs() -> int:
-    """Graphs compiled by ``torch.compile`` in this process so far (Dynamo's ``unique_graphs`` counter)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def sync_device(device: torch.device) -> None:
-    """Wait for the queued CUDA work on ``device`` (a no-op on CPU), so that a timer reads finished work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class TrainStepRunner:
-    """One model's timed training step (the runner of ``bench`` and of ``bench --fast``'s train cells).
-
-    One step is forward (next-token loss: :meth:`GPT.loss`, or cross-entropy of a Hugging Face model's logits,
-    run without its KV cache), backward, ``AdamW.step()`` (lr ``1e-4``, weight decay 0.1) and ``zero_grad()``,
-    under autocast to ``autocast_dtype`` when given.
-
-    Args:
-        name: the label of the model (a variant spec or a peer's name).
-        build: ``() -> nn.Module``, called after ``torch.manual_seed(seed)`` (so every runner of one seed starts
-            from the same random state).
-        x, y: the token batch ``(B, T)`` and its targets, on ``device``.
-        device: where the model runs.
-        seed: the seed set before ``build``.
-        autocast_dtype: ``torch.bfloat16`` / ``torch.float16`` for mixed precision, ``None`` for full precision.
-        compile: ``(model) -> None`` that compiles the model in place (regional), or ``None`` for eager; the
-            first step then compiles, falling back to eager with the reason in ``compile_error``.
-    """
-
-    def __init__(self, name: str, build, x: torch.Tensor, y: torch.Tensor, device: torch.device, seed: int,
-                 autocast_dtype: torch.dtype | None = None, compile=None):
-        self.name, self.x, self.y, self.device = name, x, y, device
-        torch.manual_seed(seed)
-        self.model = build().to(device).train()
-        self.params = sum(p.numel() for p in self.model.parameters())
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.1)
-        self.autocast_dtype = autocast_dtype
-        self.compiled = compile is not None
-        self.compile_error: str | None = None
-        self.compile_s: float | None = None
-        if compile is not None:
-            compile(self.model)
-
-    def _loss(self) -> torch.Tensor:
-        if isinstance(self.model, GPT):
-            return self.model.loss(self.x, self.y)
-        # no KV cache in training (transformers builds one by default: wasted work, and a recompile per layer)
-        return next_token_loss(self.model(self.x, use_cache=False).logits, self.y)
-
-    def step(self) -> None:
-        """One untimed training step."""
-        ctx = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
-               else contextlib.nullcontext())
-        with ctx:
-            loss = self._loss()
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def first_step(self) -> None:
-        """The first (warmup) step; compiles when asked, falling back to eager with the reason recorded."""
-        start = time.perf_counter()
-        try:
-            self.step()
-        except Exception as exc:  # noqa: BLE001 - a failure of the (lazily compiled) backward: run eager
-            if not self.compiled:
-                raise
-            self.compile_error, self.compiled = compile_error_summary(exc), False
-            uncompile_regions(self.model, self.compile_error)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.step()
-        sync_device(self.device)
-        error = getattr(self.model, "compile_info", {}).get("error")
-        if self.compiled and error:  # the forward fell back (GPT.compile)
-            self.compiled, self.compile_error = False, error
-        if self.compiled:
-            self.compile_s = time.perf_counter() - start
-
-    def timed_step(self) -> tuple[float, float]:
-        """One step; returns its wall and process CPU time in ms (accelerator synchronised before and after)."""
-        sync_device(self.device)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        self.step()
-        sync_device(self.device)
-        return 1000.0 * (time.perf_counter() - start), 1000.0 * (time.process_time() - cpu_start)
-
-
-def step_time_stats(times_ms: list[float], tokens_per_step: int) -> dict:
-    """``median_ms, min_ms, p10_ms, p90_ms, tokens_per_s`` of step times (tokens/s from the median)."""
-    t = np.asarray(times_ms, dtype=np.float64)
-    median = float(np.median(t))
-    return dict(
-        median_ms=median,
-        min_ms=float(t.min()),
-        p10_ms=float(np.percentile(t, 10)),
-        p90_ms=float(np.percentile(t, 90)),
-        tokens_per_s=tokens_per_step / (median / 1000.0),
-    )
 
 
 def variant_configs(base: GPTConfig, names: list[str], map_options: dict) -> dict[str, GPTConfig]:
@@ -265,24 +123,10 @@ def run_bench(
     dev = device if isinstance(device, torch.device) else pick_device(device)
     dtype = resolve_dtype(dtype, dev)
     seq_len = base.block_size if seq_len is None else seq_len
-    if not 1 <= seq_len <= base.block_size:
-        raise ValueError(f"seq_len={seq_len} must be in [1, block_size={base.block_size}]")
-    if batch_size < 1 or repeats < 1 or warmup < 1:
-        raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 1; got {batch_size}, {repeats}, {warmup}")
+    _check_sizes(base, batch_size, seq_len, repeats, warmup)
     log = log or (lambda *a, **k: None)
     configs = variant_configs(base, names, map_options or {})
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, base.vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    if compile_model:
-        # one compiled frame (GPT.loss) per variant: keep dynamo from giving up after the default limit
-        dyn = torch._dynamo.config
-        dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
-    autocast = None if dtype == "fp32" else DTYPES[dtype]
-    compile_fn = GPT.compile if compile_model else None  # regional: one graph per block structure, plain names
-    runners = {n: TrainStepRunner(n, functools.partial(GPT, configs[n]), x, y, dev, seed, autocast, compile_fn)
-               for n in names}
-
+    runners = _build_runners(configs, names, base.vocab_size, batch_size, seq_len, dev, dtype, compile_model, seed)
     times, cpu_times, recompiles = _time_interleaved(runners, warmup, repeats, log)
     tokens_per_step = batch_size * seq_len
     results = _variant_results(runners, configs, times, cpu_times, tokens_per_step, dev)
@@ -306,6 +150,32 @@ def run_bench(
         variants=results,
         elapsed_s=time.perf_counter() - t0,
     )
+
+
+def _check_sizes(base: GPTConfig, batch_size: int, seq_len: int, repeats: int, warmup: int) -> None:
+    """``ValueError`` for a ``seq_len`` outside ``[1, block_size]`` or a ``batch_size``, ``repeats`` or
+    ``warmup`` below 1."""
+    if not 1 <= seq_len <= base.block_size:
+        raise ValueError(f"seq_len={seq_len} must be in [1, block_size={base.block_size}]")
+    if batch_size < 1 or repeats < 1 or warmup < 1:
+        raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 1; got {batch_size}, {repeats}, {warmup}")
+
+
+def _build_runners(configs: dict[str, GPTConfig], names: list[str], vocab_size: int, batch_size: int, seq_len: int,
+                   dev: torch.device, dtype: str, compile_model: bool, seed: int) -> dict[str, TrainStepRunner]:
+    """One :class:`TrainStepRunner` per variant, all on the same random batch ``(batch_size, seq_len)`` drawn
+    from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=gen).to(dev)
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    if compile_model:
+        # one compiled frame (GPT.loss) per variant: keep dynamo from giving up after the default limit
+        dyn = torch._dynamo.config
+        dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
+    autocast = None if dtype == "fp32" else DTYPES[dtype]
+    compile_fn = GPT.compile if compile_model else None  # regional: one graph per block structure, plain names
+    return {n: TrainStepRunner(n, functools.partial(GPT, configs[n]), x, y, dev, seed, autocast, compile_fn)
+            for n in names}
 
 
 def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[dict, dict, int]:
@@ -383,10 +253,7 @@ def bench_markdown(result: dict) -> str:
     s = result["settings"]
     c = s["config"]
     lines = [
-        f"# Train-step benchmark: {result.get('preset', '?')} preset on {s['device']}",
-        "",
-        machine_line(result["machine"]),
-        f"- command: `{result.get('command', '')}`",
+        *report_header("Train-step", result),
         f"- model: n_layer={c['n_layer']} d_model={c['d_model']} n_heads={c['n_heads']} "
         f"vocab={c['vocab_size']}; map options for every variant (--set): {s.get('map_options') or 'none'} "
         f"(a variant spec's own options are in its name); batch {s['batch_size']} x seq {s['seq_len']} "

@@ -143,7 +143,7 @@ def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> di
     from coupled_qk.analysis.capture import analyze_model
     from coupled_qk.data.corpora import load_corpus
     from coupled_qk.data.tokenizers import Tokenizer
-    from coupled_qk.training.checkpoint import load_checkpoint_model, resolve_best, resolve_checkpoint
+    from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_best, resolve_checkpoint
 
     model, _ = load_checkpoint_model(resolve_best(run_dir) or resolve_checkpoint(run_dir), "cpu")
     tokenizer = Tokenizer.load(run_dir / "tokenizer")

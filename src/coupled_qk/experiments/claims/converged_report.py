@@ -1,0 +1,290 @@
+"""The report of a converged design (:mod:`coupled_qk.experiments.claims.converged`), recomputed from its run
+records alone, and its markdown, JSON and figure.
+
+:func:`build_report` gives the grid, C1 (coupled vs standard), C3 (coupled vs the uncoupled MLP), C4 (seed
+variance ratio, paired), C6 (coupled at 1x vs standard at 2.4x the tokens, and the tokens-to-equal-loss ratio
+from the validation curves), Holm-adjusted p-values within the direction family, and for every paired test its
+power to detect a true 1% effect; :func:`write_report` writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from coupled_qk.experiments import stats
+from coupled_qk.experiments.claims.converged import DESIGNS, Design, best_loss, plan, plateaued, units
+from coupled_qk.io import write_text_atomic
+
+PRIMARY = "test/perplexity"
+EQUIVALENCE_MARGIN = 1.0  # percent, as the first-epoch claims report
+POWER_EFFECT = 1.0  # percent: the effect size every power statement refers to
+
+
+def load_records(out_dir: str | Path, design: Design) -> dict:
+    """``{(cell, variant, seed): record}`` of the finished runs of ``design`` under ``out_dir/runs``."""
+    out = {}
+    for path in sorted((Path(out_dir) / "runs" / design.name).glob("*/*/seed*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        out[(rec["cell"], rec["variant"], int(rec["seed"]))] = rec
+    return out
+
+
+def _power(sd: float, n: int, effect: float = POWER_EFFECT) -> dict:
+    """Power of a two-sided paired t-test (alpha 0.05) to detect a true mean ``effect`` given the per-pair
+    ``sd``, and the effect detectable with 80% power (noncentral t)."""
+    from scipy import stats as st
+
+    if n < 2 or not (sd > 0 and math.isfinite(sd)):
+        return {"power": math.nan, "mde80": math.nan}
+    crit = st.t.ppf(0.975, n - 1)
+
+    def power(d: float) -> float:
+        ncp = d / (sd / math.sqrt(n))
+        if ncp > 40:  # beyond scipy's accurate range: power is 1 to many digits
+            return 1.0
+        return float(st.nct.sf(crit, n - 1, ncp) + st.nct.cdf(-crit, n - 1, ncp))
+
+    lo, hi = 0.0, 100.0 * sd
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if power(mid) < 0.8 else (lo, mid)
+    return {"power": power(effect), "mde80": hi}
+
+
+def _pairs(records: dict, a: tuple[str, str], b: tuple[str, str], metric: str = PRIMARY):
+    seeds = sorted({s for (c, v, s) in records if (c, v) == a} & {s for (c, v, s) in records if (c, v) == b})
+    va = [records[(*a, s)]["final"][metric] for s in seeds]
+    vb = [records[(*b, s)]["final"][metric] for s in seeds]
+    return seeds, va, vb
+
+
+def _direction(low: float, high: float) -> str:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "not enough seeds"
+    return "coupled better (excluded zero)" if high < 0 else "coupled worse (excluded zero)" if low > 0 else \
+        "inconclusive (interval includes zero)"
+
+
+def _paired_row(claim: str, label: str, records: dict, a, b, expected_n: int) -> dict:
+    seeds, va, vb = _pairs(records, a, b)
+    row = {"claim": claim, "effect": label, "n": len(seeds), "expected_n": expected_n, "seeds": seeds}
+    if len(seeds) < 2:
+        return {**row, "status": f"running ({len(seeds)} of {expected_n} pairs)"}
+    r = stats.paired_difference(va, vb, relative=True)
+    row.update(mean=r["mean"], low=r["low"], high=r["high"], p=r["p"], sd=r["sd"], per_seed=r["differences"],
+               a_ppl=stats.mean_ci(va)["mean"], b_ppl=stats.mean_ci(vb)["mean"], **_power(r["sd"], len(seeds)))
+    row["status"] = "complete" if len(seeds) >= expected_n else f"running ({len(seeds)} of {expected_n} pairs)"
+    return row
+
+
+def _curve_mean(recs: list[dict]) -> dict:
+    """Validation loss against tokens: mean, min and max over runs at the evaluation points they share."""
+    curves = [dict((int(t), loss) for t, loss in r["curve"]["valid"]) for r in recs]
+    if not curves:
+        return {}
+    common = sorted(set.intersection(*(set(c) for c in curves)))
+    rows = [[c[t] for c in curves] for t in common]
+    return {"tokens": common, "mean": [sum(x) / len(x) for x in rows], "low": [min(x) for x in rows],
+            "high": [max(x) for x in rows], "n": len(curves)}
+
+
+def _tokens_to_match(std_rec: dict, coupled_rec: dict) -> float | None:
+    """Tokens the standard run's validation curve needs to first reach coupled's best validation loss, divided
+    by the tokens at coupled's best (``None`` if standard never reaches it)."""
+    target = best_loss(coupled_rec)
+    reach = stats.interpolate_crossing([(t, loss) for t, loss in std_rec["curve"]["valid"]], target)
+    at = (coupled_rec.get("best") or {}).get("tokens") or coupled_rec["tokens"]
+    return None if reach is None else reach / at
+
+
+def build_report(design: Design, out_dir: str | Path) -> dict:
+    """The report of ``design`` recomputed from its records alone (JSON-serialisable)."""
+    records = load_records(out_dir, design)
+    p = plan(design, records)
+    standard, coupled, uncoupled = design.variants
+    name = design.name
+    main, matched, unc = f"{name}-main", f"{name}-matched", f"{name}-uncoupled"
+    grid = {v: {str(lr): loss for lr, loss in sorted(p.grid[v].items())} for v in design.variants}
+    runs = []
+    for (cell, variant, seed), rec in sorted(records.items()):
+        runs.append({"cell": cell, "variant": variant, "seed": seed, "lr": rec["config"].get("lr"),
+                     "epochs": rec.get("epochs"), "best_epoch": (rec.get("best") or {}).get("epoch"),
+                     "stop_reason": rec.get("stop_reason"), "plateaued": plateaued(rec),
+                     "best_valid_loss": best_loss(rec), "test_ppl": rec["final"].get(PRIMARY),
+                     "train_hours": rec.get("train_seconds", 0) / 3600})
+    rows = [
+        _paired_row("C1", "test ppl, coupled vs standard, % (paired by seed: data order and shared initial weights)",
+                    records, (main, standard), (main, coupled), len(design.seeds)),
+        _paired_row("C3", "test ppl, coupled vs uncoupled MLP, % (paired by seed)", records, (unc, uncoupled),
+                    (main, coupled), len(design.seeds)),
+    ]
+    ps = [r["p"] for r in rows if "p" in r]
+    adjusted = iter(stats.holm(ps)) if ps else iter(())
+    for r in rows:
+        if "p" in r:
+            r["p_holm"] = next(adjusted)
+            r["verdict"] = _direction(r["low"], r["high"])
+    # C4: seed variance of test ppl, uncoupled / coupled, paired by seed (Pitman-Morgan)
+    seeds, vu, vc = _pairs(records, (unc, uncoupled), (main, coupled))
+    c4 = {"claim": "C4", "effect": "seed variance of test ppl, uncoupled MLP / coupled (paired, Pitman-Morgan)",
+          "n": len(seeds), "expected_n": len(design.seeds)}
+    if len(seeds) >= 3:
+        r = stats.paired_variance_ratio(vu, vc)
+        c4.update(mean=r["ratio"], low=r["low"], high=r["high"], p=r["p"],
+                  verdict="uncoupled more variable (excluded 1)" if r["low"] > 1 else
+                  "coupled more variable (excluded 1)" if r["high"] < 1 else "inconclusive (interval includes 1)")
+    c4["status"] = "complete" if len(seeds) >= len(design.seeds) else f"running ({len(seeds)} of {len(design.seeds)})"
+    # C6: coupled at 1x vs standard at matched_factor x the tokens
+    c6 = _paired_row("C6", f"test ppl, coupled (1x) vs standard ({design.matched_factor}x tokens), % (equivalent if "
+                     f"the interval is inside +-{EQUIVALENCE_MARGIN}%)", records, (matched, standard), (main, coupled),
+                     len(design.matched_seeds))
+    if "low" in c6:
+        inside = -EQUIVALENCE_MARGIN < c6["low"] and c6["high"] < EQUIVALENCE_MARGIN
+        c6["verdict"] = ("equivalent (coupled at 1x matches standard at "
+                         f"{design.matched_factor}x)" if inside else _direction(c6["low"], c6["high"]))
+    ratios = []
+    for s in design.matched_seeds:
+        a, b = records.get((matched, standard, s)), records.get((main, coupled, s))
+        if a is not None and b is not None:
+            ratios.append(_tokens_to_match(a, b))
+    reached = [x for x in ratios if x is not None]
+    c6["tokens_ratio"] = {"per_seed": ratios, "never_reached": len(ratios) - len(reached),
+                          **(stats.mean_ci(reached) if len(reached) >= 2 else {})}
+    curves = {
+        f"{standard}": _curve_mean([records[k] for k in records if k[:2] == (main, standard)]),
+        f"{coupled}": _curve_mean([records[k] for k in records if k[:2] == (main, coupled)]),
+        f"{uncoupled}": _curve_mean([records[k] for k in records if k[:2] == (unc, uncoupled)]),
+        f"{standard} {design.matched_factor}x": _curve_mean([records[k] for k in records if k[:2] == (matched, standard)]),
+    }
+    progress = {}
+    for stage, cell, variant, seed in units(p):
+        done = (cell.name, variant, seed) in records
+        d, t = progress.get(stage, (0, 0))
+        progress[stage] = (d + done, t + 1)
+    first = _first_epoch_rows(Path(out_dir) / "cpu.json") if design.name == "cpu-converged" else {}
+    for row in [*rows, c4, c6]:
+        if row["claim"] in first:
+            row["first_epoch"] = first[row["claim"]]
+    return {"design": design.name, "description": design.description, "notes": list(design.notes),
+            "chosen_lr": {v: lr for v, lr in p.chosen_lr.items()}, "epochs": p.epochs, "grid": grid,
+            "waiting": p.waiting, "claims": [*rows, c4, c6], "runs": runs, "curves": curves,
+            "progress": {k: {"done": d, "planned": t} for k, (d, t) in progress.items()}}
+
+
+def _first_epoch_rows(path: Path) -> dict:
+    """C1, C3, C4 and C6 of the first-epoch ``cpu`` protocol's report (``cpu.json`` beside this report), to show
+    the two regimes side by side; ``{}`` if that report is absent."""
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    keep = ("mean", "low", "high", "n", "verdict")
+    return {r["id"]: {k: r.get(k) for k in keep} for r in rows if r.get("id") in ("C1", "C3", "C4", "C6")}
+
+
+def _fmt(x, digits=2) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def _pct(x) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.2f}%"
+
+
+def format_markdown(report: dict, command: str) -> str:
+    """The report as markdown (tables of claims, grid, runs; notes)."""
+    lines = [f"# Converged study `{report['design']}`", "", report["description"] + ".", "",
+             f"Regenerate: `{command}` (every number below is recomputed from the run records).", "",
+             "## Progress", ""]
+    for stage, c in report["progress"].items():
+        lines.append(f"- {stage}: {c['done']} of {c['planned']} planned runs finished")
+    lines += [f"- {w}" for w in report["waiting"]]
+    if report["chosen_lr"]:
+        lines += ["", "Chosen learning rates (grid, reserve seed): " + ", ".join(
+            f"{v} {lr:g}" for v, lr in report["chosen_lr"].items()) + f"; horizon {report['epochs']:g} epochs."]
+    lines += ["", "## Claims", "", "| claim | effect | mean | 95% interval | n | p (Holm) | power for 1% | "
+              "detectable at 80% | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["claims"]:
+        if "low" not in r:
+            lines.append(f"| {r['claim']} | {r['effect']} | - | - | {r['n']} | - | - | - | {r['status']} |")
+            continue
+        p = _fmt(r.get("p_holm", r.get("p")), 3)
+        lines.append(f"| {r['claim']} | {r['effect']} | {_fmt(r['mean'])} | [{_fmt(r['low'])}, {_fmt(r['high'])}] | "
+                     f"{r['n']} | {p} | {_fmt(r.get('power'))} | {_pct(r.get('mde80'))} | "
+                     f"{r.get('verdict', '')} ({r['status']}) |")
+    first = [r for r in report["claims"] if r.get("first_epoch")]
+    if first:
+        lines += ["", "The same claims in the first-epoch `cpu` protocol (one learning rate for every variant, runs "
+                  "stopped inside the first epoch, last iterate; [cpu.md](cpu.md)):", "",
+                  "| claim | mean | 95% interval | n | verdict there |", "|---|---|---|---|---|"]
+        for r in first:
+            f = r["first_epoch"]
+            lines.append(f"| {r['claim']} | {_fmt(f['mean'])} | [{_fmt(f['low'])}, {_fmt(f['high'])}] | {f['n']} | "
+                         f"{f['verdict']} |")
+    c6 = next((r for r in report["claims"] if r["claim"] == "C6"), None)
+    if c6 and c6["tokens_ratio"]["per_seed"]:
+        tr = c6["tokens_ratio"]
+        lines += ["", "C6, tokens standard's validation curve needs to reach coupled's best validation loss, as a "
+                  "multiple of coupled's tokens at its best: per seed " +
+                  ", ".join(_fmt(x) for x in tr["per_seed"]) +
+                  (f"; mean {_fmt(tr['mean'])} [{_fmt(tr['low'])}, {_fmt(tr['high'])}]" if "mean" in tr else "")]
+    lines += ["", "## Learning-rate grid (best validation loss, reserve seed)", "",
+              "| variant | " + " | ".join(sorted({lr for g in report["grid"].values() for lr in g}, key=float)) + " |"]
+    lrs = sorted({lr for g in report["grid"].values() for lr in g}, key=float)
+    lines.append("|---|" + "---|" * len(lrs))
+    for v, g in report["grid"].items():
+        lines.append(f"| {v} | " + " | ".join(_fmt(g.get(lr), 4) for lr in lrs) + " |")
+    lines += ["", "## Runs", "", "| cell | variant | seed | lr | epochs | best at epoch | stop | plateaued | "
+              "best valid loss | test ppl | hours |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        lines.append(f"| {r['cell']} | {r['variant']} | {r['seed']} | {r['lr']:g} | {_fmt(r['epochs'])} | "
+                     f"{_fmt(r['best_epoch'])} | {r['stop_reason']} | {'yes' if r['plateaued'] else 'no'} | "
+                     f"{_fmt(r['best_valid_loss'], 4)} | {_fmt(r['test_ppl'])} | {_fmt(r['train_hours'])} |")
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict, out_dir: str | Path, command: str, figures: bool = True) -> list[Path]:
+    """Write ``<out_dir>/<design>.json``, ``.md``, ``-readme.md`` (the README's headline,
+    :func:`~coupled_qk.experiments.claims.headline.converged_headline`) and (with ``figures``)
+    ``figures/<design>-valid.png``."""
+    from coupled_qk.experiments.claims.headline import converged_headline
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = report["design"]
+    paths = [out_dir / f"{name}.json", out_dir / f"{name}.md", out_dir / f"{name}-readme.md"]
+    write_text_atomic(paths[0], json.dumps(report, indent=1, default=str) + "\n")
+    write_text_atomic(paths[1], format_markdown(report, command))
+    tokens = DESIGNS[name].train_tokens if name in DESIGNS else None
+    write_text_atomic(paths[2], converged_headline(report, tokens) + "\n")
+    if figures and any(report["curves"].values()):
+        paths.append(_figure(report, out_dir / "figures" / f"{report['design']}-valid.png"))
+    return paths
+
+
+def _figure(report: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, c in report["curves"].items():
+        if not c:
+            continue
+        line, = ax.plot(c["tokens"], c["mean"], label=f"{label} (n={c['n']})")
+        ax.fill_between(c["tokens"], c["low"], c["high"], color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title(f"{report['design']}: validation loss, mean and min-max band over seeds")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,112 @@
+"""Argument checks of the Hugging Face wrappers (:mod:`coupled_qk.hf.modeling`): the model folder of
+``from_pretrained``, the cache, the forward inputs and labels, and ``generate``'s arguments. Each names the
+argument it refuses; :meth:`coupled_qk.GPT.hidden_states` checks the ids' range, the mask and the positions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers.cache_utils import Cache
+
+from coupled_qk.hf.hints import run_folder_hint
+from coupled_qk.tensor_checks import check_generate_args, check_ids
+
+
+def check_folder(path: Path) -> None:
+    """``FileNotFoundError`` for a local folder that is not a Hugging Face model folder (a hub name passes)."""
+    if not path.is_dir():
+        return
+    hint = run_folder_hint(path)
+    if hint is not None:
+        raise FileNotFoundError(hint)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
+                                "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`")
+
+
+def cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
+    legacy = kwargs.pop("past_key_values", None)  # the name before transformers 5.x renamed it to `cache`
+    cache = legacy if cache is None else cache
+    if cache is not None and not isinstance(cache, Cache):
+        raise ValueError(f"cache must be a transformers Cache (e.g. DynamicCache); got {type(cache).__name__}")
+    return cache
+
+
+def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -> None:
+    """The forward arguments that :meth:`coupled_qk.GPT.hidden_states` does not check itself (it checks
+    ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: no ``inputs_embeds``, an
+    ``input_ids`` (a ``(B, T)`` integer tensor, named ``input_ids`` in messages), and
+    ``use_cache``/``output_hidden_states``/``return_dict`` ``None`` or a bool.
+
+    Raises:
+        ValueError: ``inputs_embeds`` given, ``input_ids`` missing or of a wrong shape or dtype. TypeError: a
+            non-tensor ``input_ids``; a flag that is not a bool, naming it (the string ``"False"`` would
+            otherwise be read as true).
+    """
+    if kwargs.get("inputs_embeds") is not None:
+        raise ValueError("inputs_embeds is not supported by coupled-qk models; pass input_ids")
+    if input_ids is None:
+        raise ValueError("input_ids is required (LongTensor of shape (B, T))")
+    check_ids("input_ids", input_ids)  # kind, rank, dtype and sizes, named as here; the ids' range: GPT.embed
+    for name, value in (("use_cache", use_cache), ("output_hidden_states", kwargs.get("output_hidden_states")),
+                        ("return_dict", kwargs.get("return_dict"))):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} must be True, False or None")
+
+
+def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep) -> None:
+    """``labels`` (``None`` or an integer tensor of ``input_ids``' shape, ids in ``[0, vocab_size)`` or
+    ``-100``; values checked on CPU tensors only, to avoid a device sync) and ``logits_to_keep`` (an int
+    ``>= 0``) of :meth:`CoupledQKForCausalLM.forward`.
+
+    Raises:
+        TypeError: a non-tensor ``labels`` or a non-int ``logits_to_keep``. ValueError: naming the argument: a
+            shape other than ``input_ids``', a floating dtype, an id out of range, a negative ``logits_to_keep``.
+    """
+    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
+        raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions)")
+    if logits_to_keep < 0:
+        raise ValueError(f"logits_to_keep={logits_to_keep} must be >= 0 (0: all positions)")
+    if labels is None:
+        return
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"labels must be a torch.Tensor of token ids of input_ids' shape; got {type(labels).__name__}")
+    if labels.shape != input_ids.shape:
+        raise ValueError(f"labels has shape {tuple(labels.shape)}; expected input_ids' shape {tuple(input_ids.shape)} "
+                         "(unshifted: the model shifts them)")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
+        raise ValueError(f"labels must hold integer token ids; got dtype {labels.dtype}")
+    if labels.numel() and labels.device.type == "cpu":
+        real = labels[labels != -100]
+        if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
+            raise ValueError(f"labels: token ids must be in [0, {vocab_size}) or -100 (ignored); got min "
+                             f"{int(real.min())}, max {int(real.max())}")
+
+
+def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> None:
+    """The arguments of :meth:`coupled_qk.hf.modeling.CoupledQKForCausalLM.generate` (``ids`` the prompt,
+    ``model_config`` the model's :class:`~coupled_qk.hf.configuration.CoupledQKConfig`, ``config`` the
+    ``GenerationConfig`` in use, ``kwargs`` the call's keywords): ``max_new_tokens`` (or what ``max_length``
+    leaves), the beam counts, and :func:`~coupled_qk.tensor_checks.check_generate_args`'s checks.
+
+    Raises:
+        TypeError, ValueError: naming the argument.
+    """
+    check_ids("input_ids", ids, vocab_size=model_config.vocab_size)
+    new = kwargs.get("max_new_tokens", config.max_new_tokens)
+    if new is None:
+        max_length = kwargs.get("max_length", config.max_length)
+        if isinstance(max_length, bool) or not isinstance(max_length, int):
+            raise TypeError(f"max_length={max_length!r} must be an int")
+        new = max(0, max_length - ids.shape[1])
+    for name in ("num_beams", "num_return_sequences", "num_beam_groups"):  # transformers divides by them
+        value = kwargs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError)(
+                f"{name}={value!r} must be an int >= 1")
+    given = {k: kwargs[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty") if
+             kwargs.get(k) is not None}
+    check_generate_args(ids, new, block_size=model_config.block_size, vocab_size=model_config.vocab_size,
+                        use_cache=kwargs.get("use_cache", True), attention_mask=kwargs.get("attention_mask"),
+                        device=device, **given)

@@ -1,0 +1,227 @@
+"""Finding, verifying and loading the checkpoints that :mod:`coupled_qk.training.checkpoint` writes.
+
+A checkpoint folder (``ckpt-<step>[-r<k>]``, or ``best-<step>``) holds ``model.safetensors`` (without the tied
+output head, :data:`TIED_KEYS`), ``model_config.json``, ``state.json`` and ``checksums.json`` (the SHA-256 of
+every file); a ``ckpt-*`` folder also holds ``optimizer.pt`` and ``rng.pt``. Everything here reads: the
+``latest`` / ``best`` pointers of a run folder, checksums, the checkpoint a ``--resume`` continues from, and
+weights, JSON and torch files, with errors that name the damaged file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.gpt import GPT
+
+CHECKSUMS = "checksums.json"
+TIED_KEYS = ("lm_head.weight",)  # stored once, as tok_emb.weight
+_NAME = re.compile(r"^ckpt-(\d+)(?:-r(\d+))?$")
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    """The step of a ``ckpt-<step>[-r<k>]`` folder name; ``None`` for other names."""
+    m = _NAME.match(folder.name)
+    return int(m.group(1)) if m else None
+
+
+BEST = "best"
+"""Pointer file naming the best-validation checkpoint folder (``best-<step>``) of a run."""
+
+
+def resolve_best(run_dir: str | Path) -> Path | None:
+    """The best-validation checkpoint folder of a run (named by ``run_dir/best``), or ``None`` if it has none.
+
+    Raises:
+        FileNotFoundError: ``best`` names a folder without ``model.safetensors``.
+    """
+    pointer = Path(run_dir) / BEST
+    if not pointer.is_file():
+        return None
+    folder = Path(run_dir) / pointer.read_text().strip()
+    if not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{pointer} names {folder.name}, which has no model.safetensors")
+    return folder
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from a checkpoint path or a run directory (via its ``latest`` file).
+
+    Raises:
+        FileNotFoundError: no checkpoint there, naming what was looked for.
+    """
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        return path
+    latest = path / "latest"
+    if latest.is_file():
+        ckpt = path / latest.read_text().strip()
+        if (ckpt / "model.safetensors").is_file():
+            return ckpt
+        raise FileNotFoundError(f"{latest} names {ckpt.name}, which has no model.safetensors")
+    raise FileNotFoundError(
+        f"no checkpoint at {path}: expected a checkpoint folder with model.safetensors or a run folder with a "
+        "'latest' file"
+    )
+
+
+def verify_checksums(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
+    """Compare files of ``ckpt`` with ``checksums.json`` (all recorded files, or ``names``).
+
+    Checkpoints written before checksums were recorded have no ``checksums.json`` and are accepted as they are.
+
+    Raises:
+        ValueError: a file's SHA-256 differs from the recorded one, or a recorded file is missing, naming it.
+    """
+    path = Path(ckpt) / CHECKSUMS
+    if not path.is_file():
+        return
+    sums = read_json(path)
+    for name, expected in sums.items():
+        if names is not None and name not in names:
+            continue
+        file = Path(ckpt) / name
+        if not file.is_file():
+            raise ValueError(f"{file} is missing from the checkpoint ({path} lists it)")
+        if sha256_file(file) != expected:
+            raise ValueError(
+                f"{file} is damaged: its SHA-256 differs from the one recorded in {path}; point "
+                f"{Path(ckpt).parent / 'latest'} at an older ckpt-* folder or delete this one"
+            )
+
+
+def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
+    """The checkpoint a ``--resume`` continues from: the one ``latest`` names if it verifies, else the newest
+    older ``ckpt-*`` folder of the run that does (docs/RELIABILITY.md, "Faults").
+
+    A checkpoint verifies when its ``latest`` target exists with ``model.safetensors``, every file matches
+    ``checksums.json`` (:func:`verify_checksums`: a truncated or zeroed file differs) and ``state.json`` parses.
+    The damaged folder is left in place (the next save rewrites ``latest``;
+    :func:`~coupled_qk.training.checkpoint.prune_checkpoints` removes it once the resumed run has saved its step
+    again, as a superseded copy).
+
+    Args:
+        run_dir: the run folder.
+        say: called with one line when a damaged checkpoint is skipped (naming it, why, and the one used).
+
+    Returns:
+        The checkpoint folder to resume from.
+
+    Raises:
+        ValueError / FileNotFoundError: the damage of ``latest``'s checkpoint (naming the file), when no older
+            checkpoint verifies either.
+    """
+    run_dir = Path(run_dir)
+
+    def check(folder: Path) -> None:
+        if not (folder / "model.safetensors").is_file():
+            raise FileNotFoundError(f"{folder} has no model.safetensors")
+        verify_checksums(folder)
+        read_json(folder / "state.json")
+
+    try:
+        where = resolve_checkpoint(run_dir)
+        check(where)
+        return where
+    except (ValueError, FileNotFoundError) as exc:
+        damage = exc
+    latest = (run_dir / "latest").read_text().strip() if (run_dir / "latest").is_file() else ""
+    latest_step = checkpoint_step(Path(latest))
+    older = sorted((f for f in run_dir.glob("ckpt-*") if f.is_dir() and f.name != latest
+                    and checkpoint_step(f) is not None
+                    and (latest_step is None or checkpoint_step(f) < latest_step)),
+                   key=lambda f: (checkpoint_step(f), f.name), reverse=True)
+    for folder in older:
+        try:
+            check(folder)
+        except (ValueError, FileNotFoundError):
+            continue
+        if say is not None:
+            say(f"warning: the latest checkpoint is refused ({damage}); resuming from the previous good checkpoint "
+                f"{folder.name} (step {checkpoint_step(folder)}); the damaged folder is left in place")
+        return folder
+    raise type(damage)(f"{damage}; and no older checkpoint of {run_dir} verifies") from None
+
+
+def load_checkpoint_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[GPT, dict]:
+    """Load a model and its progress state from a checkpoint or run directory (checksums verified).
+
+    Returns:
+        ``(model in eval mode, state dict from state.json)``.
+    """
+    ckpt = resolve_checkpoint(path)
+    verify_checksums(ckpt, ("model.safetensors", "model_config.json", "state.json"))
+    config = GPTConfig.load(ckpt / "model_config.json")
+    model = GPT(config)
+    load_weights(model, ckpt)
+    return model.to(map_location).eval(), read_json(ckpt / "state.json")
+
+
+def read_json(path: Path) -> dict:
+    """Parse a JSON file; ``ValueError`` naming the file if it is not valid JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from exc
+
+
+def load_torch_file(path: Path, map_location=None):
+    """``torch.load`` of a checkpoint's ``optimizer.pt`` / ``rng.pt``; ``ValueError`` naming the file if damaged."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # torch reports truncated or corrupt archives as RuntimeError, EOFError, ...
+        raise ValueError(
+            f"cannot read {path} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); the "
+            f"checkpoint is damaged: point {path.parent.parent / 'latest'} at an older ckpt-* folder or delete it"
+        ) from exc
+
+
+def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
+    """Load ``ckpt/model.safetensors`` into ``model``.
+
+    Raises:
+        ValueError: the file is unreadable, its keys do not match the model, or a weight is NaN/inf.
+    """
+    file = ckpt / "model.safetensors"
+    try:
+        weights = load_file(str(file))
+    except Exception as exc:  # safetensors raises its own error type for damaged files
+        raise ValueError(
+            f"cannot read {file} ({exc}); the checkpoint is damaged: point {ckpt.parent / 'latest'} at an older "
+            "ckpt-* folder or delete this one"
+        ) from exc
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"{file} holds non-finite (NaN or inf) weights in {bad[:3]}; resume from an older checkpoint")
+    result = model.load_state_dict(weights, strict=False)
+    missing = [k for k in result.missing_keys if k not in TIED_KEYS]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {result.unexpected_keys}"
+        )
+
+
+def check_compatible(saved: GPTConfig, current: GPTConfig, where: Path) -> None:
+    """Raise ``ValueError`` naming every field where a checkpoint's model config differs from the run's."""
+    a, b = saved.to_dict(), current.to_dict()
+    diff = {k: (a[k], b.get(k)) for k in a if k != "extra" and a[k] != b.get(k)}
+    if diff:
+        details = ", ".join(f"{k}: checkpoint {v[0]!r} vs run {v[1]!r}" for k, v in sorted(diff.items()))
+        raise ValueError(f"checkpoint {where} was made with a different model config ({details})")
