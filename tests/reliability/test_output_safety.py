@@ -230,3 +230,21 @@ def test_make_task_claims_its_folder(tmp_path):
     for bad in ("", "../x", "a/b", " "):
         with pytest.raises(ValueError, match="name"):
             make_task("perplexity", src, tmp_path / "other", name=bad)
+
+
+@pytest.mark.parametrize("extra", [[], ["--sweep"], ["--compile"], ["--dtype", "bf16"]])
+@pytest.mark.parametrize("mode", ["train", "decode", "memory", "fastpath"])
+def test_every_bench_result_name_is_in_the_results_layout(mode, extra):
+    """What any mode of bench writes can be replaced with --overwrite: its file names are inside the layout the
+    results folder is checked against (the fastpath mode's were not, so its rerun was refused even with
+    --overwrite)."""
+    import fnmatch
+
+    from coupled_qk.cli import build_parser
+    from coupled_qk.commands import bench
+
+    assert set(bench.BENCH_MODES) == {"train", "decode", "memory", "fastpath"}
+    args = build_parser("bench").parse_args(["bench", "--mode", mode, "--device", "cpu", *extra])
+    stem = bench._stem(args)
+    for suffix in (".json", ".md", ".png"):
+        assert any(fnmatch.fnmatch(stem + suffix, pat) for pat in bench.RESULTS_LAYOUT), (stem, bench.RESULTS_LAYOUT)

@@ -38,8 +38,13 @@ from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.registry import default_variants, variant_names
 from coupled_qk.outputs import OutputDir
 
-RESULTS_LAYOUT = ("bench-*", "decode-*", "memory-*", "sweep-*", "hf-generate-*", "README.md", "*/")
-"""What a benchmark results folder may hold: result files of each mode, a README and sub-folders of studies."""
+BENCH_MODES = ("train", "decode", "memory", "fastpath")
+"""``--mode`` choices; a mode's results are ``<mode>-*`` files (``train``'s are ``bench-*``)."""
+
+RESULTS_LAYOUT = (*(f"{'bench' if m == 'train' else m}-*" for m in BENCH_MODES), "sweep-*", "hf-generate-*",
+                  "README.md", "*/")
+"""What a benchmark results folder may hold: result files of every mode (derived from :data:`BENCH_MODES`, so a
+new mode's own files can be replaced with ``--overwrite``), the sweep's, a README and sub-folders of studies."""
 
 HELP = "train-step and decoding speed, memory and the cost curve of every attention variant against standard"
 
@@ -70,7 +75,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out-dir", default="benchmarks/results", type=path_arg,
                         help="where the JSON and markdown go (an existing result is replaced only with --overwrite)")
     add_overwrite_option(parser)
-    parser.add_argument("--mode", default="train", choices=("train", "decode", "memory", "fastpath"),
+    parser.add_argument("--mode", default="train", choices=BENCH_MODES,
                         help="train-step time (default), cached decoding tokens/s, memory, or fastpath: eager vs "
                         "compiled, fp32 vs bf16, peers and MFU in one interleaved run")
     parser.add_argument("--modes", default=",".join(FAST_MODES), type=subset_arg(FAST_MODES),
