@@ -11,7 +11,9 @@ same configuration (median and inter-quartile range over repeats) and to ``stand
 - ``noguard``: Dynamo guards on module internals dropped (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``;
   each model gets its own copy of the function's code object so the models' caches stay apart);
 - ``red``: the coupling MLP's two tiny matrix products written as broadcast-multiply-sum while compiling a
-  single-token step, so Inductor fuses the whole map into the attention's pointwise kernel (no extern GEMM).
+  single-token step, so Inductor fuses the whole map into the attention's pointwise kernel (no extern GEMM);
+- ``freeze``: Inductor's freezing (``options={"freezing": True}``): weights become constants of the graph, which
+  lets Inductor pre-pack them for the CPU's matrix kernels (the graph then ignores later weight updates).
 
 Configurations combine with ``+`` (e.g. ``noguard+cpp``). Usage:
 ``python benchmarks/decode_compile_options.py --configs default,cpp,noguard,red --batch 1 --repeats 15``.
@@ -58,12 +60,14 @@ def own_step(model: GPT):
 
 def build(config: str, variant: str, preset: str, seed: int):
     parts = set(config.split("+")) - {"default"}
-    unknown = parts - {"cpp", "noguard", "red"}
+    unknown = parts - {"cpp", "noguard", "red", "freeze"}
     if unknown:
-        raise SystemExit(f"--configs: unknown part(s) {sorted(unknown)}; expected default, cpp, noguard, red")
+        raise SystemExit(f"--configs: unknown part(s) {sorted(unknown)}; expected default, cpp, noguard, red, freeze")
     options = {}
     if "cpp" in parts:
         options["cpp_wrapper"] = True
+    if "freeze" in parts:
+        options["freezing"] = True
     if "noguard" in parts:
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     torch.manual_seed(seed)
@@ -97,7 +101,8 @@ def main(argv=None) -> None:
     make_graph_room()
     forces.mlp_layer = _reduced_mlp_layer
     runs = {(v, c): build(c, v, a.preset, 0) for c in a.configs.split(",") for v in VARIANTS}
-    prompt = torch.randint(0, 8192, (a.batch, a.prefix), generator=torch.Generator().manual_seed(0))
+    vocab = next(iter(runs.values()))[0].config.vocab_size
+    prompt = torch.randint(0, vocab, (a.batch, a.prefix), generator=torch.Generator().manual_seed(0))
     for (model, step, red) in runs.values():  # warm-up: compiles, with the map written as a reduction or not
         REDUCE["on"] = red
         seconds_per_token(model, step, prompt, 2)
