@@ -26,11 +26,12 @@ def test_no_statement_before_c1_is_complete(status, n):
     assert "%" not in text  # no effect size is quoted from an incomplete cell
 
 
-@pytest.mark.parametrize("mean,low,high,reading", [(-0.61, -1.2, -0.02, "lowers it"), (0.5, 0.1, 0.9, "raises it"),
-                                                   (-0.3, -0.9, 0.3, "does not change it measurably")])
+@pytest.mark.parametrize("mean,low,high,reading", [(-0.61, -1.2, -0.02, "coupling lowers it"),
+                                                   (0.5, 0.1, 0.9, "coupling raises it"),
+                                                   (-0.3, -0.9, 0.3, "no change detectable")])
 def test_complete_c1_is_stated_with_interval_seeds_and_regime(mean, low, high, reading):
     text = converged_headline(_report(mean=mean, low=low, high=high), 270_841)
-    assert f"coupling {reading}" in text
+    assert f"): {reading} (power" in text and "lies outside this interval" in text
     assert f"{mean:+.2f}% [{low:+.2f}, {high:+.2f}]" in text
     assert "10 paired seeds" in text and "8 epochs of 270,841 training tokens" in text
     assert "-0.76% [-1.79, +0.28] (5 seeds)" in text  # the first-epoch regime beside it
@@ -46,3 +47,7 @@ def test_committed_headline_is_the_committed_reports():
     if c1["status"] == "complete":  # the sentence quotes the report's own interval
         assert re.search(re.escape(f"{c1['mean']:+.2f}% [{c1['low']:+.2f}, {c1['high']:+.2f}]"),
                          converged_headline(report, CPU_CONVERGED.train_tokens))
+
+
+def test_the_papers_value_inside_the_interval_is_said_so():
+    assert "lies inside this interval" in converged_headline(_report(mean=-4.0, low=-7.0, high=-1.0))
