@@ -143,6 +143,7 @@ class GPTCompileMixin:
         state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
 
         def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+            self._refresh_transposed_head()  # the opt-in decoding head follows the weights (decode_head.py)
             if state["fn"] is not None:
                 return state["fn"](idx, cache)
             state["fn"] = compiled

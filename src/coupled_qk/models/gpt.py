@@ -29,6 +29,7 @@ from coupled_qk.models.compiled import (  # noqa: F401 - the compiled path's hel
     uncompile_regions,
 )
 from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.decode_head import DecodingHeadMixin
 from coupled_qk.models.generation import (  # noqa: F401 - sample_next_token, static_capacity: public here too
     GPTGenerationMixin,
     sample_next_token,
@@ -97,7 +98,7 @@ class BlockTrace:
     record: AttentionRecord
 
 
-class GPT(GPTCompileMixin, GPTGenerationMixin, nn.Module):
+class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
     """GPT language model with a selectable attention variant.
 
     ``model(idx)`` maps token ids ``idx`` (LongTensor ``(B, T)``, ``T <= block_size``) to logits
@@ -161,7 +162,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, nn.Module):
 
     def __getstate__(self):
         """Pickling and ``copy.deepcopy`` leave the compiled decoding step behind (rebuilt when needed)."""
-        return {**super().__getstate__(), "_decode_step": None}
+        return {**super().__getstate__(), "_decode_step": None, "_head_t": None, "_head_key": None}
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -302,7 +303,8 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, nn.Module):
         columns and the padding columns are dropped here (a view), so padded ids are never scored or sampled
         and the logits of real ids equal those of an unpadded model with the same weights.
         """
-        out = self.lm_head(hidden)
+        head_t = self._transposed_head_for(hidden)  # opt-in decoding head (use_transposed_head)
+        out = self.lm_head(hidden) if head_t is None else hidden @ head_t
         v = self.config.vocab_size
         if self.config.padded_vocab_size != v and getattr(self.lm_head, "out_features", None) == out.shape[-1]:
             out = out[..., :v]
