@@ -49,6 +49,14 @@ def test_generate_deterministic_and_cache_exact(run_dir, capsys):
     assert torch.equal(outs[0], outs[1])
 
 
+def test_generate_with_the_transposed_head_writes_the_same_text(run_dir, capsys):
+    args = ["generate", str(run_dir), "--prompt", "the dog", "--max-new-tokens", "12", "--temperature", "0"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main([*args, "--transposed-head"]) == 0
+    assert capsys.readouterr().out == plain
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--max-new-tokens", "40", "--context", "error"], "exceeds the model's context block_size=32"),
     (["--temperature", "-1"], "--temperature=-1 must be"),

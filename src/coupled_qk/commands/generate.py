@@ -38,6 +38,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="decode through one compiled single-token step over a static KV cache "
                         "(GPT.generate(compile=True); eager with a warning if compilation fails)")
+    parser.add_argument("--transposed-head", action="store_true",
+                        help="compute the logits from a transposed copy of the output head (GPT.use_transposed_head: "
+                        "faster single-row decoding on CPUs, the head's memory once more)")
 
 
 def run(args) -> int:
@@ -53,6 +56,8 @@ def run(args) -> int:
     positive_int("--num-samples", args.num_samples)
     device = pick_device(args.device)
     run = load_run(args.run_dir, device)
+    if args.transposed_head:
+        run.model.use_transposed_head()
     prompt = run.encode(args.prompt, device)
     limit = run.model.config.block_size
     over = prompt.shape[1] + args.max_new_tokens > limit
