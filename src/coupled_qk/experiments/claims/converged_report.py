@@ -147,11 +147,9 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
         inside = -EQUIVALENCE_MARGIN < c6["low"] and c6["high"] < EQUIVALENCE_MARGIN
         c6["verdict"] = ("equivalent (coupled at 1x matches standard at "
                          f"{design.matched_factor}x)" if inside else _direction(c6["low"], c6["high"]))
-    c6["regime_check"] = matched_regime(
-        [records[(matched, standard, s)] for s in design.matched_seeds if (matched, standard, s) in records
-         and (main, standard, s) in records],
-        [records[(main, standard, s)] for s in design.matched_seeds if (matched, standard, s) in records
-         and (main, standard, s) in records], design.matched_factor)
+    both = [s for s in design.matched_seeds if (matched, standard, s) in records and (main, standard, s) in records]
+    c6["regime_check"] = matched_regime([records[(matched, standard, s)] for s in both],
+                                        [records[(main, standard, s)] for s in both], design.matched_factor)
     if c6["regime_check"].get("overfit") and "verdict" in c6:
         c6["verdict"] += f"; the {design.matched_factor}x arm overfits (see the note): not a sample-efficiency test"
     ratios = []
