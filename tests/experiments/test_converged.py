@@ -50,6 +50,13 @@ def test_grid_first_then_verdict_stages_at_each_variants_own_rate():
     assert stages["main"].variant_base == {"standard": {"lr": 2e-3}, "coupled": {"lr": 2e-3}}
     assert stages["matched"].base["max_tokens"] == round(8.0 * 2.4 * D.train_tokens)
     assert stages["uncoupled"].variants == ("uncoupled_mlp",)
+    # fresh data: standard on 2.4x the training articles (a superset), same valid/test, 2.4x the tokens
+    fresh = stages["fresh"]
+    assert [s for s, _ in p.cells][-1] == "fresh" and fresh.variants == ("standard",) and fresh.seeds == (0, 1, 2, 3)
+    assert fresh.split == {**D.split, "train_fraction": 0.6} and fresh.base["corpus"] != D.base["corpus"]
+    assert fresh.base["max_tokens"] == stages["matched"].base["max_tokens"]
+    assert fresh.base["eval_interval"] == round(2.4 * D.eval_interval())
+    assert fresh.variant_base == {"standard": {"lr": 2e-3}}
 
 
 def test_an_edge_optimum_adds_the_next_rate_once_and_waits_for_it():
@@ -133,6 +140,14 @@ def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
     assert c1["mean"] == pytest.approx(sum(d) / len(d)) and c1["n"] == 3
     sd = math.sqrt(sum((x - c1["mean"]) ** 2 for x in d) / 2)
     assert c1["high"] - c1["mean"] == pytest.approx(4.302653 * sd / math.sqrt(3), rel=1e-5)  # t_{0.975, 2}
+    # C6 with fresh data, recomputed from the raw records: total test nats over the 1x tokenizer's test tokens
+    fresh = "toy-converged-fresh"
+    d = [100 * (recs[(main, "coupled", s)]["final"]["test/perplexity"] /
+                math.exp(recs[(fresh, "standard", s)]["final"]["test/nll"] /
+                         recs[(main, "coupled", s)]["final"]["test/n_tokens"]) - 1) for s in TOY_CONVERGED.fresh_seeds]
+    c6f = next(c for c in report["claims"] if c["claim"] == "C6-fresh")
+    assert c6f["n"] == 2 and c6f["mean"] == pytest.approx(sum(d) / len(d))
+    assert recs[(fresh, "standard", 0)]["data"]["tokens"]["train"] > 2 * recs[(main, "standard", 0)]["data"]["tokens"]["train"]
     # each run of the main stage used its variant's chosen rate
     for (cell, v, _), r in recs.items():
         if cell == main:

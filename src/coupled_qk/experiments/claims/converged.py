@@ -15,6 +15,9 @@ executed by :func:`coupled_qk.experiments.claims.runs.execute` (one committed re
 3. ``main``: standard vs coupled at their own rates, ``seeds`` (C1).
 4. ``matched``: standard with ``matched_factor`` x the tokens, ``matched_seeds`` (C6, compute-matched).
 5. ``uncoupled``: the uncoupled MLP at its own rate, ``seeds`` (C3, C4).
+6. ``fresh`` (designs with ``fresh_seeds`` and a document split): standard on ``matched_factor`` x the training
+   documents (a superset of the 1x subset; same validation and test documents, its own tokenizer) for the
+   same number of epochs, ``fresh_seeds`` (C6 with fresh data: 2.4x the tokens without repeating text).
 
 Every rule here is fixed before any run of the design (pre-registered): the seed counts, the grid, the
 plateau rule and the order. A cell is never extended because its interval straddles zero.
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from coupled_qk.experiments.claims.protocols import Cell
 
-GRID, MAIN, MATCHED, UNCOUPLED = "grid", "main", "matched", "uncoupled"
+GRID, MAIN, MATCHED, UNCOUPLED, FRESH = "grid", "main", "matched", "uncoupled", "fresh"
 PLATEAU_WINDOW_EPOCHS = 0.5  # the last half epoch of validations ...
 PLATEAU_TOLERANCE = 0.005  # ... improves the best validation loss before it by less than 0.5% (relative)
 
@@ -51,6 +54,7 @@ class Design:
         lrs: the grid's learning rates; reserve_seed: the grid's seed.
         variants: standard, coupled and the uncoupled MLP (in that role order).
         seeds, matched_seeds, matched_factor: the verdict stages' seeds and the compute-matched multiple.
+        fresh_seeds: seeds of the ``fresh`` stage (empty: no such stage; needs ``split``).
         notes: what a reader needs to judge it (pre-registration, measurements behind the budget).
         runnable_here: ``False`` for designs that need accelerators (planned and printed, not run on CPU).
         tokens_per_second: expected training throughput per run, for the cost estimate.
@@ -69,6 +73,7 @@ class Design:
     seeds: tuple[int, ...]
     matched_seeds: tuple[int, ...]
     matched_factor: float = 2.4
+    fresh_seeds: tuple[int, ...] = ()
     variants: tuple[str, str, str] = ("standard", "coupled", "uncoupled_mlp")
     notes: tuple[str, ...] = ()
     runnable_here: bool = True
@@ -90,6 +95,26 @@ class Design:
         """``base`` with the budget of ``epochs`` epochs and the validation interval filled in."""
         out = {**self.base, "max_tokens": int(round(epochs * self.train_tokens)), "eval_interval": self.eval_interval()}
         return out if lr is None else {**out, "lr": lr}
+
+
+def fresh_cell(design: Design, epochs: float, lr: float) -> Cell:
+    """The ``fresh`` stage's cell: standard at ``lr`` on ``matched_factor`` x the training fraction of the split
+    (written as the corpus ``<corpus>-x<factor>``), ``epochs`` epochs of it (so ``matched_factor`` x the tokens),
+    a validation every ``matched_factor`` x the 1x interval (about the same share of an epoch), ``fresh_seeds``.
+
+    Raises:
+        ValueError: the design has no document split, or the enlarged fraction exceeds 1.
+    """
+    if not design.split:
+        raise ValueError(f"design {design.name!r} has no document split: a fresh-data stage needs one")
+    f = design.matched_factor
+    fraction = round(design.split["train_fraction"] * f, 6)
+    if fraction > 1:
+        raise ValueError(f"train_fraction {design.split['train_fraction']} x matched_factor {f} = {fraction} > 1")
+    base = {**design.cell_base(epochs * f), "corpus": f"{design.base['corpus']}-x{f:g}",
+            "eval_interval": max(1, round(design.eval_interval() * f))}
+    return Cell(f"{design.name}-fresh", base, (design.variants[0],), design.fresh_seeds, ("C6-fresh",),
+                split={**design.split, "train_fraction": fraction}, variant_base={design.variants[0]: {"lr": lr}})
 
 
 def lr_tag(lr: float) -> str:
@@ -209,6 +234,8 @@ def plan(design: Design, records: dict) -> Plan:
                                 variant_base={standard: by[standard]})))
     cells.append((UNCOUPLED, Cell(f"{design.name}-uncoupled", base, (uncoupled,), design.seeds, ("C3", "C4"),
                                   split=design.split, variant_base={uncoupled: by[uncoupled]})))
+    if design.fresh_seeds:
+        cells.append((FRESH, fresh_cell(design, epochs, chosen[standard])))
     return Plan(cells, chosen, epochs, [], grid)
 
 
@@ -227,9 +254,10 @@ def cost_hours(design: Design, p: Plan) -> dict:
     main = 2 * len(design.seeds) * epochs
     matched = len(design.matched_seeds) * epochs * design.matched_factor
     unc = len(design.seeds) * epochs
+    fresh = len(design.fresh_seeds) * epochs * design.matched_factor
     return {"grid": grid_runs * design.epochs * per_epoch, "main": main * per_epoch, "matched": matched * per_epoch,
-            "uncoupled": unc * per_epoch,
-            "total": (grid_runs * design.epochs + main + matched + unc) * per_epoch}
+            "uncoupled": unc * per_epoch, "fresh": fresh * per_epoch,
+            "total": (grid_runs * design.epochs + main + matched + unc + fresh) * per_epoch}
 
 
 # ---- the designs --------------------------------------------------------------------------------------------
@@ -254,6 +282,7 @@ CPU_CONVERGED = Design(
     reserve_seed=100,
     seeds=tuple(range(10)),
     matched_seeds=(0, 1, 2, 3),
+    fresh_seeds=(0, 1, 2, 3),
     notes=(
         "Pre-registered before any run (issue 25): seeds 0-9 for standard, coupled and the uncoupled MLP, seeds "
         "0-3 for standard at 2.4x the horizon; the learning-rate grid {1e-3, 2e-3, 4e-3} on seed 100 (reserve, "
@@ -268,6 +297,16 @@ CPU_CONVERGED = Design(
         "270,841 bpe-8192 tokens). Patience: 4 validations (one epoch) without a new best.",
         "Cost: ~2,800 training tokens/s per single-threaded process on these 2-core machines (measured "
         "2026-11-30), so an 8-epoch run (~2.4M tokens) takes ~15 minutes; the whole design ~12 CPU-hours.",
+
+        "Fresh-data C6 (stage `fresh`), pre-registered 2026-12-02, after the matched stage was found to overfit "
+        "(its regime check) and before any fresh run: standard at its chosen rate on 2.4x the training fraction "
+        "(0.6 of the remaining articles, a superset of the 1x subset, same validation and test articles, its own "
+        "bpe-8192 trained on that split), 2.4x the 1x tokens (about 8 epochs of it), a validation every 2.4x the "
+        "1x interval, patience 4, seeds 0-3 paired with the coupled 1x runs of the same seeds. The tokenizers "
+        "differ, so both arms are compared on the same text's total log-likelihood: the fresh arm's test "
+        "perplexity is exp(test nll / the 1x tokenizer's test token count) (identical to test ppl for 1x runs; "
+        "equivalently bits per byte), and its validation curve is rescaled the same way. Verdict as C6: "
+        "equivalent if the interval is inside +-1%. No extension of the seed count.",
     ),
 )
 
@@ -280,7 +319,7 @@ TOY_CONVERGED = dataclasses.replace(
           "model": {"n_layer": 1, "d_model": 16, "n_heads": 2, "block_size": 32}},
     split=dict(source="wiki-vital", seed=0, valid_docs=4, test_docs=6, train_fraction=0.003),
     train_tokens=1_024, epochs=2.0, long_epochs=3.0, evals_per_epoch=2, lrs=(1e-3, 3e-2), reserve_seed=100,
-    seeds=(0, 1, 2), matched_seeds=(0, 1), variants=("standard", "coupled", "uncoupled_mlp"),
+    seeds=(0, 1, 2), matched_seeds=(0, 1), fresh_seeds=(0, 1), variants=("standard", "coupled", "uncoupled_mlp"),
     notes=("Toy budgets: exercises the instrument only.",),
 )
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims.converged import DESIGNS, Design, best_loss, plan, plateaued, units
+from coupled_qk.experiments.claims.converged_fresh import fresh_note, fresh_records
 from coupled_qk.io import write_text_atomic
 
 PRIMARY = "test/perplexity"
@@ -160,25 +161,55 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
     reached = [x for x in ratios if x is not None]
     c6["tokens_ratio"] = {"per_seed": ratios, "never_reached": len(ratios) - len(reached),
                           **(stats.mean_ci(reached) if len(reached) >= 2 else {})}
+    rows_fresh = _fresh_rows(design, records, main, standard, coupled)
     curves = {
         f"{standard}": _curve_mean([records[k] for k in records if k[:2] == (main, standard)]),
         f"{coupled}": _curve_mean([records[k] for k in records if k[:2] == (main, coupled)]),
         f"{uncoupled}": _curve_mean([records[k] for k in records if k[:2] == (unc, uncoupled)]),
         f"{standard} {design.matched_factor}x": _curve_mean([records[k] for k in records if k[:2] == (matched, standard)]),
     }
+    if design.fresh_seeds:
+        conv = fresh_records(records, (f"{name}-fresh", standard), (main, coupled))
+        curves[f"{standard} {design.matched_factor}x data"] = _curve_mean(
+            [conv[k] for k in conv if k[:2] == (f"{name}-fresh", standard)])
     progress = {}
     for stage, cell, variant, seed in units(p):
         done = (cell.name, variant, seed) in records
         d, t = progress.get(stage, (0, 0))
         progress[stage] = (d + done, t + 1)
     first = _first_epoch_rows(Path(out_dir) / "cpu.json") if design.name == "cpu-converged" else {}
-    for row in [*rows, c4, c6]:
+    for row in [*rows, c4, c6, *rows_fresh]:
         if row["claim"] in first:
             row["first_epoch"] = first[row["claim"]]
     return {"design": design.name, "description": design.description, "notes": list(design.notes),
             "chosen_lr": {v: lr for v, lr in p.chosen_lr.items()}, "epochs": p.epochs, "grid": grid,
-            "waiting": p.waiting, "claims": [*rows, c4, c6], "runs": runs, "curves": curves,
+            "waiting": p.waiting, "claims": [*rows, c4, c6, *rows_fresh], "runs": runs, "curves": curves,
             "progress": {k: {"done": d, "planned": t} for k, (d, t) in progress.items()}}
+
+
+def _fresh_rows(design: Design, records: dict, main: str, standard: str, coupled: str) -> list[dict]:
+    """The ``C6-fresh`` row (coupled at 1x vs standard on ``matched_factor`` x the training documents, per
+    1x-tokenizer token; :mod:`~coupled_qk.experiments.claims.converged_fresh`), or ``[]`` without that stage."""
+    if not design.fresh_seeds:
+        return []
+    fresh = f"{design.name}-fresh"
+    conv = fresh_records(records, (fresh, standard), (main, coupled))
+    f = design.matched_factor
+    row = _paired_row("C6-fresh", f"test ppl, coupled (1x) vs standard ({f}x training articles, {f}x tokens; per "
+                      f"1x-tokenizer token), % (equivalent if the interval is inside +-{EQUIVALENCE_MARGIN}%)",
+                      conv, (fresh, standard), (main, coupled), len(design.fresh_seeds))
+    if "low" in row:
+        inside = -EQUIVALENCE_MARGIN < row["low"] and row["high"] < EQUIVALENCE_MARGIN
+        row["verdict"] = (f"equivalent (coupled at 1x matches standard with {f}x data)" if inside
+                          else _direction(row["low"], row["high"]))
+    runs = [conv[k] for k in sorted(conv) if k[:2] == (fresh, standard)]
+    ratios = [_tokens_to_match(r, conv[(main, coupled, r["seed"])]) for r in runs]
+    reached = [x for x in ratios if x is not None]
+    row["tokens_ratio"] = {"per_seed": ratios, "never_reached": len(ratios) - len(reached),
+                           **(stats.mean_ci(reached) if len(reached) >= 2 else {})}
+    main_std = [records[(main, standard, r["seed"])] for r in runs if (main, standard, r["seed"]) in records]
+    row["regime_check"] = {"n": len(runs), "note": fresh_note(runs, main_std, f)}
+    return [row]
 
 
 def matched_regime(matched: list[dict], main: list[dict], factor: float) -> dict:
@@ -258,15 +289,15 @@ def format_markdown(report: dict, command: str) -> str:
             f = r["first_epoch"]
             lines.append(f"| {r['claim']} | {_fmt(f['mean'])} | [{_fmt(f['low'])}, {_fmt(f['high'])}] | {f['n']} | "
                          f"{f['verdict']} |")
-    c6 = next((r for r in report["claims"] if r["claim"] == "C6"), None)
-    if c6 and c6["tokens_ratio"]["per_seed"]:
+    for c6 in (r for r in report["claims"] if r["claim"] in ("C6", "C6-fresh")):
         tr = c6["tokens_ratio"]
-        lines += ["", "C6, tokens standard's validation curve needs to reach coupled's best validation loss, as a "
-                  "multiple of coupled's tokens at its best: per seed " +
-                  ", ".join(_fmt(x) for x in tr["per_seed"]) +
-                  (f"; mean {_fmt(tr['mean'])} [{_fmt(tr['low'])}, {_fmt(tr['high'])}]" if "mean" in tr else "")]
-    if c6 and c6.get("regime_check", {}).get("n"):
-        lines += ["", c6["regime_check"]["note"]]
+        if tr["per_seed"]:
+            lines += ["", f"{c6['claim']}, tokens standard's validation curve needs to reach coupled's best "
+                      "validation loss, as a multiple of coupled's tokens at its best: per seed " +
+                      ", ".join(_fmt(x) for x in tr["per_seed"]) +
+                      (f"; mean {_fmt(tr['mean'])} [{_fmt(tr['low'])}, {_fmt(tr['high'])}]" if "mean" in tr else "")]
+        if c6.get("regime_check", {}).get("n"):
+            lines += ["", c6["regime_check"]["note"]]
     lines += ["", "## Learning-rate grid (best validation loss, reserve seed)", "",
               "| variant | " + " | ".join(sorted({lr for g in report["grid"].values() for lr in g}, key=float)) + " |"]
     lrs = sorted({lr for g in report["grid"].values() for lr in g}, key=float)

@@ -1,0 +1,70 @@
+"""C6 with fresh data: records of another tokenizer are rewritten per token of the 1x tokenizer, so the same
+text's total log-likelihood decides (hand-derived cases; the paired analysis then applies unchanged)."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coupled_qk.experiments.claims.converged_fresh import fresh_records, to_reference
+
+
+def _rec(n_valid, n_test, valid_loss, test_loss, curve=(), best_tokens=1000, cell="c", seed=0):
+    final = {"valid/n_tokens": n_valid, "valid/n_bytes": 4000, "valid/loss": valid_loss,
+             "test/n_tokens": n_test, "test/n_bytes": 20000, "test/loss": test_loss, "test/nll": test_loss * n_test,
+             "test/perplexity": math.exp(test_loss)}
+    return {"cell": cell, "variant": "standard", "seed": seed, "final": final, "tokens": 2000,
+            "curve": {"valid": [list(x) for x in curve]},
+            "best": {"metric": "valid/loss", "value": valid_loss, "tokens": best_tokens}}
+
+
+def test_same_token_counts_change_nothing():
+    a = _rec(1000, 5000, 5.1, 5.0, curve=[(100, 6.0), (200, 5.1)])
+    b = to_reference(a, _rec(1000, 5000, 4.0, 4.0))
+    assert b["final"]["test/perplexity"] == pytest.approx(a["final"]["test/perplexity"], rel=1e-12)
+    assert b["final"]["valid/loss"] == pytest.approx(5.1) and b["curve"]["valid"] == [[100, 6.0], [200, 5.1]]
+    assert a["final"]["valid/loss"] == 5.1  # the input is not modified
+
+
+def test_fewer_tokens_for_the_same_text_carry_more_nats_each():
+    # the fresh tokenizer cuts the text into 10% fewer tokens: per 1x token, its loss is 0.9x its own
+    fresh = _rec(900, 4500, 5.0, 5.0, curve=[(900, 5.5)], best_tokens=1800)
+    ref = _rec(1000, 5000, 5.2, 5.2)
+    out = to_reference(fresh, ref)
+    assert out["final"]["test/loss"] == pytest.approx(5.0 * 4500 / 5000)
+    assert out["final"]["test/perplexity"] == pytest.approx(math.exp(4.5))
+    assert out["final"]["valid/loss"] == pytest.approx(4.5) and out["best"]["value"] == pytest.approx(4.5)
+    assert out["curve"]["valid"] == [[pytest.approx(1000), pytest.approx(4.95)]]
+    assert out["best"]["tokens"] == pytest.approx(2000) and out["final"]["own/test/loss"] == 5.0
+    assert out["reference"]["test_token_ratio"] == pytest.approx(0.9)
+
+
+@given(st.integers(100, 10_000), st.integers(100, 10_000), st.floats(1.0, 8.0))
+def test_total_nats_of_the_text_are_invariant(n_own, n_ref, loss):
+    out = to_reference(_rec(n_own, n_own * 5, loss, loss), _rec(n_ref, n_ref * 5, 3.0, 3.0))
+    assert out["final"]["test/loss"] * n_ref * 5 == pytest.approx(loss * n_own * 5, rel=1e-9)
+    assert out["final"]["valid/loss"] * n_ref == pytest.approx(loss * n_own, rel=1e-9)
+
+
+def test_other_text_or_missing_counts_are_refused():
+    ref = _rec(1000, 5000, 5.2, 5.2)
+    other = _rec(1000, 5000, 5.2, 5.2)
+    other["final"]["test/n_bytes"] = 1
+    with pytest.raises(ValueError, match="different validation/test text"):
+        to_reference(other, ref)
+    bare = _rec(1000, 5000, 5.2, 5.2)
+    del bare["final"]["valid/n_tokens"]
+    with pytest.raises(ValueError, match="valid/n_tokens"):
+        to_reference(bare, ref)
+
+
+def test_fresh_records_rewrites_only_the_fresh_cell_with_its_seeds_partner():
+    recs = {("fresh", "standard", 0): _rec(900, 4500, 5.0, 5.0, cell="fresh"),
+            ("fresh", "standard", 1): _rec(900, 4500, 5.0, 5.0, cell="fresh", seed=1),
+            ("main", "coupled", 0): _rec(1000, 5000, 5.2, 5.2, cell="main"),
+            ("main", "standard", 0): _rec(1000, 5000, 5.3, 5.3, cell="main")}
+    out = fresh_records(recs, ("fresh", "standard"), ("main", "coupled"))
+    assert ("fresh", "standard", 1) not in out  # no coupled seed 1 to pair with
+    assert out[("fresh", "standard", 0)]["final"]["test/loss"] == pytest.approx(4.5)
+    assert out[("main", "standard", 0)] is recs[("main", "standard", 0)]
