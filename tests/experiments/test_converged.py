@@ -18,8 +18,8 @@ from coupled_qk.experiments.claims.converged import (
     grid_name,
     plan,
     plateaued,
-    standalone_configs,
 )
+from coupled_qk.experiments.claims.converged_configs import standalone_configs
 
 D = CPU_CONVERGED
 
