@@ -51,3 +51,13 @@ def test_committed_headline_is_the_committed_reports():
 
 def test_the_papers_value_inside_the_interval_is_said_so():
     assert "lies inside this interval" in converged_headline(_report(mean=-4.0, low=-7.0, high=-1.0))
+
+
+def test_a_pubmed_design_states_its_main_claim_c9_against_the_papers_pubmed_value():
+    report = _report(mean=-0.4, low=-1.0, high=0.2)
+    report.update(design="cpu-converged-pubmed", main_claim="C9")
+    report["claims"][0]["claim"] = "C9"
+    text = converged_headline(report)
+    assert "the paper's -4.5% on PubMed" in text and "lies outside this interval" in text
+    report["claims"][0].update(status="running (3 of 10 pairs)", n=3)
+    assert "Its C9 cell" in converged_headline(report) and "3 of 10 pairs" in converged_headline(report)

@@ -12,6 +12,7 @@ import pytest
 
 from coupled_qk.experiments.claims.converged import (
     CPU_CONVERGED,
+    CPU_CONVERGED_PUBMED,
     GPU_60M,
     TOY_CONVERGED,
     grid_cell,
@@ -73,6 +74,33 @@ def test_an_edge_optimum_adds_the_next_rate_once_and_waits_for_it():
     # coupled's best is now 8e-3, at the new edge: no second extension; uncoupled keeps 1e-3
     assert p.chosen_lr == {"standard": 2e-3, "coupled": 8e-3, "uncoupled_mlp": 1e-3}
     assert len([1 for s, _ in p.cells if s == "grid"]) == 5
+
+
+def test_a_two_variant_design_without_matched_or_fresh_seeds_plans_only_its_main_stage(tmp_path):
+    P = CPU_CONVERGED_PUBMED
+    assert plan(P, {}).waiting == ["main: wait for the learning-rate grid"]
+    recs = {}
+    for lr, (ls, lc) in {1e-3: (3.2, 3.3), 2e-3: (3.1, 3.0), 4e-3: (3.3, 3.2)}.items():
+        for v, loss in (("standard", ls), ("coupled", lc)):
+            recs[(grid_cell(P, lr, P.variants).name, v, P.reserve_seed)] = _rec(loss)
+    p = plan(P, recs)
+    assert [s for s, _ in p.cells] == ["grid"] * 3 + ["main"] and p.chosen_lr == {"standard": 2e-3, "coupled": 2e-3}
+    main = p.cells[-1][1]
+    assert main.claims == ("C9",) and main.split["source"] == "pubmed" and main.seeds == tuple(range(10))
+    # its report: C9 from the records, no C3/C4/C6 rows
+    from coupled_qk.experiments.claims.converged_report import build_report
+
+    for (cell, v, s), r in [*recs.items(), *(((main.name, v, s), _rec(3.0)) for v in P.variants for s in (0, 1, 2))]:
+        ppl = 150.0 * (1 + 0.01 * s) * (0.99 if v == "coupled" else 1.0)
+        full = {**r, "cell": cell, "variant": v, "seed": s, "config": {"lr": 2e-3},
+                "final": {**r["final"], "test/perplexity": ppl}}
+        path = tmp_path / "runs" / P.name / cell / v / f"seed{s}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(full))
+    report = build_report(P, tmp_path)
+    assert [r["claim"] for r in report["claims"]] == ["C9"] and report["main_claim"] == "C9"
+    assert report["claims"][0]["mean"] == pytest.approx(-1.0) and report["claims"][0]["n"] == 3
+    assert set(report["curves"]) == {"standard", "coupled"}
 
 
 def test_horizon_grows_when_a_chosen_run_did_not_plateau():

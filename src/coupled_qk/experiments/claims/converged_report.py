@@ -107,9 +107,9 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
     """The report of ``design`` recomputed from its records alone (JSON-serialisable)."""
     records = load_records(out_dir, design)
     p = plan(design, records)
-    standard, coupled, uncoupled = design.variants
+    standard, coupled = design.variants[:2]
     name = design.name
-    main, matched, unc = f"{name}-main", f"{name}-matched", f"{name}-uncoupled"
+    main, matched = f"{name}-main", f"{name}-matched"
     grid = {v: {str(lr): loss for lr, loss in sorted(p.grid[v].items())} for v in design.variants}
     runs = []
     for (cell, variant, seed), rec in sorted(records.items()):
@@ -118,20 +118,55 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
                      "stop_reason": rec.get("stop_reason"), "plateaued": plateaued(rec),
                      "best_valid_loss": best_loss(rec), "test_ppl": rec["final"].get(PRIMARY),
                      "train_hours": rec.get("train_seconds", 0) / 3600})
-    rows = [
-        _paired_row("C1", "test ppl, coupled vs standard, % (paired by seed: data order and shared initial weights)",
-                    records, (main, standard), (main, coupled), len(design.seeds)),
-        _paired_row("C3", "test ppl, coupled vs uncoupled MLP, % (paired by seed)", records, (unc, uncoupled),
-                    (main, coupled), len(design.seeds)),
-    ]
+    claims = [*_direction_rows(design, records), *_matched_rows(design, records),
+              *_fresh_rows(design, records, main, standard, coupled)]
+    curves = {f"{standard}": _curve_mean([records[k] for k in records if k[:2] == (main, standard)]),
+              f"{coupled}": _curve_mean([records[k] for k in records if k[:2] == (main, coupled)])}
+    if len(design.variants) > 2:
+        unc = design.variants[2]
+        curves[unc] = _curve_mean([records[k] for k in records if k[:2] == (f"{name}-uncoupled", unc)])
+    if design.matched_seeds:
+        curves[f"{standard} {design.matched_factor}x"] = _curve_mean(
+            [records[k] for k in records if k[:2] == (matched, standard)])
+    if design.fresh_seeds:
+        conv = fresh_records(records, (f"{name}-fresh", standard), (main, coupled))
+        curves[f"{standard} {design.matched_factor}x data"] = _curve_mean(
+            [conv[k] for k in conv if k[:2] == (f"{name}-fresh", standard)])
+    progress = {}
+    for stage, cell, variant, seed in units(p):
+        done = (cell.name, variant, seed) in records
+        d, t = progress.get(stage, (0, 0))
+        progress[stage] = (d + done, t + 1)
+    first = _first_epoch_rows(Path(out_dir) / "cpu.json") if design.name == "cpu-converged" else {}
+    for row in claims:
+        if row["claim"] in first:
+            row["first_epoch"] = first[row["claim"]]
+    return {"design": design.name, "description": design.description, "main_claim": design.main_claim,
+            "notes": list(design.notes),
+            "chosen_lr": {v: lr for v, lr in p.chosen_lr.items()}, "epochs": p.epochs, "grid": grid,
+            "waiting": p.waiting, "claims": claims, "runs": runs, "curves": curves,
+            "progress": {k: {"done": d, "planned": t} for k, (d, t) in progress.items()}}
+
+
+def _direction_rows(design: Design, records: dict) -> list[dict]:
+    """The main claim (C1, or C9 on PubMed: coupled vs standard) and, with an uncoupled stage, C3 (coupled vs the
+    uncoupled MLP, Holm-adjusted with it) and C4 (seed variance ratio, paired, Pitman-Morgan)."""
+    standard, coupled = design.variants[:2]
+    main, unc = f"{design.name}-main", f"{design.name}-uncoupled"
+    rows = [_paired_row(design.main_claim, "test ppl, coupled vs standard, % (paired by seed: data order and shared "
+                        "initial weights)", records, (main, standard), (main, coupled), len(design.seeds))]
+    if len(design.variants) > 2:
+        rows.append(_paired_row("C3", "test ppl, coupled vs uncoupled MLP, % (paired by seed)", records,
+                                (unc, design.variants[2]), (main, coupled), len(design.seeds)))
     ps = [r["p"] for r in rows if "p" in r]
     adjusted = iter(stats.holm(ps)) if ps else iter(())
     for r in rows:
         if "p" in r:
             r["p_holm"] = next(adjusted)
             r["verdict"] = _direction(r["low"], r["high"])
-    # C4: seed variance of test ppl, uncoupled / coupled, paired by seed (Pitman-Morgan)
-    seeds, vu, vc = _pairs(records, (unc, uncoupled), (main, coupled))
+    if len(design.variants) < 3:
+        return rows
+    seeds, vu, vc = _pairs(records, (unc, design.variants[2]), (main, coupled))
     c4 = {"claim": "C4", "effect": "seed variance of test ppl, uncoupled MLP / coupled (paired, Pitman-Morgan)",
           "n": len(seeds), "expected_n": len(design.seeds)}
     if len(seeds) >= 3:
@@ -140,7 +175,16 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
                   verdict="uncoupled more variable (excluded 1)" if r["low"] > 1 else
                   "coupled more variable (excluded 1)" if r["high"] < 1 else "inconclusive (interval includes 1)")
     c4["status"] = "complete" if len(seeds) >= len(design.seeds) else f"running ({len(seeds)} of {len(design.seeds)})"
-    # C6: coupled at 1x vs standard at matched_factor x the tokens
+    return [*rows, c4]
+
+
+def _matched_rows(design: Design, records: dict) -> list[dict]:
+    """C6 against the compute-matched arm (standard at ``matched_factor`` x the tokens of the same text), its
+    regime check and tokens-to-equal-loss ratio; ``[]`` without a matched stage."""
+    if not design.matched_seeds:
+        return []
+    standard, coupled = design.variants[:2]
+    main, matched = f"{design.name}-main", f"{design.name}-matched"
     c6 = _paired_row("C6", f"test ppl, coupled (1x) vs standard ({design.matched_factor}x tokens), % (equivalent if "
                      f"the interval is inside +-{EQUIVALENCE_MARGIN}%)", records, (matched, standard), (main, coupled),
                      len(design.matched_seeds))
@@ -161,30 +205,7 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
     reached = [x for x in ratios if x is not None]
     c6["tokens_ratio"] = {"per_seed": ratios, "never_reached": len(ratios) - len(reached),
                           **(stats.mean_ci(reached) if len(reached) >= 2 else {})}
-    rows_fresh = _fresh_rows(design, records, main, standard, coupled)
-    curves = {
-        f"{standard}": _curve_mean([records[k] for k in records if k[:2] == (main, standard)]),
-        f"{coupled}": _curve_mean([records[k] for k in records if k[:2] == (main, coupled)]),
-        f"{uncoupled}": _curve_mean([records[k] for k in records if k[:2] == (unc, uncoupled)]),
-        f"{standard} {design.matched_factor}x": _curve_mean([records[k] for k in records if k[:2] == (matched, standard)]),
-    }
-    if design.fresh_seeds:
-        conv = fresh_records(records, (f"{name}-fresh", standard), (main, coupled))
-        curves[f"{standard} {design.matched_factor}x data"] = _curve_mean(
-            [conv[k] for k in conv if k[:2] == (f"{name}-fresh", standard)])
-    progress = {}
-    for stage, cell, variant, seed in units(p):
-        done = (cell.name, variant, seed) in records
-        d, t = progress.get(stage, (0, 0))
-        progress[stage] = (d + done, t + 1)
-    first = _first_epoch_rows(Path(out_dir) / "cpu.json") if design.name == "cpu-converged" else {}
-    for row in [*rows, c4, c6, *rows_fresh]:
-        if row["claim"] in first:
-            row["first_epoch"] = first[row["claim"]]
-    return {"design": design.name, "description": design.description, "notes": list(design.notes),
-            "chosen_lr": {v: lr for v, lr in p.chosen_lr.items()}, "epochs": p.epochs, "grid": grid,
-            "waiting": p.waiting, "claims": [*rows, c4, c6, *rows_fresh], "runs": runs, "curves": curves,
-            "progress": {k: {"done": d, "planned": t} for k, (d, t) in progress.items()}}
+    return [c6]
 
 
 def _fresh_rows(design: Design, records: dict, main: str, standard: str, coupled: str) -> list[dict]:

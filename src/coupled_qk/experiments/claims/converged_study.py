@@ -131,7 +131,7 @@ def plan_lines(design: Design, out_dir: str | Path, data_dir: str | Path | None)
     lines.append("data: " + _data_check(design, data_dir))
     cost = cost_hours(design, p)
     lines.append(f"cost estimate (hours of one device at {design.tokens_per_second:,.0f} tokens/s): " +
-                 ", ".join(f"{k} {v:.1f}" for k, v in cost.items()))
+                 ", ".join(f"{k} {v:.1f}" for k, v in cost.items() if v or k == "total"))
     return lines
 
 
