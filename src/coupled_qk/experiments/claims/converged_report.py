@@ -16,6 +16,8 @@ from pathlib import Path
 from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims.converged import DESIGNS, Design, best_loss, plan, plateaued, units
 from coupled_qk.experiments.claims.converged_fresh import fresh_note, fresh_records
+from coupled_qk.experiments.claims.markdown import _num as _fmt
+from coupled_qk.experiments.claims.power import detectable_effect, power_two_sided
 from coupled_qk.io import write_text_atomic
 
 PRIMARY = "test/perplexity"
@@ -37,24 +39,12 @@ def load_records(out_dir: str | Path, design: Design) -> dict:
 
 def _power(sd: float, n: int, effect: float = POWER_EFFECT) -> dict:
     """Power of a two-sided paired t-test (alpha 0.05) to detect a true mean ``effect`` given the per-pair
-    ``sd``, and the effect detectable with 80% power (noncentral t)."""
-    from scipy import stats as st
-
+    ``sd``, and the effect detectable with 80% power (:mod:`~coupled_qk.experiments.claims.power`)."""
     if n < 2 or not (sd > 0 and math.isfinite(sd)):
         return {"power": math.nan, "mde80": math.nan}
-    crit = st.t.ppf(0.975, n - 1)
-
-    def power(d: float) -> float:
-        ncp = d / (sd / math.sqrt(n))
-        if ncp > 40:  # beyond scipy's accurate range: power is 1 to many digits
-            return 1.0
-        return float(st.nct.sf(crit, n - 1, ncp) + st.nct.cdf(-crit, n - 1, ncp))
-
-    lo, hi = 0.0, 100.0 * sd
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if power(mid) < 0.8 else (lo, mid)
-    return {"power": power(effect), "mde80": hi}
+    se = sd / math.sqrt(n)
+    # beyond scipy's accurate noncentral-t range the power is 1 to many digits
+    return {"power": 1.0 if effect / se > 40 else power_two_sided(effect, se, n), "mde80": detectable_effect(se, n)}
 
 
 def _pairs(records: dict, a: tuple[str, str], b: tuple[str, str], metric: str = PRIMARY):
@@ -270,10 +260,6 @@ def _first_epoch_rows(path: Path) -> dict:
         return {}
     keep = ("mean", "low", "high", "n", "verdict")
     return {r["id"]: {k: r.get(k) for k in keep} for r in rows if r.get("id") in ("C1", "C3", "C4", "C6")}
-
-
-def _fmt(x, digits=2) -> str:
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
 
 
 def _pct(x) -> str:
