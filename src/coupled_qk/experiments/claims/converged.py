@@ -381,6 +381,9 @@ GPU_60M = Design(
         "0-2 (standard at 2.4x).",
         "Cost: an estimate, not a measurement: ~250k tokens/s on one H100/H200 for the 60m preset in bf16 "
         "(6 x 60M x 250k = 90 TFLOP/s, ~10% of the dense bf16 peak); no GPU run exists yet in this project.",
+        "C6 here repeats text: the matched arm is 12 epochs of WikiText-103 under a 2.4x longer schedule, the "
+        "setting in which cpu-converged's matched arm overfit; the report's regime check flags that case. "
+        "WikiText-103 has no unused articles, so this design has no fresh-data arm.",
     ),
 )
 
