@@ -251,22 +251,6 @@ def units(p: Plan) -> list[tuple[str, Cell, str, int]]:
     return [(stage, cell, v, s) for stage, cell in p.cells for v, s in cell.units()]
 
 
-def cost_hours(design: Design, p: Plan) -> dict:
-    """Expected training hours of the planned runs at ``design.tokens_per_second`` (grid runs at the horizon
-    ``epochs``; verdict stages at the plan's horizon), and the total including not-yet-planned stages at
-    ``epochs``."""
-    per_epoch = design.train_tokens / design.tokens_per_second / 3600
-    grid_runs = sum(len(c.variants) * len(c.seeds) for s, c in p.cells if s == GRID)
-    epochs = p.epochs or design.epochs
-    main = 2 * len(design.seeds) * epochs
-    matched = len(design.matched_seeds) * epochs * design.matched_factor
-    unc = len(design.seeds) * epochs * (len(design.variants) > 2)
-    fresh = len(design.fresh_seeds) * epochs * design.matched_factor
-    return {"grid": grid_runs * design.epochs * per_epoch, "main": main * per_epoch, "matched": matched * per_epoch,
-            "uncoupled": unc * per_epoch, "fresh": fresh * per_epoch,
-            "total": (grid_runs * design.epochs + main + matched + unc + fresh) * per_epoch}
-
-
 # ---- the designs --------------------------------------------------------------------------------------------
 
 _TINY_BASE = dict(

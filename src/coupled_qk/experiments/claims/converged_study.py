@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from coupled_qk.experiments.claims.converged import Design, plan, units
+from coupled_qk.experiments.claims.converged import GRID, Design, Plan, plan, units
 from coupled_qk.experiments.claims.converged_report import (  # noqa: F401 - the report: public here too
     build_report,
     format_markdown,
@@ -115,10 +115,25 @@ def _shared(records: dict | None, runtime) -> dict:
     return box[0]
 
 
+def cost_hours(design: Design, p: Plan) -> dict:
+    """Expected training hours of the planned runs at ``design.tokens_per_second`` (grid runs at the horizon
+    ``epochs``; verdict stages at the plan's horizon), and the total including not-yet-planned stages at
+    ``epochs``."""
+    per_epoch = design.train_tokens / design.tokens_per_second / 3600
+    grid_runs = sum(len(c.variants) * len(c.seeds) for s, c in p.cells if s == GRID)
+    epochs = p.epochs or design.epochs
+    main = 2 * len(design.seeds) * epochs
+    matched = len(design.matched_seeds) * epochs * design.matched_factor
+    unc = len(design.seeds) * epochs * (len(design.variants) > 2)
+    fresh = len(design.fresh_seeds) * epochs * design.matched_factor
+    return {"grid": grid_runs * design.epochs * per_epoch, "main": main * per_epoch, "matched": matched * per_epoch,
+            "uncoupled": unc * per_epoch, "fresh": fresh * per_epoch,
+            "total": (grid_runs * design.epochs + main + matched + unc + fresh) * per_epoch}
+
+
+
 def plan_lines(design: Design, out_dir: str | Path, data_dir: str | Path | None) -> list[str]:
     """``--plan``: the runs planned now, what waits, the data check and the cost estimate (no training)."""
-    from coupled_qk.experiments.claims.converged import cost_hours
-
     records = load_records(out_dir, design)
     p = plan(design, records)
     lines = [f"protocol {design.name}: {design.description}"]
