@@ -68,3 +68,14 @@ def test_fresh_records_rewrites_only_the_fresh_cell_with_its_seeds_partner():
     assert ("fresh", "standard", 1) not in out  # no coupled seed 1 to pair with
     assert out[("fresh", "standard", 0)]["final"]["test/loss"] == pytest.approx(4.5)
     assert out[("main", "standard", 0)] is recs[("main", "standard", 0)]
+
+
+def test_the_note_states_the_token_ratio_and_both_best_losses_per_1x_token():
+    from coupled_qk.experiments.claims.converged_fresh import fresh_note
+
+    fresh = to_reference(_rec(900, 4500, 5.0, 5.0, cell="fresh"), _rec(1000, 5000, 5.2, 5.2))
+    fresh.update(epochs=7.5, stop_reason="patience")
+    note = fresh_note([fresh], [_rec(1000, 5000, 5.1, 5.1)], 2.4)
+    assert "0.900x the 1x tokenizer's tokens" in note and "7.5-7.5 of its epochs (patience)" in note
+    assert "best validation loss 4.5000 against 5.1000" in note
+    assert fresh_note([], [], 2.4) == ""

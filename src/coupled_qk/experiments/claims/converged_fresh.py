@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import math
 
+from coupled_qk.experiments.claims.converged import best_loss
+
 
 def _count(rec: dict, split: str) -> int:
     n = (rec.get("final") or {}).get(f"{split}/n_tokens")
@@ -86,8 +88,8 @@ def fresh_note(fresh: list[dict], main: list[dict], factor: float) -> str:
     ratio = sum(r["reference"]["test_token_ratio"] for r in fresh) / len(fresh)
     epochs = [r.get("epochs") or 0 for r in fresh]
     stops = ", ".join(sorted({str(r.get("stop_reason")) for r in fresh}))
-    a = sum(r["best"]["value"] for r in fresh) / len(fresh)
-    b = sum(r["best"]["value"] for r in main) / len(main) if main else math.nan
+    a = sum(best_loss(r) for r in fresh) / len(fresh)
+    b = sum(best_loss(r) for r in main) / len(main) if main else math.nan
     return (f"C6 with fresh data ({len(fresh)} seeds): standard on {factor}x the training articles, its own "
             f"tokenizer (it cuts the test text into {ratio:.3f}x the 1x tokenizer's tokens), stopped at "
             f"{min(epochs):.1f}-{max(epochs):.1f} of its epochs ({stops}); best validation loss {a:.4f} against "
