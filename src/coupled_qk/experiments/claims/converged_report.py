@@ -29,14 +29,22 @@ PAPER_C4 = 8.0  # the paper's seed-variance ratio, uncoupled MLP / coupled: C4's
 
 
 def load_records(out_dir: str | Path, design: Design) -> dict:
-    """``{(cell, variant, seed): record}`` of the finished runs of ``design`` under ``out_dir/runs``."""
+    """``{(cell, variant, seed): record}`` of the finished runs of ``design`` under ``out_dir/runs``.
+
+    Raises:
+        ValueError: naming the file, for one that parses but lacks ``cell``, ``variant``, ``seed`` or ``final``.
+    """
     out = {}
     for path in sorted((Path(out_dir) / "runs" / design.name).glob("*/*/seed*.json")):
         try:
             rec = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        out[(rec["cell"], rec["variant"], int(rec["seed"]))] = rec
+        lacks = [k for k in ("cell", "variant", "seed", "final") if not isinstance(rec, dict) or k not in rec]
+        if lacks or isinstance(rec["seed"], bool) or not isinstance(rec["seed"], int):
+            raise ValueError(f"{path} is not a run record (it lacks {lacks} or its seed is not an integer): "
+                             f"restore or remove it; the study's records are the files under {path.parents[2]}")
+        out[(rec["cell"], rec["variant"], rec["seed"])] = rec
     return out
 
 
