@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats as sps
 
 from coupled_qk.experiments.claims.power import (
@@ -48,6 +50,27 @@ def test_power_at_zero_is_alpha_and_the_detectable_effect_has_the_asked_power():
                           (lambda: t_interval_se(1, 0, 3), "low <= high")]:
         with pytest.raises(ValueError, match=message):
             call()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 30), st.floats(-60, 60), st.floats(0.01, 100))
+def test_power_is_a_probability_at_every_noncentrality(n, ncp, se):
+    """scipy's noncentral t is NaN at many noncentralities above ~7.5; power must stay a number in [alpha, 1]
+    that grows with |effect| (it fell back to NaN, and detectable_effect raised for every se at n = 2)."""
+    p = power_two_sided(ncp * se, se, n)
+    assert 0.05 - 1e-9 <= p <= 1.0
+    assert power_two_sided(abs(ncp) * se * 1.5 + se, se, n) >= p - 1e-9
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_detectable_effect_exists_with_two_or_three_seeds(n):
+    """A report row with two paired seeds asks for it (the toy design's matched stage, any study mid-way)."""
+    mde = detectable_effect(1.3, n)
+    assert power_two_sided(mde, 1.3, n) == pytest.approx(0.8, abs=1e-9)
+    rng = np.random.default_rng(1)
+    draws = rng.normal(mde, 1.3 * n ** 0.5, size=(40_000, n))
+    t = draws.mean(1) / (draws.std(1, ddof=1) / n ** 0.5)
+    assert float(np.mean(np.abs(t) > sps.t.ppf(0.975, n - 1))) == pytest.approx(0.8, abs=0.01)
 
 
 def _row(cid, low, high, paper, in_ci, verdict="not reproduced at this scale", n=5):

@@ -19,6 +19,8 @@ seen, not what the true effect is. Every input is read from the committed report
 
 from __future__ import annotations
 
+import math
+
 from scipy import optimize
 from scipy import stats as sps
 
@@ -74,7 +76,23 @@ def power_two_sided(effect: float, se: float, n: int, alpha: float = 0.05) -> fl
         raise ValueError(f"alpha={alpha!r} must be in (0, 1)")
     crit = sps.t.ppf(1 - alpha / 2, n - 1)
     ncp = effect / se
-    return float(sps.nct.sf(crit, n - 1, ncp) + sps.nct.cdf(-crit, n - 1, ncp))
+    power = float(sps.nct.sf(crit, n - 1, ncp) + sps.nct.cdf(-crit, n - 1, ncp))
+    # scipy's noncentral t returns NaN at many noncentralities above ~7.5 (scipy 1.17): the same probability by
+    # integrating over the chi-distributed scale instead (agrees with nct to ~1e-14 where nct is finite)
+    return power if math.isfinite(power) else _power_by_integral(ncp, n - 1, crit)
+
+
+def _power_by_integral(ncp: float, df: int, crit: float) -> float:
+    """``P(|T| > crit)`` for ``T = (Z + ncp) / (W / sqrt(df))``, ``Z`` standard normal, ``W`` chi with ``df``
+    degrees of freedom: ``E_W[Phi(ncp - crit W / sqrt(df)) + Phi(-ncp - crit W / sqrt(df))]``."""
+    from scipy import integrate
+
+    def integrand(w: float) -> float:
+        s = crit * w / math.sqrt(df)
+        return (sps.norm.cdf(ncp - s) + sps.norm.cdf(-ncp - s)) * sps.chi.pdf(w, df)
+
+    value = integrate.quad(integrand, 0, math.inf, epsabs=1e-13, epsrel=1e-12, limit=200)[0]
+    return min(1.0, max(0.0, float(value)))
 
 
 def detectable_effect(se: float, n: int, power: float = 0.8, alpha: float = 0.05) -> float:
