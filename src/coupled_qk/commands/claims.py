@@ -21,9 +21,9 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("--protocol", required=True, choices=sorted([*PROTOCOLS, *DESIGNS]),
                         help="smoke (toy budgets, every code path), cpu-short / cpu (the first-epoch CPU study), "
-                             "cpu-converged (trained to a plateau at tuned learning rates), gpu-60m (the same design "
-                             "at 60M on WikiText-103, for a GPU), toy-converged / toy-gpu-60m (their toy instances), gpu-paper "
-                             "(defined, not runnable here)")
+                             "cpu-converged (trained to a plateau at tuned learning rates), cpu-converged-pubmed (the "
+                             "same design on PubMed, C9), gpu-60m (the same design at 60M on WikiText-103, for a GPU), "
+                             "toy-converged / toy-gpu-60m (their toy instances), gpu-paper (defined, not runnable here)")
     parser.add_argument("--plan", action="store_true",
                         help="print the planned runs and whether each has a record (converged protocols: also the data check and the cost estimate); "
                              "train nothing")
