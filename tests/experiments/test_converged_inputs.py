@@ -86,3 +86,16 @@ def test_a_record_without_a_validation_loss_has_no_best_loss(rec):
         best_loss({"cell": "c", "variant": "v", "seed": 0, **rec})
     assert best_loss({"final": {"valid/loss": 5}}) == 5.0 and math.isclose(
         best_loss({"best": {"metric": "valid/loss", "value": 4.5}, "final": {}}), 4.5)
+
+
+@pytest.mark.parametrize("layout", ["empty", "other corpus"])
+def test_the_pubmed_plan_says_its_data_is_missing_and_how_to_point_at_it(tmp_path, capsys, layout):
+    data = tmp_path / "data"
+    (data / ("wiki-vital" if layout == "other corpus" else "")).mkdir(parents=True, exist_ok=True)
+    from coupled_qk.cli import main
+
+    assert main(["claims", "--protocol", "cpu-converged-pubmed", "--plan", "--data-dir", str(data), "--out-dir",
+                 str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert f"data: {data}/pubmed/abstracts.txt MISSING (pass --data-dir" in out
+    assert not (tmp_path / "out").exists()
