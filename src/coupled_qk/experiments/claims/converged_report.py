@@ -16,8 +16,8 @@ from pathlib import Path
 from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims.converged import DESIGNS, Design, best_loss, plan, plateaued, units
 from coupled_qk.experiments.claims.converged_fresh import fresh_note, fresh_records
-from coupled_qk.experiments.claims.markdown import _num as _fmt
-from coupled_qk.experiments.claims.markdown import _paper_in_ci
+from coupled_qk.experiments.claims.markdown import fmt as _fmt
+from coupled_qk.experiments.claims.markdown import paper_in_ci
 from coupled_qk.experiments.claims.power import detectable_effect, power_two_sided, variance_ratio_power
 from coupled_qk.experiments.claims.rules import PAPER_EFFECTS
 from coupled_qk.io import write_text_atomic
@@ -318,7 +318,7 @@ def format_markdown(report: dict, command: str) -> str:
         p = _fmt(r.get("p_holm", r.get("p")), 3)
         lines.append(f"| {r['claim']} | {r['effect']} | {_fmt(r['mean'])} | [{_fmt(r['low'])}, {_fmt(r['high'])}] | "
                      f"{r['n']} | {p} | {_fmt(r.get('power'))} | "
-                     f"{_ratio(r.get('mde80')) if r['claim'] == 'C4' else _pct(r.get('mde80'))} | {_paper_in_ci(r)} | "
+                     f"{_ratio(r.get('mde80')) if r['claim'] == 'C4' else _pct(r.get('mde80'))} | {paper_in_ci(r)} | "
                      f"{r.get('verdict', '')} ({r['status']}) |")
     first = [r for r in report["claims"] if r.get("first_epoch")]
     if first:
