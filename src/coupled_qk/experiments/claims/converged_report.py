@@ -20,6 +20,7 @@ from coupled_qk.experiments.claims.markdown import fmt as _fmt
 from coupled_qk.experiments.claims.markdown import paper_in_ci
 from coupled_qk.experiments.claims.power import detectable_effect, power_two_sided, variance_ratio_power
 from coupled_qk.experiments.claims.rules import PAPER_EFFECTS
+from coupled_qk.experiments.claims.runs import record_problem
 from coupled_qk.io import write_text_atomic
 
 PRIMARY = "test/perplexity"
@@ -32,7 +33,8 @@ def load_records(out_dir: str | Path, design: Design) -> dict:
     """``{(cell, variant, seed): record}`` of the finished runs of ``design`` under ``out_dir/runs``.
 
     Raises:
-        ValueError: naming the file, for one that parses but lacks ``cell``, ``variant``, ``seed`` or ``final``.
+        ValueError: naming the file, for one that parses but is not a run record
+            (:func:`~coupled_qk.experiments.claims.runs.record_problem`).
     """
     out = {}
     for path in sorted((Path(out_dir) / "runs" / design.name).glob("*/*/seed*.json")):
@@ -40,10 +42,10 @@ def load_records(out_dir: str | Path, design: Design) -> dict:
             rec = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        lacks = [k for k in ("cell", "variant", "seed", "final") if not isinstance(rec, dict) or k not in rec]
-        if lacks or isinstance(rec["seed"], bool) or not isinstance(rec["seed"], int):
-            raise ValueError(f"{path} is not a run record (it lacks {lacks} or its seed is not an integer): "
-                             f"restore or remove it; the study's records are the files under {path.parents[2]}")
+        problem = record_problem(rec)
+        if problem:
+            raise ValueError(f"{path} is not a run record ({problem}): restore or remove it; the study's records "
+                             f"are the files under {path.parents[2]}")
         out[(rec["cell"], rec["variant"], rec["seed"])] = rec
     return out
 

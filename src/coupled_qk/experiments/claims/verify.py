@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from coupled_qk.experiments.claims.runs import execute, record_path
+from coupled_qk.experiments.claims.runs import execute, record_path, record_problem
 
 PRIMARY = ("test/loss", "valid/loss")
 COMPARED = ("fingerprint", "tokens", "steps", "stop_reason")
@@ -41,17 +41,9 @@ def read_record(path: str | Path) -> tuple[dict, Path]:
         rec = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"--verify={str(path)!r} is not a JSON run record ({exc})") from None
-    missing = [k for k in ("protocol", "cell", "variant", "seed", "final") if not isinstance(rec, dict) or k not in rec]
-    if missing:
-        raise ValueError(f"--verify={str(path)!r} is not a run record: it lacks {missing}")
-    kinds = {"protocol": "a name", "cell": "a name", "variant": "a name", "seed": "an integer >= 0", "final": "a dict"}
-    for key, expected in kinds.items():
-        value = rec[key]
-        ok = (isinstance(value, str) and value != "" if expected == "a name" else
-              isinstance(value, int) and not isinstance(value, bool) and value >= 0 if key == "seed" else
-              isinstance(value, dict))
-        if not ok:
-            raise ValueError(f"--verify={str(path)!r} is not a run record: {key}={value!r}, expected {expected}")
+    problem = record_problem(rec)
+    if problem:
+        raise ValueError(f"--verify={str(path)!r} is not a run record: {problem}")
     out_dir = path.parents[4] if len(path.parents) > 4 else None
     if out_dir is None or record_path(out_dir, rec["protocol"], rec["cell"], rec["variant"], rec["seed"]) != path:
         raise ValueError(f"--verify={str(path)!r}: a record must stay where the study wrote it, "
