@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats as sps
 
 from coupled_qk.experiments.claims.power import (
@@ -50,6 +52,27 @@ def test_power_at_zero_is_alpha_and_the_detectable_effect_has_the_asked_power():
             call()
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 30), st.floats(-60, 60), st.floats(0.01, 100))
+def test_power_is_a_probability_at_every_noncentrality(n, ncp, se):
+    """scipy's noncentral t is NaN at many noncentralities above ~7.5; power must stay a number in [alpha, 1]
+    that grows with |effect| (it fell back to NaN, and detectable_effect raised for every se at n = 2)."""
+    p = power_two_sided(ncp * se, se, n)
+    assert 0.05 - 1e-9 <= p <= 1.0
+    assert power_two_sided(abs(ncp) * se * 1.5 + se, se, n) >= p - 1e-9
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_detectable_effect_exists_with_two_or_three_seeds(n):
+    """A report row with two paired seeds asks for it (the toy design's matched stage, any study mid-way)."""
+    mde = detectable_effect(1.3, n)
+    assert power_two_sided(mde, 1.3, n) == pytest.approx(0.8, abs=1e-9)
+    rng = np.random.default_rng(1)
+    draws = rng.normal(mde, 1.3 * n ** 0.5, size=(40_000, n))
+    t = draws.mean(1) / (draws.std(1, ddof=1) / n ** 0.5)
+    assert float(np.mean(np.abs(t) > sps.t.ppf(0.975, n - 1))) == pytest.approx(0.8, abs=0.01)
+
+
 def _row(cid, low, high, paper, in_ci, verdict="not reproduced at this scale", n=5):
     return {"id": cid, "claim": "x", "mean": (low + high) / 2, "low": low, "high": high, "n": n, "verdict": verdict,
             "paper_effect": paper, "paper_effect_in_ci": in_ci}
@@ -68,3 +91,39 @@ def test_readings_separate_excluded_from_inconclusive():
     assert c6["power_at_paper"] == pytest.approx(power_two_sided(1.4, t_interval_se(0.97, 1.05, 3), 3))
     table = verdict_readings_table({"cpu": {"rows": [_row("C1", -1.0, 1.0, -6.6, False)]}}).splitlines()
     assert table[2].startswith("| C1 x | `cpu` | 0.00 [-1.00, 1.00] (n = 5) | **excluded** |")
+
+
+@pytest.mark.parametrize("ratio,r", [(8.0, 0.0), (8.0, 0.5), (3.0, 0.3), (0.25, -0.2)])
+def test_variance_ratio_power_matches_a_monte_carlo_of_the_pitman_morgan_test(ratio, r):
+    """Independent reference: simulate bivariate normal pairs with that ratio and correlation and count how often
+    stats.paired_variance_ratio rejects at 5% (2,000 draws: standard error <= 0.012)."""
+    import numpy as np
+
+    from coupled_qk.experiments.claims.power import variance_ratio_power
+    from coupled_qk.experiments.stats import paired_variance_ratio
+
+    rng = np.random.default_rng(1)
+    cov = [[ratio, r * np.sqrt(ratio)], [r * np.sqrt(ratio), 1.0]]
+    draws = rng.multivariate_normal([0.0, 0.0], cov, size=(2000, 10))
+    hits = np.mean([paired_variance_ratio(d[:, 0], d[:, 1])["p"] < 0.05 for d in draws])
+    assert variance_ratio_power(ratio, r, 10) == pytest.approx(hits, abs=0.04)
+
+
+def test_variance_ratio_power_is_alpha_at_no_effect_symmetric_and_checked():
+    from coupled_qk.experiments.claims.power import variance_ratio_power
+
+    assert variance_ratio_power(1.0, 0.4, 10) == pytest.approx(0.05, abs=1e-9)
+    assert variance_ratio_power(8.0, 0.3, 12) == pytest.approx(variance_ratio_power(1 / 8, 0.3, 12), rel=1e-9)
+    assert variance_ratio_power(8.0, 0.0, 20) > variance_ratio_power(8.0, 0.0, 10)
+    for kwargs, name in [({"ratio": 0.0}, "ratio"), ({"r": 1.0}, "r"), ({"n": 3}, "n"), ({"alpha": 1.0}, "alpha")]:
+        with pytest.raises(ValueError, match=name):
+            variance_ratio_power(**{"ratio": 2.0, "r": 0.0, "n": 10, **kwargs})
+
+
+def test_c4s_detectable_ratio_is_where_the_power_reaches_80_percent():
+    from coupled_qk.experiments.claims.converged_report import _ratio_power
+    from coupled_qk.experiments.claims.power import variance_ratio_power
+
+    out = _ratio_power(0.2, 10)
+    assert variance_ratio_power(out["mde80"], 0.2, 10) == pytest.approx(0.8, abs=1e-6)
+    assert out["power"] == pytest.approx(variance_ratio_power(8.0, 0.2, 10))

@@ -79,3 +79,50 @@ def test_the_note_states_the_token_ratio_and_both_best_losses_per_1x_token():
     assert "0.900x the 1x tokenizer's tokens" in note and "7.5-7.5 of its epochs (patience)" in note
     assert "best validation loss 4.5000 against 5.1000" in note
     assert fresh_note([], [], 2.4) == ""
+
+
+# what to_reference reads: from the fresh record every field below, from the reference only the counts
+COUNTS = ("valid/n_tokens", "test/n_tokens", "valid/n_bytes", "test/n_bytes")
+REC_FIELDS = COUNTS + ("valid/loss", "test/nll")
+_MISSING = object()
+
+
+@given(st.sampled_from([("rec", k) for k in REC_FIELDS] + [("ref", k) for k in COUNTS]),
+       st.sampled_from([_MISSING, None, "5", True, math.nan, math.inf, -math.inf, [1]]) | st.integers(max_value=0)
+       | st.floats(0.01, 1e6).filter(lambda f: not f.is_integer()))
+def test_a_missing_or_malformed_field_is_one_error_naming_it(where, bad):
+    side, key = where
+    if key in ("valid/loss", "test/nll") and isinstance(bad, (int, float)) and not isinstance(bad, bool) \
+            and math.isfinite(bad):
+        return  # any finite loss is a loss
+    rec, ref = _rec(900, 4500, 5.0, 5.0, curve=[(900, 5.5)]), _rec(1000, 5000, 5.2, 5.2)
+    final = (rec if side == "rec" else ref)["final"]
+    if bad is _MISSING:
+        del final[key]
+    else:
+        final[key] = bad
+    with pytest.raises(ValueError, match=f"record c/standard/seed0.*{key}"):
+        to_reference(rec, ref)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("final", None, "no 'final' metrics"), ("final", [1], "no 'final' metrics"),
+    ("curve", "x", "curve="), ("curve", {"valid": 3}, r"curve\['valid'\]="),
+    ("curve", {"valid": [[1]]}, "expected \\[tokens, loss\\]"), ("curve", {"valid": [[1, None]]}, "curve"),
+    ("best", "x", "best="), ("best", {"metric": "valid/loss"}, r"best\['value'\]=None"),
+    ("best", {"metric": "valid/loss", "value": 5.0, "tokens": "9"}, r"best\['tokens'\]"),
+    ("tokens", "2000", "tokens='2000'"),
+])
+def test_malformed_parts_of_the_fresh_record_are_named(field, value, match):
+    rec = _rec(900, 4500, 5.0, 5.0, curve=[(900, 5.5)])
+    rec[field] = value
+    with pytest.raises(ValueError, match=match):
+        to_reference(rec, _rec(1000, 5000, 5.2, 5.2))
+
+
+def test_records_without_byte_counts_are_not_taken_as_the_same_text():
+    rec, ref = _rec(900, 4500, 5.0, 5.0), _rec(1000, 5000, 5.2, 5.2)
+    for r in (rec, ref):
+        del r["final"]["valid/n_bytes"], r["final"]["test/n_bytes"]
+    with pytest.raises(ValueError, match="n_bytes"):
+        to_reference(rec, ref)

@@ -21,9 +21,9 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("--protocol", required=True, choices=sorted([*PROTOCOLS, *DESIGNS]),
                         help="smoke (toy budgets, every code path), cpu-short / cpu (the first-epoch CPU study), "
-                             "cpu-converged (trained to a plateau at tuned learning rates), gpu-60m (the same design "
-                             "at 60M on WikiText-103, for a GPU), toy-converged / toy-gpu-60m (their toy instances), gpu-paper "
-                             "(defined, not runnable here)")
+                             "cpu-converged (trained to a plateau at tuned learning rates), cpu-converged-pubmed (the "
+                             "same design on PubMed, C9), gpu-60m (the same design at 60M on WikiText-103, for a GPU), "
+                             "toy-converged / toy-gpu-60m (their toy instances), gpu-paper (defined, not runnable here)")
     parser.add_argument("--plan", action="store_true",
                         help="print the planned runs and whether each has a record (converged protocols: also the data check and the cost estimate); "
                              "train nothing")
@@ -164,8 +164,20 @@ def _run_converged(args) -> int:
         if value is not None:
             raise ValueError(f"{flag} does not apply to the converged protocol {design.name!r} (its seeds and "
                              "stages are pre-registered)")
+    # refused rather than ignored
+    for flag, given, why in (
+            ("--shard", args.shard != "0/1", "several processes share its runs without it: start one "
+             "`coupled-qk claims` per core or GPU"),
+            ("--defer-wt2", args.defer_wt2, "its runs evaluate on their own split, with no WikiText-2 evaluation to "
+             "defer")):
+        if given:
+            raise ValueError(f"{flag} does not apply to the converged protocol {design.name!r} ({why})")
     default_out = "runs/claims-toy" if design.name.startswith("toy-") else "docs/results/claims"
     out_dir = args.out_dir or default_out
+    if not args.plan:  # records and the report go there: a file or an unwritable folder fails now, not after a run
+        from coupled_qk.outputs import output_location
+
+        output_location("--out-dir", out_dir)
     data_dir = args.data_dir or default_data_dir()
     command = "coupled-qk claims " + shlex.join(["--protocol", design.name, *(["--out-dir", args.out_dir]
                                                                               if args.out_dir else [])])

@@ -138,9 +138,11 @@ def grid_cell(design: Design, lr: float, variants: tuple[str, ...]) -> Cell:
 def best_loss(rec: dict) -> float:
     """A record's best validation loss (the best checkpoint's, else its final validation loss)."""
     best = rec.get("best") or {}
-    if best.get("metric") == "valid/loss":
-        return float(best["value"])
-    return float(rec["final"]["valid/loss"])
+    value = best.get("value") if best.get("metric") == "valid/loss" else (rec.get("final") or {}).get("valid/loss")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"record {rec.get('cell')}/{rec.get('variant')}/seed{rec.get('seed')} has no best validation "
+                         f"loss (best['value'] with metric valid/loss, else final['valid/loss']; got {value!r})")
+    return float(value)
 
 
 def plateaued(rec: dict) -> bool:

@@ -16,24 +16,35 @@ from pathlib import Path
 from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims.converged import DESIGNS, Design, best_loss, plan, plateaued, units
 from coupled_qk.experiments.claims.converged_fresh import fresh_note, fresh_records
-from coupled_qk.experiments.claims.markdown import _num as _fmt
-from coupled_qk.experiments.claims.power import detectable_effect, power_two_sided
+from coupled_qk.experiments.claims.markdown import fmt as _fmt
+from coupled_qk.experiments.claims.markdown import paper_in_ci
+from coupled_qk.experiments.claims.power import detectable_effect, power_two_sided, variance_ratio_power
+from coupled_qk.experiments.claims.rules import PAPER_EFFECTS
 from coupled_qk.io import write_text_atomic
 
 PRIMARY = "test/perplexity"
 EQUIVALENCE_MARGIN = 1.0  # percent, as the first-epoch claims report
-POWER_EFFECT = 1.0  # percent: the effect size every power statement refers to
+POWER_EFFECT = 1.0  # percent: the effect size every power statement refers to (but C4's)
+PAPER_C4 = 8.0  # the paper's seed-variance ratio, uncoupled MLP / coupled: C4's power refers to it
 
 
 def load_records(out_dir: str | Path, design: Design) -> dict:
-    """``{(cell, variant, seed): record}`` of the finished runs of ``design`` under ``out_dir/runs``."""
+    """``{(cell, variant, seed): record}`` of the finished runs of ``design`` under ``out_dir/runs``.
+
+    Raises:
+        ValueError: naming the file, for one that parses but lacks ``cell``, ``variant``, ``seed`` or ``final``.
+    """
     out = {}
     for path in sorted((Path(out_dir) / "runs" / design.name).glob("*/*/seed*.json")):
         try:
             rec = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        out[(rec["cell"], rec["variant"], int(rec["seed"]))] = rec
+        lacks = [k for k in ("cell", "variant", "seed", "final") if not isinstance(rec, dict) or k not in rec]
+        if lacks or isinstance(rec["seed"], bool) or not isinstance(rec["seed"], int):
+            raise ValueError(f"{path} is not a run record (it lacks {lacks} or its seed is not an integer): "
+                             f"restore or remove it; the study's records are the files under {path.parents[2]}")
+        out[(rec["cell"], rec["variant"], rec["seed"])] = rec
     return out
 
 
@@ -45,6 +56,18 @@ def _power(sd: float, n: int, effect: float = POWER_EFFECT) -> dict:
     se = sd / math.sqrt(n)
     # beyond scipy's accurate noncentral-t range the power is 1 to many digits
     return {"power": 1.0 if effect / se > 40 else power_two_sided(effect, se, n), "mde80": detectable_effect(se, n)}
+
+
+def _ratio_power(r: float, n: int) -> dict:
+    """C4's power: for the paper's variance ratio at the observed pair correlation ``r``, and the ratio (> 1)
+    detectable with 80% power (:func:`~coupled_qk.experiments.claims.power.variance_ratio_power`)."""
+    if n < 4 or not -1 < r < 1:
+        return {"power": math.nan, "mde80": math.nan}
+    lo, hi = 0.0, math.log(1e4)  # bisection on log(ratio)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if variance_ratio_power(math.exp(mid), r, n) < 0.8 else (lo, mid)
+    return {"power": variance_ratio_power(PAPER_C4, r, n), "mde80": math.exp(hi)}
 
 
 def _pairs(records: dict, a: tuple[str, str], b: tuple[str, str], metric: str = PRIMARY):
@@ -127,6 +150,10 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
         done = (cell.name, variant, seed) in records
         d, t = progress.get(stage, (0, 0))
         progress[stage] = (d + done, t + 1)
+    for row in claims:  # the paper's value, where it is in the row's units (C6 rows are read as equivalence)
+        if row["claim"] in PAPER_EFFECTS and row["claim"] != "C6" and "low" in row:
+            row["paper_effect"] = PAPER_EFFECTS[row["claim"]]
+            row["paper_effect_in_ci"] = row["low"] <= row["paper_effect"] <= row["high"]
     first = _first_epoch_rows(Path(out_dir) / "cpu.json") if design.name == "cpu-converged" else {}
     for row in claims:
         if row["claim"] in first:
@@ -157,11 +184,12 @@ def _direction_rows(design: Design, records: dict) -> list[dict]:
     if len(design.variants) < 3:
         return rows
     seeds, vu, vc = _pairs(records, (unc, design.variants[2]), (main, coupled))
-    c4 = {"claim": "C4", "effect": "seed variance of test ppl, uncoupled MLP / coupled (paired, Pitman-Morgan)",
+    c4 = {"claim": "C4", "effect": f"seed variance of test ppl, uncoupled MLP / coupled (paired, Pitman-Morgan; "
+          f"power for the paper's {PAPER_C4:g}x at the observed correlation, detectable ratio at 80%)",
           "n": len(seeds), "expected_n": len(design.seeds)}
     if len(seeds) >= 3:
         r = stats.paired_variance_ratio(vu, vc)
-        c4.update(mean=r["ratio"], low=r["low"], high=r["high"], p=r["p"],
+        c4.update(mean=r["ratio"], low=r["low"], high=r["high"], p=r["p"], r=r["r"], **_ratio_power(r["r"], len(seeds)),
                   verdict="uncoupled more variable (excluded 1)" if r["low"] > 1 else
                   "coupled more variable (excluded 1)" if r["high"] < 1 else "inconclusive (interval includes 1)")
     c4["status"] = "complete" if len(seeds) >= len(design.seeds) else f"running ({len(seeds)} of {len(design.seeds)})"
@@ -262,6 +290,10 @@ def _first_epoch_rows(path: Path) -> dict:
     return {r["id"]: {k: r.get(k) for k in keep} for r in rows if r.get("id") in ("C1", "C3", "C4", "C6")}
 
 
+def _ratio(x) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.2f}x"
+
+
 def _pct(x) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.2f}%"
 
@@ -277,15 +309,16 @@ def format_markdown(report: dict, command: str) -> str:
     if report["chosen_lr"]:
         lines += ["", "Chosen learning rates (grid, reserve seed): " + ", ".join(
             f"{v} {lr:g}" for v, lr in report["chosen_lr"].items()) + f"; horizon {report['epochs']:g} epochs."]
-    lines += ["", "## Claims", "", "| claim | effect | mean | 95% interval | n | p (Holm) | power for 1% | "
-              "detectable at 80% | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "## Claims", "", "| claim | effect | mean | 95% interval | n | p (Holm) | power for 1% (C4: 8x) | "
+              "detectable at 80% | paper's value inside? | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["claims"]:
         if "low" not in r:
-            lines.append(f"| {r['claim']} | {r['effect']} | - | - | {r['n']} | - | - | - | {r['status']} |")
+            lines.append(f"| {r['claim']} | {r['effect']} | - | - | {r['n']} | - | - | - | - | {r['status']} |")
             continue
         p = _fmt(r.get("p_holm", r.get("p")), 3)
         lines.append(f"| {r['claim']} | {r['effect']} | {_fmt(r['mean'])} | [{_fmt(r['low'])}, {_fmt(r['high'])}] | "
-                     f"{r['n']} | {p} | {_fmt(r.get('power'))} | {_pct(r.get('mde80'))} | "
+                     f"{r['n']} | {p} | {_fmt(r.get('power'))} | "
+                     f"{_ratio(r.get('mde80')) if r['claim'] == 'C4' else _pct(r.get('mde80'))} | {paper_in_ci(r)} | "
                      f"{r.get('verdict', '')} ({r['status']}) |")
     first = [r for r in report["claims"] if r.get("first_epoch")]
     if first:

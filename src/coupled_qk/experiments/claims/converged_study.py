@@ -159,7 +159,8 @@ def _data_check(design: Design, data_dir) -> str:
     if design.split is not None:
         source = design.split["source"]
         need = root / ("wiki-vital/train.txt" if source == "wiki-vital" else "pubmed/abstracts.txt")
-        return f"{need} {'found' if need.is_file() else 'MISSING'}"
+        return f"{need} " + ("found" if need.is_file() else "MISSING (pass --data-dir, or set COUPLED_QK_DATA, to the "
+                                                          "folder holding it)")
     corpus = design.base["corpus"]
     if corpus == "wikitext-103":
         folder = root / "wikitext-103"

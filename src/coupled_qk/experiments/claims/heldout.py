@@ -41,6 +41,14 @@ def split_articles(text: str) -> list[str]:
     return [p for p in pieces if p.strip()]
 
 
+def _articles_of(text: str, path: Path) -> list[str]:
+    """:func:`split_articles` of the file ``path``'s ``text``; its ``ValueError`` names the file."""
+    try:
+        return split_articles(text)
+    except ValueError as exc:
+        raise ValueError(f"corpus 'wiki-vital': {path}: {exc}") from None
+
+
 def heldout_corpus(data_dir: str | Path, out_root: str | Path, seed: int = 0, fraction: float = 0.02) -> Path:
     """Write (once) the article-level split of ``<data_dir>/wiki-vital/train.txt`` and return its folder.
 
@@ -62,7 +70,7 @@ def heldout_corpus(data_dir: str | Path, out_root: str | Path, seed: int = 0, fr
     if (out / "source.txt").is_file() and (out / "source.txt").read_text() == stamp:
         return out
     # min_split_words=0: exactly round(n * fraction) articles per split (the split the committed runs used)
-    train, valid, test = random_split(split_articles(text), seed, fraction, fraction, "wiki-vital", min_split_words=0)
+    train, valid, test = random_split(_articles_of(text, src), seed, fraction, fraction, "wiki-vital", min_split_words=0)
     out.mkdir(parents=True, exist_ok=True)
     for name, docs in (("train", train), ("valid", valid), ("test", test)):
         write_text_atomic(out / f"{name}.txt", "\n\n".join(docs) + "\n")
@@ -77,7 +85,8 @@ def _documents(data_dir: Path, source: str) -> list[str]:
     """The documents of a released corpus: wiki-vital articles (:func:`split_articles`), PubMed abstracts
     (one per paragraph)."""
     if source == "wiki-vital":
-        return split_articles(read_text(data_dir / "wiki-vital" / "train.txt", "wiki-vital"))
+        path = data_dir / "wiki-vital" / "train.txt"
+        return _articles_of(read_text(path, "wiki-vital"), path)
     text = read_text(data_dir / "pubmed" / "abstracts.txt", "pubmed")
     return [d.strip() for d in re.split(r"\n\s*\n", text) if d.strip()]
 
@@ -105,8 +114,9 @@ def document_split(data_dir: str | Path, out_root: str | Path, name: str, source
     positive_int("valid_docs", valid_docs)
     positive_int("test_docs", test_docs)
     finite("train_fraction", train_fraction, 0, 1, lo_open=True)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or ""):
-        raise ValueError(f"name={name!r} must be a folder-safe name ([A-Za-z0-9_.-]+)")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
+        # "." and ".." match the pattern but name out_root itself or its parent: the split would land outside
+        raise ValueError(f"name={name!r} must be a folder-safe name ([A-Za-z0-9_.-]+, not '.' or '..')")
     docs = _documents(Path(data_dir), source)
     rest = len(docs) - valid_docs - test_docs
     n_train = round(train_fraction * rest)

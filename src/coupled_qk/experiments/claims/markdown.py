@@ -9,15 +9,16 @@ import math
 from coupled_qk.experiments.claims.build import COMPARISONS, TREND_CELLS
 
 
-def _num(x, digits: int = 2) -> str:
+def fmt(x, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals, or ``"-"`` for ``None`` and non-finite floats (report tables)."""
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
 
 
-def _paper_in_ci(row: dict) -> str:
+def paper_in_ci(row: dict) -> str:
     """``"yes (V)"`` / ``"no (V)"`` for a measured row with a paper value ``V`` in our units, else ``"-"``."""
     if "paper_effect_in_ci" not in row:
         return "-"
-    return f"{'yes' if row['paper_effect_in_ci'] else 'no'} ({_num(row['paper_effect'], 1)})"
+    return f"{'yes' if row['paper_effect_in_ci'] else 'no'} ({fmt(row['paper_effect'], 1)})"
 
 
 def format_markdown(report: dict, command: str) -> str:
@@ -40,16 +41,16 @@ def _verdict_table(report: dict, command: str) -> list[str]:
     for r in report["rows"]:
         if r["verdict"] == "not run":
             p = r.get("provisional")
-            eff, val = (p["effect"], f"provisional: {_num(p['mean'])} [{_num(p['low'])}, {_num(p['high'])}]") if p \
+            eff, val = (p["effect"], f"provisional: {fmt(p['mean'])} [{fmt(p['low'])}, {fmt(p['high'])}]") if p \
                 else ("-", "-")
             n = p["n"] if p else "-"
             lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {eff} | {val} | {n} | - | - | not run: "
                          f"{r['reason']} | - |")
             continue
         tokens = ", ".join(f"{t:,}" for t in r["tokens"]) or "-"
-        lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {r['effect']} | {_num(r['mean'])} "
-                     f"[{_num(r['low'])}, {_num(r['high'])}] | {r['n']} | {tokens} | {_num(r['train_hours'])} | "
-                     f"**{r['verdict']}** | {_paper_in_ci(r)} |")
+        lines.append(f"| {r['id']} | {r['claim']} | {r['paper']} | {r['effect']} | {fmt(r['mean'])} "
+                     f"[{fmt(r['low'])}, {fmt(r['high'])}] | {r['n']} | {tokens} | {fmt(r['train_hours'])} | "
+                     f"**{r['verdict']}** | {paper_in_ci(r)} |")
     return lines
 
 
@@ -98,7 +99,7 @@ def _scan_and_trend(report: dict) -> list[str]:
                   "coupled model, so they are compared with `wv-tiny`'s standard runs).", "",
                   "| factor | coupled vs standard, held-out test ppl % [95% CI] | n | status |", "|---|---|---|---|"]
         for s in report["scan"]:
-            eff = f"{_num(s.get('mean'))} [{_num(s.get('low'))}, {_num(s.get('high'))}]" if "mean" in s else "-"
+            eff = f"{fmt(s.get('mean'))} [{fmt(s.get('low'))}, {fmt(s.get('high'))}]" if "mean" in s else "-"
             lines.append(f"| {s['factor']} | {eff} | {s.get('n', '-')} | {s['status']} |")
     trend = report.get("token_trend")
     if trend and trend["budgets"]:
@@ -108,13 +109,13 @@ def _scan_and_trend(report: dict) -> list[str]:
                   "learning-rate schedule). Coupled vs standard, % change of held-out test perplexity, mean over the "
                   "seeds each budget has [95% CI]:", "",
                   "| tokens per run | coupled vs standard % [95% CI] | n |", "|---|---|---|"]
-        lines += [f"| {b['tokens']:,} | {_num(b['mean'])} [{_num(b['low'])}, {_num(b['high'])}] | {b['n']} |"
+        lines += [f"| {b['tokens']:,} | {fmt(b['mean'])} [{fmt(b['low'])}, {fmt(b['high'])}] | {b['n']} |"
                   for b in trend["budgets"]]
         if trend["status"] == "measured":
             sl = trend["slope"]
             lines += ["", f"Slope against log2(tokens), fitted per seed over the seeds run at every budget, t interval "
-                      f"over those seeds: {_num(sl['mean'])} "
-                      f"[{_num(sl['low'])}, {_num(sl['high'])}] % per doubling, n = {sl['n']} seeds, p = {sl['p']:.3g} "
+                      f"over those seeds: {fmt(sl['mean'])} "
+                      f"[{fmt(sl['low'])}, {fmt(sl['high'])}] % per doubling, n = {sl['n']} seeds, p = {sl['p']:.3g} "
                       "(negative: coupled's change falls, i.e. its advantage grows, with training)."]
         else:
             lines += ["", f"Slope: {trend['status']}."]
@@ -131,8 +132,8 @@ def _comparisons_and_added(report: dict) -> list[str]:
                   "the second vs the first, paired by seed:", "",
                   "| comparison | ppl (first, second) | % [95% CI] | n | p | status |", "|---|---|---|---|---|---|"]
         for g in report[key]:
-            eff = f"{_num(g.get('mean'))} [{_num(g.get('low'))}, {_num(g.get('high'))}]" if "mean" in g else "-"
-            ppl = f"{_num(g.get('a_ppl'), 1)}, {_num(g.get('b_ppl'), 1)}" if "a_ppl" in g else "-"
+            eff = f"{fmt(g.get('mean'))} [{fmt(g.get('low'))}, {fmt(g.get('high'))}]" if "mean" in g else "-"
+            ppl = f"{fmt(g.get('a_ppl'), 1)}, {fmt(g.get('b_ppl'), 1)}" if "a_ppl" in g else "-"
             p = f"{g['p']:.3g}" if isinstance(g.get("p"), float) else "-"
             lines.append(f"| {g['comparison']} | {ppl} | {eff} | {g.get('n', '-')} | {p} | {g['status']} |")
     if report["mqar_escape"]:
@@ -148,8 +149,8 @@ def _comparisons_and_added(report: dict) -> list[str]:
                   "perplexity (standard, added) and the % change.", "",
                   "| variant | cell | ppl (standard, added) | % [95% CI] | n | status |", "|---|---|---|---|---|---|"]
         for g in report["extra_variants"]:
-            eff = f"{_num(g.get('mean'))} [{_num(g.get('low'))}, {_num(g.get('high'))}]" if "mean" in g else "-"
-            ppl = f"{_num(g.get('a_ppl'), 1)}, {_num(g.get('b_ppl'), 1)}" if "a_ppl" in g else "-"
+            eff = f"{fmt(g.get('mean'))} [{fmt(g.get('low'))}, {fmt(g.get('high'))}]" if "mean" in g else "-"
+            ppl = f"{fmt(g.get('a_ppl'), 1)}, {fmt(g.get('b_ppl'), 1)}" if "a_ppl" in g else "-"
             lines.append(f"| {g['variant']} | {g['cell']} | {ppl} | {eff} | {g.get('n', '-')} | {g['status']} |")
     return lines
 
@@ -160,7 +161,7 @@ def _progress_section(report: dict) -> list[str]:
     lines += ["", "## Progress", "", "| cell | claims | finished / planned runs | tokens/run | train hours |",
               "|---|---|---|---|---|"]
     lines += [f"| {c['cell']} | {', '.join(c['claims'])} | {c['finished']}/{c['planned']} | "
-              f"{', '.join(f'{t:,}' for t in c['tokens_per_run']) or '-'} | {_num(c['train_hours'])} |"
+              f"{', '.join(f'{t:,}' for t in c['tokens_per_run']) or '-'} | {fmt(c['train_hours'])} |"
               for c in report["cells"]]
     return lines
 
@@ -176,11 +177,11 @@ def _rank_section(report: dict) -> list[str]:
              f"Runs of the tiny wiki-vital cells with the `wv-tiny` tokenizer (`{report['protocol']}-rank.png`): "
              "layer-mean effective rank of the attention maps against held-out test perplexity. Pearson r [95% "
              "Fisher interval], p:", "", "| correlation | runs (cells) | r [95% CI] | p |", "|---|---|---|---|",
-             f"| pooled over runs | {corr['n']} | {_num(corr['pearson_r'])} [{_num(corr['low'])}, {_num(corr['high'])}] "
-             f"| {corr['p']:.3g} (Spearman rho {_num(corr['spearman_rho'])}, p {corr['spearman_p']:.3g}) |"]
+             f"| pooled over runs | {corr['n']} | {fmt(corr['pearson_r'])} [{fmt(corr['low'])}, {fmt(corr['high'])}] "
+             f"| {corr['p']:.3g} (Spearman rho {fmt(corr['spearman_rho'])}, p {corr['spearman_p']:.3g}) |"]
     if w:
         lines.append(f"| within cells (centred on each cell's means) | {w['n']} ({w['groups']}) | "
-                     f"{_num(w['pearson_r'])} [{_num(w['low'])}, {_num(w['high'])}] | {w['p']:.3g} |")
+                     f"{fmt(w['pearson_r'])} [{fmt(w['low'])}, {fmt(w['high'])}] | {w['p']:.3g} |")
     lines += ["", "Negative r: higher rank, lower perplexity (the paper's reading). The pooled number mixes cells "
               "that differ in budget and head layout, which move both quantities; the within-cell correlation "
               "compares runs of one setup (variants and seeds) only."]
@@ -196,12 +197,12 @@ def format_readme_section(report: dict, command: str) -> str:
     for r in report["rows"]:
         if r["verdict"] == "not run":
             p = r.get("provisional")
-            got = f"provisional, n = {p['n']}: {p['effect']}: {_num(p['mean'])} [{_num(p['low'])}, {_num(p['high'])}]" \
+            got = f"provisional, n = {p['n']}: {p['effect']}: {fmt(p['mean'])} [{fmt(p['low'])}, {fmt(p['high'])}]" \
                 if p else "-"
             lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {got} | not run ({r['reason']}) | - |")
         else:
-            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {r['effect']}: {_num(r['mean'])} "
-                         f"[{_num(r['low'])}, {_num(r['high'])}], n = {r['n']} | {r['verdict']} | {_paper_in_ci(r)} |")
+            lines.append(f"| {r['id']} {r['claim']} | {r['paper']} | {r['effect']}: {fmt(r['mean'])} "
+                         f"[{fmt(r['low'])}, {fmt(r['high'])}], n = {r['n']} | {r['verdict']} | {paper_in_ci(r)} |")
     return "\n".join(lines) + "\n"
 
 

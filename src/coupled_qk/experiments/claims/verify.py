@@ -44,6 +44,14 @@ def read_record(path: str | Path) -> tuple[dict, Path]:
     missing = [k for k in ("protocol", "cell", "variant", "seed", "final") if not isinstance(rec, dict) or k not in rec]
     if missing:
         raise ValueError(f"--verify={str(path)!r} is not a run record: it lacks {missing}")
+    kinds = {"protocol": "a name", "cell": "a name", "variant": "a name", "seed": "an integer >= 0", "final": "a dict"}
+    for key, expected in kinds.items():
+        value = rec[key]
+        ok = (isinstance(value, str) and value != "" if expected == "a name" else
+              isinstance(value, int) and not isinstance(value, bool) and value >= 0 if key == "seed" else
+              isinstance(value, dict))
+        if not ok:
+            raise ValueError(f"--verify={str(path)!r} is not a run record: {key}={value!r}, expected {expected}")
     out_dir = path.parents[4] if len(path.parents) > 4 else None
     if out_dir is None or record_path(out_dir, rec["protocol"], rec["cell"], rec["variant"], rec["seed"]) != path:
         raise ValueError(f"--verify={str(path)!r}: a record must stay where the study wrote it, "

@@ -1,0 +1,101 @@
+"""Bad input to the converged protocols' command line and record readers: one line naming the argument or file,
+exit code 2, no traceback, nothing trained or written (fast: no run is trained)."""
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coupled_qk.experiments.claims.converged import TOY_CONVERGED, best_loss
+from coupled_qk.experiments.claims.converged_report import load_records
+from coupled_qk.experiments.claims.verify import read_record
+
+CELL = "toy-converged-main"
+
+
+def _claims(capsys, *args) -> tuple[int, str]:
+    from coupled_qk.cli import main
+
+    try:
+        code = main(["claims", *args])
+    except SystemExit as exc:  # argparse's own type errors
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--shard", "1/2"], "--shard does not apply to the converged protocol"),
+    (["--shard", "banana"], "--shard does not apply to the converged protocol"),
+    (["--defer-wt2"], "--defer-wt2 does not apply to the converged protocol"),
+])
+@pytest.mark.parametrize("plan", [True, False])
+def test_flags_a_converged_protocol_would_ignore_are_refused(tmp_path, capsys, extra, message, plan):
+    code, err = _claims(capsys, "--protocol", "toy-converged", "--out-dir", str(tmp_path / "out"), "--run-root",
+                        str(tmp_path / "runs"), *(["--plan"] if plan else []), *extra)
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("report_only", [True, False])
+def test_an_out_dir_that_is_a_file_is_refused_before_any_run(tmp_path, capsys, report_only):
+    """It used to train the first run (minutes to hours) and then fail writing its record ("Not a directory")."""
+    (tmp_path / "afile").write_text("x")
+    code, err = _claims(capsys, "--protocol", "toy-converged", "--out-dir", str(tmp_path / "afile"), "--run-root",
+                        str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
+                        *(["--report-only"] if report_only else ["--max-runs", "1"]))
+    assert code == 2 and "--out-dir=" in err and "is a file; expected a folder" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def _record(**fields) -> dict:
+    return {"protocol": "toy-converged", "cell": CELL, "variant": "coupled", "seed": 1, "final": {}, **fields}
+
+
+@given(st.sampled_from(["protocol", "cell", "variant", "seed", "final"]),
+       st.sampled_from([None, "", 3, -1, 1.0, True, [], ["a"], {}, "x"]))
+def test_a_record_field_of_the_wrong_kind_is_named_by_verify(tmp_path_factory, key, value):
+    good = {"protocol": str, "cell": str, "variant": str, "final": dict}
+    if (key == "seed" and type(value) is int and value >= 0) or (key in good and type(value) is good[key] and value):
+        return  # a well-formed value
+    if key == "final" and value == {}:
+        return
+    path = tmp_path_factory.mktemp("v") / "out" / "runs" / "toy-converged" / CELL / "coupled" / "seed1.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_record(**{key: value})))
+    with pytest.raises(ValueError, match=f"is not a run record: {key}="):
+        read_record(path)
+
+
+def test_a_malformed_record_beside_others_is_named_not_a_traceback(tmp_path, capsys):
+    runs = tmp_path / "out" / "runs" / "toy-converged" / CELL
+    (runs / "coupled").mkdir(parents=True)
+    (runs / "coupled" / "seed1.json").write_text(json.dumps({"protocol": "toy-converged"}))
+    with pytest.raises(ValueError, match=r"coupled/seed1\.json is not a run record \(it lacks \['cell'"):
+        load_records(tmp_path / "out", TOY_CONVERGED)
+    code, err = _claims(capsys, "--protocol", "toy-converged", "--out-dir", str(tmp_path / "out"), "--report-only",
+                        "--no-figures")
+    assert code == 2 and "is not a run record" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("rec", [{}, {"final": {}}, {"final": None}, {"best": {"metric": "valid/loss"}},
+                                 {"best": {"metric": "valid/loss", "value": "5"}}, {"final": {"valid/loss": None}}])
+def test_a_record_without_a_validation_loss_has_no_best_loss(rec):
+    with pytest.raises(ValueError, match="has no best validation loss"):
+        best_loss({"cell": "c", "variant": "v", "seed": 0, **rec})
+    assert best_loss({"final": {"valid/loss": 5}}) == 5.0 and math.isclose(
+        best_loss({"best": {"metric": "valid/loss", "value": 4.5}, "final": {}}), 4.5)
+
+
+@pytest.mark.parametrize("layout", ["empty", "other corpus"])
+def test_the_pubmed_plan_says_its_data_is_missing_and_how_to_point_at_it(tmp_path, capsys, layout):
+    data = tmp_path / "data"
+    (data / ("wiki-vital" if layout == "other corpus" else "")).mkdir(parents=True, exist_ok=True)
+    from coupled_qk.cli import main
+
+    assert main(["claims", "--protocol", "cpu-converged-pubmed", "--plan", "--data-dir", str(data), "--out-dir",
+                 str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert f"data: {data}/pubmed/abstracts.txt MISSING (pass --data-dir" in out
+    assert not (tmp_path / "out").exists()
