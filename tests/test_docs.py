@@ -32,7 +32,7 @@ def _backticked(text: str) -> list[str]:
     return re.findall(r"`([^`]+)`", text)
 
 
-@pytest.mark.parametrize("protocol", [*PROTOCOLS, "cpu-converged"])
+@pytest.mark.parametrize("protocol", [*PROTOCOLS, "cpu-converged", "cpu-converged-pubmed"])
 def test_claims_tables_are_the_committed_reports(protocol):
     assert _block(f"claims:{protocol}") == (CLAIMS / f"{protocol}-readme.md").read_text().strip(), (
         f"copy docs/results/claims/{protocol}-readme.md into the README's claims:{protocol} block")

@@ -154,7 +154,8 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
         if row["claim"] in PAPER_EFFECTS and row["claim"] != "C6" and "low" in row:
             row["paper_effect"] = PAPER_EFFECTS[row["claim"]]
             row["paper_effect_in_ci"] = row["low"] <= row["paper_effect"] <= row["high"]
-    first = _first_epoch_rows(Path(out_dir) / "cpu.json") if design.name == "cpu-converged" else {}
+    # the wiki-vital and PubMed CPU designs sit beside the first-epoch `cpu` protocol (same preset and corpora)
+    first = _first_epoch_rows(Path(out_dir) / "cpu.json") if design.name.startswith("cpu-converged") else {}
     for row in claims:
         if row["claim"] in first:
             row["first_epoch"] = first[row["claim"]]
@@ -280,14 +281,14 @@ def matched_regime(matched: list[dict], main: list[dict], factor: float) -> dict
 
 
 def _first_epoch_rows(path: Path) -> dict:
-    """C1, C3, C4 and C6 of the first-epoch ``cpu`` protocol's report (``cpu.json`` beside this report), to show
+    """C1, C3, C4, C6 and C9 of the first-epoch ``cpu`` protocol's report (``cpu.json`` beside this report), to show
     the two regimes side by side; ``{}`` if that report is absent."""
     try:
         rows = json.loads(path.read_text())["rows"]
     except (OSError, ValueError, KeyError):
         return {}
     keep = ("mean", "low", "high", "n", "verdict")
-    return {r["id"]: {k: r.get(k) for k in keep} for r in rows if r.get("id") in ("C1", "C3", "C4", "C6")}
+    return {r["id"]: {k: r.get(k) for k in keep} for r in rows if r.get("id") in ("C1", "C3", "C4", "C6", "C9")}
 
 
 def _ratio(x) -> str:

@@ -1,0 +1,63 @@
+"""Paired ratios of `coupled-qk bench --mode fastpath` training rounds: per round and pooled over rounds.
+
+Each round's JSON keeps every repeat's time per model and mode (``train[<model> <mode>]["times_ms"]``, repeats
+interleaved). The ratio of a repeat is the model's time over ``standard``'s time in the same repeat and mode;
+this script prints, per model and mode, each round's median paired ratio and the median over all rounds'
+repeats pooled, with a distribution-free 95% interval for that median (order statistics of the binomial(n, 1/2)
+distribution; Conover 1999, section 3.2).
+
+Usage: ``python benchmarks/paired_rounds.py benchmarks/results/issue29/rounds-60m/r{4,5,6}-train``
+(a folder holds one ``fastpath-*.json``). Prints a markdown table; reads only, writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from scipy import stats
+
+
+def median_interval(values: list[float], conf: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval for the median: the ``k``-th smallest and largest values, ``k`` the largest
+    with ``P(Binomial(n, 1/2) < k) <= (1 - conf) / 2``."""
+    xs, n = sorted(values), len(values)
+    k = int(stats.binom.ppf((1 - conf) / 2, n, 0.5))
+    while k > 0 and stats.binom.cdf(k - 1, n, 0.5) > (1 - conf) / 2:
+        k -= 1
+    return (xs[k - 1], xs[n - k]) if k >= 1 else (xs[0], xs[-1])
+
+
+def paired(folder: Path) -> dict:
+    """``{(model, mode): [ratio per repeat]}`` of one round folder."""
+    (path,) = sorted(Path(folder).glob("fastpath-*.json"))
+    train = json.loads(path.read_text())["train"]
+    out = {}
+    for key, row in train.items():
+        model, mode = key.rsplit(" ", 1)
+        base = train.get(f"standard {mode}")
+        if model != "standard" and base and row.get("times_ms"):
+            out[(model, mode)] = [a / b for a, b in zip(row["times_ms"], base["times_ms"])]
+    return out
+
+
+def main(folders: list[str]) -> str:
+    rounds = [paired(Path(f)) for f in folders]
+    keys = sorted(set().union(*rounds))
+    lines = ["| model | mode | " + " | ".join(Path(f).name for f in folders) + " | pooled median [95% interval] |",
+             "|---|---|" + "---:|" * (len(folders) + 1)]
+    for key in keys:
+        per = [r.get(key, []) for r in rounds]
+        pooled = [x for p in per for x in p]
+        lo, hi = median_interval(pooled)
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{statistics.median(p):.3f}" if p else "-" for p in per)
+                     + f" | {statistics.median(pooled):.3f} [{lo:.3f}, {hi:.3f}] (n={len(pooled)}) |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: python benchmarks/paired_rounds.py ROUND_FOLDER [ROUND_FOLDER ...]")
+    print(main(sys.argv[1:]))
