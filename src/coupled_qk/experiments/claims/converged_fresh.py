@@ -152,5 +152,6 @@ def fresh_note(fresh: list[dict], main: list[dict], factor: float) -> str:
     return (f"C6 with fresh data ({len(fresh)} seeds): standard on {factor}x the training articles, its own "
             f"tokenizer (it cuts the test text into {ratio:.3f}x the 1x tokenizer's tokens), stopped at "
             f"{min(epochs):.1f}-{max(epochs):.1f} of its epochs ({stops}); best validation loss {a:.4f} against "
-            f"{b:.4f} for standard at 1x (same seeds; both per 1x-tokenizer token). Perplexities and curves of this "
-            "arm are per 1x-tokenizer token (total nats of the same text; see converged_fresh.py).")
+            f"{b:.4f} for standard at 1x (same seeds; both per 1x-tokenizer token). The C6-fresh row, its tokens "
+            "ratio and the figure use this arm's values per 1x-tokenizer token (total nats of the same text; see "
+            "converged_fresh.py); the runs table lists its own-tokenizer values.")
