@@ -242,6 +242,35 @@ def test_a_run_held_by_another_process_is_left_to_it(tmp_path):
     assert record_path(out, TOY_CONVERGED.name, first.name, "coupled", 100).is_file()
 
 
+def test_a_worker_leaves_when_only_held_runs_remain_and_no_stage_waits(tmp_path, monkeypatch):
+    """The last runs of a study are in other processes' hands and nothing else can be planned: return at once
+    instead of polling (a worker started as `claims A; claims B` moves on to B); while a stage still waits on
+    held runs (the grid), it polls."""
+    import time
+
+    import coupled_qk.experiments.claims.converged_study as study
+    from coupled_qk.experiments.claims.converged import Plan
+    from coupled_qk.training.lock import RunLockedError
+
+    def held(*args, **kwargs):
+        raise RunLockedError("held by pid 1")
+
+    cell = grid_cell(TOY_CONVERGED, TOY_CONVERGED.lrs[0], ("standard",))
+    monkeypatch.setattr(study, "execute", held)
+    monkeypatch.setattr(study, "plan", lambda design, records: Plan([("grid", cell)], {}, None, [], {}))
+    monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("polled although nothing waits"))
+    assert study.run_design(TOY_CONVERGED, tmp_path, tmp_path, tmp_path, tmp_path, wait_seconds=1e6) == 0
+    waiting = Plan([("grid", cell)], {}, None, ["main: wait for the learning-rate grid"], {})
+    monkeypatch.setattr(study, "plan", lambda design, records: waiting)
+
+    def stop(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", stop)
+    with pytest.raises(KeyboardInterrupt):  # it would poll again
+        study.run_design(TOY_CONVERGED, tmp_path, tmp_path, tmp_path, tmp_path, wait_seconds=1e6)
+
+
 @pytest.mark.slow
 def test_a_design_runs_under_torchrun_and_records_the_one_process_run(tmp_path):
     """`claims --protocol toy-converged` under torchrun (2 CPU processes, gloo): the ranks train each run together

@@ -32,9 +32,9 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
 
     Several processes may work on one study at once (one per core, or per GPU): a run whose folder another
     process holds (its :class:`~coupled_qk.training.lock.RunLock`) is left to that process and the next run
-    of the plan is taken. When every run still to do is held elsewhere (e.g. the last grid run, on which the
-    verdict stages depend), this process waits ``wait_seconds`` and plans again; it returns once nothing is
-    left to do.
+    of the plan is taken. When every run still to do is held elsewhere and a stage waits on them (e.g. the last
+    grid run, on which the verdict stages depend), this process waits ``wait_seconds`` and plans again; when no
+    stage waits, those held runs are all that is left and it returns (its core is free for other work).
 
     Under ``torchrun`` (``WORLD_SIZE > 1``) every rank trains every run together: the process group is made
     once for the study, rank 0's records decide the plan for all ranks (broadcast), each cell's batch is the
@@ -88,6 +88,11 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
                     break
             if new is None:
                 if not held:
+                    break
+                if not p.waiting:  # nothing more can be planned: the held runs are all that is left, theirs
+                    if main:
+                        print(f"== the {len(held)} remaining run(s) are held by other processes and no stage "
+                              "waits to be planned: leaving them to those processes", flush=True)
                     break
                 if main:
                     print(f"== {len(held)} run(s) held by other processes; planning again in {wait_seconds:g} s",
