@@ -12,6 +12,8 @@ same configuration (median and inter-quartile range over repeats) and to ``stand
   each model gets its own copy of the function's code object so the models' caches stay apart);
 - ``red``: the coupling MLP's two tiny matrix products written as broadcast-multiply-sum while compiling a
   single-token step, so Inductor fuses the whole map into the attention's pointwise kernel (no extern GEMM);
+- ``autotune``: ``options={"max_autotune": True}``: Inductor benchmarks its C++ GEMM templates (which can fuse
+  the pointwise work around a small product) against the library GEMMs at compile time;
 - ``freeze``: Inductor's freezing (``options={"freezing": True}``): weights become constants of the graph, which
   lets Inductor pre-pack them for the CPU's matrix kernels (the graph then ignores later weight updates).
 
@@ -60,14 +62,16 @@ def own_step(model: GPT):
 
 def build(config: str, variant: str, preset: str, seed: int):
     parts = set(config.split("+")) - {"default"}
-    unknown = parts - {"cpp", "noguard", "red", "freeze"}
+    unknown = parts - {"cpp", "noguard", "red", "freeze", "autotune"}
     if unknown:
-        raise SystemExit(f"--configs: unknown part(s) {sorted(unknown)}; expected default, cpp, noguard, red, freeze")
+        raise SystemExit(f"--configs: unknown part(s) {sorted(unknown)}; expected default, cpp, noguard, red, freeze, autotune")
     options = {}
     if "cpp" in parts:
         options["cpp_wrapper"] = True
     if "freeze" in parts:
         options["freezing"] = True
+    if "autotune" in parts:  # Inductor's own C++ GEMM templates compete with the library GEMMs (epilogues fused)
+        options["max_autotune"] = True
     if "noguard" in parts:
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     torch.manual_seed(seed)
