@@ -92,7 +92,7 @@ def test_a_two_variant_design_without_matched_or_fresh_seeds_plans_only_its_main
 
     for (cell, v, s), r in [*recs.items(), *(((main.name, v, s), _rec(3.0)) for v in P.variants for s in (0, 1, 2))]:
         ppl = 150.0 * (1 + 0.01 * s) * (0.99 if v == "coupled" else 1.0)
-        full = {**r, "cell": cell, "variant": v, "seed": s, "config": {"lr": 2e-3},
+        full = {**r, "protocol": P.name, "cell": cell, "variant": v, "seed": s, "config": {"lr": 2e-3},
                 "final": {**r["final"], "test/perplexity": ppl}}
         path = tmp_path / "runs" / P.name / cell / v / f"seed{s}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -50,8 +50,7 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
 
     import torch
 
-    from coupled_qk.training.distributed import barrier, setup_runtime, teardown
-    from coupled_qk.training.lock import RunLockedError
+    from coupled_qk.training.distributed import setup_runtime, teardown
 
     if not design.runnable_here and not torch.cuda.is_available():
         raise ValueError(f"protocol {design.name!r} needs a GPU (see --plan for its runs and cost); none is "
@@ -65,27 +64,7 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
         while max_runs is None or trained < max_runs:
             records = _shared(load_records(out_dir, design) if main else None, runtime)
             p = plan(design, records)
-            new, held = None, []
-            todo = units(p)
-            for k, (stage, cell, variant, seed) in enumerate(todo):
-                path = record_path(out_dir, design.name, cell.name, variant, seed)
-                before = path.stat().st_mtime_ns if path.is_file() else None
-                if main:
-                    print(f"== {design.name} [{stage}] {cell.name} {variant} seed {seed} ({k + 1}/{len(todo)})",
-                          flush=True)
-                try:
-                    rec = execute(cell, variant, seed, design.name, Path(out_dir), Path(run_root), Path(data_dir),
-                                  Path(cache_root), runtime=runtime)
-                except RunLockedError as exc:
-                    if main:
-                        print(f"== held by another process, left to it: {exc}", flush=True)
-                    held.append((cell.name, variant, seed))
-                    continue
-                if runtime is not None:
-                    barrier(runtime)  # rank 0's record is on disk before any rank looks at it
-                if not path.is_file() or path.stat().st_mtime_ns != before:
-                    new = (path, rec)
-                    break
+            new, held = _next_new_record(design, units(p), out_dir, run_root, data_dir, cache_root, runtime)
             if new is None:
                 if not held:
                     break
@@ -106,6 +85,34 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
         if runtime is not None:
             teardown(runtime)
     return trained
+
+
+def _next_new_record(design: Design, todo: list, out_dir, run_root, data_dir, cache_root, runtime):
+    """Walk the plan's runs in order: a run with a record is skipped, one held by another process is noted and
+    left, the first that writes a new record ends the walk. Returns ``((path, record) or None, held runs)``."""
+    from coupled_qk.training.distributed import barrier
+    from coupled_qk.training.lock import RunLockedError
+
+    main = runtime is None or runtime.is_main
+    held = []
+    for k, (stage, cell, variant, seed) in enumerate(todo):
+        path = record_path(out_dir, design.name, cell.name, variant, seed)
+        before = path.stat().st_mtime_ns if path.is_file() else None
+        if main:
+            print(f"== {design.name} [{stage}] {cell.name} {variant} seed {seed} ({k + 1}/{len(todo)})", flush=True)
+        try:
+            rec = execute(cell, variant, seed, design.name, Path(out_dir), Path(run_root), Path(data_dir),
+                          Path(cache_root), runtime=runtime)
+        except RunLockedError as exc:
+            if main:
+                print(f"== held by another process, left to it: {exc}", flush=True)
+            held.append((cell.name, variant, seed))
+            continue
+        if runtime is not None:
+            barrier(runtime)  # rank 0's record is on disk before any rank looks at it
+        if not path.is_file() or path.stat().st_mtime_ns != before:
+            return (path, rec), held
+    return None, held
 
 
 def _shared(records: dict | None, runtime) -> dict:
