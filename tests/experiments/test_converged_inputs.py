@@ -38,6 +38,18 @@ def test_flags_a_converged_protocol_would_ignore_are_refused(tmp_path, capsys, e
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("protocol", ["toy-converged", "smoke"])
+@pytest.mark.parametrize("mode, extra", [
+    ("--plan", ["--report-only"]), ("--plan", ["--max-runs", "1"]), ("--plan", ["--commit-records"]),
+    ("--report-only", ["--max-runs", "2"]), ("--report-only", ["--commit-records"]),
+])
+def test_training_flags_with_a_mode_that_trains_nothing_are_refused(tmp_path, capsys, protocol, mode, extra):
+    code, err = _claims(capsys, "--protocol", protocol, "--out-dir", str(tmp_path / "out"), "--run-root",
+                        str(tmp_path / "runs"), mode, *extra)
+    assert code == 2 and f"{mode} trains nothing; {extra[0]}" in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("report_only", [True, False])
 def test_an_out_dir_that_is_a_file_is_refused_before_any_run(tmp_path, capsys, report_only):
     """It used to train the first run (minutes to hours) and then fail writing its record ("Not a directory")."""

@@ -84,6 +84,13 @@ def run(args) -> int:
 
     if args.verify is not None:
         return _verify(args)
+    # --plan and --report-only train nothing: the flags that steer training are refused with them, not ignored
+    for mode, on in (("--plan", args.plan), ("--report-only", args.report_only)):
+        clash = [flag for flag, given in (("--report-only", args.report_only and mode == "--plan"),
+                                          ("--max-runs", args.max_runs is not None),
+                                          ("--commit-records", args.commit_records)) if given]
+        if on and clash:
+            raise ValueError(f"{mode} trains nothing; {', '.join(clash)} only apply when training (drop them)")
     if args.protocol in DESIGNS:
         return _run_converged(args)
     # the converged-only flags, refused rather than ignored
