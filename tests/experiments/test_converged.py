@@ -205,6 +205,7 @@ def test_verify_refuses_what_is_not_a_record_of_the_protocol(tmp_path, capsys):
     moved.write_text(good.read_text())
     (tmp_path / "bad.json").write_text("{")
     cases = [(["--verify", str(tmp_path / "none.json")], "no such record file"),
+             (["--verify", str(good.parent)], "is a folder; expected one run record file"),
              (["--verify", str(tmp_path / "bad.json")], "is not a JSON run record"),
              (["--verify", str(moved)], "must stay where the study wrote it"),
              (["--verify", str(good), "--plan"], "--plan cannot be combined"),

@@ -87,3 +87,9 @@ def test_an_unknown_source_is_refused(data, tmp_path, source):
 
 def test_a_wiki_vital_file_without_headings_is_named(data, tmp_path):
     _refused(data, tmp_path, r"wiki-vital/train\.txt: text holds no ' = Title = ' heading", source="wiki-vital")
+
+
+@pytest.mark.parametrize("arg", ["data_dir", "out_root"])
+@pytest.mark.parametrize("value", [None, "", 3, ["data"]])
+def test_a_folder_argument_that_is_not_a_path_is_refused(data, tmp_path, arg, value):
+    _refused(data, tmp_path, f"{arg}=", **{arg: value})

@@ -110,6 +110,9 @@ def document_split(data_dir: str | Path, out_root: str | Path, name: str, source
     from coupled_qk._checks import choice, positive_int
 
     choice("source", source, SPLIT_SOURCES)
+    for arg, value in (("data_dir", data_dir), ("out_root", out_root)):
+        if not isinstance(value, (str, Path)) or str(value) == "":
+            raise ValueError(f"{arg}={value!r}; expected a folder path")
     nonneg_int("seed", seed)
     positive_int("valid_docs", valid_docs)
     positive_int("test_docs", test_docs)

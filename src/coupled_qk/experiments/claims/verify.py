@@ -34,6 +34,9 @@ def read_record(path: str | Path) -> tuple[dict, Path]:
             sit at ``<out_dir>/runs/<protocol>/<cell>/<variant>/seed<k>.json``.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--verify={str(path)!r} is a folder; expected one run record file inside it, such as "
+                         "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json")
     if not path.is_file():
         raise ValueError(f"--verify={str(path)!r}: no such record file; expected a run record such as "
                          "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json")
