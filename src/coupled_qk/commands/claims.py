@@ -84,13 +84,7 @@ def run(args) -> int:
 
     if args.verify is not None:
         return _verify(args)
-    # --plan and --report-only train nothing: the flags that steer training are refused with them, not ignored
-    for mode, on in (("--plan", args.plan), ("--report-only", args.report_only)):
-        clash = [flag for flag, given in (("--report-only", args.report_only and mode == "--plan"),
-                                          ("--max-runs", args.max_runs is not None),
-                                          ("--commit-records", args.commit_records)) if given]
-        if on and clash:
-            raise ValueError(f"{mode} trains nothing; {', '.join(clash)} only apply when training (drop them)")
+    _refuse_training_flags_without_training(args)
     if args.protocol in DESIGNS:
         return _run_converged(args)
     # the converged-only flags, refused rather than ignored
@@ -156,6 +150,21 @@ def run(args) -> int:
     print(format_markdown(report, command).split("\n## Notes")[0])
     print("written: " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _refuse_training_flags_without_training(args) -> None:
+    """``--plan`` and ``--report-only`` train nothing: the flags that steer training (``--max-runs``,
+    ``--commit-records``; ``--report-only`` beside ``--plan``) are refused with them, not ignored.
+
+    Raises:
+        ValueError: naming the mode and the flags to drop.
+    """
+    for mode, on in (("--plan", args.plan), ("--report-only", args.report_only)):
+        clash = [flag for flag, given in (("--report-only", args.report_only and mode == "--plan"),
+                                          ("--max-runs", args.max_runs is not None),
+                                          ("--commit-records", args.commit_records)) if given]
+        if on and clash:
+            raise ValueError(f"{mode} trains nothing; {', '.join(clash)} only apply when training (drop them)")
 
 
 def _run_converged(args) -> int:
