@@ -133,8 +133,8 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
                      "stop_reason": rec.get("stop_reason"), "plateaued": plateaued(rec),
                      "best_valid_loss": best_loss(rec), "test_ppl": rec["final"].get(PRIMARY),
                      "train_hours": rec.get("train_seconds", 0) / 3600})
-    claims = [*_direction_rows(design, records), *_matched_rows(design, records),
-              *_fresh_rows(design, records, main, standard, coupled)]
+    conv = fresh_records(records, (f"{name}-fresh", standard), (main, coupled)) if design.fresh_seeds else {}
+    claims = [*_direction_rows(design, records), *_matched_rows(design, records), *_fresh_rows(design, records, conv)]
     curves = {f"{standard}": _curve_mean([records[k] for k in records if k[:2] == (main, standard)]),
               f"{coupled}": _curve_mean([records[k] for k in records if k[:2] == (main, coupled)])}
     if len(design.variants) > 2:
@@ -144,7 +144,6 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
         curves[f"{standard} {design.matched_factor}x"] = _curve_mean(
             [records[k] for k in records if k[:2] == (matched, standard)])
     if design.fresh_seeds:
-        conv = fresh_records(records, (f"{name}-fresh", standard), (main, coupled))
         curves[f"{standard} {design.matched_factor}x data"] = _curve_mean(
             [conv[k] for k in conv if k[:2] == (f"{name}-fresh", standard)])
     progress = {}
@@ -199,6 +198,23 @@ def _direction_rows(design: Design, records: dict) -> list[dict]:
     return [*rows, c4]
 
 
+def _c6_row(claim: str, label: str, records: dict, arm: tuple[str, str], ref: tuple[str, str], expected_n: int,
+            equivalent: str) -> dict:
+    """A C6-style row: test ppl of ``ref`` (coupled at 1x) vs ``arm`` (standard with more tokens), paired by seed,
+    read as equivalence within +-``EQUIVALENCE_MARGIN``% (verdict ``equivalent``) or a direction, plus the
+    tokens-to-equal-loss ratio of each pair (:func:`_tokens_to_match`)."""
+    row = _paired_row(claim, f"{label}, % (equivalent if the interval is inside +-{EQUIVALENCE_MARGIN}%)", records,
+                      arm, ref, expected_n)
+    if "low" in row:
+        inside = -EQUIVALENCE_MARGIN < row["low"] and row["high"] < EQUIVALENCE_MARGIN
+        row["verdict"] = equivalent if inside else _direction(row["low"], row["high"])
+    ratios = [_tokens_to_match(records[(*arm, s)], records[(*ref, s)]) for s in row["seeds"]]
+    reached = [x for x in ratios if x is not None]
+    row["tokens_ratio"] = {"per_seed": ratios, "never_reached": len(ratios) - len(reached),
+                           **(stats.mean_ci(reached) if len(reached) >= 2 else {})}
+    return row
+
+
 def _matched_rows(design: Design, records: dict) -> list[dict]:
     """C6 against the compute-matched arm (standard at ``matched_factor`` x the tokens of the same text), its
     regime check and tokens-to-equal-loss ratio; ``[]`` without a matched stage."""
@@ -206,50 +222,30 @@ def _matched_rows(design: Design, records: dict) -> list[dict]:
         return []
     standard, coupled = design.variants[:2]
     main, matched = f"{design.name}-main", f"{design.name}-matched"
-    c6 = _paired_row("C6", f"test ppl, coupled (1x) vs standard ({design.matched_factor}x tokens), % (equivalent if "
-                     f"the interval is inside +-{EQUIVALENCE_MARGIN}%)", records, (matched, standard), (main, coupled),
-                     len(design.matched_seeds))
-    if "low" in c6:
-        inside = -EQUIVALENCE_MARGIN < c6["low"] and c6["high"] < EQUIVALENCE_MARGIN
-        c6["verdict"] = ("equivalent (coupled at 1x matches standard at "
-                         f"{design.matched_factor}x)" if inside else _direction(c6["low"], c6["high"]))
+    f = design.matched_factor
+    c6 = _c6_row("C6", f"test ppl, coupled (1x) vs standard ({f}x tokens)", records, (matched, standard),
+                 (main, coupled), len(design.matched_seeds), f"equivalent (coupled at 1x matches standard at {f}x)")
     both = [s for s in design.matched_seeds if (matched, standard, s) in records and (main, standard, s) in records]
     c6["regime_check"] = matched_regime([records[(matched, standard, s)] for s in both],
-                                        [records[(main, standard, s)] for s in both], design.matched_factor)
+                                        [records[(main, standard, s)] for s in both], f)
     if c6["regime_check"].get("overfit") and "verdict" in c6:
-        c6["verdict"] += f"; the {design.matched_factor}x arm overfits (see the note): not a sample-efficiency test"
-    ratios = []
-    for s in design.matched_seeds:
-        a, b = records.get((matched, standard, s)), records.get((main, coupled, s))
-        if a is not None and b is not None:
-            ratios.append(_tokens_to_match(a, b))
-    reached = [x for x in ratios if x is not None]
-    c6["tokens_ratio"] = {"per_seed": ratios, "never_reached": len(ratios) - len(reached),
-                          **(stats.mean_ci(reached) if len(reached) >= 2 else {})}
+        c6["verdict"] += f"; the {f}x arm overfits (see the note): not a sample-efficiency test"
     return [c6]
 
 
-def _fresh_rows(design: Design, records: dict, main: str, standard: str, coupled: str) -> list[dict]:
-    """The ``C6-fresh`` row (coupled at 1x vs standard on ``matched_factor`` x the training documents, per
-    1x-tokenizer token; :mod:`~coupled_qk.experiments.claims.converged_fresh`), or ``[]`` without that stage."""
+def _fresh_rows(design: Design, records: dict, conv: dict) -> list[dict]:
+    """The ``C6-fresh`` row (coupled at 1x vs standard on ``matched_factor`` x the training documents), read from
+    ``conv``, the records with the fresh arm per 1x-tokenizer token
+    (:func:`~coupled_qk.experiments.claims.converged_fresh.fresh_records`); ``[]`` without that stage."""
     if not design.fresh_seeds:
         return []
-    fresh = f"{design.name}-fresh"
-    conv = fresh_records(records, (fresh, standard), (main, coupled))
-    f = design.matched_factor
-    row = _paired_row("C6-fresh", f"test ppl, coupled (1x) vs standard ({f}x training articles, {f}x tokens; per "
-                      f"1x-tokenizer token), % (equivalent if the interval is inside +-{EQUIVALENCE_MARGIN}%)",
-                      conv, (fresh, standard), (main, coupled), len(design.fresh_seeds))
-    if "low" in row:
-        inside = -EQUIVALENCE_MARGIN < row["low"] and row["high"] < EQUIVALENCE_MARGIN
-        row["verdict"] = (f"equivalent (coupled at 1x matches standard with {f}x data)" if inside
-                          else _direction(row["low"], row["high"]))
-    runs = [conv[k] for k in sorted(conv) if k[:2] == (fresh, standard)]
-    ratios = [_tokens_to_match(r, conv[(main, coupled, r["seed"])]) for r in runs]
-    reached = [x for x in ratios if x is not None]
-    row["tokens_ratio"] = {"per_seed": ratios, "never_reached": len(ratios) - len(reached),
-                           **(stats.mean_ci(reached) if len(reached) >= 2 else {})}
-    main_std = [records[(main, standard, r["seed"])] for r in runs if (main, standard, r["seed"]) in records]
+    standard, coupled = design.variants[:2]
+    main, fresh, f = f"{design.name}-main", f"{design.name}-fresh", design.matched_factor
+    row = _c6_row("C6-fresh", f"test ppl, coupled (1x) vs standard ({f}x training articles, {f}x tokens; per "
+                  "1x-tokenizer token)", conv, (fresh, standard), (main, coupled), len(design.fresh_seeds),
+                  f"equivalent (coupled at 1x matches standard with {f}x data)")
+    runs = [conv[(fresh, standard, s)] for s in row["seeds"]]
+    main_std = [records[(main, standard, s)] for s in row["seeds"] if (main, standard, s) in records]
     row["regime_check"] = {"n": len(runs), "note": fresh_note(runs, main_std, f)}
     return [row]
 
