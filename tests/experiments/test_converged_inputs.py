@@ -91,6 +91,32 @@ def test_a_malformed_record_beside_others_is_named_not_a_traceback(tmp_path, cap
     assert code == 2 and "is not a run record" in err and "Traceback" not in err, err
 
 
+@given(st.one_of(st.sampled_from([[], 3, "x", None, {}]),
+                 st.fixed_dictionaries({"cell": st.just("c"), "variant": st.just("v")},
+                                       optional={"seed": st.one_of(st.none(), st.booleans(), st.integers(-3, -1),
+                                                                   st.floats(0, 5), st.text(max_size=2))})))
+def test_every_record_reader_names_a_file_that_parses_but_is_not_a_record(tmp_path_factory, rec):
+    """The kind enters through one function (records.read_record_file, each reader naming the fields it reads):
+    the first-epoch reader (cell, variant, seed) and the resume check of a run (any dict: its stored config
+    decides) name the file; a file that is not JSON stays a skipped damaged file."""
+    from coupled_qk.experiments.claims.protocols import get_protocol
+    from coupled_qk.experiments.claims.records import Records
+    from coupled_qk.experiments.claims.runs import load_record
+
+    out = tmp_path_factory.mktemp("out")
+    smoke = get_protocol("smoke")
+    bad = out / "runs" / "smoke" / smoke.cells[0].name / "standard" / "seed0.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match=r"seed0\.json is not a run record"):
+        Records.load(out, smoke)
+    if not isinstance(rec, dict):
+        with pytest.raises(ValueError, match=r"seed0\.json is not a run record"):
+            load_record(bad)
+    bad.write_text("{not json")
+    assert load_record(bad) is None and Records.load(out, smoke).by_key == {}
+
+
 @pytest.mark.parametrize("rec", [{}, {"final": {}}, {"final": None}, {"best": {"metric": "valid/loss"}},
                                  {"best": {"metric": "valid/loss", "value": "5"}}, {"final": {"valid/loss": None}}])
 def test_a_record_without_a_validation_loss_has_no_best_loss(rec):

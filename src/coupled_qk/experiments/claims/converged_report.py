@@ -19,8 +19,8 @@ from coupled_qk.experiments.claims.converged_fresh import fresh_note, fresh_reco
 from coupled_qk.experiments.claims.markdown import fmt as _fmt
 from coupled_qk.experiments.claims.markdown import paper_in_ci
 from coupled_qk.experiments.claims.power import detectable_effect, power_two_sided, variance_ratio_power
+from coupled_qk.experiments.claims.records import read_record_file
 from coupled_qk.experiments.claims.rules import PAPER_EFFECTS
-from coupled_qk.experiments.claims.runs import record_problem
 from coupled_qk.io import write_text_atomic
 
 PRIMARY = "test/perplexity"
@@ -34,19 +34,13 @@ def load_records(out_dir: str | Path, design: Design) -> dict:
 
     Raises:
         ValueError: naming the file, for one that parses but is not a run record
-            (:func:`~coupled_qk.experiments.claims.runs.record_problem`).
+            (:func:`~coupled_qk.experiments.claims.records.read_record_file`).
     """
     out = {}
     for path in sorted((Path(out_dir) / "runs" / design.name).glob("*/*/seed*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        problem = record_problem(rec)
-        if problem:
-            raise ValueError(f"{path} is not a run record ({problem}): restore or remove it; the study's records "
-                             f"are the files under {path.parents[2]}")
-        out[(rec["cell"], rec["variant"], rec["seed"])] = rec
+        rec = read_record_file(path)
+        if rec is not None:
+            out[(rec["cell"], rec["variant"], rec["seed"])] = rec
     return out
 
 

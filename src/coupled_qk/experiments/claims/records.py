@@ -21,6 +21,47 @@ def _duration(minutes: float, prefix: str = "") -> str:
     return f"{minutes / 60:.1f} {prefix}hours" if minutes >= 60 else f"{max(1, round(minutes))} {prefix}minutes"
 
 
+RECORD_FIELDS = {"protocol": "a name", "cell": "a name", "variant": "a name", "seed": "an integer >= 0",
+                 "final": "a dict of metrics"}
+"""The fields every run record has, and what each must hold (:func:`record_problem`)."""
+
+
+def record_problem(rec, fields=tuple(RECORD_FIELDS)) -> str | None:
+    """What makes ``rec`` (a parsed JSON value) not a run record, in a few words, or ``None`` when it is one:
+    a dict with every field of ``fields`` (default: all of :data:`RECORD_FIELDS`; a reader names the ones it
+    uses), each of its kind (names non-empty strings, the seed an integer >= 0 and not a bool, ``final`` a dict)."""
+    if not isinstance(rec, dict):
+        return f"it holds a {type(rec).__name__}, expected a dict"
+    missing = [k for k in fields if k not in rec]
+    if missing:
+        return f"it lacks {missing}"
+    for key in fields:
+        expected, value = RECORD_FIELDS[key], rec[key]
+        ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0 if key == "seed" else
+              isinstance(value, dict) if key == "final" else isinstance(value, str) and value != "")
+        if not ok:
+            return f"{key}={value!r}, expected {expected}"
+    return None
+
+
+def read_record_file(path: Path, fields=tuple(RECORD_FIELDS)) -> dict | None:
+    """The run record in the file ``path``; ``None`` when it cannot be read or is not JSON (a damaged file,
+    skipped by readers and replaced by a re-run). ``fields``: the ones the caller reads (:func:`record_problem`).
+
+    Raises:
+        ValueError: naming the file, for one that parses but is not a run record (:func:`record_problem`).
+    """
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    problem = record_problem(rec, fields)
+    if problem:
+        raise ValueError(f"{path} is not a run record ({problem}): restore or remove it; a study's records are the "
+                         "files <out_dir>/runs/<protocol>/<cell>/<variant>/seed<k>.json")
+    return rec
+
+
 class NotReady(Exception):
     """Raised inside a claim rule when the runs it needs are missing; the message is the reason."""
 
@@ -37,15 +78,17 @@ class Records:
     @classmethod
     def load(cls, out_dir: str | Path, protocol: Protocol, min_seeds: int | None = None) -> Records:
         """Read every ``<out_dir>/runs/<protocol>/**/seed*.json`` record (damaged files are skipped); records of a
-        cell with ``seeds_of`` are also indexed under that cell (more seeds of the same runs)."""
+        cell with ``seeds_of`` are also indexed under that cell (more seeds of the same runs).
+
+        Raises:
+            ValueError: naming the file, for one that parses but is not a run record (:func:`read_record_file`).
+        """
         root = Path(out_dir) / "runs" / protocol.name
         by_key = {}
         for path in sorted(root.glob("*/*/seed*.json")) if root.is_dir() else []:
-            try:
-                rec = json.loads(path.read_text())
-            except json.JSONDecodeError:
-                continue
-            by_key[(rec["cell"], rec["variant"], rec["seed"])] = rec
+            rec = read_record_file(path, ("cell", "variant", "seed"))
+            if rec is not None:
+                by_key[(rec["cell"], rec["variant"], rec["seed"])] = rec
         for (cell, variant, seed), rec in list(by_key.items()):  # extra seeds count as their base cell's
             base = protocol.cell(cell).seeds_of if protocol.has_cell(cell) else None
             if base is not None:

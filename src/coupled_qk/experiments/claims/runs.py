@@ -19,6 +19,7 @@ from pathlib import Path
 
 from coupled_qk.experiments.claims.heldout import document_split, heldout_corpus, wikitext2_eval
 from coupled_qk.experiments.claims.protocols import Cell
+from coupled_qk.experiments.claims.records import read_record_file
 from coupled_qk.experiments.runner import PlannedRun, setting_differences
 from coupled_qk.experiments.runner import execute as execute_plan
 from coupled_qk.io import write_text_atomic
@@ -70,37 +71,17 @@ def fingerprint(cfg: TrainConfig) -> str:
     return hashlib.sha256(json.dumps(settings_of(cfg), sort_keys=True).encode()).hexdigest()[:16]
 
 
-RECORD_FIELDS = {"protocol": "a name", "cell": "a name", "variant": "a name", "seed": "an integer >= 0",
-                 "final": "a dict of metrics"}
-"""The fields every run record has, and what each must hold (:func:`record_problem`)."""
-
-
-def record_problem(rec) -> str | None:
-    """What makes ``rec`` (a parsed JSON value) not a run record, in a few words, or ``None`` when it is one:
-    a dict with every field of :data:`RECORD_FIELDS`, each of its kind (names non-empty strings, the seed an
-    integer >= 0 and not a bool, ``final`` a dict)."""
-    if not isinstance(rec, dict):
-        return f"it holds a {type(rec).__name__}, expected a dict"
-    missing = [k for k in RECORD_FIELDS if k not in rec]
-    if missing:
-        return f"it lacks {missing}"
-    for key, expected in RECORD_FIELDS.items():
-        value = rec[key]
-        ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0 if key == "seed" else
-              isinstance(value, dict) if key == "final" else isinstance(value, str) and value != "")
-        if not ok:
-            return f"{key}={value!r}, expected {expected}"
-    return None
-
-
 def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
     """The record at ``path`` if it exists, parses and (when ``planned`` is given) was made with the same
-    settings (:func:`coupled_qk.experiments.runner.setting_differences` of its stored config); else None."""
+    settings (:func:`coupled_qk.experiments.runner.setting_differences` of its stored config); else None.
+
+    Raises:
+        ValueError: the file parses but is not a run record (:func:`~coupled_qk.experiments.claims.records.record_problem`).
+    """
     if not path.is_file():
         return None
-    try:
-        rec = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    rec = read_record_file(path, ())  # a dict: its stored config decides
+    if rec is None:
         return None
     if planned is not None and _differences(rec.get("config", {}), planned):
         return None

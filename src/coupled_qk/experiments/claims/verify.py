@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from coupled_qk.experiments.claims.runs import execute, record_path, record_problem
+from coupled_qk.experiments.claims.records import record_problem
+from coupled_qk.experiments.claims.runs import execute, record_path
 
 PRIMARY = ("test/loss", "valid/loss")
 COMPARED = ("fingerprint", "tokens", "steps", "stop_reason")
