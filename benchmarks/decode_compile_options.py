@@ -10,6 +10,9 @@ same configuration (median and inter-quartile range over repeats) and to ``stand
 - ``cpp``: Inductor's C++ wrapper (``options={"cpp_wrapper": True}``), fewer Python calls per kernel;
 - ``noguard``: Dynamo guards on module internals dropped (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``;
   each model gets its own copy of the function's code object so the models' caches stay apart);
+- ``tags``: Dynamo's recursive dict-tag guards (``torch._dynamo.config.use_recursive_dict_tags_for_guards``, set
+  while the step compiles): a module subtree whose ``__dict__`` tags are unchanged since the last call skips its
+  guards;
 - ``red``: the coupling MLP's two tiny matrix products written as broadcast-multiply-sum while compiling a
   single-token step, so Inductor fuses the whole map into the attention's pointwise kernel (no extern GEMM);
 - ``autotune``: ``options={"max_autotune": True}``: Inductor benchmarks its C++ GEMM templates (which can fuse
@@ -19,7 +22,8 @@ same configuration (median and inter-quartile range over repeats) and to ``stand
 
 Configurations combine with ``+`` (e.g. ``noguard+cpp``). Usage:
 ``python benchmarks/decode_compile_options.py --configs default,cpp,noguard,red --batch 1 --repeats 15``.
-Writes ``--out`` (JSON with every time). A measurement script, not a feature: none of these options is used by the
+Each row also gives the time Dynamo spends checking the step's guards per call (``guard_us``, timed on the cache
+entry's guard manager directly). Writes ``--out`` (JSON with every time). A measurement script, not a feature: none of these options is used by the
 library (see ``benchmarks/results/issue29/decode-options/README.md`` for why).
 """
 
@@ -62,9 +66,10 @@ def own_step(model: GPT):
 
 def build(config: str, variant: str, preset: str, seed: int):
     parts = set(config.split("+")) - {"default"}
-    unknown = parts - {"cpp", "noguard", "red", "freeze", "autotune"}
+    unknown = parts - {"cpp", "noguard", "red", "freeze", "autotune", "tags"}
     if unknown:
-        raise SystemExit(f"--configs: unknown part(s) {sorted(unknown)}; expected default, cpp, noguard, red, freeze, autotune")
+        raise SystemExit(f"--configs: unknown part(s) {sorted(unknown)}; expected default, cpp, noguard, red, freeze, "
+                         "autotune, tags")
     options = {}
     if "cpp" in parts:
         options["cpp_wrapper"] = True
@@ -76,7 +81,30 @@ def build(config: str, variant: str, preset: str, seed: int):
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     torch.manual_seed(seed)
     model = GPT(GPTConfig.from_preset(preset, block_size=256, **VARIANTS[variant])).eval()
-    return model, torch.compile(own_step(model), dynamic=False, options=options), "red" in parts
+    bound = own_step(model)
+    return model, torch.compile(bound, dynamic=False, options=options), parts, bound.__func__.__code__
+
+
+@torch.no_grad()
+def guard_seconds(model, code, prompt, calls: int = 5000) -> float:
+    """Seconds Dynamo spends checking the guards of the compiled step of ``code`` (its own copy per model, so one
+    cache entry) for one call, timed on the entry's guard manager directly (median of 5 batches of ``calls``)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    cache = model.new_cache(256)
+    model.next_token_logits(prompt, cache)
+    local = {"self": model, "idx": prompt.new_zeros(prompt.shape[0], 1), "cache": StaticKVCache.from_cache(cache)}
+    (entry,) = _debug_get_cache_entry_list(code)
+    check = entry.guard_manager.check
+    if not check(local):
+        raise RuntimeError("the guards of the compiled step fail on a fresh cache: not the measured graph")
+    batches = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            check(local)
+        batches.append((time.perf_counter() - start) / calls)
+    return float(np.median(batches))
 
 
 @torch.no_grad()
@@ -107,10 +135,12 @@ def main(argv=None) -> None:
     runs = {(v, c): build(c, v, a.preset, 0) for c in a.configs.split(",") for v in VARIANTS}
     vocab = next(iter(runs.values()))[0].config.vocab_size
     prompt = torch.randint(0, vocab, (a.batch, a.prefix), generator=torch.Generator().manual_seed(0))
-    for (model, step, red) in runs.values():  # warm-up: compiles, with the map written as a reduction or not
-        REDUCE["on"] = red
-        seconds_per_token(model, step, prompt, 2)
+    for (model, step, parts, _) in runs.values():  # warm-up: compiles, with the map written as a reduction or not
+        REDUCE["on"] = "red" in parts
+        with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards="tags" in parts):
+            seconds_per_token(model, step, prompt, 2)
     REDUCE["on"] = False
+    guards = {r: guard_seconds(runs[r][0], runs[r][3], prompt) for r in runs}
     keys, times = list(runs), {r: [] for r in runs}
     for i in range(a.repeats):
         for r in keys[i % len(keys):] + keys[: i % len(keys)]:
@@ -122,10 +152,10 @@ def main(argv=None) -> None:
         rows.append(dict(config=c, variant=v, ms_per_token=1e3 * float(np.median(t)),
                          ratio=float(np.median(same)), ratio_q25=float(np.percentile(same, 25)),
                          ratio_q75=float(np.percentile(same, 75)), vs_first_standard=float(np.median(default)),
-                         times_s=t.tolist()))
+                         guard_us=1e6 * guards[(v, c)], times_s=t.tolist()))
         print(f"b{a.batch} {c:12s} {v:17s} {rows[-1]['ms_per_token']:.3f} ms/token  ratio {rows[-1]['ratio']:.3f} "
               f"[{rows[-1]['ratio_q25']:.3f}, {rows[-1]['ratio_q75']:.3f}]  vs {keys[0][1]} standard "
-              f"{rows[-1]['vs_first_standard']:.3f}", flush=True)
+              f"{rows[-1]['vs_first_standard']:.3f}  guards {rows[-1]['guard_us']:.1f} us/call", flush=True)
     if a.out:
         meta = dict(command="python " + " ".join(sys.argv), torch=torch.__version__, machine=platform.platform(),
                     processor=platform.processor(), threads=1, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))

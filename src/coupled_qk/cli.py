@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return EXIT_USAGE
     module = importlib.import_module(f"coupled_qk.commands.{args.command}")
+    from coupled_qk.allocator import tune_cpu_allocator
     from coupled_qk.progress import set_mode
     from coupled_qk.training.stop import TrainingDiverged, TrainingInterrupted
 
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "progress", True) is False:  # --no-progress: no bars and no periodic log lines anywhere
         set_mode("off")
     try:
+        tune_cpu_allocator()  # glibc malloc kept from returning each step's buffers to the system (opt-out)
         return int(module.run(args) or 0)
     except TrainingInterrupted as exc:
         how = ("run the same command with --resume" if args.command == "train" else

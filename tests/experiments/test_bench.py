@@ -94,5 +94,9 @@ def test_machine_records_the_timing_environment(monkeypatch):
     assert "UNRELATED_VARIABLE" not in m["env"] and "LD_PRELOAD" not in m["env"]
     line = machine_line(m)
     assert "MALLOC_TOP_PAD_=1073741824" in line and f"{m['threads']} threads" in line
-    old = {k: v for k, v in m.items() if k not in ("env", "platform")}  # results written before these fields
+    from coupled_qk import allocator
+
+    monkeypatch.setattr(allocator, "_state", "glibc defaults (COUPLED_QK_DEFAULT_MALLOC=1)")
+    assert "; malloc: glibc defaults (COUPLED_QK_DEFAULT_MALLOC=1);" in machine_line(machine_info(torch.device("cpu")))
+    old = {k: v for k, v in m.items() if k not in ("env", "platform", "allocator")}  # written before these fields
     assert machine_line(old).startswith(f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs)")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from coupled_qk.allocator import allocator_state
+
 
 def cpu_model() -> str:
     """The CPU model name from ``/proc/cpuinfo`` (Linux), else :func:`platform.processor`."""
@@ -28,7 +30,8 @@ TIMING_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "MALLOC_MMAP_T
 
 def machine_info(device: torch.device) -> dict:
     """Where the numbers come from: CPU, cores, torch version and threads, device and GPU name, and the
-    :data:`TIMING_ENV` variables that are set (``env``)."""
+    :data:`TIMING_ENV` variables that are set (``env``) and what :func:`~coupled_qk.allocator.tune_cpu_allocator`
+    did to this process's ``malloc`` (``allocator``)."""
     info = dict(
         cpu=cpu_model(),
         cpu_count=os.cpu_count(),
@@ -39,6 +42,7 @@ def machine_info(device: torch.device) -> dict:
         device=str(device),
         cuda=None,
         env={k: os.environ[k] for k in TIMING_ENV if k in os.environ},
+        allocator=allocator_state(),
     )
     if device.type == "cuda":
         info["cuda"] = torch.cuda.get_device_name(device)
@@ -50,8 +54,9 @@ def machine_line(m: dict) -> str:
     """The markdown line describing :func:`machine_info`'s ``m`` (results written before ``env`` existed too)."""
     gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
     env = "".join(f"; {k}={v}" for k, v in (m.get("env") or {}).items())
+    allocator = f"; malloc: {m['allocator']}" if m.get("allocator") else ""
     return (f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, {m['threads']} threads"
-            f"{env}; {m.get('platform', '?')}")
+            f"{env}{allocator}; {m.get('platform', '?')}")
 
 
 def report_header(kind: str, result: dict, machine_note: str = "") -> list[str]:
