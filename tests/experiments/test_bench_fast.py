@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from coupled_qk.experiments.bench import fast
 from coupled_qk.experiments.bench.cost_curve import train_step_flops
 from coupled_qk.experiments.bench.fast import (
     fastpath_markdown,
@@ -17,7 +18,8 @@ CFG = GPTConfig(vocab_size=64, block_size=32, n_layer=1, d_model=32, n_heads=2)
 
 
 @pytest.mark.slow  # 8 runners (two models, two peers, two modes) and six decoders, ~15 s
-def test_fastpath_reports_every_runner_against_standard_in_its_mode():
+def test_fastpath_reports_every_runner_against_standard_in_its_mode(monkeypatch):
+    monkeypatch.setattr(fast, "cpu_supports_bf16", lambda: True)  # emulated where not native: same numbers path
     r = run_fastpath(CFG, "coupled", modes=("eager-fp32", "compiled-bf16"), batch_size=2, seq_len=16, repeats=2,
                      warmup=1, decode_batch_sizes=(1,), prefixes=(8, 40), new_tokens=4, decode_repeats=2,
                      backend="eager")
@@ -39,6 +41,21 @@ def test_fastpath_reports_every_runner_against_standard_in_its_mode():
     assert runs["standard compiled"]["ratio"] == 1.0
     text = fastpath_markdown(r)
     assert "| llama (peer) | compiled-bf16 |" in text and "| 1 | 8 | coupled | compiled |" in text
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_default_modes_are_those_the_cpu_computes_natively(monkeypatch, native):
+    """Without native bf16 the default drops the bf16 modes and says so; asking for one is refused by name."""
+    monkeypatch.setattr(fast, "cpu_supports_bf16", lambda: native)
+    said = []
+    r = run_fastpath(CFG, ["standard"], peers=[], batch_size=1, seq_len=4, repeats=1, warmup=1, decode=False, log=said.append,
+                     backend="eager")
+    expected = list(fast.MODES) if native else [m for m in fast.MODES if m.endswith("fp32")]
+    assert r["settings"]["modes"] == expected and r["machine"]["cpu_bf16"] is native
+    assert any("no native bf16" in line for line in said) is not native
+    if not native:
+        with pytest.raises(ValueError, match=r"include bf16, which this cpu does not compute natively"):
+            run_fastpath(CFG, ["standard"], modes=["eager-bf16"], peers=[], batch_size=1, seq_len=4, decode=False)
 
 
 def test_peers_have_the_same_dimensions():

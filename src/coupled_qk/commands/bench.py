@@ -78,8 +78,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mode", default="train", choices=BENCH_MODES,
                         help="train-step time (default), cached decoding tokens/s, memory, or fastpath: eager vs "
                         "compiled, fp32 vs bf16, peers and MFU in one interleaved run")
-    parser.add_argument("--modes", default=",".join(FAST_MODES), type=subset_arg(FAST_MODES),
-                        help=f"fastpath: train-step modes (default {','.join(FAST_MODES)})")
+    parser.add_argument("--modes", default=None, type=subset_arg(FAST_MODES),
+                        help=f"fastpath: train-step modes, of {','.join(FAST_MODES)} (default: all that this device "
+                        "computes natively; bf16 needs CUDA or a CPU with native bf16)")
     parser.add_argument("--peers", default=",".join(PEERS), type=subset_arg(PEERS, allow_empty=True),
                         help=f"fastpath: transformers peers at the same dimensions (default {','.join(PEERS)}; '' for none)")
     parser.add_argument("--no-decode", action="store_true", help="fastpath: skip the decoding measurements")

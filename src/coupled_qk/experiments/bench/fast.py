@@ -133,7 +133,7 @@ def train_runner(name: str, mode: str, config: GPTConfig, x, y, device, seed: in
     return runner
 
 
-def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch_size: int = 16,
+def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_size: int = 16,
                  seq_len: int | None = None, repeats: int = 5, warmup: int = 2, device="cpu", seed: int = 0,
                  decode: bool = True, decode_batch_sizes=(1, 8), prefixes=(128, 512), new_tokens: int = 32,
                  decode_repeats: int = 5, log=None, backend: str = "inductor") -> dict:
@@ -142,7 +142,8 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
 
     Args:
         base: shared model configuration; variants: variant specs (``standard`` always included); modes: subset
-            of :data:`MODES`; peers: subset of :data:`PEERS` (needs ``transformers``); batch_size, seq_len
+            of :data:`MODES` (default ``None``: every mode the device computes natively, so the bf16 modes only on
+            CUDA and on CPUs with native bf16, :func:`cpu_supports_bf16`; the choice is logged); peers: subset of :data:`PEERS` (needs ``transformers``); batch_size, seq_len
             (default ``block_size``): the training batch; repeats, warmup: timed and untimed steps per runner
             (``warmup >= 1``: the first step compiles); decode: also measure decoding over the cells
             ``decode_batch_sizes x prefixes`` that fit ``block_size`` with ``new_tokens``; backend: the
@@ -157,13 +158,18 @@ def run_fastpath(base: GPTConfig, variants=None, modes=MODES, peers=PEERS, batch
             < 1; ``seq_len`` outside ``[1, block_size]``; bf16 modes on a device without bf16.
     """
     t0 = time.perf_counter()
+    log = log or (lambda *a, **k: None)
     names = with_baseline(variants)
+    dev = device if isinstance(device, torch.device) else pick_device(device)
+    if modes is None:
+        modes = [m for m in MODES if not m.endswith("bf16") or dev.type == "cuda" or cpu_supports_bf16()]
+        if len(modes) < len(MODES):
+            log(f"fastpath: this {dev.type} has no native bf16 (no avx512_bf16/amx_bf16 flag): measuring "
+                f"{', '.join(modes)} (--modes with a bf16 mode asks for it and is refused here)")
     modes = _check_choices("modes", list(modes), MODES)
     peers = _check_choices("peers", list(peers), PEERS)
-    dev = device if isinstance(device, torch.device) else pick_device(device)
     seq_len = base.block_size if seq_len is None else seq_len
     _check_fastpath_sizes(base, dev, modes, seq_len, batch_size, repeats, warmup, new_tokens, decode_repeats)
-    log = log or (lambda *a, **k: None)
     configs = variant_configs(base, names, {})
     configs.update({p: base.replace(attention="standard") for p in peers})
     runners = _warm_runners(names + peers, modes, configs, base.vocab_size, batch_size, seq_len, dev, seed, warmup,
