@@ -97,9 +97,13 @@ def test_auto_dtype_is_bf16_on_cpu_only_when_compiled_and_supported(monkeypatch)
     assert distributed.pick_autocast_dtype("auto", cpu, compiled=True) == torch.bfloat16
     assert distributed.pick_autocast_dtype("auto", cpu, compiled=False) is None
     assert distributed.pick_autocast_dtype("fp32", cpu, compiled=True) is None  # the opt-out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # native bf16: no warning
+        assert distributed.pick_autocast_dtype("bf16", cpu) == torch.bfloat16
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
     assert distributed.pick_autocast_dtype("auto", cpu, compiled=True) is None
-    assert distributed.pick_autocast_dtype("bf16", cpu) == torch.bfloat16
+    with pytest.warns(RuntimeWarning, match="without native bf16.*emulated"):  # as asked, but said
+        assert distributed.pick_autocast_dtype("bf16", cpu) == torch.bfloat16
 
 
 def test_cpu_bf16_detection_reads_the_cpu_flags(monkeypatch, tmp_path):
