@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coupled_qk import allocator
@@ -23,7 +23,14 @@ def keep_state(monkeypatch):
     monkeypatch.setattr(allocator, "_state", allocator._state)
 
 
-def test_opt_out_and_user_choices_are_left_alone():
+@pytest.fixture
+def glibc(monkeypatch):
+    """Decisions that come before ``mallopt``, taken as on Linux with glibc (on any host)."""
+    monkeypatch.setattr(allocator.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(allocator.platform, "libc_ver", lambda *a, **k: ("glibc", "2.36"))
+
+
+def test_opt_out_and_user_choices_are_left_alone(glibc):
     assert tune_cpu_allocator({OPT_OUT_ENV: "1"}) == f"glibc defaults ({OPT_OUT_ENV}=1)"
     assert "another allocator" in tune_cpu_allocator({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"})
     assert "tuned by the environment (MALLOC_ARENA_MAX=2)" in tune_cpu_allocator({"MALLOC_ARENA_MAX": "2"})
@@ -39,9 +46,48 @@ def test_an_unknown_opt_out_value_names_the_variable_and_value(value):
     assert repr(value) in str(info.value) and "expected 1" in str(info.value)
 
 
-def test_not_glibc_is_untouched(monkeypatch):
-    monkeypatch.setattr(allocator.platform, "system", lambda: "Darwin")
-    assert tune_cpu_allocator({}) == "untouched: not glibc (Darwin)"
+GLIBC_SETTINGS = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # `glibc` is constant
+_NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789_-.", max_size=8)
+
+
+@given(st.sampled_from(["jemalloc", "TCMalloc_minimal", "mimalloc", "tbbmalloc_proxy", "snmalloc", "hoard"]),
+       _NAME, _NAME, st.lists(st.sampled_from(["/usr/lib/libc_shim.so", "libfoo.so.1"]), max_size=2),
+       st.sampled_from([" ", ":", "  ", " : "]))
+@GLIBC_SETTINGS
+def test_any_preloaded_allocator_is_left_alone(glibc, allocator_name, before, after, others, sep):
+    """Any case, any place in LD_PRELOAD's list (space or colon separated), a directory before it."""
+    lib = f"/opt/{before}/lib{before}{allocator_name}{after}.so"
+    preload = sep.join([*others, lib])
+    assert allocator.preloaded_allocator({"LD_PRELOAD": preload}) == lib
+    said = tune_cpu_allocator({"LD_PRELOAD": preload})
+    assert said.startswith("untouched: another allocator is preloaded") and preload in said
+
+
+@given(st.lists(st.sampled_from(["/usr/lib/libc_shim.so", "libfoo.so.1", "/opt/jemalloc/libasan.so"]), max_size=3))
+def test_other_preloads_are_no_allocator(libraries):
+    """A library is judged by its file name, not its folder."""
+    assert allocator.preloaded_allocator({"LD_PRELOAD": " ".join(libraries)}) is None
+
+
+@given(st.from_regex(r"MALLOC_[A-Z0-9_]{0,16}", fullmatch=True) | st.just("GLIBC_TUNABLES"),
+       st.text(max_size=6))
+@GLIBC_SETTINGS
+def test_every_malloc_variable_is_the_users_choice(glibc, name, value):
+    """Every ``MALLOC_*`` variable (as the docs say), even empty, or with a value that would break the line."""
+    said = tune_cpu_allocator({name: value, "UNRELATED": "1"})
+    assert said.startswith(f"untouched: tuned by the environment ({name}=") and "UNRELATED" not in said
+    assert len(said.splitlines()) == 1
+
+
+@pytest.mark.parametrize("system, libc", [("Darwin", ("", "")), ("Windows", ("", "")), ("Linux", ("", "")),
+                                          ("Linux", ("musl", "1.2"))])
+def test_not_glibc_is_untouched(monkeypatch, system, libc):
+    monkeypatch.setattr(allocator.platform, "system", lambda: system)
+    monkeypatch.setattr(allocator.platform, "libc_ver", lambda *a, **k: libc)
+    for env in ({}, {OPT_OUT_ENV: "1"}, {"MALLOC_ARENA_MAX": "2"}):  # never reported as glibc's state
+        assert tune_cpu_allocator(env) == f"untouched: not glibc ({system})"
+    with pytest.raises(ValueError, match=OPT_OUT_ENV):  # a bad value is refused everywhere
+        tune_cpu_allocator({OPT_OUT_ENV: "yes"})
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc only")

@@ -15,7 +15,8 @@ heap, up to 1 GiB of free heap top is kept, and the heap grows in 1 GiB steps of
 process keeps up to ~1 GiB of freed memory instead of returning it, and the resident size of a long run can
 be higher after a peak. Untouched: processes that opt out (``COUPLED_QK_DEFAULT_MALLOC=1``), that tune glibc
 themselves (any ``MALLOC_*`` variable or ``GLIBC_TUNABLES`` set), that preload another allocator (``LD_PRELOAD``
-naming jemalloc, tcmalloc or mimalloc), and systems without glibc (macOS, Windows, musl).
+naming jemalloc, tcmalloc, mimalloc, tbbmalloc, snmalloc or Hoard), and systems without glibc (macOS, Windows,
+musl).
 
 Only the command line calls it (for its own process); importing :mod:`coupled_qk` changes nothing. A script of
 your own can call :func:`tune_cpu_allocator` once at its start. Level 0 of the layering (no torch).
@@ -26,9 +27,11 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 from collections.abc import Mapping
 
-__all__ = ["OPT_OUT_ENV", "SETTINGS", "allocator_state", "tune_cpu_allocator"]
+__all__ = ["OPT_OUT_ENV", "SETTINGS", "allocator_state", "preloaded_allocator", "tune_cpu_allocator",
+           "user_tuning_env"]
 
 OPT_OUT_ENV = "COUPLED_QK_DEFAULT_MALLOC"
 """Set to ``1`` to keep glibc's defaults (``0`` or unset: tune)."""
@@ -36,11 +39,35 @@ OPT_OUT_ENV = "COUPLED_QK_DEFAULT_MALLOC"
 SETTINGS = (("M_MMAP_THRESHOLD", -3, 1 << 30), ("M_TRIM_THRESHOLD", -1, 1 << 30), ("M_TOP_PAD", -2, 1 << 30))
 """``(name, mallopt parameter number from glibc's malloc.h, value in bytes)`` for each setting."""
 
-USER_TUNING_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
-                   "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
-"""Variables by which a user tunes glibc's malloc; when one is set, the user's choice stands."""
+USER_TUNING_PREFIX, GLIBC_TUNABLES = "MALLOC_", "GLIBC_TUNABLES"
+"""A variable named ``MALLOC_*`` (glibc's ``MALLOC_ARENA_MAX``, ``MALLOC_TOP_PAD_``, ...) or ``GLIBC_TUNABLES``
+tunes glibc's malloc; when one is set, even to an empty value, the user's choice stands."""
 
-OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+OTHER_ALLOCATORS = ("malloc", "hoard")
+"""Parts of a preloaded library's file name (any case) that mark another allocator: ``libjemalloc.so.2``,
+``libtcmalloc_minimal.so.4``, ``libmimalloc.so``, ``libtbbmalloc_proxy.so.2``, ``libsnmalloc.so``,
+``libhoard.so``."""
+
+
+def user_tuning_env(environ: Mapping[str, str]) -> list[str]:
+    """The names in ``environ`` by which a user tunes glibc's malloc (``MALLOC_*``, ``GLIBC_TUNABLES``), sorted."""
+    return sorted(k for k in environ if k.startswith(USER_TUNING_PREFIX) or k == GLIBC_TUNABLES)
+
+
+def shown(value: str) -> str:
+    """``value`` as written in a one-line report: itself if printable, else its ``repr`` (a newline, a tab or an
+    undecodable byte of an environment variable cannot break a line of a bench result)."""
+    return value if value.isprintable() else repr(value)
+
+
+def preloaded_allocator(environ: Mapping[str, str]) -> str | None:
+    """The first library of ``LD_PRELOAD`` in ``environ`` (entries separated by spaces or colons, as ``ld.so``
+    reads them) whose file name names another allocator (:data:`OTHER_ALLOCATORS`), or ``None``."""
+    for entry in re.split(r"[\s:]+", environ.get("LD_PRELOAD", "")):
+        if any(part in entry.rsplit("/", 1)[-1].lower() for part in OTHER_ALLOCATORS):
+            return entry
+    return None
+
 
 _state = "untouched (no coupled-qk command ran in this process)"
 
@@ -68,16 +95,15 @@ def tune_cpu_allocator(environ: Mapping[str, str] | None = None) -> str:
     if opt_out not in ("", "0", "1"):
         raise ValueError(f"{OPT_OUT_ENV}={env[OPT_OUT_ENV]!r} is not understood; expected 1 (keep glibc's malloc "
                          "defaults) or 0 / unset (tune malloc for training)")
-    preload = env.get("LD_PRELOAD", "")
-    user = [name for name in USER_TUNING_ENV if name in env]
-    if opt_out == "1":
-        _state = f"glibc defaults ({OPT_OUT_ENV}=1)"
-    elif any(name in preload for name in OTHER_ALLOCATORS):
-        _state = f"untouched: another allocator is preloaded (LD_PRELOAD={preload})"
-    elif user:
-        _state = f"untouched: tuned by the environment ({', '.join(f'{k}={env[k]}' for k in user)})"
-    elif platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    preload, user = preloaded_allocator(env), user_tuning_env(env)
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         _state = f"untouched: not glibc ({platform.system()})"
+    elif opt_out == "1":
+        _state = f"glibc defaults ({OPT_OUT_ENV}=1)"
+    elif preload is not None:
+        _state = f"untouched: another allocator is preloaded (LD_PRELOAD={shown(env['LD_PRELOAD'])})"
+    elif user:
+        _state = f"untouched: tuned by the environment ({', '.join(f'{k}={shown(env[k])}' for k in user)})"
     else:
         mallopt = ctypes.CDLL(None).mallopt
         mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

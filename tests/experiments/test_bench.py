@@ -94,6 +94,11 @@ def test_machine_records_the_timing_environment(monkeypatch):
     assert "UNRELATED_VARIABLE" not in m["env"] and "LD_PRELOAD" not in m["env"]
     line = machine_line(m)
     assert "MALLOC_TOP_PAD_=1073741824" in line and f"{m['threads']} threads" in line
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1\nx")  # every variable the allocator respects
+    monkeypatch.setenv("MALLOC_ARENA_TEST", "4")
+    m = machine_info(torch.device("cpu"))
+    assert m["env"]["GLIBC_TUNABLES"] == "glibc.malloc.trim_threshold=1\nx" and m["env"]["MALLOC_ARENA_TEST"] == "4"
+    assert len(machine_line(m).splitlines()) == 1  # a newline in a value does not break the markdown line
     from coupled_qk import allocator
 
     monkeypatch.setattr(allocator, "_state", "glibc defaults (COUPLED_QK_DEFAULT_MALLOC=1)")

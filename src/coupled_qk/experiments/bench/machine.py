@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from coupled_qk.allocator import allocator_state
+from coupled_qk.allocator import allocator_state, shown, user_tuning_env
 
 
 def cpu_model() -> str:
@@ -23,15 +23,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-TIMING_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-              "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
-"""Environment variables that change CPU timings (threads, a preloaded allocator, glibc malloc tuning)."""
+TIMING_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD")
+"""Environment variables that change CPU timings (threads, a preloaded allocator); with them every variable that
+tunes glibc's malloc (:func:`~coupled_qk.allocator.user_tuning_env`: ``MALLOC_*``, ``GLIBC_TUNABLES``)."""
 
 
 def machine_info(device: torch.device) -> dict:
-    """Where the numbers come from: CPU, cores, torch version and threads, device and GPU name, and the
-    :data:`TIMING_ENV` variables that are set (``env``) and what :func:`~coupled_qk.allocator.tune_cpu_allocator`
-    did to this process's ``malloc`` (``allocator``)."""
+    """Where the numbers come from: CPU, cores, torch version and threads, device and GPU name, the
+    :data:`TIMING_ENV` and malloc-tuning variables that are set (``env``) and what
+    :func:`~coupled_qk.allocator.tune_cpu_allocator` did to this process's ``malloc`` (``allocator``)."""
     info = dict(
         cpu=cpu_model(),
         cpu_count=os.cpu_count(),
@@ -41,7 +41,7 @@ def machine_info(device: torch.device) -> dict:
         threads=torch.get_num_threads(),
         device=str(device),
         cuda=None,
-        env={k: os.environ[k] for k in TIMING_ENV if k in os.environ},
+        env={k: os.environ[k] for k in (*TIMING_ENV, *user_tuning_env(os.environ)) if k in os.environ},
         allocator=allocator_state(),
     )
     if device.type == "cuda":
@@ -53,7 +53,7 @@ def machine_info(device: torch.device) -> dict:
 def machine_line(m: dict) -> str:
     """The markdown line describing :func:`machine_info`'s ``m`` (results written before ``env`` existed too)."""
     gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
-    env = "".join(f"; {k}={v}" for k, v in (m.get("env") or {}).items())
+    env = "".join(f"; {k}={shown(v)}" for k, v in (m.get("env") or {}).items())
     allocator = f"; malloc: {m['allocator']}" if m.get("allocator") else ""
     return (f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, {m['threads']} threads"
             f"{env}{allocator}; {m.get('platform', '?')}")
