@@ -68,7 +68,7 @@ def add_arguments(parser) -> None:
     add_device_option(parser)
     parser.add_argument(
         "--dtype", default="auto", type=dtype_arg, metavar="{auto,fp32,bf16,fp16}",
-        help="auto = fp32 on CPU, bf16 autocast on CUDA",
+        help="auto = fp32 on CPU, bf16 autocast on CUDA (train and memory modes)",
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (eager fallback on failure)")
     parser.add_argument("--seed", type=seed_arg, default=0, help="seed of the weights and the token batch")
@@ -80,7 +80,7 @@ def add_arguments(parser) -> None:
                         "compiled, fp32 vs bf16, peers and MFU in one interleaved run")
     parser.add_argument("--modes", default=None, type=subset_arg(FAST_MODES),
                         help=f"fastpath: train-step modes, of {','.join(FAST_MODES)} (default: all that this device "
-                        "computes natively; bf16 needs CUDA or a CPU with native bf16)")
+                        "computes natively; bf16 needs a GPU or CPU with native bf16)")
     parser.add_argument("--peers", default=",".join(PEERS), type=subset_arg(PEERS, allow_empty=True),
                         help=f"fastpath: transformers peers at the same dimensions (default {','.join(PEERS)}; '' for none)")
     parser.add_argument("--no-decode", action="store_true", help="fastpath: skip the decoding measurements")
@@ -131,7 +131,25 @@ def _stem(args) -> str:
     return result_stem(args.preset, {"settings": settings})
 
 
+def _check_mode_options(args) -> None:
+    """``--dtype`` and ``--compile`` apply to ``--mode train`` and ``memory`` only; the other modes would ignore
+    them, so asking for them there is refused in one line rather than silently not done.
+
+    Raises:
+        ValueError: naming the option, the mode and what the mode measures.
+    """
+    mode = "--sweep" if args.sweep else f"--mode {args.mode}"
+    how = {"--sweep": "it measures eager models at the default dtype, bf16 on CUDA and fp32 on CPU",
+           "--mode decode": "it measures eager fp32 decoding",
+           "--mode fastpath": "choose precisions and compilation with --modes"}.get(mode)
+    for option, given in (("--dtype", args.dtype != "auto"), ("--compile", args.compile)):
+        if how is not None and given:
+            shown = f"--dtype={args.dtype}" if option == "--dtype" else option
+            raise ValueError(f"{shown} does not apply to {mode} ({how}; {option} is for --mode train and memory)")
+
+
 def run(args) -> int:
+    _check_mode_options(args)
     # claim the output before measuring: a measurement must never be lost to its output path
     out = OutputDir(args.out_dir, "--out-dir", overwrite=args.overwrite, layout=RESULTS_LAYOUT, what="bench")
     stem = _stem(args)

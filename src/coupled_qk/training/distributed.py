@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from coupled_qk.devices import check_device
+from coupled_qk.devices import AUTOCAST_DTYPES, check_device
 
 
 @dataclass
@@ -87,32 +87,65 @@ def pg_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def cpu_supports_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (x86 ``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``; Arm
-    ``bf16``); ``False`` where the flags cannot be read. Without it bf16 autocast is emulated and slower."""
+CPU_NATIVE_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16", "bf16"), "fp16": ("avx512_fp16", "amx_fp16", "asimdhp")}
+"""``/proc/cpuinfo`` flags (x86 ``flags``, Arm ``Features``) by which a CPU computes each autocast dtype natively."""
+
+
+def _cpu_has(flags: tuple[str, ...]) -> bool:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.split(":")[0].strip() in ("flags", "Features"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+                    return bool(set(line.split(":", 1)[1].split()) & set(flags))
     except OSError:
         pass
     return False
 
 
+def cpu_supports_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (x86 ``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``; Arm
+    ``bf16``); ``False`` where the flags cannot be read. Without it bf16 autocast is emulated and slower."""
+    return _cpu_has(CPU_NATIVE_FLAGS["bf16"])
+
+
+def cpu_supports_fp16() -> bool:
+    """Whether this CPU computes fp16 natively (x86 ``avx512_fp16`` or ``amx_fp16`` in ``/proc/cpuinfo``; Arm
+    ``asimdhp``); ``False`` where the flags cannot be read. Without it fp16 autocast is emulated and slower."""
+    return _cpu_has(CPU_NATIVE_FLAGS["fp16"])
+
+
+def warn_if_emulated(dtype: str, device: torch.device) -> bool:
+    """A ``RuntimeWarning`` (and ``True``) when ``dtype`` (an autocast dtype name) is ``"bf16"`` or ``"fp16"`` on
+    a CPU that does not compute it natively (:func:`cpu_supports_bf16`, :func:`cpu_supports_fp16`): autocast is
+    then emulated, several times slower than fp32. Every path that runs under an explicitly asked autocast dtype
+    calls it (training: :func:`pick_autocast_dtype`; ``bench``: its ``resolve_dtype``). Said once per process."""
+    if torch.device(device).type != "cpu" or dtype not in ("bf16", "fp16"):
+        return False
+    if (cpu_supports_bf16 if dtype == "bf16" else cpu_supports_fp16)():
+        return False
+    measured = ("9.4x for a tiny training step on an AVX2 CPU" if dtype == "bf16" else
+                "16x for a small MLP training step on an AVX2 CPU")
+    warnings.warn(f"dtype {dtype} on a CPU without native {dtype} (no {'/'.join(CPU_NATIVE_FLAGS[dtype][:2])} flag "
+                  f"in /proc/cpuinfo): autocast is emulated, several times slower than fp32 ({measured}); use fp32 "
+                  "or auto for speed", RuntimeWarning, stacklevel=2)
+    return True
+
+
 def pick_autocast_dtype(dtype: str, device: torch.device, compiled: bool = False) -> torch.dtype | None:
     """``auto``: bf16 autocast on CUDA (fp16 if bf16 is unsupported); on CPU none (fp32), except for a compiled
     model on a CPU with native bf16 (:func:`cpu_supports_bf16`), where bf16 autocast is the fast path (issue 29;
-    weights and optimizer stay fp32; ``dtype="fp32"`` opts out). An explicit ``"bf16"`` on a CPU without native
-    bf16 is used as asked, with a ``RuntimeWarning``: autocast is then emulated (a ``tiny`` coupled training step
-    measured 9.4x slower than fp32 on an AVX2 CPU, 2026-12-02)."""
+    weights and optimizer stay fp32; ``dtype="fp32"`` opts out). An explicit ``"bf16"`` or ``"fp16"`` on a CPU
+    without it natively is used as asked, with a ``RuntimeWarning`` (:func:`warn_if_emulated`): autocast is then
+    emulated (a ``tiny`` coupled training step measured 9.4x slower than fp32 in bf16 on an AVX2 CPU, 2026-12-02).
+
+    Raises:
+        ValueError: ``dtype`` not one of ``auto``, ``fp32``, ``bf16``, ``fp16``.
+    """
+    if dtype not in AUTOCAST_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is unknown; expected one of {list(AUTOCAST_DTYPES)}")
     if dtype == "auto" and device.type == "cpu" and compiled and cpu_supports_bf16():
         return torch.bfloat16
-    if dtype == "bf16" and device.type == "cpu" and not cpu_supports_bf16():
-        warnings.warn("dtype bf16 on a CPU without native bf16 (no avx512_bf16/amx_bf16 flag in /proc/cpuinfo): "
-                      "autocast is emulated, several times slower than fp32 (9.4x for a tiny training step on an "
-                      "AVX2 CPU); use fp32 or auto for speed", RuntimeWarning, stacklevel=2)
+    warn_if_emulated(dtype, device)
     if dtype == "fp32" or (dtype == "auto" and device.type != "cuda"):
         return None
     if dtype == "auto":
@@ -142,7 +175,11 @@ def setup_runtime(device: str = "auto", dtype: str = "auto", compiled: bool = Fa
         owns = not dist.is_initialized()
         if owns:
             dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", timeout=pg_timeout())
-    return Runtime(rank, world, local_rank, dev, pick_autocast_dtype(dtype, dev, compiled), owns_group=owns)
+    with warnings.catch_warnings():
+        if rank != 0:  # said once, by rank 0, not by every process of torchrun
+            warnings.simplefilter("ignore", RuntimeWarning)
+        autocast = pick_autocast_dtype(dtype, dev, compiled)
+    return Runtime(rank, world, local_rank, dev, autocast, owns_group=owns)
 
 
 def all_reduce_mean(value: float, runtime: Runtime) -> float:

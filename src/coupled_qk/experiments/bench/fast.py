@@ -52,6 +52,15 @@ def _check_choices(flag: str, values: list[str], allowed: tuple[str, ...]) -> li
     return values
 
 
+def native_bf16(dev: torch.device) -> bool:
+    """Whether ``dev`` computes bf16 natively: a CUDA GPU with bf16 units (Ampere or later,
+    ``torch.cuda.is_bf16_supported(including_emulation=False)``) or a CPU with native bf16
+    (:func:`~coupled_qk.training.distributed.cpu_supports_bf16`); never another device (``mps``)."""
+    if dev.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return dev.type == "cpu" and cpu_supports_bf16()
+
+
 def peer_model(name: str, c: GPTConfig) -> nn.Module:
     """A ``transformers`` causal LM with the dimensions of ``c`` (layers, width, heads, key/value heads, ``d_ff``,
     vocabulary, context), tied embeddings, no dropout, SDPA attention, randomly initialised.
@@ -142,10 +151,10 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
 
     Args:
         base: shared model configuration; variants: variant specs (``standard`` always included); modes: subset
-            of :data:`MODES` (default ``None``: every mode the device computes natively, so the bf16 modes only on
-            CUDA and on CPUs with native bf16, :func:`cpu_supports_bf16`; the choice is logged); peers: subset of :data:`PEERS` (needs ``transformers``); batch_size, seq_len
-            (default ``block_size``): the training batch; repeats, warmup: timed and untimed steps per runner
-            (``warmup >= 1``: the first step compiles); decode: also measure decoding over the cells
+            of :data:`MODES` (default ``None``: every mode the device computes natively, so the bf16 modes only
+            where :func:`native_bf16`; the choice is logged); peers: subset of :data:`PEERS` (needs
+            ``transformers``); batch_size, seq_len (default ``block_size``): the training batch; repeats, warmup:
+            timed and untimed steps per runner (``warmup >= 1``: the first step compiles); decode: also measure decoding over the cells
             ``decode_batch_sizes x prefixes`` that fit ``block_size`` with ``new_tokens``; backend: the
             ``torch.compile`` backend of the compiled modes (``"eager"`` in the tests).
 
@@ -155,16 +164,18 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
 
     Raises:
         ValueError: unknown variants, modes or peers; ``repeats``, ``warmup``, ``batch_size`` or ``new_tokens``
-            < 1; ``seq_len`` outside ``[1, block_size]``; bf16 modes on a device without bf16.
+            < 1; ``seq_len`` outside ``[1, block_size]``; bf16 modes on a device without native bf16
+            (:func:`native_bf16`).
     """
     t0 = time.perf_counter()
     log = log or (lambda *a, **k: None)
     names = with_baseline(variants)
     dev = device if isinstance(device, torch.device) else pick_device(device)
     if modes is None:
-        modes = [m for m in MODES if not m.endswith("bf16") or dev.type == "cuda" or cpu_supports_bf16()]
+        modes = [m for m in MODES if not m.endswith("bf16") or native_bf16(dev)]
         if len(modes) < len(MODES):
-            log(f"fastpath: this {dev.type} has no native bf16 (no avx512_bf16/amx_bf16 flag): measuring "
+            flags = " (no avx512_bf16/amx_bf16 flag)" if dev.type == "cpu" else ""
+            log(f"fastpath: this {dev.type} has no native bf16{flags}: measuring "
                 f"{', '.join(modes)} (--modes with a bf16 mode asks for it and is refused here)")
     modes = _check_choices("modes", list(modes), MODES)
     peers = _check_choices("peers", list(peers), PEERS)
@@ -205,8 +216,7 @@ def _check_fastpath_sizes(base: GPTConfig, dev: torch.device, modes: list[str], 
     if min(batch_size, repeats, warmup, new_tokens, decode_repeats) < 1:
         raise ValueError("batch_size, repeats, warmup, new_tokens and decode_repeats must be >= 1; got "
                          f"{batch_size}, {repeats}, {warmup}, {new_tokens}, {decode_repeats}")
-    bf16 = dev.type == "cuda" or cpu_supports_bf16()
-    if any(m.endswith("bf16") for m in modes) and not bf16:
+    if any(m.endswith("bf16") for m in modes) and not native_bf16(dev):
         raise ValueError(f"modes {modes} include bf16, which this {dev.type} does not compute natively")
 
 

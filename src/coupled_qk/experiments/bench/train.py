@@ -34,7 +34,7 @@ from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
 from coupled_qk.models.registry import OPTION_ALIASES, get_attention
 from coupled_qk.models.specs import parse_variants, variant_overrides
-from coupled_qk.training.distributed import pick_device
+from coupled_qk.training.distributed import pick_device, warn_if_emulated
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BASELINE = "standard"
@@ -52,11 +52,18 @@ def with_baseline(text: str | list[str] | None) -> list[str]:
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
-    """``auto`` -> ``bf16`` (autocast) on CUDA, ``fp32`` elsewhere; otherwise the name, checked."""
+    """``auto`` -> ``bf16`` (autocast) on CUDA, ``fp32`` elsewhere; otherwise the name, checked. An explicit
+    ``bf16`` / ``fp16`` on a CPU without it natively is measured as asked, with the training loop's
+    ``RuntimeWarning`` (:func:`~coupled_qk.training.distributed.warn_if_emulated`: emulated, several times slower).
+
+    Raises:
+        ValueError: an unknown name.
+    """
     if name == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; expected auto or one of {list(DTYPES)}")
+    warn_if_emulated(name, device)
     return name
 
 
