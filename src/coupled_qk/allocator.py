@@ -4,9 +4,9 @@ Why: a training step on a CPU allocates and frees the same large activation and 
 With glibc's defaults, a block above the mmap threshold (128 KiB, adapting up to 32 MiB) is mapped on
 allocation and unmapped on free, and free memory at the top of the heap is trimmed back to the system, so the
 next step faults every page in again (the kernel zeroes each one). Keeping freed memory in the process removes
-that work: on the project's 2-core VM a `tiny` training step spent ~25% of its CPU time in the kernel with the
-defaults and ~1% with these settings, and ran 1.15-1.25x faster for every variant (``benchmarks/README.md``,
-"Allocator"). PyTorch's CPU performance guide recommends jemalloc or tcmalloc for the same reason; this needs no
+that work: on the project's 2-core VM training processes spent ~25% of their CPU time in the kernel with the
+defaults and ~1% with these settings, and a ``coupled-qk bench`` training step ran 1.33-1.50x faster at ``tiny``
+and 1.06-1.19x at ``60m`` (median per run of paired processes; ``benchmarks/results/allocator/``). PyTorch's CPU performance guide recommends jemalloc or tcmalloc for the same reason; this needs no
 extra library.
 
 What :func:`tune_cpu_allocator` sets, with ``mallopt`` (the same as the environment variables
