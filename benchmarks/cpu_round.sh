@@ -5,13 +5,10 @@
 # Run it on an otherwise idle machine (the ratios are interleaved and paired, but other processes still
 # widen them). About 6 minutes per round on a 2-core VM.
 #
-# glibc's malloc returns large freed blocks to the system, so every training step pays page faults that make
-# step times swing by +-15% at 60m on this VM; these settings keep the memory mapped (every variant alike,
-# steps ~25% faster). jemalloc or tcmalloc do the same. COUPLED_QK_DEFAULT_MALLOC=1 keeps glibc's defaults.
+# Every coupled-qk command tunes glibc's malloc itself (src/coupled_qk/allocator.py: large freed blocks stay
+# mapped, so steps do not pay page faults); COUPLED_QK_DEFAULT_MALLOC=1 keeps glibc's defaults, and MALLOC_*
+# variables you export are respected. Each result records what was done (machine.allocator).
 set -euo pipefail
-if [[ "${COUPLED_QK_DEFAULT_MALLOC:-0}" != 1 ]]; then
-  export MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=1073741824
-fi
 label=${1:?usage: bash benchmarks/cpu_round.sh LABEL [train|decode]}
 parts=${2:-train decode}
 out=benchmarks/results/issue12/$label

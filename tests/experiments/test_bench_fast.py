@@ -13,13 +13,14 @@ from coupled_qk.experiments.bench.fast import (
     run_fastpath,
 )
 from coupled_qk.models.config import GPTConfig
+from coupled_qk.training import distributed
 
 CFG = GPTConfig(vocab_size=64, block_size=32, n_layer=1, d_model=32, n_heads=2)
 
 
 @pytest.mark.slow  # 8 runners (two models, two peers, two modes) and six decoders, ~15 s
 def test_fastpath_reports_every_runner_against_standard_in_its_mode(monkeypatch):
-    monkeypatch.setattr(fast, "cpu_supports_bf16", lambda: True)  # emulated where not native: same numbers path
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)  # emulated where not native: same numbers path
     r = run_fastpath(CFG, "coupled", modes=("eager-fp32", "compiled-bf16"), batch_size=2, seq_len=16, repeats=2,
                      warmup=1, decode_batch_sizes=(1,), prefixes=(8, 40), new_tokens=4, decode_repeats=2,
                      backend="eager")
@@ -46,7 +47,7 @@ def test_fastpath_reports_every_runner_against_standard_in_its_mode(monkeypatch)
 @pytest.mark.parametrize("native", [True, False])
 def test_default_modes_are_those_the_cpu_computes_natively(monkeypatch, native):
     """Without native bf16 the default drops the bf16 modes and says so; asking for one is refused by name."""
-    monkeypatch.setattr(fast, "cpu_supports_bf16", lambda: native)
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: native)
     said = []
     r = run_fastpath(CFG, ["standard"], peers=[], batch_size=1, seq_len=4, repeats=1, warmup=1, decode=False, log=said.append,
                      backend="eager")

@@ -2,7 +2,6 @@
 asked dtype says so once (training through ``setup_runtime``, ``bench`` through ``resolve_dtype``), rank 0 only
 under ``torchrun``; paths that would ignore ``--dtype`` refuse it."""
 
-import argparse
 import warnings
 
 import pytest
@@ -11,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coupled_qk.devices import AUTOCAST_DTYPES
-from coupled_qk.experiments.bench import fast
 from coupled_qk.experiments.bench.train import resolve_dtype
 from coupled_qk.training import distributed
 
@@ -67,31 +65,8 @@ def test_only_rank_0_warns_under_torchrun(monkeypatch, rank):
 
 
 def test_fastpath_native_bf16_is_per_device(monkeypatch):
-    monkeypatch.setattr(fast, "cpu_supports_bf16", lambda: True)
-    assert fast.native_bf16(torch.device("cpu")) and not fast.native_bf16(torch.device("mps"))
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
+    assert distributed.native_bf16(torch.device("cpu")) and not distributed.native_bf16(torch.device("mps"))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     # a GPU before Ampere: bf16 only emulated
-    assert not fast.native_bf16(torch.device("cuda"))
-
-
-@given(st.sampled_from(["train", "memory", "decode", "fastpath"]), st.booleans(),
-       st.sampled_from(AUTOCAST_DTYPES), st.booleans())
-def test_bench_modes_that_ignore_dtype_or_compile_refuse_them(mode, sweep, dtype, compile_model):
-    from coupled_qk.commands.bench import _check_mode_options
-
-    args = argparse.Namespace(mode=mode, sweep=sweep, dtype=dtype, compile=compile_model)
-    ignores = sweep or mode in ("decode", "fastpath")
-    if ignores and (dtype != "auto" or compile_model):
-        with pytest.raises(ValueError, match=r"does not apply to (--sweep|--mode (decode|fastpath)) \("):
-            _check_mode_options(args)
-    else:
-        _check_mode_options(args)
-
-
-def test_bench_refusal_is_one_line(capsys, tmp_path):
-    from coupled_qk.cli import main
-
-    assert main(["bench", "--mode", "decode", "--dtype", "bf16", "--out-dir", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["coupled-qk bench: error: --dtype=bf16 does not apply to --mode decode (it measures eager fp32 "
-                   "decoding; --dtype is for --mode train and memory)"]
+    assert not distributed.native_bf16(torch.device("cuda"))

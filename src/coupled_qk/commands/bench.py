@@ -11,6 +11,7 @@ curve (train-step ratio and FLOP floor vs d_model, sequence length and n_steps),
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 
@@ -131,21 +132,73 @@ def _stem(args) -> str:
     return result_stem(args.preset, {"settings": settings})
 
 
+OPTION_MODES = {
+    "--dtype": ("train", "memory"), "--compile": ("train", "memory"), "--n-steps": ("train", "decode", "memory"),
+    "--seq-len": ("train", "memory", "fastpath"), "--batch-size": ("train", "memory", "fastpath", "sweep"),
+    "--warmup": ("train", "fastpath", "sweep"), "--repeats": ("train", "decode", "fastpath", "sweep"),
+    "--modes": ("fastpath",), "--peers": ("fastpath",), "--no-decode": ("fastpath",),
+    "--prefixes": ("decode", "fastpath"), "--decode-batch-sizes": ("decode", "fastpath"),
+    "--new-tokens": ("decode", "fastpath"), "--cache-len": ("memory",),
+    "--sweep-d-model": ("sweep",), "--sweep-seq-len": ("sweep",), "--sweep-n-steps": ("sweep",),
+}
+"""The measurement options that only some modes use (``sweep`` stands for ``--sweep``); every other option (model,
+variants, device, threads, seed, output) applies to all. A mode refuses an option it would ignore."""
+
+HINTS = {
+    "--sweep": "it measures eager models at the default dtype, bf16 on CUDA and fp32 on CPU, and sweeps n_steps and "
+               "sequence lengths itself",
+    "--mode decode": "it measures eager fp32 decoding",
+    "--mode fastpath": "choose precisions and compilation with --modes, map options in the variant spec",
+}
+
+
+@functools.cache
+def _defaults() -> dict:
+    """``{option: (dest, default)}`` of every bench option, defaults as parsed (a string default through its type)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parsed = vars(parser.parse_args([]))
+    return {a.option_strings[0]: (a.dest, parsed.get(a.dest)) for a in parser._actions if a.option_strings}
+
+
 def _check_mode_options(args) -> None:
-    """``--dtype`` and ``--compile`` apply to ``--mode train`` and ``memory`` only; the other modes would ignore
-    them, so asking for them there is refused in one line rather than silently not done.
+    """Refuse, in one line, every option of :data:`OPTION_MODES` given (a value other than its default) to a mode
+    that would ignore it, ``--mode`` other than ``train`` with ``--sweep``, and decoding options with
+    ``--mode fastpath --no-decode``: asking for a measurement must never silently measure something else.
 
     Raises:
-        ValueError: naming the option, the mode and what the mode measures.
+        ValueError: naming the option, its value, the mode and the modes that use it.
     """
-    mode = "--sweep" if args.sweep else f"--mode {args.mode}"
-    how = {"--sweep": "it measures eager models at the default dtype, bf16 on CUDA and fp32 on CPU",
-           "--mode decode": "it measures eager fp32 decoding",
-           "--mode fastpath": "choose precisions and compilation with --modes"}.get(mode)
-    for option, given in (("--dtype", args.dtype != "auto"), ("--compile", args.compile)):
-        if how is not None and given:
-            shown = f"--dtype={args.dtype}" if option == "--dtype" else option
-            raise ValueError(f"{shown} does not apply to {mode} ({how}; {option} is for --mode train and memory)")
+    if args.sweep and args.mode != "train":
+        raise ValueError(f"--sweep and --mode {args.mode} cannot be combined (--sweep measures train steps along "
+                         "d_model, sequence length and n_steps; drop one of them)")
+    mode = "sweep" if args.sweep else args.mode
+    shown_mode = "--sweep" if args.sweep else f"--mode {mode}"
+    defaults = _defaults()
+    for option, modes in OPTION_MODES.items():
+        dest, default = defaults[option]
+        value = getattr(args, dest, default)
+        if value == default:
+            continue
+        shown = option if isinstance(value, bool) else f"{option}={_shown(value)}"
+        if mode not in modes:
+            hint = f"{HINTS[shown_mode]}; " if shown_mode in HINTS else ""
+            raise ValueError(f"{shown} does not apply to {shown_mode} ({hint}{option} is for {_users(modes)})")
+        if mode == "fastpath" and args.no_decode and option in ("--prefixes", "--decode-batch-sizes", "--new-tokens"):
+            raise ValueError(f"{shown} does not apply with --no-decode (it sets the decoding measurements, which "
+                             "--no-decode skips)")
+
+
+def _users(modes) -> str:
+    """``("train", "memory", "sweep")`` -> ``"--mode train and memory, and --sweep"``."""
+    named = [m for m in modes if m != "sweep"]
+    text = "--mode " + (" and ".join(named) if len(named) < 3 else ", ".join(named[:-1]) + " and " + named[-1])
+    return (text + ", and --sweep" if named else "--sweep") if "sweep" in modes else text
+
+
+def _shown(value) -> str:
+    """An option's value as typed on the command line (lists comma-joined)."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def run(args) -> int:
@@ -200,9 +253,6 @@ def _run_other(args, config, map_options, command) -> int:
                            repeats=args.repeats, warmup=args.warmup, log=print, **common)
         kind, markdown = "sweep", sweep_markdown
     elif args.mode == "fastpath":
-        if map_options:
-            raise ValueError("--mode fastpath takes map options in the variant spec (e.g. coupled+n_steps=2), "
-                             "not --n-steps")
         result = run_fastpath(config, modes=args.modes,
                               peers=args.peers, batch_size=args.batch_size,
                               seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup, decode=not args.no_decode,

@@ -114,6 +114,15 @@ def cpu_supports_fp16() -> bool:
     return _cpu_has(CPU_NATIVE_FLAGS["fp16"])
 
 
+def native_bf16(dev: torch.device) -> bool:
+    """Whether ``dev`` computes bf16 natively: a CUDA GPU with bf16 units (Ampere or later,
+    ``torch.cuda.is_bf16_supported(including_emulation=False)``) or a CPU with native bf16 (:func:`cpu_supports_bf16`);
+    never another device (``mps``)."""
+    if dev.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return dev.type == "cpu" and cpu_supports_bf16()
+
+
 def warn_if_emulated(dtype: str, device: torch.device) -> bool:
     """A ``RuntimeWarning`` (and ``True``) when ``dtype`` (an autocast dtype name) is ``"bf16"`` or ``"fp16"`` on
     a CPU that does not compute it natively (:func:`cpu_supports_bf16`, :func:`cpu_supports_fp16`): autocast is

@@ -37,7 +37,7 @@ from coupled_qk.experiments.bench.train import BASELINE, variant_configs, with_b
 from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, static_capacity
-from coupled_qk.training.distributed import cpu_supports_bf16, pick_device
+from coupled_qk.training.distributed import native_bf16, pick_device
 
 MODES = ("eager-fp32", "compiled-fp32", "eager-bf16", "compiled-bf16")
 """Train-step modes: execution (``eager``, ``compiled``) x precision (``fp32``, ``bf16`` autocast)."""
@@ -50,15 +50,6 @@ def _check_choices(flag: str, values: list[str], allowed: tuple[str, ...]) -> li
     if bad:
         raise ValueError(f"{flag}: unknown {bad}; expected a subset of {list(allowed)}")
     return values
-
-
-def native_bf16(dev: torch.device) -> bool:
-    """Whether ``dev`` computes bf16 natively: a CUDA GPU with bf16 units (Ampere or later,
-    ``torch.cuda.is_bf16_supported(including_emulation=False)``) or a CPU with native bf16
-    (:func:`~coupled_qk.training.distributed.cpu_supports_bf16`); never another device (``mps``)."""
-    if dev.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    return dev.type == "cpu" and cpu_supports_bf16()
 
 
 def peer_model(name: str, c: GPTConfig) -> nn.Module:
@@ -152,8 +143,8 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
     Args:
         base: shared model configuration; variants: variant specs (``standard`` always included); modes: subset
             of :data:`MODES` (default ``None``: every mode the device computes natively, so the bf16 modes only
-            where :func:`native_bf16`; the choice is logged); peers: subset of :data:`PEERS` (needs
-            ``transformers``); batch_size, seq_len (default ``block_size``): the training batch; repeats, warmup:
+            where :func:`~coupled_qk.training.distributed.native_bf16`; the choice is logged); peers: subset of
+            :data:`PEERS` (needs ``transformers``); batch_size, seq_len (default ``block_size``): the training batch; repeats, warmup:
             timed and untimed steps per runner (``warmup >= 1``: the first step compiles); decode: also measure decoding over the cells
             ``decode_batch_sizes x prefixes`` that fit ``block_size`` with ``new_tokens``; backend: the
             ``torch.compile`` backend of the compiled modes (``"eager"`` in the tests).
@@ -165,14 +156,15 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
     Raises:
         ValueError: unknown variants, modes or peers; ``repeats``, ``warmup``, ``batch_size`` or ``new_tokens``
             < 1; ``seq_len`` outside ``[1, block_size]``; bf16 modes on a device without native bf16
-            (:func:`native_bf16`).
+            (:func:`~coupled_qk.training.distributed.native_bf16`).
     """
     t0 = time.perf_counter()
     log = log or (lambda *a, **k: None)
     names = with_baseline(variants)
     dev = device if isinstance(device, torch.device) else pick_device(device)
+    bf16 = native_bf16(dev)  # reads /proc/cpuinfo on CPU: once per run
     if modes is None:
-        modes = [m for m in MODES if not m.endswith("bf16") or native_bf16(dev)]
+        modes = [m for m in MODES if not m.endswith("bf16") or bf16]
         if len(modes) < len(MODES):
             flags = " (no avx512_bf16/amx_bf16 flag)" if dev.type == "cpu" else ""
             log(f"fastpath: this {dev.type} has no native bf16{flags}: measuring "
@@ -180,7 +172,7 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
     modes = _check_choices("modes", list(modes), MODES)
     peers = _check_choices("peers", list(peers), PEERS)
     seq_len = base.block_size if seq_len is None else seq_len
-    _check_fastpath_sizes(base, dev, modes, seq_len, batch_size, repeats, warmup, new_tokens, decode_repeats)
+    _check_fastpath_sizes(base, dev, bf16, modes, seq_len, batch_size, repeats, warmup, new_tokens, decode_repeats)
     configs = variant_configs(base, names, {})
     configs.update({p: base.replace(attention="standard") for p in peers})
     runners = _warm_runners(names + peers, modes, configs, base.vocab_size, batch_size, seq_len, dev, seed, warmup,
@@ -202,21 +194,21 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
                       recompiles_during_timing=recompiles,
                       config=base.to_dict(), decode_batch_sizes=list(decode_batch_sizes), prefixes=list(prefixes),
                       new_tokens=new_tokens, decode_repeats=decode_repeats, matmul_shape=list(shape), backend=backend),
-        machine=dict(machine_info(dev), cpu_bf16=cpu_supports_bf16() if dev.type == "cpu" else None),
+        machine=dict(machine_info(dev), cpu_bf16=bf16 if dev.type == "cpu" else None),
         train=train, peaks=peak, decode=cells, elapsed_s=time.perf_counter() - t0,
     )
 
 
-def _check_fastpath_sizes(base: GPTConfig, dev: torch.device, modes: list[str], seq_len: int, batch_size: int,
-                          repeats: int, warmup: int, new_tokens: int, decode_repeats: int) -> None:
+def _check_fastpath_sizes(base: GPTConfig, dev: torch.device, bf16: bool, modes: list[str], seq_len: int,
+                          batch_size: int, repeats: int, warmup: int, new_tokens: int, decode_repeats: int) -> None:
     """:func:`run_fastpath`'s ``ValueError`` for a ``seq_len`` outside ``[1, block_size]``, a count below 1, or
-    bf16 modes on a device without native bf16."""
+    bf16 modes on a device without native bf16 (``bf16``: :func:`native_bf16` of ``dev``)."""
     if not 1 <= seq_len <= base.block_size:
         raise ValueError(f"seq_len={seq_len} must be in [1, block_size={base.block_size}]")
     if min(batch_size, repeats, warmup, new_tokens, decode_repeats) < 1:
         raise ValueError("batch_size, repeats, warmup, new_tokens and decode_repeats must be >= 1; got "
                          f"{batch_size}, {repeats}, {warmup}, {new_tokens}, {decode_repeats}")
-    if any(m.endswith("bf16") for m in modes) and not native_bf16(dev):
+    if any(m.endswith("bf16") for m in modes) and not bf16:
         raise ValueError(f"modes {modes} include bf16, which this {dev.type} does not compute natively")
 
 
