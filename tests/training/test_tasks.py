@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.lm import LMTask, run_corpus
 from coupled_qk.training.mqar_task import MQARTask
-from coupled_qk.training.tasks import TASKS, Task, check_options, steps_for_tokens, task_class
+from coupled_qk.training.tasks import DATA_FIELDS, TASKS, Task, check_options, steps_for_tokens, task_class
 
 
 def test_registry_maps_names_to_classes():
@@ -77,3 +81,28 @@ def test_steps_for_tokens_hand_cases():
 
     with pytest.raises(ValueError, match="reports 0 tokens at step 0"):
         steps_for_tokens(Empty(), 5, 1)
+
+
+@given(st.sampled_from(list(TASKS)), st.sampled_from(DATA_FIELDS),
+       st.text(alphabet="abcdefgh/-_.0123456789", min_size=1, max_size=12))
+def test_a_data_field_the_task_does_not_read_is_refused(task, field, value):
+    """``--task mqar --corpus X`` must not train on MQAR while recording corpus X: every data field a task does not
+    read (its ``config_fields``) is refused at a non-default value, by name; the ones it reads are accepted."""
+    reads = task_class(task).config_fields
+    default = {f.name: f.default for f in dataclasses.fields(TrainConfig)}[field]
+    assume(value != default)
+    make = dict(task=task, max_steps=1, **{field: value})
+    if task == "glue":
+        make["task_options"] = {"pretrained": "run", "glue_task": "sst2"}  # options are checked by the task, later
+    if field in reads:
+        assert getattr(TrainConfig(**make), field) == value
+    else:
+        with pytest.raises(ValueError, match=rf"TrainConfig\.{field}='.*' does not apply to task='{task}'"):
+            TrainConfig(**make)
+
+
+def test_every_task_declares_the_data_fields_it_reads():
+    for name in TASKS:
+        reads = task_class(name).config_fields
+        assert isinstance(reads, tuple) and set(reads) <= set(DATA_FIELDS), name
+    assert task_class("lm").config_fields == DATA_FIELDS  # language modelling reads every data field

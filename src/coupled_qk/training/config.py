@@ -22,7 +22,7 @@ from coupled_qk._checks import (
     positive_int,
 )
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
-from coupled_qk.training.tasks import TASKS
+from coupled_qk.training.tasks import TASKS, check_task_fields
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 BUDGET_CHANGES = ("keep", "rewarm")
@@ -87,7 +87,8 @@ class TrainConfig(JSONConfig):
 
     Raises:
         ValueError: from :meth:`validate` (run on construction), naming the field: a value of the wrong type,
-            unknown task, non-positive sizes, non-finite or out-of-range numbers, no budget at all; from
+            unknown task, non-positive sizes, non-finite or out-of-range numbers, no budget at all, a data field
+            (corpus, data_dir, tokenizer, cache_dir) other than its default that the task does not read; from
             :meth:`from_dict` for unknown fields.
     """
 
@@ -185,6 +186,7 @@ class TrainConfig(JSONConfig):
                 raise ValueError(f"{name}.{field}={value!r} is empty; expected a validation metric such as "
                                  "'valid/loss'")
         self.gpt_config()  # validates the model overrides
+        check_task_fields(self)  # a data field the task would ignore
 
     def best_is_higher(self) -> bool:
         """Whether a higher ``best_metric`` is better (``best_mode``, or for ``auto`` the metric's name)."""

@@ -197,6 +197,7 @@ class GlueTask:
     """
 
     name = "glue"
+    config_fields = ()  # its data: task_options glue_dir and the pretrained run's tokenizer
     options_class = GlueOptions
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):

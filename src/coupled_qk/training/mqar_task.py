@@ -192,6 +192,7 @@ class MQARTask:
     """
 
     name = "mqar"
+    config_fields = ("cache_dir",)  # TrainConfig data fields it reads (tasks.check_task_fields)
     options_class = MQAROptions
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):

@@ -6,6 +6,7 @@ with the :class:`Task` interface. See ``docs/DESIGN.md`` (how data flows through
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import warnings
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["TASKS", "Task", "check_options", "check_task_options", "steps_for_tokens", "task_class"]
+__all__ = ["TASKS", "Task", "check_options", "check_task_fields", "check_task_options", "steps_for_tokens",
+           "task_class"]
 
 TASKS: dict[str, str] = {
     "lm": "coupled_qk.training.lm:LMTask",
@@ -35,7 +37,10 @@ class Task(Protocol):
     Attributes:
         name: the registry name (``"lm"``, ``"mqar"``).
 
-    A task should also name, as the class attribute ``options_class``, the dataclass of its ``task_options``
+    A task names, as the class attribute ``config_fields``, the data fields of
+    :class:`~coupled_qk.training.config.TrainConfig` it reads (of :data:`DATA_FIELDS`); a value other than the default
+    in any other one is refused (:func:`check_task_fields`). A task should also name, as the class attribute
+    ``options_class``, the dataclass of its ``task_options``
     (fields declared with ``_checks.declare``, a ``from_options(dict)`` class method): the command line checks
     the options with it before any work (:func:`check_task_options`) and the introspection tests draw valid and
     invalid values from its declarations (``tests/reliability/test_field_declarations.py``).
@@ -82,6 +87,31 @@ def task_class(name: str) -> type:
         raise ValueError(f"TrainConfig.task={name!r} is unknown; expected one of {list(TASKS)}")
     module, _, attr = TASKS[name].partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+DATA_FIELDS = ("corpus", "data_dir", "tokenizer", "cache_dir")
+"""The :class:`~coupled_qk.training.config.TrainConfig` fields that only some tasks read (a task's
+``config_fields``)."""
+
+
+def check_task_fields(cfg) -> None:
+    """Refuse a :data:`DATA_FIELDS` value other than its default in a ``TrainConfig`` whose task does not read that
+    field (its class's ``config_fields``; a task without the attribute is not checked): ``--task mqar --corpus
+    pubmed`` would otherwise train on MQAR and record a corpus it never saw. Run by ``TrainConfig.validate``.
+
+    Raises:
+        ValueError: naming the field, its value, the task and the fields the task reads.
+    """
+    used = getattr(task_class(cfg.task), "config_fields", None)
+    if used is None:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name in DATA_FIELDS:
+        value = getattr(cfg, name)
+        if name not in used and value != defaults[name]:
+            reads = f"it reads {', '.join(used)}" if used else "it reads none of " + ", ".join(DATA_FIELDS)
+            raise ValueError(f"TrainConfig.{name}={value!r} does not apply to task={cfg.task!r} ({reads}; "
+                             f"leave {name} at its default {defaults[name]!r})")
 
 
 def check_options(task: str, options: dict, known) -> dict:
