@@ -9,8 +9,8 @@ given at a value other than its default in any other situation is refused in one
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
