@@ -10,6 +10,24 @@ from __future__ import annotations
 HELP = "attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints"
 
 
+def _on_cpu(args) -> bool:
+    from coupled_qk.training.distributed import pick_device
+
+    return pick_device(args.device).type == "cpu"
+
+
+def _ignored_options() -> dict:
+    """The example map is drawn only in the figures, and ``--threads`` runs heads concurrently only on CPU: with
+    ``--no-plots`` or another device these options would be ignored."""
+    from coupled_qk.commands.ignored import Applies
+
+    plots = Applies(lambda a: not a.no_plots, "--no-plots (the example attention map is drawn only in the figures)",
+                    "the example map figure")
+    cpu = Applies(_on_cpu, "a --device other than the CPU (heads run concurrently only on the CPU)",
+                  "the CPU's concurrent heads")
+    return {"--example-layer": (plots,), "--example-head": (plots,), "--threads": (cpu,)}
+
+
 def add_arguments(parser) -> None:
     from coupled_qk.commands.options import (
         add_device_option,
@@ -53,6 +71,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from coupled_qk._checks import positive_int
     from coupled_qk.analysis.analyze import analyze_checkpoints
+    from coupled_qk.commands.ignored import refuse_ignored_options
 
     positive_int("--n-sequences", args.n_sequences)
     if args.seq_len is not None and (positive_int("--seq-len", args.seq_len) < 2):
@@ -60,6 +79,7 @@ def run(args) -> int:
     for flag in ("batch_size", "threads"):
         if getattr(args, flag) is not None:
             positive_int(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    refuse_ignored_options(args, add_arguments, _ignored_options())
     labels = None
     if args.labels is not None:
         labels = [label.strip() for label in args.labels.split(",")]

@@ -62,6 +62,24 @@ def add_arguments(parser) -> None:
     add_overwrite_option(parser)
 
 
+def _ignored_options() -> dict:
+    """``--tolerance`` is read by ``--verify`` alone; ``--verify`` re-trains one record's run and writes no report, so
+    the report's options are not read with it; a converged protocol regenerates its report from its records on
+    every run, so ``--overwrite`` is not read there (the other flags these modes ignore have their own checks below,
+    older than this table)."""
+    from coupled_qk.commands.ignored import Applies
+    from coupled_qk.experiments.claims.converged import DESIGNS
+
+    verify = Applies(lambda a: a.verify is not None, "no --verify (nothing is re-trained to compare with a record)",
+                     "--verify's comparison")
+    report = Applies(lambda a: a.verify is None, "--verify (it re-trains the one run of its record, compares its "
+                     "metrics and writes no report)", "a protocol's runs and report")
+    classic = Applies(lambda a: a.protocol not in DESIGNS, "a converged --protocol (its report is regenerated from its "
+                      f"records on every run; {', '.join(sorted(DESIGNS))})", "the other protocols' report")
+    return {"--tolerance": (verify,), "--out-dir": (report,), "--glue-json": (report,), "--no-figures": (report,),
+            "--defer-wt2": (report,), "--overwrite": (report, classic)}
+
+
 def _shard(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
@@ -73,6 +91,7 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def run(args) -> int:
+    from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.commands.options import parse_seeds
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
     from coupled_qk.experiments.claims.build import build_report
@@ -82,6 +101,7 @@ def run(args) -> int:
     from coupled_qk.experiments.claims.report import report_dir, write_report
     from coupled_qk.experiments.claims.runs import run_protocol
 
+    refuse_ignored_options(args, add_arguments, _ignored_options())
     if args.verify is not None:
         return _verify(args)
     _refuse_training_flags_without_training(args)

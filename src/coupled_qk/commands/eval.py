@@ -8,6 +8,14 @@ import json
 HELP = "perplexity and bits per byte of a checkpoint on a corpus split"
 
 
+def _ignored_options() -> dict:
+    """``--overwrite`` replaces the ``--json`` file and nothing else: without ``--json`` it would be ignored."""
+    from coupled_qk.commands.ignored import Applies
+
+    return {"--overwrite": (Applies(lambda a: a.json_out is not None, "no --json (eval writes no file without it)",
+                                    "replacing an existing --json file"),)}
+
+
 def add_arguments(parser) -> None:
     from coupled_qk.commands.options import (
         add_device_option,
@@ -31,9 +39,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.outputs import output_file
     from coupled_qk.training.evaluate import evaluate_checkpoint
 
+    refuse_ignored_options(args, add_arguments, _ignored_options())
     json_out = None
     if args.json_out is not None:  # checked before the evaluation, so its result is never lost to its path
         json_out = output_file("--json", args.json_out, overwrite=args.overwrite)

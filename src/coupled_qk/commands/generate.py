@@ -11,6 +11,21 @@ from __future__ import annotations
 HELP = "sample text from a trained run (its own tokenizer, KV-cache decoding)"
 
 
+def _sampling(args) -> bool:
+    return args.temperature > 0
+
+
+def _ignored_options() -> dict:
+    """The options that only sampling uses: ``--temperature 0`` takes the most likely token at every step, so a
+    top-k restriction, a seed or more than one sample would change nothing (checked against the decoding in
+    ``tests/training/test_generate_options.py``)."""
+    from coupled_qk.commands.ignored import Applies
+
+    greedy = Applies(_sampling, "--temperature=0 (greedy decoding: the most likely token at every step, nothing is "
+                     "sampled, so every sample is the same text)", "sampling, --temperature > 0")
+    return {"--top-k": (greedy,), "--seed": (greedy,), "--num-samples": (greedy,)}
+
+
 def add_arguments(parser) -> None:
     from coupled_qk.commands.options import (
         add_device_option,
@@ -47,6 +62,7 @@ def run(args) -> int:
     import torch
 
     from coupled_qk._checks import finite, nonneg_int, positive_int
+    from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.training.distributed import pick_device
     from coupled_qk.training.pretrained import load_run
 
@@ -54,6 +70,7 @@ def run(args) -> int:
     finite("--temperature", args.temperature, 0)
     positive_int("--top-k", args.top_k)
     positive_int("--num-samples", args.num_samples)
+    refuse_ignored_options(args, add_arguments, _ignored_options())
     device = pick_device(args.device)
     run = load_run(args.run_dir, device)
     if args.transposed_head:

@@ -43,6 +43,11 @@ def run(args) -> int:
     from coupled_qk.experiments.glue.finetune import format_table, parse_per_task, parse_tasks, run_glue
 
     tasks, seeds = parse_tasks(args.task), parse_seeds(args.seeds)
+    subsets = parse_per_task(args.max_train_examples)
+    unused = sorted(set(subsets) - set(tasks)) if isinstance(subsets, dict) else []
+    if unused:  # a task=N pair for a task not fine-tuned would be silently ignored
+        raise ValueError(f"--max-train-examples={args.max_train_examples!r} sets {', '.join(unused)}, which "
+                         f"--task={args.task!r} does not fine-tune; expected task=N pairs of {', '.join(tasks)}")
     from coupled_qk.outputs import OutputDir
     from coupled_qk.training.checkpoint_load import resolve_checkpoint
 
@@ -62,7 +67,6 @@ def run(args) -> int:
     # folder may hold one folder per pretrained model and nothing else
     out_dir = OutputDir(out_dir, "--out-dir", overwrite=args.overwrite, what="a GLUE study",
                         layout=("results.json", "results.md", "*/"), rewrite=("results.json", "results.md"))
-    subsets = parse_per_task(args.max_train_examples)
     summary = run_glue(args.run_dirs, tasks, seeds, out_dir, names=names, glue_dir=args.glue_dir, lr=args.lr,
                        epochs=args.epochs, batch_size=args.batch_size, max_train_examples=subsets,
                        pooling=args.pooling, device=args.device, progress=args.progress)

@@ -105,7 +105,7 @@ class LMTask:
     """
 
     name = "lm"
-    config_fields = ("corpus", "data_dir", "tokenizer", "cache_dir")  # TrainConfig data fields it reads (tasks.check_task_fields)
+    config_fields = ("corpus", "data_dir", "tokenizer", "cache_dir", "eval_batches", "full_eval")  # tasks.TASK_FIELDS
     options_class = LMOptions
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):

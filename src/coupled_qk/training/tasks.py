@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["TASKS", "Task", "check_options", "check_task_fields", "check_task_options", "steps_for_tokens",
-           "task_class"]
+__all__ = ["TASKS", "TASK_FIELDS", "Task", "check_options", "check_task_fields", "check_task_options",
+           "steps_for_tokens", "task_class"]
 
 TASKS: dict[str, str] = {
     "lm": "coupled_qk.training.lm:LMTask",
@@ -38,7 +38,7 @@ class Task(Protocol):
         name: the registry name (``"lm"``, ``"mqar"``).
 
     A task names, as the class attribute ``config_fields``, the data fields of
-    :class:`~coupled_qk.training.config.TrainConfig` it reads (of :data:`DATA_FIELDS`); a value other than the default
+    :class:`~coupled_qk.training.config.TrainConfig` it reads (of :data:`TASK_FIELDS`); a value other than the default
     in any other one is refused (:func:`check_task_fields`). A task should also name, as the class attribute
     ``options_class``, the dataclass of its ``task_options``
     (fields declared with ``_checks.declare``, a ``from_options(dict)`` class method): the command line checks
@@ -90,14 +90,23 @@ def task_class(name: str) -> type:
 
 
 DATA_FIELDS = ("corpus", "data_dir", "tokenizer", "cache_dir")
-"""The :class:`~coupled_qk.training.config.TrainConfig` fields that only some tasks read (a task's
-``config_fields``)."""
+"""The data fields of :class:`~coupled_qk.training.config.TrainConfig` that only some tasks read."""
+
+EVAL_FIELDS = ("eval_batches", "full_eval")
+"""The quick-validation fields of :class:`~coupled_qk.training.config.TrainConfig` that only some tasks read (MQAR
+and GLUE size their quick validation with ``task_options.quick_eval_examples`` instead)."""
+
+TASK_FIELDS = (*DATA_FIELDS, *EVAL_FIELDS)
+"""Every field a task's ``config_fields`` may name; a task reads a subset of them."""
+
+_INSTEAD = {f: "size its quick validations with task_options quick_eval_examples" for f in EVAL_FIELDS}
 
 
 def check_task_fields(cfg) -> None:
-    """Refuse a :data:`DATA_FIELDS` value other than its default in a ``TrainConfig`` whose task does not read that
+    """Refuse a :data:`TASK_FIELDS` value other than its default in a ``TrainConfig`` whose task does not read that
     field (its class's ``config_fields``; a task without the attribute is not checked): ``--task mqar --corpus
-    pubmed`` would otherwise train on MQAR and record a corpus it never saw. Run by ``TrainConfig.validate``.
+    pubmed`` would otherwise train on MQAR and record a corpus it never saw, ``--task glue --eval-batches 5``
+    validate on what ``quick_eval_examples`` says. Run by ``TrainConfig.validate``.
 
     Raises:
         ValueError: naming the field, its value, the task and the fields the task reads.
@@ -106,12 +115,13 @@ def check_task_fields(cfg) -> None:
     if used is None:
         return
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
-    for name in DATA_FIELDS:
+    for name in TASK_FIELDS:
         value = getattr(cfg, name)
         if name not in used and value != defaults[name]:
-            reads = f"it reads {', '.join(used)}" if used else "it reads none of " + ", ".join(DATA_FIELDS)
+            reads = f"it reads {', '.join(used)}" if used else "it reads none of " + ", ".join(TASK_FIELDS)
+            instead = f"; {_INSTEAD[name]}" if name in _INSTEAD else ""
             raise ValueError(f"TrainConfig.{name}={value!r} does not apply to task={cfg.task!r} ({reads}; "
-                             f"leave {name} at its default {defaults[name]!r})")
+                             f"leave {name} at its default {defaults[name]!r}{instead})")
 
 
 def check_options(task: str, options: dict, known) -> dict:
