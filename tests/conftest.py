@@ -3,6 +3,7 @@ import os
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+from hypothesis.errors import InvalidArgument
 
 from coupled_qk.training.config import TrainConfig
 
@@ -13,8 +14,13 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min
 # Hypothesis judges by the clock too: a per-example deadline (200 ms) and a health check on slow input
 # generation. On a loaded 2-core CI machine both fire without any defect (a record generator once took 5 s
 # because the machine was busy), so every property test runs without them; what each test checks is unchanged.
-settings.register_profile("coupled-qk", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("coupled-qk")
+# This file is imported twice (by pytest as ``conftest`` and by ``from tests.conftest import ...``): the second
+# import must not replace a profile loaded in between (tests/reliability/reliability_profile.py's example budget).
+try:
+    settings.get_profile("coupled-qk")
+except InvalidArgument:
+    settings.register_profile("coupled-qk", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("coupled-qk")
 
 
 WORDS = (

@@ -166,7 +166,8 @@ def test_map_options_accept_every_declared_value(data):
 @NO_SHRINK
 @given(st.data())
 def test_train_config_accepts_every_declared_value(data):
-    partners = {"early_stop_value": {"early_stop_metric": "valid/loss"}, "patience": {"best_metric": "valid/loss"}}
+    partners = {"early_stop_value": {"early_stop_metric": "valid/loss"}, "patience": {"best_metric": "valid/loss"},
+                "best_mode": {"best_metric": "valid/loss"}, "min_delta": {"patience": 1, "best_metric": "valid/loss"}}
     for field in checked_fields(TrainConfig):
         value = data.draw(valid_values(TrainConfig, field), label=field.name)
         if field.name in ("max_steps", "max_tokens") and value is None:

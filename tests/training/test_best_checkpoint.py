@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import TrainConfig, higher_is_better
@@ -86,3 +88,23 @@ def test_track_best_with_min_delta(higher):
     assert [s["step"] for s in saved] == [1, 2, 3, 4]
     assert stops == [False, False, True, False, False]
     assert state["best"]["value"] == sign * 1.5 and state["best"]["epoch"] == pytest.approx(0.4)
+
+
+@given(st.sampled_from(["auto", "min", "max"]), st.sampled_from([None, "valid/loss"]),
+       st.sampled_from([None, 1, 3]), st.sampled_from([0.0, 0.0, 1e-3, 0.5]))
+def test_best_mode_and_min_delta_without_their_reader_are_refused(best_mode, best_metric, patience, min_delta):
+    """best_mode is read only for best_metric, min_delta only by the patience counter: each alone is refused."""
+    make = dict(max_steps=1, best_mode=best_mode, best_metric=best_metric, patience=patience, min_delta=min_delta)
+    problems = []
+    if best_mode != "auto" and best_metric is None:
+        problems.append("best_mode")
+    if min_delta != 0 and patience is None:
+        problems.append("min_delta")
+    if patience is not None and best_metric is None:
+        problems.append("patience")
+    if not problems:
+        cfg = TrainConfig(**make)
+        assert (cfg.best_mode, cfg.min_delta) == (best_mode, min_delta)
+    else:
+        with pytest.raises(ValueError, match=rf"TrainConfig\.({'|'.join(problems)})="):
+            TrainConfig(**make)

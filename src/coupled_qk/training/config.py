@@ -87,7 +87,8 @@ class TrainConfig(JSONConfig):
 
     Raises:
         ValueError: from :meth:`validate` (run on construction), naming the field: a value of the wrong type,
-            unknown task, non-positive sizes, non-finite or out-of-range numbers, no budget at all, a data field
+            unknown task, non-positive sizes, non-finite or out-of-range numbers, no budget at all, best_mode
+            without best_metric, min_delta without patience, a data field
             (corpus, data_dir, tokenizer, cache_dir) other than its default that the task does not read; from
             :meth:`from_dict` for unknown fields.
     """
@@ -177,6 +178,12 @@ class TrainConfig(JSONConfig):
             raise ValueError("TrainConfig needs max_steps or max_tokens (the learning-rate schedule's horizon)")
         if (self.early_stop_metric is None) != (self.early_stop_value is None):
             raise ValueError("TrainConfig.early_stop_metric and early_stop_value must be given together")
+        if self.best_mode != "auto" and self.best_metric is None:
+            raise ValueError(f"{name}.best_mode={self.best_mode!r} needs best_metric (the metric whose direction it "
+                             "sets), e.g. best_metric='valid/loss'; without one leave best_mode='auto'")
+        if self.min_delta != 0 and self.patience is None:
+            raise ValueError(f"{name}.min_delta={self.min_delta!r} needs patience (only the patience counter reads "
+                             "it); set patience or leave min_delta=0")
         if self.patience is not None and self.best_metric is None:
             raise ValueError(f"{name}.patience={self.patience} needs best_metric (the metric whose "
                              "improvement it waits for), e.g. best_metric='valid/loss'")
