@@ -89,7 +89,9 @@ def test_old_config_with_dynamics_position_loads_as_map_position(tmp_path):
         cfg = GPTConfig.load(tmp_path / "model_config.json")
     assert cfg.map_position == "post_rope" and "dynamics_position" not in cfg.to_dict()
     with pytest.warns(DeprecationWarning):
-        assert GPTConfig.from_dict({"dynamics_position": "post_rope"}).map_position == "post_rope"
+        # (with a query-key map: map_position is refused where nothing reads it, tests/models/test_field_rules.py)
+        assert GPTConfig.from_dict({"attention": "coupled", "dynamics_position": "post_rope"}).map_position == \
+            "post_rope"
     with pytest.warns(DeprecationWarning):
         run = TrainConfig(max_steps=1, model={"attention": "coupled", "dynamics_position": "post_rope"})
     assert run.model == {"attention": "coupled", "map_position": "post_rope"}

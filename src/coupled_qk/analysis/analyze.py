@@ -148,7 +148,8 @@ def analyze_checkpoints(
     paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer = _checked_inputs(
         paths, split, n_sequences, seq_len, labels, example_layer)
     corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
-    text_corpus = run_corpus(corpus, data_dir, task_options)
+    # the runs' own saved split options are read back as they ran (a warning if unused); --split-seed is checked
+    text_corpus = run_corpus(corpus, data_dir, task_options, saved=split_seed is None)
     text = text_corpus.split(split)
     out.path.mkdir(parents=True, exist_ok=True)
     entries, examples, n_tokenizers = _analyze_each(

@@ -25,6 +25,7 @@ the rest for train, and join each split's documents with a blank line (``"\\n\\n
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 from coupled_qk.data.documents import (
@@ -159,9 +160,41 @@ def _from_path(name: str, path: Path, seed: int, vf: float, tf: float, min_words
     return _from_documents(name, files, seed, vf, tf, source, min_words)
 
 
+SPLIT_OPTIONS = {"seed": ("split_seed", 0), "valid_fraction": ("valid_fraction", 0.01),
+                 "test_fraction": ("test_fraction", 0.01), "min_split_words": ("min_split_words", MIN_SPLIT_WORDS)}
+""":func:`load_corpus` argument -> (the run option that sets it: ``task_options.<name>``, ``--<name>``; its
+default). They decide random splits only: a corpus with fixed splits (``source["split"] == "given"``) refuses
+them at any other value (:func:`check_split_options`)."""
+
+
+def check_split_options(corpus: Corpus, given: dict, unused: str = "refuse") -> None:
+    """Refuse (``unused="refuse"``) or warn about (``"warn"``: a saved run read back as it ran) the first split
+    option of ``given`` (:func:`load_corpus` argument -> value) at a non-default value when ``corpus`` has fixed
+    splits, which it would silently ignore.
+
+    Raises:
+        ValueError: one line naming the option, its value, the corpus and why.
+    """
+    if corpus.source.get("split") != "given":
+        return
+    for arg, value in given.items():
+        option, default = SPLIT_OPTIONS[arg]
+        if value == default:
+            continue
+        message = (f"split option {option}={value} (--{option.replace('_', '-')}, task_options.{option}) does not "
+                   f"apply to corpus {corpus.name!r}: its train/valid/test splits are fixed (given by its files or "
+                   "dataset), so nothing is split at random; the split options are for corpora split at random "
+                   f"(pubmed, mixed-domain, a text file, a folder of *.txt files); leave {option} at its default "
+                   f"({default})")
+        if unused != "warn":
+            raise ValueError(message)
+        warnings.warn(f"{message} (a saved run's option; it had no effect)", UserWarning, stacklevel=3)
+        return
+
+
 def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int = 0,
                 valid_fraction: float = 0.01, test_fraction: float = 0.01,
-                min_split_words: int = MIN_SPLIT_WORDS) -> Corpus:
+                min_split_words: int = MIN_SPLIT_WORDS, unused_split_options: str = "refuse") -> Corpus:
     """Load a corpus by name (:data:`KNOWN_CORPORA`) or path, as train/valid/test text.
 
     Args:
@@ -171,8 +204,12 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
             ``wikitext-*`` names it may also be the folder holding ``wiki.*.tokens`` itself.
         seed: seed of the document-level split (int); the split is identical across runs and platforms.
         valid_fraction, test_fraction: fractions of documents (each in (0, 1), sum < 1) for random
-            splits; at least one document goes to each split. Ignored where splits are given by files.
+            splits; at least one document goes to each split. Refused where splits are fixed (below).
         min_split_words: words each random evaluation split aims for (see :func:`random_split`).
+        unused_split_options: ``"refuse"`` (default) or ``"warn"`` (a saved run read back as it ran): what a
+            split option at a non-default value does for a corpus whose splits are fixed (the ``wikitext-*``
+            releases, ``wiki-vital``, a folder of ``train/valid/test`` files, a hub dataset with all three
+            splits), where it would be ignored (:func:`check_split_options`).
 
     Returns:
         A :class:`Corpus`.
@@ -181,15 +218,27 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
         FileNotFoundError: a required file is missing (names corpus, file, data dir, ``--data-dir`` and
             ``COUPLED_QK_DATA``), or no data dir can be found.
         ValueError: unknown name that is not an existing path (lists :data:`KNOWN_CORPORA`); a file that is
-            not UTF-8; bad seed/fractions; an empty split; too few documents.
+            not UTF-8; bad seed/fractions; an empty split; too few documents; a split option at a non-default
+            value for a corpus with fixed splits (naming the option, the value and the corpus).
     """
+    corpus = _load_corpus(name_or_path, data_dir, seed, valid_fraction, test_fraction, min_split_words)
+    given = dict(seed=seed, valid_fraction=valid_fraction, test_fraction=test_fraction,
+                 min_split_words=min_split_words)
+    check_split_options(corpus, given, unused_split_options)
+    return corpus
+
+
+def _load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int = 0,
+                 valid_fraction: float = 0.01, test_fraction: float = 0.01,
+                 min_split_words: int = MIN_SPLIT_WORDS) -> Corpus:
+    """:func:`load_corpus` without the check of the split options."""
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"name_or_path must be a str or Path, got {type(name_or_path).__name__}")
     name = str(name_or_path)
     if name.startswith("hf:"):  # Hugging Face datasets (optional; see coupled_qk.data.hub)
         from coupled_qk.data.hub import load_hub_corpus
 
-        return load_hub_corpus(name, seed, valid_fraction, test_fraction)
+        return load_hub_corpus(name, seed, valid_fraction, test_fraction, min_split_words=min_split_words)
     if name in KNOWN_CORPORA:
         root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
         if not root.is_dir():

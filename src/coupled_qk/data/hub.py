@@ -60,7 +60,7 @@ def _join_rows(rows: list[str]) -> str:
 
 
 def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test_fraction: float = 0.01,
-                    cache_dir: str | None = None):
+                    cache_dir: str | None = None, min_split_words: int | None = None):
     """Load ``hf:NAME[:CONFIG]`` with ``datasets`` as a :class:`coupled_qk.data.corpora.Corpus`.
 
     Args:
@@ -68,6 +68,8 @@ def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test
         seed, valid_fraction, test_fraction: document-level split of the training rows when the dataset
             lacks a validation or test split (as :func:`coupled_qk.data.corpora.load_corpus`).
         cache_dir: the ``datasets`` cache folder (default: ``datasets``' own, ``HF_DATASETS_CACHE``).
+        min_split_words: words each random evaluation split aims for (default
+            :data:`~coupled_qk.data.documents.MIN_SPLIT_WORDS`; see :func:`random_split`).
 
     Returns:
         A ``Corpus`` named ``spec`` whose ``source`` records the dataset, config, split names and text column.
@@ -78,7 +80,13 @@ def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test
         Exceptions of ``datasets`` (e.g. ``ConnectionError``) when the dataset can neither be downloaded nor
         found in the local cache.
     """
-    from coupled_qk.data.documents import finish_corpus, join_documents, random_split, split_documents
+    from coupled_qk.data.documents import (
+        MIN_SPLIT_WORDS,
+        finish_corpus,
+        join_documents,
+        random_split,
+        split_documents,
+    )
 
     name, config = parse_spec(spec)
     try:
@@ -96,10 +104,12 @@ def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test
     source = {"hub_dataset": name, "config": config, "text_column": column, "splits": found,
               "datasets_version": datasets.__version__}  # fmt: skip
     if found["valid"] is None or found["test"] is None:
-        train, valid, test = random_split(split_documents(texts["train"]), seed, valid_fraction, test_fraction, spec)
+        words = MIN_SPLIT_WORDS if min_split_words is None else min_split_words
+        train, valid, test = random_split(split_documents(texts["train"]), seed, valid_fraction, test_fraction, spec,
+                                          words)
         texts = {"train": join_documents(train), "valid": join_documents(valid), "test": join_documents(test)}
         source.update(split="document-level random", seed=seed, valid_fraction=valid_fraction,
-                      test_fraction=test_fraction)  # fmt: skip
+                      test_fraction=test_fraction, min_split_words=words)  # fmt: skip
     else:
         source["split"] = "given"
     return finish_corpus(spec, texts["train"], texts["valid"], texts["test"], source)

@@ -15,6 +15,7 @@ import dataclasses
 from transformers import PretrainedConfig
 
 from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.field_rules import loading_saved
 
 GPT_FIELDS = tuple(f.name for f in dataclasses.fields(GPTConfig))
 """Names of the ``GPTConfig`` fields (stored in ``config.json``)."""
@@ -116,6 +117,15 @@ class CoupledQKConfig(PretrainedConfig):
         """The Hugging Face config of a :class:`~coupled_qk.GPTConfig`; ``kwargs`` as the constructor."""
         return cls(**config.to_dict(), **kwargs)
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """A saved ``config.json`` (``from_pretrained``): a field that its settings do not read, at a non-default
+        value (saved before such values were refused, ``models/field_rules.py``), warns instead of failing."""
+        with loading_saved("config.json"):
+            return super().from_dict(config_dict, **kwargs)
+
     def to_gpt_config(self) -> GPTConfig:
-        """The equivalent validated :class:`~coupled_qk.GPTConfig` (``ValueError`` naming a bad field)."""
-        return GPTConfig.from_dict({k: getattr(self, k) for k in GPT_FIELDS})
+        """The equivalent validated :class:`~coupled_qk.GPTConfig` (``ValueError`` naming a bad field; a field
+        that its settings do not read warns, as this config was validated when made or loaded as saved)."""
+        with loading_saved("CoupledQKConfig"):
+            return GPTConfig.from_dict({k: getattr(self, k) for k in GPT_FIELDS})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import types
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from coupled_qk._checks import (
     positive_int,
 )
 from coupled_qk.layers.attention import MAP_POSITIONS
+from coupled_qk.models.field_rules import READ_WHEN, check_unread_fields, loading_saved
 from coupled_qk.models.options import MapOptions
 from coupled_qk.models.registry import (
     LEGACY_DEFAULTS,
@@ -259,6 +261,7 @@ class GPTConfig(JSONConfig):
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
         self.validate()
+        check_unread_fields(self, ("d_ff",))  # at construction only: assigning d_model later moves its default
 
     def validate(self) -> None:
         """Check every field against its declaration in the field metadata (``_checks.check_declared``), then
@@ -277,6 +280,7 @@ class GPTConfig(JSONConfig):
             )
         if self.map_position == "post_rope" and self.position != "rope":
             raise ValueError("GPTConfig.map_position='post_rope' needs position='rope'")
+        check_unread_fields(self, ("rope_base", "map_position"))  # models/field_rules.py
 
     @property
     def padded_vocab_size(self) -> int:
@@ -286,17 +290,31 @@ class GPTConfig(JSONConfig):
 
     def replace(self, **changes) -> GPTConfig:
         """A copy with ``changes`` (fields or flat map options). Changing ``attention`` to one with another
-        query-key map drops the old map options (the new map starts from its defaults).
+        query-key map drops the old map options (the new map starts from its defaults), and a field that the new
+        settings do not read (:data:`~coupled_qk.models.field_rules.READ_WHEN`, e.g. ``map_position`` after
+        ``attention="standard"``) returns to its default unless ``changes`` gives it.
 
         Raises:
             ValueError: as the constructor.
         """
+        changes = rename_fields(changes, "GPTConfig.replace")
         data = self.to_dict()
         new = changes.get("attention", self.attention)
         if get_attention(new).qk_map != get_attention(self.attention).qk_map:
             data["qk_map"] = None
         data.update(changes)
+        settings = types.SimpleNamespace(**data)  # the new settings, read as attributes
+        for name, rule in READ_WHEN.items():
+            if name not in changes and not rule.when(settings):
+                data[name] = None if name == "d_ff" else rule.default(settings)
         return type(self).from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> GPTConfig:
+        """Read a config written by :meth:`save`; a field that its settings do not read, at a non-default
+        value (saved before such values were refused), warns instead of failing (``models/field_rules.py``)."""
+        with loading_saved(f"config file {path}"):
+            return super().load(path)
 
     @classmethod
     def upgrade(cls, data: dict, path: str | Path) -> dict:

@@ -59,7 +59,8 @@ class LMOptions:
 
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(LMOptions))
-"""``TrainConfig.task_options`` of the language-modelling task (the fields of :class:`LMOptions`). Used only by corpora split at random (see
+"""``TrainConfig.task_options`` of the language-modelling task (the fields of :class:`LMOptions`). The split
+options are used only by corpora split at random, and refused at a non-default value for others (see
 :func:`coupled_qk.data.corpora.load_corpus`): ``split_seed`` (int >= 0, default 0) seeds the document-level
 split; ``valid_fraction`` and ``test_fraction`` (default 0.01 each) are the documents' shares of the evaluation
 splits, each of which then grows to ``min_split_words`` words (default 10,000) within 20% of the corpus.
@@ -68,17 +69,20 @@ that many ``block_size`` windows of the valid and test splits (a smoke run's est
 its results carry ``<split>/subsample_windows`` and no word perplexity."""
 
 
-def run_corpus(corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
+def run_corpus(corpus: str, data_dir: str | None, task_options: dict, saved: bool = False) -> Corpus:
     """The corpus of a language-modelling run, split exactly as the run split it.
 
     ``task_options`` may hold ``split_seed`` (0), ``valid_fraction`` and ``test_fraction`` (0.01 each) and
     ``min_split_words`` (:data:`~coupled_qk.data.corpora.MIN_SPLIT_WORDS`); they matter only for corpora split
     at random (see :func:`~coupled_qk.data.corpora.load_corpus`). Training, ``eval`` and ``analyze`` all call
-    this, so they see the same held-out text.
+    this, so they see the same held-out text. A split option at a non-default value for a corpus with fixed
+    splits is refused (``ValueError`` naming it and the corpus), or with ``saved`` (a finished run's saved
+    options, read back by ``eval`` and ``analyze``) warned about.
     """
     opts = LMOptions.from_options(task_options)
     return load_corpus(corpus, data_dir, seed=opts.split_seed, valid_fraction=opts.valid_fraction,
-                       test_fraction=opts.test_fraction, min_split_words=opts.min_split_words)
+                       test_fraction=opts.test_fraction, min_split_words=opts.min_split_words,
+                       unused_split_options="warn" if saved else "refuse")
 
 
 def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:

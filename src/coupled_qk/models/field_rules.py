@@ -1,0 +1,98 @@
+"""``GPTConfig`` fields that only some settings read, refused at a non-default value where they are not read.
+
+Each entry of :data:`READ_WHEN` declares, for one field, the settings under which the model reads it (the code
+that reads it: ``models/gpt.py`` and ``layers/attention.py``). A value other than the field's default in any
+other setting would be silently ignored (docs/RELIABILITY.md: asking for something must never silently do
+something else), so :func:`unread_field_problem` names it and ``GPTConfig`` refuses it in one line.
+
+Saved configs (a checkpoint's ``model_config.json``, a Hugging Face ``config.json``) written before this rule
+must keep loading: inside :func:`loading_saved` the same finding is a ``UserWarning`` instead of an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from coupled_qk.models.registry import get_attention
+
+
+@dataclass(frozen=True)
+class ReadWhen:
+    """When a ``GPTConfig`` field is read.
+
+    Attributes:
+        when: ``config -> bool``: whether the model reads the field with this config.
+        otherwise: ``config -> str``: the setting in which it is not, as the error shows it after "is not read
+            with".
+        used_for: what the field is for, as the error ends.
+        default: ``config -> value``: the field's default for this config (the value that is never refused).
+    """
+
+    when: Callable
+    otherwise: Callable
+    used_for: str
+    default: Callable
+
+
+def _has_map(config) -> bool:
+    return get_attention(config.attention).qk_map is not None
+
+
+READ_WHEN: dict[str, ReadWhen] = {
+    "rope_base": ReadWhen(
+        lambda c: c.position == "rope",
+        lambda c: f"position={c.position!r} (learned absolute position embeddings, no rotary positions)",
+        "the rotary position tables, position='rope'", lambda c: 10000.0),
+    "map_position": ReadWhen(
+        _has_map, lambda c: f"attention={c.attention!r} (it has no query-key map)",
+        "where an attention's query-key map acts relative to RoPE (e.g. attention='coupled')",
+        lambda c: "pre_rope"),
+    "d_ff": ReadWhen(
+        lambda c: c.use_mlp, lambda c: "use_mlp=False (attention-only blocks, no feed-forward sub-layer)",
+        "the feed-forward width, use_mlp=True", lambda c: 4 * c.d_model),
+}
+"""Field -> when the model reads it. A field not listed here is read by every config."""
+
+_saved: contextvars.ContextVar[str | None] = contextvars.ContextVar("coupled_qk_saved_config", default=None)
+
+
+@contextlib.contextmanager
+def loading_saved(where: str) -> Iterator[None]:
+    """Inside this block a config field that would not be read warns (naming ``where``) instead of raising: a
+    saved config is read back as it was trained."""
+    token = _saved.set(str(where))
+    try:
+        yield
+    finally:
+        _saved.reset(token)
+
+
+def unread_field_problem(config, fields=None) -> str | None:
+    """The one-line message for the first field of :data:`READ_WHEN` (of ``fields``, default all) that
+    ``config`` gives at a non-default value where the model does not read it; ``None`` if there is none."""
+    for name, rule in READ_WHEN.items():
+        if fields is not None and name not in fields:
+            continue
+        value = getattr(config, name)
+        if value == rule.default(config) or rule.when(config):
+            continue
+        return (f"GPTConfig.{name}={value!r} is not read with {rule.otherwise(config)}: {name} is for "
+                f"{rule.used_for}; leave it at its default ({rule.default(config)!r})")
+    return None
+
+
+def check_unread_fields(config, fields=None) -> None:
+    """Raise ``ValueError`` with :func:`unread_field_problem`'s message, or inside :func:`loading_saved` warn
+    (``UserWarning``, once per field) and keep the config as saved."""
+    problem = unread_field_problem(config, fields)
+    if problem is None:
+        return
+    where = _saved.get()
+    if where is None:
+        raise ValueError(problem)
+    warnings.warn(f"{where}: {problem} (a saved config; loaded as saved, the value has no effect)", UserWarning,
+                  stacklevel=3)
