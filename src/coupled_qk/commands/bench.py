@@ -11,12 +11,12 @@ curve (train-step ratio and FLOP floor vs d_model, sequence length and n_steps),
 from __future__ import annotations
 
 import argparse
-import functools
 import shlex
 import sys
 
 import torch
 
+from coupled_qk.commands.ignored import option_defaults, shown_option
 from coupled_qk.commands.options import (
     add_device_option,
     add_model_options,
@@ -152,15 +152,6 @@ HINTS = {
 }
 
 
-@functools.cache
-def _defaults() -> dict:
-    """``{option: (dest, default)}`` of every bench option, defaults as parsed (a string default through its type)."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    parsed = vars(parser.parse_args([]))
-    return {a.option_strings[0]: (a.dest, parsed.get(a.dest)) for a in parser._actions if a.option_strings}
-
-
 def _check_mode_options(args) -> None:
     """Refuse, in one line, every option of :data:`OPTION_MODES` given (a value other than its default) to a mode
     that would ignore it, ``--mode`` other than ``train`` with ``--sweep``, and decoding options with
@@ -174,13 +165,13 @@ def _check_mode_options(args) -> None:
                          "d_model, sequence length and n_steps; drop one of them)")
     mode = "sweep" if args.sweep else args.mode
     shown_mode = "--sweep" if args.sweep else f"--mode {mode}"
-    defaults = _defaults()
+    defaults = option_defaults(add_arguments)
     for option, modes in OPTION_MODES.items():
         dest, default = defaults[option]
         value = getattr(args, dest, default)
         if value == default:
             continue
-        shown = option if isinstance(value, bool) else f"{option}={_shown(value)}"
+        shown = shown_option(option, value)
         if mode not in modes:
             hint = f"{HINTS[shown_mode]}; " if shown_mode in HINTS else ""
             raise ValueError(f"{shown} does not apply to {shown_mode} ({hint}{option} is for {_users(modes)})")
@@ -194,11 +185,6 @@ def _users(modes) -> str:
     named = [m for m in modes if m != "sweep"]
     text = "--mode " + (" and ".join(named) if len(named) < 3 else ", ".join(named[:-1]) + " and " + named[-1])
     return (text + ", and --sweep" if named else "--sweep") if "sweep" in modes else text
-
-
-def _shown(value) -> str:
-    """An option's value as typed on the command line (lists comma-joined)."""
-    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def run(args) -> int:
