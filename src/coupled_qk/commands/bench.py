@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from coupled_qk.commands.ignored import option_defaults, shown_option
+from coupled_qk.commands.ignored import given_options, shown_option
 from coupled_qk.commands.options import (
     add_device_option,
     add_model_options,
@@ -165,12 +165,8 @@ def _check_mode_options(args) -> None:
                          "d_model, sequence length and n_steps; drop one of them)")
     mode = "sweep" if args.sweep else args.mode
     shown_mode = "--sweep" if args.sweep else f"--mode {mode}"
-    defaults = option_defaults(add_arguments)
-    for option, modes in OPTION_MODES.items():
-        dest, default = defaults[option]
-        value = getattr(args, dest, default)
-        if value == default:
-            continue
+    for option, value in given_options(args, add_arguments, OPTION_MODES):
+        modes = OPTION_MODES[option]
         shown = shown_option(option, value)
         if mode not in modes:
             hint = f"{HINTS[shown_mode]}; " if shown_mode in HINTS else ""

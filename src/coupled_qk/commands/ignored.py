@@ -46,6 +46,23 @@ def option_defaults(add_arguments) -> dict[str, tuple[str, object]]:
     return out
 
 
+def given_options(args: argparse.Namespace, add_arguments, options) -> list[tuple[str, object]]:
+    """``(option, value)`` for each of ``options`` that ``args`` gives at a value other than its default (from
+    ``add_arguments``, the command's own option registration), in the order of ``options``.
+
+    Raises:
+        KeyError: an option the command does not have (a programming error).
+    """
+    defaults = option_defaults(add_arguments)
+    out = []
+    for option in options:
+        dest, default = defaults[option]
+        value = getattr(args, dest, default)
+        if value != default:
+            out.append((option, value))
+    return out
+
+
 def shown_option(option: str, value) -> str:
     """``--top-k=5``; a flag alone (``--no-plots``); a list comma-joined (``--prefixes=4,8``)."""
     if isinstance(value, bool):
@@ -62,13 +79,8 @@ def refuse_ignored_options(args: argparse.Namespace, add_arguments, table: dict[
         ValueError: one line, ``"--top-k=5 does not apply with --temperature=0 (...): --top-k is for ..."``.
         KeyError: ``table`` names an option the command does not have (a programming error).
     """
-    defaults = option_defaults(add_arguments)
-    for option, rules in table.items():
-        dest, default = defaults[option]
-        value = getattr(args, dest, default)
-        if value == default:
-            continue
-        for rule in rules:
+    for option, value in given_options(args, add_arguments, table):
+        for rule in table[option]:
             if not rule.when(args):
                 raise ValueError(f"{shown_option(option, value)} does not apply with {rule.otherwise}: {option} is "
                                  f"for {rule.used_for}")
