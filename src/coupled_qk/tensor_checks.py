@@ -14,8 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["check_generate_args", "check_ids"]
+__all__ = ["check_generate_args", "check_greedy_extras", "check_ids"]
 
+GREEDY_BELOW = torch.finfo(torch.float32).tiny
+"""A sampling temperature below this decodes greedily (the arg-max; sampling logits are float32)."""
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
@@ -114,6 +116,26 @@ def check_generate_args(
         raise ValueError(f"idx is on {idx.device} but the model is on {device}")
     if attention_mask is not None:
         _check_mask(attention_mask, idx)
+
+
+def check_greedy_extras(temperature, top_k, generator) -> None:
+    """Refuse sampling arguments that greedy decoding would silently ignore (:meth:`coupled_qk.GPT.generate`;
+    the command line refuses ``--top-k``/``--seed`` with ``--temperature 0`` the same way).
+
+    A ``temperature`` below float32's smallest normal number (``0`` included) decodes greedily
+    (:func:`coupled_qk.models.generation.sample_next_token` takes the arg-max), so ``top_k`` and ``generator``
+    change no token there. Call after :func:`check_generate_args` (``temperature`` is a finite real >= 0).
+
+    Raises:
+        ValueError: ``top_k`` or ``generator`` given (not ``None``) with a greedy ``temperature``, naming it.
+    """
+    if temperature >= GREEDY_BELOW:
+        return
+    for name, value in (("top_k", top_k), ("generator", generator)):
+        if value is not None:
+            raise ValueError(
+                f"{name}={value!r} has no effect with temperature={temperature!r} (greedy decoding: the most likely "
+                f"token at every step, nothing is sampled); pass {name}=None, or a temperature > 0 to sample")
 
 
 def _check_stop_ids(stop_ids, vocab_size: int) -> None:

@@ -73,8 +73,9 @@ def test_padded_ids_are_never_sampled_or_accepted():
         full = model.hidden_states(torch.randint(0, V, (2, 5))) @ model.lm_head.weight.T
         assert (full.argmax(-1) >= V).all()
     prompt = torch.randint(0, V, (4, 3))
-    for kw in (dict(temperature=0.0), dict(temperature=1.0), dict(temperature=2.0, top_k=70)):
-        out = model.generate(prompt, 20, generator=torch.Generator().manual_seed(1), **kw)
+    sampled = dict(generator=torch.Generator().manual_seed(1))
+    for kw in (dict(temperature=0.0), dict(temperature=1.0, **sampled), dict(temperature=2.0, top_k=70, **sampled)):
+        out = model.generate(prompt, 20, **kw)
         assert out.max() < V
     with pytest.raises(ValueError, match=r"\[0, 61\)"):
         model(torch.tensor([[V]]))

@@ -4,6 +4,7 @@ with ``TypeError``/``ValueError`` naming it; generated values (hypothesis) for e
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import reliability_profile  # noqa: F401  (the example budget)
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from coupled_qk import GPT, GPTConfig
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.qk_maps import QKDynamics
-from coupled_qk.tensor_checks import check_generate_args
+from coupled_qk.tensor_checks import GREEDY_BELOW, check_generate_args
 
 VOCAB, BLOCK = 64, 32
 
@@ -70,10 +71,31 @@ def test_unknown_context_is_named(model):
        top_k=st.one_of(st.none(), st.integers(1, 2 * VOCAB)), seed=st.integers(0, 2**31 - 1))
 def test_valid_arguments_generate(model, b, t, new, temperature, top_k, seed):
     idx = torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
-    out = model.generate(idx, new, temperature=temperature, top_k=top_k,
-                         generator=torch.Generator().manual_seed(seed))
+    greedy = temperature < GREEDY_BELOW
+    out = model.generate(idx, new, temperature=temperature, top_k=None if greedy else top_k,
+                         generator=None if greedy else torch.Generator().manual_seed(seed))
     assert out.shape == (b, t + new) and torch.equal(out[:, :t], idx)
     assert int(out.min()) >= 0 and int(out.max()) < VOCAB
+
+
+@given(temperature=st.one_of(st.just(0.0), st.floats(0, GREEDY_BELOW, exclude_max=True)),
+       top_k=st.one_of(st.none(), st.integers(1, 2 * VOCAB)), seed=st.one_of(st.none(), st.integers(0, 2**31 - 1)),
+       sliding=st.booleans())
+def test_greedy_decoding_refuses_what_it_would_ignore(model, temperature, top_k, seed, sliding):
+    """Greedy decoding (a temperature below float32's smallest normal number) samples nothing: ``top_k`` and
+    ``generator`` are refused, naming the first given, and the tokens are those of plain greedy decoding without
+    them (checked with the refusal bypassed, so the rule cannot refuse something that has an effect)."""
+    idx = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    decode = model.generate_sliding if sliding else model.generate
+    plain = decode(idx, 4, temperature=temperature)
+    if top_k is None and generator is None:
+        assert torch.equal(plain, decode(idx, 4, temperature=0.0))
+        return
+    with pytest.raises(ValueError, match="top_k=" if top_k is not None else "generator="):
+        decode(idx, 4, temperature=temperature, top_k=top_k, generator=generator)
+    with mock.patch("coupled_qk.models.generation.check_greedy_extras"):
+        assert torch.equal(decode(idx, 4, temperature=temperature, top_k=top_k, generator=generator), plain)
 
 
 @given(top_p=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.text(max_size=3)),

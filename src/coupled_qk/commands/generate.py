@@ -12,7 +12,10 @@ HELP = "sample text from a trained run (its own tokenizer, KV-cache decoding)"
 
 
 def _sampling(args) -> bool:
-    return args.temperature > 0
+    """Whether ``--temperature`` samples (below float32's smallest normal number decoding is greedy)."""
+    from coupled_qk.tensor_checks import GREEDY_BELOW
+
+    return args.temperature >= GREEDY_BELOW
 
 
 def _ignored_options() -> dict:
@@ -82,11 +85,13 @@ def run(args) -> int:
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} plus the prompt's {prompt.shape[1]} tokens "
                          f"exceeds the model's context block_size={limit}; use at most "
                          f"{max(limit - prompt.shape[1], 0)}, or --context slide")
-    generator = torch.Generator(device=device).manual_seed(args.seed)
+    sampling = _sampling(args)  # greedy decoding takes neither (GPT.generate refuses them there)
+    generator = torch.Generator(device=device).manual_seed(args.seed) if sampling else None
+    top_k = args.top_k if sampling else None
     print(f"# {run.checkpoint} (step {run.step}, {run.model.config.attention}); tokenizer {run.tokenizer.name}"
           + (f"; sliding context of {limit} tokens" if over else ""))
     for i in range(args.num_samples):
-        out = run.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        out = run.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=top_k,
                                  generator=generator, context=args.context, **_compile_kwargs(args))
         if args.num_samples > 1:
             print(f"--- sample {i + 1}")

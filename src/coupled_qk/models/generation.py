@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from coupled_qk.layers.kv_cache import KVCache, StaticKVCache
-from coupled_qk.tensor_checks import check_generate_args
+from coupled_qk.tensor_checks import GREEDY_BELOW, check_generate_args, check_greedy_extras
 
 
 class GPTGenerationMixin:
@@ -54,13 +54,15 @@ class GPTGenerationMixin:
                 ``top_k < 1``, an empty prompt or batch, ids out of the vocabulary, a mask of another shape, or
                 (``context="error"``) a total length beyond ``block_size`` (no silent cropping); ``context``
                 other than ``"slide"``/``"error"``; ``compile=True`` with ``attention_mask`` or without
-                ``use_cache``.
+                ``use_cache``; ``top_k`` or ``generator`` with a greedy ``temperature`` (``0``), where they would
+                change no token (:func:`coupled_qk.tensor_checks.check_greedy_extras`).
         """
         if context not in ("slide", "error"):
             raise ValueError(f"context={context!r} must be 'slide' or 'error'")
         check_generate_args(idx, max_new_tokens, block_size=self.config.block_size, vocab_size=self.config.vocab_size,
                             temperature=temperature, top_k=top_k, use_cache=use_cache, generator=generator,
                             attention_mask=attention_mask, fit_context=context == "error")  # once per call
+        check_greedy_extras(temperature, top_k, generator)
         total = idx.shape[1] + max_new_tokens
         if total > self.config.block_size:  # context="slide" (checked above): predict from the last block_size
             return self.generate_sliding(idx, max_new_tokens, temperature, top_k, use_cache, generator,
@@ -117,6 +119,7 @@ class GPTGenerationMixin:
         check_generate_args(idx, max_new_tokens, block_size=self.config.block_size, vocab_size=self.config.vocab_size,
                             temperature=temperature, top_k=top_k, use_cache=use_cache, generator=generator,
                             attention_mask=attention_mask, fit_context=False)
+        check_greedy_extras(temperature, top_k, generator)
         block = self.config.block_size
         b, t = idx.shape
         first = min(max_new_tokens, max(block - t, 0))  # tokens that still fit the context: plain decoding
@@ -178,7 +181,7 @@ def sample_next_token(logits: torch.Tensor, temperature: float, top_k: int | Non
     k-th value kept). Used by :meth:`GPT.generate` and :meth:`GPT.generate_sliding`. A temperature so small
     that it underflows in the logits' dtype decodes greedily (its limit); the logits are shifted by their
     maximum first, so a tiny temperature cannot overflow to ``inf - inf = nan``."""
-    if temperature < torch.finfo(logits.dtype).tiny:
+    if temperature < max(torch.finfo(logits.dtype).tiny, GREEDY_BELOW):
         return logits.argmax(dim=-1, keepdim=True)
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
