@@ -87,11 +87,24 @@ def test_a_non_default_value_is_refused_exactly_where_it_is_not_read(grid, name)
     assert GPTConfig(**SMALL, **grid, **{name: READ_WHEN[name].default(base)}) == base  # the default is fine
 
 
-def test_assignment_is_checked_and_replace_resets_unread_fields():
-    cfg = GPTConfig(**SMALL, position="learned")
-    with pytest.raises(ValueError, match="rope_base=5.0 is not read with position='learned'"):
-        cfg.rope_base = 5.0
-    assert cfg.rope_base == 10000.0
+@settings(max_examples=30, deadline=None)
+@given(settings_grid, st.sampled_from(sorted(READ_WHEN)))
+def test_assigning_a_non_default_value_is_refused_exactly_where_it_is_not_read(grid, name):
+    cfg = GPTConfig(**SMALL, **grid)
+    value = OTHER_VALUE[name]
+    if name == "map_position" and cfg.position != "rope":
+        return  # post_rope needs position='rope' (its own rule)
+    before = cfg.to_dict()
+    if READ_WHEN[name].when(cfg):
+        setattr(cfg, name, value)
+        assert getattr(cfg, name) == value
+        return
+    with pytest.raises(ValueError, match=rf"GPTConfig\.{name}=.* is not read with "):
+        setattr(cfg, name, value)
+    assert cfg.to_dict() == before  # the refused value is not kept
+
+
+def test_replace_resets_unread_fields():
     coupled = GPTConfig(**SMALL, attention="coupled", map_position="post_rope", rope_base=500.0)
     assert coupled.replace(attention="standard").map_position == "pre_rope"
     assert coupled.replace(position="learned", map_position="pre_rope").rope_base == 10000.0

@@ -282,6 +282,19 @@ class GPTConfig(JSONConfig):
             raise ValueError("GPTConfig.map_position='post_rope' needs position='rope'")
         check_unread_fields(self, ("rope_base", "map_position"))  # models/field_rules.py
 
+    def __setattr__(self, name: str, value) -> None:
+        """As the base class; assigning ``d_ff`` also checks that the model reads it (``use_mlp``), which
+        :meth:`validate` cannot do for every assignment (after ``d_model`` changes, a derived ``d_ff`` no longer
+        equals ``4 d_model`` without anyone having set it)."""
+        old = self.__dict__.get(name)
+        super().__setattr__(name, value)
+        if name == "d_ff" and self.__dict__.get("_constructed"):
+            try:
+                check_unread_fields(self, ("d_ff",))
+            except ValueError:
+                object.__setattr__(self, name, old)
+                raise
+
     @property
     def padded_vocab_size(self) -> int:
         """Rows of the token embedding and output head: ``vocab_size`` rounded up to ``vocab_pad_multiple``."""
