@@ -16,6 +16,7 @@ import reliability_profile  # noqa: F401  (the example budget)
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from coupled_qk._assignment import CheckedAssignment
 from coupled_qk._checks import _unwrap_optional, declaration_problems, declare, field_types
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.options import MapOptions
@@ -161,6 +162,9 @@ def test_map_options_accept_every_declared_value(data):
                 kwargs["keys_per_query_head"] = True  # the one cross-field rule (DynamicsOptions.validate)
             opts = cls(**kwargs)
             assert getattr(opts, field.name) == value
+            assigned = cls(**{k: v for k, v in kwargs.items() if k != field.name})
+            setattr(assigned, field.name, value)  # the checked assignment accepts what the constructor does
+            assert assigned == opts
 
 
 @NO_SHRINK
@@ -188,7 +192,7 @@ def test_values_outside_the_declaration_are_refused_naming_the_field(data):
                 cls(**{**base, field.name: value})
             assert "\n" not in str(info.value)
             assert info.type is ValueError
-            if isinstance(cls, type) and issubclass(cls, (GPTConfig, TrainConfig)):  # assignment is re-checked
+            if isinstance(cls, type) and issubclass(cls, CheckedAssignment):  # assignment is re-checked (map options too)
                 cfg = cls(**base)
                 before = getattr(cfg, field.name)
                 with pytest.raises(ValueError, match=f"{name.replace('.', '[.]')}"):

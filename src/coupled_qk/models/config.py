@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from coupled_qk._assignment import CheckedAssignment
 from coupled_qk._checks import (
     MAX_VOCAB,
     check_declared,
@@ -73,52 +74,13 @@ def rename_fields(data: dict, where: str = "GPTConfig") -> dict:
     return out
 
 
-class JSONConfig:
+class JSONConfig(CheckedAssignment):
     """Dict/JSON round trip for validated config dataclasses; unknown fields fail loudly.
 
-    Assignment after construction is checked like construction (docs/RELIABILITY.md, "Configuration"): the
-    value is converted to the field's declared type (:func:`coupled_qk._checks.coerce`) and ``validate()`` runs
-    again; on an error the old value is restored and ``ValueError`` names the field. An unknown attribute is an
-    ``AttributeError`` (a typo never creates a silent new attribute). Reads are untouched, so hot paths that
-    read a config cost nothing more.
+    Assignment after construction is checked like construction (:class:`coupled_qk._assignment.CheckedAssignment`:
+    the value converted to the field's declared type, ``validate()`` run again, the old value restored on an
+    error).
     """
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        post = cls.__dict__.get("__post_init__")
-        if post is not None:  # assignments made while constructing are not re-checked one by one
-
-            @functools.wraps(post)
-            def post_init(self, *args, **kw):
-                object.__setattr__(self, "_checking", True)
-                try:
-                    post(self, *args, **kw)
-                finally:
-                    object.__setattr__(self, "_checking", False)
-                object.__setattr__(self, "_constructed", True)
-
-            cls.__post_init__ = post_init
-
-    def __setattr__(self, name: str, value) -> None:
-        state = self.__dict__
-        if name.startswith("_") or not state.get("_constructed") or state.get("_checking"):
-            object.__setattr__(self, name, value)
-            return
-        owner = type(self).__name__
-        types = field_types(type(self))
-        if name not in types:
-            raise AttributeError(f"{owner} has no field {name!r}; fields: {sorted(types)}")
-        value = coerce(f"{owner}.{name}", value, types[name])
-        old = state[name]
-        object.__setattr__(self, name, value)
-        object.__setattr__(self, "_checking", True)
-        try:
-            self.validate()
-        except BaseException:
-            object.__setattr__(self, name, old)
-            raise
-        finally:
-            object.__setattr__(self, "_checking", False)
 
     def to_dict(self) -> dict:
         """All fields as a JSON-serialisable dict."""
@@ -267,6 +229,8 @@ class GPTConfig(JSONConfig):
         """Check every field against its declaration in the field metadata (``_checks.check_declared``), then
         the cross-field rules; raise ``ValueError`` naming the first offending field."""
         check_declared(self)
+        if isinstance(self.qk_map, MapOptions):
+            self.qk_map.bind(self)  # assigning a map option re-runs these checks
         spec = get_attention(self.attention)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"GPTConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
@@ -280,7 +244,7 @@ class GPTConfig(JSONConfig):
             )
         if self.map_position == "post_rope" and self.position != "rope":
             raise ValueError("GPTConfig.map_position='post_rope' needs position='rope'")
-        check_unread_fields(self, ("rope_base", "map_position"))  # models/field_rules.py
+        check_unread_fields(self, ("rope_base", "map_position", "qk_map.keys_per_query_head"))  # field_rules.py
 
     def __setattr__(self, name: str, value) -> None:
         """As the base class; assigning ``d_ff`` also checks that the model reads it (``use_mlp``), which
@@ -294,6 +258,12 @@ class GPTConfig(JSONConfig):
             except ValueError:
                 object.__setattr__(self, name, old)
                 raise
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled or deep-copied: the map options are bound to this copy (:meth:`MapOptions.bind`)."""
+        self.__dict__.update(state)
+        if isinstance(self.qk_map, MapOptions):
+            self.qk_map.bind(self)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -318,8 +288,13 @@ class GPTConfig(JSONConfig):
         data.update(changes)
         settings = types.SimpleNamespace(**data)  # the new settings, read as attributes
         for name, rule in READ_WHEN.items():
-            if name not in changes and not rule.when(settings):
+            top, _, option = name.partition(".")
+            if name in changes or top in changes or option in changes or rule.when(settings):
+                continue
+            if not option:
                 data[name] = None if name == "d_ff" else rule.default(settings)
+            elif isinstance(data.get(top), dict) and option in data[top]:
+                data[top] = {**data[top], option: rule.default(settings)}
         return type(self).from_dict(data)
 
     @classmethod

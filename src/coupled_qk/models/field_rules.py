@@ -54,8 +54,30 @@ READ_WHEN: dict[str, ReadWhen] = {
     "d_ff": ReadWhen(
         lambda c: c.use_mlp, lambda c: "use_mlp=False (attention-only blocks, no feed-forward sub-layer)",
         "the feed-forward width, use_mlp=True", lambda c: 4 * c.d_model),
+    "qk_map.keys_per_query_head": ReadWhen(
+        lambda c: c.n_kv_heads is not None and c.n_kv_heads < c.n_heads,
+        lambda c: (f"n_kv_heads={c.n_kv_heads} = n_heads={c.n_heads} (no grouped-query attention: each query "
+                   "head already has its own key head, so the evolved keys are the same either way)"),
+        "grouped-query attention, n_kv_heads < n_heads (one evolved key per key/value head)", lambda c: True),
 }
-"""Field -> when the model reads it. A field not listed here is read by every config."""
+"""Field -> when the model reads it. A field not listed here is read by every config. A dotted name is an option
+of the query-key map (``GPTConfig.qk_map``), checked only for maps that have it."""
+
+MISSING = object()
+""":func:`field_value` of a dotted name whose map has no such option."""
+
+
+def field_value(config, name: str):
+    """``config``'s value of field ``name`` (``"qk_map.keys_per_query_head"`` reads the map option; ``config``
+    and ``qk_map`` may be objects or dicts), or :data:`MISSING` where there is no such field."""
+    value = config
+    for part in name.split("."):
+        if value is None:
+            return MISSING
+        value = value.get(part, MISSING) if isinstance(value, dict) else getattr(value, part, MISSING)
+        if value is MISSING:
+            return MISSING
+    return value
 
 _saved: contextvars.ContextVar[str | None] = contextvars.ContextVar("coupled_qk_saved_config", default=None)
 
@@ -77,8 +99,8 @@ def unread_field_problem(config, fields=None) -> str | None:
     for name, rule in READ_WHEN.items():
         if fields is not None and name not in fields:
             continue
-        value = getattr(config, name)
-        if value == rule.default(config) or rule.when(config):
+        value = field_value(config, name)
+        if value is MISSING or value == rule.default(config) or rule.when(config):
             continue
         return (f"GPTConfig.{name}={value!r} is not read with {rule.otherwise(config)}: {name} is for "
                 f"{rule.used_for}; leave it at its default ({rule.default(config)!r})")

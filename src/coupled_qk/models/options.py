@@ -9,8 +9,10 @@ map's constructor (docs/DESIGN.md, "Adding an attention variant"). The registry
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 
+from coupled_qk._assignment import CheckedAssignment
 from coupled_qk._checks import FLOAT32_MAX, check_declared, coerce_fields, declare
 from coupled_qk.layers.forces import FORCES
 from coupled_qk.ops.dynamics import INTEGRATORS
@@ -18,13 +20,16 @@ from coupled_qk.ops.dynamics import INTEGRATORS
 __all__ = ["DynamicsOptions", "InvertibleOptions", "MapOptions", "QueryMLPOptions"]
 
 
-class MapOptions:
+class MapOptions(CheckedAssignment):
     """Base class of the nested map configs (``GPTConfig.qk_map``).
 
     Subclasses are dataclasses whose fields are the keyword arguments of their map's constructor. On
     construction every field is converted to its declared type (``_checks.coerce_fields``: ``"False"`` ->
     ``False``, ``"2"`` -> ``2``), checked against the range or choices declared once in its field metadata
     (``_checks.declare``; ``_checks.check_declared``), then :meth:`validate` runs the cross-field checks.
+    Assigning a field later (``config.qk_map.n_steps = 2``) runs the same checks
+    (:class:`~coupled_qk._assignment.CheckedAssignment`); the rules that involve the rest of ``GPTConfig``
+    (e.g. ``keys_per_query_head`` with ``n_kv_heads``) run again when a model is built from the config.
     Every field must be declared (``tests/reliability/test_field_declarations.py`` introspects every
     registered map's options).
 
@@ -34,8 +39,29 @@ class MapOptions:
 
     def __post_init__(self):
         coerce_fields(self, "GPTConfig.qk_map")
+        self.recheck()
+
+    def owner_name(self) -> str:
+        return "GPTConfig.qk_map"
+
+    def recheck(self) -> None:
+        """The declared ranges and choices of every field, then :meth:`validate`, then (after construction) the
+        checks of the ``GPTConfig`` that holds these options (:meth:`bind`), if it still does."""
         check_declared(self, "GPTConfig.qk_map")
         self.validate()
+        ref = self.__dict__.get("_owner")
+        owner = ref() if ref is not None else None
+        if owner is not None and owner.qk_map is self:
+            owner.validate()
+
+    def bind(self, owner) -> None:
+        """Remember the ``GPTConfig`` that holds these options (weakly), so that assigning an option re-runs its
+        cross-field rules (``GPTConfig.validate`` calls this)."""
+        object.__setattr__(self, "_owner", weakref.ref(owner))
+
+    def __getstate__(self) -> dict:
+        """Pickled without the weak reference to the owning config (``GPTConfig`` binds it again)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_owner"}
 
     def validate(self) -> None:
         """Cross-field checks of the converted, range-checked fields (override in subclasses; raise
