@@ -75,6 +75,49 @@ def test_standard_names_behave_exactly_like_our_names(given_values):
         assert getattr(c, standard) == getattr(expected, field)
 
 
+ASSIGNABLE = sorted({*STANDARD_NAMES, "n_layer", "d_model", "n_heads", "n_kv_heads", "attention", "position",
+                     "use_mlp", "dropout", "dt_init", "n_steps", "integrator", "rope_base"})
+ASSIGNED = st.one_of(st.integers(-3, 300), st.floats(-2, 5), st.sampled_from(
+    [1.5, "8", True, False, "euler", "leapfrog", "standard", "coupled", "bogus", "rope", "learned"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(ASSIGNABLE), ASSIGNED)
+def test_assignment_is_checked_exactly_as_construction(key, value):
+    """Assigning a field (our name, its standard name or a flat map option) after construction succeeds exactly
+    where building the config with that value succeeds, and then gives the same config; a refused assignment
+    leaves the config as it was (it used to be stored unchecked and fail only when the saved folder loaded)."""
+    c = CoupledQKConfig(**BASE)
+    before = c.to_gpt_config()
+    try:
+        expected = CoupledQKConfig(**{**c.to_gpt_config().to_dict(), STANDARD_NAMES.get(key, key): value}).to_gpt_config()
+    except ValueError:
+        with pytest.raises(ValueError):
+            setattr(c, key, value)
+        assert c.to_gpt_config() == before
+        return
+    setattr(c, key, value)
+    assert c.to_gpt_config() == expected
+
+
+def test_untied_embeddings_and_near_miss_names_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="tie_word_embeddings=False: coupled-qk models always tie"):
+        CoupledQKConfig(**BASE, tie_word_embeddings=False)
+    c = CoupledQKConfig(**BASE)
+    with pytest.raises(ValueError, match="tie_word_embeddings=False"):
+        c.tie_word_embeddings = False
+    CoupledQKForCausalLM(c).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="tie_word_embeddings=False"):  # the head would load at random
+        CoupledQKForCausalLM.from_pretrained(tmp_path, tie_word_embeddings=False)
+    for typo, field in (("n_layers", "n_layer"), ("attn", None), ("d_modle", "d_model"), ("n_step", "n_steps")):
+        if field is None:  # not close to any field: kept as a plain attribute, as transformers does
+            assert getattr(CoupledQKConfig(**BASE, **{typo: 3}), typo) == 3
+            continue
+        with pytest.raises(ValueError, match=f"unknown field '{typo}'; did you mean '{field}'"):
+            CoupledQKConfig(**BASE, **{typo: 3})
+    assert CoupledQKConfig(**BASE, num_labels=3, torch_dtype="float32").num_labels == 3  # transformers' own keys
+
+
 def test_an_old_config_json_with_dynamics_position_loads(tmp_path):
     """A config.json saved before GPTConfig.dynamics_position became map_position keeps its setting."""
     data = CoupledQKConfig(attention="coupled", map_position="post_rope").to_dict()

@@ -10,7 +10,10 @@ keys taking precedence. See ``docs/METHOD.md`` section 4 for the fields.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import difflib
+import functools
 
 from transformers import PretrainedConfig
 
@@ -52,6 +55,38 @@ def _standard_names_to_ours(kwargs: dict) -> dict:
     return given
 
 
+_building: contextvars.ContextVar[bool] = contextvars.ContextVar("coupled_qk_building_hf_config", default=False)
+"""True while a ``CoupledQKConfig`` is being constructed (a flag in the instance would be saved in config.json)."""
+
+
+def _check_tied(value) -> None:
+    """``tie_word_embeddings`` must be ``True``: the model's output head *is* its token embedding
+    (``models/gpt.py``), so an untied head would be left at its random initialisation when loaded."""
+    if value is not True:
+        raise ValueError(f"CoupledQKConfig.tie_word_embeddings={value!r}: coupled-qk models always tie the output "
+                         "head to the token embedding (an untied head would load with random weights); leave it True")
+
+
+def _refuse_near_misses(kwargs: dict) -> None:
+    """Refuse a keyword that is neither ours nor a ``transformers`` config attribute but is one edit away from
+    one of our fields (``n_layers`` for ``n_layer``): ``PretrainedConfig`` keeps unknown keywords as attributes,
+    so the typo would silently leave the field at its default."""
+    ours = set(GPT_FIELDS) | set(GPTConfig.extra_names()) | set(STANDARD_NAMES)
+    for key in kwargs:
+        if key in ours or key.startswith("_") or key in _transformers_attributes():
+            continue
+        close = difflib.get_close_matches(key, sorted(ours), n=1, cutoff=0.85)
+        if close:
+            raise ValueError(f"CoupledQKConfig got an unknown field {key!r}; did you mean {close[0]!r}? (an unknown "
+                             "name would be kept as a plain attribute and change nothing)")
+
+
+@functools.cache
+def _transformers_attributes() -> frozenset:
+    """The attribute names of a default ``PretrainedConfig`` (the keywords every transformers config takes)."""
+    return frozenset(PretrainedConfig().to_dict())
+
+
 def _name_standard(exc: ValueError, given: dict) -> ValueError:
     """``exc`` with the standard name added when the field it names was given under that name."""
     message = str(exc)
@@ -90,10 +125,13 @@ class CoupledQKConfig(PretrainedConfig):
 
     def __init__(self, **kwargs):
         given = _standard_names_to_ours(kwargs)
+        token = _building.set(True)  # the constructor's own assignments are checked as a whole, by _build
         try:
             self._build(kwargs)
         except ValueError as exc:
             raise _name_standard(exc, given) from None
+        finally:
+            _building.reset(token)
 
     def _build(self, kwargs: dict) -> None:
         legacy = kwargs.pop("gpt", None) or {}  # written by coupled-qk 0.1.0 (flat options, top-level copies)
@@ -104,13 +142,30 @@ class CoupledQKConfig(PretrainedConfig):
         fields = {**legacy, **top}  # top-level keys win
         if legacy:
             fields = GPTConfig.upgrade(fields, "config.json")
+        _refuse_near_misses(kwargs)
         gpt = GPTConfig.from_dict(fields)
-        kwargs.setdefault("tie_word_embeddings", True)
+        _check_tied(kwargs.setdefault("tie_word_embeddings", True))
         use_cache = bool(kwargs.pop("use_cache", True)) or bool(legacy)  # the old wrapper could not cache
         super().__init__(**kwargs)
         self.use_cache = use_cache
         for name, value in gpt.to_dict().items():
             setattr(self, name, value)
+
+    def __setattr__(self, key, value) -> None:
+        """Assigning a field after construction is checked as the constructor checks it (``config.attention =
+        "bogus"`` is refused here, not when a saved folder fails to load): a ``GPTConfig`` field or its standard
+        name is validated with the other fields (:class:`~coupled_qk.GPTConfig`), ``tie_word_embeddings`` must
+        stay ``True``; a flat map option (``config.dt_init = 0.3``) sets that option of ``qk_map``. ``ValueError``
+        naming the field; the old value stays."""
+        key = STANDARD_NAMES.get(key, key)
+        if not _building.get():
+            if key == "tie_word_embeddings":
+                _check_tied(value)
+            elif key in GPT_FIELDS or key in GPTConfig.extra_names():
+                fields = {name: getattr(self, name) for name in GPT_FIELDS}
+                gpt = GPTConfig.from_dict({**fields, key: value})  # validated; a flat map option goes to qk_map
+                key, value = (key, getattr(gpt, key)) if key in GPT_FIELDS else ("qk_map", gpt.to_dict()["qk_map"])
+        super().__setattr__(key, value)
 
     @classmethod
     def from_gpt_config(cls, config: GPTConfig, **kwargs) -> CoupledQKConfig:
