@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from coupled_qk.data.mqar import IGNORE_INDEX
 from coupled_qk.training.config import TrainConfig
@@ -35,6 +37,22 @@ def test_model_overrides_and_describe(tmp_path):
     assert d["batches_per_epoch"] == 13 + 8  # ceil(100/8) + ceil(60/8)
     task.save(tmp_path)
     assert json.loads((tmp_path / "data.json").read_text())["vocab_size"] == V
+
+
+@given(st.sampled_from(["vocab_size", "block_size"]), st.integers(1, 300))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_model_override_that_the_data_decide_must_agree_with_them(tmp_path, name, value):
+    """``--set vocab_size=5`` with MQAR (V=64) trained a 64-token model and recorded 5; now the run refuses it,
+    naming the field, unless it equals what the data decide (then it is harmless)."""
+    cfg = _cfg(tmp_path, model=dict(n_layer=2, d_model=16, n_heads=1, use_mlp=False, position="learned",
+                                    **{name: value}))
+    decided = MQARTask(cfg, tmp_path).model_overrides()
+    if value == decided[name]:
+        assert getattr(cfg.gpt_config(**decided), name) == value
+        return
+    with pytest.raises(ValueError, match=rf"TrainConfig\.model\.{name}={value} cannot apply: task='mqar' sets "
+                                         rf"{name}={decided[name]}"):
+        cfg.gpt_config(**decided)
 
 
 def test_batches_are_deterministic_single_slice_and_well_formed(tmp_path):

@@ -200,7 +200,22 @@ class TrainConfig(JSONConfig):
         return higher_is_better(self.best_metric or "", self.best_mode)
 
     def gpt_config(self, **extra) -> GPTConfig:
-        """The model configuration: ``preset`` with ``model`` overrides, then ``extra``."""
+        """The model configuration: ``preset`` with ``model`` overrides, then ``extra`` (the fields the task's
+        data decide: ``vocab_size`` from the tokenizer, ``block_size`` for MQAR, a GLUE checkpoint's whole config).
+
+        Raises:
+            ValueError: an invalid override (from :class:`~coupled_qk.GPTConfig`), or a ``model`` override that
+                ``extra`` would replace with another value (``--set vocab_size=1000`` with a 512-token tokenizer
+                used to train a 512-token model and record 1000).
+        """
+        if extra and self.model:
+            given = GPTConfig.from_preset(self.preset, **self.model)
+            for name, value in extra.items():
+                if name in self.model and getattr(given, name, value) != value:
+                    raise ValueError(
+                        f"TrainConfig.model.{name}={self.model[name]!r} cannot apply: task={self.task!r} sets "
+                        f"{name}={value!r} from its data (the tokenizer, the MQAR sequences or the pretrained "
+                        f"checkpoint); remove {name} from the model overrides (--set)")
         return GPTConfig.from_preset(self.preset, **{**self.model, **extra})
 
 
