@@ -95,6 +95,19 @@ def test_generate_default_temperature_is_the_model_default():
     assert args.context == inspect.signature(GPT.generate).parameters["context"].default == "slide"
 
 
+@pytest.mark.parametrize("device,error", [("auto", None), ("cpu", None), ("meta", "is not a device name"),
+                                          ("cuda:7", "is not available on this machine"), ("", "is not a device name"),
+                                          (3, "must be a device name")])
+def test_load_run_device_is_checked_before_anything_loads(run_dir, device, error):
+    """``device`` as ``--device`` takes it: "auto" works (it used to be torch's RuntimeError), "meta" (which
+    loaded "successfully" with the weights discarded) and absent devices are one line listing those present."""
+    if error is None:
+        assert coupled_qk.load_run(run_dir, device=device).model.lm_head.weight.device.type == "cpu"
+        return
+    with pytest.raises(ValueError, match=f"device=.*{error}.*available here: auto, cpu"):
+        coupled_qk.load_run(run_dir, device=device)
+
+
 def test_load_run_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         coupled_qk.load_run(tmp_path)

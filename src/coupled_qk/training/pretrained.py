@@ -55,8 +55,12 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
 
     Raises:
         FileNotFoundError: no checkpoint, or no ``tokenizer/tokenizer.json`` in the run folder.
-        ValueError: a damaged checkpoint, or a tokenizer whose vocabulary does not match the model.
+        ValueError: a damaged checkpoint, a tokenizer whose vocabulary does not match the model, or a
+            ``device`` that is neither ``"auto"`` nor a device of this machine (the error lists those).
     """
+    from coupled_qk.training.distributed import pick_device
+
+    device = pick_device(device)  # "auto" as on the command line; a device this machine lacks is one line
     ckpt = resolve_checkpoint(path)
     run_dir = ckpt.parent
     tok_dir = run_dir / "tokenizer"
