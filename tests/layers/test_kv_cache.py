@@ -27,8 +27,11 @@ def make_model(attention, n_kv_heads=2, shared_keys=False, integrator="leapfrog"
             options["integrator"] = integrator
         if shared_keys:
             options["keys_per_query_head"] = False
+    unread = shared_keys and n_kv_heads == 4  # keys_per_query_head=False without grouping: refused, as unread
     cfg = GPTConfig(vocab_size=53, block_size=BLOCK, n_layer=2, d_model=32, n_heads=4, n_kv_heads=n_kv_heads,
-                    attention=attention, qk_map=options, **kw)
+                    attention=attention, qk_map={**options, "keys_per_query_head": True} if unread else options, **kw)
+    if unread:  # what the model would do if it were accepted (the test below: the same as the default)
+        object.__setattr__(cfg.qk_map, "keys_per_query_head", False)
     model = GPT(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -73,6 +76,8 @@ def test_grouped_shared_keys_cache_is_as_small_as_standard():
 @pytest.mark.parametrize("attention", ["coupled", "coupled_differential"])
 @pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])
 def test_shared_keys_without_grouping_equal_the_default(attention, integrator):
+    """Why GPTConfig refuses keys_per_query_head=False without grouped heads (models/field_rules.py): forced past
+    the check, it computes exactly what the default computes."""
     kv = 4  # n_kv_heads == n_heads
     a = make_model(attention, n_kv_heads=kv, integrator=integrator)
     b = make_model(attention, n_kv_heads=kv, shared_keys=True, integrator=integrator)

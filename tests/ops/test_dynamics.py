@@ -162,3 +162,21 @@ def test_bad_inputs():
     assert q2.shape == (B, H, T, D)
     with pytest.raises(ValueError, match="dt has"):
         integrate_qk(torch.randn(B, H, T, D), torch.randn(B, H, T, D), lambda x: x, torch.zeros(H + 1))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: QKDynamics(D, H), lambda: QKDynamics(D, H, integrator="leapfrog"),
+    lambda: __import__("coupled_qk.layers.qk_maps", fromlist=["QueryMLP"]).QueryMLP(D, H),
+    lambda: __import__("coupled_qk.layers.invertible", fromlist=["InvertibleQKCoupling"]).InvertibleQKCoupling(D, H),
+], ids=["euler", "leapfrog", "query_mlp", "invertible"])
+@pytest.mark.parametrize("k_dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_every_map_refuses_a_key_of_another_dtype(make, k_dtype):
+    """``dyn(q, k.double())`` returned float64 outputs and ``k.long()`` was accepted: every map's first check
+    (``check_qk_tensors``) now wants floating-point q and k of one dtype, naming both."""
+    q = torch.randn(B, H, T, D)
+    k = torch.randn(B, H, T, D).to(k_dtype)
+    match = "k must be a floating-point tensor" if not k.is_floating_point() else "q and k dtypes differ"
+    with pytest.raises(ValueError, match=match):
+        make()(q, k)
+    q_out, k_out = make()(q, k.float() if k.is_floating_point() else torch.randn(B, H, T, D))
+    assert q_out.dtype == k_out.dtype == torch.float32

@@ -163,16 +163,23 @@ class QKDynamics(QKMap):
 
 
 def check_qk_tensors(q, k, device: torch.device) -> None:
-    """``q`` and ``k`` are tensors on the module's ``device`` (a query-key map's first check, before any shape).
+    """``q`` and ``k`` are floating-point tensors of one dtype on the module's ``device`` (a query-key map's first
+    check, before any shape; the parameters' dtype is each map's own check).
 
     Raises:
-        TypeError: naming ``q`` or ``k``, for a non-tensor. ValueError: a tensor on another device.
+        TypeError: naming ``q`` or ``k``, for a non-tensor. ValueError: a tensor on another device, an integer or
+            bool tensor, or ``k`` of another dtype than ``q`` (a float64 ``k`` made float64 outputs, an int64 one
+            was accepted).
     """
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, T, d_head); got {type(t).__name__}")
         if t.device != device and device.type != "meta":
             raise ValueError(f"{name} is on {t.device} but the module is on {device}; move it there")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor; got dtype {t.dtype}")
+    if k.dtype != q.dtype:
+        raise ValueError(f"q and k dtypes differ: q {q.dtype} vs k {k.dtype}; give both the same dtype")
 
 
 class QueryMLP(QKMap):
