@@ -70,3 +70,13 @@ def test_table_shows_bits_per_byte_and_labels_a_subsampled_evaluation(tmp_path):
     table = comparison_table(summary).splitlines()
     assert table[2].split(" | ")[4] == "1.5000 ± 0.3536"  # mean 1.5, sample sd 0.5 / sqrt(2)
     assert table[-1].startswith("Smoke run: valid and test scored on their first 64 windows only")
+
+
+def test_specs_that_give_the_base_the_same_model_are_refused_naming_both(tmp_path):
+    """With the base model known, an override equal to the base's value is the same model too."""
+    base = TrainConfig(max_steps=3, model={"n_layer": 1})
+    with pytest.raises(ValueError, match=r"'standard' and 'standard\+n_layer=1' are the same model"):
+        plan_comparison(base, ["standard", "standard+n_layer=1"], [0], tmp_path)
+    with pytest.raises(ValueError, match=r"'coupled' and 'coupled\+n_steps=1' are the same model"):
+        plan_comparison(base, ["coupled", "coupled+n_steps=1"], [0], tmp_path)
+    assert len(plan_comparison(base, ["standard", "standard+n_layer=2"], [0], tmp_path)) == 2

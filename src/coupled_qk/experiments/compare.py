@@ -17,7 +17,7 @@ from pathlib import Path
 
 from coupled_qk.experiments.runner import PlannedRun, Report, RunRecord, run_experiment
 from coupled_qk.models.registry import variant_names
-from coupled_qk.models.specs import parse_variants, variant_overrides
+from coupled_qk.models.specs import check_distinct, parse_variants, variant_overrides
 from coupled_qk.outputs import OutputDir
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.rundir import RunDir
@@ -41,10 +41,13 @@ def plan_comparison(base: TrainConfig, variants: list[str], seeds: list[int], ou
     and ``seed``; ``keys`` are ``{"variant", "seed"}``.
 
     Raises:
-        ValueError: an unknown variant spec, or a resulting invalid configuration.
+        ValueError: an unknown variant spec, two specs that give ``base`` the same model
+            (:func:`~coupled_qk.models.specs.check_distinct`), or a resulting invalid configuration.
     """
     plan = []
-    for variant in parse_variants(variants):
+    specs = parse_variants(variants)
+    check_distinct(specs, base.preset, base.model)  # with the base: standard+n_layer=4 is standard at 4 layers
+    for variant in specs:
         overrides = variant_overrides(variant)
         for seed in seeds:
             run_dir = Path(out_dir) / variant / f"seed{seed}"
