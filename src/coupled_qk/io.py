@@ -84,10 +84,16 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     on exceptions (a hard kill may leave a hidden ``.<name>.*.tmp`` file, which readers ignore).
 
     Raises:
+        FileNotFoundError: the folder of ``path`` does not exist (naming ``path`` and the folder).
         OSError: the write failed (see :func:`write_error`: the message names the file and the free space).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except FileNotFoundError:  # named by the target, not by our hidden temporary file
+        raise FileNotFoundError(f"cannot write {path}: the folder {path.parent} does not exist") from None
+    except OSError as exc:
+        raise write_error(path, exc) from exc
     try:
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:

@@ -80,7 +80,8 @@ def _check_location(option: str, path: Path, is_file: bool = False) -> None:
 
 
 def output_file(option: str, value, *, overwrite: bool = False, suffixes: Iterable[str] = ()) -> Path:
-    """Check an output *file* option before any work: not empty, not a folder, creatable, and not an existing
+    """Check an output *file* option before any work: not empty, not a folder, in an existing writable folder
+    (a file's folder is not created for it, unlike an output folder's missing parents), and not an existing
     file unless ``overwrite``. Nothing is created.
 
     Args:
@@ -93,8 +94,9 @@ def output_file(option: str, value, *, overwrite: bool = False, suffixes: Iterab
         The path.
 
     Raises:
-        ValueError: naming ``option``: empty value, a folder, an ancestor that is a file, an unwritable folder, a
-            wrong suffix, or an existing file without ``overwrite`` (:class:`OutputRefused`).
+        ValueError: naming ``option``: empty value, a folder, an ancestor that is a file, a folder that does not
+            exist, an unwritable folder, a wrong suffix, or an existing file without ``overwrite``
+            (:class:`OutputRefused`).
     """
     path = path_value(option, value)
     suffixes = tuple(suffixes)
@@ -105,6 +107,9 @@ def output_file(option: str, value, *, overwrite: bool = False, suffixes: Iterab
     if suffixes and path.suffix.lower() not in suffixes:
         raise ValueError(f"{option}={str(value)!r}: expected a file ending in {' or '.join(suffixes)}")
     _check_location(option, path, is_file=True)
+    if not path.parent.is_dir():
+        raise ValueError(f"{option}={str(value)!r}: the folder {path.parent} does not exist; create it first or "
+                         "choose another path")
     if path.exists() and not overwrite:
         raise OutputRefused(f"{option}={str(value)!r} already exists; pass --overwrite to replace it or choose "
                             "another name")

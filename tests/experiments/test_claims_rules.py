@@ -442,3 +442,14 @@ def test_rank_perplexity_correlation_separates_within_cell_from_pooled(tmp_path)
     md = format_markdown(report, "cmd")
     assert "## Effective rank and perplexity across runs (C13)" in md
     assert f"| within cells (centred on each cell's means) | 16 (2) | {within['pearson_r']:.2f} [" in md
+
+
+def test_claims_variants_refuse_another_name_of_a_cells_own_variant():
+    """`claims --variants coupled+n_steps=1` would train each cell's coupled runs a second time under a new label."""
+    smoke = get_protocol("smoke")
+    cell = next(c for c in smoke.cells if "coupled" in c.variants)
+    with pytest.raises(ValueError, match=rf"cell {cell.name}\): 'coupled' and 'coupled\+n_steps=1' are the same model"):
+        smoke.with_variants(["coupled+n_steps=1"])
+    with pytest.raises(ValueError, match=r"'coupled\+n_steps=2' and 'coupled\+n_steps=2.0' are the same model"):
+        smoke.with_variants(["coupled+n_steps=2", "coupled+n_steps=2.0"])
+    assert smoke.with_variants(["coupled+n_steps=2"]).extra_variants == ("coupled+n_steps=2",)

@@ -70,3 +70,54 @@ def test_table_shows_bits_per_byte_and_labels_a_subsampled_evaluation(tmp_path):
     table = comparison_table(summary).splitlines()
     assert table[2].split(" | ")[4] == "1.5000 ± 0.3536"  # mean 1.5, sample sd 0.5 / sqrt(2)
     assert table[-1].startswith("Smoke run: valid and test scored on their first 64 windows only")
+
+
+def test_specs_that_give_the_base_the_same_model_are_refused_naming_both(tmp_path):
+    """With the base model known, an override equal to the base's value is the same model too."""
+    base = TrainConfig(max_steps=3, model={"n_layer": 1})
+    with pytest.raises(ValueError, match=r"'standard' and 'standard\+n_layer=1' are the same model"):
+        plan_comparison(base, ["standard", "standard+n_layer=1"], [0], tmp_path)
+    with pytest.raises(ValueError, match=r"'coupled' and 'coupled\+n_steps=1' are the same model"):
+        plan_comparison(base, ["coupled", "coupled+n_steps=1"], [0], tmp_path)
+    assert len(plan_comparison(base, ["standard", "standard+n_layer=2"], [0], tmp_path)) == 2
+
+
+def _budget_records(plan, runs):
+    """Records of ``plan`` with ``(test ppl, tokens, stop_reason)`` per run."""
+    records = []
+    for run, (ppl, tokens, stop) in zip(plan, runs):
+        rec = _record(run, ppl, 60.0)
+        rec.results.update(tokens=tokens, steps=tokens // 256, stop_reason=stop)
+        records.append(rec)
+    return records
+
+
+def test_runs_stopped_early_are_marked_and_a_change_from_other_budgets_is_withheld(tmp_path):
+    """`compare --max-minutes 0.02` printed "coupled_leapfrog -14.1% vs standard" from 11,520 vs 15,616 tokens."""
+    base = TrainConfig(max_steps=300)
+    plan = plan_comparison(base, ["standard", "coupled_leapfrog", "coupled"], [0], tmp_path)
+    records = _budget_records(plan, [(20.0, 15616, "max_minutes"), (17.0, 11520, "max_minutes"),
+                                     (19.0, 15616, "completed")])
+    summary = analyze_comparison(records, base, [0]).json["results.json"]
+    assert summary["variants"]["coupled_leapfrog"]["runs"][0]["stop_reason"] == "max_minutes"
+    table = comparison_table(summary).splitlines()
+    assert table[2].startswith("| standard (unfinished) | ")
+    assert table[3].startswith("| coupled_leapfrog (unfinished) | ") and " | withheld | " in table[3]
+    assert " | 11,520 | " in table[3]
+    assert table[4].startswith("| coupled | ") and " | -5.0% | " in table[4]  # the same tokens: shown
+    assert any(line.startswith("(unfinished): a run stopped early") for line in table)
+    assert ("Warning: the runs were trained on different numbers of tokens (11,520 to 15,616); the change against "
+            "standard is withheld for coupled_leapfrog (unfinished runs).") in table
+
+
+def test_different_budgets_of_finished_runs_are_flagged_and_seeds_show_a_range(tmp_path):
+    """Runs ended by their own early-stopping rule differ in tokens too: the change is shown with a warning."""
+    base = TrainConfig(max_steps=300)
+    plan = plan_comparison(base, ["standard", "coupled"], [0, 1], tmp_path)
+    records = _budget_records(plan, [(20.0, 4096, "completed"), (20.0, 4096, "completed"),
+                                     (19.0, 2048, "patience"), (19.0, 4096, "completed")])
+    table = comparison_table(analyze_comparison(records, base, [0, 1]).json["results.json"]).splitlines()
+    assert "unfinished" not in "\n".join(table)
+    assert " | -5.0% | " in table[3] and " | 2,048 to 4,096 | " in table[3]
+    assert table[-1] == ("Warning: the runs were trained on different numbers of tokens (2,048 to 4,096); for coupled "
+                         "it compares different budgets (the runs' own early stopping).")

@@ -29,15 +29,16 @@ def _cfg(tmp_path, name, **kw):
 class FakeTrain:
     """Writes what train() writes at the end (results.json with the config) and records each call."""
 
-    def __init__(self, stop_reason="completed", sleep=0.0, checkpoint=False):
+    def __init__(self, stop_reason="completed", sleep=0.0, checkpoint=False, train_seconds=0.0):
         self.calls, self.stop_reason, self.sleep, self.checkpoint = [], stop_reason, sleep, checkpoint
+        self.train_seconds = train_seconds
 
     def __call__(self, cfg):
         self.calls.append(cfg)
         time.sleep(self.sleep)
         run = RunDir(cfg.out_dir)
         results = {"config": cfg.to_dict(), "final": {"valid/loss": float(cfg.seed)}, "steps": cfg.max_steps,
-                   "stop_reason": self.stop_reason}
+                   "stop_reason": self.stop_reason, "train_seconds": self.train_seconds}
         if self.checkpoint:
             run.path.mkdir(parents=True, exist_ok=True)
             run.latest_path.write_text("ckpt-00000001\n")
@@ -134,6 +135,53 @@ def test_time_guard_interrupts_and_skips(tmp_path):
     assert 1.0 < train2.calls[0].max_minutes <= 1.5  # 1 minute already trained + at most 0.5 left
     with pytest.raises(ValueError, match="max_minutes=0"):
         execute(plan, train_fn=train2, max_minutes=0)
+
+
+@pytest.mark.parametrize("stopped_by, trained_s, planned, status", [
+    ("stop_after_steps", 1.0, dict(), "ran"),                      # a stopping point, not a setting: continued
+    ("stop_after_steps", 1.0, dict(stop_after_steps=1), "ran"),    # each invocation advances by as many steps
+    ("stop_after_steps", 1.0, dict(stop_after_steps=7), "ran"),
+    ("max_minutes", 1.2, dict(), "ran"),                           # no time limit now: finish it
+    ("max_minutes", 1.2, dict(max_minutes=0.5), "ran"),            # more time than it trained
+    ("max_minutes", 1.2, dict(max_minutes=0.02), "reused"),        # the same limit, already spent: as it is
+    ("completed", 1.0, dict(stop_after_steps=3), "reused"),        # finished: the stopping point changes nothing
+    ("patience", 1.0, dict(), "reused"),                           # the run's own rule ended it
+])
+def test_a_run_stopped_early_is_continued_unless_the_plan_stops_it_there(tmp_path, stopped_by, trained_s, planned,
+                                                                         status):
+    """`compare --max-minutes` then `compare` reused the cut-short runs, and a folder made with --stop-after-steps 1
+    was "a finished run with different settings (stop_after_steps: 1 vs None)" for ever."""
+    first = _cfg(tmp_path, "r", max_minutes=0.02 if stopped_by == "max_minutes" else None,
+                 stop_after_steps=1 if stopped_by == "stop_after_steps" else None)
+    execute([PlannedRun(first, "r")], train_fn=FakeTrain(stopped_by, checkpoint=True, train_seconds=trained_s),
+            log=lambda s: None)
+    train, lines = FakeTrain(checkpoint=True), []
+    cfg = dataclasses.replace(first, **{"max_minutes": None, "stop_after_steps": None, **planned})
+    seen = []
+
+    def train_and_look(c):  # what the folder holds while the run is being continued
+        seen.append(sorted(p.name for p in RunDir(c.out_dir).path.iterdir()))
+        return train(c)
+
+    [record] = execute([PlannedRun(cfg, "r")], train_fn=train_and_look, log=lines.append)
+    assert record.status == status, lines
+    if status == "ran":
+        assert train.calls[0].resume is True and lines[0].startswith(f"== r: continuing the run in {tmp_path / 'r'}, "
+                                                                     f"stopped at step 4 by {stopped_by}")
+        assert "results.json" not in seen[0] and "results.interrupted.json" in seen[0]  # unfinished meanwhile
+    else:
+        assert not train.calls and record.results["stop_reason"] == stopped_by
+        assert lines == [f"== r: reusing the {'run stopped early (max_minutes)' if stopped_by == 'max_minutes' else 'finished run'}"
+                         f" in {tmp_path / 'r'}"]
+
+
+def test_a_run_stopped_early_without_a_checkpoint_is_reused_as_it_is(tmp_path):
+    cfg = _cfg(tmp_path, "r", stop_after_steps=1)
+    execute([PlannedRun(cfg, "r")], train_fn=FakeTrain("stop_after_steps"), log=lambda s: None)
+    train = FakeTrain()
+    [record] = execute([PlannedRun(dataclasses.replace(cfg, stop_after_steps=None), "r")], train_fn=train,
+                       log=lambda s: None)
+    assert record.status == "reused" and not train.calls and record.results["stop_reason"] == "stop_after_steps"
 
 
 def test_reports_are_written_and_a_missing_plot_library_keeps_the_numbers(tmp_path):

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coupled_qk import GPT, GPTConfig, QKMap
 from coupled_qk.models import variants
@@ -18,6 +21,7 @@ from coupled_qk.models.variants import (
     DynamicsOptions,
     MapOptions,
     QueryMLPOptions,
+    parse_variants,
     register_qk_map,
     variant_overrides,
 )
@@ -235,3 +239,49 @@ def test_a_spec_with_bad_map_options_is_refused_when_parsed_naming_the_spec(spec
     with pytest.raises(ValueError, match=match):
         variant_overrides(spec)
     assert variant_overrides("coupled+n_steps=2+integrator=leapfrog")["n_steps"] == 2
+
+
+# ---------------------------------------------------------------------- equivalent and contradicting specs
+
+DYNAMICS_DEFAULTS = dataclasses.asdict(DynamicsOptions())
+
+
+@given(names=st.lists(st.sampled_from(sorted(DYNAMICS_DEFAULTS)), min_size=1, unique=True))
+@settings(max_examples=25, deadline=None)
+def test_a_spec_that_spells_out_defaults_is_the_same_model_and_refused_naming_both(names):
+    """`compare --variants coupled,coupled+n_steps=1` trained and reported one model twice under two labels."""
+    same = "coupled+" + "+".join(f"{n}={DYNAMICS_DEFAULTS[n]}" for n in names)
+    with pytest.raises(ValueError, match=rf"--variants: 'coupled' and '{re.escape(same)}' are the same model"):
+        parse_variants(["coupled", same])
+    assert parse_variants([same]) == [same]  # alone it is a valid spec
+
+
+@pytest.mark.parametrize("first, second", [
+    ("coupled_leapfrog", "coupled+integrator=leapfrog"),
+    ("coupled+n_steps=2", "coupled+n_steps=2.0"),
+    ("coupled_symplectic_euler+dynamics_hidden=8", "coupled+integrator=symplectic_euler+hidden=8"),
+    ("coupled+dt_init=0.1", "coupled"),
+])
+def test_other_spellings_of_one_model_are_refused(first, second):
+    with pytest.raises(ValueError, match=rf"'{re.escape(first)}' and '{re.escape(second)}' are the same model"):
+        parse_variants(f"{first},{second}")
+    # a spec written twice is one spec, different models are kept
+    assert parse_variants(f"{first},{first},coupled+n_steps=3") == [first, "coupled+n_steps=3"]
+
+
+@pytest.mark.parametrize("spec, instead", [
+    ("coupled_leapfrog+integrator=euler", "coupled+integrator=euler"),
+    ("coupled-leapfrog+n_steps=2+integrator=symplectic_euler", "coupled+n_steps=2+integrator=symplectic_euler"),
+    ("coupled_symplectic_euler+integrator=leapfrog", "coupled+integrator=leapfrog"),
+    ("coupled+attention=uncoupled_mlp+dt_init=0.2", "uncoupled_mlp+dt_init=0.2"),
+    ("leapfrog+attention=standard", "standard"),
+])
+def test_an_override_contradicting_the_variants_defining_setting_is_refused(spec, instead):
+    """`coupled_leapfrog+integrator=euler` trained Euler under the leapfrog label; the message names the spec to
+    write, which parses to the model that was asked for."""
+    with pytest.raises(ValueError, match=rf"contradicts .*; write '{re.escape(instead)}' instead"):
+        variant_overrides(spec)
+    assert parse_variants(instead) == [instead]
+    # a variant named after its attention is defined by it alone; agreeing with a defining setting is allowed
+    assert variant_overrides("coupled+integrator=leapfrog")["integrator"] == "leapfrog"
+    assert variant_overrides("coupled_leapfrog+integrator=leapfrog")["integrator"] == "leapfrog"

@@ -177,6 +177,36 @@ def test_output_file_kinds(tmp_path):
     assert (tmp_path / "f.json").read_text() == "{}"
 
 
+@given(missing=st.lists(NAMES, min_size=1, max_size=3), name=NAMES)
+def test_an_output_file_in_a_missing_folder_is_refused_before_any_work(tmp_path_factory, missing, name):
+    """`eval --json /nonexist/dir/x.json` evaluated everything, then failed naming a hidden temporary file: a
+    file's folder must exist (it is not created), checked up front, naming the option."""
+    root = tmp_path_factory.mktemp("out")
+    target = root.joinpath(*missing, name)
+    with pytest.raises(ValueError, match=r"^--json=.*: the folder .* does not exist"):
+        output_file("--json", target)
+    assert list(root.iterdir()) == []
+    target.parent.mkdir(parents=True)
+    assert output_file("--json", target) == target
+
+
+def test_eval_json_in_a_missing_folder_is_one_line_before_loading(world, capsys):
+    before = snapshot(world)
+    assert main(["eval", str(world / "run"), "--json", str(world / "missing" / "x.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"coupled-qk eval: error: --json={str(world / 'missing' / 'x.json')!r}: the folder "
+                   f"{world / 'missing'} does not exist; create it first or choose another path")
+    assert snapshot(world) == before
+
+
+def test_an_atomic_write_into_a_missing_folder_names_the_file(tmp_path):
+    from coupled_qk.io import write_text_atomic
+
+    with pytest.raises(FileNotFoundError, match=rf"^cannot write {tmp_path}/no/x.json: the folder {tmp_path}/no "
+                                                "does not exist$"):
+        write_text_atomic(tmp_path / "no" / "x.json", "{}")
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
 def test_unwritable_folder_is_refused(tmp_path):
     locked = tmp_path / "locked"

@@ -84,6 +84,25 @@ def test_generate_slides_past_the_context_by_default(run_dir, capsys):
     assert "\n".join(out[1:]) == "the dog" + run.tokenizer.decode(seq[0, n_prompt:])
 
 
+@pytest.mark.parametrize("extra", [[], ["--compile"]])
+def test_a_prompt_longer_than_the_context_slides_as_the_api_does(run_dir, capsys, extra):
+    """`generate --prompt <2000 x's>` refused under the default --context slide, while GPT.generate reads the last
+    block_size tokens of such a prompt: the command now writes what the API gives; --context error refuses."""
+    run = coupled_qk.load_run(run_dir)
+    text = " ".join(["the dog sat on the mat"] * 12)
+    prompt = run.encode(text)
+    assert prompt.shape[1] > 32  # block_size
+    want = run.model.generate(prompt, 5, temperature=0)
+    assert main(["generate", str(run_dir), "--prompt", text, "--max-new-tokens", "5", "--temperature", "0",
+                 *extra]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "sliding context of 32 tokens" in out[0]
+    assert "\n".join(out[1:]) == text + run.tokenizer.decode(want[0, prompt.shape[1]:])
+    assert main(["generate", str(run_dir), "--prompt", text, "--context", "error"]) == 2
+    assert (f"--prompt has {prompt.shape[1]} tokens, more than the model's context block_size=32"
+            in capsys.readouterr().err)
+
+
 def test_generate_default_temperature_is_the_model_default():
     import inspect
 

@@ -2,8 +2,9 @@
 
 Past the model's context (``block_size`` tokens) the window slides by default: each new token is predicted from
 the last ``block_size`` tokens, as nanoGPT's ``sample.py`` does (:meth:`coupled_qk.models.gpt.GPT.generate_sliding`;
-the KV cache is used while the text fits and rebuilt from the window after that). ``--context error`` refuses
-instead. The default temperature is 1.0, the same as :meth:`~coupled_qk.models.gpt.GPT.generate`.
+the KV cache is used while the text fits and rebuilt from the window after that); a prompt longer than the context
+is read through its last ``block_size`` tokens, as :meth:`~coupled_qk.models.gpt.GPT.generate` does. ``--context
+error`` refuses both instead. The default temperature is 1.0, the same as :meth:`~coupled_qk.models.gpt.GPT.generate`.
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ def add_arguments(parser) -> None:
 )
 
     parser.add_argument("run_dir", type=path_arg, help="a run folder (its latest checkpoint) or a ckpt-* folder")
-    parser.add_argument("--prompt", default="", help="text to continue (default: empty = start of a document)")
+    parser.add_argument("--prompt", default="", help="text to continue, of any length (see --context) (default: "
+                        "empty = start of a document)")
     parser.add_argument("--max-new-tokens", type=nonneg_int_arg, default=100,
                         help="tokens to generate; past the context the window slides (see --context) (default 100)")
     parser.add_argument("--context", choices=("slide", "error"), default="slide",
                         help="when prompt + new tokens exceed the model's context: slide (predict each token from "
-                             "the last block_size tokens, as nanoGPT; the cache is rebuilt from the window) or "
+                             "the last block_size tokens, as nanoGPT and GPT.generate; a longer prompt is read "
+                             "through its last block_size tokens; the cache is rebuilt from the window) or "
                              "error (default slide)")
     parser.add_argument("--temperature", type=nonneg_float_arg, default=1.0,
                         help="0 = greedy; 1 samples the model's distribution (default 1.0, as GPT.generate)")
@@ -81,6 +84,9 @@ def run(args) -> int:
     prompt = run.encode(args.prompt, device)
     limit = run.model.config.block_size
     over = prompt.shape[1] + args.max_new_tokens > limit
+    if prompt.shape[1] > limit and args.context == "error":
+        raise ValueError(f"--prompt has {prompt.shape[1]} tokens, more than the model's context block_size={limit}; "
+                         f"shorten it, or use --context slide (reads its last {limit} tokens)")
     if over and args.context == "error":
         raise ValueError(f"--max-new-tokens={args.max_new_tokens} plus the prompt's {prompt.shape[1]} tokens "
                          f"exceeds the model's context block_size={limit}; use at most "

@@ -15,9 +15,9 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from coupled_qk.experiments.runner import PlannedRun, Report, RunRecord, run_experiment
+from coupled_qk.experiments.runner import PlannedRun, Report, RunRecord, run_experiment, stopped_early
 from coupled_qk.models.registry import variant_names
-from coupled_qk.models.specs import parse_variants, variant_overrides
+from coupled_qk.models.specs import check_distinct, parse_variants, variant_overrides
 from coupled_qk.outputs import OutputDir
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.rundir import RunDir
@@ -41,10 +41,13 @@ def plan_comparison(base: TrainConfig, variants: list[str], seeds: list[int], ou
     and ``seed``; ``keys`` are ``{"variant", "seed"}``.
 
     Raises:
-        ValueError: an unknown variant spec, or a resulting invalid configuration.
+        ValueError: an unknown variant spec, two specs that give ``base`` the same model
+            (:func:`~coupled_qk.models.specs.check_distinct`), or a resulting invalid configuration.
     """
     plan = []
-    for variant in parse_variants(variants):
+    specs = parse_variants(variants)
+    check_distinct(specs, base.preset, base.model)  # with the base: standard+n_layer=4 is standard at 4 layers
+    for variant in specs:
         overrides = variant_overrides(variant)
         for seed in seeds:
             run_dir = Path(out_dir) / variant / f"seed{seed}"
@@ -58,7 +61,8 @@ def analyze_comparison(records: list[RunRecord], base: TrainConfig, seeds: list[
 
     Returns:
         A :class:`Report` whose ``results.json`` is ``{"base_config", "seeds", "variants": {name: {"overrides",
-        "runs": [{"seed", "run_dir", "final", "params", "tokens", "train_seconds"}], "valid_perplexity":
+        "runs": [{"seed", "run_dir", "final", "params", "tokens", "steps", "stop_reason", "train_seconds"}],
+        "valid_perplexity":
         {"mean", "std", "values"}, "test_perplexity", ..., "params", "minutes"}}}``.
     """
     summary: dict = {"base_config": base.to_dict(), "seeds": seeds, "variants": {}}
@@ -68,6 +72,7 @@ def analyze_comparison(records: list[RunRecord], base: TrainConfig, seeds: list[
         r = record.results
         entry["runs"].append({"seed": record.keys["seed"], "run_dir": str(record.run.run_dir.path),
                               "final": r["final"], "params": r["params"], "tokens": r["tokens"],
+                              "steps": r.get("steps"), "stop_reason": r.get("stop_reason"),
                               "train_seconds": r["train_seconds"]})
     for entry in summary["variants"].values():
         runs = entry["runs"]
@@ -124,12 +129,49 @@ def run_comparison(base: TrainConfig, variants: list[str], seeds: list[int], out
     return report.json["results.json"]
 
 
+def _tokens(entry: dict) -> list[int]:
+    """The distinct training-token counts of a variant's runs, sorted."""
+    return sorted({r["tokens"] for r in entry["runs"]})
+
+
+def _unfinished(entry: dict) -> bool:
+    """Whether a run of the variant stopped early (``max_minutes``, ``stop_after_steps``) before its budget."""
+    return any(stopped_early(r) for r in entry["runs"])
+
+
+def _budget_notes(variants: dict, ref: dict | None) -> tuple[set[str], list[str]]:
+    """The variants whose change against ``standard`` (``ref``) is withheld, and the lines under the table: a run
+    stopped early is unfinished, and a change computed from different numbers of training tokens is withheld when
+    a run in it is unfinished, flagged otherwise (the runs' own early-stopping rule, ``patience``)."""
+    withheld: set[str] = set()
+    notes = []
+    if any(_unfinished(e) for e in variants.values()):
+        notes.append("\n(unfinished): a run stopped early (--max-minutes or --stop-after-steps) before its budget; "
+                     "compare again without that limit to continue it.")
+    counts = sorted({t for e in variants.values() for t in _tokens(e)})
+    if len(counts) > 1:
+        differ = [n for n, e in variants.items() if ref is not None and len({*_tokens(e), *_tokens(ref)}) > 1]
+        withheld = {n for n in differ if _unfinished(variants[n]) or _unfinished(ref)}
+        line = f"\nWarning: the runs were trained on different numbers of tokens ({counts[0]:,} to {counts[-1]:,})"
+        if withheld:
+            line += f"; the change against standard is withheld for {', '.join(sorted(withheld))} (unfinished runs)"
+        if set(differ) - withheld:
+            line += (f"; for {', '.join(sorted(set(differ) - withheld))} it compares different budgets (the runs' own "
+                     "early stopping)")
+        notes.append(line + ".")
+    return withheld, notes
+
+
 def comparison_table(summary: dict) -> str:
     """Markdown table: per variant, perplexities per token and per word and bits per byte of the test split
-    (mean +- std over seeds), change vs standard, parameters. Runs whose final evaluation scored only a
-    subsample of the splits (``task_options.final_eval_windows``, ``demo --quick``) get a line saying so."""
+    (mean +- std over seeds), change vs standard, parameters, training tokens. Runs whose final evaluation
+    scored only a subsample of the splits (``task_options.final_eval_windows``, ``demo --quick``) get a line
+    saying so. A variant with a run that stopped early (``max_minutes``, ``stop_after_steps``) is marked
+    ``(unfinished)``; when the runs differ in training tokens a warning says so, and the change against standard of
+    a variant is withheld (``withheld``) where one of the runs compared stopped early."""
     variants = summary["variants"]
     ref = variants.get("standard", {}).get("test_perplexity", {}).get("mean")
+    withheld, notes = _budget_notes(variants, variants.get("standard"))
 
     def cell(entry, key, digits=2):
         s = entry.get(key)
@@ -145,12 +187,15 @@ def comparison_table(summary: dict) -> str:
     ]
     for name, e in variants.items():
         test = e.get("test_perplexity", {}).get("mean")
-        delta = f"{100 * (test / ref - 1):+.1f}%" if ref and test else "-"
+        delta = "withheld" if name in withheld else f"{100 * (test / ref - 1):+.1f}%" if ref and test else "-"
+        counts = _tokens(e)
+        tokens = f"{counts[0]:,}" + (f" to {counts[-1]:,}" if len(counts) > 1 else "")
         lines.append(
-            f"| {name} | {cell(e, 'valid_perplexity')} | {cell(e, 'test_perplexity')} | "
-            f"{cell(e, 'test_word_perplexity')} | {cell(e, 'test_bits_per_byte', 4)} | {delta} | {e['params']:,} | "
-            f"{e['runs'][0]['tokens']:,} | {e['minutes']:.1f} |"
+            f"| {name}{' (unfinished)' if _unfinished(e) else ''} | {cell(e, 'valid_perplexity')} | "
+            f"{cell(e, 'test_perplexity')} | {cell(e, 'test_word_perplexity')} | {cell(e, 'test_bits_per_byte', 4)} | "
+            f"{delta} | {e['params']:,} | {tokens} | {e['minutes']:.1f} |"
         )
+    lines.extend(notes)
     windows = sorted({r["final"]["test/subsample_windows"] for e in variants.values() for r in e["runs"]
                       if "test/subsample_windows" in (r.get("final") or {})})
     if windows:

@@ -4,7 +4,10 @@
 ``out_dir`` is the run's folder) and, run by run: reuses a finished run (``results.json`` present) after
 checking that it was made with the same settings (``training.config.RESULT_NEUTRAL_FIELDS`` aside; others
 raise ``ValueError`` naming them), resumes an unfinished one from its checkpoint, starts the others (clearing
-what a run killed before its first checkpoint left), and records each outcome as a :class:`RunRecord`. An
+what a run killed before its first checkpoint left), and records each outcome as a :class:`RunRecord`. A run
+that a stopping point ended before its budget (``max_minutes``, ``stop_after_steps``:
+``training.config.STOPPING_POINTS``) is unfinished: it is continued unless the plan would stop it at the same
+point again (the same time limit, already spent), then reused as it is, and its results say how it stopped. An
 optional wall-clock guard (``max_minutes``) gives each run the time left; a run it stops is marked
 ``interrupted`` (resumed by the next invocation) and runs not started in time ``skipped``.
 
@@ -24,12 +27,13 @@ from pathlib import Path
 
 from coupled_qk.models.config import rename_fields
 from coupled_qk.outputs import OutputDir, as_output_dir
-from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig, describe_differences
+from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, STOPPING_POINTS, TrainConfig, describe_differences
 from coupled_qk.training.rundir import RunDir
 
 __all__ = [
     "RESULT_NEUTRAL_FIELDS",
     "RESULT_NEUTRAL_TASK_OPTIONS",
+    "STOPPING_POINTS",
     "PlannedRun",
     "Report",
     "RunRecord",
@@ -37,6 +41,7 @@ __all__ = [
     "execute",
     "run_experiment",
     "setting_differences",
+    "stopped_early",
     "write_report",
 ]
 
@@ -44,6 +49,12 @@ RESULT_NEUTRAL_TASK_OPTIONS = frozenset({"cache_dir"})
 """``TrainConfig.task_options`` keys that do not change results (where generated data are cached)."""
 
 STATUSES = ("ran", "reused", "interrupted", "skipped")
+
+
+def stopped_early(results: dict) -> bool:
+    """Whether a run's results (``results.json``) come from a run that a stopping point
+    (:data:`~coupled_qk.training.config.STOPPING_POINTS`) ended before its budget: unfinished, resumable."""
+    return (results or {}).get("stop_reason") in STOPPING_POINTS
 
 
 @dataclass(frozen=True)
@@ -73,8 +84,9 @@ class RunRecord:
 
     Attributes:
         run: the planned run.
-        status: ``ran`` (trained to its end in this invocation, possibly resuming), ``reused`` (finished
-            earlier), ``interrupted`` (stopped by the runner's time guard; resumable) or ``skipped``
+        status: ``ran`` (trained in this invocation, possibly resuming, to its end or to a stopping point of its
+            config: see :func:`stopped_early`), ``reused`` (finished earlier, or stopped early at the point
+            where this plan would stop it again), ``interrupted`` (stopped by the runner's time guard; resumable) or ``skipped``
             (not started: no time left).
         results: the run's results (``train()``'s return value, as in ``results.json``); ``{}`` when skipped.
         config: the configuration actually trained (the plan's, with ``resume`` and the time guard applied).
@@ -125,7 +137,8 @@ def setting_differences(saved: dict, planned: TrainConfig) -> dict:
         saved: a finished run's ``results["config"]`` (a ``TrainConfig.to_dict()``).
         planned: the configuration the protocol wants.
 
-    Fields in :data:`RESULT_NEUTRAL_FIELDS` and task options in :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored;
+    Fields in :data:`RESULT_NEUTRAL_FIELDS` and :data:`STOPPING_POINTS` (where an invocation stops, not what the
+    run computes) and task options in :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored;
     model overrides saved under an old field name (:data:`coupled_qk.models.config.RENAMED_FIELDS`) are read
     under the new one.
     """
@@ -133,7 +146,7 @@ def setting_differences(saved: dict, planned: TrainConfig) -> dict:
     if isinstance(saved.get("model"), dict):
         saved = {**saved, "model": rename_fields(saved["model"], "saved TrainConfig.model")}
     diff = {k: (saved.get(k), v) for k, v in now.items()
-            if k not in RESULT_NEUTRAL_FIELDS and k != "task_options" and saved.get(k) != v}
+            if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS and k != "task_options" and saved.get(k) != v}
 
     def options(d) -> dict:
         return {k: v for k, v in (d or {}).items() if k not in RESULT_NEUTRAL_TASK_OPTIONS}
@@ -171,7 +184,8 @@ def execute(
         max_minutes: wall-clock guard for the whole plan (``None``: none). Each started run gets the time left
             (plus what it already trained before a resume) as its ``max_minutes``.
         announce: log ``"== <label> -> <folder>"`` before training, ``"== <label>: reusing the finished run
-            in <folder>"`` on reuse and a line for a skipped run.
+            in <folder>"`` on reuse, a line for a run stopped early that is continued or reused as it is, and a
+            line for a skipped run.
         describe: if given, a line logged after each run (any status).
 
     Returns:
@@ -193,13 +207,8 @@ def execute(
     for run in plan:
         rundir = run.run_dir
         cfg = run.config
-        if rundir.is_finished():
-            results = rundir.read_results()
-            check_reusable(results.get("config", {}), cfg, rundir.path)
-            record = RunRecord(run, "reused", results, cfg, None)
-            if announce:
-                log(f"== {run.label}: reusing the finished run in {rundir.path}")
-        else:
+        record = _reused(run, rundir, log if announce else None)
+        if record is None:
             remaining = None if deadline is None else (deadline - time.perf_counter()) / 60
             if remaining is not None and remaining * 60 < 1.0:  # less than a second left
                 record = RunRecord(run, "skipped", {}, cfg, 0.0)
@@ -211,6 +220,41 @@ def execute(
         if describe is not None:
             log(describe(record))
     return records
+
+
+def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
+    """The record of the run in ``rundir`` to reuse, or ``None`` when it is to be trained: no results yet, or
+    stopped early at a point that ``run`` goes past (:func:`_continues`; its ``results.json`` is then renamed,
+    so the run counts as unfinished until it stops again).
+
+    Raises:
+        ValueError: results made with other settings (:func:`check_reusable`).
+    """
+    if not rundir.is_finished():
+        return None
+    results = rundir.read_results()
+    check_reusable(results.get("config", {}), run.config, rundir.path)
+    if _continues(results, run.config, rundir):
+        if log is not None:
+            log(f"== {run.label}: continuing the run in {rundir.path}, stopped at step {results.get('steps')} by "
+                f"{results['stop_reason']}")
+        rundir.mark_interrupted()
+        return None
+    if log is not None:
+        how = f"run stopped early ({results['stop_reason']})" if stopped_early(results) else "finished run"
+        log(f"== {run.label}: reusing the {how} in {rundir.path}")
+    return RunRecord(run, "reused", results, run.config, None)
+
+
+def _continues(results: dict, cfg: TrainConfig, rundir: RunDir) -> bool:
+    """Whether a run with ``results`` that stopped early goes on under ``cfg``: it has a checkpoint, and either
+    ``stop_after_steps`` stopped it (a count per invocation: each one continues by as many steps) or
+    ``max_minutes`` did and ``cfg`` allows more time than it trained."""
+    if not stopped_early(results) or not rundir.has_checkpoint():
+        return False
+    if results["stop_reason"] == "stop_after_steps":
+        return True
+    return cfg.max_minutes is None or float(results.get("train_seconds") or 0.0) < 60 * cfg.max_minutes
 
 
 def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: float | None, train_fn, log):

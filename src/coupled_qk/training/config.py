@@ -37,6 +37,12 @@ device and compilation, and the wall-clock budget (a run stopped by time is not 
 finished run is reused by an experiment only if every other field matches
 (:func:`coupled_qk.experiments.runner.check_reusable`)."""
 
+STOPPING_POINTS = frozenset({"max_minutes", "stop_after_steps"})
+"""Fields that end an invocation before the run's budget: stopping points, not settings. A run one of them
+stopped has ``results.json`` with ``stop_reason`` naming the field and a checkpoint: it is unfinished, and the
+experiment runner continues it when asked for more (:func:`coupled_qk.experiments.runner.execute`); a run that
+reached its budget computed the same whatever they were."""
+
 CONTINUATION_FIELDS = RESULT_NEUTRAL_FIELDS | {"max_steps", "max_tokens", "stop_after_steps", "eval_interval",
                                                "eval_batches", "on_budget_change", "batch_size"}
 """Fields that may differ between a run and its ``--resume``: the result-neutral ones and the budget (a budget

@@ -33,13 +33,11 @@ class LoadedRun:
     def encode(self, text: str, device: torch.device | str | None = None) -> torch.Tensor:
         """Token ids of ``text`` as a LongTensor ``(1, T)``; an empty text gives the end-of-text token alone.
 
-        Raises:
-            ValueError: the text needs more tokens than the model's ``block_size``.
+        Any length: a text longer than the model's ``block_size`` is for :meth:`GPT.generate
+        <coupled_qk.models.gpt.GPT.generate>` to handle as its ``context`` says (``"slide"``, the default, reads
+        the last ``block_size`` tokens; ``"error"`` refuses), as the ``generate`` command does.
         """
         ids = self.tokenizer.encode(text) or [self.tokenizer.eot_id if self.tokenizer.eot_id is not None else 0]
-        if len(ids) > self.model.config.block_size:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the model's context (block_size) is "
-                             f"{self.model.config.block_size}")
         device = device if device is not None else next(self.model.parameters()).device
         return torch.tensor([ids], dtype=torch.long, device=device)
 

@@ -124,13 +124,17 @@ class Protocol:
         not repeated.
 
         Raises:
-            ValueError: an unknown variant or an invalid spec (from :func:`~coupled_qk.models.specs.parse_variants`).
+            ValueError: an unknown variant or an invalid spec (from :func:`~coupled_qk.models.specs.parse_variants`),
+                or a spec of the same model as another one or as one of a cell's own variants under another
+                name (``coupled+n_steps=1`` next to ``coupled``: :func:`~coupled_qk.models.specs.check_distinct`).
         """
-        from coupled_qk.models.specs import parse_variants
+        from coupled_qk.models.specs import check_distinct, parse_variants
 
         extra = tuple(parse_variants(list(specs)))
         cells = tuple(dataclasses.replace(c, variants=c.variants + tuple(v for v in extra if v not in c.variants))
                       for c in self.cells)
+        for c in cells:
+            check_distinct(c.variants, where=f"--variants (cell {c.name})")
         return dataclasses.replace(self, cells=cells, extra_variants=self.extra_variants + extra)
 
     def with_seeds(self, seeds: tuple[int, ...]) -> Protocol:
