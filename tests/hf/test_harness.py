@@ -46,6 +46,37 @@ def test_text_documents_split_wikitext_articles_and_paragraphs(tmp_path):
         make_task("sst2", bad, tmp_path)
 
 
+@pytest.mark.parametrize("kind", ["perplexity", "sst2"])
+@pytest.mark.parametrize("source,message", [
+    ("folder", "is a folder; expected a file"), ("missing.txt", "does not exist"),
+    ("latin1.txt", "is not UTF-8 text (byte 9"),
+])
+def test_make_task_source_errors_are_one_line_naming_the_file(tmp_path, capsys, kind, source, message):
+    from coupled_qk.hf.harness import main
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9 ok\n".encode("utf-8") + b"\xff\xfe")
+    assert main(["make-task", kind, str(tmp_path / source), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("make-task: error: ") and message in err and source in err and "\n" not in err
+
+
+def test_a_bad_model_argument_of_a_run_is_one_line(monkeypatch, capsys):
+    """``run ... --model_args pretrained=...,max_gen_toks=0`` printed lm-eval's traceback; a ValueError from a
+    model argument is one line and exit code 2."""
+    import lm_eval.__main__
+
+    from coupled_qk.hf.harness import main
+
+    def refuse():
+        raise ValueError("max_gen_toks=0 must be a positive integer smaller than the model's context")
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", refuse)
+    assert main(["run", "--model", "hf", "--model_args", "pretrained=x,max_gen_toks=0"]) == 2
+    assert capsys.readouterr().err.strip() == ("lm-eval: error: max_gen_toks=0 must be a positive integer smaller "
+                                               "than the model's context")
+
+
 def _loglik(model: GPT, context: list[int], continuation: list[int]) -> float:
     ids = torch.tensor([context + continuation])
     with torch.no_grad():

@@ -76,9 +76,7 @@ def text_documents(path: str | Path) -> list[str]:
         FileNotFoundError: no such file. ValueError: the file holds no text.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"text file {path} does not exist")
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = _read_text(path, "text file").splitlines(keepends=True)
     if any(_HEADING.match(line.rstrip("\n")) for line in lines):
         docs, current = [], []
         for line in lines:
@@ -140,11 +138,25 @@ def make_task(kind: str, source: str | Path, out_dir: str | Path, name: str | No
     return out.write_text(f"{name}.yaml", template.format(name=name, data=json.dumps(str(data))))
 
 
-def _sst2_rows(path: Path) -> list[dict]:
+def _read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of the file ``path`` (``what`` names it in errors: ``"text file"``, ``"SST-2 file"``).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a folder, or a file that is not UTF-8 (naming the file).
+    """
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder; expected a file")
     if not path.is_file():
-        raise FileNotFoundError(f"SST-2 file {path} does not exist")
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+
+
+def _sst2_rows(path: Path) -> list[dict]:
     rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(_read_text(path, "SST-2 file").splitlines(), 1):
         if not line.strip() or (i == 1 and line.lower().startswith("sentence\t")):
             continue
         sentence, sep, label = line.rpartition("\t")
@@ -266,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f'lm-eval is not installed ({exc}); pip install "coupled-qk[lm-eval]"', file=sys.stderr)
         return 2
     sys.argv = ["lm-eval", *_run_through_our_model(argv)]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ValueError as exc:  # a bad model argument (max_gen_toks=0, ...): one line, as our commands print it
+        print(f"lm-eval: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
