@@ -26,7 +26,7 @@ from coupled_qk.progress import progress_mode
 EOT = "<|endoftext|>"
 MIN_VOCAB = 256 + 1  # 256 byte tokens + <|endoftext|>
 MAX_VOCAB = 2**20
-_META = "coupled_qk_tokenizer.json"
+META_FILE = "coupled_qk_tokenizer.json"  # the name and fingerprint written beside tokenizer.json
 # A character that is not whitespace for Python's ``re`` (== str.isspace, a superset of Unicode
 # White_Space) nor a zero-width/format character some regex engines once classed as space.
 _NWS = r"[^\s\u180e\u200b-\u200d\u2060\ufeff]"
@@ -140,7 +140,7 @@ class Tokenizer:
         path = directory / "tokenizer.json"
         write_text_atomic(path, self._tok.to_str(pretty=True))  # as Tokenizer.save writes it, but atomic: a crash never leaves half a tokenizer
         meta = {"name": self.name, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}
-        write_text_atomic(directory / _META, json.dumps(meta, indent=1) + "\n")
+        write_text_atomic(directory / META_FILE, json.dumps(meta, indent=1) + "\n")
         return path
 
     @classmethod
@@ -166,11 +166,11 @@ class Tokenizer:
             hf = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust library raises a bare Exception on bad JSON
             raise ValueError(f"{path} is not a valid Hugging Face tokenizer.json: {e}") from e
-        meta = _read_meta(path.parent / _META)
+        meta = _read_meta(path.parent / META_FILE)
         recorded = meta.get("fingerprint")
         if recorded is not None and recorded != file_fingerprint(path):
             raise ValueError(
-                f"tokenizer folder {path.parent}: {path.name} is not the tokenizer recorded in {_META} (its "
+                f"tokenizer folder {path.parent}: {path.name} is not the tokenizer recorded in {META_FILE} (its "
                 f"fingerprint {file_fingerprint(path)[:12]} differs from the recorded {str(recorded)[:12]}): it was "
                 f"replaced or edited after it was saved; restore the saved {path.name}")
         return cls(hf, meta.get("name") or f"file:{path}")

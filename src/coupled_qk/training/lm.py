@@ -16,7 +16,7 @@ from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
 from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus, split_documents
 from coupled_qk.data.paths import default_cache_dir
-from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
+from coupled_qk.data.tokenizers import META_FILE, Tokenizer, get_tokenizer
 from coupled_qk.io import write_text_atomic
 from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
@@ -83,6 +83,26 @@ def run_corpus(corpus: str, data_dir: str | None, task_options: dict, saved: boo
     return load_corpus(corpus, data_dir, seed=opts.split_seed, valid_fraction=opts.valid_fraction,
                        test_fraction=opts.test_fraction, min_split_words=opts.min_split_words,
                        unused_split_options="warn" if saved else "refuse")
+
+
+def cached_tokenizer(where: Path) -> Tokenizer | None:
+    """The tokenizer cached in ``where`` (a folder written by :meth:`Tokenizer.save`), or ``None`` when there is
+    none or it is damaged: a file that does not parse, a missing ``coupled_qk_tokenizer.json`` (a save cut short),
+    a fingerprint that does not match the file. A damaged entry is warned about and trained again, as a damaged
+    token array is rebuilt (:func:`coupled_qk.data.cache.tokenize_to_cache`), instead of blocking every run.
+
+    Warns:
+        UserWarning: naming the damaged folder and what is wrong with it.
+    """
+    if not where.exists():
+        return None
+    try:
+        if not (where / META_FILE).is_file():
+            raise ValueError(f"{META_FILE} is missing")
+        return Tokenizer.load(where)
+    except (ValueError, OSError) as exc:
+        warnings.warn(f"the cached tokenizer {where} is damaged ({exc}); training it again", stacklevel=3)
+        return None
 
 
 def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:
@@ -198,8 +218,9 @@ class LMTask:
             return get_tokenizer(spec, data_dir=cfg.data_dir)
         key = hashlib.sha256((spec + "\0" + self.corpus.train).encode()).hexdigest()[:16]
         where = cache_dir / "tokenizers" / f"{spec}-{key}"
-        if (where / "tokenizer.json").is_file():
-            return Tokenizer.load(where)
+        cached = cached_tokenizer(where)
+        if cached is not None:
+            return cached
         t0 = time.perf_counter()
         announce(f"training a byte-level BPE ({spec}) on the {len(self.corpus.train) / 1e6:.1f} MB training split; "
                  f"cached in {where}", enabled=cfg.progress)
