@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from coupled_qk._checks import coerce, field_types
+from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.rundir import RunDir
 
 
@@ -80,3 +84,60 @@ def test_partial_removal_never_touches_a_run_another_process_is_writing(tmp_path
         assert run.config_path.is_file() and run.metrics_path.is_file() and run.tokenizer_dir.is_dir()
     run.remove_partial()  # the writer is gone: now it is a killed run, cleaned
     assert not run.config_path.exists() and not run.tokenizer_dir.exists() and not (run / ".lock").exists()
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-10, 10**12) | st.floats(allow_nan=False)
+                     | st.text(max_size=8), lambda inner: st.lists(inner, max_size=2)
+                     | st.dictionaries(st.text(max_size=4), inner, max_size=2), max_leaves=4)
+
+
+@given(field=st.sampled_from(sorted(field_types(TrainConfig))), value=_JSON)
+def test_saved_config_fields_are_of_their_declared_kind_or_one_line_naming_them(tmp_path_factory, field, value):
+    """eval, analyze, generate and --resume read a run's config.json back without building a TrainConfig:
+    ``"corpus": 5`` was a TypeError traceback and ``"task_options": []`` (or null, 0, "") was read as ``{}``. Any
+    value of any field is now either of the field's declared kind (so reading it needs no conversion) or one
+    ValueError naming the file and the field."""
+    run = RunDir(tmp_path_factory.mktemp("run"))
+    saved = {**TrainConfig(max_steps=1).to_dict(), field: value}
+    run.config_path.write_text(json.dumps(saved))
+    try:
+        got = run.read_config()
+    except ValueError as exc:
+        assert str(exc).startswith(f"{run.config_path}: {field}=") and "\n" not in str(exc)
+    else:
+        assert got == saved
+        assert coerce(field, value, field_types(TrainConfig)[field]) == value  # already of its kind
+        assert not isinstance(value, bool) or field_types(TrainConfig)[field] in (bool, bool | None)
+        assert not isinstance(value, str) or value.strip()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished one-step run (trained once for the module); tests copy it before editing it."""
+    from coupled_qk.training.loop import train
+    from tests.conftest import write_corpus
+
+    root = tmp_path_factory.mktemp("finished")
+    train(TrainConfig.from_dict(dict(
+        corpus=str(write_corpus(root / "corpus", (100, 10, 10))), tokenizer="bpe-300", cache_dir=str(root / "cache"),
+        out_dir=str(root / "run"), model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16), batch_size=2,
+        max_steps=1, warmup_steps=1, eval_interval=1, eval_batches=1, progress=False, tensorboard=False)))
+    return root / "run"
+
+
+@pytest.mark.parametrize("field, value", [("corpus", 5), ("corpus", ["a"]), ("corpus", ""), ("data_dir", 3),
+                                          ("cache_dir", {}), ("task_options", []), ("task_options", None),
+                                          ("task_options", 0), ("task_options", "")])
+def test_eval_analyze_generate_name_a_saved_field_of_another_kind(finished_run, tmp_path, capsys, field, value):
+    import shutil
+
+    from coupled_qk.cli import main
+
+    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    run.config_path.write_text(json.dumps({**run.read_config(), field: value}))
+    for args in (["eval", str(run.path)], ["analyze", str(run.path), "--out-dir", str(tmp_path / "an")],
+                 ["generate", str(run.path), "--max-new-tokens", "1"]):
+        capsys.readouterr()
+        assert main(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{run.config_path}: {field}=" in err[0], (args, err)

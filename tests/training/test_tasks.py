@@ -38,6 +38,9 @@ def test_lm_task_options_are_validated(tiny_cfg, tiny_corpus):
         run_corpus(corpus, None, {"split_seed": -1})
     with pytest.raises(ValueError, match="valid_fraction=2"):
         run_corpus(corpus, None, {"valid_fraction": 2})
+    for not_a_dict in ([], 0, "", "abc"):  # read as {} before (``task_options or {}``); None means the defaults
+        with pytest.raises(ValueError, match=r"task_options=.* must be a dict"):
+            run_corpus(corpus, None, not_a_dict)
     with pytest.raises(ValueError, match="unknown lm task_options"):
         LMTask(tiny_cfg(task_options={"splitseed": 1}))
     task = LMTask(tiny_cfg(batch_size=3, grad_accum=2))

@@ -73,10 +73,11 @@ def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_s
         cfg = RunDir(ckpt.parent).read_config()
         if cfg is None or "corpus" not in cfg:
             raise ValueError(f"--corpus is needed: {ckpt.parent} has no config.json naming the run's corpus")
-        opts = dict(cfg.get("task_options") or {})
+        opts = dict(cfg.get("task_options") if cfg.get("task_options") is not None else {})
         if split_seed is not None:
             opts["split_seed"] = split_seed
-        sources.add((cfg["corpus"], data_dir or cfg.get("data_dir"), json.dumps(opts, sort_keys=True)))
+        sources.add((cfg["corpus"], data_dir if data_dir is not None else cfg.get("data_dir"),
+                     json.dumps(opts, sort_keys=True)))
     if len(sources) > 1:
         raise ValueError(f"the checkpoints were trained on different corpora or splits ({sorted(sources)}); "
                          "pass --corpus to analyse them on the same text")

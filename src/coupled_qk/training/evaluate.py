@@ -72,7 +72,7 @@ def evaluate_checkpoint(
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}")
     data = run_corpus(corpus_name, data_dir if data_dir is not None else run_cfg.get("data_dir"),
-                      run_cfg.get("task_options") or {}, saved=True)
+                      run_cfg.get("task_options"), saved=True)
     cache = Path(run_cfg["cache_dir"]) if run_cfg.get("cache_dir") else default_cache_dir()
     out = {"checkpoint": str(ckpt), "step": state.get("step"), "corpus": data.name, "tokenizer": tokenizer.name,
            "stride": stride, "block_size": model.config.block_size}

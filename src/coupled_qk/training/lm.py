@@ -51,9 +51,10 @@ class LMOptions:
         """The checked options of a run's ``task_options`` dict (``None``: the defaults).
 
         Raises:
-            ValueError: an unknown key (listing the valid ones) or a value out of its declared range.
+            ValueError: ``task_options`` is not a dict (``[]``, ``0`` and ``""`` are not read as ``{}``), an
+                unknown key (listing the valid ones) or a value out of its declared range.
         """
-        opts = task_options or {}
+        opts = task_options if task_options is not None else {}
         check_options("lm", opts, OPTIONS)
         return cls(**opts)
 

@@ -140,12 +140,18 @@ class RunDir:
     # ------------------------------------------------------------------------------------------ reads
 
     def read_config(self) -> dict | None:
-        """``config.json`` as a dict, or ``None`` when it does not exist.
+        """``config.json`` as a dict, or ``None`` when it does not exist; every ``TrainConfig`` field it holds is of
+        its declared kind (:func:`~coupled_qk.training.config.check_saved_config`), as its readers (``eval``,
+        ``analyze``, ``generate``, ``--resume``) expect.
 
         Raises:
-            ValueError: the file is not valid JSON (naming it).
+            ValueError: the file is not valid JSON or not an object, or a field has another kind (naming the file
+                and the field).
         """
-        return _read_json(self.config_path)
+        from coupled_qk.training.config import check_saved_config
+
+        saved = _read_json(self.config_path)
+        return None if saved is None else check_saved_config(saved, self.config_path)
 
     def read_results(self) -> dict | None:
         """``results.json`` as a dict, or ``None`` when the run has not finished.
@@ -219,6 +225,6 @@ def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from None
