@@ -116,8 +116,19 @@ class RunDir:
     # ------------------------------------------------------------------------------------------ state
 
     def has_checkpoint(self) -> bool:
-        """Whether the run can be resumed (``latest`` exists)."""
-        return self.latest_path.is_file()
+        """Whether the run holds a checkpoint to resume: ``latest`` exists, or (``latest`` deleted by hand, or a
+        kill between a checkpoint's rename and ``latest``'s write) a ``ckpt-<step>`` folder with
+        ``model.safetensors``. Such a run is resumed (from the newest checkpoint that verifies,
+        :func:`~coupled_qk.training.checkpoint_load.resume_checkpoint`) or refused, never started over."""
+        return self.latest_path.is_file() or self.newest_checkpoint() is not None
+
+    def newest_checkpoint(self) -> Path | None:
+        """The ``ckpt-<step>`` folder with ``model.safetensors`` of the highest step (checksums not verified), or
+        ``None``."""
+        from coupled_qk.training.checkpoint_load import checkpoint_step
+
+        found = [p for p in self.checkpoints() if checkpoint_step(p) is not None and (p / "model.safetensors").is_file()]
+        return max(found, key=lambda p: (checkpoint_step(p), p.name)) if found else None
 
     def is_finished(self) -> bool:
         """Whether the run finished (``results.json`` exists)."""
@@ -177,9 +188,10 @@ class RunDir:
         """Training seconds already spent according to the latest checkpoint (``0.0`` without one)."""
         if not self.has_checkpoint():
             return 0.0
-        state = self.path / self.latest_path.read_text().strip() / "state.json"
         try:
-            return float(json.loads(state.read_text()).get("train_seconds", 0.0))
+            folder = (self.path / self.latest_path.read_text().strip() if self.latest_path.is_file()
+                      else self.newest_checkpoint())
+            return float(json.loads((folder / "state.json").read_text()).get("train_seconds", 0.0))
         except (OSError, ValueError):
             return 0.0
 
@@ -196,9 +208,10 @@ class RunDir:
             self.results_path.replace(self.interrupted_results_path)
 
     def remove_partial(self) -> None:
-        """Delete the files a run writes before its first checkpoint, when it has neither a checkpoint nor
-        results (a run killed early), so it starts again cleanly: configs, data description, metrics, tokenizer,
-        TensorBoard folder and checkpoint folders that ``latest`` never named. Files outside the layout are kept.
+        """Delete the files a run writes before its first checkpoint, when it has neither a checkpoint
+        (:meth:`has_checkpoint`) nor results (a run killed early), so it starts again cleanly: configs, data
+        description, metrics, tokenizer, TensorBoard folder and ``ckpt-*`` folders without weights. Files outside
+        the layout are kept.
 
         Holds the run's lock (:class:`~coupled_qk.training.lock.RunLock`) while it checks and deletes: a run
         that is still training before its first checkpoint looks exactly like a killed one, and must not lose
@@ -217,7 +230,7 @@ class RunDir:
                 (self.path / name).unlink(missing_ok=True)
             for name in (self.TOKENIZER, self.TENSORBOARD):
                 shutil.rmtree(self.path / name, ignore_errors=True)
-            for orphan in self.checkpoints():  # complete folders that ``latest`` never named
+            for orphan in self.checkpoints():  # folders without model.safetensors (has_checkpoint is false)
                 shutil.rmtree(orphan, ignore_errors=True)
 
 
