@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coupled_qk._checks import coerce, field_types
+from coupled_qk.analysis.analyze import analyze_checkpoints
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.rundir import RunDir
 
@@ -141,3 +144,70 @@ def test_eval_analyze_generate_name_a_saved_field_of_another_kind(finished_run, 
         assert main(args) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{run.config_path}: {field}=" in err[0], (args, err)
+
+
+def _copy_with_own_corpus(finished_run, where):
+    """A copy of ``finished_run`` in ``where/run`` whose config names a copy of its corpus (``where/corpus``)."""
+    import shutil
+
+    corpus = Path(shutil.copytree(finished_run.parent / "corpus", where / "corpus"))
+    run = RunDir(shutil.copytree(finished_run, where / "run"))
+    run.config_path.write_text(json.dumps({**run.read_config(), "corpus": str(corpus)}))
+    return run, corpus
+
+
+@settings(max_examples=8)
+@given(split=st.sampled_from(["train", "valid", "test"]), added=st.text(min_size=1, max_size=40),
+       recorded=st.sampled_from(["sha256", "tokens only"]))
+def test_a_corpus_changed_since_training_is_refused_by_eval_and_warned_by_analyze(finished_run, split, added,
+                                                                                  recorded):
+    """Text appended to a corpus file after training re-split and re-tokenized silently: ``eval`` reported
+    "held-out" perplexity of other text. Now eval of the run's own corpus refuses a changed evaluated split (one line
+    naming data.json; ``--corpus`` evaluates the current text on purpose), analyze warns, an unchanged split passes.
+    A run written before ``text_sha256`` was recorded ("tokens only") is compared by its token counts."""
+    import tempfile
+
+    from coupled_qk.training.evaluate import evaluate_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run, corpus = _copy_with_own_corpus(finished_run, Path(tmp))
+        if recorded == "tokens only":
+            data = run.read_data()
+            del data["text_sha256"]
+            run.data_path.write_text(json.dumps(data))
+        with open(corpus / f"{split}.txt", "a", encoding="utf-8") as f:
+            f.write(" zebra quokka " + added)  # always new tokens, so a token count changes too
+        if split in ("valid", "test"):
+            with pytest.raises(ValueError, match=rf"changed since {run.path} trained on it \({run.data_path} vs now: "
+                                                 rf"tokens.{split}: ") as err:
+                evaluate_checkpoint(run.path)
+            assert "\n" not in str(err.value)
+        else:
+            assert evaluate_checkpoint(run.path)["valid"]["n_tokens"] > 0
+        assert evaluate_checkpoint(run.path, corpus=str(corpus))["test"]["n_tokens"] > 0  # on purpose: as it is now
+        with pytest.warns(UserWarning, match=f"the valid split of .* changed since {run.path}") if (
+                split == "valid" and recorded == "sha256") else contextlib.nullcontext():
+            analyze_checkpoints([run.path], out_dir=Path(tmp) / "an", make_plots=False)
+
+
+def test_resume_refuses_data_that_changed_since_the_run_recorded_it(tiny_cfg, tiny_corpus):
+    """``train --resume`` re-split and re-tokenized a corpus edited since, overwrote data.json and trained on.
+    Now it compares the data with data.json (token counts and text SHA-256s) before writing anything; a run
+    written before ``text_sha256`` was recorded is compared by its token counts and resumes when they match."""
+    from coupled_qk.training.loop import train
+
+    train(tiny_cfg(max_steps=3, stop_after_steps=2))
+    run = RunDir(tiny_cfg().out_dir)
+    data = run.read_data()
+    assert set(data["text_sha256"]) == {"train", "valid", "test"}
+    before = (tiny_corpus / "test.txt").read_text()
+    (tiny_corpus / "test.txt").write_text(before + "\n\nzebra quokka zebra\n")
+    with pytest.raises(ValueError, match=rf"cannot resume {run.path}: its data is not what it trained on \("
+                                         rf"{run.data_path} vs now: tokens.test: 1,997 recorded, 2,0\d\d now; "
+                                         r"text_sha256.test: \w{12}\.\.\. recorded"):
+        train(tiny_cfg(max_steps=3, resume=True))
+    assert run.read_data() == data  # nothing written
+    (tiny_corpus / "test.txt").write_text(before)
+    del data["text_sha256"]  # as a run written before the fingerprints were recorded
+    run.data_path.write_text(json.dumps(data))
+    assert train(tiny_cfg(max_steps=3, resume=True))["steps"] == 3

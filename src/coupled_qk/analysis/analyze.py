@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -85,6 +86,21 @@ def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_s
     return corpus, data_dir, json.loads(opts)
 
 
+def _warn_changed_text(ckpts: Sequence[Path], text_corpus, split: str) -> None:
+    """Warn, once per run folder, when the ``split`` of the runs' own corpus read back is not the text the run
+    recorded in its ``data.json`` (its SHA-256; :func:`coupled_qk.training.lm.split_changes`): the corpus was
+    edited or appended to since, so the analysed windows are not the run's held-out text. A run that recorded no
+    SHA-256 (written before it was recorded) is not checked."""
+    from coupled_qk.training.lm import split_changes
+
+    for run_dir in dict.fromkeys(ckpt.parent for ckpt in ckpts):
+        changes = split_changes(RunDir(run_dir), text_corpus, [split])
+        if changes:
+            warnings.warn(f"the {split} split of {text_corpus.name!r} changed since {run_dir} trained on it "
+                          f"({RunDir(run_dir).data_path} vs now: {'; '.join(changes)}): the analysed text is not "
+                          "the run's own; restore the corpus to analyse what the run saw", UserWarning, stacklevel=3)
+
+
 ANALYSIS_LAYOUT = ("analysis.json", "summary.md", "*.png")
 """What an analysis folder holds; any other file there makes :func:`analyze_checkpoints` refuse the folder."""
 
@@ -148,9 +164,12 @@ def analyze_checkpoints(
     out.claim_existing()
     paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer = _checked_inputs(
         paths, split, n_sequences, seq_len, labels, example_layer)
+    own_text = corpus is None and split_seed is None
     corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
     # the runs' own saved split options are read back as they ran (a warning if unused); --split-seed is checked
     text_corpus = run_corpus(corpus, data_dir, task_options, saved=split_seed is None)
+    if own_text:
+        _warn_changed_text(ckpts, text_corpus, split)
     text = text_corpus.split(split)
     out.path.mkdir(parents=True, exist_ok=True)
     entries, examples, n_tokenizers = _analyze_each(

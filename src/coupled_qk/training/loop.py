@@ -48,6 +48,7 @@ from coupled_qk.training.model_setup import (
 from coupled_qk.training.resume import (
     Schedule,
     check_config,
+    check_data,
     check_out_dir,
     lr_at,
     plan_batch,
@@ -341,6 +342,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     model_cfg = cfg.gpt_config(**task.model_overrides())
     if where is not None:
         ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
+        check_data(run_dir, task)  # before data.json is written again below
     sched, eval_interval = _plan(cfg, state, task, runtime, say)
     trainer = _Trainer(cfg, runtime, run_dir, task, model_cfg, state, where, sched)
     if runtime.is_main:

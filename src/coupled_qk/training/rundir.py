@@ -164,6 +164,18 @@ class RunDir:
         saved = _read_json(self.config_path)
         return None if saved is None else check_saved_config(saved, self.config_path)
 
+    def read_data(self) -> dict | None:
+        """``data.json`` (the task's description of its data, :meth:`Task.describe`) as a dict, or ``None`` when it
+        does not exist.
+
+        Raises:
+            ValueError: the file is not valid JSON or not a JSON object (naming it).
+        """
+        data = _read_json(self.data_path)
+        if data is not None and not isinstance(data, dict):
+            raise ValueError(f"{self.data_path} is not a JSON object (the description of the run's data)")
+        return data
+
     def read_results(self) -> dict | None:
         """``results.json`` as a dict, or ``None`` when the run has not finished.
 
@@ -232,6 +244,29 @@ class RunDir:
                 shutil.rmtree(self.path / name, ignore_errors=True)
             for orphan in self.checkpoints():  # folders without model.safetensors (has_checkpoint is false)
                 shutil.rmtree(orphan, ignore_errors=True)
+
+
+def data_changes(recorded: dict, now: dict, keys) -> list[str]:
+    """How the data described by ``now`` differs from what a run ``recorded`` in its ``data.json``, for each of
+    ``keys`` (one level of nested dicts compared per key, e.g. ``tokens.valid``), one ``"<key>: <recorded>
+    recorded, <now> now"`` item per difference. A key (or nested key) missing on either side is not compared: a
+    run written before a key was recorded keeps loading.
+    """
+    def shown(value) -> str:
+        text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        return text if len(text) <= 16 else text[:12] + "..."
+
+    out = []
+    for key in keys:
+        if key not in recorded or key not in now:
+            continue
+        before, after = recorded[key], now[key]
+        if isinstance(before, dict) and isinstance(after, dict):
+            out += [f"{key}.{sub}: {shown(before[sub])} recorded, {shown(after[sub])} now"
+                    for sub in after if sub in before and before[sub] != after[sub]]
+        elif before != after:
+            out.append(f"{key}: {shown(before)} recorded, {shown(after)} now")
+    return out
 
 
 def _read_json(path: Path) -> dict | None:
