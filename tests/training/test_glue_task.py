@@ -132,7 +132,7 @@ def test_end_to_end_beats_majority_and_reports(setup, tmp_path):
 
 
 def test_resume_refuses_glue_files_that_changed_since_the_run_recorded_them(setup, tmp_path):
-    """The kind of the LM check (resume.check_data) for GLUE: a task file replaced after training changes the
+    """The kind of the LM check (RunDir.check_data) for GLUE: a task file replaced after training changes the
     example and label counts recorded in data.json; the resume is refused before anything is written."""
     import shutil
 

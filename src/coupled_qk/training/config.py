@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from coupled_qk._checks import (
     MAX_SEED,
-    _type_name,
-    _unwrap_optional,
     check_declared,
     coerce,
     coerce_fields,
@@ -274,7 +272,8 @@ def check_saved_config(saved, where) -> dict:
         raise ValueError(f"{where} is not a JSON object (a run's TrainConfig); it holds a {type(saved).__name__}")
     for name, annotation in field_types(TrainConfig).items():
         value = saved.get(name)
-        inner, optional = _unwrap_optional(annotation)
+        optional = type(None) in typing.get_args(annotation)
+        inner = next(a for a in typing.get_args(annotation) if a is not type(None)) if optional else annotation
         if name not in saved or (value is None and optional):
             continue
         kinds = _KINDS.get(typing.get_origin(inner) or inner, (object,))
@@ -283,7 +282,7 @@ def check_saved_config(saved, where) -> dict:
             continue
         shown = json.dumps(value) if len(json.dumps(value)) <= 60 else json.dumps(value)[:57] + "..."
         what = "empty" if ok else _JSON_NAMES.get(type(value), type(value).__name__)
-        expected = "a non-empty string" if inner is str else _JSON_NAMES.get(inner, _type_name(inner))
+        expected = "a non-empty string" if inner is str else _JSON_NAMES.get(inner, getattr(inner, "__name__", str(inner)))
         raise ValueError(f"{where}: {name}={shown} is {what}; expected {expected}{' or null' if optional else ''} "
                          "(was the file edited by hand?)")
     return saved

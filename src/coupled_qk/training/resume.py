@@ -16,7 +16,7 @@ from pathlib import Path
 from coupled_qk.outputs import OutputDir
 from coupled_qk.training.checkpoint_load import checkpoint_step
 from coupled_qk.training.config import CONTINUATION_FIELDS, TrainConfig, config_differences, describe_differences
-from coupled_qk.training.rundir import RunDir, data_changes
+from coupled_qk.training.rundir import RunDir
 
 
 @dataclass
@@ -74,25 +74,6 @@ def check_config(run_dir: Path, cfg: TrainConfig) -> None:
             f"cannot resume {run_dir}: the run was made with a different config ({describe_differences(diff)}); "
             "only the budget, logging and paths may change on --resume"
         )
-
-
-def check_data(run_dir: Path, task) -> None:
-    """Refuse resuming ``run_dir`` when the task's data is not what the run recorded in ``data.json``: each key of
-    the task's ``data_identity`` (LM: the splits' token counts and text SHA-256s; MQAR: the slices; GLUE: the
-    example and label counts) compared with :meth:`~coupled_qk.training.tasks.Task.describe` now (a corpus file
-    edited or appended to since, a GLUE file replaced). A key the run did not record is not compared.
-
-    Raises:
-        ValueError: one line naming ``data.json`` and each difference.
-    """
-    keys = getattr(task, "data_identity", ())
-    recorded = RunDir(run_dir).read_data() if keys else None
-    changes = data_changes(recorded, task.describe(), keys) if recorded is not None else []
-    if changes:
-        raise ValueError(
-            f"cannot resume {run_dir}: its data is not what it trained on ({RunDir(run_dir).data_path} vs now: "
-            f"{'; '.join(changes)}); restore the data the run was trained on (a corpus: its files as they were), "
-            "or train a new run in another --out-dir")
 
 
 def plan_batch(state: dict, saved_cfg: dict, cfg: TrainConfig, world: int, say) -> None:

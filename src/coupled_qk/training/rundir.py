@@ -176,6 +176,24 @@ class RunDir:
             raise ValueError(f"{self.data_path} is not a JSON object (the description of the run's data)")
         return data
 
+    def check_data(self, task) -> None:
+        """Refuse resuming this run when ``task``'s data is not what the run recorded in ``data.json``: each key of
+        the task's ``data_identity`` (LM: the splits' token counts and text SHA-256s; MQAR: the slices; GLUE: the
+        example and label counts) compared with its ``describe()`` now (a corpus file edited or appended to since,
+        a GLUE file replaced). A key the run did not record is not compared.
+
+        Raises:
+            ValueError: one line naming ``data.json`` and each difference.
+        """
+        keys = getattr(task, "data_identity", ())
+        recorded = self.read_data() if keys else None
+        changes = data_changes(recorded, task.describe(), keys) if recorded is not None else []
+        if changes:
+            raise ValueError(
+                f"cannot resume {self.path}: its data is not what it trained on ({self.data_path} vs now: "
+                f"{'; '.join(changes)}); restore the data the run was trained on (a corpus: its files as they "
+                "were), or train a new run in another --out-dir")
+
     def read_results(self) -> dict | None:
         """``results.json`` as a dict, or ``None`` when the run has not finished.
 

@@ -46,7 +46,7 @@ class Task(Protocol):
     invalid values from its declarations (``tests/reliability/test_field_declarations.py``). A task may name, as
     the class attribute ``data_identity``, the keys of :meth:`describe` that identify its data (LM: token counts
     and text SHA-256s): a resume whose data differs there from the run's ``data.json`` is refused
-    (:func:`coupled_qk.training.resume.check_data`).
+    (:meth:`coupled_qk.training.rundir.RunDir.check_data`).
     """
 
     name: str
