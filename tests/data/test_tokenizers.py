@@ -6,6 +6,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coupled_qk.data.tokenizers import EOT, Tokenizer, chunk_text, get_tokenizer, gpt2_tokenizer, train_bpe
 
@@ -182,3 +184,58 @@ def test_smaller_vocabulary_is_labelled_and_warned():
     with pytest.warns(UserWarning, match=r"bpe-4000: the training text .* supports only \d+ tokens"):
         tok = train_bpe(text, 4000)
     assert tok.vocab_size < 4000 and tok.name == f"bpe-{tok.vocab_size}"
+
+
+def _two_tokenizers_of_one_size():
+    """Two byte-level BPEs of the same vocabulary size trained on different texts."""
+    from tests.conftest import make_text
+
+    a, b = train_bpe(make_text(200, 0), 300), train_bpe(make_text(200, 1) + " zebra quokka" * 40, 300)
+    assert a.vocab_size == b.vocab_size and a.fingerprint != b.fingerprint
+    return a, b
+
+
+def test_saved_fingerprint_is_checked_against_the_tokenizer_file_loaded(tmp_path):
+    """A run's ``tokenizer.json`` replaced by another tokenizer of the same size (keeping the run's
+    ``coupled_qk_tokenizer.json``) was loaded silently; it is refused naming the folder. The check reads the
+    file's content, so the same tokenizer serialized differently (not pretty-printed) still loads."""
+    import json
+
+    a, b = _two_tokenizers_of_one_size()
+    folder = tmp_path / "run" / "tokenizer"
+    a.save(folder)
+    assert Tokenizer.load(folder).fingerprint == a.fingerprint
+    (folder / "tokenizer.json").write_text(json.dumps(json.loads(a.hf.to_str()), indent=None))
+    assert Tokenizer.load(folder).name == a.name  # same content, other bytes
+    (folder / "tokenizer.json").write_text(b.hf.to_str(pretty=True))
+    with pytest.raises(ValueError, match=rf"tokenizer folder {folder}: tokenizer.json is not the tokenizer "
+                                         r"recorded in coupled_qk_tokenizer.json") as err:
+        Tokenizer.load(folder)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="is not the tokenizer recorded"):
+        get_tokenizer(str(folder))  # train --tokenizer FOLDER reads it the same way
+    (folder / "coupled_qk_tokenizer.json").unlink()  # a bare tokenizer.json carries no record to check
+    assert Tokenizer.load(folder).fingerprint == b.fingerprint
+
+
+@settings(max_examples=40)
+@given(content=st.one_of(st.text(max_size=30), st.sampled_from(["[\n", "{", "[]", "5", "null", '"x"',
+                                                                  '{"name": 5}', '{"fingerprint": []}', "\udcff"])))
+def test_damaged_tokenizer_metadata_is_one_line_naming_the_file(tmp_path_factory, content):
+    """Any content of ``coupled_qk_tokenizer.json`` either loads (a JSON object whose name and fingerprint are
+    strings matching the file) or is one ``ValueError`` naming that file: before, ``[`` there made ``eval``,
+    ``generate``, ``export``, ``analyze`` and ``train --tokenizer`` say only "Expecting value: line 2 column 1"."""
+    folder = tmp_path_factory.mktemp("tok")
+    _TINY.save(folder)
+    meta = folder / "coupled_qk_tokenizer.json"
+    meta.write_bytes(content.encode("utf-8", "surrogateescape"))
+    try:
+        tok = Tokenizer.load(folder)
+    except ValueError as exc:
+        assert str(meta) in str(exc) or f"tokenizer folder {folder}" in str(exc)
+        assert "\n" not in str(exc)
+    else:
+        assert tok.fingerprint == _TINY.fingerprint
+
+
+_TINY = train_bpe("the cat sat on the mat and the dog ran in the park " * 30, 280)

@@ -130,6 +130,23 @@ def test_end_to_end_beats_majority_and_reports(setup, tmp_path):
     assert more["steps"] == 70
 
 
+
+def test_resume_refuses_glue_files_that_changed_since_the_run_recorded_them(setup, tmp_path):
+    """The kind of the LM check (RunDir.check_data) for GLUE: a task file replaced after training changes the
+    example and label counts recorded in data.json; the resume is refused before anything is written."""
+    import shutil
+
+    pre, glue_dir = setup
+    train(glue_cfg(pre, glue_dir, tmp_path / "run", max_steps=4, stop_after_steps=2, eval_interval=2))
+    recorded = (tmp_path / "run" / "data.json").read_text()
+    shutil.rmtree(glue_dir / "SST-2")
+    write_sst2(glue_dir, n_train=300, seed=1)
+    with pytest.raises(ValueError, match=r"cannot resume .*: its data is not what it trained on \(.*data.json vs now: "
+                                         r"train_examples_total: 400 recorded, 300 now; train_label_counts: "):
+        train(glue_cfg(pre, glue_dir, tmp_path / "run", max_steps=4, resume=True, eval_interval=2))
+    assert (tmp_path / "run" / "data.json").read_text() == recorded
+
+
 def test_truncation_is_reported(tmp_path):
     pre = make_pretrained(tmp_path / "pre", block_size=8)
     glue_dir = write_sst2(tmp_path / "glue", n_train=40, n_dev=20)

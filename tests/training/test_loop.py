@@ -49,6 +49,29 @@ def test_refuses_to_overwrite_and_checks_config(tiny_cfg, tmp_path):
     assert res["steps"] == 4
 
 
+
+def test_a_run_whose_latest_is_gone_is_resumed_from_its_newest_checkpoint_never_restarted(tiny_cfg, capsys):
+    """Without ``latest`` (deleted by hand; or a kill between a checkpoint's rename and ``latest``'s write),
+    ``--resume`` said "no checkpoint; starting a new run there" and trained a new model beside the old
+    checkpoints, overwriting metrics.jsonl. Now it resumes from the newest checkpoint that verifies, after checking
+    the config against the run's, and without --resume it is refused."""
+    run = Path(tiny_cfg().out_dir)
+    train(tiny_cfg(max_steps=6, checkpoint_interval=2, stop_after_steps=4))
+    (run / "latest").unlink()
+    before = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        train(tiny_cfg(max_steps=6))
+    with pytest.raises(ValueError, match=r"cannot resume .*lr: 0.003 vs 0.01"):
+        train(tiny_cfg(max_steps=6, lr=0.01, resume=True))
+    assert (run / "metrics.jsonl").read_bytes() == before and not (run / "latest").exists()
+    capsys.readouterr()
+    res = train(tiny_cfg(max_steps=6, resume=True))
+    assert f"{run / 'latest'} is missing; resuming from the newest checkpoint that verifies, ckpt-00000004" in (
+        capsys.readouterr().err)
+    # continued, not restarted: the first four steps' records (with their own timings) are kept as they were
+    assert res["steps"] == 6 and (run / "metrics.jsonl").read_bytes().startswith(before)
+    assert [r["step"] for r in read_metrics(run) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+
 def test_failed_run_leaves_no_tokenizer_for_the_next(tiny_cfg, tmp_path):
     tiny = tmp_path / "tiny"
     tiny.mkdir()

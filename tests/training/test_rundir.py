@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from coupled_qk._checks import coerce, field_types
+from coupled_qk.analysis.analyze import analyze_checkpoints
+from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.rundir import RunDir
 
 
@@ -80,3 +87,127 @@ def test_partial_removal_never_touches_a_run_another_process_is_writing(tmp_path
         assert run.config_path.is_file() and run.metrics_path.is_file() and run.tokenizer_dir.is_dir()
     run.remove_partial()  # the writer is gone: now it is a killed run, cleaned
     assert not run.config_path.exists() and not run.tokenizer_dir.exists() and not (run / ".lock").exists()
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-10, 10**12) | st.floats(allow_nan=False)
+                     | st.text(max_size=8), lambda inner: st.lists(inner, max_size=2)
+                     | st.dictionaries(st.text(max_size=4), inner, max_size=2), max_leaves=4)
+
+
+@given(field=st.sampled_from(sorted(field_types(TrainConfig))), value=_JSON)
+def test_saved_config_fields_are_of_their_declared_kind_or_one_line_naming_them(tmp_path_factory, field, value):
+    """eval, analyze, generate and --resume read a run's config.json back without building a TrainConfig:
+    ``"corpus": 5`` was a TypeError traceback and ``"task_options": []`` (or null, 0, "") was read as ``{}``. Any
+    value of any field is now either of the field's declared kind (so reading it needs no conversion) or one
+    ValueError naming the file and the field."""
+    run = RunDir(tmp_path_factory.mktemp("run"))
+    saved = {**TrainConfig(max_steps=1).to_dict(), field: value}
+    run.config_path.write_text(json.dumps(saved))
+    try:
+        got = run.read_config()
+    except ValueError as exc:
+        assert str(exc).startswith(f"{run.config_path}: {field}=") and "\n" not in str(exc)
+    else:
+        assert got == saved
+        assert coerce(field, value, field_types(TrainConfig)[field]) == value  # already of its kind
+        assert not isinstance(value, bool) or field_types(TrainConfig)[field] in (bool, bool | None)
+        assert not isinstance(value, str) or value.strip()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished one-step run (trained once for the module); tests copy it before editing it."""
+    from coupled_qk.training.loop import train
+    from tests.conftest import write_corpus
+
+    root = tmp_path_factory.mktemp("finished")
+    train(TrainConfig.from_dict(dict(
+        corpus=str(write_corpus(root / "corpus", (100, 10, 10))), tokenizer="bpe-300", cache_dir=str(root / "cache"),
+        out_dir=str(root / "run"), model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16), batch_size=2,
+        max_steps=1, warmup_steps=1, eval_interval=1, eval_batches=1, progress=False, tensorboard=False)))
+    return root / "run"
+
+
+@pytest.mark.parametrize("field, value", [("corpus", 5), ("corpus", ["a"]), ("corpus", ""), ("data_dir", 3),
+                                          ("cache_dir", {}), ("task_options", []), ("task_options", None),
+                                          ("task_options", 0), ("task_options", "")])
+def test_eval_analyze_generate_name_a_saved_field_of_another_kind(finished_run, tmp_path, capsys, field, value):
+    import shutil
+
+    from coupled_qk.cli import main
+
+    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    run.config_path.write_text(json.dumps({**run.read_config(), field: value}))
+    for args in (["eval", str(run.path)], ["analyze", str(run.path), "--out-dir", str(tmp_path / "an")],
+                 ["generate", str(run.path), "--max-new-tokens", "1"]):
+        capsys.readouterr()
+        assert main(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{run.config_path}: {field}=" in err[0], (args, err)
+
+
+def _copy_with_own_corpus(finished_run, where):
+    """A copy of ``finished_run`` in ``where/run`` whose config names a copy of its corpus (``where/corpus``)."""
+    import shutil
+
+    corpus = Path(shutil.copytree(finished_run.parent / "corpus", where / "corpus"))
+    run = RunDir(shutil.copytree(finished_run, where / "run"))
+    run.config_path.write_text(json.dumps({**run.read_config(), "corpus": str(corpus)}))
+    return run, corpus
+
+
+@settings(max_examples=8)
+@given(split=st.sampled_from(["train", "valid", "test"]), added=st.text(min_size=1, max_size=40),
+       recorded=st.sampled_from(["sha256", "tokens only"]))
+def test_a_corpus_changed_since_training_is_refused_by_eval_and_warned_by_analyze(finished_run, split, added,
+                                                                                  recorded):
+    """Text appended to a corpus file after training re-split and re-tokenized silently: ``eval`` reported
+    "held-out" perplexity of other text. Now eval of the run's own corpus refuses a changed evaluated split (one line
+    naming data.json; ``--corpus`` evaluates the current text on purpose), analyze warns, an unchanged split passes.
+    A run written before ``text_sha256`` was recorded ("tokens only") is compared by its token counts."""
+    import tempfile
+
+    from coupled_qk.training.evaluate import evaluate_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run, corpus = _copy_with_own_corpus(finished_run, Path(tmp))
+        if recorded == "tokens only":
+            data = run.read_data()
+            del data["text_sha256"]
+            run.data_path.write_text(json.dumps(data))
+        with open(corpus / f"{split}.txt", "a", encoding="utf-8") as f:
+            f.write(" zebra quokka " + added)  # always new tokens, so a token count changes too
+        if split in ("valid", "test"):
+            with pytest.raises(ValueError, match=rf"changed since {run.path} trained on it \({run.data_path} vs now: "
+                                                 rf"tokens.{split}: ") as err:
+                evaluate_checkpoint(run.path)
+            assert "\n" not in str(err.value)
+        else:
+            assert evaluate_checkpoint(run.path)["valid"]["n_tokens"] > 0
+        assert evaluate_checkpoint(run.path, corpus=str(corpus))["test"]["n_tokens"] > 0  # on purpose: as it is now
+        with pytest.warns(UserWarning, match=f"the valid split of .* changed since {run.path}") if (
+                split == "valid" and recorded == "sha256") else contextlib.nullcontext():
+            analyze_checkpoints([run.path], out_dir=Path(tmp) / "an", make_plots=False)
+
+
+def test_resume_refuses_data_that_changed_since_the_run_recorded_it(tiny_cfg, tiny_corpus):
+    """``train --resume`` re-split and re-tokenized a corpus edited since, overwrote data.json and trained on.
+    Now it compares the data with data.json (token counts and text SHA-256s) before writing anything; a run
+    written before ``text_sha256`` was recorded is compared by its token counts and resumes when they match."""
+    from coupled_qk.training.loop import train
+
+    train(tiny_cfg(max_steps=3, stop_after_steps=2))
+    run = RunDir(tiny_cfg().out_dir)
+    data = run.read_data()
+    assert set(data["text_sha256"]) == {"train", "valid", "test"}
+    before = (tiny_corpus / "test.txt").read_text()
+    (tiny_corpus / "test.txt").write_text(before + "\n\nzebra quokka zebra\n")
+    with pytest.raises(ValueError, match=rf"cannot resume {run.path}: its data is not what it trained on \("
+                                         rf"{run.data_path} vs now: tokens.test: 1,997 recorded, 2,0\d\d now; "
+                                         r"text_sha256.test: \w{12}\.\.\. recorded"):
+        train(tiny_cfg(max_steps=3, resume=True))
+    assert run.read_data() == data  # nothing written
+    (tiny_corpus / "test.txt").write_text(before)
+    del data["text_sha256"]  # as a run written before the fingerprints were recorded
+    run.data_path.write_text(json.dumps(data))
+    assert train(tiny_cfg(max_steps=3, resume=True))["steps"] == 3

@@ -38,11 +38,41 @@ def test_lm_task_options_are_validated(tiny_cfg, tiny_corpus):
         run_corpus(corpus, None, {"split_seed": -1})
     with pytest.raises(ValueError, match="valid_fraction=2"):
         run_corpus(corpus, None, {"valid_fraction": 2})
+    for not_a_dict in ([], 0, "", "abc"):  # read as {} before (``task_options or {}``); None means the defaults
+        with pytest.raises(ValueError, match=r"task_options=.* must be a dict"):
+            run_corpus(corpus, None, not_a_dict)
     with pytest.raises(ValueError, match="unknown lm task_options"):
         LMTask(tiny_cfg(task_options={"splitseed": 1}))
     task = LMTask(tiny_cfg(batch_size=3, grad_accum=2))
     assert isinstance(task, Task)
     assert task.step_tokens(0, 1) == 3 * 2 * 16 and task.step_tokens(5, 4) == 3 * 2 * 4 * 16
+
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "meta_missing", "meta_garbage", "replaced"])
+def test_a_damaged_cached_tokenizer_is_trained_again(tiny_cfg, tmp_path, damage):
+    """A damaged ``cache/tokenizers/bpe-*`` entry blocked every run of its corpus until deleted by hand; now it
+    is warned about and trained again (as a damaged token array is rebuilt), and the cache holds a good one."""
+    from coupled_qk.data.tokenizers import Tokenizer
+
+    good = LMTask(tiny_cfg()).tokenizer
+    (entry,) = (tmp_path / "cache" / "tokenizers").iterdir()
+    tok_file, meta = entry / "tokenizer.json", entry / "coupled_qk_tokenizer.json"
+    if damage == "truncated":
+        tok_file.write_bytes(tok_file.read_bytes()[:-100])
+    elif damage == "empty":
+        tok_file.write_bytes(b"")
+    elif damage == "meta_missing":  # a save cut between its two files
+        meta.unlink()
+    elif damage == "meta_garbage":
+        meta.write_text("[\n")
+    else:  # another tokenizer's file under this entry's name and fingerprint
+        other = LMTask(tiny_cfg(tokenizer="bpe-290")).tokenizer
+        tok_file.write_text(other.hf.to_str(pretty=True))
+    with pytest.warns(UserWarning, match=rf"the cached tokenizer {entry} is damaged \(.+\); training it again"):
+        again = LMTask(tiny_cfg()).tokenizer
+    assert (again.name, again.fingerprint) == (good.name, good.fingerprint)
+    assert Tokenizer.load(entry).fingerprint == good.fingerprint  # the entry was written again
 
 
 def test_check_options():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -73,15 +74,31 @@ def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_s
         cfg = RunDir(ckpt.parent).read_config()
         if cfg is None or "corpus" not in cfg:
             raise ValueError(f"--corpus is needed: {ckpt.parent} has no config.json naming the run's corpus")
-        opts = dict(cfg.get("task_options") or {})
+        opts = dict(cfg.get("task_options") if cfg.get("task_options") is not None else {})
         if split_seed is not None:
             opts["split_seed"] = split_seed
-        sources.add((cfg["corpus"], data_dir or cfg.get("data_dir"), json.dumps(opts, sort_keys=True)))
+        sources.add((cfg["corpus"], data_dir if data_dir is not None else cfg.get("data_dir"),
+                     json.dumps(opts, sort_keys=True)))
     if len(sources) > 1:
         raise ValueError(f"the checkpoints were trained on different corpora or splits ({sorted(sources)}); "
                          "pass --corpus to analyse them on the same text")
     corpus, data_dir, opts = sources.pop()
     return corpus, data_dir, json.loads(opts)
+
+
+def _warn_changed_text(ckpts: Sequence[Path], text_corpus, split: str) -> None:
+    """Warn, once per run folder, when the ``split`` of the runs' own corpus read back is not the text the run
+    recorded in its ``data.json`` (its SHA-256; :func:`coupled_qk.training.lm.split_changes`): the corpus was
+    edited or appended to since, so the analysed windows are not the run's held-out text. A run that recorded no
+    SHA-256 (written before it was recorded) is not checked."""
+    from coupled_qk.training.lm import split_changes
+
+    for run_dir in dict.fromkeys(ckpt.parent for ckpt in ckpts):
+        changes = split_changes(RunDir(run_dir), text_corpus, [split])
+        if changes:
+            warnings.warn(f"the {split} split of {text_corpus.name!r} changed since {run_dir} trained on it "
+                          f"({RunDir(run_dir).data_path} vs now: {'; '.join(changes)}): the analysed text is not "
+                          "the run's own; restore the corpus to analyse what the run saw", UserWarning, stacklevel=3)
 
 
 ANALYSIS_LAYOUT = ("analysis.json", "summary.md", "*.png")
@@ -147,9 +164,12 @@ def analyze_checkpoints(
     out.claim_existing()
     paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer = _checked_inputs(
         paths, split, n_sequences, seq_len, labels, example_layer)
+    own_text = corpus is None and split_seed is None
     corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
     # the runs' own saved split options are read back as they ran (a warning if unused); --split-seed is checked
     text_corpus = run_corpus(corpus, data_dir, task_options, saved=split_seed is None)
+    if own_text:
+        _warn_changed_text(ckpts, text_corpus, split)
     text = text_corpus.split(split)
     out.path.mkdir(parents=True, exist_ok=True)
     entries, examples, n_tokenizers = _analyze_each(

@@ -26,7 +26,7 @@ from coupled_qk.progress import progress_mode
 EOT = "<|endoftext|>"
 MIN_VOCAB = 256 + 1  # 256 byte tokens + <|endoftext|>
 MAX_VOCAB = 2**20
-_META = "coupled_qk_tokenizer.json"
+META_FILE = "coupled_qk_tokenizer.json"  # the name and fingerprint written beside tokenizer.json
 # A character that is not whitespace for Python's ``re`` (== str.isspace, a superset of Unicode
 # White_Space) nor a zero-width/format character some regex engines once classed as space.
 _NWS = r"[^\s\u180e\u200b-\u200d\u2060\ufeff]"
@@ -89,8 +89,7 @@ class Tokenizer:
             raise TypeError(f"hf_tokenizer must be a tokenizers.Tokenizer, got {type(hf_tokenizer).__name__}")
         self._tok, self.name = hf_tokenizer, str(name)
         cfg = json.loads(hf_tokenizer.to_str())
-        canon = json.dumps(cfg, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        self.fingerprint = hashlib.sha256(canon.encode("utf-8")).hexdigest()
+        self.fingerprint = _fingerprint_of(cfg)
         added = cfg.get("added_tokens") or []
         self.added_tokens = [t["content"] for t in added]
         pre = cfg.get("pre_tokenizer") or {}
@@ -141,15 +140,22 @@ class Tokenizer:
         path = directory / "tokenizer.json"
         write_text_atomic(path, self._tok.to_str(pretty=True))  # as Tokenizer.save writes it, but atomic: a crash never leaves half a tokenizer
         meta = {"name": self.name, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}
-        write_text_atomic(directory / _META, json.dumps(meta, indent=1) + "\n")
+        write_text_atomic(directory / META_FILE, json.dumps(meta, indent=1) + "\n")
         return path
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
         """Load a tokenizer saved by :meth:`save` (a folder holding ``tokenizer.json``, or the json file).
 
+        Where the folder holds ``coupled_qk_tokenizer.json`` (what :meth:`save` writes), the fingerprint recorded
+        there is checked against the ``tokenizer.json`` actually read (:func:`file_fingerprint`: its content, so
+        a newer ``tokenizers`` version that serializes more fields still matches): a tokenizer file replaced or
+        edited after it was saved is refused, even one of the same size.
+
         Raises:
-            FileNotFoundError: no ``tokenizer.json`` there. ValueError: the file is not a valid tokenizer.
+            FileNotFoundError: no ``tokenizer.json`` there. ValueError: the file is not a valid tokenizer,
+                ``coupled_qk_tokenizer.json`` is not a JSON object, or its fingerprint differs from the
+                tokenizer file's (each naming the file or folder).
         """
         path = Path(directory)
         path = path / "tokenizer.json" if path.is_dir() else path
@@ -160,12 +166,57 @@ class Tokenizer:
             hf = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust library raises a bare Exception on bad JSON
             raise ValueError(f"{path} is not a valid Hugging Face tokenizer.json: {e}") from e
-        meta = path.parent / _META
-        name = json.loads(meta.read_text(encoding="utf-8")).get("name") if meta.is_file() else None
-        return cls(hf, name or f"file:{path}")
+        meta = _read_meta(path.parent / META_FILE)
+        recorded = meta.get("fingerprint")
+        if recorded is not None and recorded != file_fingerprint(path):
+            raise ValueError(
+                f"tokenizer folder {path.parent}: {path.name} is not the tokenizer recorded in {META_FILE} (its "
+                f"fingerprint {file_fingerprint(path)[:12]} differs from the recorded {str(recorded)[:12]}): it was "
+                f"replaced or edited after it was saved; restore the saved {path.name}")
+        return cls(hf, meta.get("name") or f"file:{path}")
 
     def __repr__(self) -> str:
         return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+
+
+def _fingerprint_of(config: dict) -> str:
+    """SHA-256 hex digest of a tokenizer's JSON ``config`` with sorted keys (:attr:`Tokenizer.fingerprint`)."""
+    canon = json.dumps(config, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """The fingerprint of the tokenizer stored in the ``tokenizer.json`` file ``path``, computed from the file's
+    content (as :meth:`Tokenizer.save` recorded it), not from a re-serialization by this ``tokenizers`` version.
+
+    Raises:
+        ValueError: the file is not UTF-8 JSON (naming it).
+    """
+    try:
+        return _fingerprint_of(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a valid tokenizer.json ({e})") from e
+
+
+def _read_meta(path: Path) -> dict:
+    """``coupled_qk_tokenizer.json`` (name, fingerprint, vocab_size) as a dict, ``{}`` where there is none.
+
+    Raises:
+        ValueError: the file is not a UTF-8 JSON object, or its name or fingerprint is not a string (naming it).
+    """
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); it should hold the tokenizer's name and fingerprint, "
+                         "as Tokenizer.save writes it") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} is not a JSON object; it should hold the tokenizer's name and fingerprint")
+    for key in ("name", "fingerprint"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise ValueError(f"{path}: {key}={meta[key]!r} is not a string")
+    return meta
 
 
 def gpt2_tokenizer(data_dir: str | Path | None = None) -> Tokenizer:

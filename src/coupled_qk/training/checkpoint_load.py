@@ -74,9 +74,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if (ckpt / "model.safetensors").is_file():
             return ckpt
         raise FileNotFoundError(f"{latest} names {ckpt.name}, which has no model.safetensors")
+    folders = sorted(f.name for f in path.glob("ckpt-*") if (f / "model.safetensors").is_file())
     raise FileNotFoundError(
         f"no checkpoint at {path}: expected a checkpoint folder with model.safetensors or a run folder with a "
-        "'latest' file"
+        "'latest' file" + (f" (it has none; pass one of its checkpoint folders, e.g. {path / folders[-1]})"
+                           if folders else "")
     )
 
 
@@ -107,7 +109,8 @@ def verify_checksums(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
 
 def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
     """The checkpoint a ``--resume`` continues from: the one ``latest`` names if it verifies, else the newest
-    older ``ckpt-*`` folder of the run that does (docs/RELIABILITY.md, "Faults").
+    older ``ckpt-*`` folder of the run that does, or without ``latest`` the newest that does (docs/RELIABILITY.md,
+    "Faults").
 
     A checkpoint verifies when its ``latest`` target exists with ``model.safetensors``, every file matches
     ``checksums.json`` (:func:`verify_checksums`: a truncated or zeroed file differs) and ``state.json`` parses.
@@ -151,7 +154,10 @@ def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
             check(folder)
         except (ValueError, FileNotFoundError):
             continue
-        if say is not None:
+        if say is not None and not latest:
+            say(f"warning: {run_dir / 'latest'} is missing; resuming from the newest checkpoint that verifies, "
+                f"{folder.name} (step {checkpoint_step(folder)})")
+        elif say is not None:
             say(f"warning: the latest checkpoint is refused ({damage}); resuming from the previous good checkpoint "
                 f"{folder.name} (step {checkpoint_step(folder)}); the damaged folder is left in place")
         return folder

@@ -9,6 +9,8 @@ validation.
 from __future__ import annotations
 
 import dataclasses
+import json
+import typing
 from dataclasses import dataclass
 
 from coupled_qk._checks import (
@@ -264,6 +266,47 @@ def check_text_fields(cfg: TrainConfig) -> None:
         if isinstance(value, str) and not value.strip():
             raise ValueError(f"{type(cfg).__name__}.{f.name}={value!r} is empty")
     check_device_name(f"{type(cfg).__name__}.device", cfg.device)
+
+
+_KINDS = {bool: (bool,), int: (int,), float: (int, float), str: (str,), dict: (dict,), list: (list,)}
+_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object",
+               list: "a list", type(None): "null"}
+
+
+def check_saved_config(saved, where) -> dict:
+    """``saved`` (a run's parsed ``config.json``), each :class:`TrainConfig` field it holds checked for its *kind*:
+    ``eval``, ``analyze``, ``generate`` and ``--resume`` read these fields back without building a
+    ``TrainConfig``, so a hand edit (``"corpus": 5``, ``"task_options": []`` or ``null``, ``"cache_dir": ""``) was a
+    traceback deep inside them or silently read as the default.
+
+    Only kinds are checked (a non-empty string where a string is declared, a dict for ``model`` and
+    ``task_options``, an int that is not a bool, ``null`` only for optional fields); ranges and choices are not,
+    so a run saved before a range or a choice changed still loads. A field it does not hold keeps its default.
+
+    Returns:
+        ``saved`` unchanged.
+
+    Raises:
+        ValueError: one line naming the file ``where``, the field, its value and the kind expected.
+    """
+    if not isinstance(saved, dict):
+        raise ValueError(f"{where} is not a JSON object (a run's TrainConfig); it holds a {type(saved).__name__}")
+    for name, annotation in field_types(TrainConfig).items():
+        value = saved.get(name)
+        optional = type(None) in typing.get_args(annotation)
+        inner = next(a for a in typing.get_args(annotation) if a is not type(None)) if optional else annotation
+        if name not in saved or (value is None and optional):
+            continue
+        kinds = _KINDS.get(typing.get_origin(inner) or inner, (object,))
+        ok = isinstance(value, kinds) and (inner is bool or not isinstance(value, bool))
+        if ok and not (isinstance(value, str) and not value.strip()):
+            continue
+        shown = json.dumps(value) if len(json.dumps(value)) <= 60 else json.dumps(value)[:57] + "..."
+        what = "empty" if ok else _JSON_NAMES.get(type(value), type(value).__name__)
+        expected = "a non-empty string" if inner is str else _JSON_NAMES.get(inner, getattr(inner, "__name__", str(inner)))
+        raise ValueError(f"{where}: {name}={shown} is {what}; expected {expected}{' or null' if optional else ''} "
+                         "(was the file edited by hand?)")
+    return saved
 
 
 def config_differences(saved: dict, current: TrainConfig, ignore=CONTINUATION_FIELDS) -> dict:

@@ -17,7 +17,7 @@ from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_checkpoint
 from coupled_qk.training.distributed import pick_device
-from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus
+from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus, split_changes
 from coupled_qk.training.perplexity import evaluate_perplexity, text_units
 from coupled_qk.training.rundir import RunDir
 
@@ -37,7 +37,8 @@ def evaluate_checkpoint(
 
     Args:
         checkpoint: a run folder (its ``latest`` checkpoint) or a ``ckpt-*`` folder inside one.
-        corpus: corpus name or path (default: the run's ``config.json`` corpus).
+        corpus: corpus name or path (default: the run's ``config.json`` corpus, checked against the run's
+            ``data.json``; a corpus given here is evaluated as it is now).
         data_dir: folder of the named corpora (default: the run's).
         splits: any of ``train``, ``valid``, ``test``.
         stride: sliding-window stride in tokens (``None``: non-overlapping windows of ``block_size``).
@@ -52,8 +53,9 @@ def evaluate_checkpoint(
 
     Raises:
         FileNotFoundError: no checkpoint, tokenizer or corpus file where expected.
-        ValueError: unknown split name, a bad stride, no corpus known, or a tokenizer that does not match the
-            model's vocabulary.
+        ValueError: unknown split name, a bad stride, no corpus known, a tokenizer that does not match the
+            model's vocabulary, or (without ``corpus``) the run's corpus changed since it trained: a split's text
+            differs from the SHA-256 (or token count) recorded in the run's ``data.json``.
     """
     ckpt = resolve_checkpoint(checkpoint)
     run = RunDir(ckpt.parent)
@@ -72,14 +74,27 @@ def evaluate_checkpoint(
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}")
     data = run_corpus(corpus_name, data_dir if data_dir is not None else run_cfg.get("data_dir"),
-                      run_cfg.get("task_options") or {}, saved=True)
+                      run_cfg.get("task_options"), saved=True)
     cache = Path(run_cfg["cache_dir"]) if run_cfg.get("cache_dir") else default_cache_dir()
     out = {"checkpoint": str(ckpt), "step": state.get("step"), "corpus": data.name, "tokenizer": tokenizer.name,
            "stride": stride, "block_size": model.config.block_size}
+    tokens = {split: tokenize_to_cache(data.split(split), tokenizer, cache / "tokens") for split in splits}
+    if corpus is None:  # the run's own corpus: it must still be the text the run recorded
+        _check_recorded(run, data, splits, tokens)
     for split in splits:
-        text = data.split(split)
-        tokens = tokenize_to_cache(text, tokenizer, cache / "tokens")
         n_words = data.words(split) if data.name in WORD_LEVEL_CORPORA else None
-        out[split] = evaluate_perplexity(model, tokens, model.config.block_size, batch_size, stride, dev, n_words,
-                                         desc=f"eval {split}", **text_units(text))
+        out[split] = evaluate_perplexity(model, tokens[split], model.config.block_size, batch_size, stride, dev,
+                                         n_words, desc=f"eval {split}", **text_units(data.split(split)))
     return out
+
+
+def _check_recorded(run: RunDir, data, splits: Sequence[str], tokens: dict) -> None:
+    """Refuse evaluating the run's own corpus when its ``splits`` are not the text the run recorded in
+    ``data.json`` (:func:`~coupled_qk.training.lm.split_changes`): an edited or appended corpus file re-splits
+    differently, and its numbers would pass for the run's held-out perplexity."""
+    changes = split_changes(run, data, splits, {split: len(t) for split, t in tokens.items()})
+    if changes:
+        raise ValueError(
+            f"the run's corpus {data.name!r} changed since {run.path} trained on it ({run.data_path} vs now: "
+            f"{'; '.join(changes)}), so its {'/'.join(splits)} text is not what the run recorded; restore the "
+            f"corpus, or pass --corpus {data.name} to evaluate the current text anyway")

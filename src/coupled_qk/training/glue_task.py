@@ -199,6 +199,7 @@ class GlueTask:
     name = "glue"
     config_fields = ()  # its data: task_options glue_dir and the pretrained run's tokenizer
     options_class = GlueOptions
+    data_identity = ("train_examples_total", "dev_examples", "train_label_counts", "dev_label_counts")  # see RunDir.check_data
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg

@@ -16,12 +16,12 @@ from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
 from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus, split_documents
 from coupled_qk.data.paths import default_cache_dir
-from coupled_qk.data.tokenizers import Tokenizer, get_tokenizer
+from coupled_qk.data.tokenizers import META_FILE, Tokenizer, get_tokenizer
 from coupled_qk.io import write_text_atomic
 from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.perplexity import evaluate_perplexity, perplexity_windows, text_units
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.rundir import RunDir, data_changes
 from coupled_qk.training.tasks import check_options
 
 MIN_EVAL_TOKENS = 10_000  # smaller evaluation splits give noisy perplexities (a warning says so)
@@ -51,9 +51,10 @@ class LMOptions:
         """The checked options of a run's ``task_options`` dict (``None``: the defaults).
 
         Raises:
-            ValueError: an unknown key (listing the valid ones) or a value out of its declared range.
+            ValueError: ``task_options`` is not a dict (``[]``, ``0`` and ``""`` are not read as ``{}``), an
+                unknown key (listing the valid ones) or a value out of its declared range.
         """
-        opts = task_options or {}
+        opts = task_options if task_options is not None else {}
         check_options("lm", opts, OPTIONS)
         return cls(**opts)
 
@@ -85,6 +86,50 @@ def run_corpus(corpus: str, data_dir: str | None, task_options: dict, saved: boo
                        unused_split_options="warn" if saved else "refuse")
 
 
+def cached_tokenizer(where: Path) -> Tokenizer | None:
+    """The tokenizer cached in ``where`` (a folder written by :meth:`Tokenizer.save`), or ``None`` when there is
+    none or it is damaged: a file that does not parse, a missing ``coupled_qk_tokenizer.json`` (a save cut short),
+    a fingerprint that does not match the file. A damaged entry is warned about and trained again, as a damaged
+    token array is rebuilt (:func:`coupled_qk.data.cache.tokenize_to_cache`), instead of blocking every run.
+
+    Warns:
+        UserWarning: naming the damaged folder and what is wrong with it.
+    """
+    if not where.exists():
+        return None
+    try:
+        if not (where / META_FILE).is_file():
+            raise ValueError(f"{META_FILE} is missing")
+        return Tokenizer.load(where)
+    except (ValueError, OSError) as exc:
+        warnings.warn(f"the cached tokenizer {where} is damaged ({exc}); training it again", stacklevel=3)
+        return None
+
+
+def text_sha256(text: str) -> str:
+    """SHA-256 hex digest of ``text``'s UTF-8 bytes: a split's fingerprint in ``data.json`` (``text_sha256``)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def split_changes(run: RunDir, corpus: Corpus, splits, tokens: dict | None = None) -> list[str]:
+    """How ``splits`` of ``corpus`` (the run's own corpus read back) differ from what the run recorded in its
+    ``data.json``: each split's text SHA-256 (``text_sha256``), and its token count where ``tokens`` (split ->
+    count with the run's tokenizer) is given; ``[]`` when they match or nothing was recorded (a run written before
+    ``text_sha256`` was: only its token counts can be compared). Items as
+    :func:`~coupled_qk.training.rundir.data_changes` gives them.
+
+    Raises:
+        ValueError: ``data.json`` is damaged (naming it).
+    """
+    recorded = run.read_data()
+    if recorded is None:
+        return []
+    now = {"text_sha256": {split: text_sha256(corpus.split(split)) for split in splits}}
+    if tokens is not None:
+        now["tokens"] = {split: int(tokens[split]) for split in splits}
+    return data_changes(recorded, now, ("tokens", "text_sha256"))
+
+
 def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:
     """Start offsets of the global batch of ``(step, micro)``: a pure function of its arguments.
 
@@ -111,12 +156,14 @@ class LMTask:
     name = "lm"
     config_fields = ("corpus", "data_dir", "tokenizer", "cache_dir", "eval_batches", "full_eval")  # tasks.TASK_FIELDS
     options_class = LMOptions
+    data_identity = ("vocab_size", "tokens", "text_sha256")  # describe() keys a resume compares with data.json
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
         cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
         self.options = LMOptions.from_options(cfg.task_options)
         self.corpus = run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
+        self.text_sha256 = {split: text_sha256(self.corpus.split(split)) for split in ("train", "valid", "test")}
         run = RunDir(run_dir) if run_dir is not None else None
         resuming = cfg.resume and run is not None and run.has_checkpoint()
         if resuming and run.has_tokenizer():
@@ -198,8 +245,9 @@ class LMTask:
             return get_tokenizer(spec, data_dir=cfg.data_dir)
         key = hashlib.sha256((spec + "\0" + self.corpus.train).encode()).hexdigest()[:16]
         where = cache_dir / "tokenizers" / f"{spec}-{key}"
-        if (where / "tokenizer.json").is_file():
-            return Tokenizer.load(where)
+        cached = cached_tokenizer(where)
+        if cached is not None:
+            return cached
         t0 = time.perf_counter()
         announce(f"training a byte-level BPE ({spec}) on the {len(self.corpus.train) / 1e6:.1f} MB training split; "
                  f"cached in {where}", enabled=cfg.progress)
@@ -213,12 +261,14 @@ class LMTask:
         return {"vocab_size": self.tokenizer.vocab_size}
 
     def describe(self) -> dict:
-        """Corpus, tokenizer and token counts, for results files."""
+        """Corpus, tokenizer, token counts and each split's text SHA-256 (``text_sha256``), for results files and
+        ``data.json`` (a resume, ``eval`` and ``analyze`` compare the data they read back with it)."""
         return {
             "corpus": self.corpus.name,
             "tokenizer": self.tokenizer.name,
             "vocab_size": self.tokenizer.vocab_size,
             "tokens": {split: int(len(t)) for split, t in self.tokens.items()},
+            "text_sha256": dict(self.text_sha256),
         }
 
     def step_tokens(self, step: int, world: int) -> int:

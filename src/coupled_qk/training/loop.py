@@ -92,7 +92,7 @@ def train(cfg: TrainConfig, task=None) -> dict:
 
     Raises:
         ValueError: ``out_dir`` already holds checkpoints and ``resume`` is off (nothing is overwritten);
-            the checkpoint to resume was made with a different model, config, global batch or budget
+            the checkpoint to resume was made with a different model, config, global batch, budget or data
             (see :mod:`coupled_qk.training.resume`); it is damaged; ``out_dir`` is a checkpoint folder.
         RunLockedError: another process is writing ``out_dir`` (a ``ValueError`` naming it).
         TrainingInterrupted: ``SIGINT``/``SIGTERM`` stopped the run after saving the current step.
@@ -341,6 +341,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     model_cfg = cfg.gpt_config(**task.model_overrides())
     if where is not None:
         ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
+        run.check_data(task)  # before data.json is written again below
     sched, eval_interval = _plan(cfg, state, task, runtime, say)
     trainer = _Trainer(cfg, runtime, run_dir, task, model_cfg, state, where, sched)
     if runtime.is_main:

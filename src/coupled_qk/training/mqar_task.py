@@ -194,6 +194,7 @@ class MQARTask:
     name = "mqar"
     config_fields = ("cache_dir",)  # TrainConfig data fields it reads (tasks.check_task_fields)
     options_class = MQAROptions
+    data_identity = ("vocab_size", "data_seed", "train", "test")  # describe() keys a resume compares with data.json
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg

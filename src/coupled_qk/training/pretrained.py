@@ -9,7 +9,8 @@ import torch
 
 from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.models.gpt import GPT
-from coupled_qk.training.checkpoint_load import load_checkpoint_model, read_json, resolve_checkpoint
+from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_checkpoint
+from coupled_qk.training.rundir import RunDir
 
 
 @dataclass
@@ -53,8 +54,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
 
     Raises:
         FileNotFoundError: no checkpoint, or no ``tokenizer/tokenizer.json`` in the run folder.
-        ValueError: a damaged checkpoint, a tokenizer whose vocabulary does not match the model, or a
-            ``device`` that is neither ``"auto"`` nor a device of this machine (the error lists those).
+        ValueError: a damaged checkpoint, a tokenizer whose vocabulary does not match the model, a damaged
+            ``config.json`` (:meth:`~coupled_qk.training.rundir.RunDir.read_config`), or a ``device`` that is
+            neither ``"auto"`` nor a device of this machine (the error lists those).
     """
     from coupled_qk.training.distributed import pick_device
 
@@ -69,5 +71,5 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"{ckpt}: model vocab_size={model.config.vocab_size} differs from the run tokenizer's "
                          f"{tokenizer.vocab_size}")
-    config = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
+    config = RunDir(run_dir).read_config() or {}
     return LoadedRun(model, tokenizer, ckpt, state.get("step"), config)

@@ -9,7 +9,6 @@ horizon only when asked for (``on_budget_change``: ``keep`` or ``rewarm``).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from coupled_qk.outputs import OutputDir
 from coupled_qk.training.checkpoint_load import checkpoint_step
 from coupled_qk.training.config import CONTINUATION_FIELDS, TrainConfig, config_differences, describe_differences
+from coupled_qk.training.rundir import RunDir
 
 
 @dataclass
@@ -65,13 +65,9 @@ def check_out_dir(run_dir: Path) -> None:
 
 def check_config(run_dir: Path, cfg: TrainConfig) -> None:
     """Refuse resuming ``run_dir`` with settings that change the run (the model is compared separately)."""
-    path = run_dir / "config.json"
-    if not path.is_file():
+    saved = RunDir(run_dir).read_config()  # its fields' kinds checked, naming the file
+    if saved is None:
         return
-    try:
-        saved = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc})") from exc
     diff = config_differences(saved, cfg, CONTINUATION_FIELDS | {"model", "preset"})
     if diff:
         raise ValueError(

@@ -116,8 +116,19 @@ class RunDir:
     # ------------------------------------------------------------------------------------------ state
 
     def has_checkpoint(self) -> bool:
-        """Whether the run can be resumed (``latest`` exists)."""
-        return self.latest_path.is_file()
+        """Whether the run holds a checkpoint to resume: ``latest`` exists, or (``latest`` deleted by hand, or a
+        kill between a checkpoint's rename and ``latest``'s write) a ``ckpt-<step>`` folder with
+        ``model.safetensors``. Such a run is resumed (from the newest checkpoint that verifies,
+        :func:`~coupled_qk.training.checkpoint_load.resume_checkpoint`) or refused, never started over."""
+        return self.latest_path.is_file() or self.newest_checkpoint() is not None
+
+    def newest_checkpoint(self) -> Path | None:
+        """The ``ckpt-<step>`` folder with ``model.safetensors`` of the highest step (checksums not verified), or
+        ``None``."""
+        from coupled_qk.training.checkpoint_load import checkpoint_step
+
+        found = [p for p in self.checkpoints() if checkpoint_step(p) is not None and (p / "model.safetensors").is_file()]
+        return max(found, key=lambda p: (checkpoint_step(p), p.name)) if found else None
 
     def is_finished(self) -> bool:
         """Whether the run finished (``results.json`` exists)."""
@@ -140,12 +151,48 @@ class RunDir:
     # ------------------------------------------------------------------------------------------ reads
 
     def read_config(self) -> dict | None:
-        """``config.json`` as a dict, or ``None`` when it does not exist.
+        """``config.json`` as a dict, or ``None`` when it does not exist; every ``TrainConfig`` field it holds is of
+        its declared kind (:func:`~coupled_qk.training.config.check_saved_config`), as its readers (``eval``,
+        ``analyze``, ``generate``, ``--resume``) expect.
 
         Raises:
-            ValueError: the file is not valid JSON (naming it).
+            ValueError: the file is not valid JSON or not an object, or a field has another kind (naming the file
+                and the field).
         """
-        return _read_json(self.config_path)
+        from coupled_qk.training.config import check_saved_config
+
+        saved = _read_json(self.config_path)
+        return None if saved is None else check_saved_config(saved, self.config_path)
+
+    def read_data(self) -> dict | None:
+        """``data.json`` (the task's description of its data, :meth:`Task.describe`) as a dict, or ``None`` when it
+        does not exist.
+
+        Raises:
+            ValueError: the file is not valid JSON or not a JSON object (naming it).
+        """
+        data = _read_json(self.data_path)
+        if data is not None and not isinstance(data, dict):
+            raise ValueError(f"{self.data_path} is not a JSON object (the description of the run's data)")
+        return data
+
+    def check_data(self, task) -> None:
+        """Refuse resuming this run when ``task``'s data is not what the run recorded in ``data.json``: each key of
+        the task's ``data_identity`` (LM: the splits' token counts and text SHA-256s; MQAR: the slices; GLUE: the
+        example and label counts) compared with its ``describe()`` now (a corpus file edited or appended to since,
+        a GLUE file replaced). A key the run did not record is not compared.
+
+        Raises:
+            ValueError: one line naming ``data.json`` and each difference.
+        """
+        keys = getattr(task, "data_identity", ())
+        recorded = self.read_data() if keys else None
+        changes = data_changes(recorded, task.describe(), keys) if recorded is not None else []
+        if changes:
+            raise ValueError(
+                f"cannot resume {self.path}: its data is not what it trained on ({self.data_path} vs now: "
+                f"{'; '.join(changes)}); restore the data the run was trained on (a corpus: its files as they "
+                "were), or train a new run in another --out-dir")
 
     def read_results(self) -> dict | None:
         """``results.json`` as a dict, or ``None`` when the run has not finished.
@@ -171,9 +218,10 @@ class RunDir:
         """Training seconds already spent according to the latest checkpoint (``0.0`` without one)."""
         if not self.has_checkpoint():
             return 0.0
-        state = self.path / self.latest_path.read_text().strip() / "state.json"
         try:
-            return float(json.loads(state.read_text()).get("train_seconds", 0.0))
+            folder = (self.path / self.latest_path.read_text().strip() if self.latest_path.is_file()
+                      else self.newest_checkpoint())
+            return float(json.loads((folder / "state.json").read_text()).get("train_seconds", 0.0))
         except (OSError, ValueError):
             return 0.0
 
@@ -190,9 +238,10 @@ class RunDir:
             self.results_path.replace(self.interrupted_results_path)
 
     def remove_partial(self) -> None:
-        """Delete the files a run writes before its first checkpoint, when it has neither a checkpoint nor
-        results (a run killed early), so it starts again cleanly: configs, data description, metrics, tokenizer,
-        TensorBoard folder and checkpoint folders that ``latest`` never named. Files outside the layout are kept.
+        """Delete the files a run writes before its first checkpoint, when it has neither a checkpoint
+        (:meth:`has_checkpoint`) nor results (a run killed early), so it starts again cleanly: configs, data
+        description, metrics, tokenizer, TensorBoard folder and ``ckpt-*`` folders without weights. Files outside
+        the layout are kept.
 
         Holds the run's lock (:class:`~coupled_qk.training.lock.RunLock`) while it checks and deletes: a run
         that is still training before its first checkpoint looks exactly like a killed one, and must not lose
@@ -211,14 +260,37 @@ class RunDir:
                 (self.path / name).unlink(missing_ok=True)
             for name in (self.TOKENIZER, self.TENSORBOARD):
                 shutil.rmtree(self.path / name, ignore_errors=True)
-            for orphan in self.checkpoints():  # complete folders that ``latest`` never named
+            for orphan in self.checkpoints():  # folders without model.safetensors (has_checkpoint is false)
                 shutil.rmtree(orphan, ignore_errors=True)
+
+
+def data_changes(recorded: dict, now: dict, keys) -> list[str]:
+    """How the data described by ``now`` differs from what a run ``recorded`` in its ``data.json``, for each of
+    ``keys`` (one level of nested dicts compared per key, e.g. ``tokens.valid``), one ``"<key>: <recorded>
+    recorded, <now> now"`` item per difference. A key (or nested key) missing on either side is not compared: a
+    run written before a key was recorded keeps loading.
+    """
+    def shown(value) -> str:
+        text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        return text if len(text) <= 16 else text[:12] + "..."
+
+    out = []
+    for key in keys:
+        if key not in recorded or key not in now:
+            continue
+        before, after = recorded[key], now[key]
+        if isinstance(before, dict) and isinstance(after, dict):
+            out += [f"{key}.{sub}: {shown(before[sub])} recorded, {shown(after[sub])} now"
+                    for sub in after if sub in before and before[sub] != after[sub]]
+        elif before != after:
+            out.append(f"{key}: {shown(before)} recorded, {shown(after)} now")
+    return out
 
 
 def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from None

@@ -43,7 +43,10 @@ class Task(Protocol):
     ``options_class``, the dataclass of its ``task_options``
     (fields declared with ``_checks.declare``, a ``from_options(dict)`` class method): the command line checks
     the options with it before any work (:func:`check_task_options`) and the introspection tests draw valid and
-    invalid values from its declarations (``tests/reliability/test_field_declarations.py``).
+    invalid values from its declarations (``tests/reliability/test_field_declarations.py``). A task may name, as
+    the class attribute ``data_identity``, the keys of :meth:`describe` that identify its data (LM: token counts
+    and text SHA-256s): a resume whose data differs there from the run's ``data.json`` is refused
+    (:meth:`coupled_qk.training.rundir.RunDir.check_data`).
     """
 
     name: str
