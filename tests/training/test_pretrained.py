@@ -149,3 +149,37 @@ def test_generate_compile_prints_the_same_text(run_dir, capsys, monkeypatch):
     out = capsys.readouterr()
     assert out.out == eager
     assert "# compiled decoding step: first call (compile)" in out.err
+
+
+@pytest.fixture(scope="module")
+def foreign_folders(run_dir, tmp_path_factory):
+    """An HF export of the run, and a copy of the run whose config.json says it is a GLUE fine-tuning run."""
+    import json
+    import shutil
+
+    from coupled_qk.hf.export import export_run
+
+    root = tmp_path_factory.mktemp("foreign")
+    export_run(run_dir, root / "hf")
+    glue = root / "glue-run"
+    shutil.copytree(run_dir, glue)
+    config = json.loads((glue / "config.json").read_text())
+    (glue / "config.json").write_text(json.dumps({**config, "task": "glue"}))
+    return {"hf": (root / "hf", "is a Hugging Face export"), "glue": (glue, "is a GLUE fine-tuning run")}
+
+
+@pytest.mark.parametrize("kind", ["hf", "glue"])
+@pytest.mark.parametrize("command", [["eval"], ["generate", "--max-new-tokens", "2"], ["export", "OUT"],
+                                     ["analyze", "--out-dir", "OUT", "--no-plots"]])
+def test_a_folder_of_another_kind_is_named_as_such(foreign_folders, kind, command, tmp_path, capsys):
+    """An HF export folder or a GLUE fine-tuning run given where a language-model run is expected: one line saying
+    what the folder is (it used to be "model_config.json does not exist" or "does not match the model: missing
+    [...]", which read like a damaged checkpoint)."""
+    from coupled_qk.cli import main
+
+    folder, what = foreign_folders[kind]
+    argv = [command[0], str(folder), *[str(tmp_path / "out") if a == "OUT" else a for a in command[1:]]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and what in err[0], err
+

@@ -14,7 +14,7 @@ from coupled_qk.data.tokenizers import EOT, Tokenizer
 from coupled_qk.hf.modeling import CoupledQKForCausalLM
 from coupled_qk.io import fsync_dir, make_temp_dir, write_error
 from coupled_qk.outputs import as_output_dir
-from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_checkpoint
+from coupled_qk.training.checkpoint_load import language_model_checkpoint, load_checkpoint_model
 
 
 def hf_tokenizer(tokenizer: Tokenizer, model_max_length: int):
@@ -57,7 +57,7 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False)
     out = as_output_dir(hf_dir, "hf_dir", overwrite=overwrite, layout=EXPORT_LAYOUT, what="export")
     out.claim_existing()
     hf_dir = out.path
-    ckpt = resolve_checkpoint(run_dir)
+    ckpt = language_model_checkpoint(run_dir)
     model, state = load_checkpoint_model(ckpt)
     tok_dir = ckpt.parent / "tokenizer"
     tokenizer = Tokenizer.load(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None

@@ -39,6 +39,7 @@ from coupled_qk.training.checkpoint_load import (  # noqa: F401 - the reading si
     TIED_KEYS,
     check_compatible,
     checkpoint_step,
+    language_model_checkpoint,
     load_checkpoint_model,
     load_torch_file,
     load_weights,

@@ -66,6 +66,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
         FileNotFoundError: no checkpoint there, naming what was looked for.
     """
     path = Path(path)
+    hf = _hf_export_model_type(path)
+    if hf is not None:
+        raise ValueError(f"{path} is a Hugging Face export (its config.json has model_type={hf!r}), not a coupled-qk "
+                         "run or checkpoint: load it with transformers (AutoModelForCausalLM.from_pretrained), or "
+                         "pass the run folder it was exported from")
     if (path / "model.safetensors").is_file():
         return path
     latest = path / "latest"
@@ -80,6 +85,45 @@ def resolve_checkpoint(path: str | Path) -> Path:
         "'latest' file" + (f" (it has none; pass one of its checkpoint folders, e.g. {path / folders[-1]})"
                            if folders else "")
     )
+
+
+def _hf_export_model_type(path: Path) -> str | None:
+    """The ``model_type`` of a Hugging Face export folder (weights and a ``config.json`` naming a model type, no
+    ``model_config.json``), else ``None``."""
+    config = path / "config.json"
+    if (path / "model_config.json").exists() or not config.is_file() or not (path / "model.safetensors").is_file():
+        return None
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("model_type") if isinstance(data, dict) and isinstance(data.get("model_type"), str) else None
+
+
+def language_model_checkpoint(path: str | Path) -> Path:
+    """:func:`resolve_checkpoint` for the commands that load a language model (``eval``, ``generate``,
+    ``export``, ``analyze``, ``glue``'s pretrained run): a GLUE fine-tuning run (its checkpoints hold a sequence
+    classifier) is named as such instead of failing on mismatched weights.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`resolve_checkpoint` (a Hugging Face export folder included);
+            ``ValueError`` for a checkpoint of a GLUE run, naming its ``config.json``.
+    """
+    ckpt = resolve_checkpoint(path)
+    for folder in (ckpt, ckpt.parent):
+        config = folder / "config.json"
+        if not config.is_file():
+            continue
+        try:
+            task = json.loads(config.read_text()).get("task")
+        except (OSError, ValueError, AttributeError):
+            task = None
+        if task == "glue":
+            raise ValueError(f"{path} is a GLUE fine-tuning run (task='glue' in {config}): its checkpoints hold a "
+                             "sequence classifier, not a language model; pass the language-model run it was "
+                             "fine-tuned from (task_options.pretrained in that config.json)")
+        break
+    return ckpt
 
 
 def verify_checksums(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
@@ -170,7 +214,7 @@ def load_checkpoint_model(path: str | Path, map_location: str | torch.device = "
     Returns:
         ``(model in eval mode, state dict from state.json)``.
     """
-    ckpt = resolve_checkpoint(path)
+    ckpt = language_model_checkpoint(path)
     verify_checksums(ckpt, ("model.safetensors", "model_config.json", "state.json"))
     config = GPTConfig.load(ckpt / "model_config.json")
     model = GPT(config)

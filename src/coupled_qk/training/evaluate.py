@@ -15,7 +15,7 @@ from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import SPLITS
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer
-from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_checkpoint
+from coupled_qk.training.checkpoint_load import language_model_checkpoint, load_checkpoint_model
 from coupled_qk.training.distributed import pick_device
 from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus, split_changes
 from coupled_qk.training.perplexity import evaluate_perplexity, text_units
@@ -57,7 +57,7 @@ def evaluate_checkpoint(
             model's vocabulary, or (without ``corpus``) the run's corpus changed since it trained: a split's text
             differs from the SHA-256 (or token count) recorded in the run's ``data.json``.
     """
-    ckpt = resolve_checkpoint(checkpoint)
+    ckpt = language_model_checkpoint(checkpoint)
     run = RunDir(ckpt.parent)
     run_cfg = run.read_config() or {}
     corpus_name = corpus if corpus is not None else run_cfg.get("corpus")  # "" is an error below, not "not given"

@@ -9,7 +9,7 @@ import torch
 
 from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.models.gpt import GPT
-from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_checkpoint
+from coupled_qk.training.checkpoint_load import language_model_checkpoint, load_checkpoint_model
 from coupled_qk.training.rundir import RunDir
 
 
@@ -61,7 +61,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     from coupled_qk.training.distributed import pick_device
 
     device = pick_device(device)  # "auto" as on the command line; a device this machine lacks is one line
-    ckpt = resolve_checkpoint(path)
+    ckpt = language_model_checkpoint(path)
     run_dir = ckpt.parent
     tok_dir = run_dir / "tokenizer"
     if not (tok_dir / "tokenizer.json").is_file():
