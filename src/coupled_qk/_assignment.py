@@ -41,8 +41,9 @@ class CheckedAssignment:
         """How errors name this object (``GPTConfig``, ``GPTConfig.qk_map``)."""
         return type(self).__name__
 
-    def recheck(self) -> None:
-        """The checks an assignment re-runs (default: ``validate()``); raise ``ValueError`` naming the field."""
+    def recheck(self, name: str | None = None) -> None:
+        """The checks an assignment of field ``name`` re-runs (default: ``validate()``); raise ``ValueError``
+        naming the field."""
         self.validate()
 
     def __setattr__(self, name: str, value) -> None:
@@ -59,7 +60,7 @@ class CheckedAssignment:
         object.__setattr__(self, name, value)
         object.__setattr__(self, "_checking", True)
         try:
-            self.recheck()
+            self.recheck(name)
         except BaseException:
             object.__setattr__(self, name, old)
             raise

@@ -168,10 +168,11 @@ class Tokenizer:
             raise ValueError(f"{path} is not a valid Hugging Face tokenizer.json: {e}") from e
         meta = _read_meta(path.parent / META_FILE)
         recorded = meta.get("fingerprint")
-        if recorded is not None and recorded != file_fingerprint(path):
+        found = file_fingerprint(path) if recorded is not None else None
+        if found != recorded:
             raise ValueError(
                 f"tokenizer folder {path.parent}: {path.name} is not the tokenizer recorded in {META_FILE} (its "
-                f"fingerprint {file_fingerprint(path)[:12]} differs from the recorded {str(recorded)[:12]}): it was "
+                f"fingerprint {found[:12]} differs from the recorded {str(recorded)[:12]}): it was "
                 f"replaced or edited after it was saved; restore the saved {path.name}")
         return cls(hf, meta.get("name") or f"file:{path}")
 

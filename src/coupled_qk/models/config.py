@@ -246,18 +246,13 @@ class GPTConfig(JSONConfig):
             raise ValueError("GPTConfig.map_position='post_rope' needs position='rope'")
         check_unread_fields(self, ("rope_base", "map_position", "qk_map.keys_per_query_head"))  # field_rules.py
 
-    def __setattr__(self, name: str, value) -> None:
-        """As the base class; assigning ``d_ff`` also checks that the model reads it (``use_mlp``), which
+    def recheck(self, name: str | None = None) -> None:
+        """:meth:`validate`; assigning ``d_ff`` also checks that the model reads it (``use_mlp``), which
         :meth:`validate` cannot do for every assignment (after ``d_model`` changes, a derived ``d_ff`` no longer
         equals ``4 d_model`` without anyone having set it)."""
-        old = self.__dict__.get(name)
-        super().__setattr__(name, value)
-        if name == "d_ff" and self.__dict__.get("_constructed"):
-            try:
-                check_unread_fields(self, ("d_ff",))
-            except ValueError:
-                object.__setattr__(self, name, old)
-                raise
+        self.validate()
+        if name == "d_ff":
+            check_unread_fields(self, ("d_ff",))
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled or deep-copied: the map options are bound to this copy (:meth:`MapOptions.bind`)."""

@@ -44,7 +44,7 @@ class MapOptions(CheckedAssignment):
     def owner_name(self) -> str:
         return "GPTConfig.qk_map"
 
-    def recheck(self) -> None:
+    def recheck(self, name: str | None = None) -> None:
         """The declared ranges and choices of every field, then :meth:`validate`, then (after construction) the
         checks of the ``GPTConfig`` that holds these options (:meth:`bind`), if it still does."""
         check_declared(self, "GPTConfig.qk_map")

@@ -90,14 +90,20 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def _hf_export_model_type(path: Path) -> str | None:
     """The ``model_type`` of a Hugging Face export folder (weights and a ``config.json`` naming a model type, no
     ``model_config.json``), else ``None``."""
-    config = path / "config.json"
-    if (path / "model_config.json").exists() or not config.is_file() or not (path / "model.safetensors").is_file():
+    if (path / "model_config.json").exists() or not (path / "model.safetensors").is_file():
         return None
+    model_type = _json_object(path / "config.json").get("model_type")
+    return model_type if isinstance(model_type, str) else None
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``, or ``{}`` where there is no readable one (what a folder *is* is asked before
+    its files are checked: a damaged file is reported by the reader that needs it)."""
     try:
-        data = json.loads(config.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
-    return data.get("model_type") if isinstance(data, dict) and isinstance(data.get("model_type"), str) else None
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def language_model_checkpoint(path: str | Path) -> Path:
@@ -114,11 +120,7 @@ def language_model_checkpoint(path: str | Path) -> Path:
         config = folder / "config.json"
         if not config.is_file():
             continue
-        try:
-            task = json.loads(config.read_text()).get("task")
-        except (OSError, ValueError, AttributeError):
-            task = None
-        if task == "glue":
+        if _json_object(config).get("task") == "glue":
             raise ValueError(f"{path} is a GLUE fine-tuning run (task='glue' in {config}): its checkpoints hold a "
                              "sequence classifier, not a language model; pass the language-model run it was "
                              "fine-tuned from (task_options.pretrained in that config.json)")
