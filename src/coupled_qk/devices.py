@@ -65,6 +65,16 @@ def check_device(option: str, value, *, allow_auto: bool = True) -> str:
     return name
 
 
+def resolve_device(option: str, value) -> torch.device:
+    """The ``torch.device`` that ``value`` names (:func:`check_device`; ``"auto"``: CUDA when available, else CPU).
+
+    Raises:
+        ValueError: as :func:`check_device`, naming ``option``.
+    """
+    name = check_device(option, value)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
+
+
 def check_device_name(option: str, value) -> str:
     """``value`` if it is *spelled* as a device (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``), whether or not
     this machine has it: for configs that may be read on another machine (a GPU run's config on a laptop).

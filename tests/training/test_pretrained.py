@@ -127,6 +127,18 @@ def test_load_run_device_is_checked_before_anything_loads(run_dir, device, error
         coupled_qk.load_run(run_dir, device=device)
 
 
+@pytest.mark.parametrize("device", ["meta", "cuda:7", "", 3])
+def test_load_checkpoint_model_checks_its_device_too(run_dir, device):
+    """The check sits where the device enters: ``load_checkpoint_model`` (``eval``, ``export``, claims records and
+    ``load_run`` all load through it)."""
+    from coupled_qk.training.checkpoint_load import load_checkpoint_model
+
+    with pytest.raises(ValueError, match="device=.*available here: auto, cpu"):
+        load_checkpoint_model(run_dir, device)
+    model, _ = load_checkpoint_model(run_dir, "auto")
+    assert model.lm_head.weight.device.type == "cpu"
+
+
 def test_load_run_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         coupled_qk.load_run(tmp_path)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from coupled_qk.devices import resolve_device
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 
@@ -215,13 +216,19 @@ def load_checkpoint_model(path: str | Path, map_location: str | torch.device = "
 
     Returns:
         ``(model in eval mode, state dict from state.json)``.
+
+    Raises:
+        FileNotFoundError, ValueError: no checkpoint there, or a damaged one (naming the file); a folder of
+            another kind (:func:`language_model_checkpoint`); a ``map_location`` that is neither ``"auto"`` nor a
+            device of this machine (the error lists those).
     """
+    device = resolve_device("device", map_location)  # "auto" as on the command line; an absent device: one line
     ckpt = language_model_checkpoint(path)
     verify_checksums(ckpt, ("model.safetensors", "model_config.json", "state.json"))
     config = GPTConfig.load(ckpt / "model_config.json")
     model = GPT(config)
     load_weights(model, ckpt)
-    return model.to(map_location).eval(), read_json(ckpt / "state.json")
+    return model.to(device).eval(), read_json(ckpt / "state.json")
 
 
 def read_json(path: Path) -> dict:

@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from coupled_qk.devices import AUTOCAST_DTYPES, check_device
+from coupled_qk.devices import AUTOCAST_DTYPES, resolve_device
 
 
 @dataclass
@@ -46,8 +46,7 @@ def pick_device(name: str) -> torch.device:
         ValueError: an unknown or absent device, listing the available ones
             (:func:`coupled_qk.devices.check_device`).
     """
-    name = check_device("device", name)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
+    device = resolve_device("device", name)
     enable_tf32(device)
     return device
 

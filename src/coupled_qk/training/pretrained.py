@@ -56,11 +56,8 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
         FileNotFoundError: no checkpoint, or no ``tokenizer/tokenizer.json`` in the run folder.
         ValueError: a damaged checkpoint, a tokenizer whose vocabulary does not match the model, a damaged
             ``config.json`` (:meth:`~coupled_qk.training.rundir.RunDir.read_config`), or a ``device`` that is
-            neither ``"auto"`` nor a device of this machine (the error lists those).
+            neither ``"auto"`` nor a device of this machine (:func:`load_checkpoint_model`; the error lists those).
     """
-    from coupled_qk.training.distributed import pick_device
-
-    device = pick_device(device)  # "auto" as on the command line; a device this machine lacks is one line
     ckpt = language_model_checkpoint(path)
     run_dir = ckpt.parent
     tok_dir = run_dir / "tokenizer"
