@@ -35,6 +35,9 @@ Stages (``--stages`` selects; default all, in this order):
 - ``memory``: peak train-step memory (bf16 autocast) and KV-cache bytes at 60m and 350m.
 - ``compile``: ``torch.compile`` against eager for standard and coupled at 60m: compile time, interleaved step
   times, the loss of both, and Dynamo's graph, graph-break and recompile counts.
+- ``hf``: ``transformers``' ``generate`` with a static cache, which compiles the decoding step on a GPU by
+  default: one graph without breaks, the dynamic cache's tokens, first (compiling) and second call times
+  (skipped without ``transformers``).
 
 ``--quick`` shrinks every stage (tiny shapes, few steps, the paper-scale presets replaced by ``tiny``) and
 on a CPU compiles with Dynamo's ``eager`` backend (tracing only: no C++ toolchain needed); it is what CI
@@ -101,6 +104,7 @@ STAGES = (
     Stage("bench", 110, 40, min_s=30),
     Stage("memory", 40, 30),
     Stage("compile", 150, 60, min_s=30),
+    Stage("hf", 90, 40, min_s=20),
 )
 SELFTEST = (Stage("_fail", 30, 30), Stage("_sleep", 15, 15, min_s=1))  # the runner's own tests (never by default)
 
@@ -944,6 +948,76 @@ def stage_compile(ctx: Ctx):
         if ctx.cuda:
             torch.cuda.empty_cache()
     return None if backend == "inductor" else "quick CPU mode: Dynamo's eager backend (tracing only)"
+
+
+def stage_hf(ctx: Ctx):
+    """``transformers``' ``generate`` with a static cache, compiled as ``generate`` compiles it on a GPU (its
+    default ``CompileConfig``: ``mode="reduce-overhead"``); on the CPU through ``compile_config`` (``--quick``:
+    Dynamo's eager backend). The decoding step must be one graph without breaks and give the dynamic cache's
+    tokens."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return "transformers is not installed: nothing to check"
+    import torch
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    from coupled_qk import GPT
+    from coupled_qk.hf import CoupledQKForCausalLM
+    from coupled_qk.training.distributed import enable_tf32
+
+    enable_tf32(ctx.device, False)
+    base = _tiny_config(block_size=64)
+    n_new = 8 if ctx.quick else 24
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randint(1, base.vocab_size, (2, 12), generator=gen)
+    mask = torch.ones_like(x)
+    x[0, :5], mask[0, :5] = 0, 0  # left padding
+    x, mask = x.to(ctx.device), mask.to(ctx.device)
+    config = None
+    if not ctx.cuda:
+        config = CompileConfig(backend="eager" if ctx.quick else "inductor", mode=None)
+        config._compile_all_devices = True
+    ctx.md += [f"`generate(cache_implementation=\"static\")`, compiled ({'default CompileConfig' if ctx.cuda else config.backend}), "
+               f"{n_new} new tokens after a left-padded 12-token prompt, batch 2, fp32: Dynamo graphs and breaks of "
+               "the decoding step, tokens against the dynamic cache, wall time of the first (compiling) and a "
+               "second call.", "", "| variant | graphs | breaks | tokens = dynamic cache | first s | second s | "
+               "dynamic cache s |", "|---|---:|---:|---|---:|---:|---:|"]
+    for name in ("standard", "coupled") if ctx.quick else ("standard", "coupled", "coupled_leapfrog", "coupled_differential"):
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = GPT(_variant_config(base, name)).eval()
+        with torch.no_grad():  # larger weights: well separated logits, so greedy ties are unlikely
+            for n, p in model.named_parameters():
+                if n.endswith("weight") and p.dim() == 2:
+                    p.mul_(5.0)
+        lm = CoupledQKForCausalLM.from_gpt(model, pad_token_id=0).to(ctx.device)
+        kw = dict(attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
+        times = []
+        for static in (False, True, True):
+            _sync(ctx.device)
+            t = time.perf_counter()
+            out = lm.generate(x, **kw, **(dict(cache_implementation="static", compile_config=config) if static
+                                          else dict(disable_compile=True)))
+            _sync(ctx.device)
+            times.append(time.perf_counter() - t)
+            if not static:
+                dynamic = out
+            else:
+                same = torch.equal(out.cpu(), dynamic.cpu())
+        graphs, breaks = int(counters["stats"].get("unique_graphs", 0)), int(sum(counters["graph_break"].values()))
+        ctx.result[name] = dict(graphs=graphs, graph_breaks=breaks, tokens_equal=same, first_s=times[1],
+                                second_s=times[2], dynamic_s=times[0], compiled=hasattr(lm, "_compiled_call"),
+                                graph_break_reasons=sorted(counters["graph_break"])[:5])
+        ctx.check(f"{name}: compiled", hasattr(lm, "_compiled_call"))
+        ctx.check(f"{name}: one graph, no break", graphs == 1 and breaks == 0)
+        ctx.check(f"{name}: tokens = dynamic cache", same)
+        ctx.md.append(f"| {name} | {graphs} | {breaks} | {'yes' if same else 'no'} | {times[1]:.1f} | {times[2]:.2f} "
+                      f"| {times[0]:.2f} |")
+        ctx.save()
+    return None if ctx.cuda or not ctx.quick else "quick CPU mode: Dynamo's eager backend (tracing only)"
 
 
 def stage_fail(ctx: Ctx):

@@ -116,13 +116,14 @@ def test_quick_cpu_run_passes_every_stage(shared_data, tmp_path):
     res = json.loads((out / "results.json").read_text())
     status = {s["name"]: s["status"] for s in res["stages"]}
     assert status == {"env": "ok", "parity": "ok", "sdpa": "ok", "decode": "ok", "sync": "skipped", "train": "ok",
-                      "bench": "ok", "memory": "ok", "compile": "ok"}, (proc.stdout, (out / "results.md").read_text())
+                      "bench": "ok", "memory": "ok", "compile": "ok", "hf": "ok"}, (proc.stdout, (out / "results.md").read_text())
     assert proc.returncode == 0
     st = {s["name"]: s for s in res["stages"]}
     assert all(st["parity"]["checks"].values()) and len(st["parity"]["checks"]) == 4 * 4
     assert st["sdpa"]["result"]["coupled_differential"]["train"]  # an SDPA kernel was seen
     assert st["train"]["result"]["loss_rel_diff_max"] == 0.0  # CPU resume repeats the run bit for bit
     assert st["compile"]["result"]["coupled"]["recompiles"] >= 0
+    assert st["hf"]["result"]["coupled"]["graphs"] == 1 and st["hf"]["result"]["coupled"]["tokens_equal"]
     assert set(st["bench"]["result"]["micro"]["variants"]) == {"standard", "coupled"}
     assert st["bench"]["result"]["vocab_padding"]["rows"] == {"unpadded": 500, "padded": 512}
     md = (out / "results.md").read_text()

@@ -206,13 +206,54 @@ def test_static_cache_beam_search():
 
 def test_static_cache_steps_equal_full_forward_and_overflow_is_named():
     lm = tiny_lm("coupled_differential")
-    x = ids(2, 9)
+    x = ids(2, 10)
     cache = StaticCache(config=lm.config, max_cache_len=10)
     with torch.no_grad():
         parts = [lm(x[:, :6], cache=cache).logits] + [lm(x[:, t: t + 1], cache=cache).logits for t in (6, 7, 8)]
-        close(torch.cat(parts, 1), lm(x, use_cache=False).logits)
+        close(torch.cat(parts, 1), lm(x[:, :9], use_cache=False).logits)
         with pytest.raises(ValueError, match="max_cache_len=10 positions; 9 are cached and 2 more"):
             lm(ids(2, 2), cache=cache)
+        lm(x[:, 9:], cache=cache)  # the last slot (a fixed-shape step, cache_view.StaticStep)
+        with pytest.raises(ValueError, match="max_cache_len=10 positions; 10 are cached and 1 more"):
+            lm(ids(2, 1), cache=cache)
+
+
+@pytest.mark.parametrize("variant", ["coupled", "coupled_differential", "invertible"])
+def test_static_single_token_steps_take_either_mask_width_and_equal_the_dynamic_cache(variant):
+    """A decoding step over a filled static cache runs with fixed shapes (``cache_view.StaticStep``): the mask may
+    be ``(B, T_past + 1)`` (as for any cache) or ``(B, max_cache_len)`` (zeros after the new token, what
+    ``generate`` passes); both give the dynamic cache's logits, left padding and ``position_ids`` included."""
+    lm = tiny_lm(variant)
+    x, mask = _left_padded((3, 8, 5))
+    nxt = ids(3, 3, seed=1)
+    with torch.no_grad():
+        dynamic, static = DynamicCache(config=lm.config), StaticCache(config=lm.config, max_cache_len=16)
+        ref, out = [lm(x, attention_mask=mask, cache=dynamic).logits[:, -1]], [lm(x, attention_mask=mask,
+                                                                                  cache=static).logits[:, -1]]
+        for t in range(3):
+            mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], 1)
+            ref.append(lm(nxt[:, t:t + 1], attention_mask=mask, cache=dynamic).logits[:, -1])
+            wide = torch.nn.functional.pad(mask, (0, 16 - mask.shape[1])) if t % 2 else mask
+            positions = (mask.cumsum(-1) - 1)[:, -1:] if t == 2 else None
+            out.append(lm(nxt[:, t:t + 1], attention_mask=wide, position_ids=positions, cache=static).logits[:, -1])
+    close(torch.stack(out), torch.stack(ref))
+
+
+def test_static_single_token_step_names_a_bad_mask_or_positions():
+    lm = tiny_lm("coupled")
+    with torch.no_grad():
+        cache = StaticCache(config=lm.config, max_cache_len=12)
+        lm(ids(2, 4), cache=cache)
+        for bad in (torch.ones(2, 4), torch.ones(2, 13), torch.ones(3, 5)):
+            with pytest.raises(ValueError, match=r"attention_mask must have shape \(B, T_past \+ 1\) = \(2, 5\)"):
+                lm(ids(2, 1), attention_mask=bad, cache=cache)
+        with pytest.raises(ValueError, match=r"position_ids must have shape \(2, 1\)"):
+            lm(ids(2, 1), position_ids=torch.zeros(2, 2, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match=r"position_ids must be in \[0, block_size=40\)"):
+            lm(ids(2, 1), position_ids=torch.full((2, 1), 40), cache=cache)
+        with pytest.raises(ValueError, match=r"token ids must be in \[0, 53\)"):
+            lm(torch.full((2, 1), V), cache=cache)
+        assert int(cache.get_seq_length()) == 4  # nothing was written by the refused steps
 
 
 COMPILE_CASES = sorted({a.scoring if a.qk_map is None else name for name, a in ATTENTIONS.items()
@@ -223,23 +264,28 @@ cases (sub-head pairs, grouped values, per-query-head keys): compiling costs ten
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", COMPILE_CASES)
-def test_compiled_static_cache_decoding_matches_eager(variant):
+def test_compiled_static_cache_decoding_is_one_graph_and_matches_eager(variant):
     """``generate`` compiles the decoding step when the cache is static (``torch.compile`` of the forward; on CPU
-    when asked through ``compile_config``); the compiled decoding must produce eager's tokens exactly. The
-    ``eager`` dynamo backend keeps this affordable on CPU: it checks that the step traces (with its graph breaks,
-    see the README) and computes the same thing; inductor is the same graph lowered further."""
+    when asked through ``compile_config``). The step must be one graph, with ``fullgraph=True`` (no graph
+    break) and no recompilation as the cache fills (nothing reads the cached length as a Python number:
+    ``cache_view.StaticStep``), and produce eager's tokens exactly. The ``eager`` dynamo backend keeps this
+    affordable on CPU: it checks what Dynamo captures; Inductor lowers the same graph further."""
+    from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
     torch._dynamo.reset()
+    counters.clear()
     lm = tiny_lm(variant)
     x, mask = _left_padded((4, 7))
-    eager = lm.generate(x, attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
-    config = CompileConfig(backend="eager", mode=None)
+    eager = lm.generate(x, attention_mask=mask, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    config = CompileConfig(backend="eager", mode=None, fullgraph=True)
     config._compile_all_devices = True
-    compiled = lm.generate(x, attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static",
+    compiled = lm.generate(x, attention_mask=mask, max_new_tokens=6, do_sample=False, cache_implementation="static",
                            compile_config=config)
     assert hasattr(lm, "_compiled_call")  # the compiled path really ran
     assert torch.equal(compiled, eager)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert counters["stats"]["calls_captured"] > 0
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import logging
 
-from coupled_qk.hf.cache_view import CacheView
+from coupled_qk.hf.cache_view import CacheView, StaticStep, static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
 from coupled_qk.hf.inputs import cache_arg, check_folder, check_hf_generate_args, check_inputs, check_labels
 from coupled_qk.layers.attention import CausalSelfAttention
@@ -200,17 +200,30 @@ def _run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, 
         use_cache, cache = False, None
     if use_cache and cache is None:
         cache = DynamicCache(config=module.config)
-    view = CacheView(cache) if cache is not None else None
     if kwargs.get("output_attentions"):
         raise ValueError("output_attentions=True is not supported by coupled-qk models (they score with SDPA); use "
                          "coupled_qk.GPT.trace(idx) for each layer's attention probabilities, queries and keys")
+    gpt = module.model
+    if use_cache and input_ids.shape[1] == 1 and not torch.is_grad_enabled() and static_layers(cache):
+        # a decoding step over a filled static cache: fixed shapes, one compiled graph (cache_view.StaticStep)
+        if not torch.compiler.is_compiling() and input_ids.device.type == "cpu":
+            gpt._check_ids(input_ids)
+        view = StaticStep(cache, attention_mask, position_ids, input_ids.shape[0], gpt.config.block_size)
+
+        def run():
+            return gpt.static_hidden_states(input_ids, view, view.positions)
+    else:
+        view = CacheView(cache) if cache is not None else None
+
+        def run():
+            return gpt.hidden_states(input_ids, view, attention_mask, position_ids)
     if not kwargs.get("output_hidden_states", module.config.output_hidden_states):
-        return module.model.hidden_states(input_ids, view, attention_mask, position_ids), cache, use_cache, None
+        return run(), cache, use_cache, None
     states = []  # transformers' convention: the embeddings, each block's output, the last after the final norm
-    hooks = [module.model.blocks[0].register_forward_pre_hook(lambda m, args: states.append(args[0]))]
-    hooks += [b.register_forward_hook(lambda m, args, out: states.append(out)) for b in module.model.blocks]
+    hooks = [gpt.blocks[0].register_forward_pre_hook(lambda m, args: states.append(args[0]))]
+    hooks += [b.register_forward_hook(lambda m, args, out: states.append(out)) for b in gpt.blocks]
     try:
-        hidden = module.model.hidden_states(input_ids, view, attention_mask, position_ids)
+        hidden = run()
     finally:
         for h in hooks:
             h.remove()
@@ -285,9 +298,16 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
             check_hf_generate_args(ids, self.config, generation_config or self.generation_config, kwargs, self.device)
         return super().generate(inputs, generation_config, **kwargs)
 
-    def create_masks_for_generate(self, config, inputs_embeds, attention_mask=None, **kwargs):
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask=None, cache=None, **kwargs):
         """``generate`` asks for a 4-D mask with static caches; our forward takes the 2-D ``attention_mask``
-        ``(B, T_past + T)`` with every cache (the causal part is built inside), so it is returned unchanged."""
+        ``(B, T_past + T)`` with every cache (the causal part is built inside), so it is returned unchanged,
+        except for single-token steps over a filled static cache: there it is padded with zeros to
+        ``(B, max_cache_len)``, so that every decoding step has the same shapes (one compiled graph)."""
+        if (attention_mask is not None and attention_mask.dim() == 2 and inputs_embeds.shape[1] == 1
+                and static_layers(cache)):
+            size = cache.layers[0].max_cache_len
+            if attention_mask.shape[1] < size:
+                attention_mask = torch.nn.functional.pad(attention_mask, (0, size - attention_mask.shape[1]))
         return attention_mask
 
     def forward(

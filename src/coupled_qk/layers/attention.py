@@ -252,10 +252,10 @@ class CausalSelfAttention(nn.Module):
         which adds arithmetic (``benchmarks/results/issue29/compiled-decode-fold-ab.md``)."""
         if not self.fold_inference or self.qk_map is None:
             return None
+        if torch.compiler.is_compiling():
+            return None
         folds = getattr(cache, "folds", None)
         if folds is None:
-            return None
-        if torch.compiler.is_compiling():
             return None
         if self.layer_idx in folds:
             return folds[self.layer_idx]

@@ -97,17 +97,29 @@ class GPTCompileMixin:
         ``cache.position``, writing their keys and values there (the function :meth:`compiled_decode_step`
         compiles; it also runs eagerly). Nothing here reads a Python number that changes between steps, so a
         compiled version never recompiles; the caller advances ``cache`` afterwards."""
-        pos = cache.position
+        return self.logits(self.static_hidden_states(idx, cache)[:, -1])
+
+    def static_hidden_states(self, idx: torch.Tensor, cache, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The body of :meth:`decode_step`: final hidden states ``(B, 1, d_model)`` of the tokens ``idx (B, 1)``,
+        with fixed shapes. ``cache`` is a fixed-shape cache: ``position`` (``(1,)`` int64 tensor, the slot the
+        token is written to), ``update(layer_idx, k, v)`` returning the whole buffers and ``attn_mask()`` the
+        slots each query may see (:class:`StaticKVCache`, or the view of a ``transformers`` static cache in
+        :mod:`coupled_qk.hf.cache_view`). ``positions``: ``(B, 1)`` int64 position of each token (left-padded
+        batches number real tokens only), default ``cache.position`` for every row. Unchecked: the callers
+        check ids and positions outside the compiled region."""
+        pos = cache.position if positions is None else positions
         x = self.tok_emb(idx)
         rope = None
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
         else:
             rope = tuple(t[pos] for t in self._rope_tables(idx.device))
+            if pos.dim() == 2:  # per sequence: broadcast over heads
+                rope = tuple(t.unsqueeze(1) for t in rope)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, cache)
-        return self.logits(self.ln_f(x[:, -1]))
+        return self.ln_f(x)
 
     def compiled_decode_step(self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False,
                              options: dict | None = None):
