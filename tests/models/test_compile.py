@@ -246,6 +246,28 @@ def test_compiled_decoding_runs_the_unfolded_map(variant):
     assert frames() == 1
 
 
+@pytest.mark.parametrize("variant", ["coupled", "coupled_differential", "invertible"])
+def test_compiled_decoding_of_a_padded_batch_matches_eager(variant):
+    """Left-padded prompts of different lengths: the compiled step hides each row's padding and numbers its real
+    tokens (``StaticKVCache.key_mask`` / ``positions``), so each row decodes what eager decoding of the padded
+    batch, and of its prompt alone, decodes."""
+    model = tiny(variant, n_kv_heads=2).eval()
+    g = torch.Generator().manual_seed(5)
+    lengths = (2, 6, 4)
+    x = torch.zeros(3, 6, dtype=torch.long)
+    mask = torch.zeros_like(x)
+    for i, n in enumerate(lengths):
+        x[i, 6 - n:], mask[i, 6 - n:] = torch.randint(1, 64, (n,), generator=g), 1
+    expected = model.generate(x, 9, temperature=0, attention_mask=mask)
+    model.compiled_decode_step(backend="eager", fullgraph=True)
+    out = model.generate(x, 9, temperature=0, attention_mask=mask, compile=True)
+    assert torch.equal(out, expected) and frames() == 1
+    for i, n in enumerate(lengths):  # each row as its prompt alone
+        alone = model.generate(x[i:i + 1, 6 - n:], 9, temperature=0, compile=True)
+        assert torch.equal(alone[0, n:], out[i, 6:])
+    assert frames() == 2  # an unpadded batch is its own graph (no mask), reused by every row
+
+
 def test_compiled_sampling_matches_eager_sampling():
     model = tiny("coupled").eval()
     x = torch.randint(0, 64, (1, 3))
@@ -291,9 +313,9 @@ def test_compiled_decoding_falls_back_to_eager_with_one_warning():
 def test_compiled_generate_argument_errors_and_edge_cases():
     model = tiny().eval()
     x = torch.randint(0, 64, (2, 4))
-    with pytest.raises(ValueError, match="attention_mask must be None"):
-        model.generate(x, 2, compile=True, attention_mask=torch.ones(2, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match="use_cache True"):
+    with pytest.raises(ValueError, match="attention_mask has a row without any real token"):
+        model.generate(x, 2, compile=True, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]))
+    with pytest.raises(ValueError, match=r"use_cache must be True \(got False\)"):
         model.generate(x, 2, compile=True, use_cache=False)
     with pytest.raises(ValueError, match="exceeds block_size"):
         model.generate(x, 40, compile=True, context="error")

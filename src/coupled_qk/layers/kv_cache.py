@@ -118,15 +118,22 @@ class StaticKVCache:
     step equals a :class:`KVCache` step (same keys, same softmax over the filled slots); it is checked token
     for token against eager decoding in ``tests/models/test_compile.py``.
 
+    Padded batches (prompts of different lengths, left-padded): ``key_mask (B, position)`` marks the prompt's
+    real tokens (1) and padding (0); the slots after the prompt are the generated tokens, all real. Attention
+    then also hides each row's padding, and :attr:`positions` ``(B, 1)`` numbers each row's real tokens (the
+    next token's position; advanced with :attr:`position`), as ``GPT.forward`` with an ``attention_mask`` does.
+
     Args:
-        keys, values: one buffer per layer (equal batch, capacity, device); position: ``(1,)`` int64 tensor,
-            the slot of the next token (``0 <= position < capacity``).
+        keys, values: one buffer per layer (equal batch, capacity, device); position: the slot of the next
+            token (``0 <= position < capacity``); key_mask: ``None`` (no padding) or ``(B, position)`` 0/1 or bool.
 
     Raises:
-        ValueError: empty or unequal lists, buffers of different capacity, a position outside the buffers.
+        ValueError: empty or unequal lists, buffers of different capacity, a position outside the buffers, a
+            ``key_mask`` of another shape or with a row without real tokens.
     """
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], position: int):
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], position: int,
+                 key_mask: torch.Tensor | None = None):
         if not keys or len(keys) != len(values):
             raise ValueError(f"need one key and one value buffer per layer; got {len(keys)} and {len(values)}")
         capacity = keys[0].shape[-2]
@@ -138,11 +145,24 @@ class StaticKVCache:
         self.capacity = capacity
         self.position = torch.tensor([position], dtype=torch.long, device=keys[0].device)
         self.slots = torch.arange(capacity, device=keys[0].device)
+        self.key_mask = self.positions = None
+        if key_mask is not None:
+            batch = keys[0].shape[0]
+            if tuple(key_mask.shape) != (batch, position):
+                raise ValueError(f"key_mask must have shape (B, position) = ({batch}, {position}); "
+                                 f"got {tuple(key_mask.shape)}")
+            real = key_mask.to(device=keys[0].device).bool()
+            if not bool(real.any(-1).all()):
+                raise ValueError("key_mask has a row without real tokens (all padding)")
+            self.key_mask = torch.ones(batch, capacity, dtype=torch.bool, device=real.device)
+            self.key_mask[:, :position] = real
+            self.positions = real.long().sum(-1, keepdim=True)  # the next token's position in each row
 
     @classmethod
-    def from_cache(cls, cache: KVCache) -> StaticKVCache:
+    def from_cache(cls, cache: KVCache, key_mask: torch.Tensor | None = None) -> StaticKVCache:
         """The buffers of ``cache`` (every layer filled to ``cache.length``, fixed ``capacity``), writing next
-        at ``cache.length``. The buffers are shared, not copied; their unfilled slots are zeroed.
+        at ``cache.length``. The buffers are shared, not copied; their unfilled slots are zeroed. ``key_mask``:
+        the prompt's ``attention_mask (B, cache.length)`` of a padded batch (see the class).
 
         Raises:
             ValueError: ``cache`` has no fixed capacity, an empty layer, layers of unequal length, or no free slot.
@@ -155,7 +175,7 @@ class StaticKVCache:
             raise ValueError("the cache's buffers are not preallocated (it was filled under autograd)")
         for t in cache._k + cache._v:  # masked slots get probability 0, but 0 * NaN garbage would still be NaN
             t[..., cache.length:, :].zero_()
-        return cls(cache._k, cache._v, cache.length)
+        return cls(cache._k, cache._v, cache.length, key_mask)
 
     @property
     def length(self) -> int:
@@ -163,8 +183,10 @@ class StaticKVCache:
         return int(self.position)
 
     def advance(self) -> None:
-        """Move the write position one slot on (after a step)."""
+        """Move the write position (and each row's position) one slot on (after a step)."""
         self.position += 1
+        if self.positions is not None:
+            self.positions += 1
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k (B, H_k, 1, d)`` and ``v (B, H_v, 1, d_v)`` at slot :attr:`position` of ``layer_idx``;
@@ -175,5 +197,9 @@ class StaticKVCache:
         return kb, vb
 
     def attn_mask(self) -> torch.Tensor:
-        """Boolean ``(1, 1, 1, capacity)``: True at the filled slots ``0..position`` (the step's own included)."""
-        return (self.slots <= self.position).view(1, 1, 1, -1)
+        """Boolean ``(1, 1, 1, capacity)``: True at the filled slots ``0..position`` (the step's own included);
+        ``(B, 1, 1, capacity)`` with a ``key_mask``, False at each row's padding too."""
+        filled = self.slots <= self.position
+        if self.key_mask is not None:
+            return (filled & self.key_mask)[:, None, None, :]
+        return filled.view(1, 1, 1, -1)

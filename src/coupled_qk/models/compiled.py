@@ -94,10 +94,10 @@ class GPTCompileMixin:
 
     def decode_step(self, idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """One decoding step with fixed shapes: logits ``(B, vocab)`` of the tokens ``idx (B, 1)`` at slot
-        ``cache.position``, writing their keys and values there (the function :meth:`compiled_decode_step`
+        ``cache.position`` (at each row's ``cache.positions`` in a padded batch), writing their keys and values there (the function :meth:`compiled_decode_step`
         compiles; it also runs eagerly). Nothing here reads a Python number that changes between steps, so a
         compiled version never recompiles; the caller advances ``cache`` afterwards."""
-        return self.logits(self.static_hidden_states(idx, cache)[:, -1])
+        return self.logits(self.static_hidden_states(idx, cache, getattr(cache, "positions", None))[:, -1])
 
     def static_hidden_states(self, idx: torch.Tensor, cache, positions: torch.Tensor | None = None) -> torch.Tensor:
         """The body of :meth:`decode_step`: final hidden states ``(B, 1, d_model)`` of the tokens ``idx (B, 1)``,

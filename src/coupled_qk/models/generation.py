@@ -46,15 +46,16 @@ class GPTGenerationMixin:
         ``compile=True``: an eager prefill, then every new token through one compiled single-token step over a
         preallocated :class:`~coupled_qk.layers.kv_cache.StaticKVCache` (:meth:`compiled_decode_step`; built
         once and kept on the model, so later calls do not recompile); the same tokens as eager decoding up to
-        float rounding. Within the context only (with ``context="slide"`` the part past it decodes eagerly).
+        float rounding, padded batches (``attention_mask``) included. Within the context only (with
+        ``context="slide"`` the part past it decodes eagerly).
 
         Raises:
             TypeError, ValueError: from :func:`coupled_qk.tensor_checks.check_generate_args`, naming the
                 argument: negative or non-int ``max_new_tokens``, negative or non-finite ``temperature``,
                 ``top_k < 1``, an empty prompt or batch, ids out of the vocabulary, a mask of another shape, or
                 (``context="error"``) a total length beyond ``block_size`` (no silent cropping); ``context``
-                other than ``"slide"``/``"error"``; ``compile=True`` with ``attention_mask`` or without
-                ``use_cache``; ``top_k`` or ``generator`` with a greedy ``temperature`` (``0``), where they would
+                other than ``"slide"``/``"error"``; ``compile=True`` without ``use_cache``; ``top_k`` or
+                ``generator`` with a greedy ``temperature`` (``0``), where they would
                 change no token (:func:`coupled_qk.tensor_checks.check_greedy_extras`).
         """
         if context not in ("slide", "error"):
@@ -141,9 +142,8 @@ class GPTGenerationMixin:
 
     def _generate_compiled(self, idx, max_new_tokens, temperature, top_k, generator, attention_mask, use_cache):
         """:meth:`generate` with ``compile=True`` (arguments checked there)."""
-        if attention_mask is not None or not use_cache:
-            raise ValueError("generate(compile=True) decodes unpadded prompts with the cache: attention_mask must be "
-                             f"None (got a tensor) and use_cache True (got {use_cache})")
+        if not use_cache:
+            raise ValueError("generate(compile=True) decodes with the cache: use_cache must be True (got False)")
         b, t = idx.shape
         total = t + max_new_tokens
         out = idx.new_empty(b, total)
@@ -151,8 +151,11 @@ class GPTGenerationMixin:
         if max_new_tokens == 0:
             return out
         cache = self.new_cache(static_capacity(total, self.config.block_size))
-        logits = self.next_token_logits(idx, cache).float()  # the prefill, eager
-        static = StaticKVCache.from_cache(cache)
+        if attention_mask is None:  # the prefill, eager
+            logits = self.next_token_logits(idx, cache).float()
+        else:
+            logits = self(idx, cache, attention_mask)[:, -1, :].float()
+        static = StaticKVCache.from_cache(cache, attention_mask)
         step = self.compiled_decode_step()
         for i in range(max_new_tokens):
             nxt = sample_next_token(logits, temperature, top_k, generator)
