@@ -1,4 +1,5 @@
-"""Paired ratios of `coupled-qk bench --mode fastpath` training rounds: per round and pooled over rounds.
+"""Paired ratios of `coupled-qk bench --mode fastpath` rounds (training steps and cached decoding): per round
+and pooled over rounds.
 
 Each round's JSON keeps every repeat's time per model and mode (``train[<model> <mode>]["times_ms"]``, repeats
 interleaved). The ratio of a repeat is the model's time over ``standard``'s time in the same repeat and mode;
@@ -31,15 +32,19 @@ def median_interval(values: list[float], conf: float = 0.95) -> tuple[float, flo
 
 
 def paired(folder: Path) -> dict:
-    """``{(model, mode): [ratio per repeat]}`` of one round folder."""
+    """``{(model, mode): [ratio per repeat]}`` of one round folder: training steps, and decoding cells as
+    ``(model, "<mode> decode b<batch> p<prefix>")``."""
     (path,) = sorted(Path(folder).glob("fastpath-*.json"))
-    train = json.loads(path.read_text())["train"]
+    data = json.loads(path.read_text())
+    cells = [("", data.get("train") or {}, "times_ms")]
+    cells += [(f" decode b{d['batch']} p{d['prefix']}", d["runs"], "times_s") for d in data.get("decode") or []]
     out = {}
-    for key, row in train.items():
-        model, mode = key.rsplit(" ", 1)
-        base = train.get(f"standard {mode}")
-        if model != "standard" and base and row.get("times_ms"):
-            out[(model, mode)] = [a / b for a, b in zip(row["times_ms"], base["times_ms"])]
+    for suffix, runs, field in cells:
+        for key, row in runs.items():
+            model, mode = key.rsplit(" ", 1)
+            base = runs.get(f"standard {mode}")
+            if model != "standard" and base and row.get(field):
+                out[(model, mode + suffix)] = [a / b for a, b in zip(row[field], base[field])]
     return out
 
 
