@@ -152,8 +152,7 @@ def _plan(cfg: TrainConfig, state: dict, task, runtime: Runtime, say) -> tuple[S
     eval_interval = cfg.eval_interval if cfg.eval_interval is not None else auto_eval_interval(sched.end)
     if cfg.eval_interval is None and state["step"] < sched.end:
         count = sched.end // eval_interval + (sched.end % eval_interval > 0)  # the multiples, and the last step
-        say(f"quick validation every {eval_interval} steps ({count} over the run's {sched.end} "
-            "steps; --eval-interval to change)")
+        say(f"quick validation every {eval_interval} steps ({count} over the run's {sched.end} steps; --eval-interval to change)")
     return sched, eval_interval
 
 
