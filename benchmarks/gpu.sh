@@ -6,7 +6,8 @@
 # 1. The budgeted smoke run (benchmarks/gpu_smoke.py): environment, CUDA-vs-CPU parity of every variant, the
 #    SDPA kernel each variant uses, cached and greedy decoding, a host-sync audit, 20 training steps with
 #    checkpoint/resume/eval/generate at 60m, bf16 train-step tokens/s, ratios and MFU at 60m and 350m, peak
-#    memory, compiled vs eager. Every stage has its own time limit and a failing stage never stops the next;
+#    memory, compiled vs eager, compiled static-cache generate through transformers. Every stage has its own
+#    time limit and a failing stage never stops the next;
 #    BUDGET_S (default 480) bounds the whole run. Results: $OUT_DIR/results.{json,md} (default
 #    benchmarks/results/gpu-smoke).
 # 2. Only with EXTENDED=1 (about 20-40 more minutes, beyond a 15-minute device loan): the longer benchmark set of

@@ -40,6 +40,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import os
 import platform
 import sys
 import time
@@ -207,7 +208,7 @@ def main(argv=None):
         "eval_tokens": start["n_tokens"], "start_valid_perplexity": start["perplexity"],
         "settings": {k: v for k, v in vars(args).items() if k not in ("run", "out", "seeds")},
         "machine": f"{platform.machine()}, torch {torch.__version__}, 1 thread per process "
-                   "(2 cores shared with other jobs)",
+                   f"({os.cpu_count()} CPUs on the machine)",
         "seconds_this_process": time.time() - t0,
     }  # fmt: skip
     summarize(out, header)

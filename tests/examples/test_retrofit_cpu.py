@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -114,6 +115,8 @@ def test_example_runs_end_to_end(base_run, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "results.json", "rows-seed0.json", "rows-seed1.json"]
     assert result["export_max_abs_logit_diff"] < 1e-4
     assert result["tokens_per_arm"] == 3 * 4 * 16
+    # the machine line describes this machine, not the one the committed results ran on
+    assert result["machine"].endswith(f"1 thread per process ({os.cpu_count()} CPUs on the machine)")
     rows = result["rows"]
     assert [r["seed"] for r in rows] == [0, 1]
     a = [r["as_is"]["valid_perplexity"] for r in rows]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import warnings
 
 import pytest
 
@@ -56,6 +57,21 @@ def test_summary_means_spreads_and_the_change_against_standard(tmp_path):
     report.plots["loss_curves.png"](tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+def test_loss_curves_of_runs_without_training_loss_records_warn_nothing(tmp_path):
+    """A run shorter than log_interval logs validations only: the empty training panel gets no legend (matplotlib's
+    'No artists with labels' warning used to reach the user as a coupled-qk warning)."""
+    base = TrainConfig(max_steps=3)
+    plan = plan_comparison(base, ["standard", "coupled"], [0], tmp_path)
+    records = [_record(run, 20.0, 60.0) for run in plan]
+    for run in plan:
+        run.run_dir.path.mkdir(parents=True)
+        run.run_dir.metrics_path.write_text(json.dumps({"step": 1, "tokens": 64, "valid/loss": 2.5}) + "\n")
+    report = analyze_comparison(records, base, [0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report.plots["loss_curves.png"](tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 def test_table_shows_bits_per_byte_and_labels_a_subsampled_evaluation(tmp_path):
     base = TrainConfig(max_steps=3)

@@ -6,6 +6,7 @@ Small randomly initialised models built from transformers config classes; nothin
 from __future__ import annotations
 
 import copy
+import logging
 import math
 
 import pytest
@@ -205,6 +206,19 @@ def test_save_and_load_retrofitted(tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(x).logits, model(x).logits)
 
+
+def test_load_retrofitted_reports_no_coupling_weights_as_unexpected(tmp_path, caplog):
+    # the base load must not log transformers' "UNEXPECTED" report for the coupling weights it then loads
+    model = retrofit(_model("llama"))
+    _set_dt(model)
+    model.save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        loaded = load_retrofitted(tmp_path).eval()
+    assert "qk_dynamics" not in caplog.text and "UNEXPECTED" not in caplog.text, caplog.text
+    assert type(loaded) is transformers.LlamaForCausalLM
+    x = torch.randint(0, V, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, model(x).logits)
 
 def test_clear_errors():
     torch.manual_seed(0)

@@ -249,7 +249,10 @@ def plot_loss_curves(summary: dict, path: str | Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        else:  # e.g. runs shorter than log_interval have no training-loss records
+            ax.text(0.5, 0.5, "no records", ha="center", va="center", transform=ax.transAxes, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

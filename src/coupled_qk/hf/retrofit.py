@@ -291,9 +291,10 @@ def step_sizes(model: nn.Module) -> list[torch.Tensor]:
 def load_retrofitted(path, **kwargs) -> nn.Module:
     """Load a model saved with ``save_pretrained`` after :func:`retrofit` (options from its ``config.json``).
 
-    ``kwargs`` go to ``AutoModelForCausalLM.from_pretrained``. The base weights load first (the
-    ``qk_dynamics`` entries are then reported as unused by ``transformers``), the model is retrofitted
-    with the saved options and the coupling parameters are read from the same safetensors files.
+    ``kwargs`` go to ``from_pretrained`` of the folder's ``AutoModelForCausalLM`` class. The base weights load
+    first (``transformers`` is told to expect the ``qk_dynamics`` entries, so its load report does not list them
+    as unexpected; any other unexpected or missing weight is still reported), the model is retrofitted with the
+    saved options and the coupling parameters are read from the same safetensors files.
 
     Raises:
         ValueError: the folder's config has no ``coupled_qk_retrofit`` entry, or coupling weights are missing.
@@ -301,13 +302,18 @@ def load_retrofitted(path, **kwargs) -> nn.Module:
     from pathlib import Path
 
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     config = AutoConfig.from_pretrained(path)
     options = getattr(config, _RETROFIT_KEY, None)
     if not options:
         raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{_RETROFIT_KEY}')")
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+    base = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    expected = [*(base._keys_to_ignore_on_load_unexpected or []), r"\.qk_dynamics\."]
+    loader = type(base.__name__, (base,), {"_keys_to_ignore_on_load_unexpected": expected})
+    model = loader.from_pretrained(path, config=config, **kwargs)
+    model.__class__ = base  # the loader subclass only silences the report; the model is the family's own class
     retrofit(model, **{**options, "dt_init": 0.0})
     state = {}
     for file in sorted(Path(path).glob("*.safetensors")):

@@ -32,7 +32,7 @@ from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.best import check_metrics, track_best
-from coupled_qk.training.config import EVALUATIONS_PER_RUN, TrainConfig, auto_eval_interval, higher_is_better
+from coupled_qk.training.config import TrainConfig, auto_eval_interval, higher_is_better
 from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, setup_runtime, teardown
 from coupled_qk.training.lock import RunLock, RunLockedError
 from coupled_qk.training.metrics_log import Logger, read_metrics
@@ -151,8 +151,8 @@ def _plan(cfg: TrainConfig, state: dict, task, runtime: Runtime, say) -> tuple[S
                       stacklevel=3)
     eval_interval = cfg.eval_interval if cfg.eval_interval is not None else auto_eval_interval(sched.end)
     if cfg.eval_interval is None and state["step"] < sched.end:
-        say(f"quick validation every {eval_interval} steps (about {EVALUATIONS_PER_RUN} over the run's {sched.end} "
-            "steps; --eval-interval to change)")
+        count = sched.end // eval_interval + (sched.end % eval_interval > 0)  # the multiples, and the last step
+        say(f"quick validation every {eval_interval} steps ({count} over the run's {sched.end} steps; --eval-interval to change)")
     return sched, eval_interval
 
 
