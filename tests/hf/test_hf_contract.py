@@ -247,6 +247,8 @@ def test_static_single_token_step_names_a_bad_mask_or_positions():
         for bad in (torch.ones(2, 4), torch.ones(2, 13), torch.ones(3, 5)):
             with pytest.raises(ValueError, match=r"attention_mask must have shape \(B, T_past \+ 1\) = \(2, 5\)"):
                 lm(ids(2, 1), attention_mask=bad, cache=cache)
+        with pytest.raises(ValueError, match=r"attention_mask must hold only 0 \(padding\) and 1"):
+            lm(ids(2, 1), attention_mask=torch.full((2, 5), 2), cache=cache)
         with pytest.raises(ValueError, match=r"position_ids must have shape \(2, 1\)"):
             lm(ids(2, 1), position_ids=torch.zeros(2, 2, dtype=torch.long), cache=cache)
         with pytest.raises(ValueError, match=r"position_ids must be in \[0, block_size=40\)"):

@@ -115,13 +115,8 @@ class StaticStep:
                              "was given. Create it with a larger max_cache_len")
         mask = filled.view(1, size)
         if attention_mask is not None:
-            width = attention_mask.shape[-1]
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or (
-                    width != size and (width > size or (eager and width != past + 1))):
-                raise ValueError(f"attention_mask must have shape (B, T_past + 1) = ({batch}, {past + 1 if eager else 'T_past + 1'}) "
-                                 f"or (B, max_cache_len) = ({batch}, {size}) for a decoding step over a static "
-                                 f"cache; got {tuple(attention_mask.shape)}")
-            keys = torch.nn.functional.pad(attention_mask.bool(), (0, size - width))
+            _check_step_mask(attention_mask, batch, size, past if eager else None)
+            keys = torch.nn.functional.pad(attention_mask.bool(), (0, size - attention_mask.shape[-1]))
             mask = (keys & filled) | own
         self._mask = mask[:, None, None, :]
         if position_ids is not None:
@@ -132,14 +127,30 @@ class StaticStep:
             positions = (mask.long().sum(-1, keepdim=True) - 1).clamp(min=0)
         else:
             positions = self.position.view(1, 1)
-        if eager and positions.device.type == "cpu" and not 0 <= int(positions.min()) <= int(positions.max()) < block_size:
+        if eager and positions.device.type == "cpu" and not 0 <= int(positions.min()) <= int(positions.max()) \
+                < block_size:
             raise ValueError(f"position_ids must be in [0, block_size={block_size})")
         self.positions = positions.expand(batch, 1)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new token's ``k``, ``v`` of ``layer_idx`` at :attr:`position`; the whole buffers (see the class)."""
         r = k.shape[1] // v.shape[1]
         keys, values = self.cache.update(k, v.repeat_interleave(r, dim=1) if r > 1 else v, layer_idx)
         return keys, values[:, ::r]
 
     def attn_mask(self) -> torch.Tensor:
+        """The slots the new token may attend to, bool ``(B or 1, 1, 1, max_cache_len)`` (see the class)."""
         return self._mask
+
+
+def _check_step_mask(mask: torch.Tensor, batch: int, size: int, past: int | None) -> None:
+    """``ValueError`` unless ``mask`` is ``(batch, past + 1)`` or ``(batch, size)`` (``past`` ``None`` inside a
+    compiled region: any width up to ``size``) holding only 0 and 1 (checked on CPU tensors outside compiled code)."""
+    width = mask.shape[-1]
+    if mask.dim() != 2 or mask.shape[0] != batch or width > size or (past is not None and width not in (size, past + 1)):
+        expected = past + 1 if past is not None else "T_past + 1"
+        raise ValueError(f"attention_mask must have shape (B, T_past + 1) = ({batch}, {expected}) or (B, max_cache_len) "
+                         f"= ({batch}, {size}) for a decoding step over a static cache; got {tuple(mask.shape)}")
+    if past is not None and mask.device.type == "cpu" and mask.dtype != torch.bool and not (
+            (mask == 0) | (mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
