@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["check_generate_args", "check_greedy_extras", "check_ids"]
+__all__ = ["check_attention_mask", "check_generate_args", "check_greedy_extras", "check_ids", "check_position_ids"]
 
 GREEDY_BELOW = torch.finfo(torch.float32).tiny
 """A sampling temperature below this decodes greedily (the arg-max; sampling logits are float32)."""
@@ -165,3 +165,43 @@ def _check_mask(attention_mask, idx: torch.Tensor) -> None:
             raise ValueError("attention_mask must hold only 0 and 1")
         if not attention_mask.bool().any(dim=1).all():
             raise ValueError("attention_mask has a row without any real token (all zeros)")
+
+
+def check_attention_mask(attention_mask, check_values: bool) -> None:
+    """A forward's ``attention_mask`` (shape checked by the caller): a tensor, and with ``check_values`` (eager;
+    values are read on CPU tensors only, to avoid a device sync) only 0 (padding) and 1 (token). The eager
+    forward and the fixed-shape static-cache step (``hf/cache_view.py``) both check here, so they refuse alike.
+
+    Raises:
+        TypeError: not a tensor. ValueError: (``check_values``) a value other than 0 and 1.
+    """
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor of 0/1 (or bool) or None; got "
+                        f"{type(attention_mask).__name__}")
+    check_values = check_values and attention_mask.device.type == "cpu"
+    if check_values and attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+
+
+def check_position_ids(position_ids, b: int, t: int, block_size: int, check_values: bool) -> torch.Tensor:
+    """A forward's ``position_ids`` for ``b`` sequences of ``t`` new tokens: an integer tensor of shape ``(b, t)``,
+    ``(1, t)`` (one row for every sequence, as ``transformers`` models broadcast it) or ``(t,)``; with
+    ``check_values`` (eager; read on CPU tensors only) every position in ``[0, block_size)``. Returns it as
+    ``(b, t)`` (``(1, t)`` expanded, a view) or ``(t,)``.
+
+    Raises:
+        TypeError: not a tensor. ValueError: another shape, a non-integer dtype, a position out of range.
+    """
+    if not isinstance(position_ids, torch.Tensor):
+        raise TypeError(f"position_ids must be a torch.Tensor of integer positions or None; got "
+                        f"{type(position_ids).__name__}")
+    if tuple(position_ids.shape) not in ((b, t), (1, t), (t,)):
+        raise ValueError(f"position_ids must have shape ({b}, {t}), (1, {t}) or ({t},); got "
+                         f"{tuple(position_ids.shape)}")
+    if position_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"position_ids must hold integer positions (int64 or int32); got dtype {position_ids.dtype}")
+    check_values = check_values and position_ids.device.type == "cpu"
+    if check_values and (int(position_ids.min()) < 0 or int(position_ids.max()) >= block_size):
+        raise ValueError(f"position_ids must be in [0, block_size={block_size}); got min {int(position_ids.min())}, "
+                         f"max {int(position_ids.max())}")
+    return position_ids.expand(b, t) if position_ids.dim() == 2 else position_ids

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
+from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
+
 
 class CacheView:
     """The :class:`coupled_qk.KVCache` interface (``length``, ``update(layer_idx, k, v)``) over a
@@ -90,12 +92,13 @@ class StaticStep:
         cache: a static cache whose layers :func:`static_layers` accepts.
         attention_mask: ``(B, max_cache_len)`` (what ``create_masks_for_generate`` gives ``generate``'s decoding
             steps: zeros after the new token) or ``(B, T_past + 1)``, 0/1 or bool; ``None``: no padding.
-        position_ids: ``(B, 1)`` or ``(1,)`` int64, or ``None``.
+        position_ids: ``(B, 1)``, ``(1, 1)`` or ``(1,)`` integers, or ``None``.
         block_size: the model's context length (positions must stay below it).
 
     Raises:
-        ValueError: (outside a compiled region, where the numbers are read) no free slot, a mask or
-            ``position_ids`` of another shape, positions outside ``[0, block_size)``.
+        TypeError: a mask or ``position_ids`` that is not a tensor. ValueError: a mask or ``position_ids`` of
+            another shape, non-integer ``position_ids``; (outside a compiled region, where the numbers are read;
+            values on CPU only) no free slot, mask values other than 0 and 1, positions outside ``[0, block_size)``.
     """
 
     folds = property(lambda self: CacheView(self.cache).folds)  # the eager step folds the map as CacheView does
@@ -115,6 +118,7 @@ class StaticStep:
                              "was given. Create it with a larger max_cache_len")
         mask = filled.view(1, size)
         if attention_mask is not None:
+            check_attention_mask(attention_mask, eager)  # as the eager forward checks it
             width = attention_mask.shape[-1]
             if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or (
                     width != size and (width > size or (eager and width != past + 1))):
@@ -124,16 +128,15 @@ class StaticStep:
             keys = torch.nn.functional.pad(attention_mask.bool(), (0, size - width))
             mask = (keys & filled) | own
         self._mask = mask[:, None, None, :]
-        if position_ids is not None:
-            if tuple(position_ids.shape) not in ((batch, 1), (1,)):
-                raise ValueError(f"position_ids must have shape ({batch}, 1) or (1,); got {tuple(position_ids.shape)}")
-            positions = position_ids.view(-1, 1)
+        if position_ids is not None:  # checked as the eager forward checks them
+            positions = check_position_ids(position_ids, batch, 1, block_size, eager).reshape(-1, 1)
         elif attention_mask is not None:
             positions = (mask.long().sum(-1, keepdim=True) - 1).clamp(min=0)
         else:
             positions = self.position.view(1, 1)
         if eager and positions.device.type == "cpu" and not 0 <= int(positions.min()) <= int(positions.max()) < block_size:
-            raise ValueError(f"position_ids must be in [0, block_size={block_size})")
+            raise ValueError(f"position_ids must be in [0, block_size={block_size}); the step's position is "
+                             f"{int(positions.max())}")
         self.positions = positions.expand(batch, 1)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

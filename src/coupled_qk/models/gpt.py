@@ -38,6 +38,7 @@ from coupled_qk.models.generation import (  # noqa: F401 - sample_next_token, st
 from coupled_qk.models.registry import get_attention
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables, signed_sin
+from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
 
 
 class MLP(nn.Module):
@@ -268,8 +269,8 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
             cache: a :class:`KVCache` (or any object with ``length`` and ``update(layer_idx, k, v)``).
             attention_mask: ``(B, T_past + T)`` bool or 0/1 ints, 0 at padding (left or right); padded keys
                 are hidden from every query in every variant. ``None``: no padding.
-            position_ids: ``(B, T)`` or ``(T,)`` positions of the new tokens; default: from ``attention_mask``
-                (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past + T - 1``.
+            position_ids: ``(B, T)``, ``(1, T)`` or ``(T,)`` integer positions of the new tokens; default: from
+                ``attention_mask`` (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past + T - 1``.
 
         Raises:
             ValueError: ``idx`` not 2-D integer, ids outside ``[0, vocab_size)``, a sequence (plus cached
@@ -337,17 +338,16 @@ def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> t
     ``None`` when absent or (checked on CPU tensors only, to avoid a device sync) all ones.
 
     Raises:
-        ValueError: a shape other than ``(b, t_k)``; (CPU) values other than 0 and 1.
+        TypeError: not a tensor. ValueError: (CPU) values other than 0 and 1; a shape other than ``(b, t_k)``.
     """
-    check = attention_mask is not None and attention_mask.device.type == "cpu" and not torch.compiler.is_compiling()
     if attention_mask is None:
         return None
+    check_attention_mask(attention_mask, not torch.compiler.is_compiling())
+    check = attention_mask.device.type == "cpu" and not torch.compiler.is_compiling()
     if attention_mask.shape != (b, t_k):
         raise ValueError(
             f"attention_mask must have shape (B, T_past + T) = ({b}, {t_k}); got {tuple(attention_mask.shape)}"
         )
-    if check and attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
     mask = attention_mask.bool()
     return None if check and bool(mask.all()) else mask
 
@@ -359,11 +359,7 @@ def _positions(position_ids, key_mask, b: int, past: int, t: int, block_size: in
         if key_mask is not None:
             return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
         return torch.arange(past, past + t, device=device)
-    if position_ids.shape not in ((b, t), (t,)):
-        raise ValueError(f"position_ids must have shape ({b}, {t}) or ({t},); got {tuple(position_ids.shape)}")
-    if check and (int(position_ids.min()) < 0 or int(position_ids.max()) >= block_size):
-        raise ValueError(f"position_ids must be in [0, block_size={block_size})")
-    return position_ids
+    return check_position_ids(position_ids, b, t, block_size, check)
 
 
 def coupling_parameter_overhead(config: GPTConfig) -> dict:

@@ -1,0 +1,74 @@
+"""Inputs a transformers user passes, refused or accepted alike by the eager forward (any cache) and by the
+fixed-shape decoding step over a filled static cache (``hf/cache_view.py::StaticStep``): the two paths must
+never disagree on what is an error, and accepted inputs must give the same logits."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import DynamicCache, StaticCache  # noqa: E402
+
+from coupled_qk import GPT, GPTConfig  # noqa: E402
+from coupled_qk.hf import CoupledQKForCausalLM  # noqa: E402
+
+V = 53
+
+
+def tiny_lm(**kw) -> CoupledQKForCausalLM:
+    torch.manual_seed(0)
+    cfg = GPTConfig(**{**dict(vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2,
+                              attention="coupled", dt_init=0.5), **kw})
+    return CoupledQKForCausalLM.from_gpt(GPT(cfg), pad_token_id=0).eval()
+
+
+def ids(*shape, seed=0):
+    return torch.randint(1, V, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _step(lm, kind, **step_kw):
+    """Logits of one token after a 4-token prompt (batch 2), the step taking ``step_kw``, over a dynamic or a
+    static cache (a static cache's single-token step is the fixed-shape ``StaticStep``)."""
+    cache = StaticCache(config=lm.config, max_cache_len=12) if kind == "static" else DynamicCache(config=lm.config)
+    with torch.no_grad():
+        lm(ids(2, 4), cache=cache)
+        return lm(ids(2, 1, seed=1), cache=cache, **step_kw).logits
+
+
+BAD_STEP_INPUTS = {
+    "mask of 2s": (dict(attention_mask=torch.full((2, 5), 2)), ValueError, r"only 0 \(padding\) and 1 \(token\)"),
+    "mask of halves": (dict(attention_mask=torch.full((2, 5), 0.5)), ValueError, r"only 0 \(padding\) and 1"),
+    "mask as a list": (dict(attention_mask=[[1] * 5] * 2), TypeError, "attention_mask must be a torch.Tensor"),
+    "float positions": (dict(position_ids=torch.full((2, 1), 4.0)), ValueError,
+                        r"position_ids must hold integer positions \(int64 or int32\); got dtype torch.float32"),
+    "bool positions": (dict(position_ids=torch.ones(2, 1, dtype=torch.bool)), ValueError,
+                       "position_ids must hold integer positions"),
+    "positions as a list": (dict(position_ids=[[4], [4]]), TypeError, "position_ids must be a torch.Tensor"),
+    "negative positions": (dict(position_ids=torch.full((2, 1), -1)), ValueError,
+                           r"position_ids must be in \[0, block_size=40\); got min -1, max -1"),
+}
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("case", sorted(BAD_STEP_INPUTS))
+def test_a_bad_mask_or_positions_is_refused_alike_over_a_dynamic_and_a_static_cache(case, kind):
+    """The static step read ``attention_mask.bool()``, so a mask of 2s or 0.5s decoded silently there while the
+    dynamic cache refused it; float positions failed with torch's IndexError, lists with an AttributeError."""
+    kw, error, message = BAD_STEP_INPUTS[case]
+    with pytest.raises(error, match=message):
+        _step(tiny_lm(), kind, **kw)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_one_row_of_position_ids_is_broadcast_over_the_batch(kind):
+    """``position_ids`` of shape ``(1, T)`` (what transformers models broadcast over the batch, e.g.
+    ``torch.arange(T)[None]``) gives the logits of the same positions given per row; int32 works too."""
+    lm = tiny_lm()
+    per_row = _step(lm, kind, position_ids=torch.full((2, 1), 4))
+    torch.testing.assert_close(_step(lm, kind, position_ids=torch.full((1, 1), 4)), per_row)
+    torch.testing.assert_close(_step(lm, kind, position_ids=torch.full((2, 1), 4, dtype=torch.int32)), per_row)
+    x = ids(2, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x, position_ids=torch.arange(6)[None]).logits, lm(x).logits)
+    with pytest.raises(ValueError, match=r"position_ids must have shape \(2, 6\), \(1, 6\) or \(6,\); got \(3, 6\)"):
+        lm(x, position_ids=torch.arange(6).expand(3, 6))
