@@ -72,3 +72,30 @@ def test_one_row_of_position_ids_is_broadcast_over_the_batch(kind):
         torch.testing.assert_close(lm(x, position_ids=torch.arange(6)[None]).logits, lm(x).logits)
     with pytest.raises(ValueError, match=r"position_ids must have shape \(2, 6\), \(1, 6\) or \(6,\); got \(3, 6\)"):
         lm(x, position_ids=torch.arange(6).expand(3, 6))
+
+
+@pytest.mark.parametrize("new, pad_to, vocab, rows", [(70, None, 70, 80), (60, 8, 64, 64), (None, None, V, 64),
+                                                      (50, None, 50, 64)])
+def test_resize_token_embeddings_of_a_padded_vocabulary_saves_and_loads(tmp_path, new, pad_to, vocab, rows):
+    """With ``vocab_pad_multiple=16`` the embedding has ``padded_vocab_size`` rows; resizing to 70 left 70 rows
+    while config.json asked for 80, so the saved folder could not be loaded (a shape mismatch)."""
+    from transformers import AutoModelForCausalLM
+
+    lm = tiny_lm(vocab_pad_multiple=16)
+    before = lm.model.tok_emb.weight[:40].clone()
+    lm.resize_token_embeddings(new, pad_to_multiple_of=pad_to)
+    assert (lm.config.vocab_size, lm.model.config.vocab_size, lm.model.tok_emb.weight.shape[0]) == (vocab, vocab, rows)
+    assert lm.model.config.padded_vocab_size == rows and lm.model.lm_head.weight is lm.model.tok_emb.weight
+    assert torch.equal(lm.model.tok_emb.weight[:40], before)  # old tokens keep their rows
+    lm.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    x = torch.randint(0, vocab, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = loaded(x).logits
+        torch.testing.assert_close(logits, lm(x).logits)
+    assert logits.shape[-1] == vocab
+
+
+def test_resize_rejects_a_bad_pad_to_multiple_of():
+    with pytest.raises(ValueError, match=r"pad_to_multiple_of=2.5 must be a positive integer"):
+        tiny_lm().resize_token_embeddings(60, pad_to_multiple_of=2.5)

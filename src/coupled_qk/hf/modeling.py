@@ -118,14 +118,27 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         ``vocab_size`` too (its id check and ``save_pretrained``'s ``config.json`` agree), and the output head
         stays tied to the input embedding (one tensor).
 
+        With ``vocab_pad_multiple > 1`` the embedding keeps ``padded_vocab_size`` rows (the new vocabulary
+        rounded up to that multiple, and to ``pad_to_multiple_of`` too), so a saved folder loads back: its
+        ``config.json`` builds exactly that many rows. ``vocab_size`` is ``new_num_tokens``, or the rows when
+        ``pad_to_multiple_of`` is given (as ``transformers`` does).
+
         Raises:
             ValueError: ``new_num_tokens`` not a positive integer (or ``None``: only pad to the multiple).
         """
         if new_num_tokens is not None and (isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int)
                                            or new_num_tokens < 1):
             raise ValueError(f"new_num_tokens={new_num_tokens!r} must be a positive integer (or None)")
-        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        n = embeddings.weight.shape[0]
+        if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool)
+                                               or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
+            raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive integer (or None)")
+        multiple = math.lcm(self.model.config.vocab_pad_multiple, pad_to_multiple_of or 1)
+        embeddings = super().resize_token_embeddings(new_num_tokens, multiple if multiple > 1 else None,
+                                                     mean_resizing)
+        if pad_to_multiple_of:
+            n = embeddings.weight.shape[0]
+        else:
+            n = self.model.config.vocab_size if new_num_tokens is None else new_num_tokens
         self.config.vocab_size = n
         self.model.config = self.model.config.replace(vocab_size=n)
         if self.config.tie_word_embeddings:
