@@ -99,3 +99,21 @@ def test_resize_token_embeddings_of_a_padded_vocabulary_saves_and_loads(tmp_path
 def test_resize_rejects_a_bad_pad_to_multiple_of():
     with pytest.raises(ValueError, match=r"pad_to_multiple_of=2.5 must be a positive integer"):
         tiny_lm().resize_token_embeddings(60, pad_to_multiple_of=2.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_labels_of_any_integer_dtype_give_the_int64_loss(dtype):
+    """``check_labels`` admits integer labels of any dtype, but cross-entropy took int64 only: int32 labels (what
+    a tokenizer or numpy collator may give) failed with torch's "expected target dtype to be Long"."""
+    lm = tiny_lm()
+    x = ids(2, 6)
+    labels = x.clone()
+    with torch.no_grad():
+        reference = lm(x, labels=labels).loss
+        torch.testing.assert_close(lm(x, labels=labels.to(dtype)).loss, reference)
+        shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # what the model computes itself
+        torch.testing.assert_close(lm(x, labels=labels, shift_labels=shifted.int()).loss, reference)
+        with pytest.raises(ValueError, match=r"shift_labels has shape \(2, 5\); expected input_ids' shape \(2, 6\)"):
+            lm(x, labels=labels, shift_labels=labels[:, 1:])  # was torch's "Expected input batch_size (12) ..."
+        with pytest.raises(ValueError, match=r"shift_labels: token ids must be in \[0, 53\) or -100"):
+            lm(x, labels=labels, shift_labels=shifted + 100)

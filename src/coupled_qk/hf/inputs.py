@@ -55,32 +55,39 @@ def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -
             raise TypeError(f"{name}={value!r} must be True, False or None")
 
 
-def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep) -> None:
-    """``labels`` (``None`` or an integer tensor of ``input_ids``' shape, ids in ``[0, vocab_size)`` or
-    ``-100``; values checked on CPU tensors only, to avoid a device sync) and ``logits_to_keep`` (an int
-    ``>= 0``) of :meth:`CoupledQKForCausalLM.forward`.
+def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None) -> None:
+    """``labels`` and ``shift_labels`` (each ``None`` or an integer tensor of ``input_ids``' shape, ids in
+    ``[0, vocab_size)`` or ``-100``; values checked on CPU tensors only, to avoid a device sync) and
+    ``logits_to_keep`` (an int ``>= 0``) of :meth:`CoupledQKForCausalLM.forward`.
 
     Raises:
-        TypeError: a non-tensor ``labels`` or a non-int ``logits_to_keep``. ValueError: naming the argument: a
-            shape other than ``input_ids``', a floating dtype, an id out of range, a negative ``logits_to_keep``.
+        TypeError: a non-tensor ``labels`` / ``shift_labels`` or a non-int ``logits_to_keep``. ValueError: naming
+            the argument: a shape other than ``input_ids``', a floating dtype, an id out of range, a negative
+            ``logits_to_keep``.
     """
     if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
         raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions)")
     if logits_to_keep < 0:
         raise ValueError(f"logits_to_keep={logits_to_keep} must be >= 0 (0: all positions)")
-    if labels is None:
-        return
+    for name, value in (("labels", labels), ("shift_labels", shift_labels)):
+        if value is not None:
+            _check_targets(name, value, input_ids, vocab_size)
+
+
+def _check_targets(name: str, labels, input_ids: torch.Tensor, vocab_size: int) -> None:
+    """One target tensor of :func:`check_labels`, named ``name`` in messages."""
+    how = "unshifted: the model shifts them" if name == "labels" else "already shifted, -100 at the last position"
     if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"labels must be a torch.Tensor of token ids of input_ids' shape; got {type(labels).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of token ids of input_ids' shape; got {type(labels).__name__}")
     if labels.shape != input_ids.shape:
-        raise ValueError(f"labels has shape {tuple(labels.shape)}; expected input_ids' shape {tuple(input_ids.shape)} "
-                         "(unshifted: the model shifts them)")
+        raise ValueError(f"{name} has shape {tuple(labels.shape)}; expected input_ids' shape {tuple(input_ids.shape)} "
+                         f"({how})")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
-        raise ValueError(f"labels must hold integer token ids; got dtype {labels.dtype}")
+        raise ValueError(f"{name} must hold integer token ids; got dtype {labels.dtype}")
     if labels.numel() and labels.device.type == "cpu":
         real = labels[labels != -100]
         if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
-            raise ValueError(f"labels: token ids must be in [0, {vocab_size}) or -100 (ignored); got min "
+            raise ValueError(f"{name}: token ids must be in [0, {vocab_size}) or -100 (ignored); got min "
                              f"{int(real.min())}, max {int(real.max())}")
 
 

@@ -334,9 +334,9 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        if labels is not None or logits_to_keep:
-            check_labels(labels, input_ids if input_ids is not None else labels, self.config.vocab_size,
-                          logits_to_keep)
+        shift = kwargs.get("shift_labels")
+        if input_ids is not None and (labels is not None or logits_to_keep or shift is not None):
+            check_labels(labels, input_ids, self.config.vocab_size, logits_to_keep, shift)  # (no ids: _run_gpt)
         hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
                                                     kwargs)
         if logits_to_keep:
@@ -345,6 +345,9 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss_kwargs = {k: kwargs[k] for k in ("num_items_in_batch", "shift_labels", "ignore_index") if k in kwargs}
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs)
+            if shift is not None:  # integer targets of any dtype (check_labels): cross_entropy takes int64 only
+                loss_kwargs["shift_labels"] = shift.long()
+            loss = self.loss_function(logits=logits, labels=labels.long(), vocab_size=self.config.vocab_size,
+                                      **loss_kwargs)
         out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None, hidden_states=states)
         return _output(self, out, kwargs)
