@@ -117,3 +117,17 @@ def test_labels_of_any_integer_dtype_give_the_int64_loss(dtype):
             lm(x, labels=labels, shift_labels=labels[:, 1:])  # was torch's "Expected input batch_size (12) ..."
         with pytest.raises(ValueError, match=r"shift_labels: token ids must be in \[0, 53\) or -100"):
             lm(x, labels=labels, shift_labels=shifted + 100)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_a_cache_continued_with_another_batch_size_is_named(kind):
+    """A cache filled for 2 sequences and stepped with 3 failed inside torch (index_copy_ / cat about slice
+    shapes); the error now names both sizes, and nothing is written."""
+    lm = tiny_lm()
+    cache = StaticCache(config=lm.config, max_cache_len=12) if kind == "static" else DynamicCache(config=lm.config)
+    with torch.no_grad():
+        lm(ids(2, 4), cache=cache)
+        with pytest.raises(ValueError, match="the cache holds 2 sequences but input_ids has 3 rows"):
+            lm(ids(3, 1), cache=cache)
+        assert int(cache.get_seq_length()) == 4
+        assert lm(ids(2, 1), cache=cache).logits.shape == (2, 1, V)

@@ -33,6 +33,16 @@ def cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
     return cache
 
 
+def check_cache_batch(cache: Cache | None, batch: int) -> None:
+    """A ``transformers`` cache that already holds keys must hold ``batch`` sequences (its first layer's keys
+    ``(B, H, T, d)``), else ``ValueError`` naming both sizes (torch's own error names neither)."""
+    layers = getattr(cache, "layers", None)
+    keys = getattr(layers[0], "keys", None) if layers else None
+    if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[0] != batch:
+        raise ValueError(f"the cache holds {keys.shape[0]} sequences but input_ids has {batch} rows; continue each "
+                         "cache with its own batch (or pass a new cache)")
+
+
 def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -> None:
     """The forward arguments that :meth:`coupled_qk.GPT.hidden_states` does not check itself (it checks
     ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: no ``inputs_embeds``, an

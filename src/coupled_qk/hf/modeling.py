@@ -29,7 +29,14 @@ from transformers.utils import logging
 
 from coupled_qk.hf.cache_view import CacheView, StaticStep, static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
-from coupled_qk.hf.inputs import cache_arg, check_folder, check_hf_generate_args, check_inputs, check_labels
+from coupled_qk.hf.inputs import (
+    cache_arg,
+    check_cache_batch,
+    check_folder,
+    check_hf_generate_args,
+    check_inputs,
+    check_labels,
+)
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
@@ -204,6 +211,7 @@ def _run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, 
     wrapped GPT to its final hidden states. Returns ``(hidden (B, T, d_model), cache, use_cache)``."""
     check_inputs(input_ids, kwargs, use_cache)
     cache = cache_arg(cache, kwargs)
+    check_cache_batch(cache, input_ids.shape[0])
     asked = use_cache
     use_cache = module.config.use_cache if use_cache is None else use_cache
     if use_cache and module.model.gradient_checkpointing and module.training and torch.is_grad_enabled():
