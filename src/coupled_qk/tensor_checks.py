@@ -66,7 +66,7 @@ def check_ids(name: str, idx, *, vocab_size: int | None = None, allow_empty_time
 def check_generate_args(
     idx, max_new_tokens, *, block_size: int, vocab_size: int, temperature=1.0, top_k=None, top_p=None,
     repetition_penalty=None, stop_ids: Sequence[int] | None = None, use_cache=True, generator=None,
-    attention_mask=None, device: torch.device | None = None, fit_context: bool = True,
+    attention_mask=None, device: torch.device | None = None, fit_context: bool = True, name: str = "idx",
 ) -> None:
     """Check every argument of a sampling call once, before any token is computed.
 
@@ -84,13 +84,14 @@ def check_generate_args(
             one real token per row.
         device: the model's device; ``idx`` must be on it.
         fit_context: whether prompt plus new tokens must fit ``block_size`` (``False`` for a sliding window).
+        name: what messages call the prompt (``"input_ids"`` for the Hugging Face wrapper).
 
     Raises:
         TypeError: a wrong kind of object (a float for an int, a string for a bool, a list for a tensor).
         ValueError: a value out of range, non-finite, a zero-sized or mismatched shape, a wrong dtype or
             device, a total length beyond ``block_size``. Each message names the argument.
     """
-    check_ids("idx", idx, vocab_size=vocab_size)
+    check_ids(name, idx, vocab_size=vocab_size)
     _int("max_new_tokens", max_new_tokens, 0)
     total = idx.shape[1] + max_new_tokens
     if fit_context and total > block_size:
@@ -111,11 +112,11 @@ def check_generate_args(
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
         if generator.device.type != idx.device.type:
-            raise ValueError(f"generator is on {generator.device} but idx is on {idx.device}")
+            raise ValueError(f"generator is on {generator.device} but {name} is on {idx.device}")
     if device is not None and idx.device.type != torch.device(device).type:
-        raise ValueError(f"idx is on {idx.device} but the model is on {device}")
+        raise ValueError(f"{name} is on {idx.device} but the model is on {device}")
     if attention_mask is not None:
-        _check_mask(attention_mask, idx)
+        _check_mask(attention_mask, idx, name)
 
 
 def check_greedy_extras(temperature, top_k, generator) -> None:
@@ -148,16 +149,16 @@ def _check_stop_ids(stop_ids, vocab_size: int) -> None:
             raise ValueError(f"stop_ids[{i}]={s} must be < vocab_size={vocab_size}")
 
 
-def _check_mask(attention_mask, idx: torch.Tensor) -> None:
-    """``attention_mask``: a bool or 0/1 integer tensor of ``idx``'s shape and device, at least one real token
-    per row (values checked on CPU tensors only, to avoid a device sync)."""
+def _check_mask(attention_mask, idx: torch.Tensor, name: str = "idx") -> None:
+    """``attention_mask``: a bool or 0/1 integer tensor of ``idx``'s shape and device (``name``: what messages
+    call ``idx``), at least one real token per row (values checked on CPU tensors only, to avoid a device sync)."""
     if not isinstance(attention_mask, torch.Tensor):
         raise TypeError(f"attention_mask must be a tensor or None; got {type(attention_mask).__name__}")
     if attention_mask.shape != idx.shape:
-        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected idx's shape "
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected {name}'s shape "
                          f"{tuple(idx.shape)}")
     if attention_mask.device != idx.device:
-        raise ValueError(f"attention_mask is on {attention_mask.device} but idx is on {idx.device}")
+        raise ValueError(f"attention_mask is on {attention_mask.device} but {name} is on {idx.device}")
     if attention_mask.dtype != torch.bool and attention_mask.dtype not in _INT_DTYPES:
         raise ValueError(f"attention_mask must be bool or 0/1 integers; got dtype {attention_mask.dtype}")
     if attention_mask.device.type == "cpu":

@@ -131,3 +131,32 @@ def test_a_cache_continued_with_another_batch_size_is_named(kind):
             lm(ids(3, 1), cache=cache)
         assert int(cache.get_seq_length()) == 4
         assert lm(ids(2, 1), cache=cache).logits.shape == (2, 1, V)
+
+
+def test_generate_errors_name_the_arguments_the_user_gave():
+    """generate's checks are shared with GPT.generate, whose prompt is ``idx``: the HF wrapper's messages named
+    ``idx`` and, for a too large ``max_length``, a ``max_new_tokens`` the user never passed."""
+    lm = tiny_lm(block_size=16)
+    x = ids(2, 6)
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 5\); expected input_ids's shape \(2, 6\)"):
+        lm.generate(x, attention_mask=torch.ones(2, 5, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"input_ids is on meta but the model is on cpu"):
+        lm.generate(x.to("meta"), max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"max_length=30 exceeds block_size=16: prompt length 6 \+ 24 new tokens"):
+        lm.generate(x, max_length=30)
+    lm.generation_config.max_length = 30
+    with pytest.raises(ValueError, match=r"max_length=30 \(the generation config's; pass max_new_tokens\) exceeds"):
+        lm.generate(x)
+    assert lm.generate(x, max_length=16).shape == (2, 16) and lm.generate(x, max_new_tokens=10).shape == (2, 16)
+
+
+def test_generate_without_a_length_makes_20_tokens_within_the_context():
+    """``model.generate(ids)`` with no ``max_new_tokens``/``max_length`` anywhere raised ``TypeError: max_length=None
+    must be an int``; transformers' default is 20 new tokens, its ``max_length`` capped at the context
+    (``max_position_embeddings``, our ``block_size``), and that is what it does now, greedy as set."""
+    lm = tiny_lm(block_size=30)
+    assert lm.generation_config.max_length is None and lm.generation_config.max_new_tokens is None
+    x = ids(2, 6)
+    out = lm.generate(x)
+    assert out.shape == (2, 26) and torch.equal(out, lm.generate(x, max_new_tokens=20, do_sample=False))
+    assert lm.generate(ids(1, 25)).shape == (1, 30)  # 5 new tokens: the context is full

@@ -113,10 +113,8 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
     check_ids("input_ids", ids, vocab_size=model_config.vocab_size)
     new = kwargs.get("max_new_tokens", config.max_new_tokens)
     if new is None:
-        max_length = kwargs.get("max_length", config.max_length)
-        if isinstance(max_length, bool) or not isinstance(max_length, int):
-            raise TypeError(f"max_length={max_length!r} must be an int")
-        new = max(0, max_length - ids.shape[1])
+        new = _new_from_max_length(ids.shape[1], kwargs.get("max_length", config.max_length), "max_length" in kwargs,
+                                   model_config.block_size)
     for name in ("num_beams", "num_return_sequences", "num_beam_groups"):  # transformers divides by them
         value = kwargs.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -126,4 +124,24 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
              kwargs.get(k) is not None}
     check_generate_args(ids, new, block_size=model_config.block_size, vocab_size=model_config.vocab_size,
                         use_cache=kwargs.get("use_cache", True), attention_mask=kwargs.get("attention_mask"),
-                        device=device, **given)
+                        device=device, name="input_ids", **given)
+
+
+def _new_from_max_length(t: int, max_length, given: bool, block_size: int) -> int:
+    """The number of tokens ``generate`` makes after a prompt of ``t`` tokens without ``max_new_tokens``: up to
+    ``max_length`` in all (``given`` by the caller, else the generation config's), or, neither set, 20 new tokens
+    within the context (``transformers``' default, which caps ``max_length`` at ``max_position_embeddings``).
+
+    Raises:
+        TypeError: a ``max_length`` that is not an int. ValueError: a ``max_length`` beyond ``block_size``.
+    """
+    if max_length is None:
+        return max(0, min(t + 20, block_size) - t)
+    if isinstance(max_length, bool) or not isinstance(max_length, int):
+        raise TypeError(f"max_length={max_length!r} must be an int")
+    new = max(0, max_length - t)
+    if t + new > block_size:
+        origin = "" if given else " (the generation config's; pass max_new_tokens)"
+        raise ValueError(f"max_length={max_length}{origin} exceeds block_size={block_size}: prompt length {t} + "
+                         f"{new} new tokens would not fit the model's context")
+    return new
