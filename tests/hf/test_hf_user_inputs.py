@@ -160,3 +160,30 @@ def test_generate_without_a_length_makes_20_tokens_within_the_context():
     out = lm.generate(x)
     assert out.shape == (2, 26) and torch.equal(out, lm.generate(x, max_new_tokens=20, do_sample=False))
     assert lm.generate(ids(1, 25)).shape == (1, 30)  # 5 new tokens: the context is full
+
+
+def test_trainer_resumes_from_its_checkpoint_without_a_missing_weight_warning(tmp_path):
+    """Resuming a ``Trainer`` from its checkpoint warned "There were missing keys in the checkpoint model loaded:
+    ['model.lm_head.weight']" (the tied head is never stored): now it is re-tied silently, and the resumed model
+    holds the checkpoint's weights with the head still the embedding."""
+    from unittest import mock
+
+    import transformers.trainer
+    from transformers import Trainer, TrainingArguments
+
+    data = [dict(input_ids=row, labels=row) for row in ids(8, 10)]
+
+    def trainer(lm, steps):
+        args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, max_steps=steps, save_steps=2,
+                                 report_to=[], use_cpu=True, disable_tqdm=True, learning_rate=1e-2)
+        return Trainer(model=lm, args=args, train_dataset=data)
+
+    trained = tiny_lm().train()
+    trainer(trained, 2).train()
+    resumed = tiny_lm(dt_init=0.1).train()  # other weights until the checkpoint is loaded
+    with mock.patch.object(transformers.trainer.logger, "warning") as warning:
+        trainer(resumed, 2).train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert not [c for c in warning.call_args_list if "missing keys" in str(c)]
+    assert resumed.model.lm_head.weight is resumed.model.tok_emb.weight
+    for (name, a), b in zip(trained.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -61,6 +61,8 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["Block"]
     _tied_weights_keys = {TIED: "model.tok_emb.weight"}
+    # never stored (tied): Trainer's resume then re-ties it instead of warning that it is missing
+    _keys_to_ignore_on_save = [TIED]
     _supports_sdpa = True
     supports_gradient_checkpointing = True  # GPT.gradient_checkpointing: one checkpoint per block
 
