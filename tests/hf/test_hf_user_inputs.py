@@ -187,3 +187,48 @@ def test_trainer_resumes_from_its_checkpoint_without_a_missing_weight_warning(tm
     assert resumed.model.lm_head.weight is resumed.model.tok_emb.weight
     for (name, a), b in zip(trained.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_generate_refuses_out_of_vocabulary_pad_and_end_ids():
+    """An out-of-vocabulary ``pad_token_id`` failed only once a row had finished, with "token ids must be in [0, 53);
+    got min 5, max 58" naming neither; an out-of-vocabulary ``eos_token_id`` silently never stopped generation."""
+    lm = tiny_lm()
+    x = ids(2, 6)
+    first = int(lm.generate(x, max_new_tokens=1)[0, -1])
+    with pytest.raises(ValueError, match=r"pad_token_id=58 is not a token id of this model: ids are in \[0, 53\)"):
+        lm.generate(x, max_new_tokens=6, eos_token_id=first, pad_token_id=V + 5)
+    with pytest.raises(ValueError, match=r"eos_token_id=\[3, 60\] is not a token id"):
+        lm.generate(x, max_new_tokens=3, eos_token_id=[3, 60])
+    with pytest.raises(TypeError, match=r"eos_token_id='3' must be an int token id"):
+        lm.generate(x, max_new_tokens=3, eos_token_id="3")
+    lm.generation_config.pad_token_id = -1
+    with pytest.raises(ValueError, match=r"pad_token_id=-1 is not a token id"):
+        lm.generate(x, max_new_tokens=3)
+    out = lm.generate(x, max_new_tokens=6, eos_token_id=first, pad_token_id=1)  # in range: the finished row pads
+    assert out[0, 6] == first and (out[0, 7:] == 1).all()
+
+
+@pytest.mark.parametrize("flag", ["use_cache", "return_dict", "output_hidden_states"])
+def test_config_switches_must_be_booleans(tmp_path, flag):
+    """``"use_cache": "false"`` in an edited config.json became ``True`` (``bool("false")``), and ``return_dict`` /
+    ``output_hidden_states`` strings were read as true by every forward; now each is refused, naming it, at
+    construction, on assignment and when a folder loads."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from coupled_qk.hf import CoupledQKConfig
+
+    with pytest.raises(ValueError, match=rf"CoupledQKConfig.{flag}='false' must be true or false"):
+        CoupledQKConfig(**{flag: "false"})
+    lm = tiny_lm()
+    with pytest.raises(ValueError, match=rf"CoupledQKConfig.{flag}=0 must be true or false"):
+        setattr(lm.config, flag, 0)
+    assert getattr(lm.config, flag) is (flag != "output_hidden_states")  # unchanged
+    lm.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, flag: "false"}))
+    with pytest.raises(ValueError, match=rf"{flag}='false'"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**config, flag: False}))
+    assert getattr(AutoModelForCausalLM.from_pretrained(tmp_path).config, flag) is False

@@ -115,6 +115,7 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
     if new is None:
         new = _new_from_max_length(ids.shape[1], kwargs.get("max_length", config.max_length), "max_length" in kwargs,
                                    model_config.block_size)
+    _check_special_ids(config, kwargs, model_config.vocab_size)
     for name in ("num_beams", "num_return_sequences", "num_beam_groups"):  # transformers divides by them
         value = kwargs.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -145,3 +146,25 @@ def _new_from_max_length(t: int, max_length, given: bool, block_size: int) -> in
         raise ValueError(f"max_length={max_length}{origin} exceeds block_size={block_size}: prompt length {t} + "
                          f"{new} new tokens would not fit the model's context")
     return new
+
+
+def _check_special_ids(config, kwargs: dict, vocab_size: int) -> None:
+    """``pad_token_id`` and ``eos_token_id`` in effect for ``generate`` (the call's, else the generation config's):
+    ``None`` or ids in ``[0, vocab_size)`` (``eos_token_id`` may be a list). An out-of-vocabulary pad id failed
+    mid-generation, once a row had finished, with an error about token ids that named neither; an
+    out-of-vocabulary end id silently never stopped generation.
+
+    Raises:
+        TypeError: an id that is not an int. ValueError: an id outside ``[0, vocab_size)``, naming the argument.
+    """
+    for name in ("pad_token_id", "eos_token_id"):
+        value = kwargs[name] if name in kwargs else getattr(config, name, None)
+        if value is None:
+            continue
+        values = value.tolist() if isinstance(value, torch.Tensor) else value
+        for v in values if isinstance(values, (list, tuple)) else [values]:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name}={value!r} must be an int token id (or None)")
+            if not 0 <= v < vocab_size:
+                raise ValueError(f"{name}={value!r} is not a token id of this model: ids are in [0, {vocab_size}) "
+                                 "(set it in the call or in model.generation_config)")
