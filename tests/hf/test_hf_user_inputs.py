@@ -232,3 +232,24 @@ def test_config_switches_must_be_booleans(tmp_path, flag):
         AutoModelForCausalLM.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**config, flag: False}))
     assert getattr(AutoModelForCausalLM.from_pretrained(tmp_path).config, flag) is False
+
+
+def test_continuing_from_a_static_cache_that_generate_made():
+    """``generate(cache_implementation="static")`` sizes its cache to this call's length, so continuing from the
+    returned cache overflows it: the error says how to size it (``max_cache_len=``), and with that the
+    continuation equals one longer call."""
+    lm = tiny_lm()
+    x = ids(2, 6)
+    full = lm.generate(x, max_new_tokens=8, do_sample=False)
+
+    def first(**kw):
+        return lm.generate(x, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+                           cache_implementation="static", **kw)
+
+    out = first()
+    with pytest.raises(ValueError, match=r"max_cache_len=9 positions; 9 are cached .* cache_implementation='static', "
+                                         r"max_cache_len=N\) sizes the cache it creates"):
+        lm.generate(out.sequences, cache=out.past_key_values, max_new_tokens=4, do_sample=False)
+    out = first(max_cache_len=20)
+    more = lm.generate(out.sequences, cache=out.past_key_values, max_new_tokens=4, do_sample=False)
+    assert torch.equal(more, full)

@@ -8,6 +8,9 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
 
+LARGER = ("Create it with a larger max_cache_len (generate(..., cache_implementation='static', max_cache_len=N) sizes "
+          "the cache it creates, e.g. to continue generating from the cache it returns)")
+
 
 class CacheView:
     """The :class:`coupled_qk.KVCache` interface (``length``, ``update(layer_idx, k, v)``) over a
@@ -54,7 +57,7 @@ class CacheView:
         size = self.cache.get_max_length(layer_idx)
         if size is not None and 0 <= size < past + k.shape[-2]:
             raise ValueError(f"the static cache holds max_cache_len={size} positions; {past} are cached and "
-                             f"{k.shape[-2]} more were given. Create it with a larger max_cache_len")
+                             f"{k.shape[-2]} more were given. {LARGER}")
         r = k.shape[1] // v.shape[1]
         keys, values = self.cache.update(k, v.repeat_interleave(r, dim=1) if r > 1 else v, layer_idx)
         n = past + k.shape[-2]
@@ -115,7 +118,7 @@ class StaticStep:
         past = int(self.position) if eager else None
         if eager and past >= size:
             raise ValueError(f"the static cache holds max_cache_len={size} positions; {past} are cached and 1 more "
-                             "was given. Create it with a larger max_cache_len")
+                             f"was given. {LARGER}")
         mask = filled.view(1, size)
         if attention_mask is not None:
             check_attention_mask(attention_mask, eager)  # as the eager forward checks it
