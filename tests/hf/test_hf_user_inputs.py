@@ -253,3 +253,62 @@ def test_continuing_from_a_static_cache_that_generate_made():
     out = first(max_cache_len=20)
     more = lm.generate(out.sequences, cache=out.past_key_values, max_new_tokens=4, do_sample=False)
     assert torch.equal(more, full)
+
+
+def _grads(model, x, mask):
+    model.zero_grad()
+    model(x, attention_mask=mask, labels=x.masked_fill(mask == 0, -100)).loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_activation_checkpointing_with_either_checkpoint_kind_gives_the_same_gradients(reentrant):
+    """``gradient_checkpointing_kwargs={"use_reentrant": True}`` (a common Trainer setting, and peft's default
+    advice) failed with torch's "Unexpected keyword arguments: key_mask": the reentrant checkpoint takes no
+    keyword arguments. Left padding included, the gradients equal those without checkpointing, LoRA's too."""
+    from peft import LoraConfig, get_peft_model
+
+    x = ids(3, 8)
+    mask = torch.ones_like(x)
+    mask[0, :3] = 0
+    reference = _grads(tiny_lm().train(), x, mask)
+    lm = tiny_lm().train()
+    lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    grads = _grads(lm, x, mask)
+    assert grads.keys() == reference.keys()
+    for name, g in reference.items():
+        torch.testing.assert_close(grads[name], g, msg=name)
+
+    def lora():
+        return get_peft_model(tiny_lm().train(), LoraConfig(r=4, target_modules=["qkv"], init_lora_weights=False))
+
+    reference = _grads(lora(), x, mask)
+    model = lora()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    grads = _grads(model, x, mask)
+    assert grads.keys() == reference.keys() and len(grads) == 4  # both layers' LoRA A and B
+    for name, g in reference.items():
+        torch.testing.assert_close(grads[name], g, msg=name)
+
+
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_activation_checkpointing_every_n_layers_checkpoints_those_blocks(every):
+    """``activation_checkpointing_enable(every_n_layers=n)`` was silently ignored (our blocks are not transformers'
+    ``GradientCheckpointingLayer``): every block was checkpointed. Now blocks 0, n, 2n, ... are, with the same
+    gradients; 0 is refused."""
+    x = ids(2, 8)
+    mask = torch.ones_like(x)
+    reference = _grads(tiny_lm(n_layer=4).train(), x, mask)
+    lm = tiny_lm(n_layer=4).train()
+    lm.activation_checkpointing_enable(every_n_layers=every)
+    calls = []
+    func = lm.model._gradient_checkpointing_func
+    lm.model._gradient_checkpointing_func = lambda f, *a, **k: calls.append(f.__self__) or func(f, *a, **k)
+    grads = _grads(lm, x, mask)
+    assert calls == [lm.model.blocks[i] for i in range(0, 4, every)]
+    for name, g in reference.items():
+        torch.testing.assert_close(grads[name], g, msg=name)
+    lm.activation_checkpointing_disable()
+    assert not lm.model.gradient_checkpointing and lm.model.checkpoint_every == 1
+    with pytest.raises(ValueError, match="every_n_layers=0 must be a positive integer"):
+        lm.activation_checkpointing_enable(every_n_layers=0)

@@ -108,6 +108,21 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
                 for p in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
                     init.normal_(p, mean=0.0, std=0.1)
 
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1) -> None:
+        """``transformers``' switch behind ``activation_checkpointing_enable(every_n_layers=...)``: our blocks are
+        not ``GradientCheckpointingLayer`` modules, so the wrapped ``GPT`` is told to checkpoint every
+        ``every_n_layers``-th block (blocks 0, n, 2n, ...; ``GPT.checkpoint_every``) instead of ignoring it.
+
+        Raises:
+            ValueError: ``every_n_layers`` not a positive integer.
+        """
+        if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+            raise ValueError(f"every_n_layers={every_n_layers!r} must be a positive integer (1: every block)")
+        kwargs = {} if gradient_checkpointing_func is None else {"gradient_checkpointing_func": gradient_checkpointing_func}
+        super()._set_gradient_checkpointing(enable=enable, every_n_layers=every_n_layers, **kwargs)
+        self.model.checkpoint_every = every_n_layers if enable else 1
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.tok_emb
 

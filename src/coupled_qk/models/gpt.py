@@ -105,6 +105,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
     ``model(idx)`` maps token ids ``idx`` (LongTensor ``(B, T)``, ``T <= block_size``) to logits
     ``(B, T, vocab_size)`` in the parameters' dtype. Pass a :class:`KVCache` (``model.new_cache()``) to
     decode incrementally; positions continue from the cache length. ``model.gradient_checkpointing = True``
+    (with ``model.checkpoint_every = n``: every ``n``-th block only, from block 0)
     recomputes each block's activations in the backward pass of a training forward without a cache
     (activation checkpointing, ``torch.utils.checkpoint``; same values and gradients, less memory).
 
@@ -137,6 +138,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         # training without a cache, each block's activations are recomputed in the backward pass instead of stored
         self.gradient_checkpointing = False
         self._gradient_checkpointing_func = None
+        self.checkpoint_every = 1  # checkpoint blocks 0, n, 2n, ... only (transformers' every_n_layers)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("out_proj.weight"):
@@ -283,8 +285,11 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         x, rope = self.embed(idx, cache, key_mask, position_ids)
         if self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled():
             run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
-            for block in self.blocks:  # same values and gradients; the block's activations are recomputed in backward
-                x = run(block.__call__, x, rope, None, key_mask=key_mask)
+            for i, block in enumerate(self.blocks):  # same values and gradients; activations recomputed in backward
+                if i % self.checkpoint_every:
+                    x = block(x, rope, None, key_mask=key_mask)
+                else:
+                    x = run(block.__call__, x, rope, None, False, key_mask)  # positional: reentrant takes no kwargs
             return self.ln_f(x)
         return self.ln_f(self._run_blocks(x, rope, cache, key_mask))
 
