@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["check_generate_args", "check_greedy_extras", "check_ids"]
+__all__ = ["check_attention_mask", "check_generate_args", "check_greedy_extras", "check_ids", "check_position_ids"]
 
 GREEDY_BELOW = torch.finfo(torch.float32).tiny
 """A sampling temperature below this decodes greedily (the arg-max; sampling logits are float32)."""
@@ -66,7 +66,7 @@ def check_ids(name: str, idx, *, vocab_size: int | None = None, allow_empty_time
 def check_generate_args(
     idx, max_new_tokens, *, block_size: int, vocab_size: int, temperature=1.0, top_k=None, top_p=None,
     repetition_penalty=None, stop_ids: Sequence[int] | None = None, use_cache=True, generator=None,
-    attention_mask=None, device: torch.device | None = None, fit_context: bool = True,
+    attention_mask=None, device: torch.device | None = None, fit_context: bool = True, name: str = "idx",
 ) -> None:
     """Check every argument of a sampling call once, before any token is computed.
 
@@ -84,13 +84,14 @@ def check_generate_args(
             one real token per row.
         device: the model's device; ``idx`` must be on it.
         fit_context: whether prompt plus new tokens must fit ``block_size`` (``False`` for a sliding window).
+        name: what messages call the prompt (``"input_ids"`` for the Hugging Face wrapper).
 
     Raises:
         TypeError: a wrong kind of object (a float for an int, a string for a bool, a list for a tensor).
         ValueError: a value out of range, non-finite, a zero-sized or mismatched shape, a wrong dtype or
             device, a total length beyond ``block_size``. Each message names the argument.
     """
-    check_ids("idx", idx, vocab_size=vocab_size)
+    check_ids(name, idx, vocab_size=vocab_size)
     _int("max_new_tokens", max_new_tokens, 0)
     total = idx.shape[1] + max_new_tokens
     if fit_context and total > block_size:
@@ -111,11 +112,11 @@ def check_generate_args(
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
         if generator.device.type != idx.device.type:
-            raise ValueError(f"generator is on {generator.device} but idx is on {idx.device}")
+            raise ValueError(f"generator is on {generator.device} but {name} is on {idx.device}")
     if device is not None and idx.device.type != torch.device(device).type:
-        raise ValueError(f"idx is on {idx.device} but the model is on {device}")
+        raise ValueError(f"{name} is on {idx.device} but the model is on {device}")
     if attention_mask is not None:
-        _check_mask(attention_mask, idx)
+        _check_mask(attention_mask, idx, name)
 
 
 def check_greedy_extras(temperature, top_k, generator) -> None:
@@ -148,16 +149,16 @@ def _check_stop_ids(stop_ids, vocab_size: int) -> None:
             raise ValueError(f"stop_ids[{i}]={s} must be < vocab_size={vocab_size}")
 
 
-def _check_mask(attention_mask, idx: torch.Tensor) -> None:
-    """``attention_mask``: a bool or 0/1 integer tensor of ``idx``'s shape and device, at least one real token
-    per row (values checked on CPU tensors only, to avoid a device sync)."""
+def _check_mask(attention_mask, idx: torch.Tensor, name: str = "idx") -> None:
+    """``attention_mask``: a bool or 0/1 integer tensor of ``idx``'s shape and device (``name``: what messages
+    call ``idx``), at least one real token per row (values checked on CPU tensors only, to avoid a device sync)."""
     if not isinstance(attention_mask, torch.Tensor):
         raise TypeError(f"attention_mask must be a tensor or None; got {type(attention_mask).__name__}")
     if attention_mask.shape != idx.shape:
-        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected idx's shape "
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected {name}'s shape "
                          f"{tuple(idx.shape)}")
     if attention_mask.device != idx.device:
-        raise ValueError(f"attention_mask is on {attention_mask.device} but idx is on {idx.device}")
+        raise ValueError(f"attention_mask is on {attention_mask.device} but {name} is on {idx.device}")
     if attention_mask.dtype != torch.bool and attention_mask.dtype not in _INT_DTYPES:
         raise ValueError(f"attention_mask must be bool or 0/1 integers; got dtype {attention_mask.dtype}")
     if attention_mask.device.type == "cpu":
@@ -165,3 +166,43 @@ def _check_mask(attention_mask, idx: torch.Tensor) -> None:
             raise ValueError("attention_mask must hold only 0 and 1")
         if not attention_mask.bool().any(dim=1).all():
             raise ValueError("attention_mask has a row without any real token (all zeros)")
+
+
+def check_attention_mask(attention_mask, check_values: bool) -> None:
+    """A forward's ``attention_mask`` (shape checked by the caller): a tensor, and with ``check_values`` (eager;
+    values are read on CPU tensors only, to avoid a device sync) only 0 (padding) and 1 (token). The eager
+    forward and the fixed-shape static-cache step (``hf/cache_view.py``) both check here, so they refuse alike.
+
+    Raises:
+        TypeError: not a tensor. ValueError: (``check_values``) a value other than 0 and 1.
+    """
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor of 0/1 (or bool) or None; got "
+                        f"{type(attention_mask).__name__}")
+    check_values = check_values and attention_mask.device.type == "cpu"
+    if check_values and attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+
+
+def check_position_ids(position_ids, b: int, t: int, block_size: int, check_values: bool) -> torch.Tensor:
+    """A forward's ``position_ids`` for ``b`` sequences of ``t`` new tokens: an integer tensor of shape ``(b, t)``,
+    ``(1, t)`` (one row for every sequence, as ``transformers`` models broadcast it) or ``(t,)``; with
+    ``check_values`` (eager; read on CPU tensors only) every position in ``[0, block_size)``. Returns it as
+    ``(b, t)`` (``(1, t)`` expanded, a view) or ``(t,)``.
+
+    Raises:
+        TypeError: not a tensor. ValueError: another shape, a non-integer dtype, a position out of range.
+    """
+    if not isinstance(position_ids, torch.Tensor):
+        raise TypeError(f"position_ids must be a torch.Tensor of integer positions or None; got "
+                        f"{type(position_ids).__name__}")
+    if tuple(position_ids.shape) not in ((b, t), (1, t), (t,)):
+        raise ValueError(f"position_ids must have shape ({b}, {t}), (1, {t}) or ({t},); got "
+                         f"{tuple(position_ids.shape)}")
+    if position_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"position_ids must hold integer positions (int64 or int32); got dtype {position_ids.dtype}")
+    check_values = check_values and position_ids.device.type == "cpu"
+    if check_values and (int(position_ids.min()) < 0 or int(position_ids.max()) >= block_size):
+        raise ValueError(f"position_ids must be in [0, block_size={block_size}); got min {int(position_ids.min())}, "
+                         f"max {int(position_ids.max())}")
+    return position_ids.expand(b, t) if position_ids.dim() == 2 else position_ids

@@ -86,3 +86,25 @@ def test_import_is_lazy_and_auto_classes_work_offline(trained_run, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split()[-2:] == ["CoupledQKForCausalLM", str(len(Tokenizer.load(hf_dir).encode("the cat")) + 3)]
+
+
+def test_text_generation_pipeline_on_an_exported_folder(trained_run, tmp_path):
+    """README: ``pipeline("text-generation", model=..., tokenizer=...)`` works on an exported folder (its own
+    tokenizer), with the static cache too, and generates what ``model.generate`` does; the pipeline's default of
+    256 new tokens exceeds the model's context (16) and is refused, not cropped."""
+    from transformers import pipeline
+
+    hf_dir = tmp_path / "hf"
+    assert main(["export", str(trained_run), str(hf_dir)]) == 0
+    lm = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    generator = pipeline("text-generation", model=lm, tokenizer=tok)
+    prompts = ["the cat", "the cat sat on"]
+    kw = dict(max_new_tokens=4, do_sample=False, return_full_text=False)
+    texts = [r[0]["generated_text"] for r in generator(prompts, **kw)]
+    assert texts == [r[0]["generated_text"] for r in generator(prompts, cache_implementation="static", **kw)]
+    for prompt, text in zip(prompts, texts):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        assert text == tok.decode(lm.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1]:])
+    with pytest.raises(ValueError, match="max_new_tokens=256 .* exceeds block_size=16"):
+        generator("the cat")

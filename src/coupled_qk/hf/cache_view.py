@@ -6,6 +6,11 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
+from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
+
+LARGER = ("Create it with a larger max_cache_len (generate(..., cache_implementation='static', max_cache_len=N) sizes "
+          "the cache it creates, e.g. to continue generating from the cache it returns)")
+
 
 class CacheView:
     """The :class:`coupled_qk.KVCache` interface (``length``, ``update(layer_idx, k, v)``) over a
@@ -52,7 +57,7 @@ class CacheView:
         size = self.cache.get_max_length(layer_idx)
         if size is not None and 0 <= size < past + k.shape[-2]:
             raise ValueError(f"the static cache holds max_cache_len={size} positions; {past} are cached and "
-                             f"{k.shape[-2]} more were given. Create it with a larger max_cache_len")
+                             f"{k.shape[-2]} more were given. {LARGER}")
         r = k.shape[1] // v.shape[1]
         keys, values = self.cache.update(k, v.repeat_interleave(r, dim=1) if r > 1 else v, layer_idx)
         n = past + k.shape[-2]
@@ -90,12 +95,13 @@ class StaticStep:
         cache: a static cache whose layers :func:`static_layers` accepts.
         attention_mask: ``(B, max_cache_len)`` (what ``create_masks_for_generate`` gives ``generate``'s decoding
             steps: zeros after the new token) or ``(B, T_past + 1)``, 0/1 or bool; ``None``: no padding.
-        position_ids: ``(B, 1)`` or ``(1,)`` int64, or ``None``.
+        position_ids: ``(B, 1)``, ``(1, 1)`` or ``(1,)`` integers, or ``None``.
         block_size: the model's context length (positions must stay below it).
 
     Raises:
-        ValueError: (outside a compiled region, where the numbers are read) no free slot, a mask or
-            ``position_ids`` of another shape, positions outside ``[0, block_size)``.
+        TypeError: a mask or ``position_ids`` that is not a tensor. ValueError: a mask or ``position_ids`` of
+            another shape, non-integer ``position_ids``; (outside a compiled region, where the numbers are read;
+            values on CPU only) no free slot, mask values other than 0 and 1, positions outside ``[0, block_size)``.
     """
 
     folds = property(lambda self: CacheView(self.cache).folds)  # the eager step folds the map as CacheView does
@@ -112,24 +118,28 @@ class StaticStep:
         past = int(self.position) if eager else None
         if eager and past >= size:
             raise ValueError(f"the static cache holds max_cache_len={size} positions; {past} are cached and 1 more "
-                             "was given. Create it with a larger max_cache_len")
+                             f"was given. {LARGER}")
         mask = filled.view(1, size)
         if attention_mask is not None:
-            _check_step_mask(attention_mask, batch, size, past if eager else None)
-            keys = torch.nn.functional.pad(attention_mask.bool(), (0, size - attention_mask.shape[-1]))
+            check_attention_mask(attention_mask, eager)  # as the eager forward checks it
+            width = attention_mask.shape[-1]
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or (
+                    width != size and (width > size or (eager and width != past + 1))):
+                raise ValueError(f"attention_mask must have shape (B, T_past + 1) = ({batch}, {past + 1 if eager else 'T_past + 1'}) "
+                                 f"or (B, max_cache_len) = ({batch}, {size}) for a decoding step over a static "
+                                 f"cache; got {tuple(attention_mask.shape)}")
+            keys = torch.nn.functional.pad(attention_mask.bool(), (0, size - width))
             mask = (keys & filled) | own
         self._mask = mask[:, None, None, :]
-        if position_ids is not None:
-            if tuple(position_ids.shape) not in ((batch, 1), (1,)):
-                raise ValueError(f"position_ids must have shape ({batch}, 1) or (1,); got {tuple(position_ids.shape)}")
-            positions = position_ids.view(-1, 1)
+        if position_ids is not None:  # checked as the eager forward checks them
+            positions = check_position_ids(position_ids, batch, 1, block_size, eager).reshape(-1, 1)
         elif attention_mask is not None:
             positions = (mask.long().sum(-1, keepdim=True) - 1).clamp(min=0)
         else:
             positions = self.position.view(1, 1)
-        if eager and positions.device.type == "cpu" and not 0 <= int(positions.min()) <= int(positions.max()) \
-                < block_size:
-            raise ValueError(f"position_ids must be in [0, block_size={block_size})")
+        if eager and positions.device.type == "cpu" and not 0 <= int(positions.min()) <= int(positions.max()) < block_size:
+            raise ValueError(f"position_ids must be in [0, block_size={block_size}); the step's position is "
+                             f"{int(positions.max())}")
         self.positions = positions.expand(batch, 1)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,15 +152,3 @@ class StaticStep:
         """The slots the new token may attend to, bool ``(B or 1, 1, 1, max_cache_len)`` (see the class)."""
         return self._mask
 
-
-def _check_step_mask(mask: torch.Tensor, batch: int, size: int, past: int | None) -> None:
-    """``ValueError`` unless ``mask`` is ``(batch, past + 1)`` or ``(batch, size)`` (``past`` ``None`` inside a
-    compiled region: any width up to ``size``) holding only 0 and 1 (checked on CPU tensors outside compiled code)."""
-    width = mask.shape[-1]
-    if mask.dim() != 2 or mask.shape[0] != batch or width > size or (past is not None and width not in (size, past + 1)):
-        expected = past + 1 if past is not None else "T_past + 1"
-        raise ValueError(f"attention_mask must have shape (B, T_past + 1) = ({batch}, {expected}) or (B, max_cache_len) "
-                         f"= ({batch}, {size}) for a decoding step over a static cache; got {tuple(mask.shape)}")
-    if past is not None and mask.device.type == "cpu" and mask.dtype != torch.bool and not (
-            (mask == 0) | (mask == 1)).all():
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")

@@ -67,6 +67,18 @@ def _check_tied(value) -> None:
                          "head to the token embedding (an untied head would load with random weights); leave it True")
 
 
+FLAGS = ("use_cache", "return_dict", "output_hidden_states")
+"""The config's switches that the models read as defaults of their forward arguments: each must be a bool."""
+
+
+def _check_flag(name: str, value):
+    """``value`` if it is a bool, else ``ValueError`` naming ``name`` (a string such as ``"false"`` in an edited
+    config.json would otherwise be read as true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"CoupledQKConfig.{name}={value!r} must be true or false (a JSON boolean)")
+    return value
+
+
 def _refuse_near_misses(kwargs: dict) -> None:
     """Refuse a keyword that is neither ours nor a ``transformers`` config attribute but is one edit away from
     one of our fields (``n_layers`` for ``n_layer``): ``PretrainedConfig`` keeps unknown keywords as attributes,
@@ -117,7 +129,8 @@ class CoupledQKConfig(PretrainedConfig):
         ValueError: an invalid field value (validated by :class:`~coupled_qk.GPTConfig`: sizes must be positive
             integers, heads must divide, ...), naming the field (and the standard name it was given as); a
             standard name and our name for the same field given with different values
-            (``num_hidden_layers=2, n_layer=4``).
+            (``num_hidden_layers=2, n_layer=4``); ``use_cache``, ``return_dict`` or ``output_hidden_states`` not
+            a bool.
     """
 
     model_type = "coupled_qk"
@@ -145,9 +158,11 @@ class CoupledQKConfig(PretrainedConfig):
         _refuse_near_misses(kwargs)
         gpt = GPTConfig.from_dict(fields)
         _check_tied(kwargs.setdefault("tie_word_embeddings", True))
-        use_cache = bool(kwargs.pop("use_cache", True)) or bool(legacy)  # the old wrapper could not cache
+        use_cache = _check_flag("use_cache", kwargs.pop("use_cache", True)) or bool(legacy)  # old: could not cache
         super().__init__(**kwargs)
         self.use_cache = use_cache
+        for flag in FLAGS:
+            _check_flag(flag, getattr(self, flag))
         for name, value in gpt.to_dict().items():
             setattr(self, name, value)
 
@@ -155,11 +170,13 @@ class CoupledQKConfig(PretrainedConfig):
         """Assigning a field after construction is checked as the constructor checks it (``config.attention =
         "bogus"`` is refused here, not when a saved folder fails to load): a ``GPTConfig`` field or its standard
         name is validated with the other fields (:class:`~coupled_qk.GPTConfig`), ``tie_word_embeddings`` must
-        stay ``True``; a flat map option (``config.dt_init = 0.3``) sets that option of ``qk_map``. ``ValueError``
+        stay ``True``, the :data:`FLAGS` must be bools; a flat map option (``config.dt_init = 0.3``) sets that option of ``qk_map``. ``ValueError``
         naming the field; the old value stays."""
         key = STANDARD_NAMES.get(key, key)
         if not _building.get():
-            if key == "tie_word_embeddings":
+            if key in FLAGS:
+                _check_flag(key, value)
+            elif key == "tie_word_embeddings":
                 _check_tied(value)
             elif key in GPT_FIELDS or key in GPTConfig.extra_names():
                 fields = {name: getattr(self, name) for name in GPT_FIELDS}

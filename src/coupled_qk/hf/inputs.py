@@ -33,6 +33,16 @@ def cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
     return cache
 
 
+def check_cache_batch(cache: Cache | None, batch: int) -> None:
+    """A ``transformers`` cache that already holds keys must hold ``batch`` sequences (its first layer's keys
+    ``(B, H, T, d)``), else ``ValueError`` naming both sizes (torch's own error names neither)."""
+    layers = getattr(cache, "layers", None)
+    keys = getattr(layers[0], "keys", None) if layers else None
+    if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[0] != batch:
+        raise ValueError(f"the cache holds {keys.shape[0]} sequences but input_ids has {batch} rows; continue each "
+                         "cache with its own batch (or pass a new cache)")
+
+
 def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -> None:
     """The forward arguments that :meth:`coupled_qk.GPT.hidden_states` does not check itself (it checks
     ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: no ``inputs_embeds``, an
@@ -55,32 +65,39 @@ def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -
             raise TypeError(f"{name}={value!r} must be True, False or None")
 
 
-def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep) -> None:
-    """``labels`` (``None`` or an integer tensor of ``input_ids``' shape, ids in ``[0, vocab_size)`` or
-    ``-100``; values checked on CPU tensors only, to avoid a device sync) and ``logits_to_keep`` (an int
-    ``>= 0``) of :meth:`CoupledQKForCausalLM.forward`.
+def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None) -> None:
+    """``labels`` and ``shift_labels`` (each ``None`` or an integer tensor of ``input_ids``' shape, ids in
+    ``[0, vocab_size)`` or ``-100``; values checked on CPU tensors only, to avoid a device sync) and
+    ``logits_to_keep`` (an int ``>= 0``) of :meth:`CoupledQKForCausalLM.forward`.
 
     Raises:
-        TypeError: a non-tensor ``labels`` or a non-int ``logits_to_keep``. ValueError: naming the argument: a
-            shape other than ``input_ids``', a floating dtype, an id out of range, a negative ``logits_to_keep``.
+        TypeError: a non-tensor ``labels`` / ``shift_labels`` or a non-int ``logits_to_keep``. ValueError: naming
+            the argument: a shape other than ``input_ids``', a floating dtype, an id out of range, a negative
+            ``logits_to_keep``.
     """
     if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
         raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions)")
     if logits_to_keep < 0:
         raise ValueError(f"logits_to_keep={logits_to_keep} must be >= 0 (0: all positions)")
-    if labels is None:
-        return
+    for name, value in (("labels", labels), ("shift_labels", shift_labels)):
+        if value is not None:
+            _check_targets(name, value, input_ids, vocab_size)
+
+
+def _check_targets(name: str, labels, input_ids: torch.Tensor, vocab_size: int) -> None:
+    """One target tensor of :func:`check_labels`, named ``name`` in messages."""
+    how = "unshifted: the model shifts them" if name == "labels" else "already shifted, -100 at the last position"
     if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"labels must be a torch.Tensor of token ids of input_ids' shape; got {type(labels).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of token ids of input_ids' shape; got {type(labels).__name__}")
     if labels.shape != input_ids.shape:
-        raise ValueError(f"labels has shape {tuple(labels.shape)}; expected input_ids' shape {tuple(input_ids.shape)} "
-                         "(unshifted: the model shifts them)")
+        raise ValueError(f"{name} has shape {tuple(labels.shape)}; expected input_ids' shape {tuple(input_ids.shape)} "
+                         f"({how})")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
-        raise ValueError(f"labels must hold integer token ids; got dtype {labels.dtype}")
+        raise ValueError(f"{name} must hold integer token ids; got dtype {labels.dtype}")
     if labels.numel() and labels.device.type == "cpu":
         real = labels[labels != -100]
         if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
-            raise ValueError(f"labels: token ids must be in [0, {vocab_size}) or -100 (ignored); got min "
+            raise ValueError(f"{name}: token ids must be in [0, {vocab_size}) or -100 (ignored); got min "
                              f"{int(real.min())}, max {int(real.max())}")
 
 
@@ -96,10 +113,9 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
     check_ids("input_ids", ids, vocab_size=model_config.vocab_size)
     new = kwargs.get("max_new_tokens", config.max_new_tokens)
     if new is None:
-        max_length = kwargs.get("max_length", config.max_length)
-        if isinstance(max_length, bool) or not isinstance(max_length, int):
-            raise TypeError(f"max_length={max_length!r} must be an int")
-        new = max(0, max_length - ids.shape[1])
+        new = _new_from_max_length(ids.shape[1], kwargs.get("max_length", config.max_length), "max_length" in kwargs,
+                                   model_config.block_size)
+    _check_special_ids(config, kwargs, model_config.vocab_size)
     for name in ("num_beams", "num_return_sequences", "num_beam_groups"):  # transformers divides by them
         value = kwargs.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -109,4 +125,46 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
              kwargs.get(k) is not None}
     check_generate_args(ids, new, block_size=model_config.block_size, vocab_size=model_config.vocab_size,
                         use_cache=kwargs.get("use_cache", True), attention_mask=kwargs.get("attention_mask"),
-                        device=device, **given)
+                        device=device, name="input_ids", **given)
+
+
+def _new_from_max_length(t: int, max_length, given: bool, block_size: int) -> int:
+    """The number of tokens ``generate`` makes after a prompt of ``t`` tokens without ``max_new_tokens``: up to
+    ``max_length`` in all (``given`` by the caller, else the generation config's), or, neither set, 20 new tokens
+    within the context (``transformers``' default, which caps ``max_length`` at ``max_position_embeddings``).
+
+    Raises:
+        TypeError: a ``max_length`` that is not an int. ValueError: a ``max_length`` beyond ``block_size``.
+    """
+    if max_length is None:
+        return max(0, min(t + 20, block_size) - t)
+    if isinstance(max_length, bool) or not isinstance(max_length, int):
+        raise TypeError(f"max_length={max_length!r} must be an int")
+    new = max(0, max_length - t)
+    if t + new > block_size:
+        origin = "" if given else " (the generation config's; pass max_new_tokens)"
+        raise ValueError(f"max_length={max_length}{origin} exceeds block_size={block_size}: prompt length {t} + "
+                         f"{new} new tokens would not fit the model's context")
+    return new
+
+
+def _check_special_ids(config, kwargs: dict, vocab_size: int) -> None:
+    """``pad_token_id`` and ``eos_token_id`` in effect for ``generate`` (the call's, else the generation config's):
+    ``None`` or ids in ``[0, vocab_size)`` (``eos_token_id`` may be a list). An out-of-vocabulary pad id failed
+    mid-generation, once a row had finished, with an error about token ids that named neither; an
+    out-of-vocabulary end id silently never stopped generation.
+
+    Raises:
+        TypeError: an id that is not an int. ValueError: an id outside ``[0, vocab_size)``, naming the argument.
+    """
+    for name in ("pad_token_id", "eos_token_id"):
+        value = kwargs[name] if name in kwargs else getattr(config, name, None)
+        if value is None:
+            continue
+        values = value.tolist() if isinstance(value, torch.Tensor) else value
+        for v in values if isinstance(values, (list, tuple)) else [values]:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name}={value!r} must be an int token id (or None)")
+            if not 0 <= v < vocab_size:
+                raise ValueError(f"{name}={value!r} is not a token id of this model: ids are in [0, {vocab_size}) "
+                                 "(set it in the call or in model.generation_config)")

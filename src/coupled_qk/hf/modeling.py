@@ -29,7 +29,14 @@ from transformers.utils import logging
 
 from coupled_qk.hf.cache_view import CacheView, StaticStep, static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
-from coupled_qk.hf.inputs import cache_arg, check_folder, check_hf_generate_args, check_inputs, check_labels
+from coupled_qk.hf.inputs import (
+    cache_arg,
+    check_cache_batch,
+    check_folder,
+    check_hf_generate_args,
+    check_inputs,
+    check_labels,
+)
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
@@ -54,6 +61,8 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["Block"]
     _tied_weights_keys = {TIED: "model.tok_emb.weight"}
+    # never stored (tied): Trainer's resume then re-ties it instead of warning that it is missing
+    _keys_to_ignore_on_save = [TIED]
     _supports_sdpa = True
     supports_gradient_checkpointing = True  # GPT.gradient_checkpointing: one checkpoint per block
 
@@ -99,6 +108,21 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
                 for p in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
                     init.normal_(p, mean=0.0, std=0.1)
 
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1) -> None:
+        """``transformers``' switch behind ``activation_checkpointing_enable(every_n_layers=...)``: our blocks are
+        not ``GradientCheckpointingLayer`` modules, so the wrapped ``GPT`` is told to checkpoint every
+        ``every_n_layers``-th block (blocks 0, n, 2n, ...; ``GPT.checkpoint_every``) instead of ignoring it.
+
+        Raises:
+            ValueError: ``every_n_layers`` not a positive integer.
+        """
+        if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+            raise ValueError(f"every_n_layers={every_n_layers!r} must be a positive integer (1: every block)")
+        kwargs = {} if gradient_checkpointing_func is None else {"gradient_checkpointing_func": gradient_checkpointing_func}
+        super()._set_gradient_checkpointing(enable=enable, every_n_layers=every_n_layers, **kwargs)
+        self.model.checkpoint_every = every_n_layers if enable else 1
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.tok_emb
 
@@ -118,14 +142,27 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         ``vocab_size`` too (its id check and ``save_pretrained``'s ``config.json`` agree), and the output head
         stays tied to the input embedding (one tensor).
 
+        With ``vocab_pad_multiple > 1`` the embedding keeps ``padded_vocab_size`` rows (the new vocabulary
+        rounded up to that multiple, and to ``pad_to_multiple_of`` too), so a saved folder loads back: its
+        ``config.json`` builds exactly that many rows. ``vocab_size`` is ``new_num_tokens``, or the rows when
+        ``pad_to_multiple_of`` is given (as ``transformers`` does).
+
         Raises:
             ValueError: ``new_num_tokens`` not a positive integer (or ``None``: only pad to the multiple).
         """
         if new_num_tokens is not None and (isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int)
                                            or new_num_tokens < 1):
             raise ValueError(f"new_num_tokens={new_num_tokens!r} must be a positive integer (or None)")
-        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        n = embeddings.weight.shape[0]
+        if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool)
+                                               or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
+            raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive integer (or None)")
+        multiple = math.lcm(self.model.config.vocab_pad_multiple, pad_to_multiple_of or 1)
+        embeddings = super().resize_token_embeddings(new_num_tokens, multiple if multiple > 1 else None,
+                                                     mean_resizing)
+        if pad_to_multiple_of:
+            n = embeddings.weight.shape[0]
+        else:
+            n = self.model.config.vocab_size if new_num_tokens is None else new_num_tokens
         self.config.vocab_size = n
         self.model.config = self.model.config.replace(vocab_size=n)
         if self.config.tie_word_embeddings:
@@ -191,6 +228,7 @@ def _run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, 
     wrapped GPT to its final hidden states. Returns ``(hidden (B, T, d_model), cache, use_cache)``."""
     check_inputs(input_ids, kwargs, use_cache)
     cache = cache_arg(cache, kwargs)
+    check_cache_batch(cache, input_ids.shape[0])
     asked = use_cache
     use_cache = module.config.use_cache if use_cache is None else use_cache
     if use_cache and module.model.gradient_checkpointing and module.training and torch.is_grad_enabled():
@@ -321,9 +359,9 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        if labels is not None or logits_to_keep:
-            check_labels(labels, input_ids if input_ids is not None else labels, self.config.vocab_size,
-                          logits_to_keep)
+        shift = kwargs.get("shift_labels")
+        if input_ids is not None and (labels is not None or logits_to_keep or shift is not None):
+            check_labels(labels, input_ids, self.config.vocab_size, logits_to_keep, shift)  # (no ids: _run_gpt)
         hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
                                                     kwargs)
         if logits_to_keep:
@@ -332,6 +370,9 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss_kwargs = {k: kwargs[k] for k in ("num_items_in_batch", "shift_labels", "ignore_index") if k in kwargs}
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs)
+            if shift is not None:  # integer targets of any dtype (check_labels): cross_entropy takes int64 only
+                loss_kwargs["shift_labels"] = shift.long()
+            loss = self.loss_function(logits=logits, labels=labels.long(), vocab_size=self.config.vocab_size,
+                                      **loss_kwargs)
         out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None, hidden_states=states)
         return _output(self, out, kwargs)

@@ -38,6 +38,7 @@ from coupled_qk.models.generation import (  # noqa: F401 - sample_next_token, st
 from coupled_qk.models.registry import get_attention
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables, signed_sin
+from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
 
 
 class MLP(nn.Module):
@@ -104,6 +105,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
     ``model(idx)`` maps token ids ``idx`` (LongTensor ``(B, T)``, ``T <= block_size``) to logits
     ``(B, T, vocab_size)`` in the parameters' dtype. Pass a :class:`KVCache` (``model.new_cache()``) to
     decode incrementally; positions continue from the cache length. ``model.gradient_checkpointing = True``
+    (with ``model.checkpoint_every = n``: every ``n``-th block only, from block 0)
     recomputes each block's activations in the backward pass of a training forward without a cache
     (activation checkpointing, ``torch.utils.checkpoint``; same values and gradients, less memory).
 
@@ -136,6 +138,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         # training without a cache, each block's activations are recomputed in the backward pass instead of stored
         self.gradient_checkpointing = False
         self._gradient_checkpointing_func = None
+        self.checkpoint_every = 1  # checkpoint blocks 0, n, 2n, ... only (transformers' every_n_layers)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("out_proj.weight"):
@@ -268,8 +271,8 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
             cache: a :class:`KVCache` (or any object with ``length`` and ``update(layer_idx, k, v)``).
             attention_mask: ``(B, T_past + T)`` bool or 0/1 ints, 0 at padding (left or right); padded keys
                 are hidden from every query in every variant. ``None``: no padding.
-            position_ids: ``(B, T)`` or ``(T,)`` positions of the new tokens; default: from ``attention_mask``
-                (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past + T - 1``.
+            position_ids: ``(B, T)``, ``(1, T)`` or ``(T,)`` integer positions of the new tokens; default: from
+                ``attention_mask`` (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past + T - 1``.
 
         Raises:
             ValueError: ``idx`` not 2-D integer, ids outside ``[0, vocab_size)``, a sequence (plus cached
@@ -282,8 +285,11 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         x, rope = self.embed(idx, cache, key_mask, position_ids)
         if self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled():
             run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
-            for block in self.blocks:  # same values and gradients; the block's activations are recomputed in backward
-                x = run(block.__call__, x, rope, None, key_mask=key_mask)
+            for i, block in enumerate(self.blocks):  # same values and gradients; activations recomputed in backward
+                if i % self.checkpoint_every:
+                    x = block(x, rope, None, key_mask=key_mask)
+                else:
+                    x = run(block.__call__, x, rope, None, False, key_mask)  # positional: reentrant takes no kwargs
             return self.ln_f(x)
         return self.ln_f(self._run_blocks(x, rope, cache, key_mask))
 
@@ -337,17 +343,16 @@ def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> t
     ``None`` when absent or (checked on CPU tensors only, to avoid a device sync) all ones.
 
     Raises:
-        ValueError: a shape other than ``(b, t_k)``; (CPU) values other than 0 and 1.
+        TypeError: not a tensor. ValueError: (CPU) values other than 0 and 1; a shape other than ``(b, t_k)``.
     """
-    check = attention_mask is not None and attention_mask.device.type == "cpu" and not torch.compiler.is_compiling()
     if attention_mask is None:
         return None
+    check_attention_mask(attention_mask, not torch.compiler.is_compiling())
+    check = attention_mask.device.type == "cpu" and not torch.compiler.is_compiling()
     if attention_mask.shape != (b, t_k):
         raise ValueError(
             f"attention_mask must have shape (B, T_past + T) = ({b}, {t_k}); got {tuple(attention_mask.shape)}"
         )
-    if check and attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
     mask = attention_mask.bool()
     return None if check and bool(mask.all()) else mask
 
@@ -359,11 +364,7 @@ def _positions(position_ids, key_mask, b: int, past: int, t: int, block_size: in
         if key_mask is not None:
             return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
         return torch.arange(past, past + t, device=device)
-    if position_ids.shape not in ((b, t), (t,)):
-        raise ValueError(f"position_ids must have shape ({b}, {t}) or ({t},); got {tuple(position_ids.shape)}")
-    if check and (int(position_ids.min()) < 0 or int(position_ids.max()) >= block_size):
-        raise ValueError(f"position_ids must be in [0, block_size={block_size})")
-    return position_ids
+    return check_position_ids(position_ids, b, t, block_size, check)
 
 
 def coupling_parameter_overhead(config: GPTConfig) -> dict:
