@@ -277,6 +277,23 @@ def test_compiled_sampling_matches_eager_sampling():
     assert torch.equal(out, expected)
 
 
+def test_compiled_generate_past_the_context_uses_the_compiled_step_while_it_fits():
+    """context="slide" with compile=True: the tokens that fit the context go through the compiled step (they used
+    to decode eagerly without a word), the rest eagerly; the tokens equal eager decoding."""
+    model = tiny("coupled").eval()
+    x = torch.randint(0, 64, (2, 5))
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    expected = model.generate(x, 40, temperature=0, attention_mask=mask)
+    step = model.compiled_decode_step(backend="eager")
+    calls = []
+    model._decode_step = lambda idx, cache: calls.append(1) or step(idx, cache)
+    out = model.generate(x, 40, temperature=0, attention_mask=mask, compile=True)
+    assert torch.equal(out, expected)
+    assert len(calls) == 32 - 5 - 1  # every token within the context but the prefill's
+    with pytest.raises(ValueError, match=r"use_cache must be True \(got False\)"):
+        model.generate(x, 40, compile=True, use_cache=False)  # past the context too
+
+
 def test_static_step_logits_equal_the_dynamic_cache_step():
     model = tiny("coupled_differential").eval()
     for block in model.blocks:
