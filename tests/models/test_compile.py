@@ -369,6 +369,30 @@ def test_inductor_cpp_wrapper_decoding_matches_eager_token_for_token():
     assert "decode_error" not in model.compile_info and frames() == 1
 
 
+def test_compiled_decode_step_with_other_arguments_compiles_a_new_step():
+    """A second call with other arguments used to return the kept step, ignoring them (e.g. the README's
+    options={"cpp_wrapper": True} after a generate(compile=True)); a call with the defaults still reuses it."""
+    model = tiny().eval()
+    x = torch.randint(0, 64, (1, 3))
+    expected = model.generate(x, 5, temperature=0)
+    first = model.compiled_decode_step(backend="eager")
+    assert model.compiled_decode_step() is first  # defaults: the kept step (generate and the benchmarks call this)
+    assert model.compiled_decode_step(backend="eager") is first
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    second = model.compiled_decode_step(backend=counting)
+    assert second is not first and model.compiled_decode_step() is second
+    assert torch.equal(model.generate(x, 5, temperature=0, compile=True), expected)
+    assert len(graphs) == 1  # the new step is the one generate() used
+    with pytest.raises(ValueError, match="cannot both be given"):
+        model.compiled_decode_step(mode="max-autotune", options={"cpp_wrapper": True})
+    assert model.compiled_decode_step() is second
+
+
 def test_compiled_decode_step_refuses_mode_with_options():
     with pytest.raises(ValueError, match="mode='max-autotune' and options"):
         tiny().compiled_decode_step(mode="max-autotune", options={"cpp_wrapper": True})

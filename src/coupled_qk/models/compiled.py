@@ -123,8 +123,10 @@ class GPTCompileMixin:
 
     def compiled_decode_step(self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False,
                              options: dict | None = None):
-        """The compiled :meth:`decode_step`, built on the first call and kept on the model (later calls, and
-        every :meth:`generate` with ``compile=True``, reuse it, whatever their arguments). ``mode="auto"``:
+        """The compiled :meth:`decode_step`, built on the first call and kept on the model: every :meth:`generate`
+        with ``compile=True`` and every later call with all arguments at their defaults reuse it, whatever it was
+        built with; a later call with other arguments than the kept step's compiles a new step with them and
+        keeps that one instead (it used to return the kept step, ignoring them). ``mode="auto"``:
         ``"reduce-overhead"`` (CUDA graphs) on CUDA, the default mode elsewhere. ``options``: Inductor options
         (``torch.compile(options=...)``, which excludes ``mode``: with ``options``, ``"auto"`` on CUDA becomes
         ``options["triton.cudagraphs"] = True``, and another ``mode`` raises ``ValueError``). On CPU
@@ -138,7 +140,8 @@ class GPTCompileMixin:
         call fails in the compiler (and :meth:`decode_step` succeeds eagerly) it warns once
         (``RuntimeWarning``) and decodes eagerly from then on.
         """
-        if self._decode_step is not None:
+        settings = dict(backend=backend, mode=mode, fullgraph=fullgraph, options=options)
+        if self._decode_step is not None and settings in (self._decode_settings, DECODE_DEFAULTS):
             return self._decode_step
         cuda = self.tok_emb.weight.device.type == "cuda"
         if options is not None:
@@ -176,9 +179,12 @@ class GPTCompileMixin:
             self.compile_info["decode_first_call_s"] = time.perf_counter() - start
             return logits
 
-        self._decode_step = step
+        self._decode_step, self._decode_settings = step, settings
         return step
 
+
+DECODE_DEFAULTS = dict(backend="inductor", mode="auto", fullgraph=False, options=None)
+"""The default arguments of :meth:`GPTCompileMixin.compiled_decode_step`: a call with these returns the kept step."""
 
 GRAPH_ROOM = 256
 

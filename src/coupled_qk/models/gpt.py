@@ -132,6 +132,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         self._compile_state: str | None = None  # None (eager), "pending" (first call not yet made), "ok", "failed"
         self.compile_info: dict = {}
         self._decode_step = None  # the compiled single-token step of generate(compile=True), built once
+        self._decode_settings: dict | None = None  # the arguments it was compiled with (compiled_decode_step)
         # activation checkpointing (transformers' attribute names, set by gradient_checkpointing_enable()): while
         # training without a cache, each block's activations are recomputed in the backward pass instead of stored
         self.gradient_checkpointing = False
