@@ -124,6 +124,24 @@ def test_compile_failure_falls_back_to_eager_with_one_warning():
         model(x)
 
 
+def test_compile_failure_falls_back_to_eager_under_gradient_checkpointing_too():
+    """With gradient_checkpointing the blocks bypassed the first-call guard: the compiler's error aborted the
+    training forward instead of the documented fallback, and a working compile never recorded its first call."""
+    x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+    model = tiny("coupled").train()
+    model.gradient_checkpointing = True
+    expected = model.loss(x, y)
+    model.compile(backend=broken_backend)
+    with pytest.warns(RuntimeWarning, match=r"torch.compile failed .*no compiler here\); the model runs eagerly"):
+        loss = model.loss(x, y)
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+    loss.backward()
+    assert not model.is_compiled and "no compiler here" in model.compile_info["error"]
+    model.compile(backend="aot_eager")
+    torch.testing.assert_close(model.loss(x, y), expected)
+    assert model.compile_info["first_call_s"] > 0 and model._compile_state == "ok"
+
+
 def test_a_failed_first_call_leaves_the_cache_as_it_was():
     model = tiny("standard").eval()
     x = torch.randint(0, 64, (2, 8))

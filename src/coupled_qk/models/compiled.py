@@ -34,7 +34,8 @@ class GPTCompileMixin:
         options)`` (``nn.Module.compile`` of every block): blocks of one variant share one compiled graph, so
         compile time does not grow with depth, and the parameter names (``state_dict``, checkpoints, the Hugging
         Face export) stay those of the eager model (no ``_orig_mod.`` prefix). The embedding, the output head
-        and the loss stay eager. Compilation is lazy: it happens on the first forward, whose wall time is
+        and the loss stay eager. Compilation is lazy: it happens on the first forward (with or without
+        ``gradient_checkpointing``), whose wall time is
         recorded in ``self.compile_info["first_call_s"]``. If that first call fails inside the compiler while
         the same call succeeds eagerly, the model falls back to eager for good with one ``RuntimeWarning``
         naming the error (``self.compile_info["error"]``); an error that eager execution raises too is
@@ -67,19 +68,21 @@ class GPTCompileMixin:
         if reason:
             self.compile_info["error"] = reason
 
-    def _first_compiled_call(self, x, rope, cache, key_mask) -> torch.Tensor:
+    def _first_compiled_call(self, run, cache=None) -> torch.Tensor:
+        """The first call after :meth:`compile`: ``run()`` (the blocks, plain or under activation checkpointing),
+        retried eagerly if the compiler fails (see :meth:`compile`); ``cache`` is cropped back before the retry."""
         start = time.perf_counter()
         past = getattr(cache, "length", None)
         self._compile_state = "ok"
         try:
-            y = self._run_blocks(x, rope, cache, key_mask)
+            y = run()
         except Exception as exc:  # noqa: BLE001 - decided below: compiler failure or the caller's error
             if past is not None and hasattr(cache, "crop"):
                 cache.crop(past)  # forget what the failed call wrote
             saved = [b._compiled_call_impl for b in self.blocks]
             self.uncompile()
             try:
-                y = self._run_blocks(x, rope, cache, key_mask)
+                y = run()
             except Exception:
                 for b, impl in zip(self.blocks, saved):  # eager fails too: the caller's error, not the compiler's
                     b._compiled_call_impl = impl

@@ -189,9 +189,17 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         """The blocks on ``x (B, T, d_model)``; the first call after :meth:`compile` falls back to eager if the
         compiler fails (see :meth:`compile`)."""
         if self._compile_state == "pending":
-            return self._first_compiled_call(x, rope, cache, key_mask)
+            return self._first_compiled_call(lambda: self._run_blocks(x, rope, cache, key_mask), cache)
         for block in self.blocks:
             x = block(x, rope, cache, key_mask=key_mask)
+        return x
+
+    def _checkpointed_blocks(self, x, rope, key_mask) -> torch.Tensor:
+        """The blocks under activation checkpointing: same values and gradients, each block's activations
+        recomputed in the backward pass (:attr:`gradient_checkpointing`)."""
+        run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
+        for block in self.blocks:
+            x = run(block.__call__, x, rope, None, key_mask=key_mask)
         return x
 
     def num_parameters(self) -> int:
@@ -282,10 +290,8 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
             key_mask = key_padding_mask(attention_mask, idx.shape[0], idx.shape[1] + (0 if cache is None else cache.length))
         x, rope = self.embed(idx, cache, key_mask, position_ids)
         if self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled():
-            run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
-            for block in self.blocks:  # same values and gradients; the block's activations are recomputed in backward
-                x = run(block.__call__, x, rope, None, key_mask=key_mask)
-            return self.ln_f(x)
+            run = functools.partial(self._checkpointed_blocks, x, rope, key_mask)  # compiled: with the eager fallback
+            return self.ln_f(self._first_compiled_call(run) if self._compile_state == "pending" else run())
         return self.ln_f(self._run_blocks(x, rope, cache, key_mask))
 
     def forward(
