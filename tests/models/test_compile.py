@@ -446,6 +446,25 @@ def test_static_kv_cache_errors():
         StaticKVCache.from_cache(KVCache(2, 4))
 
 
+def test_compiled_step_on_a_full_static_cache_says_so():
+    """Stepping past the last slot failed inside the compiled kernel ("index out of bounds: 0 <= tmp7 < 16L" from
+    Inductor, an IndexError eagerly); the step now names the full cache, and the cache is left as it was."""
+    model = tiny().eval()
+    step = model.compiled_decode_step(backend="eager")
+    cache = model.new_cache(8)
+    with torch.no_grad():
+        nxt = model.next_token_logits(torch.randint(0, 64, (1, 6)), cache).argmax(-1, keepdim=True)
+        static = StaticKVCache.from_cache(cache)
+        for _ in range(2):
+            nxt = step(nxt, static).argmax(-1, keepdim=True)
+            static.advance()
+        assert static.next_slot == static.length == 8
+        before = [t.clone() for t in static.k + static.v]
+        with pytest.raises(ValueError, match=r"StaticKVCache is full: all capacity=8 slots are written"):
+            step(nxt, static)
+    assert all(torch.equal(a, b) for a, b in zip(before, static.k + static.v))
+
+
 @pytest.mark.parametrize("total, block, expected", [(1, 512, 64), (64, 512, 64), (65, 512, 128), (160, 512, 256),
                                                     (300, 512, 512), (512, 512, 512), (20, 32, 32), (3, 8, 8)])
 def test_static_capacity(total, block, expected):

@@ -141,7 +141,8 @@ class GPTCompileMixin:
 
         The returned callable ``(idx (B, 1), cache) -> logits (B, vocab)`` compiles on its first call; if that
         call fails in the compiler (and :meth:`decode_step` succeeds eagerly) it warns once
-        (``RuntimeWarning``) and decodes eagerly from then on.
+        (``RuntimeWarning``) and decodes eagerly from then on. It raises ``ValueError`` for a full
+        :class:`StaticKVCache` (``next_slot == capacity``).
         """
         settings = dict(backend=backend, mode=mode, fullgraph=fullgraph, options=options)
         if self._decode_step is not None and settings in (self._decode_settings, DECODE_DEFAULTS):
@@ -161,6 +162,10 @@ class GPTCompileMixin:
         state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
 
         def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+            full = getattr(cache, "next_slot", -1) >= getattr(cache, "capacity", 0)  # a compiled write past the
+            if full:  # buffers fails inside a kernel, with a message naming none of this
+                raise ValueError(f"the StaticKVCache is full: all capacity={cache.capacity} slots are written; "
+                                 "decode fewer tokens or start from a larger cache (GPT.new_cache(capacity))")
             self._refresh_transposed_head()  # the opt-in decoding head follows the weights (decode_head.py)
             if state["fn"] is not None:
                 return state["fn"](idx, cache)
