@@ -198,8 +198,8 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         """The blocks under activation checkpointing: same values and gradients, each block's activations
         recomputed in the backward pass (:attr:`gradient_checkpointing`)."""
         run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
-        for block in self.blocks:
-            x = run(block.__call__, x, rope, None, key_mask=key_mask)
+        for block in self.blocks:  # positional only: the reentrant checkpoint takes no keyword arguments
+            x = run(block.__call__, x, rope, None, False, key_mask)
         return x
 
     def num_parameters(self) -> int:
