@@ -411,6 +411,18 @@ def test_compiled_decode_step_with_other_arguments_compiles_a_new_step():
     assert model.compiled_decode_step() is second
 
 
+def test_compiled_decode_step_is_rebuilt_for_another_device_type():
+    """mode="auto" is decided by the device type (CUDA graphs on CUDA): a step built before the model moved kept the
+    old choice. The kept arguments are reused (the meta device stands in for CUDA here)."""
+    model = tiny().eval()
+    first = model.compiled_decode_step(backend="eager", options={"x": 1})
+    model.to("meta")
+    second = model.compiled_decode_step()
+    assert second is not first and model.compiled_decode_step() is second
+    assert model._decode_settings == dict(backend="eager", mode="auto", fullgraph=False, options={"x": 1},
+                                          device="meta")
+
+
 def test_compiled_decode_step_refuses_mode_with_options():
     with pytest.raises(ValueError, match="mode='max-autotune' and options"):
         tiny().compiled_decode_step(mode="max-autotune", options={"cpp_wrapper": True})

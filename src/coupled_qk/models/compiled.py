@@ -139,15 +139,23 @@ class GPTCompileMixin:
         graphs per function is raised so that many models and shapes never fall back to eager silently
         (:func:`make_graph_room`).
 
+        The kept step is rebuilt (with its own arguments) when the model has moved to another device type since
+        (a step built on CPU would run on CUDA without the CUDA graphs of ``"auto"``).
+
         The returned callable ``(idx (B, 1), cache) -> logits (B, vocab)`` compiles on its first call; if that
         call fails in the compiler (and :meth:`decode_step` succeeds eagerly) it warns once
         (``RuntimeWarning``) and decodes eagerly from then on. It raises ``ValueError`` for a full
         :class:`StaticKVCache` (``next_slot == capacity``).
         """
         settings = dict(backend=backend, mode=mode, fullgraph=fullgraph, options=options)
-        if self._decode_step is not None and settings in (self._decode_settings, DECODE_DEFAULTS):
-            return self._decode_step
-        cuda = self.tok_emb.weight.device.type == "cuda"
+        device = self.tok_emb.weight.device.type  # "auto" means CUDA graphs on CUDA: decided per device type
+        kept = {k: v for k, v in (self._decode_settings or {}).items() if k != "device"}
+        if self._decode_step is not None and settings in (kept, DECODE_DEFAULTS):
+            if self._decode_settings["device"] == device:
+                return self._decode_step
+            settings = kept  # the model moved: the same step again, built for its device
+            backend, mode, fullgraph, options = (kept[k] for k in ("backend", "mode", "fullgraph", "options"))
+        cuda = device == "cuda"
         if options is not None:
             if mode not in ("auto", None):
                 raise ValueError(f"compiled_decode_step: mode={mode!r} and options cannot both be given "
@@ -187,7 +195,7 @@ class GPTCompileMixin:
             self.compile_info["decode_first_call_s"] = time.perf_counter() - start
             return logits
 
-        self._decode_step, self._decode_settings = step, settings
+        self._decode_step, self._decode_settings = step, {**settings, "device": device}
         return step
 
 
