@@ -83,7 +83,12 @@ def test_step_flops_of_peers_and_matmul_peak():
 @pytest.mark.parametrize("kwargs, match", [(dict(modes=["fast-fp8"]), r"modes: unknown \['fast-fp8'\]"),
                                            (dict(peers=["bert"]), r"peers: unknown \['bert'\]"),
                                            (dict(repeats=0), "must be >= 1"),
-                                           (dict(seq_len=33), r"seq_len=33 must be in \[1, block_size=32\]")])
+                                           (dict(seq_len=33), r"seq_len=33 must be in \[1, block_size=32\]"),
+                                           # no decoding cell fits: refused before the training steps (it used to
+                                           # measure them, then write an empty decoding table)
+                                           (dict(prefixes=(30, 64), new_tokens=4, peers=[]),
+                                            r"no \(batch, prefix\) cell fits block_size=32 with new_tokens=4: "
+                                            r"prefixes \[30, 64\]")])
 def test_fastpath_argument_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         run_fastpath(CFG, "coupled", **kwargs)

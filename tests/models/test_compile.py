@@ -124,6 +124,24 @@ def test_compile_failure_falls_back_to_eager_with_one_warning():
         model(x)
 
 
+def test_compile_failure_falls_back_to_eager_under_gradient_checkpointing_too():
+    """With gradient_checkpointing the blocks bypassed the first-call guard: the compiler's error aborted the
+    training forward instead of the documented fallback, and a working compile never recorded its first call."""
+    x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+    model = tiny("coupled").train()
+    model.gradient_checkpointing = True
+    expected = model.loss(x, y)
+    model.compile(backend=broken_backend)
+    with pytest.warns(RuntimeWarning, match=r"torch.compile failed .*no compiler here\); the model runs eagerly"):
+        loss = model.loss(x, y)
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+    loss.backward()
+    assert not model.is_compiled and "no compiler here" in model.compile_info["error"]
+    model.compile(backend="aot_eager")
+    torch.testing.assert_close(model.loss(x, y), expected)
+    assert model.compile_info["first_call_s"] > 0 and model._compile_state == "ok"
+
+
 def test_a_failed_first_call_leaves_the_cache_as_it_was():
     model = tiny("standard").eval()
     x = torch.randint(0, 64, (2, 8))
@@ -277,6 +295,23 @@ def test_compiled_sampling_matches_eager_sampling():
     assert torch.equal(out, expected)
 
 
+def test_compiled_generate_past_the_context_uses_the_compiled_step_while_it_fits():
+    """context="slide" with compile=True: the tokens that fit the context go through the compiled step (they used
+    to decode eagerly without a word), the rest eagerly; the tokens equal eager decoding."""
+    model = tiny("coupled").eval()
+    x = torch.randint(0, 64, (2, 5))
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    expected = model.generate(x, 40, temperature=0, attention_mask=mask)
+    step = model.compiled_decode_step(backend="eager")
+    calls = []
+    model._decode_step = lambda idx, cache: calls.append(1) or step(idx, cache)
+    out = model.generate(x, 40, temperature=0, attention_mask=mask, compile=True)
+    assert torch.equal(out, expected)
+    assert len(calls) == 32 - 5 - 1  # every token within the context but the prefill's
+    with pytest.raises(ValueError, match=r"use_cache must be True \(got False\)"):
+        model.generate(x, 40, compile=True, use_cache=False)  # past the context too
+
+
 def test_static_step_logits_equal_the_dynamic_cache_step():
     model = tiny("coupled_differential").eval()
     for block in model.blocks:
@@ -352,6 +387,42 @@ def test_inductor_cpp_wrapper_decoding_matches_eager_token_for_token():
     assert "decode_error" not in model.compile_info and frames() == 1
 
 
+def test_compiled_decode_step_with_other_arguments_compiles_a_new_step():
+    """A second call with other arguments used to return the kept step, ignoring them (e.g. the README's
+    options={"cpp_wrapper": True} after a generate(compile=True)); a call with the defaults still reuses it."""
+    model = tiny().eval()
+    x = torch.randint(0, 64, (1, 3))
+    expected = model.generate(x, 5, temperature=0)
+    first = model.compiled_decode_step(backend="eager")
+    assert model.compiled_decode_step() is first  # defaults: the kept step (generate and the benchmarks call this)
+    assert model.compiled_decode_step(backend="eager") is first
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    second = model.compiled_decode_step(backend=counting)
+    assert second is not first and model.compiled_decode_step() is second
+    assert torch.equal(model.generate(x, 5, temperature=0, compile=True), expected)
+    assert len(graphs) == 1  # the new step is the one generate() used
+    with pytest.raises(ValueError, match="cannot both be given"):
+        model.compiled_decode_step(mode="max-autotune", options={"cpp_wrapper": True})
+    assert model.compiled_decode_step() is second
+
+
+def test_compiled_decode_step_is_rebuilt_for_another_device_type():
+    """mode="auto" is decided by the device type (CUDA graphs on CUDA): a step built before the model moved kept the
+    old choice. The kept arguments are reused (the meta device stands in for CUDA here)."""
+    model = tiny().eval()
+    first = model.compiled_decode_step(backend="eager", options={"x": 1})
+    model.to("meta")
+    second = model.compiled_decode_step()
+    assert second is not first and model.compiled_decode_step() is second
+    assert model._decode_settings == dict(backend="eager", mode="auto", fullgraph=False, options={"x": 1},
+                                          device="meta")
+
+
 def test_compiled_decode_step_refuses_mode_with_options():
     with pytest.raises(ValueError, match="mode='max-autotune' and options"):
         tiny().compiled_decode_step(mode="max-autotune", options={"cpp_wrapper": True})
@@ -385,6 +456,25 @@ def test_static_kv_cache_errors():
         StaticKVCache.from_cache(KVCache(1))
     with pytest.raises(ValueError, match="filled to the same length"):
         StaticKVCache.from_cache(KVCache(2, 4))
+
+
+def test_compiled_step_on_a_full_static_cache_says_so():
+    """Stepping past the last slot failed inside the compiled kernel ("index out of bounds: 0 <= tmp7 < 16L" from
+    Inductor, an IndexError eagerly); the step now names the full cache, and the cache is left as it was."""
+    model = tiny().eval()
+    step = model.compiled_decode_step(backend="eager")
+    cache = model.new_cache(8)
+    with torch.no_grad():
+        nxt = model.next_token_logits(torch.randint(0, 64, (1, 6)), cache).argmax(-1, keepdim=True)
+        static = StaticKVCache.from_cache(cache)
+        for _ in range(2):
+            nxt = step(nxt, static).argmax(-1, keepdim=True)
+            static.advance()
+        assert static.next_slot == static.length == 8
+        before = [t.clone() for t in static.k + static.v]
+        with pytest.raises(ValueError, match=r"StaticKVCache is full: all capacity=8 slots are written"):
+            step(nxt, static)
+    assert all(torch.equal(a, b) for a, b in zip(before, static.k + static.v))
 
 
 @pytest.mark.parametrize("total, block, expected", [(1, 512, 64), (64, 512, 64), (65, 512, 128), (160, 512, 256),

@@ -130,3 +130,21 @@ def test_bf16_autocast_loss_is_within_tolerance_of_fp32(tiny_cfg, tmp_path):
     assert bf16["final"]["test/loss"] == pytest.approx(fp32["final"]["test/loss"], rel=0.02)
     model, _ = ckpt.load_checkpoint_model(tmp_path / "bf16")
     assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights
+
+
+@pytest.mark.slow  # three short runs, two compiled (aot_eager)
+def test_a_resume_that_changes_the_precision_says_so(tiny_cfg, tmp_path, monkeypatch):
+    """On a CPU with native bf16, --dtype auto is bf16 compiled and fp32 eager, and --compile is result-neutral for
+    --resume: an eager run resumed with --compile switched to bf16 autocast without a word (and back)."""
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
+    use_backend(monkeypatch, "aot_eager")
+    run = dict(FAST, dtype="auto", out_dir=str(tmp_path / "run"))
+    train(tiny_cfg(**run))
+    assert ckpt.read_json(ckpt.resolve_checkpoint(tmp_path / "run") / "state.json")["precision"] == "fp32"
+    with pytest.warns(RuntimeWarning, match=r"the run trained in fp32 until step 3 and continues in bf16 \(--dtype "
+                      r"auto, compile=True.*pass --dtype fp32 to keep its precision"):
+        train(tiny_cfg(**{**run, "max_steps": 4}, compile=True, resume=True, on_budget_change="keep"))
+    assert ckpt.read_json(ckpt.resolve_checkpoint(tmp_path / "run") / "state.json")["precision"] == "bf16"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="the run trained in")
+        train(tiny_cfg(**{**run, "max_steps": 5}, compile=True, resume=True, on_budget_change="keep"))

@@ -161,6 +161,27 @@ def test_generate_compile_prints_the_same_text(run_dir, capsys, monkeypatch):
     out = capsys.readouterr()
     assert out.out == eager
     assert "# compiled decoding step: first call (compile)" in out.err
+    # past the context: the tokens that fit it go through the compiled step (they used to decode eagerly, unsaid)
+    n_prompt = coupled_qk.load_run(run_dir).encode("the dog").shape[1]
+    args[args.index("--max-new-tokens") + 1] = "40"
+    assert main(args) == 0
+    eager = capsys.readouterr().out
+    assert main(args + ["--compile"]) == 0
+    out = capsys.readouterr()
+    assert out.out == eager
+    assert f"the {n_prompt + 40 - 32} new tokens past the context decoded eagerly" in out.err
+
+
+def test_generate_compile_says_when_no_compiled_step_ran(run_dir, capsys):
+    """`--compile --max-new-tokens 1` (the prefill gives the only token) and a prompt longer than the context (every
+    token decoded eagerly from the window) used to print nothing about compilation."""
+    base = ["generate", str(run_dir), "--temperature", "0", "--compile"]
+    assert main(base + ["--prompt", "the dog", "--max-new-tokens", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "# --compile: no compiled step ran (the first new token comes from the prompt's eager pass)" in err
+    assert main(base + ["--prompt", " ".join(["the dog sat on the mat"] * 12), "--max-new-tokens", "3"]) == 0
+    assert "no compiled step ran (the first new token comes from the prompt's eager pass, tokens past the context " \
+           "decode eagerly); decoded eagerly" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

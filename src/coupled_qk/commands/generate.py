@@ -102,7 +102,7 @@ def run(args) -> int:
         if args.num_samples > 1:
             print(f"--- sample {i + 1}")
         print(args.prompt + run.tokenizer.decode(out[0, prompt.shape[1]:]))
-    _report_compile(args, run.model)
+    _report_compile(args, run.model, prompt.shape[1])
     return 0
 
 
@@ -111,14 +111,22 @@ def _compile_kwargs(args) -> dict:
     return {"compile": True} if getattr(args, "compile", False) else {}
 
 
-def _report_compile(args, model) -> None:
-    """One line on stderr: the compiled step's first-call (compile) time, or why it fell back to eager."""
+def _report_compile(args, model, prompt_len: int) -> None:
+    """One line on stderr: the compiled step's first-call (compile) time, why it fell back to eager, or why it never
+    ran; and how many new tokens, past the context, were decoded eagerly anyway."""
     import sys
 
     if not getattr(args, "compile", False):
         return
     info = model.compile_info
+    limit = model.config.block_size
+    past = args.max_new_tokens - max(min(args.max_new_tokens, limit - prompt_len), 0)  # generate_sliding's split
+    note = f"; the {past} new tokens past the context decoded eagerly" if past else ""
     if "decode_error" in info:
         print(f"# compile failed, decoded eagerly: {info['decode_error']}", file=sys.stderr)
     elif "decode_first_call_s" in info:
-        print(f"# compiled decoding step: first call (compile) {info['decode_first_call_s']:.1f} s", file=sys.stderr)
+        print(f"# compiled decoding step: first call (compile) {info['decode_first_call_s']:.1f} s{note}",
+              file=sys.stderr)
+    else:
+        print("# --compile: no compiled step ran (the first new token comes from the prompt's eager pass"
+              f"{', tokens past the context decode eagerly' if past else ''}); decoded eagerly", file=sys.stderr)

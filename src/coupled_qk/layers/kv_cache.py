@@ -123,6 +123,9 @@ class StaticKVCache:
     then also hides each row's padding, and :attr:`positions` ``(B, 1)`` numbers each row's real tokens (the
     next token's position; advanced with :attr:`position`), as ``GPT.forward`` with an ``attention_mask`` does.
 
+    :attr:`next_slot` is :attr:`position` as a Python int, which :meth:`advance` keeps equal (a check before a
+    step costs no device read); when it reaches ``capacity`` the cache is full.
+
     Args:
         keys, values: one buffer per layer (equal batch, capacity, device); position: the slot of the next
             token (``0 <= position < capacity``); key_mask: ``None`` (no padding) or ``(B, position)`` 0/1 or bool.
@@ -144,6 +147,7 @@ class StaticKVCache:
         self.k, self.v = list(keys), list(values)
         self.capacity = capacity
         self.position = torch.tensor([position], dtype=torch.long, device=keys[0].device)
+        self.next_slot = position  # the same on the host (no device read), moved by advance()
         self.slots = torch.arange(capacity, device=keys[0].device)
         self.key_mask = self.positions = None
         if key_mask is not None:
@@ -183,8 +187,9 @@ class StaticKVCache:
         return int(self.position)
 
     def advance(self) -> None:
-        """Move the write position (and each row's position) one slot on (after a step)."""
+        """Move the write position (and each row's position) one slot on (after a step); :attr:`next_slot` too."""
         self.position += 1
+        self.next_slot += 1
         if self.positions is not None:
             self.positions += 1
 

@@ -34,7 +34,8 @@ class GPTCompileMixin:
         options)`` (``nn.Module.compile`` of every block): blocks of one variant share one compiled graph, so
         compile time does not grow with depth, and the parameter names (``state_dict``, checkpoints, the Hugging
         Face export) stay those of the eager model (no ``_orig_mod.`` prefix). The embedding, the output head
-        and the loss stay eager. Compilation is lazy: it happens on the first forward, whose wall time is
+        and the loss stay eager. Compilation is lazy: it happens on the first forward (with or without
+        ``gradient_checkpointing``), whose wall time is
         recorded in ``self.compile_info["first_call_s"]``. If that first call fails inside the compiler while
         the same call succeeds eagerly, the model falls back to eager for good with one ``RuntimeWarning``
         naming the error (``self.compile_info["error"]``); an error that eager execution raises too is
@@ -67,19 +68,21 @@ class GPTCompileMixin:
         if reason:
             self.compile_info["error"] = reason
 
-    def _first_compiled_call(self, x, rope, cache, key_mask) -> torch.Tensor:
+    def _first_compiled_call(self, run, cache=None) -> torch.Tensor:
+        """The first call after :meth:`compile`: ``run()`` (the blocks, plain or under activation checkpointing),
+        retried eagerly if the compiler fails (see :meth:`compile`); ``cache`` is cropped back before the retry."""
         start = time.perf_counter()
         past = getattr(cache, "length", None)
         self._compile_state = "ok"
         try:
-            y = self._run_blocks(x, rope, cache, key_mask)
+            y = run()
         except Exception as exc:  # noqa: BLE001 - decided below: compiler failure or the caller's error
             if past is not None and hasattr(cache, "crop"):
                 cache.crop(past)  # forget what the failed call wrote
             saved = [b._compiled_call_impl for b in self.blocks]
             self.uncompile()
             try:
-                y = self._run_blocks(x, rope, cache, key_mask)
+                y = run()
             except Exception:
                 for b, impl in zip(self.blocks, saved):  # eager fails too: the caller's error, not the compiler's
                     b._compiled_call_impl = impl
@@ -123,8 +126,10 @@ class GPTCompileMixin:
 
     def compiled_decode_step(self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False,
                              options: dict | None = None):
-        """The compiled :meth:`decode_step`, built on the first call and kept on the model (later calls, and
-        every :meth:`generate` with ``compile=True``, reuse it, whatever their arguments). ``mode="auto"``:
+        """The compiled :meth:`decode_step`, built on the first call and kept on the model: every :meth:`generate`
+        with ``compile=True`` and every later call with all arguments at their defaults reuse it, whatever it was
+        built with; a later call with other arguments than the kept step's compiles a new step with them and
+        keeps that one instead (it used to return the kept step, ignoring them). ``mode="auto"``:
         ``"reduce-overhead"`` (CUDA graphs) on CUDA, the default mode elsewhere. ``options``: Inductor options
         (``torch.compile(options=...)``, which excludes ``mode``: with ``options``, ``"auto"`` on CUDA becomes
         ``options["triton.cudagraphs"] = True``, and another ``mode`` raises ``ValueError``). On CPU
@@ -134,13 +139,23 @@ class GPTCompileMixin:
         graphs per function is raised so that many models and shapes never fall back to eager silently
         (:func:`make_graph_room`).
 
+        The kept step is rebuilt (with its own arguments) when the model has moved to another device type since
+        (a step built on CPU would run on CUDA without the CUDA graphs of ``"auto"``).
+
         The returned callable ``(idx (B, 1), cache) -> logits (B, vocab)`` compiles on its first call; if that
         call fails in the compiler (and :meth:`decode_step` succeeds eagerly) it warns once
-        (``RuntimeWarning``) and decodes eagerly from then on.
+        (``RuntimeWarning``) and decodes eagerly from then on. It raises ``ValueError`` for a full
+        :class:`StaticKVCache` (``next_slot == capacity``).
         """
-        if self._decode_step is not None:
-            return self._decode_step
-        cuda = self.tok_emb.weight.device.type == "cuda"
+        settings = dict(backend=backend, mode=mode, fullgraph=fullgraph, options=options)
+        device = self.tok_emb.weight.device.type  # "auto" means CUDA graphs on CUDA: decided per device type
+        kept = {k: v for k, v in (self._decode_settings or {}).items() if k != "device"}
+        if self._decode_step is not None and settings in (kept, DECODE_DEFAULTS):
+            if self._decode_settings["device"] == device:
+                return self._decode_step
+            settings = kept  # the model moved: the same step again, built for its device
+            backend, mode, fullgraph, options = (kept[k] for k in ("backend", "mode", "fullgraph", "options"))
+        cuda = device == "cuda"
         if options is not None:
             if mode not in ("auto", None):
                 raise ValueError(f"compiled_decode_step: mode={mode!r} and options cannot both be given "
@@ -155,6 +170,10 @@ class GPTCompileMixin:
         state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
 
         def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+            full = getattr(cache, "next_slot", -1) >= getattr(cache, "capacity", 0)  # a compiled write past the
+            if full:  # buffers fails inside a kernel, with a message naming none of this
+                raise ValueError(f"the StaticKVCache is full: all capacity={cache.capacity} slots are written; "
+                                 "decode fewer tokens or start from a larger cache (GPT.new_cache(capacity))")
             self._refresh_transposed_head()  # the opt-in decoding head follows the weights (decode_head.py)
             if state["fn"] is not None:
                 return state["fn"](idx, cache)
@@ -176,9 +195,12 @@ class GPTCompileMixin:
             self.compile_info["decode_first_call_s"] = time.perf_counter() - start
             return logits
 
-        self._decode_step = step
+        self._decode_step, self._decode_settings = step, {**settings, "device": device}
         return step
 
+
+DECODE_DEFAULTS = dict(backend="inductor", mode="auto", fullgraph=False, options=None)
+"""The default arguments of :meth:`GPTCompileMixin.compiled_decode_step`: a call with these returns the kept step."""
 
 GRAPH_ROOM = 256
 

@@ -46,8 +46,9 @@ class GPTGenerationMixin:
         ``compile=True``: an eager prefill, then every new token through one compiled single-token step over a
         preallocated :class:`~coupled_qk.layers.kv_cache.StaticKVCache` (:meth:`compiled_decode_step`; built
         once and kept on the model, so later calls do not recompile); the same tokens as eager decoding up to
-        float rounding, padded batches (``attention_mask``) included. Within the context only (with
-        ``context="slide"`` the part past it decodes eagerly).
+        float rounding, padded batches (``attention_mask``) included. Within the context only: with
+        ``context="slide"`` the tokens that still fit it use the compiled step and those past it decode eagerly
+        (see :meth:`generate_sliding`).
 
         Raises:
             TypeError, ValueError: from :func:`coupled_qk.tensor_checks.check_generate_args`, naming the
@@ -64,13 +65,14 @@ class GPTGenerationMixin:
                             temperature=temperature, top_k=top_k, use_cache=use_cache, generator=generator,
                             attention_mask=attention_mask, fit_context=context == "error")  # once per call
         check_greedy_extras(temperature, top_k, generator)
+        if compile and not use_cache:
+            raise ValueError("generate(compile=True) decodes with the cache: use_cache must be True (got False)")
         total = idx.shape[1] + max_new_tokens
         if total > self.config.block_size:  # context="slide" (checked above): predict from the last block_size
             return self.generate_sliding(idx, max_new_tokens, temperature, top_k, use_cache, generator,
-                                         attention_mask)
+                                         attention_mask, compile=compile)
         if compile:
-            return self._generate_compiled(idx, max_new_tokens, temperature, top_k, generator, attention_mask,
-                                           use_cache)
+            return self._generate_compiled(idx, max_new_tokens, temperature, top_k, generator, attention_mask)
         cache = self.new_cache(max(total, 1)) if use_cache else None
         b, t = idx.shape
         out = idx.new_empty(b, total)
@@ -99,6 +101,7 @@ class GPTGenerationMixin:
         use_cache: bool = True,
         generator: torch.Generator | None = None,
         attention_mask: torch.Tensor | None = None,
+        compile: bool = False,
     ) -> torch.Tensor:
         """:meth:`generate` past the context: each new token is predicted from the last ``block_size`` tokens.
 
@@ -111,6 +114,8 @@ class GPTGenerationMixin:
         pass over ``block_size`` tokens. A prompt longer than ``block_size`` is read through its last
         ``block_size`` tokens; the output still starts with the whole prompt. ``attention_mask (B, T)`` (left
         padding) is cropped with the window, so each row still generates what its prompt generates alone.
+        ``compile=True``: the tokens that fit the context go through the compiled step (:meth:`generate` with
+        ``compile=True``); those past it decode eagerly.
 
         Args and returns as :meth:`generate`: ``(B, T + max_new_tokens)`` token ids.
 
@@ -125,7 +130,7 @@ class GPTGenerationMixin:
         b, t = idx.shape
         first = min(max_new_tokens, max(block - t, 0))  # tokens that still fit the context: plain decoding
         out = self.generate(idx, first, temperature, top_k, use_cache, generator, attention_mask,
-                            context="error") if first else idx
+                            context="error", compile=compile) if first else idx
         mask = attention_mask
         if mask is not None and first:
             mask = torch.cat([mask, mask.new_ones(b, first)], dim=1)
@@ -140,10 +145,8 @@ class GPTGenerationMixin:
             out[:, i : i + 1] = sample_next_token(logits, temperature, top_k, generator)
         return out
 
-    def _generate_compiled(self, idx, max_new_tokens, temperature, top_k, generator, attention_mask, use_cache):
+    def _generate_compiled(self, idx, max_new_tokens, temperature, top_k, generator, attention_mask):
         """:meth:`generate` with ``compile=True`` (arguments checked there)."""
-        if not use_cache:
-            raise ValueError("generate(compile=True) decodes with the cache: use_cache must be True (got False)")
         b, t = idx.shape
         total = t + max_new_tokens
         out = idx.new_empty(b, total)

@@ -134,6 +134,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         self._compile_state: str | None = None  # None (eager), "pending" (first call not yet made), "ok", "failed"
         self.compile_info: dict = {}
         self._decode_step = None  # the compiled single-token step of generate(compile=True), built once
+        self._decode_settings: dict | None = None  # the arguments it was compiled with (compiled_decode_step)
         # activation checkpointing (transformers' attribute names, set by gradient_checkpointing_enable()): while
         # training without a cache, each block's activations are recomputed in the backward pass instead of stored
         self.gradient_checkpointing = False
@@ -191,9 +192,20 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         """The blocks on ``x (B, T, d_model)``; the first call after :meth:`compile` falls back to eager if the
         compiler fails (see :meth:`compile`)."""
         if self._compile_state == "pending":
-            return self._first_compiled_call(x, rope, cache, key_mask)
+            return self._first_compiled_call(lambda: self._run_blocks(x, rope, cache, key_mask), cache)
         for block in self.blocks:
             x = block(x, rope, cache, key_mask=key_mask)
+        return x
+
+    def _checkpointed_blocks(self, x, rope, key_mask) -> torch.Tensor:
+        """The blocks under activation checkpointing: same values and gradients, each block's activations
+        recomputed in the backward pass (:attr:`gradient_checkpointing`)."""
+        run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
+        for i, block in enumerate(self.blocks):  # blocks 0, n, 2n, ... with n = checkpoint_every
+            if i % self.checkpoint_every:
+                x = block(x, rope, None, key_mask=key_mask)
+            else:  # positional only: the reentrant checkpoint takes no keyword arguments
+                x = run(block.__call__, x, rope, None, False, key_mask)
         return x
 
     def num_parameters(self) -> int:
@@ -284,13 +296,8 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
             key_mask = key_padding_mask(attention_mask, idx.shape[0], idx.shape[1] + (0 if cache is None else cache.length))
         x, rope = self.embed(idx, cache, key_mask, position_ids)
         if self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled():
-            run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
-            for i, block in enumerate(self.blocks):  # same values and gradients; activations recomputed in backward
-                if i % self.checkpoint_every:
-                    x = block(x, rope, None, key_mask=key_mask)
-                else:
-                    x = run(block.__call__, x, rope, None, False, key_mask)  # positional: reentrant takes no kwargs
-            return self.ln_f(x)
+            run = functools.partial(self._checkpointed_blocks, x, rope, key_mask)  # compiled: with the eager fallback
+            return self.ln_f(self._first_compiled_call(run) if self._compile_state == "pending" else run())
         return self.ln_f(self._run_blocks(x, rope, cache, key_mask))
 
     def forward(

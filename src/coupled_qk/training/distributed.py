@@ -28,6 +28,12 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def precision(self) -> str:
+        """The autocast dtype as checkpoints record it (``state.json``): ``"fp32"`` (none), ``"bf16"``, ``"fp16"``."""
+        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.autocast_dtype,
+                                                                                 str(self.autocast_dtype))
+
 
 PG_TIMEOUT_ENV = "COUPLED_QK_PG_TIMEOUT_S"
 """Environment variable: seconds a collective may wait before the process group fails (default 1800)."""

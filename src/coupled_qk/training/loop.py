@@ -50,7 +50,7 @@ from coupled_qk.training.resume import (
     check_config,
     check_out_dir,
     lr_at,
-    plan_batch,
+    plan_resume,
     plan_schedule,
 )
 from coupled_qk.training.rundir import RunDir
@@ -122,7 +122,7 @@ def train(cfg: TrainConfig, task=None) -> dict:
 
 def _resume_point(cfg: TrainConfig, run: RunDir, runtime: Runtime, say) -> tuple[dict, Path | None]:
     """The run's starting state (``step``, ``tokens``, ``train_seconds``, ...) and the checkpoint folder it resumes
-    from (``None`` for a new run); checks that a resume is allowed and plans its global batch."""
+    from (``None`` for a new run); checks that a resume is allowed and plans its global batch and precision."""
     run_dir = run.path
     has_ckpt = run.has_checkpoint()
     if has_ckpt and not cfg.resume:
@@ -134,7 +134,7 @@ def _resume_point(cfg: TrainConfig, run: RunDir, runtime: Runtime, say) -> tuple
         where = ckpt.resume_checkpoint(run_dir, say)  # latest, or the previous good one if latest is damaged
         state = ckpt.read_json(where / "state.json")
         saved_cfg = run.read_config() or {}
-        plan_batch(state, saved_cfg, cfg, runtime.world, say)
+        plan_resume(state, saved_cfg, cfg, runtime, say)  # the global batch; a change of precision is said
     elif cfg.resume:
         say(f"no checkpoint in {run_dir}; starting a new run there")
     return state, where
@@ -190,7 +190,7 @@ class _Trainer:
         cfg, runtime, state = self.cfg, self.runtime, self.state
         state.update(schedule=self.sched.to_dict(), grad_scaler=self.scaler.state_dict() if self.use_scaler else None,
                      global_batch={"batch_size": cfg.batch_size, "world_size": runtime.world,
-                                   "grad_accum": cfg.grad_accum})
+                                   "grad_accum": cfg.grad_accum}, precision=runtime.precision)
         model_state, opt_state = full_states(self.model, self.optimizer, cfg, runtime)
         path, error = None, None
         if runtime.is_main:

@@ -10,6 +10,7 @@ horizon only when asked for (``on_budget_change``: ``keep`` or ``rewarm``).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,26 @@ def plan_batch(state: dict, saved_cfg: dict, cfg: TrainConfig, world: int, say) 
     if saved["world_size"] != world:
         say(f"re-planned for {world} process(es) x batch_size {cfg.batch_size} (was {saved['world_size']} x "
             f"{saved['batch_size']}): the same global batch of {now} sequences, data order and schedule")
+
+
+def plan_resume(state: dict, saved_cfg: dict, cfg: TrainConfig, runtime, say) -> None:
+    """What a resume from the checkpoint ``state`` continues with: its global batch (:func:`plan_batch`) and its
+    precision (:func:`check_precision`); ``runtime``: the :class:`~coupled_qk.training.distributed.Runtime`."""
+    plan_batch(state, saved_cfg, cfg, runtime.world, say)
+    check_precision(state, runtime.precision, cfg)
+
+
+def check_precision(state: dict, now: str, cfg: TrainConfig) -> None:
+    """A ``RuntimeWarning`` when a resumed run continues under another autocast precision ``now`` (``"fp32"``,
+    ``"bf16"``, ``"fp16"``) than its checkpoint's steps (``state["precision"]``; older checkpoints have none):
+    ``--dtype auto`` resolves by device and, on a CPU with native bf16, by ``--compile`` (bf16 compiled, fp32
+    eager), both of which a resume may change."""
+    saved = state.get("precision")
+    if saved is not None and saved != now:
+        warnings.warn(f"the run trained in {saved} until step {state['step']} and continues in {now} (--dtype "
+                      f"{cfg.dtype}, compile={cfg.compile}, device {cfg.device}: auto is bf16 only on CUDA and, "
+                      f"with --compile, on a CPU with native bf16); pass --dtype {saved} to keep its precision",
+                      RuntimeWarning, stacklevel=2)
 
 
 def plan_schedule(state: dict, cfg: TrainConfig, end: int, say) -> Schedule:

@@ -53,6 +53,21 @@ def decode_seconds(model: GPT, prompt: torch.Tensor, new_tokens: int, device) ->
     return time.perf_counter() - start
 
 
+def fitting_cells(batch_sizes, prefixes, new_tokens: int, block_size: int) -> tuple[list, list]:
+    """The decoding cells ``(batch, prefix)`` with ``prefix + new_tokens <= block_size``, and those skipped; used by
+    :func:`run_decode` and ``run_fastpath`` before anything is measured.
+
+    Raises:
+        ValueError: no cell fits (naming ``prefixes``, ``new_tokens`` and ``block_size``).
+    """
+    cells = [(b, p) for b in batch_sizes for p in prefixes if p + new_tokens <= block_size]
+    skipped = [(b, p) for b in batch_sizes for p in prefixes if (b, p) not in cells]
+    if not cells:
+        raise ValueError(f"no (batch, prefix) cell fits block_size={block_size} with new_tokens={new_tokens}: "
+                         f"prefixes {list(prefixes)} (each prefix + new_tokens must be <= block_size)")
+    return cells, skipped
+
+
 def run_decode(base: GPTConfig, variants=None, batch_sizes=(1, 8), prefixes=(128, 512), new_tokens: int = 32,
                repeats: int = 5, device="auto", seed: int = 0, map_options=None, log=None) -> dict:
     """Cached greedy decoding speed of each variant against ``standard`` (see the module docstring).
@@ -75,10 +90,7 @@ def run_decode(base: GPTConfig, variants=None, batch_sizes=(1, 8), prefixes=(128
     names = with_baseline(variants)
     dev = device if isinstance(device, torch.device) else pick_device(device)
     configs = variant_configs(base, names, map_options or {})
-    cells = [(b, p) for b in batch_sizes for p in prefixes if p + new_tokens <= base.block_size]
-    skipped = [(b, p) for b in batch_sizes for p in prefixes if (b, p) not in cells]
-    if not cells:
-        raise ValueError(f"no (batch, prefix) cell fits block_size={base.block_size} with new_tokens={new_tokens}")
+    cells, skipped = fitting_cells(batch_sizes, prefixes, new_tokens, base.block_size)
     log = log or (lambda *a, **k: None)
     models = {}
     for n in names:

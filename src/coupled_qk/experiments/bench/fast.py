@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from coupled_qk.experiments.bench.decode import decode_seconds
+from coupled_qk.experiments.bench.decode import decode_seconds, fitting_cells
 from coupled_qk.experiments.bench.machine import compiled_graphs, machine_info, report_header, sync_device
 from coupled_qk.experiments.bench.step import TrainStepRunner, step_time_stats
 from coupled_qk.experiments.bench.train import BASELINE, variant_configs, with_baseline
@@ -155,7 +155,8 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
 
     Raises:
         ValueError: unknown variants, modes or peers; ``repeats``, ``warmup``, ``batch_size`` or ``new_tokens``
-            < 1; ``seq_len`` outside ``[1, block_size]``; bf16 modes on a device without native bf16
+            < 1; ``seq_len`` outside ``[1, block_size]``; with ``decode``, no prefix that fits ``block_size`` with
+            ``new_tokens``; bf16 modes on a device without native bf16
             (:func:`~coupled_qk.training.distributed.native_bf16`).
     """
     t0 = time.perf_counter()
@@ -173,6 +174,8 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
     peers = _check_choices("peers", list(peers), PEERS)
     seq_len = base.block_size if seq_len is None else seq_len
     _check_fastpath_sizes(base, dev, bf16, modes, seq_len, batch_size, repeats, warmup, new_tokens, decode_repeats)
+    if decode:  # before minutes of training steps, not after them with an empty decoding table
+        fitting_cells(decode_batch_sizes, prefixes, new_tokens, base.block_size)
     configs = variant_configs(base, names, {})
     configs.update({p: base.replace(attention="standard") for p in peers})
     runners = _warm_runners(names + peers, modes, configs, base.vocab_size, batch_size, seq_len, dev, seed, warmup,
