@@ -312,20 +312,6 @@ def _grads(lm, x, mask, labels, saved=None):
     return {n: p.grad.clone() for n, p in lm.named_parameters() if p.grad is not None}
 
 
-def test_reentrant_gradient_checkpointing_gives_the_same_gradients():
-    """activation_checkpointing_kwargs={"use_reentrant": True} raised "Unexpected keyword arguments: key_mask" (the
-    reentrant checkpoint takes positional arguments only)."""
-    lm = tiny_lm("coupled").train()
-    x, mask = _left_padded((5, 9, 7))
-    labels = x.masked_fill(mask == 0, -100)
-    ref = _grads(lm, x, mask, labels, [])
-    lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
-    got = _grads(lm, x, mask, labels, [])
-    assert got.keys() == ref.keys()
-    for name in ref:
-        close(got[name], ref[name], atol=1e-6, rtol=1e-5)
-
-
 @variants
 def test_gradient_checkpointing_gives_the_same_gradients(variant):
     lm = tiny_lm(variant).train()
