@@ -367,6 +367,22 @@ def _variant_config(base, name: str):
     return base.replace(**variant_overrides(name))
 
 
+def _sharp_model(base, name: str):
+    """An eval-mode ``GPT`` of variant ``name`` (seed 0) with its matrices scaled by 5: well separated logits, so
+    that greedy decoding on two devices or two cache kinds is unlikely to meet a tie."""
+    import torch
+
+    from coupled_qk import GPT
+
+    torch.manual_seed(0)
+    model = GPT(_variant_config(base, name)).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("weight") and p.dim() == 2:
+                p.mul_(5.0)
+    return model
+
+
 QUICK_VARIANTS = ("standard", "coupled", "coupled_differential", "invertible_differential")
 """``--quick``: one variant per kind of map and scoring rule (the full run takes every named variant)."""
 
@@ -596,7 +612,6 @@ def stage_sdpa(ctx: Ctx):
 def stage_decode(ctx: Ctx):
     import torch
 
-    from coupled_qk import GPT
     from coupled_qk.training.distributed import enable_tf32
 
     enable_tf32(ctx.device, False)
@@ -610,12 +625,7 @@ def stage_decode(ctx: Ctx):
                f"{n_new} new tokens after a 12-token prompt, batch 2, on the device and on the CPU.", "",
                "| variant | cache vs full | greedy device = CPU |", "|---|---:|---|"]
     for name in _variants(ctx):
-        torch.manual_seed(0)
-        cpu_model = GPT(_variant_config(base, name)).eval()
-        with torch.no_grad():  # larger weights: well separated logits, so greedy ties are unlikely
-            for n, p in cpu_model.named_parameters():
-                if n.endswith("weight") and p.dim() == 2:
-                    p.mul_(5.0)
+        cpu_model = _sharp_model(base, name)
         model = copy.deepcopy(cpu_model).to(ctx.device)
         x = seq.to(ctx.device)
         with torch.no_grad():
@@ -963,7 +973,6 @@ def stage_hf(ctx: Ctx):
     from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
-    from coupled_qk import GPT
     from coupled_qk.hf import CoupledQKForCausalLM
     from coupled_qk.training.distributed import enable_tf32
 
@@ -987,12 +996,7 @@ def stage_hf(ctx: Ctx):
     for name in ("standard", "coupled") if ctx.quick else ("standard", "coupled", "coupled_leapfrog", "coupled_differential"):
         torch._dynamo.reset()
         counters.clear()
-        torch.manual_seed(0)
-        model = GPT(_variant_config(base, name)).eval()
-        with torch.no_grad():  # larger weights: well separated logits, so greedy ties are unlikely
-            for n, p in model.named_parameters():
-                if n.endswith("weight") and p.dim() == 2:
-                    p.mul_(5.0)
+        model = _sharp_model(base, name)
         lm = CoupledQKForCausalLM.from_gpt(model, pad_token_id=0).to(ctx.device)
         kw = dict(attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
         times = []
