@@ -343,6 +343,8 @@ def test_compiled_decoding_falls_back_to_eager_with_one_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.equal(model.generate(x, 6, temperature=0, compile=True), expected)
+    model.compile(backend="eager")  # the blocks' compilation keeps what is known of the kept decoding step
+    assert "no compiler here" in model.compile_info["decode_error"] and model.compile_info["backend"] == "eager"
 
 
 def test_compiled_generate_argument_errors_and_edge_cases():

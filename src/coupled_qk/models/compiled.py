@@ -52,7 +52,8 @@ class GPTCompileMixin:
         for block in self.blocks:
             block.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options)
         self._compile_state = "pending"
-        self.compile_info = dict(backend=backend, mode=mode, regional=True)
+        decoding = {k: v for k, v in self.compile_info.items() if k.startswith("decode_")}  # its step is kept
+        self.compile_info = dict(backend=backend, mode=mode, regional=True, **decoding)
         return self
 
     @property
