@@ -6,6 +6,7 @@ after a kill at every point of a re-save, a diverged run that saved nothing afte
 """
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -243,3 +244,33 @@ def test_5_flipped_tensor_bytes_are_detected(tiny_cfg, capsys):
     (where / "checksums.json").unlink()  # an older checkpoint: the reader's error, still one line
     with pytest.raises(ValueError, match=r"cannot read .*optimizer\.pt"):
         ckpt.load_torch_file(opt)
+
+
+@pytest.mark.parametrize("file, text, message", [
+    ("state.json", "[]", r"state\.json holds a JSON list, expected an object"),
+    ("state.json", "{}", r"state\.json has step=None, expected an integer >= 0"),
+    ("state.json", '{"step": "7"}', r"state\.json has step='7', expected an integer >= 0"),
+    ("state.json", '{"step": true}', r"state\.json has step=True, expected an integer >= 0"),
+    ("checksums.json", "[1]", r"checksums\.json holds a JSON list, expected an object"),
+    ("checksums.json", '{"state.json": 5}', r"checksums\.json holds values other than SHA-256 texts"),
+])
+def test_4_a_checkpoint_json_file_of_another_kind_is_named_by_every_reader(tmp_path, file, text, message):
+    """A ``state.json`` or ``checksums.json`` that parses but is not the object a checkpoint holds (hand-edited,
+    or damaged in a checkpoint written before checksums were recorded) was a traceback from every reader
+    (``'list' object has no attribute 'get'``, ``KeyError: 'step'``); and ``{}`` was loaded as "step None".
+    Now a ``ValueError`` naming the file; ``--resume`` takes the previous good checkpoint instead."""
+    from coupled_qk import GPT, GPTConfig
+    from coupled_qk.training.rundir import RunDir
+
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
+    good = ckpt.save_checkpoint(tmp_path, model.state_dict(), model.config, None, {"step": 1, "train_seconds": 3.0})
+    bad = ckpt.save_checkpoint(tmp_path, model.state_dict(), model.config, None, {"step": 2, "train_seconds": 4.0})
+    if file == "state.json":
+        (bad / "checksums.json").unlink()  # an older checkpoint: nothing to compare the edited file with
+    (bad / file).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        ckpt.load_checkpoint_model(tmp_path)
+    said = []
+    assert ckpt.resume_checkpoint(tmp_path, said.append) == good
+    assert len(said) == 1 and re.search(message, said[0]), said
+    assert RunDir(tmp_path).train_seconds() == (0.0 if file == "state.json" else 4.0)

@@ -141,6 +141,9 @@ def verify_checksums(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
     if not path.is_file():
         return
     sums = read_json(path)
+    if not all(isinstance(v, str) for v in sums.values()):
+        raise ValueError(f"{path} holds values other than SHA-256 texts; the checkpoint is damaged: "
+                         f"{_what_to_do(Path(ckpt))}")
     for name, expected in sums.items():
         if names is not None and name not in names:
             continue
@@ -160,7 +163,8 @@ def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
     "Faults").
 
     A checkpoint verifies when its ``latest`` target exists with ``model.safetensors``, every file matches
-    ``checksums.json`` (:func:`verify_checksums`: a truncated or zeroed file differs) and ``state.json`` parses.
+    ``checksums.json`` (:func:`verify_checksums`: a truncated or zeroed file differs) and ``state.json`` is one
+    (:func:`read_state`).
     The damaged folder is left in place (the next save rewrites ``latest``;
     :func:`~coupled_qk.training.checkpoint.prune_checkpoints` removes it once the resumed run has saved its step
     again, as a superseded copy).
@@ -182,7 +186,7 @@ def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
         if not (folder / "model.safetensors").is_file():
             raise FileNotFoundError(f"{folder} has no model.safetensors")
         verify_checksums(folder)
-        read_json(folder / "state.json")
+        read_state(folder)
 
     try:
         where = resolve_checkpoint(run_dir)
@@ -228,15 +232,43 @@ def load_checkpoint_model(path: str | Path, map_location: str | torch.device = "
     config = GPTConfig.load(ckpt / "model_config.json")
     model = GPT(config)
     load_weights(model, ckpt)
-    return model.to(device).eval(), read_json(ckpt / "state.json")
+    return model.to(device).eval(), read_state(ckpt)
 
 
 def read_json(path: Path) -> dict:
-    """Parse a JSON file; ``ValueError`` naming the file if it is not valid JSON."""
+    """Parse a checkpoint's JSON file, which holds an object.
+
+    Raises:
+        ValueError: naming the file, if it is not valid JSON or not a JSON object.
+    """
     try:
-        return json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, expected an object; the checkpoint is "
+                         f"damaged: {_what_to_do(Path(path).parent)}")
+    return data
+
+
+def read_state(ckpt: Path) -> dict:
+    """``ckpt/state.json``: the progress of a checkpoint, a JSON object whose ``step`` is an integer >= 0.
+
+    Raises:
+        ValueError: naming the file, if it is not a JSON object with such a ``step`` (hand-edited, or damaged in
+            a checkpoint without ``checksums.json``).
+    """
+    path = Path(ckpt) / "state.json"
+    state = read_json(path)
+    step = state.get("step")
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        raise ValueError(f"{path} has step={step!r}, expected an integer >= 0; the checkpoint is damaged: "
+                         f"{_what_to_do(Path(ckpt))}")
+    return state
+
+
+def _what_to_do(ckpt: Path) -> str:
+    return f"point {ckpt.parent / 'latest'} at an older ckpt-* folder or delete {ckpt.name}"
 
 
 def load_torch_file(path: Path, map_location=None):

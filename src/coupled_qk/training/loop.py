@@ -132,7 +132,7 @@ def _resume_point(cfg: TrainConfig, run: RunDir, runtime: Runtime, say) -> tuple
     if cfg.resume and has_ckpt:
         check_config(run_dir, cfg)
         where = ckpt.resume_checkpoint(run_dir, say)  # latest, or the previous good one if latest is damaged
-        state = ckpt.read_json(where / "state.json")
+        state = ckpt.read_state(where)
         saved_cfg = run.read_config() or {}
         plan_resume(state, saved_cfg, cfg, runtime, say)  # the global batch; a change of precision is said
     elif cfg.resume:

@@ -221,8 +221,10 @@ class RunDir:
         try:
             folder = (self.path / self.latest_path.read_text().strip() if self.latest_path.is_file()
                       else self.newest_checkpoint())
-            return float(json.loads((folder / "state.json").read_text()).get("train_seconds", 0.0))
-        except (OSError, ValueError):
+            from coupled_qk.training.checkpoint_load import read_state
+
+            return float(read_state(folder).get("train_seconds", 0.0))
+        except (OSError, ValueError, TypeError):
             return 0.0
 
     # ------------------------------------------------------------------------------------------ writes
