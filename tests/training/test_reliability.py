@@ -6,8 +6,8 @@ after a kill at every point of a re-save, a diverged run that saved nothing afte
 """
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
