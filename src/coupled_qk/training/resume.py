@@ -65,10 +65,16 @@ def check_out_dir(run_dir: Path) -> None:
 
 
 def check_config(run_dir: Path, cfg: TrainConfig) -> None:
-    """Refuse resuming ``run_dir`` with settings that change the run (the model is compared separately)."""
-    saved = RunDir(run_dir).read_config()  # its fields' kinds checked, naming the file
+    """Refuse resuming ``run_dir`` with settings that change the run (the model is compared separately), or
+    without its ``config.json`` (then nothing could be compared: a resume with another learning rate or seed
+    was accepted and recorded as the whole run's settings)."""
+    run = RunDir(run_dir)
+    saved = run.read_config()  # its fields' kinds checked, naming the file
     if saved is None:
-        return
+        raise ValueError(
+            f"cannot resume {run_dir}: its {run.CONFIG} is missing, so the settings a resume must keep (learning "
+            f"rate, seed, data, ...) cannot be checked; restore {run.config_path}, or recreate it with the run's "
+            f"own options: coupled-qk train <its options> --print-config > {run.config_path}")
     diff = config_differences(saved, cfg, CONTINUATION_FIELDS | {"model", "preset"})
     if diff:
         raise ValueError(
