@@ -89,6 +89,24 @@ def test_a_run_without_its_config_json_is_not_resumed_with_unchecked_settings(ti
     assert train(tiny_cfg(max_steps=4, resume=True))["steps"] == 4
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_finished_run_whose_checkpoints_were_deleted_is_never_trained_over(tiny_cfg, resume):
+    """Checkpoints of a finished run deleted to save space: ``train`` to the same folder started a new run and
+    replaced its ``results.json``, ``metrics.jsonl`` and ``config.json`` without a word (with ``--resume``: after
+    "no checkpoint; starting a new run there"). Now refused before anything is written."""
+    import shutil
+
+    run = Path(tiny_cfg().out_dir)
+    train(tiny_cfg(max_steps=2))
+    for folder in run.glob("ckpt-*"):
+        shutil.rmtree(folder)
+    (run / "latest").unlink()
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=r"holds a finished run \(results\.json\) without checkpoints"):
+        train(tiny_cfg(max_steps=2, seed=5, resume=resume))
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
 def test_failed_run_leaves_no_tokenizer_for_the_next(tiny_cfg, tmp_path):
     tiny = tmp_path / "tiny"
     tiny.mkdir()

@@ -64,6 +64,25 @@ def check_out_dir(run_dir: Path) -> None:
     OutputDir(run_dir, "out_dir", layout=RUN_LAYOUT, what="a training run")
 
 
+def check_start(run: RunDir, resume: bool) -> bool:
+    """Whether the run folder ``run`` holds a checkpoint to resume; refuses starting a run that would replace
+    another: checkpoints without ``resume``, or a finished run's ``results.json`` without a checkpoint (deleted
+    to save space: a new run trained over it, replacing its results, metrics and config without a word).
+
+    Raises:
+        ValueError: naming the folder and what to do.
+    """
+    has_ckpt = run.has_checkpoint()
+    if has_ckpt and not resume:
+        raise ValueError(f"{run.path} already holds checkpoints; pass --resume to continue it or choose another "
+                         "--out-dir")
+    if not has_ckpt and run.is_finished():
+        raise ValueError(f"{run.path} holds a finished run ({run.RESULTS}) without checkpoints to resume: a new run "
+                         "there would replace its results; choose another --out-dir, or delete the folder to train "
+                         "it again")
+    return has_ckpt
+
+
 def check_config(run_dir: Path, cfg: TrainConfig) -> None:
     """Refuse resuming ``run_dir`` with settings that change the run (the model is compared separately), or
     without its ``config.json`` (then nothing could be compared: a resume with another learning rate or seed
