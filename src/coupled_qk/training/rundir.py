@@ -221,9 +221,9 @@ class RunDir:
         try:
             folder = (self.path / self.latest_path.read_text().strip() if self.latest_path.is_file()
                       else self.newest_checkpoint())
-            from coupled_qk.training.checkpoint_load import read_state
+            from coupled_qk.training.checkpoint_load import read_json
 
-            return float(read_state(folder).get("train_seconds", 0.0))
+            return float(read_json(folder / "state.json").get("train_seconds", 0.0))
         except (OSError, ValueError, TypeError):
             return 0.0
 
