@@ -274,3 +274,33 @@ def test_4_a_checkpoint_json_file_of_another_kind_is_named_by_every_reader(tmp_p
     assert ckpt.resume_checkpoint(tmp_path, said.append) == good
     assert len(said) == 1 and re.search(message, said[0]), said
     assert RunDir(tmp_path).train_seconds() == (0.0 if file == "state.json" else 4.0)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe\x00ckpt", "is not UTF-8 text"),
+    (b"", "names '', not a folder of the run"),
+    (b"\n", "names '', not a folder of the run"),
+    (b"../other/ckpt-00000001\n", "names '../other/ckpt-00000001', not a folder of the run"),
+    (b"..", "names '..', not a folder of the run"),
+])
+@pytest.mark.parametrize("pointer", ["latest", "best"])
+def test_4_a_damaged_latest_or_best_pointer_is_named(tmp_path, content, message, pointer):
+    """``latest`` not UTF-8 was "'utf-8' codec can't decode byte 0xff" naming no file (from eval, export, generate
+    and --resume); empty, it named the run folder itself; ``../other/ckpt-*`` loaded another run's weights. Now
+    one ``ValueError`` naming the file and what to write into it; ``--resume`` takes the newest good checkpoint."""
+    from coupled_qk import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
+    other = ckpt.save_checkpoint(tmp_path / "other", model.state_dict(), model.config, None, {"step": 1})
+    run = tmp_path / "run"
+    good = ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 2})
+    ckpt.save_best(run, model.state_dict(), model.config, {"step": 2})
+    assert other.is_dir() and ckpt.resolve_best(run).name == "best-00000002"
+    (run / pointer).write_bytes(content)
+    load = ckpt.resolve_best if pointer == "best" else ckpt.load_checkpoint_model
+    with pytest.raises(ValueError, match=re.escape(f"{run / pointer} {message}") + ".*ckpt-00000002"):
+        load(run)
+    if pointer == "latest":
+        said = []
+        assert ckpt.resume_checkpoint(run, said.append) == good
+        assert len(said) == 1 and message in said[0], said

@@ -50,11 +50,12 @@ def resolve_best(run_dir: str | Path) -> Path | None:
 
     Raises:
         FileNotFoundError: ``best`` names a folder without ``model.safetensors``.
+        ValueError: ``best`` is not a folder name (:func:`read_pointer`).
     """
     pointer = Path(run_dir) / BEST
     if not pointer.is_file():
         return None
-    folder = Path(run_dir) / pointer.read_text().strip()
+    folder = Path(run_dir) / read_pointer(pointer)
     if not (folder / "model.safetensors").is_file():
         raise FileNotFoundError(f"{pointer} names {folder.name}, which has no model.safetensors")
     return folder
@@ -65,6 +66,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
     Raises:
         FileNotFoundError: no checkpoint there, naming what was looked for.
+        ValueError: ``latest`` is not the name of a folder of the run (:func:`read_pointer`).
     """
     path = Path(path)
     hf = _hf_export_model_type(path)
@@ -76,7 +78,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return path
     latest = path / "latest"
     if latest.is_file():
-        ckpt = path / latest.read_text().strip()
+        ckpt = path / read_pointer(latest)
         if (ckpt / "model.safetensors").is_file():
             return ckpt
         raise FileNotFoundError(f"{latest} names {ckpt.name}, which has no model.safetensors")
@@ -86,6 +88,30 @@ def resolve_checkpoint(path: str | Path) -> Path:
         "'latest' file" + (f" (it has none; pass one of its checkpoint folders, e.g. {path / folders[-1]})"
                            if folders else "")
     )
+
+
+def read_pointer(pointer: Path) -> str:
+    """The folder name in a run's ``latest`` or ``best`` file: UTF-8 text naming one folder of the run.
+
+    Raises:
+        ValueError: naming the file, if it is not UTF-8, empty, or names something other than a folder of the
+            run (a path such as ``../x``): a damaged or hand-edited pointer.
+    """
+    try:
+        name = Path(pointer).read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        name = None
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        what = "is not UTF-8 text" if name is None else f"names {name!r}, not a folder of the run"
+        raise ValueError(f"{pointer} {what}: write the name of one of its ckpt-* folders into it (e.g. "
+                         f"{_newest_name(Path(pointer).parent)}), or delete it (--resume then takes the newest "
+                         "checkpoint that verifies)")
+    return name
+
+
+def _newest_name(run_dir: Path) -> str:
+    steps = [(checkpoint_step(f), f.name) for f in run_dir.glob("ckpt-*") if checkpoint_step(f) is not None]
+    return max(steps)[1] if steps else "ckpt-00000100"
 
 
 def _hf_export_model_type(path: Path) -> str | None:
@@ -194,7 +220,10 @@ def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
         return where
     except (ValueError, FileNotFoundError) as exc:
         damage = exc
-    latest = (run_dir / "latest").read_text().strip() if (run_dir / "latest").is_file() else ""
+    try:
+        latest = read_pointer(run_dir / "latest") if (run_dir / "latest").is_file() else ""
+    except ValueError:
+        latest = "?"  # damaged: every ckpt-* folder is a candidate
     latest_step = checkpoint_step(Path(latest))
     older = sorted((f for f in run_dir.glob("ckpt-*") if f.is_dir() and f.name != latest
                     and checkpoint_step(f) is not None
