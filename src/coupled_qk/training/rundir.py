@@ -198,9 +198,21 @@ class RunDir:
         """``results.json`` as a dict, or ``None`` when the run has not finished.
 
         Raises:
-            ValueError: the file is not valid JSON (naming it).
+            ValueError: naming the file, if it is not valid JSON, not a JSON object, or its ``config`` or ``final``
+                is not an object (the readers, e.g. the experiment runner deciding whether to reuse the run,
+                compare them).
         """
-        return _read_json(self.results_path)
+        results = _read_json(self.results_path)
+        if results is None:
+            return None
+        wrong = (f"holds a JSON {type(results).__name__}" if not isinstance(results, dict) else
+                 next((f"its {key!r} is a {type(results[key]).__name__}" for key in ("config", "final")
+                       if key in results and not isinstance(results[key], dict)), None))
+        if wrong:
+            raise ValueError(f"{self.results_path} is not a run's results ({wrong}, expected an object): delete it; "
+                             "resuming the run (--resume, or the command that made it) writes it again from its "
+                             "latest checkpoint")
+        return results
 
     def read_metrics(self) -> list[dict]:
         """The records of ``metrics.jsonl`` in file order (``[]`` without the file).
