@@ -86,7 +86,8 @@ def check_start(run: RunDir, resume: bool) -> bool:
 def check_config(run_dir: Path, cfg: TrainConfig) -> None:
     """Refuse resuming ``run_dir`` with settings that change the run (the model is compared separately), or
     without its ``config.json`` (then nothing could be compared: a resume with another learning rate or seed
-    was accepted and recorded as the whole run's settings)."""
+    was accepted and recorded as the whole run's settings), or with a damaged ``metrics.jsonl``
+    (:func:`check_metrics_file`). Called before the resumed run writes anything."""
     run = RunDir(run_dir)
     saved = run.read_config()  # its fields' kinds checked, naming the file
     if saved is None:
@@ -100,6 +101,20 @@ def check_config(run_dir: Path, cfg: TrainConfig) -> None:
             f"cannot resume {run_dir}: the run was made with a different config ({describe_differences(diff)}); "
             "only the budget, logging and paths may change on --resume"
         )
+    check_metrics_file(run)
+
+
+def check_metrics_file(run: RunDir) -> None:
+    """Refuse resuming ``run`` when its ``metrics.jsonl`` has a damaged line before the last (the resumed run
+    rewrites that file), before anything is written: the refusal used to come after ``config.json`` had been
+    rewritten with this resume's budget. A torn last line is left to the logger, which drops it and says so.
+
+    Raises:
+        ValueError: naming the file and the line (:func:`~coupled_qk.training.rundir.parse_metrics`).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the torn last line: said once, by the logger that drops it
+        run.read_metrics()
 
 
 def plan_batch(state: dict, saved_cfg: dict, cfg: TrainConfig, world: int, say) -> None:

@@ -36,6 +36,9 @@ def _member(name: str, doc: str) -> property:
 
 
 
+_FIX_LINE = "repair or delete that line (the metrics of that step are then missing from the run's record)"
+
+
 def parse_metrics(path: Path) -> list[dict]:
     """The records of a ``metrics.jsonl`` file, without a torn (unparseable) last line.
 
@@ -53,9 +56,9 @@ def parse_metrics(path: Path) -> list[dict]:
             if i == len(lines) - 1:
                 warnings.warn(f"{path}: dropping a torn last line (left by an interrupted write)", stacklevel=2)
                 break
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON ({exc.msg})") from None
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON ({exc.msg}); {_FIX_LINE}") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
+            raise ValueError(f"{path}: line {i + 1} is not a JSON object; {_FIX_LINE}")
         records.append(record)
     return records
 
