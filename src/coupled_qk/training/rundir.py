@@ -183,13 +183,17 @@ class RunDir:
         """Refuse resuming this run when ``task``'s data is not what the run recorded in ``data.json``: each key of
         the task's ``data_identity`` (LM: the splits' token counts and text SHA-256s; MQAR: the slices; GLUE: the
         example and label counts) compared with its ``describe()`` now (a corpus file edited or appended to since,
-        a GLUE file replaced). A key the run did not record is not compared.
+        a GLUE file replaced). A key the run did not record is not compared; without ``data.json`` at all (deleted)
+        nothing is, and a warning says so.
 
         Raises:
             ValueError: one line naming ``data.json`` and each difference.
         """
         keys = getattr(task, "data_identity", ())
         recorded = self.read_data() if keys else None
+        if keys and recorded is None:
+            warnings.warn(f"{self.data_path} is missing: this resume cannot check that the data is what the run "
+                          "trained on (an edited corpus would be used without a word)", stacklevel=2)
         changes = data_changes(recorded, task.describe(), keys) if recorded is not None else []
         if changes:
             raise ValueError(
