@@ -7,7 +7,9 @@ like every other tool, not the private ``0600``/``0700`` of :mod:`tempfile`. A f
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -73,8 +75,9 @@ def write_error(path: str | Path, exc: BaseException) -> OSError:
             where += " (the disk is full)"
     except OSError:
         where = ""
-    err = OSError(getattr(exc, "errno", None) or 0, f"cannot write {path} ({exc}){where}")
-    return err
+    code = getattr(exc, "errno", None) or (errno.ENOSPC if re.search(r"os error 28\b|No space left", str(exc)) else None)
+    message = f"cannot write {path} ({exc}){where}"
+    return OSError(code, message) if code else OSError(message)  # not "[Errno 0] ..." for a library's own error
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:

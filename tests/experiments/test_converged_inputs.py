@@ -98,7 +98,8 @@ def test_a_malformed_record_beside_others_is_named_not_a_traceback(tmp_path, cap
 def test_every_record_reader_names_a_file_that_parses_but_is_not_a_record(tmp_path_factory, rec):
     """The kind enters through one function (records.read_record_file, each reader naming the fields it reads):
     the first-epoch reader (cell, variant, seed) and the resume check of a run (any dict: its stored config
-    decides) name the file; a file that is not JSON stays a skipped damaged file."""
+    decides) name the file; a file that is not JSON is skipped by the runner (which trains the run again) and
+    named by the report's reader."""
     from coupled_qk.experiments.claims.protocols import get_protocol
     from coupled_qk.experiments.claims.records import Records
     from coupled_qk.experiments.claims.runs import load_record
@@ -113,8 +114,10 @@ def test_every_record_reader_names_a_file_that_parses_but_is_not_a_record(tmp_pa
     if not isinstance(rec, dict):
         with pytest.raises(ValueError, match=r"seed0\.json is not a run record"):
             load_record(bad)
-    bad.write_text("{not json")
-    assert load_record(bad) is None and Records.load(out, smoke).by_key == {}
+    bad.write_text("{not json")  # damaged: the runner trains the run again, a report names the file
+    assert load_record(bad) is None
+    with pytest.raises(ValueError, match=r"seed0\.json is a damaged run record"):
+        Records.load(out, smoke)
 
 
 @pytest.mark.parametrize("rec", [{}, {"final": {}}, {"final": None}, {"best": {"metric": "valid/loss"}},
@@ -137,3 +140,28 @@ def test_the_pubmed_plan_says_its_data_is_missing_and_how_to_point_at_it(tmp_pat
     out = capsys.readouterr().out
     assert f"data: {data}/pubmed/abstracts.txt MISSING (pass --data-dir" in out
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("protocol, record", [
+    ("cpu-short", "gqa-tiny/coupled/seed0.json"),
+    ("cpu-converged", "cpu-converged-main/coupled/seed0.json"),
+])
+@pytest.mark.parametrize("damage", ["truncate", "zero", "binary"])
+def test_report_only_names_a_damaged_record_instead_of_counting_the_run_as_never_made(tmp_path, capsys, protocol,
+                                                                                     record, damage):
+    """A record cut short (or zeroed, or not UTF-8) was skipped: ``claims --report-only`` exited 0 with a report of
+    one run fewer (cpu-short: "152 run records", its GQA comparisons "in progress: 5 of 6 runs"), naming no file.
+    Now one line naming the file and what to do; nothing is written."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "docs" / "results" / "claims" / "runs" / protocol
+    out = tmp_path / "out"
+    shutil.copytree(src, out / "runs" / protocol)
+    bad = out / "runs" / protocol / record
+    text = bad.read_bytes()
+    bad.write_bytes({"truncate": text[:100], "zero": b"", "binary": b"\xff\xfe" + text[2:]}[damage])
+    code, err = _claims(capsys, "--protocol", protocol, "--out-dir", str(out), "--report-only", "--no-figures")
+    assert code == 2 and f"{bad} is a damaged run record" in err and "Traceback" not in err, err
+    assert "restore the file" in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in out.iterdir()) == ["runs"]

@@ -204,3 +204,19 @@ def test_reports_are_written_and_a_missing_plot_library_keeps_the_numbers(tmp_pa
     records, report = run_experiment(plan, analyze, tmp_path / "exp", train_fn=FakeTrain(), log=lambda s: None)
     assert json.loads((tmp_path / "exp" / "summary.json").read_text()) == {"losses": [0.0, 1.0]}
     assert report.json["summary.json"]["losses"] == [0.0, 1.0] and len(records) == 2
+
+
+@pytest.mark.parametrize("text, wrong", [("[]", "holds a JSON list"), ('{"config": 5}', "its 'config' is a int"),
+                                         ('{"final": []}', "its 'final' is a list")])
+def test_a_results_file_of_another_kind_is_named_not_a_traceback(tmp_path, text, wrong):
+    """``compare`` (any runner of several runs) over a run whose ``results.json`` parses but is not a run's results
+    (``[]``, a ``config`` that is not an object) was ``AttributeError: 'list' object has no attribute 'get'``. Now
+    one ``ValueError`` naming the file and what to do; nothing is trained."""
+    plan = [PlannedRun(_cfg(tmp_path, "r0"), "r0")]
+    execute(plan, train_fn=FakeTrain(), log=lambda s: None)
+    results = RunDir(tmp_path / "r0").results_path
+    results.write_text(text)
+    train = FakeTrain()
+    with pytest.raises(ValueError, match=f"{results} is not a run's results \\({wrong}, expected an object\\): delete"):
+        execute(plan, train_fn=train, log=lambda s: None)
+    assert train.calls == [] and results.read_text() == text

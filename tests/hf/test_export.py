@@ -53,6 +53,26 @@ def test_export_loads_with_auto_classes(trained_run, tmp_path, capsys):
     assert "notes.txt" in capsys.readouterr().err and (hf_dir / "notes.txt").read_text() == "mine"
 
 
+def test_an_overwritten_export_keeps_no_file_of_the_earlier_one(trained_run, tmp_path):
+    """``export RUN_WITHOUT_TOKENIZER HF --overwrite`` over an export of a run with one replaced the model and left
+    the earlier run's tokenizer files, which AutoTokenizer then loaded beside the new model. And the weights were
+    0600 whatever the umask, unlike every other file the project writes."""
+    import shutil
+
+    from coupled_qk.io import file_mode
+
+    hf_dir = tmp_path / "hf"
+    assert main(["export", str(trained_run), str(hf_dir)]) == 0
+    assert (hf_dir / "tokenizer.json").is_file()
+    bare = tmp_path / "bare"
+    shutil.copytree(trained_run, bare)
+    shutil.rmtree(bare / "tokenizer")  # a run without a tokenizer (as an MQAR run)
+    assert main(["export", str(bare), str(hf_dir), "--overwrite"]) == 0
+    assert sorted(p.name for p in hf_dir.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert all((p.stat().st_mode & 0o777) == file_mode() for p in hf_dir.iterdir())
+    assert AutoModelForCausalLM.from_pretrained(hf_dir) is not None
+
+
 def test_loading_a_run_folder_points_to_export(trained_run):
     from coupled_qk.hf import CoupledQKForCausalLM
 

@@ -159,3 +159,25 @@ def test_invalid_config_json_names_the_file(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="bad.json is not valid JSON"):
         GPTConfig.load(bad)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("n_layer", "four", r"n_layer='four' is not an integer"),
+    ("flash", True, r"unknown GPTConfig field\(s\) \['flash'\]"),
+    ("d_model", -8, r"d_model=-8"),
+])
+def test_a_refused_field_of_a_config_file_names_the_file(tmp_path, field, value, message):
+    """A run's ``model_config.json`` (or ``--config`` file) with a field the config refuses said
+    "GPTConfig.n_layer='four' is not an integer" from load_run/eval/export, naming no file."""
+    import json
+
+    from coupled_qk.training.config import TrainConfig
+
+    path = tmp_path / "model_config.json"
+    path.write_text(json.dumps({**GPTConfig(vocab_size=50, block_size=8, n_layer=1, d_model=16, n_heads=2).to_dict(),
+                                field: value}))
+    with pytest.raises(ValueError, match=f"^config file {path}: .*{message}"):
+        GPTConfig.load(path)
+    path.write_text(json.dumps({"lr": "fast"}))
+    with pytest.raises(ValueError, match=f"^config file {path}: .*lr='fast' is not a number"):
+        TrainConfig.load(path)

@@ -237,9 +237,11 @@ def test_a_safetensors_write_error_is_one_oserror_naming_the_file(tmp_path, monk
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(checkpoint, "save_file", full_disk)
-    with pytest.raises(OSError, match="model.safetensors"):
+    with pytest.raises(OSError, match="model.safetensors") as err:
         checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 2})
     assert snapshot(tmp_path) == before
+    # the full disk it reports is ENOSPC ("coupled-qk train: error: [Errno 0] cannot write ..." before)
+    assert err.value.errno == 28 and str(err.value).startswith("[Errno 28] cannot write ")
 
 
 def test_make_task_claims_its_folder(tmp_path):

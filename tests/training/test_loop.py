@@ -72,6 +72,41 @@ def test_a_run_whose_latest_is_gone_is_resumed_from_its_newest_checkpoint_never_
     assert res["steps"] == 6 and (run / "metrics.jsonl").read_bytes().startswith(before)
     assert [r["step"] for r in read_metrics(run) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
 
+def test_a_run_without_its_config_json_is_not_resumed_with_unchecked_settings(tiny_cfg):
+    """With ``config.json`` deleted, ``--resume`` compared nothing: a resume with another learning rate and seed
+    trained on and wrote them into the new ``config.json`` as the whole run's settings. Now it is refused before
+    anything is written, naming the file and how to recreate it; with it recreated, the check applies again."""
+    run = Path(tiny_cfg().out_dir)
+    train(tiny_cfg(max_steps=4, checkpoint_interval=2, stop_after_steps=2))
+    (run / "config.json").unlink()
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=r"cannot resume .*config\.json is missing.*--print-config"):
+        train(tiny_cfg(max_steps=4, lr=0.01, seed=7, resume=True))
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    tiny_cfg(max_steps=4).save(run / "config.json")
+    with pytest.raises(ValueError, match=r"cannot resume .*lr: 0.003 vs 0.01"):
+        train(tiny_cfg(max_steps=4, lr=0.01, resume=True))
+    assert train(tiny_cfg(max_steps=4, resume=True))["steps"] == 4
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_finished_run_whose_checkpoints_were_deleted_is_never_trained_over(tiny_cfg, resume):
+    """Checkpoints of a finished run deleted to save space: ``train`` to the same folder started a new run and
+    replaced its ``results.json``, ``metrics.jsonl`` and ``config.json`` without a word (with ``--resume``: after
+    "no checkpoint; starting a new run there"). Now refused before anything is written."""
+    import shutil
+
+    run = Path(tiny_cfg().out_dir)
+    train(tiny_cfg(max_steps=2))
+    for folder in run.glob("ckpt-*"):
+        shutil.rmtree(folder)
+    (run / "latest").unlink()
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=r"holds a finished run \(results\.json\) without checkpoints"):
+        train(tiny_cfg(max_steps=2, seed=5, resume=resume))
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
 def test_failed_run_leaves_no_tokenizer_for_the_next(tiny_cfg, tmp_path):
     tiny = tmp_path / "tiny"
     tiny.mkdir()

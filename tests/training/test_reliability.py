@@ -7,6 +7,7 @@ after a kill at every point of a re-save, a diverged run that saved nothing afte
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -243,3 +244,63 @@ def test_5_flipped_tensor_bytes_are_detected(tiny_cfg, capsys):
     (where / "checksums.json").unlink()  # an older checkpoint: the reader's error, still one line
     with pytest.raises(ValueError, match=r"cannot read .*optimizer\.pt"):
         ckpt.load_torch_file(opt)
+
+
+@pytest.mark.parametrize("file, text, message", [
+    ("state.json", "[]", r"state\.json holds a JSON list, expected an object"),
+    ("state.json", "{}", r"state\.json has step=None, expected an integer >= 0"),
+    ("state.json", '{"step": "7"}', r"state\.json has step='7', expected an integer >= 0"),
+    ("state.json", '{"step": true}', r"state\.json has step=True, expected an integer >= 0"),
+    ("checksums.json", "[1]", r"checksums\.json holds a JSON list, expected an object"),
+    ("checksums.json", '{"state.json": 5}', r"checksums\.json holds values other than SHA-256 texts"),
+])
+def test_4_a_checkpoint_json_file_of_another_kind_is_named_by_every_reader(tmp_path, file, text, message):
+    """A ``state.json`` or ``checksums.json`` that parses but is not the object a checkpoint holds (hand-edited,
+    or damaged in a checkpoint written before checksums were recorded) was a traceback from every reader
+    (``'list' object has no attribute 'get'``, ``KeyError: 'step'``); and ``{}`` was loaded as "step None".
+    Now a ``ValueError`` naming the file; ``--resume`` takes the previous good checkpoint instead."""
+    from coupled_qk import GPT, GPTConfig
+    from coupled_qk.training.rundir import RunDir
+
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
+    good = ckpt.save_checkpoint(tmp_path, model.state_dict(), model.config, None, {"step": 1, "train_seconds": 3.0})
+    bad = ckpt.save_checkpoint(tmp_path, model.state_dict(), model.config, None, {"step": 2, "train_seconds": 4.0})
+    if file == "state.json":
+        (bad / "checksums.json").unlink()  # an older checkpoint: nothing to compare the edited file with
+    (bad / file).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        ckpt.load_checkpoint_model(tmp_path)
+    said = []
+    assert ckpt.resume_checkpoint(tmp_path, said.append) == good
+    assert len(said) == 1 and re.search(message, said[0]), said
+    assert RunDir(tmp_path).train_seconds() == (0.0 if file == "state.json" else 4.0)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe\x00ckpt", "is not UTF-8 text"),
+    (b"", "names '', not a folder of the run"),
+    (b"\n", "names '', not a folder of the run"),
+    (b"../other/ckpt-00000001\n", "names '../other/ckpt-00000001', not a folder of the run"),
+    (b"..", "names '..', not a folder of the run"),
+])
+@pytest.mark.parametrize("pointer", ["latest", "best"])
+def test_4_a_damaged_latest_or_best_pointer_is_named(tmp_path, content, message, pointer):
+    """``latest`` not UTF-8 was "'utf-8' codec can't decode byte 0xff" naming no file (from eval, export, generate
+    and --resume); empty, it named the run folder itself; ``../other/ckpt-*`` loaded another run's weights. Now
+    one ``ValueError`` naming the file and what to write into it; ``--resume`` takes the newest good checkpoint."""
+    from coupled_qk import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
+    other = ckpt.save_checkpoint(tmp_path / "other", model.state_dict(), model.config, None, {"step": 1})
+    run = tmp_path / "run"
+    good = ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 2})
+    ckpt.save_best(run, model.state_dict(), model.config, {"step": 2})
+    assert other.is_dir() and ckpt.resolve_best(run).name == "best-00000002"
+    (run / pointer).write_bytes(content)
+    load = ckpt.resolve_best if pointer == "best" else ckpt.load_checkpoint_model
+    with pytest.raises(ValueError, match=re.escape(f"{run / pointer} {message}") + ".*ckpt-00000002"):
+        load(run)
+    if pointer == "latest":
+        said = []
+        assert ckpt.resume_checkpoint(run, said.append) == good
+        assert len(said) == 1 and message in said[0], said

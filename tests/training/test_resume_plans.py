@@ -161,3 +161,16 @@ def test_C_smaller_budget_than_the_steps_done_offers_a_new_out_dir(tiny_cfg):
         assert "already at step 6, past this budget's end at step 3" in message, choice
         assert "pass another --out-dir" in message and "--on-budget-change" not in message
     assert train(tiny_cfg(max_steps=10, resume=True))["steps"] == 10  # its own budget still finishes it
+
+
+def test_10_a_damaged_metrics_line_refuses_the_resume_before_anything_is_written(tiny_cfg):
+    """A damaged line inside ``metrics.jsonl`` was refused only when the logger opened it, after ``config.json`` had
+    been rewritten with the refused resume's settings (here its budget). Now refused first, saying what to do."""
+    train(tiny_cfg(max_steps=4, stop_after_steps=2))
+    run = Path(tiny_cfg().out_dir)
+    text = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([text[0], "garbage", *text[1:]]) + "\n")
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=r"metrics\.jsonl: line 2 is not valid JSON .*repair or delete that line"):
+        train(tiny_cfg(max_steps=6, on_budget_change="keep", resume=True))
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

@@ -211,3 +211,15 @@ def test_resume_refuses_data_that_changed_since_the_run_recorded_it(tiny_cfg, ti
     del data["text_sha256"]  # as a run written before the fingerprints were recorded
     run.data_path.write_text(json.dumps(data))
     assert train(tiny_cfg(max_steps=3, resume=True))["steps"] == 3
+
+
+def test_resume_without_data_json_says_the_data_is_not_checked(tiny_cfg, tiny_corpus):
+    """``data.json`` deleted: a resume compared nothing and trained on an edited corpus without a word."""
+    from coupled_qk.training.loop import train
+
+    train(tiny_cfg(max_steps=3, stop_after_steps=2))
+    run = RunDir(tiny_cfg().out_dir)
+    run.data_path.unlink()
+    (tiny_corpus / "test.txt").write_text((tiny_corpus / "test.txt").read_text() + "\n\nzebra quokka zebra\n")
+    with pytest.warns(UserWarning, match=rf"{run.data_path} is missing: this resume cannot check that the data"):
+        assert train(tiny_cfg(max_steps=3, resume=True))["steps"] == 3

@@ -6,13 +6,14 @@ The folder then loads offline with ``AutoModelForCausalLM.from_pretrained(folder
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 from pathlib import Path
 
 from coupled_qk.data.tokenizers import EOT, Tokenizer
 from coupled_qk.hf.modeling import CoupledQKForCausalLM
-from coupled_qk.io import fsync_dir, make_temp_dir, write_error
+from coupled_qk.io import file_mode, fsync_dir, make_temp_dir, write_error
 from coupled_qk.outputs import as_output_dir
 from coupled_qk.training.checkpoint_load import language_model_checkpoint, load_checkpoint_model
 
@@ -81,7 +82,9 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False)
         for f in files:
             out.claim(f.name, check_only=True)
         for f in files:
+            os.chmod(f, file_mode())  # save_pretrained's safetensors file is 0600 whatever the umask
             os.replace(f, out.claim(f.name))
+        _remove_stale(hf_dir, {f.name for f in files})
         fsync_dir(hf_dir)
     except OSError as exc:
         raise write_error(hf_dir, exc) from exc
@@ -89,3 +92,12 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False)
         shutil.rmtree(tmp, ignore_errors=True)
     return {"hf_dir": str(hf_dir), "checkpoint": str(ckpt), "step": state.get("step"),
             "attention": model.config.attention, "tokenizer": None if tokenizer is None else tokenizer.name}
+
+
+def _remove_stale(hf_dir: Path, written: set[str]) -> None:
+    """Delete the files of an earlier export (:data:`EXPORT_LAYOUT`) that this one did not write: with
+    ``--overwrite``, exporting a run without a tokenizer over a run's export with one left that run's tokenizer
+    beside the new model, which ``AutoTokenizer.from_pretrained`` then loaded."""
+    for f in hf_dir.iterdir():
+        if f.is_file() and f.name not in written and any(fnmatch.fnmatchcase(f.name, p) for p in EXPORT_LAYOUT):
+            f.unlink()

@@ -111,7 +111,13 @@ class JSONConfig(CheckedAssignment):
 
     @classmethod
     def load(cls, path: str | Path):
-        """Read a config written by :meth:`save` (``FileNotFoundError`` naming the path if it is missing)."""
+        """Read a config written by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: naming the path if it is missing.
+            ValueError: naming the path, for a folder, a file that is not UTF-8 JSON holding an object, or a field
+                of the object that the config refuses (unknown, or a value outside its declaration).
+        """
         path = Path(path)
         if path.is_dir():
             raise ValueError(f"config file {path} is a folder; expected a JSON file")
@@ -128,7 +134,11 @@ class JSONConfig(CheckedAssignment):
                              "a JSON file") from None
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a JSON object; got {type(data).__name__}")
-        return cls.from_dict(cls.upgrade(data, path))
+        data = cls.upgrade(data, path)
+        try:
+            return cls.from_dict(data)
+        except ValueError as exc:  # a field's value or name: said with the file it came from
+            raise ValueError(f"config file {path}: {exc}") from None
 
     @classmethod
     def upgrade(cls, data: dict, path: str | Path) -> dict:

@@ -44,6 +44,7 @@ from coupled_qk.training.checkpoint_load import (  # noqa: F401 - the reading si
     load_torch_file,
     load_weights,
     read_json,
+    read_state,
     resolve_best,
     resolve_checkpoint,
     resume_checkpoint,

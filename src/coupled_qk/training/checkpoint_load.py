@@ -50,11 +50,12 @@ def resolve_best(run_dir: str | Path) -> Path | None:
 
     Raises:
         FileNotFoundError: ``best`` names a folder without ``model.safetensors``.
+        ValueError: ``best`` is not a folder name (:func:`read_pointer`).
     """
     pointer = Path(run_dir) / BEST
     if not pointer.is_file():
         return None
-    folder = Path(run_dir) / pointer.read_text().strip()
+    folder = Path(run_dir) / read_pointer(pointer)
     if not (folder / "model.safetensors").is_file():
         raise FileNotFoundError(f"{pointer} names {folder.name}, which has no model.safetensors")
     return folder
@@ -65,6 +66,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
     Raises:
         FileNotFoundError: no checkpoint there, naming what was looked for.
+        ValueError: ``latest`` is not the name of a folder of the run (:func:`read_pointer`).
     """
     path = Path(path)
     hf = _hf_export_model_type(path)
@@ -76,7 +78,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return path
     latest = path / "latest"
     if latest.is_file():
-        ckpt = path / latest.read_text().strip()
+        ckpt = path / read_pointer(latest)
         if (ckpt / "model.safetensors").is_file():
             return ckpt
         raise FileNotFoundError(f"{latest} names {ckpt.name}, which has no model.safetensors")
@@ -86,6 +88,30 @@ def resolve_checkpoint(path: str | Path) -> Path:
         "'latest' file" + (f" (it has none; pass one of its checkpoint folders, e.g. {path / folders[-1]})"
                            if folders else "")
     )
+
+
+def read_pointer(pointer: Path) -> str:
+    """The folder name in a run's ``latest`` or ``best`` file: UTF-8 text naming one folder of the run.
+
+    Raises:
+        ValueError: naming the file, if it is not UTF-8, empty, or names something other than a folder of the
+            run (a path such as ``../x``): a damaged or hand-edited pointer.
+    """
+    try:
+        name = Path(pointer).read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        name = None
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        what = "is not UTF-8 text" if name is None else f"names {name!r}, not a folder of the run"
+        raise ValueError(f"{pointer} {what}: write the name of one of its ckpt-* folders into it (e.g. "
+                         f"{_newest_name(Path(pointer).parent)}), or delete it (--resume then takes the newest "
+                         "checkpoint that verifies)")
+    return name
+
+
+def _newest_name(run_dir: Path) -> str:
+    steps = [(checkpoint_step(f), f.name) for f in run_dir.glob("ckpt-*") if checkpoint_step(f) is not None]
+    return max(steps)[1] if steps else "ckpt-00000100"
 
 
 def _hf_export_model_type(path: Path) -> str | None:
@@ -141,6 +167,9 @@ def verify_checksums(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
     if not path.is_file():
         return
     sums = read_json(path)
+    if not all(isinstance(v, str) for v in sums.values()):
+        raise ValueError(f"{path} holds values other than SHA-256 texts; the checkpoint is damaged: "
+                         f"{_what_to_do(Path(ckpt))}")
     for name, expected in sums.items():
         if names is not None and name not in names:
             continue
@@ -160,7 +189,8 @@ def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
     "Faults").
 
     A checkpoint verifies when its ``latest`` target exists with ``model.safetensors``, every file matches
-    ``checksums.json`` (:func:`verify_checksums`: a truncated or zeroed file differs) and ``state.json`` parses.
+    ``checksums.json`` (:func:`verify_checksums`: a truncated or zeroed file differs) and ``state.json`` is one
+    (:func:`read_state`).
     The damaged folder is left in place (the next save rewrites ``latest``;
     :func:`~coupled_qk.training.checkpoint.prune_checkpoints` removes it once the resumed run has saved its step
     again, as a superseded copy).
@@ -182,7 +212,7 @@ def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
         if not (folder / "model.safetensors").is_file():
             raise FileNotFoundError(f"{folder} has no model.safetensors")
         verify_checksums(folder)
-        read_json(folder / "state.json")
+        read_state(folder)
 
     try:
         where = resolve_checkpoint(run_dir)
@@ -190,7 +220,10 @@ def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
         return where
     except (ValueError, FileNotFoundError) as exc:
         damage = exc
-    latest = (run_dir / "latest").read_text().strip() if (run_dir / "latest").is_file() else ""
+    try:
+        latest = read_pointer(run_dir / "latest") if (run_dir / "latest").is_file() else ""
+    except ValueError:
+        latest = "?"  # damaged: every ckpt-* folder is a candidate
     latest_step = checkpoint_step(Path(latest))
     older = sorted((f for f in run_dir.glob("ckpt-*") if f.is_dir() and f.name != latest
                     and checkpoint_step(f) is not None
@@ -228,15 +261,43 @@ def load_checkpoint_model(path: str | Path, map_location: str | torch.device = "
     config = GPTConfig.load(ckpt / "model_config.json")
     model = GPT(config)
     load_weights(model, ckpt)
-    return model.to(device).eval(), read_json(ckpt / "state.json")
+    return model.to(device).eval(), read_state(ckpt)
 
 
 def read_json(path: Path) -> dict:
-    """Parse a JSON file; ``ValueError`` naming the file if it is not valid JSON."""
+    """Parse a checkpoint's JSON file, which holds an object.
+
+    Raises:
+        ValueError: naming the file, if it is not valid JSON or not a JSON object.
+    """
     try:
-        return json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, expected an object; the checkpoint is "
+                         f"damaged: {_what_to_do(Path(path).parent)}")
+    return data
+
+
+def read_state(ckpt: Path) -> dict:
+    """``ckpt/state.json``: the progress of a checkpoint, a JSON object whose ``step`` is an integer >= 0.
+
+    Raises:
+        ValueError: naming the file, if it is not a JSON object with such a ``step`` (hand-edited, or damaged in
+            a checkpoint without ``checksums.json``).
+    """
+    path = Path(ckpt) / "state.json"
+    state = read_json(path)
+    step = state.get("step")
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        raise ValueError(f"{path} has step={step!r}, expected an integer >= 0; the checkpoint is damaged: "
+                         f"{_what_to_do(Path(ckpt))}")
+    return state
+
+
+def _what_to_do(ckpt: Path) -> str:
+    return f"point {ckpt.parent / 'latest'} at an older ckpt-* folder or delete {ckpt.name}"
 
 
 def load_torch_file(path: Path, map_location=None):

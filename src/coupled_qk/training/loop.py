@@ -49,6 +49,7 @@ from coupled_qk.training.resume import (
     Schedule,
     check_config,
     check_out_dir,
+    check_start,
     lr_at,
     plan_resume,
     plan_schedule,
@@ -124,15 +125,13 @@ def _resume_point(cfg: TrainConfig, run: RunDir, runtime: Runtime, say) -> tuple
     """The run's starting state (``step``, ``tokens``, ``train_seconds``, ...) and the checkpoint folder it resumes
     from (``None`` for a new run); checks that a resume is allowed and plans its global batch and precision."""
     run_dir = run.path
-    has_ckpt = run.has_checkpoint()
-    if has_ckpt and not cfg.resume:
-        raise ValueError(f"{run_dir} already holds checkpoints; pass --resume to continue it or choose another --out-dir")
+    has_ckpt = check_start(run, cfg.resume)  # a run there that this one would replace is refused
     state: dict = {"step": 0, "tokens": 0, "train_seconds": 0.0}
     where = None
     if cfg.resume and has_ckpt:
         check_config(run_dir, cfg)
         where = ckpt.resume_checkpoint(run_dir, say)  # latest, or the previous good one if latest is damaged
-        state = ckpt.read_json(where / "state.json")
+        state = ckpt.read_state(where)
         saved_cfg = run.read_config() or {}
         plan_resume(state, saved_cfg, cfg, runtime, say)  # the global batch; a change of precision is said
     elif cfg.resume:

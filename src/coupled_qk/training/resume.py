@@ -64,17 +64,57 @@ def check_out_dir(run_dir: Path) -> None:
     OutputDir(run_dir, "out_dir", layout=RUN_LAYOUT, what="a training run")
 
 
+def check_start(run: RunDir, resume: bool) -> bool:
+    """Whether the run folder ``run`` holds a checkpoint to resume; refuses starting a run that would replace
+    another: checkpoints without ``resume``, or a finished run's ``results.json`` without a checkpoint (deleted
+    to save space: a new run trained over it, replacing its results, metrics and config without a word).
+
+    Raises:
+        ValueError: naming the folder and what to do.
+    """
+    has_ckpt = run.has_checkpoint()
+    if has_ckpt and not resume:
+        raise ValueError(f"{run.path} already holds checkpoints; pass --resume to continue it or choose another "
+                         "--out-dir")
+    if not has_ckpt and run.is_finished():
+        raise ValueError(f"{run.path} holds a finished run ({run.RESULTS}) without checkpoints to resume: a new run "
+                         "there would replace its results; choose another --out-dir, or delete the folder to train "
+                         "it again")
+    return has_ckpt
+
+
 def check_config(run_dir: Path, cfg: TrainConfig) -> None:
-    """Refuse resuming ``run_dir`` with settings that change the run (the model is compared separately)."""
-    saved = RunDir(run_dir).read_config()  # its fields' kinds checked, naming the file
+    """Refuse resuming ``run_dir`` with settings that change the run (the model is compared separately), or
+    without its ``config.json`` (then nothing could be compared: a resume with another learning rate or seed
+    was accepted and recorded as the whole run's settings), or with a damaged ``metrics.jsonl``
+    (:func:`check_metrics_file`). Called before the resumed run writes anything."""
+    run = RunDir(run_dir)
+    saved = run.read_config()  # its fields' kinds checked, naming the file
     if saved is None:
-        return
+        raise ValueError(
+            f"cannot resume {run_dir}: its {run.CONFIG} is missing, so the settings a resume must keep (learning "
+            f"rate, seed, data, ...) cannot be checked; restore {run.config_path}, or recreate it with the run's "
+            f"own options: coupled-qk train <its options> --print-config > {run.config_path}")
     diff = config_differences(saved, cfg, CONTINUATION_FIELDS | {"model", "preset"})
     if diff:
         raise ValueError(
             f"cannot resume {run_dir}: the run was made with a different config ({describe_differences(diff)}); "
             "only the budget, logging and paths may change on --resume"
         )
+    check_metrics_file(run)
+
+
+def check_metrics_file(run: RunDir) -> None:
+    """Refuse resuming ``run`` when its ``metrics.jsonl`` has a damaged line before the last (the resumed run
+    rewrites that file), before anything is written: the refusal used to come after ``config.json`` had been
+    rewritten with this resume's budget. A torn last line is left to the logger, which drops it and says so.
+
+    Raises:
+        ValueError: naming the file and the line (:func:`~coupled_qk.training.rundir.parse_metrics`).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the torn last line: said once, by the logger that drops it
+        run.read_metrics()
 
 
 def plan_batch(state: dict, saved_cfg: dict, cfg: TrainConfig, world: int, say) -> None:

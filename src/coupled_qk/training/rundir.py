@@ -36,6 +36,9 @@ def _member(name: str, doc: str) -> property:
 
 
 
+_FIX_LINE = "repair or delete that line (the metrics of that step are then missing from the run's record)"
+
+
 def parse_metrics(path: Path) -> list[dict]:
     """The records of a ``metrics.jsonl`` file, without a torn (unparseable) last line.
 
@@ -53,9 +56,9 @@ def parse_metrics(path: Path) -> list[dict]:
             if i == len(lines) - 1:
                 warnings.warn(f"{path}: dropping a torn last line (left by an interrupted write)", stacklevel=2)
                 break
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON ({exc.msg})") from None
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON ({exc.msg}); {_FIX_LINE}") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
+            raise ValueError(f"{path}: line {i + 1} is not a JSON object; {_FIX_LINE}")
         records.append(record)
     return records
 
@@ -180,13 +183,17 @@ class RunDir:
         """Refuse resuming this run when ``task``'s data is not what the run recorded in ``data.json``: each key of
         the task's ``data_identity`` (LM: the splits' token counts and text SHA-256s; MQAR: the slices; GLUE: the
         example and label counts) compared with its ``describe()`` now (a corpus file edited or appended to since,
-        a GLUE file replaced). A key the run did not record is not compared.
+        a GLUE file replaced). A key the run did not record is not compared; without ``data.json`` at all (deleted)
+        nothing is, and a warning says so.
 
         Raises:
             ValueError: one line naming ``data.json`` and each difference.
         """
         keys = getattr(task, "data_identity", ())
         recorded = self.read_data() if keys else None
+        if keys and recorded is None:
+            warnings.warn(f"{self.data_path} is missing: this resume cannot check that the data is what the run "
+                          "trained on (an edited corpus would be used without a word)", stacklevel=2)
         changes = data_changes(recorded, task.describe(), keys) if recorded is not None else []
         if changes:
             raise ValueError(
@@ -198,9 +205,21 @@ class RunDir:
         """``results.json`` as a dict, or ``None`` when the run has not finished.
 
         Raises:
-            ValueError: the file is not valid JSON (naming it).
+            ValueError: naming the file, if it is not valid JSON, not a JSON object, or its ``config`` or ``final``
+                is not an object (the readers, e.g. the experiment runner deciding whether to reuse the run,
+                compare them).
         """
-        return _read_json(self.results_path)
+        results = _read_json(self.results_path)
+        if results is None:
+            return None
+        wrong = (f"holds a JSON {type(results).__name__}" if not isinstance(results, dict) else
+                 next((f"its {key!r} is a {type(results[key]).__name__}" for key in ("config", "final")
+                       if key in results and not isinstance(results[key], dict)), None))
+        if wrong:
+            raise ValueError(f"{self.results_path} is not a run's results ({wrong}, expected an object): delete it; "
+                             "resuming the run (--resume, or the command that made it) writes it again from its "
+                             "latest checkpoint")
+        return results
 
     def read_metrics(self) -> list[dict]:
         """The records of ``metrics.jsonl`` in file order (``[]`` without the file).
@@ -221,8 +240,10 @@ class RunDir:
         try:
             folder = (self.path / self.latest_path.read_text().strip() if self.latest_path.is_file()
                       else self.newest_checkpoint())
-            return float(json.loads((folder / "state.json").read_text()).get("train_seconds", 0.0))
-        except (OSError, ValueError):
+            from coupled_qk.training.checkpoint_load import read_json
+
+            return float(read_json(folder / "state.json").get("train_seconds", 0.0))
+        except (OSError, ValueError, TypeError):
             return 0.0
 
     # ------------------------------------------------------------------------------------------ writes

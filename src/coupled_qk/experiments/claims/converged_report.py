@@ -29,16 +29,18 @@ POWER_EFFECT = 1.0  # percent: the effect size every power statement refers to (
 PAPER_C4 = 8.0  # the paper's seed-variance ratio, uncoupled MLP / coupled: C4's power refers to it
 
 
-def load_records(out_dir: str | Path, design: Design) -> dict:
-    """``{(cell, variant, seed): record}`` of the finished runs of ``design`` under ``out_dir/runs``.
+def load_records(out_dir: str | Path, design: Design, damaged: str = "raise") -> dict:
+    """``{(cell, variant, seed): record}`` of the finished runs of ``design`` under ``out_dir/runs``; a damaged
+    (unreadable, not JSON) record is an error, or with ``damaged="skip"`` (the study's planner, which trains
+    that run again) left out.
 
     Raises:
-        ValueError: naming the file, for one that parses but is not a run record
-            (:func:`~coupled_qk.experiments.claims.records.read_record_file`).
+        ValueError: naming the file, for one that is damaged (not readable, not JSON) or parses but is not a run
+            record (:func:`~coupled_qk.experiments.claims.records.read_record_file`).
     """
     out = {}
     for path in sorted((Path(out_dir) / "runs" / design.name).glob("*/*/seed*.json")):
-        rec = read_record_file(path)
+        rec = read_record_file(path, damaged=damaged)
         if rec is not None:
             out[(rec["cell"], rec["variant"], rec["seed"])] = rec
     return out

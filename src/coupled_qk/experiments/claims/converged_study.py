@@ -62,7 +62,7 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
     trained = 0
     try:
         while max_runs is None or trained < max_runs:
-            records = _shared(load_records(out_dir, design) if main else None, runtime)
+            records = _shared(load_records(out_dir, design, "skip") if main else None, runtime)
             p = plan(design, records)
             new, held = _next_new_record(design, units(p), out_dir, run_root, data_dir, cache_root, runtime)
             if new is None:

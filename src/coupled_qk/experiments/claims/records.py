@@ -44,16 +44,24 @@ def record_problem(rec, fields=tuple(RECORD_FIELDS)) -> str | None:
     return None
 
 
-def read_record_file(path: Path, fields=tuple(RECORD_FIELDS)) -> dict | None:
-    """The run record in the file ``path``; ``None`` when it cannot be read or is not JSON (a damaged file,
-    skipped by readers and replaced by a re-run). ``fields``: the ones the caller reads (:func:`record_problem`).
+def read_record_file(path: Path, fields=tuple(RECORD_FIELDS), damaged: str = "skip") -> dict | None:
+    """The run record in the file ``path``. ``fields``: the ones the caller reads (:func:`record_problem`).
+
+    A file that cannot be read or is not JSON (damaged) is ``None`` with ``damaged="skip"`` (the runner: the
+    run is trained again and its record replaced) and an error with ``damaged="raise"`` (the reports: a report
+    built without the record would silently count that run as never made).
 
     Raises:
-        ValueError: naming the file, for one that parses but is not a run record (:func:`record_problem`).
+        ValueError: naming the file, for one that parses but is not a run record (:func:`record_problem`), and
+            with ``damaged="raise"`` for a damaged one.
     """
     try:
         rec = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if damaged == "raise":
+            raise ValueError(f"{path} is a damaged run record ({type(exc).__name__}: {exc}); a report without it "
+                             "would count that run as never made: restore the file (e.g. git checkout), or delete "
+                             "it and run the protocol without --report-only to train that run again") from None
         return None
     problem = record_problem(rec, fields)
     if problem:
@@ -77,16 +85,17 @@ class Records:
 
     @classmethod
     def load(cls, out_dir: str | Path, protocol: Protocol, min_seeds: int | None = None) -> Records:
-        """Read every ``<out_dir>/runs/<protocol>/**/seed*.json`` record (damaged files are skipped); records of a
-        cell with ``seeds_of`` are also indexed under that cell (more seeds of the same runs).
+        """Read every ``<out_dir>/runs/<protocol>/**/seed*.json`` record; records of a cell with ``seeds_of`` are
+        also indexed under that cell (more seeds of the same runs).
 
         Raises:
-            ValueError: naming the file, for one that parses but is not a run record (:func:`read_record_file`).
+            ValueError: naming the file, for one that is damaged (not readable, not JSON) or parses but is not a
+                run record (:func:`read_record_file`).
         """
         root = Path(out_dir) / "runs" / protocol.name
         by_key = {}
         for path in sorted(root.glob("*/*/seed*.json")) if root.is_dir() else []:
-            rec = read_record_file(path, ("cell", "variant", "seed"))
+            rec = read_record_file(path, ("cell", "variant", "seed"), damaged="raise")
             if rec is not None:
                 by_key[(rec["cell"], rec["variant"], rec["seed"])] = rec
         for (cell, variant, seed), rec in list(by_key.items()):  # extra seeds count as their base cell's
