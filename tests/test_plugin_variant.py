@@ -16,6 +16,7 @@ import torch
 
 from coupled_qk import GPT, GPTConfig
 from coupled_qk.cli import main
+from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.models import registry
 from coupled_qk.models.config import parse_overrides
 from coupled_qk.models.options import MapOptions
@@ -280,8 +281,10 @@ def test_a_scoring_rule_from_an_entry_point_combines_with_every_map(tempered):
     registry.register_qk_map("toy_identity", "toy_id", TinyIdentity, NoOptions)
     assert registry.get_attention("toy_id_tempered").scoring == "tempered"
     assert "toy_id_tempered" not in registry.default_variants()
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register_scoring("tempered", sys.modules["coupled_qk_tempered"].Tempered)
+    plugin = sys.modules["coupled_qk_tempered"]
+    registry.register_scoring("tempered", plugin.Tempered)  # the same registration again (a re-run) replaces it
+    with pytest.raises(ValueError, match="already registered"):  # another class under the name does not
+        registry.register_scoring("tempered", type("Tempered", (plugin.Tempered,), {}))
     with pytest.raises(ValueError, match="ScoringRule subclass"):
         registry.register_scoring("plain", torch.nn.Linear)
 
@@ -291,7 +294,7 @@ class NoOptions(MapOptions):
     """The options of :class:`TinyIdentity`: none."""
 
 
-class TinyIdentity(torch.nn.Module):
+class TinyIdentity(QKMap):
     """The identity query-key map (no options), for registration tests."""
 
     keys_per_query_head = True
