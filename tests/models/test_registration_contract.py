@@ -141,3 +141,18 @@ def test_running_a_registration_cell_again_replaces_it(monkeypatch):
         register_qk_map("scale", "scale", Scale, ScaleOptions)  # another class of the same name
     with pytest.raises(ValueError, match="already registered"):
         register_scoring("plain", Plain)
+
+
+def test_an_option_name_two_maps_type_differently_keeps_each_maps_type_in_variant_specs():
+    from coupled_qk.models.specs import variant_overrides
+
+    steps = dataclasses.make_dataclass("Steps", [("n_steps", float, 1.5)], bases=(MapOptions,))
+    step_map = type("StepMap", (Scale,), {"__init__": lambda self, d_head, n_heads, n_steps=1.5: Scale.__init__(
+        self, d_head, n_heads)})
+    register_qk_map("steps", "steps", step_map, steps)  # n_steps: float here, int in the coupled dynamics
+    register_variant("coupled_two", "coupled", n_steps=2, in_defaults=False)
+    assert variant_overrides("coupled+n_steps=3") == {"attention": "coupled", "integrator": "euler", "n_steps": 3}
+    assert variant_overrides("coupled_two+n_steps=2") == {"attention": "coupled", "n_steps": 2}  # was a contradiction
+    assert variant_overrides("steps+n_steps=2") == {"attention": "steps", "n_steps": 2.0}
+    with pytest.raises(ValueError, match=r"variant 'coupled\+n_steps=2.5' n_steps='2.5' is not an integer"):
+        variant_overrides("coupled+n_steps=2.5")
