@@ -336,3 +336,18 @@ def test_tempered_trains_decodes_and_round_trips_through_hugging_face(tempered, 
     loaded = load_run(run)
     assert loaded.model.config.attention == "coupled_tempered" and loaded.model.config.qk_map.n_steps == 2
     _check_decoding_and_hf_round_trip(loaded.model, tmp_path)
+
+
+def test_a_broken_plugin_is_a_one_line_error_of_every_command(tmp_path, monkeypatch, capsys):
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[coupled_qk.variants]\nbroken = no_such_module_xyz:register\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with registry.isolated():
+        assert main(["describe", "--preset", "tiny"]) == 2  # was a traceback from building the parser
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("coupled-qk describe: error: the 'coupled_qk.variants' entry point")
+    assert "No module named 'no_such_module_xyz'" in err and "distribution 'broken-plugin'" in err
+    with registry.isolated(), pytest.raises(registry.PluginError, match="broken = 'no_such_module_xyz:register'"):
+        registry.attention_names()  # Python callers get the exception (a RuntimeError)

@@ -66,6 +66,13 @@ LEGACY_DEFAULTS = dict(integrator="euler", n_steps=1, dynamics_hidden=None, dt_i
 """Values that configs saved before the nested ``qk_map`` wrote for every attention (dropped on load where
 the attention has no such option)."""
 
+
+class PluginError(RuntimeError):
+    """An entry point of :data:`ENTRY_POINT_GROUP` (or a drop-in module) failed to load or to register: the
+    environment is at fault, not the call that first queried the registry (the command line reports it in one
+    line)."""
+
+
 _plugins: dict = {"loaded": False, "names": ()}  # group read?; entry points registered so far
 
 
@@ -93,7 +100,8 @@ def load_plugins(reload: bool = False) -> list[str]:
         The names of the entry points loaded by this call (empty when they were loaded before).
 
     Raises:
-        RuntimeError: an entry point that fails to load or to register, naming it and the error.
+        PluginError: (a ``RuntimeError``) an entry point that fails to load or to register, naming it, the error
+            and the distribution that declares it.
     """
     if _plugins["loaded"] and not reload:
         return []
@@ -111,9 +119,11 @@ def load_plugins(reload: bool = False) -> list[str]:
             if callable(obj):
                 obj()
         except Exception as exc:
-            raise RuntimeError(
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            where = f" (declared by the installed distribution {dist!r}: fix or uninstall it)" if dist else ""
+            raise PluginError(
                 f"the {ENTRY_POINT_GROUP!r} entry point {ep.name} = {ep.value!r} failed to register: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {exc}{where}"
             ) from exc
         loaded.append(ep.name)
     return loaded
