@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
+import typing
 
 import pytest
 import torch
@@ -72,6 +73,8 @@ def _map_class(**namespace):
     (Scale, dataclasses.make_dataclass("Req", [("s", float)], bases=(MapOptions,)), r"\['s'\] need a default"),
     (Scale, dataclasses.make_dataclass("Drop", [("s", float, 2.0), ("dropout", float, 0.5)], bases=(MapOptions,)),
      r"\['dropout'\] are GPTConfig fields"),
+    (Scale, dataclasses.make_dataclass("Pair", [("s", tuple, (1.0, 2.0))], bases=(MapOptions,)),
+     r"field type\(s\) \{'s': 'tuple'\} cannot be read from --set"),  # '--set s=3,4' was stored as a string
 ])
 def test_a_map_breaking_the_contract_is_refused_at_registration(module, options, message):
     with pytest.raises(ValueError, match=message):
@@ -156,3 +159,18 @@ def test_an_option_name_two_maps_type_differently_keeps_each_maps_type_in_varian
     assert variant_overrides("steps+n_steps=2") == {"attention": "steps", "n_steps": 2.0}
     with pytest.raises(ValueError, match=r"variant 'coupled\+n_steps=2.5' n_steps='2.5' is not an integer"):
         variant_overrides("coupled+n_steps=2.5")
+
+
+def test_a_literal_option_is_checked_on_every_surface():
+    from coupled_qk.models.config import parse_overrides
+
+    mode = dataclasses.make_dataclass("Mode", [("s", float, 2.0), ("mode", typing.Literal["a", "b"], "a")],
+                                      bases=(MapOptions,))
+    mode_map = type("ModeMap", (Scale,), {"__init__": lambda self, d_head, n_heads, s=2.0, mode="a": Scale.__init__(
+        self, d_head, n_heads, s)})
+    register_qk_map("mode", "mode", mode_map, mode)
+    assert GPTConfig(attention="mode", **parse_overrides(["mode=b"]), **SMALL).qk_map.mode == "b"
+    with pytest.raises(ValueError, match=r"--set mode='c' is unknown; expected one of \['a', 'b'\]"):
+        parse_overrides(["mode=c"])
+    with pytest.raises(ValueError, match=r"GPTConfig.qk_map.mode='c' is unknown"):  # was accepted
+        GPTConfig(attention="mode", qk_map={"mode": "c"}, **SMALL)

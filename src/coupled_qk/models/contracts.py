@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+from coupled_qk._checks import coercible, field_types
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.options import MapOptions
@@ -58,8 +59,9 @@ def check_map(module: object, options: object) -> None:
     Raises:
         ValueError: ``module`` not a :class:`~coupled_qk.layers.qk_maps.QKMap` subclass or without its own
             ``forward``; ``options`` not a :class:`MapOptions` dataclass, a field without a default (a model is
-            built from the defaults), a field named like a ``GPTConfig`` field (:data:`RESERVED_OPTION_NAMES`),
-            or fields that ``module(d_head, n_heads, **options)`` does not accept.
+            built from the defaults), a field of a type that values cannot be converted to
+            (:func:`coupled_qk._checks.coercible`: a ``tuple`` would take ``--set`` strings unchecked), a field named like a ``GPTConfig`` field (:data:`RESERVED_OPTION_NAMES`), or fields that
+            ``module(d_head, n_heads, **options)`` does not accept.
     """
     if not (isinstance(options, type) and issubclass(options, MapOptions) and dataclasses.is_dataclass(options)):
         raise ValueError(f"options={options!r} must be a dataclass subclassing MapOptions")
@@ -71,6 +73,15 @@ def check_map(module: object, options: object) -> None:
     if required:
         raise ValueError(f"options {options.__name__}: field(s) {required} need a default (a model is built from the "
                          f"options' defaults when none is given)")
+    try:
+        annotations = field_types(options)
+    except Exception as exc:  # NameError of a string annotation, ...
+        raise ValueError(f"options {options.__name__}: its field annotations cannot be resolved: {exc}") from None
+    unchecked = {n: getattr(a, "__name__", str(a)) for n, a in annotations.items() if not coercible(a)}
+    if unchecked:
+        raise ValueError(f"options {options.__name__}: field type(s) {unchecked} cannot be read from --set, variant "
+                         f"specs or config files; use bool, int, float, str, Literal['a', 'b'], dict, list or "
+                         f"'X | None' of those")
     reserved = sorted(f.name for f in fields if f.name in RESERVED_OPTION_NAMES)
     if reserved:
         raise ValueError(f"options {options.__name__}: field(s) {reserved} are GPTConfig fields, so --set and "
