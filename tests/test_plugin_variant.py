@@ -16,6 +16,7 @@ import torch
 
 from coupled_qk import GPT, GPTConfig
 from coupled_qk.cli import main
+from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.models import registry
 from coupled_qk.models.config import parse_overrides
 from coupled_qk.models.options import MapOptions
@@ -280,8 +281,10 @@ def test_a_scoring_rule_from_an_entry_point_combines_with_every_map(tempered):
     registry.register_qk_map("toy_identity", "toy_id", TinyIdentity, NoOptions)
     assert registry.get_attention("toy_id_tempered").scoring == "tempered"
     assert "toy_id_tempered" not in registry.default_variants()
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register_scoring("tempered", sys.modules["coupled_qk_tempered"].Tempered)
+    plugin = sys.modules["coupled_qk_tempered"]
+    registry.register_scoring("tempered", plugin.Tempered)  # the same registration again (a re-run) replaces it
+    with pytest.raises(ValueError, match="already registered"):  # another class under the name does not
+        registry.register_scoring("tempered", type("Tempered", (plugin.Tempered,), {}))
     with pytest.raises(ValueError, match="ScoringRule subclass"):
         registry.register_scoring("plain", torch.nn.Linear)
 
@@ -291,7 +294,7 @@ class NoOptions(MapOptions):
     """The options of :class:`TinyIdentity`: none."""
 
 
-class TinyIdentity(torch.nn.Module):
+class TinyIdentity(QKMap):
     """The identity query-key map (no options), for registration tests."""
 
     keys_per_query_head = True
@@ -333,3 +336,18 @@ def test_tempered_trains_decodes_and_round_trips_through_hugging_face(tempered, 
     loaded = load_run(run)
     assert loaded.model.config.attention == "coupled_tempered" and loaded.model.config.qk_map.n_steps == 2
     _check_decoding_and_hf_round_trip(loaded.model, tmp_path)
+
+
+def test_a_broken_plugin_is_a_one_line_error_of_every_command(tmp_path, monkeypatch, capsys):
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[coupled_qk.variants]\nbroken = no_such_module_xyz:register\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with registry.isolated():
+        assert main(["describe", "--preset", "tiny"]) == 2  # was a traceback from building the parser
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("coupled-qk describe: error: the 'coupled_qk.variants' entry point")
+    assert "No module named 'no_such_module_xyz'" in err and "distribution 'broken-plugin'" in err
+    with registry.isolated(), pytest.raises(registry.PluginError, match="broken = 'no_such_module_xyz:register'"):
+        registry.attention_names()  # Python callers get the exception (a RuntimeError)

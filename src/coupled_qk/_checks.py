@@ -92,8 +92,8 @@ def _unwrap_optional(annotation) -> tuple[object, bool]:
 
 
 def coerce(name: str, value, annotation):
-    """Convert ``value`` to the declared type ``annotation`` (``bool``, ``int``, ``float``, ``str``, ``dict``,
-    ``list``, or ``X | None`` of those); strings are parsed (``"False"`` -> ``False``, ``"3"`` -> ``3``,
+    """Convert ``value`` to the declared type ``annotation`` (``bool``, ``int``, ``float``, ``str``, a ``Literal``
+    of strings (one of them), ``dict``, ``list``, or ``X | None`` of those); strings are parsed (``"False"`` -> ``False``, ``"3"`` -> ``3``,
     ``"none"`` -> ``None`` for optional fields, JSON for dicts and lists).
 
     Raises:
@@ -150,6 +150,8 @@ def coerce(name: str, value, annotation):
         if isinstance(value, str):
             return value
         raise ValueError(f"{name}={value!r} is not a string; {expected}")
+    if _string_choices(inner):
+        return choice(name, value, typing.get_args(inner))
     container = typing.get_origin(inner) or inner
     if container in (dict, list):
         if isinstance(value, str):
@@ -161,6 +163,19 @@ def coerce(name: str, value, annotation):
             return value
         raise ValueError(f"{name}={value!r} is not a {container.__name__}; {expected}")
     return value
+
+
+def _string_choices(annotation) -> bool:
+    return typing.get_origin(annotation) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(annotation))
+
+
+def coercible(annotation) -> bool:
+    """Whether :func:`coerce` converts and checks values of ``annotation`` (``bool``, ``int``, ``float``, ``str``,
+    a ``Literal`` of strings, ``dict``, ``list`` or ``X | None`` of those); any other annotation is passed through
+    unchecked."""
+    inner, _ = _unwrap_optional(annotation)
+    return inner in (bool, int, float, str) or _string_choices(inner) or (typing.get_origin(inner) or inner) in (
+        dict, list)
 
 
 def _type_name(annotation) -> str:

@@ -17,6 +17,8 @@ import re
 import sys
 import warnings
 
+from coupled_qk.models.registry import PluginError
+
 COMMANDS = {
     "describe": "parameter counts and coupling overhead of a model",
     "bench": "train-step speed of every attention variant against standard",
@@ -113,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(command).parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2), already reported in one line
         return exc.code if isinstance(exc.code, int) else 0
+    except PluginError as exc:  # the help texts list the variants: a broken plugin fails here, for every command
+        if "--debug" in argv:
+            raise
+        _say(command or "", f"error: {exc}")
+        return EXIT_USAGE
     if args.command is None:
         build_parser().print_help()
         return EXIT_USAGE
@@ -142,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _say(args.command, f"error: {exc}")
         return EXIT_DIVERGED
-    except (ValueError, OSError) as exc:  # FileNotFoundError, PermissionError, ...: a clear one-line message
+    except (ValueError, OSError, PluginError) as exc:  # FileNotFoundError, PermissionError, ...: a clear one-line message
         if args.debug:
             raise
         _say(args.command, f"error: {exc}")

@@ -1,5 +1,6 @@
 """Native transformers models: Auto round trip, strict loading, initialisation, cached and padded generation."""
 
+import dataclasses
 import json
 import math
 
@@ -10,8 +11,9 @@ pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache  # noqa: E402
 
-from coupled_qk import GPT, GPTConfig  # noqa: E402
+from coupled_qk import GPT, GPTConfig, MapOptions, QKMap, ScoringRule, scaled_dot_product  # noqa: E402
 from coupled_qk.hf import CoupledQKConfig, CoupledQKForCausalLM  # noqa: E402
+from coupled_qk.models import registry  # noqa: E402
 from coupled_qk.models.registry import VARIANTS, variant_names  # noqa: E402
 
 V = 53
@@ -185,6 +187,59 @@ def test_fresh_model_initialises_exactly_like_gpt():
     ref = GPT(config.to_gpt_config())
     for (name, a), b in zip(hf.model.state_dict().items(), ref.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+class _Turn(QKMap):
+    """A plugin map holding parameters itself: an angle, a step ``dt`` without a ``dt_init`` option, a biased layer."""
+
+    def __init__(self, d_head: int, n_heads: int, angle_init: float = 0.3, step0: float = 0.25):
+        super().__init__()
+        self.angle = torch.nn.Parameter(torch.full((n_heads, 1, 1), angle_init))
+        self.dt = torch.nn.Parameter(torch.full((n_heads,), step0))
+        self.mix = torch.nn.Linear(d_head, d_head)
+
+    def forward(self, q, k):
+        return q + self.angle * self.dt.view(-1, 1, 1) * self.mix(k), k
+
+
+@dataclasses.dataclass
+class _TurnOptions(MapOptions):
+    angle_init: float = 0.3
+    step0: float = 0.25
+
+
+class _Scaled(ScoringRule):
+    """A plugin scoring rule with a parameter of its own and no ``reset_parameters``."""
+
+    def __init__(self, d_head: int, n_heads: int, layer_idx: int):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.full((n_heads, 1, 1), 1.5 + layer_idx))
+
+    def forward(self, q, k, v, eager, dropout_p=0.0, mask=None):
+        return scaled_dot_product(q * self.scale, k, v, eager, dropout_p, mask)
+
+
+@pytest.mark.parametrize("attention", ["invertible", "turn_scaled"])
+def test_missing_map_and_rule_weights_initialised_like_gpt_with_strict_false(tmp_path, attention):
+    # the parameters a map or a rule holds itself (not only ``dt``) were left as torch.empty garbage, and a map's
+    # dt without a ``dt_init`` option was a KeyError
+    with registry.isolated():
+        registry.register_qk_map("turn", "turn", _Turn, _TurnOptions)
+        registry.register_scoring("scaled", _Scaled)
+        config = GPTConfig(attention=attention, vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4)
+        save(GPT(config), tmp_path)
+        _rewrite_weights(tmp_path, lambda w: [w.pop(k) for k in list(w) if ".qk_map." in k or ".scorer." in k])
+        lm = AutoModelForCausalLM.from_pretrained(tmp_path, strict=False)
+        for i, block in enumerate(lm.model.blocks):
+            m = block.attn.qk_map
+            if attention == "invertible":  # the coupling networks: first layer uniform, last layer zero
+                for net in [*m.q_nets, *m.k_nets]:
+                    assert 0 < net.w_in.abs().max() <= 1 / math.sqrt(8) and 0 < net.b_in.abs().max() <= 1 / math.sqrt(8)
+                    assert not net.w_out.any() and not net.b_out.any()
+                continue
+            assert torch.equal(m.angle, torch.full((4, 1, 1), 0.3)) and torch.equal(m.dt, torch.full((4,), 0.25))
+            assert 0 < m.mix.bias.abs().max() <= 1 / math.sqrt(8)  # as nn.Linear's bias
+            assert torch.equal(block.attn.scorer.scale, torch.full((4, 1, 1), 1.5 + i))
 
 
 def test_missing_weights_initialised_like_gpt_with_strict_false(tmp_path):

@@ -322,3 +322,20 @@ def test_differential_rmsnorm_runs_in_float32_under_bf16_autocast():
     y32 = attn(x, (cos, sin))
     assert seen[-1] == (torch.float32, torch.float32) and y32.dtype == torch.float32
     torch.testing.assert_close(y.float(), y32, rtol=0.05, atol=0.02)
+
+
+def test_a_scoring_rule_without_probabilities_when_eager_is_named_when_recording():
+    from coupled_qk.layers.scoring import ScoringRule, scaled_dot_product
+
+    class NoProbs(ScoringRule):
+        def __init__(self, d_head, n_heads, layer_idx):
+            super().__init__()
+
+        def forward(self, q, k, v, eager, dropout_p=0.0, mask=None):
+            return scaled_dot_product(q, k, v, False, dropout_p, mask)[0], None
+
+    attn = CausalSelfAttention(16, 2, 2, 8, scoring=NoProbs, use_rope=False)
+    x = torch.randn(1, 5, 16)
+    assert attn(x).shape == (1, 5, 16)  # fine where no probabilities are read
+    with pytest.raises(ValueError, match=r"scoring rule NoProbs returned probabilities None with eager=True"):
+        attn(x, record=True)  # was AttributeError: 'NoneType' object has no attribute 'shape' in the diagnostics

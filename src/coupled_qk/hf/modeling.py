@@ -15,6 +15,7 @@ accumulation (the loss honours ``num_items_in_batch``), activation checkpointing
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -38,7 +39,6 @@ from coupled_qk.hf.inputs import (
     check_labels,
 )
 from coupled_qk.layers.attention import CausalSelfAttention
-from coupled_qk.layers.forces import GradientForce, MLPForce
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.gpt import GPT
@@ -46,6 +46,21 @@ from coupled_qk.models.gpt import GPT
 logger = logging.get_logger(__name__)
 
 TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
+
+
+def fresh_parameters(module: nn.Module, attn: CausalSelfAttention, options) -> None:
+    """``module``'s own parameters that ``transformers`` did not load get those of a new one built as the layer
+    ``attn`` builds it: ``Map(d_head, n_heads, **options)`` (``GPTConfig.qk_map``), ``Rule(d_head, n_heads, layer_idx)``."""
+    own = dict(module.named_parameters(recurse=False))
+    if all(getattr(p, "_is_hf_initialized", False) for p in own.values()):
+        return
+    with torch.device("cpu"), torch.random.fork_rng(devices=[]):  # the global stream is left as it was
+        if isinstance(module, QKMap):
+            new = type(module)(attn.d_head, attn.n_heads, **dataclasses.asdict(options))
+        else:
+            new = type(module)(attn.d_head, attn.n_heads, attn.layer_idx)
+    for name, p in own.items():
+        init.copy_(p, getattr(new, name).detach().to(p.device, p.dtype))
 
 
 class CoupledQKPreTrainedModel(PreTrainedModel):
@@ -84,29 +99,35 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         """Initialise ``module``'s own parameters as :class:`coupled_qk.GPT` does (GPT-2 init).
 
-        Linear and embedding weights ``N(0, 0.02)``, residual output projections (``out_proj``)
-        ``N(0, 0.02 / sqrt(2 n_layer))``, LayerNorm/RMSNorm ``1`` and ``0``, the coupling network as
-        :class:`coupled_qk.MLPForce` (uniform ``+-1/sqrt(fan_in)``), ``dt = qk_map.dt_init``, differential lambdas
-        ``N(0, 0.1)``. Parameters already loaded (flagged by ``transformers``) are left alone.
+        Linear and embedding weights ``N(0, 0.02)`` (a bias as ``nn.Linear``'s, uniform ``+-1/sqrt(fan_in)``),
+        residual output projections (``out_proj``) ``N(0, 0.02 / sqrt(2 n_layer))``, LayerNorm/RMSNorm ``1`` and
+        ``0``, differential lambdas ``N(0, 0.1)``; the parameters a query-key map or an added scoring rule holds
+        itself (``dt``, a plugin's own tensors) take the values of a freshly built one (:func:`fresh_parameters`)
+        unless the rule has ``reset_parameters()``; any other module with parameters of its own and a
+        ``reset_parameters()`` (the coupling networks, a plugin's layers) calls it. Parameters already loaded
+        (flagged by ``transformers``) are left alone.
         """
         if isinstance(module, (nn.Linear, nn.Embedding)):
             init.normal_(module.weight, mean=0.0, std=getattr(module, "_init_std", 0.02))
+            if getattr(module, "bias", None) is not None:  # none in GPT's own layers; a plugin map's
+                bound = 1 / math.sqrt(module.in_features) if module.in_features else 0.0
+                init.uniform_(module.bias, -bound, bound)
         elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
             if module.weight is not None:
                 init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, (MLPForce, GradientForce)):
-            module.reset_parameters()  # torch.nn.init is guarded by transformers here: loaded weights stay
-        elif isinstance(module, QKMap):
-            if isinstance(module.dt, nn.Parameter):  # per-head step sizes of the coupled dynamics / query MLP
-                init.constant_(module.dt, float(self.config.qk_map["dt_init"]))
-        elif isinstance(module, ScoringRule) and hasattr(module, "reset_parameters"):
-            module.reset_parameters()  # an added scoring rule with parameters initialises its own
         elif isinstance(module, CausalSelfAttention):
             if module.differential:
                 for p in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
                     init.normal_(p, mean=0.0, std=0.1)
+        elif isinstance(module, (QKMap, ScoringRule)) and not hasattr(module, "reset_parameters"):
+            attn = next((b.attn for b in self.model.blocks if module is b.attn.qk_map or module is b.attn.scorer), None)
+            if attn is not None:
+                fresh_parameters(module, attn, self.model.config.qk_map)
+        elif hasattr(module, "reset_parameters") and (
+                isinstance(module, (QKMap, ScoringRule)) or next(module.parameters(recurse=False), None) is not None):
+            module.reset_parameters()  # torch.nn.init is guarded by transformers here: loaded weights stay
 
     def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
                                     every_n_layers: int = 1) -> None:

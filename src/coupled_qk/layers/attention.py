@@ -356,6 +356,9 @@ class CausalSelfAttention(nn.Module):
         y = self.out_proj(y.transpose(1, 2).reshape(b, t, h * dh))
         if not record:
             return y
+        if a1 is None:  # an added rule's contract (ScoringRule): the diagnostics read the probabilities
+            raise ValueError(f"scoring rule {type(self.scorer).__name__} returned probabilities None with eager=True; "
+                             f"it must return (y, probabilities (B, H, T_q, T_k)) when eager")
         dt = getattr(self.qk_map, "dt", None)
         rec = AttentionRecord(
             q=maps.get("q"), k=maps.get("k"), q_mapped=maps.get("q_mapped"), k_mapped=maps.get("k_mapped"),

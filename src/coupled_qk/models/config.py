@@ -24,6 +24,7 @@ from coupled_qk._checks import (
     positive_int,
 )
 from coupled_qk.layers.attention import MAP_POSITIONS
+from coupled_qk.models.contracts import RESERVED_OPTION_NAMES
 from coupled_qk.models.field_rules import READ_WHEN, check_unread_fields, loading_saved
 from coupled_qk.models.options import MapOptions
 from coupled_qk.models.registry import (
@@ -360,6 +361,8 @@ def _accept_flat_map_options(init):
 
 
 GPTConfig.__init__ = _accept_flat_map_options(GPTConfig.__init__)
+# a map option may not be named like a field: its flat spelling would set the field (models/contracts.py)
+RESERVED_OPTION_NAMES.update([f.name for f in dataclasses.fields(GPTConfig)], RENAMED_FIELDS, OPTION_ALIASES)
 
 
 def parse_overrides(items: Sequence[str], target: type = GPTConfig, flag: str = "--set") -> dict:

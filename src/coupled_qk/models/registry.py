@@ -32,13 +32,13 @@ The tables and their entry types (:class:`Attention`, :data:`ATTENTIONS`, ...) a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterator, Sequence
 
 from coupled_qk._checks import field_types
 from coupled_qk.layers.invertible import InvertibleQKCoupling
 from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
-from coupled_qk.layers.scoring import SCORINGS, ScoringRule
+from coupled_qk.layers.scoring import SCORINGS
+from coupled_qk.models.contracts import check_map, check_name, check_scoring, same_definition
 from coupled_qk.models.grid import (  # noqa: F401 - the grid's tables and types: public here too
     ALIASES,
     ATTENTIONS,
@@ -52,7 +52,7 @@ from coupled_qk.models.grid import (  # noqa: F401 - the grid's tables and types
     ScoringType,
     build_map,
 )
-from coupled_qk.models.options import DynamicsOptions, InvertibleOptions, MapOptions, QueryMLPOptions
+from coupled_qk.models.options import DynamicsOptions, InvertibleOptions, QueryMLPOptions
 
 ENTRY_POINT_GROUP = "coupled_qk.variants"
 """Python entry-point group read by :func:`load_plugins` (``[project.entry-points."coupled_qk.variants"]``)."""
@@ -65,6 +65,13 @@ LEGACY_DEFAULTS = dict(integrator="euler", n_steps=1, dynamics_hidden=None, dt_i
                        force="mlp", keys_per_query_head=True)
 """Values that configs saved before the nested ``qk_map`` wrote for every attention (dropped on load where
 the attention has no such option)."""
+
+
+class PluginError(RuntimeError):
+    """An entry point of :data:`ENTRY_POINT_GROUP` (or a drop-in module) failed to load or to register: the
+    environment is at fault, not the call that first queried the registry (the command line reports it in one
+    line)."""
+
 
 _plugins: dict = {"loaded": False, "names": ()}  # group read?; entry points registered so far
 
@@ -93,7 +100,8 @@ def load_plugins(reload: bool = False) -> list[str]:
         The names of the entry points loaded by this call (empty when they were loaded before).
 
     Raises:
-        RuntimeError: an entry point that fails to load or to register, naming it and the error.
+        PluginError: (a ``RuntimeError``) an entry point that fails to load or to register, naming it, the error
+            and the distribution that declares it.
     """
     if _plugins["loaded"] and not reload:
         return []
@@ -111,9 +119,11 @@ def load_plugins(reload: bool = False) -> list[str]:
             if callable(obj):
                 obj()
         except Exception as exc:
-            raise RuntimeError(
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            where = f" (declared by the installed distribution {dist!r}: fix or uninstall it)" if dist else ""
+            raise PluginError(
                 f"the {ENTRY_POINT_GROUP!r} entry point {ep.name} = {ep.value!r} failed to register: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {exc}{where}"
             ) from exc
         loaded.append(ep.name)
     return loaded
@@ -126,16 +136,20 @@ def attention_name(stem: str, scoring: str) -> str:
 
 
 def _register_map(name: str, stem: str, module: type, options: type) -> QKMapType:
-    if name in QK_MAPS:
-        raise ValueError(f"query-key map {name!r} is already registered")
-    if not (isinstance(options, type) and issubclass(options, MapOptions) and dataclasses.is_dataclass(options)):
-        raise ValueError(f"options={options!r} must be a dataclass subclassing MapOptions")
-    if not isinstance(module, type):
-        raise ValueError(f"module={module!r} must be a class (a QKMap subclass)")
+    check_name("name", name)
+    check_name("stem", stem)
+    existing = QK_MAPS.get(name)
+    # the same classes again (a notebook cell run again, importlib.reload): replaced, the attentions build the new ones
+    rerun = existing is not None and existing.stem == stem and same_definition(module, existing.module) \
+        and same_definition(options, existing.options)
+    if existing is not None and not rerun:
+        raise ValueError(f"query-key map {name!r} is already registered (stem {existing.stem!r}, "
+                         f"{existing.module.__module__}.{existing.module.__qualname__}); choose another name")
     names = [attention_name(stem, s) for s in SCORING_RULES]
-    taken = [n for n in names if n in ATTENTIONS or n in VARIANTS or n in ALIASES]
+    taken = [] if rerun else [n for n in names if n in ATTENTIONS or n in VARIANTS or n in ALIASES]
     if taken:
         raise ValueError(f"map stem {stem!r} gives attention names {taken} that are already registered")
+    check_map(module, options)
     entry = QKMapType(name, stem, module, options)
     QK_MAPS[name] = entry
     for scoring, attention in zip(SCORING_RULES, names):
@@ -163,10 +177,18 @@ def register_qk_map(name: str, stem: str, module: type, options: type,
             and a variant outside the defaults.
 
     Raises:
-        ValueError: a name or stem already taken, ``module`` not a class, ``options`` not a :class:`MapOptions`
-            dataclass, or an unknown scoring rule in ``in_defaults``.
+        ValueError: a name or stem already taken (registering the same classes again, e.g. a notebook cell run
+            again, replaces the map and keeps its place in the default list), a name or stem that is not an
+            identifier, ``module`` not a :class:`~coupled_qk.layers.qk_maps.QKMap` subclass with its own
+            ``forward``, ``options`` not a :class:`MapOptions` dataclass whose fields all have defaults, are not
+            ``GPTConfig`` fields and are accepted by ``module``'s constructor
+            (:func:`coupled_qk.models.contracts.check_map`), or ``in_defaults`` not a bool or a list of
+            registered scoring rules.
     """
     load_plugins()  # names taken by plugins are checked too
+    if isinstance(in_defaults, str) or not (isinstance(in_defaults, bool) or isinstance(in_defaults, Sequence)):
+        raise ValueError(f"in_defaults={in_defaults!r} must be True, False or a list of scoring rules (e.g. "
+                         f"['standard'])")
     scorings = SCORINGS if in_defaults is True else () if in_defaults is False else tuple(in_defaults)
     unknown = [s for s in scorings if s not in SCORING_RULES]
     if unknown:
@@ -176,7 +198,7 @@ def register_qk_map(name: str, stem: str, module: type, options: type,
     for scoring in SCORING_RULES:
         attention = attention_name(stem, scoring)
         VARIANTS[attention] = dict(attention=attention)
-        if scoring in scorings:
+        if scoring in scorings and attention not in DEFAULTS:
             DEFAULTS.append(attention)
     return entry
 
@@ -199,16 +221,18 @@ def register_scoring(name: str, module: type, in_defaults: bool = True) -> Scori
             with maps never do: name them in ``--variants``).
 
     Raises:
-        ValueError: a name already taken (by a rule, an attention, a variant or an alias), a name that is not an
-            identifier, or ``module`` not a :class:`ScoringRule` subclass with ``head_group`` 1.
+        ValueError: a name already taken (by a rule, an attention, a variant or an alias; registering the same
+            class again, e.g. a notebook cell run again, replaces the rule), a name that is not an identifier, or
+            ``module`` not a :class:`ScoringRule` subclass with ``head_group`` 1, its own ``forward`` and a
+            constructor taking ``(d_head, n_heads, layer_idx)`` (:func:`coupled_qk.models.contracts.check_scoring`).
     """
     load_plugins()
-    if not (isinstance(name, str) and name.isidentifier()):
-        raise ValueError(f"scoring rule name {name!r} must be a Python identifier (it is part of attention names)")
-    if not (isinstance(module, type) and issubclass(module, ScoringRule)):
-        raise ValueError(f"module={module!r} must be a ScoringRule subclass (coupled_qk.layers.attention)")
-    if module.head_group != 1:
-        raise ValueError(f"{module.__name__}.head_group={module.head_group}: added scoring rules must use 1")
+    check_name("name", name)
+    check_scoring(module)
+    existing = SCORING_RULES.get(name)
+    if existing is not None and existing.module is not None and same_definition(module, existing.module):
+        SCORING_RULES[name] = ScoringType(name, module, 1)  # the attentions read the rule's class from here
+        return SCORING_RULES[name]
     names = [name] + [attention_name(m.stem, name) for m in QK_MAPS.values()]
     taken = [n for n in names if n in SCORING_RULES or n in ATTENTIONS or n in VARIANTS or n in ALIASES]
     if taken:
@@ -233,11 +257,16 @@ def register_variant(name: str, attention: str, *, in_defaults: bool = True, **o
         **options: map options, e.g. ``integrator="leapfrog"``.
 
     Raises:
-        ValueError: a taken name, an unknown attention or options that do not apply to it.
+        ValueError: a name that is not an identifier, a taken name (registering the same variant again, e.g. a
+            notebook cell run again, does nothing), an unknown attention or options that do not apply to it.
     """
     load_plugins()
+    check_name("name", name)
+    if VARIANTS.get(name) == dict(attention=attention, **options):
+        return
     if name in VARIANTS or name in ALIASES:
-        raise ValueError(f"variant {name!r} is already registered")
+        raise ValueError(f"variant {name!r} is already registered (as {VARIANTS.get(name, ALIASES.get(name))!r}); "
+                         f"choose another name")
     get_attention(attention).options(None, options)  # validates
     VARIANTS[name] = dict(attention=attention, **options)
     if in_defaults:

@@ -18,6 +18,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
+from coupled_qk._checks import coerce, field_types
 from coupled_qk.models.config import GPTConfig, parse_overrides
 from coupled_qk.models.registry import (
     ALIASES,
@@ -62,6 +63,7 @@ def variant_overrides(spec: str) -> dict:
                          f"{UNKNOWN_HINT}")
     items = rest.split("+") if rest else []
     given = parse_overrides(items, flag=f"variant {spec!r}")
+    given = _typed_map_options(spec, given.get("attention", VARIANTS[name]["attention"]), given)
     _refuse_contradictions(spec, name, given, items)
     overrides = {**VARIANTS[name], **given}
     flat = flat_option_names()
@@ -70,6 +72,19 @@ def variant_overrides(spec: str) -> dict:
     except ValueError as exc:
         raise ValueError(f"variant {spec!r}: {exc}") from None
     return overrides
+
+
+def _typed_map_options(spec: str, attention: str, given: dict) -> dict:
+    """``given`` with its map options converted to the types that ``attention``'s map declares. A flat option
+    that two registered maps declare with different types (a plugin's ``n_steps: float`` beside the dynamics'
+    ``int``) is parsed as a string (:func:`~coupled_qk.models.registry.map_option_types`); without this,
+    ``coupled_two+n_steps=2`` would compare ``'2'`` with the variant's ``2``."""
+    entry = ATTENTIONS.get(attention)
+    if entry is None or entry.qk_map is None:
+        return given  # refused later, naming the spec
+    types, flat = field_types(entry.qk_map.options), flat_option_names()
+    return {k: coerce(f"variant {spec!r} {k}", v, types[flat[k]]) if isinstance(v, str) and flat.get(k) in types
+            else v for k, v in given.items()}
 
 
 def _defining(name: str) -> dict:
