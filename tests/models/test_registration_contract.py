@@ -174,3 +174,27 @@ def test_a_literal_option_is_checked_on_every_surface():
         parse_overrides(["mode=c"])
     with pytest.raises(ValueError, match=r"GPTConfig.qk_map.mode='c' is unknown"):  # was accepted
         GPTConfig(attention="mode", qk_map={"mode": "c"}, **SMALL)
+
+
+class Pool(QKMap):
+    """Breaks the contract at run time: the keys come back one position shorter."""
+
+    def __init__(self, d_head: int, n_heads: int):
+        super().__init__()
+        self.dt = None
+
+    def forward(self, q, k):
+        return q, k[..., 1:, :]
+
+
+@dataclasses.dataclass
+class PoolOptions(MapOptions):
+    pass
+
+
+def test_a_map_returning_other_shapes_is_named_at_its_call():
+    register_qk_map("pool", "pool", Pool, PoolOptions)
+    model = GPT(GPTConfig(attention="pool", **SMALL))
+    with pytest.raises(ValueError, match=r"query-key map Pool must return q and k of its inputs' shapes "
+                                         r"\(1, 2, 8, 8\) and \(1, 2, 8, 8\); it returned \(1, 2, 8, 8\) and \(1, 2, 7, 8\)"):
+        model(torch.randint(0, 32, (1, 8)))

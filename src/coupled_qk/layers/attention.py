@@ -268,6 +268,19 @@ class CausalSelfAttention(nn.Module):
         folds[self.layer_idx] = fp
         return fp
 
+    def _mapped(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``self.qk_map(q, k)``, checked: a registered map must return tensors of its inputs' shapes.
+
+        Raises:
+            ValueError: a map (a plugin's, say) returned other shapes, naming the map and both shapes.
+        """
+        q2, k2 = self.qk_map(q, k)
+        if q2.shape != q.shape or k2.shape != k.shape:
+            raise ValueError(f"the query-key map {type(self.qk_map).__name__} must return q and k of its inputs' "
+                             f"shapes {tuple(q.shape)} and {tuple(k.shape)}; it returned {tuple(q2.shape)} and "
+                             f"{tuple(k2.shape)}")
+        return q2, k2
+
     def __getstate__(self):
         """Pickling and ``copy.deepcopy`` leave the decoding fold behind (it is rebuilt when needed)."""
         return {**super().__getstate__(), "_fold": None}
@@ -321,7 +334,7 @@ class CausalSelfAttention(nn.Module):
         maps = {}
         if folded is None and self.qk_map is not None:
             q_in, k_in = q, k
-            q, k = self.qk_map(q, k)
+            q, k = self._mapped(q, k)
             if record:
                 maps = dict(q=q_in.detach(), k=self._per_query_head(k_in).detach(), q_mapped=q.detach(),
                             k_mapped=self._per_query_head(k).detach())
