@@ -77,26 +77,53 @@ def detokenize_wikitext(text: str) -> str:
     return text
 
 
+_NOT_TEXT = (  # leading bytes of files that are not UTF-8 text -> what they are (checked in this order)
+    (b"\x00\x00\xfe\xff", "UTF-32 text (big-endian byte order mark)"),
+    (b"\xff\xfe\x00\x00", "UTF-32 text (little-endian byte order mark)"),
+    (b"\xfe\xff", "UTF-16 text (big-endian byte order mark)"),
+    (b"\xff\xfe", "UTF-16 text (little-endian byte order mark)"),
+    (b"\x1f\x8b", "a gzip-compressed file"),
+    (b"BZh", "a bzip2-compressed file"),
+    (b"\xfd7zXZ\x00", "an xz-compressed file"),
+    (b"\x28\xb5\x2f\xfd", "a zstd-compressed file"),
+    (b"PK\x03\x04", "a zip archive"),
+)
+_JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+UTF8_BOM = "\ufeff"
+
+
 def read_text(path: Path, corpus: str) -> str:
-    """Read ``path`` as strict UTF-8 (newlines kept exactly as stored).
+    """Read ``path`` as strict UTF-8 (newlines kept exactly as stored; a leading UTF-8 byte order mark, which
+    is not text, is dropped).
 
     Raises:
         FileNotFoundError: the file is missing (message names the corpus and the file).
-        ValueError: the file is not valid UTF-8 (message names the file and the byte offset).
+        ValueError: the file is not valid UTF-8 text (message names the file and the byte offset, and what the
+            file is instead where its first bytes say: UTF-16/UTF-32 with a byte order mark, gzip/bzip2/xz/zstd
+            or zip), or it is JSON (``.jsonl``/``.ndjson``/``.json``), whose syntax would be trained on as text.
         OSError: any other read failure, re-raised with the file named.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus {corpus!r}: expected file {path} does not exist; {_HINT}")
+    if path.suffix.lower() in _JSON_SUFFIXES:
+        raise ValueError(f"corpus {corpus!r}: {path} is a {path.suffix} file; a corpus is plain UTF-8 text, so its "
+                         "JSON syntax (keys, quotes, escapes) would be trained on as text; write the documents' "
+                         "text to a .txt file, one document per paragraph (blank line between)")
     try:
         data = path.read_bytes()
     except OSError as e:
         raise OSError(f"corpus {corpus!r}: cannot read {path}: {e}") from e
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"corpus {corpus!r}: {path} is not valid UTF-8 text (bad byte at offset {e.start})"
-                         ) from e
+        kind = next((what for magic, what in _NOT_TEXT if data.startswith(magic)), None)
+        found = f"; it is {kind}" if kind else ""
+        encoding = kind.split()[0] if kind and kind.startswith("UTF") else "<its encoding>"
+        fix = "decompress it" if kind and not kind.startswith("UTF") else f"convert it (iconv -f {encoding} -t UTF-8)"
+        raise ValueError(f"corpus {corpus!r}: {path} is not valid UTF-8 text (bad byte at offset {e.start}"
+                         f"{found}); expected UTF-8 text: {fix}") from e
+    return text[1:] if text.startswith(UTF8_BOM) else text
 
 
 def _words(docs: list[str]) -> int:

@@ -1,0 +1,50 @@
+"""Files users bring: corpora in other encodings or formats, tokenizer files, GLUE tables, the cache variable."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from coupled_qk.data.corpora import load_corpus
+from tests.conftest import make_text
+
+# ---------------------------------------------------------------- corpus files
+
+
+def test_utf8_byte_order_mark_is_not_text(tmp_path):
+    text = make_text(40, 0)
+    (tmp_path / "plain.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    plain, bom = (load_corpus(str(tmp_path / f), min_split_words=0) for f in ("plain.txt", "bom.txt"))
+    for split in ("train", "valid", "test"):
+        assert "\ufeff" not in bom.split(split)
+        assert bom.split(split) == plain.split(split)
+
+
+def test_given_split_with_byte_order_mark(tmp_path):
+    for split, seed in (("train", 0), ("valid", 1), ("test", 2)):
+        (tmp_path / f"{split}.txt").write_bytes(b"\xef\xbb\xbf" + make_text(5, seed).encode())
+    corpus = load_corpus(str(tmp_path))
+    assert corpus.valid == make_text(5, 1)
+
+
+@pytest.mark.parametrize("encode, what", [
+    (lambda t: t.encode("utf-16"), "UTF-16 text"),
+    (lambda t: t.encode("utf-32"), "UTF-32 text"),
+    (lambda t: gzip.compress(t.encode()), "gzip-compressed"),
+])
+def test_not_utf8_files_are_named(tmp_path, encode, what):
+    (tmp_path / "c.txt").write_bytes(encode(make_text(40, 0)))
+    with pytest.raises(ValueError, match=f"c.txt is not valid UTF-8 text .*it is (a |an )?{what}") as info:
+        load_corpus(str(tmp_path / "c.txt"))
+    assert "expected UTF-8 text" in str(info.value)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".ndjson"])
+def test_json_lines_refused_not_trained_as_text(tmp_path, suffix):
+    lines = [json.dumps({"text": d}) for d in make_text(40, 0).split("\n\n")]
+    (tmp_path / f"c{suffix}").write_text("\n\n".join(lines))
+    with pytest.raises(ValueError, match=rf"c\{suffix} is a \{suffix} file; a corpus is plain UTF-8 text"):
+        load_corpus(str(tmp_path / f"c{suffix}"))
