@@ -48,3 +48,41 @@ def test_json_lines_refused_not_trained_as_text(tmp_path, suffix):
     (tmp_path / f"c{suffix}").write_text("\n\n".join(lines))
     with pytest.raises(ValueError, match=rf"c\{suffix} is a \{suffix} file; a corpus is plain UTF-8 text"):
         load_corpus(str(tmp_path / f"c{suffix}"))
+
+
+# ---------------------------------------------------------------- tokenizer specs
+
+
+@pytest.mark.parametrize("spec", ["bpe-0", "bpe-100", "bpe-99999999", "bpe-x", "bpe-", "bpe-8k"])
+def test_bad_bpe_spec_named_before_any_training(spec):
+    from coupled_qk.data.tokenizers import check_tokenizer_spec, get_tokenizer
+
+    with pytest.raises(ValueError, match=rf"--tokenizer='{spec}': a trained BPE is 'bpe-<N>' with N an integer"):
+        check_tokenizer_spec("--tokenizer", spec)
+    with pytest.raises(ValueError, match=rf"tokenizer='{spec}': a trained BPE"):
+        get_tokenizer(spec, train_text="some text " * 100)
+
+
+def test_tokenizer_folders(tmp_path, data_dir):
+    from coupled_qk.data.tokenizers import check_tokenizer_spec, get_tokenizer, gpt2_tokenizer
+
+    gpt2_files = data_dir / "tokenizer" / "gpt2"  # vocab.json + merges.txt, no tokenizer.json
+    assert get_tokenizer(str(gpt2_files)).fingerprint == gpt2_tokenizer(data_dir).fingerprint
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "vocab.json").write_bytes((gpt2_files / "vocab.json").read_bytes())
+    with pytest.raises(ValueError, match="'.*half': the folder holds vocab.json but not merges.txt"):
+        get_tokenizer(str(tmp_path / "half"))
+    (tmp_path / "none").mkdir()
+    with pytest.raises(ValueError, match="--tokenizer='.*none': the folder holds no tokenizer.json"):
+        check_tokenizer_spec("--tokenizer", str(tmp_path / "none"))
+
+
+def test_train_refuses_a_bad_tokenizer_before_reading_the_corpus(tmp_path, capsys):
+    from coupled_qk.cli import main
+
+    missing = tmp_path / "no-such-corpus.txt"  # the corpus is never read: the tokenizer is named first
+    args = ["train", "--corpus", str(missing), "--tokenizer", "bpe-100", "--max-steps", "2",
+            "--out-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    assert main(args) == 2
+    assert "--tokenizer='bpe-100': a trained BPE" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
