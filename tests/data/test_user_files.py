@@ -86,3 +86,33 @@ def test_train_refuses_a_bad_tokenizer_before_reading_the_corpus(tmp_path, capsy
     assert main(args) == 2
     assert "--tokenizer='bpe-100': a trained BPE" in capsys.readouterr().err
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+# ---------------------------------------------------------------- the cache variable
+
+
+@pytest.mark.parametrize("where", ["file", "file/sub"])
+def test_cache_variable_naming_a_file(tmp_path, monkeypatch, where):
+    from coupled_qk.data.paths import default_cache_dir
+
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("COUPLED_QK_CACHE", str(tmp_path / where))
+    with pytest.raises(ValueError, match=r"COUPLED_QK_CACHE='.*file(/sub)?'.*(is a file; expected a folder|is a "
+                       "file, so nothing can be created under it)"):
+        default_cache_dir()
+    monkeypatch.setenv("COUPLED_QK_CACHE", str(tmp_path / "cache"))
+    assert default_cache_dir() == tmp_path / "cache"
+
+
+def test_train_names_the_cache_variable(tmp_path, monkeypatch, capsys):
+    from coupled_qk.cli import main
+    from tests.conftest import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("COUPLED_QK_CACHE", str(tmp_path / "file"))
+    args = ["train", "--corpus", str(corpus), "--tokenizer", "bpe-300", "--max-steps", "2", "--no-progress",
+            "--out-dir", str(tmp_path / "run")]
+    assert main(args) == 2
+    assert "COUPLED_QK_CACHE=" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before the run folder is claimed
