@@ -116,3 +116,52 @@ def test_train_names_the_cache_variable(tmp_path, monkeypatch, capsys):
     assert main(args) == 2
     assert "COUPLED_QK_CACHE=" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # refused before the run folder is claimed
+
+
+# ---------------------------------------------------------------- GLUE tables
+
+RTE_ROWS = [("A man sleeps.", "Someone sleeps.", 0), ("A dog runs.", "A cat flies.", 1), ("It rains.", "It is wet.", 0)]
+
+
+def _tsv(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join("\t".join(map(str, r)) + "\n" for r in rows))
+
+
+def test_glue_file_without_header_refused_not_one_row_short(tmp_path):
+    from coupled_qk.data.glue import load_glue
+
+    _tsv(tmp_path / "RTE" / "train.tsv", [(a, b, y, i) for i, (a, b, y) in enumerate(RTE_ROWS)])
+    with pytest.raises(ValueError, match=r"RTE/train.tsv: the first row \['A man sleeps.', .*\] is not a header "
+                       r"naming the columns \['sentence1', 'sentence2', 'label'\]"):
+        load_glue("rte", "train", tmp_path)
+    _tsv(tmp_path / "SST-2" / "train.tsv", [("good", 1), ("bad", 0)])
+    with pytest.raises(ValueError, match=r"SST-2/train.tsv: the first row \['good', '1'\] is not a header"):
+        load_glue("sst2", "train", tmp_path)
+
+
+def test_glue_columns_found_by_name(tmp_path):
+    """GLUE's own RTE layout (index, sentence1, sentence2, label as entailment / not_entailment) was read by
+    position: the index as the first sentence and the second sentence as the label."""
+    from coupled_qk.data.glue import load_glue
+
+    names = {0: "entailment", 1: "not_entailment"}
+    _tsv(tmp_path / "RTE" / "train.tsv", [("index", "sentence1", "sentence2", "label")]
+         + [(i, a, b, names[y]) for i, (a, b, y) in enumerate(RTE_ROWS)])
+    split = load_glue("rte", "train", tmp_path)
+    assert split.texts_a == [a for a, _, _ in RTE_ROWS] and split.texts_b == [b for _, b, _ in RTE_ROWS]
+    assert split.labels.tolist() == [y for _, _, y in RTE_ROWS]
+    _tsv(tmp_path / "SST-2" / "train.tsv", [("id", "label", "sentence"), (7, 1, "good"), (8, 0, "bad")])
+    split = load_glue("sst2", "train", tmp_path)
+    assert split.texts_a == ["good", "bad"] and split.labels.tolist() == [1, 0]
+
+
+def test_glue_empty_sentence_and_empty_dev(tmp_path):
+    from coupled_qk.data.glue import load_glue
+
+    _tsv(tmp_path / "SST-2" / "train.tsv", [("sentence", "label"), ("good", 1), (" ", 0)])
+    with pytest.raises(ValueError, match="SST-2/train.tsv row 3: the sentence is empty"):
+        load_glue("sst2", "train", tmp_path)
+    _tsv(tmp_path / "SST-2" / "dev.tsv", [("sentence", "label")])
+    with pytest.raises(ValueError, match="SST-2/dev.tsv has no labelled rows; expected at least one example"):
+        load_glue("sst2", "dev", tmp_path)
