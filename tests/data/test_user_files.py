@@ -165,3 +165,31 @@ def test_glue_empty_sentence_and_empty_dev(tmp_path):
     _tsv(tmp_path / "SST-2" / "dev.tsv", [("sentence", "label")])
     with pytest.raises(ValueError, match="SST-2/dev.tsv has no labelled rows; expected at least one example"):
         load_glue("sst2", "dev", tmp_path)
+
+
+# ---------------------------------------------------------------- folders
+
+
+def test_hidden_copies_are_not_read(tmp_path):
+    """A notebook's checkpoint copy of a file was read as more documents: its documents landed in other splits
+    than the originals (test text trained on)."""
+    text = make_text(60, 0)
+    (tmp_path / "notes.txt").write_text(text)
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "notes-checkpoint.txt").write_text(text)
+    with pytest.warns(UserWarning, match=r"1 hidden \*.txt file\(s\) .* left out \(.ipynb_checkpoints/notes-"):
+        corpus = load_corpus(str(tmp_path), min_split_words=0)
+    assert corpus.source["files"] == [str(tmp_path / "notes.txt")]
+    alone = load_corpus(str(tmp_path / "notes.txt"), min_split_words=0)
+    assert all(corpus.split(s) == alone.split(s) for s in ("train", "valid", "test"))
+
+
+def test_files_beside_given_splits_are_named(tmp_path):
+    from tests.conftest import write_corpus
+
+    folder = write_corpus(tmp_path / "c")
+    (folder / "more_train.txt").write_text(make_text(50, 3))
+    with pytest.warns(UserWarning, match=r"holds the splits train.txt, valid.txt, test.txt, so only those are "
+                      r"read; more_train.txt left out"):
+        corpus = load_corpus(str(folder))
+    assert corpus.train == make_text(300, 0)

@@ -10,7 +10,8 @@ Sources (under the data dir, see :func:`coupled_qk.data.paths.default_data_dir` 
 * ``wikitext-103``, ``wikitext-2`` (+ ``-raw``): the official releases, ``wiki.{train,valid,test}.tokens``
   (``.raw`` for the raw variants) in the data dir or in its ``wikitext-103/`` ... sub-folder.
 * ``hf:NAME[:CONFIG]``: a dataset loaded with Hugging Face ``datasets`` (optional; :mod:`coupled_qk.data.hub`).
-* anything else is a path: a text file, a folder of ``*.txt`` files (recursive), or a folder holding
+* anything else is a path: a text file, a folder of ``*.txt`` files (recursive; hidden files
+  and folders are not read), or a folder holding
   ``train.txt``/``valid.txt``/``test.txt`` or ``wiki.*.tokens`` (used as given).
 
 Documents (:func:`split_documents`): runs of non-blank lines separated by blank (whitespace-only) lines. A
@@ -174,16 +175,41 @@ def _given_split_files(folder: Path) -> dict[str, Path] | None:
     return None
 
 
+def _text_files(name: str, folder: Path) -> list[Path]:
+    """The ``*.txt`` files under ``folder`` (recursive, sorted by relative path), without hidden ones (a name
+    starting with ``"."`` anywhere below ``folder``: editor and notebook copies such as
+    ``.ipynb_checkpoints/notes-checkpoint.txt`` would put a second copy of a document into another split);
+    a warning names what was left out."""
+    files, hidden = [], []
+    for f in sorted(folder.rglob("*.txt"), key=lambda p: p.relative_to(folder).as_posix()):
+        (hidden if any(part.startswith(".") for part in f.relative_to(folder).parts) else files).append(f)
+    if hidden:
+        shown = ", ".join(f.relative_to(folder).as_posix() for f in hidden[:3]) + (", ..." if len(hidden) > 3 else "")
+        warnings.warn(f"corpus {name!r}: {len(hidden)} hidden *.txt file(s) under {folder} left out ({shown}); "
+                      "hidden files and folders (names starting with '.') are not read", UserWarning, stacklevel=4)
+    return files
+
+
+def _warn_unread(name: str, folder: Path, given: dict[str, Path]) -> None:
+    """Warn about the ``*.txt`` files beside the given splits, which a folder with given splits does not read."""
+    unread = sorted(f.name for f in folder.glob("*.txt") if f not in given.values() and not f.name.startswith("."))
+    if unread:
+        warnings.warn(f"corpus {name!r}: {folder} holds the splits {', '.join(p.name for p in given.values())}, so "
+                      f"only those are read; {', '.join(unread[:5])}{', ...' if len(unread) > 5 else ''} "
+                      "left out (move them into the splits, or elsewhere)", UserWarning, stacklevel=4)
+
+
 def _from_path(name: str, path: Path, seed: int, vf: float, tf: float, min_words: int) -> Corpus:
     source = {"path": str(path)}
     if path.is_file():
         return _from_documents(name, [path], seed, vf, tf, source, min_words)
     given = _given_split_files(path)
     if given is not None:
+        _warn_unread(name, path, given)
         return _from_given_splits(name, given, source)
-    files = sorted(path.rglob("*.txt"), key=lambda p: p.relative_to(path).as_posix())
+    files = _text_files(name, path)
     if not files:
-        raise FileNotFoundError(f"corpus {name!r}: folder {path} holds no *.txt files")
+        raise FileNotFoundError(f"corpus {name!r}: folder {path} holds no *.txt files (hidden ones are not read)")
     return _from_documents(name, files, seed, vf, tf, source, min_words)
 
 
