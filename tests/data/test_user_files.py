@@ -193,3 +193,12 @@ def test_files_beside_given_splits_are_named(tmp_path):
                       r"read; more_train.txt left out"):
         corpus = load_corpus(str(folder))
     assert corpus.train == make_text(300, 0)
+
+
+@pytest.mark.parametrize("content, found", [("", r"has no text \(only whitespace\);"), (" \n\t\n\n", r"has no text \(only whitespace\);"),
+                                            ("one line " * 1000, "has 1 document;")])
+def test_corpus_without_documents_says_why(tmp_path, content, found):
+    (tmp_path / "c.txt").write_text(content)
+    with pytest.raises(ValueError, match=f"corpus '.*c.txt' {found} need at least 3 documents .*separated by blank "
+                       "lines"):
+        load_corpus(str(tmp_path / "c.txt"))
