@@ -202,3 +202,16 @@ def test_corpus_without_documents_says_why(tmp_path, content, found):
     with pytest.raises(ValueError, match=f"corpus '.*c.txt' {found} need at least 3 documents .*separated by blank "
                        "lines"):
         load_corpus(str(tmp_path / "c.txt"))
+
+
+def test_lm_eval_task_files_with_byte_order_mark(tmp_path):
+    """make-task's readers kept the mark: the first document began with U+FEFF and an SST-2 file's header row was
+    taken for an example ('\\ufeffsentence<TAB>label' is no header), refused as a malformed line."""
+    from coupled_qk.hf.harness import make_task, text_documents
+
+    (tmp_path / "t.txt").write_bytes(b"\xef\xbb\xbffirst\n\nsecond\n")
+    assert text_documents(tmp_path / "t.txt") == ["first", "second"]
+    (tmp_path / "s.tsv").write_bytes(b"\xef\xbb\xbfsentence\tlabel\ngood\t1\nbad\t0\n")
+    yaml = make_task("sst2", tmp_path / "s.tsv", tmp_path / "tasks")
+    rows = [json.loads(line) for line in yaml.with_suffix(".jsonl").read_text().splitlines()]
+    assert rows == [{"sentence": "good", "label": 1}, {"sentence": "bad", "label": 0}]
