@@ -215,3 +215,17 @@ def test_lm_eval_task_files_with_byte_order_mark(tmp_path):
     yaml = make_task("sst2", tmp_path / "s.tsv", tmp_path / "tasks")
     rows = [json.loads(line) for line in yaml.with_suffix(".jsonl").read_text().splitlines()]
     assert rows == [{"sentence": "good", "label": 1}, {"sentence": "bad", "label": 0}]
+
+
+def test_glue_cola_in_glue_layout(tmp_path, data_dir):
+    """GLUE's own CoLA copy (CoLA/train.tsv, dev.tsv; no raw/) was refused asking for raw/in_domain_train.tsv."""
+    from coupled_qk.data.glue import load_glue
+
+    raw = data_dir / "glue" / "CoLA" / "raw"
+    (tmp_path / "CoLA").mkdir()
+    (tmp_path / "CoLA" / "train.tsv").write_bytes((raw / "in_domain_train.tsv").read_bytes())
+    (tmp_path / "CoLA" / "dev.tsv").write_bytes((raw / "in_domain_dev.tsv").read_bytes()
+                                                + (raw / "out_of_domain_dev.tsv").read_bytes())
+    for split in ("train", "dev"):
+        mine, theirs = load_glue("cola", split, tmp_path), load_glue("cola", split, data_dir / "glue")
+        assert mine.texts_a == theirs.texts_a and mine.labels.tolist() == theirs.labels.tolist()

@@ -7,6 +7,7 @@ Files (GLUE / original releases; the layout of ``../shared/data/glue``, or a use
                                           GLUE copy (train.tsv 67,349 rows, dev.tsv 872) works too: see below.
     CoLA/raw/in_domain_train.tsv          source<TAB>label<TAB>original label<TAB>sentence, no header (8,551)
     CoLA/raw/in_domain_dev.tsv, out_of_domain_dev.tsv   GLUE dev = both (527 + 516 = 1,043)
+    CoLA/train.tsv, dev.tsv               GLUE's own copy (same columns; dev = both devs), read where raw/ is absent
     RTE/train.tsv, dev.tsv                sentence1<TAB>sentence2<TAB>label<TAB>idx; 0 = entailment (2,490 / 277)
     MRPC/train.tsv, dev.tsv               Quality<TAB>#1 ID<TAB>#2 ID<TAB>#1 String<TAB>#2 String (3,668 / 408)
 
@@ -193,6 +194,8 @@ def load_glue(task: str, split: str, data_dir: str | Path | None = None) -> Glue
     elif task == "cola":
         names = ["in_domain_train.tsv"] if split == "train" else ["in_domain_dev.tsv", "out_of_domain_dev.tsv"]
         paths = [folder / "raw" / n for n in names]
+        if not (folder / "raw").is_dir() and (folder / f"{split}.tsv").is_file():  # GLUE's own copy: same columns
+            paths = [folder / f"{split}.tsv"]
         a, y = _single(paths, 3, 1, header=False, ncols=4)
     else:
         paths = [folder / f"{split}.tsv"]
