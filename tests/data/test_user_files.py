@@ -229,3 +229,39 @@ def test_glue_cola_in_glue_layout(tmp_path, data_dir):
     for split in ("train", "dev"):
         mine, theirs = load_glue("cola", split, tmp_path), load_glue("cola", split, data_dir / "glue")
         assert mine.texts_a == theirs.texts_a and mine.labels.tolist() == theirs.labels.tolist()
+
+
+# ---------------------------------------------------------------- a run's recorded corpus
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from coupled_qk.cli import main
+    from tests.conftest import write_corpus
+
+    root = tmp_path_factory.mktemp("run")
+    corpus = write_corpus(root / "corpus")
+    args = ["train", "--corpus", str(corpus), "--tokenizer", "bpe-300", "--cache-dir", str(root / "cache"),
+            "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
+            "--batch-size", "4", "--warmup-steps", "1", "--max-steps", "2", "--no-progress", "--no-tensorboard",
+            "--out-dir", str(root / "run")]
+    assert main(args) == 0
+    return root
+
+
+@pytest.mark.parametrize("command", ["eval", "analyze"])
+def test_missing_recorded_corpus_names_the_run_config(tiny_run, tmp_path, capsys, command):
+    """eval/analyze of a run whose corpus moved said 'unknown corpus ...', an option the user never passed."""
+    from coupled_qk.cli import main
+
+    moved = tiny_run / "corpus-moved"
+    (tiny_run / "corpus").rename(moved)
+    try:
+        extra = ["--out-dir", str(tmp_path / "analysis")] if command == "analyze" else []
+        assert main([command, str(tiny_run / "run"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"the corpus recorded in {tiny_run / 'run' / 'config.json'} cannot be read: unknown corpus" in err
+        assert "pass --corpus (and --data-dir)" in err
+    finally:
+        moved.rename(tiny_run / "corpus")
+    assert main(["eval", str(tiny_run / "run"), "--splits", "valid"]) == 0
