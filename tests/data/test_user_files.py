@@ -265,3 +265,17 @@ def test_missing_recorded_corpus_names_the_run_config(tiny_run, tmp_path, capsys
     finally:
         moved.rename(tiny_run / "corpus")
     assert main(["eval", str(tiny_run / "run"), "--splits", "valid"]) == 0
+
+
+def test_glue_command_reads_every_file_before_creating_folders(tiny_run, tmp_path, capsys):
+    """An empty dev.tsv was found after the study folder and its model/task folders were created."""
+    from coupled_qk.cli import main
+
+    rows = [("sentence1", "sentence2", "label", "idx")] + [(a, b, y, i) for i, (a, b, y) in enumerate(RTE_ROWS)]
+    _tsv(tmp_path / "glue" / "RTE" / "train.tsv", rows)
+    _tsv(tmp_path / "glue" / "RTE" / "dev.tsv", rows[:1])
+    out = tmp_path / "study"
+    assert main(["glue", str(tiny_run / "run"), "--task", "rte", "--glue-dir", str(tmp_path / "glue"),
+                 "--epochs", "1", "--out-dir", str(out), "--no-progress"]) == 2
+    assert "RTE/dev.tsv has no labelled rows" in capsys.readouterr().err
+    assert not out.exists()
