@@ -279,3 +279,15 @@ def test_glue_command_reads_every_file_before_creating_folders(tiny_run, tmp_pat
                  "--epochs", "1", "--out-dir", str(out), "--no-progress"]) == 2
     assert "RTE/dev.tsv has no labelled rows" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_compare_reads_the_corpus_before_creating_folders(tmp_path, capsys):
+    """A UTF-16 corpus failed in the first run, after compare had created out/standard/."""
+    from coupled_qk.cli import main
+
+    (tmp_path / "c.txt").write_bytes(make_text(40, 0).encode("utf-16"))
+    out = tmp_path / "cmp"
+    assert main(["compare", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", "bpe-300", "--max-steps", "2",
+                 "--variants", "standard,coupled", "--out-dir", str(out), "--no-progress"]) == 2
+    assert "is not valid UTF-8 text" in capsys.readouterr().err
+    assert not out.exists()

@@ -179,6 +179,21 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
         check_out_dir(path_value("--out-dir", cfg.out_dir))
 
 
+def read_corpus_first(cfg: TrainConfig) -> None:
+    """Read a language-modelling config's corpus once, before a command claims a folder of several runs
+    (``compare``, ``demo``): a missing, unreadable or unsplittable corpus is then one line with nothing created,
+    instead of failing in the first run after the comparison's folders were made (``train`` reads its data before
+    its run folder is created anyway).
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`coupled_qk.training.lm.run_corpus`.
+    """
+    if cfg.task == "lm":
+        from coupled_qk.training.lm import run_corpus
+
+        run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
+
+
 def add_arguments(parser) -> None:
     add_train_options(parser, resume=True)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
