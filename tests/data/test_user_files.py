@@ -291,3 +291,24 @@ def test_compare_reads_the_corpus_before_creating_folders(tmp_path, capsys):
                  "--variants", "standard,coupled", "--out-dir", str(out), "--no-progress"]) == 2
     assert "is not valid UTF-8 text" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_broken_links_and_folders_named_txt(tmp_path):
+    """A broken link was 'expected file ... does not exist; pass --data-dir ...' (a given split: 'not test.txt',
+    though it is there); a folder named notes.txt inside a corpus folder was read as a missing file."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text(make_text(60, 0))
+    (folder / "old.txt").mkdir()
+    assert load_corpus(str(folder), min_split_words=0).source["files"] == [str(folder / "a.txt")]
+    (folder / "b.txt").symlink_to(tmp_path / "nowhere.txt")
+    with pytest.raises(FileNotFoundError, match=r"b.txt is a broken symbolic link \(to .*nowhere.txt\); expected a "
+                       "text file$"):
+        load_corpus(str(folder))
+    from tests.conftest import write_corpus
+
+    given = write_corpus(tmp_path / "given")
+    (given / "test.txt").unlink()
+    (given / "test.txt").symlink_to(tmp_path / "gone.txt")
+    with pytest.raises(FileNotFoundError, match=r"given/test.txt is a broken symbolic link"):
+        load_corpus(str(given))

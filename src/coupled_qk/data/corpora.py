@@ -25,6 +25,7 @@ the rest for train, and join each split's documents with a blank line (``"\\n\\n
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from pathlib import Path
@@ -98,15 +99,21 @@ def read_text(path: Path, corpus: str) -> str:
     is not text, is dropped).
 
     Raises:
-        FileNotFoundError: the file is missing (message names the corpus and the file).
-        ValueError: the file is not valid UTF-8 text (message names the file and the byte offset, and what the
+        FileNotFoundError: the file is missing or a broken symbolic link (message names the corpus and the file).
+        ValueError: ``path`` is a folder; the file is not valid UTF-8 text (message names the file and the byte offset, and what the
             file is instead where its first bytes say: UTF-16/UTF-32 with a byte order mark, gzip/bzip2/xz/zstd
             or zip), or it is JSON (``.jsonl``/``.ndjson``/``.json``), whose syntax would be trained on as text.
         OSError: any other read failure, re-raised with the file named.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"corpus {corpus!r}: expected file {path} does not exist; {_HINT}")
+        if path.is_symlink():
+            raise FileNotFoundError(f"corpus {corpus!r}: {path} is a broken symbolic link (to {os.readlink(path)}); "
+                                    "expected a text file")
+        if path.is_dir():
+            raise ValueError(f"corpus {corpus!r}: {path} is a folder; expected a text file")
+        hint = f"; {_HINT}" if corpus in KNOWN_CORPORA else ""
+        raise FileNotFoundError(f"corpus {corpus!r}: expected file {path} does not exist{hint}")
     if path.suffix.lower() in _JSON_SUFFIXES:
         raise ValueError(f"corpus {corpus!r}: {path} is a {path.suffix} file; a corpus is plain UTF-8 text, so its "
                          "JSON syntax (keys, quotes, escapes) would be trained on as text; write the documents' "
@@ -165,11 +172,11 @@ def _wikitext(name: str, data_dir: Path) -> Corpus:
 def _given_split_files(folder: Path) -> dict[str, Path] | None:
     for pattern in ("{}.txt", "wiki.{}.tokens", "wiki.{}.raw"):
         files = {s: folder / pattern.format(s) for s in SPLITS}
-        present = [p for p in files.values() if p.is_file()]
+        present = [p for p in files.values() if p.is_file() or p.is_symlink()]  # a broken link: read_text names it
         if len(present) == 3:
             return files
         if present:
-            missing = [str(p) for p in files.values() if not p.is_file()]
+            missing = [str(p) for p in files.values() if p not in present]
             raise FileNotFoundError(f"{folder} holds {present[0].name} but not {', '.join(missing)}: a folder "
                                     "with given splits needs all of train/valid/test")
     return None
@@ -182,6 +189,8 @@ def _text_files(name: str, folder: Path) -> list[Path]:
     a warning names what was left out."""
     files, hidden = [], []
     for f in sorted(folder.rglob("*.txt"), key=lambda p: p.relative_to(folder).as_posix()):
+        if f.is_dir():  # a folder named *.txt: rglob walks into it anyway
+            continue
         (hidden if any(part.startswith(".") for part in f.relative_to(folder).parts) else files).append(f)
     if hidden:
         shown = ", ".join(f.relative_to(folder).as_posix() for f in hidden[:3]) + (", ..." if len(hidden) > 3 else "")
