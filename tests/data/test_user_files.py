@@ -312,3 +312,24 @@ def test_broken_links_and_folders_named_txt(tmp_path):
     (given / "test.txt").symlink_to(tmp_path / "gone.txt")
     with pytest.raises(FileNotFoundError, match=r"given/test.txt is a broken symbolic link"):
         load_corpus(str(given))
+
+
+# ---------------------------------------------------------------- saved run configs
+
+
+def test_saved_config_without_a_field_compares_as_its_default():
+    """A run's config.json without a field (saved before the field existed, or trimmed by hand) was compared as
+    None: --resume refused 'weight_decay: None vs 0.1' and compare refused to reuse the finished run, though
+    check_saved_config reads a missing field as its default."""
+    from coupled_qk.experiments.runner import setting_differences
+    from coupled_qk.training.config import TrainConfig, config_differences
+
+    cfg = TrainConfig(corpus="pubmed", max_steps=5)
+    saved = cfg.to_dict()
+    for name in ("weight_decay", "best_mode", "model", "min_delta"):
+        del saved[name]
+    assert config_differences(saved, cfg) == {}
+    assert setting_differences(saved, cfg) == {}
+    saved["lr"] = 0.5  # a real difference is still one
+    assert config_differences(saved, cfg) == {"lr": (0.5, 0.001)}
+    assert setting_differences(saved, cfg) == {"lr": (0.5, 0.001)}
