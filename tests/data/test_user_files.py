@@ -333,3 +333,32 @@ def test_saved_config_without_a_field_compares_as_its_default():
     saved["lr"] = 0.5  # a real difference is still one
     assert config_differences(saved, cfg) == {"lr": (0.5, 0.001)}
     assert setting_differences(saved, cfg) == {"lr": (0.5, 0.001)}
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(tokens="x"), 'tokens="x" is a string; expected an object'),
+    (lambda d: d["tokens"].update(valid="12"), 'tokens.valid="12" is a string; expected an integer'),
+    (lambda d: d["text_sha256"].update(valid=None), "text_sha256.valid=null is null; expected a string"),
+    (lambda d: d.update(vocab_size="300"), 'vocab_size="300" is a string; expected an integer'),
+])
+def test_hand_edited_data_json_is_named_not_reported_as_changed_data(tiny_run, tmp_path, edit, message):
+    """A data.json value of the wrong kind was reported as changed data ('vocab_size: 300 recorded, 300 now')."""
+    import shutil
+
+    from coupled_qk.training.config import TrainConfig
+    from coupled_qk.training.lm import LMTask, split_changes
+    from coupled_qk.training.rundir import RunDir
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run / "run", run)
+    data = json.loads((run / "data.json").read_text())
+    edit(data)
+    (run / "data.json").write_text(json.dumps(data))
+    saved = json.loads((run / "config.json").read_text())
+    cfg = TrainConfig.from_dict({**saved, "out_dir": str(run), "resume": True})
+    task = LMTask(cfg, run)
+    with pytest.raises(ValueError, match=f"{run / 'data.json'}: {message} \\(was the file edited by hand\\?\\)"):
+        RunDir(run).check_data(task)
+    if not message.startswith("vocab_size"):  # eval compares the splits only
+        with pytest.raises(ValueError, match=message):
+            split_changes(RunDir(run), task.corpus, ("valid",), {"valid": len(task.tokens["valid"])})

@@ -142,7 +142,7 @@ def split_changes(run: RunDir, corpus: Corpus, splits, tokens: dict | None = Non
     now = {"text_sha256": {split: text_sha256(corpus.split(split)) for split in splits}}
     if tokens is not None:
         now["tokens"] = {split: int(tokens[split]) for split in splits}
-    return data_changes(recorded, now, ("tokens", "text_sha256"))
+    return data_changes(recorded, now, ("tokens", "text_sha256"), run.data_path)
 
 
 def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:
