@@ -362,3 +362,13 @@ def test_hand_edited_data_json_is_named_not_reported_as_changed_data(tiny_run, t
     if not message.startswith("vocab_size"):  # eval compares the splits only
         with pytest.raises(ValueError, match=message):
             split_changes(RunDir(run), task.corpus, ("valid",), {"valid": len(task.tokens["valid"])})
+
+
+def test_bpe_spec_trains_even_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    """'bpe-<N>' keeps meaning a BPE to train (as the LM task reads it) where the current folder holds bpe-<N>/."""
+    from coupled_qk.data.tokenizers import get_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bpe-300").mkdir()
+    tok = get_tokenizer("bpe-300", train_text=make_text(200, 0))
+    assert tok.name.startswith("bpe-") and tok.vocab_size <= 300

@@ -324,8 +324,8 @@ def check_tokenizer_spec(option: str, spec) -> str:
                 "'bpe-8192') or an existing tokenizer folder / tokenizer.json")
     if spec == "gpt2":
         return spec
-    if spec.startswith("bpe-") and not Path(spec).expanduser().exists():
-        m = re.fullmatch(r"bpe-(\d+)", spec)
+    m = re.fullmatch(r"bpe-(\d+)", spec)
+    if m is not None or (spec.startswith("bpe-") and not Path(spec).expanduser().exists()):
         if m is None or not MIN_VOCAB <= int(m.group(1)) <= MAX_VOCAB:
             raise ValueError(f"{option}={spec!r}: a trained BPE is 'bpe-<N>' with N an integer in [{MIN_VOCAB}, "
                              f"{MAX_VOCAB}] (256 byte tokens + <|endoftext|> at least), e.g. 'bpe-8192'")
@@ -363,7 +363,7 @@ def get_tokenizer(spec: str, train_text: Iterable[str] | str | None = None,
     if spec == "gpt2":
         return gpt2_tokenizer(data_dir)
     path = Path(spec).expanduser()
-    if not path.exists():  # bpe-<N>, checked above
+    if re.fullmatch(r"bpe-\d+", spec):  # always a BPE to train, even where a folder of that name exists
         if train_text is None:
             raise ValueError(f"tokenizer spec {spec!r} trains a BPE and needs train_text")
         return train_bpe(train_text, int(spec[len("bpe-"):]))
