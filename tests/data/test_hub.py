@@ -94,3 +94,11 @@ def test_demo_falls_back_to_wikitext2_from_the_hub(tmp_path, monkeypatch):
     spec, which = hub.demo_corpus(tmp_path / "absent")
     assert spec == loaded[0] == "hf:Salesforce/wikitext:wikitext-2-raw-v1"
     assert "WikiText-2" in which and "hub" in which
+
+
+def test_unknown_or_unreachable_dataset_names_the_corpus():
+    """datasets' own error ('Couldn't reach ... on the Hub (LocalEntryNotFoundError)') named neither the corpus
+    option nor what was expected."""
+    with pytest.raises(FileNotFoundError, match=r"corpus 'hf:nobody/no-such-set:cfg': "
+                       r"datasets.load_dataset\('nobody/no-such-set', 'cfg'\) failed \(.*\); expected a dataset name"):
+        load_corpus("hf:nobody/no-such-set:cfg")

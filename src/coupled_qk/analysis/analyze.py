@@ -156,7 +156,7 @@ def analyze_checkpoints(
         FileNotFoundError: a checkpoint, tokenizer or corpus file is missing.
     """
     from coupled_qk.outputs import as_output_dir
-    from coupled_qk.training.lm import run_corpus
+    from coupled_qk.training.lm import run_corpus, saved_run_corpus
 
     # the output is claimed before any work: a folder holding other files, or an earlier analysis without
     # --overwrite, is refused here (docs/RELIABILITY.md, "Outputs")
@@ -167,7 +167,8 @@ def analyze_checkpoints(
     own_text = corpus is None and split_seed is None
     corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
     # the runs' own saved split options are read back as they ran (a warning if unused); --split-seed is checked
-    text_corpus = run_corpus(corpus, data_dir, task_options, saved=split_seed is None)
+    text_corpus = (saved_run_corpus(ckpts[0].parent, corpus, data_dir, task_options) if own_text
+                   else run_corpus(corpus, data_dir, task_options, saved=split_seed is None))
     if own_text:
         _warn_changed_text(ckpts, text_corpus, split)
     text = text_corpus.split(split)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coupled_qk.commands.options import add_overwrite_option, parse_seeds, reject_variant_flags
-from coupled_qk.commands.train import add_train_options, preflight, train_config_from_args
+from coupled_qk.commands.train import add_train_options, preflight, read_corpus_first, train_config_from_args
 from coupled_qk.models.registry import variant_names
 
 HELP = "train several attention variants with the same data and budget, then compare"
@@ -29,6 +29,7 @@ def run(args) -> int:
     base = train_config_from_args(args)
     seeds = parse_seeds(args.seeds)
     preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
+    read_corpus_first(base)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     summary = run_comparison(base, variants, seeds, comparison_dir(base.out_dir, variants, args.overwrite))
     print(comparison_table(summary))

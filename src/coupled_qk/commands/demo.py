@@ -14,7 +14,7 @@ the variants (the table says it is a smoke run).
 from __future__ import annotations
 
 from coupled_qk.commands.options import add_overwrite_option, parse_seeds, reject_variant_flags
-from coupled_qk.commands.train import add_train_options, preflight, train_config_from_args
+from coupled_qk.commands.train import add_train_options, preflight, read_corpus_first, train_config_from_args
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes (--quick: ~3)"
 DEMO_VARIANTS = "standard,coupled,coupled_leapfrog,uncoupled_mlp"
@@ -69,6 +69,7 @@ def run(args) -> int:
     base = train_config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
     preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
+    read_corpus_first(base)
     variants = [v.strip() for v in args.variants.split(",")]
     summary = run_comparison(base, variants, seeds, comparison_dir(base.out_dir, variants, args.overwrite))
     print(comparison_table(summary))

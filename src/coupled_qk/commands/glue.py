@@ -57,6 +57,11 @@ def run(args) -> int:
         from coupled_qk.outputs import input_dir
 
         input_dir("--glue-dir", args.glue_dir)
+    from coupled_qk.data.glue import SPLITS, load_glue
+
+    for task in tasks:  # every file read (a missing, malformed or empty one named) before any folder is created
+        for split in SPLITS:
+            load_glue(task, split, args.glue_dir)
 
     names = [n.strip() for n in args.names.split(",")] if args.names is not None else None
     if args.out_dir is not None:

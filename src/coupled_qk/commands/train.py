@@ -155,6 +155,7 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
         ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``,
             ``task_options.<field>``, ``out_dir``).
     """
+    from coupled_qk.data.tokenizers import check_tokenizer_spec
     from coupled_qk.devices import check_device, check_dtype
     from coupled_qk.outputs import output_location, path_value
     from coupled_qk.training.resume import check_out_dir
@@ -171,9 +172,26 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     for name in ("corpus", "tokenizer"):
         if not str(getattr(cfg, name)).strip():
             raise ValueError(f"--{name}='' is empty")
+    if not cfg.resume:  # a resumed run reads the tokenizer saved in its folder
+        check_tokenizer_spec("--tokenizer", cfg.tokenizer)
     check_task_options(cfg.task, cfg.task_options)
     if run_folder:
         check_out_dir(path_value("--out-dir", cfg.out_dir))
+
+
+def read_corpus_first(cfg: TrainConfig) -> None:
+    """Read a language-modelling config's corpus once, before a command claims a folder of several runs
+    (``compare``, ``demo``): a missing, unreadable or unsplittable corpus is then one line with nothing created,
+    instead of failing in the first run after the comparison's folders were made (``train`` reads its data before
+    its run folder is created anyway).
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`coupled_qk.training.lm.run_corpus`.
+    """
+    if cfg.task == "lm":
+        from coupled_qk.training.lm import run_corpus
+
+        run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
 
 
 def add_arguments(parser) -> None:

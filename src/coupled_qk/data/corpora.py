@@ -10,7 +10,8 @@ Sources (under the data dir, see :func:`coupled_qk.data.paths.default_data_dir` 
 * ``wikitext-103``, ``wikitext-2`` (+ ``-raw``): the official releases, ``wiki.{train,valid,test}.tokens``
   (``.raw`` for the raw variants) in the data dir or in its ``wikitext-103/`` ... sub-folder.
 * ``hf:NAME[:CONFIG]``: a dataset loaded with Hugging Face ``datasets`` (optional; :mod:`coupled_qk.data.hub`).
-* anything else is a path: a text file, a folder of ``*.txt`` files (recursive), or a folder holding
+* anything else is a path: a text file, a folder of ``*.txt`` files (recursive; hidden files
+  and folders are not read), or a folder holding
   ``train.txt``/``valid.txt``/``test.txt`` or ``wiki.*.tokens`` (used as given).
 
 Documents (:func:`split_documents`): runs of non-blank lines separated by blank (whitespace-only) lines. A
@@ -24,6 +25,7 @@ the rest for train, and join each split's documents with a blank line (``"\\n\\n
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from pathlib import Path
@@ -77,26 +79,59 @@ def detokenize_wikitext(text: str) -> str:
     return text
 
 
+_NOT_TEXT = (  # leading bytes of files that are not UTF-8 text -> what they are (checked in this order)
+    (b"\x00\x00\xfe\xff", "UTF-32 text (big-endian byte order mark)"),
+    (b"\xff\xfe\x00\x00", "UTF-32 text (little-endian byte order mark)"),
+    (b"\xfe\xff", "UTF-16 text (big-endian byte order mark)"),
+    (b"\xff\xfe", "UTF-16 text (little-endian byte order mark)"),
+    (b"\x1f\x8b", "a gzip-compressed file"),
+    (b"BZh", "a bzip2-compressed file"),
+    (b"\xfd7zXZ\x00", "an xz-compressed file"),
+    (b"\x28\xb5\x2f\xfd", "a zstd-compressed file"),
+    (b"PK\x03\x04", "a zip archive"),
+)
+_JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+UTF8_BOM = "\ufeff"
+
+
 def read_text(path: Path, corpus: str) -> str:
-    """Read ``path`` as strict UTF-8 (newlines kept exactly as stored).
+    """Read ``path`` as strict UTF-8 (newlines kept exactly as stored; a leading UTF-8 byte order mark, which
+    is not text, is dropped).
 
     Raises:
-        FileNotFoundError: the file is missing (message names the corpus and the file).
-        ValueError: the file is not valid UTF-8 (message names the file and the byte offset).
+        FileNotFoundError: the file is missing or a broken symbolic link (message names the corpus and the file).
+        ValueError: ``path`` is a folder; the file is not valid UTF-8 text (message names the file and the byte offset, and what the
+            file is instead where its first bytes say: UTF-16/UTF-32 with a byte order mark, gzip/bzip2/xz/zstd
+            or zip), or it is JSON (``.jsonl``/``.ndjson``/``.json``), whose syntax would be trained on as text.
         OSError: any other read failure, re-raised with the file named.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"corpus {corpus!r}: expected file {path} does not exist; {_HINT}")
+        if path.is_symlink():
+            raise FileNotFoundError(f"corpus {corpus!r}: {path} is a broken symbolic link (to {os.readlink(path)}); "
+                                    "expected a text file")
+        if path.is_dir():
+            raise ValueError(f"corpus {corpus!r}: {path} is a folder; expected a text file")
+        hint = f"; {_HINT}" if corpus in KNOWN_CORPORA else ""
+        raise FileNotFoundError(f"corpus {corpus!r}: expected file {path} does not exist{hint}")
+    if path.suffix.lower() in _JSON_SUFFIXES:
+        raise ValueError(f"corpus {corpus!r}: {path} is a {path.suffix} file; a corpus is plain UTF-8 text, so its "
+                         "JSON syntax (keys, quotes, escapes) would be trained on as text; write the documents' "
+                         "text to a .txt file, one document per paragraph (blank line between)")
     try:
         data = path.read_bytes()
     except OSError as e:
         raise OSError(f"corpus {corpus!r}: cannot read {path}: {e}") from e
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"corpus {corpus!r}: {path} is not valid UTF-8 text (bad byte at offset {e.start})"
-                         ) from e
+        kind = next((what for magic, what in _NOT_TEXT if data.startswith(magic)), None)
+        found = f"; it is {kind}" if kind else ""
+        encoding = kind.split()[0] if kind and kind.startswith("UTF") else "<its encoding>"
+        fix = "decompress it" if kind and not kind.startswith("UTF") else f"convert it (iconv -f {encoding} -t UTF-8)"
+        raise ValueError(f"corpus {corpus!r}: {path} is not valid UTF-8 text (bad byte at offset {e.start}"
+                         f"{found}); expected UTF-8 text: {fix}") from e
+    return text[1:] if text.startswith(UTF8_BOM) else text
 
 
 def _words(docs: list[str]) -> int:
@@ -137,14 +172,40 @@ def _wikitext(name: str, data_dir: Path) -> Corpus:
 def _given_split_files(folder: Path) -> dict[str, Path] | None:
     for pattern in ("{}.txt", "wiki.{}.tokens", "wiki.{}.raw"):
         files = {s: folder / pattern.format(s) for s in SPLITS}
-        present = [p for p in files.values() if p.is_file()]
+        present = [p for p in files.values() if p.is_file() or p.is_symlink()]  # a broken link: read_text names it
         if len(present) == 3:
             return files
         if present:
-            missing = [str(p) for p in files.values() if not p.is_file()]
+            missing = [str(p) for p in files.values() if p not in present]
             raise FileNotFoundError(f"{folder} holds {present[0].name} but not {', '.join(missing)}: a folder "
                                     "with given splits needs all of train/valid/test")
     return None
+
+
+def _text_files(name: str, folder: Path) -> list[Path]:
+    """The ``*.txt`` files under ``folder`` (recursive, sorted by relative path), without hidden ones (a name
+    starting with ``"."`` anywhere below ``folder``: editor and notebook copies such as
+    ``.ipynb_checkpoints/notes-checkpoint.txt`` would put a second copy of a document into another split);
+    a warning names what was left out."""
+    files, hidden = [], []
+    for f in sorted(folder.rglob("*.txt"), key=lambda p: p.relative_to(folder).as_posix()):
+        if f.is_dir():  # a folder named *.txt: rglob walks into it anyway
+            continue
+        (hidden if any(part.startswith(".") for part in f.relative_to(folder).parts) else files).append(f)
+    if hidden:
+        shown = ", ".join(f.relative_to(folder).as_posix() for f in hidden[:3]) + (", ..." if len(hidden) > 3 else "")
+        warnings.warn(f"corpus {name!r}: {len(hidden)} hidden *.txt file(s) under {folder} left out ({shown}); "
+                      "hidden files and folders (names starting with '.') are not read", UserWarning, stacklevel=4)
+    return files
+
+
+def _warn_unread(name: str, folder: Path, given: dict[str, Path]) -> None:
+    """Warn about the ``*.txt`` files beside the given splits, which a folder with given splits does not read."""
+    unread = sorted(f.name for f in folder.glob("*.txt") if f not in given.values() and not f.name.startswith("."))
+    if unread:
+        warnings.warn(f"corpus {name!r}: {folder} holds the splits {', '.join(p.name for p in given.values())}, so "
+                      f"only those are read; {', '.join(unread[:5])}{', ...' if len(unread) > 5 else ''} "
+                      "left out (move them into the splits, or elsewhere)", UserWarning, stacklevel=4)
 
 
 def _from_path(name: str, path: Path, seed: int, vf: float, tf: float, min_words: int) -> Corpus:
@@ -153,10 +214,11 @@ def _from_path(name: str, path: Path, seed: int, vf: float, tf: float, min_words
         return _from_documents(name, [path], seed, vf, tf, source, min_words)
     given = _given_split_files(path)
     if given is not None:
+        _warn_unread(name, path, given)
         return _from_given_splits(name, given, source)
-    files = sorted(path.rglob("*.txt"), key=lambda p: p.relative_to(path).as_posix())
+    files = _text_files(name, path)
     if not files:
-        raise FileNotFoundError(f"corpus {name!r}: folder {path} holds no *.txt files")
+        raise FileNotFoundError(f"corpus {name!r}: folder {path} holds no *.txt files (hidden ones are not read)")
     return _from_documents(name, files, seed, vf, tf, source, min_words)
 
 

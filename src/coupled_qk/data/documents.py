@@ -132,8 +132,10 @@ def random_split(docs: list[str], seed: int, valid_fraction: float, test_fractio
     n = len(docs)
     n_test, n_valid = max(1, round(n * test_fraction)), max(1, round(n * valid_fraction))
     if n - n_test - n_valid < 1:
-        raise ValueError(f"corpus {corpus!r} has {n} documents; need at least {n_test + n_valid + 1} "
-                         "for non-empty train/valid/test splits")
+        found = "no text (only whitespace)" if n == 0 else f"{n} document{'s' if n > 1 else ''}"
+        raise ValueError(f"corpus {corpus!r} has {found}; need at least {n_test + n_valid + 1} documents for "
+                         "non-empty train/valid/test splits (documents are separated by blank lines; or give a "
+                         "folder with train.txt, valid.txt and test.txt)")
     order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
     words = [len(docs[i].split()) for i in order]
     cap = MAX_EVAL_SHARE * sum(words)

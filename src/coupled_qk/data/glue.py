@@ -7,8 +7,14 @@ Files (GLUE / original releases; the layout of ``../shared/data/glue``, or a use
                                           GLUE copy (train.tsv 67,349 rows, dev.tsv 872) works too: see below.
     CoLA/raw/in_domain_train.tsv          source<TAB>label<TAB>original label<TAB>sentence, no header (8,551)
     CoLA/raw/in_domain_dev.tsv, out_of_domain_dev.tsv   GLUE dev = both (527 + 516 = 1,043)
+    CoLA/train.tsv, dev.tsv               GLUE's own copy (same columns; dev = both devs), read where raw/ is absent
     RTE/train.tsv, dev.tsv                sentence1<TAB>sentence2<TAB>label<TAB>idx; 0 = entailment (2,490 / 277)
     MRPC/train.tsv, dev.tsv               Quality<TAB>#1 ID<TAB>#2 ID<TAB>#1 String<TAB>#2 String (3,668 / 408)
+
+SST-2, RTE and MRPC files start with a header row; their columns are found by its names (``sentence``,
+``sentence1``/``sentence2``, ``#1 String``/``#2 String``, ``label``/``Quality``), so GLUE's own RTE layout
+(``index sentence1 sentence2 label``, labels ``entailment``/``not_entailment`` read as 0/1) works too. A first row
+without those names (a file without a header) is refused rather than dropped as a header.
 
 Splits: ``"train"`` is the GLUE training set, ``"dev"`` the labelled GLUE dev set (the GLUE test sets are
 unlabelled and not offered). Rows are read with ``csv`` and ``QUOTE_NONE`` (quotes are text, as in GLUE).
@@ -41,6 +47,11 @@ TASK_INFO = {
     "rte": ("RTE", 2, "accuracy", ("accuracy",)),
     "mrpc": ("MRPC", 2, "f1", ("f1", "accuracy")),
 }
+# task -> (first sentence, second sentence or None, label): the header names of its columns (not CoLA: no header)
+COLUMNS = {"sst2": ("sentence", None, "label"), "rte": ("sentence1", "sentence2", "label"),
+           "mrpc": ("#1 String", "#2 String", "Quality")}
+# label names some copies write instead of the integers (GLUE's own RTE files: 0 = entailment)
+LABEL_NAMES = {"rte": {"entailment": "0", "not_entailment": "1"}}
 
 
 @dataclasses.dataclass
@@ -97,10 +108,17 @@ def _labels(values: list[str], path: Path) -> np.ndarray:
     except ValueError as exc:
         raise ValueError(f"{path}: labels must be integers ({exc})") from None
     if len(labels) == 0:
-        raise ValueError(f"{path} has no rows")
+        raise ValueError(f"{path} has no labelled rows; expected at least one example")
     if labels.min() < 0 or labels.max() > 1:
         raise ValueError(f"{path}: labels must be 0 or 1 (an unlabelled test file?); got {sorted(set(labels.tolist()))}")
     return labels
+
+
+def _text(value: str, path: Path, line: int) -> str:
+    text = value.strip()
+    if not text:
+        raise ValueError(f"{path} row {line}: the sentence is empty; expected text in every row")
+    return text
 
 
 def _single(paths: list[Path], text_col: int, label_col: int, header: bool, ncols: int):
@@ -110,17 +128,37 @@ def _single(paths: list[Path], text_col: int, label_col: int, header: bool, ncol
         for i, row in enumerate(rows):
             if len(row) != ncols:
                 raise ValueError(f"{path} row {i + 1 + header}: expected {ncols} tab-separated fields, got {len(row)}")
-            texts.append(row[text_col].strip())
+            texts.append(_text(row[text_col], path, i + 1 + header))
             labels.append(row[label_col])
     return texts, _labels(labels, paths[0])
 
 
-def _pair(path: Path, a: int, b: int, label_col: int, ncols: int):
-    rows = _read_tsv(path, header=True)
-    for i, row in enumerate(rows):
-        if len(row) != ncols:
-            raise ValueError(f"{path} row {i + 2}: expected {ncols} tab-separated fields, got {len(row)}")
-    return [r[a].strip() for r in rows], [r[b].strip() for r in rows], _labels([r[label_col] for r in rows], path)
+def _by_header(paths: list[Path], task: str):
+    """``(texts_a, texts_b or None, labels)`` of files whose first row names the columns (:data:`COLUMNS`): the
+    columns are found by name, so their order and further named columns do not matter. A first row without the
+    expected names (a file without a header, another layout) is refused: it was read as a header and dropped."""
+    wanted = [c for c in COLUMNS[task] if c is not None]
+    texts_a, texts_b, labels = [], [], []
+    for path in paths:
+        rows = _read_tsv(path, header=False)
+        header = [h.strip() for h in rows[0]] if rows else []
+        missing = [c for c in wanted if c not in header]
+        if missing:
+            first = [f[:30] + ("..." if len(f) > 30 else "") for f in rows[0]] if rows else "(empty file)"
+            raise ValueError(f"{path}: the first row {first} is not a header naming the "
+                             f"columns {wanted} (missing {missing}); expected a tab-separated header row, then one "
+                             "labelled example per row")
+        cols = [header.index(c) for c in wanted]
+        for line, row in enumerate(rows[1:], 2):
+            if len(row) != len(header):
+                raise ValueError(f"{path} row {line}: expected {len(header)} tab-separated fields (as the header "
+                                 f"{header}), got {len(row)}")
+            texts_a.append(_text(row[cols[0]], path, line))
+            if len(cols) == 3:
+                texts_b.append(_text(row[cols[1]], path, line))
+            label = row[cols[-1]].strip()
+            labels.append(LABEL_NAMES.get(task, {}).get(label, label))
+    return texts_a, (texts_b if len(wanted) == 3 else None), _labels(labels, paths[0])
 
 
 def load_glue(task: str, split: str, data_dir: str | Path | None = None) -> GlueSplit:
@@ -132,7 +170,9 @@ def load_glue(task: str, split: str, data_dir: str | Path | None = None) -> Glue
         data_dir: the folder holding ``SST-2/``, ``CoLA/``, ``RTE/``, ``MRPC/``.
 
     Raises:
-        ValueError: unknown task or split, malformed rows, or labels outside {0, 1}.
+        ValueError: unknown task or split, a header row without the task's column names, rows with another
+            number of fields than the header (or CoLA's 4), an empty sentence, no rows, or labels outside {0, 1}
+            (each naming the file, and the row where there is one).
         FileNotFoundError: a file of the split is missing, naming it.
     """
     task = check_task(task)
@@ -150,17 +190,16 @@ def load_glue(task: str, split: str, data_dir: str | Path | None = None) -> Glue
             paths = [folder / ("test.tsv" if has_labelled_test else "dev.tsv")]
         else:
             paths = [folder / "train.tsv"] + ([folder / "dev.tsv"] if has_labelled_test else [])
-        a, y = _single(paths, 0, 1, header=True, ncols=2)
+        a, _, y = _by_header(paths, task)
     elif task == "cola":
         names = ["in_domain_train.tsv"] if split == "train" else ["in_domain_dev.tsv", "out_of_domain_dev.tsv"]
         paths = [folder / "raw" / n for n in names]
+        if not (folder / "raw").is_dir() and (folder / f"{split}.tsv").is_file():  # GLUE's own copy: same columns
+            paths = [folder / f"{split}.tsv"]
         a, y = _single(paths, 3, 1, header=False, ncols=4)
-    elif task == "rte":
-        paths = [folder / f"{split}.tsv"]
-        a, b, y = _pair(paths[0], 0, 1, 2, ncols=4)
     else:
         paths = [folder / f"{split}.tsv"]
-        a, b, y = _pair(paths[0], 3, 4, 0, ncols=5)
+        a, b, y = _by_header(paths, task)
     return GlueSplit(task, split, a, b, y, [str(p) for p in paths])
 
 

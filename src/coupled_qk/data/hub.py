@@ -77,8 +77,8 @@ def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test
     Raises:
         ImportError: ``datasets`` is not installed (says how to install it).
         ValueError: bad spec, no train split, no usable text column, or an empty split.
-        Exceptions of ``datasets`` (e.g. ``ConnectionError``) when the dataset can neither be downloaded nor
-        found in the local cache.
+        FileNotFoundError: ``datasets.load_dataset`` failed (an unknown name or config, no network and nothing
+            cached), naming the corpus and the error of ``datasets``.
     """
     from coupled_qk.data.documents import (
         MIN_SPLIT_WORDS,
@@ -95,7 +95,14 @@ def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test
         raise ImportError(
             f"corpus {spec!r} needs the Hugging Face 'datasets' package: pip install \"coupled-qk[datasets]\""
         ) from exc
-    ds = datasets.load_dataset(name, config, cache_dir=cache_dir)
+    try:
+        ds = datasets.load_dataset(name, config, cache_dir=cache_dir)
+    except Exception as exc:  # hub, network and config errors of datasets: one line naming the corpus
+        raise FileNotFoundError(
+            f"corpus {spec!r}: datasets.load_dataset({name!r}, {config!r}) failed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); expected a dataset name (and config) on the Hugging "
+            "Face hub, or one already in the datasets cache when offline; a local text file or folder needs no "
+            "hf: prefix") from exc
     found = {ours: next((n for n in names if n in ds), None) for ours, names in _SPLIT_NAMES.items()}
     if found["train"] is None:
         raise ValueError(f"corpus {spec!r}: the dataset has no 'train' split (splits: {list(ds)})")

@@ -65,8 +65,14 @@ def default_cache_dir() -> Path:
 
     Returns:
         An absolute :class:`pathlib.Path`; it is not created here (the writer creates it on first use).
+
+    Raises:
+        ValueError: ``COUPLED_QK_CACHE`` names a file, a path under a file, or a place that cannot be created or
+            written (:func:`coupled_qk.outputs.output_location`), naming the variable and its value.
     """
+    from coupled_qk.outputs import output_location
+
     env = os.environ.get(CACHE_ENV, "").strip()
     if env:
-        return Path(env).expanduser().absolute()
+        return output_location(CACHE_ENV, env).absolute()
     return (Path.home() / ".cache" / "coupled_qk").absolute()

@@ -303,30 +303,70 @@ def train_bpe(texts: Iterable[str] | str, vocab_size: int, min_frequency: int = 
     return tok
 
 
+def check_tokenizer_spec(option: str, spec) -> str:
+    """Check a tokenizer spec where it enters (``--tokenizer``, ``TrainConfig.tokenizer``, :func:`get_tokenizer`),
+    before any corpus is read or BPE trained: ``"gpt2"``; ``"bpe-<N>"`` with ``N`` in ``[257, 2**20]``; or an
+    existing tokenizer folder / ``tokenizer.json`` file, or a folder with the GPT-2 ``vocab.json`` and
+    ``merges.txt``.
+
+    Returns:
+        ``spec`` as a str.
+
+    Raises:
+        TypeError: ``spec`` is not a str or path. ValueError: one line naming ``option``, the value and what was
+            expected (a malformed or out-of-range ``bpe-<N>``, a path that does not exist, a folder with neither
+            ``tokenizer.json`` nor both ``vocab.json`` and ``merges.txt``).
+    """
+    if not isinstance(spec, (str, Path)):
+        raise TypeError(f"{option} must be a str, got {type(spec).__name__}")
+    spec = str(spec)
+    expected = ("expected 'gpt2', 'bpe-<N>' (a byte-level BPE of N tokens trained on the training split, e.g. "
+                "'bpe-8192') or an existing tokenizer folder / tokenizer.json")
+    if spec == "gpt2":
+        return spec
+    m = re.fullmatch(r"bpe-(\d+)", spec)
+    if m is not None or (spec.startswith("bpe-") and not Path(spec).expanduser().exists()):
+        if m is None or not MIN_VOCAB <= int(m.group(1)) <= MAX_VOCAB:
+            raise ValueError(f"{option}={spec!r}: a trained BPE is 'bpe-<N>' with N an integer in [{MIN_VOCAB}, "
+                             f"{MAX_VOCAB}] (256 byte tokens + <|endoftext|> at least), e.g. 'bpe-8192'")
+        return spec
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ValueError(f"{option}={spec!r} is not an existing file or folder; {expected}")
+    if path.is_dir() and not (path / "tokenizer.json").is_file():
+        pair = [n for n in ("vocab.json", "merges.txt") if (path / n).is_file()]
+        if len(pair) == 1:
+            missing = ({"vocab.json", "merges.txt"} - set(pair)).pop()
+            raise ValueError(f"{option}={spec!r}: the folder holds {pair[0]} but not {missing}; a byte-level BPE "
+                             "needs both (the GPT-2 vocab.json and merges.txt)")
+        if not pair:
+            raise ValueError(f"{option}={spec!r}: the folder holds no tokenizer.json (what Tokenizer.save writes) "
+                             "and no vocab.json + merges.txt; " + expected)
+    return spec
+
+
 def get_tokenizer(spec: str, train_text: Iterable[str] | str | None = None,
                   data_dir: str | Path | None = None) -> Tokenizer:
     """Build a tokenizer from a spec string.
 
     Args:
         spec: ``"gpt2"`` (:func:`gpt2_tokenizer`), ``"bpe-<N>"`` (:func:`train_bpe` on ``train_text`` with
-            vocab size N), or a path to a saved tokenizer folder / ``tokenizer.json``.
+            vocab size N), a path to a saved tokenizer folder / ``tokenizer.json``, or a folder holding the GPT-2
+            ``vocab.json`` and ``merges.txt`` (:func:`gpt2_tokenizer` of that folder).
         train_text: training text(s) for ``bpe-<N>``.
         data_dir: data folder for ``gpt2``.
 
     Raises:
-        ValueError: unknown spec, ``bpe-<N>`` without ``train_text`` or with a bad N.
+        ValueError: a spec :func:`check_tokenizer_spec` refuses, ``bpe-<N>`` without ``train_text``.
     """
-    if not isinstance(spec, (str, Path)):
-        raise TypeError(f"spec must be a str, got {type(spec).__name__}")
-    spec = str(spec)
+    spec = check_tokenizer_spec("tokenizer", spec)
     if spec == "gpt2":
         return gpt2_tokenizer(data_dir)
-    m = re.fullmatch(r"bpe-(\d+)", spec)
-    if m:
+    path = Path(spec).expanduser()
+    if re.fullmatch(r"bpe-\d+", spec):  # always a BPE to train, even where a folder of that name exists
         if train_text is None:
             raise ValueError(f"tokenizer spec {spec!r} trains a BPE and needs train_text")
-        return train_bpe(train_text, int(m.group(1)))
-    if Path(spec).expanduser().exists():
-        return Tokenizer.load(Path(spec).expanduser())
-    raise ValueError(f"tokenizer spec {spec!r} is not 'gpt2', 'bpe-<N>' (e.g. 'bpe-8192') or an existing "
-                     "tokenizer folder / tokenizer.json")
+        return train_bpe(train_text, int(spec[len("bpe-"):]))
+    if path.is_dir() and not (path / "tokenizer.json").is_file():
+        return gpt2_tokenizer(path)
+    return Tokenizer.load(path)

@@ -27,7 +27,13 @@ from pathlib import Path
 
 from coupled_qk.models.config import rename_fields
 from coupled_qk.outputs import OutputDir, as_output_dir
-from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, STOPPING_POINTS, TrainConfig, describe_differences
+from coupled_qk.training.config import (
+    RESULT_NEUTRAL_FIELDS,
+    STOPPING_POINTS,
+    TrainConfig,
+    describe_differences,
+    saved_value,
+)
 from coupled_qk.training.rundir import RunDir
 
 __all__ = [
@@ -145,8 +151,8 @@ def setting_differences(saved: dict, planned: TrainConfig) -> dict:
     now = planned.to_dict()
     if isinstance(saved.get("model"), dict):
         saved = {**saved, "model": rename_fields(saved["model"], "saved TrainConfig.model")}
-    diff = {k: (saved.get(k), v) for k, v in now.items()
-            if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS and k != "task_options" and saved.get(k) != v}
+    diff = {k: (saved_value(saved, k), v) for k, v in now.items()  # a field the run predates: its default
+            if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS and k != "task_options" and saved_value(saved, k) != v}
 
     def options(d) -> dict:
         return {k: v for k, v in (d or {}).items() if k not in RESULT_NEUTRAL_TASK_OPTIONS}

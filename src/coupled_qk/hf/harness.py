@@ -139,7 +139,8 @@ def make_task(kind: str, source: str | Path, out_dir: str | Path, name: str | No
 
 
 def _read_text(path: Path, what: str) -> str:
-    """The UTF-8 text of the file ``path`` (``what`` names it in errors: ``"text file"``, ``"SST-2 file"``).
+    """The UTF-8 text of the file ``path`` (``what`` names it in errors: ``"text file"``, ``"SST-2 file"``); a
+    leading byte order mark is not text and is dropped (as :func:`coupled_qk.data.corpora.read_text` does).
 
     Raises:
         FileNotFoundError: no such file. ValueError: a folder, or a file that is not UTF-8 (naming the file).
@@ -149,7 +150,7 @@ def _read_text(path: Path, what: str) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path} does not exist")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{what} {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
 

@@ -309,10 +309,21 @@ def check_saved_config(saved, where) -> dict:
     return saved
 
 
+def saved_value(saved: dict, name: str):
+    """Field ``name`` of a saved run config, or the field's default where the file does not hold it (a run saved
+    before the field existed, as :func:`check_saved_config` reads it): comparisons then see the value the run had,
+    not ``None``."""
+    if name in saved:
+        return saved[name]
+    spec = TrainConfig.__dataclass_fields__[name]
+    return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+
+
 def config_differences(saved: dict, current: TrainConfig, ignore=CONTINUATION_FIELDS) -> dict:
-    """``{field: (saved value, current value)}`` for fields outside ``ignore`` that differ."""
+    """``{field: (saved value, current value)}`` for fields outside ``ignore`` that differ (a field the saved
+    config does not hold compares as its default: :func:`saved_value`)."""
     now = current.to_dict()
-    return {k: (saved.get(k), v) for k, v in now.items() if k not in ignore and saved.get(k) != v}
+    return {k: (saved_value(saved, k), v) for k, v in now.items() if k not in ignore and saved_value(saved, k) != v}
 
 
 def describe_differences(diff: dict) -> str:

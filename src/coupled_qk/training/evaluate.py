@@ -17,7 +17,7 @@ from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.training.checkpoint_load import language_model_checkpoint, load_checkpoint_model
 from coupled_qk.training.distributed import pick_device
-from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus, split_changes
+from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus, saved_run_corpus, split_changes
 from coupled_qk.training.perplexity import evaluate_perplexity, text_units
 from coupled_qk.training.rundir import RunDir
 
@@ -73,8 +73,9 @@ def evaluate_checkpoint(
     model, state = load_checkpoint_model(ckpt, dev)
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}")
-    data = run_corpus(corpus_name, data_dir if data_dir is not None else run_cfg.get("data_dir"),
-                      run_cfg.get("task_options"), saved=True)
+    data_dir = data_dir if data_dir is not None else run_cfg.get("data_dir")
+    data = (run_corpus(corpus_name, data_dir, run_cfg.get("task_options"), saved=True) if corpus is not None
+            else saved_run_corpus(run.path, corpus_name, data_dir, run_cfg.get("task_options")))
     cache = Path(run_cfg["cache_dir"]) if run_cfg.get("cache_dir") else default_cache_dir()
     out = {"checkpoint": str(ckpt), "step": state.get("step"), "corpus": data.name, "tokenizer": tokenizer.name,
            "stride": stride, "block_size": model.config.block_size}

@@ -86,6 +86,21 @@ def run_corpus(corpus: str, data_dir: str | None, task_options: dict, saved: boo
                        unused_split_options="warn" if saved else "refuse")
 
 
+def saved_run_corpus(run: Path, corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
+    """:func:`run_corpus` of the corpus a run recorded (its ``config.json``: ``eval``, ``analyze`` without
+    ``--corpus``), the saved split options warned about where unused.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`run_corpus`, the message saying that the corpus is the one
+            recorded in the run's ``config.json`` and how to point at the text elsewhere.
+    """
+    try:
+        return run_corpus(corpus, data_dir, task_options, saved=True)
+    except (FileNotFoundError, ValueError) as exc:
+        raise type(exc)(f"the corpus recorded in {Path(run) / 'config.json'} cannot be read: {exc}; if the text "
+                        "is elsewhere now, pass --corpus (and --data-dir)") from exc
+
+
 def cached_tokenizer(where: Path) -> Tokenizer | None:
     """The tokenizer cached in ``where`` (a folder written by :meth:`Tokenizer.save`), or ``None`` when there is
     none or it is damaged: a file that does not parse, a missing ``coupled_qk_tokenizer.json`` (a save cut short),
@@ -127,7 +142,7 @@ def split_changes(run: RunDir, corpus: Corpus, splits, tokens: dict | None = Non
     now = {"text_sha256": {split: text_sha256(corpus.split(split)) for split in splits}}
     if tokens is not None:
         now["tokens"] = {split: int(tokens[split]) for split in splits}
-    return data_changes(recorded, now, ("tokens", "text_sha256"))
+    return data_changes(recorded, now, ("tokens", "text_sha256"), run.data_path)
 
 
 def batch_offsets(seed: int, step: int, micro: int, n_windows: int, global_batch: int) -> np.ndarray:

@@ -194,7 +194,7 @@ class RunDir:
         if keys and recorded is None:
             warnings.warn(f"{self.data_path} is missing: this resume cannot check that the data is what the run "
                           "trained on (an edited corpus would be used without a word)", stacklevel=2)
-        changes = data_changes(recorded, task.describe(), keys) if recorded is not None else []
+        changes = data_changes(recorded, task.describe(), keys, self.data_path) if recorded is not None else []
         if changes:
             raise ValueError(
                 f"cannot resume {self.path}: its data is not what it trained on ({self.data_path} vs now: "
@@ -285,22 +285,41 @@ class RunDir:
                 shutil.rmtree(orphan, ignore_errors=True)
 
 
-def data_changes(recorded: dict, now: dict, keys) -> list[str]:
-    """How the data described by ``now`` differs from what a run ``recorded`` in its ``data.json``, for each of
-    ``keys`` (one level of nested dicts compared per key, e.g. ``tokens.valid``), one ``"<key>: <recorded>
+_JSON_KINDS = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
+def data_changes(recorded: dict, now: dict, keys, where: str | Path = "data.json") -> list[str]:
+    """How the data described by ``now`` differs from what a run ``recorded`` in its ``data.json`` (``where``), for
+    each of ``keys`` (one level of nested dicts compared per key, e.g. ``tokens.valid``), one ``"<key>: <recorded>
     recorded, <now> now"`` item per difference. A key (or nested key) missing on either side is not compared: a
     run written before a key was recorded keeps loading.
+
+    Raises:
+        ValueError: a recorded value of another kind than the task describes (``"tokens": "x"``, ``"vocab_size":
+            "512"``, a ``null`` hash: a hand edit, not changed data), naming ``where``, the key and both kinds.
     """
     def shown(value) -> str:
         text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
         return text if len(text) <= 16 else text[:12] + "..."
+
+    def same_kind(key: str, before, after) -> None:
+        kinds = [_JSON_KINDS.get(type(v), type(v).__name__) for v in (before, after)]
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (before, after))
+        if kinds[0] != kinds[1] and not numbers and after is not None:
+            raise ValueError(f"{where}: {key}={json.dumps(before)[:40]} is {kinds[0]}; expected {kinds[1]} (was the "
+                             "file edited by hand?)")
 
     out = []
     for key in keys:
         if key not in recorded or key not in now:
             continue
         before, after = recorded[key], now[key]
+        same_kind(key, before, after)
         if isinstance(before, dict) and isinstance(after, dict):
+            for sub in after:
+                if sub in before:
+                    same_kind(f"{key}.{sub}", before[sub], after[sub])
             out += [f"{key}.{sub}: {shown(before[sub])} recorded, {shown(after[sub])} now"
                     for sub in after if sub in before and before[sub] != after[sub]]
         elif before != after:
