@@ -32,6 +32,7 @@ import torch.nn as nn
 from coupled_qk._checks import boolean, finite, nonneg_int, positive_int
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
 from coupled_qk.layers.kv_cache import KVCache
+from coupled_qk.layers.layer_inputs import check_layer_inputs
 from coupled_qk.layers.scoring import (  # noqa: F401 - the scoring names are public here too
     SCORINGS,
     ScoringFactory,
@@ -130,7 +131,13 @@ class CausalSelfAttention(nn.Module):
     ``signed_sin(sin)`` (:func:`coupled_qk.ops.rope.apply_rope`; the model passes it), ``cache`` a
     :class:`KVCache` to read and extend, ``key_mask`` an optional bool ``(B, T_past + T)``, False at padding
     (hidden from every query, see :func:`attention_mask_4d`). With ``record=True`` the eager path runs and the
-    result is ``(y, AttentionRecord)``.
+    result is ``(y, AttentionRecord)``. ``B`` or ``T`` may be 0 (an empty output). Float ``x`` of the parameters'
+    dtype (any under ``torch.autocast``) on their device; float64 stays float64 end to end. The inputs are
+    checked on every call (:mod:`coupled_qk.layers.layer_inputs`: ``TypeError``/``ValueError`` naming ``x``,
+    ``rope`` or ``key_mask``); a model that guarantees them sets ``layer.check_every_call = False`` (``GPT`` does).
+    ``torch.jit.script`` is not supported (use ``torch.compile`` or ``torch.export``); double backward
+    (``torch.autograd.grad(..., create_graph=True)`` twice) needs ``impl="eager"``: SDPA's fused kernels (the
+    CPU one checked) have no second derivative.
 
     Single-token decoding steps (a ``cache``, ``T == 1``, gradients off) of a foldable map (the coupled
     dynamics with ``n_steps=1`` before RoPE; :mod:`coupled_qk.layers.folded`) use the map folded into the
@@ -147,7 +154,7 @@ class CausalSelfAttention(nn.Module):
 
     Raises:
         ValueError: unknown scoring, impl or map position, head counts that do not divide, differential
-            scoring with an odd head count.
+            scoring with an odd head count, ``use_rope`` with an odd ``d_head``.
     """
 
     def __init__(
@@ -181,6 +188,8 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(f"map_position={map_position!r}; expected one of {MAP_POSITIONS}")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
+        if use_rope and d_head % 2:
+            raise ValueError(f"use_rope=True rotates pairs of features: d_head={d_head} must be even (or use_rope=False)")
         self.differential = scoring == "differential"
         if self.differential and (n_heads % 2 or n_kv_heads % 2):
             raise ValueError(
@@ -223,8 +232,16 @@ class CausalSelfAttention(nn.Module):
         # differential scoring: one SDPA call with values split into halves of width d_head (None: on CUDA)
         self.split_values: bool | None = None
         self.fold_inference = True  # decoding folds the map into the projection (layers/folded.py)
+        self.check_every_call = True  # check x, rope, key_mask per call (layers/layer_inputs.py; GPT turns it off)
         self._fold: FoldedProjection | None = None
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
+
+    def reset_parameters(self) -> None:
+        """Re-draw the layer's own parameters (differential scoring's lambdas, ``N(0, 0.1)`` as at construction);
+        the submodules (projections, map, norm) have their own ``reset_parameters``."""
+        if self.differential:
+            for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+                nn.init.normal_(p, 0.0, 0.1)
 
     def _upgrade_state_dict(self, state_dict, prefix, *args) -> None:
         """Rename the parameters of state dicts written before the map became ``self.qk_map``."""
@@ -308,6 +325,8 @@ class CausalSelfAttention(nn.Module):
         record: bool = False,
         key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, AttentionRecord]:
+        if self.check_every_call and not torch.compiler.is_compiling():
+            check_layer_inputs(self, x, rope, key_mask)
         b, t, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
         folded = None
@@ -324,7 +343,7 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
         if not rotated:
             q = q.view(b, t, h, dh).transpose(1, 2)
-            k = k.view(b, t, -1, dh).transpose(1, 2)
+            k = k.view(b, t, k.shape[-1] // dh, dh).transpose(1, 2)  # not -1: B or T may be 0
         group = 2 if self.differential else 1
         v = v.view(b, t, hkv // group, group * dh).transpose(1, 2)
         if folded is None and self.keys_per_query_head:  # each query head evolves its own copy of the key

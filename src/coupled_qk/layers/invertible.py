@@ -156,7 +156,7 @@ class InvertibleQKCoupling(QKMap):
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """Validate shapes and dtypes (see the class docstring for the errors raised)."""
-        check_qk_tensors(q, k, self.q_nets[0].w_in.device)
+        check_qk_tensors(q, k, self.q_nets[0].w_in)
         if q.dim() != 4 or k.dim() != 4:
             raise ValueError(
                 f"q and k must have shape (B, H, T, d_head); got q {tuple(q.shape)} and k {tuple(k.shape)}"
@@ -165,14 +165,6 @@ class InvertibleQKCoupling(QKMap):
             raise ValueError(f"q and k shapes differ: q {tuple(q.shape)} vs k {tuple(k.shape)}")
         if q.shape[1] != self.n_heads or q.shape[-1] != self.d_head:
             raise ValueError(f"expected {self.n_heads} heads of width d_head={self.d_head}; got q {tuple(q.shape)}")
-        if torch.compiler.is_compiling():
-            return
-        dtype = self.q_nets[0].w_in.dtype
-        if q.dtype != dtype and not torch.is_autocast_enabled(q.device.type):
-            raise ValueError(
-                f"q has dtype {q.dtype} but the module's parameters are {dtype}; convert one with .to() "
-                "or run under torch.autocast"
-            )
 
     def _affine(self, net: AffineCouplingNet, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raw, shift = net(cond)

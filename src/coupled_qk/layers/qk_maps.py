@@ -29,6 +29,7 @@ import torch.nn as nn
 
 from coupled_qk._checks import FLOAT32_MAX, boolean, finite, nonneg_int, positive_int
 from coupled_qk.layers.forces import FORCE_CLASSES, FORCES, MLPForce
+from coupled_qk.layers.layer_inputs import autocast_on
 from coupled_qk.ops.dynamics import apply_query_mlp, check_integrator, integrate_qk
 
 
@@ -42,13 +43,6 @@ class QKMap(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
         raise NotImplementedError
-
-
-def _autocast_on(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4 has no device argument
-        return torch.is_autocast_enabled()
 
 
 class QKDynamics(QKMap):
@@ -119,7 +113,13 @@ class QKDynamics(QKMap):
         self.force_kind = force
         per_head = None if shared_across_heads else n_heads
         self.force = FORCE_CLASSES[force](d_head, hidden, per_head)
-        self.dt = nn.Parameter(torch.full((n_heads,), float(dt_init)))
+        self.dt_init = float(dt_init)
+        self.dt = nn.Parameter(torch.full((n_heads,), self.dt_init))
+
+    def reset_parameters(self) -> None:
+        """Set ``dt`` back to ``dt_init`` (the force network resets itself: ``self.force.reset_parameters()``), so
+        the meta-device pattern ``to_empty()`` + every module's ``reset_parameters()`` leaves no garbage ``dt``."""
+        nn.init.constant_(self.dt, self.dt_init)
 
     def extra_repr(self) -> str:
         return (
@@ -130,7 +130,7 @@ class QKDynamics(QKMap):
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """Validate shapes and ``dt`` (see the class docstring for the errors raised)."""
-        check_qk_tensors(q, k, self.dt.device)
+        check_qk_tensors(q, k, self.dt)
         if q.dim() != 4 or k.dim() != 4:
             raise ValueError(
                 f"q and k must have shape (B, H, T, d_head); got q {tuple(q.shape)} and k {tuple(k.shape)}"
@@ -146,11 +146,6 @@ class QKDynamics(QKMap):
             )
         if torch.compiler.is_compiling():
             return
-        if q.dtype != self.dt.dtype and not _autocast_on(q.device.type):
-            raise ValueError(
-                f"q has dtype {q.dtype} but the module's parameters are {self.dt.dtype}; convert one with .to() "
-                "or run under torch.autocast"
-            )
         if self.dt.device.type == "cpu" and not torch.isfinite(self.dt).all():
             raise ValueError(f"dt must be finite; got {self.dt.detach().tolist()}")
 
@@ -162,15 +157,18 @@ class QKDynamics(QKMap):
         )
 
 
-def check_qk_tensors(q, k, device: torch.device) -> None:
-    """``q`` and ``k`` are floating-point tensors of one dtype on the module's ``device`` (a query-key map's first
-    check, before any shape; the parameters' dtype is each map's own check).
+def check_qk_tensors(q, k, param: torch.Tensor) -> None:
+    """``q`` and ``k`` are floating-point tensors of one dtype on the device of ``param`` (one of the map's
+    parameters) and, outside ``torch.autocast`` (and not while compiling), of its dtype: a query-key map's first
+    check, before any shape.
 
     Raises:
         TypeError: naming ``q`` or ``k``, for a non-tensor. ValueError: a tensor on another device, an integer or
-            bool tensor, or ``k`` of another dtype than ``q`` (a float64 ``k`` made float64 outputs, an int64 one
-            was accepted).
+            bool tensor, ``k`` of another dtype than ``q`` (a float64 ``k`` made float64 outputs, an int64 one
+            was accepted), or ``q`` of another dtype than the parameters (float16 inputs to a float32 map failed
+            inside ``F.linear`` naming nothing).
     """
+    device = param.device
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, T, d_head); got {type(t).__name__}")
@@ -180,6 +178,9 @@ def check_qk_tensors(q, k, device: torch.device) -> None:
             raise ValueError(f"{name} must be a floating-point tensor; got dtype {t.dtype}")
     if k.dtype != q.dtype:
         raise ValueError(f"q and k dtypes differ: q {q.dtype} vs k {k.dtype}; give both the same dtype")
+    if q.dtype != param.dtype and not torch.compiler.is_compiling() and not autocast_on(q.device.type):
+        raise ValueError(f"q has dtype {q.dtype} but the module's parameters are {param.dtype}; convert one with "
+                         ".to() or run under torch.autocast")
 
 
 class QueryMLP(QKMap):
@@ -202,8 +203,10 @@ class QueryMLP(QKMap):
     tensor object).
 
     Raises:
-        ValueError: a non-positive ``d_head``, ``n_heads`` or ``hidden``, or a non-finite ``dt_init``; from
-            :func:`~coupled_qk.ops.dynamics.apply_query_mlp` when ``q`` does not have ``n_heads`` heads.
+        ValueError: a non-positive ``d_head``, ``n_heads`` or ``hidden``, or a non-finite ``dt_init``; inputs on
+            another device, not floating point, or (outside autocast) of another dtype than the parameters
+            (:func:`check_qk_tensors`); ``q`` without ``n_heads`` heads.
+        TypeError: ``q`` or ``k`` not a tensor.
     """
 
     keys_per_query_head = False
@@ -218,11 +221,16 @@ class QueryMLP(QKMap):
         hidden = d_head if hidden is None else positive_int("hidden", hidden)
         boolean("shared_across_heads", shared_across_heads)
         self.mlp = MLPForce(d_head, hidden, None if shared_across_heads else n_heads)
-        self.dt = nn.Parameter(torch.full((n_heads,), finite("dt_init", dt_init, -FLOAT32_MAX, FLOAT32_MAX)))
+        self.dt_init = float(finite("dt_init", dt_init, -FLOAT32_MAX, FLOAT32_MAX))
+        self.dt = nn.Parameter(torch.full((n_heads,), self.dt_init))
+
+    def reset_parameters(self) -> None:
+        """Set ``dt`` back to ``dt_init`` (``g`` resets itself: ``self.mlp.reset_parameters()``)."""
+        nn.init.constant_(self.dt, self.dt_init)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.check_every_call:
-            check_qk_tensors(q, k, self.dt.device)
+            check_qk_tensors(q, k, self.dt)
             if q.dim() != 4 or q.shape[1] != self.dt.shape[0]:
                 raise ValueError(f"q must have shape (B, {self.dt.shape[0]}, T, d_head); got {tuple(q.shape)}")
         return apply_query_mlp(q, self.mlp, self.dt), k

@@ -40,9 +40,19 @@ def attention_mask_4d(key_mask: torch.Tensor | None, t_q: int, t_k: int) -> torc
 
     Args:
         key_mask: ``(B, T_k)`` bool, True at real tokens, or ``None``.
+
+    Raises:
+        ValueError: ``key_mask`` not bool (a float additive or 0/1 integer mask: convert it with ``mask.bool()``
+            or ``mask == 0`` first), not 2-D, or not of length ``T_k`` (past plus new positions).
     """
     if key_mask is None:
         return None
+    if key_mask.dtype != torch.bool:
+        raise ValueError(f"key_mask must be a bool tensor (True at real tokens, False at padding); got dtype "
+                         f"{key_mask.dtype} (convert a 0/1 mask with mask.bool(), an additive one with mask == 0)")
+    if key_mask.dim() != 2 or key_mask.shape[-1] != t_k:
+        raise ValueError(f"key_mask must have shape (B, T_k) with T_k={t_k} (cached plus new positions); got "
+                         f"{tuple(key_mask.shape)}")
     causal = _causal_mask(t_q, t_k, key_mask.device)
     own = torch.eye(t_q, t_k, dtype=torch.bool, device=key_mask.device).roll(t_k - t_q, dims=1)
     return (causal & key_mask[:, None, None, :]) | own

@@ -72,6 +72,7 @@ class Block(nn.Module):
             dropout=config.dropout,
             impl=config.attn_impl,
         )
+        self.attn.check_every_call = False  # GPT checks ids, masks and positions at its entry
         self.resid_dropout = nn.Dropout(config.dropout)
         self.ln_2 = nn.LayerNorm(config.d_model) if config.use_mlp else None
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout) if config.use_mlp else None

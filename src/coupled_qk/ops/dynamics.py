@@ -63,9 +63,27 @@ def check_integrator(integrator: str) -> str:
     return integrator
 
 
+def _check_tensors(q, k, dt) -> None:
+    """``q``, ``k`` floating tensors of one dtype and device; ``dt`` a tensor there (or a CPU scalar tensor)."""
+    for name, t in (("q", q), ("k", k), ("dt", dt)):
+        if not isinstance(t, torch.Tensor):
+            hint = " (wrap a number: torch.tensor(0.1))" if name == "dt" else ""
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}{hint}")
+    if not q.is_floating_point() or k.dtype != q.dtype:
+        raise ValueError(f"q and k must be floating-point tensors of one dtype (outputs keep it); got q {q.dtype} "
+                         f"and k {k.dtype}")
+    if k.device != q.device:
+        raise ValueError(f"q is on {q.device} but k is on {k.device}; move one there")
+    if dt.device != q.device and not (dt.dim() == 0 and dt.device.type == "cpu"):
+        raise ValueError(f"dt is on {dt.device} but q is on {q.device}; move it there")
+
+
 def _check_integrate_args(q, k, dt, integrator, n_steps, group) -> None:
     """The argument checks of :func:`integrate_qk` (errors documented there)."""
     check_integrator(integrator)
+    _check_tensors(q, k, dt)
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"group={group!r} must be a positive integer (sub-heads per head)")
     if q.dim() < 3:
         raise ValueError(f"q must have shape (..., H, T, d_head); got {tuple(q.shape)}")
     n_rep = q.shape[-3] // k.shape[-3] if k.dim() == q.dim() and k.shape[-3] else 0
@@ -117,8 +135,11 @@ def integrate_qk(
         ``(q_n, k_n)``, the evolved pair, same shapes and dtype as the inputs.
 
     Raises:
-        ValueError: on mismatched shapes, a ``dt`` whose length is not the head count, a negative or
-            non-integer ``n_steps``, or an unknown integrator.
+        TypeError: ``q``, ``k`` or ``dt`` not a tensor (a Python number for ``dt``: wrap it in ``torch.tensor``).
+        ValueError: on mismatched shapes, ``q`` and ``k`` of different dtypes (a float32 ``q`` became float64
+            with a float64 ``k``) or not floating point, tensors on different devices, a ``dt`` whose length is
+            not the head count, a negative or non-integer ``n_steps``, a ``group`` that is not a positive
+            integer, or an unknown integrator.
 
     Source: arXiv:2604.01683v1 (Euler and Hamiltonian/leapfrog updates); Hairer, Lubich & Wanner,
     *Geometric Numerical Integration* (2006), for the Stormer-Verlet and symplectic Euler schemes.
