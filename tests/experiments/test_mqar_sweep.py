@@ -272,3 +272,19 @@ def test_cli_bad_values_name_the_option(argv, message, capsys):
 
     assert main(["mqar", *argv, "--dry-run"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_sweep_line_says_a_run_was_resumed():
+    import dataclasses
+
+    from coupled_qk.experiments.mqar.sweep import _line
+    from coupled_qk.experiments.runner import PlannedRun, RunRecord
+
+    preset = _micro_preset()
+    cfg = run_config(preset, preset.difficulties[0], "standard", 16, 3e-3, "out")
+    keys = {"difficulty": "easy", "variant": "standard", "d_model": 16, "lr": 3e-3, "position": 0}
+    results = {"final": {"valid/accuracy": 0.5}, "steps": 6, "stop_reason": "completed"}
+    run = PlannedRun(cfg, "x", keys)
+    fresh = _line(1)(RunRecord(run, "ran", results, cfg, 1.0))
+    resumed = _line(1)(RunRecord(run, "ran", results, dataclasses.replace(cfg, resume=True), 1.0))
+    assert not fresh.endswith("(resumed)") and resumed == fresh + " (resumed)"
