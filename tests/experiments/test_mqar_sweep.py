@@ -288,3 +288,17 @@ def test_sweep_line_says_a_run_was_resumed():
     fresh = _line(1)(RunRecord(run, "ran", results, cfg, 1.0))
     resumed = _line(1)(RunRecord(run, "ran", results, dataclasses.replace(cfg, resume=True), 1.0))
     assert not fresh.endswith("(resumed)") and resumed == fresh + " (resumed)"
+
+
+def test_a_moved_sweep_folder_resumes_its_interrupted_run():
+    """Finished runs of a moved sweep were reused, but its interrupted run was refused ("cannot resume ...: a
+    different config (task_options: {'cache_dir': old} vs {'cache_dir': new})") though the data cache only moved."""
+    from coupled_qk.training.config import config_differences
+
+    preset = _micro_preset()
+    old = run_config(preset, preset.difficulties[0], "standard", 16, 3e-3, "a", cache_dir="a/data-cache")
+    moved = run_config(preset, preset.difficulties[0], "standard", 16, 3e-3, "b", cache_dir="b/data-cache")
+    assert config_differences(old.to_dict(), moved) == {}
+    other = customize_preset(preset, train_examples=100)
+    changed = run_config(other, other.difficulties[0], "standard", 16, 3e-3, "b", cache_dir="b/data-cache")
+    assert set(config_differences(old.to_dict(), changed)) == {"task_options"}

@@ -29,6 +29,7 @@ from coupled_qk.models.config import rename_fields
 from coupled_qk.outputs import OutputDir, as_output_dir
 from coupled_qk.training.config import (
     RESULT_NEUTRAL_FIELDS,
+    RESULT_NEUTRAL_TASK_OPTIONS,
     STOPPING_POINTS,
     TrainConfig,
     describe_differences,
@@ -51,8 +52,6 @@ __all__ = [
     "write_report",
 ]
 
-RESULT_NEUTRAL_TASK_OPTIONS = frozenset({"cache_dir"})
-"""``TrainConfig.task_options`` keys that do not change results (where generated data are cached)."""
 
 STATUSES = ("ran", "reused", "interrupted", "skipped")
 
