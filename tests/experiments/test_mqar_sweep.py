@@ -10,6 +10,7 @@ from coupled_qk.experiments.mqar.presets import (
     SWEEP_PRESETS,
     Difficulty,
     SweepPreset,
+    customize_preset,
     get_preset,
     heads_for,
     mqar_variants,
@@ -219,3 +220,85 @@ def test_cli_dry_run_and_errors(capsys):
     assert main(["mqar", "--variants", "bogus", "--dry-run"]) == 2
     assert "unknown variant 'bogus'" in capsys.readouterr().err
     assert main(["mqar", "--lrs", "x", "--dry-run"]) == 2
+
+
+def test_customize_preset_shrinks_the_budget_and_records_it():
+    cpu = get_preset("cpu")
+    small = customize_preset(cpu, max_steps=5, seed=3, train_examples=100, test_examples=10)
+    assert small.name == "cpu" and cpu.max_steps == 600 and cpu.difficulties[0].train_slices == ((16, 2, 20_000),)
+    assert [d.train_slices for d in small.difficulties] == [((16, K, 100),) for K in (2, 3, 4)]
+    assert [d.test_slices for d in small.difficulties] == [((16, K, 10),) for K in (2, 3, 4)]
+    cfg = run_config(small, small.difficulties[0], "standard", 32, 2e-3, "out")
+    assert (cfg.max_steps, cfg.seed) == (5, 3)
+    assert cfg.task_options["train_slices"] == [[16, 2, 100]] and cfg.task_options["test_slices"] == [[16, 2, 10]]
+    assert small.notes[-1] == "Changed from the preset: max_steps=5, seed=3, train_examples=100, test_examples=10."
+    assert small.to_dict()["seed"] == 3
+    assert customize_preset(cpu) is cpu
+    for kwargs, name in ((dict(max_steps=0), "max_steps=0"), (dict(max_steps=True), "max_steps=True"),
+                         (dict(seed=-1), "seed=-1"), (dict(seed=2**32), "seed=4294967296"),
+                         (dict(train_examples=0), "train_examples=0"), (dict(test_examples=1.5), "test_examples=1.5")):
+        with pytest.raises(ValueError, match=name):
+            customize_preset(cpu, **kwargs)
+
+
+@pytest.mark.slow
+def test_cli_smoke_run_options_reach_every_run(tmp_path, capsys):
+    from coupled_qk.cli import main
+
+    out = tmp_path / "sweep"
+    assert main(["mqar", "--difficulties", "easy", "--d-models", "16", "--lrs", "1e-3", "--variants", "standard",
+                 "--max-steps", "7", "--seed", "2", "--train-examples", "50", "--test-examples", "8",
+                 "--out-dir", str(out), "--device", "cpu"]) == 0
+    assert "Changed from the preset: max_steps=7, seed=2" in capsys.readouterr().out
+    saved = json.loads((out / "results.json").read_text())
+    (run,) = saved["runs"]
+    assert run["steps"] == 7 and run["config"]["max_steps"] == 7 and run["config"]["seed"] == 2
+    assert run["config"]["task_options"]["train_slices"] == [[16, 2, 50]]
+    assert run["config"]["task_options"]["test_slices"] == [[16, 2, 8]]
+    assert saved["preset"]["max_steps"] == 7 and saved["preset"]["notes"][-1].startswith("Changed from the preset")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-steps", "0"], "--max-steps=0 must be a positive integer"),
+    (["--seed", "-1"], "--seed=-1 must be an integer >= 0"),
+    (["--train-examples", "nan"], "--train-examples=nan is not an integer"),
+    (["--test-examples", "0"], "--test-examples=0 must be a positive integer"),
+    (["--difficulties", "easy,easy"], "--difficulties='easy,easy': expected comma-separated difficulty names, each once"),
+    (["--difficulties", "bogus"], "--difficulties='bogus': difficulty 'bogus' is not in preset 'cpu'"),
+    (["--variants", "bogus"], "--variants='bogus': unknown variant 'bogus'"),
+])
+def test_cli_bad_values_name_the_option(argv, message, capsys):
+    from coupled_qk.cli import main
+
+    assert main(["mqar", *argv, "--dry-run"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sweep_line_says_a_run_was_resumed():
+    import dataclasses
+
+    from coupled_qk.experiments.mqar.sweep import _line
+    from coupled_qk.experiments.runner import PlannedRun, RunRecord
+
+    preset = _micro_preset()
+    cfg = run_config(preset, preset.difficulties[0], "standard", 16, 3e-3, "out")
+    keys = {"difficulty": "easy", "variant": "standard", "d_model": 16, "lr": 3e-3, "position": 0}
+    results = {"final": {"valid/accuracy": 0.5}, "steps": 6, "stop_reason": "completed"}
+    run = PlannedRun(cfg, "x", keys)
+    fresh = _line(1)(RunRecord(run, "ran", results, cfg, 1.0))
+    resumed = _line(1)(RunRecord(run, "ran", results, dataclasses.replace(cfg, resume=True), 1.0))
+    assert not fresh.endswith("(resumed)") and resumed == fresh + " (resumed)"
+
+
+def test_a_moved_sweep_folder_resumes_its_interrupted_run():
+    """Finished runs of a moved sweep were reused, but its interrupted run was refused ("cannot resume ...: a
+    different config (task_options: {'cache_dir': old} vs {'cache_dir': new})") though the data cache only moved."""
+    from coupled_qk.training.config import config_differences
+
+    preset = _micro_preset()
+    old = run_config(preset, preset.difficulties[0], "standard", 16, 3e-3, "a", cache_dir="a/data-cache")
+    moved = run_config(preset, preset.difficulties[0], "standard", 16, 3e-3, "b", cache_dir="b/data-cache")
+    assert config_differences(old.to_dict(), moved) == {}
+    other = customize_preset(preset, train_examples=100)
+    changed = run_config(other, other.difficulties[0], "standard", 16, 3e-3, "b", cache_dir="b/data-cache")
+    assert set(config_differences(old.to_dict(), changed)) == {"task_options"}

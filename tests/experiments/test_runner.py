@@ -220,3 +220,16 @@ def test_a_results_file_of_another_kind_is_named_not_a_traceback(tmp_path, text,
     with pytest.raises(ValueError, match=f"{results} is not a run's results \\({wrong}, expected an object\\): delete"):
         execute(plan, train_fn=train, log=lambda s: None)
     assert train.calls == [] and results.read_text() == text
+
+
+def test_a_resumed_run_is_announced_with_its_step(tmp_path):
+    """`glue`/`compare` after Ctrl-C printed "== label -> folder" as for a new run: nothing said it resumed."""
+    cfg = _cfg(tmp_path, "r")
+    ckpt = tmp_path / "r" / "ckpt-00000021"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"")
+    (tmp_path / "r" / "latest").write_text("ckpt-00000021\n")
+    train, lines = FakeTrain(), []
+    [record] = execute([PlannedRun(cfg, "r")], train_fn=train, log=lines.append)
+    assert train.calls[0].resume is True and record.config.resume is True
+    assert lines == [f"== r -> {tmp_path / 'r'} (resuming from its checkpoint at step 21)"]

@@ -84,3 +84,60 @@ def test_command_errors(tmp_path, capsys):
     assert "no checkpoint at" in capsys.readouterr().err  # every run is checked before anything is created
     assert main(["glue", str(a), "--task", "sst2", "--glue-dir", str(tmp_path), "--out-dir", str(tmp_path / "o")]) == 2
     assert "SST-2/train.tsv is missing" in capsys.readouterr().err
+
+
+def test_task_repeats_and_unknown_tasks_name_the_option():
+    with pytest.raises(ValueError, match=r"--task='rte,RTE' repeats a task"):
+        parse_tasks("rte,RTE")  # was: "the plan uses a run folder twice" after the output folder was claimed
+    with pytest.raises(ValueError, match=r"--task='qnli': GLUE task 'qnli' is unknown"):
+        parse_tasks("qnli")
+
+
+@pytest.mark.parametrize("names, message", [
+    ("", r"--names=\[''\]: \[''\] cannot name a folder"),  # was: fine-tuned into <out>/<task>/ without a model level
+    ("..", r"--names=\['..'\]: \['..'\] cannot name a folder"),  # was: fine-tuned into <out>/../<task>/
+    ("a/b", r"\['a/b'\] cannot name a folder"),
+    ("a,b", r"--names=\['a', 'b'\]: need one distinct name per pretrained run \(1\)"),
+])
+def test_bad_names_are_refused_before_any_folder(tmp_path, capsys, names, message):
+    import re
+
+    a = make_pretrained(tmp_path / "standard" / "seed0")
+    glue_dir = write_sst2(tmp_path / "glue", n_train=16, n_dev=8)
+    out = tmp_path / "out"
+    assert main(["glue", str(a), "--task", "sst2", "--seeds", "0", "--glue-dir", str(glue_dir), "--names", names,
+                 "--out-dir", str(out), "--no-progress"]) == 2
+    assert re.search(message, capsys.readouterr().err) and not out.exists() and not (tmp_path / "sst2").exists()
+
+
+def test_runs_with_the_same_folder_name_ask_for_names(tmp_path, capsys):
+    a = make_pretrained(tmp_path / "x" / "standard")
+    b = make_pretrained(tmp_path / "y" / "standard")
+    glue_dir = write_sst2(tmp_path / "glue", n_train=16, n_dev=8)
+    out = tmp_path / "out"
+    assert main(["glue", str(a), str(b), "--task", "sst2", "--glue-dir", str(glue_dir), "--out-dir", str(out)]) == 2
+    assert "--names to label them" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_synthetic_task_run_is_named_by_every_command_that_reads_text(tmp_path, capsys):
+    """An MQAR run passed to eval/generate/analyze/glue failed as "tokenizer ... not found" / "no tokenizer for
+    checkpoint": the user's mistake (a run that reads MQAR token ids, not text) was never named."""
+    import shutil
+
+    from coupled_qk.analysis.analyze import analyze_checkpoints
+    from coupled_qk.training.checkpoint_load import language_model_checkpoint
+    from coupled_qk.training.evaluate import evaluate_checkpoint
+    from coupled_qk.training.pretrained import load_run
+
+    run = make_pretrained(tmp_path / "mqar-run")
+    shutil.rmtree(run / "tokenizer")
+    (run / "config.json").write_text(json.dumps({"task": "mqar"}))
+    message = r"is a run of the synthetic task 'mqar' \(task='mqar' in .*config.json\)"
+    assert language_model_checkpoint(run).name.startswith("ckpt-")  # loading the model alone stays allowed
+    for call in (lambda: load_run(run), lambda: analyze_checkpoints([run], "wiki-vital", out_dir=tmp_path / "a"),
+                 lambda: evaluate_checkpoint(run, corpus="wiki-vital")):
+        with pytest.raises(ValueError, match=message):
+            call()
+    glue_dir = write_sst2(tmp_path / "glue", n_train=16, n_dev=8)
+    assert main(["glue", str(run), "--task", "sst2", "--glue-dir", str(glue_dir), "--out-dir", str(tmp_path / "g")]) == 2
+    assert "synthetic task 'mqar'" in capsys.readouterr().err

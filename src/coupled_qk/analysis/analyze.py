@@ -247,7 +247,7 @@ def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer):
         raise ValueError(f"split={split!r} is not one of {SPLITS}")
     if isinstance(n_sequences, bool) or not isinstance(n_sequences, int) or n_sequences < 1:
         raise ValueError(f"n_sequences must be an int >= 1; got {n_sequences!r}")
-    ckpts = [language_model_checkpoint(p) for p in paths]
+    ckpts = [language_model_checkpoint(p, needs_text=True) for p in paths]
     if labels is None:
         labels = _default_labels(ckpts)
     labels = [str(label) for label in labels]

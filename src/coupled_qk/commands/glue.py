@@ -40,7 +40,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from coupled_qk.experiments.glue.finetune import format_table, parse_per_task, parse_tasks, run_glue
+    from coupled_qk.experiments.glue.finetune import (
+        check_names,
+        format_table,
+        model_name,
+        parse_per_task,
+        parse_tasks,
+        run_glue,
+    )
 
     tasks, seeds = parse_tasks(args.task), parse_seeds(args.seeds)
     subsets = parse_per_task(args.max_train_examples)
@@ -63,7 +70,11 @@ def run(args) -> int:
         for split in SPLITS:
             load_glue(task, split, args.glue_dir)
 
-    names = [n.strip() for n in args.names.split(",")] if args.names is not None else None
+    if args.names is not None:  # checked before any folder is created
+        names = check_names([n.strip() for n in args.names.split(",")], len(args.run_dirs), "--names")
+    else:
+        names = check_names([model_name(p) for p in args.run_dirs], len(args.run_dirs),
+                            "the runs' folder names (--names to label them)")
     if args.out_dir is not None:
         out_dir = args.out_dir
     else:

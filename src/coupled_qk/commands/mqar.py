@@ -20,10 +20,12 @@ from coupled_qk.commands.options import (
     path_arg,
     positive_float_arg,
     positive_floats_arg,
+    positive_int_arg,
     positive_ints_arg,
+    seed_arg,
     threads_arg,
 )
-from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, get_preset, heads_for, mqar_variants
+from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, customize_preset, get_preset, heads_for, mqar_variants
 from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep
 from coupled_qk.models.specs import parse_variants
 from coupled_qk.outputs import OutputDir
@@ -50,6 +52,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--d-models", default=None, type=positive_ints_arg, help="comma-separated model widths (default: the preset's)")
     parser.add_argument("--lrs", default=None, type=positive_floats_arg, help="comma-separated learning rates (default: the preset's)")
     parser.add_argument("--difficulties", default=None, help="comma-separated difficulty names (default: all)")
+    parser.add_argument("--max-steps", type=positive_int_arg, default=None,
+                        help="step cap of every run (default: the preset's; cpu 600). With the options below, a "
+                        "smoke run of any preset, e.g. --difficulties easy --d-models 32 --lrs 2e-3 "
+                        "--variants standard,coupled --max-steps 100: seconds on one CPU core")
+    parser.add_argument("--train-examples", type=positive_int_arg, default=None,
+                        help="training sequences per (L, K) slice (default: the preset's; cpu 20000)")
+    parser.add_argument("--test-examples", type=positive_int_arg, default=None,
+                        help="test sequences per (L, K) slice (default: the preset's; cpu 500)")
+    parser.add_argument("--seed", type=seed_arg, default=None,
+                        help="model initialisation and batch-order seed of every run (default: the preset's, 0; "
+                        "the data stay the same)")
     parser.add_argument("--out-dir", default=None, type=path_arg,
                         help="sweep folder (default runs/mqar-<preset>); a folder holding anything but a sweep is "
                         "refused")
@@ -65,14 +78,24 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Run the sweep described by ``args``; returns 0 (errors raise ``ValueError``, reported by the CLI)."""
-    preset = get_preset(args.preset)
-    variants = parse_variants(args.variants) if args.variants is not None else None
+    preset = customize_preset(get_preset(args.preset), max_steps=args.max_steps, seed=args.seed,
+                              train_examples=args.train_examples, test_examples=args.test_examples)
+    try:
+        variants = parse_variants(args.variants) if args.variants is not None else None
+    except ValueError as exc:
+        raise ValueError(f"--variants={args.variants!r}: {exc}") from None
     d_models, lrs = args.d_models, args.lrs
     difficulties = None
     if args.difficulties is not None:
         difficulties = [d.strip() for d in args.difficulties.split(",")]
-        if not all(difficulties):
-            raise ValueError(f"--difficulties={args.difficulties!r}: expected comma-separated difficulty names")
+        if not all(difficulties) or len(set(difficulties)) != len(difficulties):
+            raise ValueError(f"--difficulties={args.difficulties!r}: expected comma-separated difficulty names, "
+                             f"each once, of {[d.name for d in preset.difficulties]}")
+        for name in difficulties:
+            try:
+                preset.difficulty(name)
+            except ValueError as exc:
+                raise ValueError(f"--difficulties={args.difficulties!r}: {exc}") from None
     out_dir = args.out_dir if args.out_dir is not None else f"runs/mqar-{preset.name}"
     threads = args.threads if args.threads is not None else preset.threads
     if threads is not None:
@@ -84,6 +107,8 @@ def run(args) -> int:
         out_dir = OutputDir(out_dir, "--out-dir", overwrite=args.overwrite, what="an MQAR sweep",
                             layout=sweep_layout(preset, plan), rewrite=sweep_rewrite(preset))
     print(f"coupled-qk mqar: preset {preset.name}: {preset.description}")
+    if preset is not SWEEP_PRESETS[preset.name]:
+        print(f"  {preset.notes[-1]}")
     print(f"  {len(plan)} runs -> {out_dir} (torch threads {torch.get_num_threads()}); differential variants use "
           f"n_heads={heads_for('differential', preset.n_heads)} where the others use n_heads={preset.n_heads} "
           "(one differential head = two sub-heads, parameter-matched)")

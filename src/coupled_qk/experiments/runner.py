@@ -29,6 +29,7 @@ from coupled_qk.models.config import rename_fields
 from coupled_qk.outputs import OutputDir, as_output_dir
 from coupled_qk.training.config import (
     RESULT_NEUTRAL_FIELDS,
+    RESULT_NEUTRAL_TASK_OPTIONS,
     STOPPING_POINTS,
     TrainConfig,
     describe_differences,
@@ -51,8 +52,6 @@ __all__ = [
     "write_report",
 ]
 
-RESULT_NEUTRAL_TASK_OPTIONS = frozenset({"cache_dir"})
-"""``TrainConfig.task_options`` keys that do not change results (where generated data are cached)."""
 
 STATUSES = ("ran", "reused", "interrupted", "skipped")
 
@@ -263,6 +262,15 @@ def _continues(results: dict, cfg: TrainConfig, rundir: RunDir) -> bool:
     return cfg.max_minutes is None or float(results.get("train_seconds") or 0.0) < 60 * cfg.max_minutes
 
 
+def _resuming(rundir: RunDir) -> str:
+    """``"resuming from its checkpoint at step N"`` for a run folder holding a checkpoint (the step when known)."""
+    from coupled_qk.training.checkpoint_load import checkpoint_step
+
+    newest = rundir.newest_checkpoint()
+    step = checkpoint_step(newest) if newest is not None else None
+    return "resuming from its checkpoint" + (f" at step {step}" if step is not None else "")
+
+
 def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: float | None, train_fn, log):
     changes: dict = {"resume": rundir.has_checkpoint()}
     if remaining is not None:  # the loop counts training time over all sessions of a resumed run
@@ -271,8 +279,8 @@ def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: flo
     if rundir.path.is_dir() and not changes["resume"] and os.environ.get("RANK", "0") == "0":
         rundir.remove_partial()  # a run killed before its first checkpoint: start it again cleanly (rank 0 only:
         # under torchrun the ranks meet in the training loop's first collective, after this)
-    if log is not None:
-        log(f"== {run.label} -> {rundir.path}")
+    if log is not None:  # a resumed run says so (a run stopped by a signal is continued, not started again)
+        log(f"== {run.label} -> {rundir.path}" + (f" ({_resuming(rundir)})" if changes["resume"] else ""))
     start = time.perf_counter()
     results = train_fn(cfg)
     seconds = time.perf_counter() - start

@@ -133,24 +133,32 @@ def _json_object(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def language_model_checkpoint(path: str | Path) -> Path:
+def language_model_checkpoint(path: str | Path, needs_text: bool = False) -> Path:
     """:func:`resolve_checkpoint` for the commands that load a language model (``eval``, ``generate``,
     ``export``, ``analyze``, ``glue``'s pretrained run): a GLUE fine-tuning run (its checkpoints hold a sequence
-    classifier) is named as such instead of failing on mismatched weights.
+    classifier) is named as such instead of failing on mismatched weights. With ``needs_text`` (the caller
+    tokenizes text: ``eval``, ``generate``/``load_run``, ``analyze``, ``glue``), a run of a synthetic task
+    without a tokenizer (an MQAR run) is named as such instead of as a missing tokenizer file.
 
     Raises:
         FileNotFoundError, ValueError: as :func:`resolve_checkpoint` (a Hugging Face export folder included);
-            ``ValueError`` for a checkpoint of a GLUE run, naming its ``config.json``.
+            ``ValueError`` for a checkpoint of a GLUE run, or with ``needs_text`` of a run whose task is not
+            ``lm`` and that has no tokenizer, naming its ``config.json``.
     """
     ckpt = resolve_checkpoint(path)
     for folder in (ckpt, ckpt.parent):
         config = folder / "config.json"
         if not config.is_file():
             continue
-        if _json_object(config).get("task") == "glue":
+        task = _json_object(config).get("task")
+        if task == "glue":
             raise ValueError(f"{path} is a GLUE fine-tuning run (task='glue' in {config}): its checkpoints hold a "
                              "sequence classifier, not a language model; pass the language-model run it was "
                              "fine-tuned from (task_options.pretrained in that config.json)")
+        if needs_text and task not in (None, "lm") and not (folder / "tokenizer" / "tokenizer.json").is_file():
+            raise ValueError(f"{path} is a run of the synthetic task {task!r} (task={task!r} in {config}): its model "
+                             "reads the task's token ids, not text, and has no tokenizer; pass a language-model "
+                             "run trained on text (task 'lm')")
         break
     return ckpt
 

@@ -319,11 +319,21 @@ def saved_value(saved: dict, name: str):
     return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
 
 
+RESULT_NEUTRAL_TASK_OPTIONS = frozenset({"cache_dir"})
+"""``TrainConfig.task_options`` keys that do not change results (where generated data are cached)."""
+
+
 def config_differences(saved: dict, current: TrainConfig, ignore=CONTINUATION_FIELDS) -> dict:
     """``{field: (saved value, current value)}`` for fields outside ``ignore`` that differ (a field the saved
-    config does not hold compares as its default: :func:`saved_value`)."""
+    config does not hold compares as its default: :func:`saved_value`); ``task_options`` are compared without
+    :data:`RESULT_NEUTRAL_TASK_OPTIONS` (an MQAR sweep folder that was moved resumes: its data cache moved too)."""
     now = current.to_dict()
-    return {k: (saved_value(saved, k), v) for k, v in now.items() if k not in ignore and saved_value(saved, k) != v}
+    diff = {k: (saved_value(saved, k), v) for k, v in now.items() if k not in ignore and saved_value(saved, k) != v}
+    if "task_options" in diff:
+        a, b = ({k: v for k, v in (d or {}).items() if k not in RESULT_NEUTRAL_TASK_OPTIONS} for d in diff["task_options"])
+        if a == b:
+            del diff["task_options"]
+    return diff
 
 
 def describe_differences(diff: dict) -> str:

@@ -57,7 +57,7 @@ def evaluate_checkpoint(
             model's vocabulary, or (without ``corpus``) the run's corpus changed since it trained: a split's text
             differs from the SHA-256 (or token count) recorded in the run's ``data.json``.
     """
-    ckpt = language_model_checkpoint(checkpoint)
+    ckpt = language_model_checkpoint(checkpoint, needs_text=True)
     run = RunDir(ckpt.parent)
     run_cfg = run.read_config() or {}
     corpus_name = corpus if corpus is not None else run_cfg.get("corpus")  # "" is an error below, not "not given"

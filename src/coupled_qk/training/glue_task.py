@@ -172,7 +172,7 @@ def resolve_pretrained(path: str | Path) -> tuple[Path, GPTConfig, Tokenizer]:
         FileNotFoundError: no checkpoint there, or no saved tokenizer next to it.
         ValueError: the tokenizer's vocabulary does not match the checkpoint's ``vocab_size`` (another tokenizer).
     """
-    where = ckpt.language_model_checkpoint(path)
+    where = ckpt.language_model_checkpoint(path, needs_text=True)
     model_cfg = GPTConfig.load(where / "model_config.json")
     run = Path(path) if (Path(path) / "latest").is_file() else where.parent
     tok_dir = run / "tokenizer"

@@ -58,7 +58,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
             ``config.json`` (:meth:`~coupled_qk.training.rundir.RunDir.read_config`), or a ``device`` that is
             neither ``"auto"`` nor a device of this machine (:func:`load_checkpoint_model`; the error lists those).
     """
-    ckpt = language_model_checkpoint(path)
+    ckpt = language_model_checkpoint(path, needs_text=True)
     run_dir = ckpt.parent
     tok_dir = run_dir / "tokenizer"
     if not (tok_dir / "tokenizer.json").is_file():

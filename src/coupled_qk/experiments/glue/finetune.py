@@ -33,10 +33,31 @@ def parse_tasks(text: str) -> list[str]:
     """``"all"`` or a comma-separated list of GLUE tasks; ``ValueError`` naming an unknown one."""
     if text.strip().lower() == "all":
         return list(GLUE_TASKS)
-    tasks = [check_task(t.strip()) for t in text.split(",") if t.strip()]
+    try:
+        tasks = [check_task(t.strip()) for t in text.split(",") if t.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--task={text!r}: {exc}") from None
     if not tasks:
         raise ValueError(f"--task={text!r} names no task; expected 'all' or some of {GLUE_TASKS}")
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"--task={text!r} repeats a task; expected each of {GLUE_TASKS} at most once")
     return tasks
+
+
+def check_names(names: list, n_runs: int, option: str = "names") -> list[str]:
+    """``names`` if they label ``n_runs`` pretrained runs: one each, distinct, each usable as one folder name
+    (the fine-tunes go to ``<out_dir>/<name>/``; empty, ``.``/``..``, hidden or with a path separator: refused).
+
+    Raises:
+        ValueError: naming ``option``, the names and what was expected.
+    """
+    bad = [x for x in names if not isinstance(x, str) or not x.strip() or x.startswith(".") or "/" in x or "\\" in x]
+    if bad:
+        raise ValueError(f"{option}={names!r}: {bad!r} cannot name a folder of fine-tuning runs; expected non-empty "
+                         "labels without '/' or '\\' that do not start with '.'")
+    if len(names) != n_runs or len(set(names)) != len(names):
+        raise ValueError(f"{option}={names!r}: need one distinct name per pretrained run ({n_runs})")
+    return names
 
 
 def parse_per_task(text: str | None, flag: str = "--max-train-examples") -> int | dict | None:
@@ -138,9 +159,9 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
     Metrics are fractions (accuracy, F1) or the Matthews correlation in [-1, 1].
     """
     if names is None:
-        names = [model_name(p) for p in pretrained]
-    if len(names) != len(pretrained) or len(set(names)) != len(names):
-        raise ValueError(f"names={names!r}: need one distinct name per pretrained run ({len(pretrained)})")
+        names = check_names([model_name(p) for p in pretrained], len(pretrained),
+                            "the runs' folder names (--names to label them)")
+    check_names(names, len(pretrained))
     report_dir, out_dir = out_dir, Path(out_dir)  # report_dir may be a command's OutputDir claim
     per_task = options.pop("max_train_examples", None)
     plan = []

@@ -46,12 +46,12 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from coupled_qk._checks import positive_int
+from coupled_qk._checks import MAX_SEED, nonneg_int, positive_int
 from coupled_qk.models.registry import VARIANTS, default_variants
 from coupled_qk.models.specs import variant_attention
 from coupled_qk.training.mqar_task import parse_slices
 
-__all__ = ["SWEEP_PRESETS", "Difficulty", "SweepPreset", "get_preset", "heads_for", "mqar_variants"]
+__all__ = ["SWEEP_PRESETS", "Difficulty", "SweepPreset", "customize_preset", "get_preset", "heads_for", "mqar_variants"]
 
 
 def mqar_variants() -> dict[str, dict]:
@@ -258,6 +258,47 @@ def get_preset(name: str) -> SweepPreset:
     if name not in SWEEP_PRESETS:
         raise ValueError(f"unknown MQAR sweep preset {name!r}; expected one of {sorted(SWEEP_PRESETS)}")
     return SWEEP_PRESETS[name]
+
+
+def customize_preset(preset: SweepPreset, max_steps: int | None = None, seed: int | None = None,
+                     train_examples: int | None = None, test_examples: int | None = None) -> SweepPreset:
+    """``preset`` with a smaller (or larger) budget, e.g. a one-minute smoke run of any preset.
+
+    Args:
+        preset: the preset to change (``None`` arguments keep its values).
+        max_steps: the step cap of every run (replaces ``preset.max_steps``; the epoch budget still applies).
+        seed: model initialisation and batch-order seed (the data, ``preset.data_seed``, are unchanged).
+        train_examples, test_examples: sequences per training / test slice of every difficulty (the slices'
+            sequence lengths and key-value pair counts are kept).
+
+    Returns:
+        A new :class:`SweepPreset` of the same name whose ``notes`` end with a line naming the changes (the
+        sweep's ``results.json`` records the preset, so a changed budget is never mistaken for the preset's).
+
+    Raises:
+        ValueError: naming the argument, if a count is not an integer >= 1 or ``seed`` is not in [0, 2**32 - 1].
+    """
+    changes: dict = {}
+    if max_steps is not None:
+        changes["max_steps"] = positive_int("max_steps", max_steps)
+    if seed is not None:
+        if nonneg_int("seed", seed) > MAX_SEED:
+            raise ValueError(f"seed={seed} must be in [0, {MAX_SEED}] (2**32 - 1)")
+        changes["seed"] = seed
+    sizes = {"train_slices": train_examples, "test_slices": test_examples}
+    for key, n in sizes.items():
+        if n is not None:
+            positive_int(key.replace("slices", "examples"), n)
+    if any(n is not None for n in sizes.values()):
+        changes["difficulties"] = tuple(dataclasses.replace(d, **{
+            key: tuple((L, K, n if n is not None else N) for L, K, N in getattr(d, key)) for key, n in sizes.items()
+        }) for d in preset.difficulties)
+    if not changes:
+        return preset
+    described = {**{k: v for k, v in changes.items() if k != "difficulties"},
+                 **{k.replace("slices", "examples"): v for k, v in sizes.items() if v is not None}}
+    note = "Changed from the preset: " + ", ".join(f"{k}={v}" for k, v in described.items()) + "."
+    return dataclasses.replace(preset, notes=(*preset.notes, note), **changes)
 
 
 def heads_for(variant: str, n_heads: int) -> int:

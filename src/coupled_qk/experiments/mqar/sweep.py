@@ -123,7 +123,8 @@ def _line(total: int):
         if record.status == "reused":
             return f"{tag} acc={r['final']['valid/accuracy']:.3f} steps={r['steps']} (reused)"
         return (f"{tag} acc={r['final']['valid/accuracy']:.3f} steps={r['steps']}/{record.config.max_steps} "
-                f"{r['stop_reason']} {record.seconds:.1f}s" + (" (interrupted)" if record.status == "interrupted" else ""))
+                f"{r['stop_reason']} {record.seconds:.1f}s" + (" (resumed)" if record.config.resume else "")
+                + (" (interrupted)" if record.status == "interrupted" else ""))
 
     return describe
 
