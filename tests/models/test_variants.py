@@ -226,6 +226,11 @@ def test_unknown_names_say_where_plugin_names_come_from_and_where_specs_go():
     with pytest.raises(ValueError, match=r"read by --variants only.*--attention coupled --set n_steps=3 --set "
                                          r"dt_init=0\.2\)"):
         GPTConfig(attention="coupled+n_steps=3+dt_init=0.2")
+    with pytest.raises(ValueError, match=r"'coupled_leapfrog' is a named variant .*--attention coupled --set "
+                                         r"integrator=leapfrog\)"):
+        GPTConfig(attention="coupled_leapfrog")  # the hint's flags build it:
+    flags = GPTConfig(attention="coupled", integrator="leapfrog")
+    assert flags.qk_map == GPTConfig(**variant_overrides("coupled_leapfrog")).qk_map
 
 
 @pytest.mark.parametrize("spec, match", [

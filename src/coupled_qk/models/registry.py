@@ -282,6 +282,12 @@ def get_attention(name: str) -> Attention:
             hint = (f"; a variant spec (NAME+field=value) is read by --variants only: give the attention and its "
                     f"options separately (attention={head!r} plus {rest!r}; on the command line --attention {head} "
                     f"--set {rest.replace('+', ' --set ')})")
+        elif isinstance(name, str) and name in VARIANTS:  # a named variant: an attention plus its settings
+            settings = {k: v for k, v in VARIANTS[name].items() if k != "attention"}
+            flags = " ".join(f"--set {k}={v}" for k, v in settings.items())
+            hint = (f"; {name!r} is a named variant (attention={VARIANTS[name]['attention']!r} with {settings}), "
+                    f"which --variants reads; give its attention and settings (on the command line --attention "
+                    f"{VARIANTS[name]['attention']} {flags})")
         else:
             hint = f"; {UNKNOWN_HINT}"
         raise ValueError(f"GPTConfig.attention={name!r} is unknown; expected one of {list(ATTENTIONS)}{hint}")
