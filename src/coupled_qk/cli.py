@@ -42,9 +42,12 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         # an option type's refusal ("argument --n: '0' must be ...") reads as "--n=0 must be ..."
-        typed = re.match(r"^argument (?:[^:]*/)?(-[-\w]+): '(.*)' (.*)$", message, re.S)
+        # and "argument --n: 'a,a': expected ..." as "--n='a,a': expected ..."; the value is the repr up to its
+        # first unescaped quote (a later quote, as in "(or '' for none)", is the message's own)
+        typed = re.match(r"^argument (?:[^:]*/)?(-[-\w]+): '((?:[^'\\]|\\.)*)'(:?) (.*)$", message, re.S)
         if typed:
-            message = f"{typed.group(1)}={typed.group(2)} {typed.group(3)}"
+            option, value, colon, rest = typed.groups()
+            message = f"{option}='{value}': {rest}" if colon else f"{option}={value} {rest}"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
