@@ -92,7 +92,7 @@ def _shard(text: str) -> tuple[int, int]:
 
 def run(args) -> int:
     from coupled_qk.commands.ignored import refuse_ignored_options
-    from coupled_qk.commands.options import parse_seeds
+    from coupled_qk.commands.options import parse_seeds, parse_variants_option
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
     from coupled_qk.experiments.claims.build import build_report
     from coupled_qk.experiments.claims.converged import DESIGNS
@@ -116,7 +116,7 @@ def run(args) -> int:
     if args.seeds is not None:
         protocol = protocol.with_seeds(tuple(parse_seeds(args.seeds)))
     if args.variants is not None:
-        protocol = protocol.with_variants(args.variants.split(","))
+        protocol = protocol.with_variants(parse_variants_option(args.variants))
     shard = _shard(args.shard)
     if args.cells is not None:  # checked when the command starts, also when nothing is trained
         cells = [c.strip() for c in args.cells.split(",")]

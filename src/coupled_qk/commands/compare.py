@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import add_overwrite_option, parse_seeds, reject_variant_flags
+from coupled_qk.commands.options import add_overwrite_option, parse_seeds, parse_variants_option, reject_variant_flags
 from coupled_qk.commands.train import add_train_options, preflight, read_corpus_first, train_config_from_args
 from coupled_qk.models.registry import variant_names
 
@@ -24,13 +24,13 @@ def run(args) -> int:
     from coupled_qk.experiments.compare import comparison_dir, comparison_table, run_comparison
 
     reject_variant_flags(args, "compare")
+    variants = parse_variants_option(args.variants)
     if args.out_dir is None:
         args.out_dir = "runs/compare"
     base = train_config_from_args(args)
     seeds = parse_seeds(args.seeds)
     preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
     read_corpus_first(base)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     summary = run_comparison(base, variants, seeds, comparison_dir(base.out_dir, variants, args.overwrite))
     print(comparison_table(summary))
     print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")

@@ -13,7 +13,7 @@ the variants (the table says it is a smoke run).
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import add_overwrite_option, parse_seeds, reject_variant_flags
+from coupled_qk.commands.options import add_overwrite_option, parse_seeds, parse_variants_option, reject_variant_flags
 from coupled_qk.commands.train import add_train_options, preflight, read_corpus_first, train_config_from_args
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes (--quick: ~3)"
@@ -56,6 +56,7 @@ def run(args) -> int:
     from coupled_qk.experiments.compare import comparison_dir, comparison_table, run_comparison
 
     reject_variant_flags(args, "demo")
+    variants = parse_variants_option(args.variants)
     defaults = demo_fields(args)
     if "corpus" in defaults:  # wiki-vital offline, else WikiText-2 from the hub, else an error saying what to get
         from coupled_qk.data.hub import demo_corpus
@@ -70,7 +71,6 @@ def run(args) -> int:
     seeds = parse_seeds(args.seeds)
     preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
     read_corpus_first(base)
-    variants = [v.strip() for v in args.variants.split(",")]
     summary = run_comparison(base, variants, seeds, comparison_dir(base.out_dir, variants, args.overwrite))
     print(comparison_table(summary))
     print(f"\nwritten: {base.out_dir}/results.json, results.md, loss_curves.png")

@@ -17,6 +17,7 @@ import torch
 from coupled_qk.commands.options import (
     add_device_option,
     add_overwrite_option,
+    parse_variants_option,
     path_arg,
     positive_float_arg,
     positive_floats_arg,
@@ -27,7 +28,6 @@ from coupled_qk.commands.options import (
 )
 from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, customize_preset, get_preset, heads_for, mqar_variants
 from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep
-from coupled_qk.models.specs import parse_variants
 from coupled_qk.outputs import OutputDir
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
@@ -80,10 +80,7 @@ def run(args) -> int:
     """Run the sweep described by ``args``; returns 0 (errors raise ``ValueError``, reported by the CLI)."""
     preset = customize_preset(get_preset(args.preset), max_steps=args.max_steps, seed=args.seed,
                               train_examples=args.train_examples, test_examples=args.test_examples)
-    try:
-        variants = parse_variants(args.variants) if args.variants is not None else None
-    except ValueError as exc:
-        raise ValueError(f"--variants={args.variants!r}: {exc}") from None
+    variants = parse_variants_option(args.variants) if args.variants is not None else None
     d_models, lrs = args.d_models, args.lrs
     difficulties = None
     if args.difficulties is not None:

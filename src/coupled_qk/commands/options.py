@@ -63,6 +63,22 @@ def gpt_config_from_args(args, **extra) -> GPTConfig:
     return GPTConfig.from_preset(args.preset, **overrides)
 
 
+def parse_variants_option(text: str | None, option: str = "--variants") -> list[str]:
+    """``--variants`` text -> canonical variant specs (:func:`~coupled_qk.models.specs.parse_variants`; ``None`` or
+    ``"all"``: the default variants), checked when the command starts.
+
+    Raises:
+        ValueError: an unknown or invalid spec, two specs of one model or no spec, naming ``option`` and its value.
+    """
+    from coupled_qk.models.specs import parse_variants
+
+    try:
+        return parse_variants(text)
+    except ValueError as exc:
+        message = str(exc)
+        raise ValueError(message if message.startswith(option) else f"{option}={text!r}: {message}") from None
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"0,1,2" -> [0, 1, 2]``; ``ValueError`` naming ``--seeds`` for non-integers, no seed, a repeated or a
     negative seed."""

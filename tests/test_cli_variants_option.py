@@ -1,0 +1,40 @@
+"""Usage errors name the option and its value: ``--variants`` of every command that reads it, and option types
+whose message itself holds a quote (``(or '' for none)``)."""
+
+import pytest
+
+from coupled_qk.cli import main
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--preset", "tiny"],
+    ["compare", "--preset", "tiny", "--max-steps", "5"],
+    ["demo", "--quick"],
+    ["claims", "--protocol", "smoke", "--plan"],
+    ["mqar", "--dry-run"],
+])
+@pytest.mark.parametrize("value,expected", [("foo", "unknown variant 'foo'"), (",", "selects no variant")])
+def test_bad_variants_name_the_option_before_any_folder(argv, value, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--variants", value]) == 2
+    err = capsys.readouterr().err
+    assert f"--variants={value!r}: " in err and expected in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_same_model_twice_names_the_option_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--preset", "tiny", "--variants", "coupled+n_steps=1,coupled"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("--variants") == 1 and "are the same model" in err, err
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["bench", "--mode", "fastpath", "--peers", "gpt2,gpt2"],
+     "error: --peers='gpt2,gpt2': expected a comma-separated subset of gpt2, llama without repeats (or '' for none)"),
+    (["bench", "--prefixes", ","], "error: --prefixes=',': expected a comma-separated list"),
+    (["bench", "--repeats", "0"], "error: --repeats=0 must be a positive integer"),
+])
+def test_typed_option_errors_keep_the_value_and_the_message_whole(argv, expected, capsys):
+    assert main(argv) == 2
+    assert expected in capsys.readouterr().err
