@@ -38,3 +38,24 @@ def test_same_model_twice_names_the_option_once(tmp_path, monkeypatch, capsys):
 def test_typed_option_errors_keep_the_value_and_the_message_whole(argv, expected, capsys):
     assert main(argv) == 2
     assert expected in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("protocol", ["smoke", "toy-converged"])
+def test_claims_refuses_a_folder_of_bench_results(protocol, tmp_path, capsys):
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "bench-tiny-cpu.json").write_text("{}")
+    (out / "bench-tiny-cpu.md").write_text("x")
+    assert main(["claims", "--protocol", protocol, "--report-only", "--no-figures", "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--out-dir=" in err and "bench-tiny-cpu.json" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["bench-tiny-cpu.json", "bench-tiny-cpu.md"]
+
+
+def test_claims_folder_may_hold_every_protocols_reports(tmp_path):
+    from coupled_qk.experiments.claims.report import report_dir
+
+    for name in ("cpu.json", "cpu.md", "cpu-readme.md", "cpu-converged.json", "verify-cpu-converged.md", "README.md"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "runs").mkdir()
+    assert report_dir(tmp_path, "smoke").foreign_entries() == []

@@ -210,10 +210,10 @@ def _run_converged(args) -> int:
             raise ValueError(f"{flag} does not apply to the converged protocol {design.name!r} ({why})")
     default_out = "runs/claims-toy" if design.name.startswith("toy-") else "docs/results/claims"
     out_dir = args.out_dir or default_out
-    if not args.plan:  # records and the report go there: a file or an unwritable folder fails now, not after a run
-        from coupled_qk.outputs import output_location
+    if not args.plan:  # records and the report go there: a file, an unwritable folder or one holding another
+        from coupled_qk.experiments.claims.report import report_dir  # command's results fails now, not after a run
 
-        output_location("--out-dir", out_dir)
+        report_dir(out_dir, design.name, overwrite=True)  # its report is regenerated from its records every time
     data_dir = args.data_dir or default_data_dir()
     command = "coupled-qk claims " + shlex.join(["--protocol", design.name, *(["--out-dir", args.out_dir]
                                                                               if args.out_dir else [])])
