@@ -59,3 +59,25 @@ def test_claims_folder_may_hold_every_protocols_reports(tmp_path):
         (tmp_path / name).write_text("x")
     (tmp_path / "runs").mkdir()
     assert report_dir(tmp_path, "smoke").foreign_entries() == []
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--seq-len", "1000"], "--seq-len=1000: 1000 > the model's block_size=128"),
+    (["--mode", "memory", "--cache-len", "1000"], "--cache-len=1000: 1000 > the model's block_size=128"),
+    (["--sweep", "--sweep-seq-len", "32,1000"], "--sweep-seq-len=32,1000: 1000 > the model's block_size=128"),
+    (["--sweep", "--sweep-d-model", "64,66"], "--sweep-d-model=64,66: 66: GPTConfig.d_model=66 is not divisible"),
+])
+def test_bench_lengths_are_checked_before_any_measurement(argv, expected, tmp_path, monkeypatch, capsys):
+    """The sweep measured every earlier point (minutes) before refusing a too long --sweep-seq-len."""
+    from coupled_qk.commands import bench
+    from coupled_qk.experiments.bench import cost_curve
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured before the check")
+
+    monkeypatch.setattr(bench, "run_bench", no_measuring)
+    monkeypatch.setattr(cost_curve, "run_bench", no_measuring)
+    out = tmp_path / "out"
+    assert main(["bench", "--preset", "tiny", "--out-dir", str(out), *argv]) == 2
+    assert expected in capsys.readouterr().err
+    assert not out.exists()

@@ -177,6 +177,30 @@ def _check_mode_options(args) -> None:
                              "--no-decode skips)")
 
 
+def _check_lengths(args, config) -> None:
+    """Refuse, before any measurement, a length beyond the model's ``block_size`` (``--seq-len``, ``--cache-len``,
+    a ``--sweep-seq-len`` value) and a ``--sweep-d-model`` value the model cannot take: the sweep measured every
+    point before them first.
+
+    Raises:
+        ValueError: naming the option, the value and the valid range.
+    """
+    block = config.block_size
+    lengths = [("--seq-len", [args.seq_len]), ("--cache-len", [args.cache_len])]
+    if args.sweep:
+        lengths.append(("--sweep-seq-len", args.sweep_seq_len))
+    for option, values in lengths:
+        bad = [v for v in values if v is not None and v > block]
+        if bad:
+            raise ValueError(f"{option}={','.join(map(str, values))}: {', '.join(map(str, bad))} > the model's block_size={block}; "
+                             f"expected 1 to {block} (or a larger --set block_size)")
+    for value in args.sweep_d_model if args.sweep else ():
+        try:
+            config.replace(d_model=value, d_head=None, d_ff=None)
+        except ValueError as exc:
+            raise ValueError(f"--sweep-d-model={','.join(map(str, args.sweep_d_model))}: {value}: {exc}") from None
+
+
 def _users(modes) -> str:
     """``("train", "memory", "sweep")`` -> ``"--mode train and memory, and --sweep"``."""
     named = [m for m in modes if m != "sweep"]
@@ -200,6 +224,7 @@ def run(args) -> int:
     map_options = {} if args.n_steps is None else {"n_steps": args.n_steps}
     # --n-steps applies per variant (run_bench), not to the base config, whose attention has no map
     config = gpt_config_from_args(argparse.Namespace(**{**vars(args), "n_steps": None}))
+    _check_lengths(args, config)
     invoked = sys.argv[1:]
     command = shlex.join(["coupled-qk", *invoked]) if invoked[:1] == ["bench"] else None
     if args.sweep or args.mode != "train":
