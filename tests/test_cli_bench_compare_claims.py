@@ -1,5 +1,5 @@
-"""Usage errors name the option and its value: ``--variants`` of every command that reads it, and option types
-whose message itself holds a quote (``(or '' for none)``)."""
+"""bench, compare, demo, claims and mqar: usage errors name the option and its value (--variants, typed options whose
+message holds a quote, lengths beyond block_size) before any folder or measurement; claims report folders."""
 
 import pytest
 
