@@ -53,27 +53,27 @@ def one_line_error(capsys) -> str:
 # every item is (id, extra arguments, expected text of the one-line message)
 BAD = [
     ("lr-word", ["--lr", "fast"], "--lr='fast' is not a number"),
-    ("lr-inf", ["--lr", "inf"], "lr=inf must be a finite number"),
+    ("lr-inf", ["--lr", "inf"], "--lr=inf must be a finite number"),
     ("lr-nan", ["--lr", "nan"], "must be a finite number"),
-    ("lr-neg", ["--lr", "-1"], "lr=-1.0 must be in (0, inf"),
-    ("lr-zero", ["--lr", "0"], "lr=0.0 must be in (0, inf"),
-    ("batch-zero", ["--batch-size", "0"], "batch_size=0 must be a positive integer"),
+    ("lr-neg", ["--lr", "-1"], "--lr=-1.0 must be in (0, inf"),
+    ("lr-zero", ["--lr", "0"], "--lr=0.0 must be in (0, inf"),
+    ("batch-zero", ["--batch-size", "0"], "--batch-size=0 must be a positive integer"),
     ("batch-frac", ["--batch-size", "2.5"], "--batch-size='2.5' is not an integer"),
     ("batch-word", ["--batch-size", "abc"], "is not an integer"),
-    ("accum-neg", ["--grad-accum", "-1"], "grad_accum=-1"),
-    ("steps-zero", ["--max-steps", "0"], "max_steps=0"),
+    ("accum-neg", ["--grad-accum", "-1"], "--grad-accum=-1"),
+    ("steps-zero", ["--max-steps", "0"], "--max-steps=0"),
     ("steps-word", ["--max-steps", "ten"], "--max-steps='ten'"),
-    ("tokens-neg", ["--max-tokens", "-5"], "max_tokens=-5"),
-    ("minutes-zero", ["--max-minutes", "0"], "max_minutes=0.0"),
-    ("minutes-inf", ["--max-minutes", "inf"], "max_minutes=inf"),
-    ("beta1-one", ["--beta1", "1.0"], "beta1=1.0 must be in [0, 1)"),
-    ("beta2-neg", ["--beta2", "-0.1"], "beta2=-0.1"),
-    ("min-lr-ratio", ["--min-lr-ratio", "2"], "min_lr_ratio=2.0 must be in [0, 1]"),
-    ("decay-neg", ["--weight-decay", "-0.1"], "weight_decay=-0.1"),
-    ("clip-nan", ["--grad-clip", "nan"], "grad_clip=nan"),
-    ("warmup-neg", ["--warmup-steps", "-1"], "warmup_steps=-1"),
-    ("dtype", ["--dtype", "fp8"], "dtype='fp8' is unknown"),
-    ("task", ["--task", "nope"], "task='nope' is unknown"),
+    ("tokens-neg", ["--max-tokens", "-5"], "--max-tokens=-5"),
+    ("minutes-zero", ["--max-minutes", "0"], "--max-minutes=0.0"),
+    ("minutes-inf", ["--max-minutes", "inf"], "--max-minutes=inf"),
+    ("beta1-one", ["--beta1", "1.0"], "--beta1=1.0 must be in [0, 1)"),
+    ("beta2-neg", ["--beta2", "-0.1"], "--beta2=-0.1"),
+    ("min-lr-ratio", ["--min-lr-ratio", "2"], "--min-lr-ratio=2.0 must be in [0, 1]"),
+    ("decay-neg", ["--weight-decay", "-0.1"], "--weight-decay=-0.1"),
+    ("clip-nan", ["--grad-clip", "nan"], "--grad-clip=nan"),
+    ("warmup-neg", ["--warmup-steps", "-1"], "--warmup-steps=-1"),
+    ("dtype", ["--dtype", "fp8"], "--dtype='fp8' is unknown"),
+    ("task", ["--task", "nope"], "--task='nope' is unknown"),
     ("preset", ["--preset", "huge"], "invalid choice: 'huge'"),
     ("attention", ["--attention", "flash"], "attention='flash'"),
     ("set-type", ["--set", "n_layer=zero"], "n_layer='zero' is not an integer"),
@@ -93,11 +93,11 @@ BAD = [
     ("config-neg", ["--config", "neg.json"], "batch_size=-4"),
     ("config-unknown", ["--config", "unknown.json"], "['learning_rate']"),
     ("early-stop-half", ["--early-stop-metric", "valid/accuracy"], "must be given together"),
-    ("early-stop-inf", ["--early-stop-metric", "x", "--early-stop-value", "inf"], "early_stop_value=inf"),
-    ("ckpt-minutes-neg", ["--checkpoint-minutes", "-1"], "checkpoint_minutes=-1.0"),
-    ("keep-zero", ["--keep-checkpoints", "0"], "keep_checkpoints=0"),
-    ("seed-neg", ["--seed", "-3"], "seed=-3"),
-    ("budget-change", ["--on-budget-change", "stretch"], "on_budget_change='stretch' is unknown"),
+    ("early-stop-inf", ["--early-stop-metric", "x", "--early-stop-value", "inf"], "--early-stop-value=inf"),
+    ("ckpt-minutes-neg", ["--checkpoint-minutes", "-1"], "--checkpoint-minutes=-1.0"),
+    ("keep-zero", ["--keep-checkpoints", "0"], "--keep-checkpoints=0"),
+    ("seed-neg", ["--seed", "-3"], "--seed=-3"),
+    ("budget-change", ["--on-budget-change", "stretch"], "--on-budget-change='stretch' is unknown"),
     ("integrator-standard", ["--integrator", "leapfrog"], "do not apply to attention='standard'"),
     ("n-steps-standard", ["--n-steps", "3"], "['n_steps'] do not apply to attention='standard'"),
     ("bool-value", ["--compile=maybe"], "ignored explicit argument"),
@@ -197,3 +197,25 @@ def test_8_4_train_help_documents_every_option(capsys):
             assert "(default: " in action.help, action.option_strings
     assert "--checkpoint-minutes FLOAT|none minutes of training between checkpoints" in text
     assert "(default: 15.0)" in text
+
+
+def _below_range(field) -> str | None:
+    """A value under the field's declared lower bound, as a command-line string (``None``: no lower bound)."""
+    lo = field.metadata.get("range", (None, None))[0]
+    if lo is None:
+        return None
+    return str(lo) if field.metadata.get("lo_open") else str(lo - 1)
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(TrainConfig)
+                                  if f.name in train_flags() and _below_range(f) is not None])
+def test_a_flag_out_of_its_range_is_named_as_the_flag(name, tmp_path, capsys):
+    """A range error of a training flag names the flag the user typed (``--max-steps=0``), not the
+    ``TrainConfig`` field, before any folder is made; every flag with a declared lower bound, from the
+    declarations."""
+    field = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]
+    flag = "--" + name.replace("_", "-")
+    assert main(["train", f"{flag}={_below_range(field)}", "--out-dir", str(tmp_path / "run")]) == 2
+    message = one_line_error(capsys)
+    assert f"{flag}=" in message and "TrainConfig" not in message, message
+    assert not (tmp_path / "run").exists()

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from coupled_qk._checks import coerce, field_types
+from coupled_qk._checks import check_value, coerce, field_types
 from coupled_qk.commands.options import (
     add_model_options,
     fraction_arg,
@@ -21,6 +21,8 @@ from coupled_qk.commands.options import (
     seed_arg,
 )
 from coupled_qk.training.config import TrainConfig
+
+TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 HELP = "train a language model on a corpus"
 
@@ -111,7 +113,9 @@ def train_config_from_args(args, **fields) -> TrainConfig:
     for name in types:
         value = getattr(args, name, None)
         if value is not None and name not in NOT_FLAGS:
-            data[name] = coerce("--" + name.replace("_", "-"), value, types[name])
+            flag = "--" + name.replace("_", "-")
+            data[name] = coerce(flag, value, types[name])
+            check_value(flag, data[name], types[name], TRAIN_FIELDS[name].metadata)  # range/choices, named as given
     data.update(parse_overrides(args.train_overrides, TrainConfig, "--opt"))
     split = {k: getattr(args, k) for k in SPLIT_FLAGS if getattr(args, k, None) is not None}
     if split:
