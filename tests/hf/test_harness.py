@@ -212,3 +212,29 @@ def test_generate_until_on_a_tiny_model_fits_the_context(tmp_path):
     with pytest.raises(ValueError, match="max_gen_toks=128 must be a positive integer smaller than the model's "
                                          "context of 128 tokens"):
         lm(max_gen_toks=128)
+
+
+def test_a_retrofitted_folder_is_scored_with_its_coupling(tmp_path):
+    """lm-eval's ``from_pretrained`` of a retrofitted GPT-2 folder dropped the coupling weights (only a load report
+    said so) and scored the base model; ``--model hf`` now restores the saved dynamics."""
+    import transformers
+
+    from coupled_qk.hf import load_retrofitted, retrofit
+    from coupled_qk.hf.harness import lm_class
+
+    tok = train_bpe(make_text(50, 0), 300)
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=tok.vocab_size, n_embd=32, n_layer=2,
+                                                                 n_head=2, n_positions=64)).eval()
+    retrofit(gpt2, dt_init=0.7, integrator="leapfrog")
+    folder = tmp_path / "retro"
+    gpt2.save_pretrained(folder)
+    hf_tokenizer(tok, 64).save_pretrained(folder)
+    lm = lm_class()(pretrained=str(folder), backend="causal", dtype="float32", device="cpu", batch_size=1)
+    x = torch.tensor([tok.encode("the cat sat on the mat")])
+    with torch.no_grad():
+        expected = gpt2(x).logits
+        assert torch.equal(lm.model(x).logits, expected)
+        assert torch.equal(load_retrofitted(folder)(x).logits, expected)
+        plain = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+        assert not torch.allclose(plain(x).logits, expected)  # what a plain load scores: not the saved model

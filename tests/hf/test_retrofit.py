@@ -237,3 +237,17 @@ def test_clear_errors():
     static = transformers.StaticCache(config=model.config, max_cache_len=16)
     with pytest.raises(ValueError, match="static cache"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=static, use_cache=True)
+
+
+def test_load_retrofitted_from_a_base_model_folder(tmp_path):
+    # the docstring admits base models (GPT2Model, LlamaModel); their saved keys lack the causal LM's prefix and
+    # load_retrofitted said the folder "lacks coupling weights" although they were there
+    for family, lm in (("gpt2", lambda m: m.transformer), ("llama", lambda m: m.model)):
+        full = _model(family)
+        base = retrofit(lm(full), dt_init=0.3, integrator="symplectic_euler")
+        base.save_pretrained(tmp_path / family)
+        loaded = load_retrofitted(tmp_path / family).eval()
+        assert [dt.tolist() for dt in step_sizes(loaded)] == [dt.tolist() for dt in step_sizes(base)]
+        x = torch.randint(0, V, (1, 9))
+        with torch.no_grad():
+            assert torch.equal(lm(loaded)(x).last_hidden_state, base(x).last_hidden_state)
