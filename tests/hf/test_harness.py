@@ -238,3 +238,22 @@ def test_a_retrofitted_folder_is_scored_with_its_coupling(tmp_path):
         assert torch.equal(load_retrofitted(folder)(x).logits, expected)
         plain = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
         assert not torch.allclose(plain(x).logits, expected)  # what a plain load scores: not the saved model
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused(tmp_path):
+    """``transformers`` builds an empty tokenizer for a GPT-2 folder without tokenizer files; lm-eval then scored
+    every document as certain (word perplexity 1.0) and exited 0. Now a one-line ValueError names the folder."""
+    import transformers
+
+    from coupled_qk.hf.harness import lm_class
+
+    torch.manual_seed(0)
+    folder = tmp_path / "no_tokenizer"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2,
+                                                         n_positions=64)).save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"tokenizer of '.*no_tokenizer' encodes text to no tokens "
+                                         r"\(vocabulary of \d+\).*tokenizer=PATH"):
+        lm_class()(pretrained=str(folder), backend="causal", dtype="float32", device="cpu", batch_size=1)
+    hf_tokenizer(train_bpe(make_text(50, 0), 300), 64).save_pretrained(folder)
+    lm = lm_class()(pretrained=str(folder), backend="causal", dtype="float32", device="cpu", batch_size=1)
+    assert lm.tok_encode("the cat sat")

@@ -204,7 +204,8 @@ def lm_class():
     :func:`fitting_max_gen_toks` of the model's context, with a one-line notice on stderr when that differs from
     lm-eval's 256). Raises ``ValueError`` for ``max_gen_toks`` that is not a positive integer smaller than the
     model's context. A retrofitted folder gets its coupling back after lm-eval's load (``ValueError`` when
-    ``pretrained`` is not a local folder, where its coupling weights would be read).
+    ``pretrained`` is not a local folder, where its coupling weights would be read); a tokenizer that encodes
+    text to no tokens (a folder without tokenizer files) is a ``ValueError``.
     """
     global _LM_CLASS
     if _LM_CLASS is not None:
@@ -227,6 +228,10 @@ def lm_class():
             super()._create_model(pretrained, *args, subfolder=subfolder, **kwargs)
             _restore_retrofit(self._model, pretrained, subfolder)
 
+        def _create_tokenizer(self, pretrained, tokenizer, *args, **kwargs):
+            super()._create_tokenizer(pretrained, tokenizer, *args, **kwargs)
+            _check_tokenizer(self.tokenizer, tokenizer or pretrained)
+
         @property
         def max_gen_toks(self) -> int:
             if self._gen_toks is None:
@@ -242,6 +247,19 @@ def lm_class():
         model_registry.register("coupled_qk")(CoupledQKLM)
     _LM_CLASS = CoupledQKLM
     return CoupledQKLM
+
+
+def _check_tokenizer(tokenizer, source) -> None:
+    """Refuse a tokenizer that encodes text to no tokens: ``transformers`` builds such an empty one for a model
+    folder without tokenizer files, and lm-eval then scored every document as certain (perplexity 1, exit 0).
+
+    Raises:
+        ValueError: naming ``source`` (the folder or ``tokenizer=`` argument) and the vocabulary size.
+    """
+    if not tokenizer.encode("The cat sat.", add_special_tokens=False):
+        raise ValueError(f"the tokenizer of {source!r} encodes text to no tokens (vocabulary of {len(tokenizer)}); "
+                         "the folder lacks its tokenizer files (tokenizer.json, or vocab.json and merges.txt): "
+                         "save the tokenizer there or pass --model_args ...,tokenizer=PATH")
 
 
 def _restore_retrofit(model, pretrained, subfolder: str = "") -> None:
@@ -261,6 +279,8 @@ def _restore_retrofit(model, pretrained, subfolder: str = "") -> None:
         raise ValueError(f"pretrained={pretrained!r} is a retrofitted model (config.json has '{_RETROFIT_KEY}'); "
                          "its coupling weights are read from a local folder, so pass the folder's path")
     restore_retrofit(model, folder)
+    print(f"coupled-qk: {folder} is a retrofitted model; its coupling weights (the qk_dynamics entries that a "
+          "load report may list as UNEXPECTED) are loaded", file=sys.stderr)
 
 
 def _run_through_our_model(argv: list[str]) -> list[str]:
