@@ -77,6 +77,25 @@ def test_a_bad_model_argument_of_a_run_is_one_line(monkeypatch, capsys):
                                                "than the model's context")
 
 
+def test_a_missing_model_folder_is_one_line(tmp_path, capsys):
+    """``pretrained=`` a folder without weights (or no folder at all) printed transformers' OSError traceback."""
+    from coupled_qk.hf.harness import main
+
+    folder = tmp_path / "weightless"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 300, "n_embd": 32, "n_layer": 1, '
+                                        '"n_head": 2, "n_positions": 64}')
+    hf_tokenizer(train_bpe(make_text(50, 0), 300), 64).save_pretrained(folder)  # the tokenizer is read first
+    sst = tmp_path / "sst.tsv"
+    sst.write_text("\n".join(SST2) + "\n")
+    make_task("sst2", sst, tmp_path / "tasks", name="local_sst2")
+    code = main(["run", "--model", "hf", "--model_args", f"pretrained={folder},dtype=float32", "--tasks",
+                 "local_sst2", "--include_path", str(tmp_path / "tasks"), "--device", "cpu", "--limit", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("lm-eval: error: ") and "model.safetensors" in err[-1], err[-3:]
+    assert str(folder) in err[-1] and "Traceback" not in "\n".join(err)
+
+
 def _loglik(model: GPT, context: list[int], continuation: list[int]) -> float:
     ids = torch.tensor([context + continuation])
     with torch.no_grad():

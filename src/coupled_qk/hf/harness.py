@@ -329,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["lm-eval", *_run_through_our_model(argv)]
     try:
         cli_evaluate()
-    except ValueError as exc:  # a bad model argument (max_gen_toks=0, ...): one line, as our commands print it
-        print(f"lm-eval: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:  # a bad model argument (max_gen_toks=0, ...) or a model folder that is
+        # missing or lacks its weights: one line, as our commands print it
+        print(f"lm-eval: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     return 0
 
