@@ -251,3 +251,20 @@ def test_load_retrofitted_from_a_base_model_folder(tmp_path):
         x = torch.randint(0, V, (1, 9))
         with torch.no_grad():
             assert torch.equal(lm(loaded)(x).last_hidden_state, base(x).last_hidden_state)
+
+
+@pytest.mark.parametrize("entry,message", [
+    ("yes", r"config.json's 'coupled_qk_retrofit' = 'yes' must map retrofit's options"),
+    ({"integrator": "euler", "steps": 2}, r"config.json's .* must map retrofit's options .*; unknown \['steps'\]"),
+    ({"integrator": "rk4"}, r"config.json's 'coupled_qk_retrofit': integrator='rk4' is not supported"),
+])
+def test_load_retrofitted_names_the_folder_of_a_malformed_entry(tmp_path, entry, message):
+    # an edited config.json gave "TypeError: 'str' object is not a mapping" or an error without the folder
+    import json
+
+    retrofit(_model("llama")).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["coupled_qk_retrofit"] = entry
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"^{tmp_path}: {message}"):
+        load_retrofitted(tmp_path)

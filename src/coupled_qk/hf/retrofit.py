@@ -299,7 +299,8 @@ def load_retrofitted(path, **kwargs) -> nn.Module:
     saved options and the coupling parameters are read from the same safetensors files.
 
     Raises:
-        ValueError: the folder's config has no ``coupled_qk_retrofit`` entry, or coupling weights are missing.
+        ValueError: the folder's config has no ``coupled_qk_retrofit`` entry or a malformed one (naming the folder),
+            or coupling weights are missing.
     """
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -315,6 +316,20 @@ def load_retrofitted(path, **kwargs) -> nn.Module:
     return restore_retrofit(model, path)
 
 
+def _retrofit_saved(model: nn.Module, options, path) -> None:
+    """:func:`retrofit` with the options read from ``path``'s ``config.json``; ``ValueError`` naming the folder when
+    they are not a mapping of :func:`retrofit`'s options or hold a value it refuses."""
+    known = ("integrator", "n_steps", "dt_init", "hidden", "force", "shared_across_heads", "gqa", "position")
+    if not isinstance(options, dict) or set(options) - set(known):
+        extra = sorted(set(options) - set(known)) if isinstance(options, dict) else None
+        raise ValueError(f"{path}: config.json's '{_RETROFIT_KEY}' = {options!r} must map retrofit's options "
+                         f"{list(known)}" + (f"; unknown {extra}" if extra else ""))
+    try:
+        retrofit(model, **{**options, "dt_init": 0.0})
+    except ValueError as exc:
+        raise ValueError(f"{path}: config.json's '{_RETROFIT_KEY}': {exc}") from None
+
+
 def restore_retrofit(model: nn.Module, path) -> nn.Module:
     """Retrofit ``model``, loaded with a plain ``from_pretrained`` from the folder ``path`` that a retrofitted
     model was saved to, with the saved options, and read its coupling weights from the folder's safetensors
@@ -325,8 +340,8 @@ def restore_retrofit(model: nn.Module, path) -> nn.Module:
         ``model``, retrofitted in place, with the saved ``dt`` and coupling network.
 
     Raises:
-        ValueError: ``model.config`` has no ``coupled_qk_retrofit`` entry, ``model`` is already retrofitted, or
-            the folder lacks coupling weights (naming the first ones).
+        ValueError: ``model.config`` has no ``coupled_qk_retrofit`` entry or a malformed one (naming the folder),
+            ``model`` is already retrofitted, or the folder lacks coupling weights (naming the first ones).
     """
     from pathlib import Path
 
@@ -335,7 +350,7 @@ def restore_retrofit(model: nn.Module, path) -> nn.Module:
     options = getattr(getattr(model, "config", None), _RETROFIT_KEY, None)
     if not options:
         raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{_RETROFIT_KEY}')")
-    retrofit(model, **{**options, "dt_init": 0.0})
+    _retrofit_saved(model, options, path)
     wanted = {n for n, _ in model.named_parameters() if ".qk_dynamics." in n}
     prefix = f"{getattr(model, 'base_model_prefix', '')}."
     state = {}
