@@ -268,3 +268,20 @@ def test_load_retrofitted_names_the_folder_of_a_malformed_entry(tmp_path, entry,
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=f"^{tmp_path}: {message}"):
         load_retrofitted(tmp_path)
+
+
+def test_retrofit_refuses_a_plain_load_of_a_retrofitted_folder(tmp_path):
+    # AutoModelForCausalLM.from_pretrained keeps only the base weights; retrofitting that model silently started
+    # the coupling again from dt = 0, discarding the trained one
+    model = retrofit(_model("llama"))
+    _set_dt(model)
+    model.save_pretrained(tmp_path)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="loaded from a retrofitted folder .* use load_retrofitted"):
+        retrofit(plain)
+    from coupled_qk.hf.retrofit import restore_retrofit
+
+    restore_retrofit(plain, tmp_path).eval()
+    x = torch.randint(0, V, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(plain(x).logits, model.eval()(x).logits)

@@ -235,7 +235,8 @@ def retrofit(
 
     Raises:
         ValueError: the model has no supported attention module (the message names the classes found and the
-            supported ones), it is already retrofitted, or an option is invalid (``gqa``, ``position``, or an
+            supported ones), it is already retrofitted or was loaded from a retrofitted folder without its
+            coupling (use :func:`load_retrofitted`), or an option is invalid (``gqa``, ``position``, or an
             option rejected by :class:`QKDynamics`).
     """
     choice("gqa", gqa, GQA_MODES)
@@ -244,6 +245,10 @@ def retrofit(
         raise ValueError(f"freeze_base={freeze_base!r} must be a bool")
     if any(hasattr(m, "qk_dynamics") for m in model.modules()):
         raise ValueError("model is already retrofitted (an attention module has qk_dynamics)")
+    if getattr(getattr(model, "config", None), _RETROFIT_KEY, None):
+        raise ValueError(f"model was loaded from a retrofitted folder (its config has '{_RETROFIT_KEY}') without "
+                         "its coupling weights; retrofitting anew would discard them: use load_retrofitted(folder) "
+                         "or restore_retrofit(model, folder)")
     found = _attention_modules(model)
     if not found:
         kinds = sorted({type(m).__name__ for m in model.modules() if "attention" in type(m).__name__.lower()})
@@ -324,9 +329,11 @@ def _retrofit_saved(model: nn.Module, options, path) -> None:
         extra = sorted(set(options) - set(known)) if isinstance(options, dict) else None
         raise ValueError(f"{path}: config.json's '{_RETROFIT_KEY}' = {options!r} must map retrofit's options "
                          f"{list(known)}" + (f"; unknown {extra}" if extra else ""))
+    delattr(model.config, _RETROFIT_KEY)  # retrofit refuses a model whose config has it (and writes it back)
     try:
         retrofit(model, **{**options, "dt_init": 0.0})
     except ValueError as exc:
+        setattr(model.config, _RETROFIT_KEY, options)
         raise ValueError(f"{path}: config.json's '{_RETROFIT_KEY}': {exc}") from None
 
 
