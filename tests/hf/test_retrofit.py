@@ -279,7 +279,7 @@ def test_retrofit_refuses_a_plain_load_of_a_retrofitted_folder(tmp_path):
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="loaded from a retrofitted folder .* use load_retrofitted"):
         retrofit(plain)
-    from coupled_qk.hf.retrofit import restore_retrofit
+    from coupled_qk.hf import restore_retrofit
 
     restore_retrofit(plain, tmp_path).eval()
     x = torch.randint(0, V, (1, 9))
