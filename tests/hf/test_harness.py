@@ -77,6 +77,25 @@ def test_a_bad_model_argument_of_a_run_is_one_line(monkeypatch, capsys):
                                                "than the model's context")
 
 
+def test_a_missing_model_folder_is_one_line(tmp_path, capsys):
+    """``pretrained=`` a folder without weights (or no folder at all) printed transformers' OSError traceback."""
+    from coupled_qk.hf.harness import main
+
+    folder = tmp_path / "weightless"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 300, "n_embd": 32, "n_layer": 1, '
+                                        '"n_head": 2, "n_positions": 64}')
+    hf_tokenizer(train_bpe(make_text(50, 0), 300), 64).save_pretrained(folder)  # the tokenizer is read first
+    sst = tmp_path / "sst.tsv"
+    sst.write_text("\n".join(SST2) + "\n")
+    make_task("sst2", sst, tmp_path / "tasks", name="local_sst2")
+    code = main(["run", "--model", "hf", "--model_args", f"pretrained={folder},dtype=float32", "--tasks",
+                 "local_sst2", "--include_path", str(tmp_path / "tasks"), "--device", "cpu", "--limit", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("lm-eval: error: ") and "model.safetensors" in err[-1], err[-3:]
+    assert str(folder) in err[-1] and "Traceback" not in "\n".join(err)
+
+
 def _loglik(model: GPT, context: list[int], continuation: list[int]) -> float:
     ids = torch.tensor([context + continuation])
     with torch.no_grad():
@@ -212,3 +231,48 @@ def test_generate_until_on_a_tiny_model_fits_the_context(tmp_path):
     with pytest.raises(ValueError, match="max_gen_toks=128 must be a positive integer smaller than the model's "
                                          "context of 128 tokens"):
         lm(max_gen_toks=128)
+
+
+def test_a_retrofitted_folder_is_scored_with_its_coupling(tmp_path):
+    """lm-eval's ``from_pretrained`` of a retrofitted GPT-2 folder dropped the coupling weights (only a load report
+    said so) and scored the base model; ``--model hf`` now restores the saved dynamics."""
+    import transformers
+
+    from coupled_qk.hf import load_retrofitted, retrofit
+    from coupled_qk.hf.harness import lm_class
+
+    tok = train_bpe(make_text(50, 0), 300)
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=tok.vocab_size, n_embd=32, n_layer=2,
+                                                                 n_head=2, n_positions=64)).eval()
+    retrofit(gpt2, dt_init=0.7, integrator="leapfrog")
+    folder = tmp_path / "retro"
+    gpt2.save_pretrained(folder)
+    hf_tokenizer(tok, 64).save_pretrained(folder)
+    lm = lm_class()(pretrained=str(folder), backend="causal", dtype="float32", device="cpu", batch_size=1)
+    x = torch.tensor([tok.encode("the cat sat on the mat")])
+    with torch.no_grad():
+        expected = gpt2(x).logits
+        assert torch.equal(lm.model(x).logits, expected)
+        assert torch.equal(load_retrofitted(folder)(x).logits, expected)
+        plain = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+        assert not torch.allclose(plain(x).logits, expected)  # what a plain load scores: not the saved model
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused(tmp_path):
+    """``transformers`` builds an empty tokenizer for a GPT-2 folder without tokenizer files; lm-eval then scored
+    every document as certain (word perplexity 1.0) and exited 0. Now a one-line ValueError names the folder."""
+    import transformers
+
+    from coupled_qk.hf.harness import lm_class
+
+    torch.manual_seed(0)
+    folder = tmp_path / "no_tokenizer"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2,
+                                                         n_positions=64)).save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"tokenizer of '.*no_tokenizer' encodes text to no tokens "
+                                         r"\(vocabulary of \d+\).*tokenizer=PATH"):
+        lm_class()(pretrained=str(folder), backend="causal", dtype="float32", device="cpu", batch_size=1)
+    hf_tokenizer(train_bpe(make_text(50, 0), 300), 64).save_pretrained(folder)
+    lm = lm_class()(pretrained=str(folder), backend="causal", dtype="float32", device="cpu", batch_size=1)
+    assert lm.tok_encode("the cat sat")

@@ -237,3 +237,51 @@ def test_clear_errors():
     static = transformers.StaticCache(config=model.config, max_cache_len=16)
     with pytest.raises(ValueError, match="static cache"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=static, use_cache=True)
+
+
+def test_load_retrofitted_from_a_base_model_folder(tmp_path):
+    # the docstring admits base models (GPT2Model, LlamaModel); their saved keys lack the causal LM's prefix and
+    # load_retrofitted said the folder "lacks coupling weights" although they were there
+    for family, lm in (("gpt2", lambda m: m.transformer), ("llama", lambda m: m.model)):
+        full = _model(family)
+        base = retrofit(lm(full), dt_init=0.3, integrator="symplectic_euler")
+        base.save_pretrained(tmp_path / family)
+        loaded = load_retrofitted(tmp_path / family).eval()
+        assert [dt.tolist() for dt in step_sizes(loaded)] == [dt.tolist() for dt in step_sizes(base)]
+        x = torch.randint(0, V, (1, 9))
+        with torch.no_grad():
+            assert torch.equal(lm(loaded)(x).last_hidden_state, base(x).last_hidden_state)
+
+
+@pytest.mark.parametrize("entry,message", [
+    ("yes", r"config.json's 'coupled_qk_retrofit' = 'yes' must map retrofit's options"),
+    ({"integrator": "euler", "steps": 2}, r"config.json's .* must map retrofit's options .*; unknown \['steps'\]"),
+    ({"integrator": "rk4"}, r"config.json's 'coupled_qk_retrofit': integrator='rk4' is not supported"),
+])
+def test_load_retrofitted_names_the_folder_of_a_malformed_entry(tmp_path, entry, message):
+    # an edited config.json gave "TypeError: 'str' object is not a mapping" or an error without the folder
+    import json
+
+    retrofit(_model("llama")).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["coupled_qk_retrofit"] = entry
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"^{tmp_path}: {message}"):
+        load_retrofitted(tmp_path)
+
+
+def test_retrofit_refuses_a_plain_load_of_a_retrofitted_folder(tmp_path):
+    # AutoModelForCausalLM.from_pretrained keeps only the base weights; retrofitting that model silently started
+    # the coupling again from dt = 0, discarding the trained one
+    model = retrofit(_model("llama"))
+    _set_dt(model)
+    model.save_pretrained(tmp_path)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="loaded from a retrofitted folder .* use load_retrofitted"):
+        retrofit(plain)
+    from coupled_qk.hf import restore_retrofit
+
+    restore_retrofit(plain, tmp_path).eval()
+    x = torch.randint(0, V, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(plain(x).logits, model.eval()(x).logits)

@@ -7,7 +7,7 @@
   and LoRA through ``peft`` work as for any causal LM (``tests/hf/test_hf_contract.py``).
 - :func:`export_run`: a training run (or checkpoint) -> a ``save_pretrained`` folder with the tokenizer
   (``coupled-qk export RUN_DIR HF_DIR``).
-- :func:`retrofit`, :func:`load_retrofitted`: insert coupled query-key dynamics into an existing
+- :func:`retrofit`, :func:`load_retrofitted`, :func:`restore_retrofit`: insert coupled query-key dynamics into an existing
   ``transformers`` causal LM (``hf/retrofit.py``).
 
 ``retrofit`` is imported eagerly (its module needs only torch): the function shares its name with its
@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 
 from coupled_qk.hf.retrofit import load_retrofitted as load_retrofitted
+from coupled_qk.hf.retrofit import restore_retrofit as restore_retrofit
 from coupled_qk.hf.retrofit import retrofit as retrofit
 
 _LAZY = {
@@ -32,7 +33,7 @@ _LAZY = {
     "register": "registration",
 }
 
-__all__ = sorted([*_LAZY, "load_retrofitted", "retrofit"])
+__all__ = sorted([*_LAZY, "load_retrofitted", "restore_retrofit", "retrofit"])
 
 
 def __getattr__(name: str):

@@ -11,6 +11,10 @@ model: context 128). This entry point runs ``--model hf`` (or ``--model coupled_
 when the context holds more than 512 tokens, else half the context (a one-line notice says so); ``--model_args
 ...,max_gen_toks=N`` overrides it. A length set by the task itself is lm-eval's business and is kept.
 
+A retrofitted model's folder (:func:`coupled_qk.hf.retrofit`, ``save_pretrained``) is scored with its coupling:
+lm-eval's plain ``from_pretrained`` keeps only the base weights, and :class:`CoupledQKLM` then restores the saved
+dynamics (:func:`coupled_qk.hf.retrofit.restore_retrofit`).
+
 ``python -m coupled_qk.hf.harness make-task perplexity|sst2 FILE TASK_DIR [--name NAME] [--max-docs N]`` writes
 a local task (``NAME.yaml`` + ``NAME.jsonl``) that lm-eval reads with ``datasets``' ``json`` loader, so no
 dataset is downloaded:
@@ -199,7 +203,9 @@ def lm_class():
     ``CoupledQKLM`` is lm-eval's ``HFLM`` with one more model argument, ``max_gen_toks`` (default
     :func:`fitting_max_gen_toks` of the model's context, with a one-line notice on stderr when that differs from
     lm-eval's 256). Raises ``ValueError`` for ``max_gen_toks`` that is not a positive integer smaller than the
-    model's context.
+    model's context. A retrofitted folder gets its coupling back after lm-eval's load (``ValueError`` when
+    ``pretrained`` is not a local folder, where its coupling weights would be read); a tokenizer that encodes
+    text to no tokens (a folder without tokenizer files) is a ``ValueError``.
     """
     global _LM_CLASS
     if _LM_CLASS is not None:
@@ -218,6 +224,14 @@ def lm_class():
                                  f"context of {context} tokens")
             self._gen_toks, self._noticed = n, n is not None
 
+        def _create_model(self, pretrained, *args, subfolder: str = "", **kwargs):
+            super()._create_model(pretrained, *args, subfolder=subfolder, **kwargs)
+            _restore_retrofit(self._model, pretrained, subfolder)
+
+        def _create_tokenizer(self, pretrained, tokenizer, *args, **kwargs):
+            super()._create_tokenizer(pretrained, tokenizer, *args, **kwargs)
+            _check_tokenizer(self.tokenizer, tokenizer or pretrained)
+
         @property
         def max_gen_toks(self) -> int:
             if self._gen_toks is None:
@@ -233,6 +247,40 @@ def lm_class():
         model_registry.register("coupled_qk")(CoupledQKLM)
     _LM_CLASS = CoupledQKLM
     return CoupledQKLM
+
+
+def _check_tokenizer(tokenizer, source) -> None:
+    """Refuse a tokenizer that encodes text to no tokens: ``transformers`` builds such an empty one for a model
+    folder without tokenizer files, and lm-eval then scored every document as certain (perplexity 1, exit 0).
+
+    Raises:
+        ValueError: naming ``source`` (the folder or ``tokenizer=`` argument) and the vocabulary size.
+    """
+    if not tokenizer.encode("The cat sat.", add_special_tokens=False):
+        raise ValueError(f"the tokenizer of {source!r} encodes text to no tokens (vocabulary of {len(tokenizer)}); "
+                         "the folder lacks its tokenizer files (tokenizer.json, or vocab.json and merges.txt): "
+                         "save the tokenizer there or pass --model_args ...,tokenizer=PATH")
+
+
+def _restore_retrofit(model, pretrained, subfolder: str = "") -> None:
+    """Give ``model``, just loaded by lm-eval's ``from_pretrained``, back the coupling of a retrofitted folder
+    (:func:`coupled_qk.hf.retrofit.restore_retrofit`); a plain load drops it and would score the base model.
+
+    Raises:
+        ValueError: the retrofitted model is not a local folder (its coupling weights are read from there).
+    """
+    from coupled_qk.hf.retrofit import _RETROFIT_KEY, restore_retrofit
+
+    config = getattr(model, "config", None)
+    if not getattr(config, _RETROFIT_KEY, None) or any(hasattr(m, "qk_dynamics") for m in model.modules()):
+        return
+    folder = Path(str(pretrained)).expanduser() / (subfolder or "")
+    if not folder.is_dir():
+        raise ValueError(f"pretrained={pretrained!r} is a retrofitted model (config.json has '{_RETROFIT_KEY}'); "
+                         "its coupling weights are read from a local folder, so pass the folder's path")
+    restore_retrofit(model, folder)
+    print(f"coupled-qk: {folder} is a retrofitted model; its coupling weights (the qk_dynamics entries that a "
+          "load report may list as UNEXPECTED) are loaded", file=sys.stderr)
 
 
 def _run_through_our_model(argv: list[str]) -> list[str]:
@@ -281,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["lm-eval", *_run_through_our_model(argv)]
     try:
         cli_evaluate()
-    except ValueError as exc:  # a bad model argument (max_gen_toks=0, ...): one line, as our commands print it
-        print(f"lm-eval: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:  # a bad model argument (max_gen_toks=0, ...) or a model folder that is
+        # missing or lacks its weights: one line, as our commands print it
+        print(f"lm-eval: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     return 0
 

@@ -30,7 +30,9 @@ then keeps its original size and any cache class works. For ``r = 1`` both optio
 
 Saving: the dynamics' parameters are ordinary parameters (``...self_attn.qk_dynamics.dt``,
 ``...qk_dynamics.force.w_in``/``w_out``), and the options are recorded in ``model.config.coupled_qk_retrofit``;
-:func:`load_retrofitted` rebuilds such a model from a ``save_pretrained`` folder.
+:func:`load_retrofitted` rebuilds such a model from a ``save_pretrained`` folder. A plain ``from_pretrained`` of
+that folder keeps only the base weights (the coupling ones are reported as unexpected and dropped);
+:func:`restore_retrofit` gives such a model its coupling back (the lm-eval entry point does so).
 """
 
 from __future__ import annotations
@@ -233,7 +235,8 @@ def retrofit(
 
     Raises:
         ValueError: the model has no supported attention module (the message names the classes found and the
-            supported ones), it is already retrofitted, or an option is invalid (``gqa``, ``position``, or an
+            supported ones), it is already retrofitted or was loaded from a retrofitted folder without its
+            coupling (use :func:`load_retrofitted`), or an option is invalid (``gqa``, ``position``, or an
             option rejected by :class:`QKDynamics`).
     """
     choice("gqa", gqa, GQA_MODES)
@@ -242,6 +245,10 @@ def retrofit(
         raise ValueError(f"freeze_base={freeze_base!r} must be a bool")
     if any(hasattr(m, "qk_dynamics") for m in model.modules()):
         raise ValueError("model is already retrofitted (an attention module has qk_dynamics)")
+    if getattr(getattr(model, "config", None), _RETROFIT_KEY, None):
+        raise ValueError(f"model was loaded from a retrofitted folder (its config has '{_RETROFIT_KEY}') without "
+                         "its coupling weights; retrofitting anew would discard them: use load_retrofitted(folder) "
+                         "or restore_retrofit(model, folder)")
     found = _attention_modules(model)
     if not found:
         kinds = sorted({type(m).__name__ for m in model.modules() if "attention" in type(m).__name__.lower()})
@@ -297,28 +304,67 @@ def load_retrofitted(path, **kwargs) -> nn.Module:
     saved options and the coupling parameters are read from the same safetensors files.
 
     Raises:
-        ValueError: the folder's config has no ``coupled_qk_retrofit`` entry, or coupling weights are missing.
+        ValueError: the folder's config has no ``coupled_qk_retrofit`` entry or a malformed one (naming the folder),
+            or coupling weights are missing.
     """
-    from pathlib import Path
-
-    from safetensors.torch import load_file
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     config = AutoConfig.from_pretrained(path)
-    options = getattr(config, _RETROFIT_KEY, None)
-    if not options:
+    if not getattr(config, _RETROFIT_KEY, None):
         raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{_RETROFIT_KEY}')")
     base = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     expected = [*(base._keys_to_ignore_on_load_unexpected or []), r"\.qk_dynamics\."]
     loader = type(base.__name__, (base,), {"_keys_to_ignore_on_load_unexpected": expected})
     model = loader.from_pretrained(path, config=config, **kwargs)
     model.__class__ = base  # the loader subclass only silences the report; the model is the family's own class
-    retrofit(model, **{**options, "dt_init": 0.0})
+    return restore_retrofit(model, path)
+
+
+def _retrofit_saved(model: nn.Module, options, path) -> None:
+    """:func:`retrofit` with the options read from ``path``'s ``config.json``; ``ValueError`` naming the folder when
+    they are not a mapping of :func:`retrofit`'s options or hold a value it refuses."""
+    known = ("integrator", "n_steps", "dt_init", "hidden", "force", "shared_across_heads", "gqa", "position")
+    if not isinstance(options, dict) or set(options) - set(known):
+        extra = sorted(set(options) - set(known)) if isinstance(options, dict) else None
+        raise ValueError(f"{path}: config.json's '{_RETROFIT_KEY}' = {options!r} must map retrofit's options "
+                         f"{list(known)}" + (f"; unknown {extra}" if extra else ""))
+    delattr(model.config, _RETROFIT_KEY)  # retrofit refuses a model whose config has it (and writes it back)
+    try:
+        retrofit(model, **{**options, "dt_init": 0.0})
+    except ValueError as exc:
+        setattr(model.config, _RETROFIT_KEY, options)
+        raise ValueError(f"{path}: config.json's '{_RETROFIT_KEY}': {exc}") from None
+
+
+def restore_retrofit(model: nn.Module, path) -> nn.Module:
+    """Retrofit ``model``, loaded with a plain ``from_pretrained`` from the folder ``path`` that a retrofitted
+    model was saved to, with the saved options, and read its coupling weights from the folder's safetensors
+    files (such a load keeps only the base weights: ``transformers`` reports the coupling ones as unexpected and
+    drops them). Folders saved from a base model (``GPT2Model``, ``LlamaModel``) load into the causal LM.
+
+    Returns:
+        ``model``, retrofitted in place, with the saved ``dt`` and coupling network.
+
+    Raises:
+        ValueError: ``model.config`` has no ``coupled_qk_retrofit`` entry or a malformed one (naming the folder),
+            ``model`` is already retrofitted, or the folder lacks coupling weights (naming the first ones).
+    """
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    options = getattr(getattr(model, "config", None), _RETROFIT_KEY, None)
+    if not options:
+        raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{_RETROFIT_KEY}')")
+    _retrofit_saved(model, options, path)
+    wanted = {n for n, _ in model.named_parameters() if ".qk_dynamics." in n}
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
     state = {}
     for file in sorted(Path(path).glob("*.safetensors")):
-        state.update({k: v for k, v in load_file(str(file)).items() if ".qk_dynamics." in k})
-    wanted = {n for n, _ in model.named_parameters() if ".qk_dynamics." in n}
+        for k, v in load_file(str(file)).items():
+            if ".qk_dynamics." in k:  # a base model's keys lack the causal LM's prefix ("transformer.", "model.")
+                state[k if k in wanted or prefix + k not in wanted else prefix + k] = v
     missing = sorted(wanted - set(state))
     if missing:
         raise ValueError(f"{path} lacks coupling weights {missing[:4]}{' ...' if len(missing) > 4 else ''}")
