@@ -18,7 +18,7 @@ VALUES = {  # a value other than the default for every option that only some mod
     "--decode-batch-sizes": "2", "--new-tokens": "3", "--cache-len": "8", "--sweep-d-model": "32",
     "--sweep-seq-len": "16", "--sweep-n-steps": "3",
 }
-MICRO = ["--set", "vocab_size=64", "--set", "block_size=16", "--set", "n_layer=1", "--set", "d_model=16",
+MICRO = ["--set", "vocab_size=64", "--set", "block_size=128", "--set", "n_layer=1", "--set", "d_model=16",
          "--set", "n_heads=2"]
 
 

@@ -269,14 +269,14 @@ def _restore_retrofit(model, pretrained, subfolder: str = "") -> None:
     Raises:
         ValueError: the retrofitted model is not a local folder (its coupling weights are read from there).
     """
-    from coupled_qk.hf.retrofit import _RETROFIT_KEY, restore_retrofit
+    from coupled_qk.hf.retrofit import RETROFIT_KEY, restore_retrofit
 
     config = getattr(model, "config", None)
-    if not getattr(config, _RETROFIT_KEY, None) or any(hasattr(m, "qk_dynamics") for m in model.modules()):
+    if not getattr(config, RETROFIT_KEY, None) or any(hasattr(m, "qk_dynamics") for m in model.modules()):
         return
     folder = Path(str(pretrained)).expanduser() / (subfolder or "")
     if not folder.is_dir():
-        raise ValueError(f"pretrained={pretrained!r} is a retrofitted model (config.json has '{_RETROFIT_KEY}'); "
+        raise ValueError(f"pretrained={pretrained!r} is a retrofitted model (config.json has '{RETROFIT_KEY}'); "
                          "its coupling weights are read from a local folder, so pass the folder's path")
     restore_retrofit(model, folder)
     print(f"coupled-qk: {folder} is a retrofitted model; its coupling weights (the qk_dynamics entries that a "

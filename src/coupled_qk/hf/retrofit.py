@@ -49,7 +49,7 @@ from coupled_qk.layers.qk_maps import QKDynamics
 
 GQA_MODES = ("expand", "shared")
 POSITIONS = ("pre_rope", "post_rope")
-_RETROFIT_KEY = "coupled_qk_retrofit"
+RETROFIT_KEY = "coupled_qk_retrofit"  # the config.json entry holding retrofit's options (read by load_retrofitted, lm-eval)
 
 
 def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -245,8 +245,8 @@ def retrofit(
         raise ValueError(f"freeze_base={freeze_base!r} must be a bool")
     if any(hasattr(m, "qk_dynamics") for m in model.modules()):
         raise ValueError("model is already retrofitted (an attention module has qk_dynamics)")
-    if getattr(getattr(model, "config", None), _RETROFIT_KEY, None):
-        raise ValueError(f"model was loaded from a retrofitted folder (its config has '{_RETROFIT_KEY}') without "
+    if getattr(getattr(model, "config", None), RETROFIT_KEY, None):
+        raise ValueError(f"model was loaded from a retrofitted folder (its config has '{RETROFIT_KEY}') without "
                          "its coupling weights; retrofitting anew would discard them: use load_retrofitted(folder) "
                          "or restore_retrofit(model, folder)")
     found = _attention_modules(model)
@@ -277,7 +277,7 @@ def retrofit(
         shared_across_heads=shared_across_heads, gqa=gqa, position=position,
     )  # fmt: skip
     if getattr(model, "config", None) is not None:
-        setattr(model.config, _RETROFIT_KEY, options)
+        setattr(model.config, RETROFIT_KEY, options)
     if freeze_base:
         new = {id(p) for p in coupling_parameters(model)}
         for p in model.parameters():
@@ -311,8 +311,8 @@ def load_retrofitted(path, **kwargs) -> nn.Module:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     config = AutoConfig.from_pretrained(path)
-    if not getattr(config, _RETROFIT_KEY, None):
-        raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{_RETROFIT_KEY}')")
+    if not getattr(config, RETROFIT_KEY, None):
+        raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{RETROFIT_KEY}')")
     base = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     expected = [*(base._keys_to_ignore_on_load_unexpected or []), r"\.qk_dynamics\."]
     loader = type(base.__name__, (base,), {"_keys_to_ignore_on_load_unexpected": expected})
@@ -327,14 +327,14 @@ def _retrofit_saved(model: nn.Module, options, path) -> None:
     known = ("integrator", "n_steps", "dt_init", "hidden", "force", "shared_across_heads", "gqa", "position")
     if not isinstance(options, dict) or set(options) - set(known):
         extra = sorted(set(options) - set(known)) if isinstance(options, dict) else None
-        raise ValueError(f"{path}: config.json's '{_RETROFIT_KEY}' = {options!r} must map retrofit's options "
+        raise ValueError(f"{path}: config.json's '{RETROFIT_KEY}' = {options!r} must map retrofit's options "
                          f"{list(known)}" + (f"; unknown {extra}" if extra else ""))
-    delattr(model.config, _RETROFIT_KEY)  # retrofit refuses a model whose config has it (and writes it back)
+    delattr(model.config, RETROFIT_KEY)  # retrofit refuses a model whose config has it (and writes it back)
     try:
         retrofit(model, **{**options, "dt_init": 0.0})
     except ValueError as exc:
-        setattr(model.config, _RETROFIT_KEY, options)
-        raise ValueError(f"{path}: config.json's '{_RETROFIT_KEY}': {exc}") from None
+        setattr(model.config, RETROFIT_KEY, options)
+        raise ValueError(f"{path}: config.json's '{RETROFIT_KEY}': {exc}") from None
 
 
 def restore_retrofit(model: nn.Module, path) -> nn.Module:
@@ -354,9 +354,9 @@ def restore_retrofit(model: nn.Module, path) -> nn.Module:
 
     from safetensors.torch import load_file
 
-    options = getattr(getattr(model, "config", None), _RETROFIT_KEY, None)
+    options = getattr(getattr(model, "config", None), RETROFIT_KEY, None)
     if not options:
-        raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{_RETROFIT_KEY}')")
+        raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{RETROFIT_KEY}')")
     _retrofit_saved(model, options, path)
     wanted = {n for n, _ in model.named_parameters() if ".qk_dynamics." in n}
     prefix = f"{getattr(model, 'base_model_prefix', '')}."
