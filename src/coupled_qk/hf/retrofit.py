@@ -201,6 +201,19 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, _Family]]
     return found
 
 
+def _supported_attention(model: nn.Module) -> list:
+    """:func:`_attention_modules` of ``model``; ``ValueError`` naming the attention-like modules it has when none
+    is of a supported class."""
+    found = _attention_modules(model)
+    if not found:
+        kinds = sorted({type(m).__name__ for m in model.modules() if "attention" in type(m).__name__.lower()})
+        raise ValueError(
+            f"retrofit supports attention classes {list(SUPPORTED)}; {type(model).__name__} has none "
+            f"(attention-like modules found: {kinds or 'none'})"
+        )
+    return found
+
+
 def retrofit(
     model: nn.Module,
     integrator: str = "euler",
@@ -249,14 +262,7 @@ def retrofit(
         raise ValueError(f"model was loaded from a retrofitted folder (its config has '{RETROFIT_KEY}') without "
                          "its coupling weights; retrofitting anew would discard them: use load_retrofitted(folder) "
                          "or restore_retrofit(model, folder)")
-    found = _attention_modules(model)
-    if not found:
-        kinds = sorted({type(m).__name__ for m in model.modules() if "attention" in type(m).__name__.lower()})
-        raise ValueError(
-            f"retrofit supports attention classes {list(SUPPORTED)}; {type(model).__name__} has none "
-            f"(attention-like modules found: {kinds or 'none'})"
-        )
-    for _, module, fam in found:
+    for _, module, fam in _supported_attention(model):
         n_heads, n_kv, d_head = fam.heads(module)
         rep = n_heads // n_kv
         expanded = gqa == "expand" and rep > 1
