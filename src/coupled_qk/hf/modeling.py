@@ -118,9 +118,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, CausalSelfAttention):
-            if module.differential:
-                for p in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
-                    init.normal_(p, mean=0.0, std=0.1)
+            module.reset_parameters()  # differential lambdas N(0, 0.1), as GPT draws them
         elif isinstance(module, (QKMap, ScoringRule)) and not hasattr(module, "reset_parameters"):
             attn = next((b.attn for b in self.model.blocks if module is b.attn.qk_map or module is b.attn.scorer), None)
             if attn is not None:
