@@ -59,7 +59,7 @@ def test_heads_and_run_config_follow_zoology_models(tmp_path):
     assert cfg.weight_decay == 0.1 and cfg.min_lr_ratio == 0.0 and cfg.task == "mqar"
     assert cfg.max_steps <= preset.max_steps
     lf = run_config(preset, diff, "coupled_leapfrog", 16, 1e-2, tmp_path)
-    assert lf.model["integrator"] == "leapfrog" and lf.out_dir.endswith("coupled_leapfrog/d16/lr0.01")
+    assert lf.model["integrator"] == "leapfrog" and lf.out_dir.endswith("coupled_leapfrog/d16/lr0.01/seed0")
 
 
 def test_presets_match_the_papers():
@@ -187,7 +187,7 @@ def test_max_minutes_guard_skips_and_marks_interrupted(tmp_path):
     summary = run_sweep(preset, tmp_path, device="cpu", max_minutes=0.02, log=lambda s: None, train_fn=fake_train)
     statuses = [r["status"] for r in summary["runs"]]
     assert statuses[0] == "interrupted" and set(statuses[1:]) == {"skipped"}
-    first = tmp_path / "easy" / "standard" / "d16" / "lr0.003"
+    first = tmp_path / "easy" / "standard" / "d16" / "lr0.003" / "seed0"
     assert (first / "results.interrupted.json").is_file() and not (first / "results.json").exists()
     assert summary["best"] == []
     with pytest.raises(ValueError, match="max_minutes"):
@@ -233,10 +233,15 @@ def test_customize_preset_shrinks_the_budget_and_records_it():
     assert cfg.task_options["train_slices"] == [[16, 2, 100]] and cfg.task_options["test_slices"] == [[16, 2, 10]]
     assert small.notes[-1] == "Changed from the preset: max_steps=5, seed=3, train_examples=100, test_examples=10."
     assert small.to_dict()["seed"] == 3
+    batched = customize_preset(cpu, batch_size=16)
+    assert [d.batch_size for d in batched.difficulties] == [16, 16, 16] and cpu.difficulties[0].batch_size == 64
+    assert run_config(batched, batched.difficulties[0], "standard", 32, 2e-3, "out").batch_size == 16
+    assert batched.notes[-1] == "Changed from the preset: batch_size=16."
     assert customize_preset(cpu) is cpu
     for kwargs, name in ((dict(max_steps=0), "max_steps=0"), (dict(max_steps=True), "max_steps=True"),
                          (dict(seed=-1), "seed=-1"), (dict(seed=2**32), "seed=4294967296"),
-                         (dict(train_examples=0), "train_examples=0"), (dict(test_examples=1.5), "test_examples=1.5")):
+                         (dict(train_examples=0), "train_examples=0"), (dict(test_examples=1.5), "test_examples=1.5"),
+                         (dict(batch_size=0), "batch_size=0")):
         with pytest.raises(ValueError, match=name):
             customize_preset(cpu, **kwargs)
 
@@ -266,6 +271,11 @@ def test_cli_smoke_run_options_reach_every_run(tmp_path, capsys):
     (["--difficulties", "easy,easy"], "--difficulties='easy,easy': expected comma-separated difficulty names, each once"),
     (["--difficulties", "bogus"], "--difficulties='bogus': difficulty 'bogus' is not in preset 'cpu'"),
     (["--variants", "bogus"], "--variants='bogus': unknown variant 'bogus'"),
+    (["--seeds", "0,1,0"], "--seeds='0,1,0' repeats seed(s) [0]"),
+    (["--seeds", "1,-2"], "--seeds='1,-2': seeds must be >= 0, got [-2]"),
+    (["--seeds", "x"], "--seeds='x': expected comma-separated integers"),
+    (["--seed", "1", "--seeds", "0,1"], "argument --seeds: not allowed with argument --seed"),
+    (["--batch-size", "0"], "--batch-size=0 must be a positive integer"),
 ])
 def test_cli_bad_values_name_the_option(argv, message, capsys):
     from coupled_qk.cli import main

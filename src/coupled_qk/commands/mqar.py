@@ -17,6 +17,7 @@ import torch
 from coupled_qk.commands.options import (
     add_device_option,
     add_overwrite_option,
+    parse_seeds,
     parse_variants_option,
     path_arg,
     positive_float_arg,
@@ -60,9 +61,15 @@ def add_arguments(parser) -> None:
                         help="training sequences per (L, K) slice (default: the preset's; cpu 20000)")
     parser.add_argument("--test-examples", type=positive_int_arg, default=None,
                         help="test sequences per (L, K) slice (default: the preset's; cpu 500)")
-    parser.add_argument("--seed", type=seed_arg, default=None,
-                        help="model initialisation and batch-order seed of every run (default: the preset's, 0; "
-                        "the data stay the same)")
+    parser.add_argument("--batch-size", type=positive_int_arg, default=None,
+                        help="sequences per optimiser step of every difficulty (default: the preset's; cpu 64)")
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=seed_arg, default=None,
+                       help="model initialisation and batch-order seed of every run (default: the preset's, 0; "
+                       "the data stay the same)")
+    seeds.add_argument("--seeds", default=None,
+                       help="comma-separated seeds, e.g. 0,1,2: every run once per seed; the table then shows each "
+                       "cell's mean with a 95%% interval and the paired difference against standard")
     parser.add_argument("--out-dir", default=None, type=path_arg,
                         help="sweep folder (default runs/mqar-<preset>); a folder holding anything but a sweep is "
                         "refused")
@@ -79,7 +86,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     """Run the sweep described by ``args``; returns 0 (errors raise ``ValueError``, reported by the CLI)."""
     preset = customize_preset(get_preset(args.preset), max_steps=args.max_steps, seed=args.seed,
-                              train_examples=args.train_examples, test_examples=args.test_examples)
+                              train_examples=args.train_examples, test_examples=args.test_examples,
+                              batch_size=args.batch_size)
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else [preset.seed]
     variants = parse_variants_option(args.variants) if args.variants is not None else None
     d_models, lrs = args.d_models, args.lrs
     difficulties = None
@@ -99,26 +108,29 @@ def run(args) -> int:
         if threads < 1:
             raise ValueError(f"--threads={threads} must be >= 1")
         torch.set_num_threads(threads)
-    plan = plan_sweep(preset, variants, d_models, lrs, difficulties)
+    plan = plan_sweep(preset, variants, d_models, lrs, difficulties, seeds)
     if not args.dry_run:  # claim the folder before any training (docs/RELIABILITY.md, "Outputs")
         out_dir = OutputDir(out_dir, "--out-dir", overwrite=args.overwrite, what="an MQAR sweep",
                             layout=sweep_layout(preset, plan), rewrite=sweep_rewrite(preset))
     print(f"coupled-qk mqar: preset {preset.name}: {preset.description}")
     if preset is not SWEEP_PRESETS[preset.name]:
         print(f"  {preset.notes[-1]}")
-    print(f"  {len(plan)} runs -> {out_dir} (torch threads {torch.get_num_threads()}); differential variants use "
+    several = f" (seeds {','.join(map(str, seeds))})" if len(seeds) > 1 else ""
+    print(f"  {len(plan)} runs{several} -> {out_dir} (torch threads {torch.get_num_threads()}); differential variants use "
           f"n_heads={heads_for('differential', preset.n_heads)} where the others use n_heads={preset.n_heads} "
           "(one differential head = two sub-heads, parameter-matched)")
     if args.dry_run:
         for r in plan:
-            print(f"  {r.difficulty.label:<24s} {r.variant:<20s} d_model={r.d_model:<4d} lr={r.lr:.3g}")
+            print(f"  {r.difficulty.label:<24s} {r.variant:<20s} d_model={r.d_model:<4d} lr={r.lr:.3g}"
+                  + (f" seed={r.seed}" if len(seeds) > 1 else ""))
         return 0
     t0 = time.perf_counter()
     summary = run_sweep(preset, out_dir, variants=variants, d_models=d_models, lrs=lrs, difficulties=difficulties,
-                        device=args.device, max_minutes=args.max_minutes, log=lambda line: print(line, flush=True))
+                        seeds=seeds, device=args.device, max_minutes=args.max_minutes, log=lambda line: print(line, flush=True))
     wall = time.perf_counter() - t0
     print()
-    print("best accuracy over learning rates (final, full test set):")
+    print("best accuracy over learning rates (final, full test set)"
+          + (f", over seeds {','.join(map(str, seeds))}:" if len(seeds) > 1 else ":"))
     print(summary["table"])
     counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
     print(f"\n{counts}; wall time {wall / 60:.1f} min")

@@ -261,7 +261,8 @@ def get_preset(name: str) -> SweepPreset:
 
 
 def customize_preset(preset: SweepPreset, max_steps: int | None = None, seed: int | None = None,
-                     train_examples: int | None = None, test_examples: int | None = None) -> SweepPreset:
+                     train_examples: int | None = None, test_examples: int | None = None,
+                     batch_size: int | None = None) -> SweepPreset:
     """``preset`` with a smaller (or larger) budget, e.g. a one-minute smoke run of any preset.
 
     Args:
@@ -270,13 +271,16 @@ def customize_preset(preset: SweepPreset, max_steps: int | None = None, seed: in
         seed: model initialisation and batch-order seed (the data, ``preset.data_seed``, are unchanged).
         train_examples, test_examples: sequences per training / test slice of every difficulty (the slices'
             sequence lengths and key-value pair counts are kept).
+        batch_size: sequences per optimiser step of every difficulty (replaces each ``Difficulty.batch_size``;
+            the epoch budget in steps follows it).
 
     Returns:
         A new :class:`SweepPreset` of the same name whose ``notes`` end with a line naming the changes (the
         sweep's ``results.json`` records the preset, so a changed budget is never mistaken for the preset's).
 
     Raises:
-        ValueError: naming the argument, if a count is not an integer >= 1 or ``seed`` is not in [0, 2**32 - 1].
+        ValueError: naming the argument, if a count or ``batch_size`` is not an integer >= 1 or ``seed`` is not in
+            [0, 2**32 - 1].
     """
     changes: dict = {}
     if max_steps is not None:
@@ -289,14 +293,17 @@ def customize_preset(preset: SweepPreset, max_steps: int | None = None, seed: in
     for key, n in sizes.items():
         if n is not None:
             positive_int(key.replace("slices", "examples"), n)
-    if any(n is not None for n in sizes.values()):
+    if batch_size is not None:
+        positive_int("batch_size", batch_size)
+    if any(n is not None for n in sizes.values()) or batch_size is not None:
         changes["difficulties"] = tuple(dataclasses.replace(d, **{
             key: tuple((L, K, n if n is not None else N) for L, K, N in getattr(d, key)) for key, n in sizes.items()
-        }) for d in preset.difficulties)
+        }, batch_size=d.batch_size if batch_size is None else batch_size) for d in preset.difficulties)
     if not changes:
         return preset
     described = {**{k: v for k, v in changes.items() if k != "difficulties"},
-                 **{k.replace("slices", "examples"): v for k, v in sizes.items() if v is not None}}
+                 **{k.replace("slices", "examples"): v for k, v in sizes.items() if v is not None},
+                 **({"batch_size": batch_size} if batch_size is not None else {})}
     note = "Changed from the preset: " + ", ".join(f"{k}={v}" for k, v in described.items()) + "."
     return dataclasses.replace(preset, notes=(*preset.notes, note), **changes)
 

@@ -9,12 +9,14 @@ variant; :func:`plan_sweep` lists the points, :func:`run_config` makes each poin
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk._checks import finite, positive_int
+from coupled_qk._checks import MAX_SEED, finite, nonneg_int, positive_int
 from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, heads_for
 from coupled_qk.experiments.mqar.report import sweep_report
 from coupled_qk.experiments.runner import PlannedRun, RunRecord, run_experiment
@@ -30,9 +32,10 @@ def _lr_tag(lr: float) -> str:
 
 
 def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_model: int, lr: float,
-               out_dir: str | Path, device: str = "auto", cache_dir: str | Path | None = None) -> TrainConfig:
+               out_dir: str | Path, device: str = "auto", cache_dir: str | Path | None = None,
+               seed: int | None = None) -> TrainConfig:
     """The :class:`TrainConfig` of one sweep run (``task="mqar"``), written to ``<out_dir>/<difficulty>/<variant>/
-    d<d_model>/lr<lr>``.
+    d<d_model>/lr<lr>/seed<seed>`` (``seed``: model initialisation and batch order; ``None``: ``preset.seed``).
 
     The step budget is ``ceil(epochs * steps_per_epoch)``, capped by ``preset.max_steps``; evaluation runs every
     ``preset.eval_interval`` steps (or once per epoch) and the run stops early at ``preset.early_stop`` accuracy.
@@ -61,33 +64,52 @@ def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_mode
         options["eval_batch_size"] = preset.eval_batch_size
     if cache_dir is not None:
         options["cache_dir"] = str(cache_dir)
-    run_dir = Path(out_dir) / difficulty.name / variant / f"d{d_model}" / _lr_tag(lr)
+    seed = preset.seed if seed is None else seed
+    run_dir = Path(out_dir) / difficulty.name / variant / f"d{d_model}" / _lr_tag(lr) / f"seed{seed}"
     return TrainConfig(
         task="mqar", preset="tiny", model=model, batch_size=difficulty.batch_size, lr=float(lr),
         min_lr_ratio=preset.min_lr_ratio, warmup_steps=preset.warmup_steps, weight_decay=preset.weight_decay,
         beta2=preset.beta2, grad_clip=preset.grad_clip, max_steps=max_steps, eval_interval=eval_interval,
         log_interval=max(1, min(50, eval_interval)), early_stop_metric="valid/accuracy",
-        early_stop_value=preset.early_stop, seed=preset.seed, device=device, out_dir=str(run_dir),
+        early_stop_value=preset.early_stop, seed=seed, device=device, out_dir=str(run_dir),
         tensorboard=False, progress=False, task_options=options,
     )
 
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One (difficulty, d_model, lr, variant) point of a sweep."""
+    """One (difficulty, d_model, lr, variant, seed) point of a sweep."""
 
     difficulty: Difficulty
     variant: str
     d_model: int
     lr: float
+    seed: int = 0
 
 
-def plan_sweep(preset: SweepPreset, variants=None, d_models=None, lrs=None, difficulties=None) -> list[SweepPoint]:
-    """All runs of a sweep, ordered difficulty -> d_model -> lr -> variant (so a time guard cuts whole blocks of
-    variants, never one variant alone). Arguments default to the preset's values.
+def check_seeds(seeds) -> list[int]:
+    """``seeds`` as a list of distinct integers in ``[0, 2**32 - 1]``; ``ValueError`` naming ``seeds`` otherwise
+    (a repeat would count one run twice in the intervals)."""
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds=[] names no seed; expected at least one integer in [0, 2**32 - 1]")
+    for s in seeds:
+        if nonneg_int("seeds", s) > MAX_SEED:
+            raise ValueError(f"seeds={seeds}: {s} must be in [0, {MAX_SEED}] (2**32 - 1)")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds={seeds} repeats a seed; expected each seed once")
+    return seeds
+
+
+def plan_sweep(preset: SweepPreset, variants=None, d_models=None, lrs=None, difficulties=None,
+               seeds=None) -> list[SweepPoint]:
+    """All runs of a sweep, ordered seed -> difficulty -> d_model -> lr -> variant (so a time guard cuts whole
+    blocks of variants, never one variant alone, and finishes one seed's sweep before the next). Arguments
+    default to the preset's values (``seeds``: ``[preset.seed]``).
 
     Raises:
-        ValueError: unknown variant or difficulty, a non-positive d_model or lr, or a point whose configuration
+        ValueError: unknown variant or difficulty, a non-positive d_model or lr, a negative, too large or
+            repeated seed (:func:`check_seeds`), or a point whose configuration
             is invalid (e.g. a width the variant's heads do not divide, a variant option out of range), naming the
             point: every run's :class:`TrainConfig` is built here, so ``--dry-run`` and the sweep refuse it before
             any training.
@@ -100,23 +122,26 @@ def plan_sweep(preset: SweepPreset, variants=None, d_models=None, lrs=None, diff
         positive_int("d_model", d)
     for lr in lrs:
         finite("lr", lr, 0, lo_open=True)
-    plan = [SweepPoint(diff, v, d, float(lr)) for diff in diffs for d in d_models for lr in lrs for v in variants]
+    seeds = check_seeds(seeds if seeds is not None else [preset.seed])
+    plan = [SweepPoint(diff, v, d, float(lr), s)
+            for s in seeds for diff in diffs for d in d_models for lr in lrs for v in variants]
     for point in plan:
         try:
-            run_config(preset, point.difficulty, point.variant, point.d_model, point.lr, "plan")
+            run_config(preset, point.difficulty, point.variant, point.d_model, point.lr, "plan", seed=point.seed)
         except ValueError as exc:
             raise ValueError(f"{point.difficulty.name} {point.variant} d_model={point.d_model} lr={point.lr:g}: "
                              f"{exc}") from None
     return plan
 
 
-def _line(total: int):
-    """The one log line per run of :func:`run_sweep` (accuracy and steps, or why it has none)."""
+def _line(total: int, seeds: bool = False):
+    """The one log line per run of :func:`run_sweep` (accuracy and steps, or why it has none); ``seeds``: the
+    sweep has several seeds, so the line names the run's."""
 
     def describe(record: RunRecord) -> str:
         k = record.keys
         tag = f"[{k['position'] + 1}/{total}] {k['difficulty']:>8s} {k['variant']:<20s} d={k['d_model']:<4d} " \
-              f"lr={k['lr']:<8.3g}"
+              f"lr={k['lr']:<8.3g}" + (f" seed={k['seed']:<3d}" if seeds else "")
         r = record.results
         if record.status == "skipped":
             return f"{tag} skipped (--max-minutes reached)"
@@ -136,6 +161,7 @@ def run_sweep(
     d_models=None,
     lrs=None,
     difficulties=None,
+    seeds=None,
     device: str = "auto",
     max_minutes: float | None = None,
     log: Callable[[str], None] = print,
@@ -152,7 +178,9 @@ def run_sweep(
 
     Args:
         preset: the sweep (see :data:`coupled_qk.experiments.mqar.presets.SWEEP_PRESETS`); variants, d_models,
-            lrs and difficulties override its values (see :func:`plan_sweep`).
+            lrs, difficulties and seeds (default ``[preset.seed]``) override its values (see :func:`plan_sweep`);
+            with several seeds the table reports each cell's mean over seeds with a 95% interval and each
+            variant's paired difference against ``standard`` (:mod:`coupled_qk.experiments.mqar.report`).
         out_dir: sweep folder; data are cached in ``<out_dir>/data-cache``.
         device: ``auto``, ``cpu`` or ``cuda``.
         max_minutes: wall-clock guard for the whole sweep (``None``: no guard).
@@ -166,15 +194,34 @@ def run_sweep(
         ValueError: from :func:`plan_sweep`, a run's configuration, a finished run with other settings;
             ``max_minutes`` <= 0.
     """
-    points = plan_sweep(preset, variants, d_models, lrs, difficulties)
+    points = plan_sweep(preset, variants, d_models, lrs, difficulties, seeds)
+    several = len({p.seed for p in points}) > 1
     cache_dir = Path(out_dir) / "data-cache"
     plan = []
     for i, p in enumerate(points):
-        cfg = run_config(preset, p.difficulty, p.variant, p.d_model, p.lr, out_dir, device, cache_dir)
+        cfg = run_config(preset, p.difficulty, p.variant, p.d_model, p.lr, out_dir, device, cache_dir, seed=p.seed)
+        legacy = _legacy_run_dir(cfg)
+        if legacy is not None:
+            cfg = dataclasses.replace(cfg, out_dir=legacy)
         keys = {"difficulty": p.difficulty.name, "variant": p.variant, "d_model": p.d_model, "lr": p.lr,
-                "position": i}
-        plan.append(PlannedRun(cfg, f"{p.difficulty.name} {p.variant} d{p.d_model} lr{p.lr:.3g}", keys))
+                "seed": p.seed, "position": i}
+        plan.append(PlannedRun(cfg, f"{p.difficulty.name} {p.variant} d{p.d_model} lr{p.lr:.3g} seed {p.seed}", keys))
     _, report = run_experiment(plan, lambda records, wall: sweep_report(preset, records, wall), out_dir,
                                train_fn=train_fn, log=log, max_minutes=max_minutes, announce=False,
-                               describe=_line(len(plan)))
+                               describe=_line(len(plan), several))
     return report.json["results.json"]
+
+
+def _legacy_run_dir(cfg: TrainConfig) -> str | None:
+    """The folder of a run finished by a sweep made before seeds had folders of their own (``.../lr<lr>``, the
+    parent of ``cfg.out_dir``), when it holds a finished run with ``cfg``'s seed; ``None`` otherwise. Reused there
+    (after the usual settings check), so an old sweep folder is continued, not trained again."""
+    results = Path(cfg.out_dir).parent / "results.json"
+    if Path(cfg.out_dir).exists() or not results.is_file():
+        return None
+    try:
+        saved = json.loads(results.read_text())
+    except (OSError, ValueError):
+        return None
+    seed = saved.get("config", {}).get("seed") if isinstance(saved, dict) else None
+    return str(Path(cfg.out_dir).parent) if seed == cfg.seed else None
