@@ -67,6 +67,16 @@ def test_command_end_to_end_and_reuse(tmp_path, capsys):
     assert summary["differences"]["coupled"]["sst2"]["accuracy"]["values"] == pytest.approx(diffs)
     table = (out / "results.md").read_text()
     assert "| coupled − standard |" in table and "majority class" in table
+    t_975_1 = 12.706204736174698  # Student t quantile, 0.975, 1 degree of freedom (two seeds)
+    for m, entry in summary["models"].items():  # each cell: mean over the seeds with its 95% t-interval
+        acc = [r["dev"]["accuracy"] for r in runs[m]]
+        mean, half = sum(acc) / 2, t_975_1 * abs(acc[0] - acc[1]) / math.sqrt(2) / math.sqrt(2)
+        assert entry["tasks"]["sst2"]["metrics"]["accuracy"]["ci95"] == pytest.approx([mean - half, mean + half])
+        assert f"| {m} | {100 * mean:.1f} [{100 * (mean - half):.1f}, {100 * (mean + half):.1f}] |" in table
+    d_mean = sum(diffs) / 2
+    d_half = t_975_1 * abs(diffs[0] - diffs[1]) / math.sqrt(2) / math.sqrt(2)
+    assert summary["differences"]["coupled"]["sst2"]["accuracy"]["ci95"] == pytest.approx(
+        [d_mean - d_half, d_mean + d_half])
     capsys.readouterr()
     assert main(["glue", *args]) == 0  # everything finished: reused, nothing retrained
     assert capsys.readouterr().out.count("reusing the finished run") == 4

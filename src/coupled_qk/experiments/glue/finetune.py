@@ -121,25 +121,33 @@ def model_name(run_dir: str | Path) -> str:
     return path.parent.name if path.name.startswith("seed") else path.name
 
 
+def _stats():
+    """:mod:`coupled_qk.experiments.stats` (needs scipy, an optional dependency: the [glue] extra)."""
+    try:
+        from coupled_qk.experiments import stats
+    except ImportError as exc:
+        raise ImportError("GLUE summaries need scipy: pip install 'coupled-qk[glue]'") from exc
+    return stats
+
+
 def _summary(values: list[float]) -> dict:
+    """Mean, std, range and the 95% Student-t interval of the mean (``ci95``: ``None`` for one seed)."""
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values), "values": values}
+    ci = _stats().mean_ci(values)
+    return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values),
+            "ci95": [ci["low"], ci["high"]] if len(values) > 1 else None, "values": values}
 
 
 def paired_difference(a: list[float], b: list[float]) -> dict:
-    """Mean of ``a_i - b_i`` with a two-sided 95% Student-t interval (scipy); ``ci95`` is ``None`` for n < 2."""
-    try:
-        from scipy import stats
-    except ImportError as exc:  # an optional dependency: the [glue] extra
-        raise ImportError("GLUE summaries need scipy: pip install 'coupled-qk[glue]'") from exc
+    """Mean of ``a_i - b_i`` with a two-sided 95% Student-t interval
+    (:func:`coupled_qk.experiments.stats.paired_difference`); ``ci95`` is ``None`` for n < 2.
 
-    diffs = [x - y for x, y in zip(a, b, strict=True)]
-    mean = statistics.fmean(diffs)
-    ci = None
-    if len(diffs) > 1:
-        half = stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-        ci = [mean - half, mean + half]
-    return {"mean": mean, "ci95": ci, "n": len(diffs), "values": diffs}
+    Raises:
+        ValueError: ``a`` and ``b`` of different lengths, empty or non-finite.
+    """
+    d = _stats().paired_difference(b, a)  # stats' difference is its second argument minus its first
+    return {"mean": d["mean"], "ci95": [d["low"], d["high"]] if d["n"] > 1 else None, "n": d["n"],
+            "values": d["differences"]}
 
 
 def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir: str | Path,
@@ -203,8 +211,9 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
 
 
 def format_table(summary: dict) -> str:
-    """Markdown: dev metric mean +- std (over seeds) per model and task, the majority-class baseline, and the
-    paired difference to the baseline model with its 95% t-interval (in percentage points)."""
+    """Markdown: dev metric mean over seeds with its 95% t-interval (one seed: the value) per model and task, the
+    majority-class baseline, and the paired difference to the baseline model with its 95% t-interval (in
+    percentage points)."""
     tasks = summary["tasks"]
     cols = [(t, m) for t in tasks for m in TASK_INFO[t][3]]
     head = "| model | " + " | ".join(f"{t.upper()} {m}" for t, m in cols) + " |"
@@ -216,7 +225,8 @@ def format_table(summary: dict) -> str:
         cells = []
         for t, m in cols:
             s = entry["tasks"][t]["metrics"][m]
-            cells.append(f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f}")
+            ci = "" if s.get("ci95") is None else f" [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]"
+            cells.append(f"{100 * s['mean']:.1f}{ci}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for name, diffs in summary["differences"].items():
         cells = []
@@ -227,6 +237,6 @@ def format_table(summary: dict) -> str:
         lines.append(f"| {name} − {summary['baseline']} | " + " | ".join(cells) + " |")
     n = len(summary["seeds"])
     lines.append("")
-    lines.append(f"Dev-set scores ×100 (MCC for CoLA), mean ± std over {n} fine-tuning seeds; differences are "
-                 "paired by seed, with 95% Student-t intervals.")
+    lines.append(f"Dev-set scores ×100 (MCC for CoLA), mean over {n} fine-tuning seeds with its 95% Student-t "
+                 "interval; differences are paired by seed, with 95% Student-t intervals.")
     return "\n".join(lines)
