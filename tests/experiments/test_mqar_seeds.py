@@ -74,7 +74,7 @@ def test_plan_over_seeds_and_seed_errors():
 
 SMOKE = ["mqar", "--difficulties", "easy", "--d-models", "16", "--lrs", "1e-3", "--variants", "standard,coupled",
          "--max-steps", "3", "--train-examples", "40", "--test-examples", "8", "--batch-size", "8",
-         "--device", "cpu", "--threads", "1"]
+         "--device", "cpu", "--threads", "1", "--dtype", "fp32"]
 
 
 def test_smoke_sweep_over_seeds_resumes_and_reports_intervals(tmp_path, capsys):
@@ -92,7 +92,7 @@ def test_smoke_sweep_over_seeds_resumes_and_reports_intervals(tmp_path, capsys):
     acc = {}
     for run in saved["runs"]:
         run_dir = out / "easy" / run["variant"] / "d16" / "lr0.001" / f"seed{run['seed']}"
-        assert run["run_dir"] == str(run_dir) and run["config"]["batch_size"] == 8
+        assert run["run_dir"] == str(run_dir) and run["config"]["batch_size"] == 8 and run["config"]["dtype"] == "fp32"
         assert json.loads((run_dir / "config.json").read_text())["batch_size"] == 8
         assert json.loads((run_dir / "config.json").read_text())["seed"] == run["seed"]
         acc[run["variant"], run["seed"]] = json.loads((run_dir / "results.json").read_text())["final"]["valid/accuracy"]

@@ -52,11 +52,12 @@ def test_command_end_to_end_and_reuse(tmp_path, capsys):
     glue_dir = write_sst2(tmp_path / "glue", n_train=64, n_dev=40)
     out = tmp_path / "out"
     args = [str(a), str(b), "--task", "sst2", "--seeds", "0,1", "--glue-dir", str(glue_dir), "--epochs", "1",
-            "--batch-size", "16", "--lr", "1e-3", "--out-dir", str(out), "--no-progress"]
+            "--batch-size", "16", "--lr", "1e-3", "--out-dir", str(out), "--no-progress", "--dtype", "fp32"]
     assert main(["glue", *args]) == 0
     summary = json.loads((out / "results.json").read_text())
     assert summary["schema"] == "coupled-qk/glue-results/v1" and summary["baseline"] == "standard"
     assert list(summary["models"]) == ["standard", "coupled"]
+    assert summary["settings"]["sst2"]["dtype"] == "fp32" and summary["settings"]["sst2"]["batch_size"] == 16
     assert summary["models"]["coupled"]["attention"] == "coupled"
     runs = {m: summary["models"][m]["tasks"]["sst2"]["runs"] for m in summary["models"]}
     for m in runs:

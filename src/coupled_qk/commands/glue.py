@@ -11,6 +11,7 @@ def add_arguments(parser) -> None:
     from coupled_qk.commands.options import (
         add_device_option,
         add_overwrite_option,
+        dtype_arg,
         folder_arg,
         path_arg,
         positive_float_arg,
@@ -36,6 +37,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pooling", default="last", choices=("last", "mean"),
                         help="classify from the last token's hidden state (default) or the mean over tokens")
     add_device_option(parser)
+    parser.add_argument("--dtype", type=dtype_arg, default=None,
+                        help="autocast dtype of every fine-tune: auto, fp32, bf16 or fp16 (default auto: bf16 on "
+                        "CUDA, fp32 on CPU)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
 
 
@@ -50,6 +54,10 @@ def run(args) -> int:
     )
 
     tasks, seeds = parse_tasks(args.task), parse_seeds(args.seeds)
+    if args.dtype is not None:  # checked against the device before any folder is created
+        from coupled_qk.devices import check_dtype
+
+        check_dtype("--dtype", args.dtype, args.device)
     subsets = parse_per_task(args.max_train_examples)
     unused = sorted(set(subsets) - set(tasks)) if isinstance(subsets, dict) else []
     if unused:  # a task=N pair for a task not fine-tuned would be silently ignored
@@ -85,7 +93,8 @@ def run(args) -> int:
                         layout=("results.json", "results.md", "*/"), rewrite=("results.json", "results.md"))
     summary = run_glue(args.run_dirs, tasks, seeds, out_dir, names=names, glue_dir=args.glue_dir, lr=args.lr,
                        epochs=args.epochs, batch_size=args.batch_size, max_train_examples=subsets,
-                       pooling=args.pooling, device=args.device, progress=args.progress)
+                       pooling=args.pooling, device=args.device, progress=args.progress,
+                       **({"dtype": args.dtype} if args.dtype is not None else {}))
     print(format_table(summary))
     print(f"\nwritten: {out_dir}/results.json, results.md")
     return 0

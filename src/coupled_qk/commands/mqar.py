@@ -17,6 +17,7 @@ import torch
 from coupled_qk.commands.options import (
     add_device_option,
     add_overwrite_option,
+    dtype_arg,
     parse_seeds,
     parse_variants_option,
     path_arg,
@@ -27,6 +28,7 @@ from coupled_qk.commands.options import (
     seed_arg,
     threads_arg,
 )
+from coupled_qk.devices import check_dtype
 from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, customize_preset, get_preset, heads_for, mqar_variants
 from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep
 from coupled_qk.outputs import OutputDir
@@ -75,6 +77,9 @@ def add_arguments(parser) -> None:
                         "refused")
     add_overwrite_option(parser)
     add_device_option(parser)
+    parser.add_argument("--dtype", type=dtype_arg, default=None,
+                        help="autocast dtype of every run: auto, fp32, bf16 or fp16 (default auto: bf16 on CUDA, "
+                        "fp32 on CPU)")
     parser.add_argument("--max-minutes", type=positive_float_arg, default=None,
                         help="wall-clock guard for the whole sweep: the run in progress is stopped (and resumed by "
                         "the next invocation), later runs are skipped")
@@ -89,6 +94,7 @@ def run(args) -> int:
                               train_examples=args.train_examples, test_examples=args.test_examples,
                               batch_size=args.batch_size)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else [preset.seed]
+    dtype = "auto" if args.dtype is None else check_dtype("--dtype", args.dtype, args.device)
     variants = parse_variants_option(args.variants) if args.variants is not None else None
     d_models, lrs = args.d_models, args.lrs
     difficulties = None
@@ -126,7 +132,7 @@ def run(args) -> int:
         return 0
     t0 = time.perf_counter()
     summary = run_sweep(preset, out_dir, variants=variants, d_models=d_models, lrs=lrs, difficulties=difficulties,
-                        seeds=seeds, device=args.device, max_minutes=args.max_minutes, log=lambda line: print(line, flush=True))
+                        seeds=seeds, device=args.device, dtype=dtype, max_minutes=args.max_minutes, log=lambda line: print(line, flush=True))
     wall = time.perf_counter() - t0
     print()
     print("best accuracy over learning rates (final, full test set)"

@@ -33,9 +33,10 @@ def _lr_tag(lr: float) -> str:
 
 def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_model: int, lr: float,
                out_dir: str | Path, device: str = "auto", cache_dir: str | Path | None = None,
-               seed: int | None = None) -> TrainConfig:
+               seed: int | None = None, dtype: str = "auto") -> TrainConfig:
     """The :class:`TrainConfig` of one sweep run (``task="mqar"``), written to ``<out_dir>/<difficulty>/<variant>/
-    d<d_model>/lr<lr>/seed<seed>`` (``seed``: model initialisation and batch order; ``None``: ``preset.seed``).
+    d<d_model>/lr<lr>/seed<seed>`` (``seed``: model initialisation and batch order; ``None``: ``preset.seed``;
+    ``dtype``: the autocast dtype, :attr:`TrainConfig.dtype`).
 
     The step budget is ``ceil(epochs * steps_per_epoch)``, capped by ``preset.max_steps``; evaluation runs every
     ``preset.eval_interval`` steps (or once per epoch) and the run stops early at ``preset.early_stop`` accuracy.
@@ -71,7 +72,7 @@ def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_mode
         min_lr_ratio=preset.min_lr_ratio, warmup_steps=preset.warmup_steps, weight_decay=preset.weight_decay,
         beta2=preset.beta2, grad_clip=preset.grad_clip, max_steps=max_steps, eval_interval=eval_interval,
         log_interval=max(1, min(50, eval_interval)), early_stop_metric="valid/accuracy",
-        early_stop_value=preset.early_stop, seed=seed, device=device, out_dir=str(run_dir),
+        early_stop_value=preset.early_stop, seed=seed, device=device, dtype=dtype, out_dir=str(run_dir),
         tensorboard=False, progress=False, task_options=options,
     )
 
@@ -163,6 +164,7 @@ def run_sweep(
     difficulties=None,
     seeds=None,
     device: str = "auto",
+    dtype: str = "auto",
     max_minutes: float | None = None,
     log: Callable[[str], None] = print,
     train_fn: Callable | None = None,
@@ -183,6 +185,7 @@ def run_sweep(
             variant's paired difference against ``standard`` (:mod:`coupled_qk.experiments.mqar.report`).
         out_dir: sweep folder; data are cached in ``<out_dir>/data-cache``.
         device: ``auto``, ``cpu`` or ``cuda``.
+        dtype: autocast dtype of every run (``auto``: bf16 on CUDA, fp32 on CPU; see :class:`TrainConfig`).
         max_minutes: wall-clock guard for the whole sweep (``None``: no guard).
         log: receives one line per run.
         train_fn: the training function (default :func:`coupled_qk.training.loop.train`; tests may wrap it).
@@ -199,7 +202,8 @@ def run_sweep(
     cache_dir = Path(out_dir) / "data-cache"
     plan = []
     for i, p in enumerate(points):
-        cfg = run_config(preset, p.difficulty, p.variant, p.d_model, p.lr, out_dir, device, cache_dir, seed=p.seed)
+        cfg = run_config(preset, p.difficulty, p.variant, p.d_model, p.lr, out_dir, device, cache_dir, seed=p.seed,
+                         dtype=dtype)
         legacy = _legacy_run_dir(cfg)
         if legacy is not None:
             cfg = dataclasses.replace(cfg, out_dir=legacy)
