@@ -36,7 +36,9 @@ from pathlib import Path
 
 from coupled_qk.outputs import OutputDir
 
-_HEADING = re.compile(r"^ = [^=].* = $")
+_HEADING = re.compile(r"^[ \t]*= [^=].* =[ \t]*$")
+"""A WikiText article heading (`` = Title = ``), with or without WikiText's leading and trailing space (a
+detokenized or edited file drops them); section headings (`` = = Sub = = ``) do not match."""
 
 PERPLEXITY_YAML = """task: {name}
 dataset_path: json
@@ -73,8 +75,9 @@ metadata:
 
 
 def text_documents(path: str | Path) -> list[str]:
-    """Documents of a text file: WikiText articles (split before each `` = Title = `` line) when the file has
-    such headings, else paragraphs separated by blank lines; empty documents dropped.
+    """Documents of a text file: WikiText articles (split before each `` = Title = `` line, :data:`_HEADING`: the
+    spaces around the heading are optional) when the file has such headings, else paragraphs separated by blank
+    lines; empty documents dropped. Line endings ``\\r\\n`` and ``\\r`` read as ``\\n``.
 
     Raises:
         FileNotFoundError: no such file. ValueError: the file holds no text.
