@@ -201,3 +201,16 @@ def test_layers_retrofits_only_the_chosen_layers_and_reloads_them(tmp_path):
 def test_layers_errors(layers, message):
     with pytest.raises(ValueError, match=message):
         retrofit(_llama(), layers=layers)
+
+
+def test_a_folder_saved_before_the_new_options_loads_with_their_defaults(tmp_path):
+    rf = retrofit(_llama(), integrator="leapfrog")
+    _perturb(rf)
+    rf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("freeze_base", "qk_map", "map_options", "layers"):  # what older versions wrote: the first eight
+        del config["coupled_qk_retrofit"][key]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = load_retrofitted(tmp_path).eval()
+    assert torch.equal(_logits(loaded), _logits(rf.eval()))
+    assert all(p.requires_grad for p in loaded.parameters())
