@@ -13,7 +13,10 @@ and reports validation perplexity per seed and the paired difference (b - a) wit
         --seeds 0 1 2 --steps 40 --out docs/results/retrofit-cpu
 
 Seeds may run as separate processes (``--seeds 0``, ``--seeds 1`` ... with the same ``--out``); each writes
-``rows-seed<S>.json`` and rebuilds ``results.json`` / ``README.md`` from all rows present.
+``rows-seed<S>.json`` and rebuilds ``results.json`` / ``README.md`` from all rows present. Each row records the
+settings it ran with (every option below and the retrofit's options as saved in the model's config, e.g.
+``freeze_base`` and ``layers``); a process whose settings differ from the rows already in ``--out`` is refused
+before training, naming the option (rows of different settings would be averaged together).
 
 What comes from the library (nothing here re-implements it):
 
@@ -140,13 +143,22 @@ def paired(a: list[float], b: list[float]) -> dict:
     return {"n": d["n"], "mean": d["mean"], "sd": d["sd"], "ci95": [d["low"], d["high"]]}
 
 
-def main(argv=None):
-    """Command line: see the module docstring and ``--help``. Writes ``rows-seed<S>.json``, ``results.json`` and
-    ``README.md`` into ``--out``.
+def check_resume(out: Path, settings: dict) -> None:
+    """``ValueError`` naming the first option whose value in an existing ``rows-seed*.json`` of ``out`` differs
+    from ``settings`` (rows written before rows recorded their settings are not checked)."""
+    for path in sorted(out.glob("rows-seed*.json")):
+        old = json.loads(path.read_text()).get("settings")
+        if old is None:
+            continue
+        for key in sorted(set(old) | set(settings)):
+            if old.get(key) != settings.get(key):
+                raise ValueError(f"{path} was computed with {key}={old.get(key)!r} but this run has "
+                                 f"{key}={settings.get(key)!r}; rows of different settings cannot be combined: use "
+                                 f"another --out or the same settings")
 
-    Raises:
-        RuntimeError: the ``dt = 0`` retrofit changed the exported model's logits.
-    """
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main` (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="run folder of a standard model trained with position=learned")
     p.add_argument("--data-dir", default=None, help="offline data folder (default: the run's / COUPLED_QK_DATA)")
@@ -158,9 +170,23 @@ def main(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--integrator", default="euler")
+    p.add_argument("--freeze-base", action="store_true", help="retrofit arm: train only dt and the coupling network")
+    p.add_argument("--layers", type=int, nargs="+", default=None,
+                   help="retrofit arm: indices of the layers to retrofit (default: every layer)")
     p.add_argument("--data-seed", type=int, default=1000, help="batch order seed offset (same for both arms)")
     p.add_argument("--eval-windows", type=int, default=400, help="validation windows of block_size tokens")
     p.add_argument("--out", required=True)
+    return p
+
+
+def main(argv=None):
+    """Command line: see the module docstring and ``--help``. Writes ``rows-seed<S>.json``, ``results.json`` and
+    ``README.md`` into ``--out``.
+
+    Raises:
+        RuntimeError: the ``dt = 0`` retrofit changed the exported model's logits.
+    """
+    p = parser()
     args = p.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -175,21 +201,31 @@ def main(argv=None):
     with torch.no_grad():
         export_diff = float((base(x).logits - gpt(x)).abs().max())
     t0 = time.time()
-    rf0 = retrofit(copy.deepcopy(base), integrator=args.integrator, dt_init=0.0)
+    options = dict(integrator=args.integrator, dt_init=0.0, freeze_base=args.freeze_base, layers=args.layers)
+    try:
+        rf0 = retrofit(copy.deepcopy(base), **options)
+    except ValueError as exc:
+        p.error(str(exc))
     with torch.no_grad():
         if not torch.equal(rf0(x).logits, base(x).logits):
             raise RuntimeError("the dt=0 retrofit changed the model's logits")
-    start = evaluate(base, task, args)
     out = Path(args.out)
+    settings = {**{k: v for k, v in vars(args).items() if k not in ("out", "seeds")},
+                "retrofit": dict(rf0.config.coupled_qk_retrofit)}
+    try:
+        check_resume(out, settings)
+    except ValueError as exc:
+        p.error(str(exc))
+    start = evaluate(base, task, args)
     out.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
-        row = {"seed": seed, "start_valid_perplexity": start["perplexity"]}
+        row = {"seed": seed, "start_valid_perplexity": start["perplexity"], "settings": settings}
         seed_task = LMTask(dataclasses.replace(cfg, seed=args.data_seed + seed), run_dir=run)  # its batches
         for arm in ("as_is", "retrofit"):
             model = copy.deepcopy(base)
             if arm == "retrofit":
                 torch.manual_seed(seed)  # coupling-network init
-                retrofit(model, integrator=args.integrator, dt_init=0.0)
+                retrofit(model, **options)
             ts = time.time()
             model, losses = train(model, seed_task, args, seed)
             ev = evaluate(model, task, args)
@@ -206,7 +242,7 @@ def main(argv=None):
         "data": task.describe(), "export_max_abs_logit_diff": export_diff,
         "tokens_per_arm": args.steps * args.batch_size * task.block_size,
         "eval_tokens": start["n_tokens"], "start_valid_perplexity": start["perplexity"],
-        "settings": {k: v for k, v in vars(args).items() if k not in ("run", "out", "seeds")},
+        "settings": {k: v for k, v in settings.items() if k != "run"},
         "machine": f"{platform.machine()}, torch {torch.__version__}, 1 thread per process "
                    f"({os.cpu_count()} CPUs on the machine)",
         "seconds_this_process": time.time() - t0,

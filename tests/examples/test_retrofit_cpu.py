@@ -149,3 +149,40 @@ def test_every_example_has_a_test():
     untested = [p.name for p in sorted(root.glob("*.py"))
                 if not (Path(__file__).parent / f"test_{p.stem}.py").is_file()]
     assert EXAMPLE.is_file() and not untested, f"examples without a test in tests/examples/: {untested}"
+
+
+def test_check_resume_names_the_option_that_differs(tmp_path):
+    # seeds run as separate processes into one --out were combined whatever settings each ran with
+    settings = {"lr": 3e-4, "retrofit": {"freeze_base": False, "layers": None}}
+    (tmp_path / "rows-seed0.json").write_text(json.dumps({"seed": 0, "settings": settings}))
+    (tmp_path / "rows-seed9.json").write_text(json.dumps({"seed": 9}))  # written before rows kept their settings
+    ex.check_resume(tmp_path, json.loads(json.dumps(settings)))
+    other = {**settings, "retrofit": {"freeze_base": True, "layers": None}}
+    with pytest.raises(ValueError, match=r"rows-seed0.json was computed with retrofit=\{'freeze_base': False.* but "
+                                         r"this run has retrofit=\{'freeze_base': True"):
+        ex.check_resume(tmp_path, other)
+    with pytest.raises(ValueError, match=r"computed with lr=0.0003 but this run has lr=0.001"):
+        ex.check_resume(tmp_path, {**settings, "lr": 1e-3})
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:the .* split of")
+def test_retrofit_options_are_recorded_and_a_different_resume_is_refused(base_run, tmp_path, capsys):
+    out = tmp_path / "frozen"
+    threads = torch.get_num_threads()
+    common = ["--run", base_run.out_dir, "--steps", "2", "--batch-size", "4", "--warmup", "1", "--eval-windows", "2",
+              "--out", str(out)]
+    try:
+        ex.main([*common, "--seeds", "0", "--freeze-base", "--layers", "0"])
+        row = json.loads((out / "rows-seed0.json").read_text())
+        assert row["settings"]["retrofit"]["freeze_base"] is True and row["settings"]["retrofit"]["layers"] == [0]
+        assert json.loads((out / "results.json").read_text())["settings"]["freeze_base"] is True
+        with pytest.raises(SystemExit):
+            ex.main([*common, "--seeds", "1"])  # another process, same --out, without --freeze-base
+        assert "was computed with freeze_base=True but this run has freeze_base=False" in capsys.readouterr().err
+        assert not (out / "rows-seed1.json").exists()
+        with pytest.raises(SystemExit):
+            ex.main([*common, "--seeds", "1", "--layers", "0", "0"])
+        assert "layers=[0, 0]: [0] given more than once" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(threads)

@@ -61,6 +61,16 @@ def test_make_task_source_errors_are_one_line_naming_the_file(tmp_path, capsys, 
     assert err.startswith("make-task: error: ") and message in err and source in err and "\n" not in err
 
 
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_text_documents_split_headings_without_wikitext_spaces(tmp_path, newline):
+    # the heading pattern needed WikiText's trailing space (" = Title = "): a file whose headings lack it was read as
+    # blank-line paragraphs (every paragraph its own document), and a section heading must still not split
+    wiki = tmp_path / "w.txt"
+    lines = ["= A =", "", "one two", "", " = = Sub = =", "", "three", " = B =", "", "four", "= C =", "five", ""]
+    wiki.write_bytes(newline.join(lines).encode())
+    assert text_documents(wiki) == ["= A =\n\none two\n\n = = Sub = =\n\nthree", " = B =\n\nfour", "= C =\nfive"]
+
+
 def test_a_bad_model_argument_of_a_run_is_one_line(monkeypatch, capsys):
     """``run ... --model_args pretrained=...,max_gen_toks=0`` printed lm-eval's traceback; a ValueError from a
     model argument is one line and exit code 2."""

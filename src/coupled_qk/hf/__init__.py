@@ -7,8 +7,9 @@
   and LoRA through ``peft`` work as for any causal LM (``tests/hf/test_hf_contract.py``).
 - :func:`export_run`: a training run (or checkpoint) -> a ``save_pretrained`` folder with the tokenizer
   (``coupled-qk export RUN_DIR HF_DIR``).
-- :func:`retrofit`, :func:`load_retrofitted`, :func:`restore_retrofit`: insert coupled query-key dynamics into an existing
-  ``transformers`` causal LM (``hf/retrofit.py``).
+- :func:`retrofit`, :func:`load_retrofitted`, :func:`restore_retrofit`: insert coupled query-key dynamics (or any
+  registered map with ``start_at_identity()``) into an existing ``transformers`` causal LM (``hf/retrofit.py``,
+  ``hf/retrofit_maps.py``, ``hf/retrofit_load.py``).
 
 ``retrofit`` is imported eagerly (its module needs only torch): the function shares its name with its
 submodule, and a lazy import would let ``import coupled_qk.hf.retrofit`` bind the *module* as
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 import importlib
 
-from coupled_qk.hf.retrofit import load_retrofitted as load_retrofitted
-from coupled_qk.hf.retrofit import restore_retrofit as restore_retrofit
 from coupled_qk.hf.retrofit import retrofit as retrofit
+from coupled_qk.hf.retrofit_load import load_retrofitted as load_retrofitted
+from coupled_qk.hf.retrofit_load import restore_retrofit as restore_retrofit
 
 _LAZY = {
     "CoupledQKConfig": "configuration",

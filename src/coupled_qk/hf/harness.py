@@ -13,7 +13,7 @@ when the context holds more than 512 tokens, else half the context (a one-line n
 
 A retrofitted model's folder (:func:`coupled_qk.hf.retrofit`, ``save_pretrained``) is scored with its coupling:
 lm-eval's plain ``from_pretrained`` keeps only the base weights, and :class:`CoupledQKLM` then restores the saved
-dynamics (:func:`coupled_qk.hf.retrofit.restore_retrofit`).
+dynamics (:func:`coupled_qk.hf.retrofit_load.restore_retrofit`).
 
 ``python -m coupled_qk.hf.harness make-task perplexity|sst2 FILE TASK_DIR [--name NAME] [--max-docs N]`` writes
 a local task (``NAME.yaml`` + ``NAME.jsonl``) that lm-eval reads with ``datasets``' ``json`` loader, so no
@@ -36,7 +36,9 @@ from pathlib import Path
 
 from coupled_qk.outputs import OutputDir
 
-_HEADING = re.compile(r"^ = [^=].* = $")
+_HEADING = re.compile(r"^[ \t]*= [^=].* =[ \t]*$")
+"""A WikiText article heading (`` = Title = ``), with or without WikiText's leading and trailing space (a
+detokenized or edited file drops them); section headings (`` = = Sub = = ``) do not match."""
 
 PERPLEXITY_YAML = """task: {name}
 dataset_path: json
@@ -73,8 +75,9 @@ metadata:
 
 
 def text_documents(path: str | Path) -> list[str]:
-    """Documents of a text file: WikiText articles (split before each `` = Title = `` line) when the file has
-    such headings, else paragraphs separated by blank lines; empty documents dropped.
+    """Documents of a text file: WikiText articles (split before each `` = Title = `` line, :data:`_HEADING`: the
+    spaces around the heading are optional) when the file has such headings, else paragraphs separated by blank
+    lines; empty documents dropped. Line endings ``\\r\\n`` and ``\\r`` read as ``\\n``.
 
     Raises:
         FileNotFoundError: no such file. ValueError: the file holds no text.
@@ -264,12 +267,13 @@ def _check_tokenizer(tokenizer, source) -> None:
 
 def _restore_retrofit(model, pretrained, subfolder: str = "") -> None:
     """Give ``model``, just loaded by lm-eval's ``from_pretrained``, back the coupling of a retrofitted folder
-    (:func:`coupled_qk.hf.retrofit.restore_retrofit`); a plain load drops it and would score the base model.
+    (:func:`coupled_qk.hf.retrofit_load.restore_retrofit`); a plain load drops it and would score the base model.
 
     Raises:
         ValueError: the retrofitted model is not a local folder (its coupling weights are read from there).
     """
-    from coupled_qk.hf.retrofit import RETROFIT_KEY, restore_retrofit
+    from coupled_qk.hf.retrofit import RETROFIT_KEY
+    from coupled_qk.hf.retrofit_load import restore_retrofit
 
     config = getattr(model, "config", None)
     if not getattr(config, RETROFIT_KEY, None) or any(hasattr(m, "qk_dynamics") for m in model.modules()):

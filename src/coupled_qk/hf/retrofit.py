@@ -1,10 +1,12 @@
 """Retrofit coupled query-key dynamics into an existing Hugging Face ``transformers`` causal LM.
 
 ``retrofit(model)`` adds a :class:`coupled_qk.QKDynamics` module (``qk_dynamics``) to every self-attention
-module of a Llama, Mistral, Qwen2, Qwen3 or GPT-2 model and switches that module's forward to one that
-evolves each token's query and key jointly before scoring (docs/METHOD.md section 1). With ``dt_init=0``
-(the default) the dynamics are an exact identity, so the retrofitted model computes the same logits as
-before; training then learns ``dt`` and the coupling network (only those with ``freeze_base=True``).
+module of a Llama, Mistral, Qwen2, Qwen3 or GPT-2 model (or to the ``layers`` chosen) and switches that module's
+forward to one that evolves each token's query and key jointly before scoring (docs/METHOD.md section 1). With
+``dt_init=0`` (the default) the dynamics are an exact identity, so the retrofitted model computes the same logits
+as before; training then learns ``dt`` and the coupling network (only those with ``freeze_base=True``). Any other
+registered query-key map works the same way (``qk_map=``, ``map_options=``) when its class says how to start at
+the identity (``start_at_identity()``, verified numerically; :mod:`coupled_qk.hf.retrofit_maps`).
 
 Where the dynamics go (the hook). Wrapping the q/k projections cannot express the method: the key update
 ``k' = k + dt f(q)`` needs the query of the same token and head. So the attention module keeps its weights
@@ -29,23 +31,25 @@ as the mean query (exact for all three integrators, whose query updates depend o
 then keeps its original size and any cache class works. For ``r = 1`` both options are the paper's method.
 
 Saving: the dynamics' parameters are ordinary parameters (``...self_attn.qk_dynamics.dt``,
-``...qk_dynamics.force.w_in``/``w_out``), and the options are recorded in ``model.config.coupled_qk_retrofit``;
-:func:`load_retrofitted` rebuilds such a model from a ``save_pretrained`` folder. A plain ``from_pretrained`` of
-that folder keeps only the base weights (the coupling ones are reported as unexpected and dropped);
-:func:`restore_retrofit` gives such a model its coupling back (the lm-eval entry point does so).
+``...qk_dynamics.force.w_in``/``w_out``), and every option is recorded in ``model.config.coupled_qk_retrofit``;
+:func:`~coupled_qk.hf.retrofit_load.load_retrofitted` rebuilds such a model from a ``save_pretrained`` folder. A
+plain ``from_pretrained`` of that folder keeps only the base weights (the coupling ones are reported as unexpected
+and dropped); :func:`~coupled_qk.hf.retrofit_load.restore_retrofit` gives such a model its coupling back (the
+lm-eval entry point does so).
 """
 
 from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
 
 from coupled_qk._checks import choice
-from coupled_qk.layers.qk_maps import QKDynamics
+from coupled_qk.hf.retrofit_maps import DYNAMICS, build_map, check_layers, map_spec
+from coupled_qk.layers.qk_maps import QKMap
 
 GQA_MODES = ("expand", "shared")
 POSITIONS = ("pre_rope", "post_rope")
@@ -214,6 +218,33 @@ def _supported_attention(model: nn.Module) -> list:
     return found
 
 
+def _check_fresh(model: nn.Module) -> None:
+    """``ValueError`` when ``model`` is retrofitted already or was loaded from a retrofitted folder without its
+    coupling."""
+    if any(hasattr(m, "qk_dynamics") for m in model.modules()):
+        raise ValueError("model is already retrofitted (an attention module has qk_dynamics)")
+    if getattr(getattr(model, "config", None), RETROFIT_KEY, None):
+        raise ValueError(f"model was loaded from a retrofitted folder (its config has '{RETROFIT_KEY}') without "
+                         "its coupling weights; retrofitting anew would discard them: use load_retrofitted(folder) "
+                         "or restore_retrofit(model, folder)")
+
+
+def _couple_module(module: nn.Module, fam: _Family, spec: tuple, gqa: str, position: str) -> None:
+    """Give one attention module its map (``spec`` from :func:`~coupled_qk.hf.retrofit_maps.map_spec`) and the
+    coupled forward."""
+    n_heads, n_kv, d_head = fam.heads(module)
+    rep = n_heads // n_kv
+    expanded = gqa == "expand" and rep > 1
+    ref = module.c_attn.weight if not fam.rope else module.q_proj.weight
+    module.qk_dynamics = build_map(*spec, d_head, n_heads if gqa == "expand" else n_kv, ref)
+    module.coupled_qk_family = fam
+    module.coupled_qk_gqa, module.coupled_qk_position = gqa, position
+    module.coupled_qk_rep, module.coupled_qk_expanded = rep, expanded
+    if expanded:
+        module.num_key_value_groups = 1  # the backends see one (evolved) key per query head
+    module.forward = types.MethodType(fam.forward, module)
+
+
 def retrofit(
     model: nn.Module,
     integrator: str = "euler",
@@ -225,62 +256,61 @@ def retrofit(
     gqa: str = "expand",
     position: str = "pre_rope",
     freeze_base: bool = False,
+    qk_map: str = "dynamics",
+    map_options: dict | None = None,
+    layers: Sequence[int] | None = None,
 ) -> nn.Module:
-    """Insert coupled query-key dynamics into every self-attention module of ``model``, in place.
+    """Insert a query-key map (by default the coupled dynamics) into the self-attention modules of ``model``, in place.
 
     Args:
         model: a ``transformers`` causal LM (or base model) whose attention modules are ``LlamaAttention``,
             ``MistralAttention``, ``Qwen2Attention``, ``Qwen3Attention`` or ``GPT2Attention``.
         integrator, n_steps, hidden, force, shared_across_heads: options of :class:`coupled_qk.QKDynamics`
-            (docs/METHOD.md section 1; ``hidden`` defaults to the head width).
-        dt_init: initial step size of every head; ``0.0`` (default) keeps the model's outputs exactly.
+            (docs/METHOD.md section 1; ``hidden`` defaults to the head width); ``qk_map="dynamics"`` only.
+        dt_init: initial step size of every head of the dynamics; ``0.0`` (default) starts at the identity, checked
+            numerically (:mod:`coupled_qk.hf.retrofit_maps`), so the model's outputs stay exactly the same.
         gqa: ``"expand"`` (one evolved key per query head; key cache grows by the group size) or
             ``"shared"`` (one evolved key per key head, driven by the group-mean query); see the module
             docstring. Irrelevant when ``n_heads == n_kv_heads``.
         position: ``"pre_rope"`` (dynamics on the un-rotated pair, then RoPE; our default) or
             ``"post_rope"``. GPT-2 has no RoPE; either value gives the same model there.
         freeze_base: if true, only the new parameters (``dt`` and the coupling network) require gradients.
+        qk_map: any registered query-key map (``coupled_qk.models.registry.QK_MAPS``, plugins included) whose class
+            has ``start_at_identity()``: it is called, then the map is verified to be the exact identity.
+        map_options: options of a map other than ``"dynamics"`` (fields of its options dataclass; ``None``:
+            defaults).
+        layers: indices of the attention layers to retrofit (``0 .. n_layers - 1``, distinct, not empty); the
+            others stay standard attention. ``None`` (default): every layer.
 
     Returns:
-        ``model`` itself, modified: each attention module gains a ``qk_dynamics`` submodule (parameters in the
-        dtype and on the device of its query projection) and a coupled forward;
-        ``model.config.coupled_qk_retrofit`` records the options (saved with ``save_pretrained``).
+        ``model`` itself, modified: each chosen attention module gains a ``qk_dynamics`` submodule (the map,
+        parameters in the dtype and on the device of its query projection) and a coupled forward;
+        ``model.config.coupled_qk_retrofit`` records every option above (saved with ``save_pretrained``, applied
+        again by :func:`~coupled_qk.hf.retrofit_load.load_retrofitted`, ``freeze_base`` included).
 
     Raises:
         ValueError: the model has no supported attention module (the message names the classes found and the
             supported ones), it is already retrofitted or was loaded from a retrofitted folder without its
-            coupling (use :func:`load_retrofitted`), or an option is invalid (``gqa``, ``position``, or an
-            option rejected by :class:`QKDynamics`).
+            coupling (use :func:`~coupled_qk.hf.retrofit_load.load_retrofitted`), or an option is invalid (``gqa``, ``position``,
+            ``freeze_base``, ``layers``, ``qk_map``, ``map_options``, a map without ``start_at_identity()`` or one
+            it does not make the identity, or an option rejected by the map).
     """
     choice("gqa", gqa, GQA_MODES)
     choice("position", position, POSITIONS)
     if not isinstance(freeze_base, bool):
         raise ValueError(f"freeze_base={freeze_base!r} must be a bool")
-    if any(hasattr(m, "qk_dynamics") for m in model.modules()):
-        raise ValueError("model is already retrofitted (an attention module has qk_dynamics)")
-    if getattr(getattr(model, "config", None), RETROFIT_KEY, None):
-        raise ValueError(f"model was loaded from a retrofitted folder (its config has '{RETROFIT_KEY}') without "
-                         "its coupling weights; retrofitting anew would discard them: use load_retrofitted(folder) "
-                         "or restore_retrofit(model, folder)")
-    for _, module, fam in _supported_attention(model):
-        n_heads, n_kv, d_head = fam.heads(module)
-        rep = n_heads // n_kv
-        expanded = gqa == "expand" and rep > 1
-        ref = module.c_attn.weight if not fam.rope else module.q_proj.weight
-        dyn = QKDynamics(
-            d_head, n_heads if gqa == "expand" else n_kv, integrator=integrator, n_steps=n_steps, hidden=hidden,
-            dt_init=dt_init, shared_across_heads=shared_across_heads, force=force,
-        ).to(device=ref.device, dtype=ref.dtype)  # fmt: skip
-        module.qk_dynamics = dyn
-        module.coupled_qk_family = fam
-        module.coupled_qk_gqa, module.coupled_qk_position = gqa, position
-        module.coupled_qk_rep, module.coupled_qk_expanded = rep, expanded
-        if expanded:
-            module.num_key_value_groups = 1  # the backends see one (evolved) key per query head
-        module.forward = types.MethodType(fam.forward, module)
+    _check_fresh(model)
+    found = _supported_attention(model)
+    chosen = check_layers(layers, len(found))
+    dynamics = dict(integrator=integrator, n_steps=n_steps, dt_init=dt_init, hidden=hidden, force=force,
+                    shared_across_heads=shared_across_heads)
+    spec = map_spec(qk_map, map_options, dynamics)
+    for i in chosen:
+        _, module, fam = found[i]
+        _couple_module(module, fam, spec, gqa, position)
     options = dict(
-        integrator=integrator, n_steps=n_steps, dt_init=dt_init, hidden=hidden, force=force,
-        shared_across_heads=shared_across_heads, gqa=gqa, position=position,
+        **dynamics, gqa=gqa, position=position, freeze_base=freeze_base, qk_map=qk_map,
+        map_options=None if qk_map == DYNAMICS else spec[1], layers=None if layers is None else chosen,
     )  # fmt: skip
     if getattr(model, "config", None) is not None:
         setattr(model.config, RETROFIT_KEY, options)
@@ -291,88 +321,17 @@ def retrofit(
     return model
 
 
+def _maps(model: nn.Module) -> list[QKMap]:
+    """The maps :func:`retrofit` inserted (each attention module's ``qk_dynamics``), in module order."""
+    return [m.qk_dynamics for m in model.modules() if isinstance(getattr(m, "qk_dynamics", None), QKMap)]
+
+
 def coupling_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters added by :func:`retrofit` (every ``dt`` and coupling network), in module order."""
-    return [p for m in model.modules() if isinstance(m, QKDynamics) for p in m.parameters()]
+    return [p for m in _maps(model) for p in m.parameters()]
 
 
 def step_sizes(model: nn.Module) -> list[torch.Tensor]:
-    """Detached copies of every retrofitted layer's ``dt`` (shape ``(heads,)`` each), in layer order."""
-    return [m.dt.detach().clone() for m in model.modules() if isinstance(m, QKDynamics)]
-
-
-def load_retrofitted(path, **kwargs) -> nn.Module:
-    """Load a model saved with ``save_pretrained`` after :func:`retrofit` (options from its ``config.json``).
-
-    ``kwargs`` go to ``from_pretrained`` of the folder's ``AutoModelForCausalLM`` class. The base weights load
-    first (``transformers`` is told to expect the ``qk_dynamics`` entries, so its load report does not list them
-    as unexpected; any other unexpected or missing weight is still reported), the model is retrofitted with the
-    saved options and the coupling parameters are read from the same safetensors files.
-
-    Raises:
-        ValueError: the folder's config has no ``coupled_qk_retrofit`` entry or a malformed one (naming the folder),
-            or coupling weights are missing.
-    """
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    config = AutoConfig.from_pretrained(path)
-    if not getattr(config, RETROFIT_KEY, None):
-        raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{RETROFIT_KEY}')")
-    base = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    expected = [*(base._keys_to_ignore_on_load_unexpected or []), r"\.qk_dynamics\."]
-    loader = type(base.__name__, (base,), {"_keys_to_ignore_on_load_unexpected": expected})
-    model = loader.from_pretrained(path, config=config, **kwargs)
-    model.__class__ = base  # the loader subclass only silences the report; the model is the family's own class
-    return restore_retrofit(model, path)
-
-
-def _retrofit_saved(model: nn.Module, options, path) -> None:
-    """:func:`retrofit` with the options read from ``path``'s ``config.json``; ``ValueError`` naming the folder when
-    they are not a mapping of :func:`retrofit`'s options or hold a value it refuses."""
-    known = ("integrator", "n_steps", "dt_init", "hidden", "force", "shared_across_heads", "gqa", "position")
-    if not isinstance(options, dict) or set(options) - set(known):
-        extra = sorted(set(options) - set(known)) if isinstance(options, dict) else None
-        raise ValueError(f"{path}: config.json's '{RETROFIT_KEY}' = {options!r} must map retrofit's options "
-                         f"{list(known)}" + (f"; unknown {extra}" if extra else ""))
-    delattr(model.config, RETROFIT_KEY)  # retrofit refuses a model whose config has it (and writes it back)
-    try:
-        retrofit(model, **{**options, "dt_init": 0.0})
-    except ValueError as exc:
-        setattr(model.config, RETROFIT_KEY, options)
-        raise ValueError(f"{path}: config.json's '{RETROFIT_KEY}': {exc}") from None
-
-
-def restore_retrofit(model: nn.Module, path) -> nn.Module:
-    """Retrofit ``model``, loaded with a plain ``from_pretrained`` from the folder ``path`` that a retrofitted
-    model was saved to, with the saved options, and read its coupling weights from the folder's safetensors
-    files (such a load keeps only the base weights: ``transformers`` reports the coupling ones as unexpected and
-    drops them). Folders saved from a base model (``GPT2Model``, ``LlamaModel``) load into the causal LM.
-
-    Returns:
-        ``model``, retrofitted in place, with the saved ``dt`` and coupling network.
-
-    Raises:
-        ValueError: ``model.config`` has no ``coupled_qk_retrofit`` entry or a malformed one (naming the folder),
-            ``model`` is already retrofitted, or the folder lacks coupling weights (naming the first ones).
-    """
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    options = getattr(getattr(model, "config", None), RETROFIT_KEY, None)
-    if not options:
-        raise ValueError(f"{path} holds no retrofitted model (config.json lacks '{RETROFIT_KEY}')")
-    _retrofit_saved(model, options, path)
-    wanted = {n for n, _ in model.named_parameters() if ".qk_dynamics." in n}
-    prefix = f"{getattr(model, 'base_model_prefix', '')}."
-    state = {}
-    for file in sorted(Path(path).glob("*.safetensors")):
-        for k, v in load_file(str(file)).items():
-            if ".qk_dynamics." in k:  # a base model's keys lack the causal LM's prefix ("transformer.", "model.")
-                state[k if k in wanted or prefix + k not in wanted else prefix + k] = v
-    missing = sorted(wanted - set(state))
-    if missing:
-        raise ValueError(f"{path} lacks coupling weights {missing[:4]}{' ...' if len(missing) > 4 else ''}")
-    model.load_state_dict(state, strict=False)
-    return model
+    """Detached copies of every retrofitted layer's ``dt`` (shape ``(heads,)`` each), in layer order; a map
+    without a step size (``dt`` is ``None``) gives none."""
+    return [m.dt.detach().clone() for m in _maps(model) if getattr(m, "dt", None) is not None]

@@ -154,6 +154,14 @@ class InvertibleQKCoupling(QKMap):
             f"shared={self.q_nets[0].n_heads is None}"
         )
 
+    def start_at_identity(self) -> None:
+        """Make the map the exact identity (log-scales and shifts zero): the last layer of every coupling network
+        is zeroed, the first is kept."""
+        with torch.no_grad():
+            for net in (*self.q_nets, *self.k_nets):
+                net.w_out.zero_()
+                net.b_out.zero_()
+
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """Validate shapes and dtypes (see the class docstring for the errors raised)."""
         check_qk_tensors(q, k, self.q_nets[0].w_in)

@@ -16,7 +16,12 @@ The interface (docs/METHOD.md sections 1-2), implemented by every subclass of :c
   shapes and dtypes (:class:`~coupled_qk.layers.attention.CausalSelfAttention` checks the map once at
   construction) sets it ``False`` so that decoding does not pay a Python check or a device sync per layer per
   token; ``head_group`` (default 1): sub-heads per head of the grouped-query layout
-  (:mod:`coupled_qk.ops.heads`), set to 2 by a differential-attention layer.
+  (:mod:`coupled_qk.ops.heads`), set to 2 by a differential-attention layer;
+- optional method ``start_at_identity()`` (no argument): set the parameters so that the map is exactly the
+  identity, ``(q, k) -> (q, k)`` bit for bit, keeping whatever else it learned (e.g. ``dt = 0`` with the force
+  network untouched). :func:`coupled_qk.hf.retrofit` calls it to insert the map into a pretrained model without
+  changing its function, and refuses a map without it (or one that it does not make the identity, checked
+  numerically in float64); the registry checks at registration that it takes no argument.
 
 Maps here: :class:`QKDynamics` (the paper's coupled dynamics) and :class:`QueryMLP` (the uncoupled
 matched-capacity baseline ``q' = q + dt g(q)``).
@@ -120,6 +125,12 @@ class QKDynamics(QKMap):
         """Set ``dt`` back to ``dt_init`` (the force network resets itself: ``self.force.reset_parameters()``), so
         the meta-device pattern ``to_empty()`` + every module's ``reset_parameters()`` leaves no garbage ``dt``."""
         nn.init.constant_(self.dt, self.dt_init)
+
+    def start_at_identity(self) -> None:
+        """Make the map the exact identity: ``dt = 0`` (and ``dt_init = 0``, so :meth:`reset_parameters` keeps it);
+        the coupling network is kept."""
+        self.dt_init = 0.0
+        nn.init.zeros_(self.dt)
 
     def extra_repr(self) -> str:
         return (
@@ -227,6 +238,11 @@ class QueryMLP(QKMap):
     def reset_parameters(self) -> None:
         """Set ``dt`` back to ``dt_init`` (``g`` resets itself: ``self.mlp.reset_parameters()``)."""
         nn.init.constant_(self.dt, self.dt_init)
+
+    def start_at_identity(self) -> None:
+        """Make the map the exact identity: ``dt = 0`` (and ``dt_init = 0``); ``g`` is kept."""
+        self.dt_init = 0.0
+        nn.init.zeros_(self.dt)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.check_every_call:

@@ -53,12 +53,34 @@ def _check_forward(cls: type, base: type, signature: str) -> None:
                          f"which raises NotImplementedError)")
 
 
+IDENTITY_METHOD = "start_at_identity"
+"""The optional method of a query-key map that makes it the exact identity (:mod:`coupled_qk.layers.qk_maps`);
+:func:`coupled_qk.hf.retrofit` needs it."""
+
+
+def _check_identity_method(module: type) -> None:
+    """``ValueError`` unless ``module``'s optional :data:`IDENTITY_METHOD` is absent or a method taking no
+    argument (it is called as ``map.start_at_identity()``)."""
+    method = getattr(module, IDENTITY_METHOD, None)
+    if method is None:
+        return
+    if not inspect.isfunction(method):
+        raise ValueError(f"{module.__name__}.{IDENTITY_METHOD} = {method!r} must be a method taking no argument "
+                         f"(called as map.{IDENTITY_METHOD}() to make the map the identity)")
+    try:
+        inspect.signature(method).bind(None)
+    except TypeError as exc:
+        raise ValueError(f"{module.__name__}.{IDENTITY_METHOD}{inspect.signature(method)} must take no argument "
+                         f"besides self (called as map.{IDENTITY_METHOD}()): {exc}") from None
+
+
 def check_map(module: object, options: object) -> None:
     """The contract of :func:`~coupled_qk.models.registry.register_qk_map`'s ``module`` and ``options``.
 
     Raises:
         ValueError: ``module`` not a :class:`~coupled_qk.layers.qk_maps.QKMap` subclass or without its own
-            ``forward``; ``options`` not a :class:`MapOptions` dataclass, a field without a default (a model is
+            ``forward``, or with a ``start_at_identity`` that is not a method taking no argument; ``options`` not a
+            :class:`MapOptions` dataclass, a field without a default (a model is
             built from the defaults), a field of a type that values cannot be converted to
             (:func:`coupled_qk._checks.coercible`: a ``tuple`` would take ``--set`` strings unchecked), a field named like a ``GPTConfig`` field (:data:`RESERVED_OPTION_NAMES`), or fields that
             ``module(d_head, n_heads, **options)`` does not accept.
@@ -68,6 +90,7 @@ def check_map(module: object, options: object) -> None:
     if not (isinstance(module, type) and issubclass(module, QKMap)):
         raise ValueError(f"module={module!r} must be a QKMap subclass (coupled_qk.QKMap)")
     _check_forward(module, QKMap, "(q, k) -> (q', k')")
+    _check_identity_method(module)
     fields = dataclasses.fields(options)
     required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if required:

@@ -180,7 +180,8 @@ def register_qk_map(name: str, stem: str, module: type, options: type,
         ValueError: a name or stem already taken (registering the same classes again, e.g. a notebook cell run
             again, replaces the map and keeps its place in the default list), a name or stem that is not an
             identifier, ``module`` not a :class:`~coupled_qk.layers.qk_maps.QKMap` subclass with its own
-            ``forward``, ``options`` not a :class:`MapOptions` dataclass whose fields all have defaults, are not
+            ``forward`` (or with a ``start_at_identity`` that is not a method taking no argument: the optional
+            method :func:`coupled_qk.hf.retrofit` needs), ``options`` not a :class:`MapOptions` dataclass whose fields all have defaults, are not
             ``GPTConfig`` fields and are accepted by ``module``'s constructor
             (:func:`coupled_qk.models.contracts.check_map`), or ``in_defaults`` not a bool or a list of
             registered scoring rules.

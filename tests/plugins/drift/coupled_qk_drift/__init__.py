@@ -38,6 +38,10 @@ class Drift(QKMap):
         self.gain = gain
         self.dt = nn.Parameter(torch.full((n_heads,), float(dt_init)))
 
+    def start_at_identity(self) -> None:
+        """``dt = 0``: the map is the identity (what ``coupled_qk.hf.retrofit(qk_map="drift")`` needs)."""
+        nn.init.zeros_(self.dt)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         dt = self.dt.to(q.dtype).view(1, -1, 1, 1)
         return q + self.gain * dt * k, k
