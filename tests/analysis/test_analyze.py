@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -227,6 +229,27 @@ def test_input_errors():
         analyze_model(model, tokens(), batch_size=0)
     with pytest.raises(TypeError, match="coupled_qk GPT"):
         analyze_model(torch.nn.Linear(2, 2), tokens())
+
+
+@pytest.mark.parametrize("attention,where", [("standard", "blocks.1.attn.qkv.weight"),
+                                              ("coupled", "blocks.0.attn.qk_map.dt"),
+                                              ("differential", "blocks.1.attn.lambda_q1")])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_parameters_are_named(attention, where, value):
+    model = tiny_gpt(attention)
+    with torch.no_grad():
+        model.get_parameter(where).view(-1)[0] = value
+    with pytest.raises(ValueError, match=rf"non-finite \(NaN or inf\) parameters: {re.escape(where)} \(1 of "):
+        analyze_model(model, tokens())
+
+
+@pytest.mark.parametrize("example", [(0.7, 0), (1, 1.5), (True, 0), (0, False), ("1", 0), (1, None)])
+def test_example_must_be_ints(example):
+    """A float layer or head is refused, not truncated to another layer (0.7 used to analyse layer 0)."""
+    with pytest.raises(ValueError, match=r"example must be a \(layer, head\) pair of ints"):
+        analyze_model(tiny_gpt("standard"), tokens(), example=example)
+    res = analyze_model(tiny_gpt("standard"), tokens(), example=(np.int64(1), np.int64(-1)))
+    assert (res["example"]["layer"], res["example"]["head"]) == (1, 3)
 
 
 # ----------------------------------------------------------------------------------------------------------
