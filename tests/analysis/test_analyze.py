@@ -8,6 +8,8 @@ import re
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from coupled_qk.analysis import attention_stats
 from coupled_qk.analysis.analyze import MAP_METRICS, analyze_checkpoints, analyze_model, token_windows
@@ -335,6 +337,64 @@ def test_analyze_checkpoints_end_to_end(checkpoints, tmp_path):
     ids = token_windows(load_corpus(str(corpus)).valid, tok, 2, 8)
     direct = analyze_model(model, ids)
     assert coupled["mean"]["effective_rank"] == pytest.approx(direct["mean"]["effective_rank"])
+
+
+_COUNTS = ("batch_size", "threads", "example_tokens")
+
+
+_NOT_INTS = st.one_of(st.floats(allow_nan=True), st.booleans(), st.sampled_from(["1", [1]]))
+_BAD = {name: st.one_of(st.integers(-10**6, 0), _NOT_INTS) for name in _COUNTS}
+_BAD["example_layer"] = st.one_of(st.integers(-10**6, -3), st.integers(2, 10**6), _NOT_INTS)  # 2 layers
+_BAD["example_head"] = st.one_of(st.integers(-10**6, -5), st.integers(4, 10**6), _NOT_INTS)  # 4 heads
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_checkpoint_options_checked_before_any_work(checkpoints, monkeypatch, data):
+    """Every count and example index is refused, named with its value, before any model is loaded or text read,
+    and no output folder is left behind; example_layer/example_head against the checkpoints (2 layers, 4 heads).
+    (The same monkeypatch for every example is intended: it only blocks the work.)"""
+    from coupled_qk.analysis import analyze as analyze_mod
+
+    name = data.draw(st.sampled_from(sorted(_BAD)))
+    value = data.draw(_BAD[name])
+    root, corpus, runs, _ = checkpoints
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr(analyze_mod, "_analyze_checkpoint", no_work)
+    monkeypatch.setattr(analyze_mod, "run_text_source", no_work)
+    out = root / "never"
+    with pytest.raises(ValueError, match=rf"^{name}={re.escape(repr(value))} "):
+        analyze_checkpoints(runs, str(corpus), n_sequences=1, seq_len=8, out_dir=out, **{name: value})
+    assert not out.exists()
+
+
+def test_example_index_checked_against_every_checkpoint(checkpoints, tmp_path):
+    """A layer/head that only the shallower checkpoint lacks is named with that checkpoint (it used to fail only
+    after the earlier checkpoints had been analysed, naming no option)."""
+    root, corpus, runs, tok = checkpoints
+    from coupled_qk.training.checkpoint import save_checkpoint
+
+    model = tiny_gpt("differential", vocab_size=tok.vocab_size, n_layer=1)
+    save_checkpoint(tmp_path / "shallow", model.state_dict(), model.config, None, {"step": 1})
+    tok.save(tmp_path / "shallow" / "tokenizer")
+    for option, value, what in (("example_layer", 1, "1 layers"), ("example_head", 3, "2 attention-map heads"),
+                                ("example_head", -3, "2 attention-map heads")):
+        with pytest.raises(ValueError, match=rf"{option}={value} \(--{option.replace('_', '-')}\) is out of range: "
+                                             rf"checkpoint {re.escape(str(tmp_path / 'shallow'))}.* has {what}"):
+            analyze_checkpoints([runs[0], tmp_path / "shallow"], str(corpus), n_sequences=1, seq_len=8,
+                                out_dir=tmp_path / "out", make_plots=False, **{option: value})
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_too_short_names_the_split_and_leaves_nothing(checkpoints, tmp_path):
+    _, corpus, runs, tok = checkpoints
+    with pytest.raises(ValueError, match=rf"the valid split of corpus {re.escape(repr(str(corpus)))} is too short "
+                                         rf"for tokenizer {tok.name}: the text has only \d+ tokens.* need 1600"):
+        analyze_checkpoints(runs, str(corpus), n_sequences=100, seq_len=16, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing written, not even the folder
 
 
 def test_analyze_command(checkpoints, tmp_path, capsys):
