@@ -397,6 +397,28 @@ def test_text_too_short_names_the_split_and_leaves_nothing(checkpoints, tmp_path
     assert not (tmp_path / "out").exists()  # nothing written, not even the folder
 
 
+def test_report_states_what_it_was_computed_on_and_repeats_exactly(checkpoints, tmp_path, monkeypatch):
+    """Run from another folder with relative paths: analysis.json names the checkpoints absolutely, summary.md the
+    corpus, split, random-split seed, windows and checkpoints; a second run gives identical numbers."""
+    root, corpus, runs, _ = checkpoints
+    monkeypatch.chdir(root)
+    reports = []
+    for out in ("rep1", "rep2"):
+        analyze_checkpoints([runs[0].name, runs[1].name], corpus.name, n_sequences=2, seq_len=8,
+                            out_dir=tmp_path / out, make_plots=False, split_seed=3)
+        reports.append(json.loads((tmp_path / out / "analysis.json").read_text()))
+    for entry, run in zip(reports[0]["checkpoints"], runs):
+        assert entry["checkpoint"] == str(sorted(run.resolve().glob("ckpt-*"))[-1])
+        assert entry["run_dir"] == str(run.resolve()) and entry["path"] == run.name
+    summary = (tmp_path / "rep1" / "summary.md").read_text()
+    assert "split `valid` (documents split at random with seed 3): 2 sequences x 8 tokens" in summary
+    assert all(f"`{e['checkpoint']}`" in summary for e in reports[0]["checkpoints"])
+    for report in reports:
+        for entry in report["checkpoints"]:
+            entry.pop("seconds")
+    assert reports[0] == reports[1]
+
+
 def test_analyze_command(checkpoints, tmp_path, capsys):
     from coupled_qk.cli import main
 

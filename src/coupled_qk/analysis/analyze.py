@@ -226,8 +226,8 @@ def _analyze_each(inputs, text: tuple[str, str], n_sequences: int, seq_len: int,
         entries.append({
             "label": label,
             "path": str(path),
-            "checkpoint": str(ckpt),
-            "run_dir": str(ckpt.parent),
+            "checkpoint": str(ckpt.resolve()),  # absolute: the report names what it was computed on from anywhere
+            "run_dir": str(ckpt.parent.resolve()),
             "state": entry["state"],
             "tokenizer": {"path": str(tok_dir), "name": tok.name, "fingerprint": tok.fingerprint,
                           "vocab_size": tok.vocab_size},
