@@ -245,6 +245,18 @@ def test_non_finite_parameters_are_named(attention, where, value):
         analyze_model(model, tokens())
 
 
+@pytest.mark.parametrize("attention", ["standard", "differential", "coupled"])
+def test_overflowing_activations_name_the_layer(attention):
+    """Finite but huge weights of layer 1's projections: the maps of layer 1 overflow, named as such (it used to
+    read 'A must be finite' with neither the layer nor the cause)."""
+    model = tiny_gpt(attention)
+    with torch.no_grad():
+        model.blocks[1].attn.qkv.weight.mul_(1e20)
+    with pytest.raises(ValueError, match=r"^layer 1: the attention maps .*hold NaN or inf although every parameter "
+                                         r"is finite \(the activations overflow in torch.float32"):
+        analyze_model(model, tokens())
+
+
 @pytest.mark.parametrize("example", [(0.7, 0), (1, 1.5), (True, 0), (0, False), ("1", 0), (1, None)])
 def test_example_must_be_ints(example):
     """A float layer or head is refused, not truncated to another layer (0.7 used to analyse layer 0)."""

@@ -37,6 +37,16 @@ def check_finite_parameters(model, name: str = "model") -> None:
                          "model (checkpoint) with finite weights")
 
 
+def check_finite_activations(layer: int, tensors: dict) -> None:
+    """``ValueError`` naming layer ``layer`` and which of ``tensors`` (name -> tensor or ``None``) hold NaN or inf;
+    called once the parameters are known finite, so the activations overflowed (no diagnostic is defined)."""
+    bad = [name for name, t in tensors.items() if t is not None and not bool(torch.isfinite(t).all())]
+    if bad:
+        dtype = next(t for t in tensors.values() if t is not None).dtype
+        raise ValueError(f"layer {layer}: the {' and '.join(bad)} hold NaN or inf although every parameter is finite "
+                         f"(the activations overflow in {dtype} on these tokens); no diagnostic is defined for them")
+
+
 def _default_atol(dtype: torch.dtype) -> float:
     return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
 

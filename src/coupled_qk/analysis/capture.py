@@ -39,7 +39,7 @@ import torch
 
 from coupled_qk._checks import positive_int
 from coupled_qk.analysis import attention_stats
-from coupled_qk.analysis._validate import check_finite_parameters
+from coupled_qk.analysis._validate import check_finite_activations, check_finite_parameters
 from coupled_qk.analysis.conventions import CONVENTIONS, as_float, mean_of, order_metrics
 from coupled_qk.layers.attention import AttentionRecord
 from coupled_qk.models.registry import get_attention
@@ -214,8 +214,8 @@ def analyze_model(model, tokens: torch.Tensor, *, batch_size: int | None = None,
         TypeError: ``model`` is not a coupled_qk GPT, or ``tokens`` is not a tensor.
         ValueError: ``tokens`` is not an integer ``(B, T)`` tensor with ``B >= 1`` and ``2 <= T <=
             block_size``, ids outside the vocabulary, a bad ``batch_size`` / ``example`` /
-            ``example_tokens``; a parameter of ``model`` holding NaN or inf (named); attention maps that are
-            not causal probability maps (metrics checks).
+            ``example_tokens``; a parameter of ``model`` holding NaN or inf (named), or activations that
+            overflow (the layer named); attention maps that are not causal probability maps (metrics checks).
     """
     capture = _Capture(model, tokens, batch_size, example, example_tokens, threads)
     capture.run(model)
@@ -272,6 +272,8 @@ class _Capture:
     def consume(self, step, first_chunk: bool) -> None:
         """Add one traced block's record and output to its layer's sums."""
         i, rec, output, acc = step.layer, step.record, step.output, self.accs[step.layer]
+        check_finite_activations(i, {"block input (embeddings)": step.input if i == 0 else None,
+                                     "attention maps": rec.attn, "second maps (A2)": rec.attn2, "block output": output})
         if i == 0:
             self.input_rank["fro"] += attention_stats.rank_collapse_residual(step.input).sum().cpu()
             self.input_rank["l1inf"] += attention_stats.rank_collapse_residual(step.input, norm="l1inf").sum().cpu()
