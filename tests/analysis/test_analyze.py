@@ -455,6 +455,9 @@ def test_analyze_command(checkpoints, tmp_path, capsys):
     assert rc == 2 and "labels" in capsys.readouterr().err
     rc = main(["analyze", str(tmp_path / "nothing"), "--corpus", str(corpus), "--out-dir", str(out), "--overwrite"])
     assert rc == 2 and "no checkpoint" in capsys.readouterr().err
+    rc = main(["analyze", str(runs[0]), "--corpus", "", "--out-dir", str(tmp_path / "empty"), "--no-plots"])
+    assert rc == 2 and "corpus '' is empty (--corpus)" in capsys.readouterr().err  # was: read the cwd's *.txt
+    assert not (tmp_path / "empty").exists()
 
 
 def test_learned_positions_and_gqa_coupled():
