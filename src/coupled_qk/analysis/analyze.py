@@ -212,9 +212,8 @@ def _text_settings(corpus, text_corpus, split: str, task_options: dict, n_sequen
 def _analyze_each(inputs, text: tuple[str, str], n_sequences: int, seq_len: int, device, batch_size: int | None,
                   example: tuple[int, int], example_tokens: int, threads: int | None) -> tuple[list, list, int]:
     """:func:`analyze_model` of each ``(label, path, checkpoint, tokenizer, tokenizer folder)`` of ``inputs`` on
-    the windows of ``text`` (the text and what it is, for errors) its tokenizer gives (tokenized once per
-    tokenizer); returns the ``analysis.json``
-    entries, the example maps and the number of distinct tokenizers."""
+    the windows its tokenizer gives of ``text`` (the text and what it is, for errors; tokenized once per
+    tokenizer); returns the ``analysis.json`` entries, the example maps and the number of distinct tokenizers."""
     windows: dict[str, tuple[torch.Tensor, dict]] = {}
     entries, examples = [], []
     for label, path, ckpt, tok, tok_dir in inputs:
