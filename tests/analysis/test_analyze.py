@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from coupled_qk.analysis import attention_stats
 from coupled_qk.analysis.analyze import MAP_METRICS, analyze_checkpoints, analyze_model, token_windows
@@ -229,6 +233,39 @@ def test_input_errors():
         analyze_model(torch.nn.Linear(2, 2), tokens())
 
 
+@pytest.mark.parametrize("attention,where", [("standard", "blocks.1.attn.qkv.weight"),
+                                              ("coupled", "blocks.0.attn.qk_map.dt"),
+                                              ("differential", "blocks.1.attn.lambda_q1")])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_parameters_are_named(attention, where, value):
+    model = tiny_gpt(attention)
+    with torch.no_grad():
+        model.get_parameter(where).view(-1)[0] = value
+    with pytest.raises(ValueError, match=rf"non-finite \(NaN or inf\) parameters: {re.escape(where)} \(1 of "):
+        analyze_model(model, tokens())
+
+
+@pytest.mark.parametrize("attention", ["standard", "differential", "coupled"])
+def test_overflowing_activations_name_the_layer(attention):
+    """Finite but huge weights of layer 1's projections: the maps of layer 1 overflow, named as such (it used to
+    read 'A must be finite' with neither the layer nor the cause)."""
+    model = tiny_gpt(attention)
+    with torch.no_grad():
+        model.blocks[1].attn.qkv.weight.mul_(1e20)
+    with pytest.raises(ValueError, match=r"^layer 1: the attention maps .*hold NaN or inf although every parameter "
+                                         r"is finite \(the activations overflow in torch.float32"):
+        analyze_model(model, tokens())
+
+
+@pytest.mark.parametrize("example", [(0.7, 0), (1, 1.5), (True, 0), (0, False), ("1", 0), (1, None)])
+def test_example_must_be_ints(example):
+    """A float layer or head is refused, not truncated to another layer (0.7 used to analyse layer 0)."""
+    with pytest.raises(ValueError, match=r"example must be a \(layer, head\) pair of ints"):
+        analyze_model(tiny_gpt("standard"), tokens(), example=example)
+    res = analyze_model(tiny_gpt("standard"), tokens(), example=(np.int64(1), np.int64(-1)))
+    assert (res["example"]["layer"], res["example"]["head"]) == (1, 3)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # checkpoints end to end
 # ----------------------------------------------------------------------------------------------------------
@@ -314,6 +351,86 @@ def test_analyze_checkpoints_end_to_end(checkpoints, tmp_path):
     assert coupled["mean"]["effective_rank"] == pytest.approx(direct["mean"]["effective_rank"])
 
 
+_COUNTS = ("batch_size", "threads", "example_tokens")
+
+
+_NOT_INTS = st.one_of(st.floats(allow_nan=True), st.booleans(), st.sampled_from(["1", [1]]))
+_BAD = {name: st.one_of(st.integers(-10**6, 0), _NOT_INTS) for name in _COUNTS}
+_BAD["example_layer"] = st.one_of(st.integers(-10**6, -3), st.integers(2, 10**6), _NOT_INTS)  # 2 layers
+_BAD["example_head"] = st.one_of(st.integers(-10**6, -5), st.integers(4, 10**6), _NOT_INTS)  # 4 heads
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_checkpoint_options_checked_before_any_work(checkpoints, monkeypatch, data):
+    """Every count and example index is refused, named with its value, before any model is loaded or text read,
+    and no output folder is left behind; example_layer/example_head against the checkpoints (2 layers, 4 heads).
+    (The same monkeypatch for every example is intended: it only blocks the work.)"""
+    from coupled_qk.analysis import analyze as analyze_mod
+
+    name = data.draw(st.sampled_from(sorted(_BAD)))
+    value = data.draw(_BAD[name])
+    root, corpus, runs, _ = checkpoints
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr(analyze_mod, "_analyze_checkpoint", no_work)
+    monkeypatch.setattr(analyze_mod, "run_text_source", no_work)
+    out = root / "never"
+    with pytest.raises(ValueError, match=rf"^{name}={re.escape(repr(value))} "):
+        analyze_checkpoints(runs, str(corpus), n_sequences=1, seq_len=8, out_dir=out, **{name: value})
+    assert not out.exists()
+
+
+def test_example_index_checked_against_every_checkpoint(checkpoints, tmp_path):
+    """A layer/head that only the shallower checkpoint lacks is named with that checkpoint (it used to fail only
+    after the earlier checkpoints had been analysed, naming no option)."""
+    root, corpus, runs, tok = checkpoints
+    from coupled_qk.training.checkpoint import save_checkpoint
+
+    model = tiny_gpt("differential", vocab_size=tok.vocab_size, n_layer=1)
+    save_checkpoint(tmp_path / "shallow", model.state_dict(), model.config, None, {"step": 1})
+    tok.save(tmp_path / "shallow" / "tokenizer")
+    for option, value, what in (("example_layer", 1, "1 layers"), ("example_head", 3, "2 attention-map heads"),
+                                ("example_head", -3, "2 attention-map heads")):
+        with pytest.raises(ValueError, match=rf"{option}={value} \(--{option.replace('_', '-')}\) is out of range: "
+                                             rf"checkpoint {re.escape(str(tmp_path / 'shallow'))}.* has {what}"):
+            analyze_checkpoints([runs[0], tmp_path / "shallow"], str(corpus), n_sequences=1, seq_len=8,
+                                out_dir=tmp_path / "out", make_plots=False, **{option: value})
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_too_short_names_the_split_and_leaves_nothing(checkpoints, tmp_path):
+    _, corpus, runs, tok = checkpoints
+    with pytest.raises(ValueError, match=rf"the valid split of corpus {re.escape(repr(str(corpus)))} is too short "
+                                         rf"for tokenizer {tok.name}: the text has only \d+ tokens.* need 1600"):
+        analyze_checkpoints(runs, str(corpus), n_sequences=100, seq_len=16, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing written, not even the folder
+
+
+def test_report_states_what_it_was_computed_on_and_repeats_exactly(checkpoints, tmp_path, monkeypatch):
+    """Run from another folder with relative paths: analysis.json names the checkpoints absolutely, summary.md the
+    corpus, split, random-split seed, windows and checkpoints; a second run gives identical numbers."""
+    root, corpus, runs, _ = checkpoints
+    monkeypatch.chdir(root)
+    reports = []
+    for out in ("rep1", "rep2"):
+        analyze_checkpoints([runs[0].name, runs[1].name], corpus.name, n_sequences=2, seq_len=8,
+                            out_dir=tmp_path / out, make_plots=False, split_seed=3)
+        reports.append(json.loads((tmp_path / out / "analysis.json").read_text()))
+    for entry, run in zip(reports[0]["checkpoints"], runs):
+        assert entry["checkpoint"] == str(sorted(run.resolve().glob("ckpt-*"))[-1])
+        assert entry["run_dir"] == str(run.resolve()) and entry["path"] == run.name
+    summary = (tmp_path / "rep1" / "summary.md").read_text()
+    assert "split `valid` (documents split at random with seed 3): 2 sequences x 8 tokens" in summary
+    assert all(f"`{e['checkpoint']}`" in summary for e in reports[0]["checkpoints"])
+    for report in reports:
+        for entry in report["checkpoints"]:
+            entry.pop("seconds")
+    assert reports[0] == reports[1]
+
+
 def test_analyze_command(checkpoints, tmp_path, capsys):
     from coupled_qk.cli import main
 
@@ -338,6 +455,9 @@ def test_analyze_command(checkpoints, tmp_path, capsys):
     assert rc == 2 and "labels" in capsys.readouterr().err
     rc = main(["analyze", str(tmp_path / "nothing"), "--corpus", str(corpus), "--out-dir", str(out), "--overwrite"])
     assert rc == 2 and "no checkpoint" in capsys.readouterr().err
+    rc = main(["analyze", str(runs[0]), "--corpus", "", "--out-dir", str(tmp_path / "empty"), "--no-plots"])
+    assert rc == 2 and "corpus '' is empty (--corpus)" in capsys.readouterr().err  # was: read the cwd's *.txt
+    assert not (tmp_path / "empty").exists()
 
 
 def test_learned_positions_and_gqa_coupled():

@@ -205,6 +205,20 @@ def test_unknown_name_lists_known(tmp_path):
     assert all(k in str(e.value) for k in KNOWN_CORPORA)
 
 
+@pytest.mark.parametrize("name", ["", " ", "\t\n"])
+def test_empty_corpus_name_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, name):
+    """Path('') is '.': an empty --corpus used to read every *.txt below the current folder as the corpus
+    (``analyze --corpus ''``, ``train --corpus ''``)."""
+    from coupled_qk.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("\n\n".join(f"document {i} with a few words" for i in range(40)))
+    with pytest.raises(ValueError, match=r"corpus .* is empty \(--corpus\); expected a corpus name"):
+        load_corpus(name)
+    assert main(["train", "--corpus", name, "--out-dir", str(tmp_path / "run"), "--max-steps", "1"]) == 2
+    assert not (tmp_path / "run").exists()  # analyze: tests/analysis/test_analyze.py::test_analyze_command
+
+
 def test_missing_file_message(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
         load_corpus("pubmed", tmp_path)

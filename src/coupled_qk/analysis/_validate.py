@@ -26,6 +26,27 @@ def to_f64(x: torch.Tensor, name: str) -> torch.Tensor:
     return x64
 
 
+def check_finite_parameters(model, name: str = "model") -> None:
+    """``ValueError`` naming the parameters of ``model`` (an ``nn.Module``) that hold NaN or inf, the first five
+    and their count: its attention maps would be non-finite, and no diagnostic of them is defined."""
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ValueError(f"{name} has non-finite (NaN or inf) parameters: {shown} ({len(bad)} of "
+                         f"{sum(1 for _ in model.parameters())}); its attention maps are undefined, analyse a "
+                         "model (checkpoint) with finite weights")
+
+
+def check_finite_activations(layer: int, tensors: dict) -> None:
+    """``ValueError`` naming layer ``layer`` and which of ``tensors`` (name -> tensor or ``None``) hold NaN or inf;
+    called once the parameters are known finite, so the activations overflowed (no diagnostic is defined)."""
+    bad = [name for name, t in tensors.items() if t is not None and not bool(torch.isfinite(t).all())]
+    if bad:
+        dtype = next(t for t in tensors.values() if t is not None).dtype
+        raise ValueError(f"layer {layer}: the {' and '.join(bad)} hold NaN or inf although every parameter is finite "
+                         f"(the activations overflow in {dtype} on these tokens); no diagnostic is defined for them")
+
+
 def _default_atol(dtype: torch.dtype) -> float:
     return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
 

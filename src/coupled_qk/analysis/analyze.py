@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from coupled_qk._checks import positive_int
 from coupled_qk.analysis.capture import analyze_model, token_windows
 from coupled_qk.analysis.conventions import CONVENTIONS, MAP_METRICS
 from coupled_qk.analysis.report import dumps, summary_markdown
@@ -151,8 +152,11 @@ def analyze_checkpoints(
         The dict written to ``analysis.json`` plus ``"files"`` (paths of everything written).
 
     Raises:
-        ValueError: no paths, label count mismatch, bad ``split`` / ``n_sequences`` / ``seq_len``, a text with
-            too few tokens, a tokenizer whose ids exceed a model's vocabulary.
+        ValueError: no paths, label count mismatch, bad ``split`` / ``n_sequences`` / ``seq_len`` /
+            ``batch_size`` / ``threads`` / ``example_tokens``, an ``example_layer`` / ``example_head`` that some
+            checkpoint lacks (all checked before any model is loaded), a split with too few tokens (named), a
+            tokenizer whose ids exceed a model's vocabulary, a checkpoint with non-finite weights. A failed
+            analysis writes nothing (not even an empty ``out_dir``).
         FileNotFoundError: a checkpoint, tokenizer or corpus file is missing.
     """
     from coupled_qk.outputs import as_output_dir
@@ -162,8 +166,11 @@ def analyze_checkpoints(
     # --overwrite, is refused here (docs/RELIABILITY.md, "Outputs")
     out = as_output_dir(out_dir, "out_dir", layout=ANALYSIS_LAYOUT, what="analyze")
     out.claim_existing()
+    for name, value in (("batch_size", batch_size), ("threads", threads), ("example_tokens", example_tokens)):
+        if value is not None:  # checked before any model is loaded, as is everything _checked_inputs checks
+            positive_int(name, value)
     paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer = _checked_inputs(
-        paths, split, n_sequences, seq_len, labels, example_layer)
+        paths, split, n_sequences, seq_len, labels, example_layer, example_head)
     own_text = corpus is None and split_seed is None
     corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
     # the runs' own saved split options are read back as they ran (a warning if unused); --split-seed is checked
@@ -171,8 +178,8 @@ def analyze_checkpoints(
                    else run_corpus(corpus, data_dir, task_options, saved=split_seed is None))
     if own_text:
         _warn_changed_text(ckpts, text_corpus, split)
-    text = text_corpus.split(split)
-    out.path.mkdir(parents=True, exist_ok=True)
+    text = (text_corpus.split(split), f"the {split} split of corpus {str(corpus)!r}")
+    # the folder is created by the first write: an analysis that fails leaves no empty folder behind
     entries, examples, n_tokenizers = _analyze_each(
         zip(labels, paths, ckpts, tokenizers, tok_dirs), text, n_sequences, seq_len, device, batch_size,
         (example_layer, example_head), example_tokens, threads)
@@ -202,24 +209,24 @@ def _text_settings(corpus, text_corpus, split: str, task_options: dict, n_sequen
     }
 
 
-def _analyze_each(inputs, text: str, n_sequences: int, seq_len: int, device, batch_size: int | None,
+def _analyze_each(inputs, text: tuple[str, str], n_sequences: int, seq_len: int, device, batch_size: int | None,
                   example: tuple[int, int], example_tokens: int, threads: int | None) -> tuple[list, list, int]:
     """:func:`analyze_model` of each ``(label, path, checkpoint, tokenizer, tokenizer folder)`` of ``inputs`` on
-    the windows of ``text`` its tokenizer gives (tokenized once per tokenizer); returns the ``analysis.json``
-    entries, the example maps and the number of distinct tokenizers."""
+    the windows its tokenizer gives of ``text`` (the text and what it is, for errors; tokenized once per
+    tokenizer); returns the ``analysis.json`` entries, the example maps and the number of distinct tokenizers."""
     windows: dict[str, tuple[torch.Tensor, dict]] = {}
     entries, examples = [], []
     for label, path, ckpt, tok, tok_dir in inputs:
         if tok.fingerprint not in windows:
-            windows[tok.fingerprint] = _windows_of(text, tok, n_sequences, seq_len)
+            windows[tok.fingerprint] = _windows_of(*text, tok, n_sequences, seq_len)
         ids, text_info = windows[tok.fingerprint]
         entry, example_map = _analyze_checkpoint(ckpt, ids, device, batch_size, example, example_tokens, threads)
         examples.append(example_map)
         entries.append({
             "label": label,
             "path": str(path),
-            "checkpoint": str(ckpt),
-            "run_dir": str(ckpt.parent),
+            "checkpoint": str(ckpt.resolve()),  # absolute: the report names what it was computed on from anywhere
+            "run_dir": str(ckpt.parent.resolve()),
             "state": entry["state"],
             "tokenizer": {"path": str(tok_dir), "name": tok.name, "fingerprint": tok.fingerprint,
                           "vocab_size": tok.vocab_size},
@@ -230,7 +237,7 @@ def _analyze_each(inputs, text: str, n_sequences: int, seq_len: int, device, bat
     return entries, examples, len(windows)
 
 
-def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer):
+def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer, example_head):
     """The paths (as a list), checkpoints, labels, tokenizers (and their folders), window length and example layer
     of :func:`analyze_checkpoints`, every argument checked (its ``ValueError`` / ``FileNotFoundError``)."""
     from coupled_qk.data.corpora import SPLITS
@@ -273,12 +280,34 @@ def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer):
                              f"{cfg.vocab_size}")
     if example_layer is None:
         example_layer = min(c.n_layer for c in configs) // 2
+    _check_example(example_layer, example_head, configs, ckpts)
     return paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer
 
 
-def _windows_of(text: str, tok, n_sequences: int, seq_len: int) -> tuple[torch.Tensor, dict]:
-    """The token windows of ``text`` for ``tok`` (:func:`token_windows`) and what they cover."""
-    ids = token_windows(text, tok, n_sequences, seq_len)
+def _check_example(example_layer, example_head, configs, ckpts) -> None:
+    """``ValueError`` unless ``example_layer`` / ``example_head`` are ints indexing a layer / an attention-map head
+    of every checkpoint (negative: from the end), naming the option, its value and a checkpoint lacking it."""
+    from coupled_qk.models.registry import get_attention
+
+    map_heads = [c.n_heads // get_attention(c.attention).head_group for c in configs]
+    for name, value, sizes, what in (("example_layer", example_layer, [c.n_layer for c in configs], "layers"),
+                                     ("example_head", example_head, map_heads, "attention-map heads")):
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}={value!r} ({flag}) must be an int")
+        i = min(range(len(sizes)), key=sizes.__getitem__)
+        if not -sizes[i] <= value < sizes[i]:
+            raise ValueError(f"{name}={value} ({flag}) is out of range: checkpoint {ckpts[i]} has {sizes[i]} "
+                             f"{what} (0 .. {sizes[i] - 1}, or negative from the end)")
+
+
+def _windows_of(text: str, source: str, tok, n_sequences: int, seq_len: int) -> tuple[torch.Tensor, dict]:
+    """The token windows of ``text`` for ``tok`` (:func:`token_windows`) and what they cover; a text too short
+    is a ``ValueError`` naming ``source`` (what the text is), the tokenizer and the token counts."""
+    try:
+        ids = token_windows(text, tok, n_sequences, seq_len)
+    except ValueError as err:
+        raise ValueError(f"{source} is too short for tokenizer {tok.name}: {err}") from None
     covered = len(tok.decode(ids.flatten().tolist()))
     digest = hashlib.sha256(ids.numpy().astype("<i8").tobytes()).hexdigest()
     return ids, {"tokens": int(ids.numel()), "chars_covered": covered, "token_sha256": digest}

@@ -29,6 +29,7 @@ per-layer values are means over heads, model values are means over layers.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -38,6 +39,7 @@ import torch
 
 from coupled_qk._checks import positive_int
 from coupled_qk.analysis import attention_stats
+from coupled_qk.analysis._validate import check_finite_activations, check_finite_parameters
 from coupled_qk.analysis.conventions import CONVENTIONS, as_float, mean_of, order_metrics
 from coupled_qk.layers.attention import AttentionRecord
 from coupled_qk.models.registry import get_attention
@@ -133,8 +135,10 @@ def _accumulate_qk(acc: _LayerAccumulator, rec: AttentionRecord) -> None:
 def _resolve_example(example, n_layer: int, n_map_heads: int) -> tuple[int, int] | None:
     if example is None:
         return None
-    try:
-        layer, head = (int(v) for v in example)
+    try:  # operator.index: ints only (a float such as 0.7 is refused, not truncated), bools refused below
+        layer, head = (operator.index(v) for v in example)
+        if any(isinstance(v, bool) for v in example):
+            raise TypeError
     except (TypeError, ValueError):
         raise ValueError(f"example must be a (layer, head) pair of ints or None; got {example!r}") from None
     if not -n_layer <= layer < n_layer:
@@ -210,7 +214,8 @@ def analyze_model(model, tokens: torch.Tensor, *, batch_size: int | None = None,
         TypeError: ``model`` is not a coupled_qk GPT, or ``tokens`` is not a tensor.
         ValueError: ``tokens`` is not an integer ``(B, T)`` tensor with ``B >= 1`` and ``2 <= T <=
             block_size``, ids outside the vocabulary, a bad ``batch_size`` / ``example`` /
-            ``example_tokens``; attention maps that are not causal probability maps (metrics checks).
+            ``example_tokens``; a parameter of ``model`` holding NaN or inf (named), or activations that
+            overflow (the layer named); attention maps that are not causal probability maps (metrics checks).
     """
     capture = _Capture(model, tokens, batch_size, example, example_tokens, threads)
     capture.run(model)
@@ -225,6 +230,7 @@ class _Capture:
         n_layer = len(_attention_layers(model))
         self.config = config = model.config
         tokens = _check_tokens(tokens, config)
+        check_finite_parameters(model)
         self.B, self.T = tokens.shape
         self.batch_size = self.B if batch_size is None else batch_size
         positive_int("batch_size", self.batch_size)
@@ -266,6 +272,8 @@ class _Capture:
     def consume(self, step, first_chunk: bool) -> None:
         """Add one traced block's record and output to its layer's sums."""
         i, rec, output, acc = step.layer, step.record, step.output, self.accs[step.layer]
+        check_finite_activations(i, {"block input (embeddings)": step.input if i == 0 else None,
+                                     "attention maps": rec.attn, "second maps (A2)": rec.attn2, "block output": output})
         if i == 0:
             self.input_rank["fro"] += attention_stats.rank_collapse_residual(step.input).sum().cpu()
             self.input_rank["l1inf"] += attention_stats.rank_collapse_residual(step.input, norm="l1inf").sum().cpu()

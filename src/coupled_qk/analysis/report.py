@@ -71,10 +71,12 @@ def summary_markdown(report: dict) -> str:
     """
     entries = report["checkpoints"]
     labels = [e["label"] for e in entries]
+    source = report.get("corpus_source") or {}
+    seed = f" (documents split at random with seed {source['seed']})" if source.get("seed") is not None else ""
     lines = [
         "# Attention diagnostics",
         "",
-        f"Corpus `{report['corpus']}`, split `{report['split']}`: {report['n_sequences']} sequences x "
+        f"Corpus `{report['corpus']}`, split `{report['split']}`{seed}: {report['n_sequences']} sequences x "
         f"{report['seq_len']} tokens, the first non-overlapping windows from the start of the split.",
         "",
     ]

@@ -140,12 +140,12 @@ def _absolute_paths(data: dict) -> None:
     ``analyze`` and resumes started from another folder find the same text."""
     from coupled_qk.data.corpora import KNOWN_CORPORA
 
-    corpus = data.get("corpus")
-    if isinstance(corpus, str) and corpus not in KNOWN_CORPORA and not corpus.startswith("hf:"):
+    corpus = data.get("corpus")  # an empty one is left as it is, for preflight's error ('' would resolve to the cwd)
+    if isinstance(corpus, str) and corpus.strip() and corpus not in KNOWN_CORPORA and not corpus.startswith("hf:"):
         path = Path(corpus).expanduser()
         if path.exists() and not path.is_absolute():
             data["corpus"] = str(path.resolve())
-    if isinstance(data.get("data_dir"), str) and Path(data["data_dir"]).expanduser().is_dir():
+    if isinstance(data.get("data_dir"), str) and data["data_dir"].strip() and Path(data["data_dir"]).expanduser().is_dir():
         data["data_dir"] = str(Path(data["data_dir"]).expanduser().resolve())
 
 

@@ -279,7 +279,7 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
     Raises:
         FileNotFoundError: a required file is missing (names corpus, file, data dir, ``--data-dir`` and
             ``COUPLED_QK_DATA``), or no data dir can be found.
-        ValueError: unknown name that is not an existing path (lists :data:`KNOWN_CORPORA`); a file that is
+        ValueError: an empty name; unknown name that is not an existing path (lists :data:`KNOWN_CORPORA`); a file that is
             not UTF-8; bad seed/fractions; an empty split; too few documents; a split option at a non-default
             value for a corpus with fixed splits (naming the option, the value and the corpus).
     """
@@ -297,6 +297,9 @@ def _load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: in
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"name_or_path must be a str or Path, got {type(name_or_path).__name__}")
     name = str(name_or_path)
+    if not name.strip():  # Path("") is the current folder: every *.txt below it would be read as the corpus
+        raise ValueError(f"corpus {name!r} is empty (--corpus); expected a corpus name ({', '.join(KNOWN_CORPORA)}) "
+                         "or the path of a text file or folder ('.' for the current folder)")
     if name.startswith("hf:"):  # Hugging Face datasets (optional; see coupled_qk.data.hub)
         from coupled_qk.data.hub import load_hub_corpus
 
