@@ -4,6 +4,7 @@ and :func:`parse_overrides`, the typed parser of ``FIELD=VALUE`` overrides."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import types
@@ -101,7 +102,9 @@ class JSONConfig(CheckedAssignment):
         names = {f.name for f in dataclasses.fields(cls)} | set(cls.extra_names())
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
+            hints = [f"{k!r}: {m[0]!r}" for k in unknown if (m := difflib.get_close_matches(k, sorted(names), 1))]
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
+                             f"valid fields: {sorted(names)}")
         return cls(**data)
 
     def save(self, path: str | Path) -> None:
