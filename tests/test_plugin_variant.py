@@ -351,3 +351,31 @@ def test_a_broken_plugin_is_a_one_line_error_of_every_command(tmp_path, monkeypa
     assert "No module named 'no_such_module_xyz'" in err and "distribution 'broken-plugin'" in err
     with registry.isolated(), pytest.raises(registry.PluginError, match="broken = 'no_such_module_xyz:register'"):
         registry.attention_names()  # Python callers get the exception (a RuntimeError)
+
+
+def test_a_config_saved_with_a_plugin_attention_names_the_plugin_where_it_is_missing(tmp_path, monkeypatch):
+    """``eval``/``export`` of a run trained with a plugin after the plugin was uninstalled said only "unknown
+    attention": the saved configs (``model_config.json``, an export's ``config.json``) record the registering
+    module and distribution, and the error names them; an unknown ``--set`` option says where options come from."""
+    from coupled_qk.hf.configuration import CoupledQKConfig
+
+    with monkeypatch.context() as m:
+        m.syspath_prepend(str(PLUGIN))
+        with registry.isolated():
+            cfg = GPTConfig(attention="drift", gain=2.0, **SMALL)
+            cfg.save(tmp_path / "model_config.json")
+            CoupledQKConfig.from_gpt_config(cfg).save_pretrained(tmp_path / "hf")
+            assert GPTConfig.load(tmp_path / "model_config.json") == cfg  # loads where the plugin is installed
+            GPTConfig(**SMALL).save(tmp_path / "builtin.json")
+        sys.modules.pop("coupled_qk_drift", None)
+    recorded = [{"attention": "drift", "module": "coupled_qk_drift", "distribution": "coupled-qk-drift"}]
+    assert json.loads((tmp_path / "model_config.json").read_text())["registered_by"] == recorded
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["registered_by"] == recorded
+    assert "registered_by" not in json.loads((tmp_path / "builtin.json").read_text())
+    said = r"attention 'drift' as registered by module 'coupled_qk_drift' \(distribution 'coupled-qk-drift'\)"
+    with pytest.raises(ValueError, match=rf"model_config.json: GPTConfig.attention='drift' is unknown.*{said}"):
+        GPTConfig.load(tmp_path / "model_config.json")
+    with pytest.raises(ValueError, match=said):
+        CoupledQKConfig.from_pretrained(tmp_path / "hf")
+    with pytest.raises(ValueError, match=r"--set gain=2: unknown GPTConfig field.*another package's attention"):
+        parse_overrides(["gain=2"])

@@ -118,3 +118,32 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
 def write_text_atomic(path: str | Path, text: str) -> None:
     """:func:`atomic_write` of UTF-8 ``text``."""
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def unknown_keys(data: dict, known, where, what: str, *, error: bool) -> list[str]:
+    """The keys of ``data`` (a dict read from the file ``where``) outside ``known``, each named with its close
+    match (``difflib``; ``'lerning_rate' (did you mean 'learning_rate'?)``): a ``ValueError`` with ``error``
+    (files a user edits, whose unknown key would silently take no effect), else one ``UserWarning`` (files the
+    project writes itself, which a later version may extend: the keys are ignored). ``what`` names the file's
+    kind in the message (``"TrainConfig"``, ``"checkpoint state"``).
+
+    Returns:
+        The unknown keys, sorted (``[]``: nothing said).
+
+    Raises:
+        ValueError: with ``error``, one line naming ``where``, each unknown key, its close match and the known keys.
+    """
+    import difflib
+    import warnings
+
+    known = sorted(known)
+    unknown = sorted(k for k in data if k not in known)
+    if unknown:
+        named = ", ".join(repr(k) + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(k, known, 1))
+                          for k in unknown)
+        if error:
+            raise ValueError(f"{where}: unknown {what} key(s) {named}; expected keys among {known} (was the file "
+                             "edited by hand?)")
+        warnings.warn(f"{where}: unknown {what} key(s) {named}, ignored (written by a newer coupled-qk, or edited by "
+                      "hand?)", UserWarning, stacklevel=3)
+    return unknown

@@ -453,3 +453,25 @@ def test_claims_variants_refuse_another_name_of_a_cells_own_variant():
     with pytest.raises(ValueError, match=r"'coupled\+n_steps=2' and 'coupled\+n_steps=2.0' are the same model"):
         smoke.with_variants(["coupled+n_steps=2", "coupled+n_steps=2.0"])
     assert smoke.with_variants(["coupled+n_steps=2"]).extra_variants == ("coupled+n_steps=2",)
+
+
+def test_a_record_made_in_another_precision_is_not_reused(tmp_path, monkeypatch):
+    """A claims record names the precision its run trained in; a plan that would train in another one here
+    (compile on a CPU with native bf16, faked) trains it again instead of mixing fp32 and bf16 records."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from coupled_qk.experiments.claims.runs import load_record, settings_of, train_config
+    from coupled_qk.training import distributed
+
+    cell = get_protocol("cpu-short").cell("wv-tiny")
+    cfg = dataclasses.replace(train_config(cell, "coupled", 1, Path("runs/x"), Path("data")), device="cpu",
+                              compile=True)
+    path = tmp_path / "seed1.json"
+    path.write_text(json.dumps({"config": settings_of(cfg), "precision": "fp32"}))
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
+    assert load_record(path, cfg) is not None  # a CPU without native bf16: compiled runs train in fp32 too
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
+    assert load_record(path, cfg) is None
+    assert load_record(path, dataclasses.replace(cfg, compile=False)) is not None

@@ -233,3 +233,39 @@ def test_a_resumed_run_is_announced_with_its_step(tmp_path):
     [record] = execute([PlannedRun(cfg, "r")], train_fn=train, log=lines.append)
     assert train.calls[0].resume is True and record.config.resume is True
     assert lines == [f"== r -> {tmp_path / 'r'} (resuming from its checkpoint at step 21)"]
+
+
+def test_a_finished_run_in_another_precision_is_refused_naming_both(tmp_path, monkeypatch):
+    """dtype auto resolves by machine and --compile (both result-neutral settings): a run trained in fp32 is not
+    reused by a plan that would train in bf16 (a compiled run on a CPU with native bf16, faked here)."""
+    from coupled_qk.training import distributed
+
+    class PrecisionTrain(FakeTrain):
+        def __call__(self, cfg):
+            results = super().__call__(cfg)
+            results["precision"] = distributed.planned_precision(cfg.device, cfg.dtype, cfg.compile)
+            RunDir(cfg.out_dir).write_results(results)
+            return results
+
+    train = PrecisionTrain()
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
+    plan = [PlannedRun(_cfg(tmp_path, "a", device="cpu"), "a")]
+    execute(plan, train_fn=train, log=lambda m: None)
+    assert RunDir(tmp_path / "a").read_results()["precision"] == "fp32"
+    compiled = [PlannedRun(dataclasses.replace(plan[0].config, compile=True), "a")]
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
+    assert [r.status for r in execute(compiled, train_fn=train, log=lambda m: None)] == ["reused"]  # no native bf16
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
+    with pytest.raises(ValueError, match=r"trained in fp32 .*this plan trains in bf16 .*compile=True.*the run had "
+                                         r"compile=False"):
+        execute(compiled, train_fn=train, log=lambda m: None)
+    assert len(train.calls) == 1
+    assert [r.status for r in execute(plan, train_fn=train, log=lambda m: None)] == ["reused"]  # eager: fp32
+
+
+def test_results_record_the_precision_and_old_results_fall_back_to_the_dtype():
+    from coupled_qk.experiments.runner import recorded_precision
+
+    assert recorded_precision({"precision": "bf16", "config": {"dtype": "auto"}}) == "bf16"
+    assert recorded_precision({"config": {"dtype": "fp16"}}) == "fp16"
+    assert recorded_precision({"config": {"dtype": "auto"}}) is None

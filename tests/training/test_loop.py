@@ -123,6 +123,7 @@ def test_results_and_logs(tiny_cfg, tmp_path):
     run = Path(res["config"]["out_dir"])
     saved = json.loads((run / "results.json").read_text())
     assert saved["final"]["test/perplexity"] == res["final"]["test/perplexity"]
+    assert saved["precision"] == "fp32"  # the autocast precision it trained in (the experiment runner compares it)
     assert (run / "config.json").is_file() and (run / "tokenizer" / "tokenizer.json").is_file()
     records = read_metrics(run)
     assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 9))

@@ -223,3 +223,67 @@ def test_resume_without_data_json_says_the_data_is_not_checked(tiny_cfg, tiny_co
     (tiny_corpus / "test.txt").write_text((tiny_corpus / "test.txt").read_text() + "\n\nzebra quokka zebra\n")
     with pytest.warns(UserWarning, match=rf"{run.data_path} is missing: this resume cannot check that the data"):
         assert train(tiny_cfg(max_steps=3, resume=True))["steps"] == 3
+
+
+def test_an_unknown_key_of_a_run_config_json_is_refused_by_every_reader_naming_its_close_match(finished_run, tmp_path,
+                                                                                              capsys):
+    """A hand-edited ``config.json`` with a typo (``"seeed"``) took no effect without a word; every reader
+    (``eval``, ``analyze``, ``generate``, ``--resume``) now names the file, the key and its close match."""
+    import shutil
+
+    from coupled_qk.cli import main
+
+    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    run.config_path.write_text(json.dumps({**run.read_config(), "seeed": 3}))
+    for args in (["eval", str(run.path)], ["analyze", str(run.path), "--out-dir", str(tmp_path / "an")],
+                 ["generate", str(run.path), "--max-new-tokens", "1"],
+                 ["train", "--out-dir", str(run.path), "--resume", "--max-steps", "2"]):
+        capsys.readouterr()
+        assert main(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert any(f"{run.config_path}: unknown TrainConfig key(s) 'seeed' (did you mean 'seed'?)" in line
+                   for line in err), (args, err)
+
+
+def test_unknown_keys_of_the_files_the_project_writes_are_warnings_naming_the_close_match(finished_run, tmp_path):
+    """results.json, state.json and data.json are the project's own files, which a later version may extend:
+    an unknown key is a warning naming it (and its close match), and the file is still read."""
+    import shutil
+
+    from coupled_qk.training.checkpoint_load import read_state
+
+    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    results = run.read_results()
+    run.results_path.write_text(json.dumps({**results, "finall": {}, "config": {**results["config"], "lrr": 1}}))
+    with pytest.warns(UserWarning) as caught:
+        assert run.read_results()["final"] == results["final"]
+    said = [str(w.message) for w in caught]
+    assert any("unknown results key(s) 'finall' (did you mean 'final'?), ignored" in m for m in said), said
+    assert any("unknown config key(s) 'lrr' (did you mean 'lr'?)" in m for m in said), said
+    state_path = run.latest_checkpoint() / "state.json"
+    state_path.write_text(json.dumps({**json.loads(state_path.read_text()), "tokenz": 1}))
+    with pytest.warns(UserWarning, match=r"state.json: unknown checkpoint state key\(s\) 'tokenz' \(did you mean "
+                                         r"'tokens'\?\)"):
+        assert read_state(run.latest_checkpoint())["step"] == 1
+
+    class Task:
+        data_identity = ("tokens",)
+
+        def describe(self):
+            return {"tokens": {"train": 5}, "vocab_size": 300}
+
+    run.data_path.write_text(json.dumps({"tokens": {"train": 5}, "vocab_sise": 300}))
+    with pytest.warns(UserWarning, match=r"data.json: unknown data description key\(s\) 'vocab_sise' \(did you "
+                                         r"mean 'vocab_size'\?\)"):
+        run.check_data(Task())
+
+
+def test_unknown_task_options_and_config_fields_name_their_close_match():
+    from coupled_qk.models.config import GPTConfig
+    from coupled_qk.training.tasks import check_task_options
+
+    with pytest.raises(ValueError, match=r"unknown MQAR task_options \['train_slice'\] \(did you mean "
+                                         r"\[\"'train_slice': 'train_slices'\"\]\?\)"):
+        check_task_options("mqar", {"train_slice": "64:4", "test_slices": "64:4"})
+    with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) \['n_layers'\] \(did you mean"):
+        GPTConfig.from_dict({"n_layers": 2})

@@ -45,6 +45,8 @@ __all__ = [
     "Report",
     "RunRecord",
     "check_reusable",
+    "check_same_precision",
+    "recorded_precision",
     "execute",
     "run_experiment",
     "setting_differences",
@@ -172,6 +174,39 @@ def check_reusable(saved: dict, planned: TrainConfig, where: str | Path) -> None
         )
 
 
+def recorded_precision(results: dict) -> str | None:
+    """The autocast precision a finished run trained in: ``results["precision"]`` (``"fp32"``, ``"bf16"``,
+    ``"fp16"``), or for results written before it was recorded the config's explicit ``dtype``; ``None`` when
+    unknown (an older run with ``dtype="auto"``)."""
+    saved = (results or {}).get("precision")
+    dtype = ((results or {}).get("config") or {}).get("dtype", "auto")
+    return saved if saved is not None else (dtype if dtype != "auto" else None)
+
+
+def check_same_precision(results: dict, planned: TrainConfig, where: str | Path) -> None:
+    """Refuse reusing the finished run in ``where`` (its ``results``) when it trained in another autocast
+    precision than ``planned`` would on this machine (``dtype``, ``device`` and ``compile`` are result-neutral
+    as settings, but ``--dtype auto`` resolves by device and, on a CPU with native bf16, by ``--compile``): a
+    study would mix fp32 and bf16 cells without a word. Refused rather than retrained: the folder's checkpoints
+    and results are the user's, and the run's own ``--compile``/``--device`` reuse them. A run whose precision is unknown
+    (:func:`recorded_precision`) is not compared.
+
+    Raises:
+        ValueError: naming the folder and both precisions.
+    """
+    from coupled_qk.training.distributed import planned_precision
+
+    saved = recorded_precision(results)
+    now = planned_precision(planned.device, planned.dtype, planned.compile) if saved is not None else None
+    if saved is not None and saved != now:
+        then = results.get("config") or {}
+        raise ValueError(
+            f"{where} holds a finished run trained in {saved} (its results.json), but this plan trains in {now} "
+            f"(dtype {planned.dtype!r}, compile={planned.compile}, device {planned.device!r}; the run had compile="
+            f"{then.get('compile')}, device {results.get('device', then.get('device'))!r}): the results would mix "
+            f"precisions; rerun with the run's --compile/--device, or choose another --out-dir")
+
+
 def execute(
     plan: Sequence[PlannedRun],
     train_fn: Callable[[TrainConfig], dict] | None = None,
@@ -197,8 +232,8 @@ def execute(
         One :class:`RunRecord` per planned run, in plan order.
 
     Raises:
-        ValueError: duplicate run folders, ``max_minutes`` <= 0, a finished run with other settings (before
-            anything after it runs), or any error of the training function.
+        ValueError: duplicate run folders, ``max_minutes`` <= 0, a finished run with other settings or in another
+            precision (before anything after it runs), or any error of the training function.
     """
     if max_minutes is not None and not max_minutes > 0:
         raise ValueError(f"max_minutes={max_minutes!r} must be > 0")
@@ -233,12 +268,14 @@ def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     so the run counts as unfinished until it stops again).
 
     Raises:
-        ValueError: results made with other settings (:func:`check_reusable`).
+        ValueError: results made with other settings (:func:`check_reusable`) or in another precision
+            (:func:`check_same_precision`).
     """
     if not rundir.is_finished():
         return None
     results = rundir.read_results()
     check_reusable(results.get("config", {}), run.config, rundir.path)
+    check_same_precision(results, run.config, rundir.path)
     if _continues(results, run.config, rundir):
         if log is not None:
             log(f"== {run.label}: continuing the run in {rundir.path}, stopped at step {results.get('steps')} by "

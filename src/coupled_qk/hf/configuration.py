@@ -19,6 +19,8 @@ from transformers import PretrainedConfig
 
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.field_rules import loading_saved
+from coupled_qk.models.provenance import KEY as PROVENANCE_KEY
+from coupled_qk.models.provenance import naming_providers, providers
 
 GPT_FIELDS = tuple(f.name for f in dataclasses.fields(GPTConfig))
 """Names of the ``GPTConfig`` fields (stored in ``config.json``)."""
@@ -156,7 +158,10 @@ class CoupledQKConfig(PretrainedConfig):
         if legacy:
             fields = GPTConfig.upgrade(fields, "config.json")
         _refuse_near_misses(kwargs)
-        gpt = GPTConfig.from_dict(fields)
+        with naming_providers(kwargs.get(PROVENANCE_KEY)):  # a plugin's attention where it is not installed
+            gpt = GPTConfig.from_dict(fields)
+        if providers(gpt.attention):  # saved in config.json, for that error where the plugin is missing
+            kwargs[PROVENANCE_KEY] = providers(gpt.attention)
         _check_tied(kwargs.setdefault("tie_word_embeddings", True))
         use_cache = _check_flag("use_cache", kwargs.pop("use_cache", True)) or bool(legacy)  # old: could not cache
         super().__init__(**kwargs)

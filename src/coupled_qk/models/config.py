@@ -4,6 +4,7 @@ and :func:`parse_overrides`, the typed parser of ``FIELD=VALUE`` overrides."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import types
@@ -27,6 +28,7 @@ from coupled_qk.layers.attention import MAP_POSITIONS
 from coupled_qk.models.contracts import RESERVED_OPTION_NAMES
 from coupled_qk.models.field_rules import READ_WHEN, check_unread_fields, loading_saved
 from coupled_qk.models.options import MapOptions
+from coupled_qk.models.provenance import OPTION_HINT, naming_providers, saved_dict
 from coupled_qk.models.registry import (
     LEGACY_DEFAULTS,
     OPTION_ALIASES,
@@ -101,14 +103,16 @@ class JSONConfig(CheckedAssignment):
         names = {f.name for f in dataclasses.fields(cls)} | set(cls.extra_names())
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields: {sorted(names)}")
+            hints = [f"{k!r}: {m[0]!r}" for k in unknown if (m := difflib.get_close_matches(k, sorted(names), 1))]
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
+                             f"valid fields: {sorted(names)}")
         return cls(**data)
 
     def save(self, path: str | Path) -> None:
         """Write the config as JSON."""
         from coupled_qk.io import write_text_atomic
 
-        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        write_text_atomic(path, json.dumps(saved_dict(self), indent=2, sort_keys=True))  # a plugin's package too
 
     @classmethod
     def load(cls, path: str | Path):
@@ -307,7 +311,7 @@ class GPTConfig(JSONConfig):
     def load(cls, path: str | Path) -> GPTConfig:
         """Read a config written by :meth:`save`; a field that its settings do not read, at a non-default
         value (saved before such values were refused), warns instead of failing (``models/field_rules.py``)."""
-        with loading_saved(f"config file {path}"):
+        with loading_saved(f"config file {path}"), naming_providers(path):  # an unknown attention: what to install
             return super().load(path)
 
     @classmethod
@@ -315,6 +319,7 @@ class GPTConfig(JSONConfig):
         """Configs saved before ``qk_map`` existed held every dynamics option flat (and ``extra``): route them
         into ``qk_map`` and drop those that the saved attention never used when they hold the old default."""
         data = dict(data)
+        data.pop("registered_by", None)  # models.provenance.KEY: the attention's package, for error messages
         if "extra" in data:
             extra = data.pop("extra")
             if extra:
@@ -386,6 +391,6 @@ def parse_overrides(items: Sequence[str], target: type = GPTConfig, flag: str = 
         if key not in types:
             raise ValueError(
                 f"{flag} {key}={value}: unknown {target.__name__} field(s) {[key]}; valid fields: {sorted(types)}"
-            )
+                + (f"; {OPTION_HINT}" if target is GPTConfig else ""))
         out[key] = coerce(f"{flag} {key}", value, types[key])
     return out

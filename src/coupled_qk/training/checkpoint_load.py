@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from coupled_qk.devices import resolve_device
+from coupled_qk.io import unknown_keys
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 
@@ -288,8 +289,14 @@ def read_json(path: Path) -> dict:
     return data
 
 
+STATE_KEYS = ("step", "tokens", "train_seconds", "schedule", "grad_scaler", "global_batch", "precision", "best")
+"""The keys of a checkpoint's ``state.json`` (``training.loop``'s ``_Trainer.save``)."""
+
+
 def read_state(ckpt: Path) -> dict:
     """``ckpt/state.json``: the progress of a checkpoint, a JSON object whose ``step`` is an integer >= 0.
+
+    A key outside :data:`STATE_KEYS` is a warning naming it and its close match (:func:`~coupled_qk.io.unknown_keys`).
 
     Raises:
         ValueError: naming the file, if it is not a JSON object with such a ``step`` (hand-edited, or damaged in
@@ -301,6 +308,7 @@ def read_state(ckpt: Path) -> dict:
     if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
         raise ValueError(f"{path} has step={step!r}, expected an integer >= 0; the checkpoint is damaged: "
                          f"{_what_to_do(Path(ckpt))}")
+    unknown_keys(state, STATE_KEYS, path, "checkpoint state", error=False)  # the project's own file: a warning
     return state
 
 

@@ -23,6 +23,7 @@ from coupled_qk._checks import (
     metric_direction,
     positive_int,
 )
+from coupled_qk.io import unknown_keys
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
 from coupled_qk.training.tasks import TASKS, check_task_fields
 
@@ -286,11 +287,15 @@ def check_saved_config(saved, where) -> dict:
     Returns:
         ``saved`` unchanged.
 
+    A key that is no field (``"lerning_rate"``, a hand edit) is an error naming it and its close match
+    (:func:`coupled_qk.io.unknown_keys`): it would silently take no effect.
+
     Raises:
-        ValueError: one line naming the file ``where``, the field, its value and the kind expected.
+        ValueError: one line naming the file ``where``, the field, its value and the kind expected; or an unknown key.
     """
     if not isinstance(saved, dict):
         raise ValueError(f"{where} is not a JSON object (a run's TrainConfig); it holds a {type(saved).__name__}")
+    unknown_keys(saved, field_types(TrainConfig), where, "TrainConfig", error=True)  # a typo would take no effect
     for name, annotation in field_types(TrainConfig).items():
         value = saved.get(name)
         optional = type(None) in typing.get_args(annotation)

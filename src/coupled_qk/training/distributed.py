@@ -31,8 +31,26 @@ class Runtime:
     @property
     def precision(self) -> str:
         """The autocast dtype as checkpoints record it (``state.json``): ``"fp32"`` (none), ``"bf16"``, ``"fp16"``."""
-        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.autocast_dtype,
-                                                                                 str(self.autocast_dtype))
+        return precision_name(self.autocast_dtype)
+
+
+def precision_name(autocast_dtype: torch.dtype | None) -> str:
+    """The name checkpoints (``state.json``) and results (``results.json``) record for an autocast dtype:
+    ``"fp32"`` (``None``: no autocast), ``"bf16"``, ``"fp16"``."""
+    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast_dtype, str(autocast_dtype))
+
+
+def planned_precision(device: str, dtype: str, compiled: bool) -> str:
+    """The precision (:func:`precision_name`) a run with these ``TrainConfig`` fields trains in on this machine,
+    without starting it: ``--dtype auto`` resolves by device and, on a CPU with native bf16, by ``--compile``
+    (:func:`pick_autocast_dtype`; its emulation warning is not given here).
+
+    Raises:
+        ValueError: an unknown or absent ``device``, an unknown ``dtype``.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return precision_name(pick_autocast_dtype(dtype, pick_device(device), compiled))
 
 
 PG_TIMEOUT_ENV = "COUPLED_QK_PG_TIMEOUT_S"

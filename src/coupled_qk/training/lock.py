@@ -6,14 +6,23 @@ The lock file holds the holder's process id, host, start time and command line, 
 names; it is removed when the holder releases it, so a run folder looks the same before and after a run that
 was refused. ``flock`` is advisory and local: processes on other hosts sharing the folder over NFS are not
 guaranteed to see it.
+
+From the moment it is taken, a ``SIGTERM``, ``SIGHUP`` or ``SIGINT`` whose handler is the default action (which
+would end the process without unwinding, before the training loop installs its own handler: while the corpus
+is tokenised, say) removes the lock file first and then takes its default action, so the process still ends by
+the signal (its exit status unchanged) and leaves no stale ``.lock``. Handlers installed later (the training
+loop's) take precedence while they are installed; Python's ``SIGINT`` handler raises ``KeyboardInterrupt``,
+whose unwinding releases the lock anyway.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +32,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 LOCK_NAME = ".lock"
+RELEASE_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name))
+"""Signals that release a held lock before their default action ends the process (module docstring)."""
 
 
 class RunLockedError(ValueError):
@@ -38,6 +49,36 @@ def _holder(path: Path) -> str:
         return "another process"
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info.get("started", 0)))
     return f"pid {info.get('pid')} on {info.get('host')} (started {started}: {info.get('command', '?')})"
+
+
+_HELD: list = []  # the RunLocks this process holds
+_CAUGHT: dict = {}  # signal -> the handler ours replaced (SIG_DFL), while any lock is held
+
+
+def _on_signal(signum, frame) -> None:
+    for lock in list(_HELD):
+        lock.release()  # the last one restores the default action of every caught signal
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # then the default action: the process ends by the signal, as without a lock
+
+
+def _catch_signals() -> None:
+    """Release the held locks on a :data:`RELEASE_SIGNALS` signal whose handler is the default action (main
+    thread only: Python installs handlers there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in RELEASE_SIGNALS:
+        if sig not in _CAUGHT and signal.getsignal(sig) == signal.SIG_DFL:
+            _CAUGHT[sig] = signal.signal(sig, _on_signal)
+
+
+def _restore_signals() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, previous in list(_CAUGHT.items()):
+        if signal.getsignal(sig) is _on_signal:  # not replaced since (else whoever replaced it restores it)
+            signal.signal(sig, previous)
+        del _CAUGHT[sig]
 
 
 class RunLock:
@@ -88,12 +129,18 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd
+        _HELD.append(self)
+        _catch_signals()
         return self
 
     def release(self) -> None:
         """Remove the lock file and release the lock (idempotent)."""
         if self._fd is None:
             return
+        if self in _HELD:
+            _HELD.remove(self)
+        if not _HELD:
+            _restore_signals()
         try:
             self.path.unlink(missing_ok=True)
         finally:

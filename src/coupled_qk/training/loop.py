@@ -317,7 +317,7 @@ class _Trainer:
             "epochs": state["tokens"] / self.train_tokens if self.train_tokens else None,
             "best": state.get("best"),
             "final_from": final_from,
-            "device": str(runtime.device),
+            "device": str(runtime.device), "precision": runtime.precision,  # the experiment runner compares it
             "world_size": runtime.world,
             "final": final,
             "compile": compile_status,

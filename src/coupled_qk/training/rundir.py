@@ -25,7 +25,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-from coupled_qk.io import write_text_atomic
+from coupled_qk.io import unknown_keys, write_text_atomic
 
 __all__ = ["RunDir"]
 
@@ -61,6 +61,11 @@ def parse_metrics(path: Path) -> list[dict]:
             raise ValueError(f"{path}: line {i + 1} is not a JSON object; {_FIX_LINE}")
         records.append(record)
     return records
+
+
+RESULTS_KEYS = ("config", "model_config", "params", "data", "steps", "tokens", "train_seconds", "stop_reason", "epochs",
+                "best", "final_from", "device", "precision", "world_size", "final", "compile")
+"""The top-level keys of a run's ``results.json`` (``training.loop``'s ``_Trainer.results``)."""
 
 
 class RunDir:
@@ -184,7 +189,8 @@ class RunDir:
         the task's ``data_identity`` (LM: the splits' token counts and text SHA-256s; MQAR: the slices; GLUE: the
         example and label counts) compared with its ``describe()`` now (a corpus file edited or appended to since,
         a GLUE file replaced). A key the run did not record is not compared; without ``data.json`` at all (deleted)
-        nothing is, and a warning says so.
+        nothing is, and a warning says so; a recorded key the task does not describe is a warning naming it
+        (:func:`~coupled_qk.io.unknown_keys`).
 
         Raises:
             ValueError: one line naming ``data.json`` and each difference.
@@ -194,7 +200,10 @@ class RunDir:
         if keys and recorded is None:
             warnings.warn(f"{self.data_path} is missing: this resume cannot check that the data is what the run "
                           "trained on (an edited corpus would be used without a word)", stacklevel=2)
-        changes = data_changes(recorded, task.describe(), keys, self.data_path) if recorded is not None else []
+        now = task.describe() if recorded is not None else {}
+        if recorded is not None:  # the task writes data.json (a later version may add keys): a warning
+            unknown_keys(recorded, now, self.data_path, "data description", error=False)
+        changes = data_changes(recorded, now, keys, self.data_path) if recorded is not None else []
         if changes:
             raise ValueError(
                 f"cannot resume {self.path}: its data is not what it trained on ({self.data_path} vs now: "
@@ -203,6 +212,10 @@ class RunDir:
 
     def read_results(self) -> dict | None:
         """``results.json`` as a dict, or ``None`` when the run has not finished.
+
+        A key outside :data:`RESULTS_KEYS` (or a ``config`` key that is no ``TrainConfig`` field) is a warning
+        naming it and its close match (:func:`~coupled_qk.io.unknown_keys`): the file is the project's own, which a
+        later version may extend.
 
         Raises:
             ValueError: naming the file, if it is not valid JSON, not a JSON object, or its ``config`` or ``final``
@@ -219,6 +232,11 @@ class RunDir:
             raise ValueError(f"{self.results_path} is not a run's results ({wrong}, expected an object): delete it; "
                              "resuming the run (--resume, or the command that made it) writes it again from its "
                              "latest checkpoint")
+        from coupled_qk.training.config import TrainConfig
+
+        unknown_keys(results, RESULTS_KEYS, self.results_path, "results", error=False)  # the project writes it
+        unknown_keys(results.get("config", {}), TrainConfig.__dataclass_fields__, self.results_path, "config",
+                     error=False)
         return results
 
     def read_metrics(self) -> list[dict]:

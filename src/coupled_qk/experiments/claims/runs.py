@@ -73,7 +73,8 @@ def fingerprint(cfg: TrainConfig) -> str:
 
 def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
     """The record at ``path`` if it exists, parses and (when ``planned`` is given) was made with the same
-    settings (:func:`coupled_qk.experiments.runner.setting_differences` of its stored config); else None.
+    settings (:func:`coupled_qk.experiments.runner.setting_differences` of its stored config) and, where it
+    records one, in the precision ``planned`` trains in here (``--dtype auto`` depends on the machine); else None.
 
     Raises:
         ValueError: the file parses but is not a run record (:func:`~coupled_qk.experiments.claims.records.record_problem`).
@@ -85,6 +86,11 @@ def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
         return None
     if planned is not None and _differences(rec.get("config", {}), planned):
         return None
+    if planned is not None and rec.get("precision") is not None:  # trained in another precision: trained again
+        from coupled_qk.training.distributed import planned_precision
+
+        if rec["precision"] != planned_precision(planned.device, planned.dtype, planned.compile):
+            return None
     return rec
 
 
@@ -231,7 +237,7 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
         "fingerprint": fingerprint(cfg), "config": settings_of(cfg), "params": results["params"], "tokens": results["tokens"],
         "steps": results["steps"], "train_seconds": results["train_seconds"],
         "wall_seconds": time.perf_counter() - t0, "stop_reason": results["stop_reason"], "final": final,
-        "diagnostics": diagnostics, "curve": compact_curve(read_metrics(run_dir)), "data": results.get("data"),
+        "precision": results.get("precision"), "diagnostics": diagnostics, "curve": compact_curve(read_metrics(run_dir)), "data": results.get("data"),
         "epochs": results.get("epochs"), "best": results.get("best"), "final_from": results.get("final_from"),
         "wt2_pending": bool(cell.heldout and defer_wt2), "run_dir": str(run_dir), "git_commit": _git_commit(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
