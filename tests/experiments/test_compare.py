@@ -137,3 +137,30 @@ def test_different_budgets_of_finished_runs_are_flagged_and_seeds_show_a_range(t
     assert " | -5.0% | " in table[3] and " | 2,048 to 4,096 | " in table[3]
     assert table[-1] == ("Warning: the runs were trained on different numbers of tokens (2,048 to 4,096); for coupled "
                          "it compares different budgets (the runs' own early stopping).")
+
+
+def test_cli_dry_run_prints_the_plan_with_what_each_run_would_do(tmp_path, capsys):
+    """``compare --dry-run`` (as ``mqar``'s and ``glue``'s): one line per variant x seed with its folder and
+    whether it would be trained, reused or refused; nothing is created and nothing is trained."""
+    from coupled_qk.cli import build_parser, main
+    from coupled_qk.commands.train import train_config_from_args
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "--preset", "tiny", "--max-steps", "3", "--variants", "standard,coupled", "--seeds", "0,1",
+            "--out-dir", str(out), "--device", "cpu"]
+    assert main([*argv, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"coupled-qk compare: 4 runs (2 variants x 2 seeds) -> {out}"
+    assert lines[1:] == [f"  {v} seed {s} -> {out / v / f'seed{s}'}: new" for v in ("standard", "coupled")
+                         for s in (0, 1)] + ["  4 runs: 4 new"]
+    assert not out.exists()
+    base = train_config_from_args(build_parser("compare").parse_args(argv))  # the command's base config
+    finished = plan_comparison(base, ["standard"], [0], out)[0]
+    finished.run_dir.path.mkdir(parents=True)
+    (finished.run_dir.path / "results.json").write_text(json.dumps({"config": finished.config.to_dict(), "final": {}}))
+    assert main([*argv, "--dry-run"]) == 0
+    assert f"standard seed 0 -> {out / 'standard' / 'seed0'}: reuse (finished)" in capsys.readouterr().out
+    assert main([*[x if x != "3" else "4" for x in argv], "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "standard seed 0" in printed and "refused: different settings (max_steps: 3 vs 4)" in printed
+    assert "4 runs: 1 refused, 3 new" in printed

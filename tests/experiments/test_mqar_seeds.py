@@ -118,3 +118,47 @@ def test_smoke_sweep_over_seeds_resumes_and_reports_intervals(tmp_path, capsys):
     capsys.readouterr()
     assert main([*SMOKE, "--out-dir", str(legacy)]) == 0
     assert "reused 2" in capsys.readouterr().out and not (legacy / "easy" / "standard" / "d16" / "lr0.001" / "seed0").exists()
+
+
+def test_compile_is_recorded_and_matches_eager(tmp_path, monkeypatch):
+    """``mqar --compile``: train's flag (regional torch.compile, eager fallback) reaches every run's config; the
+    compiled smoke run (aot_eager backend: dynamo's graphs without inductor's codegen, to stay cheap) reaches
+    the eager run's accuracy."""
+    import functools
+
+    from coupled_qk.cli import main
+    from coupled_qk.models import gpt as gpt_module
+    from coupled_qk.training import model_setup
+
+    monkeypatch.setattr(model_setup, "compile_regions",
+                        functools.partial(gpt_module.compile_regions, backend="aot_eager"))
+    smoke = [x if x != "standard,coupled" else "coupled" for x in SMOKE]
+    assert main([*smoke, "--compile", "--out-dir", str(tmp_path / "compiled")]) == 0
+    assert main([*smoke, "--out-dir", str(tmp_path / "eager")]) == 0
+    run = "easy/coupled/d16/lr0.001/seed0"
+    compiled, eager = (json.loads((tmp_path / d / run / "results.json").read_text()) for d in ("compiled", "eager"))
+    assert compiled["config"]["compile"] is True and eager["config"]["compile"] is False
+    assert compiled["compile"]["compiled"] is True and compiled["compile"]["error"] is None
+    saved = json.loads((tmp_path / "compiled" / "results.json").read_text())
+    assert saved["runs"][0]["config"]["compile"] is True
+    assert compiled["final"]["valid/accuracy"] == pytest.approx(eager["final"]["valid/accuracy"], abs=1e-6)
+    assert compiled["final"]["valid/loss"] == pytest.approx(eager["final"]["valid/loss"], rel=1e-4)
+
+
+def test_dry_run_says_what_each_run_would_do(tmp_path, capsys):
+    from coupled_qk.cli import main
+
+    out = tmp_path / "sweep"
+    assert main([*SMOKE, "--seeds", "0", "--out-dir", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*SMOKE, "--seeds", "0,1", "--out-dir", str(out), "--dry-run"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if " -> " in x and "d_model=" in x]
+    folder = out / "easy" / "{}" / "d16" / "lr0.001" / "seed{}"
+    assert [x.split(" -> ", 1)[1] for x in lines] == [
+        f"{str(folder).format('standard', 0)}: reuse (finished)", f"{str(folder).format('coupled', 0)}: reuse (finished)",
+        f"{str(folder).format('standard', 1)}: new", f"{str(folder).format('coupled', 1)}: new"]
+    assert not (out / "easy" / "standard" / "d16" / "lr0.001" / "seed1").exists()
+    changed = list(SMOKE)
+    changed[changed.index("--batch-size") + 1] = "4"
+    assert main([*changed, "--out-dir", str(out), "--dry-run"]) == 0
+    assert "refused: different settings (batch_size: 8 vs 4)" in capsys.readouterr().out

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from coupled_qk.experiments.dry_run import planned_state
 from coupled_qk.experiments.runner import (
     RESULT_NEUTRAL_FIELDS,
     PlannedRun,
@@ -163,6 +164,10 @@ def test_a_run_stopped_early_is_continued_unless_the_plan_stops_it_there(tmp_pat
         seen.append(sorted(p.name for p in RunDir(c.out_dir).path.iterdir()))
         return train(c)
 
+    state = planned_state(PlannedRun(cfg, "r"))  # what a --dry-run says: the runner's decision, nothing moved
+    assert state == (f"continue (stopped at step 4 by {stopped_by})" if status == "ran" else
+                     f"reuse ({'stopped early by max_minutes' if stopped_by == 'max_minutes' else 'finished'})")
+    assert RunDir(cfg.out_dir).is_finished()
     [record] = execute([PlannedRun(cfg, "r")], train_fn=train_and_look, log=lines.append)
     assert record.status == status, lines
     if status == "ran":

@@ -18,6 +18,9 @@ def add_arguments(parser) -> None:
     )
     add_overwrite_option(parser)
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (mean and std reported)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the planned runs (variant x seed), their folders and whether each would be "
+                        "trained, resumed or reused, then exit (nothing is created; the corpus is not read)")
 
 
 def run(args) -> int:
@@ -30,6 +33,14 @@ def run(args) -> int:
     base = train_config_from_args(args)
     seeds = parse_seeds(args.seeds)
     preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
+    if args.dry_run:
+        from coupled_qk.experiments.compare import plan_comparison
+        from coupled_qk.experiments.dry_run import plan_lines
+
+        plan = plan_comparison(base, variants, seeds, base.out_dir)
+        print(f"coupled-qk compare: {len(plan)} runs ({len(variants)} variants x {len(seeds)} seeds) -> {base.out_dir}")
+        print("\n".join(plan_lines(plan)))
+        return 0
     read_corpus_first(base)
     summary = run_comparison(base, variants, seeds, comparison_dir(base.out_dir, variants, args.overwrite))
     print(comparison_table(summary))

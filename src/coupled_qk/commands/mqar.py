@@ -15,6 +15,7 @@ import time
 import torch
 
 from coupled_qk.commands.options import (
+    add_compile_option,
     add_device_option,
     add_overwrite_option,
     dtype_arg,
@@ -30,7 +31,7 @@ from coupled_qk.commands.options import (
 )
 from coupled_qk.devices import check_dtype
 from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, customize_preset, get_preset, heads_for, mqar_variants
-from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep
+from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep, sweep_plan
 from coupled_qk.outputs import OutputDir
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
@@ -80,12 +81,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", type=dtype_arg, default=None,
                         help="autocast dtype of every run: auto, fp32, bf16 or fp16 (default auto: bf16 on CUDA, "
                         "fp32 on CPU)")
+    add_compile_option(parser)
     parser.add_argument("--max-minutes", type=positive_float_arg, default=None,
                         help="wall-clock guard for the whole sweep: the run in progress is stopped (and resumed by "
                         "the next invocation), later runs are skipped")
     parser.add_argument("--threads", type=threads_arg, default=None,
                         help="torch CPU threads (default: the preset's; cpu uses 1, others torch's choice)")
-    parser.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the planned runs, their folders and whether each would be trained, resumed or "
+                        "reused, then exit (nothing is created)")
 
 
 def run(args) -> int:
@@ -126,13 +130,19 @@ def run(args) -> int:
           f"n_heads={heads_for('differential', preset.n_heads)} where the others use n_heads={preset.n_heads} "
           "(one differential head = two sub-heads, parameter-matched)")
     if args.dry_run:
-        for r in plan:
-            print(f"  {r.difficulty.label:<24s} {r.variant:<20s} d_model={r.d_model:<4d} lr={r.lr:.3g}"
-                  + (f" seed={r.seed}" if len(seeds) > 1 else ""))
+        from coupled_qk.experiments.dry_run import plan_lines
+
+        def coordinates(run) -> str:
+            k = run.keys
+            return (f"{preset.difficulty(k['difficulty']).label:<24s} {k['variant']:<20s} d_model={k['d_model']:<4d} "
+                    f"lr={k['lr']:<8.3g}" + (f" seed={k['seed']}" if len(seeds) > 1 else ""))
+
+        print("\n".join(plan_lines(sweep_plan(preset, out_dir, plan, args.device, dtype, args.compile), coordinates)))
         return 0
     t0 = time.perf_counter()
     summary = run_sweep(preset, out_dir, variants=variants, d_models=d_models, lrs=lrs, difficulties=difficulties,
-                        seeds=seeds, device=args.device, dtype=dtype, max_minutes=args.max_minutes, log=lambda line: print(line, flush=True))
+                        seeds=seeds, device=args.device, dtype=dtype, compile=args.compile,
+                        max_minutes=args.max_minutes, log=lambda line: print(line, flush=True))
     wall = time.perf_counter() - t0
     print()
     print("best accuracy over learning rates (final, full test set)"

@@ -243,6 +243,18 @@ def add_device_option(parser, default: str = "auto", help: str | None = None) ->
                         "CUDA if available)")
 
 
+def add_compile_option(parser) -> None:
+    """``--compile``/``--no-compile`` of a study's runs (``mqar``, ``glue``): the flag ``train`` and ``compare``
+    have (:attr:`TrainConfig.compile`, its help text), recorded in each run's config; default off."""
+    import dataclasses
+
+    from coupled_qk.training.config import TrainConfig
+
+    field = next(f for f in dataclasses.fields(TrainConfig) if f.name == "compile")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                        help=field.metadata["help"] + " (default: False)")
+
+
 def add_overwrite_option(parser) -> None:
     """``--overwrite``: allow replacing files in the output that exist from an earlier run (never files the
     command does not write; see :mod:`coupled_qk.outputs`)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from coupled_qk._checks import finite, positive_int
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, load_glue
-from coupled_qk.experiments.runner import PlannedRun, Report, execute, write_report
+from coupled_qk.experiments.runner import PlannedRun, Report, execute, stopped_early, write_report
 from coupled_qk.training.config import TrainConfig
 
 SCHEMA = "coupled-qk/glue-results/v1"
@@ -131,11 +131,11 @@ def _stats():
 
 
 def _summary(values: list[float]) -> dict:
-    """Mean, std, range and the 95% Student-t interval of the mean (``ci95``: ``None`` for one seed)."""
+    """Mean, std, range, the 95% Student-t interval of the mean (``ci95``: ``None`` for one seed) and ``n``."""
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     ci = _stats().mean_ci(values)
     return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values),
-            "ci95": [ci["low"], ci["high"]] if len(values) > 1 else None, "values": values}
+            "ci95": [ci["low"], ci["high"]] if len(values) > 1 else None, "n": len(values), "values": values}
 
 
 def paired_difference(a: list[float], b: list[float]) -> dict:
@@ -150,93 +150,170 @@ def paired_difference(a: list[float], b: list[float]) -> dict:
             "values": d["differences"]}
 
 
-def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir: str | Path,
-             names: list[str] | None = None, **options) -> dict:
-    """Fine-tune every ``pretrained x task x seed`` and summarise; the first model is the baseline.
+def plan_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir: str | Path, names: list[str],
+              **options) -> list[PlannedRun]:
+    """One :class:`PlannedRun` per ``pretrained x task x seed`` (model-major), in ``out_dir/<name>/<task>/seed<k>``;
+    ``keys`` are ``{"model", "task", "seed"}``. ``options`` go to :func:`finetune_config`;
+    ``max_train_examples`` may also be a ``{task: N}`` dict. Nothing is created (the task's training file is read
+    for its size).
 
-    ``options`` go to :func:`finetune_config`; ``max_train_examples`` may also be a ``{task: N}`` dict.
-
-    Returns (and writes to ``out_dir/results.json``)::
-
-        {"schema": SCHEMA, "tasks": [...], "seeds": [...], "baseline": name, "settings": {task: config},
-         "models": {name: {"pretrained": path, "attention": str, "tasks": {task: {
-             "metrics": {metric: {"mean", "std", "min", "max", "values"}},   # dev set, one value per seed
-             "runs": [{"seed", "run_dir", "dev": {...}, "train_seconds"}], "data": {...}}}}},
-         "differences": {name: {task: {metric: {"mean", "ci95", "n", "values"}}}}}  # name - baseline, paired by seed
-
-    Metrics are fractions (accuracy, F1) or the Matthews correlation in [-1, 1].
+    Raises:
+        ValueError: from :func:`finetune_config` (a bad option, a missing or malformed GLUE file).
     """
-    if names is None:
-        names = check_names([model_name(p) for p in pretrained], len(pretrained),
-                            "the runs' folder names (--names to label them)")
-    check_names(names, len(pretrained))
-    report_dir, out_dir = out_dir, Path(out_dir)  # report_dir may be a command's OutputDir claim
     per_task = options.pop("max_train_examples", None)
     plan = []
     for name, path in zip(names, pretrained, strict=True):
         for task in tasks:
             subset = per_task.get(task) if isinstance(per_task, dict) else per_task
             for seed in seeds:
-                cfg = finetune_config(path, task, seed, out_dir / name / task / f"seed{seed}",
+                cfg = finetune_config(path, task, seed, Path(out_dir) / name / task / f"seed{seed}",
                                       max_train_examples=subset, **options)
                 plan.append(PlannedRun(cfg, f"{name} {task} seed {seed}", {"model": name, "task": task, "seed": seed}))
-    records = execute(plan)
+    return plan
+
+
+def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir: str | Path,
+             names: list[str] | None = None, max_minutes: float | None = None, log=print, train_fn=None,
+             **options) -> dict:
+    """Fine-tune every ``pretrained x task x seed`` (:func:`plan_glue`) and summarise; the first model is the
+    baseline.
+
+    A finished run with the same settings is reused, an unfinished one resumes. With ``max_minutes`` (a
+    wall-clock guard for the whole study, :func:`coupled_qk.experiments.runner.execute`), a run cut short is
+    marked ``interrupted`` (resumed by the next invocation) and runs not started in time ``skipped``; the summary
+    then counts only finished runs (:func:`summarize_glue`). ``log`` receives the progress lines and
+    ``train_fn`` replaces the training function (tests).
+
+    Returns:
+        The summary written to ``out_dir/results.json`` (:func:`summarize_glue`); ``out_dir/results.md`` holds
+        :func:`format_table`.
+
+    Raises:
+        ValueError: bad names or options, ``max_minutes`` <= 0, a finished run with other settings.
+    """
+    if names is None:
+        names = check_names([model_name(p) for p in pretrained], len(pretrained),
+                            "the runs' folder names (--names to label them)")
+    check_names(names, len(pretrained))
+    plan = plan_glue(pretrained, tasks, seeds, out_dir, names, **options)
+    records = execute(plan, train_fn=train_fn, log=log, max_minutes=max_minutes)
+    summary = summarize_glue(records, pretrained, tasks, seeds, names)
+    write_report(out_dir, Report(json={"results.json": summary}, text={"results.md": format_table(summary) + "\n"}))
+    return summary
+
+
+def _counted(record) -> bool:
+    """Whether a run's results count in the summary: finished (ran or reused) and not stopped early."""
+    return record.finished and not stopped_early(record.results)
+
+
+def _cell(records, task: str) -> dict:
+    """One (model, task) cell: its finished runs, the runs that are missing (seed, why, folder) and the metrics over
+    the finished seeds (``None`` for a metric without any)."""
+    runs, missing, data = [], [], None
+    for rec in records:
+        if not _counted(rec):
+            why = rec.status if not rec.finished else f"stopped early ({rec.results.get('stop_reason')})"
+            missing.append({"seed": rec.keys["seed"], "status": why, "run_dir": rec.run.config.out_dir})
+            continue
+        res = rec.results
+        runs.append({"seed": rec.keys["seed"], "run_dir": rec.run.config.out_dir,
+                     "dev": {k.removeprefix("dev/"): v for k, v in res["final"].items()},
+                     "train_seconds": res["train_seconds"]})
+        data = res["data"]
+    metrics = {m: _summary([r["dev"][m] for r in runs]) if runs else None for m in TASK_INFO[task][3]}
+    return {"metrics": metrics, "runs": runs, "missing": missing, "complete": not missing, "data": data}
+
+
+def summarize_glue(records, pretrained: list[str], tasks: list[str], seeds: list[int], names: list[str]) -> dict:
+    """The study's summary from the runner's records (structure below). Only finished runs count: a run
+    ``skipped`` or ``interrupted`` by the time guard, or stopped early, is listed under its cell's ``missing``;
+    means and intervals are over the finished seeds (``n`` says how many) and differences pair the seeds both
+    models finished::
+
+        {"schema": SCHEMA, "tasks": [...], "seeds": [...], "baseline": name, "settings": {task: config},
+         "complete": bool, "counts": {status: n},
+         "models": {name: {"pretrained": path, "attention": str | None, "tasks": {task: {
+             "metrics": {metric: {"mean", "std", "min", "max", "ci95", "n", "values"} | None},  # finished seeds
+             "runs": [{"seed", "run_dir", "dev": {...}, "train_seconds"}],  # finished runs only
+             "missing": [{"seed", "status", "run_dir"}], "complete": bool, "data": {...} | None}}}},
+         "differences": {name: {task: {metric: {"mean", "ci95", "n", "seeds", "values"} | None}}}}
+
+    Metrics are fractions (accuracy, F1) or the Matthews correlation in [-1, 1].
+    """
+    counts: dict[str, int] = {}
+    for rec in records:
+        counts[rec.status] = counts.get(rec.status, 0) + 1
     summary: dict = {"schema": SCHEMA, "tasks": tasks, "seeds": seeds, "baseline": names[0], "settings": {},
-                     "models": {}, "differences": {}}
+                     "complete": all(_counted(r) for r in records), "counts": counts, "models": {},
+                     "differences": {}}
     for name, path in zip(names, pretrained, strict=True):
-        entry = {"pretrained": str(path), "tasks": {}}
+        entry = {"pretrained": str(path), "attention": None, "tasks": {}}
         for task in tasks:
-            runs = []
-            for rec in (r for r in records if r.keys["model"] == name and r.keys["task"] == task):
-                res = rec.results
-                summary["settings"].setdefault(task, {k: v for k, v in rec.run.config.to_dict().items()
-                                                      if k not in ("seed", "out_dir", "task_options")})
-                dev = {k.removeprefix("dev/"): v for k, v in res["final"].items()}
-                runs.append({"seed": rec.keys["seed"], "run_dir": rec.run.config.out_dir, "dev": dev,
-                             "train_seconds": res["train_seconds"]})
-                entry["attention"] = res["model_config"]["attention"]
-                data = res["data"]
-            metrics = {m: _summary([r["dev"][m] for r in runs]) for m in TASK_INFO[task][3]}
-            entry["tasks"][task] = {"metrics": metrics, "runs": runs, "data": data}
+            mine = [r for r in records if r.keys["model"] == name and r.keys["task"] == task]
+            summary["settings"].setdefault(task, {k: v for k, v in mine[0].run.config.to_dict().items()
+                                                  if k not in ("seed", "out_dir", "task_options")})
+            entry["tasks"][task] = _cell(mine, task)
+            attention = next((r.results["model_config"]["attention"] for r in mine if _counted(r)), None)
+            entry["attention"] = entry["attention"] or attention
         summary["models"][name] = entry
     base = summary["models"][names[0]]
     for name in names[1:]:
         summary["differences"][name] = {
-            task: {m: paired_difference(summary["models"][name]["tasks"][task]["metrics"][m]["values"],
-                                        base["tasks"][task]["metrics"][m]["values"]) for m in TASK_INFO[task][3]}
+            task: {m: _paired_by_seed(summary["models"][name]["tasks"][task]["runs"], base["tasks"][task]["runs"], m)
+                   for m in TASK_INFO[task][3]}
             for task in tasks
         }
-    write_report(report_dir, Report(json={"results.json": summary}, text={"results.md": format_table(summary) + "\n"}))
     return summary
 
 
+def _paired_by_seed(runs: list[dict], base_runs: list[dict], metric: str) -> dict | None:
+    """:func:`paired_difference` of ``metric`` over the seeds both run lists finished, with ``seeds``; ``None``
+    when they share none."""
+    mine, ref = ({r["seed"]: r["dev"][metric] for r in rs} for rs in (runs, base_runs))
+    shared = [s for s in mine if s in ref]
+    if not shared:
+        return None
+    return {**paired_difference([mine[s] for s in shared], [ref[s] for s in shared]), "seeds": shared}
+
+
+def _n(count: int, planned: int) -> str:
+    return f" (n={count})" if count < planned else ""
+
+
 def format_table(summary: dict) -> str:
-    """Markdown: dev metric mean over seeds with its 95% t-interval (one seed: the value) per model and task, the
-    majority-class baseline, and the paired difference to the baseline model with its 95% t-interval (in
-    percentage points)."""
-    tasks = summary["tasks"]
+    """Markdown: dev metric mean over the finished seeds with its 95% t-interval (one seed: the value) per model
+    and task, the majority-class baseline, and the paired difference to the baseline model with its 95%
+    t-interval (in percentage points). A cell with fewer finished seeds than planned shows ``(n=k)``, one with
+    none ``-``; a note under the table names the incomplete cells and why."""
+    tasks, planned = summary["tasks"], len(summary["seeds"])
     cols = [(t, m) for t in tasks for m in TASK_INFO[t][3]]
     head = "| model | " + " | ".join(f"{t.upper()} {m}" for t, m in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 1)]
-    any_model = next(iter(summary["models"].values()))
+    majority = {t: next((e["tasks"][t]["data"]["dev_majority"] for e in summary["models"].values()
+                         if e["tasks"][t]["data"] is not None), None) for t in tasks}
     lines.append("| majority class | " + " | ".join(
-        f"{100 * any_model['tasks'][t]['data']['dev_majority'][m]:.1f}" for t, m in cols) + " |")
+        "-" if majority[t] is None else f"{100 * majority[t][m]:.1f}" for t, m in cols) + " |")
     for name, entry in summary["models"].items():
         cells = []
         for t, m in cols:
             s = entry["tasks"][t]["metrics"][m]
-            ci = "" if s.get("ci95") is None else f" [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]"
-            cells.append(f"{100 * s['mean']:.1f}{ci}")
+            ci = "" if s is None or s.get("ci95") is None else f" [{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]"
+            cells.append("-" if s is None else f"{100 * s['mean']:.1f}{ci}{_n(s['n'], planned)}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for name, diffs in summary["differences"].items():
         cells = []
         for t, m in cols:
             d = diffs[t][m]
-            ci = "" if d["ci95"] is None else f" [{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]"
-            cells.append(f"{100 * d['mean']:+.1f}{ci}")
+            ci = "" if d is None or d["ci95"] is None else f" [{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]"
+            cells.append("-" if d is None else f"{100 * d['mean']:+.1f}{ci}{_n(d['n'], planned)}")
         lines.append(f"| {name} − {summary['baseline']} | " + " | ".join(cells) + " |")
-    n = len(summary["seeds"])
     lines.append("")
-    lines.append(f"Dev-set scores ×100 (MCC for CoLA), mean over {n} fine-tuning seeds with its 95% Student-t "
-                 "interval; differences are paired by seed, with 95% Student-t intervals.")
+    lines.append(f"Dev-set scores ×100 (MCC for CoLA), mean over {planned} fine-tuning seeds (n: fewer finished) "
+                 "with its 95% Student-t interval; differences are paired by seed, with 95% Student-t intervals.")
+    missing = [f"{name} {t} (" + ", ".join(f"seed {x['seed']}: {x['status']}" for x in e["tasks"][t]["missing"]) + ")"
+               for name, e in summary["models"].items() for t in tasks if e["tasks"][t]["missing"]]
+    if missing:
+        lines.append(f"Incomplete: {'; '.join(missing)}. Those cells are over the finished seeds only (n shown); "
+                     "run the same command again to finish them.")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_task import steps_per_epoch
 
-__all__ = ["SweepPoint", "plan_sweep", "run_config", "run_sweep"]
+__all__ = ["SweepPoint", "plan_sweep", "run_config", "run_sweep", "sweep_plan"]
 
 
 def _lr_tag(lr: float) -> str:
@@ -33,10 +33,11 @@ def _lr_tag(lr: float) -> str:
 
 def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_model: int, lr: float,
                out_dir: str | Path, device: str = "auto", cache_dir: str | Path | None = None,
-               seed: int | None = None, dtype: str = "auto") -> TrainConfig:
+               seed: int | None = None, dtype: str = "auto", compile: bool = False) -> TrainConfig:
     """The :class:`TrainConfig` of one sweep run (``task="mqar"``), written to ``<out_dir>/<difficulty>/<variant>/
     d<d_model>/lr<lr>/seed<seed>`` (``seed``: model initialisation and batch order; ``None``: ``preset.seed``;
-    ``dtype``: the autocast dtype, :attr:`TrainConfig.dtype`).
+    ``dtype``: the autocast dtype, :attr:`TrainConfig.dtype`; ``compile``: :attr:`TrainConfig.compile`, regional
+    ``torch.compile`` with an eager fallback).
 
     The step budget is ``ceil(epochs * steps_per_epoch)``, capped by ``preset.max_steps``; evaluation runs every
     ``preset.eval_interval`` steps (or once per epoch) and the run stops early at ``preset.early_stop`` accuracy.
@@ -72,7 +73,7 @@ def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_mode
         min_lr_ratio=preset.min_lr_ratio, warmup_steps=preset.warmup_steps, weight_decay=preset.weight_decay,
         beta2=preset.beta2, grad_clip=preset.grad_clip, max_steps=max_steps, eval_interval=eval_interval,
         log_interval=max(1, min(50, eval_interval)), early_stop_metric="valid/accuracy",
-        early_stop_value=preset.early_stop, seed=seed, device=device, dtype=dtype, out_dir=str(run_dir),
+        early_stop_value=preset.early_stop, seed=seed, device=device, dtype=dtype, compile=compile, out_dir=str(run_dir),
         tensorboard=False, progress=False, task_options=options,
     )
 
@@ -165,6 +166,7 @@ def run_sweep(
     seeds=None,
     device: str = "auto",
     dtype: str = "auto",
+    compile: bool = False,
     max_minutes: float | None = None,
     log: Callable[[str], None] = print,
     train_fn: Callable | None = None,
@@ -186,6 +188,7 @@ def run_sweep(
         out_dir: sweep folder; data are cached in ``<out_dir>/data-cache``.
         device: ``auto``, ``cpu`` or ``cuda``.
         dtype: autocast dtype of every run (``auto``: bf16 on CUDA, fp32 on CPU; see :class:`TrainConfig`).
+        compile: ``torch.compile`` every run's model (:attr:`TrainConfig.compile`; eager if compilation fails).
         max_minutes: wall-clock guard for the whole sweep (``None``: no guard).
         log: receives one line per run.
         train_fn: the training function (default :func:`coupled_qk.training.loop.train`; tests may wrap it).
@@ -197,23 +200,33 @@ def run_sweep(
         ValueError: from :func:`plan_sweep`, a run's configuration, a finished run with other settings;
             ``max_minutes`` <= 0.
     """
-    points = plan_sweep(preset, variants, d_models, lrs, difficulties, seeds)
-    several = len({p.seed for p in points}) > 1
+    plan = sweep_plan(preset, out_dir, plan_sweep(preset, variants, d_models, lrs, difficulties, seeds), device,
+                      dtype, compile)
+    several = len({run.keys["seed"] for run in plan}) > 1
+    _, report = run_experiment(plan, lambda records, wall: sweep_report(preset, records, wall), out_dir,
+                               train_fn=train_fn, log=log, max_minutes=max_minutes, announce=False,
+                               describe=_line(len(plan), several))
+    return report.json["results.json"]
+
+
+def sweep_plan(preset: SweepPreset, out_dir: str | Path, points: list[SweepPoint], device: str = "auto",
+               dtype: str = "auto", compile: bool = False) -> list[PlannedRun]:
+    """The runner's plan of a sweep's ``points`` (:func:`plan_sweep`): one :class:`PlannedRun` per point, its
+    :func:`run_config` (data cached in ``<out_dir>/data-cache``; a run finished in the folder layout before seed
+    folders is planned there, :func:`_legacy_run_dir`), with keys ``difficulty, variant, d_model, lr, seed,
+    position``. Reads the folder, creates nothing."""
     cache_dir = Path(out_dir) / "data-cache"
     plan = []
     for i, p in enumerate(points):
         cfg = run_config(preset, p.difficulty, p.variant, p.d_model, p.lr, out_dir, device, cache_dir, seed=p.seed,
-                         dtype=dtype)
+                         dtype=dtype, compile=compile)
         legacy = _legacy_run_dir(cfg)
         if legacy is not None:
             cfg = dataclasses.replace(cfg, out_dir=legacy)
         keys = {"difficulty": p.difficulty.name, "variant": p.variant, "d_model": p.d_model, "lr": p.lr,
                 "seed": p.seed, "position": i}
         plan.append(PlannedRun(cfg, f"{p.difficulty.name} {p.variant} d{p.d_model} lr{p.lr:.3g} seed {p.seed}", keys))
-    _, report = run_experiment(plan, lambda records, wall: sweep_report(preset, records, wall), out_dir,
-                               train_fn=train_fn, log=log, max_minutes=max_minutes, announce=False,
-                               describe=_line(len(plan), several))
-    return report.json["results.json"]
+    return plan
 
 
 def _legacy_run_dir(cfg: TrainConfig) -> str | None:
