@@ -68,20 +68,44 @@ def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -
 def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None) -> None:
     """``labels`` and ``shift_labels`` (each ``None`` or an integer tensor of ``input_ids``' shape, ids in
     ``[0, vocab_size)`` or ``-100``; values checked on CPU tensors only, to avoid a device sync) and
-    ``logits_to_keep`` (an int ``>= 0``) of :meth:`CoupledQKForCausalLM.forward`.
+    ``logits_to_keep``: an int ``>= 0`` (the last ``n`` positions, ``0``: all) or, as in ``transformers``, a
+    1-D integer tensor of the positions to keep (in ``[-T, T)``). A loss needs the logits of every position, so
+    ``labels``/``shift_labels`` with a ``logits_to_keep`` that drops some are refused (``transformers`` failed
+    there with a batch-size mismatch naming neither).
 
     Raises:
-        TypeError: a non-tensor ``labels`` / ``shift_labels`` or a non-int ``logits_to_keep``. ValueError: naming
-            the argument: a shape other than ``input_ids``', a floating dtype, an id out of range, a negative
-            ``logits_to_keep``.
+        TypeError: a non-tensor ``labels`` / ``shift_labels``, a ``logits_to_keep`` neither an int nor a tensor.
+        ValueError: naming the argument: a shape other than ``input_ids``', a floating dtype, an id out of range,
+            a negative ``logits_to_keep``, a ``logits_to_keep`` tensor not 1-D integer or with a position out of
+            range, targets with a ``logits_to_keep`` that drops positions.
     """
-    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
-        raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions)")
-    if logits_to_keep < 0:
+    t = input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else None
+    if isinstance(logits_to_keep, torch.Tensor):
+        _check_positions_to_keep(logits_to_keep, t)
+    elif isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
+        raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions) or a 1-D tensor of "
+                        "positions")
+    elif logits_to_keep < 0:
         raise ValueError(f"logits_to_keep={logits_to_keep} must be >= 0 (0: all positions)")
+    drops = isinstance(logits_to_keep, torch.Tensor) or (t is not None and 0 < logits_to_keep < t)
     for name, value in (("labels", labels), ("shift_labels", shift_labels)):
         if value is not None:
             _check_targets(name, value, input_ids, vocab_size)
+            if drops:
+                kept = f"{tuple(logits_to_keep.shape)} positions" if isinstance(logits_to_keep, torch.Tensor) \
+                    else f"the last {logits_to_keep} of {t} positions"
+                raise ValueError(f"{name} need the logits of every position, but logits_to_keep keeps {kept}; "
+                                 "pass logits_to_keep=0 with labels")
+
+
+def _check_positions_to_keep(keep: torch.Tensor, t: int | None) -> None:
+    """A ``logits_to_keep`` tensor: 1-D integer positions in ``[-t, t)`` (values checked on CPU only)."""
+    if keep.dim() != 1 or keep.dtype.is_floating_point or keep.dtype == torch.bool or keep.is_complex():
+        raise ValueError(f"logits_to_keep as a tensor must be 1-D integer positions; got {keep.dtype} "
+                         f"{tuple(keep.shape)}")
+    if t is not None and keep.numel() and keep.device.type == "cpu" and not -t <= int(keep.min()) <= int(keep.max()) < t:
+        raise ValueError(f"logits_to_keep: positions must be in [-{t}, {t}) (the sequence has {t}); got min "
+                         f"{int(keep.min())}, max {int(keep.max())}")
 
 
 def _check_targets(name: str, labels, input_ids: torch.Tensor, vocab_size: int) -> None:

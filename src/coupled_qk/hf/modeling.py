@@ -322,7 +322,8 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
       it the *sum* divided by that number instead, so that accumulated micro-batches give the gradient of one
       large batch (``transformers``' ``ForCausalLMLoss``); ``shift_labels`` (already shifted targets) are
       honoured the same way.
-    - ``logits_to_keep``: compute logits for the last ``n`` positions only (0 = all).
+    - ``logits_to_keep``: compute logits for the last ``n`` positions only (0 = all), or for the positions of
+      a 1-D integer tensor (as ``transformers``' models); with ``labels`` it must keep all.
     - ``output_hidden_states``: also return ``hidden_states``, ``n_layer + 1`` tensors ``(B, T, d_model)``: the
       embeddings, each block's output, the last one after the final LayerNorm (as ``transformers`` models).
     - ``return_dict=False``: a tuple instead of the output object.
@@ -379,11 +380,13 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> CausalLMOutputWithPast:
         shift = kwargs.get("shift_labels")
-        if input_ids is not None and (labels is not None or logits_to_keep or shift is not None):
+        if input_ids is not None:
             check_labels(labels, input_ids, self.config.vocab_size, logits_to_keep, shift)  # (no ids: _run_gpt)
         hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
                                                     kwargs)
-        if logits_to_keep:
+        if isinstance(logits_to_keep, torch.Tensor):  # the positions to keep (as transformers' models)
+            hidden = hidden[:, logits_to_keep.to(hidden.device)]
+        elif logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.model.logits(hidden)  # vocab_size columns (a padded head's extra rows dropped)
         loss = None
