@@ -11,13 +11,14 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from coupled_qk import GPT, GPTConfig  # noqa: E402
 from coupled_qk.hf import CoupledQKForCausalLM  # noqa: E402
+from coupled_qk.models.variants import VARIANTS  # noqa: E402
 
 V = 53
 
 
-def tiny_lm(attention="coupled", seed=0) -> CoupledQKForCausalLM:
+def tiny_lm(variant="coupled", seed=0) -> CoupledQKForCausalLM:
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, attention=attention)
+    cfg = GPTConfig(vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, **VARIANTS[variant])
     if cfg.qk_map is not None and hasattr(cfg.qk_map, "dt_init"):
         cfg = cfg.replace(dt_init=0.5)
     return CoupledQKForCausalLM.from_gpt(GPT(cfg), pad_token_id=0, eos_token_id=V - 1).eval()
@@ -75,3 +76,71 @@ def test_logits_to_keep_with_labels_keeping_every_position_gives_the_loss():
     lm, x = tiny_lm(), ids(2, 7)
     with torch.no_grad():
         torch.testing.assert_close(lm(x, labels=x, logits_to_keep=7).loss, lm(x, labels=x).loss)
+
+
+MODELS = {"gpt2": gpt2, "coupled": tiny_lm, "differential": lambda: tiny_lm("differential"),
+          "coupled_leapfrog": lambda: tiny_lm("coupled_leapfrog")}
+"""The reference and variants whose caches differ (coupled keys one per query head; grouped differential values)."""
+MODES = {"greedy": {}, "uncached": dict(use_cache=False), "beam": dict(num_beams=3, early_stopping=True),
+         "static": dict(cache_implementation="static"),
+         "sampling": dict(do_sample=True, top_k=5, temperature=0.8, num_return_sequences=2)}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_inputs_embeds_forward_equals_the_ids_it_embeds(name):
+    """``forward(inputs_embeds=...)``: ours refused it ("inputs_embeds is not supported"); GPT-2 gives the
+    logits and hidden states of the ids, and gradients reach the embeddings (prompt tuning)."""
+    lm, (x, mask) = MODELS[name](), left_padded()
+    embeds = lm.get_input_embeddings()(x).detach()
+    with torch.no_grad():
+        by_ids = lm(x, attention_mask=mask, output_hidden_states=True)
+        by_embeds = lm(inputs_embeds=embeds, attention_mask=mask, output_hidden_states=True)
+    torch.testing.assert_close(by_embeds.logits, by_ids.logits)
+    assert len(by_embeds.hidden_states) == len(by_ids.hidden_states) == 3
+    for a, b in zip(by_embeds.hidden_states, by_ids.hidden_states):
+        torch.testing.assert_close(a, b)
+    embeds.requires_grad_(True)
+    lm(inputs_embeds=embeds, attention_mask=mask, labels=x).loss.backward()
+    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", ["coupled", "differential", "gpt2"])
+def test_generate_from_inputs_embeds_makes_the_tokens_of_the_ids(name, mode):
+    """``generate(inputs_embeds=e)`` returns the new tokens only; ``generate(ids, inputs_embeds=e)`` the ids
+    and the new tokens (``transformers``' convention), equal to ``generate(ids)`` in every mode."""
+    lm, (x, mask) = MODELS[name](), left_padded()
+    embeds = lm.get_input_embeddings()(x).detach()
+    out = []
+    for kw in (dict(input_ids=x), dict(inputs_embeds=embeds), dict(input_ids=x, inputs_embeds=embeds)):
+        torch.manual_seed(3)
+        out.append(lm.generate(**kw, attention_mask=mask, max_new_tokens=5, **MODES[mode]))
+    by_ids, by_embeds, by_both = out
+    assert by_embeds.shape[1] == 5 and torch.equal(by_embeds, by_ids[:, x.shape[1]:])
+    assert torch.equal(by_both, by_ids)
+
+
+@pytest.mark.parametrize("call,kw,error,message", [
+    ("forward", dict(input_ids=True, inputs_embeds=True), ValueError, "pass either input_ids or inputs_embeds, not both"),
+    ("forward", dict(), ValueError, r"input_ids \(LongTensor of shape \(B, T\)\) or inputs_embeds"),
+    ("forward", dict(inputs_embeds=torch.zeros(2, 6, 5)), ValueError,
+     r"inputs_embeds must have shape \(B, T, d_model=32\) with B, T >= 1; got \(2, 6, 5\)"),
+    ("forward", dict(inputs_embeds=torch.zeros(2, 0, 32)), ValueError, r"got \(2, 0, 32\)"),
+    ("forward", dict(inputs_embeds=torch.zeros(2, 6, 32, dtype=torch.long)), ValueError,
+     "inputs_embeds must be a floating tensor"),
+    ("forward", dict(inputs_embeds=[[0.0] * 32]), TypeError, "inputs_embeds must be a torch.Tensor"),
+    ("generate", dict(inputs_embeds=torch.zeros(2, 6, 32), max_new_tokens=35), ValueError,
+     r"prompt length 6 \+ max_new_tokens=35 = 41 exceeds block_size=40"),
+    ("generate", dict(inputs_embeds=torch.zeros(2, 6, 5), max_new_tokens=2), ValueError,
+     r"inputs_embeds must have shape \(B, T, d_model=32\)"),
+    ("generate", dict(input_ids=True, inputs_embeds=torch.zeros(2, 4, 32), max_new_tokens=2), ValueError,
+     r"input_ids has shape \(2, 6\) but inputs_embeds \(2, 4, 32\)"),
+    ("generate", dict(inputs_embeds=torch.zeros(2, 6, 32), attention_mask=torch.ones(2, 5), max_new_tokens=2),
+     ValueError, r"attention_mask has shape \(2, 5\); expected inputs_embeds"),
+])
+def test_bad_inputs_embeds_are_named(call, kw, error, message):
+    lm, x = tiny_lm(), ids(2, 6)
+    kw = {k: (x if v is True and k == "input_ids" else lm.get_input_embeddings()(x) if v is True else v)
+          for k, v in kw.items()}
+    with pytest.raises(error, match=message), torch.no_grad():
+        lm(**kw) if call == "forward" else lm.generate(**kw)

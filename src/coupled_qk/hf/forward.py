@@ -1,10 +1,13 @@
 """The shared forward body of :class:`~coupled_qk.hf.modeling.CoupledQKModel` and
-:class:`~coupled_qk.hf.modeling.CoupledQKForCausalLM`: the input checks, the cache,
+:class:`~coupled_qk.hf.modeling.CoupledQKForCausalLM`: the input checks, the cache, ``inputs_embeds``,
 ``output_hidden_states`` and the tuple output of ``return_dict=False``."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+import torch.nn as nn
 from transformers.cache_utils import DynamicCache
 from transformers.utils import logging
 
@@ -14,9 +17,25 @@ from coupled_qk.hf.inputs import cache_arg, check_cache_batch, check_inputs
 logger = logging.get_logger("coupled_qk.hf.modeling")
 
 
+@contextlib.contextmanager
+def embeddings_given(embedding: nn.Module, inputs_embeds: torch.Tensor | None):
+    """While active, ``embedding``'s output is ``inputs_embeds`` ``(B, T, d_model)`` (cast to the dtype of the
+    rows it would have looked up), so the wrapped ``GPT`` runs on placeholder ids with the caller's embeddings in
+    place of its token lookup: positions (learned or RoPE), dropout, masks and the cache are as with ids, and
+    gradients flow to ``inputs_embeds``. ``None``: nothing changes."""
+    if inputs_embeds is None:
+        yield
+        return
+    handle = embedding.register_forward_hook(lambda module, args, out: inputs_embeds.to(out.dtype))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, kwargs):
     """Check the inputs, set up the ``DynamicCache`` (when caching) and run the wrapped GPT of ``module`` to its
-    final hidden states, on ``input_ids (B, T)``.
+    final hidden states, on ``input_ids (B, T)`` or ``kwargs["inputs_embeds"] (B, T, d_model)``.
 
     Returns:
         ``(hidden (B, T, d_model), cache, use_cache, hidden_states)``; ``hidden_states`` is ``None`` unless
@@ -25,7 +44,10 @@ def run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, k
     Raises:
         ValueError, TypeError: as :func:`~coupled_qk.hf.inputs.check_inputs` and ``GPT.hidden_states``.
     """
-    check_inputs(input_ids, kwargs, use_cache)
+    embeds = kwargs.get("inputs_embeds")
+    check_inputs(input_ids, kwargs, use_cache, module.config.d_model, module.model.tok_emb.weight.device)
+    if embeds is not None:  # placeholders for the shapes and checks; embeddings_given replaces their lookup
+        input_ids = torch.zeros(embeds.shape[:2], dtype=torch.long, device=embeds.device)
     cache = cache_arg(cache, kwargs)
     check_cache_batch(cache, input_ids.shape[0])
     asked = use_cache
@@ -54,9 +76,10 @@ def run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, k
 
         def run():
             return gpt.hidden_states(input_ids, view, attention_mask, position_ids)
-    if not kwargs.get("output_hidden_states", module.config.output_hidden_states):
-        return run(), cache, use_cache, None
-    hidden, states = _with_states(gpt, run)
+    with embeddings_given(gpt.tok_emb, embeds):
+        if not kwargs.get("output_hidden_states", module.config.output_hidden_states):
+            return run(), cache, use_cache, None
+        hidden, states = _with_states(gpt, run)
     return hidden, cache, use_cache, states
 
 

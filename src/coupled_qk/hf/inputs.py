@@ -43,26 +43,52 @@ def check_cache_batch(cache: Cache | None, batch: int) -> None:
                          "cache with its own batch (or pass a new cache)")
 
 
-def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -> None:
+def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None, d_model: int | None = None,
+                 device=None) -> None:
     """The forward arguments that :meth:`coupled_qk.GPT.hidden_states` does not check itself (it checks
-    ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: no ``inputs_embeds``, an
-    ``input_ids`` (a ``(B, T)`` integer tensor, named ``input_ids`` in messages), and
+    ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: exactly one of ``input_ids`` (a
+    ``(B, T)`` integer tensor, named ``input_ids`` in messages) and ``kwargs["inputs_embeds"]``
+    (:func:`check_embeds`, ``d_model`` and ``device`` the model's), and
     ``use_cache``/``output_hidden_states``/``return_dict`` ``None`` or a bool.
 
     Raises:
-        ValueError: ``inputs_embeds`` given, ``input_ids`` missing or of a wrong shape or dtype. TypeError: a
-            non-tensor ``input_ids``; a flag that is not a bool, naming it (the string ``"False"`` would
-            otherwise be read as true).
+        ValueError: both or neither of ``input_ids`` and ``inputs_embeds``, either of a wrong shape or dtype.
+        TypeError: a non-tensor ``input_ids`` or ``inputs_embeds``; a flag that is not a bool, naming it (the
+            string ``"False"`` would otherwise be read as true).
     """
-    if kwargs.get("inputs_embeds") is not None:
-        raise ValueError("inputs_embeds is not supported by coupled-qk models; pass input_ids")
-    if input_ids is None:
-        raise ValueError("input_ids is required (LongTensor of shape (B, T))")
-    check_ids("input_ids", input_ids)  # kind, rank, dtype and sizes, named as here; the ids' range: GPT.embed
+    embeds = kwargs.get("inputs_embeds")
+    if embeds is not None:
+        if input_ids is not None:
+            raise ValueError("pass either input_ids or inputs_embeds, not both (got both)")
+        check_embeds(embeds, d_model, device)
+    elif input_ids is None:
+        raise ValueError("input_ids (LongTensor of shape (B, T)) or inputs_embeds ((B, T, d_model)) is required")
+    else:
+        check_ids("input_ids", input_ids)  # kind, rank, dtype and sizes, named as here; the ids' range: GPT.embed
     for name, value in (("use_cache", use_cache), ("output_hidden_states", kwargs.get("output_hidden_states")),
                         ("return_dict", kwargs.get("return_dict"))):
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"{name}={value!r} must be True, False or None")
+
+
+def check_embeds(embeds, d_model: int | None, device=None) -> None:
+    """``inputs_embeds``: a floating tensor ``(B, T, d_model)`` with ``B, T >= 1``, on ``device`` (the model's;
+    ``None`` or meta: not checked), e.g. ``model.get_input_embeddings()(input_ids)``.
+
+    Raises:
+        TypeError: not a tensor. ValueError: naming ``inputs_embeds``: another shape, a zero-sized dimension, a
+            non-floating dtype, another device.
+    """
+    if not isinstance(embeds, torch.Tensor):
+        raise TypeError(f"inputs_embeds must be a torch.Tensor of shape (B, T, d_model); got {type(embeds).__name__}")
+    if embeds.dim() != 3 or (d_model is not None and embeds.shape[-1] != d_model) or 0 in embeds.shape[:2]:
+        raise ValueError(f"inputs_embeds must have shape (B, T, d_model={d_model}) with B, T >= 1; got "
+                         f"{tuple(embeds.shape)}")
+    if not embeds.dtype.is_floating_point:
+        raise ValueError(f"inputs_embeds must be a floating tensor (token embeddings, e.g. "
+                         f"model.get_input_embeddings()(input_ids)); got dtype {embeds.dtype}")
+    if device is not None and torch.device(device).type != "meta" and embeds.device != torch.device(device):
+        raise ValueError(f"inputs_embeds is on {embeds.device} but the model is on {device}")
 
 
 def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None) -> None:
@@ -129,12 +155,24 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
     """The arguments of :meth:`coupled_qk.hf.modeling.CoupledQKForCausalLM.generate` (``ids`` the prompt,
     ``model_config`` the model's :class:`~coupled_qk.hf.configuration.CoupledQKConfig`, ``config`` the
     ``GenerationConfig`` in use, ``kwargs`` the call's keywords): ``max_new_tokens`` (or what ``max_length``
-    leaves), the beam counts, and :func:`~coupled_qk.tensor_checks.check_generate_args`'s checks.
+    leaves), the beam counts, and :func:`~coupled_qk.tensor_checks.check_generate_args`'s checks. A prompt
+    given as ``kwargs["inputs_embeds"]`` ``(B, T, d_model)`` (with or without ``ids``, which must then be its
+    ``(B, T)`` token ids) is checked by :func:`check_embeds` and its length counts as the prompt's.
 
     Raises:
         TypeError, ValueError: naming the argument.
     """
-    check_ids("input_ids", ids, vocab_size=model_config.vocab_size)
+    prompt = "input_ids"  # what the messages call the prompt
+    if ids is not None:
+        check_ids(prompt, ids, vocab_size=model_config.vocab_size)
+    embeds = kwargs.get("inputs_embeds")
+    if embeds is not None:
+        check_embeds(embeds, model_config.d_model, device)
+        if ids is None:  # the prompt's (B, T) for the checks below: the embeddings stand for its tokens
+            ids, prompt = torch.zeros(embeds.shape[:2], dtype=torch.long, device=embeds.device), "inputs_embeds"
+        elif tuple(ids.shape) != tuple(embeds.shape[:2]):
+            raise ValueError(f"input_ids has shape {tuple(ids.shape)} but inputs_embeds {tuple(embeds.shape)}: "
+                             "with both, input_ids must be the (B, T) token ids of the embedded prompt")
     new = kwargs.get("max_new_tokens", config.max_new_tokens)
     if new is None:
         new = _new_from_max_length(ids.shape[1], kwargs.get("max_length", config.max_length), "max_length" in kwargs,
@@ -149,7 +187,7 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
              kwargs.get(k) is not None}
     check_generate_args(ids, new, block_size=model_config.block_size, vocab_size=model_config.vocab_size,
                         use_cache=kwargs.get("use_cache", True), attention_mask=kwargs.get("attention_mask"),
-                        device=device, name="input_ids", **given)
+                        device=device, name=prompt, **given)
 
 
 def _new_from_max_length(t: int, max_length, given: bool, block_size: int) -> int:

@@ -252,6 +252,8 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
     ``forward(input_ids, attention_mask=None, position_ids=None, cache=None, labels=None, use_cache=None,
     logits_to_keep=0)``:
 
+    - ``inputs_embeds``: ``(B, T, d_model)`` token embeddings instead of ``input_ids`` (e.g. prompt tuning):
+      the same result as the ids they embed (``model.get_input_embeddings()(input_ids)``); not both.
     - ``attention_mask``: ``(B, T_past + T)``, 1 at tokens and 0 at padding (left or right).
     - ``position_ids``: ``(B, T)``; default from ``attention_mask`` (real tokens numbered from 0).
     - ``cache``: a ``transformers`` ``Cache`` to read and extend (``generate`` passes a ``DynamicCache``);
@@ -269,18 +271,19 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
     - ``return_dict=False``: a tuple instead of the output object.
 
     ``generate`` works with greedy, sampling and beam search, cached (default) or not (``use_cache=False``),
-    and a left-padded batch generates what each prompt generates alone. Source: ``docs/METHOD.md`` section 1.
+    from ``input_ids`` or ``inputs_embeds``, and a left-padded batch generates what each prompt generates alone.
+    Source: ``docs/METHOD.md`` section 1.
 
     Raises:
-        ValueError: ``inputs_embeds`` or ``output_attentions=True`` (unsupported), no ``input_ids``, and the input
-            errors of
+        ValueError: ``output_attentions=True`` (unsupported), both or neither of ``input_ids`` and
+            ``inputs_embeds`` (:func:`~coupled_qk.hf.inputs.check_inputs`), and the input errors of
             :meth:`coupled_qk.GPT.hidden_states` (ids out of range, too long, bad mask or positions).
     """
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """``GenerationMixin.generate`` with its arguments checked once per call, before any token is computed,
         as :meth:`coupled_qk.GPT.generate`'s (:func:`coupled_qk.tensor_checks.check_generate_args`): the prompt
-        ``(B, T)`` integer ids in the vocabulary; ``max_new_tokens`` (or what ``max_length`` leaves) an int
+        ``(B, T)`` integer ids in the vocabulary (or ``inputs_embeds`` ``(B, T, d_model)``); ``max_new_tokens`` (or what ``max_length`` leaves) an int
         ``>= 0`` with ``T + max_new_tokens <= block_size`` (the model cannot see further: without this check the
         error came after the first ``block_size - T`` tokens); ``temperature``, ``top_k``, ``top_p``,
         ``repetition_penalty`` in range when given; ``num_beams``, ``num_return_sequences`` and
@@ -292,7 +295,7 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
             TypeError, ValueError: naming the argument (see :func:`~coupled_qk.tensor_checks.check_generate_args`).
         """
         ids = inputs if inputs is not None else kwargs.get("input_ids")
-        if ids is not None:
+        if ids is not None or kwargs.get("inputs_embeds") is not None:
             check_hf_generate_args(ids, self.config, generation_config or self.generation_config, kwargs, self.device)
         return super().generate(inputs, generation_config, **kwargs)
 
