@@ -144,3 +144,39 @@ def test_bad_inputs_embeds_are_named(call, kw, error, message):
           for k, v in kw.items()}
     with pytest.raises(error, match=message), torch.no_grad():
         lm(**kw) if call == "forward" else lm.generate(**kw)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# None for "the default", as transformers' models read it
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", [tiny_lm, gpt2], ids=["coupled_qk", "gpt2"])
+def test_none_switches_mean_the_defaults(model):
+    """``return_dict=None`` (``peft``'s prompt tuning passes it) gave a tuple; ``generate(use_cache=None)`` was a
+    ``TypeError``. Both mean the default, as in GPT-2."""
+    lm, x = model(), ids(2, 5)
+    with torch.no_grad():
+        out = lm(x, return_dict=None)
+    assert not isinstance(out, tuple) and torch.equal(out.logits, lm(x).logits)
+    assert torch.equal(lm.generate(x, max_new_tokens=3, use_cache=None), lm.generate(x, max_new_tokens=3))
+
+
+def test_a_none_config_switch_argument_takes_the_config():
+    lm, x = tiny_lm(), ids(2, 5)
+    lm.config.output_hidden_states, lm.config.return_dict = True, False
+    with torch.no_grad():
+        out = lm(x, output_hidden_states=None, return_dict=None)
+    assert isinstance(out, tuple) and len(out[-1]) == 3
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(num_beams=None, max_new_tokens=3), r"num_beams=None must be an int >= 1 \(or left out"),
+    (dict(num_return_sequences=None, max_new_tokens=3), r"num_return_sequences=None must be an int >= 1"),
+    (dict(max_length=None), r"max_length=None: pass an int, or max_new_tokens, or leave both out"),
+])
+def test_a_none_that_transformers_cannot_take_is_named(kw, message):
+    """GPT-2 fails on these inside transformers ("'>' not supported between 'int' and 'NoneType'")."""
+    with pytest.raises(TypeError, match=message):
+        tiny_lm().generate(ids(2, 5), **kw)
+    assert tiny_lm().generate(ids(2, 5), max_new_tokens=3, num_beam_groups=None).shape == (2, 8)  # taken as GPT-2

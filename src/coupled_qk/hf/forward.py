@@ -77,7 +77,7 @@ def run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, k
         def run():
             return gpt.hidden_states(input_ids, view, attention_mask, position_ids)
     with embeddings_given(gpt.tok_emb, embeds):
-        if not kwargs.get("output_hidden_states", module.config.output_hidden_states):
+        if not config_default(kwargs, "output_hidden_states", module.config):
             return run(), cache, use_cache, None
         hidden, states = _with_states(gpt, run)
     return hidden, cache, use_cache, states
@@ -97,6 +97,13 @@ def _with_states(gpt, run) -> tuple:
     return hidden, (*states[:-1], hidden)
 
 
+def config_default(kwargs: dict, name: str, config):
+    """The switch ``name`` of a forward call: the argument, or the config's when it is left out or ``None`` (as in
+    ``transformers``' models; ``peft``'s prompt tuning passes ``return_dict=None``, which gave a tuple)."""
+    value = kwargs.get(name)
+    return getattr(config, name) if value is None else value
+
+
 def as_output(module, output, kwargs):
     """``output`` as a tuple when ``return_dict=False`` (argument, else the config), as ``transformers`` models."""
-    return output if kwargs.get("return_dict", module.config.return_dict) else output.to_tuple()
+    return output if config_default(kwargs, "return_dict", module.config) else output.to_tuple()

@@ -179,14 +179,16 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
                                    model_config.block_size)
     _check_special_ids(config, kwargs, model_config.vocab_size)
     for name in ("num_beams", "num_return_sequences", "num_beam_groups"):  # transformers divides by them
-        value = kwargs.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        value = kwargs.get(name)  # None given: transformers failed comparing it ("'>' not supported ...")
+        if (value is not None or (name in kwargs and name != "num_beam_groups")) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError)(
-                f"{name}={value!r} must be an int >= 1")
+                f"{name}={value!r} must be an int >= 1 (or left out: the generation config's)")
     given = {k: kwargs[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty") if
              kwargs.get(k) is not None}
     check_generate_args(ids, new, block_size=model_config.block_size, vocab_size=model_config.vocab_size,
-                        use_cache=kwargs.get("use_cache", True), attention_mask=kwargs.get("attention_mask"),
+                        use_cache=True if kwargs.get("use_cache") is None else kwargs["use_cache"],  # None: default
+                        attention_mask=kwargs.get("attention_mask"),
                         device=device, name=prompt, **given)
 
 
@@ -196,8 +198,11 @@ def _new_from_max_length(t: int, max_length, given: bool, block_size: int) -> in
     within the context (``transformers``' default, which caps ``max_length`` at ``max_position_embeddings``).
 
     Raises:
-        TypeError: a ``max_length`` that is not an int. ValueError: a ``max_length`` beyond ``block_size``.
+        TypeError: a ``max_length`` that is not an int (``None`` given). ValueError: a ``max_length`` beyond
+            ``block_size``.
     """
+    if max_length is None and given:  # transformers failed on it ("unsupported operand type(s) for +")
+        raise TypeError("max_length=None: pass an int, or max_new_tokens, or leave both out (20 new tokens)")
     if max_length is None:
         return max(0, min(t + 20, block_size) - t)
     if isinstance(max_length, bool) or not isinstance(max_length, int):
