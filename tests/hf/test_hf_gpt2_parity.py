@@ -180,3 +180,63 @@ def test_a_none_that_transformers_cannot_take_is_named(kw, message):
     with pytest.raises(TypeError, match=message):
         tiny_lm().generate(ids(2, 5), **kw)
     assert tiny_lm().generate(ids(2, 5), max_new_tokens=3, num_beam_groups=None).shape == (2, 8)  # taken as GPT-2
+
+
+# --------------------------------------------------------------------------------------------------------------
+# generation modes that crop, score or stop (beam search and sampling: test_hf_contract.py)
+# --------------------------------------------------------------------------------------------------------------
+
+CACHE_LAYOUTS = ["coupled", "differential", "coupled_leapfrog"]
+"""Coupled keys one per query head, grouped differential values, the two-stage integrator."""
+
+
+@pytest.mark.parametrize("variant", ["coupled", "differential"])
+def test_assisted_decoding_and_prompt_lookup_make_the_greedy_tokens(variant):
+    """Assisted decoding crops the ``DynamicCache`` after rejected draft tokens and verifies several tokens in one
+    forward: with greedy decoding it must make the tokens of plain uncached greedy decoding (batch 1, as
+    ``transformers`` requires), with a draft that disagrees, with the model as its own draft, and with prompt
+    lookup."""
+    lm, draft = tiny_lm(variant), tiny_lm(variant, seed=7)
+    x = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    greedy = lm.generate(x, max_new_tokens=8, use_cache=False)
+    assert torch.equal(lm.generate(x, max_new_tokens=8, assistant_model=draft), greedy)
+    assert torch.equal(lm.generate(x, max_new_tokens=8, assistant_model=lm), greedy)
+    assert torch.equal(lm.generate(x, max_new_tokens=8, prompt_lookup_num_tokens=3), greedy)
+
+
+@pytest.mark.parametrize("variant", CACHE_LAYOUTS)
+def test_logits_processors_and_scores_cached_equal_uncached(variant):
+    """Left-padded batch: repetition penalty, ``min_new_tokens`` with a list of end ids, ``no_repeat_ngram_size``;
+    ``output_scores``/``output_logits`` of cached decoding equal the uncached ones."""
+    lm, (x, mask) = tiny_lm(variant), left_padded()
+    kw = dict(attention_mask=mask, max_new_tokens=8, repetition_penalty=1.3, min_new_tokens=5,
+              eos_token_id=[3, 4, 5, 6, 7, 8], no_repeat_ngram_size=2, return_dict_in_generate=True,
+              output_scores=True, output_logits=True)
+    cached, uncached = (lm.generate(x, use_cache=c, **kw) for c in (True, False))
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert len(cached.scores) == len(cached.logits) == cached.sequences.shape[1] - x.shape[1]
+    for a, b in zip(cached.logits + cached.scores, uncached.logits + uncached.scores):
+        torch.testing.assert_close(a, b)
+    new = cached.sequences[:, x.shape[1]:]
+    assert not torch.isin(new[:, :5], torch.arange(3, 9)).any()  # no end id before min_new_tokens
+
+
+def test_stop_strings_stop_cached_and_uncached_alike():
+    """``stop_strings`` (with a tokenizer, here a character-level one built in memory) end each row at its string."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = (string.ascii_lowercase + string.ascii_uppercase + "0")[:V]
+    backend = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token="0"))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.Split(Regex("."), behavior="isolated"), decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="0", pad_token="a")
+    lm, (x, mask) = tiny_lm(), left_padded()
+    plain = lm.generate(x, attention_mask=mask, max_new_tokens=8)
+    new = plain[1, x.shape[1]:]
+    end = x.shape[1] + int((new == new[2]).nonzero()[0]) + 1  # row 1 ends at the first of its 3rd new token
+    out = [lm.generate(x, attention_mask=mask, max_new_tokens=8, stop_strings=[tok.decode(new[2:3])], tokenizer=tok,
+                       use_cache=c) for c in (True, False)]
+    assert torch.equal(*out)
+    assert torch.equal(out[0][1, :end], plain[1, :end]) and (out[0][1, end:] == 0).all()  # stopped, then padded
