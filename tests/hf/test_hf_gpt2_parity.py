@@ -240,3 +240,20 @@ def test_stop_strings_stop_cached_and_uncached_alike():
                        use_cache=c) for c in (True, False)]
     assert torch.equal(*out)
     assert torch.equal(out[0][1, :end], plain[1, :end]) and (out[0][1, end:] == 0).all()  # stopped, then padded
+
+
+@pytest.mark.parametrize("arg", ["past_key_values", "cache"])
+def test_a_legacy_tuple_cache_is_named_with_its_conversion(arg):
+    """This ``transformers`` takes no tuple caches (GPT-2: "'tuple' object has no attribute 'get_seq_length'"); ours
+    named ``cache`` even when ``past_key_values`` was given, without the way out. The conversion it names works."""
+    from transformers import DynamicCache
+
+    lm, (x, mask) = tiny_lm(), left_padded()
+    step, step_mask = torch.full((3, 1), 7), torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], 1)
+    with torch.no_grad():
+        legacy = tuple((layer.keys, layer.values) for layer in lm(x, attention_mask=mask).cache.layers)
+        with pytest.raises(ValueError, match=rf"{arg} must be a transformers Cache \(e.g. DynamicCache\); got tuple; "
+                                             rf"legacy \(key, value\) pairs per layer: pass DynamicCache\({arg}\)"):
+            lm(step, attention_mask=step_mask, **{arg: legacy})
+        logits = lm(step, attention_mask=step_mask, **{arg: DynamicCache(legacy)}).logits
+        torch.testing.assert_close(logits, lm(torch.cat([x, step], 1), attention_mask=step_mask).logits[:, -1:])

@@ -26,10 +26,19 @@ def check_folder(path: Path) -> None:
 
 
 def cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
-    legacy = kwargs.pop("past_key_values", None)  # the name before transformers 5.x renamed it to `cache`
-    cache = legacy if cache is None else cache
+    """The forward's cache: ``cache``, else ``kwargs["past_key_values"]`` (popped; the name before ``transformers``
+    5.x renamed it to ``cache``), else ``None``.
+
+    Raises:
+        ValueError: not a ``transformers`` ``Cache``, naming the argument as given; a tuple or list (the legacy
+            per-layer ``(key, value)`` pairs, which this ``transformers`` no longer takes) with the conversion.
+    """
+    legacy = kwargs.pop("past_key_values", None)
+    name, cache = ("past_key_values", legacy) if cache is None else ("cache", cache)
     if cache is not None and not isinstance(cache, Cache):
-        raise ValueError(f"cache must be a transformers Cache (e.g. DynamicCache); got {type(cache).__name__}")
+        hint = (f"; legacy (key, value) pairs per layer: pass DynamicCache({name})" if isinstance(cache, (tuple, list))
+                else "")
+        raise ValueError(f"{name} must be a transformers Cache (e.g. DynamicCache); got {type(cache).__name__}{hint}")
     return cache
 
 
