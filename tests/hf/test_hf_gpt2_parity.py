@@ -104,6 +104,21 @@ def test_inputs_embeds_forward_equals_the_ids_it_embeds(name):
     assert embeds.grad is not None and embeds.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("kw,error,message", [
+    (dict(labels=ids(2, 5)), ValueError, r"labels has shape \(2, 5\); expected inputs_embeds' \(B, T\) \(2, 6\)"),
+    (dict(labels=ids(2, 6) + V), ValueError, rf"labels: token ids must be in \[0, {V}\) or -100"),
+    (dict(labels=ids(2, 6).float()), ValueError, "labels must hold integer token ids"),
+    (dict(shift_labels=ids(2, 7), labels=ids(2, 6)), ValueError, r"shift_labels has shape \(2, 7\); expected inputs_embeds"),
+    (dict(labels=ids(2, 6), logits_to_keep=1), ValueError, "labels need the logits of every position"),
+])
+def test_labels_with_inputs_embeds_are_checked_as_with_ids(kw, error, message):
+    """The targets of embedded tokens were not checked at all (``check_labels`` ran for ``input_ids`` only)."""
+    lm = tiny_lm()
+    embeds = lm.get_input_embeddings()(ids(2, 6))
+    with pytest.raises(error, match=message), torch.no_grad():
+        lm(inputs_embeds=embeds, **kw)
+
+
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("name", ["coupled", "differential", "gpt2"])
 def test_generate_from_inputs_embeds_makes_the_tokens_of_the_ids(name, mode):

@@ -100,8 +100,9 @@ def check_embeds(embeds, d_model: int | None, device=None) -> None:
         raise ValueError(f"inputs_embeds is on {embeds.device} but the model is on {device}")
 
 
-def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None) -> None:
-    """``labels`` and ``shift_labels`` (each ``None`` or an integer tensor of ``input_ids``' shape, ids in
+def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None,
+                 inputs: str = "input_ids") -> None:
+    """``labels`` and ``shift_labels`` (each ``None`` or an integer tensor of ``input_ids``' shape ``(B, T)``, ids in
     ``[0, vocab_size)`` or ``-100``; values checked on CPU tensors only, to avoid a device sync) and
     ``logits_to_keep``: an int ``>= 0`` (the last ``n`` positions, ``0``: all) or, as in ``transformers``, a
     1-D integer tensor of the positions to keep (in ``[-T, T)``). A loss needs the logits of every position, so
@@ -113,6 +114,8 @@ def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_kee
         ValueError: naming the argument: a shape other than ``input_ids``', a floating dtype, an id out of range,
             a negative ``logits_to_keep``, a ``logits_to_keep`` tensor not 1-D integer or with a position out of
             range, targets with a ``logits_to_keep`` that drops positions.
+
+    ``inputs``: what messages call the input (``"inputs_embeds"``: ``input_ids`` is then ``inputs_embeds[..., 0]``).
     """
     t = input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else None
     if isinstance(logits_to_keep, torch.Tensor):
@@ -125,7 +128,7 @@ def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_kee
     drops = isinstance(logits_to_keep, torch.Tensor) or (t is not None and 0 < logits_to_keep < t)
     for name, value in (("labels", labels), ("shift_labels", shift_labels)):
         if value is not None:
-            _check_targets(name, value, input_ids, vocab_size)
+            _check_targets(name, value, input_ids, vocab_size, inputs)
             if drops:
                 kept = f"{tuple(logits_to_keep.shape)} positions" if isinstance(logits_to_keep, torch.Tensor) \
                     else f"the last {logits_to_keep} of {t} positions"
@@ -143,13 +146,18 @@ def _check_positions_to_keep(keep: torch.Tensor, t: int | None) -> None:
                          f"{int(keep.min())}, max {int(keep.max())}")
 
 
-def _check_targets(name: str, labels, input_ids: torch.Tensor, vocab_size: int) -> None:
+def _shape_of(inputs: str) -> str:
+    return "input_ids' shape" if inputs == "input_ids" else f"{inputs}' (B, T)"
+
+
+def _check_targets(name: str, labels, input_ids: torch.Tensor, vocab_size: int, inputs: str) -> None:
     """One target tensor of :func:`check_labels`, named ``name`` in messages."""
     how = "unshifted: the model shifts them" if name == "labels" else "already shifted, -100 at the last position"
     if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids of input_ids' shape; got {type(labels).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of token ids of {_shape_of(inputs)}; got "
+                        f"{type(labels).__name__}")
     if labels.shape != input_ids.shape:
-        raise ValueError(f"{name} has shape {tuple(labels.shape)}; expected input_ids' shape {tuple(input_ids.shape)} "
+        raise ValueError(f"{name} has shape {tuple(labels.shape)}; expected {_shape_of(inputs)} {tuple(input_ids.shape)} "
                          f"({how})")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
         raise ValueError(f"{name} must hold integer token ids; got dtype {labels.dtype}")

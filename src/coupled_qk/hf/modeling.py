@@ -323,8 +323,11 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> CausalLMOutputWithPast:
         shift = kwargs.get("shift_labels")
+        embeds = kwargs.get("inputs_embeds")
         if input_ids is not None:
             check_labels(labels, input_ids, self.config.vocab_size, logits_to_keep, shift)  # (no ids: run_gpt)
+        elif isinstance(embeds, torch.Tensor) and embeds.dim() == 3:  # targets of the embedded tokens
+            check_labels(labels, embeds[..., 0], self.config.vocab_size, logits_to_keep, shift, "inputs_embeds")
         hidden, cache, use_cache, states = run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
                                                     kwargs)
         if isinstance(logits_to_keep, torch.Tensor):  # the positions to keep (as transformers' models)
