@@ -80,3 +80,27 @@ def test_lora_trains_saves_reloads_and_merges(tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()  # a plain model, strict load
     with torch.no_grad():
         torch.testing.assert_close(loaded(x).logits, tuned, atol=1e-5, rtol=1e-5)
+
+
+def test_prompt_tuning_trains_the_virtual_tokens_and_generates():
+    """``peft`` prompt tuning feeds ``inputs_embeds`` (virtual tokens before the prompt's embeddings) with
+    ``return_dict=None``: it was refused ("inputs_embeds is not supported"), then returned a tuple. The logits
+    are the base model's on ``[virtual tokens; prompt]`` and the virtual tokens get gradients. (peft reads the
+    head count from ``config.to_dict()``, which holds ``n_heads``: give ``num_attention_heads``.)"""
+    from peft import PromptTuningConfig, TaskType
+
+    base = tiny_lm("coupled")
+    model = get_peft_model(base, PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=3,
+                                                    num_attention_heads=4))
+    x = ids(2, 6)
+    out = model(input_ids=x, attention_mask=torch.ones_like(x), labels=x)
+    virtual = model.prompt_encoder.default.embedding.weight
+    with torch.no_grad():
+        joined = torch.cat([virtual.expand(2, -1, -1), base.get_input_embeddings()(x)], dim=1)
+        torch.testing.assert_close(out.logits, base(inputs_embeds=joined).logits)
+    out.loss.backward()
+    assert virtual.grad is not None and virtual.grad.abs().sum() > 0
+    model.eval()
+    cached, uncached = (model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=4,
+                                       do_sample=False, use_cache=c) for c in (True, False))
+    assert cached.shape == (2, 10) and torch.equal(cached, uncached)

@@ -26,10 +26,19 @@ def check_folder(path: Path) -> None:
 
 
 def cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
-    legacy = kwargs.pop("past_key_values", None)  # the name before transformers 5.x renamed it to `cache`
-    cache = legacy if cache is None else cache
+    """The forward's cache: ``cache``, else ``kwargs["past_key_values"]`` (popped; the name before ``transformers``
+    5.x renamed it to ``cache``), else ``None``.
+
+    Raises:
+        ValueError: not a ``transformers`` ``Cache``, naming the argument as given; a tuple or list (the legacy
+            per-layer ``(key, value)`` pairs, which this ``transformers`` no longer takes) with the conversion.
+    """
+    legacy = kwargs.pop("past_key_values", None)
+    name, cache = ("past_key_values", legacy) if cache is None else ("cache", cache)
     if cache is not None and not isinstance(cache, Cache):
-        raise ValueError(f"cache must be a transformers Cache (e.g. DynamicCache); got {type(cache).__name__}")
+        hint = (f"; legacy (key, value) pairs per layer: pass DynamicCache({name})" if isinstance(cache, (tuple, list))
+                else "")
+        raise ValueError(f"{name} must be a transformers Cache (e.g. DynamicCache); got {type(cache).__name__}{hint}")
     return cache
 
 
@@ -43,54 +52,112 @@ def check_cache_batch(cache: Cache | None, batch: int) -> None:
                          "cache with its own batch (or pass a new cache)")
 
 
-def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None) -> None:
+def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None, d_model: int | None = None,
+                 device=None) -> None:
     """The forward arguments that :meth:`coupled_qk.GPT.hidden_states` does not check itself (it checks
-    ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: no ``inputs_embeds``, an
-    ``input_ids`` (a ``(B, T)`` integer tensor, named ``input_ids`` in messages), and
+    ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: exactly one of ``input_ids`` (a
+    ``(B, T)`` integer tensor, named ``input_ids`` in messages) and ``kwargs["inputs_embeds"]``
+    (:func:`check_embeds`, ``d_model`` and ``device`` the model's), and
     ``use_cache``/``output_hidden_states``/``return_dict`` ``None`` or a bool.
 
     Raises:
-        ValueError: ``inputs_embeds`` given, ``input_ids`` missing or of a wrong shape or dtype. TypeError: a
-            non-tensor ``input_ids``; a flag that is not a bool, naming it (the string ``"False"`` would
-            otherwise be read as true).
+        ValueError: both or neither of ``input_ids`` and ``inputs_embeds``, either of a wrong shape or dtype.
+        TypeError: a non-tensor ``input_ids`` or ``inputs_embeds``; a flag that is not a bool, naming it (the
+            string ``"False"`` would otherwise be read as true).
     """
-    if kwargs.get("inputs_embeds") is not None:
-        raise ValueError("inputs_embeds is not supported by coupled-qk models; pass input_ids")
-    if input_ids is None:
-        raise ValueError("input_ids is required (LongTensor of shape (B, T))")
-    check_ids("input_ids", input_ids)  # kind, rank, dtype and sizes, named as here; the ids' range: GPT.embed
+    embeds = kwargs.get("inputs_embeds")
+    if embeds is not None:
+        if input_ids is not None:
+            raise ValueError("pass either input_ids or inputs_embeds, not both (got both)")
+        check_embeds(embeds, d_model, device)
+    elif input_ids is None:
+        raise ValueError("input_ids (LongTensor of shape (B, T)) or inputs_embeds ((B, T, d_model)) is required")
+    else:
+        check_ids("input_ids", input_ids)  # kind, rank, dtype and sizes, named as here; the ids' range: GPT.embed
     for name, value in (("use_cache", use_cache), ("output_hidden_states", kwargs.get("output_hidden_states")),
                         ("return_dict", kwargs.get("return_dict"))):
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"{name}={value!r} must be True, False or None")
 
 
-def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None) -> None:
-    """``labels`` and ``shift_labels`` (each ``None`` or an integer tensor of ``input_ids``' shape, ids in
-    ``[0, vocab_size)`` or ``-100``; values checked on CPU tensors only, to avoid a device sync) and
-    ``logits_to_keep`` (an int ``>= 0``) of :meth:`CoupledQKForCausalLM.forward`.
+def check_embeds(embeds, d_model: int | None, device=None) -> None:
+    """``inputs_embeds``: a floating tensor ``(B, T, d_model)`` with ``B, T >= 1``, on ``device`` (the model's;
+    ``None`` or meta: not checked), e.g. ``model.get_input_embeddings()(input_ids)``.
 
     Raises:
-        TypeError: a non-tensor ``labels`` / ``shift_labels`` or a non-int ``logits_to_keep``. ValueError: naming
-            the argument: a shape other than ``input_ids``', a floating dtype, an id out of range, a negative
-            ``logits_to_keep``.
+        TypeError: not a tensor. ValueError: naming ``inputs_embeds``: another shape, a zero-sized dimension, a
+            non-floating dtype, another device.
     """
-    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
-        raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions)")
-    if logits_to_keep < 0:
+    if not isinstance(embeds, torch.Tensor):
+        raise TypeError(f"inputs_embeds must be a torch.Tensor of shape (B, T, d_model); got {type(embeds).__name__}")
+    if embeds.dim() != 3 or (d_model is not None and embeds.shape[-1] != d_model) or 0 in embeds.shape[:2]:
+        raise ValueError(f"inputs_embeds must have shape (B, T, d_model={d_model}) with B, T >= 1; got "
+                         f"{tuple(embeds.shape)}")
+    if not embeds.dtype.is_floating_point:
+        raise ValueError(f"inputs_embeds must be a floating tensor (token embeddings, e.g. "
+                         f"model.get_input_embeddings()(input_ids)); got dtype {embeds.dtype}")
+    if device is not None and torch.device(device).type != "meta" and embeds.device != torch.device(device):
+        raise ValueError(f"inputs_embeds is on {embeds.device} but the model is on {device}")
+
+
+def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None,
+                 inputs: str = "input_ids") -> None:
+    """``labels`` and ``shift_labels`` (each ``None`` or an integer tensor of ``input_ids``' shape ``(B, T)``, ids in
+    ``[0, vocab_size)`` or ``-100``; values checked on CPU tensors only, to avoid a device sync) and
+    ``logits_to_keep``: an int ``>= 0`` (the last ``n`` positions, ``0``: all) or, as in ``transformers``, a
+    1-D integer tensor of the positions to keep (in ``[-T, T)``). A loss needs the logits of every position, so
+    ``labels``/``shift_labels`` with a ``logits_to_keep`` that drops some are refused (``transformers`` failed
+    there with a batch-size mismatch naming neither).
+
+    Raises:
+        TypeError: a non-tensor ``labels`` / ``shift_labels``, a ``logits_to_keep`` neither an int nor a tensor.
+        ValueError: naming the argument: a shape other than ``input_ids``', a floating dtype, an id out of range,
+            a negative ``logits_to_keep``, a ``logits_to_keep`` tensor not 1-D integer or with a position out of
+            range, targets with a ``logits_to_keep`` that drops positions.
+
+    ``inputs``: what messages call the input (``"inputs_embeds"``: ``input_ids`` is then ``inputs_embeds[..., 0]``).
+    """
+    t = input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else None
+    if isinstance(logits_to_keep, torch.Tensor):
+        _check_positions_to_keep(logits_to_keep, t)
+    elif isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
+        raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions) or a 1-D tensor of "
+                        "positions")
+    elif logits_to_keep < 0:
         raise ValueError(f"logits_to_keep={logits_to_keep} must be >= 0 (0: all positions)")
+    drops = isinstance(logits_to_keep, torch.Tensor) or (t is not None and 0 < logits_to_keep < t)
     for name, value in (("labels", labels), ("shift_labels", shift_labels)):
         if value is not None:
-            _check_targets(name, value, input_ids, vocab_size)
+            _check_targets(name, value, input_ids, vocab_size, inputs)
+            if drops:
+                kept = f"{tuple(logits_to_keep.shape)} positions" if isinstance(logits_to_keep, torch.Tensor) \
+                    else f"the last {logits_to_keep} of {t} positions"
+                raise ValueError(f"{name} need the logits of every position, but logits_to_keep keeps {kept}; "
+                                 "pass logits_to_keep=0 with labels")
 
 
-def _check_targets(name: str, labels, input_ids: torch.Tensor, vocab_size: int) -> None:
+def _check_positions_to_keep(keep: torch.Tensor, t: int | None) -> None:
+    """A ``logits_to_keep`` tensor: 1-D integer positions in ``[-t, t)`` (values checked on CPU only)."""
+    if keep.dim() != 1 or keep.dtype.is_floating_point or keep.dtype == torch.bool or keep.is_complex():
+        raise ValueError(f"logits_to_keep as a tensor must be 1-D integer positions; got {keep.dtype} "
+                         f"{tuple(keep.shape)}")
+    if t is not None and keep.numel() and keep.device.type == "cpu" and not -t <= int(keep.min()) <= int(keep.max()) < t:
+        raise ValueError(f"logits_to_keep: positions must be in [-{t}, {t}) (the sequence has {t}); got min "
+                         f"{int(keep.min())}, max {int(keep.max())}")
+
+
+def _shape_of(inputs: str) -> str:
+    return "input_ids' shape" if inputs == "input_ids" else f"{inputs}' (B, T)"
+
+
+def _check_targets(name: str, labels, input_ids: torch.Tensor, vocab_size: int, inputs: str) -> None:
     """One target tensor of :func:`check_labels`, named ``name`` in messages."""
     how = "unshifted: the model shifts them" if name == "labels" else "already shifted, -100 at the last position"
     if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids of input_ids' shape; got {type(labels).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of token ids of {_shape_of(inputs)}; got "
+                        f"{type(labels).__name__}")
     if labels.shape != input_ids.shape:
-        raise ValueError(f"{name} has shape {tuple(labels.shape)}; expected input_ids' shape {tuple(input_ids.shape)} "
+        raise ValueError(f"{name} has shape {tuple(labels.shape)}; expected {_shape_of(inputs)} {tuple(input_ids.shape)} "
                          f"({how})")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
         raise ValueError(f"{name} must hold integer token ids; got dtype {labels.dtype}")
@@ -105,27 +172,41 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
     """The arguments of :meth:`coupled_qk.hf.modeling.CoupledQKForCausalLM.generate` (``ids`` the prompt,
     ``model_config`` the model's :class:`~coupled_qk.hf.configuration.CoupledQKConfig`, ``config`` the
     ``GenerationConfig`` in use, ``kwargs`` the call's keywords): ``max_new_tokens`` (or what ``max_length``
-    leaves), the beam counts, and :func:`~coupled_qk.tensor_checks.check_generate_args`'s checks.
+    leaves), the beam counts, and :func:`~coupled_qk.tensor_checks.check_generate_args`'s checks. A prompt
+    given as ``kwargs["inputs_embeds"]`` ``(B, T, d_model)`` (with or without ``ids``, which must then be its
+    ``(B, T)`` token ids) is checked by :func:`check_embeds` and its length counts as the prompt's.
 
     Raises:
         TypeError, ValueError: naming the argument.
     """
-    check_ids("input_ids", ids, vocab_size=model_config.vocab_size)
+    prompt = "input_ids"  # what the messages call the prompt
+    if ids is not None:
+        check_ids(prompt, ids, vocab_size=model_config.vocab_size)
+    embeds = kwargs.get("inputs_embeds")
+    if embeds is not None:
+        check_embeds(embeds, model_config.d_model, device)
+        if ids is None:  # the prompt's (B, T) for the checks below: the embeddings stand for its tokens
+            ids, prompt = torch.zeros(embeds.shape[:2], dtype=torch.long, device=embeds.device), "inputs_embeds"
+        elif tuple(ids.shape) != tuple(embeds.shape[:2]):
+            raise ValueError(f"input_ids has shape {tuple(ids.shape)} but inputs_embeds {tuple(embeds.shape)}: "
+                             "with both, input_ids must be the (B, T) token ids of the embedded prompt")
     new = kwargs.get("max_new_tokens", config.max_new_tokens)
     if new is None:
         new = _new_from_max_length(ids.shape[1], kwargs.get("max_length", config.max_length), "max_length" in kwargs,
                                    model_config.block_size)
     _check_special_ids(config, kwargs, model_config.vocab_size)
     for name in ("num_beams", "num_return_sequences", "num_beam_groups"):  # transformers divides by them
-        value = kwargs.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        value = kwargs.get(name)  # None given: transformers failed comparing it ("'>' not supported ...")
+        if (value is not None or (name in kwargs and name != "num_beam_groups")) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError)(
-                f"{name}={value!r} must be an int >= 1")
+                f"{name}={value!r} must be an int >= 1 (or left out: the generation config's)")
     given = {k: kwargs[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty") if
              kwargs.get(k) is not None}
     check_generate_args(ids, new, block_size=model_config.block_size, vocab_size=model_config.vocab_size,
-                        use_cache=kwargs.get("use_cache", True), attention_mask=kwargs.get("attention_mask"),
-                        device=device, name="input_ids", **given)
+                        use_cache=True if kwargs.get("use_cache") is None else kwargs["use_cache"],  # None: default
+                        attention_mask=kwargs.get("attention_mask"),
+                        device=device, name=prompt, **given)
 
 
 def _new_from_max_length(t: int, max_length, given: bool, block_size: int) -> int:
@@ -134,8 +215,11 @@ def _new_from_max_length(t: int, max_length, given: bool, block_size: int) -> in
     within the context (``transformers``' default, which caps ``max_length`` at ``max_position_embeddings``).
 
     Raises:
-        TypeError: a ``max_length`` that is not an int. ValueError: a ``max_length`` beyond ``block_size``.
+        TypeError: a ``max_length`` that is not an int (``None`` given). ValueError: a ``max_length`` beyond
+            ``block_size``.
     """
+    if max_length is None and given:  # transformers failed on it ("unsupported operand type(s) for +")
+        raise TypeError("max_length=None: pass an int, or max_new_tokens, or leave both out (20 new tokens)")
     if max_length is None:
         return max(0, min(t + 20, block_size) - t)
     if isinstance(max_length, bool) or not isinstance(max_length, int):

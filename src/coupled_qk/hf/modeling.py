@@ -24,26 +24,16 @@ import torch
 import torch.nn as nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.utils import logging
 
-from coupled_qk.hf.cache_view import CacheView, StaticStep, static_layers
+from coupled_qk.hf.cache_view import static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
-from coupled_qk.hf.inputs import (
-    cache_arg,
-    check_cache_batch,
-    check_folder,
-    check_hf_generate_args,
-    check_inputs,
-    check_labels,
-)
+from coupled_qk.hf.forward import as_output, run_gpt
+from coupled_qk.hf.inputs import check_folder, check_hf_generate_args, check_labels
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.gpt import GPT
-
-logger = logging.get_logger(__name__)
 
 TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
 
@@ -242,56 +232,6 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         return (model, info) if want_info else model
 
 
-def _run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, kwargs):
-    """The shared body of both forwards: check the inputs, set up the ``DynamicCache`` (when caching) and run the
-    wrapped GPT to its final hidden states. Returns ``(hidden (B, T, d_model), cache, use_cache)``."""
-    check_inputs(input_ids, kwargs, use_cache)
-    cache = cache_arg(cache, kwargs)
-    check_cache_batch(cache, input_ids.shape[0])
-    asked = use_cache
-    use_cache = module.config.use_cache if use_cache is None else use_cache
-    if use_cache and module.model.gradient_checkpointing and module.training and torch.is_grad_enabled():
-        if cache is not None or asked:  # (the config's default use_cache=True is dropped silently)
-            logger.warning_once("use_cache=True is incompatible with gradient checkpointing while training; "
-                                "running without a cache (use_cache=False)")
-        use_cache, cache = False, None
-    if use_cache and cache is None:
-        cache = DynamicCache(config=module.config)
-    if kwargs.get("output_attentions"):
-        raise ValueError("output_attentions=True is not supported by coupled-qk models (they score with SDPA); use "
-                         "coupled_qk.GPT.trace(idx) for each layer's attention probabilities, queries and keys")
-    gpt = module.model
-    if use_cache and input_ids.shape[1] == 1 and not torch.is_grad_enabled() and static_layers(cache):
-        # a decoding step over a filled static cache: fixed shapes, one compiled graph (cache_view.StaticStep)
-        if not torch.compiler.is_compiling() and input_ids.device.type == "cpu":
-            gpt._check_ids(input_ids)
-        view = StaticStep(cache, attention_mask, position_ids, input_ids.shape[0], gpt.config.block_size)
-
-        def run():
-            return gpt.static_hidden_states(input_ids, view, view.positions)
-    else:
-        view = CacheView(cache) if cache is not None else None
-
-        def run():
-            return gpt.hidden_states(input_ids, view, attention_mask, position_ids)
-    if not kwargs.get("output_hidden_states", module.config.output_hidden_states):
-        return run(), cache, use_cache, None
-    states = []  # transformers' convention: the embeddings, each block's output, the last after the final norm
-    hooks = [gpt.blocks[0].register_forward_pre_hook(lambda m, args: states.append(args[0]))]
-    hooks += [b.register_forward_hook(lambda m, args, out: states.append(out)) for b in gpt.blocks]
-    try:
-        hidden = run()
-    finally:
-        for h in hooks:
-            h.remove()
-    return hidden, cache, use_cache, (*states[:-1], hidden)
-
-
-def _output(module, output, kwargs):
-    """``output`` as a tuple when ``return_dict=False`` (argument, else the config), as ``transformers`` models."""
-    return output if kwargs.get("return_dict", module.config.return_dict) else output.to_tuple()
-
-
 class CoupledQKModel(CoupledQKPreTrainedModel):
     """Base model: ``input_ids (B, T)`` -> ``last_hidden_state (B, T, d_model)`` (after the final LayerNorm).
 
@@ -300,10 +240,10 @@ class CoupledQKModel(CoupledQKPreTrainedModel):
     """
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
-        hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
+        hidden, cache, use_cache, states = run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
                                                     kwargs)
         out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None, hidden_states=states)
-        return _output(self, out, kwargs)
+        return as_output(self, out, kwargs)
 
 
 class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
@@ -312,6 +252,8 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
     ``forward(input_ids, attention_mask=None, position_ids=None, cache=None, labels=None, use_cache=None,
     logits_to_keep=0)``:
 
+    - ``inputs_embeds``: ``(B, T, d_model)`` token embeddings instead of ``input_ids`` (e.g. prompt tuning):
+      the same result as the ids they embed (``model.get_input_embeddings()(input_ids)``); not both.
     - ``attention_mask``: ``(B, T_past + T)``, 1 at tokens and 0 at padding (left or right).
     - ``position_ids``: ``(B, T)``; default from ``attention_mask`` (real tokens numbered from 0).
     - ``cache``: a ``transformers`` ``Cache`` to read and extend (``generate`` passes a ``DynamicCache``);
@@ -322,24 +264,26 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
       it the *sum* divided by that number instead, so that accumulated micro-batches give the gradient of one
       large batch (``transformers``' ``ForCausalLMLoss``); ``shift_labels`` (already shifted targets) are
       honoured the same way.
-    - ``logits_to_keep``: compute logits for the last ``n`` positions only (0 = all).
+    - ``logits_to_keep``: compute logits for the last ``n`` positions only (0 = all), or for the positions of
+      a 1-D integer tensor (as ``transformers``' models); with ``labels`` it must keep all.
     - ``output_hidden_states``: also return ``hidden_states``, ``n_layer + 1`` tensors ``(B, T, d_model)``: the
       embeddings, each block's output, the last one after the final LayerNorm (as ``transformers`` models).
     - ``return_dict=False``: a tuple instead of the output object.
 
     ``generate`` works with greedy, sampling and beam search, cached (default) or not (``use_cache=False``),
-    and a left-padded batch generates what each prompt generates alone. Source: ``docs/METHOD.md`` section 1.
+    from ``input_ids`` or ``inputs_embeds``, and a left-padded batch generates what each prompt generates alone.
+    Source: ``docs/METHOD.md`` section 1.
 
     Raises:
-        ValueError: ``inputs_embeds`` or ``output_attentions=True`` (unsupported), no ``input_ids``, and the input
-            errors of
+        ValueError: ``output_attentions=True`` (unsupported), both or neither of ``input_ids`` and
+            ``inputs_embeds`` (:func:`~coupled_qk.hf.inputs.check_inputs`), and the input errors of
             :meth:`coupled_qk.GPT.hidden_states` (ids out of range, too long, bad mask or positions).
     """
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """``GenerationMixin.generate`` with its arguments checked once per call, before any token is computed,
         as :meth:`coupled_qk.GPT.generate`'s (:func:`coupled_qk.tensor_checks.check_generate_args`): the prompt
-        ``(B, T)`` integer ids in the vocabulary; ``max_new_tokens`` (or what ``max_length`` leaves) an int
+        ``(B, T)`` integer ids in the vocabulary (or ``inputs_embeds`` ``(B, T, d_model)``); ``max_new_tokens`` (or what ``max_length`` leaves) an int
         ``>= 0`` with ``T + max_new_tokens <= block_size`` (the model cannot see further: without this check the
         error came after the first ``block_size - T`` tokens); ``temperature``, ``top_k``, ``top_p``,
         ``repetition_penalty`` in range when given; ``num_beams``, ``num_return_sequences`` and
@@ -351,7 +295,7 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
             TypeError, ValueError: naming the argument (see :func:`~coupled_qk.tensor_checks.check_generate_args`).
         """
         ids = inputs if inputs is not None else kwargs.get("input_ids")
-        if ids is not None:
+        if ids is not None or kwargs.get("inputs_embeds") is not None:
             check_hf_generate_args(ids, self.config, generation_config or self.generation_config, kwargs, self.device)
         return super().generate(inputs, generation_config, **kwargs)
 
@@ -379,11 +323,16 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> CausalLMOutputWithPast:
         shift = kwargs.get("shift_labels")
-        if input_ids is not None and (labels is not None or logits_to_keep or shift is not None):
-            check_labels(labels, input_ids, self.config.vocab_size, logits_to_keep, shift)  # (no ids: _run_gpt)
-        hidden, cache, use_cache, states = _run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
+        embeds = kwargs.get("inputs_embeds")
+        if input_ids is not None:
+            check_labels(labels, input_ids, self.config.vocab_size, logits_to_keep, shift)  # (no ids: run_gpt)
+        elif isinstance(embeds, torch.Tensor) and embeds.dim() == 3:  # targets of the embedded tokens
+            check_labels(labels, embeds[..., 0], self.config.vocab_size, logits_to_keep, shift, "inputs_embeds")
+        hidden, cache, use_cache, states = run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
                                                     kwargs)
-        if logits_to_keep:
+        if isinstance(logits_to_keep, torch.Tensor):  # the positions to keep (as transformers' models)
+            hidden = hidden[:, logits_to_keep.to(hidden.device)]
+        elif logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.model.logits(hidden)  # vocab_size columns (a padded head's extra rows dropped)
         loss = None
@@ -394,4 +343,4 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
             loss = self.loss_function(logits=logits, labels=labels.long(), vocab_size=self.config.vocab_size,
                                       **loss_kwargs)
         out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None, hidden_states=states)
-        return _output(self, out, kwargs)
+        return as_output(self, out, kwargs)
