@@ -312,3 +312,27 @@ def test_activation_checkpointing_every_n_layers_checkpoints_those_blocks(every)
     assert not lm.model.gradient_checkpointing and lm.model.checkpoint_every == 1
     with pytest.raises(ValueError, match="every_n_layers=0 must be a positive integer"):
         lm.activation_checkpointing_enable(every_n_layers=0)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("typo, meant", [("atention_mask", "attention_mask"), ("label", "labels"),
+                                         ("position_id", "position_ids"), ("input_embeds", "inputs_embeds"),
+                                         ("use_cahce", "use_cache")])
+def test_a_misspelt_keyword_is_named_not_ignored(kind, typo, meant):
+    lm = tiny_lm()
+    with pytest.raises(TypeError, match=rf"unexpected keyword argument '{typo}' .*did you mean '{meant}'"):
+        lm(ids(2, 4), **{typo: None})
+    with pytest.raises(TypeError, match=rf"'{typo}'"):
+        _step(lm, kind, **{typo: None})
+
+
+def test_keywords_of_the_ecosystem_pass_and_zero_token_types_change_nothing():
+    lm = tiny_lm()
+    x = ids(2, 6)
+    with torch.no_grad():
+        plain = lm(x).logits
+        # unrelated names (ignored as by GPT-2) and all-zero token types (what tokenizers return) change nothing
+        same = lm(x, token_type_ids=torch.zeros_like(x), output_attentions=False, some_adapter_flag=True).logits
+    torch.testing.assert_close(same, plain, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="token_type_ids must be None or all zeros"):
+        lm(x, token_type_ids=torch.ones_like(x))

@@ -4,6 +4,7 @@ argument it refuses; :meth:`coupled_qk.GPT.hidden_states` checks the ids' range,
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 import torch
@@ -63,7 +64,7 @@ def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None, d
     Raises:
         ValueError: both or neither of ``input_ids`` and ``inputs_embeds``, either of a wrong shape or dtype.
         TypeError: a non-tensor ``input_ids`` or ``inputs_embeds``; a flag that is not a bool, naming it (the
-            string ``"False"`` would otherwise be read as true).
+            string ``"False"`` would otherwise be read as true); a misspelt keyword (:func:`check_keywords`).
     """
     embeds = kwargs.get("inputs_embeds")
     if embeds is not None:
@@ -74,10 +75,41 @@ def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None, d
         raise ValueError("input_ids (LongTensor of shape (B, T)) or inputs_embeds ((B, T, d_model)) is required")
     else:
         check_ids("input_ids", input_ids)  # kind, rank, dtype and sizes, named as here; the ids' range: GPT.embed
+    check_keywords(kwargs)
     for name, value in (("use_cache", use_cache), ("output_hidden_states", kwargs.get("output_hidden_states")),
                         ("return_dict", kwargs.get("return_dict"))):
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"{name}={value!r} must be True, False or None")
+
+
+# The forwards' own arguments and those the ecosystem passes (generate, Trainer, peft): other keywords are ignored
+# as GPT-2's forward ignores them, except a near-miss of one of these, which is a typo that would take no effect.
+FORWARD_KEYWORDS = ("input_ids", "attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "labels",
+                    "logits_to_keep", "inputs_embeds", "output_hidden_states", "output_attentions", "return_dict",
+                    "shift_labels", "num_items_in_batch", "cache_position", "token_type_ids")
+
+
+def check_keywords(kwargs: dict) -> None:
+    """The forwards' extra keywords (``**kwargs``): a name within a typo of one of :data:`FORWARD_KEYWORDS`
+    (``atention_mask``, ``label``) is refused, since it would be ignored silently; ``token_type_ids`` must be
+    ``None`` or all zeros (the model has no token-type embeddings, GPT-2 adds them: nonzero types would be
+    dropped without a word). Other names pass (ignored, as by GPT-2's forward).
+
+    Raises:
+        TypeError: a near-miss keyword, naming it and the argument it resembles.
+        ValueError: nonzero ``token_type_ids``.
+    """
+    for key in kwargs:
+        if key in FORWARD_KEYWORDS:
+            continue
+        close = difflib.get_close_matches(key, FORWARD_KEYWORDS, n=1, cutoff=0.8)
+        if close:
+            raise TypeError(f"forward() got an unexpected keyword argument {key!r} (it would be ignored); did you "
+                            f"mean {close[0]!r}?")
+    types = kwargs.get("token_type_ids")
+    if isinstance(types, torch.Tensor) and bool(types.ne(0).any()):
+        raise ValueError("token_type_ids must be None or all zeros: this model has no token-type embeddings (the "
+                         "nonzero types would be ignored); drop them from the inputs")
 
 
 def check_embeds(embeds, d_model: int | None, device=None) -> None:
