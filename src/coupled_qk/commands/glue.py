@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from coupled_qk.commands.options import parse_seeds
+from coupled_qk.extras import require_extra
 
 HELP = "fine-tune pretrained checkpoints on GLUE tasks (SST-2, CoLA, RTE, MRPC) and compare them"
 
@@ -44,6 +45,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    require_extra(("sklearn", "scipy"), "glue", "coupled-qk glue (metrics and intervals)")
     from coupled_qk.experiments.glue.finetune import (
         check_names,
         format_table,
