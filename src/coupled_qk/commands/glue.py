@@ -12,6 +12,7 @@ def add_arguments(parser) -> None:
     from coupled_qk.commands.options import (
         add_device_option,
         add_overwrite_option,
+        add_progress_option,
         dtype_arg,
         folder_arg,
         path_arg,
@@ -41,7 +42,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", type=dtype_arg, default=None,
                         help="autocast dtype of every fine-tune: auto, fp32, bf16 or fp16 (default auto: bf16 on "
                         "CUDA, fp32 on CPU)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    add_progress_option(parser)
 
 
 def run(args) -> int:
