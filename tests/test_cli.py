@@ -151,3 +151,12 @@ def test_demo_quick_is_a_labelled_smoke_run(tiny_corpus, tmp_path, capsys):
     for entry in summary["variants"].values():
         final = entry["runs"][0]["final"]
         assert final["test/n_tokens"] == QUICK_EVAL_WINDOWS * 16 and final["test/subsample_windows"] == 24
+
+
+@pytest.mark.parametrize("argv", [["eval", "RUN"], ["glue", "RUN"], ["train"], ["compare"], ["demo"]])
+def test_no_progress_is_an_option_of_the_commands_that_show_progress(argv):
+    """README: `--no-progress` for silence; `eval` (its evaluation bars) lacked it."""
+    from coupled_qk.cli import build_parser
+
+    assert build_parser(argv[0]).parse_args([*argv, "--no-progress"]).progress is False
+    assert build_parser(argv[0]).parse_args(argv).progress is not False  # True, or None: the config's default

@@ -15,7 +15,7 @@ import coupled_qk
 SRC = Path(coupled_qk.__file__).parent
 
 LEVELS = {
-    "_checks": 0, "_assignment": 0, "allocator": 0, "io": 0, "outputs": 0, "devices": 0, "tensor_checks": 0, "progress": 0, "ops": 0,
+    "_checks": 0, "_assignment": 0, "allocator": 0, "io": 0, "outputs": 0, "devices": 0, "tensor_checks": 0, "progress": 0, "extras": 0, "ops": 0,
     "layers": 1,
     "models": 2,
     "data": 3, "training": 3,

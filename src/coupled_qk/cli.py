@@ -17,6 +17,7 @@ import re
 import sys
 import warnings
 
+from coupled_qk.extras import MissingExtra
 from coupled_qk.models.registry import PluginError
 
 COMMANDS = {
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _say(args.command, f"error: {exc}")
         return EXIT_DIVERGED
-    except (ValueError, OSError, PluginError) as exc:  # FileNotFoundError, PermissionError, ...: a clear one-line message
+    except (ValueError, OSError, PluginError, MissingExtra) as exc:  # FileNotFoundError, PermissionError, ...: a clear one-line message
         if args.debug:
             raise
         _say(args.command, f"error: {exc}")

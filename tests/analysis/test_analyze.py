@@ -490,6 +490,34 @@ def test_analyze_defaults_to_the_runs_corpus(checkpoints, tmp_path, capsys):
         (run / "config.json").unlink()
 
 
+def test_runs_of_one_split_analysed_together_whatever_their_eval_subsample(checkpoints, tmp_path, capsys):
+    """A `demo` run and a `demo --quick` run (task_options.final_eval_windows) of one corpus, and a run that spells
+    out the default split seed, share one text: analysed together without --corpus; another split seed is refused."""
+    from coupled_qk.cli import main
+
+    _, corpus, runs, _ = checkpoints
+    args = ["--n-sequences", "1", "--seq-len", "6", "--no-plots"]
+    options = ({"final_eval_windows": 24}, {"split_seed": 0})
+    try:
+        for run, opts in zip(runs, options):
+            (run / "config.json").write_text(json.dumps({"corpus": str(corpus), "task_options": opts}))
+        assert main(["analyze", *map(str, runs), "--out-dir", str(tmp_path / "mixed")] + args) == 0
+        report = json.loads((tmp_path / "mixed" / "analysis.json").read_text())
+        for run in runs:
+            (run / "config.json").write_text(json.dumps({"corpus": str(corpus)}))
+        assert main(["analyze", *map(str, runs), "--out-dir", str(tmp_path / "plain")] + args) == 0
+        plain = json.loads((tmp_path / "plain" / "analysis.json").read_text())
+        assert [e["analysis"]["mean"] for e in report["checkpoints"]] == [
+            e["analysis"]["mean"] for e in plain["checkpoints"]]
+        (runs[1] / "config.json").write_text(json.dumps({"corpus": str(corpus), "task_options": {"split_seed": 1}}))
+        capsys.readouterr()
+        assert main(["analyze", *map(str, runs), "--out-dir", str(tmp_path / "other")] + args) == 2
+        assert "different corpora or splits" in capsys.readouterr().err
+    finally:
+        for run in runs:
+            (run / "config.json").unlink(missing_ok=True)
+
+
 def test_default_labels_tell_runs_apart(tmp_path):
     from coupled_qk.analysis.analyze import _default_labels
 

@@ -7,6 +7,7 @@ runs :func:`coupled_qk.analysis.capture.analyze_model` and writes ``analysis.jso
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -70,21 +71,35 @@ def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_s
     """
     if corpus is not None:
         return corpus, data_dir, {"split_seed": split_seed or 0}
-    sources = set()
+    sources = {}
     for ckpt in ckpts:
         cfg = RunDir(ckpt.parent).read_config()
         if cfg is None or "corpus" not in cfg:
             raise ValueError(f"--corpus is needed: {ckpt.parent} has no config.json naming the run's corpus")
         opts = dict(cfg.get("task_options") if cfg.get("task_options") is not None else {})
+        opts.pop("final_eval_windows", None)  # unused by analyze, and no part of the split (see _split_options)
         if split_seed is not None:
             opts["split_seed"] = split_seed
-        sources.add((cfg["corpus"], data_dir if data_dir is not None else cfg.get("data_dir"),
-                     json.dumps(opts, sort_keys=True)))
+        source = (cfg["corpus"], data_dir if data_dir is not None else cfg.get("data_dir"))
+        sources.setdefault((*source, json.dumps(_split_options(opts), sort_keys=True)), (*source, opts))
     if len(sources) > 1:
         raise ValueError(f"the checkpoints were trained on different corpora or splits ({sorted(sources)}); "
                          "pass --corpus to analyse them on the same text")
-    corpus, data_dir, opts = sources.pop()
-    return corpus, data_dir, json.loads(opts)
+    return next(iter(sources.values()))
+
+
+def _split_options(task_options: dict) -> dict:
+    """Every split option of a run's ``task_options``, defaults filled in (``{}`` and ``{"split_seed": 0}`` name
+    the same split; ``final_eval_windows``, as ``demo --quick`` sets it, is left out).
+
+    Raises:
+        ValueError: an unknown option or a value out of range (:class:`coupled_qk.training.lm.LMOptions`).
+    """
+    from coupled_qk.training.lm import LMOptions
+
+    options = dataclasses.asdict(LMOptions.from_options(task_options))
+    options.pop("final_eval_windows")  # how much of the splits a final evaluation scored, not which text
+    return options
 
 
 def _warn_changed_text(ckpts: Sequence[Path], text_corpus, split: str) -> None:

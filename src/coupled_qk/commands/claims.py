@@ -10,6 +10,8 @@ import os
 import shlex
 from pathlib import Path
 
+from coupled_qk.extras import require_extra
+
 DEFAULT_GLUE_JSON = "docs/results/glue-cpu/results.json"  # committed by the GLUE study (issue 15)
 HELP = "run a claims protocol (C1-C13 with seeds and confidence intervals) and regenerate its report"
 
@@ -91,6 +93,7 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def run(args) -> int:
+    require_extra(("scipy",), "claims", "coupled-qk claims (intervals and verdicts)")
     from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.commands.options import parse_seeds, parse_variants_option
     from coupled_qk.data.paths import default_cache_dir, default_data_dir

@@ -20,6 +20,7 @@ def add_arguments(parser) -> None:
     from coupled_qk.commands.options import (
         add_device_option,
         add_overwrite_option,
+        add_progress_option,
         folder_arg,
         path_arg,
         positive_int_arg,
@@ -36,6 +37,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", dest="json_out", default=None, type=path_arg,
                         help="also write the results to this JSON file (an existing file only with --overwrite)")
     add_overwrite_option(parser)
+    add_progress_option(parser)
 
 
 def run(args) -> int:

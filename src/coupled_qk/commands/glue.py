@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from coupled_qk.commands.options import parse_seeds
+from coupled_qk.extras import require_extra
 
 HELP = "fine-tune pretrained checkpoints on GLUE tasks (SST-2, CoLA, RTE, MRPC) and compare them"
 
@@ -12,6 +13,7 @@ def add_arguments(parser) -> None:
         add_compile_option,
         add_device_option,
         add_overwrite_option,
+        add_progress_option,
         dtype_arg,
         folder_arg,
         path_arg,
@@ -49,7 +51,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the planned fine-tunes (model x task x seed), their folders and whether each "
                         "would be trained, resumed or reused, then exit (nothing is created)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    add_progress_option(parser)
 
 
 def _checked(args) -> tuple[list[str], list[int], int | dict | None, list[str], str]:
@@ -98,6 +100,8 @@ def run(args) -> int:
     ``ValueError``, reported by the CLI)."""
     from coupled_qk.experiments.glue.finetune import format_table, plan_glue, run_glue
 
+    if not args.dry_run:  # metrics and intervals: refused before any work, not after the fine-tunes
+        require_extra(("sklearn", "scipy"), "glue", "coupled-qk glue (metrics and intervals)")
     tasks, seeds, subsets, names, out_dir = _checked(args)
     options = dict(glue_dir=args.glue_dir, lr=args.lr, epochs=args.epochs, batch_size=args.batch_size,
                    max_train_examples=subsets, pooling=args.pooling, device=args.device, progress=args.progress,

@@ -32,6 +32,7 @@ from coupled_qk.commands.options import (
 from coupled_qk.devices import check_dtype
 from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, customize_preset, get_preset, heads_for, mqar_variants
 from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep, sweep_plan
+from coupled_qk.extras import require_extra
 from coupled_qk.outputs import OutputDir
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
@@ -98,6 +99,8 @@ def run(args) -> int:
                               train_examples=args.train_examples, test_examples=args.test_examples,
                               batch_size=args.batch_size)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else [preset.seed]
+    if len(seeds) > 1:  # the intervals over seeds: found missing before any run, not after the sweep
+        require_extra(("scipy",), "claims", "mqar --seeds (intervals over seeds)")
     dtype = "auto" if args.dtype is None else check_dtype("--dtype", args.dtype, args.device)
     variants = parse_variants_option(args.variants) if args.variants is not None else None
     d_models, lrs = args.d_models, args.lrs

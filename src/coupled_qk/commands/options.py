@@ -263,6 +263,13 @@ def add_overwrite_option(parser) -> None:
                         "never touched, and a folder holding them is still refused)")
 
 
+def add_progress_option(parser) -> None:
+    """``--no-progress``: no progress bars and no periodic progress lines (``args.progress`` False; the command
+    line sets :func:`coupled_qk.progress.set_mode` ``"off"`` before the command runs)."""
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bars or periodic progress lines (COUPLED_QK_PROGRESS=off does the same)")
+
+
 def _list(item, what: str):
     def parse(text: str) -> list:
         parts = [p.strip() for p in text.split(",")]

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from coupled_qk.data.paths import default_data_dir
+from coupled_qk.extras import MissingExtra
 
 GLUE_TASKS = ("sst2", "cola", "rte", "mrpc")
 SPLITS = ("train", "dev")
@@ -263,7 +264,7 @@ def glue_metrics(task: str, labels, predictions) -> dict:
     try:
         from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
     except ImportError as exc:  # an optional dependency: the [glue] extra
-        raise ImportError("GLUE metrics need scikit-learn: pip install 'coupled-qk[glue]'") from exc
+        raise MissingExtra("GLUE metrics need scikit-learn: pip install 'coupled-qk[glue]'") from exc
 
     task = check_task(task)
     y, p = np.asarray(labels).reshape(-1), np.asarray(predictions).reshape(-1)

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from coupled_qk.experiments.runner import PlannedRun, _continues, _resuming, setting_differences, stopped_early
+from coupled_qk.experiments.runner import (
+    PlannedRun,
+    continues_stopped_run,
+    resume_note,
+    setting_differences,
+    stopped_early,
+)
 from coupled_qk.training.config import describe_differences
 
 __all__ = ["plan_lines", "planned_state"]
@@ -22,7 +28,7 @@ def planned_state(run: PlannedRun) -> str:
     the run would raise). A folder whose ``results.json`` cannot be read gives ``"refused: <why>"``."""
     rundir = run.run_dir
     if not rundir.is_finished():
-        return f"resume ({_resuming(rundir)})" if rundir.has_checkpoint() else "new"
+        return f"resume ({resume_note(rundir)})" if rundir.has_checkpoint() else "new"
     try:
         results = rundir.read_results()
         diff = setting_differences(results.get("config", {}), run.config)
@@ -30,7 +36,7 @@ def planned_state(run: PlannedRun) -> str:
         return f"refused: {exc}"
     if diff:
         return f"refused: different settings ({describe_differences(diff)})"
-    if _continues(results, run.config, rundir):
+    if continues_stopped_run(results, run.config, rundir):
         return f"continue (stopped at step {results.get('steps')} by {results['stop_reason']})"
     return f"reuse (stopped early by {results['stop_reason']})" if stopped_early(results) else "reuse (finished)"
 

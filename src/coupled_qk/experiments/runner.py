@@ -264,7 +264,7 @@ def execute(
 
 def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     """The record of the run in ``rundir`` to reuse, or ``None`` when it is to be trained: no results yet, or
-    stopped early at a point that ``run`` goes past (:func:`_continues`; its ``results.json`` is then renamed,
+    stopped early at a point that ``run`` goes past (:func:`continues_stopped_run`; its ``results.json`` is then renamed,
     so the run counts as unfinished until it stops again).
 
     Raises:
@@ -276,7 +276,7 @@ def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     results = rundir.read_results()
     check_reusable(results.get("config", {}), run.config, rundir.path)
     check_same_precision(results, run.config, rundir.path)
-    if _continues(results, run.config, rundir):
+    if continues_stopped_run(results, run.config, rundir):
         if log is not None:
             log(f"== {run.label}: continuing the run in {rundir.path}, stopped at step {results.get('steps')} by "
                 f"{results['stop_reason']}")
@@ -288,7 +288,7 @@ def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     return RunRecord(run, "reused", results, run.config, None)
 
 
-def _continues(results: dict, cfg: TrainConfig, rundir: RunDir) -> bool:
+def continues_stopped_run(results: dict, cfg: TrainConfig, rundir: RunDir) -> bool:
     """Whether a run with ``results`` that stopped early goes on under ``cfg``: it has a checkpoint, and either
     ``stop_after_steps`` stopped it (a count per invocation: each one continues by as many steps) or
     ``max_minutes`` did and ``cfg`` allows more time than it trained."""
@@ -299,7 +299,7 @@ def _continues(results: dict, cfg: TrainConfig, rundir: RunDir) -> bool:
     return cfg.max_minutes is None or float(results.get("train_seconds") or 0.0) < 60 * cfg.max_minutes
 
 
-def _resuming(rundir: RunDir) -> str:
+def resume_note(rundir: RunDir) -> str:
     """``"resuming from its checkpoint at step N"`` for a run folder holding a checkpoint (the step when known)."""
     from coupled_qk.training.checkpoint_load import checkpoint_step
 
@@ -317,7 +317,7 @@ def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: flo
         rundir.remove_partial()  # a run killed before its first checkpoint: start it again cleanly (rank 0 only:
         # under torchrun the ranks meet in the training loop's first collective, after this)
     if log is not None:  # a resumed run says so (a run stopped by a signal is continued, not started again)
-        log(f"== {run.label} -> {rundir.path}" + (f" ({_resuming(rundir)})" if changes["resume"] else ""))
+        log(f"== {run.label} -> {rundir.path}" + (f" ({resume_note(rundir)})" if changes["resume"] else ""))
     start = time.perf_counter()
     results = train_fn(cfg)
     seconds = time.perf_counter() - start

@@ -15,6 +15,7 @@ from pathlib import Path
 from coupled_qk._checks import finite, positive_int
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, load_glue
 from coupled_qk.experiments.runner import PlannedRun, Report, execute, stopped_early, write_report
+from coupled_qk.extras import MissingExtra
 from coupled_qk.training.config import TrainConfig
 
 SCHEMA = "coupled-qk/glue-results/v1"
@@ -126,7 +127,7 @@ def _stats():
     try:
         from coupled_qk.experiments import stats
     except ImportError as exc:
-        raise ImportError("GLUE summaries need scipy: pip install 'coupled-qk[glue]'") from exc
+        raise MissingExtra("GLUE summaries need scipy: pip install 'coupled-qk[glue]'") from exc
     return stats
 
 

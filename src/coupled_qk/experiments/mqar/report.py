@@ -12,6 +12,7 @@ from pathlib import Path
 
 from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, mqar_variants
 from coupled_qk.experiments.runner import Report, RunRecord
+from coupled_qk.extras import MissingExtra
 
 __all__ = ["accuracy_table", "best_over_lr", "plot_sweep", "seed_cells", "seed_table", "sweep_record",
            "sweep_report", "sweep_summary"]
@@ -112,7 +113,7 @@ def seed_cells(best: Sequence[dict], reference: str = "standard") -> list[dict]:
     try:
         from coupled_qk.experiments import stats
     except ImportError as exc:  # scipy: an optional dependency
-        raise ImportError("MQAR sweeps over several seeds need scipy for their intervals: pip install "
+        raise MissingExtra("MQAR sweeps over several seeds need scipy for their intervals: pip install "
                           "'coupled-qk[claims]'") from exc
     groups: dict[tuple, dict] = {}
     for b in best:
