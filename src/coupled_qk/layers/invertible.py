@@ -124,6 +124,7 @@ class InvertibleQKCoupling(QKMap):
     """
 
     keys_per_query_head = True
+    query_update_is_shift = False  # q' = q exp(S(s1(k))) + t1(k) scales q
 
     def __init__(
         self,

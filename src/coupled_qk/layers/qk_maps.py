@@ -17,6 +17,14 @@ The interface (docs/METHOD.md sections 1-2), implemented by every subclass of :c
   construction) sets it ``False`` so that decoding does not pay a Python check or a device sync per layer per
   token; ``head_group`` (default 1): sub-heads per head of the grouped-query layout
   (:mod:`coupled_qk.ops.heads`), set to 2 by a differential-attention layer;
+- class attribute ``query_update_is_shift`` (default ``False``): ``True`` when the map moves every query by a
+  shift that does not depend on that query, ``q' = q + D`` with ``D`` a function of the key (and of the query only
+  through the key's own updates, as in the coupled dynamics). Then one evolved key can serve a group of query
+  heads exactly: :func:`coupled_qk.hf.retrofit` with ``gqa="shared"`` runs the map on (group-mean query, key) and
+  adds the mean query's shift to every query head of the group, which equals the map's query update applied to
+  each query head. A map whose query update depends on the query (``q + dt g(q)``, an affine coupling
+  ``q exp(s(k)) + t(k)``) would get ``q_h + D(mean q)`` instead, so ``retrofit(gqa="shared")`` refuses it when
+  ``n_kv_heads < n_heads``; the registry checks at registration that the attribute is a bool;
 - optional method ``start_at_identity()`` (no argument): set the parameters so that the map is exactly the
   identity, ``(q, k) -> (q, k)`` bit for bit, keeping whatever else it learned (e.g. ``dt = 0`` with the force
   network untouched). :func:`coupled_qk.hf.retrofit` calls it to insert the map into a pretrained model without
@@ -42,6 +50,7 @@ class QKMap(nn.Module):
     """Base class of the query-key maps (the interface is described in the module docstring)."""
 
     keys_per_query_head: bool = True
+    query_update_is_shift: bool = False
     check_every_call: bool = True
     head_group: int = 1
     # subclasses set ``self.dt`` (an ``nn.Parameter`` of shape (H,)) or ``self.dt = None`` in __init__
@@ -83,6 +92,8 @@ class QKDynamics(QKMap):
             (outside autocast), or a non-finite ``dt`` (checked on CPU tensors; on accelerators the check is
             skipped to avoid a sync).
     """
+
+    query_update_is_shift = True  # q' = q + dt * (k or k_half): the shift depends on q only through the key
 
     def __init__(
         self,
@@ -221,6 +232,7 @@ class QueryMLP(QKMap):
     """
 
     keys_per_query_head = False
+    query_update_is_shift = False  # q' = q + dt g(q) depends on q
 
     def __init__(
         self, d_head: int, n_heads: int, hidden: int | None = None, dt_init: float = 0.1,

@@ -74,12 +74,28 @@ def _check_identity_method(module: type) -> None:
                          f"besides self (called as map.{IDENTITY_METHOD}()): {exc}") from None
 
 
+SHIFT_ATTRIBUTE = "query_update_is_shift"
+"""The class attribute of a query-key map saying its query update is a shift independent of the query
+(:mod:`coupled_qk.layers.qk_maps`); :func:`coupled_qk.hf.retrofit` with ``gqa="shared"`` needs it ``True``."""
+
+
+def _check_bool_attributes(module: type) -> None:
+    """``ValueError`` unless ``module``'s class attributes ``keys_per_query_head`` and :data:`SHIFT_ATTRIBUTE` are
+    bools (a string ``"False"`` would read as true)."""
+    for attr in ("keys_per_query_head", SHIFT_ATTRIBUTE):
+        value = getattr(module, attr)
+        if not isinstance(value, bool):
+            raise ValueError(f"{module.__name__}.{attr} = {value!r} must be a bool (True or False); see "
+                             f"coupled_qk.layers.qk_maps for what it declares")
+
+
 def check_map(module: object, options: object) -> None:
     """The contract of :func:`~coupled_qk.models.registry.register_qk_map`'s ``module`` and ``options``.
 
     Raises:
         ValueError: ``module`` not a :class:`~coupled_qk.layers.qk_maps.QKMap` subclass or without its own
-            ``forward``, or with a ``start_at_identity`` that is not a method taking no argument; ``options`` not a
+            ``forward``, with a ``start_at_identity`` that is not a method taking no argument, or with
+            ``keys_per_query_head`` or ``query_update_is_shift`` not a bool; ``options`` not a
             :class:`MapOptions` dataclass, a field without a default (a model is
             built from the defaults), a field of a type that values cannot be converted to
             (:func:`coupled_qk._checks.coercible`: a ``tuple`` would take ``--set`` strings unchecked), a field named like a ``GPTConfig`` field (:data:`RESERVED_OPTION_NAMES`), or fields that
@@ -91,6 +107,7 @@ def check_map(module: object, options: object) -> None:
         raise ValueError(f"module={module!r} must be a QKMap subclass (coupled_qk.QKMap)")
     _check_forward(module, QKMap, "(q, k) -> (q', k')")
     _check_identity_method(module)
+    _check_bool_attributes(module)
     fields = dataclasses.fields(options)
     required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if required:

@@ -32,6 +32,7 @@ class Drift(QKMap):
     """
 
     keys_per_query_head = True
+    query_update_is_shift = True  # q' = q + gain dt k: retrofit(gqa="shared") is exact for it
 
     def __init__(self, d_head: int, n_heads: int, gain: float = 1.0, dt_init: float = 0.1):
         super().__init__()
