@@ -27,8 +27,12 @@ method applied per query head; it multiplies the key cache by ``r`` (the value c
 are repeated after the cache) and needs a dynamic cache (the default of ``generate``; static caches are
 refused). ``gqa="shared"`` keeps one key per group: the pair (group-mean query, key) follows the paper's
 dynamics, with one ``dt`` per key head, and every query head of the group receives the same displacement
-as the mean query (exact for all three integrators, whose query updates depend on ``k`` only). The cache
-then keeps its original size and any cache class works. For ``r = 1`` both options are the paper's method.
+as the mean query: ``q_h' = q_h + (Q(M(q), k) - M(q))``, ``k' = K(M(q), k)`` for the map ``(Q, K)`` and the group
+mean ``M``. That is the map's own query update of each head (exact, for any ``n_steps``) when the update is a
+shift independent of the query, as for all three integrators (``q' = q + dt k``, the key driven by ``M(q)``); a
+map declares it with the class attribute ``query_update_is_shift`` (:mod:`coupled_qk.layers.qk_maps`), and
+``gqa="shared"`` refuses any other map (e.g. ``query_mlp``, ``invertible``) when ``r > 1``. The cache then keeps
+its original size and any cache class works. For ``r = 1`` both options are the paper's method.
 
 Saving: the dynamics' parameters are ordinary parameters (``...self_attn.qk_dynamics.dt``,
 ``...qk_dynamics.force.w_in``/``w_out``), and every option is recorded in ``model.config.coupled_qk_retrofit``;
@@ -48,7 +52,7 @@ import torch
 import torch.nn as nn
 
 from coupled_qk._checks import choice
-from coupled_qk.hf.retrofit_maps import DYNAMICS, build_map, check_layers, map_spec
+from coupled_qk.hf.retrofit_maps import DYNAMICS, build_map, check_layers, check_shared_keys, map_spec
 from coupled_qk.layers.qk_maps import QKMap
 
 GQA_MODES = ("expand", "shared")
@@ -270,8 +274,9 @@ def retrofit(
         dt_init: initial step size of every head of the dynamics; ``0.0`` (default) starts at the identity, checked
             numerically (:mod:`coupled_qk.hf.retrofit_maps`), so the model's outputs stay exactly the same.
         gqa: ``"expand"`` (one evolved key per query head; key cache grows by the group size) or
-            ``"shared"`` (one evolved key per key head, driven by the group-mean query); see the module
-            docstring. Irrelevant when ``n_heads == n_kv_heads``.
+            ``"shared"`` (one evolved key per key head, driven by the group-mean query; only for a map whose
+            ``query_update_is_shift`` is true, e.g. the dynamics); see the module docstring. Irrelevant when
+            ``n_heads == n_kv_heads``.
         position: ``"pre_rope"`` (dynamics on the un-rotated pair, then RoPE; our default) or
             ``"post_rope"``. GPT-2 has no RoPE; either value gives the same model there.
         freeze_base: if true, only the new parameters (``dt`` and the coupling network) require gradients.
@@ -291,7 +296,9 @@ def retrofit(
     Raises:
         ValueError: the model has no supported attention module (the message names the classes found and the
             supported ones), it is already retrofitted or was loaded from a retrofitted folder without its
-            coupling (use :func:`~coupled_qk.hf.retrofit_load.load_retrofitted`), or an option is invalid (``gqa``, ``position``,
+            coupling (use :func:`~coupled_qk.hf.retrofit_load.load_retrofitted`), ``gqa="shared"`` with grouped
+            keys for a map whose query update is not a shift (``query_update_is_shift`` false: naming the map), or
+            an option is invalid (``gqa``, ``position``,
             ``freeze_base``, ``layers``, ``qk_map``, ``map_options``, a map without ``start_at_identity()`` or one
             it does not make the identity, or an option rejected by the map).
     """
@@ -305,6 +312,8 @@ def retrofit(
     dynamics = dict(integrator=integrator, n_steps=n_steps, dt_init=dt_init, hidden=hidden, force=force,
                     shared_across_heads=shared_across_heads)
     spec = map_spec(qk_map, map_options, dynamics)
+    for _, module, fam in (found[i] for i in chosen):  # before any module is changed
+        check_shared_keys(spec[0], gqa, fam.heads(module)[0] // fam.heads(module)[1])
     for i in chosen:
         _, module, fam = found[i]
         _couple_module(module, fam, spec, gqa, position)

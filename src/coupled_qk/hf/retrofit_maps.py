@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
-from coupled_qk.models.contracts import IDENTITY_METHOD
+from coupled_qk.models.contracts import IDENTITY_METHOD, SHIFT_ATTRIBUTE
 
 DYNAMICS = "dynamics"
 DYNAMICS_DEFAULTS = dict(integrator="euler", n_steps=1, dt_init=0.0, hidden=None, force="mlp",
@@ -77,6 +77,28 @@ def map_spec(qk_map: object, map_options: object, dynamics: dict) -> tuple[objec
             f"'def {IDENTITY_METHOD}(self) -> None' that sets its parameters so that map(q, k) returns (q, k) exactly "
             f"(e.g. a step size dt = 0; see coupled_qk.layers.qk_maps)")
     return entry, {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}, True
+
+
+def check_shared_keys(entry, gqa: str, group_size: int) -> None:
+    """Refuse ``gqa="shared"`` for a map whose query update is not a shift (``entry.module.query_update_is_shift``
+    false) when keys are shared by ``group_size > 1`` query heads.
+
+    The shared rule runs the map on (group-mean query, key) and gives every query head the mean query's shift
+    (:mod:`coupled_qk.hf.retrofit`); for a map whose query update depends on the query (``q + dt g(q)``,
+    ``q exp(s(k)) + t(k)``) each head would get ``q_h + D(mean q)``, not the map applied to ``q_h``.
+
+    Raises:
+        ValueError: naming the map, its class, the option ``gqa`` and what to use instead.
+    """
+    if gqa != "shared" or group_size == 1 or getattr(entry.module, SHIFT_ATTRIBUTE, False):
+        return
+    cls = entry.module.__name__
+    raise ValueError(
+        f"retrofit(qk_map={entry.name!r}, gqa='shared'): {cls}.{SHIFT_ATTRIBUTE} is False (its query update depends "
+        f"on the query), but gqa='shared' runs the map on each group's mean query and gives all {group_size} query "
+        f"heads of the group that mean query's displacement, which is not {cls} applied to each query head; use "
+        f"gqa='expand' (one key per query head), or set {SHIFT_ATTRIBUTE} = True on a map whose query update is a "
+        f"shift that does not depend on the query (see coupled_qk.layers.qk_maps)")
 
 
 def build_map(entry, kwargs: dict, identity: bool, d_head: int, n_heads: int, ref: torch.Tensor) -> nn.Module:
