@@ -3,6 +3,10 @@
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``; modules
 are imported only when their command runs, so ``coupled-qk --help`` stays fast.
 
+Usage errors name the sub-command (``coupled-qk eval: error: ...``) and suggest the closest option or choice
+(``--max-step``: did you mean ``--max-steps``?). Options are spelled out: an abbreviation (``--max-step`` for
+``--max-steps``) is refused, not silently expanded, so a command line keeps its meaning when options are added.
+
 Exit codes: 0 success; 2 a user error (bad option or value, missing or damaged file, a refused resume, a
 folder in use), reported in one line naming the file, field or value (``--debug`` shows the traceback);
 3 training became non-finite; 130 / 143 stopped by ``SIGINT`` / ``SIGTERM`` (after saving a checkpoint when
@@ -12,6 +16,7 @@ training). Internal errors keep their traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import re
 import sys
@@ -36,10 +41,43 @@ COMMANDS = {
 }
 
 EXIT_USAGE, EXIT_DIVERGED = 2, 3
+TOP_LEVEL_OPTIONS = {"--debug": "coupled-qk --debug COMMAND ..."}
+"""Options of ``coupled-qk`` itself, with how to place them (a sub-command's parser does not take them)."""
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line (not the whole usage block) and exit 2."""
+    """An ``ArgumentParser`` whose usage errors are one line (not the whole usage block) and exit 2, under this
+    parser's own ``prog`` (a sub-command's errors name it), with the closest option or choice suggested.
+    Abbreviated long options are refused (``allow_abbrev=False``) for every command alike."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """As ``argparse``'s, but leftover words are this parser's error (argparse hands a sub-command's leftovers
+        to the top-level parser, whose message named ``coupled-qk`` and not the sub-command)."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggest_options(extras)}")
+        return namespace, extras
+
+    def _suggest_options(self, extras: list[str]) -> str:
+        """``"; --max-step: did you mean --max-steps?"`` for the unknown options in ``extras`` that are close to one of this
+        parser's visible options (``difflib``), ``""`` when none is."""
+        known = [o for a in self._actions if a.help is not argparse.SUPPRESS for o in a.option_strings]
+        hints = []
+        for word in extras:
+            name = word.split("=", 1)[0]
+            if not name.startswith("--"):
+                continue
+            if name in TOP_LEVEL_OPTIONS and name not in known:
+                hints.append(f"{name} goes before the command: {TOP_LEVEL_OPTIONS[name]}")
+                continue
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+            if close:
+                hints.append(f"{name}: did you mean {close[0]}?")
+        return "".join(f"; {h}" for h in hints)
 
     def error(self, message: str):
         # an option type's refusal ("argument --n: '0' must be ...") reads as "--n=0 must be ..."
@@ -49,6 +87,11 @@ class Parser(argparse.ArgumentParser):
         if typed:
             option, value, colon, rest = typed.groups()
             message = f"{option}='{value}': {rest}" if colon else f"{option}={value} {rest}"
+        choice = re.search(r"invalid choice: '((?:[^'\\]|\\.)*)' \(choose from (.*)\)$", message, re.S)
+        if choice:
+            close = difflib.get_close_matches(choice.group(1), re.findall(r"'((?:[^'\\]|\\.)*)'", choice.group(2)),
+                                              n=1, cutoff=0.6)
+            message += f"; did you mean '{close[0]}'?" if close else ""
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

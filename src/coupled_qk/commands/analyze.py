@@ -32,6 +32,7 @@ def add_arguments(parser) -> None:
     from coupled_qk.commands.options import (
         add_device_option,
         add_overwrite_option,
+        add_progress_option,
         folder_arg,
         nonneg_int_arg,
         path_arg,
@@ -66,6 +67,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=threads_arg, default=None,
                         help="CPU: heads analysed concurrently (default: torch's thread count)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
+    add_progress_option(parser)  # tokenizing the split (a bar for large corpora)
 
 
 def run(args) -> int:

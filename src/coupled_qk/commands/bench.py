@@ -21,6 +21,7 @@ from coupled_qk.commands.options import (
     add_device_option,
     add_model_options,
     add_overwrite_option,
+    add_progress_option,
     dtype_arg,
     gpt_config_from_args,
     parse_variants_option,
@@ -95,6 +96,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--decode-batch-sizes", default=[1, 8], type=positive_ints_arg, help="decode: batch sizes (default 1,8)")
     parser.add_argument("--new-tokens", type=positive_int_arg, default=32, help="decode: timed tokens per repeat (default 32)")
     parser.add_argument("--cache-len", type=positive_int_arg, default=None, help="memory: KV-cache length (default block_size)")
+    add_progress_option(parser)  # the per-variant and per-repeat lines (progress_log); the results are printed
+
+
+def progress_log(args):
+    """Where a measurement's progress lines go (each variant warmed up, each repeat, each decode point): ``print``,
+    or ``None`` (not shown) with ``--no-progress``; the results table and the files written are printed either way."""
+    return print if args.progress else None
 
 
 def _reproduce_command(args, threads: int) -> str:
@@ -241,7 +249,7 @@ def run(args) -> int:
         dtype=args.dtype,
         compile_model=args.compile,
         seed=args.seed,
-        log=print,
+        log=progress_log(args),
         map_options=map_options,
     )
     reproduce = _reproduce_command(args, result["machine"]["threads"])
@@ -259,7 +267,7 @@ def _run_other(args, config, map_options, command) -> int:
         result = run_sweep(config, d_models=args.sweep_d_model,
                            seq_lens=args.sweep_seq_len,
                            n_steps=args.sweep_n_steps, batch_size=args.batch_size,
-                           repeats=args.repeats, warmup=args.warmup, log=print, **common)
+                           repeats=args.repeats, warmup=args.warmup, log=progress_log(args), **common)
         kind, markdown = "sweep", sweep_markdown
     elif args.mode == "fastpath":
         result = run_fastpath(config, modes=args.modes,
@@ -267,12 +275,12 @@ def _run_other(args, config, map_options, command) -> int:
                               seq_len=args.seq_len, repeats=args.repeats, warmup=args.warmup, decode=not args.no_decode,
                               decode_batch_sizes=args.decode_batch_sizes,
                               prefixes=args.prefixes, new_tokens=args.new_tokens,
-                              decode_repeats=args.repeats, log=print, **common)
+                              decode_repeats=args.repeats, log=progress_log(args), **common)
         kind, markdown = "fastpath", fastpath_markdown
     elif args.mode == "decode":
         result = run_decode(config, batch_sizes=args.decode_batch_sizes,
                             prefixes=args.prefixes, new_tokens=args.new_tokens,
-                            repeats=args.repeats, map_options=map_options, log=print, **common)
+                            repeats=args.repeats, map_options=map_options, log=progress_log(args), **common)
         kind, markdown = "decode", decode_markdown
     else:
         result = run_memory(config, batch_size=args.batch_size, seq_len=args.seq_len, cache_len=args.cache_len,

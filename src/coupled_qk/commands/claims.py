@@ -59,9 +59,10 @@ def add_arguments(parser) -> None:
                              "primary metric differs by more than --tolerance")
     parser.add_argument("--tolerance", default=1e-4, type=nonneg_float_arg,
                         help="--verify: accepted difference of the test loss (else validation loss), nats (default 1e-4)")
-    from coupled_qk.commands.options import add_overwrite_option
+    from coupled_qk.commands.options import add_overwrite_option, add_progress_option
 
     add_overwrite_option(parser)
+    add_progress_option(parser)  # the held-out evaluations' bars and the tokenizers' training
 
 
 def _ignored_options() -> dict:
