@@ -6,8 +6,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +19,6 @@ from coupled_qk.hf.retrofit import coupling_parameters, step_sizes  # noqa: E402
 from coupled_qk.models import registry  # noqa: E402
 
 V = 61
-PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "drift"
 
 
 def _llama(layers=3, seed=0):
@@ -50,15 +47,6 @@ def _perturb(model):
     with torch.no_grad():
         for p in coupling_parameters(model):
             p.add_(0.3 * torch.randn(p.shape, generator=g))
-
-
-@pytest.fixture
-def drift(monkeypatch):
-    """The drift plugin (tests/plugins/drift, registered through its entry point), undone after the test."""
-    monkeypatch.syspath_prepend(str(PLUGIN))
-    with registry.isolated():
-        yield
-    sys.modules.pop("coupled_qk_drift", None)
 
 
 @pytest.mark.parametrize("make", [_llama, _gpt2])

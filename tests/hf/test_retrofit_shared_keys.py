@@ -9,8 +9,6 @@ by ~1 per coordinate; invertible: ``q exp(s(k)) + t(k)``) is refused instead of 
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +22,6 @@ from coupled_qk.hf.retrofit import couple  # noqa: E402
 from coupled_qk.models import registry  # noqa: E402
 
 V = 61
-PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "drift"
 
 
 def _llama(n_kv=2, layers=2, seed=0):
@@ -35,15 +32,6 @@ def _llama(n_kv=2, layers=2, seed=0):
     model = transformers.LlamaForCausalLM(cfg).eval()
     model.config._attn_implementation = "eager"
     return model
-
-
-@pytest.fixture
-def drift(monkeypatch):
-    """The drift plugin (tests/plugins/drift, registered through its entry point), undone after the test."""
-    monkeypatch.syspath_prepend(str(PLUGIN))
-    with registry.isolated():
-        yield
-    sys.modules.pop("coupled_qk_drift", None)
 
 
 @pytest.mark.parametrize("qk_map,cls", [("query_mlp", "QueryMLP"), ("invertible", "InvertibleQKCoupling")])

@@ -122,30 +122,21 @@ def run(args) -> int:
     if args.variants is not None:
         protocol = protocol.with_variants(parse_variants_option(args.variants))
     shard = _shard(args.shard)
-    if args.cells is not None:  # checked when the command starts, also when nothing is trained
-        cells = [c.strip() for c in args.cells.split(",")]
-        names = [c.name for c in protocol.cells]
-        unknown = [c for c in cells if c not in names]
-        if not all(cells) or unknown:
-            raise ValueError(f"--cells={args.cells!r}: {unknown or 'an empty name'} is not a cell of protocol "
-                             f"{protocol.name!r}; expected some of {names}")
-    if args.report_only and (args.cells is not None or shard != (0, 1)):
+    cells = _cells(args.cells, protocol)  # checked when the command starts, also when nothing is trained
+    if args.report_only and (cells is not None or shard != (0, 1)):
         raise ValueError("--cells and --shard choose the runs to train; --report-only trains nothing (drop them)")
+    out_dir = args.out_dir
+    if out_dir is None:
+        out_dir = "runs/claims-smoke" if protocol.name == "smoke" else "docs/results/claims"
     if args.plan:  # the runs and their state; trains and writes nothing
         from coupled_qk.experiments.claims.runs import plan_lines as protocol_plan
 
-        out_dir = args.out_dir or ("runs/claims-smoke" if protocol.name == "smoke" else "docs/results/claims")
-        cells = [c.strip() for c in args.cells.split(",")] if args.cells else None
         print("\n".join(protocol_plan(protocol, out_dir, cells)))
         return 0
     if args.glue_json is not None:  # an explicit results file must exist and parse (before any training)
         from coupled_qk.experiments.claims.glue import load_glue_rows
 
         load_glue_rows("--glue-json", args.glue_json)
-    if args.out_dir is None:
-        out_dir = "runs/claims-smoke" if protocol.name == "smoke" else "docs/results/claims"
-    else:
-        out_dir = args.out_dir
     out = report_dir(out_dir, protocol.name, overwrite=args.overwrite)  # checked before any training
     if not args.report_only and protocol.runnable:
         from coupled_qk.outputs import input_dir, output_location
@@ -156,7 +147,6 @@ def run(args) -> int:
         data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
         cache = output_location("--cache-dir", args.cache_dir) if args.cache_dir is not None else (
             default_cache_dir() / "claims-data")
-        cells = [c for c in args.cells.split(",") if c.strip()] if args.cells else None
         run_protocol(protocol, out_dir, args.run_root, data_dir, cache, cells=cells, shard=shard,
                      defer_wt2=args.defer_wt2)
     use_default = protocol.name != "smoke" and Path(DEFAULT_GLUE_JSON).is_file()  # smoke: toy runs only
@@ -174,6 +164,23 @@ def run(args) -> int:
     print(format_markdown(report, command).split("\n## Notes")[0])
     print("written: " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _cells(option: str | None, protocol) -> list[str] | None:
+    """The cells named by ``--cells`` (comma-separated, stripped), or ``None`` when not given.
+
+    Raises:
+        ValueError: an empty name or one that is not a cell of ``protocol``, naming ``--cells`` and the cells.
+    """
+    if option is None:
+        return None
+    cells = [c.strip() for c in option.split(",")]
+    names = [c.name for c in protocol.cells]
+    unknown = [c for c in cells if c not in names]
+    if not all(cells) or unknown:
+        raise ValueError(f"--cells={option!r}: {unknown or 'an empty name'} is not a cell of protocol "
+                         f"{protocol.name!r}; expected some of {names}")
+    return cells
 
 
 def _refuse_training_flags_without_training(args) -> None:
