@@ -67,3 +67,19 @@ def tiny_cfg(tiny_corpus, tmp_path):
         return TrainConfig.from_dict(base)
 
     return make
+
+
+@pytest.fixture
+def drift(monkeypatch):
+    """The drift plugin (tests/plugins/drift, registered through its entry point), undone after the test (a
+    fixture here, not in tests/hf/conftest.py: a second conftest module would shadow this one for the tests that
+    ``from conftest import ...``)."""
+    import sys
+    from pathlib import Path
+
+    from coupled_qk.models import registry
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent / "plugins" / "drift"))
+    with registry.isolated():
+        yield
+    sys.modules.pop("coupled_qk_drift", None)
