@@ -120,6 +120,15 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
+def close_matches(unknown, known) -> list[str]:
+    """``["'lerning_rate': 'learning_rate'", ...]``: each of ``unknown`` with its closest name in ``known``
+    (``difflib``), for the unknown ones that have one (a "did you mean" hint in an error message)."""
+    import difflib
+
+    known = sorted(known)
+    return [f"{k!r}: {m[0]!r}" for k in unknown if (m := difflib.get_close_matches(k, known, 1))]
+
+
 def unknown_keys(data: dict, known, where, what: str, *, error: bool) -> list[str]:
     """The keys of ``data`` (a dict read from the file ``where``) outside ``known``, each named with its close
     match (``difflib``; ``'lerning_rate' (did you mean 'learning_rate'?)``): a ``ValueError`` with ``error``

@@ -175,7 +175,6 @@ def analyze_checkpoints(
         FileNotFoundError: a checkpoint, tokenizer or corpus file is missing.
     """
     from coupled_qk.outputs import as_output_dir
-    from coupled_qk.training.lm import run_corpus, saved_run_corpus
 
     # the output is claimed before any work: a folder holding other files, or an earlier analysis without
     # --overwrite, is refused here (docs/RELIABILITY.md, "Outputs")
@@ -186,13 +185,7 @@ def analyze_checkpoints(
             positive_int(name, value)
     paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer = _checked_inputs(
         paths, split, n_sequences, seq_len, labels, example_layer, example_head)
-    own_text = corpus is None and split_seed is None
-    corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
-    # the runs' own saved split options are read back as they ran (a warning if unused); --split-seed is checked
-    text_corpus = (saved_run_corpus(ckpts[0].parent, corpus, data_dir, task_options) if own_text
-                   else run_corpus(corpus, data_dir, task_options, saved=split_seed is None))
-    if own_text:
-        _warn_changed_text(ckpts, text_corpus, split)
+    corpus, text_corpus, task_options = _analysis_corpus(ckpts, corpus, data_dir, split_seed, split)
     text = (text_corpus.split(split), f"the {split} split of corpus {str(corpus)!r}")
     # the folder is created by the first write: an analysis that fails leaves no empty folder behind
     entries, examples, n_tokenizers = _analyze_each(
@@ -207,6 +200,21 @@ def analyze_checkpoints(
     }
     report["files"] = _write_analysis(report, entries, examples, out, make_plots)
     return report
+
+
+def _analysis_corpus(ckpts: list[Path], corpus, data_dir, split_seed: int | None, split: str):
+    """``(corpus, text_corpus, task_options)``: the corpus the checkpoints are analysed on (:func:`run_text_source`),
+    loaded and split. The runs' own saved split options are read back as they ran (a warning if unused, and one if
+    the runs' text changed since); ``split_seed`` is checked."""
+    from coupled_qk.training.lm import run_corpus, saved_run_corpus
+
+    own_text = corpus is None and split_seed is None
+    corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
+    text_corpus = (saved_run_corpus(ckpts[0].parent, corpus, data_dir, task_options) if own_text
+                   else run_corpus(corpus, data_dir, task_options, saved=split_seed is None))
+    if own_text:
+        _warn_changed_text(ckpts, text_corpus, split)
+    return corpus, text_corpus, task_options
 
 
 def _text_settings(corpus, text_corpus, split: str, task_options: dict, n_sequences: int, seq_len: int) -> dict:

@@ -4,7 +4,6 @@ and :func:`parse_overrides`, the typed parser of ``FIELD=VALUE`` overrides."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
 import types
@@ -24,6 +23,7 @@ from coupled_qk._checks import (
     parse_assignments,
     positive_int,
 )
+from coupled_qk.io import close_matches
 from coupled_qk.layers.attention import MAP_POSITIONS
 from coupled_qk.models.contracts import RESERVED_OPTION_NAMES
 from coupled_qk.models.field_rules import READ_WHEN, check_unread_fields, loading_saved
@@ -103,7 +103,7 @@ class JSONConfig(CheckedAssignment):
         names = {f.name for f in dataclasses.fields(cls)} | set(cls.extra_names())
         unknown = sorted(set(data) - names)
         if unknown:
-            hints = [f"{k!r}: {m[0]!r}" for k in unknown if (m := difflib.get_close_matches(k, sorted(names), 1))]
+            hints = close_matches(unknown, names)
             raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
                              f"valid fields: {sorted(names)}")
         return cls(**data)

@@ -139,9 +139,9 @@ def check_options(task: str, options: dict, known) -> dict:
         raise ValueError(f"TrainConfig.task_options={options!r} must be a dict")
     unknown = sorted(set(options) - set(known))
     if unknown:
-        import difflib
+        from coupled_qk.io import close_matches
 
-        hints = [f"{k!r}: {m[0]!r}" for k in unknown if (m := difflib.get_close_matches(k, sorted(known), 1))]
+        hints = close_matches(unknown, known)
         raise ValueError(f"unknown {task} task_options {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
                          f"valid options: {sorted(known)}")
     return options
