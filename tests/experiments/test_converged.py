@@ -53,11 +53,12 @@ def test_grid_first_then_verdict_stages_at_each_variants_own_rate():
     assert stages["uncoupled"].variants == ("uncoupled_mlp",)
     # fresh data: standard on 2.4x the training articles (a superset), same valid/test, 2.4x the tokens
     fresh = stages["fresh"]
-    assert [s for s, _ in p.cells][-1] == "fresh" and fresh.variants == ("standard",) and fresh.seeds == (0, 1, 2, 3)
+    assert [s for s, _ in p.cells][-1] == "fresh" and fresh.variants == ("standard", "coupled")
+    assert fresh.seeds == (0, 1, 2, 3)
     assert fresh.split == {**D.split, "train_fraction": 0.6} and fresh.base["corpus"] != D.base["corpus"]
     assert fresh.base["max_tokens"] == stages["matched"].base["max_tokens"]
     assert fresh.base["eval_interval"] == round(2.4 * D.eval_interval())
-    assert fresh.variant_base == {"standard": {"lr": 2e-3}}
+    assert fresh.variant_base == {"standard": {"lr": 2e-3}, "coupled": {"lr": 2e-3}}
 
 
 def test_an_edge_optimum_adds_the_next_rate_once_and_waits_for_it():

@@ -56,6 +56,8 @@ class Design:
         seeds, matched_seeds, matched_factor: the verdict stages' seeds and the compute-matched multiple
             (no ``matched_seeds``: no ``matched`` stage).
         fresh_seeds: seeds of the ``fresh`` stage (empty: no such stage; needs ``split``).
+        fresh_variants: the variants trained in the ``fresh`` stage, each at its own chosen rate (standard: C6
+            with fresh data; coupled too: C1 at ``matched_factor`` x the data, and C6 under one schedule).
         notes: what a reader needs to judge it (pre-registration, measurements behind the budget).
         runnable_here: ``False`` for designs that need accelerators (planned and printed, not run on CPU).
         tokens_per_second: expected training throughput per run, for the cost estimate.
@@ -75,6 +77,7 @@ class Design:
     matched_seeds: tuple[int, ...]
     matched_factor: float = 2.4
     fresh_seeds: tuple[int, ...] = ()
+    fresh_variants: tuple[str, ...] = ("standard",)
     variants: tuple[str, ...] = ("standard", "coupled", "uncoupled_mlp")
     main_claim: str = "C1"
     notes: tuple[str, ...] = ()
@@ -99,10 +102,11 @@ class Design:
         return out if lr is None else {**out, "lr": lr}
 
 
-def fresh_cell(design: Design, epochs: float, lr: float) -> Cell:
-    """The ``fresh`` stage's cell: standard at ``lr`` on ``matched_factor`` x the training fraction of the split
-    (written as the corpus ``<corpus>-x<factor>``), ``epochs`` epochs of it (so ``matched_factor`` x the tokens),
-    a validation every ``matched_factor`` x the 1x interval (about the same share of an epoch), ``fresh_seeds``.
+def fresh_cell(design: Design, epochs: float, chosen: dict) -> Cell:
+    """The ``fresh`` stage's cell: ``fresh_variants``, each at its chosen rate (``chosen``: variant -> lr), on
+    ``matched_factor`` x the training fraction of the split (written as the corpus ``<corpus>-x<factor>``),
+    ``epochs`` epochs of it (so ``matched_factor`` x the tokens), a validation every ``matched_factor`` x the 1x
+    interval (about the same share of an epoch), ``fresh_seeds``.
 
     Raises:
         ValueError: the design has no document split, or the enlarged fraction exceeds 1.
@@ -115,8 +119,9 @@ def fresh_cell(design: Design, epochs: float, lr: float) -> Cell:
         raise ValueError(f"train_fraction {design.split['train_fraction']} x matched_factor {f} = {fraction} > 1")
     base = {**design.cell_base(epochs * f), "corpus": f"{design.base['corpus']}-x{f:g}",
             "eval_interval": max(1, round(design.eval_interval() * f))}
-    return Cell(f"{design.name}-fresh", base, (design.variants[0],), design.fresh_seeds, ("C6-fresh",),
-                split={**design.split, "train_fraction": fraction}, variant_base={design.variants[0]: {"lr": lr}})
+    variants = design.fresh_variants
+    return Cell(f"{design.name}-fresh", base, variants, design.fresh_seeds, ("C6-fresh",),
+                split={**design.split, "train_fraction": fraction}, variant_base={v: {"lr": chosen[v]} for v in variants})
 
 
 def lr_tag(lr: float) -> str:
@@ -244,7 +249,7 @@ def plan(design: Design, records: dict) -> Plan:
         cells.append((UNCOUPLED, Cell(f"{design.name}-uncoupled", base, (uncoupled,), design.seeds, ("C3", "C4"),
                                       split=design.split, variant_base={uncoupled: by[uncoupled]})))
     if design.fresh_seeds:
-        cells.append((FRESH, fresh_cell(design, epochs, chosen[standard])))
+        cells.append((FRESH, fresh_cell(design, epochs, chosen)))
     return Plan(cells, chosen, epochs, [], grid)
 
 
@@ -276,6 +281,7 @@ CPU_CONVERGED = Design(
     seeds=tuple(range(10)),
     matched_seeds=(0, 1, 2, 3),
     fresh_seeds=(0, 1, 2, 3),
+    fresh_variants=("standard", "coupled"),
     notes=(
         "Pre-registered before any run (issue 25): seeds 0-9 for standard, coupled and the uncoupled MLP, seeds "
         "0-3 for standard at 2.4x the horizon; the learning-rate grid {1e-3, 2e-3, 4e-3} on seed 100 (reserve, "
@@ -300,6 +306,11 @@ CPU_CONVERGED = Design(
         "perplexity is exp(test nll / the 1x tokenizer's test token count) (identical to test ppl for 1x runs; "
         "equivalently bits per byte), and its validation curve is rescaled the same way. Verdict as C6: "
         "equivalent if the interval is inside +-1%. No extension of the seed count.",
+        "Coupled on the fresh split (stage `fresh`, variant coupled), pre-registered before any such run: coupled "
+        "at its chosen rate on the same 2.4x-article split, tokenizer, schedule and seeds 0-3 as the fresh standard "
+        "runs, paired with them by seed. It gives C1 at 2.4x the data (coupled vs standard, both fresh) and C6 as "
+        "the paper means it under one schedule (coupled 1x vs standard 2.4x, both annealed over their own run). No "
+        "extension of the seed count.",
     ),
 )
 
@@ -323,6 +334,27 @@ CPU_CONVERGED_PUBMED = dataclasses.replace(
         "training (1,230 abstracts, 374,345 tokens; the tokenizer is trained on them).",
         "Cost: ~3,500 tokens/s per single-threaded process (the cpu-converged runs), so an 8-epoch run (3.0M "
         "tokens) takes ~15 minutes; grid 6 runs, main 20: ~6.5 CPU-hours.",
+    ),
+)
+
+CPU_CONVERGED_SMALL = dataclasses.replace(
+    CPU_CONVERGED,
+    name="cpu-converged-small",
+    description="the cpu-converged design with a ~3.7x larger model (6 layers x 256, 8 heads, 6.8M parameters): "
+                "the size axis of C1, standard vs coupled",
+    base={**_TINY_BASE, "model": {"n_layer": 6, "d_model": 256, "n_heads": 8}},
+    variants=("standard", "coupled"), main_claim="C1", matched_seeds=(), fresh_seeds=(), fresh_variants=(),
+    tokens_per_second=1000.0,
+    notes=(
+        "Pre-registered before any run of this design: the cpu-converged rules unchanged (the same split, "
+        "tokenizer, batch, warmup and schedule; grid {1e-3, 2e-3, 4e-3} on reserve seed 100 with one edge "
+        "extension by x0.5 or x2; horizon 8 epochs, or 12 if a chosen rate's grid run did not plateau; full "
+        "validation every quarter epoch, patience 4, best-validation checkpoint; paired initial weights), with "
+        "the model 6 layers x d_model 256 x 8 heads (d_head 32 as tiny; 6,822,400 parameters standard, 6,834,736 "
+        "coupled: 3.7x tiny), standard and coupled only, seeds 0-9. Reported: C1 at this size (interval, power, "
+        "smallest detectable effect) and the size interaction: this size's paired change minus cpu-converged's "
+        "(tiny), a Welch interval on the two sets of per-seed paired differences (the sizes are not paired). No "
+        "interim analysis; no extension of the seed count; a null result is reported as measured.",
     ),
 )
 
@@ -386,8 +418,8 @@ TOY_GPU_60M = dataclasses.replace(
     notes=("Toy budgets on a small WikiText-103-layout folder: exercises the GPU protocol's path only.",),
 )
 
-DESIGNS: dict[str, Design] = {d.name: d for d in (CPU_CONVERGED, CPU_CONVERGED_PUBMED, TOY_CONVERGED, GPU_60M,
-                                                   TOY_GPU_60M)}
+DESIGNS: dict[str, Design] = {d.name: d for d in (CPU_CONVERGED, CPU_CONVERGED_PUBMED, CPU_CONVERGED_SMALL,
+                                                   TOY_CONVERGED, GPU_60M, TOY_GPU_60M)}
 
 
 def get_design(name: str) -> Design:
