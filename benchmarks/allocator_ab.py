@@ -51,23 +51,39 @@ def main(argv=None) -> None:
     pairs = []
     for i in range(a.pairs):
         arms = {}
-        for tuned in ((False, True) if i % 2 == 0 else (True, False)):
+        for tuned in (False, True) if i % 2 == 0 else (True, False):
             arms["tuned" if tuned else "default"] = bench(a.preset, tuned, extra)
-        speed = {v: arms["default"]["variants"][v]["median_ms"] / arms["tuned"]["variants"][v]["median_ms"]
-                 for v in arms["tuned"]["variants"]}
-        pairs.append(dict(speedup=speed, **{f"{k}_median_ms": {v: r["median_ms"] for v, r in arm["variants"].items()}
-                                            for k, arm in arms.items()},
-                          allocator={k: arm["machine"].get("allocator") for k, arm in arms.items()},
-                          max_rss_mb={k: arm["max_rss_mb"] for k, arm in arms.items()}))
-        print(f"pair {i + 1}: " + ", ".join(f"{v} {s:.3f}x" for v, s in speed.items())
-              + "; peak RSS " + ", ".join(f"{k} {arm['max_rss_mb']:.0f} MB" for k, arm in arms.items()), flush=True)
+        speed = {
+            v: arms["default"]["variants"][v]["median_ms"] / arms["tuned"]["variants"][v]["median_ms"]
+            for v in arms["tuned"]["variants"]
+        }
+        pairs.append(
+            dict(
+                speedup=speed,
+                **{
+                    f"{k}_median_ms": {v: r["median_ms"] for v, r in arm["variants"].items()} for k, arm in arms.items()
+                },
+                allocator={k: arm["machine"].get("allocator") for k, arm in arms.items()},
+                max_rss_mb={k: arm["max_rss_mb"] for k, arm in arms.items()},
+            )
+        )
+        print(
+            f"pair {i + 1}: "
+            + ", ".join(f"{v} {s:.3f}x" for v, s in speed.items())
+            + "; peak RSS "
+            + ", ".join(f"{k} {arm['max_rss_mb']:.0f} MB" for k, arm in arms.items()),
+            flush=True,
+        )
     for v in pairs[0]["speedup"]:
         s = np.array([pr["speedup"][v] for pr in pairs])
         print(f"{v}: speedup median {np.median(s):.3f}x, range {s.min():.3f}-{s.max():.3f}x over {len(s)} pairs")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        meta = dict(command="python " + " ".join(sys.argv), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    machine=arms["tuned"]["machine"])
+        meta = dict(
+            command="python " + " ".join(sys.argv),
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            machine=arms["tuned"]["machine"],
+        )
         Path(a.out).write_text(json.dumps(dict(meta=meta, pairs=pairs), indent=1))
 
 

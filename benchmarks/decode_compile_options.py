@@ -23,7 +23,8 @@ same configuration (median and inter-quartile range over repeats) and to ``stand
 Configurations combine with ``+`` (e.g. ``noguard+cpp``). Usage:
 ``python benchmarks/decode_compile_options.py --configs default,cpp,noguard,red --batch 1 --repeats 15``.
 Each row also gives the time Dynamo spends checking the step's guards per call (``guard_us``, timed on the cache
-entry's guard manager directly). Writes ``--out`` (JSON with every time). A measurement script, not a feature: none of these options is used by the
+entry's guard manager directly). Writes ``--out`` (JSON with every time). A measurement script, not a feature: none of
+these options is used by the
 library (see ``benchmarks/results/issue29/decode-options/README.md`` for why).
 """
 
@@ -45,8 +46,11 @@ from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.compiled import make_graph_room
 from coupled_qk.models.config import GPTConfig
 
-VARIANTS = {"standard": dict(attention="standard"), "coupled": dict(attention="coupled"),
-            "coupled_leapfrog": dict(attention="coupled", integrator="leapfrog")}
+VARIANTS = {
+    "standard": dict(attention="standard"),
+    "coupled": dict(attention="coupled"),
+    "coupled_leapfrog": dict(attention="coupled", integrator="leapfrog"),
+}
 REDUCE = {"on": False}
 _mlp_layer = forces.mlp_layer
 
@@ -68,8 +72,9 @@ def build(config: str, variant: str, preset: str, seed: int):
     parts = set(config.split("+")) - {"default"}
     unknown = parts - {"cpp", "noguard", "red", "freeze", "autotune", "tags"}
     if unknown:
-        raise SystemExit(f"--configs: unknown part(s) {sorted(unknown)}; expected default, cpp, noguard, red, freeze, "
-                         "autotune, tags")
+        raise SystemExit(
+            f"--configs: unknown part(s) {sorted(unknown)}; expected default, cpp, noguard, red, freeze, autotune, tags"
+        )
     options = {}
     if "cpp" in parts:
         options["cpp_wrapper"] = True
@@ -135,7 +140,7 @@ def main(argv=None) -> None:
     runs = {(v, c): build(c, v, a.preset, 0) for c in a.configs.split(",") for v in VARIANTS}
     vocab = next(iter(runs.values()))[0].config.vocab_size
     prompt = torch.randint(0, vocab, (a.batch, a.prefix), generator=torch.Generator().manual_seed(0))
-    for (model, step, parts, _) in runs.values():  # warm-up: compiles, with the map written as a reduction or not
+    for model, step, parts, _ in runs.values():  # warm-up: compiles, with the map written as a reduction or not
         REDUCE["on"] = "red" in parts
         with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards="tags" in parts):
             seconds_per_token(model, step, prompt, 2)
@@ -143,22 +148,40 @@ def main(argv=None) -> None:
     guards = {r: guard_seconds(runs[r][0], runs[r][3], prompt) for r in runs}
     keys, times = list(runs), {r: [] for r in runs}
     for i in range(a.repeats):
-        for r in keys[i % len(keys):] + keys[: i % len(keys)]:
+        for r in keys[i % len(keys) :] + keys[: i % len(keys)]:
             times[r].append(seconds_per_token(*runs[r][:2], prompt, a.new_tokens))
     rows = []
     for v, c in keys:
         t = np.asarray(times[(v, c)])
         same, default = t / np.asarray(times[("standard", c)]), t / np.asarray(times[("standard", keys[0][1])])
-        rows.append(dict(config=c, variant=v, ms_per_token=1e3 * float(np.median(t)),
-                         ratio=float(np.median(same)), ratio_q25=float(np.percentile(same, 25)),
-                         ratio_q75=float(np.percentile(same, 75)), vs_first_standard=float(np.median(default)),
-                         guard_us=1e6 * guards[(v, c)], times_s=t.tolist()))
-        print(f"b{a.batch} {c:12s} {v:17s} {rows[-1]['ms_per_token']:.3f} ms/token  ratio {rows[-1]['ratio']:.3f} "
-              f"[{rows[-1]['ratio_q25']:.3f}, {rows[-1]['ratio_q75']:.3f}]  vs {keys[0][1]} standard "
-              f"{rows[-1]['vs_first_standard']:.3f}  guards {rows[-1]['guard_us']:.1f} us/call", flush=True)
+        rows.append(
+            dict(
+                config=c,
+                variant=v,
+                ms_per_token=1e3 * float(np.median(t)),
+                ratio=float(np.median(same)),
+                ratio_q25=float(np.percentile(same, 25)),
+                ratio_q75=float(np.percentile(same, 75)),
+                vs_first_standard=float(np.median(default)),
+                guard_us=1e6 * guards[(v, c)],
+                times_s=t.tolist(),
+            )
+        )
+        print(
+            f"b{a.batch} {c:12s} {v:17s} {rows[-1]['ms_per_token']:.3f} ms/token  ratio {rows[-1]['ratio']:.3f} "
+            f"[{rows[-1]['ratio_q25']:.3f}, {rows[-1]['ratio_q75']:.3f}]  vs {keys[0][1]} standard "
+            f"{rows[-1]['vs_first_standard']:.3f}  guards {rows[-1]['guard_us']:.1f} us/call",
+            flush=True,
+        )
     if a.out:
-        meta = dict(command="python " + " ".join(sys.argv), torch=torch.__version__, machine=platform.platform(),
-                    processor=platform.processor(), threads=1, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        meta = dict(
+            command="python " + " ".join(sys.argv),
+            torch=torch.__version__,
+            machine=platform.platform(),
+            processor=platform.processor(),
+            threads=1,
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        )
         with open(a.out, "w") as f:
             json.dump(dict(meta=meta, args=vars(a), rows=rows), f, indent=1)
 

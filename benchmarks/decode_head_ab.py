@@ -54,16 +54,20 @@ def main():
         seconds(models[m], prompt, 2, c)
     times = {r: [] for r in runs}
     for i in range(a.repeats):
-        for r in runs[i % 4:] + runs[: i % 4]:
+        for r in runs[i % 4 :] + runs[: i % 4]:
             times[r].append(seconds(models[r[0]], prompt, a.new_tokens, r[1]))
-    print(f"torch {torch.__version__}, 1 thread, {a.preset} {a.attention}, batch 1, prefix {a.prefix}, "
-          f"{a.new_tokens} tokens, {a.repeats} interleaved repeats")
+    print(
+        f"torch {torch.__version__}, 1 thread, {a.preset} {a.attention}, batch 1, prefix {a.prefix}, "
+        f"{a.new_tokens} tokens, {a.repeats} interleaved repeats"
+    )
     for c in (False, True):
         tp, tf = times[("plain", c)], times[("fast", c)]
         ratios = [f / p_ for f, p_ in zip(tf, tp)]
-        print(f"{'compiled' if c else 'eager':8s}: plain head {1e3 * statistics.median(tp):.2f} ms/token, transposed "
-              f"{1e3 * statistics.median(tf):.2f} ms/token, ratio {statistics.median(ratios):.3f} "
-              f"[{min(ratios):.3f}, {max(ratios):.3f}]")
+        print(
+            f"{'compiled' if c else 'eager':8s}: plain head {1e3 * statistics.median(tp):.2f} ms/token, transposed "
+            f"{1e3 * statistics.median(tf):.2f} ms/token, ratio {statistics.median(ratios):.3f} "
+            f"[{min(ratios):.3f}, {max(ratios):.3f}]"
+        )
 
 
 if __name__ == "__main__":

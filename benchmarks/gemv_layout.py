@@ -32,7 +32,10 @@ def main() -> None:
             x = torch.randn(rows, in_f)
             a = ms(lambda x=x, w=w: torch.nn.functional.linear(x, w))
             b = ms(lambda x=x, wt=wt: x @ wt)
-            print(f"W {out_f}x{in_f}, {rows:2d} rows: F.linear {a:7.3f} ms, x @ W^T contiguous {b:7.3f} ms, ratio {a / b:.2f}")
+            print(
+                f"W {out_f}x{in_f}, {rows:2d} rows: F.linear {a:7.3f} ms, x @ W^T contiguous {b:7.3f} ms, ratio "
+                f"{a / b:.2f}"
+            )
 
 
 if __name__ == "__main__":

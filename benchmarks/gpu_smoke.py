@@ -76,8 +76,13 @@ H200_BF16_DENSE_TFLOPS = 989.0
 sparsity, half of it dense); the MFU denominator."""
 
 PAPER_VARIANTS = ("coupled", "coupled_leapfrog", "uncoupled_mlp", "differential", "coupled_differential")
-DATA_FILES = ("wiki-vital/train.txt", "wikitext-2/valid.txt", "wikitext-2/test.txt", "tokenizer/gpt2/vocab.json",
-              "tokenizer/gpt2/merges.txt")
+DATA_FILES = (
+    "wiki-vital/train.txt",
+    "wikitext-2/valid.txt",
+    "wikitext-2/test.txt",
+    "tokenizer/gpt2/vocab.json",
+    "tokenizer/gpt2/merges.txt",
+)
 FAST_KERNELS = ("flash", "cudnn")
 
 
@@ -128,10 +133,15 @@ def resolve_data(arg: str | None) -> tuple[Path | None, str]:
     if arg:
         candidates = [("--data", Path(arg))]
     else:
-        candidates = [("$COUPLED_QK_DATA", Path(os.environ["COUPLED_QK_DATA"]))] if os.environ.get(
-            "COUPLED_QK_DATA", "").strip() else []
-        candidates += [("../shared/data", REPO.parent / "shared" / "data"),
-                       ("benchmarks/smoke-data", REPO / "benchmarks" / "smoke-data")]
+        candidates = (
+            [("$COUPLED_QK_DATA", Path(os.environ["COUPLED_QK_DATA"]))]
+            if os.environ.get("COUPLED_QK_DATA", "").strip()
+            else []
+        )
+        candidates += [
+            ("../shared/data", REPO.parent / "shared" / "data"),
+            ("benchmarks/smoke-data", REPO / "benchmarks" / "smoke-data"),
+        ]
     tried = []
     for how, path in candidates:
         missing = [f for f in DATA_FILES if not (path / f).is_file()]
@@ -157,9 +167,16 @@ def run_all(args) -> int:
     unknown = [n for n in names if n not in known]
     if unknown:
         raise SystemExit(f"--stages: unknown stage(s) {unknown}; expected some of {[s.name for s in STAGES]}")
-    summary = dict(started=_now(), device=device, quick=args.quick, budget_s=args.budget_s,
-                   data=str(data) if data else None, data_found_by=data_how, command=" ".join(sys.argv),
-                   stages=[])
+    summary = dict(
+        started=_now(),
+        device=device,
+        quick=args.quick,
+        budget_s=args.budget_s,
+        data=str(data) if data else None,
+        data_found_by=data_how,
+        command=" ".join(sys.argv),
+        stages=[],
+    )
     print(f"gpu_smoke: device {device}, budget {args.budget_s:.0f} s, data {data or data_how}", flush=True)
     for name in names:
         st = known[name]
@@ -170,14 +187,20 @@ def run_all(args) -> int:
         elif st.needs_data and data is None:
             rec["reason"] = data_how + " (pass --data; --make-data builds a bundle)"
         elif left < st.min_s:
-            rec["reason"] = f"budget: {left:.0f} s left of --budget-s {args.budget_s:.0f}, the stage needs {st.min_s:.0f}"
+            rec["reason"] = (
+                f"budget: {left:.0f} s left of --budget-s {args.budget_s:.0f}, the stage needs {st.min_s:.0f}"
+            )
         else:
             limit = min(st.quick_limit_s if args.quick else st.limit_s, left)
             rec.update(_run_child(args, name, device, data, limit, out))
         summary["stages"].append(rec)
         summary["elapsed_s"] = round(time.monotonic() - t0, 1)
-        print(f"gpu_smoke: {name}: {rec['status']}" + (f" ({rec['reason']})" if rec["reason"] else "")
-              + f" in {rec['seconds']:.1f} s", flush=True)
+        print(
+            f"gpu_smoke: {name}: {rec['status']}"
+            + (f" ({rec['reason']})" if rec["reason"] else "")
+            + f" in {rec['seconds']:.1f} s",
+            flush=True,
+        )
         _write_json(out / "results.json", summary)
         (out / "results.md").write_text(results_markdown(summary))
     summary["finished"] = _now()
@@ -186,8 +209,11 @@ def run_all(args) -> int:
     if not args.keep_work:
         shutil.rmtree(out / "work", ignore_errors=True)
     bad = [s["name"] for s in summary["stages"] if s["status"] in ("failed", "timeout")]
-    print(f"gpu_smoke: done in {summary['elapsed_s']:.0f} s; results in {out / 'results.md'}"
-          + (f"; failed or timed out: {', '.join(bad)}" if bad else ""), flush=True)
+    print(
+        f"gpu_smoke: done in {summary['elapsed_s']:.0f} s; results in {out / 'results.md'}"
+        + (f"; failed or timed out: {', '.join(bad)}" if bad else ""),
+        flush=True,
+    )
     return 1 if bad else 0
 
 
@@ -202,13 +228,16 @@ def _run_child(args, name: str, device: str, data: Path | None, limit: float, ou
     if data is not None:
         cmd += ["--data", str(data)]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO / "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     env.setdefault("PYTHONUNBUFFERED", "1")
     start = time.monotonic()
     status, reason = None, None
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -226,8 +255,16 @@ def _run_child(args, name: str, device: str, data: Path | None, limit: float, ou
             rec = dict(error="\n".join(tail))
         else:
             reason = rec.get("reason")
-    return dict(status=status, reason=reason, seconds=seconds, limit_s=round(limit, 1),
-                result=rec.get("result"), error=rec.get("error"), checks=rec.get("checks"), md=rec.get("md"))
+    return dict(
+        status=status,
+        reason=reason,
+        seconds=seconds,
+        limit_s=round(limit, 1),
+        result=rec.get("result"),
+        error=rec.get("error"),
+        checks=rec.get("checks"),
+        md=rec.get("md"),
+    )
 
 
 def _kill_group(proc) -> None:
@@ -242,19 +279,26 @@ def _kill_group(proc) -> None:
 
 def results_markdown(summary: dict) -> str:
     """The run as markdown: one table row per stage, then each stage's own lines and failed checks."""
-    lines = ["# GPU smoke run", "",
-             f"- started {summary['started']}; device {summary['device']}; quick {summary['quick']}; budget "
-             f"{summary['budget_s']:.0f} s; elapsed {summary.get('elapsed_s', 0):.0f} s",
-             f"- data: {summary['data'] or summary['data_found_by']}",
-             f"- command: `{summary['command']}`", "",
-             "| stage | status | seconds | limit s | note |", "|---|---|---:|---:|---|"]
+    lines = [
+        "# GPU smoke run",
+        "",
+        f"- started {summary['started']}; device {summary['device']}; quick {summary['quick']}; budget "
+        f"{summary['budget_s']:.0f} s; elapsed {summary.get('elapsed_s', 0):.0f} s",
+        f"- data: {summary['data'] or summary['data_found_by']}",
+        f"- command: `{summary['command']}`",
+        "",
+        "| stage | status | seconds | limit s | note |",
+        "|---|---|---:|---:|---|",
+    ]
     for s in summary["stages"]:
         failed = [k for k, v in (s.get("checks") or {}).items() if not v]
         note = s.get("reason") or (f"failed checks: {', '.join(failed)}" if failed else "")
         if not note and s.get("error"):
             note = s["error"].strip().splitlines()[-1][:200]
-        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {s.get('limit_s') or ''} | "
-                     f"{note.replace('|', '/')} |")
+        lines.append(
+            f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {s.get('limit_s') or ''} | "
+            f"{note.replace('|', '/')} |"
+        )
     for s in summary["stages"]:
         if s.get("md") or s.get("error"):
             lines += ["", f"## {s['name']} ({s['status']})", ""]
@@ -322,6 +366,7 @@ def _stub_tqdm_if_missing() -> None:
     try:
         import tqdm.auto  # noqa: F401
     except ImportError:
+
         class _Bar:
             def __init__(self, *a, total=None, initial=0, **k):
                 self.total, self.n = total, initial
@@ -409,9 +454,15 @@ def stage_env(ctx: Ctx):
     import torch
 
     r = ctx.result
-    r.update(python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
-             numpy=numpy.__version__, cuda_build=torch.version.cuda, cpu_threads=torch.get_num_threads(),
-             cpu_count=os.cpu_count())
+    r.update(
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        torch=torch.__version__,
+        numpy=numpy.__version__,
+        cuda_build=torch.version.cuda,
+        cpu_threads=torch.get_num_threads(),
+        cpu_count=os.cpu_count(),
+    )
     for mod in ("safetensors", "tokenizers", "tqdm", "transformers"):
         try:
             m = __import__(mod)
@@ -419,21 +470,33 @@ def stage_env(ctx: Ctx):
         except ImportError:
             r[mod] = None
     with contextlib.suppress(Exception):
-        r["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                         timeout=10).stdout.strip() or None
+        r["git_commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     r["cuda_available"] = torch.cuda.is_available()
     if torch.cuda.is_available():
         i = torch.cuda.current_device()
         p = torch.cuda.get_device_properties(i)
-        r.update(gpu=p.name, gpu_count=torch.cuda.device_count(), capability=f"{p.major}.{p.minor}",
-                 gpu_memory_gib=round(p.total_memory / 2**30, 1), sm_count=p.multi_processor_count,
-                 bf16=torch.cuda.is_bf16_supported(), cudnn=torch.backends.cudnn.version())
+        r.update(
+            gpu=p.name,
+            gpu_count=torch.cuda.device_count(),
+            capability=f"{p.major}.{p.minor}",
+            gpu_memory_gib=round(p.total_memory / 2**30, 1),
+            sm_count=p.multi_processor_count,
+            bf16=torch.cuda.is_bf16_supported(),
+            cudnn=torch.backends.cudnn.version(),
+        )
         sdpa = {}
         for backend in ("flash", "mem_efficient", "math", "cudnn"):
             fn = getattr(torch.backends.cuda, f"{backend}_sdp_enabled", None)
             sdpa[f"{backend}_enabled"] = fn() if fn else None
-        for what, fn_name in (("flash_available", "is_flash_attention_available"),
-                              ("cudnn_available", "is_cudnn_attention_available")):
+        for what, fn_name in (
+            ("flash_available", "is_flash_attention_available"),
+            ("cudnn_available", "is_cudnn_attention_available"),
+        ):
             fn = getattr(torch.backends.cuda, fn_name, None)
             sdpa[what] = fn() if fn else None
         r["sdpa"] = sdpa
@@ -444,17 +507,27 @@ def stage_env(ctx: Ctx):
         ctx.check("tf32_enabled_by_pick_device", torch.backends.cuda.matmul.allow_tf32)
         with contextlib.suppress(Exception):
             r["nvidia_smi"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit",
-                 "--format=csv,noheader"], capture_output=True, text=True, timeout=15).stdout.strip()
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit",
+                    "--format=csv,noheader",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=15,
+            ).stdout.strip()
     if ctx.device.type == "cuda":
         ctx.check("cuda_available", torch.cuda.is_available())
     if ctx.data is not None:
         r["data_files"] = {f: (ctx.data / f).stat().st_size for f in DATA_FILES if (ctx.data / f).is_file()}
-    ctx.md += [f"- torch {r['torch']} (CUDA build {r['cuda_build']}), Python {r['python']}, numpy {r['numpy']}, "
-               f"safetensors {r['safetensors']}, tokenizers {r['tokenizers']}, tqdm {r['tqdm']}",
-               f"- GPU: {r.get('gpu', 'none')} x{r.get('gpu_count', 0)}, capability {r.get('capability')}, "
-               f"{r.get('gpu_memory_gib')} GiB, bf16 {r.get('bf16')}, cuDNN {r.get('cudnn')}",
-               f"- SDPA: {r.get('sdpa')}", f"- commit {r.get('git_commit')}"]
+    ctx.md += [
+        f"- torch {r['torch']} (CUDA build {r['cuda_build']}), Python {r['python']}, numpy {r['numpy']}, "
+        f"safetensors {r['safetensors']}, tokenizers {r['tokenizers']}, tqdm {r['tqdm']}",
+        f"- GPU: {r.get('gpu', 'none')} x{r.get('gpu_count', 0)}, capability {r.get('capability')}, "
+        f"{r.get('gpu_memory_gib')} GiB, bf16 {r.get('bf16')}, cuDNN {r.get('cudnn')}",
+        f"- SDPA: {r.get('sdpa')}",
+        f"- commit {r.get('git_commit')}",
+    ]
 
 
 def _loss_and_grads(model, idx, targets, autocast_dtype=None):
@@ -497,11 +570,14 @@ def stage_parity(ctx: Ctx):
     idx = torch.randint(0, base.vocab_size, (2, base.block_size), generator=gen)
     targets = torch.randint(0, base.vocab_size, (2, base.block_size), generator=gen)
     bf16_ok = ctx.device.type == "cpu" or torch.cuda.is_bf16_supported()
-    ctx.md += [f"Loss and gradients against a float64 CPU reference, model {base.n_layer} x {base.d_model} "
-               f"(heads {base.n_heads}/{base.n_kv_heads}), batch 2 x {base.block_size}. Gradient error: "
-               "||g - g_ref|| / ||g_ref|| over all parameters (worst single parameter in brackets).", "",
-               "| variant | fp32 loss rel. err | fp32 grad err | bf16 loss rel. err | bf16 grad err |",
-               "|---|---:|---:|---:|---:|"]
+    ctx.md += [
+        f"Loss and gradients against a float64 CPU reference, model {base.n_layer} x {base.d_model} "
+        f"(heads {base.n_heads}/{base.n_kv_heads}), batch 2 x {base.block_size}. Gradient error: "
+        "||g - g_ref|| / ||g_ref|| over all parameters (worst single parameter in brackets).",
+        "",
+        "| variant | fp32 loss rel. err | fp32 grad err | bf16 loss rel. err | bf16 grad err |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name in _variants(ctx):
         cfg = _variant_config(base, name)
         torch.manual_seed(0)
@@ -515,21 +591,32 @@ def stage_parity(ctx: Ctx):
         x, y = idx.to(ctx.device), targets.to(ctx.device)
         loss32, g32 = _loss_and_grads(model, x, y)
         e32, w32, wn32 = _grad_errors(g32, ref_grads)
-        row = dict(ref_loss=ref_loss, fp32_loss_rel=abs(loss32 - ref_loss) / abs(ref_loss), fp32_grad=e32,
-                   fp32_grad_worst=w32, fp32_grad_worst_param=wn32)
+        row = dict(
+            ref_loss=ref_loss,
+            fp32_loss_rel=abs(loss32 - ref_loss) / abs(ref_loss),
+            fp32_grad=e32,
+            fp32_grad_worst=w32,
+            fp32_grad_worst_param=wn32,
+        )
         ctx.check(f"{name}: fp32 loss", row["fp32_loss_rel"] < 1e-5)
         ctx.check(f"{name}: fp32 grads", e32 < 1e-4 and w32 < 1e-3)
         if bf16_ok:
             loss16, g16 = _loss_and_grads(model, x, y, torch.bfloat16)
             e16, w16, wn16 = _grad_errors(g16, ref_grads)
-            row.update(bf16_loss_rel=abs(loss16 - ref_loss) / abs(ref_loss), bf16_grad=e16, bf16_grad_worst=w16,
-                       bf16_grad_worst_param=wn16)
+            row.update(
+                bf16_loss_rel=abs(loss16 - ref_loss) / abs(ref_loss),
+                bf16_grad=e16,
+                bf16_grad_worst=w16,
+                bf16_grad_worst_param=wn16,
+            )
             ctx.check(f"{name}: bf16 loss", row["bf16_loss_rel"] < 2e-2)
             ctx.check(f"{name}: bf16 grads", e16 < 0.1)
         ctx.result[name] = row
-        ctx.md.append(f"| {name} | {row['fp32_loss_rel']:.1e} | {e32:.1e} [{w32:.1e}] | "
-                      f"{row.get('bf16_loss_rel', float('nan')):.1e} | {row.get('bf16_grad', float('nan')):.1e} "
-                      f"[{row.get('bf16_grad_worst', float('nan')):.1e}] |")
+        ctx.md.append(
+            f"| {name} | {row['fp32_loss_rel']:.1e} | {e32:.1e} [{w32:.1e}] | "
+            f"{row.get('bf16_loss_rel', float('nan')):.1e} | {row.get('bf16_grad', float('nan')):.1e} "
+            f"[{row.get('bf16_grad_worst', float('nan')):.1e}] |"
+        )
         ctx.save()
 
 
@@ -571,10 +658,14 @@ def stage_sdpa(ctx: Ctx):
         base = GPTConfig.from_preset("60m", n_layer=2)
         batch = 4
     dtype = torch.bfloat16 if ctx.cuda else None
-    ctx.md += [f"Kernels behind `F.scaled_dot_product_attention` ({'bf16 autocast' if dtype else 'fp32'}, "
-               f"model {base.n_layer} x {base.d_model}, head width {base.d_head}, batch {batch} x "
-               f"{base.block_size}); decode = one cached step after a prefill.", "",
-               "| variant | train step | decode step |", "|---|---|---|"]
+    ctx.md += [
+        f"Kernels behind `F.scaled_dot_product_attention` ({'bf16 autocast' if dtype else 'fp32'}, "
+        f"model {base.n_layer} x {base.d_model}, head width {base.d_head}, batch {batch} x "
+        f"{base.block_size}); decode = one cached step after a prefill.",
+        "",
+        "| variant | train step | decode step |",
+        "|---|---|---|",
+    ]
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, base.vocab_size, (batch, base.block_size + 1), generator=gen).to(ctx.device)
     for name in _variants(ctx):
@@ -620,10 +711,14 @@ def stage_decode(ctx: Ctx):
     prompt = torch.randint(0, base.vocab_size, (2, 12), generator=gen)
     seq = torch.randint(0, base.vocab_size, (2, 24), generator=gen)
     n_new = 8 if ctx.quick else 24
-    ctx.md += ["Cached decoding (prefill 12 tokens, then 12 single-token steps) against the full forward, fp32: "
-               "max |difference| / max |logit|. Greedy: "
-               f"{n_new} new tokens after a 12-token prompt, batch 2, on the device and on the CPU.", "",
-               "| variant | cache vs full | greedy device = CPU |", "|---|---:|---|"]
+    ctx.md += [
+        "Cached decoding (prefill 12 tokens, then 12 single-token steps) against the full forward, fp32: "
+        "max |difference| / max |logit|. Greedy: "
+        f"{n_new} new tokens after a 12-token prompt, batch 2, on the device and on the CPU.",
+        "",
+        "| variant | cache vs full | greedy device = CPU |",
+        "|---|---:|---|",
+    ]
     for name in _variants(ctx):
         cpu_model = _sharp_model(base, name)
         model = copy.deepcopy(cpu_model).to(ctx.device)
@@ -640,8 +735,10 @@ def stage_decode(ctx: Ctx):
             g_dev = model.generate(prompt.to(ctx.device), n_new, temperature=0.0).cpu()
             g_cpu = cpu_model.generate(prompt, n_new, temperature=0.0)
             same = (g_dev == g_cpu).all(dim=0)
-            row.update(greedy_equal=bool(same.all()), greedy_first_mismatch=None if same.all()
-                       else int((~same).nonzero()[0]) - prompt.shape[1])
+            row.update(
+                greedy_equal=bool(same.all()),
+                greedy_first_mismatch=None if same.all() else int((~same).nonzero()[0]) - prompt.shape[1],
+            )
             ctx.check(f"{name}: greedy device = CPU", row["greedy_equal"])
             greedy = "yes" if row["greedy_equal"] else f"no (from new token {row['greedy_first_mismatch']})"
         else:
@@ -660,10 +757,15 @@ def stage_sync(ctx: Ctx):
     base = GPTConfig.from_preset("tiny" if ctx.quick else "60m", n_layer=2)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, base.vocab_size, (4, base.block_size + 1), generator=gen).to(ctx.device)
-    ctx.md += ["Host synchronisations (`torch.cuda.set_sync_debug_mode('warn')`) in one training step (bf16 "
-               "autocast forward, backward, `clip_grad_norm_`, fused AdamW; the loop's one deliberate "
-               "`loss.item()` per step excluded) and in one cached decoding step (after the prefill and a "
-               "first step).", "", "| variant | train step syncs | decode step syncs | where |", "|---|---:|---:|---|"]
+    ctx.md += [
+        "Host synchronisations (`torch.cuda.set_sync_debug_mode('warn')`) in one training step (bf16 "
+        "autocast forward, backward, `clip_grad_norm_`, fused AdamW; the loop's one deliberate "
+        "`loss.item()` per step excluded) and in one cached decoding step (after the prefill and a "
+        "first step).",
+        "",
+        "| variant | train step syncs | decode step syncs | where |",
+        "|---|---:|---:|---|",
+    ]
     for name in ("standard", "coupled", "differential", "coupled_differential"):
         torch.manual_seed(0)
         model = GPT(_variant_config(base, name)).to(ctx.device).train()
@@ -711,8 +813,10 @@ def stage_sync(ctx: Ctx):
         ctx.result[name] = dict(train_syncs=counts["train"], decode_syncs=counts["decode"], where=where)
         ctx.check(f"{name}: no sync in the train step", counts["train"] == 0)
         ctx.check(f"{name}: no sync in the decode step", counts["decode"] == 0)
-        ctx.md.append(f"| {name} | {counts['train']} | {counts['decode']} | "
-                      f"{'; '.join(f'{k} x{v}' for k, v in where.items()) or '-'} |")
+        ctx.md.append(
+            f"| {name} | {counts['train']} | {counts['decode']} | "
+            f"{'; '.join(f'{k} x{v}' for k, v in where.items()) or '-'} |"
+        )
         ctx.save()
         del model, opt
 
@@ -721,8 +825,11 @@ def _quick_corpus(ctx: Ctx) -> Path:
     """A small train/valid/test folder (quick mode): slices of the data's training text and WikiText-2."""
     folder = ctx.work / "corpus"
     folder.mkdir(parents=True, exist_ok=True)
-    for split, src, n in (("train", "wiki-vital/train.txt", 60_000), ("valid", "wikitext-2/valid.txt", 12_000),
-                          ("test", "wikitext-2/test.txt", 12_000)):
+    for split, src, n in (
+        ("train", "wiki-vital/train.txt", 60_000),
+        ("valid", "wikitext-2/valid.txt", 12_000),
+        ("test", "wikitext-2/test.txt", 12_000),
+    ):
         text = (ctx.data / src).read_text(encoding="utf-8")[:n]
         (folder / f"{split}.txt").write_text(text[: text.rfind("\n") + 1], encoding="utf-8")
     return folder
@@ -738,24 +845,48 @@ def stage_train(ctx: Ctx):
 
     steps = 6 if ctx.quick else 20
     common = dict(
-        corpus=str(_quick_corpus(ctx)) if ctx.quick else "wiki-vital", data_dir=str(ctx.data), tokenizer="gpt2",
-        cache_dir=str(ctx.work / "cache"), preset="tiny" if ctx.quick else "60m",
+        corpus=str(_quick_corpus(ctx)) if ctx.quick else "wiki-vital",
+        data_dir=str(ctx.data),
+        tokenizer="gpt2",
+        cache_dir=str(ctx.work / "cache"),
+        preset="tiny" if ctx.quick else "60m",
         model=dict(attention="coupled", **(dict(n_layer=2, d_model=64, block_size=64) if ctx.quick else {})),
-        batch_size=4 if ctx.quick else 16, max_steps=steps, warmup_steps=2, lr=6e-4, eval_interval=steps,
-        eval_batches=2 if ctx.quick else 8, log_interval=1, checkpoint_minutes=None, keep_checkpoints=1,
-        device=ctx.device.type, tensorboard=False, progress=False, seed=0,
+        batch_size=4 if ctx.quick else 16,
+        max_steps=steps,
+        warmup_steps=2,
+        lr=6e-4,
+        eval_interval=steps,
+        eval_batches=2 if ctx.quick else 8,
+        log_interval=1,
+        checkpoint_minutes=None,
+        keep_checkpoints=1,
+        device=ctx.device.type,
+        tensorboard=False,
+        progress=False,
+        seed=0,
     )
     t = time.perf_counter()
     full = train(TrainConfig(**common, out_dir=str(ctx.work / "full")))
-    ctx.result["full"] = dict(seconds=time.perf_counter() - t, final=full["final"], steps=full["steps"],
-                              tokens=full["tokens"], params=full["params"], stop_reason=full["stop_reason"])
+    ctx.result["full"] = dict(
+        seconds=time.perf_counter() - t,
+        final=full["final"],
+        steps=full["steps"],
+        tokens=full["tokens"],
+        params=full["params"],
+        stop_reason=full["stop_reason"],
+    )
     ctx.save()
     t = time.perf_counter()
     half = TrainConfig(**common, out_dir=str(ctx.work / "resumed"), stop_after_steps=steps // 2)
     first = train(half)
     resumed = train(dataclasses.replace(half, stop_after_steps=None, resume=True))
-    ctx.result["resumed"] = dict(seconds=time.perf_counter() - t, first_stop=first["stop_reason"],
-                                 first_steps=first["steps"], final=resumed["final"], steps=resumed["steps"])
+    ctx.result["resumed"] = dict(
+        seconds=time.perf_counter() - t,
+        first_stop=first["stop_reason"],
+        first_steps=first["steps"],
+        final=resumed["final"],
+        steps=resumed["steps"],
+    )
     la = {r["step"]: r["train/loss"] for r in read_metrics(ctx.work / "full") if "train/loss" in r}
     lb = {r["step"]: r["train/loss"] for r in read_metrics(ctx.work / "resumed") if "train/loss" in r}
     diffs = [abs(la[s] - lb[s]) / abs(la[s]) for s in sorted(la) if s in lb]
@@ -770,21 +901,22 @@ def stage_train(ctx: Ctx):
     run = load_run(ctx.work / "resumed", ctx.device)
     prompt = run.encode(" = Valkyria Chronicles = \n", ctx.device)
     out = run.model.generate(prompt, 16 if ctx.quick else 48, temperature=0.0)
-    new = out[0, prompt.shape[1]:]
+    new = out[0, prompt.shape[1] :]
     ctx.result["generated"] = run.tokenizer.decode(new)
     ctx.check("generated ids in the vocabulary", int(new.max()) < run.model.config.vocab_size)
     tps = [r["tokens_per_s"] for r in read_metrics(ctx.work / "full") if "tokens_per_s" in r]
     ctx.result["tokens_per_s_median"] = float(sorted(tps)[len(tps) // 2]) if tps else None
     f = resumed["final"]
-    ctx.md += [f"{common['preset']} preset, coupled attention, batch {common['batch_size']} x block, {steps} steps "
-               f"({full['tokens']:,} tokens), dtype auto ({'bf16 autocast' if ctx.cuda else 'fp32'}).",
-               f"- uninterrupted: {ctx.result['full']['seconds']:.1f} s including the final evaluation; median "
-               f"{ctx.result['tokens_per_s_median'] or 0:,.0f} tokens/s",
-               f"- stopped at step {first['steps']}, resumed to {resumed['steps']}: largest relative train-loss "
-               f"difference to the uninterrupted run {ctx.result['loss_rel_diff_max']:.2e} (tolerance {tol:g})",
-               "- final evaluation: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(f.items())
-                                                   if isinstance(v, float)),
-               f"- greedy generation ({len(new)} tokens): `{ctx.result['generated'][:200]!r}`"]
+    ctx.md += [
+        f"{common['preset']} preset, coupled attention, batch {common['batch_size']} x block, {steps} steps "
+        f"({full['tokens']:,} tokens), dtype auto ({'bf16 autocast' if ctx.cuda else 'fp32'}).",
+        f"- uninterrupted: {ctx.result['full']['seconds']:.1f} s including the final evaluation; median "
+        f"{ctx.result['tokens_per_s_median'] or 0:,.0f} tokens/s",
+        f"- stopped at step {first['steps']}, resumed to {resumed['steps']}: largest relative train-loss "
+        f"difference to the uninterrupted run {ctx.result['loss_rel_diff_max']:.2e} (tolerance {tol:g})",
+        "- final evaluation: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(f.items()) if isinstance(v, float)),
+        f"- greedy generation ({len(new)} tokens): `{ctx.result['generated'][:200]!r}`",
+    ]
     del run
     if ctx.cuda:
         torch.cuda.empty_cache()
@@ -797,15 +929,24 @@ def stage_bench(ctx: Ctx):
     from coupled_qk.experiments.bench.cost_curve import train_step_flops
     from coupled_qk.experiments.bench.train import run_bench
 
-    plan = [("micro", dict(batch_size=2, repeats=3, warmup=1), ("coupled",))] if ctx.quick else [
-        ("60m", dict(batch_size=16, repeats=10, warmup=2), PAPER_VARIANTS),
-        ("350m", dict(batch_size=16, repeats=6, warmup=2), PAPER_VARIANTS)]
+    plan = (
+        [("micro", dict(batch_size=2, repeats=3, warmup=1), ("coupled",))]
+        if ctx.quick
+        else [
+            ("60m", dict(batch_size=16, repeats=10, warmup=2), PAPER_VARIANTS),
+            ("350m", dict(batch_size=16, repeats=6, warmup=2), PAPER_VARIANTS),
+        ]
+    )
     dtype = "bf16" if ctx.cuda else "fp32"
-    ctx.md += [f"Train step (forward, backward, AdamW), {dtype}{' autocast' if ctx.cuda else ''}, eager; "
-               "interleaved round-robin, medians; ratio = median / standard's median in the same run; MFU = "
-               f"model FLOPs (`train_step_flops`) x tokens/s / {H200_BF16_DENSE_TFLOPS:g} TFLOP/s (dense bf16 "
-               "peak of an H200 SXM).", "",
-               "| preset | variant | median ms | p10-p90 ms | tokens/s | ratio | MFU |", "|---|---|---:|---:|---:|---:|---:|"]
+    ctx.md += [
+        f"Train step (forward, backward, AdamW), {dtype}{' autocast' if ctx.cuda else ''}, eager; "
+        "interleaved round-robin, medians; ratio = median / standard's median in the same run; MFU = "
+        f"model FLOPs (`train_step_flops`) x tokens/s / {H200_BF16_DENSE_TFLOPS:g} TFLOP/s (dense bf16 "
+        "peak of an H200 SXM).",
+        "",
+        "| preset | variant | median ms | p10-p90 ms | tokens/s | ratio | MFU |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for preset, kw, variants in plan:
         base = _tiny_config(block_size=32) if preset == "micro" else GPTConfig.from_preset(preset)
         res = run_bench(base, variants=list(variants), device=ctx.device, dtype=dtype, log=ctx.log, **kw)
@@ -817,13 +958,24 @@ def stage_bench(ctx: Ctx):
             s = res["settings"]
             flops = train_step_flops(cfg, s["batch_size"], s["seq_len"])["step"]
             mfu = flops / (v["median_ms"] / 1000) / (H200_BF16_DENSE_TFLOPS * 1e12) if ctx.cuda else None
-            out[name] = dict(median_ms=v["median_ms"], p10_ms=v["p10_ms"], p90_ms=v["p90_ms"],
-                             tokens_per_s=v["tokens_per_s"], ratio=v["ratio"], mfu=mfu, params=v.get("params"))
-            ctx.md.append(f"| {preset} | {name} | {v['median_ms']:.1f} | {v['p10_ms']:.1f}-{v['p90_ms']:.1f} | "
-                          f"{v['tokens_per_s']:,.0f} | {v['ratio']:.3f} | "
-                          f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} |")
-        ctx.result[preset] = dict(settings={k: res["settings"][k] for k in ("batch_size", "seq_len", "repeats",
-                                                                             "warmup", "dtype")}, variants=out)
+            out[name] = dict(
+                median_ms=v["median_ms"],
+                p10_ms=v["p10_ms"],
+                p90_ms=v["p90_ms"],
+                tokens_per_s=v["tokens_per_s"],
+                ratio=v["ratio"],
+                mfu=mfu,
+                params=v.get("params"),
+            )
+            ctx.md.append(
+                f"| {preset} | {name} | {v['median_ms']:.1f} | {v['p10_ms']:.1f}-{v['p90_ms']:.1f} | "
+                f"{v['tokens_per_s']:,.0f} | {v['ratio']:.3f} | "
+                f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} |"
+            )
+        ctx.result[preset] = dict(
+            settings={k: res["settings"][k] for k in ("batch_size", "seq_len", "repeats", "warmup", "dtype")},
+            variants=out,
+        )
         ctx.save()
         if ctx.cuda:
             torch.cuda.empty_cache()
@@ -847,21 +999,30 @@ def _vocab_padding_timing(ctx: Ctx, dtype: str) -> None:
     tokens = torch.randint(0, base.vocab_size, (batch, base.block_size + 1), generator=gen).to(ctx.device)
     configs = {"unpadded": base, "padded": base.replace(vocab_pad_multiple=64)}
     autocast = None if dtype == "fp32" else DTYPES[dtype]
-    runners = {k: TrainStepRunner(k, lambda c=c: GPT(c), tokens[:, :-1], tokens[:, 1:], ctx.device, 0, autocast)
-               for k, c in configs.items()}
+    runners = {
+        k: TrainStepRunner(k, lambda c=c: GPT(c), tokens[:, :-1], tokens[:, 1:], ctx.device, 0, autocast)
+        for k, c in configs.items()
+    }
     for r in runners.values():
         r.first_step()
     times = {k: [] for k in runners}
     for i in range(repeats):
-        for k in (("unpadded", "padded") if i % 2 == 0 else ("padded", "unpadded")):
+        for k in ("unpadded", "padded") if i % 2 == 0 else ("padded", "unpadded"):
             times[k].append(runners[k].timed_step()[0])
     med = {k: float(np.median(v)) for k, v in times.items()}
-    ctx.result["vocab_padding"] = dict(rows={k: c.padded_vocab_size for k, c in configs.items()}, median_ms=med,
-                                       times_ms=times, ratio=med["padded"] / med["unpadded"])
-    ctx.md += ["", f"Vocabulary padding (standard, batch {batch} x {base.block_size}, {repeats} interleaved steps): "
-               f"{configs['unpadded'].padded_vocab_size:,} rows {med['unpadded']:.1f} ms, "
-               f"{configs['padded'].padded_vocab_size:,} rows {med['padded']:.1f} ms, ratio "
-               f"{med['padded'] / med['unpadded']:.3f}."]
+    ctx.result["vocab_padding"] = dict(
+        rows={k: c.padded_vocab_size for k, c in configs.items()},
+        median_ms=med,
+        times_ms=times,
+        ratio=med["padded"] / med["unpadded"],
+    )
+    ctx.md += [
+        "",
+        f"Vocabulary padding (standard, batch {batch} x {base.block_size}, {repeats} interleaved steps): "
+        f"{configs['unpadded'].padded_vocab_size:,} rows {med['unpadded']:.1f} ms, "
+        f"{configs['padded'].padded_vocab_size:,} rows {med['padded']:.1f} ms, ratio "
+        f"{med['padded'] / med['unpadded']:.3f}.",
+    ]
     ctx.save()
 
 
@@ -871,19 +1032,28 @@ def stage_memory(ctx: Ctx):
     from coupled_qk import GPTConfig
     from coupled_qk.experiments.bench.decode import run_memory
 
-    plan = [("micro", dict(batch_size=2), ("coupled",))] if ctx.quick else [
-        ("60m", dict(batch_size=16), PAPER_VARIANTS), ("350m", dict(batch_size=16), PAPER_VARIANTS)]
+    plan = (
+        [("micro", dict(batch_size=2), ("coupled",))]
+        if ctx.quick
+        else [("60m", dict(batch_size=16), PAPER_VARIANTS), ("350m", dict(batch_size=16), PAPER_VARIANTS)]
+    )
     dtype = "bf16" if ctx.cuda else "fp32"
-    ctx.md += [f"Peak memory of one train step above the resident weights, gradients and AdamW state ({dtype}); "
-               "KV cache after a 1 x block_size prefill.", "",
-               "| preset | variant | resident MiB | step peak MiB | ratio | KV cache MiB |", "|---|---|---:|---:|---:|---:|"]
+    ctx.md += [
+        f"Peak memory of one train step above the resident weights, gradients and AdamW state ({dtype}); "
+        "KV cache after a 1 x block_size prefill.",
+        "",
+        "| preset | variant | resident MiB | step peak MiB | ratio | KV cache MiB |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for preset, kw, variants in plan:
         base = _tiny_config(block_size=32) if preset == "micro" else GPTConfig.from_preset(preset)
         res = run_memory(base, variants=list(variants), device=ctx.device, dtype=dtype, **kw)
         ctx.result[preset] = res["variants"]
         for name, v in res["variants"].items():
-            ctx.md.append(f"| {preset} | {name} | {v['resident_bytes'] / 2**20:.0f} | {v['train_peak_bytes'] / 2**20:.0f}"
-                          f" | {v['train_ratio']:.3f} | {v['kv_cache_bytes'] / 2**20:.1f} |")
+            ctx.md.append(
+                f"| {preset} | {name} | {v['resident_bytes'] / 2**20:.0f} | {v['train_peak_bytes'] / 2**20:.0f}"
+                f" | {v['train_ratio']:.3f} | {v['kv_cache_bytes'] / 2**20:.1f} |"
+            )
         ctx.save()
         if ctx.cuda:
             torch.cuda.empty_cache()
@@ -903,12 +1073,16 @@ def stage_compile(ctx: Ctx):
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, base.vocab_size, (batch, seq + 1), generator=gen).to(ctx.device)
     x, y = tokens[:, :-1], tokens[:, 1:]
-    ctx.md += [f"`torch.compile(model.loss, backend={backend!r})` against eager, {'bf16 autocast' if dtype else 'fp32'},"
-               f" {base.n_layer} x {base.d_model}, batch {batch} x {seq}; {repeats} interleaved eager/compiled "
-               "train steps (forward, backward, AdamW) after the compiling step; Dynamo counters of the "
-               "compiled steps (a recompile after the first call is a fault).", "",
-               "| variant | compile s | eager ms | compiled ms | speed-up | loss eager / compiled | graphs | "
-               "graph breaks | recompiles |", "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    ctx.md += [
+        f"`torch.compile(model.loss, backend={backend!r})` against eager, {'bf16 autocast' if dtype else 'fp32'},"
+        f" {base.n_layer} x {base.d_model}, batch {batch} x {seq}; {repeats} interleaved eager/compiled "
+        "train steps (forward, backward, AdamW) after the compiling step; Dynamo counters of the "
+        "compiled steps (a recompile after the first call is a fault).",
+        "",
+        "| variant | compile s | eager ms | compiled ms | speed-up | loss eager / compiled | graphs | "
+        "graph breaks | recompiles |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
     for name in ("standard", "coupled"):
         torch._dynamo.reset()
         from torch._dynamo.utils import counters
@@ -931,7 +1105,7 @@ def stage_compile(ctx: Ctx):
             _sync(ctx.device)
             return time.perf_counter() - t, float(loss.detach())
 
-        with torch.no_grad(), (torch.autocast(ctx.device.type, dtype=dtype) if dtype else contextlib.nullcontext()):
+        with torch.no_grad(), torch.autocast(ctx.device.type, dtype=dtype) if dtype else contextlib.nullcontext():
             loss_e = float(model.loss(x, y))
         compile_s, loss_c = step(compiled)
         graphs_after_first = int(counters["stats"].get("unique_graphs", 0))
@@ -945,14 +1119,25 @@ def stage_compile(ctx: Ctx):
         breaks = int(sum(counters["graph_break"].values()))
         recompiles = graphs - graphs_after_first
         me, mc = (float(np.median(times[m])) * 1000 for m in ("eager", "compiled"))
-        ctx.result[name] = dict(backend=backend, compile_s=compile_s, eager_ms=me, compiled_ms=mc, speedup=me / mc,
-                                loss_eager=loss_e, loss_compiled_first=loss_c, graphs=graphs,
-                                graph_breaks=breaks, recompiles=recompiles,
-                                graph_break_reasons=sorted(counters["graph_break"])[:10])
+        ctx.result[name] = dict(
+            backend=backend,
+            compile_s=compile_s,
+            eager_ms=me,
+            compiled_ms=mc,
+            speedup=me / mc,
+            loss_eager=loss_e,
+            loss_compiled_first=loss_c,
+            graphs=graphs,
+            graph_breaks=breaks,
+            recompiles=recompiles,
+            graph_break_reasons=sorted(counters["graph_break"])[:10],
+        )
         tol = 5e-2 if dtype else 1e-4
         ctx.check(f"{name}: compiled loss = eager loss", abs(loss_c - loss_e) <= tol * abs(loss_e))
-        ctx.md.append(f"| {name} | {compile_s:.1f} | {me:.1f} | {mc:.1f} | {me / mc:.2f}x | {loss_e:.4f} / "
-                      f"{loss_c:.4f} | {graphs} | {breaks} | {recompiles} |")
+        ctx.md.append(
+            f"| {name} | {compile_s:.1f} | {me:.1f} | {mc:.1f} | {me / mc:.2f}x | {loss_e:.4f} / "
+            f"{loss_c:.4f} | {graphs} | {breaks} | {recompiles} |"
+        )
         ctx.save()
         del model, opt, compiled
         if ctx.cuda:
@@ -988,12 +1173,19 @@ def stage_hf(ctx: Ctx):
     if not ctx.cuda:
         config = CompileConfig(backend="eager" if ctx.quick else "inductor", mode=None)
         config._compile_all_devices = True
-    ctx.md += [f"`generate(cache_implementation=\"static\")`, compiled ({'default CompileConfig' if ctx.cuda else config.backend}), "
-               f"{n_new} new tokens after a left-padded 12-token prompt, batch 2, fp32: Dynamo graphs and breaks of "
-               "the decoding step, tokens against the dynamic cache, wall time of the first (compiling) and a "
-               "second call.", "", "| variant | graphs | breaks | tokens = dynamic cache | first s | second s | "
-               "dynamic cache s |", "|---|---:|---:|---|---:|---:|---:|"]
-    for name in ("standard", "coupled") if ctx.quick else ("standard", "coupled", "coupled_leapfrog", "coupled_differential"):
+    ctx.md += [
+        '`generate(cache_implementation="static")`, '
+        f"compiled ({'default CompileConfig' if ctx.cuda else config.backend}), "
+        f"{n_new} new tokens after a left-padded 12-token prompt, batch 2, fp32: Dynamo graphs and breaks of "
+        "the decoding step, tokens against the dynamic cache, wall time of the first (compiling) and a "
+        "second call.",
+        "",
+        "| variant | graphs | breaks | tokens = dynamic cache | first s | second s | dynamic cache s |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for name in (
+        ("standard", "coupled") if ctx.quick else ("standard", "coupled", "coupled_leapfrog", "coupled_differential")
+    ):
         torch._dynamo.reset()
         counters.clear()
         model = _sharp_model(base, name)
@@ -1003,8 +1195,13 @@ def stage_hf(ctx: Ctx):
         for static in (False, True, True):
             _sync(ctx.device)
             t = time.perf_counter()
-            out = lm.generate(x, **kw, **(dict(cache_implementation="static", compile_config=config) if static
-                                          else dict(disable_compile=True)))
+            out = lm.generate(
+                x,
+                **kw,
+                **(
+                    dict(cache_implementation="static", compile_config=config) if static else dict(disable_compile=True)
+                ),
+            )
             _sync(ctx.device)
             times.append(time.perf_counter() - t)
             if not static:
@@ -1012,14 +1209,23 @@ def stage_hf(ctx: Ctx):
             else:
                 same = torch.equal(out.cpu(), dynamic.cpu())
         graphs, breaks = int(counters["stats"].get("unique_graphs", 0)), int(sum(counters["graph_break"].values()))
-        ctx.result[name] = dict(graphs=graphs, graph_breaks=breaks, tokens_equal=same, first_s=times[1],
-                                second_s=times[2], dynamic_s=times[0], compiled=hasattr(lm, "_compiled_call"),
-                                graph_break_reasons=sorted(counters["graph_break"])[:5])
+        ctx.result[name] = dict(
+            graphs=graphs,
+            graph_breaks=breaks,
+            tokens_equal=same,
+            first_s=times[1],
+            second_s=times[2],
+            dynamic_s=times[0],
+            compiled=hasattr(lm, "_compiled_call"),
+            graph_break_reasons=sorted(counters["graph_break"])[:5],
+        )
         ctx.check(f"{name}: compiled", hasattr(lm, "_compiled_call"))
         ctx.check(f"{name}: one graph, no break", graphs == 1 and breaks == 0)
         ctx.check(f"{name}: tokens = dynamic cache", same)
-        ctx.md.append(f"| {name} | {graphs} | {breaks} | {'yes' if same else 'no'} | {times[1]:.1f} | {times[2]:.2f} "
-                      f"| {times[0]:.2f} |")
+        ctx.md.append(
+            f"| {name} | {graphs} | {breaks} | {'yes' if same else 'no'} | {times[1]:.1f} | {times[2]:.2f} "
+            f"| {times[0]:.2f} |"
+        )
         ctx.save()
     return None if ctx.cuda or not ctx.quick else "quick CPU mode: Dynamo's eager backend (tracing only)"
 
@@ -1086,8 +1292,11 @@ def main(argv=None) -> int:
     p.add_argument("--stages", help=f"comma-separated subset of {','.join(s.name for s in STAGES)} (default all)")
     p.add_argument("--keep-work", action="store_true", help="keep DIR/work (training runs, caches)")
     p.add_argument("--make-data", metavar="BUNDLE", help="write the data bundle into BUNDLE and exit")
-    p.add_argument("--data-src", default=str(REPO.parent / "shared" / "data"),
-                   help="--make-data: the shared data folder (default ../shared/data next to the checkout)")
+    p.add_argument(
+        "--data-src",
+        default=str(REPO.parent / "shared" / "data"),
+        help="--make-data: the shared data folder (default ../shared/data next to the checkout)",
+    )
     p.add_argument("--train-mb", type=float, default=1.0, help="--make-data: MB of training text (default 1)")
     p.add_argument("--stage", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

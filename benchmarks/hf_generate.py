@@ -37,8 +37,9 @@ def build(variant: str, block_size: int) -> CoupledQKForCausalLM:
 def timed_generate(model, prompt: torch.Tensor, new: int, use_cache: bool) -> float:
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=use_cache,
-                             pad_token_id=0)
+        out = model.generate(
+            prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=use_cache, pad_token_id=0
+        )
     dt = time.perf_counter() - t0
     assert out.shape[1] == prompt.shape[1] + new
     return dt
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
         steps = {v: [] for v in variants}
         full = {v: [] for v in variants}
         for r in range(a.repeats):
-            order = cells[r % len(cells):] + cells[: r % len(cells)]
+            order = cells[r % len(cells) :] + cells[: r % len(cells)]
             for v, c in order:
                 t1[(v, c)].append(timed_generate(models[v], prompt, 1, c))
                 tn[(v, c)].append(timed_generate(models[v], prompt, 1 + a.new_tokens, c))
@@ -102,16 +103,34 @@ def main(argv=None) -> int:
             per_token = (many - one) / a.new_tokens
             extra = {}
             if c:
-                extra = dict(forward_step_ms=float(np.median(steps[v]) * 1e3),
-                             forward_step_ms_p10_p90=np.percentile(np.array(steps[v]) * 1e3, [10, 90]).round(4).tolist())
+                extra = dict(
+                    forward_step_ms=float(np.median(steps[v]) * 1e3),
+                    forward_step_ms_p10_p90=np.percentile(np.array(steps[v]) * 1e3, [10, 90]).round(4).tolist(),
+                )
             else:
                 extra = dict(forward_full_ms=float(np.median(full[v]) * 1e3))
-            rows.append(dict(prefix=P, variant=v, cache=c, per_token_ms=float(np.median(per_token) * 1e3), **extra,
-                             per_token_ms_all=(per_token * 1e3).round(4).tolist(),
-                             tokens_per_s=float(np.median((1 + a.new_tokens) / many)),
-                             total_s_all=many.round(5).tolist(), prefill_s_all=one.round(5).tolist()))
-        print(f"P={P}: " + ", ".join(f"{r['variant']}{'+cache' if r['cache'] else ''} "
-                                    f"{r['per_token_ms']:.2f} ms/tok" for r in rows if r["prefix"] == P), flush=True)
+            rows.append(
+                dict(
+                    prefix=P,
+                    variant=v,
+                    cache=c,
+                    per_token_ms=float(np.median(per_token) * 1e3),
+                    **extra,
+                    per_token_ms_all=(per_token * 1e3).round(4).tolist(),
+                    tokens_per_s=float(np.median((1 + a.new_tokens) / many)),
+                    total_s_all=many.round(5).tolist(),
+                    prefill_s_all=one.round(5).tolist(),
+                )
+            )
+        print(
+            f"P={P}: "
+            + ", ".join(
+                f"{r['variant']}{'+cache' if r['cache'] else ''} {r['per_token_ms']:.2f} ms/tok"
+                for r in rows
+                if r["prefix"] == P
+            ),
+            flush=True,
+        )
 
     def cell(P, v, c):
         return next(r for r in rows if (r["prefix"], r["variant"], r["cache"]) == (P, v, c))
@@ -130,13 +149,21 @@ def main(argv=None) -> int:
                 if v != "standard":
                     for c in (True, False):
                         s[f"{v} / standard time ({'cached' if c else 'uncached'})"] = ratio(
-                            cell(P, v, c), cell(P, "standard", c))
+                            cell(P, v, c), cell(P, "standard", c)
+                        )
         summary[P] = s
-    result = dict(command="OMP_NUM_THREADS=1 python benchmarks/hf_generate.py " + " ".join(sys.argv[1:] if argv is None
-                                                                                        else argv),
-                  machine=machine_info(torch.device("cpu")), load_average=[load_before, os.getloadavg()],
-                  preset="tiny", block_size=block,
-                  new_tokens=a.new_tokens, repeats=a.repeats, rows=rows, ratios=summary)
+    result = dict(
+        command="OMP_NUM_THREADS=1 python benchmarks/hf_generate.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        machine=machine_info(torch.device("cpu")),
+        load_average=[load_before, os.getloadavg()],
+        preset="tiny",
+        block_size=block,
+        new_tokens=a.new_tokens,
+        repeats=a.repeats,
+        rows=rows,
+        ratios=summary,
+    )
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hf-generate-tiny-cpu.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -147,14 +174,19 @@ def main(argv=None) -> int:
 
 def markdown(result: dict, prefixes: list[int], variants: list[str]) -> str:
     m = result["machine"]
-    lines = [f"# HF generate, tiny preset (block_size {result['block_size']}), CPU, batch 1, greedy",
-             "", f"Machine: {m['cpu']}, {m['cpu_count']} cores, torch {m['torch']}, {m['threads']} thread(s). "
-             f"Command: `{result['command']}`. Medians over {result['repeats']} interleaved rounds; "
-             f"{result['new_tokens']} new tokens after the prefix. 1-minute load average at start and end: "
-             f"{result['load_average'][0][0]:.1f}, {result['load_average'][1][0]:.1f}.", "",
-             "Decoding time per new token inside `generate` (ms, after the prefill) and end-to-end tokens/s:", "",
-             "| prefix | " + " | ".join(f"{v} cached | {v} uncached" for v in variants) + " |",
-             "|---:|" + "---:|---:|" * len(variants)]
+    lines = [
+        f"# HF generate, tiny preset (block_size {result['block_size']}), CPU, batch 1, greedy",
+        "",
+        f"Machine: {m['cpu']}, {m['cpu_count']} cores, torch {m['torch']}, {m['threads']} thread(s). "
+        f"Command: `{result['command']}`. Medians over {result['repeats']} interleaved rounds; "
+        f"{result['new_tokens']} new tokens after the prefix. 1-minute load average at start and end: "
+        f"{result['load_average'][0][0]:.1f}, {result['load_average'][1][0]:.1f}.",
+        "",
+        "Decoding time per new token inside `generate` (ms, after the prefill) and end-to-end tokens/s:",
+        "",
+        "| prefix | " + " | ".join(f"{v} cached | {v} uncached" for v in variants) + " |",
+        "|---:|" + "---:|---:|" * len(variants),
+    ]
     for P in prefixes:
         cells = []
         for v in variants:
@@ -162,10 +194,14 @@ def markdown(result: dict, prefixes: list[int], variants: list[str]) -> str:
                 r = next(r for r in result["rows"] if (r["prefix"], r["variant"], r["cache"]) == (P, v, c))
                 cells.append(f"{r['per_token_ms']:.2f} ms ({r['tokens_per_s']:.0f} tok/s)")
         lines.append(f"| {P} | " + " | ".join(cells) + " |")
-    lines += ["", "Model forward alone: one cached single-token step (`DynamicCache`, median [p10, p90] over "
-              f"{8 * result['repeats']} steps) vs one uncached forward of the whole sequence (ms):", "",
-              "| prefix | " + " | ".join(f"{v} cached step | {v} uncached full" for v in variants) + " |",
-              "|---:|" + "---:|---:|" * len(variants)]
+    lines += [
+        "",
+        "Model forward alone: one cached single-token step (`DynamicCache`, median [p10, p90] over "
+        f"{8 * result['repeats']} steps) vs one uncached forward of the whole sequence (ms):",
+        "",
+        "| prefix | " + " | ".join(f"{v} cached step | {v} uncached full" for v in variants) + " |",
+        "|---:|" + "---:|---:|" * len(variants),
+    ]
     for P in prefixes:
         cells = []
         for v in variants:
@@ -175,8 +211,13 @@ def markdown(result: dict, prefixes: list[int], variants: list[str]) -> str:
             r = next(r for r in result["rows"] if (r["prefix"], r["variant"], r["cache"]) == (P, v, False))
             cells.append(f"{r['forward_full_ms']:.2f}")
         lines.append(f"| {P} | " + " | ".join(cells) + " |")
-    lines += ["", "Time ratios of whole `generate` calls (median of per-round ratios, [min, max]):", "",
-              "| prefix | ratio | median | range |", "|---:|---|---:|---|"]
+    lines += [
+        "",
+        "Time ratios of whole `generate` calls (median of per-round ratios, [min, max]):",
+        "",
+        "| prefix | ratio | median | range |",
+        "|---:|---|---:|---|",
+    ]
     for P in prefixes:
         for name, r in result["ratios"][P].items():
             lines.append(f"| {P} | {name} | {r['median']:.2f} | [{r['min']:.2f}, {r['max']:.2f}] |")

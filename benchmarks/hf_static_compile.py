@@ -86,12 +86,13 @@ def main(argv=None) -> int:
     same = {v: all(torch.equal(tokens[(v, m)], tokens[(v, "dynamic")]) for m in MODES) for v in variants}
     per_token = {c: [] for c in cells}
     for r in range(a.repeats):
-        for v, m in cells[r % len(cells):] + cells[: r % len(cells)]:
+        for v, m in cells[r % len(cells) :] + cells[: r % len(cells)]:
             t1, _ = generate_s(models[v], prompt, 1, m, not a.no_fullgraph)
             tn, _ = generate_s(models[v], prompt, a.new_tokens, m, not a.no_fullgraph)
             per_token[(v, m)].append((tn - t1) / (a.new_tokens - 1))
-    graphs_after = dict(unique_graphs=counters["stats"]["unique_graphs"],
-                        graph_breaks=sum(counters["graph_break"].values()))
+    graphs_after = dict(
+        unique_graphs=counters["stats"]["unique_graphs"], graph_breaks=sum(counters["graph_break"].values())
+    )
     rows = []
     for v, m in cells:
         ms = [x * 1e3 for x in per_token[(v, m)]]
@@ -105,11 +106,21 @@ def main(argv=None) -> int:
         rows.append(row)
         rr = row.get("ratio_to_standard", {}).get("median", 1.0)
         print(f"{v:18s} {m:16s} {row['ms_per_token']:.3f} ms/token  x{rr:.3f} of standard", flush=True)
-    result = dict(command="OMP_NUM_THREADS=1 python benchmarks/hf_static_compile.py "
-                          + " ".join(sys.argv[1:] if argv is None else argv),
-                  machine=machine_info(torch.device("cpu")), torch=torch.__version__, batch=a.batch, prefix=a.prefix,
-                  new_tokens=a.new_tokens, repeats=a.repeats, first_compiled_generate_s=compile_s,
-                  dynamo_after_warmup=graphs, dynamo_after_timing=graphs_after, same_tokens_as_dynamic=same, rows=rows)
+    result = dict(
+        command="OMP_NUM_THREADS=1 python benchmarks/hf_static_compile.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        machine=machine_info(torch.device("cpu")),
+        torch=torch.__version__,
+        batch=a.batch,
+        prefix=a.prefix,
+        new_tokens=a.new_tokens,
+        repeats=a.repeats,
+        first_compiled_generate_s=compile_s,
+        dynamo_after_warmup=graphs,
+        dynamo_after_timing=graphs_after,
+        same_tokens_as_dynamic=same,
+        rows=rows,
+    )
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"graphs after warm-up {graphs}, after timing {graphs_after}; same tokens {same}; wrote {a.out}")

@@ -51,14 +51,19 @@ def paired(folder: Path) -> dict:
 def main(folders: list[str]) -> str:
     rounds = [paired(Path(f)) for f in folders]
     keys = sorted(set().union(*rounds))
-    lines = ["| model | mode | " + " | ".join(Path(f).name for f in folders) + " | pooled median [95% interval] |",
-             "|---|---|" + "---:|" * (len(folders) + 1)]
+    lines = [
+        "| model | mode | " + " | ".join(Path(f).name for f in folders) + " | pooled median [95% interval] |",
+        "|---|---|" + "---:|" * (len(folders) + 1),
+    ]
     for key in keys:
         per = [r.get(key, []) for r in rounds]
         pooled = [x for p in per for x in p]
         lo, hi = median_interval(pooled)
-        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{statistics.median(p):.3f}" if p else "-" for p in per)
-                     + f" | {statistics.median(pooled):.3f} [{lo:.3f}, {hi:.3f}] (n={len(pooled)}) |")
+        lines.append(
+            f"| {key[0]} | {key[1]} | "
+            + " | ".join(f"{statistics.median(p):.3f}" if p else "-" for p in per)
+            + f" | {statistics.median(pooled):.3f} [{lo:.3f}, {hi:.3f}] (n={len(pooled)}) |"
+        )
     return "\n".join(lines)
 
 

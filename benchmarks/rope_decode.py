@@ -2,7 +2,8 @@
 the same model with learned positions, eager (RoPE in the plain five-kernel form and in the fused form with the
 precomputed signed sine table) and compiled (`GPT.compiled_decode_step`), interleaved, paired ratios.
 
-    PYTHONPATH=src python benchmarks/rope_decode.py [--repeats 15] [--out benchmarks/results/issue29/rope-decode-tiny-cpu.json]
+    PYTHONPATH=src python benchmarks/rope_decode.py [--repeats 15] [--out
+    benchmarks/results/issue29/rope-decode-tiny-cpu.json]
 """
 
 import argparse
@@ -63,23 +64,34 @@ def main():
         torch.manual_seed(0)
         models[pos] = GPT(GPTConfig.from_preset("tiny", position=pos)).eval()
     prompt = torch.randint(0, 8192, (a.batch, a.prefix))
-    runs = [("learned", "eager"), ("rope", "eager-plain"), ("rope", "eager"), ("learned", "compiled"),
-            ("rope", "compiled")]
+    runs = [
+        ("learned", "eager"),
+        ("rope", "eager-plain"),
+        ("rope", "eager"),
+        ("learned", "compiled"),
+        ("rope", "compiled"),
+    ]
     for pos, how in runs:
         per_token_ms(models[pos], how, prompt, a.new_tokens)  # warm-up, compiles
     times = {r: [] for r in runs}
     for i in range(a.repeats):
-        for r in runs[i % len(runs):] + runs[: i % len(runs)]:
+        for r in runs[i % len(runs) :] + runs[: i % len(runs)]:
             times[r].append(per_token_ms(models[r[0]], r[1], prompt, a.new_tokens))
     out = {}
     for pos, how in runs:
         base = np.asarray(times[("learned", "compiled" if how == "compiled" else "eager")])
         r = np.asarray(times[(pos, how)]) / base
-        out[f"{pos} {how}"] = dict(ms_per_token=float(np.median(times[(pos, how)])), ratio_vs_learned=float(np.median(r)),
-                                   ratio_q25=float(np.percentile(r, 25)), ratio_q75=float(np.percentile(r, 75)),
-                                   times_ms=times[(pos, how)])
-        print(f"{pos:8s} {how:12s} {out[f'{pos} {how}']['ms_per_token']:.3f} ms/token, vs learned "
-              f"{np.median(r):.3f}x [{np.percentile(r, 25):.3f}, {np.percentile(r, 75):.3f}]")
+        out[f"{pos} {how}"] = dict(
+            ms_per_token=float(np.median(times[(pos, how)])),
+            ratio_vs_learned=float(np.median(r)),
+            ratio_q25=float(np.percentile(r, 25)),
+            ratio_q75=float(np.percentile(r, 75)),
+            times_ms=times[(pos, how)],
+        )
+        print(
+            f"{pos:8s} {how:12s} {out[f'{pos} {how}']['ms_per_token']:.3f} ms/token, vs learned "
+            f"{np.median(r):.3f}x [{np.percentile(r, 25):.3f}, {np.percentile(r, 75):.3f}]"
+        )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(dict(settings=vars(a), machine=machine_info(torch.device("cpu")), runs=out), f, indent=2)

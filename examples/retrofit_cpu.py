@@ -152,9 +152,11 @@ def check_resume(out: Path, settings: dict) -> None:
             continue
         for key in sorted(set(old) | set(settings)):
             if old.get(key) != settings.get(key):
-                raise ValueError(f"{path} was computed with {key}={old.get(key)!r} but this run has "
-                                 f"{key}={settings.get(key)!r}; rows of different settings cannot be combined: use "
-                                 f"another --out or the same settings")
+                raise ValueError(
+                    f"{path} was computed with {key}={old.get(key)!r} but this run has "
+                    f"{key}={settings.get(key)!r}; rows of different settings cannot be combined: use "
+                    f"another --out or the same settings"
+                )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -171,8 +173,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--integrator", default="euler")
     p.add_argument("--freeze-base", action="store_true", help="retrofit arm: train only dt and the coupling network")
-    p.add_argument("--layers", type=int, nargs="+", default=None,
-                   help="retrofit arm: indices of the layers to retrofit (default: every layer)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="retrofit arm: indices of the layers to retrofit (default: every layer)",
+    )
     p.add_argument("--data-seed", type=int, default=1000, help="batch order seed offset (same for both arms)")
     p.add_argument("--eval-windows", type=int, default=400, help="validation windows of block_size tokens")
     p.add_argument("--out", required=True)
@@ -210,8 +217,10 @@ def main(argv=None):
         if not torch.equal(rf0(x).logits, base(x).logits):
             raise RuntimeError("the dt=0 retrofit changed the model's logits")
     out = Path(args.out)
-    settings = {**{k: v for k, v in vars(args).items() if k not in ("out", "seeds")},
-                "retrofit": dict(rf0.config.coupled_qk_retrofit)}
+    settings = {
+        **{k: v for k, v in vars(args).items() if k not in ("out", "seeds")},
+        "retrofit": dict(rf0.config.coupled_qk_retrofit),
+    }
     try:
         check_resume(out, settings)
     except ValueError as exc:
@@ -229,8 +238,12 @@ def main(argv=None):
             ts = time.time()
             model, losses = train(model, seed_task, args, seed)
             ev = evaluate(model, task, args)
-            row[arm] = {"valid_perplexity": ev["perplexity"], "valid_loss": ev["loss"],
-                        "final_train_loss": float(np.mean(losses[-10:])), "seconds": time.time() - ts}
+            row[arm] = {
+                "valid_perplexity": ev["perplexity"],
+                "valid_loss": ev["loss"],
+                "final_train_loss": float(np.mean(losses[-10:])),
+                "seconds": time.time() - ts,
+            }
             if arm == "retrofit":
                 dts = torch.cat(step_sizes(model))
                 row[arm]["dt_abs_mean"], row[arm]["dt_abs_max"] = float(dts.abs().mean()), float(dts.abs().max())

@@ -58,10 +58,20 @@ def tiny_corpus(tmp_path):
 def tiny_cfg(tiny_corpus, tmp_path):
     def make(**kw):
         base = dict(
-            corpus=str(tiny_corpus), tokenizer="bpe-300", cache_dir=str(tmp_path / "cache"),
-            model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16), batch_size=4, max_steps=8,
-            warmup_steps=2, log_interval=1, eval_interval=4, eval_batches=2, out_dir=str(tmp_path / "run"),
-            progress=False, tensorboard=False, lr=3e-3,
+            corpus=str(tiny_corpus),
+            tokenizer="bpe-300",
+            cache_dir=str(tmp_path / "cache"),
+            model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16),
+            batch_size=4,
+            max_steps=8,
+            warmup_steps=2,
+            log_interval=1,
+            eval_interval=4,
+            eval_batches=2,
+            out_dir=str(tmp_path / "run"),
+            progress=False,
+            tensorboard=False,
+            lr=3e-3,
         )
         base.update(kw)
         return TrainConfig.from_dict(base)

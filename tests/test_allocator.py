@@ -50,9 +50,13 @@ GLIBC_SETTINGS = settings(suppress_health_check=[HealthCheck.function_scoped_fix
 _NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789_-.", max_size=8)
 
 
-@given(st.sampled_from(["jemalloc", "TCMalloc_minimal", "mimalloc", "tbbmalloc_proxy", "snmalloc", "hoard"]),
-       _NAME, _NAME, st.lists(st.sampled_from(["/usr/lib/libc_shim.so", "libfoo.so.1"]), max_size=2),
-       st.sampled_from([" ", ":", "  ", " : "]))
+@given(
+    st.sampled_from(["jemalloc", "TCMalloc_minimal", "mimalloc", "tbbmalloc_proxy", "snmalloc", "hoard"]),
+    _NAME,
+    _NAME,
+    st.lists(st.sampled_from(["/usr/lib/libc_shim.so", "libfoo.so.1"]), max_size=2),
+    st.sampled_from([" ", ":", "  ", " : "]),
+)
 @GLIBC_SETTINGS
 def test_any_preloaded_allocator_is_left_alone(glibc, allocator_name, before, after, others, sep):
     """Any case, any place in LD_PRELOAD's list (space or colon separated), a directory before it."""
@@ -69,8 +73,7 @@ def test_other_preloads_are_no_allocator(libraries):
     assert allocator.preloaded_allocator({"LD_PRELOAD": " ".join(libraries)}) is None
 
 
-@given(st.from_regex(r"MALLOC_[A-Z0-9_]{0,16}", fullmatch=True) | st.just("GLIBC_TUNABLES"),
-       st.text(max_size=6))
+@given(st.from_regex(r"MALLOC_[A-Z0-9_]{0,16}", fullmatch=True) | st.just("GLIBC_TUNABLES"), st.text(max_size=6))
 @GLIBC_SETTINGS
 def test_every_malloc_variable_is_the_users_choice(glibc, name, value):
     """Every ``MALLOC_*`` variable (as the docs say), even empty, or with a value that would break the line."""
@@ -79,8 +82,9 @@ def test_every_malloc_variable_is_the_users_choice(glibc, name, value):
     assert len(said.splitlines()) == 1
 
 
-@pytest.mark.parametrize("system, libc", [("Darwin", ("", "")), ("Windows", ("", "")), ("Linux", ("", "")),
-                                          ("Linux", ("musl", "1.2"))])
+@pytest.mark.parametrize(
+    "system, libc", [("Darwin", ("", "")), ("Windows", ("", "")), ("Linux", ("", "")), ("Linux", ("musl", "1.2"))]
+)
 def test_not_glibc_is_untouched(monkeypatch, system, libc):
     monkeypatch.setattr(allocator.platform, "system", lambda: system)
     monkeypatch.setattr(allocator.platform, "libc_ver", lambda *a, **k: libc)
@@ -122,8 +126,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 def _faults(env: dict) -> int:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUN"))}
-    out = subprocess.run([sys.executable, "-c", _FAULTS], env={**clean, **env}, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS], env={**clean, **env}, capture_output=True, text=True, check=True
+    )
     return int(out.stdout.strip())
 
 

@@ -11,11 +11,22 @@ from coupled_qk._checks import choice, coerce, coerce_fields, finite, nonneg_int
 @pytest.mark.parametrize(
     "value, annotation, expected",
     [
-        ("False", bool, False), ("true", bool, True), ("0", bool, False), (True, bool, True),
-        ("3", int, 3), (3.0, int, 3), ("1e3", int, 1000), ("2_000", int, 2000),
-        ("1e-3", float, 1e-3), (2, float, 2.0), ("inf", float, math.inf),
-        ("none", int | None, None), (None, float | None, None), ("7", int | None, 7),
-        ('{"a": 1}', dict, {"a": 1}), ("x", str, "x"),
+        ("False", bool, False),
+        ("true", bool, True),
+        ("0", bool, False),
+        (True, bool, True),
+        ("3", int, 3),
+        (3.0, int, 3),
+        ("1e3", int, 1000),
+        ("2_000", int, 2000),
+        ("1e-3", float, 1e-3),
+        (2, float, 2.0),
+        ("inf", float, math.inf),
+        ("none", int | None, None),
+        (None, float | None, None),
+        ("7", int | None, 7),
+        ('{"a": 1}', dict, {"a": 1}),
+        ("x", str, "x"),
     ],
 )
 def test_coerce_converts_exactly(value, annotation, expected):
@@ -25,8 +36,18 @@ def test_coerce_converts_exactly(value, annotation, expected):
 
 @pytest.mark.parametrize(
     "value, annotation",
-    [("fast", float), ("maybe", bool), (2.5, int), (True, int), (False, float), (None, int), ("{", dict), (3, str),
-     ("1.5", int), ([1], dict)],
+    [
+        ("fast", float),
+        ("maybe", bool),
+        (2.5, int),
+        (True, int),
+        (False, float),
+        (None, int),
+        ("{", dict),
+        (3, str),
+        ("1.5", int),
+        ([1], dict),
+    ],
 )
 def test_coerce_rejects_with_field_name(value, annotation):
     with pytest.raises(ValueError, match=r"^f="):

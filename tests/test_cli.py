@@ -43,9 +43,30 @@ def test_no_command_prints_help(capsys):
 
 @pytest.mark.slow
 def test_train_eval_compare(tiny_corpus, tmp_path, capsys):
-    common = ["--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir", str(tmp_path / "cache"),
-              "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
-              "--batch-size", "4", "--eval-interval", "3", "--eval-batches", "2", "--no-progress", "--no-tensorboard"]
+    common = [
+        "--corpus",
+        str(tiny_corpus),
+        "--tokenizer",
+        "bpe-300",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--set",
+        "n_layer=1",
+        "--set",
+        "d_model=32",
+        "--set",
+        "n_heads=2",
+        "--set",
+        "block_size=16",
+        "--batch-size",
+        "4",
+        "--eval-interval",
+        "3",
+        "--eval-batches",
+        "2",
+        "--no-progress",
+        "--no-tensorboard",
+    ]
     run = tmp_path / "run"
     assert main(["train", *common, "--max-steps", "6", "--out-dir", str(run), "--attention", "coupled"]) == 0
     assert json.loads((run / "results.json").read_text())["steps"] == 6
@@ -60,8 +81,23 @@ def test_train_eval_compare(tiny_corpus, tmp_path, capsys):
     assert res["test"]["bits_per_byte"] == pytest.approx(res["test"]["nll"] / math.log(2) / len(raw), rel=1e-12)
     assert f"{res['test']['bits_per_byte']:.4f} bits per byte over {len(raw):,} bytes" in out
     cmp_dir = tmp_path / "cmp"
-    assert main(["compare", *common, "--max-steps", "3", "--out-dir", str(cmp_dir),
-                 "--variants", "standard,coupled-leapfrog", "--seeds", "0,1"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                *common,
+                "--max-steps",
+                "3",
+                "--out-dir",
+                str(cmp_dir),
+                "--variants",
+                "standard,coupled-leapfrog",
+                "--seeds",
+                "0,1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((cmp_dir / "results.json").read_text())
     assert set(summary["variants"]) == {"standard", "coupled_leapfrog"}
     assert len(summary["variants"]["coupled_leapfrog"]["test_perplexity"]["values"]) == 2
@@ -81,12 +117,18 @@ def test_eval_missing_checkpoint(tmp_path, capsys):
     assert "no checkpoint" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("coupled-leapfrog", {"attention": "coupled", "integrator": "leapfrog"}),
-    ("coupled+n_steps=3+dt_init=0.0", {"attention": "coupled", "integrator": "euler", "n_steps": 3, "dt_init": 0.0}),
-    ("coupled_euler", {"attention": "coupled", "integrator": "euler"}),
-    ("differential", {"attention": "differential"}),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("coupled-leapfrog", {"attention": "coupled", "integrator": "leapfrog"}),
+        (
+            "coupled+n_steps=3+dt_init=0.0",
+            {"attention": "coupled", "integrator": "euler", "n_steps": 3, "dt_init": 0.0},
+        ),
+        ("coupled_euler", {"attention": "coupled", "integrator": "euler"}),
+        ("differential", {"attention": "differential"}),
+    ],
+)
 def test_variant_specs(spec, expected):
     from coupled_qk.models.variants import parse_variants, variant_overrides
 
@@ -94,7 +136,9 @@ def test_variant_specs(spec, expected):
     assert parse_variants(f"{spec},standard,{spec}") == [parse_variants(spec)[0], "standard"]
 
 
-@pytest.mark.parametrize("spec, match", [("flash", "unknown variant"), ("coupled+n_steps", "FIELD=VALUE"), (",", "no variant")])
+@pytest.mark.parametrize(
+    "spec, match", [("flash", "unknown variant"), ("coupled+n_steps", "FIELD=VALUE"), (",", "no variant")]
+)
 def test_bad_variant_specs(spec, match):
     from coupled_qk.models.variants import parse_variants
 
@@ -103,8 +147,9 @@ def test_bad_variant_specs(spec, match):
 
 
 @pytest.mark.parametrize("command", ["demo", "compare"])
-@pytest.mark.parametrize("flag, value", [("--attention", "differential"), ("--integrator", "leapfrog"),
-                                         ("--n-steps", "3")])
+@pytest.mark.parametrize(
+    "flag, value", [("--attention", "differential"), ("--integrator", "leapfrog"), ("--n-steps", "3")]
+)
 def test_variant_commands_refuse_flags_they_would_ignore(command, flag, value, tmp_path, capsys):
     assert main([command, flag, value, "--out-dir", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
@@ -113,8 +158,21 @@ def test_variant_commands_refuse_flags_they_would_ignore(command, flag, value, t
 
 
 def test_split_flags_reach_task_options(capsys):
-    assert main(["train", "--print-config", "--valid-fraction", "0.05", "--min-split-words", "2000",
-                 "--opt", 'task_options={"split_seed": 4}']) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--print-config",
+                "--valid-fraction",
+                "0.05",
+                "--min-split-words",
+                "2000",
+                "--opt",
+                'task_options={"split_seed": 4}',
+            ]
+        )
+        == 0
+    )
     cfg = json.loads(capsys.readouterr().out)
     assert cfg["task_options"] == {"split_seed": 4, "valid_fraction": 0.05, "min_split_words": 2000}
     assert main(["train", "--print-config", "--min-split-words", "many"]) == 2
@@ -137,10 +195,39 @@ def test_demo_quick_is_a_labelled_smoke_run(tiny_corpus, tmp_path, capsys):
     from coupled_qk.commands.demo import QUICK_DEFAULTS, QUICK_EVAL_WINDOWS
 
     out_dir = tmp_path / "quick"
-    assert main(["demo", "--quick", "--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir",
-                 str(tmp_path / "cache"), "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2",
-                 "--set", "block_size=16", "--batch-size", "4", "--max-tokens", "128", "--variants",
-                 "standard,coupled", "--out-dir", str(out_dir), "--no-progress", "--no-tensorboard"]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--quick",
+                "--corpus",
+                str(tiny_corpus),
+                "--tokenizer",
+                "bpe-300",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--set",
+                "n_layer=1",
+                "--set",
+                "d_model=32",
+                "--set",
+                "n_heads=2",
+                "--set",
+                "block_size=16",
+                "--batch-size",
+                "4",
+                "--max-tokens",
+                "128",
+                "--variants",
+                "standard,coupled",
+                "--out-dir",
+                str(out_dir),
+                "--no-progress",
+                "--no-tensorboard",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "demo --quick: a smoke run" in out
     assert f"Smoke run: valid and test scored on their first {QUICK_EVAL_WINDOWS} windows only" in out

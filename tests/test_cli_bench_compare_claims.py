@@ -6,13 +6,16 @@ import pytest
 from coupled_qk.cli import main
 
 
-@pytest.mark.parametrize("argv", [
-    ["bench", "--preset", "tiny"],
-    ["compare", "--preset", "tiny", "--max-steps", "5"],
-    ["demo", "--quick"],
-    ["claims", "--protocol", "smoke", "--plan"],
-    ["mqar", "--dry-run"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--preset", "tiny"],
+        ["compare", "--preset", "tiny", "--max-steps", "5"],
+        ["demo", "--quick"],
+        ["claims", "--protocol", "smoke", "--plan"],
+        ["mqar", "--dry-run"],
+    ],
+)
 @pytest.mark.parametrize("value,expected", [("foo", "unknown variant 'foo'"), (",", "selects no variant")])
 def test_bad_variants_name_the_option_before_any_folder(argv, value, expected, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -29,12 +32,18 @@ def test_same_model_twice_names_the_option_once(tmp_path, monkeypatch, capsys):
     assert err.count("--variants") == 1 and "are the same model" in err, err
 
 
-@pytest.mark.parametrize("argv,expected", [
-    (["bench", "--mode", "fastpath", "--peers", "gpt2,gpt2"],
-     "error: --peers='gpt2,gpt2': expected a comma-separated subset of gpt2, llama without repeats (or '' for none)"),
-    (["bench", "--prefixes", ","], "error: --prefixes=',': expected a comma-separated list"),
-    (["bench", "--repeats", "0"], "error: --repeats=0 must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (
+            ["bench", "--mode", "fastpath", "--peers", "gpt2,gpt2"],
+            "error: --peers='gpt2,gpt2': expected a comma-separated subset of gpt2, llama without repeats (or '' "
+            "for none)",
+        ),
+        (["bench", "--prefixes", ","], "error: --prefixes=',': expected a comma-separated list"),
+        (["bench", "--repeats", "0"], "error: --repeats=0 must be a positive integer"),
+    ],
+)
 def test_typed_option_errors_keep_the_value_and_the_message_whole(argv, expected, capsys):
     assert main(argv) == 2
     assert expected in capsys.readouterr().err
@@ -61,12 +70,15 @@ def test_claims_folder_may_hold_every_protocols_reports(tmp_path):
     assert report_dir(tmp_path, "smoke").foreign_entries() == []
 
 
-@pytest.mark.parametrize("argv,expected", [
-    (["--seq-len", "1000"], "--seq-len=1000: 1000 > the model's block_size=128"),
-    (["--mode", "memory", "--cache-len", "1000"], "--cache-len=1000: 1000 > the model's block_size=128"),
-    (["--sweep", "--sweep-seq-len", "32,1000"], "--sweep-seq-len=32,1000: 1000 > the model's block_size=128"),
-    (["--sweep", "--sweep-d-model", "64,66"], "--sweep-d-model=64,66: 66: GPTConfig.d_model=66 is not divisible"),
-])
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--seq-len", "1000"], "--seq-len=1000: 1000 > the model's block_size=128"),
+        (["--mode", "memory", "--cache-len", "1000"], "--cache-len=1000: 1000 > the model's block_size=128"),
+        (["--sweep", "--sweep-seq-len", "32,1000"], "--sweep-seq-len=32,1000: 1000 > the model's block_size=128"),
+        (["--sweep", "--sweep-d-model", "64,66"], "--sweep-d-model=64,66: 66: GPTConfig.d_model=66 is not divisible"),
+    ],
+)
 def test_bench_lengths_are_checked_before_any_measurement(argv, expected, tmp_path, monkeypatch, capsys):
     """The sweep measured every earlier point (minutes) before refusing a too long --sweep-seq-len."""
     from coupled_qk.commands import bench

@@ -18,7 +18,7 @@ NO_PROGRESS = {
     "generate": "loads a run and decodes: no bar; the samples are the output",
     "export": "copies one checkpoint into a Hugging Face folder: no bar",
     "mqar": "its runs train silently (TrainConfig.progress=False, experiments/mqar/sweep.py); one result line per "
-            "run, as compare prints whatever --no-progress says",
+    "run, as compare prints whatever --no-progress says",
 }
 
 
@@ -48,8 +48,13 @@ def usage_error(argv: list[str], capsys) -> str:
 
 
 def long_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [a for a in parser._actions if a.help is not argparse.SUPPRESS and
-            any(o.startswith("--") for o in a.option_strings) and not isinstance(a, argparse._HelpAction)]
+    return [
+        a
+        for a in parser._actions
+        if a.help is not argparse.SUPPRESS
+        and any(o.startswith("--") for o in a.option_strings)
+        and not isinstance(a, argparse._HelpAction)
+    ]
 
 
 @pytest.mark.parametrize("command", list(cli.COMMANDS))
@@ -72,22 +77,27 @@ def test_abbreviation_is_refused_with_the_full_name(command, capsys):
     full = max((o for o in names if sum(n.startswith(o[:-1]) for n in names) == 1), key=len)
     short = full[:-1]
     err = usage_error([command, *required_words(parser), f"{short}=1"], capsys)
-    assert err.startswith(f"coupled-qk {command}: error: unrecognized arguments: {short}=1; "
-                          f"{short}: did you mean {full}?")
+    assert err.startswith(
+        f"coupled-qk {command}: error: unrecognized arguments: {short}=1; {short}: did you mean {full}?"
+    )
 
 
 def test_typo_suggests_the_close_option(capsys):
     err = usage_error(["train", "--max-step", "3"], capsys)
-    assert err.startswith("coupled-qk train: error: unrecognized arguments: --max-step 3; --max-step: did you mean "
-                          "--max-steps? (see coupled-qk train --help)")
+    assert err.startswith(
+        "coupled-qk train: error: unrecognized arguments: --max-step 3; --max-step: did you mean "
+        "--max-steps? (see coupled-qk train --help)"
+    )
     err = usage_error(["eval", "RUN", "--no-progres", "--batch-sise", "2"], capsys)
     assert "--no-progres: did you mean --no-progress?; --batch-sise: did you mean --batch-size?" in err
 
 
 def test_top_level_option_after_the_command_says_where_it_goes(capsys):
     assert main(["describe", "--debug"]) == 2
-    assert "coupled-qk describe: error: unrecognized arguments: --debug; --debug goes before the command: " \
-           "coupled-qk --debug COMMAND ..." in capsys.readouterr().err
+    assert (
+        "coupled-qk describe: error: unrecognized arguments: --debug; --debug goes before the command: "
+        "coupled-qk --debug COMMAND ..." in capsys.readouterr().err
+    )
     assert main(["--bogus"]) == 2
     assert capsys.readouterr().err.startswith("coupled-qk: error: unrecognized arguments: --bogus (see")
 
@@ -97,8 +107,9 @@ def test_invalid_choice_suggests_the_close_choice(capsys):
     assert "invalid choice: 'trian' (choose from " in (err := capsys.readouterr().err)
     assert "); did you mean 'train'? (see coupled-qk --help)" in err
     assert main(["describe", "--preset", "tinny"]) == 2
-    assert capsys.readouterr().err.startswith("coupled-qk describe: error: argument --preset: invalid choice: "
-                                              "'tinny' (choose from ")
+    assert capsys.readouterr().err.startswith(
+        "coupled-qk describe: error: argument --preset: invalid choice: 'tinny' (choose from "
+    )
     assert main(["describe", "--preset", "zzzzz"]) == 2
     assert "did you mean" not in capsys.readouterr().err
 
@@ -119,8 +130,23 @@ def test_commands_that_show_progress_take_no_progress(command):
 
 
 def test_bench_no_progress_silences_its_progress_lines(tmp_path, capsys):
-    argv = ["bench", "--variants", "standard", "--repeats", "2", "--warmup", "1", "--batch-size", "1",
-            "--seq-len", "8", "--device", "cpu", "--out-dir", str(tmp_path / "a")]
+    argv = [
+        "bench",
+        "--variants",
+        "standard",
+        "--repeats",
+        "2",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "8",
+        "--device",
+        "cpu",
+        "--out-dir",
+        str(tmp_path / "a"),
+    ]
     assert main(argv) == 0
     shown = capsys.readouterr().out
     assert "  repeat 1/2" in shown and "  standard: warm" in shown

@@ -20,15 +20,48 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     corpus = write_corpus(root / "corpus")
     run = root / "run"
-    base = ["--corpus", str(corpus), "--tokenizer", "bpe-300", "--cache-dir", str(root / "cache"),
-            "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
-            "--batch-size", "4", "--eval-interval", "3", "--eval-batches", "2", "--warmup-steps", "2",
-            "--max-steps", "6", "--checkpoint-interval", "3", "--no-progress", "--no-tensorboard"]
+    base = [
+        "--corpus",
+        str(corpus),
+        "--tokenizer",
+        "bpe-300",
+        "--cache-dir",
+        str(root / "cache"),
+        "--set",
+        "n_layer=1",
+        "--set",
+        "d_model=32",
+        "--set",
+        "n_heads=2",
+        "--set",
+        "block_size=16",
+        "--batch-size",
+        "4",
+        "--eval-interval",
+        "3",
+        "--eval-batches",
+        "2",
+        "--warmup-steps",
+        "2",
+        "--max-steps",
+        "6",
+        "--checkpoint-interval",
+        "3",
+        "--no-progress",
+        "--no-tensorboard",
+    ]
     assert main(["train", *base, "--out-dir", str(run)]) == 0
     files = {}
-    for name, text in {"dir.json": None, "bad.json": "{", "list.json": "[1, 2]", "fast.json": '{"lr": "fast"}',
-                       "model.json": '{"model": "big"}', "mlp.json": '{"model": {"use_mlp": "False"}}',
-                       "neg.json": '{"batch_size": -4}', "unknown.json": '{"learning_rate": 1}'}.items():
+    for name, text in {
+        "dir.json": None,
+        "bad.json": "{",
+        "list.json": "[1, 2]",
+        "fast.json": '{"lr": "fast"}',
+        "model.json": '{"model": "big"}',
+        "mlp.json": '{"model": {"use_mlp": "False"}}',
+        "neg.json": '{"batch_size": -4}',
+        "unknown.json": '{"learning_rate": 1}',
+    }.items():
         files[name] = root / name
         if text is None:
             files[name].mkdir()
@@ -38,8 +71,10 @@ def setup(tmp_path_factory):
 
 
 def snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(folder.rglob("*"))}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def one_line_error(capsys) -> str:
@@ -131,9 +166,25 @@ def test_fuzz_table_size():
 
 def test_6_typed_overrides_in_cli_json_and_api(setup):
     args = build_parser("train").parse_args(
-        ["train", "--attention", "coupled", "--set", "use_mlp=False", "--set", "shared_across_heads=False",
-         "--set", "n_layer=2",
-         "--opt", "compile=false", "--opt", "min_lr_ratio=0.5", "--no-tensorboard", "--max-minutes", "none"])
+        [
+            "train",
+            "--attention",
+            "coupled",
+            "--set",
+            "use_mlp=False",
+            "--set",
+            "shared_across_heads=False",
+            "--set",
+            "n_layer=2",
+            "--opt",
+            "compile=false",
+            "--opt",
+            "min_lr_ratio=0.5",
+            "--no-tensorboard",
+            "--max-minutes",
+            "none",
+        ]
+    )
     cfg = train_config_from_args(args)
     assert cfg.model["use_mlp"] is False and cfg.model["shared_across_heads"] is False and cfg.model["n_layer"] == 2
     assert cfg.compile is False and cfg.min_lr_ratio == 0.5 and cfg.tensorboard is False and cfg.max_minutes is None
@@ -155,8 +206,10 @@ def test_9_write_failures_are_one_line(setup, capsys, monkeypatch):
     from coupled_qk.training import checkpoint as ckpt
 
     def full_disk(*a, **k):
-        raise RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file "
-                           "data/0: file write failed")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file "
+            "data/0: file write failed"
+        )
 
     monkeypatch.setattr(ckpt.torch, "save", full_disk)
     out = setup["root"] / "full"
@@ -207,8 +260,9 @@ def _below_range(field) -> str | None:
     return str(lo) if field.metadata.get("lo_open") else str(lo - 1)
 
 
-@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(TrainConfig)
-                                  if f.name in train_flags() and _below_range(f) is not None])
+@pytest.mark.parametrize(
+    "name", [f.name for f in dataclasses.fields(TrainConfig) if f.name in train_flags() and _below_range(f) is not None]
+)
 def test_a_flag_out_of_its_range_is_named_as_the_flag(name, tmp_path, capsys):
     """A range error of a training flag names the flag the user typed (``--max-steps=0``), not the
     ``TrainConfig`` field, before any folder is made; every flag with a declared lower bound, from the

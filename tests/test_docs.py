@@ -35,7 +35,8 @@ def _backticked(text: str) -> list[str]:
 @pytest.mark.parametrize("protocol", [*PROTOCOLS, "cpu-converged", "cpu-converged-pubmed"])
 def test_claims_tables_are_the_committed_reports(protocol):
     assert _block(f"claims:{protocol}") == (CLAIMS / f"{protocol}-readme.md").read_text().strip(), (
-        f"copy docs/results/claims/{protocol}-readme.md into the README's claims:{protocol} block")
+        f"copy docs/results/claims/{protocol}-readme.md into the README's claims:{protocol} block"
+    )
 
 
 def test_verdict_readings_table_is_generated_from_the_reports():
@@ -51,8 +52,12 @@ def test_quoted_claim_rows_match_the_reports():
     assert len(quotes) >= 6  # the single-seed illustrations each link to their claim rows
     for cid, protocol, mean, low, high, n in quotes:
         row = next(r for r in _report(protocol)["rows"] if r["id"] == cid)
-        assert (mean, low, high, int(n)) == (f"{row['mean']:.2f}", f"{row['low']:.2f}", f"{row['high']:.2f}",
-                                              row["n"]), (cid, protocol)
+        assert (mean, low, high, int(n)) == (
+            f"{row['mean']:.2f}",
+            f"{row['low']:.2f}",
+            f"{row['high']:.2f}",
+            row["n"],
+        ), (cid, protocol)
 
 
 def test_summary_sentences_hold_for_each_protocol():

@@ -23,14 +23,19 @@ def generated() -> dict[str, str]:
     """The markdown of each generated block, from the library's registry: the built-in variants and the drop-ins
     of ``coupled_qk/models/maps/``, not third-party plugins (their map classes live outside ``coupled_qk``)."""
     registry.load_plugins()
-    ours = [n for n, a in registry.ATTENTIONS.items()
-            if a.qk_map is None or a.qk_map.module.__module__.startswith("coupled_qk.")]
+    ours = [
+        n
+        for n, a in registry.ATTENTIONS.items()
+        if a.qk_map is None or a.qk_map.module.__module__.startswith("coupled_qk.")
+    ]
     a_rows = ["| attention | query-key map (class) | scoring | map options (defaults) |", "|---|---|---|---|"]
     for name in ours:
         a = registry.ATTENTIONS[name]
         m = a.qk_map
-        a_rows.append(f"| `{name}` | {f'`{m.name}` (`{m.module.__name__}`)' if m else '-'} | {a.scoring} | "
-                      f"{_defaults(m.options) if m else '-'} |")
+        a_rows.append(
+            f"| `{name}` | {f'`{m.name}` (`{m.module.__name__}`)' if m else '-'} | {a.scoring} | "
+            f"{_defaults(m.options) if m else '-'} |"
+        )
     defaults = set(registry.default_variants())
     v_rows = ["| variant | `GPTConfig` overrides | in the default set |", "|---|---|---|"]
     for name, spec in registry.VARIANTS.items():
@@ -43,8 +48,11 @@ def generated() -> dict[str, str]:
     fields = ("vocab_size", "block_size", "n_layer", "d_model", "n_heads")
     p_rows = ["| preset | " + " | ".join(fields) + " |", "|---" * (len(fields) + 1) + "|"]
     p_rows += [f"| `{name}` | " + " | ".join(f"{p[f]:,}" for f in fields) + " |" for name, p in PRESETS.items()]
-    return {"attentions": "\n".join(a_rows) + "\n", "variants": "\n".join(v_rows) + "\n",
-            "presets": "\n".join(p_rows) + "\n"}
+    return {
+        "attentions": "\n".join(a_rows) + "\n",
+        "variants": "\n".join(v_rows) + "\n",
+        "presets": "\n".join(p_rows) + "\n",
+    }
 
 
 def test_generated_lists_in_design_md_match_the_registry():
@@ -56,8 +64,10 @@ def test_generated_lists_in_design_md_match_the_registry():
         DESIGN.write_text(BLOCK.sub(lambda m: m.group(1) + want[m.group(2)] + m.group(4), text))
         return
     stale = [name for name in want if found[name] != want[name]]
-    assert not stale, (f"docs/DESIGN.md: the generated block(s) {stale} are out of date; run "
-                       "COUPLED_QK_UPDATE_DOCS=1 python -m pytest tests/test_docs_sync.py")
+    assert not stale, (
+        f"docs/DESIGN.md: the generated block(s) {stale} are out of date; run "
+        "COUPLED_QK_UPDATE_DOCS=1 python -m pytest tests/test_docs_sync.py"
+    )
 
 
 def test_checker_sees_a_stale_block(tmp_path):

@@ -17,8 +17,23 @@ def test_require_extra_names_the_missing_module_and_the_extra(monkeypatch):
         require_extra(("json", "scipy"), "claims", "mqar --seeds")
 
 
-MQAR = ["mqar", "--difficulties", "easy", "--d-models", "32", "--lrs", "2e-3", "--variants", "standard",
-        "--max-steps", "2", "--train-examples", "64", "--test-examples", "8"]
+MQAR = [
+    "mqar",
+    "--difficulties",
+    "easy",
+    "--d-models",
+    "32",
+    "--lrs",
+    "2e-3",
+    "--variants",
+    "standard",
+    "--max-steps",
+    "2",
+    "--train-examples",
+    "64",
+    "--test-examples",
+    "8",
+]
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def test_make_data_writes_a_small_bundle_in_the_shared_layout(smoke, shared_data
     train = (bundle / "wiki-vital/train.txt").read_text(encoding="utf-8")
     source = (shared_data / "wiki-vital/train.txt").read_text(encoding="utf-8")
     assert 0 < len(train) <= 50_000 and source.startswith(train)
-    assert source[len(train):].startswith(" = ")  # cut before an article heading, not inside an article
+    assert source[len(train) :].startswith(" = ")  # cut before an article heading, not inside an article
     assert (bundle / "wikitext-2/test.txt").read_bytes() == (shared_data / "wikitext-2/test.txt").read_bytes()
     assert sum(m["bytes"] for m in manifest.values()) < 5_000_000
     assert json.loads((bundle / "MANIFEST.json").read_text())["files"] == manifest
@@ -63,12 +63,28 @@ def test_make_data_writes_a_small_bundle_in_the_shared_layout(smoke, shared_data
 
 
 def test_results_markdown_lists_every_stage_with_its_reason(smoke):
-    summary = dict(started="t", device="cpu", quick=True, budget_s=10, elapsed_s=3, data=None,
-                   data_found_by="no data folder", command="c", stages=[
-                       dict(name="env", status="ok", seconds=1.0, limit_s=30, reason=None, md=["- torch x"]),
-                       dict(name="parity", status="failed", seconds=1.0, limit_s=30, reason=None,
-                            checks={"coupled: fp32 loss": False, "standard: fp32 loss": True}),
-                       dict(name="sync", status="skipped", seconds=0.0, limit_s=None, reason="no CUDA")])
+    summary = dict(
+        started="t",
+        device="cpu",
+        quick=True,
+        budget_s=10,
+        elapsed_s=3,
+        data=None,
+        data_found_by="no data folder",
+        command="c",
+        stages=[
+            dict(name="env", status="ok", seconds=1.0, limit_s=30, reason=None, md=["- torch x"]),
+            dict(
+                name="parity",
+                status="failed",
+                seconds=1.0,
+                limit_s=30,
+                reason=None,
+                checks={"coupled: fp32 loss": False, "standard: fp32 loss": True},
+            ),
+            dict(name="sync", status="skipped", seconds=0.0, limit_s=None, reason="no CUDA"),
+        ],
+    )
     md = smoke.results_markdown(summary)
     assert "| env | ok | 1.0 | 30 |  |" in md
     assert "| parity | failed | 1.0 | 30 | failed checks: coupled: fp32 loss |" in md
@@ -81,9 +97,26 @@ def test_runner_goes_on_after_failures_timeouts_and_skips(tmp_path):
     empty = tmp_path / "nodata"
     empty.mkdir()
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out), "--data",
-                           str(empty), "--stages", "_fail,_sleep,sync,train,env", "--budget-s", "120"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--quick",
+            "--out",
+            str(out),
+            "--data",
+            str(empty),
+            "--stages",
+            "_fail,_sleep,sync,train,env",
+            "--budget-s",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     res = json.loads((out / "results.json").read_text())
     st = {s["name"]: s for s in res["stages"]}
@@ -98,8 +131,23 @@ def test_runner_goes_on_after_failures_timeouts_and_skips(tmp_path):
     md = (out / "results.md").read_text()
     assert "| _sleep | timeout |" in md and "| sync | skipped | 0.0 |  | no CUDA |" in md
     # a budget too small for a stage skips it and says so
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(tmp_path / "b"),
-                           "--stages", "env", "--budget-s", "5"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "b"),
+            "--stages",
+            "env",
+            "--budget-s",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     res = json.loads((tmp_path / "b" / "results.json").read_text())
     assert proc.returncode == 0 and res["stages"][0]["status"] == "skipped"
     assert res["stages"][0]["reason"].startswith("budget: 5 s left")
@@ -109,14 +157,39 @@ def test_runner_goes_on_after_failures_timeouts_and_skips(tmp_path):
 def test_quick_cpu_run_passes_every_stage(shared_data, tmp_path):
     """The CI stand-in of the GPU run: every stage runs (sync: skipped, no CUDA) and passes its checks."""
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--budget-s", "600",
-                           "--out", str(out), "--data", str(shared_data)],
-                          capture_output=True, text=True, timeout=900,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})  # the script finds src/
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--quick",
+            "--budget-s",
+            "600",
+            "--out",
+            str(out),
+            "--data",
+            str(shared_data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )  # the script finds src/
     res = json.loads((out / "results.json").read_text())
     status = {s["name"]: s["status"] for s in res["stages"]}
-    assert status == {"env": "ok", "parity": "ok", "sdpa": "ok", "decode": "ok", "sync": "skipped", "train": "ok",
-                      "bench": "ok", "memory": "ok", "compile": "ok", "hf": "ok"}, (proc.stdout, (out / "results.md").read_text())
+    assert status == {
+        "env": "ok",
+        "parity": "ok",
+        "sdpa": "ok",
+        "decode": "ok",
+        "sync": "skipped",
+        "train": "ok",
+        "bench": "ok",
+        "memory": "ok",
+        "compile": "ok",
+        "hf": "ok",
+    }, (proc.stdout, (out / "results.md").read_text())
     assert proc.returncode == 0
     st = {s["name"]: s for s in res["stages"]}
     assert all(st["parity"]["checks"].values()) and len(st["parity"]["checks"]) == 4 * 4

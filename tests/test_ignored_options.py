@@ -44,6 +44,7 @@ def _dests(module) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------------------------- eval
 
+
 def _eval_outcome(argv, tmp_path, monkeypatch, check=True):
     result = {"tokenizer": "t", "valid": {"perplexity": 2.0, "n_tokens": 3}}
     monkeypatch.setattr("coupled_qk.training.evaluate.evaluate_checkpoint", lambda *a: result)
@@ -63,8 +64,9 @@ def _eval_outcome(argv, tmp_path, monkeypatch, check=True):
 @pytest.mark.parametrize("json_given", [False, True])
 def test_eval_overwrite_is_refused_exactly_where_it_changes_nothing(json_given, tmp_path, monkeypatch):
     base = ["--json", str(tmp_path / "old.json")] if json_given else []
-    effect = (_eval_outcome(base, tmp_path, monkeypatch, check=False)
-              != _eval_outcome([*base, "--overwrite"], tmp_path, monkeypatch, check=False))
+    effect = _eval_outcome(base, tmp_path, monkeypatch, check=False) != _eval_outcome(
+        [*base, "--overwrite"], tmp_path, monkeypatch, check=False
+    )
     assert effect == json_given
     refused = _refusal(eval_cmd, _parse("eval", ["run", *base, "--overwrite"]))
     assert (refused is not None) == (not json_given)
@@ -73,6 +75,7 @@ def test_eval_overwrite_is_refused_exactly_where_it_changes_nothing(json_given, 
 
 
 # ---------------------------------------------------------------------------------------------------------- analyze
+
 
 def test_analyze_example_map_is_read_only_by_the_figures(tmp_path):
     """What the table rests on: without figures the example maps are never touched."""
@@ -90,14 +93,19 @@ def test_analyze_example_map_is_read_only_by_the_figures(tmp_path):
         pass
 
 
-@given(st.booleans(), st.sampled_from(["cpu", "meta"]),
-       st.lists(st.sampled_from(["--example-layer=1", "--example-head=1", "--threads=1"]), unique=True))
+@given(
+    st.booleans(),
+    st.sampled_from(["cpu", "meta"]),
+    st.lists(st.sampled_from(["--example-layer=1", "--example-head=1", "--threads=1"]), unique=True),
+)
 def test_analyze_refuses_an_option_iff_its_situation_does_not_use_it(no_plots, device, options):
     argv = ["ckpt", *(["--no-plots"] if no_plots else []), *options]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("coupled_qk.training.distributed.pick_device", lambda d: torch.device(device))
         got = _refusal(analyze, _parse("analyze", argv))
-    unused = [o for o in options if (o.startswith("--example") and no_plots) or (o == "--threads=1" and device != "cpu")]
+    unused = [
+        o for o in options if (o.startswith("--example") and no_plots) or (o == "--threads=1" and device != "cpu")
+    ]
     assert (got is not None) == bool(unused), (argv, got)
     if got:
         assert any(got.startswith(o) for o in unused)
@@ -105,10 +113,13 @@ def test_analyze_refuses_an_option_iff_its_situation_does_not_use_it(no_plots, d
 
 def test_analyze_passes_the_options_it_keeps(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr("coupled_qk.analysis.analyze.analyze_checkpoints",
-                        lambda *a, **k: seen.update(k) or (_ for _ in ()).throw(KeyboardInterrupt))
-    args = _parse("analyze", ["ckpt", "--example-layer=1", "--example-head=1", "--threads=1",
-                              "--out-dir", str(tmp_path / "a")])
+    monkeypatch.setattr(
+        "coupled_qk.analysis.analyze.analyze_checkpoints",
+        lambda *a, **k: seen.update(k) or (_ for _ in ()).throw(KeyboardInterrupt),
+    )
+    args = _parse(
+        "analyze", ["ckpt", "--example-layer=1", "--example-head=1", "--threads=1", "--out-dir", str(tmp_path / "a")]
+    )
     with pytest.raises(KeyboardInterrupt):
         analyze.run(args)
     assert (seen["example_layer"], seen["example_head"], seen["threads"], seen["make_plots"]) == (1, 1, 1, True)
@@ -119,17 +130,19 @@ def test_analyze_passes_the_options_it_keeps(tmp_path, monkeypatch):
 TASKS = ["sst2", "cola", "rte", "mrpc"]
 
 
-@given(st.lists(st.sampled_from(TASKS), min_size=1, unique=True), st.lists(st.sampled_from(TASKS), min_size=1,
-                                                                           unique=True))
+@given(
+    st.lists(st.sampled_from(TASKS), min_size=1, unique=True), st.lists(st.sampled_from(TASKS), min_size=1, unique=True)
+)
 def test_glue_per_task_subsets_name_only_fine_tuned_tasks(chosen, subset_tasks):
     seen = {}
-    argv = ["glue", "run", "--task", ",".join(chosen), "--max-train-examples",
-            ",".join(f"{t}=5" for t in subset_tasks)]
+    argv = ["glue", "run", "--task", ",".join(chosen), "--max-train-examples", ",".join(f"{t}=5" for t in subset_tasks)]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("coupled_qk.training.checkpoint_load.resolve_checkpoint", lambda p: p)
         mp.setattr("coupled_qk.outputs.OutputDir", lambda *a, **k: "out")
-        mp.setattr("coupled_qk.experiments.glue.finetune.run_glue",
-                   lambda *a, **k: seen.update(k) or (_ for _ in ()).throw(KeyboardInterrupt))
+        mp.setattr(
+            "coupled_qk.experiments.glue.finetune.run_glue",
+            lambda *a, **k: seen.update(k) or (_ for _ in ()).throw(KeyboardInterrupt),
+        )
         try:
             glue.run(build_parser("glue").parse_args(argv))
             refused = None
@@ -143,6 +156,7 @@ def test_glue_per_task_subsets_name_only_fine_tuned_tasks(chosen, subset_tasks):
 
 
 # ----------------------------------------------------------------------------------------------------------- claims
+
 
 def _claims_reads(argv, monkeypatch) -> set[str]:
     """The attributes ``claims`` reads for ``argv`` with the table's check off and every runner mocked."""
@@ -173,12 +187,15 @@ def _claims_reads(argv, monkeypatch) -> set[str]:
     return args.__dict__["_read"]
 
 
-@pytest.mark.parametrize("situation", [
-    ["--protocol", "smoke", "--verify", "r.json"],
-    ["--protocol", "smoke"],
-    ["--protocol", "toy-converged"],
-    ["--protocol", "toy-converged", "--verify", "r.json"],
-])
+@pytest.mark.parametrize(
+    "situation",
+    [
+        ["--protocol", "smoke", "--verify", "r.json"],
+        ["--protocol", "smoke"],
+        ["--protocol", "toy-converged"],
+        ["--protocol", "toy-converged", "--verify", "r.json"],
+    ],
+)
 def test_claims_table_matches_what_each_situation_reads(situation, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     situation = [*situation, "--run-root", str(tmp_path / "runs"), "--data-dir", str(tmp_path)]
@@ -193,7 +210,8 @@ def test_claims_refusals_are_one_line(tmp_path, capsys):
     assert main(["claims", "--protocol", "smoke", "--tolerance", "0", "--plan"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "coupled-qk claims: error: --tolerance=0.0 does not apply with no --verify (nothing is re-trained to "
-        "compare with a record): --tolerance is for --verify's comparison"]
+        "compare with a record): --tolerance is for --verify's comparison"
+    ]
     assert main(["claims", "--protocol", "toy-converged", "--verify", "r.json", "--out-dir", str(tmp_path)]) == 2
     assert "--out-dir=" in capsys.readouterr().err
     assert main(["claims", "--protocol", "toy-converged", "--overwrite", "--plan"]) == 2
@@ -204,5 +222,7 @@ def test_claims_refusals_are_one_line(tmp_path, capsys):
 def test_eval_refusal_is_one_line(capsys):
     assert main(["eval", "no-run", "--overwrite"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["coupled-qk eval: error: --overwrite does not apply with no --json (eval writes no file without "
-                   "it): --overwrite is for replacing an existing --json file"]
+    assert err == [
+        "coupled-qk eval: error: --overwrite does not apply with no --json (eval writes no file without "
+        "it): --overwrite is for replacing an existing --json file"
+    ]

@@ -15,12 +15,27 @@ import coupled_qk
 SRC = Path(coupled_qk.__file__).parent
 
 LEVELS = {
-    "_checks": 0, "_assignment": 0, "allocator": 0, "io": 0, "outputs": 0, "devices": 0, "tensor_checks": 0, "progress": 0, "extras": 0, "ops": 0,
+    "_checks": 0,
+    "_assignment": 0,
+    "allocator": 0,
+    "io": 0,
+    "outputs": 0,
+    "devices": 0,
+    "tensor_checks": 0,
+    "progress": 0,
+    "extras": 0,
+    "ops": 0,
     "layers": 1,
     "models": 2,
-    "data": 3, "training": 3,
-    "analysis": 4, "experiments": 4, "hf": 4, "_hf_hook": 4,
-    "commands": 5, "cli": 5, "__main__": 5,
+    "data": 3,
+    "training": 3,
+    "analysis": 4,
+    "experiments": 4,
+    "hf": 4,
+    "_hf_hook": 4,
+    "commands": 5,
+    "cli": 5,
+    "__main__": 5,
 }
 
 
@@ -73,9 +88,10 @@ def test_imports_flow_one_way():
             continue
         own = level_of(module)
         back_edges += [(module, m) for m in imports if level_of(m) > own]
-    assert not back_edges, ("imports from a higher level (coupled_qk.<name> of a class or function is the package "
-                            "root: import it from the module that defines it):\n"
-                            + "\n".join(f"{a} -> {b}" for a, b in back_edges))
+    assert not back_edges, (
+        "imports from a higher level (coupled_qk.<name> of a class or function is the package "
+        "root: import it from the module that defines it):\n" + "\n".join(f"{a} -> {b}" for a, b in back_edges)
+    )
 
 
 def test_checker_sees_back_edges(tmp_path):
@@ -163,8 +179,11 @@ def private_imports(path: Path, module: str) -> list[str]:
     mods, imported = source_modules(), _imported_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coupled_qk") and node.module != module:
-            out += [f"{node.module}.{a.name}" for a in node.names
-                    if a.name.startswith("_") and not a.name.startswith("__") and f"{node.module}.{a.name}" not in mods]
+            out += [
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__") and f"{node.module}.{a.name}" not in mods
+            ]
         elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             # Class._private / module._private reads on an imported coupled_qk name
             base = node.value
@@ -186,13 +205,17 @@ def test_no_private_names_cross_module_boundaries():
     found = []
     for module, path in sorted(source_modules().items()):
         found += [f"{module}: {name}" for name in private_imports(path, module)]
-    assert not found, "private names used outside their module (make them public or move the code):\n" + "\n".join(found)
+    assert not found, "private names used outside their module (make them public or move the code):\n" + "\n".join(
+        found
+    )
 
 
 def test_private_name_checker(tmp_path):
     path = tmp_path / "bad.py"
-    path.write_text("from coupled_qk.data.corpora import _join, load_corpus\nfrom coupled_qk._checks import choice\n"
-                    "from coupled_qk.models.config import GPTConfig\nx = GPTConfig._upgrade\n")
+    path.write_text(
+        "from coupled_qk.data.corpora import _join, load_corpus\nfrom coupled_qk._checks import choice\n"
+        "from coupled_qk.models.config import GPTConfig\nx = GPTConfig._upgrade\n"
+    )
     assert private_imports(path, "coupled_qk.data.hub") == ["coupled_qk.data.corpora._join", "GPTConfig._upgrade"]
 
 
@@ -213,8 +236,12 @@ def function_lengths(path: Path) -> dict[str, int]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 body = child.body
-                doc = (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                       and isinstance(body[0].value.value, str) and len(body) > 1)
+                doc = (
+                    isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)
+                    and len(body) > 1
+                )
                 start = body[1].lineno if doc else child.lineno
                 out[prefix + child.name] = child.end_lineno - start + 1
                 visit(child, f"{prefix}{child.name}.")
@@ -232,12 +259,16 @@ def test_no_function_is_longer_than_the_limit():
             key = f"{module}::{name}"
             if n > max(MAX_FUNCTION_LINES, LONG_FUNCTIONS_ALLOWED.get(key, 0)):
                 too_long.append(f"{key}: {n} lines")
-    assert not too_long, (f"functions longer than {MAX_FUNCTION_LINES} lines of code (split them at their natural "
-                          "seams):\n" + "\n".join(too_long))
+    assert not too_long, (
+        f"functions longer than {MAX_FUNCTION_LINES} lines of code (split them at their natural "
+        "seams):\n" + "\n".join(too_long)
+    )
 
 
 def test_function_length_counts_code_after_the_docstring(tmp_path):
     path = tmp_path / "f.py"
-    path.write_text('def f():\n    """Doc\n    more."""\n    a = 1\n    return a\n\n\nclass C:\n    def m(self):\n'
-                    '        def inner():\n            pass\n        return inner\n')
+    path.write_text(
+        'def f():\n    """Doc\n    more."""\n    a = 1\n    return a\n\n\nclass C:\n    def m(self):\n'
+        "        def inner():\n            pass\n        return inner\n"
+    )
     assert function_lengths(path) == {"f": 2, "C.m": 4, "C.m.inner": 2}

@@ -24,8 +24,18 @@ from coupled_qk.models.specs import parse_variants, variant_overrides
 
 PLUGIN = Path(__file__).parent / "plugins" / "drift"
 SMALL = dict(vocab_size=50, block_size=16, n_layer=2, d_model=32, n_heads=4)
-MICRO = ["--set", "vocab_size=64", "--set", "block_size=16", "--set", "n_layer=1", "--set", "d_model=16",
-         "--set", "n_heads=2"]
+MICRO = [
+    "--set",
+    "vocab_size=64",
+    "--set",
+    "block_size=16",
+    "--set",
+    "n_layer=1",
+    "--set",
+    "d_model=16",
+    "--set",
+    "n_heads=2",
+]
 
 
 @pytest.fixture
@@ -51,7 +61,9 @@ def test_entry_point_is_read_lazily_and_fills_every_list(drift):
     from coupled_qk.experiments.bench.train import with_baseline
     from coupled_qk.experiments.mqar.presets import mqar_variants
 
-    assert "drift" in with_baseline(None) and mqar_variants()["drift_differential"] == {"attention": "drift_differential"}
+    assert "drift" in with_baseline(None) and mqar_variants()["drift_differential"] == {
+        "attention": "drift_differential"
+    }
 
 
 def test_options_are_generated_from_the_dataclass(drift):
@@ -89,7 +101,9 @@ def test_drift_equals_standard_attention_with_shifted_query_weights(drift):
             w = block.attn.qkv.weight
             dt = block.attn.qk_map.dt
             for h in range(4):
-                ref.attn.qkv.weight[h * d:(h + 1) * d] = w[h * d:(h + 1) * d] + 1.5 * dt[h] * w[(4 + h) * d:(5 + h) * d]
+                ref.attn.qkv.weight[h * d : (h + 1) * d] = (
+                    w[h * d : (h + 1) * d] + 1.5 * dt[h] * w[(4 + h) * d : (5 + h) * d]
+                )
     idx = torch.randint(0, 50, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(drift_model(idx), std(idx), rtol=1e-10, atol=1e-10)
@@ -98,10 +112,32 @@ def test_drift_equals_standard_attention_with_shifted_query_weights(drift):
 
 def _train_args(tiny_corpus, tmp_path) -> list[str]:
     """Command-line options of a 2-step micro run on the tiny corpus (shared by the slow tests)."""
-    return ["--corpus", str(tiny_corpus), "--tokenizer", "bpe-300", "--cache-dir", str(tmp_path / "cache"),
-            "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
-            "--batch-size", "4", "--eval-interval", "2", "--eval-batches", "1", "--warmup-steps", "1", "--no-progress",
-            "--no-tensorboard"]
+    return [
+        "--corpus",
+        str(tiny_corpus),
+        "--tokenizer",
+        "bpe-300",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--set",
+        "n_layer=1",
+        "--set",
+        "d_model=32",
+        "--set",
+        "n_heads=2",
+        "--set",
+        "block_size=16",
+        "--batch-size",
+        "4",
+        "--eval-interval",
+        "2",
+        "--eval-batches",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--no-progress",
+        "--no-tensorboard",
+    ]
 
 
 def _check_decoding_and_hf_round_trip(model, tmp_path) -> None:
@@ -128,14 +164,47 @@ def _check_decoding_and_hf_round_trip(model, tmp_path) -> None:
 def test_train_analyze_generate_and_hf_round_trip(drift, tiny_corpus, tmp_path, capsys):
     common = _train_args(tiny_corpus, tmp_path)
     run = tmp_path / "run"
-    assert main(["train", *common, "--max-steps", "2", "--out-dir", str(run), "--attention", "drift",
-                 "--set", "gain=2", "--set", "dt_init=0.05"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *common,
+                "--max-steps",
+                "2",
+                "--out-dir",
+                str(run),
+                "--attention",
+                "drift",
+                "--set",
+                "gain=2",
+                "--set",
+                "dt_init=0.05",
+            ]
+        )
+        == 0
+    )
     from coupled_qk import load_run
 
     loaded = load_run(run)
     assert loaded.model.config.qk_map.gain == 2.0 and loaded.model.config.attention == "drift"
-    assert main(["analyze", str(run), "--corpus", str(tiny_corpus), "--n-sequences", "1", "--seq-len", "8",
-                 "--out-dir", str(tmp_path / "analysis"), "--no-plots"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(run),
+                "--corpus",
+                str(tiny_corpus),
+                "--n-sequences",
+                "1",
+                "--seq-len",
+                "8",
+                "--out-dir",
+                str(tmp_path / "analysis"),
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     analysis = json.loads((tmp_path / "analysis" / "analysis.json").read_text())["checkpoints"][0]["analysis"]
     assert analysis["attention"] == "drift"
     dt = loaded.model.blocks[0].attn.qk_map.dt.detach().tolist()
@@ -147,30 +216,75 @@ def test_train_analyze_generate_and_hf_round_trip(drift, tiny_corpus, tmp_path, 
 @pytest.mark.slow
 def test_compare_bench_and_mqar_see_the_plugin(drift, tiny_corpus, tmp_path, capsys):
     common = _train_args(tiny_corpus, tmp_path)
-    assert main(["compare", *common, "--max-steps", "2", "--out-dir", str(tmp_path / "cmp"),
-                 "--variants", "standard,drift+gain=2", "--seeds", "0"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                *common,
+                "--max-steps",
+                "2",
+                "--out-dir",
+                str(tmp_path / "cmp"),
+                "--variants",
+                "standard,drift+gain=2",
+                "--seeds",
+                "0",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "cmp" / "results.json").read_text())
     assert summary["variants"]["drift+gain=2"]["overrides"] == {"attention": "drift", "gain": 2.0}
 
     # bench's default set ("all") is computed from the registry: the plugin's variants are in it
-    assert main(["bench", *MICRO, "--batch-size", "2", "--seq-len", "8", "--repeats", "1", "--warmup", "1",
-                 "--device", "cpu", "--out-dir", str(tmp_path / "bench")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                *MICRO,
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "8",
+                "--repeats",
+                "1",
+                "--warmup",
+                "1",
+                "--device",
+                "cpu",
+                "--out-dir",
+                str(tmp_path / "bench"),
+            ]
+        )
+        == 0
+    )
     bench = json.loads((tmp_path / "bench" / "bench-tiny-cpu.json").read_text())
     assert {"drift", "drift_differential"} <= set(bench["variants"])
     assert bench["variants"]["drift"]["params"] == bench["variants"]["standard"]["params"] + 2  # one dt per head
 
     # mqar: the default sweep plans the plugin's variants; a micro sweep trains one
     capsys.readouterr()
-    assert main(["mqar", "--preset", "cpu", "--d-models", "16", "--lrs", "1e-3", "--difficulties", "easy",
-                 "--dry-run"]) == 0
+    assert (
+        main(["mqar", "--preset", "cpu", "--d-models", "16", "--lrs", "1e-3", "--difficulties", "easy", "--dry-run"])
+        == 0
+    )
     planned = capsys.readouterr().out
     assert " drift " in planned and " drift_differential " in planned
     from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset
     from coupled_qk.experiments.mqar.sweep import run_sweep
 
-    preset = SweepPreset(name="micro", description="test", vocab_size=32,
-                         difficulties=(Difficulty("easy", ((8, 2, 64),), ((8, 2, 32),), 32),), d_models=(16,),
-                         lrs=(3e-3,), variants=("drift+gain=2",), epochs=1.0, max_steps=2, eval_interval=2)
+    preset = SweepPreset(
+        name="micro",
+        description="test",
+        vocab_size=32,
+        difficulties=(Difficulty("easy", ((8, 2, 64),), ((8, 2, 32),), 32),),
+        d_models=(16,),
+        lrs=(3e-3,),
+        variants=("drift+gain=2",),
+        epochs=1.0,
+        max_steps=2,
+        eval_interval=2,
+    )
     result = run_sweep(preset, tmp_path / "mqar", device="cpu", log=lambda line: None)
     assert [r["variant"] for r in result["runs"]] == ["drift+gain=2"] and result["counts"] == {"ran": 1}
 
@@ -187,18 +301,36 @@ def test_claims_variants_adds_the_plugin_to_every_cell(drift, tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown variant 'mamba'"):
         smoke.with_variants(["mamba"])
     out = tmp_path / "claims"
-    assert main(["claims", "--protocol", "smoke", "--variants", "drift+gain=2", "--report-only", "--no-figures",
-                 "--out-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "claims",
+                "--protocol",
+                "smoke",
+                "--variants",
+                "drift+gain=2",
+                "--report-only",
+                "--no-figures",
+                "--out-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "smoke.json").read_text())
     rows = report["extra_variants"]
-    assert rows and {r["variant"] for r in rows} == {"drift+gain=2"} and all(r["status"].startswith("not run") for r in rows)
+    assert (
+        rows
+        and {r["variant"] for r in rows} == {"drift+gain=2"}
+        and all(r["status"].startswith("not run") for r in rows)
+    )
     assert "wv-tiny" in {r["cell"] for r in rows}
     assert "## Added variants (claims --variants)" in (out / "smoke.md").read_text()
     assert main(["claims", "--protocol", "smoke", "--variants", "mamba", "--report-only", "--out-dir", str(out)]) == 2
     assert "unknown variant 'mamba'" in capsys.readouterr().err
 
 
-TOY_DROP_IN = '''
+TOY_DROP_IN = """
 import dataclasses
 
 from coupled_qk import MapOptions, QKMap, register_qk_map
@@ -222,7 +354,7 @@ class ScaledQueriesOptions(MapOptions):
 
 def register():
     register_qk_map("scaled_queries", "scaled_q", ScaledQueries, ScaledQueriesOptions, in_defaults=("standard",))
-'''
+"""
 
 
 def test_a_drop_in_module_in_models_maps_is_one_file(tmp_path, monkeypatch):
@@ -329,8 +461,23 @@ def test_tempered_scoring_equals_standard_attention_with_doubled_query_weights(t
 def test_tempered_trains_decodes_and_round_trips_through_hugging_face(tempered, tiny_corpus, tmp_path):
     common = _train_args(tiny_corpus, tmp_path)
     run = tmp_path / "run"
-    assert main(["train", *common, "--max-steps", "2", "--out-dir", str(run), "--attention", "coupled_tempered",
-                 "--set", "n_steps=2"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *common,
+                "--max-steps",
+                "2",
+                "--out-dir",
+                str(run),
+                "--attention",
+                "coupled_tempered",
+                "--set",
+                "n_steps=2",
+            ]
+        )
+        == 0
+    )
     from coupled_qk import load_run
 
     loaded = load_run(run)

@@ -39,6 +39,7 @@ def test_perplexity_reports_progress(monkeypatch, capsys):
 
     monkeypatch.setitem(P._MODE, "mode", "lines")
     monkeypatch.setenv("COUPLED_QK_LOG_INTERVAL", "0")
+
     class Uniform(torch.nn.Module):  # uniform predictions: perplexity = vocabulary size
         def forward(self, x):
             return torch.zeros(*x.shape, 7)

@@ -35,7 +35,7 @@ with torch.no_grad():
         fn(prompt, 4, temperature=0)  # warm up
     for r in range(repeats):
         order = (("new", model.generate), ("old", lambda *a, **k: old.GPT.generate(model, *a, **k)))
-        for name, fn in (order if r % 2 == 0 else order[::-1]):
+        for name, fn in order if r % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
             out = fn(prompt, new_tokens, temperature=0)
             rates[name].append(new_tokens / (time.perf_counter() - t0))

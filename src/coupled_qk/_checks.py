@@ -53,8 +53,9 @@ def nonneg_int(name: str, value) -> int:
     return value
 
 
-def finite(name: str, value, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-           hi_open: bool = False) -> float:
+def finite(
+    name: str, value, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False
+) -> float:
     """``float(value)`` if it is a finite real number within ``[lo, hi]`` (open ends with ``lo_open``/``hi_open``).
 
     Raises:
@@ -93,7 +94,8 @@ def _unwrap_optional(annotation) -> tuple[object, bool]:
 
 def coerce(name: str, value, annotation):
     """Convert ``value`` to the declared type ``annotation`` (``bool``, ``int``, ``float``, ``str``, a ``Literal``
-    of strings (one of them), ``dict``, ``list``, or ``X | None`` of those); strings are parsed (``"False"`` -> ``False``, ``"3"`` -> ``3``,
+    of strings (one of them), ``dict``, ``list``, or ``X | None`` of those); strings are parsed (``"False"`` ->
+    ``False``, ``"3"`` -> ``3``,
     ``"none"`` -> ``None`` for optional fields, JSON for dicts and lists).
 
     Raises:
@@ -166,7 +168,9 @@ def coerce(name: str, value, annotation):
 
 
 def _string_choices(annotation) -> bool:
-    return typing.get_origin(annotation) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(annotation))
+    return typing.get_origin(annotation) is typing.Literal and all(
+        isinstance(a, str) for a in typing.get_args(annotation)
+    )
 
 
 def coercible(annotation) -> bool:
@@ -174,8 +178,11 @@ def coercible(annotation) -> bool:
     a ``Literal`` of strings, ``dict``, ``list`` or ``X | None`` of those); any other annotation is passed through
     unchecked."""
     inner, _ = _unwrap_optional(annotation)
-    return inner in (bool, int, float, str) or _string_choices(inner) or (typing.get_origin(inner) or inner) in (
-        dict, list)
+    return (
+        inner in (bool, int, float, str)
+        or _string_choices(inner)
+        or (typing.get_origin(inner) or inner) in (dict, list)
+    )
 
 
 def _type_name(annotation) -> str:
@@ -214,9 +221,19 @@ def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, st
     return out
 
 
-METRIC_DIRECTIONS = (("loss", "min"), ("perplexity", "min"), ("error", "min"), ("bpb", "min"), ("bits", "min"),
-                     ("accuracy", "max"), ("f1", "max"), ("mcc", "max"), ("matthews", "max"), ("score", "max"),
-                     ("acc", "max"))
+METRIC_DIRECTIONS = (
+    ("loss", "min"),
+    ("perplexity", "min"),
+    ("error", "min"),
+    ("bpb", "min"),
+    ("bits", "min"),
+    ("accuracy", "max"),
+    ("f1", "max"),
+    ("mcc", "max"),
+    ("matthews", "max"),
+    ("score", "max"),
+    ("acc", "max"),
+)
 """Name fragments and the direction in which such a metric improves (first match wins)."""
 
 
@@ -254,20 +271,25 @@ def check_metric(option: str, metric, mode, available: Iterable[str], task: str 
     names = sorted(set(available))
     of_task = f" of task {task!r}" if task else ""
     if not isinstance(metric, str) or not metric.strip():
-        raise ValueError(f"{option}={metric!r} must be a metric name; the evaluation{of_task} reports: "
-                         f"{', '.join(names)}")
+        raise ValueError(
+            f"{option}={metric!r} must be a metric name; the evaluation{of_task} reports: {', '.join(names)}"
+        )
     if metric not in names:
         raise ValueError(f"{option}={metric!r} is not a validation metric{of_task}; it reports: {', '.join(names)}")
     inferred = metric_direction(metric)
     if mode is None or mode == "auto":
         if inferred is None:
-            raise ValueError(f"{option}={metric!r}: cannot tell whether higher or lower is better; declare it with "
-                             "best_mode='min' or 'max' (and make it the best_metric)")
+            raise ValueError(
+                f"{option}={metric!r}: cannot tell whether higher or lower is better; declare it with "
+                "best_mode='min' or 'max' (and make it the best_metric)"
+            )
         return inferred
     choice(f"{option} mode", mode, ("min", "max"))
     if inferred is not None and mode != inferred:
-        raise ValueError(f"{option}={metric!r} improves when it goes {'down' if inferred == 'min' else 'up'}, but "
-                         f"the mode is {mode!r}; use {inferred!r}")
+        raise ValueError(
+            f"{option}={metric!r} improves when it goes {'down' if inferred == 'min' else 'up'}, but "
+            f"the mode is {mode!r}; use {inferred!r}"
+        )
     return mode
 
 
@@ -283,8 +305,18 @@ names) for a fixed set, ``free`` (a sentence saying who checks the value) for te
 A ``bool`` field is declared by its type alone."""
 
 
-def declare(default=dataclasses.MISSING, *, lo=None, hi=None, lo_open: bool = False, hi_open: bool = False,
-            choices=None, free: str | None = None, default_factory=dataclasses.MISSING, **metadata):
+def declare(
+    default=dataclasses.MISSING,
+    *,
+    lo=None,
+    hi=None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    choices=None,
+    free: str | None = None,
+    default_factory=dataclasses.MISSING,
+    **metadata,
+):
     """A dataclass field whose valid values are declared in its metadata (read by :func:`check_declared`).
 
     Args:
@@ -322,8 +354,10 @@ def declaration_problems(cls) -> list[str]:
         if inner is bool and not keys:
             continue
         if len(keys) != 1:
-            problems.append(f"{cls.__name__}.{f.name}: declares {keys or 'nothing'}; expected exactly one of "
-                            f"{list(DECLARATION_KEYS)}")
+            problems.append(
+                f"{cls.__name__}.{f.name}: declares {keys or 'nothing'}; expected exactly one of "
+                f"{list(DECLARATION_KEYS)}"
+            )
         elif inner in (int, float) and keys[0] == "free":
             problems.append(f"{cls.__name__}.{f.name}: a number must declare a range or choices, not 'free'")
         elif inner not in (int, float, bool) and keys[0] == "range":
@@ -360,8 +394,12 @@ def check_value(name: str, value, annotation, metadata) -> None:
             positive_int(name, value)
         elif (lo, hi) == (0, None):
             nonneg_int(name, value)
-        elif isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo) or (
-                hi is not None and value > hi):
+        elif (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or (lo is not None and value < lo)
+            or (hi is not None and value > hi)
+        ):
             lo_s = "-inf" if lo is None else lo
             hi_s = "inf" if hi is None else hi
             raise ValueError(f"{name}={value!r} must be an integer in [{lo_s}, {hi_s}]")

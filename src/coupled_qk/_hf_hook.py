@@ -25,8 +25,11 @@ def _register(what: str) -> None:
 
         registration.register_config() if what == "config" else registration.register_models()
     except Exception as exc:  # never break the user's import of transformers
-        warnings.warn(f"coupled_qk could not register its models with transformers ({exc!r}); "
-                      "call coupled_qk.hf.register() after importing transformers", stacklevel=2)
+        warnings.warn(
+            f"coupled_qk could not register its models with transformers ({exc!r}); "
+            "call coupled_qk.hf.register() after importing transformers",
+            stacklevel=2,
+        )
 
 
 class _Loader(importlib.abc.Loader):

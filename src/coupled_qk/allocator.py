@@ -6,7 +6,8 @@ allocation and unmapped on free, and free memory at the top of the heap is trimm
 next step faults every page in again (the kernel zeroes each one). Keeping freed memory in the process removes
 that work: on the project's 2-core VM training processes spent ~25% of their CPU time in the kernel with the
 defaults and ~1% with these settings, and a ``coupled-qk bench`` training step ran 1.33-1.50x faster at ``tiny``
-and 1.06-1.19x at ``60m`` (median per run of paired processes; ``benchmarks/results/allocator/``). PyTorch's CPU performance guide recommends jemalloc or tcmalloc for the same reason; this needs no
+and 1.06-1.19x at ``60m`` (median per run of paired processes; ``benchmarks/results/allocator/``). PyTorch's CPU
+performance guide recommends jemalloc or tcmalloc for the same reason; this needs no
 extra library.
 
 What :func:`tune_cpu_allocator` sets, with ``mallopt`` (the same as the environment variables
@@ -30,8 +31,7 @@ import platform
 import re
 from collections.abc import Mapping
 
-__all__ = ["OPT_OUT_ENV", "SETTINGS", "allocator_state", "preloaded_allocator", "tune_cpu_allocator",
-           "user_tuning_env"]
+__all__ = ["OPT_OUT_ENV", "SETTINGS", "allocator_state", "preloaded_allocator", "tune_cpu_allocator", "user_tuning_env"]
 
 OPT_OUT_ENV = "COUPLED_QK_DEFAULT_MALLOC"
 """Set to ``1`` to keep glibc's defaults (``0`` or unset: tune)."""
@@ -93,8 +93,10 @@ def tune_cpu_allocator(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     opt_out = env.get(OPT_OUT_ENV, "").strip()
     if opt_out not in ("", "0", "1"):
-        raise ValueError(f"{OPT_OUT_ENV}={env[OPT_OUT_ENV]!r} is not understood; expected 1 (keep glibc's malloc "
-                         "defaults) or 0 / unset (tune malloc for training)")
+        raise ValueError(
+            f"{OPT_OUT_ENV}={env[OPT_OUT_ENV]!r} is not understood; expected 1 (keep glibc's malloc "
+            "defaults) or 0 / unset (tune malloc for training)"
+        )
     preload, user = preloaded_allocator(env), user_tuning_env(env)
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         _state = f"untouched: not glibc ({platform.system()})"

@@ -63,7 +63,8 @@ class Parser(argparse.ArgumentParser):
         return namespace, extras
 
     def _suggest_options(self, extras: list[str]) -> str:
-        """``"; --max-step: did you mean --max-steps?"`` for the unknown options in ``extras`` that are close to one of this
+        """``"; --max-step: did you mean --max-steps?"`` for the unknown options in ``extras`` that are close to one
+        of this
         parser's visible options (``difflib``), ``""`` when none is."""
         known = [o for a in self._actions if a.help is not argparse.SUPPRESS for o in a.option_strings]
         hints = []
@@ -89,8 +90,9 @@ class Parser(argparse.ArgumentParser):
             message = f"{option}='{value}': {rest}" if colon else f"{option}={value} {rest}"
         choice = re.search(r"invalid choice: '((?:[^'\\]|\\.)*)' \(choose from (.*)\)$", message, re.S)
         if choice:
-            close = difflib.get_close_matches(choice.group(1), re.findall(r"'((?:[^'\\]|\\.)*)'", choice.group(2)),
-                                              n=1, cutoff=0.6)
+            close = difflib.get_close_matches(
+                choice.group(1), re.findall(r"'((?:[^'\\]|\\.)*)'", choice.group(2)), n=1, cutoff=0.6
+            )
             message += f"; did you mean '{close[0]}'?" if close else ""
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -115,8 +117,11 @@ def non_utf8_argument(argv: list[str]) -> str | None:
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:
-            option = arg.split("=", 1)[0] if arg.startswith("-") else (
-                argv[i - 1] if i and argv[i - 1].startswith("-") else f"argument {i + 1}")
+            option = (
+                arg.split("=", 1)[0]
+                if arg.startswith("-")
+                else (argv[i - 1] if i and argv[i - 1].startswith("-") else f"argument {i + 1}")
+            )
             shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
             return f"{option}: '{shown}' is not valid UTF-8 text; give text and paths in UTF-8"
     return None
@@ -126,8 +131,12 @@ def out_of_memory(exc: BaseException) -> str | None:
     """One line for an allocation failure (``MemoryError``, torch's ``OutOfMemoryError`` or its CPU allocator's
     ``RuntimeError``), saying how much was asked and what to lower; ``None`` for any other error."""
     text = str(exc)
-    if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
-            or "can't allocate memory" in text or "out of memory" in text.lower()):
+    if not (
+        isinstance(exc, MemoryError)
+        or type(exc).__name__ == "OutOfMemoryError"
+        or "can't allocate memory" in text
+        or "out of memory" in text.lower()
+    ):
         return None
     asked = re.search(r"allocate (\d+) bytes", text)
     if asked:
@@ -135,8 +144,10 @@ def out_of_memory(exc: BaseException) -> str | None:
     else:
         gib = re.search(r"allocate ([\d.]+ [KMGT]iB)", text)
         size = gib.group(1) if gib else "more than is free"
-    return (f"out of memory: tried to allocate {size}; lower the batch size, sequence length or model size "
-            "(e.g. --batch-size, --seq-len, --set d_model=...)")
+    return (
+        f"out of memory: tried to allocate {size}; lower the batch size, sequence length or model size "
+        "(e.g. --batch-size, --seq-len, --set d_model=...)"
+    )
 
 
 def _say(command: str, message: str) -> None:
@@ -182,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         tune_cpu_allocator()  # glibc malloc kept from returning each step's buffers to the system (opt-out)
         return int(module.run(args) or 0)
     except TrainingInterrupted as exc:
-        how = ("run the same command with --resume" if args.command == "train" else
-               "run the same command again (finished runs are reused, this one resumes)")
+        how = (
+            "run the same command with --resume"
+            if args.command == "train"
+            else "run the same command again (finished runs are reused, this one resumes)"
+        )
         _say(args.command, f"{exc}; {how} to continue exactly where it stopped")
         return exc.exit_code
     except KeyboardInterrupt:
@@ -196,7 +210,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _say(args.command, f"error: {exc}")
         return EXIT_DIVERGED
-    except (ValueError, OSError, PluginError, MissingExtra) as exc:  # FileNotFoundError, PermissionError, ...: a clear one-line message
+    except (
+        ValueError,
+        OSError,
+        PluginError,
+        MissingExtra,
+    ) as exc:  # FileNotFoundError, PermissionError, ...: a clear one-line message
         if args.debug:
             raise
         _say(args.command, f"error: {exc}")

@@ -60,8 +60,7 @@ def check_device(option: str, value, *, allow_auto: bool = True) -> str:
     if match is None:
         raise ValueError(f"{given} is not a device name; available here: {', '.join(available)}")
     if name not in available and not (match.group(1) == "cpu" and match.group(2) in (None, "0")):
-        raise ValueError(f"{given} is not available on this machine; available here: "
-                         f"{', '.join(available)}")
+        raise ValueError(f"{given} is not available on this machine; available here: {', '.join(available)}")
     return name
 
 

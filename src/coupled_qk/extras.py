@@ -33,5 +33,7 @@ def require_extra(modules: Sequence[str], extra: str, purpose: str) -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise MissingExtra(f"{purpose} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
-                           f"pip install 'coupled-qk[{extra}]' (or pip install -e \".[{extra}]\" in a checkout)")
+        raise MissingExtra(
+            f"{purpose} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
+            f"pip install 'coupled-qk[{extra}]' (or pip install -e \".[{extra}]\" in a checkout)"
+        )

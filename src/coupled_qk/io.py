@@ -75,7 +75,9 @@ def write_error(path: str | Path, exc: BaseException) -> OSError:
             where += " (the disk is full)"
     except OSError:
         where = ""
-    code = getattr(exc, "errno", None) or (errno.ENOSPC if re.search(r"os error 28\b|No space left", str(exc)) else None)
+    code = getattr(exc, "errno", None) or (
+        errno.ENOSPC if re.search(r"os error 28\b|No space left", str(exc)) else None
+    )
     message = f"cannot write {path} ({exc}){where}"
     return OSError(code, message) if code else OSError(message)  # not "[Errno 0] ..." for a library's own error
 
@@ -148,11 +150,17 @@ def unknown_keys(data: dict, known, where, what: str, *, error: bool) -> list[st
     known = sorted(known)
     unknown = sorted(k for k in data if k not in known)
     if unknown:
-        named = ", ".join(repr(k) + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(k, known, 1))
-                          for k in unknown)
+        named = ", ".join(
+            repr(k) + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(k, known, 1))
+            for k in unknown
+        )
         if error:
-            raise ValueError(f"{where}: unknown {what} key(s) {named}; expected keys among {known} (was the file "
-                             "edited by hand?)")
-        warnings.warn(f"{where}: unknown {what} key(s) {named}, ignored (written by a newer coupled-qk, or edited by "
-                      "hand?)", UserWarning, stacklevel=3)
+            raise ValueError(
+                f"{where}: unknown {what} key(s) {named}; expected keys among {known} (was the file edited by hand?)"
+            )
+        warnings.warn(
+            f"{where}: unknown {what} key(s) {named}, ignored (written by a newer coupled-qk, or edited by hand?)",
+            UserWarning,
+            stacklevel=3,
+        )
     return unknown

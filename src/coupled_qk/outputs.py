@@ -108,11 +108,13 @@ def output_file(option: str, value, *, overwrite: bool = False, suffixes: Iterab
         raise ValueError(f"{option}={str(value)!r}: expected a file ending in {' or '.join(suffixes)}")
     _check_location(option, path, is_file=True)
     if not path.parent.is_dir():
-        raise ValueError(f"{option}={str(value)!r}: the folder {path.parent} does not exist; create it first or "
-                         "choose another path")
+        raise ValueError(
+            f"{option}={str(value)!r}: the folder {path.parent} does not exist; create it first or choose another path"
+        )
     if path.exists() and not overwrite:
-        raise OutputRefused(f"{option}={str(value)!r} already exists; pass --overwrite to replace it or choose "
-                            "another name")
+        raise OutputRefused(
+            f"{option}={str(value)!r} already exists; pass --overwrite to replace it or choose another name"
+        )
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{option}={str(value)!r} is not writable")
     return path
@@ -176,8 +178,16 @@ class OutputDir(os.PathLike):
             holding entries outside ``layout`` (:class:`OutputRefused`, listing up to five of them).
     """
 
-    def __init__(self, value, option: str = "--out-dir", *, overwrite: bool = False,
-                 layout: Iterable[str] = (), rewrite: Iterable[str] = (), what: str = "this command's output"):
+    def __init__(
+        self,
+        value,
+        option: str = "--out-dir",
+        *,
+        overwrite: bool = False,
+        layout: Iterable[str] = (),
+        rewrite: Iterable[str] = (),
+        what: str = "this command's output",
+    ):
         self.option = option
         self.path = path_value(option, value)
         self.overwrite = bool(overwrite)
@@ -194,7 +204,8 @@ class OutputDir(os.PathLike):
                 shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
                 raise OutputRefused(
                     f"{option}={str(value)!r} holds files that {what} does not write ({shown}); nothing was "
-                    "changed: choose an empty or new folder")
+                    "changed: choose an empty or new folder"
+                )
 
     def __fspath__(self) -> str:
         return os.fspath(self.path)
@@ -234,10 +245,16 @@ class OutputDir(os.PathLike):
         path = self.path / rel
         if path.is_dir():
             raise OutputRefused(f"{self.option}: {path} is a folder; cannot write a file there")
-        if path.exists() and path not in self.written and not self.overwrite and not any(
-                fnmatch.fnmatchcase(rel.as_posix(), p) for p in self.rewrite):
-            raise OutputRefused(f"{path} already exists and was not written by this run; pass --overwrite to "
-                                f"replace it, or choose another {self.option}")
+        if (
+            path.exists()
+            and path not in self.written
+            and not self.overwrite
+            and not any(fnmatch.fnmatchcase(rel.as_posix(), p) for p in self.rewrite)
+        ):
+            raise OutputRefused(
+                f"{path} already exists and was not written by this run; pass --overwrite to "
+                f"replace it, or choose another {self.option}"
+            )
         if not check_only and path not in self.written:
             self.written.append(path)
         return path

@@ -46,8 +46,9 @@ class LineProgress:
     ``close``, context manager). Lines look like
     ``eval valid: 45% 450/1000 windows, 12.3 windows/s, elapsed 0m36s, ETA 0m44s``."""
 
-    def __init__(self, total: int | None, desc: str, unit: str, initial: int = 0, interval: float | None = None,
-                 file=None):
+    def __init__(
+        self, total: int | None, desc: str, unit: str, initial: int = 0, interval: float | None = None, file=None
+    ):
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
         self.start_n = initial
         self.interval = float(os.environ.get("COUPLED_QK_LOG_INTERVAL", 30)) if interval is None else interval
@@ -78,7 +79,9 @@ class LineProgress:
             print(self._line(), file=self.file, flush=True)
 
     def set_postfix(self, postfix: dict | None = None, refresh: bool = False, **kwargs) -> None:
-        self.postfix = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in {**(postfix or {}), **kwargs}.items()}
+        self.postfix = {
+            k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in {**(postfix or {}), **kwargs}.items()
+        }
 
     def write(self, text: str) -> None:
         print(text, file=self.file, flush=True)
@@ -111,8 +114,7 @@ def terminal_columns(stream=None) -> int:
         return 0
 
 
-def progress(total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0,
-             enabled: bool = True):
+def progress(total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0, enabled: bool = True):
     """A progress reporter for one phase: a ``tqdm`` bar, a :class:`LineProgress`, or a silent one.
 
     Mode ``auto`` draws a bar only when stderr is a terminal reporting a non-zero width

@@ -55,8 +55,10 @@ def check_ids(name: str, idx, *, vocab_size: int | None = None, allow_empty_time
     if idx.dtype not in _INT_DTYPES:
         raise ValueError(f"{name} must hold integer token ids; got dtype {idx.dtype}")
     if idx.shape[0] == 0 or (idx.shape[1] == 0 and not allow_empty_time):
-        raise ValueError(f"{name} has a zero-sized dimension: shape {tuple(idx.shape)}; need at least one sequence "
-                         "of at least one token (e.g. the end-of-text id)")
+        raise ValueError(
+            f"{name} has a zero-sized dimension: shape {tuple(idx.shape)}; need at least one sequence "
+            "of at least one token (e.g. the end-of-text id)"
+        )
     if vocab_size is not None and idx.numel() and idx.device.type == "cpu":
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= vocab_size:
@@ -64,9 +66,22 @@ def check_ids(name: str, idx, *, vocab_size: int | None = None, allow_empty_time
 
 
 def check_generate_args(
-    idx, max_new_tokens, *, block_size: int, vocab_size: int, temperature=1.0, top_k=None, top_p=None,
-    repetition_penalty=None, stop_ids: Sequence[int] | None = None, use_cache=True, generator=None,
-    attention_mask=None, device: torch.device | None = None, fit_context: bool = True, name: str = "idx",
+    idx,
+    max_new_tokens,
+    *,
+    block_size: int,
+    vocab_size: int,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    repetition_penalty=None,
+    stop_ids: Sequence[int] | None = None,
+    use_cache=True,
+    generator=None,
+    attention_mask=None,
+    device: torch.device | None = None,
+    fit_context: bool = True,
+    name: str = "idx",
 ) -> None:
     """Check every argument of a sampling call once, before any token is computed.
 
@@ -95,8 +110,10 @@ def check_generate_args(
     _int("max_new_tokens", max_new_tokens, 0)
     total = idx.shape[1] + max_new_tokens
     if fit_context and total > block_size:
-        raise ValueError(f"prompt length {idx.shape[1]} + max_new_tokens={max_new_tokens} = {total} exceeds "
-                         f"block_size={block_size} (no silent cropping)")
+        raise ValueError(
+            f"prompt length {idx.shape[1]} + max_new_tokens={max_new_tokens} = {total} exceeds "
+            f"block_size={block_size} (no silent cropping)"
+        )
     _real("temperature", temperature, 0.0)
     if top_k is not None:
         _int("top_k", top_k, 1)
@@ -136,7 +153,8 @@ def check_greedy_extras(temperature, top_k, generator) -> None:
         if value is not None:
             raise ValueError(
                 f"{name}={value!r} has no effect with temperature={temperature!r} (greedy decoding: the most likely "
-                f"token at every step, nothing is sampled); pass {name}=None, or a temperature > 0 to sample")
+                f"token at every step, nothing is sampled); pass {name}=None, or a temperature > 0 to sample"
+            )
 
 
 def _check_stop_ids(stop_ids, vocab_size: int) -> None:
@@ -155,8 +173,9 @@ def _check_mask(attention_mask, idx: torch.Tensor, name: str = "idx") -> None:
     if not isinstance(attention_mask, torch.Tensor):
         raise TypeError(f"attention_mask must be a tensor or None; got {type(attention_mask).__name__}")
     if attention_mask.shape != idx.shape:
-        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected {name}'s shape "
-                         f"{tuple(idx.shape)}")
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}; expected {name}'s shape {tuple(idx.shape)}"
+        )
     if attention_mask.device != idx.device:
         raise ValueError(f"attention_mask is on {attention_mask.device} but {name} is on {idx.device}")
     if attention_mask.dtype != torch.bool and attention_mask.dtype not in _INT_DTYPES:
@@ -177,10 +196,15 @@ def check_attention_mask(attention_mask, check_values: bool) -> None:
         TypeError: not a tensor. ValueError: (``check_values``) a value other than 0 and 1.
     """
     if not isinstance(attention_mask, torch.Tensor):
-        raise TypeError(f"attention_mask must be a torch.Tensor of 0/1 (or bool) or None; got "
-                        f"{type(attention_mask).__name__}")
+        raise TypeError(
+            f"attention_mask must be a torch.Tensor of 0/1 (or bool) or None; got {type(attention_mask).__name__}"
+        )
     check_values = check_values and attention_mask.device.type == "cpu"
-    if check_values and attention_mask.dtype != torch.bool and not ((attention_mask == 0) | (attention_mask == 1)).all():
+    if (
+        check_values
+        and attention_mask.dtype != torch.bool
+        and not ((attention_mask == 0) | (attention_mask == 1)).all()
+    ):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
 
 
@@ -194,15 +218,19 @@ def check_position_ids(position_ids, b: int, t: int, block_size: int, check_valu
         TypeError: not a tensor. ValueError: another shape, a non-integer dtype, a position out of range.
     """
     if not isinstance(position_ids, torch.Tensor):
-        raise TypeError(f"position_ids must be a torch.Tensor of integer positions or None; got "
-                        f"{type(position_ids).__name__}")
+        raise TypeError(
+            f"position_ids must be a torch.Tensor of integer positions or None; got {type(position_ids).__name__}"
+        )
     if tuple(position_ids.shape) not in ((b, t), (1, t), (t,)):
-        raise ValueError(f"position_ids must have shape ({b}, {t}), (1, {t}) or ({t},); got "
-                         f"{tuple(position_ids.shape)}")
+        raise ValueError(
+            f"position_ids must have shape ({b}, {t}), (1, {t}) or ({t},); got {tuple(position_ids.shape)}"
+        )
     if position_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"position_ids must hold integer positions (int64 or int32); got dtype {position_ids.dtype}")
     check_values = check_values and position_ids.device.type == "cpu"
     if check_values and (int(position_ids.min()) < 0 or int(position_ids.max()) >= block_size):
-        raise ValueError(f"position_ids must be in [0, block_size={block_size}); got min {int(position_ids.min())}, "
-                         f"max {int(position_ids.max())}")
+        raise ValueError(
+            f"position_ids must be in [0, block_size={block_size}); got min {int(position_ids.min())}, "
+            f"max {int(position_ids.max())}"
+        )
     return position_ids.expand(b, t) if position_ids.dim() == 2 else position_ids

@@ -24,8 +24,7 @@ B, T = 3, 12
 
 def tiny_gpt(attention: str, seed: int = 0, **overrides) -> GPT:
     torch.manual_seed(seed)
-    fields = dict(vocab_size=61, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2,
-                  attention=attention)
+    fields = dict(vocab_size=61, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, attention=attention)
     qk_map = get_attention(attention).qk_map
     if qk_map is not None and "dt_init" in qk_map.option_names():
         fields["dt_init"] = 0.3
@@ -150,15 +149,21 @@ def test_map_metrics_match_metrics_module(attention):
     if attention == "standard":
         ref = attention_stats.summarize_attention(rec.attn)
         for key in MAP_METRICS:
-            torch.testing.assert_close(torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64),
-                                       ref[key].mean(dim=0))
-        torch.testing.assert_close(torch.tensor(res["layers"][1]["spectrum"]["attn"], dtype=torch.float64),
-                                   ref["singular_values"].mean(dim=0), rtol=1e-5, atol=0)
+            torch.testing.assert_close(
+                torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64), ref[key].mean(dim=0)
+            )
+        torch.testing.assert_close(
+            torch.tensor(res["layers"][1]["spectrum"]["attn"], dtype=torch.float64),
+            ref["singular_values"].mean(dim=0),
+            rtol=1e-5,
+            atol=0,
+        )
     else:
         ref = attention_stats.summarize_differential_attention(rec.attn, rec.attn2, rec.lam)
         for key in ("a1/entropy", "a2/sink_mass", "signed/effective_rank"):
-            torch.testing.assert_close(torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64),
-                                       ref[key].mean(dim=0))
+            torch.testing.assert_close(
+                torch.tensor(res["layers"][1]["heads"][key], dtype=torch.float64), ref[key].mean(dim=0)
+            )
         assert res["layers"][1]["lambda"] == pytest.approx(float(rec.lam))
 
 
@@ -180,9 +185,11 @@ def test_rank_collapse_matches_independent_block_outputs(attention):
     assert res["rank_collapse_input"]["fro"] == pytest.approx(float(expected_input), rel=1e-10)
     for layer, out in zip(res["layers"], outs):
         assert layer["rank_collapse_residual"] == pytest.approx(
-            float(attention_stats.rank_collapse_residual(out).mean()), rel=1e-6)
+            float(attention_stats.rank_collapse_residual(out).mean()), rel=1e-6
+        )
         assert layer["rank_collapse_residual_l1inf"] == pytest.approx(
-            float(attention_stats.rank_collapse_residual(out, norm="l1inf").mean()), rel=1e-6)
+            float(attention_stats.rank_collapse_residual(out, norm="l1inf").mean()), rel=1e-6
+        )
 
 
 @pytest.mark.parametrize("attention", ["coupled", "uncoupled_mlp", "coupled_differential"])
@@ -233,9 +240,14 @@ def test_input_errors():
         analyze_model(torch.nn.Linear(2, 2), tokens())
 
 
-@pytest.mark.parametrize("attention,where", [("standard", "blocks.1.attn.qkv.weight"),
-                                              ("coupled", "blocks.0.attn.qk_map.dt"),
-                                              ("differential", "blocks.1.attn.lambda_q1")])
+@pytest.mark.parametrize(
+    "attention,where",
+    [
+        ("standard", "blocks.1.attn.qkv.weight"),
+        ("coupled", "blocks.0.attn.qk_map.dt"),
+        ("differential", "blocks.1.attn.lambda_q1"),
+    ],
+)
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_parameters_are_named(attention, where, value):
     model = tiny_gpt(attention)
@@ -252,8 +264,11 @@ def test_overflowing_activations_name_the_layer(attention):
     model = tiny_gpt(attention)
     with torch.no_grad():
         model.blocks[1].attn.qkv.weight.mul_(1e20)
-    with pytest.raises(ValueError, match=r"^layer 1: the attention maps .*hold NaN or inf although every parameter "
-                                         r"is finite \(the activations overflow in torch.float32"):
+    with pytest.raises(
+        ValueError,
+        match=r"^layer 1: the attention maps .*hold NaN or inf although every parameter "
+        r"is finite \(the activations overflow in torch.float32",
+    ):
         analyze_model(model, tokens())
 
 
@@ -270,8 +285,10 @@ def test_example_must_be_ints(example):
 # checkpoints end to end
 # ----------------------------------------------------------------------------------------------------------
 
-_WORDS = ("the model attends to earlier tokens and the keys move with the queries while the heads "
-          "learn where to look in each sentence of the corpus").split()
+_WORDS = (
+    "the model attends to earlier tokens and the keys move with the queries while the heads "
+    "learn where to look in each sentence of the corpus"
+).split()
 
 
 def _corpus_text() -> str:
@@ -321,8 +338,16 @@ def test_analyze_checkpoints_end_to_end(checkpoints, tmp_path):
     _, corpus, runs, _ = checkpoints
     out = tmp_path / "report"
     ckpt_dir = sorted(runs[1].glob("ckpt-*"))[0]  # a checkpoint folder works as well as a run folder
-    report = analyze_checkpoints([runs[0], ckpt_dir], str(corpus), split="valid", n_sequences=2, seq_len=8,
-                                 out_dir=out, labels=["standard", "coupled"], example_layer=-1)
+    report = analyze_checkpoints(
+        [runs[0], ckpt_dir],
+        str(corpus),
+        split="valid",
+        n_sequences=2,
+        seq_len=8,
+        out_dir=out,
+        labels=["standard", "coupled"],
+        example_layer=-1,
+    )
     data = json.loads((out / "analysis.json").read_text())
     assert [e["label"] for e in data["checkpoints"]] == ["standard", "coupled"]
     assert data["same_tokenizer"] is True and data["seq_len"] == 8 and data["n_sequences"] == 2
@@ -355,9 +380,9 @@ _COUNTS = ("batch_size", "threads", "example_tokens")
 
 
 _NOT_INTS = st.one_of(st.floats(allow_nan=True), st.booleans(), st.sampled_from(["1", [1]]))
-_BAD = {name: st.one_of(st.integers(-10**6, 0), _NOT_INTS) for name in _COUNTS}
-_BAD["example_layer"] = st.one_of(st.integers(-10**6, -3), st.integers(2, 10**6), _NOT_INTS)  # 2 layers
-_BAD["example_head"] = st.one_of(st.integers(-10**6, -5), st.integers(4, 10**6), _NOT_INTS)  # 4 heads
+_BAD = {name: st.one_of(st.integers(-(10**6), 0), _NOT_INTS) for name in _COUNTS}
+_BAD["example_layer"] = st.one_of(st.integers(-(10**6), -3), st.integers(2, 10**6), _NOT_INTS)  # 2 layers
+_BAD["example_head"] = st.one_of(st.integers(-(10**6), -5), st.integers(4, 10**6), _NOT_INTS)  # 4 heads
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -392,19 +417,35 @@ def test_example_index_checked_against_every_checkpoint(checkpoints, tmp_path):
     model = tiny_gpt("differential", vocab_size=tok.vocab_size, n_layer=1)
     save_checkpoint(tmp_path / "shallow", model.state_dict(), model.config, None, {"step": 1})
     tok.save(tmp_path / "shallow" / "tokenizer")
-    for option, value, what in (("example_layer", 1, "1 layers"), ("example_head", 3, "2 attention-map heads"),
-                                ("example_head", -3, "2 attention-map heads")):
-        with pytest.raises(ValueError, match=rf"{option}={value} \(--{option.replace('_', '-')}\) is out of range: "
-                                             rf"checkpoint {re.escape(str(tmp_path / 'shallow'))}.* has {what}"):
-            analyze_checkpoints([runs[0], tmp_path / "shallow"], str(corpus), n_sequences=1, seq_len=8,
-                                out_dir=tmp_path / "out", make_plots=False, **{option: value})
+    for option, value, what in (
+        ("example_layer", 1, "1 layers"),
+        ("example_head", 3, "2 attention-map heads"),
+        ("example_head", -3, "2 attention-map heads"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=rf"{option}={value} \(--{option.replace('_', '-')}\) is out of range: "
+            rf"checkpoint {re.escape(str(tmp_path / 'shallow'))}.* has {what}",
+        ):
+            analyze_checkpoints(
+                [runs[0], tmp_path / "shallow"],
+                str(corpus),
+                n_sequences=1,
+                seq_len=8,
+                out_dir=tmp_path / "out",
+                make_plots=False,
+                **{option: value},
+            )
     assert not (tmp_path / "out").exists()
 
 
 def test_text_too_short_names_the_split_and_leaves_nothing(checkpoints, tmp_path):
     _, corpus, runs, tok = checkpoints
-    with pytest.raises(ValueError, match=rf"the valid split of corpus {re.escape(repr(str(corpus)))} is too short "
-                                         rf"for tokenizer {tok.name}: the text has only \d+ tokens.* need 1600"):
+    with pytest.raises(
+        ValueError,
+        match=rf"the valid split of corpus {re.escape(repr(str(corpus)))} is too short "
+        rf"for tokenizer {tok.name}: the text has only \d+ tokens.* need 1600",
+    ):
         analyze_checkpoints(runs, str(corpus), n_sequences=100, seq_len=16, out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing written, not even the folder
 
@@ -416,8 +457,15 @@ def test_report_states_what_it_was_computed_on_and_repeats_exactly(checkpoints, 
     monkeypatch.chdir(root)
     reports = []
     for out in ("rep1", "rep2"):
-        analyze_checkpoints([runs[0].name, runs[1].name], corpus.name, n_sequences=2, seq_len=8,
-                            out_dir=tmp_path / out, make_plots=False, split_seed=3)
+        analyze_checkpoints(
+            [runs[0].name, runs[1].name],
+            corpus.name,
+            n_sequences=2,
+            seq_len=8,
+            out_dir=tmp_path / out,
+            make_plots=False,
+            split_seed=3,
+        )
         reports.append(json.loads((tmp_path / out / "analysis.json").read_text()))
     for entry, run in zip(reports[0]["checkpoints"], runs):
         assert entry["checkpoint"] == str(sorted(run.resolve().glob("ckpt-*"))[-1])
@@ -436,8 +484,22 @@ def test_analyze_command(checkpoints, tmp_path, capsys):
 
     _, corpus, runs, _ = checkpoints
     out = tmp_path / "cli"
-    rc = main(["analyze", str(runs[0]), str(runs[1]), "--corpus", str(corpus), "--n-sequences", "1",
-               "--seq-len", "6", "--out-dir", str(out), "--no-plots"])
+    rc = main(
+        [
+            "analyze",
+            str(runs[0]),
+            str(runs[1]),
+            "--corpus",
+            str(corpus),
+            "--n-sequences",
+            "1",
+            "--seq-len",
+            "6",
+            "--out-dir",
+            str(out),
+            "--no-plots",
+        ]
+    )
     assert rc == 0
     assert (out / "summary.md").is_file() and not list(out.glob("*.png"))
     data = json.loads((out / "analysis.json").read_text())
@@ -447,11 +509,13 @@ def test_analyze_command(checkpoints, tmp_path, capsys):
     rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--out-dir", str(out)])  # an earlier report
     assert rc == 2 and "--overwrite" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--seq-len", "99", "--out-dir", str(out),
-               "--overwrite"])
+    rc = main(
+        ["analyze", str(runs[0]), "--corpus", str(corpus), "--seq-len", "99", "--out-dir", str(out), "--overwrite"]
+    )
     assert rc == 2 and "block_size" in capsys.readouterr().err
-    rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--labels", "a,b", "--out-dir", str(out),
-               "--overwrite"])
+    rc = main(
+        ["analyze", str(runs[0]), "--corpus", str(corpus), "--labels", "a,b", "--out-dir", str(out), "--overwrite"]
+    )
     assert rc == 2 and "labels" in capsys.readouterr().err
     rc = main(["analyze", str(tmp_path / "nothing"), "--corpus", str(corpus), "--out-dir", str(out), "--overwrite"])
     assert rc == 2 and "no checkpoint" in capsys.readouterr().err
@@ -508,7 +572,8 @@ def test_runs_of_one_split_analysed_together_whatever_their_eval_subsample(check
         assert main(["analyze", *map(str, runs), "--out-dir", str(tmp_path / "plain")] + args) == 0
         plain = json.loads((tmp_path / "plain" / "analysis.json").read_text())
         assert [e["analysis"]["mean"] for e in report["checkpoints"]] == [
-            e["analysis"]["mean"] for e in plain["checkpoints"]]
+            e["analysis"]["mean"] for e in plain["checkpoints"]
+        ]
         (runs[1] / "config.json").write_text(json.dumps({"corpus": str(corpus), "task_options": {"split_seed": 1}}))
         capsys.readouterr()
         assert main(["analyze", *map(str, runs), "--out-dir", str(tmp_path / "other")] + args) == 2

@@ -31,8 +31,13 @@ def _tiktoken_encoding(data_dir, pattern: str | None):
 
     folder = data_dir / "tokenizer" / "gpt2"
     ranks = data_gym_to_mergeable_bpe_ranks(str(folder / "merges.txt"), str(folder / "vocab.json"))
-    return tiktoken.Encoding("gpt2-offline", pat_str=pattern or r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+    return tiktoken.Encoding(
+        "gpt2-offline",
+        pat_str=pattern or r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": 50256},
+        explicit_n_vocab=50257,
+    )
 
 
 @pytest.fixture(scope="session")

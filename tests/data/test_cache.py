@@ -25,7 +25,7 @@ def real_slices(data_dir) -> dict[str, str]:
     out = {}
     for rel in files:
         text = (data_dir / rel).read_text(encoding="utf-8")
-        out[rel] = text[len(text) // 3:len(text) // 3 + 60_000]
+        out[rel] = text[len(text) // 3 : len(text) // 3 + 60_000]
     return out
 
 

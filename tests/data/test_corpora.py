@@ -180,7 +180,8 @@ def test_path_inputs(tmp_path):
     c = load_corpus(str(folder))
     assert [Path(p).name for p in c.source["files"]] == ["b.txt", "a.txt"]  # sorted by relative path
     assert sorted(_docs(c.train) + _docs(c.valid) + _docs(c.test)) == sorted(
-        [f"a{i}" for i in range(50)] + [f"b{i}" for i in range(50)])
+        [f"a{i}" for i in range(50)] + [f"b{i}" for i in range(50)]
+    )
     given = tmp_path / "given"
     for s in ("train", "valid", "test"):
         _write(given / f"{s}.txt", f"{s} text\n")
@@ -241,7 +242,7 @@ def test_non_utf8_and_empty_split(tmp_path):
 
 
 def test_detokenize_wikitext_by_hand():
-    text = " = Title = \n \n A 1 @,@ 000 @-@ year ( old ) test , it 's \" fine \" : yes . \n"
+    text = ' = Title = \n \n A 1 @,@ 000 @-@ year ( old ) test , it \'s " fine " : yes . \n'
     assert detokenize_wikitext(text) == '= Title =\n\nA 1,000-year (old) test, it\'s "fine": yes.\n'
 
 

@@ -8,10 +8,14 @@ from coupled_qk.data.tokenizers import train_bpe
 
 # rows and label counts of the GLUE train / dev sets (GLUE paper, table 1; the data README's counts)
 EXPECTED = {
-    ("sst2", "train"): 67_349, ("sst2", "dev"): 872,
-    ("cola", "train"): 8_551, ("cola", "dev"): 527 + 516,
-    ("rte", "train"): 2_490, ("rte", "dev"): 277,
-    ("mrpc", "train"): 3_668, ("mrpc", "dev"): 408,
+    ("sst2", "train"): 67_349,
+    ("sst2", "dev"): 872,
+    ("cola", "train"): 8_551,
+    ("cola", "dev"): 527 + 516,
+    ("rte", "train"): 2_490,
+    ("rte", "dev"): 277,
+    ("mrpc", "train"): 3_668,
+    ("mrpc", "dev"): 408,
 }
 
 

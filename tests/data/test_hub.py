@@ -27,7 +27,10 @@ TEST = "Test text.\n"
 
 
 def test_parse_spec():
-    assert hub.parse_spec("hf:Salesforce/wikitext:wikitext-103-raw-v1") == ("Salesforce/wikitext", "wikitext-103-raw-v1")
+    assert hub.parse_spec("hf:Salesforce/wikitext:wikitext-103-raw-v1") == (
+        "Salesforce/wikitext",
+        "wikitext-103-raw-v1",
+    )
     assert hub.parse_spec("hf:imdb") == ("imdb", None)
     for bad in ("hf:", "wikitext"):
         with pytest.raises(ValueError, match="hf:NAME"):
@@ -52,7 +55,9 @@ def test_rows_ending_in_newlines_are_concatenated_as_is(tmp_path):
     folder = tmp_path / "wt"
     folder.mkdir()
     for split in ("train", "validation", "test"):
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(lines)))
+        (folder / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(lines))
+        )
     corpus = hub.load_hub_corpus(f"hf:{folder}", cache_dir=str(tmp_path / "c"))
     assert corpus.train == "".join(lines) == corpus.test
 
@@ -62,8 +67,9 @@ def test_train_only_dataset_is_split_by_documents(tmp_path):
     folder.mkdir()
     docs = [f"Document number {i} has some words.\nAnd a second line {i}." for i in range(40)]
     (folder / "train.txt").write_text("\n\n".join(docs) + "\n")
-    corpus = hub.load_hub_corpus(f"hf:{folder}", seed=3, valid_fraction=0.1, test_fraction=0.1,
-                                 cache_dir=str(tmp_path / "c"))
+    corpus = hub.load_hub_corpus(
+        f"hf:{folder}", seed=3, valid_fraction=0.1, test_fraction=0.1, cache_dir=str(tmp_path / "c")
+    )
     parts = [split_documents(corpus.split(s)) for s in ("train", "valid", "test")]
     expected = random_split(docs, 3, 0.1, 0.1, f"hf:{folder}")  # the split local files get
     assert parts == [list(e) for e in expected]
@@ -99,6 +105,9 @@ def test_demo_falls_back_to_wikitext2_from_the_hub(tmp_path, monkeypatch):
 def test_unknown_or_unreachable_dataset_names_the_corpus():
     """datasets' own error ('Couldn't reach ... on the Hub (LocalEntryNotFoundError)') named neither the corpus
     option nor what was expected."""
-    with pytest.raises(FileNotFoundError, match=r"corpus 'hf:nobody/no-such-set:cfg': "
-                       r"datasets.load_dataset\('nobody/no-such-set', 'cfg'\) failed \(.*\); expected a dataset name"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"corpus 'hf:nobody/no-such-set:cfg': "
+        r"datasets.load_dataset\('nobody/no-such-set', 'cfg'\) failed \(.*\); expected a dataset name",
+    ):
         load_corpus("hf:nobody/no-such-set:cfg")

@@ -13,7 +13,6 @@ from coupled_qk.data.mqar_dataset import MQARSliceSpec, make_mqar_dataset
 V = 512
 
 
-
 def test_dataset_slices_disjoint_and_cached(tmp_path):
     train = [MQARSliceSpec(64, 4, 300), MQARSliceSpec(128, 8, 200)]
     test = [MQARSliceSpec(64, 4, 100), MQARSliceSpec(128, 8, 50, power_a=0.5)]

@@ -71,8 +71,11 @@ def test_an_option_is_read_exactly_where_the_splits_are_random(sources, data, ar
 def test_a_fixed_split_corpus_refuses_a_non_default_option_naming_it(sources, data, arg):
     value = data.draw(OTHER_VALUES[arg], label=arg)
     option, default = SPLIT_OPTIONS[arg]
-    with pytest.raises(ValueError, match=rf"split option {option}={value} \(--{option.replace('_', '-')}, "
-                                         rf"task_options\.{option}\) does not apply to corpus .*fixed") as info:
+    with pytest.raises(
+        ValueError,
+        match=rf"split option {option}={value} \(--{option.replace('_', '-')}, "
+        rf"task_options\.{option}\) does not apply to corpus .*fixed",
+    ) as info:
         load_corpus(str(sources["given"]), **{arg: value})
     assert "\n" not in str(info.value)
     load_corpus(str(sources["given"]), **{arg: default})  # the default is fine

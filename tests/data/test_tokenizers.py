@@ -25,8 +25,28 @@ TRICKY = [
     "<|endoftext|>doc two<|endoftext|>\n\n<|endoftext|> spaced",
     "code: def f(x):\n    return x**2  # comment\n\n\tif a<=b: pass",
 ]
-FUZZ_ALPHABET = [" ", " ", "\n", "\n", "\n\n", "\t", "\r", "a", "b", "1", "!", "'s", "'", "\u00a0", "\x1c", "é",
-                 "🤖", EOT, "\u200b", "\u3000"]
+FUZZ_ALPHABET = [
+    " ",
+    " ",
+    "\n",
+    "\n",
+    "\n\n",
+    "\t",
+    "\r",
+    "a",
+    "b",
+    "1",
+    "!",
+    "'s",
+    "'",
+    "\u00a0",
+    "\x1c",
+    "é",
+    "🤖",
+    EOT,
+    "\u200b",
+    "\u3000",
+]
 
 
 def _real_slices(data_dir) -> dict[str, str]:
@@ -35,7 +55,7 @@ def _real_slices(data_dir) -> dict[str, str]:
         out[rel] = (data_dir / rel).read_text(encoding="utf-8")[:200_000]
     for f in sorted((data_dir / "mixed-domain").glob("*.txt")):
         text = f.read_text(encoding="utf-8")
-        out[f.name] = text[len(text) // 2:len(text) // 2 + 40_000]
+        out[f.name] = text[len(text) // 2 : len(text) // 2 + 40_000]
     return out
 
 
@@ -133,8 +153,12 @@ def test_train_bpe(small_bpe, wiki_head, data_dir):
 
 
 def test_train_bpe_validation():
-    for bad, err, msg in [(256, ValueError, "vocab_size=256"), (2**20 + 1, ValueError, "vocab_size=1048577"),
-                          (1000.0, TypeError, "vocab_size must be an int"), (True, TypeError, "bool")]:
+    for bad, err, msg in [
+        (256, ValueError, "vocab_size=256"),
+        (2**20 + 1, ValueError, "vocab_size=1048577"),
+        (1000.0, TypeError, "vocab_size must be an int"),
+        (True, TypeError, "bool"),
+    ]:
         with pytest.raises(err, match=msg):
             train_bpe("some text", bad)
     with pytest.raises(ValueError, match="min_frequency=0"):
@@ -153,8 +177,7 @@ def test_save_load_roundtrip(tmp_path, small_bpe, gpt2, wiki_head):
         assert path == tmp_path / tok.name / "tokenizer.json"
         for src in (tmp_path / tok.name, path):
             loaded = Tokenizer.load(src)
-            assert (loaded.name, loaded.fingerprint, loaded.vocab_size) == (tok.name, tok.fingerprint,
-                                                                             tok.vocab_size)
+            assert (loaded.name, loaded.fingerprint, loaded.vocab_size) == (tok.name, tok.fingerprint, tok.vocab_size)
             assert loaded.encode(wiki_head[:20_000]) == tok.encode(wiki_head[:20_000])
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         Tokenizer.load(tmp_path / "missing")
@@ -208,8 +231,11 @@ def test_saved_fingerprint_is_checked_against_the_tokenizer_file_loaded(tmp_path
     (folder / "tokenizer.json").write_text(json.dumps(json.loads(a.hf.to_str()), indent=None))
     assert Tokenizer.load(folder).name == a.name  # same content, other bytes
     (folder / "tokenizer.json").write_text(b.hf.to_str(pretty=True))
-    with pytest.raises(ValueError, match=rf"tokenizer folder {folder}: tokenizer.json is not the tokenizer "
-                                         r"recorded in coupled_qk_tokenizer.json") as err:
+    with pytest.raises(
+        ValueError,
+        match=rf"tokenizer folder {folder}: tokenizer.json is not the tokenizer "
+        r"recorded in coupled_qk_tokenizer.json",
+    ) as err:
         Tokenizer.load(folder)
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="is not the tokenizer recorded"):
@@ -219,8 +245,12 @@ def test_saved_fingerprint_is_checked_against_the_tokenizer_file_loaded(tmp_path
 
 
 @settings(max_examples=40)
-@given(content=st.one_of(st.text(max_size=30), st.sampled_from(["[\n", "{", "[]", "5", "null", '"x"',
-                                                                  '{"name": 5}', '{"fingerprint": []}', "\udcff"])))
+@given(
+    content=st.one_of(
+        st.text(max_size=30),
+        st.sampled_from(["[\n", "{", "[]", "5", "null", '"x"', '{"name": 5}', '{"fingerprint": []}', "\udcff"]),
+    )
+)
 def test_damaged_tokenizer_metadata_is_one_line_naming_the_file(tmp_path_factory, content):
     """Any content of ``coupled_qk_tokenizer.json`` either loads (a JSON object whose name and fingerprint are
     strings matching the file) or is one ``ValueError`` naming that file: before, ``[`` there made ``eval``,

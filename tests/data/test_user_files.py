@@ -30,11 +30,14 @@ def test_given_split_with_byte_order_mark(tmp_path):
     assert corpus.valid == make_text(5, 1)
 
 
-@pytest.mark.parametrize("encode, what", [
-    (lambda t: t.encode("utf-16"), "UTF-16 text"),
-    (lambda t: t.encode("utf-32"), "UTF-32 text"),
-    (lambda t: gzip.compress(t.encode()), "gzip-compressed"),
-])
+@pytest.mark.parametrize(
+    "encode, what",
+    [
+        (lambda t: t.encode("utf-16"), "UTF-16 text"),
+        (lambda t: t.encode("utf-32"), "UTF-32 text"),
+        (lambda t: gzip.compress(t.encode()), "gzip-compressed"),
+    ],
+)
 def test_not_utf8_files_are_named(tmp_path, encode, what):
     (tmp_path / "c.txt").write_bytes(encode(make_text(40, 0)))
     with pytest.raises(ValueError, match=f"c.txt is not valid UTF-8 text .*it is (a |an )?{what}") as info:
@@ -81,8 +84,20 @@ def test_train_refuses_a_bad_tokenizer_before_reading_the_corpus(tmp_path, capsy
     from coupled_qk.cli import main
 
     missing = tmp_path / "no-such-corpus.txt"  # the corpus is never read: the tokenizer is named first
-    args = ["train", "--corpus", str(missing), "--tokenizer", "bpe-100", "--max-steps", "2",
-            "--out-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    args = [
+        "train",
+        "--corpus",
+        str(missing),
+        "--tokenizer",
+        "bpe-100",
+        "--max-steps",
+        "2",
+        "--out-dir",
+        str(tmp_path / "run"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--no-progress",
+    ]
     assert main(args) == 2
     assert "--tokenizer='bpe-100': a trained BPE" in capsys.readouterr().err
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
@@ -97,8 +112,11 @@ def test_cache_variable_naming_a_file(tmp_path, monkeypatch, where):
 
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("COUPLED_QK_CACHE", str(tmp_path / where))
-    with pytest.raises(ValueError, match=r"COUPLED_QK_CACHE='.*file(/sub)?'.*(is a file; expected a folder|is a "
-                       "file, so nothing can be created under it)"):
+    with pytest.raises(
+        ValueError,
+        match=r"COUPLED_QK_CACHE='.*file(/sub)?'.*(is a file; expected a folder|is a "
+        "file, so nothing can be created under it)",
+    ):
         default_cache_dir()
     monkeypatch.setenv("COUPLED_QK_CACHE", str(tmp_path / "cache"))
     assert default_cache_dir() == tmp_path / "cache"
@@ -111,8 +129,18 @@ def test_train_names_the_cache_variable(tmp_path, monkeypatch, capsys):
     corpus = write_corpus(tmp_path / "corpus")
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("COUPLED_QK_CACHE", str(tmp_path / "file"))
-    args = ["train", "--corpus", str(corpus), "--tokenizer", "bpe-300", "--max-steps", "2", "--no-progress",
-            "--out-dir", str(tmp_path / "run")]
+    args = [
+        "train",
+        "--corpus",
+        str(corpus),
+        "--tokenizer",
+        "bpe-300",
+        "--max-steps",
+        "2",
+        "--no-progress",
+        "--out-dir",
+        str(tmp_path / "run"),
+    ]
     assert main(args) == 2
     assert "COUPLED_QK_CACHE=" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # refused before the run folder is claimed
@@ -132,8 +160,11 @@ def test_glue_file_without_header_refused_not_one_row_short(tmp_path):
     from coupled_qk.data.glue import load_glue
 
     _tsv(tmp_path / "RTE" / "train.tsv", [(a, b, y, i) for i, (a, b, y) in enumerate(RTE_ROWS)])
-    with pytest.raises(ValueError, match=r"RTE/train.tsv: the first row \['A man sleeps.', .*\] is not a header "
-                       r"naming the columns \['sentence1', 'sentence2', 'label'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"RTE/train.tsv: the first row \['A man sleeps.', .*\] is not a header "
+        r"naming the columns \['sentence1', 'sentence2', 'label'\]",
+    ):
         load_glue("rte", "train", tmp_path)
     _tsv(tmp_path / "SST-2" / "train.tsv", [("good", 1), ("bad", 0)])
     with pytest.raises(ValueError, match=r"SST-2/train.tsv: the first row \['good', '1'\] is not a header"):
@@ -146,8 +177,10 @@ def test_glue_columns_found_by_name(tmp_path):
     from coupled_qk.data.glue import load_glue
 
     names = {0: "entailment", 1: "not_entailment"}
-    _tsv(tmp_path / "RTE" / "train.tsv", [("index", "sentence1", "sentence2", "label")]
-         + [(i, a, b, names[y]) for i, (a, b, y) in enumerate(RTE_ROWS)])
+    _tsv(
+        tmp_path / "RTE" / "train.tsv",
+        [("index", "sentence1", "sentence2", "label")] + [(i, a, b, names[y]) for i, (a, b, y) in enumerate(RTE_ROWS)],
+    )
     split = load_glue("rte", "train", tmp_path)
     assert split.texts_a == [a for a, _, _ in RTE_ROWS] and split.texts_b == [b for _, b, _ in RTE_ROWS]
     assert split.labels.tolist() == [y for _, _, y in RTE_ROWS]
@@ -189,18 +222,28 @@ def test_files_beside_given_splits_are_named(tmp_path):
 
     folder = write_corpus(tmp_path / "c")
     (folder / "more_train.txt").write_text(make_text(50, 3))
-    with pytest.warns(UserWarning, match=r"holds the splits train.txt, valid.txt, test.txt, so only those are "
-                      r"read; more_train.txt left out"):
+    with pytest.warns(
+        UserWarning,
+        match=r"holds the splits train.txt, valid.txt, test.txt, so only those are "
+        r"read; more_train.txt left out",
+    ):
         corpus = load_corpus(str(folder))
     assert corpus.train == make_text(300, 0)
 
 
-@pytest.mark.parametrize("content, found", [("", r"has no text \(only whitespace\);"), (" \n\t\n\n", r"has no text \(only whitespace\);"),
-                                            ("one line " * 1000, "has 1 document;")])
+@pytest.mark.parametrize(
+    "content, found",
+    [
+        ("", r"has no text \(only whitespace\);"),
+        (" \n\t\n\n", r"has no text \(only whitespace\);"),
+        ("one line " * 1000, "has 1 document;"),
+    ],
+)
 def test_corpus_without_documents_says_why(tmp_path, content, found):
     (tmp_path / "c.txt").write_text(content)
-    with pytest.raises(ValueError, match=f"corpus '.*c.txt' {found} need at least 3 documents .*separated by blank "
-                       "lines"):
+    with pytest.raises(
+        ValueError, match=f"corpus '.*c.txt' {found} need at least 3 documents .*separated by blank lines"
+    ):
         load_corpus(str(tmp_path / "c.txt"))
 
 
@@ -224,8 +267,9 @@ def test_glue_cola_in_glue_layout(tmp_path, data_dir):
     raw = data_dir / "glue" / "CoLA" / "raw"
     (tmp_path / "CoLA").mkdir()
     (tmp_path / "CoLA" / "train.tsv").write_bytes((raw / "in_domain_train.tsv").read_bytes())
-    (tmp_path / "CoLA" / "dev.tsv").write_bytes((raw / "in_domain_dev.tsv").read_bytes()
-                                                + (raw / "out_of_domain_dev.tsv").read_bytes())
+    (tmp_path / "CoLA" / "dev.tsv").write_bytes(
+        (raw / "in_domain_dev.tsv").read_bytes() + (raw / "out_of_domain_dev.tsv").read_bytes()
+    )
     for split in ("train", "dev"):
         mine, theirs = load_glue("cola", split, tmp_path), load_glue("cola", split, data_dir / "glue")
         assert mine.texts_a == theirs.texts_a and mine.labels.tolist() == theirs.labels.tolist()
@@ -241,10 +285,33 @@ def tiny_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("run")
     corpus = write_corpus(root / "corpus")
-    args = ["train", "--corpus", str(corpus), "--tokenizer", "bpe-300", "--cache-dir", str(root / "cache"),
-            "--set", "n_layer=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "block_size=16",
-            "--batch-size", "4", "--warmup-steps", "1", "--max-steps", "2", "--no-progress", "--no-tensorboard",
-            "--out-dir", str(root / "run")]
+    args = [
+        "train",
+        "--corpus",
+        str(corpus),
+        "--tokenizer",
+        "bpe-300",
+        "--cache-dir",
+        str(root / "cache"),
+        "--set",
+        "n_layer=1",
+        "--set",
+        "d_model=32",
+        "--set",
+        "n_heads=2",
+        "--set",
+        "block_size=16",
+        "--batch-size",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--max-steps",
+        "2",
+        "--no-progress",
+        "--no-tensorboard",
+        "--out-dir",
+        str(root / "run"),
+    ]
     assert main(args) == 0
     return root
 
@@ -275,8 +342,24 @@ def test_glue_command_reads_every_file_before_creating_folders(tiny_run, tmp_pat
     _tsv(tmp_path / "glue" / "RTE" / "train.tsv", rows)
     _tsv(tmp_path / "glue" / "RTE" / "dev.tsv", rows[:1])
     out = tmp_path / "study"
-    assert main(["glue", str(tiny_run / "run"), "--task", "rte", "--glue-dir", str(tmp_path / "glue"),
-                 "--epochs", "1", "--out-dir", str(out), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "glue",
+                str(tiny_run / "run"),
+                "--task",
+                "rte",
+                "--glue-dir",
+                str(tmp_path / "glue"),
+                "--epochs",
+                "1",
+                "--out-dir",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "RTE/dev.tsv has no labelled rows" in capsys.readouterr().err
     assert not out.exists()
 
@@ -287,8 +370,25 @@ def test_compare_reads_the_corpus_before_creating_folders(tmp_path, capsys):
 
     (tmp_path / "c.txt").write_bytes(make_text(40, 0).encode("utf-16"))
     out = tmp_path / "cmp"
-    assert main(["compare", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", "bpe-300", "--max-steps", "2",
-                 "--variants", "standard,coupled", "--out-dir", str(out), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "compare",
+                "--corpus",
+                str(tmp_path / "c.txt"),
+                "--tokenizer",
+                "bpe-300",
+                "--max-steps",
+                "2",
+                "--variants",
+                "standard,coupled",
+                "--out-dir",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "is not valid UTF-8 text" in capsys.readouterr().err
     assert not out.exists()
 
@@ -302,8 +402,11 @@ def test_broken_links_and_folders_named_txt(tmp_path):
     (folder / "old.txt").mkdir()
     assert load_corpus(str(folder), min_split_words=0).source["files"] == [str(folder / "a.txt")]
     (folder / "b.txt").symlink_to(tmp_path / "nowhere.txt")
-    with pytest.raises(FileNotFoundError, match=r"b.txt is a broken symbolic link \(to .*nowhere.txt\); expected a "
-                       "text file$"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"b.txt is a broken symbolic link \(to .*nowhere.txt\); expected a "
+        "text file$",
+    ):
         load_corpus(str(folder))
     from tests.conftest import write_corpus
 
@@ -335,12 +438,15 @@ def test_saved_config_without_a_field_compares_as_its_default():
     assert setting_differences(saved, cfg) == {"lr": (0.5, 0.001)}
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: d.update(tokens="x"), 'tokens="x" is a string; expected an object'),
-    (lambda d: d["tokens"].update(valid="12"), 'tokens.valid="12" is a string; expected an integer'),
-    (lambda d: d["text_sha256"].update(valid=None), "text_sha256.valid=null is null; expected a string"),
-    (lambda d: d.update(vocab_size="300"), 'vocab_size="300" is a string; expected an integer'),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(tokens="x"), 'tokens="x" is a string; expected an object'),
+        (lambda d: d["tokens"].update(valid="12"), 'tokens.valid="12" is a string; expected an integer'),
+        (lambda d: d["text_sha256"].update(valid=None), "text_sha256.valid=null is null; expected a string"),
+        (lambda d: d.update(vocab_size="300"), 'vocab_size="300" is a string; expected an integer'),
+    ],
+)
 def test_hand_edited_data_json_is_named_not_reported_as_changed_data(tiny_run, tmp_path, edit, message):
     """A data.json value of the wrong kind was reported as changed data ('vocab_size: 300 recorded, 300 now')."""
     import shutil

@@ -76,11 +76,24 @@ def base_run(tmp_path_factory):
     trained once for this module (the ``tiny_corpus`` text of ``tests/conftest.py``)."""
     root = tmp_path_factory.mktemp("retrofit")
     write_corpus(root / "corpus")
-    cfg = TrainConfig.from_dict(dict(
-        corpus=str(root / "corpus"), tokenizer="bpe-300", cache_dir=str(root / "cache"),
-        model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16, position="learned"), batch_size=4, max_steps=4,
-        warmup_steps=1, log_interval=1, eval_interval=4, eval_batches=2, out_dir=str(root / "base"), progress=False,
-        tensorboard=False, lr=3e-3))
+    cfg = TrainConfig.from_dict(
+        dict(
+            corpus=str(root / "corpus"),
+            tokenizer="bpe-300",
+            cache_dir=str(root / "cache"),
+            model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16, position="learned"),
+            batch_size=4,
+            max_steps=4,
+            warmup_steps=1,
+            log_interval=1,
+            eval_interval=4,
+            eval_batches=2,
+            out_dir=str(root / "base"),
+            progress=False,
+            tensorboard=False,
+            lr=3e-3,
+        )
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the tiny splits' "noisy estimate" warnings
         train(cfg)
@@ -107,8 +120,25 @@ def test_example_runs_end_to_end(base_run, tmp_path, capsys):
     out = tmp_path / "retrofit"
     threads = torch.get_num_threads()
     try:
-        ex.main(["--run", base_run.out_dir, "--seeds", "0", "1", "--steps", "3", "--batch-size", "4", "--warmup", "1",
-                 "--eval-windows", "4", "--out", str(out)])
+        ex.main(
+            [
+                "--run",
+                base_run.out_dir,
+                "--seeds",
+                "0",
+                "1",
+                "--steps",
+                "3",
+                "--batch-size",
+                "4",
+                "--warmup",
+                "1",
+                "--eval-windows",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
     finally:
         torch.set_num_threads(threads)  # main() pins one thread, as the experiment ran
     result = json.loads((out / "results.json").read_text())
@@ -135,8 +165,24 @@ def test_example_runs_end_to_end(base_run, tmp_path, capsys):
     assert f"| 1 | {a[1]:.3f} | {b[1]:.3f} | {b[1] - a[1]:+.3f} |" in readme
     # a seed run again in its own process reproduces its row (same batches, same initialisation)
     again = tmp_path / "again"
-    ex.main(["--run", base_run.out_dir, "--seeds", "1", "--steps", "3", "--batch-size", "4", "--warmup", "1",
-             "--eval-windows", "4", "--out", str(again)])
+    ex.main(
+        [
+            "--run",
+            base_run.out_dir,
+            "--seeds",
+            "1",
+            "--steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--warmup",
+            "1",
+            "--eval-windows",
+            "4",
+            "--out",
+            str(again),
+        ]
+    )
     torch.set_num_threads(threads)
     row = json.loads((again / "rows-seed1.json").read_text())
     for arm in ("as_is", "retrofit"):
@@ -146,8 +192,9 @@ def test_example_runs_end_to_end(base_run, tmp_path, capsys):
 def test_every_example_has_a_test():
     """docs/DESIGN.md: each script of ``examples/`` is tested in ``tests/examples/test_<name>.py``."""
     root = EXAMPLE.parent
-    untested = [p.name for p in sorted(root.glob("*.py"))
-                if not (Path(__file__).parent / f"test_{p.stem}.py").is_file()]
+    untested = [
+        p.name for p in sorted(root.glob("*.py")) if not (Path(__file__).parent / f"test_{p.stem}.py").is_file()
+    ]
     assert EXAMPLE.is_file() and not untested, f"examples without a test in tests/examples/: {untested}"
 
 
@@ -158,8 +205,11 @@ def test_check_resume_names_the_option_that_differs(tmp_path):
     (tmp_path / "rows-seed9.json").write_text(json.dumps({"seed": 9}))  # written before rows kept their settings
     ex.check_resume(tmp_path, json.loads(json.dumps(settings)))
     other = {**settings, "retrofit": {"freeze_base": True, "layers": None}}
-    with pytest.raises(ValueError, match=r"rows-seed0.json was computed with retrofit=\{'freeze_base': False.* but "
-                                         r"this run has retrofit=\{'freeze_base': True"):
+    with pytest.raises(
+        ValueError,
+        match=r"rows-seed0.json was computed with retrofit=\{'freeze_base': False.* but "
+        r"this run has retrofit=\{'freeze_base': True",
+    ):
         ex.check_resume(tmp_path, other)
     with pytest.raises(ValueError, match=r"computed with lr=0.0003 but this run has lr=0.001"):
         ex.check_resume(tmp_path, {**settings, "lr": 1e-3})
@@ -170,8 +220,20 @@ def test_check_resume_names_the_option_that_differs(tmp_path):
 def test_retrofit_options_are_recorded_and_a_different_resume_is_refused(base_run, tmp_path, capsys):
     out = tmp_path / "frozen"
     threads = torch.get_num_threads()
-    common = ["--run", base_run.out_dir, "--steps", "2", "--batch-size", "4", "--warmup", "1", "--eval-windows", "2",
-              "--out", str(out)]
+    common = [
+        "--run",
+        base_run.out_dir,
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "1",
+        "--eval-windows",
+        "2",
+        "--out",
+        str(out),
+    ]
     try:
         ex.main([*common, "--seeds", "0", "--freeze-base", "--layers", "0"])
         row = json.loads((out / "rows-seed0.json").read_text())

@@ -2,8 +2,10 @@ import random
 
 import pytest
 
-WORDS = ("alpha beta gamma delta river mountain city music film history science cell protein gene "
-         "patient study result the of and in to a is was for on with as by").split()
+WORDS = (
+    "alpha beta gamma delta river mountain city music film history science cell protein gene "
+    "patient study result the of and in to a is was for on with as by"
+).split()
 
 
 def _para(rng: random.Random, n: int) -> str:
@@ -27,7 +29,8 @@ def build_mini_data(tmp_path, monkeypatch):
     (root / "wiki-vital" / "train.txt").write_text("\n".join(arts))
     for split in ("valid", "test"):
         (root / "wikitext-2" / f"{split}.txt").write_text(
-            "\n".join(f" = Other {split} {i} = \n\n {_para(rng, 70)} \n" for i in range(6)))
+            "\n".join(f" = Other {split} {i} = \n\n {_para(rng, 70)} \n" for i in range(6))
+        )
     (root / "pubmed" / "abstracts.txt").write_text("\n\n".join(_para(rng, 90) for _ in range(400)) + "\n")
     for name in ("a", "b"):
         (root / "mixed-domain" / f"{name}.txt").write_text("\n\n".join(_para(rng, 50) for _ in range(200)) + "\n")

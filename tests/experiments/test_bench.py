@@ -11,8 +11,18 @@ from coupled_qk.experiments.bench.train import machine_info, machine_line, run_b
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.variants import MAIN_VARIANTS as VARIANTS
 
-MICRO = ["--set", "vocab_size=64", "--set", "block_size=16", "--set", "n_layer=1", "--set", "d_model=16",
-         "--set", "n_heads=2"]
+MICRO = [
+    "--set",
+    "vocab_size=64",
+    "--set",
+    "block_size=16",
+    "--set",
+    "n_layer=1",
+    "--set",
+    "d_model=16",
+    "--set",
+    "n_heads=2",
+]
 
 
 def _check_result(result, names, repeats, tokens_per_step):
@@ -34,8 +44,24 @@ def _check_result(result, names, repeats, tokens_per_step):
 
 
 def test_cli_writes_json_and_markdown(tmp_path, capsys):
-    rc = main(["bench", *MICRO, "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "1",
-               "--device", "cpu", "--out-dir", str(tmp_path)])
+    rc = main(
+        [
+            "bench",
+            *MICRO,
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "8",
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     result = json.loads((tmp_path / "bench-tiny-cpu.json").read_text())
     names = list(VARIANTS)

@@ -10,17 +10,30 @@ from coupled_qk.experiments.bench.cost_curve import flop_floor, train_step_flops
 from coupled_qk.experiments.bench.decode import paired_ratio
 from coupled_qk.models.config import GPTConfig
 
-MICRO = ["--set", "vocab_size=64", "--set", "block_size=16", "--set", "n_layer=1", "--set", "d_model=16",
-         "--set", "n_heads=2"]
+MICRO = [
+    "--set",
+    "vocab_size=64",
+    "--set",
+    "block_size=16",
+    "--set",
+    "n_layer=1",
+    "--set",
+    "d_model=16",
+    "--set",
+    "n_heads=2",
+]
 
 
 def test_train_step_flops_by_hand():
     # 1 layer, d_model 16, 2 heads of 8, d_ff 64, vocab 64; B=1, T=3 -> mean keys (3+1)/2 = 2
     std = GPTConfig(vocab_size=64, block_size=16, n_layer=1, d_model=16, n_heads=2)
-    per_token = (2 * 16 * (2 + 4) * 8 + 2 * 2 * 8 * 16  # qkv 1536 + out 512
-                 + 2 * 2 * 2 * 8 * 2  # scores and A v: 128
-                 + 4 * 16 * 64  # feed-forward 4096
-                 + 2 * 16 * 64)  # output head 2048
+    per_token = (
+        2 * 16 * (2 + 4) * 8
+        + 2 * 2 * 8 * 16  # qkv 1536 + out 512
+        + 2 * 2 * 2 * 8 * 2  # scores and A v: 128
+        + 4 * 16 * 64  # feed-forward 4096
+        + 2 * 16 * 64
+    )  # output head 2048
     assert per_token == 8320
     assert train_step_flops(std, 1, 3) == dict(forward=3 * 8320, step=9 * 8320, map_forward=0)
     # Euler, 1 step: one force evaluation on 2 heads (4 * 8 * 8 each = 256) + q and k updates (2 * 8 per head)
@@ -33,8 +46,16 @@ def test_train_step_flops_by_hand():
     leap = std.replace(attention="coupled", integrator="leapfrog", n_steps=2)
     assert train_step_flops(leap, 1, 3)["map_forward"] == 3 * (3 * 2 * 256 + 2 * 8 * (2 * 2 + 4 * 2))
     # shared keys under GQA (1 kv head): the force and key updates act on 1 head
-    gqa = GPTConfig(vocab_size=64, block_size=16, n_layer=1, d_model=16, n_heads=2, n_kv_heads=1,
-                    attention="coupled", qk_map={"keys_per_query_head": False})
+    gqa = GPTConfig(
+        vocab_size=64,
+        block_size=16,
+        n_layer=1,
+        d_model=16,
+        n_heads=2,
+        n_kv_heads=1,
+        attention="coupled",
+        qk_map={"keys_per_query_head": False},
+    )
     assert train_step_flops(gqa, 1, 3)["map_forward"] == 3 * (256 + 2 * 8 * (2 + 1))
 
 
@@ -47,9 +68,31 @@ def test_paired_ratio_interval():
 
 def test_decode_and_memory_modes(tmp_path):
     out = str(tmp_path)
-    assert main(["bench", *MICRO, "--mode", "decode", "--prefixes", "4,14", "--decode-batch-sizes", "1,2",
-                 "--new-tokens", "3", "--repeats", "2", "--device", "cpu", "--variants", "coupled",
-                 "--out-dir", out]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                *MICRO,
+                "--mode",
+                "decode",
+                "--prefixes",
+                "4,14",
+                "--decode-batch-sizes",
+                "1,2",
+                "--new-tokens",
+                "3",
+                "--repeats",
+                "2",
+                "--device",
+                "cpu",
+                "--variants",
+                "coupled",
+                "--out-dir",
+                out,
+            ]
+        )
+        == 0
+    )
     res = json.loads((tmp_path / "decode-tiny-cpu.json").read_text())
     assert [(c["batch"], c["prefix"]) for c in res["cells"]] == [(1, 4), (2, 4)]
     assert res["settings"]["skipped"] == [[1, 14], [2, 14]]  # 14 + 3 > block_size 16
@@ -59,9 +102,31 @@ def test_decode_and_memory_modes(tmp_path):
         assert cpl["tokens_per_s"] == pytest.approx(c["batch"] * 3 / np.median(cpl["times_s"]))
     assert "| batch | prefix |" in (tmp_path / "decode-tiny-cpu.md").read_text()
 
-    assert main(["bench", *MICRO, "--set", "n_kv_heads=1", "--mode", "memory", "--batch-size", "2", "--seq-len",
-                 "8", "--cache-len", "10", "--device", "cpu", "--variants", "coupled,uncoupled_mlp",
-                 "--out-dir", out]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                *MICRO,
+                "--set",
+                "n_kv_heads=1",
+                "--mode",
+                "memory",
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "8",
+                "--cache-len",
+                "10",
+                "--device",
+                "cpu",
+                "--variants",
+                "coupled,uncoupled_mlp",
+                "--out-dir",
+                out,
+            ]
+        )
+        == 0
+    )
     res = json.loads((tmp_path / "memory-tiny-cpu.json").read_text())["variants"]
     # KV cache: 1 layer x batch 1 x 10 positions x 8 wide x 4 bytes x (k heads + v heads)
     assert res["standard"]["kv_cache_bytes"] == 10 * 8 * 4 * (1 + 1)
@@ -74,12 +139,43 @@ def test_decode_and_memory_modes(tmp_path):
 
 @pytest.mark.slow
 def test_sweep_writes_the_cost_curve(tmp_path):
-    assert main(["bench", *MICRO, "--sweep", "--sweep-d-model", "16,32", "--sweep-seq-len", "4,8", "--sweep-n-steps",
-                 "1,2", "--variants", "coupled", "--batch-size", "2", "--repeats", "2",
-                 "--warmup", "1", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                *MICRO,
+                "--sweep",
+                "--sweep-d-model",
+                "16,32",
+                "--sweep-seq-len",
+                "4,8",
+                "--sweep-n-steps",
+                "1,2",
+                "--variants",
+                "coupled",
+                "--batch-size",
+                "2",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--device",
+                "cpu",
+                "--out-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     res = json.loads((tmp_path / "sweep-tiny-cpu.json").read_text())
     assert [(p["axis"], p["value"]) for p in res["points"]] == [
-        ("d_model", 16), ("d_model", 32), ("seq_len", 4), ("seq_len", 8), ("n_steps", 1), ("n_steps", 2)]
+        ("d_model", 16),
+        ("d_model", 32),
+        ("seq_len", 4),
+        ("seq_len", 8),
+        ("n_steps", 1),
+        ("n_steps", 2),
+    ]
     floors = [p["variants"]["coupled"]["floor"] for p in res["points"] if p["axis"] == "n_steps"]
     assert 1.0 < floors[0] < floors[1]
     assert (tmp_path / "sweep-tiny-cpu.png").stat().st_size > 0
@@ -90,9 +186,13 @@ def test_mfu_markdown_uses_the_flop_count():
     from coupled_qk.experiments.bench.cost_curve import mfu_markdown
 
     cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=1, d_model=16, n_heads=2)
-    res = dict(preset="micro", settings=dict(config=cfg.to_dict(), variants=["standard"], batch_size=1, seq_len=3,
-                                             tokens_per_step=3, compile=False),
-               variants={"standard": dict(tokens_per_s=1e9)})
+    res = dict(
+        preset="micro",
+        settings=dict(
+            config=cfg.to_dict(), variants=["standard"], batch_size=1, seq_len=3, tokens_per_step=3, compile=False
+        ),
+        variants={"standard": dict(tokens_per_s=1e9)},
+    )
     # 3 x 8320 FLOPs per token (test_train_step_flops_by_hand) x 1e9 tokens/s = 24.96 TFLOP/s; of 100 -> 25.0%
     assert "| micro | off | standard | 1,000,000,000 | 25.0 | 25.0% |" in mfu_markdown([res], 100.0)
 
@@ -120,12 +220,29 @@ def test_memory_mode_honours_dtype_and_compile(tmp_path, monkeypatch):
 
         def broken(*a, **k):
             raise RuntimeError("backend exploded\nmore")
+
         return broken
 
     monkeypatch.setattr(bench_decode.torch, "compile", fake_compile)
     out = str(tmp_path)
-    args = ["bench", *MICRO, "--mode", "memory", "--batch-size", "2", "--seq-len", "8", "--cache-len", "4",
-            "--device", "cpu", "--variants", "coupled", "--out-dir", out]
+    args = [
+        "bench",
+        *MICRO,
+        "--mode",
+        "memory",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--cache-len",
+        "4",
+        "--device",
+        "cpu",
+        "--variants",
+        "coupled",
+        "--out-dir",
+        out,
+    ]
     assert main(args + ["--dtype", "bf16"]) == 0
     assert seen and set(seen) == {torch.bfloat16}
     res = json.loads((tmp_path / "memory-tiny-cpu-bf16.json").read_text())
@@ -144,4 +261,3 @@ def test_memory_mode_honours_dtype_and_compile(tmp_path, monkeypatch):
     for v in res["variants"].values():
         assert v["compiled"] is False and v["compile_error"] == "RuntimeError: backend exploded"
     assert "compile failed" in (tmp_path / "memory-tiny-cpu-compile.md").read_text()
-

@@ -10,16 +10,38 @@ from coupled_qk.cli import build_parser, main
 from coupled_qk.commands import bench
 
 MODES = ("train", "decode", "memory", "fastpath", "sweep")
-RUNNERS = dict(train="run_bench", decode="run_decode", memory="run_memory", fastpath="run_fastpath",
-               sweep="run_sweep")
+RUNNERS = dict(train="run_bench", decode="run_decode", memory="run_memory", fastpath="run_fastpath", sweep="run_sweep")
 VALUES = {  # a value other than the default for every option that only some modes use
-    "--dtype": "bf16", "--compile": None, "--n-steps": "2", "--seq-len": "8", "--batch-size": "3", "--warmup": "4",
-    "--repeats": "2", "--modes": "eager-fp32", "--peers": "", "--no-decode": None, "--prefixes": "4",
-    "--decode-batch-sizes": "2", "--new-tokens": "3", "--cache-len": "8", "--sweep-d-model": "32",
-    "--sweep-seq-len": "16", "--sweep-n-steps": "3",
+    "--dtype": "bf16",
+    "--compile": None,
+    "--n-steps": "2",
+    "--seq-len": "8",
+    "--batch-size": "3",
+    "--warmup": "4",
+    "--repeats": "2",
+    "--modes": "eager-fp32",
+    "--peers": "",
+    "--no-decode": None,
+    "--prefixes": "4",
+    "--decode-batch-sizes": "2",
+    "--new-tokens": "3",
+    "--cache-len": "8",
+    "--sweep-d-model": "32",
+    "--sweep-seq-len": "16",
+    "--sweep-n-steps": "3",
 }
-MICRO = ["--set", "vocab_size=64", "--set", "block_size=128", "--set", "n_layer=1", "--set", "d_model=16",
-         "--set", "n_heads=2"]
+MICRO = [
+    "--set",
+    "vocab_size=64",
+    "--set",
+    "block_size=128",
+    "--set",
+    "n_layer=1",
+    "--set",
+    "d_model=16",
+    "--set",
+    "n_heads=2",
+]
 
 
 class Measured(Exception):
@@ -36,13 +58,15 @@ def _option_args(options) -> list[str]:
 
 def _call(mode: str, options, out_dir, monkeypatch):
     """What ``bench`` hands to ``mode``'s runner for ``options`` (a dict of its arguments), or the ValueError."""
+
     def record(*args, **kwargs):
         raise Measured(repr(args) + repr(sorted((k, v) for k, v in kwargs.items() if k != "log")))
 
     for name in RUNNERS.values():
         monkeypatch.setattr(bench, name, record)
-    args = build_parser("bench").parse_args(["bench", *MICRO, *_mode_args(mode), *_option_args(options),
-                                             "--out-dir", str(out_dir)])
+    args = build_parser("bench").parse_args(
+        ["bench", *MICRO, *_mode_args(mode), *_option_args(options), "--out-dir", str(out_dir)]
+    )
     try:
         bench.run(args)
     except Measured as m:
@@ -87,7 +111,8 @@ def test_refusals_are_one_line(capsys, tmp_path):
     assert main(["bench", "--mode", "decode", "--dtype", "bf16", "--out-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "coupled-qk bench: error: --dtype=bf16 does not apply to --mode decode (it measures eager fp32 decoding; "
-        "--dtype is for --mode train and memory)"]
+        "--dtype is for --mode train and memory)"
+    ]
     assert main(["bench", "--sweep", "--mode", "memory", "--out-dir", str(tmp_path)]) == 2
     assert "--sweep and --mode memory cannot be combined" in capsys.readouterr().err
     assert main(["bench", "--mode", "fastpath", "--no-decode", "--new-tokens", "3", "--out-dir", str(tmp_path)]) == 2

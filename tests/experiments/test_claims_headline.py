@@ -13,10 +13,24 @@ CLAIMS = Path(__file__).resolve().parents[2] / "docs" / "results" / "claims"
 
 
 def _report(status="complete", mean=-0.61, low=-1.2, high=-0.02, n=10):
-    c1 = {"claim": "C1", "n": n, "expected_n": 10, "status": status, "mean": mean, "low": low, "high": high,
-          "power": 0.93, "mde80": 0.81, "first_epoch": {"mean": -0.755, "low": -1.787, "high": 0.276, "n": 5}}
-    return {"design": "cpu-converged", "epochs": 8.0, "chosen_lr": {"standard": 0.004, "coupled": 0.004},
-            "claims": [c1]}
+    c1 = {
+        "claim": "C1",
+        "n": n,
+        "expected_n": 10,
+        "status": status,
+        "mean": mean,
+        "low": low,
+        "high": high,
+        "power": 0.93,
+        "mde80": 0.81,
+        "first_epoch": {"mean": -0.755, "low": -1.787, "high": 0.276, "n": 5},
+    }
+    return {
+        "design": "cpu-converged",
+        "epochs": 8.0,
+        "chosen_lr": {"standard": 0.004, "coupled": 0.004},
+        "claims": [c1],
+    }
 
 
 @pytest.mark.parametrize("status,n", [("running (5 of 10 pairs)", 5), ("running (9 of 10 pairs)", 9)])
@@ -26,9 +40,14 @@ def test_no_statement_before_c1_is_complete(status, n):
     assert "%" not in text  # no effect size is quoted from an incomplete cell
 
 
-@pytest.mark.parametrize("mean,low,high,reading", [(-0.61, -1.2, -0.02, "coupling lowers it"),
-                                                   (0.5, 0.1, 0.9, "coupling raises it"),
-                                                   (-0.3, -0.9, 0.3, "no change detectable")])
+@pytest.mark.parametrize(
+    "mean,low,high,reading",
+    [
+        (-0.61, -1.2, -0.02, "coupling lowers it"),
+        (0.5, 0.1, 0.9, "coupling raises it"),
+        (-0.3, -0.9, 0.3, "no change detectable"),
+    ],
+)
 def test_complete_c1_is_stated_with_interval_seeds_and_regime(mean, low, high, reading):
     text = converged_headline(_report(mean=mean, low=low, high=high), 270_841)
     assert f"): {reading} (power" in text and "lies outside this interval" in text
@@ -42,11 +61,14 @@ def test_committed_headline_is_the_committed_reports():
     from coupled_qk.experiments.claims.converged import CPU_CONVERGED
 
     assert (CLAIMS / "cpu-converged-readme.md").read_text().strip() == converged_headline(
-        report, CPU_CONVERGED.train_tokens)
+        report, CPU_CONVERGED.train_tokens
+    )
     c1 = next(r for r in report["claims"] if r["claim"] == "C1")
     if c1["status"] == "complete":  # the sentence quotes the report's own interval
-        assert re.search(re.escape(f"{c1['mean']:+.2f}% [{c1['low']:+.2f}, {c1['high']:+.2f}]"),
-                         converged_headline(report, CPU_CONVERGED.train_tokens))
+        assert re.search(
+            re.escape(f"{c1['mean']:+.2f}% [{c1['low']:+.2f}, {c1['high']:+.2f}]"),
+            converged_headline(report, CPU_CONVERGED.train_tokens),
+        )
 
 
 def test_the_papers_value_inside_the_interval_is_said_so():

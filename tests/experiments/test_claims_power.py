@@ -26,15 +26,16 @@ def test_se_of_a_committed_row_equals_the_per_seed_spread():
     row = next(r for r in json.loads((CLAIMS / "cpu.json").read_text())["rows"] if r["id"] == "C1")
     per_seed = row["details"]["per_seed_percent"]
     assert t_interval_se(row["low"], row["high"], row["n"]) == pytest.approx(
-        statistics.stdev(per_seed) / len(per_seed) ** 0.5, rel=1e-5)
+        statistics.stdev(per_seed) / len(per_seed) ** 0.5, rel=1e-5
+    )
 
 
 @pytest.mark.parametrize("n, effect", [(3, 4.0), (5, 2.5), (5, -1.0)])
 def test_power_matches_a_simulated_t_test(n, effect):
     """Draw n seeds with the given mean and an sd giving se = 1, run the two-sided t test, count rejections."""
     rng = np.random.default_rng(0)
-    draws = rng.normal(effect, n ** 0.5, size=(40_000, n))  # sd sqrt(n): se of the mean = 1
-    t = draws.mean(1) / (draws.std(1, ddof=1) / n ** 0.5)
+    draws = rng.normal(effect, n**0.5, size=(40_000, n))  # sd sqrt(n): se of the mean = 1
+    t = draws.mean(1) / (draws.std(1, ddof=1) / n**0.5)
     simulated = float(np.mean(np.abs(t) > sps.t.ppf(0.975, n - 1)))
     assert power_two_sided(effect, 1.0, n) == pytest.approx(simulated, abs=0.01)
 
@@ -45,9 +46,12 @@ def test_power_at_zero_is_alpha_and_the_detectable_effect_has_the_asked_power():
     assert power_two_sided(mde, 0.7, 4) == pytest.approx(0.8, abs=1e-9)
     assert power_two_sided(-mde, 0.7, 4) == pytest.approx(0.8, abs=1e-9)  # two-sided: symmetric
     assert detectable_effect(0.7, 4, power=0.9) > mde > detectable_effect(0.7, 20)  # more seeds, smaller effects
-    for call, message in [(lambda: t_interval_se(0, 1, 1), "n=1"), (lambda: power_two_sided(1, 0, 3), "se=0"),
-                          (lambda: detectable_effect(1, 3, power=0.01), "power=0.01"),
-                          (lambda: t_interval_se(1, 0, 3), "low <= high")]:
+    for call, message in [
+        (lambda: t_interval_se(0, 1, 1), "n=1"),
+        (lambda: power_two_sided(1, 0, 3), "se=0"),
+        (lambda: detectable_effect(1, 3, power=0.01), "power=0.01"),
+        (lambda: t_interval_se(1, 0, 3), "low <= high"),
+    ]:
         with pytest.raises(ValueError, match=message):
             call()
 
@@ -68,14 +72,23 @@ def test_the_detectable_effect_exists_with_two_or_three_seeds(n):
     mde = detectable_effect(1.3, n)
     assert power_two_sided(mde, 1.3, n) == pytest.approx(0.8, abs=1e-9)
     rng = np.random.default_rng(1)
-    draws = rng.normal(mde, 1.3 * n ** 0.5, size=(40_000, n))
-    t = draws.mean(1) / (draws.std(1, ddof=1) / n ** 0.5)
+    draws = rng.normal(mde, 1.3 * n**0.5, size=(40_000, n))
+    t = draws.mean(1) / (draws.std(1, ddof=1) / n**0.5)
     assert float(np.mean(np.abs(t) > sps.t.ppf(0.975, n - 1))) == pytest.approx(0.8, abs=0.01)
 
 
 def _row(cid, low, high, paper, in_ci, verdict="not reproduced at this scale", n=5):
-    return {"id": cid, "claim": "x", "mean": (low + high) / 2, "low": low, "high": high, "n": n, "verdict": verdict,
-            "paper_effect": paper, "paper_effect_in_ci": in_ci}
+    return {
+        "id": cid,
+        "claim": "x",
+        "mean": (low + high) / 2,
+        "low": low,
+        "high": high,
+        "n": n,
+        "verdict": verdict,
+        "paper_effect": paper,
+        "paper_effect_in_ci": in_ci,
+    }
 
 
 def test_readings_separate_excluded_from_inconclusive():

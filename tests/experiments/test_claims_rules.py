@@ -73,9 +73,12 @@ def test_c11_reads_the_glue_results(tmp_path):
     rec = Records(get_protocol("cpu-short"), {})
     with pytest.raises(NotReady, match="GLUE"):
         c11(rec, tmp_path / "missing.json")
-    rows = [{"task": t, "variant": v, "seed": s, "score": base + (gain if v == "coupled" else 0.0) + 0.01 * s}
-            for t, base, gain in (("sst2", 0.80, 0.0), ("rte", 0.55, 0.001)) for v in ("standard", "coupled")
-            for s in range(3)]
+    rows = [
+        {"task": t, "variant": v, "seed": s, "score": base + (gain if v == "coupled" else 0.0) + 0.01 * s}
+        for t, base, gain in (("sst2", 0.80, 0.0), ("rte", 0.55, 0.001))
+        for v in ("standard", "coupled")
+        for s in range(3)
+    ]
     path = tmp_path / "glue.json"
     import json
 
@@ -136,8 +139,14 @@ def test_extra_seeds_join_their_base_cell(tmp_path):
             for variant, value in ppl.items():
                 path = record_path(tmp_path, "cpu", cell, variant, seed)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                rec = {"cell": cell, "variant": variant, "seed": seed, "tokens": 1, "train_seconds": 1.0,
-                       "final": {"test/perplexity": value + 0.1 * seed * (variant == "coupled") + 0.3 * seed}}
+                rec = {
+                    "cell": cell,
+                    "variant": variant,
+                    "seed": seed,
+                    "tokens": 1,
+                    "train_seconds": 1.0,
+                    "final": {"test/perplexity": value + 0.1 * seed * (variant == "coupled") + 0.3 * seed},
+                }
                 path.write_text(json.dumps(rec))
     rec = Records.load(tmp_path, protocol)
     assert c1(rec)["n"] == 5 and c4(rec)["n"] == 5
@@ -173,8 +182,12 @@ def test_identical_runs_of_another_protocol_are_reused(tmp_path):
     path = record_path(tmp_path, "cpu-short", "wv-tiny", "coupled", 0)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"config": settings_of(train_config(tiny_short, "coupled", 0, Path("r"), Path("d")))}))
-    assert same_run_elsewhere(tmp_path, "cpu", "wv-tiny", "coupled", 0,
-                              train_config(tiny, "coupled", 0, Path("r"), Path("d"))) is None  # 4x the tokens
+    assert (
+        same_run_elsewhere(
+            tmp_path, "cpu", "wv-tiny", "coupled", 0, train_config(tiny, "coupled", 0, Path("r"), Path("d"))
+        )
+        is None
+    )  # 4x the tokens
 
 
 def test_c11_on_the_committed_glue_results_is_uninformative():
@@ -211,16 +224,26 @@ def test_sample_efficiency_matches_final_perplexities_across_budgets(tmp_path):
         path = record_path(tmp_path, "cpu", cell, variant, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
         curve = [[tokens // 2, 3.0], [tokens, log_ppl]]
-        path.write_text(json.dumps({"cell": cell, "variant": variant, "seed": seed, "tokens": tokens,
-                                    "train_seconds": seconds, "curve": {"valid": curve},
-                                    "final": {"test/perplexity": math.exp(log_ppl)}}))
+        path.write_text(
+            json.dumps(
+                {
+                    "cell": cell,
+                    "variant": variant,
+                    "seed": seed,
+                    "tokens": tokens,
+                    "train_seconds": seconds,
+                    "curve": {"valid": curve},
+                    "final": {"test/perplexity": math.exp(log_ppl)},
+                }
+            )
+        )
 
     def run(coupled_log_ppl):
         for seed in range(3):
             write("wv-tiny", "standard", seed, 5.0 + 0.01 * seed, 1000, 10.0)
             write("wv-tiny-2x", "standard", seed, 4.6 + 0.01 * seed, 2000, 20.0)
             # coupled took 2**0.25 times standard's time: wall-clock matched standard sits at 5.0 - 0.4 * 0.25
-            write("wv-tiny", "coupled", seed, coupled_log_ppl + 0.012 * seed, 1000, 10.0 * 2 ** 0.25)
+            write("wv-tiny", "coupled", seed, coupled_log_ppl + 0.012 * seed, 1000, 10.0 * 2**0.25)
         return c6(Records.load(tmp_path, get_protocol("cpu")))
 
     def expected(coupled_log_ppl):  # standard's loss falls 0.4 nats per doubling
@@ -228,7 +251,7 @@ def test_sample_efficiency_matches_final_perplexities_across_budgets(tmp_path):
 
     row = run(4.8)
     assert row["mean"] == pytest.approx(expected(4.8)) and row["n"] == 3
-    assert row["mean"] == pytest.approx(2 ** 0.5, rel=0.01)
+    assert row["mean"] == pytest.approx(2**0.5, rel=0.01)
     assert row["verdict"] == "reproduced" and row["details"]["extrapolated_outside_1x_2x"] == 0
     matched = row["details"]["wallclock_matched_ppl_percent_coupled_vs_standard"]["mean"]
     assert matched == pytest.approx(sum(100 * (math.exp(-0.1 + 0.002 * s) - 1) for s in range(3)) / 3)
@@ -240,9 +263,9 @@ def test_sample_efficiency_matches_final_perplexities_across_budgets(tmp_path):
 def test_budget_to_match_interpolates_in_log_budget():
     from coupled_qk.experiments import stats
 
-    assert stats.budget_to_match([1, 2], [5.0, 4.6], 4.8) == (pytest.approx(2 ** 0.5), False)
-    assert stats.budget_to_match([1, 2, 4], [5.0, 4.6, 4.4], 4.5) == (pytest.approx(2 ** 1.5), False)
-    assert stats.budget_to_match([1, 2], [5.0, 4.6], 4.4) == (pytest.approx(2 ** 1.5), True)
+    assert stats.budget_to_match([1, 2], [5.0, 4.6], 4.8) == (pytest.approx(2**0.5), False)
+    assert stats.budget_to_match([1, 2, 4], [5.0, 4.6, 4.4], 4.5) == (pytest.approx(2**1.5), False)
+    assert stats.budget_to_match([1, 2], [5.0, 4.6], 4.4) == (pytest.approx(2**1.5), True)
     assert stats.budget_to_match([1, 2], [5.0, 5.1], 4.9) is None  # loss does not fall with budget
     with pytest.raises(ValueError, match="increasing"):
         stats.budget_to_match([2, 1], [5.0, 4.6], 4.8)
@@ -250,15 +273,14 @@ def test_budget_to_match_interpolates_in_log_budget():
         stats.budget_to_match([1], [5.0], 4.8)
 
 
-
 def test_loss_at_budget_is_the_inverse_of_budget_to_match():
     """Hand-computed: losses 5.0 at 1 and 4.6 at 2 -> 4.8 at sqrt(2) (half-way in log budget), 4.2 at 4
     (extrapolated); and reading the loss back at budget_to_match's budget returns the target."""
     from coupled_qk.experiments import stats
 
-    assert stats.loss_at_budget([1, 2], [5.0, 4.6], 2 ** 0.5) == pytest.approx(4.8)
+    assert stats.loss_at_budget([1, 2], [5.0, 4.6], 2**0.5) == pytest.approx(4.8)
     assert stats.loss_at_budget([1, 2], [5.0, 4.6], 4) == pytest.approx(4.2)
-    assert stats.loss_at_budget([1, 2, 4], [5.0, 4.6, 4.4], 2 ** 1.5) == pytest.approx(4.5)
+    assert stats.loss_at_budget([1, 2, 4], [5.0, 4.6, 4.4], 2**1.5) == pytest.approx(4.5)
     assert stats.loss_at_budget([1, 2, 4], [5.0, 4.6, 4.4], 0.5) == pytest.approx(5.4)
     for target in (4.95, 4.5, 4.3):
         budget, _ = stats.budget_to_match([1, 2, 4], [5.0, 4.6, 4.4], target)
@@ -281,9 +303,19 @@ def test_differential_comparison_table_pairs_cells_by_seed(tmp_path):
     def write(cell, variant, seed, ppl):
         path = record_path(tmp_path, "cpu", cell, variant, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"cell": cell, "variant": variant, "seed": seed, "tokens": 1,
-                                    "train_seconds": 1.0, "wall_seconds": 60.0,
-                                    "final": {"test/perplexity": ppl}}))
+        path.write_text(
+            json.dumps(
+                {
+                    "cell": cell,
+                    "variant": variant,
+                    "seed": seed,
+                    "tokens": 1,
+                    "train_seconds": 1.0,
+                    "wall_seconds": 60.0,
+                    "final": {"test/perplexity": ppl},
+                }
+            )
+        )
 
     for seed in range(3):
         write("wv-tiny", "standard", seed, 100.0 + 10 * seed)
@@ -310,11 +342,22 @@ def test_token_trend_pools_budget_ladder_and_fits_slopes_per_seed(tmp_path):
     def write(protocol, cell, variant, seed, tokens, ppl):
         path = record_path(tmp_path, protocol, cell, variant, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"cell": cell, "variant": variant, "seed": seed, "tokens": tokens,
-                                    "train_seconds": 1.0, "wall_seconds": 60.0, "final": {"test/perplexity": ppl}}))
+        path.write_text(
+            json.dumps(
+                {
+                    "cell": cell,
+                    "variant": variant,
+                    "seed": seed,
+                    "tokens": tokens,
+                    "train_seconds": 1.0,
+                    "wall_seconds": 60.0,
+                    "final": {"test/perplexity": ppl},
+                }
+            )
+        )
 
     intercepts, slopes = (1.0, 3.0, -1.0), (-1.0, -2.0, -3.0)
-    ladder = (("cpu-short", "wv-tiny", 2 ** 18), ("cpu", "wv-tiny", 2 ** 20), ("cpu", "wv-tiny-2x", 2 ** 21))
+    ladder = (("cpu-short", "wv-tiny", 2**18), ("cpu", "wv-tiny", 2**20), ("cpu", "wv-tiny-2x", 2**21))
     for seed in range(3):
         for protocol, cell, tokens in ladder:
             pct = intercepts[seed] + slopes[seed] * (math.log2(tokens) - 18)
@@ -325,7 +368,7 @@ def test_token_trend_pools_budget_ladder_and_fits_slopes_per_seed(tmp_path):
     assert trend["slope"]["mean"] == pytest.approx(-2.0)
     half = st.t.ppf(0.975, 2) / math.sqrt(3)
     assert (trend["slope"]["low"], trend["slope"]["high"]) == (pytest.approx(-2 - half), pytest.approx(-2 + half))
-    assert [b["tokens"] for b in trend["budgets"]] == [2 ** 18, 2 ** 20, 2 ** 21]
+    assert [b["tokens"] for b in trend["budgets"]] == [2**18, 2**20, 2**21]
     assert [b["mean"] for b in trend["budgets"]] == pytest.approx([1.0, -3.0, -5.0]), trend["budgets"]
     # the cpu-short report pools the same ladder; with only one budget per seed there is no slope
     assert token_trend(tmp_path, get_protocol("cpu-short"))["slope"]["mean"] == pytest.approx(-2.0)
@@ -346,8 +389,19 @@ def test_report_says_whether_the_papers_value_is_inside_our_interval(tmp_path, c
         for variant, ppl in (("standard", 100.0 + 10 * seed), ("coupled", (100.0 + 10 * seed) * (1 + change / 100))):
             path = record_path(tmp_path, "cpu", "wv-tiny", variant, seed)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"cell": "wv-tiny", "variant": variant, "seed": seed, "tokens": 1,
-                                        "train_seconds": 1.0, "wall_seconds": 60.0, "final": {"test/perplexity": ppl}}))
+            path.write_text(
+                json.dumps(
+                    {
+                        "cell": "wv-tiny",
+                        "variant": variant,
+                        "seed": seed,
+                        "tokens": 1,
+                        "train_seconds": 1.0,
+                        "wall_seconds": 60.0,
+                        "final": {"test/perplexity": ppl},
+                    }
+                )
+            )
     report = build_report(get_protocol("cpu"), tmp_path)
     c1 = next(r for r in report["rows"] if r["id"] == "C1")
     assert c1["mean"] == pytest.approx(sum(changes) / 3)
@@ -379,8 +433,15 @@ def test_a_pending_wikitext2_evaluation_is_completed_when_the_run_folder_is_here
     cfg = claims_runs.train_config(cell, "standard", 0, run_dir, tmp_path)
     path = claims_runs.record_path(out_dir, "smoke", "wv-tiny", "standard", 0)
     path.parent.mkdir(parents=True)
-    record = {"cell": "wv-tiny", "variant": "standard", "seed": 0, "config": claims_runs.settings_of(cfg),
-              "final": {"test/perplexity": 100.0}, "wt2_pending": True, "run_dir": "elsewhere/seed0"}
+    record = {
+        "cell": "wv-tiny",
+        "variant": "standard",
+        "seed": 0,
+        "config": claims_runs.settings_of(cfg),
+        "final": {"test/perplexity": 100.0},
+        "wt2_pending": True,
+        "run_dir": "elsewhere/seed0",
+    }
     path.write_text(json.dumps(record))
 
     def execute():
@@ -417,10 +478,21 @@ def test_rank_perplexity_correlation_separates_within_cell_from_pooled(tmp_path)
                 points.append((cell, rank, ppl))
                 path = record_path(tmp_path, "cpu", cell, variant, seed)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps({
-                    "cell": cell, "variant": variant, "seed": seed, "tokens": 1, "train_seconds": 1.0,
-                    "wall_seconds": 60.0, "config": {"tokenizer": tok}, "final": {"test/perplexity": ppl},
-                    "diagnostics": {"effective_rank": rank}}))
+                path.write_text(
+                    json.dumps(
+                        {
+                            "cell": cell,
+                            "variant": variant,
+                            "seed": seed,
+                            "tokens": 1,
+                            "train_seconds": 1.0,
+                            "wall_seconds": 60.0,
+                            "config": {"tokenizer": tok},
+                            "final": {"test/perplexity": ppl},
+                            "diagnostics": {"effective_rank": rank},
+                        }
+                    )
+                )
     for seed in (3, 4):  # extra seeds of wv-tiny: counted once, in wv-tiny's group
         for j, variant in enumerate(("standard", "coupled")):
             rank = 10.0 + seed + 0.5 * j
@@ -428,10 +500,21 @@ def test_rank_perplexity_correlation_separates_within_cell_from_pooled(tmp_path)
             points.append(("wv-tiny", rank, ppl))
             path = record_path(tmp_path, "cpu", "wv-tiny-seeds", variant, seed)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({
-                "cell": "wv-tiny-seeds", "variant": variant, "seed": seed, "tokens": 1, "train_seconds": 1.0,
-                "wall_seconds": 60.0, "config": {"tokenizer": tok}, "final": {"test/perplexity": ppl},
-                "diagnostics": {"effective_rank": rank}}))
+            path.write_text(
+                json.dumps(
+                    {
+                        "cell": "wv-tiny-seeds",
+                        "variant": variant,
+                        "seed": seed,
+                        "tokens": 1,
+                        "train_seconds": 1.0,
+                        "wall_seconds": 60.0,
+                        "config": {"tokenizer": tok},
+                        "final": {"test/perplexity": ppl},
+                        "diagnostics": {"effective_rank": rank},
+                    }
+                )
+            )
     report = build_report(protocol, tmp_path)
     corr = next(r for r in report["rows"] if r["id"] == "C13")["details"]["rank_vs_ppl"]
     cells, ranks, ppls = zip(*points)
@@ -466,8 +549,9 @@ def test_a_record_made_in_another_precision_is_not_reused(tmp_path, monkeypatch)
     from coupled_qk.training import distributed
 
     cell = get_protocol("cpu-short").cell("wv-tiny")
-    cfg = dataclasses.replace(train_config(cell, "coupled", 1, Path("runs/x"), Path("data")), device="cpu",
-                              compile=True)
+    cfg = dataclasses.replace(
+        train_config(cell, "coupled", 1, Path("runs/x"), Path("data")), device="cpu", compile=True
+    )
     path = tmp_path / "seed1.json"
     path.write_text(json.dumps({"config": settings_of(cfg), "precision": "fp32"}))
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)

@@ -22,8 +22,21 @@ def smoke(tmp_path_factory):
 
     data = build_mini_data(tmp, mp)
     out = tmp / "out"
-    rc = main(["claims", "--protocol", "smoke", "--out-dir", str(out), "--run-root", str(tmp / "runs"),
-               "--data-dir", str(data), "--cache-dir", str(tmp / "derived")])
+    rc = main(
+        [
+            "claims",
+            "--protocol",
+            "smoke",
+            "--out-dir",
+            str(out),
+            "--run-root",
+            str(tmp / "runs"),
+            "--data-dir",
+            str(data),
+            "--cache-dir",
+            str(tmp / "derived"),
+        ]
+    )
     assert rc == 0
     yield out
     mp.undo()
@@ -106,8 +119,25 @@ def test_finished_runs_are_reused(smoke, tmp_path, capsys):
     """A second invocation trains nothing: every run comes from its record."""
     before = {p: p.stat().st_mtime_ns for p in (smoke / "runs").rglob("*.json")}
     assert main(["claims", "--protocol", "smoke", "--out-dir", str(smoke), "--report-only", "--no-figures"]) == 0
-    assert main(["claims", "--protocol", "smoke", "--out-dir", str(smoke), "--run-root", str(tmp_path / "none"),
-                 "--data-dir", str(tmp_path / "nodata"), "--cells", "wv-tiny", "--no-figures"]) == 0
+    assert (
+        main(
+            [
+                "claims",
+                "--protocol",
+                "smoke",
+                "--out-dir",
+                str(smoke),
+                "--run-root",
+                str(tmp_path / "none"),
+                "--data-dir",
+                str(tmp_path / "nodata"),
+                "--cells",
+                "wv-tiny",
+                "--no-figures",
+            ]
+        )
+        == 0
+    )
     assert {p: p.stat().st_mtime_ns for p in (smoke / "runs").rglob("*.json")} == before
 
 
@@ -121,8 +151,23 @@ def test_gpu_protocols_are_defined_not_run(tmp_path):
 def test_converged_only_flags_are_refused_not_ignored(flag, tmp_path, capsys):
     """A flag of the converged protocols is an error (exit 2, naming it) on the others, before anything is
     trained or written."""
-    assert main(["claims", "--protocol", "smoke", *flag, "--out-dir", str(tmp_path / "out"),
-                 "--run-root", str(tmp_path / "runs"), "--data-dir", str(tmp_path / "nodata")]) == 2
+    assert (
+        main(
+            [
+                "claims",
+                "--protocol",
+                "smoke",
+                *flag,
+                "--out-dir",
+                str(tmp_path / "out"),
+                "--run-root",
+                str(tmp_path / "runs"),
+                "--data-dir",
+                str(tmp_path / "nodata"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"{flag[0]} applies only to the converged protocols" in err and "toy-converged" in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()

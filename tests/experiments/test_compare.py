@@ -17,7 +17,11 @@ def test_plan_is_variant_major_with_the_variants_overrides(tmp_path):
     base = TrainConfig(max_steps=3, model={"n_layer": 1})
     plan = plan_comparison(base, ["standard", "coupled-leapfrog"], [0, 1], tmp_path)
     assert [(p.keys["variant"], p.keys["seed"]) for p in plan] == [
-        ("standard", 0), ("standard", 1), ("coupled_leapfrog", 0), ("coupled_leapfrog", 1)]
+        ("standard", 0),
+        ("standard", 1),
+        ("coupled_leapfrog", 0),
+        ("coupled_leapfrog", 1),
+    ]
     assert plan[3].config.out_dir == str(tmp_path / "coupled_leapfrog" / "seed1") and plan[3].config.seed == 1
     assert plan[3].config.model == {"n_layer": 1, "attention": "coupled", "integrator": "leapfrog"}
     assert plan[0].config.model == {"n_layer": 1, "attention": "standard"} and plan[0].label == "standard seed 0"
@@ -26,8 +30,12 @@ def test_plan_is_variant_major_with_the_variants_overrides(tmp_path):
 
 
 def _record(run: PlannedRun, test_ppl: float, seconds: float) -> RunRecord:
-    results = {"final": {"valid/perplexity": test_ppl + 1, "test/perplexity": test_ppl}, "params": 1000,
-               "tokens": 4096, "train_seconds": seconds}
+    results = {
+        "final": {"valid/perplexity": test_ppl + 1, "test/perplexity": test_ppl},
+        "params": 1000,
+        "tokens": 4096,
+        "train_seconds": seconds,
+    }
     return RunRecord(run, "ran", results, run.config, seconds)
 
 
@@ -38,8 +46,12 @@ def test_summary_means_spreads_and_the_change_against_standard(tmp_path):
     records = [_record(run, p, 60.0 * (i + 1)) for i, (run, p) in enumerate(zip(plan, ppl))]
     for run in plan:  # loss curves read each run's metrics.jsonl
         run.run_dir.path.mkdir(parents=True)
-        run.run_dir.metrics_path.write_text(json.dumps({"step": 1, "tokens": 64, "train/loss": 3.0}) + "\n" +
-                                            json.dumps({"step": 2, "tokens": 128, "valid/loss": 2.5}) + "\n")
+        run.run_dir.metrics_path.write_text(
+            json.dumps({"step": 1, "tokens": 64, "train/loss": 3.0})
+            + "\n"
+            + json.dumps({"step": 2, "tokens": 128, "valid/loss": 2.5})
+            + "\n"
+        )
     report = analyze_comparison(records, base, [0, 1])
     summary = report.json["results.json"]
     std, cpl = summary["variants"]["standard"], summary["variants"]["coupled"]
@@ -47,7 +59,9 @@ def test_summary_means_spreads_and_the_change_against_standard(tmp_path):
     assert cpl["test_perplexity"]["mean"] == 18.5 and cpl["valid_perplexity"]["values"] == [19.0, 20.0]
     assert cpl["overrides"] == {"attention": "coupled", "integrator": "euler"}
     assert std["minutes"] == 1.5 and cpl["minutes"] == 3.5  # mean train seconds / 60
-    assert [r["seed"] for r in cpl["runs"]] == [0, 1] and cpl["runs"][1]["run_dir"] == str(tmp_path / "coupled" / "seed1")
+    assert [r["seed"] for r in cpl["runs"]] == [0, 1] and cpl["runs"][1]["run_dir"] == str(
+        tmp_path / "coupled" / "seed1"
+    )
     assert "test_word_perplexity" not in std  # only metrics the runs have
     table = comparison_table(summary).splitlines()
     assert table[2] == "| standard | 22.00 ± 1.41 | 21.00 ± 1.41 | - | - | +0.0% | 1,000 | 4,096 | 1.5 |"
@@ -72,6 +86,7 @@ def test_loss_curves_of_runs_without_training_loss_records_warn_nothing(tmp_path
         warnings.simplefilter("error")
         report.plots["loss_curves.png"](tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
 
 def test_table_shows_bits_per_byte_and_labels_a_subsampled_evaluation(tmp_path):
     base = TrainConfig(max_steps=3)
@@ -112,8 +127,9 @@ def test_runs_stopped_early_are_marked_and_a_change_from_other_budgets_is_withhe
     """`compare --max-minutes 0.02` printed "coupled_leapfrog -14.1% vs standard" from 11,520 vs 15,616 tokens."""
     base = TrainConfig(max_steps=300)
     plan = plan_comparison(base, ["standard", "coupled_leapfrog", "coupled"], [0], tmp_path)
-    records = _budget_records(plan, [(20.0, 15616, "max_minutes"), (17.0, 11520, "max_minutes"),
-                                     (19.0, 15616, "completed")])
+    records = _budget_records(
+        plan, [(20.0, 15616, "max_minutes"), (17.0, 11520, "max_minutes"), (19.0, 15616, "completed")]
+    )
     summary = analyze_comparison(records, base, [0]).json["results.json"]
     assert summary["variants"]["coupled_leapfrog"]["runs"][0]["stop_reason"] == "max_minutes"
     table = comparison_table(summary).splitlines()
@@ -122,21 +138,27 @@ def test_runs_stopped_early_are_marked_and_a_change_from_other_budgets_is_withhe
     assert " | 11,520 | " in table[3]
     assert table[4].startswith("| coupled | ") and " | -5.0% | " in table[4]  # the same tokens: shown
     assert any(line.startswith("(unfinished): a run stopped early") for line in table)
-    assert ("Warning: the runs were trained on different numbers of tokens (11,520 to 15,616); the change against "
-            "standard is withheld for coupled_leapfrog (unfinished runs).") in table
+    assert (
+        "Warning: the runs were trained on different numbers of tokens (11,520 to 15,616); the change against "
+        "standard is withheld for coupled_leapfrog (unfinished runs)."
+    ) in table
 
 
 def test_different_budgets_of_finished_runs_are_flagged_and_seeds_show_a_range(tmp_path):
     """Runs ended by their own early-stopping rule differ in tokens too: the change is shown with a warning."""
     base = TrainConfig(max_steps=300)
     plan = plan_comparison(base, ["standard", "coupled"], [0, 1], tmp_path)
-    records = _budget_records(plan, [(20.0, 4096, "completed"), (20.0, 4096, "completed"),
-                                     (19.0, 2048, "patience"), (19.0, 4096, "completed")])
+    records = _budget_records(
+        plan,
+        [(20.0, 4096, "completed"), (20.0, 4096, "completed"), (19.0, 2048, "patience"), (19.0, 4096, "completed")],
+    )
     table = comparison_table(analyze_comparison(records, base, [0, 1]).json["results.json"]).splitlines()
     assert "unfinished" not in "\n".join(table)
     assert " | -5.0% | " in table[3] and " | 2,048 to 4,096 | " in table[3]
-    assert table[-1] == ("Warning: the runs were trained on different numbers of tokens (2,048 to 4,096); for coupled "
-                         "it compares different budgets (the runs' own early stopping).")
+    assert table[-1] == (
+        "Warning: the runs were trained on different numbers of tokens (2,048 to 4,096); for coupled "
+        "it compares different budgets (the runs' own early stopping)."
+    )
 
 
 def test_cli_dry_run_prints_the_plan_with_what_each_run_would_do(tmp_path, capsys):
@@ -146,13 +168,27 @@ def test_cli_dry_run_prints_the_plan_with_what_each_run_would_do(tmp_path, capsy
     from coupled_qk.commands.train import train_config_from_args
 
     out = tmp_path / "cmp"
-    argv = ["compare", "--preset", "tiny", "--max-steps", "3", "--variants", "standard,coupled", "--seeds", "0,1",
-            "--out-dir", str(out), "--device", "cpu"]
+    argv = [
+        "compare",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "3",
+        "--variants",
+        "standard,coupled",
+        "--seeds",
+        "0,1",
+        "--out-dir",
+        str(out),
+        "--device",
+        "cpu",
+    ]
     assert main([*argv, "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"coupled-qk compare: 4 runs (2 variants x 2 seeds) -> {out}"
-    assert lines[1:] == [f"  {v} seed {s} -> {out / v / f'seed{s}'}: new" for v in ("standard", "coupled")
-                         for s in (0, 1)] + ["  4 runs: 4 new"]
+    assert lines[1:] == [
+        f"  {v} seed {s} -> {out / v / f'seed{s}'}: new" for v in ("standard", "coupled") for s in (0, 1)
+    ] + ["  4 runs: 4 new"]
     assert not out.exists()
     base = train_config_from_args(build_parser("compare").parse_args(argv))  # the command's base config
     finished = plan_comparison(base, ["standard"], [0], out)[0]

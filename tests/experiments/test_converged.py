@@ -26,8 +26,14 @@ D = CPU_CONVERGED
 
 
 def _rec(loss, stop="patience", curve=None, tokens=2_400_000, epochs=8.0):
-    return {"best": {"metric": "valid/loss", "value": loss, "tokens": tokens}, "final": {"valid/loss": loss},
-            "stop_reason": stop, "curve": {"valid": curve or []}, "tokens": tokens, "epochs": epochs}
+    return {
+        "best": {"metric": "valid/loss", "value": loss, "tokens": tokens},
+        "final": {"valid/loss": loss},
+        "stop_reason": stop,
+        "curve": {"valid": curve or []},
+        "tokens": tokens,
+        "epochs": epochs,
+    }
 
 
 def _grid(losses: dict, stop="patience") -> dict:
@@ -42,8 +48,11 @@ def _grid(losses: dict, stop="patience") -> dict:
 def test_grid_first_then_verdict_stages_at_each_variants_own_rate():
     p = plan(D, {})
     assert [s for s, _ in p.cells] == ["grid"] * 3 and p.waiting and p.epochs is None
-    interior = {"standard": {1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.3}, "coupled": {1e-3: 3.3, 2e-3: 3.05, 4e-3: 3.2},
-                "uncoupled_mlp": {1e-3: 3.4, 2e-3: 3.1, 4e-3: 3.15}}
+    interior = {
+        "standard": {1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.3},
+        "coupled": {1e-3: 3.3, 2e-3: 3.05, 4e-3: 3.2},
+        "uncoupled_mlp": {1e-3: 3.4, 2e-3: 3.1, 4e-3: 3.15},
+    }
     p = plan(D, _grid(interior))
     assert p.chosen_lr == {"standard": 2e-3, "coupled": 2e-3, "uncoupled_mlp": 2e-3} and p.epochs == 8.0
     stages = {s: c for s, c in p.cells if s != "grid"}
@@ -62,8 +71,11 @@ def test_grid_first_then_verdict_stages_at_each_variants_own_rate():
 
 
 def test_an_edge_optimum_adds_the_next_rate_once_and_waits_for_it():
-    edge = {"standard": {1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.3}, "coupled": {1e-3: 3.3, 2e-3: 3.2, 4e-3: 3.0},
-            "uncoupled_mlp": {1e-3: 3.0, 2e-3: 3.1, 4e-3: 3.15}}
+    edge = {
+        "standard": {1e-3: 3.2, 2e-3: 3.1, 4e-3: 3.3},
+        "coupled": {1e-3: 3.3, 2e-3: 3.2, 4e-3: 3.0},
+        "uncoupled_mlp": {1e-3: 3.0, 2e-3: 3.1, 4e-3: 3.15},
+    }
     recs = _grid(edge)
     p = plan(D, recs)
     extra = {c.name: c.variants for s, c in p.cells[3:]}
@@ -93,8 +105,15 @@ def test_a_two_variant_design_without_matched_or_fresh_seeds_plans_only_its_main
 
     for (cell, v, s), r in [*recs.items(), *(((main.name, v, s), _rec(3.0)) for v in P.variants for s in (0, 1, 2))]:
         ppl = 150.0 * (1 + 0.01 * s) * (0.99 if v == "coupled" else 1.0)
-        full = {**r, "protocol": P.name, "cell": cell, "variant": v, "seed": s, "config": {"lr": 2e-3},
-                "final": {**r["final"], "test/perplexity": ppl}}
+        full = {
+            **r,
+            "protocol": P.name,
+            "cell": cell,
+            "variant": v,
+            "seed": s,
+            "config": {"lr": 2e-3},
+            "final": {**r["final"], "test/perplexity": ppl},
+        }
         path = tmp_path / "runs" / P.name / cell / v / f"seed{s}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(full))
@@ -133,13 +152,20 @@ def test_committed_gpu_configs_come_from_the_design():
 
 def _cli(*args, cwd):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread, as the in-process re-run below: same reductions
-    return subprocess.run([sys.executable, "-m", "coupled_qk.cli", "claims", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=1200, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "coupled_qk.cli", "claims", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=1200,
+        env=env,
+    )
 
 
 def test_gpu_plan_mode_trains_nothing_and_checks_the_data(tmp_path):
-    res = _cli("--protocol", "gpu-60m", "--plan", "--data-dir", str(tmp_path), "--out-dir", str(tmp_path / "o"),
-               cwd=tmp_path)
+    res = _cli(
+        "--protocol", "gpu-60m", "--plan", "--data-dir", str(tmp_path), "--out-dir", str(tmp_path / "o"), cwd=tmp_path
+    )
     assert res.returncode == 0, res.stderr
     assert "[grid] gpu-60m-grid-lr0.0006 coupled seed 100" in res.stdout
     assert "MISSING wiki.train.tokens" in res.stdout and "cost estimate" in res.stdout
@@ -151,8 +177,9 @@ def test_gpu_plan_mode_trains_nothing_and_checks_the_data(tmp_path):
 @pytest.mark.slow
 def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
     out, runs = tmp_path / "out", tmp_path / "runs"
-    res = _cli("--protocol", "toy-converged", "--out-dir", str(out), "--run-root", str(runs), "--no-figures",
-               cwd=tmp_path)
+    res = _cli(
+        "--protocol", "toy-converged", "--out-dir", str(out), "--run-root", str(runs), "--no-figures", cwd=tmp_path
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((out / "toy-converged.json").read_text())
     assert all(c["done"] == c["planned"] for c in report["progress"].values())
@@ -163,28 +190,55 @@ def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
         assert r["best"]["metric"] == "valid/loss" and r["final_from"].startswith("best-")
     # C1 recomputed independently: mean of the per-seed relative changes of test perplexity
     main = "toy-converged-main"
-    d = [100 * (recs[(main, "coupled", s)]["final"]["test/perplexity"] /
-                recs[(main, "standard", s)]["final"]["test/perplexity"] - 1) for s in TOY_CONVERGED.seeds]
+    d = [
+        100
+        * (
+            recs[(main, "coupled", s)]["final"]["test/perplexity"]
+            / recs[(main, "standard", s)]["final"]["test/perplexity"]
+            - 1
+        )
+        for s in TOY_CONVERGED.seeds
+    ]
     c1 = next(c for c in report["claims"] if c["claim"] == "C1")
     assert c1["mean"] == pytest.approx(sum(d) / len(d)) and c1["n"] == 3
     sd = math.sqrt(sum((x - c1["mean"]) ** 2 for x in d) / 2)
     assert c1["high"] - c1["mean"] == pytest.approx(4.302653 * sd / math.sqrt(3), rel=1e-5)  # t_{0.975, 2}
     # C6 with fresh data, recomputed from the raw records: total test nats over the 1x tokenizer's test tokens
     fresh = "toy-converged-fresh"
-    d = [100 * (recs[(main, "coupled", s)]["final"]["test/perplexity"] /
-                math.exp(recs[(fresh, "standard", s)]["final"]["test/nll"] /
-                         recs[(main, "coupled", s)]["final"]["test/n_tokens"]) - 1) for s in TOY_CONVERGED.fresh_seeds]
+    d = [
+        100
+        * (
+            recs[(main, "coupled", s)]["final"]["test/perplexity"]
+            / math.exp(
+                recs[(fresh, "standard", s)]["final"]["test/nll"] / recs[(main, "coupled", s)]["final"]["test/n_tokens"]
+            )
+            - 1
+        )
+        for s in TOY_CONVERGED.fresh_seeds
+    ]
     c6f = next(c for c in report["claims"] if c["claim"] == "C6-fresh")
     assert c6f["n"] == 2 and c6f["mean"] == pytest.approx(sum(d) / len(d))
-    assert recs[(fresh, "standard", 0)]["data"]["tokens"]["train"] > 2 * recs[(main, "standard", 0)]["data"]["tokens"]["train"]
+    assert (
+        recs[(fresh, "standard", 0)]["data"]["tokens"]["train"]
+        > 2 * recs[(main, "standard", 0)]["data"]["tokens"]["train"]
+    )
     # each run of the main stage used its variant's chosen rate
     for (cell, v, _), r in recs.items():
         if cell == main:
             assert r["config"]["lr"] == report["chosen_lr"][v]
     # `claims --verify`: the run of one record re-trained from scratch in a fresh folder matches it exactly
     rec_path = out / "runs" / "toy-converged" / main / "coupled" / "seed1.json"
-    res = _cli("--protocol", "toy-converged", "--verify", str(rec_path), "--run-root", str(runs), "--tolerance", "0",
-               cwd=tmp_path)
+    res = _cli(
+        "--protocol",
+        "toy-converged",
+        "--verify",
+        str(rec_path),
+        "--run-root",
+        str(runs),
+        "--tolerance",
+        "0",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0 and "MATCH: test/loss differs by +0" in res.stdout, res.stdout + res.stderr[-2000:]
     assert (runs / "verify" / "toy-converged" / main / "coupled" / "seed1").is_dir()
     # a record whose stored loss is off is caught (the verified run folder is reused, nothing retrained)
@@ -200,18 +254,23 @@ def test_verify_refuses_what_is_not_a_record_of_the_protocol(tmp_path, capsys):
 
     good = tmp_path / "out" / "runs" / "toy-converged" / "toy-converged-main" / "coupled" / "seed1.json"
     good.parent.mkdir(parents=True)
-    good.write_text(json.dumps({"protocol": "toy-converged", "cell": "toy-converged-main", "variant": "coupled",
-                                "seed": 1, "final": {}}))
+    good.write_text(
+        json.dumps(
+            {"protocol": "toy-converged", "cell": "toy-converged-main", "variant": "coupled", "seed": 1, "final": {}}
+        )
+    )
     moved = tmp_path / "seed1.json"
     moved.write_text(good.read_text())
     (tmp_path / "bad.json").write_text("{")
-    cases = [(["--verify", str(tmp_path / "none.json")], "no such record file"),
-             (["--verify", str(good.parent)], "is a folder; expected one run record file"),
-             (["--verify", str(tmp_path / "bad.json")], "is not a JSON run record"),
-             (["--verify", str(moved)], "must stay where the study wrote it"),
-             (["--verify", str(good), "--plan"], "--plan cannot be combined"),
-             (["--verify", str(good), "--tolerance", "-1"], "--tolerance"),
-             (["--verify", str(good), "--protocol", "cpu"], "not of --protocol 'cpu'")]
+    cases = [
+        (["--verify", str(tmp_path / "none.json")], "no such record file"),
+        (["--verify", str(good.parent)], "is a folder; expected one run record file"),
+        (["--verify", str(tmp_path / "bad.json")], "is not a JSON run record"),
+        (["--verify", str(moved)], "must stay where the study wrote it"),
+        (["--verify", str(good), "--plan"], "--plan cannot be combined"),
+        (["--verify", str(good), "--tolerance", "-1"], "--tolerance"),
+        (["--verify", str(good), "--protocol", "cpu"], "not of --protocol 'cpu'"),
+    ]
     for extra, message in cases:
         args = ["claims", "--protocol", "toy-converged", "--run-root", str(tmp_path / "runs"), *extra]
         if "--protocol" in extra:
@@ -280,9 +339,25 @@ def test_a_design_runs_under_torchrun_and_records_the_one_process_run(tmp_path):
     the same run trained by one process (same global batches; float summation order aside)."""
     out, runs = tmp_path / "out", tmp_path / "runs"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "coupled_qk.cli",
-           "claims", "--protocol", "toy-converged", "--out-dir", str(out), "--run-root", str(runs), "--no-figures",
-           "--max-runs", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "coupled_qk.cli",
+        "claims",
+        "--protocol",
+        "toy-converged",
+        "--out-dir",
+        str(out),
+        "--run-root",
+        str(runs),
+        "--no-figures",
+        "--max-runs",
+        "2",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=900, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     recs = sorted((out / "runs" / "toy-converged").glob("*/*/seed*.json"))
@@ -298,7 +373,9 @@ def test_a_design_runs_under_torchrun_and_records_the_one_process_run(tmp_path):
     from coupled_qk.training.loop import train
 
     cell = next(c for _, c in make_plan(TOY_CONVERGED, {}).cells if c.name == rec["cell"])
-    again = train(train_config(cell, rec["variant"], rec["seed"], tmp_path / "one", default_cache_dir() / "claims-data"))
+    again = train(
+        train_config(cell, rec["variant"], rec["seed"], tmp_path / "one", default_cache_dir() / "claims-data")
+    )
     assert again["final"]["test/loss"] == pytest.approx(rec["final"]["test/loss"], abs=1e-4)
 
 
@@ -309,11 +386,38 @@ def test_the_gpu_protocol_at_toy_size_runs_on_a_cpu(tmp_path):
     from coupled_qk.data.paths import default_data_dir
     from coupled_qk.experiments.claims.converged import TOY_GPU_60M
 
-    assert {k: v for k, v in TOY_GPU_60M.base.items() if k not in ("preset", "batch_size", "warmup_steps",
-            "eval_batches", "log_interval", "patience", "dtype", "compile", "checkpoint_minutes", "model")} == {
-        k: v for k, v in GPU_60M.base.items() if k not in ("preset", "batch_size", "warmup_steps", "eval_batches",
-                                                        "log_interval", "patience", "dtype", "compile",
-                                                        "checkpoint_minutes")}
+    assert {
+        k: v
+        for k, v in TOY_GPU_60M.base.items()
+        if k
+        not in (
+            "preset",
+            "batch_size",
+            "warmup_steps",
+            "eval_batches",
+            "log_interval",
+            "patience",
+            "dtype",
+            "compile",
+            "checkpoint_minutes",
+            "model",
+        )
+    } == {
+        k: v
+        for k, v in GPU_60M.base.items()
+        if k
+        not in (
+            "preset",
+            "batch_size",
+            "warmup_steps",
+            "eval_batches",
+            "log_interval",
+            "patience",
+            "dtype",
+            "compile",
+            "checkpoint_minutes",
+        )
+    }
     lines = (default_data_dir() / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").splitlines(keepends=True)
     data = tmp_path / "data"
     (data / "wikitext-103").mkdir(parents=True)
@@ -323,10 +427,23 @@ def test_the_gpu_protocol_at_toy_size_runs_on_a_cpu(tmp_path):
     out, runs = tmp_path / "out", tmp_path / "runs"
     plan = _cli("--protocol", "toy-gpu-60m", "--plan", "--data-dir", str(data), "--out-dir", str(out), cwd=tmp_path)
     assert plan.returncode == 0 and "[grid] toy-gpu-60m-grid-lr0.001 coupled seed 100" in plan.stdout, plan.stderr
-    res = _cli("--protocol", "toy-gpu-60m", "--data-dir", str(data), "--out-dir", str(out), "--run-root", str(runs),
-               "--max-runs", "2", "--no-figures", cwd=tmp_path)
+    res = _cli(
+        "--protocol",
+        "toy-gpu-60m",
+        "--data-dir",
+        str(data),
+        "--out-dir",
+        str(out),
+        "--run-root",
+        str(runs),
+        "--max-runs",
+        "2",
+        "--no-figures",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     recs = [json.loads(p.read_text()) for p in (out / "runs" / "toy-gpu-60m").glob("*/*/seed*.json")]
-    assert len(recs) == 2 and all(r["config"]["corpus"] == "wikitext-103" and r["config"]["tokenizer"] == "gpt2"
-                                  for r in recs)
+    assert len(recs) == 2 and all(
+        r["config"]["corpus"] == "wikitext-103" and r["config"]["tokenizer"] == "gpt2" for r in recs
+    )
     assert (out / "toy-gpu-60m.json").is_file()

@@ -11,12 +11,25 @@ from coupled_qk.experiments.claims.converged_fresh import fresh_records, to_refe
 
 
 def _rec(n_valid, n_test, valid_loss, test_loss, curve=(), best_tokens=1000, cell="c", seed=0):
-    final = {"valid/n_tokens": n_valid, "valid/n_bytes": 4000, "valid/loss": valid_loss,
-             "test/n_tokens": n_test, "test/n_bytes": 20000, "test/loss": test_loss, "test/nll": test_loss * n_test,
-             "test/perplexity": math.exp(test_loss)}
-    return {"cell": cell, "variant": "standard", "seed": seed, "final": final, "tokens": 2000,
-            "curve": {"valid": [list(x) for x in curve]},
-            "best": {"metric": "valid/loss", "value": valid_loss, "tokens": best_tokens}}
+    final = {
+        "valid/n_tokens": n_valid,
+        "valid/n_bytes": 4000,
+        "valid/loss": valid_loss,
+        "test/n_tokens": n_test,
+        "test/n_bytes": 20000,
+        "test/loss": test_loss,
+        "test/nll": test_loss * n_test,
+        "test/perplexity": math.exp(test_loss),
+    }
+    return {
+        "cell": cell,
+        "variant": "standard",
+        "seed": seed,
+        "final": final,
+        "tokens": 2000,
+        "curve": {"valid": [list(x) for x in curve]},
+        "best": {"metric": "valid/loss", "value": valid_loss, "tokens": best_tokens},
+    }
 
 
 def test_same_token_counts_change_nothing():
@@ -60,10 +73,12 @@ def test_other_text_or_missing_counts_are_refused():
 
 
 def test_fresh_records_rewrites_only_the_fresh_cell_with_its_seeds_partner():
-    recs = {("fresh", "standard", 0): _rec(900, 4500, 5.0, 5.0, cell="fresh"),
-            ("fresh", "standard", 1): _rec(900, 4500, 5.0, 5.0, cell="fresh", seed=1),
-            ("main", "coupled", 0): _rec(1000, 5000, 5.2, 5.2, cell="main"),
-            ("main", "standard", 0): _rec(1000, 5000, 5.3, 5.3, cell="main")}
+    recs = {
+        ("fresh", "standard", 0): _rec(900, 4500, 5.0, 5.0, cell="fresh"),
+        ("fresh", "standard", 1): _rec(900, 4500, 5.0, 5.0, cell="fresh", seed=1),
+        ("main", "coupled", 0): _rec(1000, 5000, 5.2, 5.2, cell="main"),
+        ("main", "standard", 0): _rec(1000, 5000, 5.3, 5.3, cell="main"),
+    }
     out = fresh_records(recs, ("fresh", "standard"), ("main", "coupled"))
     assert ("fresh", "standard", 1) not in out  # no coupled seed 1 to pair with
     assert out[("fresh", "standard", 0)]["final"]["test/loss"] == pytest.approx(4.5)
@@ -87,13 +102,20 @@ REC_FIELDS = COUNTS + ("valid/loss", "test/nll")
 _MISSING = object()
 
 
-@given(st.sampled_from([("rec", k) for k in REC_FIELDS] + [("ref", k) for k in COUNTS]),
-       st.sampled_from([_MISSING, None, "5", True, math.nan, math.inf, -math.inf, [1]]) | st.integers(max_value=0)
-       | st.floats(0.01, 1e6).filter(lambda f: not f.is_integer()))
+@given(
+    st.sampled_from([("rec", k) for k in REC_FIELDS] + [("ref", k) for k in COUNTS]),
+    st.sampled_from([_MISSING, None, "5", True, math.nan, math.inf, -math.inf, [1]])
+    | st.integers(max_value=0)
+    | st.floats(0.01, 1e6).filter(lambda f: not f.is_integer()),
+)
 def test_a_missing_or_malformed_field_is_one_error_naming_it(where, bad):
     side, key = where
-    if key in ("valid/loss", "test/nll") and isinstance(bad, (int, float)) and not isinstance(bad, bool) \
-            and math.isfinite(bad):
+    if (
+        key in ("valid/loss", "test/nll")
+        and isinstance(bad, (int, float))
+        and not isinstance(bad, bool)
+        and math.isfinite(bad)
+    ):
         return  # any finite loss is a loss
     rec, ref = _rec(900, 4500, 5.0, 5.0, curve=[(900, 5.5)]), _rec(1000, 5000, 5.2, 5.2)
     final = (rec if side == "rec" else ref)["final"]
@@ -105,14 +127,21 @@ def test_a_missing_or_malformed_field_is_one_error_naming_it(where, bad):
         to_reference(rec, ref)
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("final", None, "no 'final' metrics"), ("final", [1], "no 'final' metrics"),
-    ("curve", "x", "curve="), ("curve", {"valid": 3}, r"curve\['valid'\]="),
-    ("curve", {"valid": [[1]]}, "expected \\[tokens, loss\\]"), ("curve", {"valid": [[1, None]]}, "curve"),
-    ("best", "x", "best="), ("best", {"metric": "valid/loss"}, r"best\['value'\]=None"),
-    ("best", {"metric": "valid/loss", "value": 5.0, "tokens": "9"}, r"best\['tokens'\]"),
-    ("tokens", "2000", "tokens='2000'"),
-])
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("final", None, "no 'final' metrics"),
+        ("final", [1], "no 'final' metrics"),
+        ("curve", "x", "curve="),
+        ("curve", {"valid": 3}, r"curve\['valid'\]="),
+        ("curve", {"valid": [[1]]}, "expected \\[tokens, loss\\]"),
+        ("curve", {"valid": [[1, None]]}, "curve"),
+        ("best", "x", "best="),
+        ("best", {"metric": "valid/loss"}, r"best\['value'\]=None"),
+        ("best", {"metric": "valid/loss", "value": 5.0, "tokens": "9"}, r"best\['tokens'\]"),
+        ("tokens", "2000", "tokens='2000'"),
+    ],
+)
 def test_malformed_parts_of_the_fresh_record_are_named(field, value, match):
     rec = _rec(900, 4500, 5.0, 5.0, curve=[(900, 5.5)])
     rec[field] = value

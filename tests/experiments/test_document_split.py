@@ -30,16 +30,24 @@ def _refused(data: Path, tmp_path: Path, match: str, **kw) -> None:
     """``document_split`` with ``kw`` raises a ValueError matching ``match`` and writes nothing (not even next to
     ``out_root``)."""
     base = Path(tempfile.mkdtemp(dir=tmp_path))
-    args = dict(data_dir=data, out_root=base / "derived", name="split", source="pubmed", valid_docs=5,
-                test_docs=10, train_fraction=0.5)
+    args = dict(
+        data_dir=data,
+        out_root=base / "derived",
+        name="split",
+        source="pubmed",
+        valid_docs=5,
+        test_docs=10,
+        train_fraction=0.5,
+    )
     with pytest.raises(ValueError, match=match):
         document_split(**{**args, **kw})
     assert list(base.iterdir()) == []
 
 
 def test_a_good_split_writes_its_folder_only(data, tmp_path):
-    out = document_split(data, tmp_path / "derived", "split", source="pubmed", valid_docs=5, test_docs=10,
-                         train_fraction=0.5)
+    out = document_split(
+        data, tmp_path / "derived", "split", source="pubmed", valid_docs=5, test_docs=10, train_fraction=0.5
+    )
     assert out == tmp_path / "derived" / "split"
     assert sorted(p.name for p in out.iterdir()) == ["source.txt", "test.txt", "train.txt", "valid.txt"]
     assert [p.name for p in (tmp_path / "derived").iterdir()] == ["split"]
@@ -48,8 +56,9 @@ def test_a_good_split_writes_its_folder_only(data, tmp_path):
 
 
 # names the pattern [A-Za-z0-9_.-]+ refuses, and the two it admits that point outside out_root ("." and "..")
-BAD_NAMES = st.sampled_from([".", "..", "", "a/b", "../x", "/abs", "a b", "é"]) | st.text(min_size=1, max_size=8).filter(
-    lambda s: any(not (c.isascii() and (c.isalnum() or c in "_.-")) for c in s))
+BAD_NAMES = st.sampled_from([".", "..", "", "a/b", "../x", "/abs", "a b", "é"]) | st.text(
+    min_size=1, max_size=8
+).filter(lambda s: any(not (c.isascii() and (c.isalnum() or c in "_.-")) for c in s))
 
 
 @FIXTURE_SETTINGS
@@ -59,15 +68,16 @@ def test_a_name_that_leaves_out_root_or_is_not_folder_safe_is_refused(data, tmp_
 
 
 @FIXTURE_SETTINGS
-@given(st.floats(allow_nan=True, allow_infinity=True).filter(lambda f: not (0 < f <= 1) or not math.isfinite(f))
-       | st.sampled_from([0, -1, 2, True, "0.5", None]))
+@given(
+    st.floats(allow_nan=True, allow_infinity=True).filter(lambda f: not (0 < f <= 1) or not math.isfinite(f))
+    | st.sampled_from([0, -1, 2, True, "0.5", None])
+)
 def test_a_training_fraction_outside_0_1_or_not_a_number_is_refused(data, tmp_path, fraction):
     _refused(data, tmp_path, "train_fraction=", train_fraction=fraction)
 
 
 @FIXTURE_SETTINGS
-@given(st.sampled_from(["valid_docs", "test_docs"]),
-       st.integers(max_value=0) | st.sampled_from([True, 2.0, "3", None]))
+@given(st.sampled_from(["valid_docs", "test_docs"]), st.integers(max_value=0) | st.sampled_from([True, 2.0, "3", None]))
 def test_a_document_count_that_is_not_a_positive_integer_is_refused(data, tmp_path, arg, count):
     _refused(data, tmp_path, f"{arg}=", **{arg: count})
 

@@ -16,22 +16,42 @@ T_975_2 = 4.302652729911275  # Student t quantile, 0.975, 2 degrees of freedom (
 
 
 def _rec(variant, lr, seed, acc, d=16, difficulty="easy"):
-    return {"difficulty": difficulty, "variant": variant, "d_model": d, "lr": lr, "seed": seed, "accuracy": acc,
-            "status": "ran"}
+    return {
+        "difficulty": difficulty,
+        "variant": variant,
+        "d_model": d,
+        "lr": lr,
+        "seed": seed,
+        "accuracy": acc,
+        "status": "ran",
+    }
 
 
 def test_seed_cells_and_table_match_a_hand_computation():
     # best over the two learning rates, per seed: standard 0.6, 0.8, 0.7; coupled 0.9, 0.8, 1.0
-    records = [_rec("standard", 1e-3, 0, 0.6), _rec("standard", 2e-3, 0, 0.5),
-               _rec("standard", 1e-3, 1, 0.3), _rec("standard", 2e-3, 1, 0.8),
-               _rec("standard", 1e-3, 2, 0.7), _rec("standard", 2e-3, 2, 0.7),
-               _rec("coupled", 1e-3, 0, 0.9), _rec("coupled", 2e-3, 0, 0.2),
-               _rec("coupled", 1e-3, 1, 0.8), _rec("coupled", 2e-3, 1, 0.1),
-               _rec("coupled", 1e-3, 2, 0.4), _rec("coupled", 2e-3, 2, 1.0)]
+    records = [
+        _rec("standard", 1e-3, 0, 0.6),
+        _rec("standard", 2e-3, 0, 0.5),
+        _rec("standard", 1e-3, 1, 0.3),
+        _rec("standard", 2e-3, 1, 0.8),
+        _rec("standard", 1e-3, 2, 0.7),
+        _rec("standard", 2e-3, 2, 0.7),
+        _rec("coupled", 1e-3, 0, 0.9),
+        _rec("coupled", 2e-3, 0, 0.2),
+        _rec("coupled", 1e-3, 1, 0.8),
+        _rec("coupled", 2e-3, 1, 0.1),
+        _rec("coupled", 1e-3, 2, 0.4),
+        _rec("coupled", 2e-3, 2, 1.0),
+    ]
     best = best_over_lr(records)
     assert [(b["variant"], b["seed"], b["accuracy"]) for b in best] == [
-        ("standard", 0, 0.6), ("standard", 1, 0.8), ("standard", 2, 0.7),
-        ("coupled", 0, 0.9), ("coupled", 1, 0.8), ("coupled", 2, 1.0)]
+        ("standard", 0, 0.6),
+        ("standard", 1, 0.8),
+        ("standard", 2, 0.7),
+        ("coupled", 0, 0.9),
+        ("coupled", 1, 0.8),
+        ("coupled", 2, 1.0),
+    ]
     std, cpl = seed_cells(best)
     half = T_975_2 * 0.1 / math.sqrt(3)  # both samples have sd 0.1
     assert std["seeds"] == [0, 1, 2] and std["values"] == [0.6, 0.8, 0.7] and std["vs_reference"] is None
@@ -49,8 +69,7 @@ def test_seed_cells_and_table_match_a_hand_computation():
 
 
 def test_cells_with_fewer_seeds_pair_only_shared_seeds_and_say_n():
-    best = best_over_lr([_rec("standard", 1e-3, 0, 0.5), _rec("standard", 1e-3, 1, 0.7),
-                         _rec("coupled", 1e-3, 1, 0.9)])
+    best = best_over_lr([_rec("standard", 1e-3, 0, 0.5), _rec("standard", 1e-3, 1, 0.7), _rec("coupled", 1e-3, 1, 0.9)])
     std, cpl = seed_cells(best)
     assert (cpl["n"], cpl["mean"], cpl["low"], cpl["high"]) == (1, 0.9, None, None)  # no interval from one seed
     assert cpl["vs_reference"]["seeds"] == [1] and cpl["vs_reference"]["mean"] == pytest.approx(0.2)
@@ -66,15 +85,42 @@ def test_plan_over_seeds_and_seed_errors():
     plan = plan_sweep(preset, variants=["standard"], lrs=[1e-3], seeds=[3, 1])
     assert [p.seed for p in plan] == [3, 1]
     assert plan_sweep(preset)[0].seed == preset.seed
-    for bad, message in (([], "names no seed"), ([1, 1], r"repeats a seed"), ([-1], "seeds=-1"),
-                         ([2**32], "must be in"), ([True], "seeds=True")):
+    for bad, message in (
+        ([], "names no seed"),
+        ([1, 1], r"repeats a seed"),
+        ([-1], "seeds=-1"),
+        ([2**32], "must be in"),
+        ([True], "seeds=True"),
+    ):
         with pytest.raises(ValueError, match=message):
             check_seeds(bad)
 
 
-SMOKE = ["mqar", "--difficulties", "easy", "--d-models", "16", "--lrs", "1e-3", "--variants", "standard,coupled",
-         "--max-steps", "3", "--train-examples", "40", "--test-examples", "8", "--batch-size", "8",
-         "--device", "cpu", "--threads", "1", "--dtype", "fp32"]
+SMOKE = [
+    "mqar",
+    "--difficulties",
+    "easy",
+    "--d-models",
+    "16",
+    "--lrs",
+    "1e-3",
+    "--variants",
+    "standard,coupled",
+    "--max-steps",
+    "3",
+    "--train-examples",
+    "40",
+    "--test-examples",
+    "8",
+    "--batch-size",
+    "8",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+    "--dtype",
+    "fp32",
+]
 
 
 def test_smoke_sweep_over_seeds_resumes_and_reports_intervals(tmp_path, capsys):
@@ -103,7 +149,8 @@ def test_smoke_sweep_over_seeds_resumes_and_reports_intervals(tmp_path, capsys):
         half = T_975_2 * sd / math.sqrt(3)
         assert cells[variant]["values"] == values
         assert (cells[variant]["mean"], cells[variant]["low"], cells[variant]["high"]) == pytest.approx(
-            (mean, mean - half, mean + half))
+            (mean, mean - half, mean + half)
+        )
     diffs = [acc["coupled", s] - acc["standard", s] for s in (0, 1, 2)]
     assert cells["coupled"]["vs_reference"]["mean"] == pytest.approx(statistics.fmean(diffs))
     assert "| coupled − standard |" in saved["table"] and saved["table"] in printed
@@ -117,7 +164,10 @@ def test_smoke_sweep_over_seeds_resumes_and_reports_intervals(tmp_path, capsys):
         (lr_dir / "seed0").rmdir()
     capsys.readouterr()
     assert main([*SMOKE, "--out-dir", str(legacy)]) == 0
-    assert "reused 2" in capsys.readouterr().out and not (legacy / "easy" / "standard" / "d16" / "lr0.001" / "seed0").exists()
+    assert (
+        "reused 2" in capsys.readouterr().out
+        and not (legacy / "easy" / "standard" / "d16" / "lr0.001" / "seed0").exists()
+    )
 
 
 def test_compile_is_recorded_and_matches_eager(tmp_path, monkeypatch):
@@ -130,8 +180,9 @@ def test_compile_is_recorded_and_matches_eager(tmp_path, monkeypatch):
     from coupled_qk.models import gpt as gpt_module
     from coupled_qk.training import model_setup
 
-    monkeypatch.setattr(model_setup, "compile_regions",
-                        functools.partial(gpt_module.compile_regions, backend="aot_eager"))
+    monkeypatch.setattr(
+        model_setup, "compile_regions", functools.partial(gpt_module.compile_regions, backend="aot_eager")
+    )
     smoke = [x if x != "standard,coupled" else "coupled" for x in SMOKE]
     assert main([*smoke, "--compile", "--out-dir", str(tmp_path / "compiled")]) == 0
     assert main([*smoke, "--out-dir", str(tmp_path / "eager")]) == 0
@@ -155,8 +206,11 @@ def test_dry_run_says_what_each_run_would_do(tmp_path, capsys):
     lines = [x for x in capsys.readouterr().out.splitlines() if " -> " in x and "d_model=" in x]
     folder = out / "easy" / "{}" / "d16" / "lr0.001" / "seed{}"
     assert [x.split(" -> ", 1)[1] for x in lines] == [
-        f"{str(folder).format('standard', 0)}: reuse (finished)", f"{str(folder).format('coupled', 0)}: reuse (finished)",
-        f"{str(folder).format('standard', 1)}: new", f"{str(folder).format('coupled', 1)}: new"]
+        f"{str(folder).format('standard', 0)}: reuse (finished)",
+        f"{str(folder).format('coupled', 0)}: reuse (finished)",
+        f"{str(folder).format('standard', 1)}: new",
+        f"{str(folder).format('coupled', 1)}: new",
+    ]
     assert not (out / "easy" / "standard" / "d16" / "lr0.001" / "seed1").exists()
     changed = list(SMOKE)
     changed[changed.index("--batch-size") + 1] = "4"

@@ -21,8 +21,16 @@ from coupled_qk.models.variants import parse_variants
 
 
 def _rec(variant, d, lr, acc, difficulty="easy", status="ran"):
-    return {"difficulty": difficulty, "variant": variant, "d_model": d, "lr": lr, "accuracy": acc,
-            "status": status, "steps": 10, "slices": {"L16_K2": acc}}
+    return {
+        "difficulty": difficulty,
+        "variant": variant,
+        "d_model": d,
+        "lr": lr,
+        "accuracy": acc,
+        "status": status,
+        "steps": 10,
+        "slices": {"L16_K2": acc},
+    }
 
 
 def test_variants_cover_every_attention_variant_and_leapfrog():
@@ -65,7 +73,11 @@ def test_heads_and_run_config_follow_zoology_models(tmp_path):
 def test_presets_match_the_papers():
     z = get_preset("zoology-fig2")
     assert [(d.train_slices[0][:2], d.batch_size) for d in z.difficulties] == [
-        ((64, 4), 512), ((128, 8), 512), ((256, 16), 256), ((512, 64), 128)]
+        ((64, 4), 512),
+        ((128, 8), 512),
+        ((256, 16), 256),
+        ((512, 64), 128),
+    ]
     assert all(d.train_slices[0][2] == 100_000 and d.test_slices[0][2] == 3_000 for d in z.difficulties)
     assert z.vocab_size == 8192 and z.d_models == (64, 128, 256, 512) and z.epochs == 64
     assert z.lrs == pytest.approx((1e-4, 4.64e-4, 2.15e-3, 1e-2), rel=1e-2)
@@ -92,9 +104,12 @@ def test_presets_match_the_papers():
 
 def test_best_over_lr_table_ignores_unfinished_runs():
     records = [
-        _rec("standard", 16, 1e-3, 0.4), _rec("standard", 16, 1e-2, 0.7),
-        _rec("coupled", 16, 1e-3, 0.95), _rec("coupled", 16, 1e-2, 0.5),
-        _rec("coupled", 16, 3e-2, 1.0, status="interrupted"), _rec("coupled", 16, 1e-1, None, status="skipped"),
+        _rec("standard", 16, 1e-3, 0.4),
+        _rec("standard", 16, 1e-2, 0.7),
+        _rec("coupled", 16, 1e-3, 0.95),
+        _rec("coupled", 16, 1e-2, 0.5),
+        _rec("coupled", 16, 3e-2, 1.0, status="interrupted"),
+        _rec("coupled", 16, 1e-1, None, status="skipped"),
         _rec("standard", 32, 1e-3, 0.2, difficulty="hard"),
     ]
     best = best_over_lr(records)
@@ -111,9 +126,15 @@ def test_best_over_lr_table_ignores_unfinished_runs():
 
 def _micro_preset():
     return SweepPreset(
-        name="micro", description="test", vocab_size=32,
+        name="micro",
+        description="test",
+        vocab_size=32,
         difficulties=(Difficulty("easy", ((8, 2, 256),), ((8, 2, 64),), 32),),
-        d_models=(16,), lrs=(3e-3, 1e-2), variants=("standard", "differential"), epochs=1.0, max_steps=6,
+        d_models=(16,),
+        lrs=(3e-3, 1e-2),
+        variants=("standard", "differential"),
+        epochs=1.0,
+        max_steps=6,
         eval_interval=3,
     )
 
@@ -134,7 +155,9 @@ def test_micro_sweep_writes_results_table_plot_and_reuses_runs(tmp_path):
     assert len(calls) == 4 and len(lines) == 4
     assert summary["counts"] == {"ran": 4}
     runs = summary["runs"]
-    assert {(r["variant"], r["lr"]) for r in runs} == {(v, lr) for v in ("standard", "differential") for lr in (3e-3, 1e-2)}
+    assert {(r["variant"], r["lr"]) for r in runs} == {
+        (v, lr) for v in ("standard", "differential") for lr in (3e-3, 1e-2)
+    }
     assert all(r["steps"] <= 6 and r["config"]["max_steps"] == 6 and 0 <= r["accuracy"] <= 1 for r in runs)
     assert {r["n_heads"] for r in runs if r["variant"] == "differential"} == {2}
     for b in summary["best"]:
@@ -197,8 +220,11 @@ def test_max_minutes_guard_skips_and_marks_interrupted(tmp_path):
 def test_plan_order_and_errors():
     preset = _micro_preset()
     plan = plan_sweep(preset, d_models=[8, 16])
-    assert [(p.d_model, p.lr, p.variant) for p in plan[:3]] == [(8, 3e-3, "standard"), (8, 3e-3, "differential"),
-                                                                (8, 1e-2, "standard")]
+    assert [(p.d_model, p.lr, p.variant) for p in plan[:3]] == [
+        (8, 3e-3, "standard"),
+        (8, 3e-3, "differential"),
+        (8, 1e-2, "standard"),
+    ]
     with pytest.raises(ValueError, match="d_model=0"):
         plan_sweep(preset, d_models=[0])
     with pytest.raises(ValueError, match="lr=-1"):
@@ -238,10 +264,15 @@ def test_customize_preset_shrinks_the_budget_and_records_it():
     assert run_config(batched, batched.difficulties[0], "standard", 32, 2e-3, "out").batch_size == 16
     assert batched.notes[-1] == "Changed from the preset: batch_size=16."
     assert customize_preset(cpu) is cpu
-    for kwargs, name in ((dict(max_steps=0), "max_steps=0"), (dict(max_steps=True), "max_steps=True"),
-                         (dict(seed=-1), "seed=-1"), (dict(seed=2**32), "seed=4294967296"),
-                         (dict(train_examples=0), "train_examples=0"), (dict(test_examples=1.5), "test_examples=1.5"),
-                         (dict(batch_size=0), "batch_size=0")):
+    for kwargs, name in (
+        (dict(max_steps=0), "max_steps=0"),
+        (dict(max_steps=True), "max_steps=True"),
+        (dict(seed=-1), "seed=-1"),
+        (dict(seed=2**32), "seed=4294967296"),
+        (dict(train_examples=0), "train_examples=0"),
+        (dict(test_examples=1.5), "test_examples=1.5"),
+        (dict(batch_size=0), "batch_size=0"),
+    ):
         with pytest.raises(ValueError, match=name):
             customize_preset(cpu, **kwargs)
 
@@ -251,9 +282,34 @@ def test_cli_smoke_run_options_reach_every_run(tmp_path, capsys):
     from coupled_qk.cli import main
 
     out = tmp_path / "sweep"
-    assert main(["mqar", "--difficulties", "easy", "--d-models", "16", "--lrs", "1e-3", "--variants", "standard",
-                 "--max-steps", "7", "--seed", "2", "--train-examples", "50", "--test-examples", "8",
-                 "--out-dir", str(out), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "mqar",
+                "--difficulties",
+                "easy",
+                "--d-models",
+                "16",
+                "--lrs",
+                "1e-3",
+                "--variants",
+                "standard",
+                "--max-steps",
+                "7",
+                "--seed",
+                "2",
+                "--train-examples",
+                "50",
+                "--test-examples",
+                "8",
+                "--out-dir",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert "Changed from the preset: max_steps=7, seed=2" in capsys.readouterr().out
     saved = json.loads((out / "results.json").read_text())
     (run,) = saved["runs"]
@@ -263,20 +319,26 @@ def test_cli_smoke_run_options_reach_every_run(tmp_path, capsys):
     assert saved["preset"]["max_steps"] == 7 and saved["preset"]["notes"][-1].startswith("Changed from the preset")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max-steps", "0"], "--max-steps=0 must be a positive integer"),
-    (["--seed", "-1"], "--seed=-1 must be an integer >= 0"),
-    (["--train-examples", "nan"], "--train-examples=nan is not an integer"),
-    (["--test-examples", "0"], "--test-examples=0 must be a positive integer"),
-    (["--difficulties", "easy,easy"], "--difficulties='easy,easy': expected comma-separated difficulty names, each once"),
-    (["--difficulties", "bogus"], "--difficulties='bogus': difficulty 'bogus' is not in preset 'cpu'"),
-    (["--variants", "bogus"], "--variants='bogus': unknown variant 'bogus'"),
-    (["--seeds", "0,1,0"], "--seeds='0,1,0' repeats seed(s) [0]"),
-    (["--seeds", "1,-2"], "--seeds='1,-2': seeds must be >= 0, got [-2]"),
-    (["--seeds", "x"], "--seeds='x': expected comma-separated integers"),
-    (["--seed", "1", "--seeds", "0,1"], "argument --seeds: not allowed with argument --seed"),
-    (["--batch-size", "0"], "--batch-size=0 must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-steps", "0"], "--max-steps=0 must be a positive integer"),
+        (["--seed", "-1"], "--seed=-1 must be an integer >= 0"),
+        (["--train-examples", "nan"], "--train-examples=nan is not an integer"),
+        (["--test-examples", "0"], "--test-examples=0 must be a positive integer"),
+        (
+            ["--difficulties", "easy,easy"],
+            "--difficulties='easy,easy': expected comma-separated difficulty names, each once",
+        ),
+        (["--difficulties", "bogus"], "--difficulties='bogus': difficulty 'bogus' is not in preset 'cpu'"),
+        (["--variants", "bogus"], "--variants='bogus': unknown variant 'bogus'"),
+        (["--seeds", "0,1,0"], "--seeds='0,1,0' repeats seed(s) [0]"),
+        (["--seeds", "1,-2"], "--seeds='1,-2': seeds must be >= 0, got [-2]"),
+        (["--seeds", "x"], "--seeds='x': expected comma-separated integers"),
+        (["--seed", "1", "--seeds", "0,1"], "argument --seeds: not allowed with argument --seed"),
+        (["--batch-size", "0"], "--batch-size=0 must be a positive integer"),
+    ],
+)
 def test_cli_bad_values_name_the_option(argv, message, capsys):
     from coupled_qk.cli import main
 

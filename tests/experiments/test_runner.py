@@ -38,8 +38,13 @@ class FakeTrain:
         self.calls.append(cfg)
         time.sleep(self.sleep)
         run = RunDir(cfg.out_dir)
-        results = {"config": cfg.to_dict(), "final": {"valid/loss": float(cfg.seed)}, "steps": cfg.max_steps,
-                   "stop_reason": self.stop_reason, "train_seconds": self.train_seconds}
+        results = {
+            "config": cfg.to_dict(),
+            "final": {"valid/loss": float(cfg.seed)},
+            "steps": cfg.max_steps,
+            "stop_reason": self.stop_reason,
+            "train_seconds": self.train_seconds,
+        }
         if self.checkpoint:
             run.path.mkdir(parents=True, exist_ok=True)
             run.latest_path.write_text("ckpt-00000001\n")
@@ -90,8 +95,10 @@ def test_setting_differences_ignore_only_result_neutral_fields(tmp_path):
     assert setting_differences(saved, base) == {}
     saved["task_options"] = {"split_seed": 2}
     saved["max_steps"] = 5
-    assert setting_differences(saved, base) == {"task_options": ({"split_seed": 2}, {"split_seed": 1}),
-                                                "max_steps": (5, 4)}
+    assert setting_differences(saved, base) == {
+        "task_options": ({"split_seed": 2}, {"split_seed": 1}),
+        "max_steps": (5, 4),
+    }
     with pytest.raises(ValueError, match="max_steps: 5 vs 4"):
         check_reusable(saved, base, "here")
     assert "max_steps" not in RESULT_NEUTRAL_FIELDS and "seed" not in RESULT_NEUTRAL_FIELDS
@@ -107,8 +114,11 @@ def test_resume_and_partial_folders(tmp_path):
     (partial / "config.json").write_text("{}")
     (partial / "mine.txt").write_text("user file")
     train = FakeTrain()
-    execute([PlannedRun(_cfg(tmp_path, "resumable"), "r"), PlannedRun(_cfg(tmp_path, "partial"), "p")],
-            train_fn=train, log=lambda s: None)
+    execute(
+        [PlannedRun(_cfg(tmp_path, "resumable"), "r"), PlannedRun(_cfg(tmp_path, "partial"), "p")],
+        train_fn=train,
+        log=lambda s: None,
+    )
     assert [c.resume for c in train.calls] == [True, False]
     assert (resumable / "metrics.jsonl").is_file()  # a resumed run keeps its files
     assert sorted(p.name for p in partial.path.iterdir()) == ["mine.txt", "results.json"]
@@ -138,24 +148,35 @@ def test_time_guard_interrupts_and_skips(tmp_path):
         execute(plan, train_fn=train2, max_minutes=0)
 
 
-@pytest.mark.parametrize("stopped_by, trained_s, planned, status", [
-    ("stop_after_steps", 1.0, dict(), "ran"),                      # a stopping point, not a setting: continued
-    ("stop_after_steps", 1.0, dict(stop_after_steps=1), "ran"),    # each invocation advances by as many steps
-    ("stop_after_steps", 1.0, dict(stop_after_steps=7), "ran"),
-    ("max_minutes", 1.2, dict(), "ran"),                           # no time limit now: finish it
-    ("max_minutes", 1.2, dict(max_minutes=0.5), "ran"),            # more time than it trained
-    ("max_minutes", 1.2, dict(max_minutes=0.02), "reused"),        # the same limit, already spent: as it is
-    ("completed", 1.0, dict(stop_after_steps=3), "reused"),        # finished: the stopping point changes nothing
-    ("patience", 1.0, dict(), "reused"),                           # the run's own rule ended it
-])
-def test_a_run_stopped_early_is_continued_unless_the_plan_stops_it_there(tmp_path, stopped_by, trained_s, planned,
-                                                                         status):
+@pytest.mark.parametrize(
+    "stopped_by, trained_s, planned, status",
+    [
+        ("stop_after_steps", 1.0, dict(), "ran"),  # a stopping point, not a setting: continued
+        ("stop_after_steps", 1.0, dict(stop_after_steps=1), "ran"),  # each invocation advances by as many steps
+        ("stop_after_steps", 1.0, dict(stop_after_steps=7), "ran"),
+        ("max_minutes", 1.2, dict(), "ran"),  # no time limit now: finish it
+        ("max_minutes", 1.2, dict(max_minutes=0.5), "ran"),  # more time than it trained
+        ("max_minutes", 1.2, dict(max_minutes=0.02), "reused"),  # the same limit, already spent: as it is
+        ("completed", 1.0, dict(stop_after_steps=3), "reused"),  # finished: the stopping point changes nothing
+        ("patience", 1.0, dict(), "reused"),  # the run's own rule ended it
+    ],
+)
+def test_a_run_stopped_early_is_continued_unless_the_plan_stops_it_there(
+    tmp_path, stopped_by, trained_s, planned, status
+):
     """`compare --max-minutes` then `compare` reused the cut-short runs, and a folder made with --stop-after-steps 1
     was "a finished run with different settings (stop_after_steps: 1 vs None)" for ever."""
-    first = _cfg(tmp_path, "r", max_minutes=0.02 if stopped_by == "max_minutes" else None,
-                 stop_after_steps=1 if stopped_by == "stop_after_steps" else None)
-    execute([PlannedRun(first, "r")], train_fn=FakeTrain(stopped_by, checkpoint=True, train_seconds=trained_s),
-            log=lambda s: None)
+    first = _cfg(
+        tmp_path,
+        "r",
+        max_minutes=0.02 if stopped_by == "max_minutes" else None,
+        stop_after_steps=1 if stopped_by == "stop_after_steps" else None,
+    )
+    execute(
+        [PlannedRun(first, "r")],
+        train_fn=FakeTrain(stopped_by, checkpoint=True, train_seconds=trained_s),
+        log=lambda s: None,
+    )
     train, lines = FakeTrain(checkpoint=True), []
     cfg = dataclasses.replace(first, **{"max_minutes": None, "stop_after_steps": None, **planned})
     seen = []
@@ -165,27 +186,34 @@ def test_a_run_stopped_early_is_continued_unless_the_plan_stops_it_there(tmp_pat
         return train(c)
 
     state = planned_state(PlannedRun(cfg, "r"))  # what a --dry-run says: the runner's decision, nothing moved
-    assert state == (f"continue (stopped at step 4 by {stopped_by})" if status == "ran" else
-                     f"reuse ({'stopped early by max_minutes' if stopped_by == 'max_minutes' else 'finished'})")
+    assert state == (
+        f"continue (stopped at step 4 by {stopped_by})"
+        if status == "ran"
+        else f"reuse ({'stopped early by max_minutes' if stopped_by == 'max_minutes' else 'finished'})"
+    )
     assert RunDir(cfg.out_dir).is_finished()
     [record] = execute([PlannedRun(cfg, "r")], train_fn=train_and_look, log=lines.append)
     assert record.status == status, lines
     if status == "ran":
-        assert train.calls[0].resume is True and lines[0].startswith(f"== r: continuing the run in {tmp_path / 'r'}, "
-                                                                     f"stopped at step 4 by {stopped_by}")
+        assert train.calls[0].resume is True and lines[0].startswith(
+            f"== r: continuing the run in {tmp_path / 'r'}, stopped at step 4 by {stopped_by}"
+        )
         assert "results.json" not in seen[0] and "results.interrupted.json" in seen[0]  # unfinished meanwhile
     else:
         assert not train.calls and record.results["stop_reason"] == stopped_by
-        assert lines == [f"== r: reusing the {'run stopped early (max_minutes)' if stopped_by == 'max_minutes' else 'finished run'}"
-                         f" in {tmp_path / 'r'}"]
+        assert lines == [
+            f"== r: reusing the {'run stopped early (max_minutes)' if stopped_by == 'max_minutes' else 'finished run'}"
+            f" in {tmp_path / 'r'}"
+        ]
 
 
 def test_a_run_stopped_early_without_a_checkpoint_is_reused_as_it_is(tmp_path):
     cfg = _cfg(tmp_path, "r", stop_after_steps=1)
     execute([PlannedRun(cfg, "r")], train_fn=FakeTrain("stop_after_steps"), log=lambda s: None)
     train = FakeTrain()
-    [record] = execute([PlannedRun(dataclasses.replace(cfg, stop_after_steps=None), "r")], train_fn=train,
-                       log=lambda s: None)
+    [record] = execute(
+        [PlannedRun(dataclasses.replace(cfg, stop_after_steps=None), "r")], train_fn=train, log=lambda s: None
+    )
     assert record.status == "reused" and not train.calls and record.results["stop_reason"] == "stop_after_steps"
 
 
@@ -194,8 +222,11 @@ def test_reports_are_written_and_a_missing_plot_library_keeps_the_numbers(tmp_pa
         raise ImportError("no matplotlib here")
 
     lines = []
-    written = write_report(tmp_path / "out", Report(json={"a.json": {"x": 1}}, text={"a.md": "| t |\n"},
-                                                    plots={"a.png": broken}), lines.append)
+    written = write_report(
+        tmp_path / "out",
+        Report(json={"a.json": {"x": 1}}, text={"a.md": "| t |\n"}, plots={"a.png": broken}),
+        lines.append,
+    )
     assert [p.name for p in written] == ["a.json", "a.md"]
     assert json.loads((tmp_path / "out" / "a.json").read_text()) == {"x": 1}
     assert lines == ["plot a.png skipped: no matplotlib here"]
@@ -211,8 +242,14 @@ def test_reports_are_written_and_a_missing_plot_library_keeps_the_numbers(tmp_pa
     assert report.json["summary.json"]["losses"] == [0.0, 1.0] and len(records) == 2
 
 
-@pytest.mark.parametrize("text, wrong", [("[]", "holds a JSON list"), ('{"config": 5}', "its 'config' is a int"),
-                                         ('{"final": []}', "its 'final' is a list")])
+@pytest.mark.parametrize(
+    "text, wrong",
+    [
+        ("[]", "holds a JSON list"),
+        ('{"config": 5}', "its 'config' is a int"),
+        ('{"final": []}', "its 'final' is a list"),
+    ],
+)
 def test_a_results_file_of_another_kind_is_named_not_a_traceback(tmp_path, text, wrong):
     """``compare`` (any runner of several runs) over a run whose ``results.json`` parses but is not a run's results
     (``[]``, a ``config`` that is not an object) was ``AttributeError: 'list' object has no attribute 'get'``. Now
@@ -261,8 +298,11 @@ def test_a_finished_run_in_another_precision_is_refused_naming_both(tmp_path, mo
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
     assert [r.status for r in execute(compiled, train_fn=train, log=lambda m: None)] == ["reused"]  # no native bf16
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
-    with pytest.raises(ValueError, match=r"trained in fp32 .*this plan trains in bf16 .*compile=True.*the run had "
-                                         r"compile=False"):
+    with pytest.raises(
+        ValueError,
+        match=r"trained in fp32 .*this plan trains in bf16 .*compile=True.*the run had "
+        r"compile=False",
+    ):
         execute(compiled, train_fn=train, log=lambda m: None)
     assert len(train.calls) == 1
     assert [r.status for r in execute(plan, train_fn=train, log=lambda m: None)] == ["reused"]  # eager: fp32

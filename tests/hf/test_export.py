@@ -21,8 +21,9 @@ from coupled_qk.training.loop import train  # noqa: E402
 
 @pytest.fixture
 def trained_run(tiny_cfg):
-    cfg = tiny_cfg(max_steps=2, eval_interval=2, model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16,
-                                                          attention="coupled"))
+    cfg = tiny_cfg(
+        max_steps=2, eval_interval=2, model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16, attention="coupled")
+    )
     train(cfg)
     return cfg.out_dir
 
@@ -125,6 +126,6 @@ def test_text_generation_pipeline_on_an_exported_folder(trained_run, tmp_path):
     assert texts == [r[0]["generated_text"] for r in generator(prompts, cache_implementation="static", **kw)]
     for prompt, text in zip(prompts, texts):
         ids = tok(prompt, return_tensors="pt").input_ids
-        assert text == tok.decode(lm.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1]:])
+        assert text == tok.decode(lm.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1] :])
     with pytest.raises(ValueError, match="max_new_tokens=256 .* exceeds block_size=16"):
         generator("the cat")

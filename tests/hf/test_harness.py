@@ -24,11 +24,19 @@ WORDS = "the cat sat on the mat while a dog ran in the park and birds sang over 
 
 def make_text(n_docs: int, seed: int) -> str:
     g = torch.Generator().manual_seed(seed)
-    return "\n\n".join(" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (30,), generator=g))
-                       for _ in range(n_docs)) + "\n"
+    return (
+        "\n\n".join(" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (30,), generator=g)) for _ in range(n_docs))
+        + "\n"
+    )
 
-SST2 = ["a gripping , funny film\t1", "dull and lifeless\t0", "the best thing this year\t1",
-        "a mess from start to end\t0", "warm and wise\t1"]
+
+SST2 = [
+    "a gripping , funny film\t1",
+    "dull and lifeless\t0",
+    "the best thing this year\t1",
+    "a mess from start to end\t0",
+    "warm and wise\t1",
+]
 
 
 def test_text_documents_split_wikitext_articles_and_paragraphs(tmp_path):
@@ -47,10 +55,14 @@ def test_text_documents_split_wikitext_articles_and_paragraphs(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["perplexity", "sst2"])
-@pytest.mark.parametrize("source,message", [
-    ("folder", "is a folder; expected a file"), ("missing.txt", "does not exist"),
-    ("latin1.txt", "is not UTF-8 text (byte 9"),
-])
+@pytest.mark.parametrize(
+    "source,message",
+    [
+        ("folder", "is a folder; expected a file"),
+        ("missing.txt", "does not exist"),
+        ("latin1.txt", "is not UTF-8 text (byte 9"),
+    ],
+)
 def test_make_task_source_errors_are_one_line_naming_the_file(tmp_path, capsys, kind, source, message):
     from coupled_qk.hf.harness import main
 
@@ -83,8 +95,9 @@ def test_a_bad_model_argument_of_a_run_is_one_line(monkeypatch, capsys):
 
     monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", refuse)
     assert main(["run", "--model", "hf", "--model_args", "pretrained=x,max_gen_toks=0"]) == 2
-    assert capsys.readouterr().err.strip() == ("lm-eval: error: max_gen_toks=0 must be a positive integer smaller "
-                                               "than the model's context")
+    assert capsys.readouterr().err.strip() == (
+        "lm-eval: error: max_gen_toks=0 must be a positive integer smaller than the model's context"
+    )
 
 
 def test_a_missing_model_folder_is_one_line(tmp_path, capsys):
@@ -93,14 +106,30 @@ def test_a_missing_model_folder_is_one_line(tmp_path, capsys):
 
     folder = tmp_path / "weightless"
     folder.mkdir()
-    (folder / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 300, "n_embd": 32, "n_layer": 1, '
-                                        '"n_head": 2, "n_positions": 64}')
+    (folder / "config.json").write_text(
+        '{"model_type": "gpt2", "vocab_size": 300, "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64}'
+    )
     hf_tokenizer(train_bpe(make_text(50, 0), 300), 64).save_pretrained(folder)  # the tokenizer is read first
     sst = tmp_path / "sst.tsv"
     sst.write_text("\n".join(SST2) + "\n")
     make_task("sst2", sst, tmp_path / "tasks", name="local_sst2")
-    code = main(["run", "--model", "hf", "--model_args", f"pretrained={folder},dtype=float32", "--tasks",
-                 "local_sst2", "--include_path", str(tmp_path / "tasks"), "--device", "cpu", "--limit", "1"])
+    code = main(
+        [
+            "run",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={folder},dtype=float32",
+            "--tasks",
+            "local_sst2",
+            "--include_path",
+            str(tmp_path / "tasks"),
+            "--device",
+            "cpu",
+            "--limit",
+            "1",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("lm-eval: error: ") and "model.safetensors" in err[-1], err[-3:]
     assert str(folder) in err[-1] and "Traceback" not in "\n".join(err)
@@ -118,8 +147,17 @@ def _loglik(model: GPT, context: list[int], continuation: list[int]) -> float:
 def test_lm_eval_command_on_local_tasks_matches_our_recomputation(tmp_path):
     tok = train_bpe(make_text(200, 0), 300)
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=128, n_layer=1, d_model=32, n_heads=2,
-                        attention="coupled", dt_init=0.5)).eval()
+    gpt = GPT(
+        GPTConfig(
+            vocab_size=tok.vocab_size,
+            block_size=128,
+            n_layer=1,
+            d_model=32,
+            n_heads=2,
+            attention="coupled",
+            dt_init=0.5,
+        )
+    ).eval()
     hf_dir = tmp_path / "model"
     eot = tok.eot_id
     CoupledQKForCausalLM.from_gpt(gpt, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot).save_pretrained(hf_dir)
@@ -132,11 +170,34 @@ def test_lm_eval_command_on_local_tasks_matches_our_recomputation(tmp_path):
     make_task("perplexity", text, tasks, name="local_ppl")
     make_task("sst2", sst, tasks, name="local_sst2")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "coupled_qk.hf.harness", "run", "--model", "hf", "--model_args",
-           f"pretrained={hf_dir},backend=causal,dtype=float32", "--tasks", "local_ppl,local_sst2",
-           "--include_path", str(tasks), "--device", "cpu", "--batch_size", "2", "--output_path", str(out)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "ds_cache")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "coupled_qk.hf.harness",
+        "run",
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={hf_dir},backend=causal,dtype=float32",
+        "--tasks",
+        "local_ppl,local_sst2",
+        "--include_path",
+        str(tasks),
+        "--device",
+        "cpu",
+        "--batch_size",
+        "2",
+        "--output_path",
+        str(out),
+    ]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_CACHE": str(tmp_path / "ds_cache"),
+    }
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     files = list(out.rglob("results_*.json"))
@@ -189,10 +250,21 @@ metadata:
 
 
 def _run_harness(args, tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "ds_cache")}
-    return subprocess.run([sys.executable, "-m", "coupled_qk.hf.harness", "run", *args], capture_output=True,
-                          text=True, env=env, timeout=600)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_CACHE": str(tmp_path / "ds_cache"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "coupled_qk.hf.harness", "run", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -216,9 +288,23 @@ def test_generate_until_on_a_tiny_model_fits_the_context(tmp_path):
     data.write_text("".join(json.dumps(d) + "\n" for d in docs))
     (tasks / "local_gen.yaml").write_text(GEN_YAML.format(data=json.dumps(str(data))))
     out = tmp_path / "out"
-    args = ["--model", "hf", "--model_args", f"pretrained={hf_dir},backend=causal,dtype=float32", "--tasks",
-            "local_gen", "--include_path", str(tasks), "--device", "cpu", "--batch_size", "3", "--output_path",
-            str(out), "--log_samples"]
+    args = [
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={hf_dir},backend=causal,dtype=float32",
+        "--tasks",
+        "local_gen",
+        "--include_path",
+        str(tasks),
+        "--device",
+        "cpu",
+        "--batch_size",
+        "3",
+        "--output_path",
+        str(out),
+        "--log_samples",
+    ]
     res = _run_harness(args, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "coupled-qk: max_gen_toks=64 (half the model's context of 128 tokens" in res.stderr
@@ -227,7 +313,7 @@ def test_generate_until_on_a_tiny_model_fits_the_context(tmp_path):
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
     for s in samples:
         prompt = torch.tensor([tok.encode(s["doc"]["question"])])
-        new = gpt.generate(prompt, 64, temperature=0)[0, prompt.shape[1]:].tolist()
+        new = gpt.generate(prompt, 64, temperature=0)[0, prompt.shape[1] :].tolist()
         new = new[: new.index(eot)] if eot in new else new
         assert s["resps"][0][0] == hf_tok.decode(new).split("\n")[0]
 
@@ -238,8 +324,9 @@ def test_generate_until_on_a_tiny_model_fits_the_context(tmp_path):
         return lm_class()(pretrained=str(hf_dir), backend="causal", dtype="float32", device="cpu", **kw)
 
     assert lm(max_gen_toks=8).max_gen_toks == 8
-    with pytest.raises(ValueError, match="max_gen_toks=128 must be a positive integer smaller than the model's "
-                                         "context of 128 tokens"):
+    with pytest.raises(
+        ValueError, match="max_gen_toks=128 must be a positive integer smaller than the model's context of 128 tokens"
+    ):
         lm(max_gen_toks=128)
 
 
@@ -253,8 +340,9 @@ def test_a_retrofitted_folder_is_scored_with_its_coupling(tmp_path):
 
     tok = train_bpe(make_text(50, 0), 300)
     torch.manual_seed(0)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=tok.vocab_size, n_embd=32, n_layer=2,
-                                                                 n_head=2, n_positions=64)).eval()
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=tok.vocab_size, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    ).eval()
     retrofit(gpt2, dt_init=0.7, integrator="leapfrog")
     folder = tmp_path / "retro"
     gpt2.save_pretrained(folder)
@@ -278,10 +366,14 @@ def test_a_model_folder_without_tokenizer_files_is_refused(tmp_path):
 
     torch.manual_seed(0)
     folder = tmp_path / "no_tokenizer"
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2,
-                                                         n_positions=64)).save_pretrained(folder)
-    with pytest.raises(ValueError, match=r"tokenizer of '.*no_tokenizer' encodes text to no tokens "
-                                         r"\(vocabulary of \d+\).*tokenizer=PATH"):
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    ).save_pretrained(folder)
+    with pytest.raises(
+        ValueError,
+        match=r"tokenizer of '.*no_tokenizer' encodes text to no tokens "
+        r"\(vocabulary of \d+\).*tokenizer=PATH",
+    ):
         lm_class()(pretrained=str(folder), backend="causal", dtype="float32", device="cpu", batch_size=1)
     hf_tokenizer(train_bpe(make_text(50, 0), 300), 64).save_pretrained(folder)
     lm = lm_class()(pretrained=str(folder), backend="causal", dtype="float32", device="cpu", batch_size=1)

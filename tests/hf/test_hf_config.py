@@ -22,7 +22,12 @@ def test_the_issue_example_builds_what_it_says():
     c = CoupledQKConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, vocab_size=50)
     assert (c.n_layer, c.d_model, c.n_heads) == (2, 64, 2)
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.head_dim, c.intermediate_size) == (
-        2, 64, 2, 32, 256)
+        2,
+        64,
+        2,
+        32,
+        256,
+    )
     model = CoupledQKForCausalLM(c)
     assert len(model.model.blocks) == 2 and model.model.tok_emb.weight.shape == (50, 64)
     assert model.model.blocks[0].attn.n_heads == 2
@@ -75,10 +80,28 @@ def test_standard_names_behave_exactly_like_our_names(given_values):
         assert getattr(c, standard) == getattr(expected, field)
 
 
-ASSIGNABLE = sorted({*STANDARD_NAMES, "n_layer", "d_model", "n_heads", "n_kv_heads", "attention", "position",
-                     "use_mlp", "dropout", "dt_init", "n_steps", "integrator", "rope_base"})
-ASSIGNED = st.one_of(st.integers(-3, 300), st.floats(-2, 5), st.sampled_from(
-    [1.5, "8", True, False, "euler", "leapfrog", "standard", "coupled", "bogus", "rope", "learned"]))
+ASSIGNABLE = sorted(
+    {
+        *STANDARD_NAMES,
+        "n_layer",
+        "d_model",
+        "n_heads",
+        "n_kv_heads",
+        "attention",
+        "position",
+        "use_mlp",
+        "dropout",
+        "dt_init",
+        "n_steps",
+        "integrator",
+        "rope_base",
+    }
+)
+ASSIGNED = st.one_of(
+    st.integers(-3, 300),
+    st.floats(-2, 5),
+    st.sampled_from([1.5, "8", True, False, "euler", "leapfrog", "standard", "coupled", "bogus", "rope", "learned"]),
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -90,7 +113,9 @@ def test_assignment_is_checked_exactly_as_construction(key, value):
     c = CoupledQKConfig(**BASE)
     before = c.to_gpt_config()
     try:
-        expected = CoupledQKConfig(**{**c.to_gpt_config().to_dict(), STANDARD_NAMES.get(key, key): value}).to_gpt_config()
+        expected = CoupledQKConfig(
+            **{**c.to_gpt_config().to_dict(), STANDARD_NAMES.get(key, key): value}
+        ).to_gpt_config()
     except ValueError:
         with pytest.raises(ValueError):
             setattr(c, key, value)

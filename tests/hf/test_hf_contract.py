@@ -27,7 +27,10 @@ from coupled_qk.hf import CoupledQKForCausalLM  # noqa: E402
 from coupled_qk.models.variants import ATTENTIONS, VARIANTS  # noqa: E402
 
 V = 53
-CASES = {**VARIANTS, **{a: dict(attention=a) for a in ATTENTIONS if a not in {v["attention"] for v in VARIANTS.values()}}}
+CASES = {
+    **VARIANTS,
+    **{a: dict(attention=a) for a in ATTENTIONS if a not in {v["attention"] for v in VARIANTS.values()}},
+}
 """Every named variant, plus every registered attention no variant names (read from the registry)."""
 
 variants = pytest.mark.parametrize("variant", sorted(CASES))
@@ -149,7 +152,7 @@ def test_cached_steps_equal_the_full_forward(variant):
     cache = DynamicCache(config=lm.config)
     with torch.no_grad():
         parts = [lm(x[:, :6], cache=cache).logits, lm(x[:, 6:8], cache=cache).logits]
-        parts += [lm(x[:, t: t + 1], cache=cache).logits for t in (8, 9)]
+        parts += [lm(x[:, t : t + 1], cache=cache).logits for t in (8, 9)]
         full = lm(x, use_cache=False).logits
     close(torch.cat(parts, 1), full)
 
@@ -160,7 +163,7 @@ def test_batched_equals_one_by_one(variant):
     x = ids(3, 9)
     with torch.no_grad():
         batched = lm(x).logits
-        single = torch.cat([lm(x[i: i + 1]).logits for i in range(3)])
+        single = torch.cat([lm(x[i : i + 1]).logits for i in range(3)])
     close(batched, single)
 
 
@@ -183,7 +186,7 @@ def _left_padded(lengths, seed=3):
     x = torch.zeros(len(lengths), width, dtype=torch.long)
     mask = torch.zeros_like(x)
     for i, n in enumerate(lengths):
-        x[i, width - n:], mask[i, width - n:] = torch.randint(1, V, (n,), generator=g), 1
+        x[i, width - n :], mask[i, width - n :] = torch.randint(1, V, (n,), generator=g), 1
     return x, mask
 
 
@@ -199,8 +202,9 @@ def test_static_cache_generates_what_the_dynamic_cache_generates(variant):
 def test_static_cache_beam_search():
     lm = tiny_lm("coupled_leapfrog")
     x, mask = _left_padded((4, 9))
-    beams = lm.generate(x, attention_mask=mask, max_new_tokens=5, num_beams=2, do_sample=False,
-                        cache_implementation="static")
+    beams = lm.generate(
+        x, attention_mask=mask, max_new_tokens=5, num_beams=2, do_sample=False, cache_implementation="static"
+    )
     assert torch.equal(beams, lm.generate(x, attention_mask=mask, max_new_tokens=5, num_beams=2, do_sample=False))
 
 
@@ -209,7 +213,7 @@ def test_static_cache_steps_equal_full_forward_and_overflow_is_named():
     x = ids(2, 10)
     cache = StaticCache(config=lm.config, max_cache_len=10)
     with torch.no_grad():
-        parts = [lm(x[:, :6], cache=cache).logits] + [lm(x[:, t: t + 1], cache=cache).logits for t in (6, 7, 8)]
+        parts = [lm(x[:, :6], cache=cache).logits] + [lm(x[:, t : t + 1], cache=cache).logits for t in (6, 7, 8)]
         close(torch.cat(parts, 1), lm(x[:, :9], use_cache=False).logits)
         with pytest.raises(ValueError, match="max_cache_len=10 positions; 9 are cached and 2 more"):
             lm(ids(2, 2), cache=cache)
@@ -228,14 +232,16 @@ def test_static_single_token_steps_take_either_mask_width_and_equal_the_dynamic_
     nxt = ids(3, 3, seed=1)
     with torch.no_grad():
         dynamic, static = DynamicCache(config=lm.config), StaticCache(config=lm.config, max_cache_len=16)
-        ref, out = [lm(x, attention_mask=mask, cache=dynamic).logits[:, -1]], [lm(x, attention_mask=mask,
-                                                                                  cache=static).logits[:, -1]]
+        ref, out = (
+            [lm(x, attention_mask=mask, cache=dynamic).logits[:, -1]],
+            [lm(x, attention_mask=mask, cache=static).logits[:, -1]],
+        )
         for t in range(3):
             mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], 1)
-            ref.append(lm(nxt[:, t:t + 1], attention_mask=mask, cache=dynamic).logits[:, -1])
+            ref.append(lm(nxt[:, t : t + 1], attention_mask=mask, cache=dynamic).logits[:, -1])
             wide = torch.nn.functional.pad(mask, (0, 16 - mask.shape[1])) if t % 2 else mask
             positions = (mask.cumsum(-1) - 1)[:, -1:] if t == 2 else None
-            out.append(lm(nxt[:, t:t + 1], attention_mask=wide, position_ids=positions, cache=static).logits[:, -1])
+            out.append(lm(nxt[:, t : t + 1], attention_mask=wide, position_ids=positions, cache=static).logits[:, -1])
     close(torch.stack(out), torch.stack(ref))
 
 
@@ -258,8 +264,9 @@ def test_static_single_token_step_names_a_bad_mask_or_positions():
         assert int(cache.get_seq_length()) == 4  # nothing was written by the refused steps
 
 
-COMPILE_CASES = sorted({a.scoring if a.qk_map is None else name for name, a in ATTENTIONS.items()
-                        if a.scoring == "differential"})
+COMPILE_CASES = sorted(
+    {a.scoring if a.qk_map is None else name for name, a in ATTENTIONS.items() if a.scoring == "differential"}
+)
 """One attention per registered query-key map (and none), with differential scoring, the layout with the most
 cases (sub-head pairs, grouped values, per-query-head keys): compiling costs tens of seconds per model on CPU."""
 
@@ -282,8 +289,9 @@ def test_compiled_static_cache_decoding_is_one_graph_and_matches_eager(variant):
     eager = lm.generate(x, attention_mask=mask, max_new_tokens=6, do_sample=False, cache_implementation="static")
     config = CompileConfig(backend="eager", mode=None, fullgraph=True)
     config._compile_all_devices = True
-    compiled = lm.generate(x, attention_mask=mask, max_new_tokens=6, do_sample=False, cache_implementation="static",
-                           compile_config=config)
+    compiled = lm.generate(
+        x, attention_mask=mask, max_new_tokens=6, do_sample=False, cache_implementation="static", compile_config=config
+    )
     assert hasattr(lm, "_compiled_call")  # the compiled path really ran
     assert torch.equal(compiled, eager)
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
@@ -362,9 +370,19 @@ def _trainer_grads(variant, rows, batch, accumulation, out_dir, **training_args)
     lm = tiny_lm(variant).train()
     grab = _Grads(lm)
     args = TrainingArguments(
-        output_dir=str(out_dir), per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
-        max_steps=1, max_grad_norm=0.0, report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
-        dataloader_num_workers=0, disable_tqdm=True, seed=0, **training_args,
+        output_dir=str(out_dir),
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        max_grad_norm=0.0,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
+        **training_args,
     )
     Trainer(model=lm, args=args, train_dataset=rows, data_collator=default_data_collator, callbacks=[grab]).train()
     return grab

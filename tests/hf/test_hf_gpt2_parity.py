@@ -26,8 +26,16 @@ def tiny_lm(variant="coupled", seed=0) -> CoupledQKForCausalLM:
 
 def gpt2() -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=V, n_positions=40, n_layer=2, n_embd=32, n_head=4, pad_token_id=0,
-                     bos_token_id=V - 1, eos_token_id=V - 1)
+    cfg = GPT2Config(
+        vocab_size=V,
+        n_positions=40,
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        pad_token_id=0,
+        bos_token_id=V - 1,
+        eos_token_id=V - 1,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -58,14 +66,20 @@ def test_logits_to_keep_as_a_tensor_of_positions(model):
         torch.testing.assert_close(lm(x, logits_to_keep=2).logits, full[:, -2:])
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(logits_to_keep=torch.tensor([[0, 1]])), r"logits_to_keep as a tensor must be 1-D integer positions"),
-    (dict(logits_to_keep=torch.tensor([0.0])), r"logits_to_keep as a tensor must be 1-D integer positions"),
-    (dict(logits_to_keep=torch.tensor([7])), r"logits_to_keep: positions must be in \[-7, 7\).*max 7"),
-    (dict(logits_to_keep=1, labels=ids(2, 7)), r"labels need the logits of every position, but logits_to_keep "
-                                               r"keeps the last 1 of 7 positions; pass logits_to_keep=0"),
-    (dict(logits_to_keep=torch.tensor([1]), labels=ids(2, 7)), r"labels need the logits of every position"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(logits_to_keep=torch.tensor([[0, 1]])), r"logits_to_keep as a tensor must be 1-D integer positions"),
+        (dict(logits_to_keep=torch.tensor([0.0])), r"logits_to_keep as a tensor must be 1-D integer positions"),
+        (dict(logits_to_keep=torch.tensor([7])), r"logits_to_keep: positions must be in \[-7, 7\).*max 7"),
+        (
+            dict(logits_to_keep=1, labels=ids(2, 7)),
+            r"labels need the logits of every position, but logits_to_keep "
+            r"keeps the last 1 of 7 positions; pass logits_to_keep=0",
+        ),
+        (dict(logits_to_keep=torch.tensor([1]), labels=ids(2, 7)), r"labels need the logits of every position"),
+    ],
+)
 def test_bad_logits_to_keep_is_named(kw, message):
     """A bad tensor, or one that drops positions a loss needs (GPT-2: a batch-size mismatch naming neither)."""
     with pytest.raises(ValueError, match=message), torch.no_grad():
@@ -78,12 +92,20 @@ def test_logits_to_keep_with_labels_keeping_every_position_gives_the_loss():
         torch.testing.assert_close(lm(x, labels=x, logits_to_keep=7).loss, lm(x, labels=x).loss)
 
 
-MODELS = {"gpt2": gpt2, "coupled": tiny_lm, "differential": lambda: tiny_lm("differential"),
-          "coupled_leapfrog": lambda: tiny_lm("coupled_leapfrog")}
+MODELS = {
+    "gpt2": gpt2,
+    "coupled": tiny_lm,
+    "differential": lambda: tiny_lm("differential"),
+    "coupled_leapfrog": lambda: tiny_lm("coupled_leapfrog"),
+}
 """The reference and variants whose caches differ (coupled keys one per query head; grouped differential values)."""
-MODES = {"greedy": {}, "uncached": dict(use_cache=False), "beam": dict(num_beams=3, early_stopping=True),
-         "static": dict(cache_implementation="static"),
-         "sampling": dict(do_sample=True, top_k=5, temperature=0.8, num_return_sequences=2)}
+MODES = {
+    "greedy": {},
+    "uncached": dict(use_cache=False),
+    "beam": dict(num_beams=3, early_stopping=True),
+    "static": dict(cache_implementation="static"),
+    "sampling": dict(do_sample=True, top_k=5, temperature=0.8, num_return_sequences=2),
+}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -104,13 +126,20 @@ def test_inputs_embeds_forward_equals_the_ids_it_embeds(name):
     assert embeds.grad is not None and embeds.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kw,error,message", [
-    (dict(labels=ids(2, 5)), ValueError, r"labels has shape \(2, 5\); expected inputs_embeds' \(B, T\) \(2, 6\)"),
-    (dict(labels=ids(2, 6) + V), ValueError, rf"labels: token ids must be in \[0, {V}\) or -100"),
-    (dict(labels=ids(2, 6).float()), ValueError, "labels must hold integer token ids"),
-    (dict(shift_labels=ids(2, 7), labels=ids(2, 6)), ValueError, r"shift_labels has shape \(2, 7\); expected inputs_embeds"),
-    (dict(labels=ids(2, 6), logits_to_keep=1), ValueError, "labels need the logits of every position"),
-])
+@pytest.mark.parametrize(
+    "kw,error,message",
+    [
+        (dict(labels=ids(2, 5)), ValueError, r"labels has shape \(2, 5\); expected inputs_embeds' \(B, T\) \(2, 6\)"),
+        (dict(labels=ids(2, 6) + V), ValueError, rf"labels: token ids must be in \[0, {V}\) or -100"),
+        (dict(labels=ids(2, 6).float()), ValueError, "labels must hold integer token ids"),
+        (
+            dict(shift_labels=ids(2, 7), labels=ids(2, 6)),
+            ValueError,
+            r"shift_labels has shape \(2, 7\); expected inputs_embeds",
+        ),
+        (dict(labels=ids(2, 6), logits_to_keep=1), ValueError, "labels need the logits of every position"),
+    ],
+)
 def test_labels_with_inputs_embeds_are_checked_as_with_ids(kw, error, message):
     """The targets of embedded tokens were not checked at all (``check_labels`` ran for ``input_ids`` only)."""
     lm = tiny_lm()
@@ -131,32 +160,66 @@ def test_generate_from_inputs_embeds_makes_the_tokens_of_the_ids(name, mode):
         torch.manual_seed(3)
         out.append(lm.generate(**kw, attention_mask=mask, max_new_tokens=5, **MODES[mode]))
     by_ids, by_embeds, by_both = out
-    assert by_embeds.shape[1] == 5 and torch.equal(by_embeds, by_ids[:, x.shape[1]:])
+    assert by_embeds.shape[1] == 5 and torch.equal(by_embeds, by_ids[:, x.shape[1] :])
     assert torch.equal(by_both, by_ids)
 
 
-@pytest.mark.parametrize("call,kw,error,message", [
-    ("forward", dict(input_ids=True, inputs_embeds=True), ValueError, "pass either input_ids or inputs_embeds, not both"),
-    ("forward", dict(), ValueError, r"input_ids \(LongTensor of shape \(B, T\)\) or inputs_embeds"),
-    ("forward", dict(inputs_embeds=torch.zeros(2, 6, 5)), ValueError,
-     r"inputs_embeds must have shape \(B, T, d_model=32\) with B, T >= 1; got \(2, 6, 5\)"),
-    ("forward", dict(inputs_embeds=torch.zeros(2, 0, 32)), ValueError, r"got \(2, 0, 32\)"),
-    ("forward", dict(inputs_embeds=torch.zeros(2, 6, 32, dtype=torch.long)), ValueError,
-     "inputs_embeds must be a floating tensor"),
-    ("forward", dict(inputs_embeds=[[0.0] * 32]), TypeError, "inputs_embeds must be a torch.Tensor"),
-    ("generate", dict(inputs_embeds=torch.zeros(2, 6, 32), max_new_tokens=35), ValueError,
-     r"prompt length 6 \+ max_new_tokens=35 = 41 exceeds block_size=40"),
-    ("generate", dict(inputs_embeds=torch.zeros(2, 6, 5), max_new_tokens=2), ValueError,
-     r"inputs_embeds must have shape \(B, T, d_model=32\)"),
-    ("generate", dict(input_ids=True, inputs_embeds=torch.zeros(2, 4, 32), max_new_tokens=2), ValueError,
-     r"input_ids has shape \(2, 6\) but inputs_embeds \(2, 4, 32\)"),
-    ("generate", dict(inputs_embeds=torch.zeros(2, 6, 32), attention_mask=torch.ones(2, 5), max_new_tokens=2),
-     ValueError, r"attention_mask has shape \(2, 5\); expected inputs_embeds"),
-])
+@pytest.mark.parametrize(
+    "call,kw,error,message",
+    [
+        (
+            "forward",
+            dict(input_ids=True, inputs_embeds=True),
+            ValueError,
+            "pass either input_ids or inputs_embeds, not both",
+        ),
+        ("forward", dict(), ValueError, r"input_ids \(LongTensor of shape \(B, T\)\) or inputs_embeds"),
+        (
+            "forward",
+            dict(inputs_embeds=torch.zeros(2, 6, 5)),
+            ValueError,
+            r"inputs_embeds must have shape \(B, T, d_model=32\) with B, T >= 1; got \(2, 6, 5\)",
+        ),
+        ("forward", dict(inputs_embeds=torch.zeros(2, 0, 32)), ValueError, r"got \(2, 0, 32\)"),
+        (
+            "forward",
+            dict(inputs_embeds=torch.zeros(2, 6, 32, dtype=torch.long)),
+            ValueError,
+            "inputs_embeds must be a floating tensor",
+        ),
+        ("forward", dict(inputs_embeds=[[0.0] * 32]), TypeError, "inputs_embeds must be a torch.Tensor"),
+        (
+            "generate",
+            dict(inputs_embeds=torch.zeros(2, 6, 32), max_new_tokens=35),
+            ValueError,
+            r"prompt length 6 \+ max_new_tokens=35 = 41 exceeds block_size=40",
+        ),
+        (
+            "generate",
+            dict(inputs_embeds=torch.zeros(2, 6, 5), max_new_tokens=2),
+            ValueError,
+            r"inputs_embeds must have shape \(B, T, d_model=32\)",
+        ),
+        (
+            "generate",
+            dict(input_ids=True, inputs_embeds=torch.zeros(2, 4, 32), max_new_tokens=2),
+            ValueError,
+            r"input_ids has shape \(2, 6\) but inputs_embeds \(2, 4, 32\)",
+        ),
+        (
+            "generate",
+            dict(inputs_embeds=torch.zeros(2, 6, 32), attention_mask=torch.ones(2, 5), max_new_tokens=2),
+            ValueError,
+            r"attention_mask has shape \(2, 5\); expected inputs_embeds",
+        ),
+    ],
+)
 def test_bad_inputs_embeds_are_named(call, kw, error, message):
     lm, x = tiny_lm(), ids(2, 6)
-    kw = {k: (x if v is True and k == "input_ids" else lm.get_input_embeddings()(x) if v is True else v)
-          for k, v in kw.items()}
+    kw = {
+        k: (x if v is True and k == "input_ids" else lm.get_input_embeddings()(x) if v is True else v)
+        for k, v in kw.items()
+    }
     with pytest.raises(error, match=message), torch.no_grad():
         lm(**kw) if call == "forward" else lm.generate(**kw)
 
@@ -185,11 +248,14 @@ def test_a_none_config_switch_argument_takes_the_config():
     assert isinstance(out, tuple) and len(out[-1]) == 3
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(num_beams=None, max_new_tokens=3), r"num_beams=None must be an int >= 1 \(or left out"),
-    (dict(num_return_sequences=None, max_new_tokens=3), r"num_return_sequences=None must be an int >= 1"),
-    (dict(max_length=None), r"max_length=None: pass an int, or max_new_tokens, or leave both out"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(num_beams=None, max_new_tokens=3), r"num_beams=None must be an int >= 1 \(or left out"),
+        (dict(num_return_sequences=None, max_new_tokens=3), r"num_return_sequences=None must be an int >= 1"),
+        (dict(max_length=None), r"max_length=None: pass an int, or max_new_tokens, or leave both out"),
+    ],
+)
 def test_a_none_that_transformers_cannot_take_is_named(kw, message):
     """GPT-2 fails on these inside transformers ("'>' not supported between 'int' and 'NoneType'")."""
     with pytest.raises(TypeError, match=message):
@@ -224,15 +290,23 @@ def test_logits_processors_and_scores_cached_equal_uncached(variant):
     """Left-padded batch: repetition penalty, ``min_new_tokens`` with a list of end ids, ``no_repeat_ngram_size``;
     ``output_scores``/``output_logits`` of cached decoding equal the uncached ones."""
     lm, (x, mask) = tiny_lm(variant), left_padded()
-    kw = dict(attention_mask=mask, max_new_tokens=8, repetition_penalty=1.3, min_new_tokens=5,
-              eos_token_id=[3, 4, 5, 6, 7, 8], no_repeat_ngram_size=2, return_dict_in_generate=True,
-              output_scores=True, output_logits=True)
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=8,
+        repetition_penalty=1.3,
+        min_new_tokens=5,
+        eos_token_id=[3, 4, 5, 6, 7, 8],
+        no_repeat_ngram_size=2,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+    )
     cached, uncached = (lm.generate(x, use_cache=c, **kw) for c in (True, False))
     assert torch.equal(cached.sequences, uncached.sequences)
     assert len(cached.scores) == len(cached.logits) == cached.sequences.shape[1] - x.shape[1]
     for a, b in zip(cached.logits + cached.scores, uncached.logits + uncached.scores):
         torch.testing.assert_close(a, b)
-    new = cached.sequences[:, x.shape[1]:]
+    new = cached.sequences[:, x.shape[1] :]
     assert not torch.isin(new[:, :5], torch.arange(3, 9)).any()  # no end id before min_new_tokens
 
 
@@ -249,10 +323,14 @@ def test_stop_strings_stop_cached_and_uncached_alike():
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="0", pad_token="a")
     lm, (x, mask) = tiny_lm(), left_padded()
     plain = lm.generate(x, attention_mask=mask, max_new_tokens=8)
-    new = plain[1, x.shape[1]:]
+    new = plain[1, x.shape[1] :]
     end = x.shape[1] + int((new == new[2]).nonzero()[0]) + 1  # row 1 ends at the first of its 3rd new token
-    out = [lm.generate(x, attention_mask=mask, max_new_tokens=8, stop_strings=[tok.decode(new[2:3])], tokenizer=tok,
-                       use_cache=c) for c in (True, False)]
+    out = [
+        lm.generate(
+            x, attention_mask=mask, max_new_tokens=8, stop_strings=[tok.decode(new[2:3])], tokenizer=tok, use_cache=c
+        )
+        for c in (True, False)
+    ]
     assert torch.equal(*out)
     assert torch.equal(out[0][1, :end], plain[1, :end]) and (out[0][1, end:] == 0).all()  # stopped, then padded
 
@@ -267,8 +345,11 @@ def test_a_legacy_tuple_cache_is_named_with_its_conversion(arg):
     step, step_mask = torch.full((3, 1), 7), torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], 1)
     with torch.no_grad():
         legacy = tuple((layer.keys, layer.values) for layer in lm(x, attention_mask=mask).cache.layers)
-        with pytest.raises(ValueError, match=rf"{arg} must be a transformers Cache \(e.g. DynamicCache\); got tuple; "
-                                             rf"legacy \(key, value\) pairs per layer: pass DynamicCache\({arg}\)"):
+        with pytest.raises(
+            ValueError,
+            match=rf"{arg} must be a transformers Cache \(e.g. DynamicCache\); got tuple; "
+            rf"legacy \(key, value\) pairs per layer: pass DynamicCache\({arg}\)",
+        ):
             lm(step, attention_mask=step_mask, **{arg: legacy})
         logits = lm(step, attention_mask=step_mask, **{arg: DynamicCache(legacy)}).logits
         torch.testing.assert_close(logits, lm(torch.cat([x, step], 1), attention_mask=step_mask).logits[:, -1:])

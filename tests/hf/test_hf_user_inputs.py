@@ -17,8 +17,21 @@ V = 53
 
 def tiny_lm(**kw) -> CoupledQKForCausalLM:
     torch.manual_seed(0)
-    cfg = GPTConfig(**{**dict(vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2,
-                              attention="coupled", dt_init=0.5), **kw})
+    cfg = GPTConfig(
+        **{
+            **dict(
+                vocab_size=V,
+                block_size=40,
+                n_layer=2,
+                d_model=32,
+                n_heads=4,
+                n_kv_heads=2,
+                attention="coupled",
+                dt_init=0.5,
+            ),
+            **kw,
+        }
+    )
     return CoupledQKForCausalLM.from_gpt(GPT(cfg), pad_token_id=0).eval()
 
 
@@ -39,13 +52,22 @@ BAD_STEP_INPUTS = {
     "mask of 2s": (dict(attention_mask=torch.full((2, 5), 2)), ValueError, r"only 0 \(padding\) and 1 \(token\)"),
     "mask of halves": (dict(attention_mask=torch.full((2, 5), 0.5)), ValueError, r"only 0 \(padding\) and 1"),
     "mask as a list": (dict(attention_mask=[[1] * 5] * 2), TypeError, "attention_mask must be a torch.Tensor"),
-    "float positions": (dict(position_ids=torch.full((2, 1), 4.0)), ValueError,
-                        r"position_ids must hold integer positions \(int64 or int32\); got dtype torch.float32"),
-    "bool positions": (dict(position_ids=torch.ones(2, 1, dtype=torch.bool)), ValueError,
-                       "position_ids must hold integer positions"),
+    "float positions": (
+        dict(position_ids=torch.full((2, 1), 4.0)),
+        ValueError,
+        r"position_ids must hold integer positions \(int64 or int32\); got dtype torch.float32",
+    ),
+    "bool positions": (
+        dict(position_ids=torch.ones(2, 1, dtype=torch.bool)),
+        ValueError,
+        "position_ids must hold integer positions",
+    ),
     "positions as a list": (dict(position_ids=[[4], [4]]), TypeError, "position_ids must be a torch.Tensor"),
-    "negative positions": (dict(position_ids=torch.full((2, 1), -1)), ValueError,
-                           r"position_ids must be in \[0, block_size=40\); got min -1, max -1"),
+    "negative positions": (
+        dict(position_ids=torch.full((2, 1), -1)),
+        ValueError,
+        r"position_ids must be in \[0, block_size=40\); got min -1, max -1",
+    ),
 }
 
 
@@ -74,8 +96,9 @@ def test_one_row_of_position_ids_is_broadcast_over_the_batch(kind):
         lm(x, position_ids=torch.arange(6).expand(3, 6))
 
 
-@pytest.mark.parametrize("new, pad_to, vocab, rows", [(70, None, 70, 80), (60, 8, 64, 64), (None, None, V, 64),
-                                                      (50, None, 50, 64)])
+@pytest.mark.parametrize(
+    "new, pad_to, vocab, rows", [(70, None, 70, 80), (60, 8, 64, 64), (None, None, V, 64), (50, None, 50, 64)]
+)
 def test_resize_token_embeddings_of_a_padded_vocabulary_saves_and_loads(tmp_path, new, pad_to, vocab, rows):
     """With ``vocab_pad_multiple=16`` the embedding has ``padded_vocab_size`` rows; resizing to 70 left 70 rows
     while config.json asked for 80, so the saved folder could not be loaded (a shape mismatch)."""
@@ -174,8 +197,16 @@ def test_trainer_resumes_from_its_checkpoint_without_a_missing_weight_warning(tm
     data = [dict(input_ids=row, labels=row) for row in ids(8, 10)]
 
     def trainer(lm, steps):
-        args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, max_steps=steps, save_steps=2,
-                                 report_to=[], use_cpu=True, disable_tqdm=True, learning_rate=1e-2)
+        args = TrainingArguments(
+            str(tmp_path),
+            per_device_train_batch_size=4,
+            max_steps=steps,
+            save_steps=2,
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+            learning_rate=1e-2,
+        )
         return Trainer(model=lm, args=args, train_dataset=data)
 
     trained = tiny_lm().train()
@@ -243,12 +274,16 @@ def test_continuing_from_a_static_cache_that_generate_made():
     full = lm.generate(x, max_new_tokens=8, do_sample=False)
 
     def first(**kw):
-        return lm.generate(x, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
-                           cache_implementation="static", **kw)
+        return lm.generate(
+            x, max_new_tokens=4, do_sample=False, return_dict_in_generate=True, cache_implementation="static", **kw
+        )
 
     out = first()
-    with pytest.raises(ValueError, match=r"max_cache_len=9 positions; 9 are cached .* cache_implementation='static', "
-                                         r"max_cache_len=N\) sizes the cache it creates"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_cache_len=9 positions; 9 are cached .* cache_implementation='static', "
+        r"max_cache_len=N\) sizes the cache it creates",
+    ):
         lm.generate(out.sequences, cache=out.past_key_values, max_new_tokens=4, do_sample=False)
     out = first(max_cache_len=20)
     more = lm.generate(out.sequences, cache=out.past_key_values, max_new_tokens=4, do_sample=False)
@@ -315,9 +350,16 @@ def test_activation_checkpointing_every_n_layers_checkpoints_those_blocks(every)
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
-@pytest.mark.parametrize("typo, meant", [("atention_mask", "attention_mask"), ("label", "labels"),
-                                         ("position_id", "position_ids"), ("input_embeds", "inputs_embeds"),
-                                         ("use_cahce", "use_cache")])
+@pytest.mark.parametrize(
+    "typo, meant",
+    [
+        ("atention_mask", "attention_mask"),
+        ("label", "labels"),
+        ("position_id", "position_ids"),
+        ("input_embeds", "inputs_embeds"),
+        ("use_cahce", "use_cache"),
+    ],
+)
 def test_a_misspelt_keyword_is_named_not_ignored(kind, typo, meant):
     lm = tiny_lm()
     with pytest.raises(TypeError, match=rf"unexpected keyword argument '{typo}' .*did you mean '{meant}'"):

@@ -101,7 +101,7 @@ def test_single_token_steps_fold_the_map_once_per_cache():
         assert not getattr(cache, "_coupled_qk_folds", None)  # the prefill does not fold
         parts.append(lm(idx[:, 6:7], cache=cache).logits)
         folds = dict(cache._coupled_qk_folds)
-        parts += [lm(idx[:, t: t + 1], cache=cache).logits for t in (7, 8)]
+        parts += [lm(idx[:, t : t + 1], cache=cache).logits for t in (7, 8)]
         full = lm(idx, use_cache=False).logits
     assert len(folds) == 2 and all(cache._coupled_qk_folds[i] is f for i, f in folds.items())
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=2e-5, rtol=1e-4)
@@ -117,10 +117,10 @@ def test_left_padded_batch_generates_each_prompt_alone(variant):
     ids = torch.zeros(3, width, dtype=torch.long)
     mask = torch.zeros(3, width, dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+        ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
     out = lm.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
     for i, p in enumerate(prompts):
-        assert torch.equal(out[i, width:], gpt.generate(p[None], 8, temperature=0)[0, len(p):])
+        assert torch.equal(out[i, width:], gpt.generate(p[None], 8, temperature=0)[0, len(p) :])
 
 
 def test_missing_config_json_is_a_clear_error(tmp_path):
@@ -258,7 +258,8 @@ def test_missing_weights_initialised_like_gpt_with_strict_false(tmp_path):
         assert w.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.05)
     f = b1.attn.qk_map.force  # uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)): std = bound / sqrt(3)
     assert f.w_in.abs().max().item() <= 1 / math.sqrt(8) and f.w_in.std().item() == pytest.approx(
-        1 / math.sqrt(8) / math.sqrt(3), rel=0.15)
+        1 / math.sqrt(8) / math.sqrt(3), rel=0.15
+    )
     lam = torch.cat([b1.attn.lambda_q1, b1.attn.lambda_k1, b1.attn.lambda_q2, b1.attn.lambda_k2])
     assert lam.std().item() == pytest.approx(0.1, rel=0.3)
     for name, p in gpt.blocks[0].named_parameters():  # layer 0 was loaded, not re-drawn

@@ -17,18 +17,25 @@ V = 53
 
 def tiny_lm(attention: str) -> CoupledQKForCausalLM:
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, attention=attention,
-                    dt_init=0.5)
+    cfg = GPTConfig(
+        vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, attention=attention, dt_init=0.5
+    )
     return CoupledQKForCausalLM.from_gpt(GPT(cfg), pad_token_id=0).eval()
 
 
 def ids(*shape):
     return torch.randint(1, V, shape, generator=torch.Generator().manual_seed(0))
 
+
 # nn.Linear projections by module name; the coupling network's weights are plain parameters (one matrix per head),
 # which peft adapts through target_parameters
-LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["qkv", "attn.out_proj"],
-            target_parameters=["force.w_in", "force.w_out"])
+LORA = dict(
+    r=4,
+    lora_alpha=8,
+    lora_dropout=0.0,
+    target_modules=["qkv", "attn.out_proj"],
+    target_parameters=["force.w_in", "force.w_out"],
+)
 
 
 def test_lora_trains_saves_reloads_and_merges(tmp_path):
@@ -90,8 +97,9 @@ def test_prompt_tuning_trains_the_virtual_tokens_and_generates():
     from peft import PromptTuningConfig, TaskType
 
     base = tiny_lm("coupled")
-    model = get_peft_model(base, PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=3,
-                                                    num_attention_heads=4))
+    model = get_peft_model(
+        base, PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=3, num_attention_heads=4)
+    )
     x = ids(2, 6)
     out = model(input_ids=x, attention_mask=torch.ones_like(x), labels=x)
     virtual = model.prompt_encoder.default.embedding.weight
@@ -101,6 +109,8 @@ def test_prompt_tuning_trains_the_virtual_tokens_and_generates():
     out.loss.backward()
     assert virtual.grad is not None and virtual.grad.abs().sum() > 0
     model.eval()
-    cached, uncached = (model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=4,
-                                       do_sample=False, use_cache=c) for c in (True, False))
+    cached, uncached = (
+        model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=4, do_sample=False, use_cache=c)
+        for c in (True, False)
+    )
     assert cached.shape == (2, 10) and torch.equal(cached, uncached)

@@ -22,16 +22,26 @@ from coupled_qk.hf.retrofit import coupling_parameters, step_sizes  # noqa: E402
 from coupled_qk.ops.rope import apply_rope, rope_tables  # noqa: E402
 
 V = 61
-_SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, bos_token_id=None, eos_token_id=None)
+_SMALL = dict(
+    vocab_size=V,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    bos_token_id=None,
+    eos_token_id=None,
+)
 FAMILIES = {
     "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**_SMALL)),
     "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**_SMALL)),
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**_SMALL)),
     "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**_SMALL, head_dim=8)),
     "gpt2": lambda: transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                bos_token_id=None, eos_token_id=None)
+        transformers.GPT2Config(
+            vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=None, eos_token_id=None
+        )
     ),
 }
 # every family and GQA mode with the eager backend; sdpa (which runs GQA natively) on a subset
@@ -131,8 +141,9 @@ def test_coupled_llama_attention_matches_float64_reference(gqa):
 @pytest.mark.parametrize("attention", ["standard", "coupled"])
 def test_gpt2_export_matches_our_gpt(attention):
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=V, block_size=32, n_layer=2, d_model=32, n_heads=4, position="learned",
-                    attention=attention)
+    cfg = GPTConfig(
+        vocab_size=V, block_size=32, n_layer=2, d_model=32, n_heads=4, position="learned", attention=attention
+    )
     ours = GPT(cfg).eval()
     if attention == "coupled":
         _set_dt(ours)
@@ -164,8 +175,13 @@ def _train(model, steps=4, lr=3e-2, seed=5):
 
 @pytest.mark.parametrize(
     "family,gqa,position",
-    [("llama", "expand", "pre_rope"), ("qwen3", "shared", "pre_rope"), ("mistral", "expand", "post_rope"),
-     ("qwen2", "shared", "post_rope"), ("gpt2", "expand", "pre_rope")],
+    [
+        ("llama", "expand", "pre_rope"),
+        ("qwen3", "shared", "pre_rope"),
+        ("mistral", "expand", "post_rope"),
+        ("qwen2", "shared", "post_rope"),
+        ("gpt2", "expand", "pre_rope"),
+    ],
 )
 def test_training_moves_dt_and_cached_decoding_stays_exact(family, gqa, position):
     model = retrofit(_model(family), gqa=gqa, position=position)
@@ -220,10 +236,14 @@ def test_load_retrofitted_reports_no_coupling_weights_as_unexpected(tmp_path, ca
     with torch.no_grad():
         assert torch.equal(loaded(x).logits, model(x).logits)
 
+
 def test_clear_errors():
     torch.manual_seed(0)
-    neox = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
-        vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48))
+    neox = transformers.GPTNeoXForCausalLM(
+        transformers.GPTNeoXConfig(
+            vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48
+        )
+    )
     with pytest.raises(ValueError, match="retrofit supports attention classes .*GPTNeoXAttention"):
         retrofit(neox)
     model = _model("llama")
@@ -253,11 +273,14 @@ def test_load_retrofitted_from_a_base_model_folder(tmp_path):
             assert torch.equal(lm(loaded)(x).last_hidden_state, base(x).last_hidden_state)
 
 
-@pytest.mark.parametrize("entry,message", [
-    ("yes", r"config.json's 'coupled_qk_retrofit' = 'yes' must map retrofit's options"),
-    ({"integrator": "euler", "steps": 2}, r"config.json's .* must map retrofit's options .*; unknown \['steps'\]"),
-    ({"integrator": "rk4"}, r"config.json's 'coupled_qk_retrofit': integrator='rk4' is not supported"),
-])
+@pytest.mark.parametrize(
+    "entry,message",
+    [
+        ("yes", r"config.json's 'coupled_qk_retrofit' = 'yes' must map retrofit's options"),
+        ({"integrator": "euler", "steps": 2}, r"config.json's .* must map retrofit's options .*; unknown \['steps'\]"),
+        ({"integrator": "rk4"}, r"config.json's 'coupled_qk_retrofit': integrator='rk4' is not supported"),
+    ],
+)
 def test_load_retrofitted_names_the_folder_of_a_malformed_entry(tmp_path, entry, message):
     # an edited config.json gave "TypeError: 'str' object is not a mapping" or an error without the folder
     import json

@@ -23,16 +23,25 @@ V = 61
 
 def _llama(layers=3, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   bos_token_id=None, eos_token_id=None)
+    cfg = transformers.LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
 def _gpt2(seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=None,
-                                  eos_token_id=None)
+    cfg = transformers.GPT2Config(
+        vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=None, eos_token_id=None
+    )
     return transformers.GPT2LMHeadModel(cfg).eval()
 
 
@@ -108,8 +117,11 @@ def test_map_without_start_at_identity_is_refused_naming_what_to_add():
     with registry.isolated():
         registry.register_qk_map("no_identity", "no_identity", NoIdentity, DtOptions)
         model = _llama()
-        with pytest.raises(ValueError, match=r"qk_map='no_identity'.*NoIdentity has no start_at_identity\(\) method"
-                                             r".*add to the class a method 'def start_at_identity\(self\) -> None'"):
+        with pytest.raises(
+            ValueError,
+            match=r"qk_map='no_identity'.*NoIdentity has no start_at_identity\(\) method"
+            r".*add to the class a method 'def start_at_identity\(self\) -> None'",
+        ):
             retrofit(model, qk_map="no_identity")
         assert not any(hasattr(m, "qk_dynamics") for m in model.modules())  # refused before any change
 
@@ -117,8 +129,11 @@ def test_map_without_start_at_identity_is_refused_naming_what_to_add():
 def test_map_that_start_at_identity_does_not_make_the_identity_is_refused():
     with registry.isolated():
         registry.register_qk_map("wrong_identity", "wrong_identity", WrongIdentity, DtOptions)
-        with pytest.raises(ValueError, match=r"qk_map='wrong_identity'.*WrongIdentity.start_at_identity\(\) does not "
-                                             r"make the map the identity: on float64 q, k of shape \(1, 4, 1, 8\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"qk_map='wrong_identity'.*WrongIdentity.start_at_identity\(\) does not "
+            r"make the map the identity: on float64 q, k of shape \(1, 4, 1, 8\)",
+        ):
             retrofit(_llama(), qk_map="wrong_identity")
 
 
@@ -131,15 +146,21 @@ def test_registration_checks_the_start_at_identity_signature():
             registry.register_qk_map("not_method", "not_method", not_method, DtOptions)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(qk_map="nope"), r"qk_map='nope' is unknown; expected one of \['dynamics'"),
-    (dict(qk_map="query_mlp", integrator="leapfrog"), r"\{'integrator': 'leapfrog'\} are options of "
-                                                      r"qk_map='dynamics' only; give query_mlp's options as map_options"),
-    (dict(map_options={"hidden": 4}), r"map_options=\{'hidden': 4\} is for maps other than qk_map='dynamics'"),
-    (dict(qk_map="query_mlp", map_options={"steps": 2}), r"unknown option\(s\) \['steps'\] of qk_map='query_mlp'"),
-    (dict(qk_map="query_mlp", map_options={"hidden": 0}), r"map_options=\{'hidden': 0\} of qk_map='query_mlp': "),
-    (dict(qk_map="query_mlp", map_options=[1]), r"map_options=\[1\] must be a dict"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(qk_map="nope"), r"qk_map='nope' is unknown; expected one of \['dynamics'"),
+        (
+            dict(qk_map="query_mlp", integrator="leapfrog"),
+            r"\{'integrator': 'leapfrog'\} are options of "
+            r"qk_map='dynamics' only; give query_mlp's options as map_options",
+        ),
+        (dict(map_options={"hidden": 4}), r"map_options=\{'hidden': 4\} is for maps other than qk_map='dynamics'"),
+        (dict(qk_map="query_mlp", map_options={"steps": 2}), r"unknown option\(s\) \['steps'\] of qk_map='query_mlp'"),
+        (dict(qk_map="query_mlp", map_options={"hidden": 0}), r"map_options=\{'hidden': 0\} of qk_map='query_mlp': "),
+        (dict(qk_map="query_mlp", map_options=[1]), r"map_options=\[1\] must be a dict"),
+    ],
+)
 def test_map_options_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         retrofit(_llama(), **kwargs)
@@ -149,9 +170,20 @@ def test_every_option_is_saved_and_applied_on_load(tmp_path):
     # freeze_base was not recorded: a reloaded model trained its base weights again
     rf = retrofit(_llama(), freeze_base=True, integrator="leapfrog", layers=[2, 0])
     saved = dict(rf.config.coupled_qk_retrofit)
-    assert saved == dict(integrator="leapfrog", n_steps=1, dt_init=0.0, hidden=None, force="mlp",
-                         shared_across_heads=True, gqa="expand", position="pre_rope", freeze_base=True,
-                         qk_map="dynamics", map_options=None, layers=[0, 2])
+    assert saved == dict(
+        integrator="leapfrog",
+        n_steps=1,
+        dt_init=0.0,
+        hidden=None,
+        force="mlp",
+        shared_across_heads=True,
+        gqa="expand",
+        position="pre_rope",
+        freeze_base=True,
+        qk_map="dynamics",
+        map_options=None,
+        layers=[0, 2],
+    )
     rf.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["coupled_qk_retrofit"] == saved
     loaded = load_retrofitted(tmp_path)
@@ -177,15 +209,18 @@ def test_layers_retrofits_only_the_chosen_layers_and_reloads_them(tmp_path):
     assert torch.equal(_logits(loaded), moved)
 
 
-@pytest.mark.parametrize("layers,message", [
-    ([], r"layers=\[\] selects no layer"),
-    ([3], r"layers=\[3\]: \[3\] out of range; expected a list of distinct layer indices from 0 to 2"),
-    ([-1], r"layers=\[-1\]: \[-1\] out of range"),
-    ([0, 2, 0], r"layers=\[0, 2, 0\]: \[0\] given more than once"),
-    ("1", r"layers='1' must be a list of distinct layer indices"),
-    ([True], r"layers=\[True\]: every entry must be an integer"),
-    ([1.0], r"layers=\[1.0\]: every entry must be an integer"),
-])
+@pytest.mark.parametrize(
+    "layers,message",
+    [
+        ([], r"layers=\[\] selects no layer"),
+        ([3], r"layers=\[3\]: \[3\] out of range; expected a list of distinct layer indices from 0 to 2"),
+        ([-1], r"layers=\[-1\]: \[-1\] out of range"),
+        ([0, 2, 0], r"layers=\[0, 2, 0\]: \[0\] given more than once"),
+        ("1", r"layers='1' must be a list of distinct layer indices"),
+        ([True], r"layers=\[True\]: every entry must be an integer"),
+        ([1.0], r"layers=\[1.0\]: every entry must be an integer"),
+    ],
+)
 def test_layers_errors(layers, message):
     with pytest.raises(ValueError, match=message):
         retrofit(_llama(), layers=layers)

@@ -26,9 +26,17 @@ V = 61
 
 def _llama(n_kv=2, layers=2, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=n_kv, max_position_embeddings=64,
-                                   bos_token_id=None, eos_token_id=None)
+    cfg = transformers.LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv,
+        max_position_embeddings=64,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     model = transformers.LlamaForCausalLM(cfg).eval()
     model.config._attn_implementation = "eager"
     return model
@@ -37,8 +45,11 @@ def _llama(n_kv=2, layers=2, seed=0):
 @pytest.mark.parametrize("qk_map,cls", [("query_mlp", "QueryMLP"), ("invertible", "InvertibleQKCoupling")])
 def test_shared_keys_refused_for_a_map_whose_query_update_depends_on_q(qk_map, cls):
     model = _llama()
-    with pytest.raises(ValueError, match=rf"retrofit\(qk_map='{qk_map}', gqa='shared'\): {cls}.query_update_is_shift"
-                                         rf" is False .* all 2 query heads of the group .* use gqa='expand'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"retrofit\(qk_map='{qk_map}', gqa='shared'\): {cls}.query_update_is_shift"
+        rf" is False .* all 2 query heads of the group .* use gqa='expand'",
+    ):
         retrofit(model, qk_map=qk_map, gqa="shared")
     assert not any(hasattr(m, "qk_dynamics") for m in model.modules())  # refused before any change
     retrofit(_llama(), qk_map=qk_map, gqa="expand")
@@ -86,8 +97,10 @@ def test_shared_drift_is_the_map_per_query_head_float64(drift):
     dt = attn.qk_dynamics.dt.detach()
     assert dt.shape == (2,)  # one step per key head
     g = torch.Generator().manual_seed(4)
-    q, k = torch.randn(2, 4, 5, 8, generator=g, dtype=torch.float64), torch.randn(2, 2, 5, 8, generator=g,
-                                                                                  dtype=torch.float64)
+    q, k = (
+        torch.randn(2, 4, 5, 8, generator=g, dtype=torch.float64),
+        torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64),
+    )
     with torch.no_grad():
         q2, k2 = couple(attn, q, k)
     for h in range(4):  # independent recomputation: query head h reads key head h // 2 and its dt
@@ -110,7 +123,7 @@ def test_shared_drift_cached_decoding_equals_the_full_forward(drift):
         cache = transformers.DynamicCache(config=rf.config)
         steps = [rf(x[:, :4], cache=cache, use_cache=True).logits]
         for t in range(4, 10):
-            steps.append(rf(x[:, t:t + 1], cache=cache, use_cache=True).logits)
+            steps.append(rf(x[:, t : t + 1], cache=cache, use_cache=True).logits)
         base = _llama().double()(x).logits
     assert cache.layers[0].keys.shape[1] == 2  # one evolved key per key head is cached
     assert (full - base).abs().max() > 1e-3  # the drift moves the logits (far beyond the tolerance below)

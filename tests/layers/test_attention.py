@@ -22,8 +22,16 @@ def small_model(attention, position="rope", n_kv_heads=2, integrator=None, **kw)
     if integrator is not None and qk_map is not None and "integrator" in qk_map.option_names():
         options["integrator"] = integrator
     cfg = GPTConfig(
-        vocab_size=97, block_size=32, n_layer=2, d_model=32, n_heads=4, n_kv_heads=n_kv_heads,
-        attention=attention, position=position, **options, **kw,
+        vocab_size=97,
+        block_size=32,
+        n_layer=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        attention=attention,
+        position=position,
+        **options,
+        **kw,
     )
     model = GPT(cfg).eval()
     # make the differential lambda and dynamics non-trivial
@@ -61,8 +69,12 @@ def test_fast_path_equals_eager(attention, position):
 
 @pytest.mark.parametrize(  # map_position only exists for an attention with a query-key map (GPTConfig refuses it)
     "attention, position, map_position",
-    [(a, p, m) for a in ATTENTION_VARIANTS for p, m in (("rope", "pre_rope"), ("rope", "post_rope"), ("learned", "pre_rope"))
-     if m == "pre_rope" or get_attention(a).qk_map is not None],
+    [
+        (a, p, m)
+        for a in ATTENTION_VARIANTS
+        for p, m in (("rope", "pre_rope"), ("rope", "post_rope"), ("learned", "pre_rope"))
+        if m == "pre_rope" or get_attention(a).qk_map is not None
+    ],
 )
 def test_kv_cache_decoding_matches_full_forward(attention, position, map_position):
     model = small_model(attention, position, map_position=map_position, integrator="leapfrog")
@@ -109,11 +121,17 @@ def test_differential_attention_matches_float64_reference(n_kv_heads):
 
     # independent re-implementation of Ye et al. (2024), eq. 1-3, with GQA pairing head i -> kv head i // n_rep
     w = attn.qkv.weight
-    wq, wk, wv = w[: n_heads * d_head], w[n_heads * d_head : (n_heads + n_kv_heads) * d_head], w[(n_heads + n_kv_heads) * d_head :]
+    wq, wk, wv = (
+        w[: n_heads * d_head],
+        w[n_heads * d_head : (n_heads + n_kv_heads) * d_head],
+        w[(n_heads + n_kv_heads) * d_head :],
+    )
     h, rep = n_heads // 2, n_heads // n_kv_heads
     lam_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
     lam = (
-        torch.exp((attn.lambda_q1 * attn.lambda_k1).sum()) - torch.exp((attn.lambda_q2 * attn.lambda_k2).sum()) + lam_init
+        torch.exp((attn.lambda_q1 * attn.lambda_k1).sum())
+        - torch.exp((attn.lambda_q2 * attn.lambda_k2).sum())
+        + lam_init
     )
     heads = []
     mask = torch.ones(9, 9).tril().bool()
@@ -149,7 +167,11 @@ def test_standard_rope_attention_matches_float64_reference(n_kv_heads):
     pos = torch.stack([torch.arange(o, o + t) for o in offsets])
     outs = {"shared": attn(x, (cos[:t], sin[:t])), "per_row": attn(x, (cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)))}
     w = attn.qkv.weight
-    wq, wk, wv = w[: n_heads * d_head], w[n_heads * d_head: (n_heads + n_kv_heads) * d_head], w[(n_heads + n_kv_heads) * d_head:]
+    wq, wk, wv = (
+        w[: n_heads * d_head],
+        w[n_heads * d_head : (n_heads + n_kv_heads) * d_head],
+        w[(n_heads + n_kv_heads) * d_head :],
+    )
     rep, mask = n_heads // n_kv_heads, torch.ones(t, t).tril().bool()
     for how, out in outs.items():
         rows = []
@@ -158,10 +180,10 @@ def test_standard_rope_attention_matches_float64_reference(n_kv_heads):
             heads = []
             for i in range(n_heads):
                 j = i // rep
-                q = rope_reference(x[b] @ wq[i * d_head: (i + 1) * d_head].T, start=start)
-                k = rope_reference(x[b] @ wk[j * d_head: (j + 1) * d_head].T, start=start)
+                q = rope_reference(x[b] @ wq[i * d_head : (i + 1) * d_head].T, start=start)
+                k = rope_reference(x[b] @ wk[j * d_head : (j + 1) * d_head].T, start=start)
                 scores = (q @ k.T / math.sqrt(d_head)).masked_fill(~mask, float("-inf"))
-                heads.append(scores.softmax(-1) @ (x[b] @ wv[j * d_head: (j + 1) * d_head].T))
+                heads.append(scores.softmax(-1) @ (x[b] @ wv[j * d_head : (j + 1) * d_head].T))
             rows.append(torch.cat(heads, -1) @ attn.out_proj.weight.T)
         torch.testing.assert_close(out, torch.stack(rows), rtol=1e-10, atol=1e-10)
 
@@ -233,8 +255,10 @@ def test_eager_path_upcasts_half_precision_inputs():
 
 def test_old_state_dicts_load():
     """Checkpoints saved when the maps were attributes ``dynamics``/``query_mlp``/``dt`` of the layer."""
-    for attention, renames in [("coupled", [("qk_map.", "dynamics.")]),
-                               ("uncoupled_mlp", [("qk_map.mlp.", "query_mlp."), ("qk_map.dt", "dt")])]:
+    for attention, renames in [
+        ("coupled", [("qk_map.", "dynamics.")]),
+        ("uncoupled_mlp", [("qk_map.mlp.", "query_mlp."), ("qk_map.dt", "dt")]),
+    ]:
         model = small_model(attention)
         old = {}
         for key, value in model.state_dict().items():
@@ -262,8 +286,9 @@ def test_differential_split_values_equals_full_width_values(attention, n_kv_head
     """Issue 28 item 5: the flash-eligible split-value path (forced on CPU) equals the full-width path in
     outputs and gradients, with and without padding and with a KV cache."""
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=61, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=n_kv_heads,
-                    attention=attention)
+    cfg = GPTConfig(
+        vocab_size=61, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=n_kv_heads, attention=attention
+    )
     model = GPT(cfg).double()
     with torch.no_grad():
         for blk in model.blocks:
@@ -290,6 +315,7 @@ def test_differential_split_values_equals_full_width_values(attention, n_kv_head
     torch.manual_seed(1)
     q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 1, 5, 16)
     from coupled_qk.layers.attention import differential_split_values, scaled_dot_product
+
     y1, y2 = differential_split_values(q, k, v)
     assert y1.shape == y2.shape == (2, 2, 5, 16)
     torch.testing.assert_close(y1, scaled_dot_product(q[:, 0::2], k[:, 0::2], v, True)[0], rtol=1e-5, atol=1e-6)
@@ -314,6 +340,7 @@ def test_differential_rmsnorm_runs_in_float32_under_bf16_autocast():
     attn.subln.register_forward_hook(lambda m, inp, out: seen.append((inp[0].dtype, out.dtype)))
     x = torch.randn(2, 6, 32)
     from coupled_qk.ops.rope import rope_tables
+
     cos, sin = rope_tables(6, 8, 10000.0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = attn(x, (cos, sin))

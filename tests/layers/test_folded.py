@@ -31,8 +31,9 @@ LAYOUTS = {  # name -> (n_kv_heads, keys_per_query_head, scoring, shared force)
 def make_layer(integrator, layout, dtype=torch.float64):
     n_kv, per_query, scoring, shared_force = LAYOUTS[layout]
     torch.manual_seed(0)
-    qk = functools.partial(QKDynamics, integrator=integrator, keys_per_query_head=per_query,
-                           shared_across_heads=shared_force)
+    qk = functools.partial(
+        QKDynamics, integrator=integrator, keys_per_query_head=per_query, shared_across_heads=shared_force
+    )
     layer = CausalSelfAttention(D_MODEL, H, n_kv, DH, qk_map=qk, scoring=scoring).to(dtype).eval()
     with torch.no_grad():  # distinct steps per head and a force large enough to matter
         layer.qk_map.dt.copy_(torch.tensor([0.3, -0.2, 0.5, 0.1]))
@@ -74,8 +75,16 @@ def make_model(attention="coupled", integrator="leapfrog", **qk_map):
     """A 2-layer GQA model whose map moves the logits by O(0.1-1) (scaled projections and force), so that a
     stale or wrong fold cannot hide inside the 1e-5 tolerance."""
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=41, block_size=16, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, attention=attention,
-                    qk_map={"dt_init": 0.3, "integrator": integrator, **qk_map} if attention == "coupled" else None)
+    cfg = GPTConfig(
+        vocab_size=41,
+        block_size=16,
+        n_layer=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        attention=attention,
+        qk_map={"dt_init": 0.3, "integrator": integrator, **qk_map} if attention == "coupled" else None,
+    )
     model = GPT(cfg).eval()
     with torch.no_grad():
         for b in model.blocks:
@@ -92,7 +101,7 @@ def greedy_logits(model, idx, fold=True, cache=None):
         block.attn.fold_inference = fold
     cache = model.new_cache() if cache is None else cache
     with torch.no_grad():
-        return torch.cat([model(idx[:, t: t + 1], cache) for t in range(idx.shape[1])], 1)
+        return torch.cat([model(idx[:, t : t + 1], cache) for t in range(idx.shape[1])], 1)
 
 
 IDX = torch.randint(0, 41, (2, 8), generator=torch.Generator().manual_seed(1))
@@ -271,8 +280,9 @@ def test_maps_that_do_not_fold_decode_through_the_ordinary_path(qk_map):
 
 def test_post_rope_map_does_not_fold():
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=41, block_size=16, n_layer=1, d_model=32, n_heads=4, attention="coupled",
-                    map_position="post_rope")
+    cfg = GPTConfig(
+        vocab_size=41, block_size=16, n_layer=1, d_model=32, n_heads=4, attention="coupled", map_position="post_rope"
+    )
     assert not foldable(GPT(cfg).blocks[0].attn)
 
 

@@ -195,13 +195,16 @@ def test_per_head_networks_differ_per_head_and_shared_ones_do_not():
         m = InvertibleQKCoupling(4, 3, shared_across_heads=shared).double()
         perturb(m)
         q2, _ = m(q, k)
-        assert torch.equal(q2[:, 0], q2[:, 1]) == shared
-
+        # shared: equal up to float64 rounding (the BLAS kernel may split heads differently with the thread
+        # count); per head: different networks move the same input by clearly different amounts
+        gap = (q2[:, 0] - q2[:, 1]).abs().max().item()
+        assert (gap < 1e-12) if shared else (gap > 1e-3), (shared, gap)
 
 
 # --------------------------------------------------------------------------------------------------
 # inside the model, through the registry
 # --------------------------------------------------------------------------------------------------
+
 
 def gpt(attention, **kw):
     from coupled_qk import GPT, GPTConfig

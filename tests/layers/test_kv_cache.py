@@ -28,8 +28,17 @@ def make_model(attention, n_kv_heads=2, shared_keys=False, integrator="leapfrog"
         if shared_keys:
             options["keys_per_query_head"] = False
     unread = shared_keys and n_kv_heads == 4  # keys_per_query_head=False without grouping: refused, as unread
-    cfg = GPTConfig(vocab_size=53, block_size=BLOCK, n_layer=2, d_model=32, n_heads=4, n_kv_heads=n_kv_heads,
-                    attention=attention, qk_map={**options, "keys_per_query_head": True} if unread else options, **kw)
+    cfg = GPTConfig(
+        vocab_size=53,
+        block_size=BLOCK,
+        n_layer=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        attention=attention,
+        qk_map={**options, "keys_per_query_head": True} if unread else options,
+        **kw,
+    )
     if unread:  # what the model would do if it were accepted (the test below: the same as the default)
         object.__setattr__(cfg.qk_map, "keys_per_query_head", False)
     model = GPT(cfg).eval()
@@ -61,8 +70,11 @@ def test_cached_decoding_equals_full_forward_at_every_length(attention, shared_k
 
 def test_grouped_shared_keys_cache_is_as_small_as_standard():
     sizes = {}
-    for name, attention, shared in [("standard", "standard", False), ("per_head", "coupled", False),
-                                    ("shared", "coupled", True)]:
+    for name, attention, shared in [
+        ("standard", "standard", False),
+        ("per_head", "coupled", False),
+        ("shared", "coupled", True),
+    ]:
         model = make_model(attention, shared_keys=shared)
         cache = model.new_cache()
         with torch.no_grad():

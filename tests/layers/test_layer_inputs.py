@@ -25,22 +25,52 @@ ROPE = rope_tables(T, DH)
 PAD = torch.tensor([[False, True, True, True, True, True], [True] * T])
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (lambda L: L(torch.randn(2, T, D_MODEL - 1), ROPE), ValueError, r"x must have shape \(B, T, d_model=32\); got \(2, 6, 31\)"),
-    (lambda L: L(torch.randn(T, D_MODEL), ROPE), ValueError, r"x must have shape .* got \(6, 32\)"),
-    (lambda L: L(_x().half(), ROPE), ValueError, "x has dtype torch.float16 but the layer's parameters are torch.float32"),
-    (lambda L: L(_x().long(), ROPE), ValueError, "x must be a floating-point tensor; got dtype torch.int64"),
-    (lambda L: L(_x(device="meta"), ROPE), ValueError, "x is on meta but the layer is on cpu"),
-    (lambda L: L([[0.0]], ROPE), TypeError, "x must be a torch.Tensor"),
-    (lambda L: L(_x()), TypeError, "rope must be the RoPE tables .* got NoneType"),
-    (lambda L: L(_x(), rope_tables(T - 1, DH)), ValueError, r"rope's cos table must have shape .* \(6, 8\) .* got \(5, 8\)"),
-    (lambda L: L(_x(), ROPE, key_mask=PAD.float()), ValueError, "key_mask must be a bool tensor .* got dtype torch.float32"),
-    (lambda L: L(_x(), ROPE, key_mask=PAD.long()), ValueError, "key_mask must be a bool tensor .* got dtype torch.int64"),
-    (lambda L: L(_x(), ROPE, key_mask=torch.ones(T, T, dtype=torch.bool).tril()), ValueError,
-     r"key_mask must have shape \(B, T_past \+ T\) with B=2 .* got \(6, 6\)"),
-    (lambda L: L(_x(), ROPE, key_mask=torch.ones(2, 1, T, T, dtype=torch.bool)), ValueError, r"got \(2, 1, 6, 6\)"),
-    (lambda L: L(_x(), ROPE, key_mask=PAD[:, 1:]), ValueError, r"key_mask must have shape \(B, T_k\) with T_k=6 .* got \(2, 5\)"),
-])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (
+            lambda L: L(torch.randn(2, T, D_MODEL - 1), ROPE),
+            ValueError,
+            r"x must have shape \(B, T, d_model=32\); got \(2, 6, 31\)",
+        ),
+        (lambda L: L(torch.randn(T, D_MODEL), ROPE), ValueError, r"x must have shape .* got \(6, 32\)"),
+        (
+            lambda L: L(_x().half(), ROPE),
+            ValueError,
+            "x has dtype torch.float16 but the layer's parameters are torch.float32",
+        ),
+        (lambda L: L(_x().long(), ROPE), ValueError, "x must be a floating-point tensor; got dtype torch.int64"),
+        (lambda L: L(_x(device="meta"), ROPE), ValueError, "x is on meta but the layer is on cpu"),
+        (lambda L: L([[0.0]], ROPE), TypeError, "x must be a torch.Tensor"),
+        (lambda L: L(_x()), TypeError, "rope must be the RoPE tables .* got NoneType"),
+        (
+            lambda L: L(_x(), rope_tables(T - 1, DH)),
+            ValueError,
+            r"rope's cos table must have shape .* \(6, 8\) .* got \(5, 8\)",
+        ),
+        (
+            lambda L: L(_x(), ROPE, key_mask=PAD.float()),
+            ValueError,
+            "key_mask must be a bool tensor .* got dtype torch.float32",
+        ),
+        (
+            lambda L: L(_x(), ROPE, key_mask=PAD.long()),
+            ValueError,
+            "key_mask must be a bool tensor .* got dtype torch.int64",
+        ),
+        (
+            lambda L: L(_x(), ROPE, key_mask=torch.ones(T, T, dtype=torch.bool).tril()),
+            ValueError,
+            r"key_mask must have shape \(B, T_past \+ T\) with B=2 .* got \(6, 6\)",
+        ),
+        (lambda L: L(_x(), ROPE, key_mask=torch.ones(2, 1, T, T, dtype=torch.bool)), ValueError, r"got \(2, 1, 6, 6\)"),
+        (
+            lambda L: L(_x(), ROPE, key_mask=PAD[:, 1:]),
+            ValueError,
+            r"key_mask must have shape \(B, T_k\) with T_k=6 .* got \(2, 5\)",
+        ),
+    ],
+)
 def test_layer_names_the_wrong_input(call, error, match):
     """Each of these failed deep inside torch ("mat1 and mat2 shapes cannot be multiplied", "bitwise_and_cpu not
     implemented for 'Float'", "Value after * must be an iterable", a broadcasting error) naming no argument."""
@@ -66,8 +96,9 @@ def test_layer_checks_can_be_turned_off_and_gpt_does():
         layer(torch.randn(2, T, D_MODEL - 1), ROPE)
 
 
-@pytest.mark.parametrize("kw", [{}, {"qk_map": None}, {"scoring": "differential"}, {"impl": "eager"},
-                                {"qk_map": QueryMLP}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"qk_map": None}, {"scoring": "differential"}, {"impl": "eager"}, {"qk_map": QueryMLP}]
+)
 @pytest.mark.parametrize("b, t", [(0, 4), (2, 0), (0, 0)])
 def test_layer_empty_batch_or_sequence(kw, b, t):
     """B = 0 or T = 0 was "cannot reshape tensor of 0 elements into shape [0, 6, -1, 8]"; now an empty output
@@ -97,8 +128,9 @@ def test_integrate_qk_checks_its_tensors():
     """integrate_qk(q float32, k float64) returned float64 for both (q silently promoted); a Python float ``dt``
     was "'float' object has no attribute 'dim'"; ``group=0`` was accepted."""
     q, dt = torch.randn(2, H, T, DH), torch.full((H,), 0.1)
-    with pytest.raises(ValueError, match="q and k must be floating-point tensors of one dtype .* q torch.float32 "
-                                         "and k torch.float64"):
+    with pytest.raises(
+        ValueError, match="q and k must be floating-point tensors of one dtype .* q torch.float32 and k torch.float64"
+    ):
         integrate_qk(q, q.double(), torch.tanh, dt)
     with pytest.raises(ValueError, match="got q torch.int64"):
         integrate_qk(q.long(), q.long(), torch.tanh, dt)
@@ -118,11 +150,14 @@ def test_meta_device_init_then_reset_parameters_initialises_every_parameter():
     """The meta-device pattern (build on meta, ``to_empty``, every module's ``reset_parameters()``, as FSDP users
     do) left ``dt`` (and differential attention's lambdas) as uninitialised memory: the maps and the layer had no
     ``reset_parameters``."""
+
     def build():
-        return torch.nn.ModuleList([
-            _layer(qk_map=lambda d, n: QKDynamics(d, n, dt_init=0.25), scoring="differential"),
-            _layer(qk_map=lambda d, n: QueryMLP(d, n, dt_init=-0.5)),
-        ])
+        return torch.nn.ModuleList(
+            [
+                _layer(qk_map=lambda d, n: QKDynamics(d, n, dt_init=0.25), scoring="differential"),
+                _layer(qk_map=lambda d, n: QueryMLP(d, n, dt_init=-0.5)),
+            ]
+        )
 
     with torch.device("meta"):
         model = build()

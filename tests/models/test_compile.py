@@ -48,6 +48,7 @@ def frames():
 
 # --- issue 28 item 2: RoPE tables built eagerly, no recompile on the second call ---------------------------
 
+
 @pytest.mark.parametrize("position", ["rope", "learned"])
 def test_whole_model_compile_does_not_recompile_on_the_second_call(position):
     model = tiny(position=position)
@@ -76,12 +77,14 @@ def test_rope_tables_exist_at_construction_and_follow_the_parameters():
 
 # --- issue 28 item 3: no graph break at is_causal in cached decoding ---------------------------------------
 
+
 def test_sdpa_causal_flag_is_never_a_symbolic_bool():
     q = torch.randn(1, 2, 6, 8)
     f = torch.compile(lambda q, k: scaled_dot_product(q, k, k, False)[0], backend="eager", dynamic=True)
     for t_q, t_k in ((6, 6), (3, 3), (1, 6), (1, 4), (2, 6)):  # prefill, decode steps, chunked prefill
-        torch.testing.assert_close(f(q[:, :, :t_q], q[:, :, :t_k]), scaled_dot_product(q[:, :, :t_q], q[:, :, :t_k],
-                                                                                       q[:, :, :t_k], True)[0])
+        torch.testing.assert_close(
+            f(q[:, :, :t_q], q[:, :, :t_k]), scaled_dot_product(q[:, :, :t_q], q[:, :, :t_k], q[:, :, :t_k], True)[0]
+        )
     assert dict(counters["graph_break"]) == {}  # before the fix: 'is_causal must be bool, not SymBool'
     ex = dynamo.explain(lambda q, k: scaled_dot_product(q, k, k, False)[0])(q[:, :, :1], q)
     assert ex.graph_break_count == 0
@@ -109,13 +112,16 @@ def test_cached_decoding_with_dynamic_shapes_has_no_graph_break():
 
 # --- issue 28 item 4: a compile fallback that fires --------------------------------------------------------
 
+
 def test_compile_failure_falls_back_to_eager_with_one_warning():
     model = tiny("coupled")
     x = torch.randint(0, 64, (2, 8))
     expected = model(x)
     model.compile(backend=broken_backend)
     assert model.is_compiled
-    with pytest.warns(RuntimeWarning, match=r"torch.compile failed .*RuntimeError: no compiler here\); the model runs eagerly"):
+    with pytest.warns(
+        RuntimeWarning, match=r"torch.compile failed .*RuntimeError: no compiler here\); the model runs eagerly"
+    ):
         out = model(x)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     assert not model.is_compiled and "no compiler here" in model.compile_info["error"]
@@ -166,6 +172,7 @@ def test_the_callers_own_error_is_raised_and_compilation_kept():
 
 
 # --- regional compilation: equal to eager, names unchanged -------------------------------------------------
+
 
 @pytest.mark.slow  # 2-10 s per variant (Dynamo capture)
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -229,6 +236,7 @@ def test_inductor_regional_compile_matches_eager():
 
 # --- compiled decoding over a static cache -----------------------------------------------------------------
 
+
 @pytest.mark.slow  # 2-10 s per variant (Dynamo capture)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_compiled_decoding_matches_eager_token_for_token(variant):
@@ -275,13 +283,13 @@ def test_compiled_decoding_of_a_padded_batch_matches_eager(variant):
     x = torch.zeros(3, 6, dtype=torch.long)
     mask = torch.zeros_like(x)
     for i, n in enumerate(lengths):
-        x[i, 6 - n:], mask[i, 6 - n:] = torch.randint(1, 64, (n,), generator=g), 1
+        x[i, 6 - n :], mask[i, 6 - n :] = torch.randint(1, 64, (n,), generator=g), 1
     expected = model.generate(x, 9, temperature=0, attention_mask=mask)
     model.compiled_decode_step(backend="eager", fullgraph=True)
     out = model.generate(x, 9, temperature=0, attention_mask=mask, compile=True)
     assert torch.equal(out, expected) and frames() == 1
     for i, n in enumerate(lengths):  # each row as its prompt alone
-        alone = model.generate(x[i:i + 1, 6 - n:], 9, temperature=0, compile=True)
+        alone = model.generate(x[i : i + 1, 6 - n :], 9, temperature=0, compile=True)
         assert torch.equal(alone[0, n:], out[i, 6:])
     assert frames() == 2  # an unpadded batch is its own graph (no mask), reused by every row
 
@@ -421,8 +429,9 @@ def test_compiled_decode_step_is_rebuilt_for_another_device_type():
     model.to("meta")
     second = model.compiled_decode_step()
     assert second is not first and model.compiled_decode_step() is second
-    assert model._decode_settings == dict(backend="eager", mode="auto", fullgraph=False, options={"x": 1},
-                                          device="meta")
+    assert model._decode_settings == dict(
+        backend="eager", mode="auto", fullgraph=False, options={"x": 1}, device="meta"
+    )
 
 
 def test_compiled_decode_step_refuses_mode_with_options():
@@ -431,6 +440,7 @@ def test_compiled_decode_step_refuses_mode_with_options():
 
 
 # --- StaticKVCache and its capacity ------------------------------------------------------------------------
+
 
 def test_static_kv_cache_writes_in_place_and_masks_the_rest():
     cache = KVCache(1, 8)
@@ -479,8 +489,19 @@ def test_compiled_step_on_a_full_static_cache_says_so():
     assert all(torch.equal(a, b) for a, b in zip(before, static.k + static.v))
 
 
-@pytest.mark.parametrize("total, block, expected", [(1, 512, 64), (64, 512, 64), (65, 512, 128), (160, 512, 256),
-                                                    (300, 512, 512), (512, 512, 512), (20, 32, 32), (3, 8, 8)])
+@pytest.mark.parametrize(
+    "total, block, expected",
+    [
+        (1, 512, 64),
+        (64, 512, 64),
+        (65, 512, 128),
+        (160, 512, 256),
+        (300, 512, 512),
+        (512, 512, 512),
+        (20, 32, 32),
+        (3, 8, 8),
+    ],
+)
 def test_static_capacity(total, block, expected):
     assert static_capacity(total, block) == expected
 

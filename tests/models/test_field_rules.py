@@ -69,16 +69,20 @@ def skip(config: GPTConfig, name: str) -> bool:
     return (name == "map_position" and config.position != "rope") or field_value(config, name) is MISSING
 
 
-settings_grid = st.fixed_dictionaries({
-    "attention": st.sampled_from(attention_names()),
-    "position": st.sampled_from(["rope", "learned"]),
-    "use_mlp": st.booleans(),
-    "n_kv_heads": st.sampled_from([None, 2]),  # SMALL has n_heads=4: 2 is grouped-query attention
-})
+settings_grid = st.fixed_dictionaries(
+    {
+        "attention": st.sampled_from(attention_names()),
+        "position": st.sampled_from(["rope", "learned"]),
+        "use_mlp": st.booleans(),
+        "n_kv_heads": st.sampled_from([None, 2]),  # SMALL has n_heads=4: 2 is grouped-query attention
+    }
+)
 
 
-GRID = [dict(attention=a, position=p, use_mlp=m, n_kv_heads=kv) for a, p, m, kv in itertools.product(
-    attention_names(), ["rope", "learned"], [True, False], [None, 2])]
+GRID = [
+    dict(attention=a, position=p, use_mlp=m, n_kv_heads=kv)
+    for a, p, m, kv in itertools.product(attention_names(), ["rope", "learned"], [True, False], [None, 2])
+]
 """Every setting that the rules depend on (the whole product: a sample missed combinations where a rule was wrong)."""
 
 

@@ -17,8 +17,12 @@ def standard_param_count(V, T, L, d, H, d_head, d_ff, learned_pos=False):
 
 @pytest.mark.parametrize(
     "preset, shape",
-    [("tiny", (8192, 128, 4, 128, 4)), ("60m", (50257, 512, 12, 512, 8)), ("150m", (50257, 512, 16, 768, 12)),
-     ("350m", (50257, 512, 24, 1024, 16))],
+    [
+        ("tiny", (8192, 128, 4, 128, 4)),
+        ("60m", (50257, 512, 12, 512, 8)),
+        ("150m", (50257, 512, 16, 768, 12)),
+        ("350m", (50257, 512, 24, 1024, 16)),
+    ],
 )
 def test_preset_parameter_counts_match_arithmetic(preset, shape):
     V, T, L, d, H = shape
@@ -90,8 +94,9 @@ def test_old_config_with_dynamics_position_loads_as_map_position(tmp_path):
     assert cfg.map_position == "post_rope" and "dynamics_position" not in cfg.to_dict()
     with pytest.warns(DeprecationWarning):
         # (with a query-key map: map_position is refused where nothing reads it, tests/models/test_field_rules.py)
-        assert GPTConfig.from_dict({"attention": "coupled", "dynamics_position": "post_rope"}).map_position == \
-            "post_rope"
+        assert (
+            GPTConfig.from_dict({"attention": "coupled", "dynamics_position": "post_rope"}).map_position == "post_rope"
+        )
     with pytest.warns(DeprecationWarning):
         run = TrainConfig(max_steps=1, model={"attention": "coupled", "dynamics_position": "post_rope"})
     assert run.model == {"attention": "coupled", "map_position": "post_rope"}
@@ -161,11 +166,14 @@ def test_invalid_config_json_names_the_file(tmp_path):
         GPTConfig.load(bad)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("n_layer", "four", r"n_layer='four' is not an integer"),
-    ("flash", True, r"unknown GPTConfig field\(s\) \['flash'\]"),
-    ("d_model", -8, r"d_model=-8"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("n_layer", "four", r"n_layer='four' is not an integer"),
+        ("flash", True, r"unknown GPTConfig field\(s\) \['flash'\]"),
+        ("d_model", -8, r"d_model=-8"),
+    ],
+)
 def test_a_refused_field_of_a_config_file_names_the_file(tmp_path, field, value, message):
     """A run's ``model_config.json`` (or ``--config`` file) with a field the config refuses said
     "GPTConfig.n_layer='four' is not an integer" from load_run/eval/export, naming no file."""
@@ -174,8 +182,9 @@ def test_a_refused_field_of_a_config_file_names_the_file(tmp_path, field, value,
     from coupled_qk.training.config import TrainConfig
 
     path = tmp_path / "model_config.json"
-    path.write_text(json.dumps({**GPTConfig(vocab_size=50, block_size=8, n_layer=1, d_model=16, n_heads=2).to_dict(),
-                                field: value}))
+    path.write_text(
+        json.dumps({**GPTConfig(vocab_size=50, block_size=8, n_layer=1, d_model=16, n_heads=2).to_dict(), field: value})
+    )
     with pytest.raises(ValueError, match=f"^config file {path}: .*{message}"):
         GPTConfig.load(path)
     path.write_text(json.dumps({"lr": "fast"}))

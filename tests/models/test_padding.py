@@ -15,8 +15,16 @@ CASES = [(v, "rope") for v in SPECS] + [("standard", "learned"), ("coupled", "le
 
 def tiny(variant: str, position: str = "rope", seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=61, block_size=32, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, position=position,
-                    **SPECS[variant])
+    cfg = GPTConfig(
+        vocab_size=61,
+        block_size=32,
+        n_layer=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        position=position,
+        **SPECS[variant],
+    )
     return GPT(cfg).eval()
 
 
@@ -56,8 +64,8 @@ def test_left_padded_generation_equals_each_prompt_alone(variant, position):
     uncached = model.generate(ids, 7, temperature=0, attention_mask=mask, use_cache=False)
     assert torch.equal(cached, uncached)
     for i, p in enumerate(ps):
-        alone = model.generate(p[None], 7, temperature=0)[0, len(p):]
-        assert torch.equal(cached[i, ids.shape[1]:], alone)
+        alone = model.generate(p[None], 7, temperature=0)[0, len(p) :]
+        assert torch.equal(cached[i, ids.shape[1] :], alone)
 
 
 def test_padding_does_not_change_the_real_tokens_positions():
@@ -76,9 +84,13 @@ def test_padding_does_not_change_the_real_tokens_positions():
 def test_mask_4d_hand_case():
     key_mask = torch.tensor([[False, True, True]])
     m = attention_mask_4d(key_mask, 3, 3)[0, 0]
-    expected = torch.tensor([[True, False, False],  # the padded query sees only itself
-                             [False, True, False],
-                             [False, True, True]])
+    expected = torch.tensor(
+        [
+            [True, False, False],  # the padded query sees only itself
+            [False, True, False],
+            [False, True, True],
+        ]
+    )
     assert torch.equal(m, expected)
     m = attention_mask_4d(torch.tensor([[False, True, True, True]]), 1, 4)[0, 0]  # one new query, 3 cached keys
     assert torch.equal(m, torch.tensor([[False, True, True, True]]))

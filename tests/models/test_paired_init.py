@@ -5,8 +5,13 @@ import torch
 
 from coupled_qk import GPT, GPTConfig
 
-PAIRS = [("standard", "coupled"), ("standard", "uncoupled_mlp"), ("coupled", "uncoupled_mlp"),
-         ("standard", "invertible"), ("differential", "coupled_differential")]
+PAIRS = [
+    ("standard", "coupled"),
+    ("standard", "uncoupled_mlp"),
+    ("coupled", "uncoupled_mlp"),
+    ("standard", "invertible"),
+    ("differential", "coupled_differential"),
+]
 
 
 def _build(attention: str, seed: int) -> GPT:

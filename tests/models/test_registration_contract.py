@@ -65,17 +65,29 @@ def _map_class(**namespace):
     return type("Bad", (QKMap,), {"__init__": Scale.__init__, **namespace})
 
 
-@pytest.mark.parametrize("module, options, message", [
-    (torch.nn.Identity, ScaleOptions, "must be a QKMap subclass"),
-    (_map_class(), ScaleOptions, r"Bad must define forward\(q, k\)"),
-    (_map_class(forward=Scale.forward, __init__=lambda self, d_head, n_heads: QKMap.__init__(self)), ScaleOptions,
-     r"cannot be built as Bad\(d_head, n_heads, s=...\).*unexpected keyword argument 's'"),
-    (Scale, dataclasses.make_dataclass("Req", [("s", float)], bases=(MapOptions,)), r"\['s'\] need a default"),
-    (Scale, dataclasses.make_dataclass("Drop", [("s", float, 2.0), ("dropout", float, 0.5)], bases=(MapOptions,)),
-     r"\['dropout'\] are GPTConfig fields"),
-    (Scale, dataclasses.make_dataclass("Pair", [("s", tuple, (1.0, 2.0))], bases=(MapOptions,)),
-     r"field type\(s\) \{'s': 'tuple'\} cannot be read from --set"),  # '--set s=3,4' was stored as a string
-])
+@pytest.mark.parametrize(
+    "module, options, message",
+    [
+        (torch.nn.Identity, ScaleOptions, "must be a QKMap subclass"),
+        (_map_class(), ScaleOptions, r"Bad must define forward\(q, k\)"),
+        (
+            _map_class(forward=Scale.forward, __init__=lambda self, d_head, n_heads: QKMap.__init__(self)),
+            ScaleOptions,
+            r"cannot be built as Bad\(d_head, n_heads, s=...\).*unexpected keyword argument 's'",
+        ),
+        (Scale, dataclasses.make_dataclass("Req", [("s", float)], bases=(MapOptions,)), r"\['s'\] need a default"),
+        (
+            Scale,
+            dataclasses.make_dataclass("Drop", [("s", float, 2.0), ("dropout", float, 0.5)], bases=(MapOptions,)),
+            r"\['dropout'\] are GPTConfig fields",
+        ),
+        (
+            Scale,
+            dataclasses.make_dataclass("Pair", [("s", tuple, (1.0, 2.0))], bases=(MapOptions,)),
+            r"field type\(s\) \{'s': 'tuple'\} cannot be read from --set",
+        ),  # '--set s=3,4' was stored as a string
+    ],
+)
 def test_a_map_breaking_the_contract_is_refused_at_registration(module, options, message):
     with pytest.raises(ValueError, match=message):
         register_qk_map("bad", "bad", module, options)
@@ -103,16 +115,19 @@ def _run_cell(s: float) -> tuple[type, type, type]:
     """What a notebook cell defines when run: new class objects of the same module and qualified name."""
     namespace = sys.modules["notebook_cell"].__dict__
     namespace.update(QKMap=QKMap, MapOptions=MapOptions, dataclasses=dataclasses, Plain=Plain)
-    exec(f"class Scale(QKMap):\n"
-         f"    def __init__(self, d_head, n_heads, s={s}):\n"
-         f"        super().__init__(); self.s, self.dt = s, None\n"
-         f"    def forward(self, q, k):\n"
-         f"        return self.s * q, k\n"
-         f"@dataclasses.dataclass\n"
-         f"class ScaleOptions(MapOptions):\n"
-         f"    s: float = {s}\n"
-         f"class Rule(Plain):\n"
-         f"    pass\n", namespace)
+    exec(
+        f"class Scale(QKMap):\n"
+        f"    def __init__(self, d_head, n_heads, s={s}):\n"
+        f"        super().__init__(); self.s, self.dt = s, None\n"
+        f"    def forward(self, q, k):\n"
+        f"        return self.s * q, k\n"
+        f"@dataclasses.dataclass\n"
+        f"class ScaleOptions(MapOptions):\n"
+        f"    s: float = {s}\n"
+        f"class Rule(Plain):\n"
+        f"    pass\n",
+        namespace,
+    )
     return namespace["Scale"], namespace["ScaleOptions"], namespace["Rule"]
 
 
@@ -150,8 +165,11 @@ def test_an_option_name_two_maps_type_differently_keeps_each_maps_type_in_varian
     from coupled_qk.models.specs import variant_overrides
 
     steps = dataclasses.make_dataclass("Steps", [("n_steps", float, 1.5)], bases=(MapOptions,))
-    step_map = type("StepMap", (Scale,), {"__init__": lambda self, d_head, n_heads, n_steps=1.5: Scale.__init__(
-        self, d_head, n_heads)})
+    step_map = type(
+        "StepMap",
+        (Scale,),
+        {"__init__": lambda self, d_head, n_heads, n_steps=1.5: Scale.__init__(self, d_head, n_heads)},
+    )
     register_qk_map("steps", "steps", step_map, steps)  # n_steps: float here, int in the coupled dynamics
     register_variant("coupled_two", "coupled", n_steps=2, in_defaults=False)
     assert variant_overrides("coupled+n_steps=3") == {"attention": "coupled", "integrator": "euler", "n_steps": 3}
@@ -164,10 +182,14 @@ def test_an_option_name_two_maps_type_differently_keeps_each_maps_type_in_varian
 def test_a_literal_option_is_checked_on_every_surface():
     from coupled_qk.models.config import parse_overrides
 
-    mode = dataclasses.make_dataclass("Mode", [("s", float, 2.0), ("mode", typing.Literal["a", "b"], "a")],
-                                      bases=(MapOptions,))
-    mode_map = type("ModeMap", (Scale,), {"__init__": lambda self, d_head, n_heads, s=2.0, mode="a": Scale.__init__(
-        self, d_head, n_heads, s)})
+    mode = dataclasses.make_dataclass(
+        "Mode", [("s", float, 2.0), ("mode", typing.Literal["a", "b"], "a")], bases=(MapOptions,)
+    )
+    mode_map = type(
+        "ModeMap",
+        (Scale,),
+        {"__init__": lambda self, d_head, n_heads, s=2.0, mode="a": Scale.__init__(self, d_head, n_heads, s)},
+    )
     register_qk_map("mode", "mode", mode_map, mode)
     assert GPTConfig(attention="mode", **parse_overrides(["mode=b"]), **SMALL).qk_map.mode == "b"
     with pytest.raises(ValueError, match=r"--set mode='c' is unknown; expected one of \['a', 'b'\]"):
@@ -195,6 +217,9 @@ class PoolOptions(MapOptions):
 def test_a_map_returning_other_shapes_is_named_at_its_call():
     register_qk_map("pool", "pool", Pool, PoolOptions)
     model = GPT(GPTConfig(attention="pool", **SMALL))
-    with pytest.raises(ValueError, match=r"query-key map Pool must return q and k of its inputs' shapes "
-                                         r"\(1, 2, 8, 8\) and \(1, 2, 8, 8\); it returned \(1, 2, 8, 8\) and \(1, 2, 7, 8\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"query-key map Pool must return q and k of its inputs' shapes "
+        r"\(1, 2, 8, 8\) and \(1, 2, 8, 8\); it returned \(1, 2, 8, 8\) and \(1, 2, 7, 8\)",
+    ):
         model(torch.randint(0, 32, (1, 8)))

@@ -14,8 +14,15 @@ BLOCK = 8
 
 def _model(variant: str, position: str = "learned", seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=23, block_size=BLOCK, n_layer=1, d_model=16, n_heads=2, position=position,
-                    **variant_overrides(variant))
+    cfg = GPTConfig(
+        vocab_size=23,
+        block_size=BLOCK,
+        n_layer=1,
+        d_model=16,
+        n_heads=2,
+        position=position,
+        **variant_overrides(variant),
+    )
     model = GPT(cfg).eval()
     with torch.no_grad():  # a non-trivial map (dt = 0 at init would make some maps the identity)
         for name, p in model.named_parameters():
@@ -65,7 +72,7 @@ def test_sliding_left_padded_batch_matches_each_prompt_alone():
     out = model.generate(ids, 12, temperature=0, attention_mask=mask)
     for row, p in enumerate((short, long)):
         alone = model.generate(p[None], 12, temperature=0)
-        assert torch.equal(out[row, ids.shape[1]:], alone[0, len(p):]), row
+        assert torch.equal(out[row, ids.shape[1] :], alone[0, len(p) :]), row
 
 
 def test_context_error_keeps_the_old_refusal_and_bad_values_are_named():

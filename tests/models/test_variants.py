@@ -42,8 +42,17 @@ def test_grid_is_every_map_with_every_scoring():
 
 
 @pytest.mark.parametrize("attention", ["standard", "differential"])
-@pytest.mark.parametrize("option", [dict(integrator="leapfrog"), dict(n_steps=3), dict(force="gradient"),
-                                    dict(dt_init=0.2), dict(dynamics_hidden=8), dict(shared_across_heads=False)])
+@pytest.mark.parametrize(
+    "option",
+    [
+        dict(integrator="leapfrog"),
+        dict(n_steps=3),
+        dict(force="gradient"),
+        dict(dt_init=0.2),
+        dict(dynamics_hidden=8),
+        dict(shared_across_heads=False),
+    ],
+)
 def test_map_options_without_a_map_are_errors(attention, option):
     (name,) = option
     with pytest.raises(ValueError, match=rf"\['{name}'\] do not apply to attention='{attention}'"):
@@ -64,8 +73,15 @@ def test_dynamics_options_are_errors_for_the_query_mlp(option):
 def test_flat_spellings_route_into_the_nested_config():
     cfg = GPTConfig(**SMALL, attention="coupled", integrator="leapfrog", n_steps=2, dynamics_hidden=8)
     assert cfg.qk_map == DynamicsOptions(integrator="leapfrog", n_steps=2, hidden=8)
-    assert cfg.to_dict()["qk_map"] == dict(integrator="leapfrog", n_steps=2, hidden=8, dt_init=0.1,
-                                           shared_across_heads=True, force="mlp", keys_per_query_head=True)
+    assert cfg.to_dict()["qk_map"] == dict(
+        integrator="leapfrog",
+        n_steps=2,
+        hidden=8,
+        dt_init=0.1,
+        shared_across_heads=True,
+        force="mlp",
+        keys_per_query_head=True,
+    )
     assert GPTConfig.from_dict(cfg.to_dict()) == cfg
     assert not hasattr(cfg, "integrator")  # flat names are spellings, not attributes
     assert GPTConfig(**SMALL).qk_map is None
@@ -88,23 +104,41 @@ def test_replace_keeps_or_drops_map_options():
 
 
 def test_fields_are_coerced_to_their_declared_types():
-    cfg = GPTConfig(**{**SMALL, "n_layer": "3"}, attention="coupled", use_mlp="False", dropout="0.25",
-                    shared_across_heads="false", n_steps="2", dynamics_hidden="none", dt_init="0")
+    cfg = GPTConfig(
+        **{**SMALL, "n_layer": "3"},
+        attention="coupled",
+        use_mlp="False",
+        dropout="0.25",
+        shared_across_heads="false",
+        n_steps="2",
+        dynamics_hidden="none",
+        dt_init="0",
+    )
     assert cfg.n_layer == 3 and cfg.use_mlp is False and cfg.dropout == 0.25
     assert cfg.qk_map == DynamicsOptions(shared_across_heads=False, n_steps=2, hidden=None, dt_init=0.0)
     assert isinstance(cfg.qk_map.dt_init, float)
     assert GPT(cfg).blocks[0].mlp is None and GPT(cfg).blocks[0].attn.qk_map.force.n_heads == 4
-    for bad, match in [(dict(use_mlp="maybe"), "use_mlp"), (dict(n_layer="2.5"), "n_layer"),
-                       (dict(dropout="fast"), "dropout"), (dict(attention="coupled", n_steps="x"), "n_steps"),
-                       (dict(attention="coupled", dt_init="nan"), "dt_init"), (dict(rope_base=-1.0), "rope_base"),
-                       (dict(attention="coupled", qk_map="leapfrog"), "qk_map")]:
+    for bad, match in [
+        (dict(use_mlp="maybe"), "use_mlp"),
+        (dict(n_layer="2.5"), "n_layer"),
+        (dict(dropout="fast"), "dropout"),
+        (dict(attention="coupled", n_steps="x"), "n_steps"),
+        (dict(attention="coupled", dt_init="nan"), "dt_init"),
+        (dict(rope_base=-1.0), "rope_base"),
+        (dict(attention="coupled", qk_map="leapfrog"), "qk_map"),
+    ]:
         with pytest.raises(ValueError, match=match):
             GPTConfig(**{**SMALL, **bad})
 
 
 def test_parse_overrides_is_typed():
-    assert parse_overrides(["use_mlp=False", "n_layer=6", "dt_init=0", "dynamics-hidden=none", "position=learned"]) \
-        == {"use_mlp": False, "n_layer": 6, "dt_init": 0.0, "dynamics_hidden": None, "position": "learned"}
+    assert parse_overrides(["use_mlp=False", "n_layer=6", "dt_init=0", "dynamics-hidden=none", "position=learned"]) == {
+        "use_mlp": False,
+        "n_layer": 6,
+        "dt_init": 0.0,
+        "dynamics_hidden": None,
+        "position": "learned",
+    }
     with pytest.raises(ValueError, match=r"--set n_head=3: unknown GPTConfig field\(s\) \['n_head'\]"):
         parse_overrides(["n_head=3"])
     with pytest.raises(ValueError, match="FIELD=VALUE"):
@@ -115,10 +149,26 @@ def test_parse_overrides_is_typed():
 
 def test_old_saved_configs_load(tmp_path):
     """config.json written before GPTConfig.qk_map: every dynamics option flat, plus ``extra``."""
-    old = dict(SMALL, n_kv_heads=4, d_head=8, d_ff=128, use_mlp=True, attention="standard", integrator="euler",
-               n_steps=1, dynamics_hidden=None, dt_init=0.1, shared_across_heads=True, force="mlp",
-               position="rope", map_position="pre_rope", rope_base=10000.0, dropout=0.0, attn_impl="sdpa",
-               extra={})
+    old = dict(
+        SMALL,
+        n_kv_heads=4,
+        d_head=8,
+        d_ff=128,
+        use_mlp=True,
+        attention="standard",
+        integrator="euler",
+        n_steps=1,
+        dynamics_hidden=None,
+        dt_init=0.1,
+        shared_across_heads=True,
+        force="mlp",
+        position="rope",
+        map_position="pre_rope",
+        rope_base=10000.0,
+        dropout=0.0,
+        attn_impl="sdpa",
+        extra={},
+    )
     path = tmp_path / "model_config.json"
     path.write_text(json.dumps(old))
     assert GPTConfig.load(path) == GPTConfig(**SMALL)
@@ -190,8 +240,11 @@ def test_worked_example_registers_a_toy_variant_and_trains_it(scaled_key_variant
     with pytest.raises(ValueError, match=r"\['n_steps'\] do not apply to attention='scaled_key'"):
         GPTConfig(**SMALL, attention="scaled_key", n_steps=2)
 
-    cfg = tiny_cfg(model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16, attention="scaled_key",
-                              qk_map={"scale": "0.5"}), max_steps=3, eval_interval=3)
+    cfg = tiny_cfg(
+        model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16, attention="scaled_key", qk_map={"scale": "0.5"}),
+        max_steps=3,
+        eval_interval=3,
+    )
     results = train(cfg)
     assert results["steps"] == 3 and torch.isfinite(torch.tensor(results["final"]["valid/loss"]))
     saved = GPTConfig.load(next(Path(cfg.out_dir).rglob("model_config.json")))
@@ -223,21 +276,30 @@ def test_unknown_names_say_where_plugin_names_come_from_and_where_specs_go():
         GPTConfig(attention="not_installed")
     with pytest.raises(ValueError, match="unknown variant 'not_installed'.*entry-point group 'coupled_qk.variants'"):
         variant_overrides("not_installed")
-    with pytest.raises(ValueError, match=r"read by --variants only.*--attention coupled --set n_steps=3 --set "
-                                         r"dt_init=0\.2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"read by --variants only.*--attention coupled --set n_steps=3 --set "
+        r"dt_init=0\.2\)",
+    ):
         GPTConfig(attention="coupled+n_steps=3+dt_init=0.2")
-    with pytest.raises(ValueError, match=r"'coupled_leapfrog' is a named variant .*--attention coupled --set "
-                                         r"integrator=leapfrog\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"'coupled_leapfrog' is a named variant .*--attention coupled --set "
+        r"integrator=leapfrog\)",
+    ):
         GPTConfig(attention="coupled_leapfrog")  # the hint's flags build it:
     flags = GPTConfig(attention="coupled", integrator="leapfrog")
     assert flags.qk_map == GPTConfig(**variant_overrides("coupled_leapfrog")).qk_map
 
 
-@pytest.mark.parametrize("spec, match", [
-    ("coupled+n_steps=-1", r"variant 'coupled\+n_steps=-1': GPTConfig.qk_map.n_steps"),
-    ("standard+n_steps=2", r"variant 'standard\+n_steps=2': GPTConfig option\(s\) \['n_steps'\] do not apply"),
-    ("invertible+dt_init=0.2", r"variant 'invertible\+dt_init=0.2': .*do not apply to attention='invertible'"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("coupled+n_steps=-1", r"variant 'coupled\+n_steps=-1': GPTConfig.qk_map.n_steps"),
+        ("standard+n_steps=2", r"variant 'standard\+n_steps=2': GPTConfig option\(s\) \['n_steps'\] do not apply"),
+        ("invertible+dt_init=0.2", r"variant 'invertible\+dt_init=0.2': .*do not apply to attention='invertible'"),
+    ],
+)
 def test_a_spec_with_bad_map_options_is_refused_when_parsed_naming_the_spec(spec, match):
     """`claims --variants drift+gain=-1` once trained a cell's other runs before failing on the bad one, and
     `compare` did not say which spec was wrong: a spec's map options are checked when it is parsed."""
@@ -261,12 +323,15 @@ def test_a_spec_that_spells_out_defaults_is_the_same_model_and_refused_naming_bo
     assert parse_variants([same]) == [same]  # alone it is a valid spec
 
 
-@pytest.mark.parametrize("first, second", [
-    ("coupled_leapfrog", "coupled+integrator=leapfrog"),
-    ("coupled+n_steps=2", "coupled+n_steps=2.0"),
-    ("coupled_symplectic_euler+dynamics_hidden=8", "coupled+integrator=symplectic_euler+hidden=8"),
-    ("coupled+dt_init=0.1", "coupled"),
-])
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ("coupled_leapfrog", "coupled+integrator=leapfrog"),
+        ("coupled+n_steps=2", "coupled+n_steps=2.0"),
+        ("coupled_symplectic_euler+dynamics_hidden=8", "coupled+integrator=symplectic_euler+hidden=8"),
+        ("coupled+dt_init=0.1", "coupled"),
+    ],
+)
 def test_other_spellings_of_one_model_are_refused(first, second):
     with pytest.raises(ValueError, match=rf"'{re.escape(first)}' and '{re.escape(second)}' are the same model"):
         parse_variants(f"{first},{second}")
@@ -274,13 +339,16 @@ def test_other_spellings_of_one_model_are_refused(first, second):
     assert parse_variants(f"{first},{first},coupled+n_steps=3") == [first, "coupled+n_steps=3"]
 
 
-@pytest.mark.parametrize("spec, instead", [
-    ("coupled_leapfrog+integrator=euler", "coupled+integrator=euler"),
-    ("coupled-leapfrog+n_steps=2+integrator=symplectic_euler", "coupled+n_steps=2+integrator=symplectic_euler"),
-    ("coupled_symplectic_euler+integrator=leapfrog", "coupled+integrator=leapfrog"),
-    ("coupled+attention=uncoupled_mlp+dt_init=0.2", "uncoupled_mlp+dt_init=0.2"),
-    ("leapfrog+attention=standard", "standard"),
-])
+@pytest.mark.parametrize(
+    "spec, instead",
+    [
+        ("coupled_leapfrog+integrator=euler", "coupled+integrator=euler"),
+        ("coupled-leapfrog+n_steps=2+integrator=symplectic_euler", "coupled+n_steps=2+integrator=symplectic_euler"),
+        ("coupled_symplectic_euler+integrator=leapfrog", "coupled+integrator=leapfrog"),
+        ("coupled+attention=uncoupled_mlp+dt_init=0.2", "uncoupled_mlp+dt_init=0.2"),
+        ("leapfrog+attention=standard", "standard"),
+    ],
+)
 def test_an_override_contradicting_the_variants_defining_setting_is_refused(spec, instead):
     """`coupled_leapfrog+integrator=euler` trained Euler under the leapfrog label; the message names the spec to
     write, which parses to the model that was asked for."""

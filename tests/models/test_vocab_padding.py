@@ -88,8 +88,9 @@ def test_hf_wrapper_and_gpt2_export_drop_the_padding():
     from coupled_qk.hf.modeling import CoupledQKForCausalLM
 
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=V, vocab_pad_multiple=64, block_size=16, n_layer=1, d_model=16, n_heads=2,
-                    position="learned")
+    cfg = GPTConfig(
+        vocab_size=V, vocab_pad_multiple=64, block_size=16, n_layer=1, d_model=16, n_heads=2, position="learned"
+    )
     model = GPT(cfg).eval()
     idx = torch.randint(0, V, (2, 7))
     with torch.no_grad():

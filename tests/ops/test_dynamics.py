@@ -164,11 +164,18 @@ def test_bad_inputs():
         integrate_qk(torch.randn(B, H, T, D), torch.randn(B, H, T, D), lambda x: x, torch.zeros(H + 1))
 
 
-@pytest.mark.parametrize("make", [
-    lambda: QKDynamics(D, H), lambda: QKDynamics(D, H, integrator="leapfrog"),
-    lambda: __import__("coupled_qk.layers.qk_maps", fromlist=["QueryMLP"]).QueryMLP(D, H),
-    lambda: __import__("coupled_qk.layers.invertible", fromlist=["InvertibleQKCoupling"]).InvertibleQKCoupling(D, H),
-], ids=["euler", "leapfrog", "query_mlp", "invertible"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: QKDynamics(D, H),
+        lambda: QKDynamics(D, H, integrator="leapfrog"),
+        lambda: __import__("coupled_qk.layers.qk_maps", fromlist=["QueryMLP"]).QueryMLP(D, H),
+        lambda: __import__("coupled_qk.layers.invertible", fromlist=["InvertibleQKCoupling"]).InvertibleQKCoupling(
+            D, H
+        ),
+    ],
+    ids=["euler", "leapfrog", "query_mlp", "invertible"],
+)
 @pytest.mark.parametrize("k_dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool])
 def test_every_map_refuses_a_key_of_another_dtype(make, k_dtype):
     """``dyn(q, k.double())`` returned float64 outputs and ``k.long()`` was accepted: every map's first check

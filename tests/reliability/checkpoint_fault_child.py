@@ -54,13 +54,16 @@ def instrument(marker: str, fault: dict) -> None:
         if not target():
             return real_write_folder(run_dir, files, tmp_prefix, final_name)
         if fault["phase"] == "file":
+
             def cut_writer(name, write):
                 def run(path):
                     write(path)
                     if name == fault["file"]:
                         cut(path, fraction)
                         pause(marker)
+
                 return run
+
             files = {name: cut_writer(name, write) for name, write in files.items()}
 
         def named():

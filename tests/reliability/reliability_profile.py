@@ -1,5 +1,6 @@
 """Hypothesis profile of the reliability tests (imported by each of them; not a conftest.py, whose module name
-would shadow tests/conftest.py for ``from conftest import ...``): a fixed example budget in CI, a larger one for a nightly run.
+would shadow tests/conftest.py for ``from conftest import ...``): a fixed example budget in CI, a larger one for a
+nightly run.
 Its own name (``coupled-qk-reliability``), so that tests/conftest.py, imported again by ``from tests.conftest import``,
 cannot replace it with the base profile (which it did: every reliability test ran 100 random examples).
 

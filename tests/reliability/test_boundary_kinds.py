@@ -17,8 +17,11 @@ from hypothesis import strategies as st
 from coupled_qk import cli
 from coupled_qk.cli import main, non_utf8_argument, out_of_memory
 
-NOT_UTF8 = st.binary(min_size=1, max_size=8).filter(lambda b: not _is_utf8(b)).map(
-    lambda b: b.decode("utf-8", "surrogateescape"))
+NOT_UTF8 = (
+    st.binary(min_size=1, max_size=8)
+    .filter(lambda b: not _is_utf8(b))
+    .map(lambda b: b.decode("utf-8", "surrogateescape"))
+)
 """Command-line words as Python receives bytes that are not UTF-8 (lone surrogates)."""
 
 
@@ -36,13 +39,19 @@ def _one_line(capsys) -> str:
     return err
 
 
-@given(word=NOT_UTF8, where=st.sampled_from(["value", "joined", "positional"]),
-       command=st.sampled_from(sorted(cli.COMMANDS)))
+@given(
+    word=NOT_UTF8,
+    where=st.sampled_from(["value", "joined", "positional"]),
+    command=st.sampled_from(sorted(cli.COMMANDS)),
+)
 def test_text_that_is_not_utf8_is_one_line_naming_the_option(word, where, command, capsys):
     """Any command, a word that is not UTF-8 as an option value, ``--opt=value`` or a positional: exit 2, one line
     naming it, before parsing (tokenizers, JSON files and reports cannot take it)."""
-    argv = {"value": [command, "--prompt", word], "joined": [command, f"--out-dir={word}"],
-            "positional": [command, word]}[where]
+    argv = {
+        "value": [command, "--prompt", word],
+        "joined": [command, f"--out-dir={word}"],
+        "positional": [command, word],
+    }[where]
     assert non_utf8_argument(argv) is not None
     assert main(argv) == 2
     err = _one_line(capsys)
@@ -57,11 +66,17 @@ def test_an_allocation_failure_is_one_line_saying_what_to_lower(size, kind, monk
     traceback (an internal error)."""
     from coupled_qk.commands import describe
 
-    exc = {"cpu": RuntimeError(f"[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
-                               f"memory: you tried to allocate {size} bytes. Error code 12 (Cannot allocate memory)"),
-           "cuda": torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size % 1000}.00 GiB. GPU 0 has a "
-                                          "total capacity of 79.1 GiB\nmore details"),
-           "python": MemoryError()}[kind]
+    exc = {
+        "cpu": RuntimeError(
+            f"[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            f"memory: you tried to allocate {size} bytes. Error code 12 (Cannot allocate memory)"
+        ),
+        "cuda": torch.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {size % 1000}.00 GiB. GPU 0 has a "
+            "total capacity of 79.1 GiB\nmore details"
+        ),
+        "python": MemoryError(),
+    }[kind]
 
     def run(args):
         raise exc
@@ -76,10 +91,16 @@ def test_an_allocation_failure_is_one_line_saying_what_to_lower(size, kind, monk
         main(["describe"])
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-                        st.sampled_from(["task", "variant", "seed", "score", "runs", "schema", "models", "x"]), inner,
-                        max_size=5), max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["task", "variant", "seed", "score", "runs", "schema", "models", "x"]), inner, max_size=5
+        )
+    ),
+    max_leaves=12,
+)
 
 
 @given(data=JSON)
@@ -100,8 +121,10 @@ def test_a_glue_results_file_of_any_shape_is_read_or_refused_naming_the_option(d
     assert all(isinstance(r["seed"], int) and math.isfinite(r["score"]) for r in rows)
 
 
-@pytest.mark.parametrize("content,expected", [(None, "is a folder"), (b"", "not valid JSON"), (b"\xff\xfe", "UTF-8"),
-                                              (b'{"schema": "other"}', "schema")])
+@pytest.mark.parametrize(
+    "content,expected",
+    [(None, "is a folder"), (b"", "not valid JSON"), (b"\xff\xfe", "UTF-8"), (b'{"schema": "other"}', "schema")],
+)
 def test_glue_results_files_that_cannot_be_read_are_one_line(content, expected, tmp_path):
     from coupled_qk.experiments.claims.glue import load_glue_rows
 
@@ -114,10 +137,13 @@ def test_glue_results_files_that_cannot_be_read_are_one_line(content, expected, 
         load_glue_rows("--glue-json", path)
 
 
-@given(variant=st.sampled_from(["standard", "coupled", "differential", "uncoupled_mlp", "invertible"]),
-       override=st.sampled_from(["", "+n_steps=-1", "+n_steps=2", "+dt_init=nan", "+hidden=0", "+integrator=rk4",
-                                 "+shared_across_heads=maybe"]),
-       d_model=st.integers(1, 130))
+@given(
+    variant=st.sampled_from(["standard", "coupled", "differential", "uncoupled_mlp", "invertible"]),
+    override=st.sampled_from(
+        ["", "+n_steps=-1", "+n_steps=2", "+dt_init=nan", "+hidden=0", "+integrator=rk4", "+shared_across_heads=maybe"]
+    ),
+    d_model=st.integers(1, 130),
+)
 def test_every_mqar_sweep_point_is_checked_when_planned(variant, override, d_model):
     """``mqar --dry-run`` (and the sweep) builds every point's configuration when it plans, so a variant option out
     of range or a width the heads do not divide is one ValueError naming the point, before any training."""
@@ -160,8 +186,11 @@ def test_claims_cells_are_checked_against_the_protocol(cells, capsys, tmp_path_f
     assert not out.exists()
 
 
-@given(which=st.sampled_from(["q", "k"]), bad=st.sampled_from([None, [1.0], 3, "q", "meta"]),
-       cls=st.sampled_from(["QKDynamics", "QueryMLP", "InvertibleQKCoupling"]))
+@given(
+    which=st.sampled_from(["q", "k"]),
+    bad=st.sampled_from([None, [1.0], 3, "q", "meta"]),
+    cls=st.sampled_from(["QKDynamics", "QueryMLP", "InvertibleQKCoupling"]),
+)
 def test_query_key_maps_name_a_non_tensor_or_a_tensor_on_another_device(which, bad, cls):
     """Every query-key map called directly: a non-tensor ``q``/``k`` is a TypeError naming it, a tensor on another
     device a ValueError naming it (not an AttributeError or torch's message from inside a matmul)."""
@@ -190,8 +219,10 @@ def test_a_dt_init_beyond_float32_is_refused_naming_it(dt_init):
             cls(4, 2, dt_init=dt_init)
 
 
-@given(name=st.sampled_from(["lr", "epochs", "batch_size", "max_train_examples"]),
-       value=st.sampled_from([0, 0.0, -1, float("nan"), float("inf"), True, "3"]))
+@given(
+    name=st.sampled_from(["lr", "epochs", "batch_size", "max_train_examples"]),
+    value=st.sampled_from([0, 0.0, -1, float("nan"), float("inf"), True, "3"]),
+)
 def test_glue_finetune_arguments_explicit_zero_is_an_error_not_the_default(name, value):
     """``finetune_config(lr=0)`` used the task's default learning rate (``lr or default``): an explicit zero,
     negative, NaN, inf, bool or string is now one ValueError naming the argument, before the data is read."""

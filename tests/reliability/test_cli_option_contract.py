@@ -48,9 +48,18 @@ FREE_TEXT = {
 }
 
 CHECKING_TYPES = {
-    options.positive_int_arg, options.nonneg_int_arg, options.positive_float_arg, options.path_arg,
-    options.device_arg, options.dtype_arg, options.positive_ints_arg, options.positive_floats_arg,
-    options.nonneg_float_arg, options.fraction_arg, options.seed_arg, options.threads_arg,
+    options.positive_int_arg,
+    options.nonneg_int_arg,
+    options.positive_float_arg,
+    options.path_arg,
+    options.device_arg,
+    options.dtype_arg,
+    options.positive_ints_arg,
+    options.positive_floats_arg,
+    options.nonneg_float_arg,
+    options.fraction_arg,
+    options.seed_arg,
+    options.threads_arg,
     options.folder_arg,
 }
 
@@ -96,10 +105,14 @@ def all_actions():
 
 
 def test_every_option_is_declared():
-    missing = [f"{cmd} {a.option_strings or a.dest} (type={getattr(a.type, '__name__', a.type)})"
-               for cmd, a in all_actions() if declared(a) is None]
-    assert not missing, "options without a declaration (give them a checking type from commands/options.py):\n" + \
-        "\n".join(missing)
+    missing = [
+        f"{cmd} {a.option_strings or a.dest} (type={getattr(a.type, '__name__', a.type)})"
+        for cmd, a in all_actions()
+        if declared(a) is None
+    ]
+    assert not missing, (
+        "options without a declaration (give them a checking type from commands/options.py):\n" + "\n".join(missing)
+    )
 
 
 def test_no_plain_int_or_float_types():
@@ -110,8 +123,14 @@ def test_no_plain_int_or_float_types():
 
 # ---------------------------------------------------------------------------------------------- generated values
 
-REQUIRED = {"eval": ["run"], "analyze": ["run"], "export": ["run", "hf"], "glue": ["run"], "generate": ["run"],
-            "claims": ["--protocol", "smoke"]}
+REQUIRED = {
+    "eval": ["run"],
+    "analyze": ["run"],
+    "export": ["run", "hf"],
+    "glue": ["run"],
+    "generate": ["run"],
+    "claims": ["--protocol", "smoke"],
+}
 
 BAD = {
     options.positive_int_arg: ["0", "-1", "2.5", "nan", "inf", "", "x", "False", "None", "١٢"],
@@ -133,23 +152,28 @@ GOOD = {
     options.nonneg_int_arg: st.integers(0, 10**6).map(str),
     options.positive_float_arg: st.floats(1e-9, 1e6, allow_nan=False, allow_infinity=False).map(repr),
     options.positive_ints_arg: st.lists(st.integers(1, 4096), min_size=1, max_size=4, unique=True).map(
-        lambda v: ",".join(map(str, v))),
-    options.positive_floats_arg: st.lists(st.floats(1e-6, 10, allow_nan=False), min_size=1, max_size=4,
-                                          unique=True).map(lambda v: ",".join(map(repr, v))),
+        lambda v: ",".join(map(str, v))
+    ),
+    options.positive_floats_arg: st.lists(
+        st.floats(1e-6, 10, allow_nan=False), min_size=1, max_size=4, unique=True
+    ).map(lambda v: ",".join(map(repr, v))),
     options.path_arg: st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=20).filter(
-        lambda s: s.strip() and not s.startswith(("-", "~"))),
+        lambda s: s.strip() and not s.startswith(("-", "~"))
+    ),
     options.nonneg_float_arg: st.floats(0, 1e6, allow_nan=False).map(repr),
     options.fraction_arg: st.floats(0, 1, allow_nan=False).map(repr),
     options.device_arg: st.sampled_from(["auto", "cpu", "CPU", " cpu "]),
     options.dtype_arg: st.sampled_from(["auto", "fp32", "bf16", "fp16"]),
     options.seed_arg: st.integers(0, 2**32 - 1).map(str),
     options.folder_arg: st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=20).filter(
-        lambda s: s.strip() and not s.startswith(("-", "~"))),
+        lambda s: s.strip() and not s.startswith(("-", "~"))
+    ),
     options.threads_arg: st.integers(1, options.cpu_count()).map(str),
 }
 
-TYPED = sorted({(cmd, a.option_strings[-1]) for cmd, a in all_actions()
-                if a.option_strings and a.type in CHECKING_TYPES})
+TYPED = sorted(
+    {(cmd, a.option_strings[-1]) for cmd, a in all_actions() if a.option_strings and a.type in CHECKING_TYPES}
+)
 
 
 def _parse(cmd: str, argv: list[str]):
@@ -224,10 +248,34 @@ def test_gpt_config_fields_from_their_annotations(data):
 
     types = field_types(GPTConfig)
     name = data.draw(st.sampled_from(sorted(n for n in types if n != "qk_map")))
-    value = data.draw(st.one_of(
-        st.sampled_from([0, -1, 2.5, True, False, None, "", "False", "0", "None", "x", float("nan"), float("inf"),
-                         -float("inf"), 10**12, [], {}]),
-        st.integers(-5, 5), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6)))
+    value = data.draw(
+        st.one_of(
+            st.sampled_from(
+                [
+                    0,
+                    -1,
+                    2.5,
+                    True,
+                    False,
+                    None,
+                    "",
+                    "False",
+                    "0",
+                    "None",
+                    "x",
+                    float("nan"),
+                    float("inf"),
+                    -float("inf"),
+                    10**12,
+                    [],
+                    {},
+                ]
+            ),
+            st.integers(-5, 5),
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.text(max_size=6),
+        )
+    )
     try:
         cfg = GPTConfig.from_preset("tiny", **{name: value})
     except ValueError as exc:

@@ -30,10 +30,12 @@ def test_a_split_shorter_than_the_context_is_said(tiny_cfg, tmp_path):
     task, said = _build(tiny_cfg(corpus=str(_corpus(tmp_path, "the cat sat on the mat.\n"))))
     n_valid = len(task.tokens["valid"])
     assert 2 <= n_valid < task.block_size + 1  # the case: one short window
-    assert said == [f"block_size=16 is longer than the valid split of {task.cfg.corpus!r} ({n_valid:,} tokens): its "
-                    f"evaluation is one window of {n_valid - 1:,} targets with less context than the model's, not "
-                    "comparable with runs whose windows are full; lower block_size (--set block_size=...) or use a "
-                    "longer split"]
+    assert said == [
+        f"block_size=16 is longer than the valid split of {task.cfg.corpus!r} ({n_valid:,} tokens): its "
+        f"evaluation is one window of {n_valid - 1:,} targets with less context than the model's, not "
+        "comparable with runs whose windows are full; lower block_size (--set block_size=...) or use a "
+        "longer split"
+    ]
 
 
 def test_full_splits_say_nothing(tiny_cfg):
@@ -46,12 +48,16 @@ def test_too_few_training_windows_for_a_batch_are_said(tiny_cfg):
     n_train = len(task.tokens["train"])
     block = n_train - 3  # 3 distinct windows, batch_size 4
     task, said = _build(tiny_cfg(model=dict(n_layer=1, d_model=32, n_heads=2, block_size=block)))
-    assert any(f"leaves only 3 distinct training windows in the {n_train:,} tokens" in m and "batch_size=4" in m
-               for m in said)
+    assert any(
+        f"leaves only 3 distinct training windows in the {n_train:,} tokens" in m and "batch_size=4" in m for m in said
+    )
     assert any("longer than the valid split" in m for m in said)  # the valid split is shorter still
 
 
 def test_an_evaluation_split_without_two_tokens_is_refused(tiny_cfg, tmp_path):
-    with pytest.raises(ValueError, match=r"the valid split of .* has [01] token\(s\): nothing to evaluate "
-                                         r"\(block_size=16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"the valid split of .* has [01] token\(s\): nothing to evaluate "
+        r"\(block_size=16\)",
+    ):
         LMTask(tiny_cfg(corpus=str(_corpus(tmp_path, "a"))))

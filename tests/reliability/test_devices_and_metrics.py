@@ -55,8 +55,16 @@ def test_dtype_names():
 METRICS = ["valid/loss", "valid/perplexity", "valid/accuracy", "dev/f1", "dev/mcc", "tokens_per_s"]
 
 
-@pytest.mark.parametrize("metric,direction", [("valid/loss", "min"), ("valid/perplexity", "min"),
-                                              ("valid/accuracy", "max"), ("dev/f1", "max"), ("dev/mcc", "max")])
+@pytest.mark.parametrize(
+    "metric,direction",
+    [
+        ("valid/loss", "min"),
+        ("valid/perplexity", "min"),
+        ("valid/accuracy", "max"),
+        ("dev/f1", "max"),
+        ("dev/mcc", "max"),
+    ],
+)
 def test_early_stop_direction_is_inferred(metric, direction):
     assert metric_direction(metric) == direction
     assert check_metric("early_stop_metric", metric, None, METRICS) == direction
@@ -96,12 +104,21 @@ def test_a_token_budget_below_one_step_is_said():
         assert steps_for_tokens(Task(), 128, 2) == 1 and steps_for_tokens(Task(), 129, 2) == 2
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(best_metric="valid/loss", best_mode="max"), r"TrainConfig.best_metric='valid/loss' improves when it goes "
-                                                      r"down, but the mode is 'max'"),
-    (dict(early_stop_metric="valid/acc", early_stop_value=0.5),
-     r"TrainConfig.early_stop_metric='valid/acc' is not a validation metric of task 'lm'; it reports: .*valid/loss"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (
+            dict(best_metric="valid/loss", best_mode="max"),
+            r"TrainConfig.best_metric='valid/loss' improves when it goes "
+            r"down, but the mode is 'max'",
+        ),
+        (
+            dict(early_stop_metric="valid/acc", early_stop_value=0.5),
+            r"TrainConfig.early_stop_metric='valid/acc' is not a validation metric of task 'lm'; "
+            r"it reports: .*valid/loss",
+        ),
+    ],
+)
 def test_the_loop_checks_metrics_at_the_first_validation(tiny_cfg, tmp_path, kw, message):
     """One check (``_checks.check_metric``) for both metrics, run at the first validation, before any best
     checkpoint or early stop acts on the metric."""

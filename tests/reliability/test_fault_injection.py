@@ -46,11 +46,35 @@ def final(run_dir) -> dict:
 
 def cli_args(cfg) -> list[str]:
     m = cfg.model
-    args = ["train", "--corpus", cfg.corpus, "--tokenizer", cfg.tokenizer, "--cache-dir", cfg.cache_dir,
-            "--batch-size", str(cfg.batch_size), "--warmup-steps", str(cfg.warmup_steps), "--lr", str(cfg.lr),
-            "--log-interval", "1", "--eval-interval", str(cfg.eval_interval), "--eval-batches", "2",
-            "--max-steps", str(cfg.max_steps), "--checkpoint-interval", str(cfg.checkpoint_interval),
-            "--out-dir", cfg.out_dir, "--no-progress", "--no-tensorboard"]
+    args = [
+        "train",
+        "--corpus",
+        cfg.corpus,
+        "--tokenizer",
+        cfg.tokenizer,
+        "--cache-dir",
+        cfg.cache_dir,
+        "--batch-size",
+        str(cfg.batch_size),
+        "--warmup-steps",
+        str(cfg.warmup_steps),
+        "--lr",
+        str(cfg.lr),
+        "--log-interval",
+        "1",
+        "--eval-interval",
+        str(cfg.eval_interval),
+        "--eval-batches",
+        "2",
+        "--max-steps",
+        str(cfg.max_steps),
+        "--checkpoint-interval",
+        str(cfg.checkpoint_interval),
+        "--out-dir",
+        cfg.out_dir,
+        "--no-progress",
+        "--no-tensorboard",
+    ]
     for key in ("n_layer", "d_model", "n_heads", "block_size"):
         args += ["--set", f"{key}={m[key]}"]
     return args
@@ -71,12 +95,20 @@ def test_a_signal_at_a_random_step_then_resume_gives_the_uninterrupted_run(tiny_
     train(ref)
     cfg = _cfg(tiny_cfg, tmp_path / "run")
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-m", "coupled_qk.cli", *cli_args(cfg)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coupled_qk.cli", *cli_args(cfg)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = Path(cfg.out_dir) / "metrics.jsonl"
     deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None and not (
-            metrics.exists() and metrics.read_text().count("\n") >= at):
+    while (
+        time.time() < deadline
+        and proc.poll() is None
+        and not (metrics.exists() and metrics.read_text().count("\n") >= at)
+    ):
         time.sleep(0.005)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
@@ -103,10 +135,12 @@ def _zero(path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage,name", [(_truncate, "model.safetensors"), (_zero, "optimizer.pt"),
-                                         (_zero, "checksums.json")])
-def test_a_damaged_latest_checkpoint_is_refused_and_the_previous_good_one_used(tiny_cfg, tmp_path, capsys, damage,
-                                                                               name):
+@pytest.mark.parametrize(
+    "damage,name", [(_truncate, "model.safetensors"), (_zero, "optimizer.pt"), (_zero, "checksums.json")]
+)
+def test_a_damaged_latest_checkpoint_is_refused_and_the_previous_good_one_used(
+    tiny_cfg, tmp_path, capsys, damage, name
+):
     steps = 8
     ref = tiny_cfg(max_steps=steps, eval_interval=1000, out_dir=str(tmp_path / "ref"))
     train(ref)
@@ -135,8 +169,11 @@ def test_no_good_checkpoint_is_one_clear_error(tmp_path):
     ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 4})
     for folder in run.glob("ckpt-*"):
         _zero(folder / "model.safetensors")
-    with pytest.raises(ValueError, match=r"ckpt-00000004/model\.safetensors is damaged.*no older checkpoint of "
-                                         r".* verifies"):
+    with pytest.raises(
+        ValueError,
+        match=r"ckpt-00000004/model\.safetensors is damaged.*no older checkpoint of "
+        r".* verifies",
+    ):
         ckpt.resume_checkpoint(run)
     said = []
     _truncate(run / "ckpt-00000004" / "state.json")
@@ -171,16 +208,25 @@ def test_a_kill_inside_a_checkpoint_write_resumes_from_the_previous_good_checkpo
     runs = iter(range(10**6))
 
     @settings(max_examples=KILL_EXAMPLES)
-    @given(save=st.integers(1, SAVES), phase=st.sampled_from(PHASES), file=st.sampled_from(CHECKPOINT_FILES),
-           fraction=st.floats(0, 1))
+    @given(
+        save=st.integers(1, SAVES),
+        phase=st.sampled_from(PHASES),
+        file=st.sampled_from(CHECKPOINT_FILES),
+        fraction=st.floats(0, 1),
+    )
     def kill_and_resume(save, phase, file, fraction):
         cfg = _cfg(tiny_cfg, tmp_path / f"run{next(runs)}")
         run_dir = Path(cfg.out_dir)
         marker = tmp_path / f"paused-{run_dir.name}"
         fault = json.dumps({"save": save, "phase": phase, "file": file, "fraction": fraction})
         env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONPATH": os.pathsep.join(sys.path)}
-        proc = subprocess.Popen([sys.executable, str(CHILD), str(marker), fault, "--", *cli_args(cfg)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(marker), fault, "--", *cli_args(cfg)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.time() + 180
         while time.time() < deadline and proc.poll() is None and not marker.exists():
             time.sleep(0.01)

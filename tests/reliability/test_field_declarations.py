@@ -86,8 +86,14 @@ def valid_values(cls, field: dataclasses.Field) -> st.SearchStrategy:
             lo_i = -(10**6) if lo is None else lo
             base = st.integers(lo_i, lo_i + 10**6 if hi is None else hi)
         else:
-            base = st.floats(lo, hi, exclude_min=lo_open and lo is not None, exclude_max=hi_open and hi is not None,
-                             allow_nan=False, allow_infinity=False)
+            base = st.floats(
+                lo,
+                hi,
+                exclude_min=lo_open and lo is not None,
+                exclude_max=hi_open and hi is not None,
+                allow_nan=False,
+                allow_infinity=False,
+            )
     else:
         return st.nothing()
     return st.one_of(base, st.none()) if optional else base
@@ -100,9 +106,13 @@ def invalid_values(cls, field: dataclasses.Field) -> st.SearchStrategy:
     wrong_type = st.sampled_from(["fast", "1e400", "nan", "inf", "", "1.5x"])
     if "choices" in meta:
         allowed = _choices(meta)
-        text = st.text(max_size=12).filter(lambda t: t not in allowed and (
-            not optional or t.strip().lower() not in ("none", "null"))
-            and t.lower().replace("-", "") not in allowed)  # GLUE task names are read case- and dash-blind
+        text = st.text(max_size=12).filter(
+            lambda t: (
+                t not in allowed
+                and (not optional or t.strip().lower() not in ("none", "null"))
+                and t.lower().replace("-", "") not in allowed
+            )
+        )  # GLUE task names are read case- and dash-blind
         return st.one_of(text, st.just(3), st.just(2.5))
     lo, hi, lo_open, hi_open = _bounds(meta, inner)
     if inner is int:
@@ -124,8 +134,11 @@ def checked_fields(cls) -> list[dataclasses.Field]:
     """Fields whose declaration is a range or choices (bools are declared by type; ``free`` fields by their
     own checks)."""
     types = field_types(cls)
-    return [f for f in dataclasses.fields(cls) if _unwrap_optional(types[f.name])[0] is not bool
-            and ("range" in f.metadata or "choices" in f.metadata)]
+    return [
+        f
+        for f in dataclasses.fields(cls)
+        if _unwrap_optional(types[f.name])[0] is not bool and ("range" in f.metadata or "choices" in f.metadata)
+    ]
 
 
 @pytest.mark.parametrize("cls", [c for c, _, _ in declared_classes()], ids=lambda c: c.__name__)
@@ -170,8 +183,12 @@ def test_map_options_accept_every_declared_value(data):
 @NO_SHRINK
 @given(st.data())
 def test_train_config_accepts_every_declared_value(data):
-    partners = {"early_stop_value": {"early_stop_metric": "valid/loss"}, "patience": {"best_metric": "valid/loss"},
-                "best_mode": {"best_metric": "valid/loss"}, "min_delta": {"patience": 1, "best_metric": "valid/loss"}}
+    partners = {
+        "early_stop_value": {"early_stop_metric": "valid/loss"},
+        "patience": {"best_metric": "valid/loss"},
+        "best_mode": {"best_metric": "valid/loss"},
+        "min_delta": {"patience": 1, "best_metric": "valid/loss"},
+    }
     for field in checked_fields(TrainConfig):
         value = data.draw(valid_values(TrainConfig, field), label=field.name)
         if field.name in ("max_steps", "max_tokens") and value is None:
@@ -192,7 +209,9 @@ def test_values_outside_the_declaration_are_refused_naming_the_field(data):
                 cls(**{**base, field.name: value})
             assert "\n" not in str(info.value)
             assert info.type is ValueError
-            if isinstance(cls, type) and issubclass(cls, CheckedAssignment):  # assignment is re-checked (map options too)
+            if isinstance(cls, type) and issubclass(
+                cls, CheckedAssignment
+            ):  # assignment is re-checked (map options too)
                 cfg = cls(**base)
                 before = getattr(cfg, field.name)
                 with pytest.raises(ValueError, match=f"{name.replace('.', '[.]')}"):
@@ -222,8 +241,28 @@ def test_task_options_accept_every_declared_value(data):
             assert getattr(opts, field.name) == value
 
 
-GENERIC_BAD = [math.nan, math.inf, -math.inf, 0, -1, 10**30, -(10**30), 2.5, True, "False", "0", "None", "", " ",
-               "fast", "\u0661", [], {}, [1], object()]
+GENERIC_BAD = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    0,
+    -1,
+    10**30,
+    -(10**30),
+    2.5,
+    True,
+    "False",
+    "0",
+    "None",
+    "",
+    " ",
+    "fast",
+    "\u0661",
+    [],
+    {},
+    [1],
+    object(),
+]
 """Values of every kind a user may put in a JSON file or a Python call (some are valid for some fields)."""
 
 
@@ -237,14 +276,19 @@ def test_task_options_any_value_is_accepted_as_declared_or_refused_naming_the_fi
     for task, cls in task_options_classes():
         types = field_types(cls)
         for field in dataclasses.fields(cls):
-            value = data.draw(st.one_of(st.sampled_from(GENERIC_BAD), st.integers(), st.floats(),
-                                        st.text(max_size=8)), label=f"{cls.__name__}.{field.name}")
+            value = data.draw(
+                st.one_of(st.sampled_from(GENERIC_BAD), st.integers(), st.floats(), st.text(max_size=8)),
+                label=f"{cls.__name__}.{field.name}",
+            )
             try:
                 opts = cls.from_options({**TASK_BASE.get(task, {}), field.name: value})
             except ValueError as exc:
                 message = str(exc)
-                assert f"task_options.{field.name}" in message or "task_options" in message and field.name in \
-                    message, (field.name, value, message)
+                assert f"task_options.{field.name}" in message or "task_options" in message and field.name in message, (
+                    field.name,
+                    value,
+                    message,
+                )
                 assert "\n" not in message
                 continue
             got = getattr(opts, field.name)
@@ -252,12 +296,15 @@ def test_task_options_any_value_is_accepted_as_declared_or_refused_naming_the_fi
             check_value(f"task_options.{field.name}", got, types[field.name], field.metadata)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("n_steps", -1, r"GPTConfig.qk_map.n_steps=-1 must be an integer >= 0"),
-    ("hidden", 0, r"GPTConfig.qk_map.hidden=0 must be a positive integer"),
-    ("dt_init", math.nan, r"GPTConfig.qk_map.dt_init=nan must be a finite number"),
-    ("integrator", "rk4", r"GPTConfig.qk_map.integrator='rk4' is unknown; expected one of"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("n_steps", -1, r"GPTConfig.qk_map.n_steps=-1 must be an integer >= 0"),
+        ("hidden", 0, r"GPTConfig.qk_map.hidden=0 must be a positive integer"),
+        ("dt_init", math.nan, r"GPTConfig.qk_map.dt_init=nan must be a finite number"),
+        ("integrator", "rk4", r"GPTConfig.qk_map.integrator='rk4' is unknown; expected one of"),
+    ],
+)
 def test_declared_messages_read_as_before(field, value, message):
     from coupled_qk.models.options import DynamicsOptions
 
@@ -281,8 +328,21 @@ def test_task_options_from_the_command_line_are_one_line_errors(tmp_path_factory
         for field in checked_fields(cls):
             value = data.draw(invalid_values(cls, field), label=f"{cls.__name__}.{field.name}")
             options = json.dumps({**TASK_BASE.get(task, {}), field.name: value})
-            code = main(["train", "--task", task, "--max-steps", "1", "--device", "cpu", "--out-dir", str(out),
-                         "--opt", f"task_options={options}"])
+            code = main(
+                [
+                    "train",
+                    "--task",
+                    task,
+                    "--max-steps",
+                    "1",
+                    "--device",
+                    "cpu",
+                    "--out-dir",
+                    str(out),
+                    "--opt",
+                    f"task_options={options}",
+                ]
+            )
             err = capsys.readouterr().err
             assert code == 2, (task, field.name, value, err)
             assert err.count("\n") == 1 and f"task_options.{field.name}" in err and "Traceback" not in err, err

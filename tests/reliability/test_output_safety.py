@@ -93,8 +93,25 @@ def test_refused_outputs_change_nothing(case, world, capsys):
 @pytest.mark.slow
 def test_bench_result_is_replaced_only_with_overwrite(tmp_path, capsys):
     """A second bench into the same folder is refused before measuring; --overwrite replaces only its files."""
-    argv = ["bench", "--preset", "tiny", "--variants", "coupled", "--repeats", "1", "--warmup", "1",
-            "--batch-size", "2", "--seq-len", "8", "--device", "cpu", "--out-dir", str(tmp_path / "b")]
+    argv = [
+        "bench",
+        "--preset",
+        "tiny",
+        "--variants",
+        "coupled",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--device",
+        "cpu",
+        "--out-dir",
+        str(tmp_path / "b"),
+    ]
     assert main(argv) == 0
     (tmp_path / "b" / "README.md").write_text("about these results")
     before = snapshot(tmp_path)
@@ -109,8 +126,9 @@ def test_bench_result_is_replaced_only_with_overwrite(tmp_path, capsys):
 
 # --------------------------------------------------------------------------------- the rule itself, generated
 
-NAMES = st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="/\\"), min_size=1,
-                max_size=12).filter(lambda s: s not in (".", "..") and not s.startswith(".") and s.strip() == s)
+NAMES = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="/\\"), min_size=1, max_size=12
+).filter(lambda s: s not in (".", "..") and not s.startswith(".") and s.strip() == s)
 
 
 @given(foreign=NAMES, data=st.binary(max_size=64))
@@ -154,8 +172,9 @@ def test_a_failed_figure_leaves_the_previous_one(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["fig.png"] and (tmp_path / "fig.png").read_bytes() == b"old"
 
 
-@pytest.mark.parametrize("value,match", [("", "empty"), ("  ", "empty"), (None, "path"), (3, "path"),
-                                         ("a\x00b", "NUL")])
+@pytest.mark.parametrize(
+    "value,match", [("", "empty"), ("  ", "empty"), (None, "path"), (3, "path"), ("a\x00b", "NUL")]
+)
 def test_path_values(value, match, tmp_path):
     with pytest.raises(ValueError, match=match):
         OutputDir(value, "--out-dir")
@@ -194,16 +213,21 @@ def test_eval_json_in_a_missing_folder_is_one_line_before_loading(world, capsys)
     before = snapshot(world)
     assert main(["eval", str(world / "run"), "--json", str(world / "missing" / "x.json")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"coupled-qk eval: error: --json={str(world / 'missing' / 'x.json')!r}: the folder "
-                   f"{world / 'missing'} does not exist; create it first or choose another path")
+    assert err == (
+        f"coupled-qk eval: error: --json={str(world / 'missing' / 'x.json')!r}: the folder "
+        f"{world / 'missing'} does not exist; create it first or choose another path"
+    )
     assert snapshot(world) == before
 
 
 def test_an_atomic_write_into_a_missing_folder_names_the_file(tmp_path):
     from coupled_qk.io import write_text_atomic
 
-    with pytest.raises(FileNotFoundError, match=rf"^cannot write {tmp_path}/no/x.json: the folder {tmp_path}/no "
-                                                "does not exist$"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^cannot write {tmp_path}/no/x.json: the folder {tmp_path}/no "
+        "does not exist$",
+    ):
         write_text_atomic(tmp_path / "no" / "x.json", "{}")
 
 

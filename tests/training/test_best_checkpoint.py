@@ -19,8 +19,16 @@ def _valid(run_dir):
 
 def test_best_checkpoint_is_the_lowest_validation_loss_and_is_evaluated(tiny_cfg, tmp_path):
     # a learning rate far too high makes validation loss rise after a few steps: the best is not the last
-    cfg = tiny_cfg(out_dir=str(tmp_path / "run"), model=MODEL, max_steps=16, lr=0.3, warmup_steps=0,
-                   eval_interval=2, full_eval=True, best_metric="valid/loss")
+    cfg = tiny_cfg(
+        out_dir=str(tmp_path / "run"),
+        model=MODEL,
+        max_steps=16,
+        lr=0.3,
+        warmup_steps=0,
+        eval_interval=2,
+        full_eval=True,
+        best_metric="valid/loss",
+    )
     res = train(cfg)
     curve = _valid(tmp_path / "run")
     best_step, best_loss = min(curve, key=lambda p: p[1])
@@ -38,8 +46,16 @@ def test_best_checkpoint_is_the_lowest_validation_loss_and_is_evaluated(tiny_cfg
 
 
 def test_patience_stops_a_plateaued_run_and_resume_is_exact(tiny_cfg, tmp_path):
-    kw = dict(model=MODEL, max_steps=40, lr=0.3, warmup_steps=0, eval_interval=2, full_eval=True,
-              best_metric="valid/loss", patience=2)
+    kw = dict(
+        model=MODEL,
+        max_steps=40,
+        lr=0.3,
+        warmup_steps=0,
+        eval_interval=2,
+        full_eval=True,
+        best_metric="valid/loss",
+        patience=2,
+    )
     full = train(tiny_cfg(out_dir=str(tmp_path / "full"), **kw))
     assert full["stop_reason"] == "patience" and full["steps"] < 40
     curve = _valid(tmp_path / "full")
@@ -90,8 +106,12 @@ def test_track_best_with_min_delta(higher):
     assert state["best"]["value"] == sign * 1.5 and state["best"]["epoch"] == pytest.approx(0.4)
 
 
-@given(st.sampled_from(["auto", "min", "max"]), st.sampled_from([None, "valid/loss"]),
-       st.sampled_from([None, 1, 3]), st.sampled_from([0.0, 0.0, 1e-3, 0.5]))
+@given(
+    st.sampled_from(["auto", "min", "max"]),
+    st.sampled_from([None, "valid/loss"]),
+    st.sampled_from([None, 1, 3]),
+    st.sampled_from([0.0, 0.0, 1e-3, 0.5]),
+)
 def test_best_mode_and_min_delta_without_their_reader_are_refused(best_mode, best_metric, patience, min_delta):
     """best_mode is read only for best_metric, min_delta only by the patience counter: each alone is refused."""
     make = dict(max_steps=1, best_mode=best_mode, best_metric=best_metric, patience=patience, min_delta=min_delta)

@@ -59,8 +59,15 @@ def test_compiled_training_matches_eager_and_checkpoints_have_plain_names(tiny_c
     with safe_open(str(ckpt.resolve_checkpoint(tmp_path / "compiled") / "model.safetensors"), "pt") as f:
         assert not any("_orig_mod" in k for k in f.keys())
     # an eager run resumes compiled (and the reverse is the same file): the checkpoint does not care
-    res = train(tiny_cfg(out_dir=str(tmp_path / "eager"), compile=True, resume=True, on_budget_change="keep",
-                         **{**FAST, "max_steps": 5}))
+    res = train(
+        tiny_cfg(
+            out_dir=str(tmp_path / "eager"),
+            compile=True,
+            resume=True,
+            on_budget_change="keep",
+            **{**FAST, "max_steps": 5},
+        )
+    )
     assert res["steps"] == 5 and res["compile"]["compiled"] is True
 
 
@@ -113,8 +120,9 @@ def test_cpu_bf16_detection_reads_the_cpu_flags(monkeypatch, tmp_path):
     for flags, expected in (("fpu sse avx512f avx512_bf16", True), ("fpu sse amx_bf16", True), ("fpu sse avx2", False)):
         info = tmp_path / "cpuinfo"
         info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-        monkeypatch.setattr(builtins, "open", lambda p, *a, _i=info, **k: real_open(_i if p == "/proc/cpuinfo" else p,
-                                                                                     *a, **k))
+        monkeypatch.setattr(
+            builtins, "open", lambda p, *a, _i=info, **k: real_open(_i if p == "/proc/cpuinfo" else p, *a, **k)
+        )
         assert distributed.cpu_supports_bf16() is expected
     monkeypatch.setattr(builtins, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("no /proc")))
     assert distributed.cpu_supports_bf16() is False
@@ -141,8 +149,11 @@ def test_a_resume_that_changes_the_precision_says_so(tiny_cfg, tmp_path, monkeyp
     run = dict(FAST, dtype="auto", out_dir=str(tmp_path / "run"))
     train(tiny_cfg(**run))
     assert ckpt.read_json(ckpt.resolve_checkpoint(tmp_path / "run") / "state.json")["precision"] == "fp32"
-    with pytest.warns(RuntimeWarning, match=r"the run trained in fp32 until step 3 and continues in bf16 \(--dtype "
-                      r"auto, compile=True.*pass --dtype fp32 to keep its precision"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"the run trained in fp32 until step 3 and continues in bf16 \(--dtype "
+        r"auto, compile=True.*pass --dtype fp32 to keep its precision",
+    ):
         train(tiny_cfg(**{**run, "max_steps": 4}, compile=True, resume=True, on_budget_change="keep"))
     assert ckpt.read_json(ckpt.resolve_checkpoint(tmp_path / "run") / "state.json")["precision"] == "bf16"
     with warnings.catch_warnings():

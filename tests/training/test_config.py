@@ -51,8 +51,19 @@ def test_command_line_merge(tmp_path):
     base = TrainConfig(preset="60m", max_steps=5, model={"attention": "coupled"}, lr=1e-4)
     base.save(tmp_path / "c.json")
     args = build_parser("train").parse_args(
-        ["train", "--config", str(tmp_path / "c.json"), "--lr", "0.01", "--integrator", "leapfrog",
-         "--set", "n_layer=2", "--opt", "min_lr_ratio=0.5"]
+        [
+            "train",
+            "--config",
+            str(tmp_path / "c.json"),
+            "--lr",
+            "0.01",
+            "--integrator",
+            "leapfrog",
+            "--set",
+            "n_layer=2",
+            "--opt",
+            "min_lr_ratio=0.5",
+        ]
     )
     cfg = train_config_from_args(args)
     assert cfg.preset == "60m" and cfg.lr == 0.01 and cfg.min_lr_ratio == 0.5 and cfg.max_steps == 5

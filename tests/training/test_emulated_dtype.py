@@ -47,12 +47,16 @@ def test_the_fp16_flags_are_read_like_the_bf16_ones(monkeypatch, tmp_path):
     import builtins
 
     real_open = builtins.open
-    for flags, bf16, fp16 in (("avx2 avx512_fp16", False, True), ("amx_bf16 amx_fp16", True, True),
-                              ("avx2 f16c", False, False)):
+    for flags, bf16, fp16 in (
+        ("avx2 avx512_fp16", False, True),
+        ("amx_bf16 amx_fp16", True, True),
+        ("avx2 f16c", False, False),
+    ):
         info = tmp_path / "cpuinfo"
         info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-        monkeypatch.setattr(builtins, "open", lambda p, *a, _i=info, **k: real_open(_i if p == "/proc/cpuinfo" else p,
-                                                                                     *a, **k))
+        monkeypatch.setattr(
+            builtins, "open", lambda p, *a, _i=info, **k: real_open(_i if p == "/proc/cpuinfo" else p, *a, **k)
+        )
         assert (distributed.cpu_supports_bf16(), distributed.cpu_supports_fp16()) == (bf16, fp16)
 
 

@@ -46,8 +46,7 @@ def _samples(loaded, argv, monkeypatch, capsys, check=True):
     monkeypatch.setattr("coupled_qk.training.pretrained.load_run", lambda path, device: loaded)
     if not check:  # what the decoding does with the option when nothing refuses it
         monkeypatch.setattr(ignored, "refuse_ignored_options", lambda *a: None)
-    args = build_parser("generate").parse_args(["generate", "run", "--prompt", "ab", "--max-new-tokens", "8",
-                                                *argv])
+    args = build_parser("generate").parse_args(["generate", "run", "--prompt", "ab", "--max-new-tokens", "8", *argv])
     try:
         generate.run(args)
     except ValueError as e:
@@ -70,21 +69,23 @@ def test_an_option_is_refused_exactly_where_it_changes_no_sample(loaded, option,
     baseline = _samples(loaded, base, monkeypatch, capsys)
     assert isinstance(baseline, set) and len(baseline) == 1
     effect = _samples(loaded, given_, monkeypatch, capsys, check=False) != baseline
-    applies = all(rule.when(build_parser("generate").parse_args(["generate", "run", *given_]))
-                  for rule in generate._ignored_options()[option])
+    applies = all(
+        rule.when(build_parser("generate").parse_args(["generate", "run", *given_]))
+        for rule in generate._ignored_options()[option]
+    )
     assert effect == applies, f"{option} at --temperature {temperature}: the table says used={applies}"
     got = _samples(loaded, given_, monkeypatch, capsys)
     if applies:
         assert isinstance(got, set)
     else:
-        assert isinstance(got, ValueError) and str(got).startswith(f"{option}={VALUES[option]} does not apply with "
-                                                                   "--temperature=0")
+        assert isinstance(got, ValueError) and str(got).startswith(
+            f"{option}={VALUES[option]} does not apply with --temperature=0"
+        )
 
 
 @given(st.sampled_from(["0", "0.0", "0.7", "2"]), st.lists(st.sampled_from(sorted(VALUES)), unique=True))
 def test_any_combination_is_refused_iff_greedy_and_a_sampling_option_is_given(temperature, options):
-    argv = ["generate", "missing-run", "--temperature", temperature,
-            *[f"{o}={VALUES[o]}" for o in options]]
+    argv = ["generate", "missing-run", "--temperature", temperature, *[f"{o}={VALUES[o]}" for o in options]]
     args = build_parser("generate").parse_args(argv)
     try:
         ignored.refuse_ignored_options(args, generate.add_arguments, generate._ignored_options())
@@ -108,4 +109,5 @@ def test_the_refusal_is_one_line_and_loads_nothing(capsys, tmp_path):
     assert capsys.readouterr().err.strip().splitlines() == [
         "coupled-qk generate: error: --top-k=5 does not apply with --temperature=0 (greedy decoding: the most likely "
         "token at every step, nothing is sampled, so every sample is the same text): --top-k is for sampling, "
-        "--temperature > 0"]
+        "--temperature > 0"
+    ]

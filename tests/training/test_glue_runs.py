@@ -42,8 +42,13 @@ def test_parse_tasks_and_defaults(tmp_path):
     glue_dir = write_sst2(tmp_path / "glue", n_train=100, n_dev=10)
     cfg = finetune_config("pre", "sst2", 1, tmp_path / "o", glue_dir=str(glue_dir), max_train_examples=50)
     assert cfg.max_steps == math.ceil(3 * 50 / 32) and cfg.lr == 1e-4 and cfg.warmup_steps == 1
-    assert cfg.task_options == {"glue_task": "sst2", "pretrained": "pre", "pooling": "last",
-                                "glue_dir": str(glue_dir), "max_train_examples": 50}
+    assert cfg.task_options == {
+        "glue_task": "sst2",
+        "pretrained": "pre",
+        "pooling": "last",
+        "glue_dir": str(glue_dir),
+        "max_train_examples": 50,
+    }
 
 
 def test_command_end_to_end_and_reuse(tmp_path, capsys):
@@ -51,8 +56,27 @@ def test_command_end_to_end_and_reuse(tmp_path, capsys):
     b = make_pretrained(tmp_path / "coupled" / "seed0", attention="coupled")
     glue_dir = write_sst2(tmp_path / "glue", n_train=64, n_dev=40)
     out = tmp_path / "out"
-    args = [str(a), str(b), "--task", "sst2", "--seeds", "0,1", "--glue-dir", str(glue_dir), "--epochs", "1",
-            "--batch-size", "16", "--lr", "1e-3", "--out-dir", str(out), "--no-progress", "--dtype", "fp32"]
+    args = [
+        str(a),
+        str(b),
+        "--task",
+        "sst2",
+        "--seeds",
+        "0,1",
+        "--glue-dir",
+        str(glue_dir),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--lr",
+        "1e-3",
+        "--out-dir",
+        str(out),
+        "--no-progress",
+        "--dtype",
+        "fp32",
+    ]
     assert main(["glue", *args]) == 0
     summary = json.loads((out / "results.json").read_text())
     assert summary["schema"] == "coupled-qk/glue-results/v1" and summary["baseline"] == "standard"
@@ -64,7 +88,9 @@ def test_command_end_to_end_and_reuse(tmp_path, capsys):
         for r in runs[m]:
             res = json.loads((out / m / "sst2" / f"seed{r['seed']}" / "results.json").read_text())
             assert r["dev"]["accuracy"] == res["final"]["dev/accuracy"] and res["steps"] == 4
-    diffs = [x["dev"]["accuracy"] - y["dev"]["accuracy"] for x, y in zip(runs["coupled"], runs["standard"], strict=True)]
+    diffs = [
+        x["dev"]["accuracy"] - y["dev"]["accuracy"] for x, y in zip(runs["coupled"], runs["standard"], strict=True)
+    ]
     assert summary["differences"]["coupled"]["sst2"]["accuracy"]["values"] == pytest.approx(diffs)
     table = (out / "results.md").read_text()
     assert "| coupled − standard |" in table and "majority class" in table
@@ -77,7 +103,8 @@ def test_command_end_to_end_and_reuse(tmp_path, capsys):
     d_mean = sum(diffs) / 2
     d_half = t_975_1 * abs(diffs[0] - diffs[1]) / math.sqrt(2) / math.sqrt(2)
     assert summary["differences"]["coupled"]["sst2"]["accuracy"]["ci95"] == pytest.approx(
-        [d_mean - d_half, d_mean + d_half])
+        [d_mean - d_half, d_mean + d_half]
+    )
     capsys.readouterr()
     assert main(["glue", *args]) == 0  # everything finished: reused, nothing retrained
     assert capsys.readouterr().out.count("reusing the finished run") == 4
@@ -90,8 +117,21 @@ def test_command_errors(tmp_path, capsys):
     a = make_pretrained(tmp_path / "pre")
     assert main(["glue", str(a), "--task", "wnli", "--out-dir", str(tmp_path / "o")]) == 2
     assert "'wnli' is unknown" in capsys.readouterr().err
-    assert main(["glue", str(tmp_path / "missing"), "--task", "sst2", "--glue-dir", str(tmp_path),
-                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "glue",
+                str(tmp_path / "missing"),
+                "--task",
+                "sst2",
+                "--glue-dir",
+                str(tmp_path),
+                "--out-dir",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     assert "no checkpoint at" in capsys.readouterr().err  # every run is checked before anything is created
     assert main(["glue", str(a), "--task", "sst2", "--glue-dir", str(tmp_path), "--out-dir", str(tmp_path / "o")]) == 2
     assert "SST-2/train.tsv is missing" in capsys.readouterr().err
@@ -104,20 +144,44 @@ def test_task_repeats_and_unknown_tasks_name_the_option():
         parse_tasks("qnli")
 
 
-@pytest.mark.parametrize("names, message", [
-    ("", r"--names=\[''\]: \[''\] cannot name a folder"),  # was: fine-tuned into <out>/<task>/ without a model level
-    ("..", r"--names=\['..'\]: \['..'\] cannot name a folder"),  # was: fine-tuned into <out>/../<task>/
-    ("a/b", r"\['a/b'\] cannot name a folder"),
-    ("a,b", r"--names=\['a', 'b'\]: need one distinct name per pretrained run \(1\)"),
-])
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (
+            "",
+            r"--names=\[''\]: \[''\] cannot name a folder",
+        ),  # was: fine-tuned into <out>/<task>/ without a model level
+        ("..", r"--names=\['..'\]: \['..'\] cannot name a folder"),  # was: fine-tuned into <out>/../<task>/
+        ("a/b", r"\['a/b'\] cannot name a folder"),
+        ("a,b", r"--names=\['a', 'b'\]: need one distinct name per pretrained run \(1\)"),
+    ],
+)
 def test_bad_names_are_refused_before_any_folder(tmp_path, capsys, names, message):
     import re
 
     a = make_pretrained(tmp_path / "standard" / "seed0")
     glue_dir = write_sst2(tmp_path / "glue", n_train=16, n_dev=8)
     out = tmp_path / "out"
-    assert main(["glue", str(a), "--task", "sst2", "--seeds", "0", "--glue-dir", str(glue_dir), "--names", names,
-                 "--out-dir", str(out), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "glue",
+                str(a),
+                "--task",
+                "sst2",
+                "--seeds",
+                "0",
+                "--glue-dir",
+                str(glue_dir),
+                "--names",
+                names,
+                "--out-dir",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert re.search(message, capsys.readouterr().err) and not out.exists() and not (tmp_path / "sst2").exists()
 
 
@@ -145,10 +209,15 @@ def test_a_synthetic_task_run_is_named_by_every_command_that_reads_text(tmp_path
     (run / "config.json").write_text(json.dumps({"task": "mqar"}))
     message = r"is a run of the synthetic task 'mqar' \(task='mqar' in .*config.json\)"
     assert language_model_checkpoint(run).name.startswith("ckpt-")  # loading the model alone stays allowed
-    for call in (lambda: load_run(run), lambda: analyze_checkpoints([run], "wiki-vital", out_dir=tmp_path / "a"),
-                 lambda: evaluate_checkpoint(run, corpus="wiki-vital")):
+    for call in (
+        lambda: load_run(run),
+        lambda: analyze_checkpoints([run], "wiki-vital", out_dir=tmp_path / "a"),
+        lambda: evaluate_checkpoint(run, corpus="wiki-vital"),
+    ):
         with pytest.raises(ValueError, match=message):
             call()
     glue_dir = write_sst2(tmp_path / "glue", n_train=16, n_dev=8)
-    assert main(["glue", str(run), "--task", "sst2", "--glue-dir", str(glue_dir), "--out-dir", str(tmp_path / "g")]) == 2
+    assert (
+        main(["glue", str(run), "--task", "sst2", "--glue-dir", str(glue_dir), "--out-dir", str(tmp_path / "g")]) == 2
+    )
     assert "synthetic task 'mqar'" in capsys.readouterr().err

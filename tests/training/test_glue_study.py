@@ -22,8 +22,27 @@ def study(tmp_path):
     b = make_pretrained(tmp_path / "coupled" / "seed0", attention="coupled")
     glue_dir = write_sst2(tmp_path / "glue", n_train=32, n_dev=16)
     out = tmp_path / "out"
-    args = [str(a), str(b), "--task", "sst2", "--glue-dir", str(glue_dir), "--epochs", "1", "--batch-size", "16",
-            "--lr", "1e-3", "--out-dir", str(out), "--no-progress", "--dtype", "fp32", "--device", "cpu"]
+    args = [
+        str(a),
+        str(b),
+        "--task",
+        "sst2",
+        "--glue-dir",
+        str(glue_dir),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--lr",
+        "1e-3",
+        "--out-dir",
+        str(out),
+        "--no-progress",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+    ]
     return args, out
 
 
@@ -53,8 +72,15 @@ def test_max_minutes_stops_one_run_skips_the_rest_and_the_summary_counts_finishe
     assert [r["seed"] for r in cell["runs"]] == [0] and cell["complete"] is False
     assert [(m["seed"], m["status"]) for m in cell["missing"]] == [(1, "interrupted"), (2, "skipped")]
     acc = cell["runs"][0]["dev"]["accuracy"]
-    assert cell["metrics"]["accuracy"] == {"mean": acc, "std": 0.0, "min": acc, "max": acc, "ci95": None, "n": 1,
-                                           "values": [acc]}
+    assert cell["metrics"]["accuracy"] == {
+        "mean": acc,
+        "std": 0.0,
+        "min": acc,
+        "max": acc,
+        "ci95": None,
+        "n": 1,
+        "values": [acc],
+    }
     base = [r["dev"]["accuracy"] for r in summary["models"]["standard"]["tasks"]["sst2"]["runs"]]
     assert len(base) == 3 and summary["models"]["standard"]["tasks"]["sst2"]["metrics"]["accuracy"]["n"] == 3
     diff = summary["differences"]["coupled"]["sst2"]["accuracy"]  # paired over seed 0 only
@@ -102,8 +128,9 @@ def test_dry_run_prints_the_plan_and_creates_nothing(study, capsys):
     assert main(["glue", *args, "--seeds", "0,1", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"coupled-qk glue: 4 fine-tunes (2 models x 1 tasks x 2 seeds) -> {out}"
-    assert lines[1:] == [f"  {m} sst2 seed {s} -> {out / m / 'sst2' / f'seed{s}'}: new"
-                         for m in ("standard", "coupled") for s in (0, 1)] + ["  4 runs: 4 new"]
+    assert lines[1:] == [
+        f"  {m} sst2 seed {s} -> {out / m / 'sst2' / f'seed{s}'}: new" for m in ("standard", "coupled") for s in (0, 1)
+    ] + ["  4 runs: 4 new"]
     assert not out.exists()
     assert main(["glue", *args, "--seeds", "0", "--names", "a", "--dry-run"]) == 2  # inputs checked as without it
     assert "--names=['a']: need one distinct name per pretrained run (2)" in capsys.readouterr().err
@@ -132,8 +159,9 @@ def test_compile_is_recorded_and_scores_as_eager(study, monkeypatch, capsys):
 
     args, out = study
     one = [args[0], *args[2:], "--seeds", "0"]
-    monkeypatch.setattr(model_setup, "compile_regions",
-                        functools.partial(gpt_module.compile_regions, backend="aot_eager"))
+    monkeypatch.setattr(
+        model_setup, "compile_regions", functools.partial(gpt_module.compile_regions, backend="aot_eager")
+    )
     assert main(["glue", *one, "--compile"]) == 0
     eager_out = out.parent / "eager"
     assert main(["glue", *[x if x != str(out) else str(eager_out) for x in one]]) == 0

@@ -23,8 +23,9 @@ FILL = "the movie was and it felt a bit like story".split()
 def make_pretrained(root, vocab=300, attention="standard", block_size=32):
     """A 'pretrained' run folder: a random-init tiny GPT checkpoint and a small BPE tokenizer."""
     tok = train_bpe(" ".join(GOOD + BAD + FILL) * 40, vocab)
-    cfg = GPTConfig.from_preset("tiny", vocab_size=tok.vocab_size, n_layer=1, d_model=32, n_heads=2,
-                                block_size=block_size, attention=attention)
+    cfg = GPTConfig.from_preset(
+        "tiny", vocab_size=tok.vocab_size, n_layer=1, d_model=32, n_heads=2, block_size=block_size, attention=attention
+    )
     torch.manual_seed(0)
     ckpt.save_checkpoint(root, GPT(cfg).state_dict(), cfg, None, {"step": 0})
     tok.save(root / "tokenizer")
@@ -53,16 +54,29 @@ def setup(tmp_path):
 
 def glue_cfg(pre, glue_dir, out, **kw):
     opts = {"glue_task": "sst2", "pretrained": str(pre), "glue_dir": str(glue_dir), **kw.pop("task_options", {})}
-    base = dict(task="glue", batch_size=16, max_steps=60, warmup_steps=5, lr=3e-3, weight_decay=0.01,
-                min_lr_ratio=0.0, eval_interval=30, log_interval=10, out_dir=str(out), progress=False,
-                tensorboard=False, task_options=opts)
+    base = dict(
+        task="glue",
+        batch_size=16,
+        max_steps=60,
+        warmup_steps=5,
+        lr=3e-3,
+        weight_decay=0.01,
+        min_lr_ratio=0.0,
+        eval_interval=30,
+        log_interval=10,
+        out_dir=str(out),
+        progress=False,
+        tensorboard=False,
+        task_options=opts,
+    )
     return TrainConfig.from_dict({**base, **kw})
 
 
 @pytest.mark.parametrize("pooling", ["last", "mean"])
 def test_classifier_ignores_padding_and_pools_as_documented(pooling):
-    cfg = GPTConfig.from_preset("tiny", vocab_size=50, n_layer=2, d_model=32, n_heads=2, block_size=16,
-                                attention="coupled")
+    cfg = GPTConfig.from_preset(
+        "tiny", vocab_size=50, n_layer=2, d_model=32, n_heads=2, block_size=16, attention="coupled"
+    )
     torch.manual_seed(0)
     gpt = GPT(cfg).double()
     reference = GPT(cfg).double()
@@ -90,8 +104,9 @@ def test_classifier_ignores_padding_and_pools_as_documented(pooling):
 
 def test_batches_are_pure_and_cover_each_epoch(setup, tmp_path):
     pre, glue_dir = setup
-    cfg = glue_cfg(pre, glue_dir, tmp_path / "run", seed=3, grad_accum=2, batch_size=4,
-                   task_options={"max_train_examples": 64})
+    cfg = glue_cfg(
+        pre, glue_dir, tmp_path / "run", seed=3, grad_accum=2, batch_size=4, task_options={"max_train_examples": 64}
+    )
     task = GlueTask(cfg)
     assert len(task.train_ids) == 64 and task.describe()["train_examples_total"] == 400
     # two ranks of batch 4 with grad_accum 2: steps 0-3 are one epoch's 64 rows, steps 4-7 the next epoch
@@ -123,12 +138,15 @@ def test_end_to_end_beats_majority_and_reports(setup, tmp_path):
     assert data["truncated"] == {"train": 0, "dev": 0}
     saved = json.loads((tmp_path / "run" / "data.json").read_text())
     assert saved["tokenizer_fingerprint"] == data["tokenizer_fingerprint"]
-    assert res["params"] == sum(p.numel() for p in GPT(GPTConfig.load(pre / "ckpt-00000000" / "model_config.json"))
-                                .parameters()) + 2 * 32 + 2
+    assert (
+        res["params"]
+        == sum(p.numel() for p in GPT(GPTConfig.load(pre / "ckpt-00000000" / "model_config.json")).parameters())
+        + 2 * 32
+        + 2
+    )
     # resume: a longer budget continues from the fine-tune's own checkpoint
     more = train(glue_cfg(pre, glue_dir, tmp_path / "run", max_steps=70, resume=True, on_budget_change="keep"))
     assert more["steps"] == 70
-
 
 
 def test_resume_refuses_glue_files_that_changed_since_the_run_recorded_them(setup, tmp_path):
@@ -141,8 +159,11 @@ def test_resume_refuses_glue_files_that_changed_since_the_run_recorded_them(setu
     recorded = (tmp_path / "run" / "data.json").read_text()
     shutil.rmtree(glue_dir / "SST-2")
     write_sst2(glue_dir, n_train=300, seed=1)
-    with pytest.raises(ValueError, match=r"cannot resume .*: its data is not what it trained on \(.*data.json vs now: "
-                                         r"train_examples_total: 400 recorded, 300 now; train_label_counts: "):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot resume .*: its data is not what it trained on \(.*data.json vs now: "
+        r"train_examples_total: 400 recorded, 300 now; train_label_counts: ",
+    ):
         train(glue_cfg(pre, glue_dir, tmp_path / "run", max_steps=4, resume=True, eval_interval=2))
     assert (tmp_path / "run" / "data.json").read_text() == recorded
 
@@ -161,8 +182,9 @@ def test_clear_errors(setup, tmp_path):
     with pytest.raises(ValueError, match="GLUE task 'qqp' is unknown"):
         GlueTask(glue_cfg(pre, glue_dir, tmp_path / "r", task_options={"glue_task": "qqp"}))
     with pytest.raises(ValueError, match="needs task_options.pretrained"):
-        TrainConfig.from_dict(dict(task="glue", max_steps=1, task_options={"glue_task": "rte"})) and \
-            GlueTask(TrainConfig.from_dict(dict(task="glue", max_steps=1, task_options={"glue_task": "rte"})))
+        TrainConfig.from_dict(dict(task="glue", max_steps=1, task_options={"glue_task": "rte"})) and GlueTask(
+            TrainConfig.from_dict(dict(task="glue", max_steps=1, task_options={"glue_task": "rte"}))
+        )
     with pytest.raises(ValueError, match=r"unknown glue task_options \['lr'\]"):
         GlueTask(glue_cfg(pre, glue_dir, tmp_path / "r", task_options={"lr": 1}))
     with pytest.raises(FileNotFoundError, match="RTE/train.tsv is missing"):

@@ -30,10 +30,17 @@ loop.train(TrainConfig.from_dict(json.loads(sys.argv[1])))
 def test_a_signal_while_the_task_is_built_leaves_no_stale_lock(tiny_cfg, signum):
     cfg = tiny_cfg()
     run = Path(cfg.out_dir)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"),
-                                                         os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg.to_dict())], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(cfg.to_dict())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert child.stdout.readline().strip() == "building the task", child.stderr.read()
         assert (run / ".lock").is_file()  # held while the task is built

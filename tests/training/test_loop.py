@@ -49,7 +49,6 @@ def test_refuses_to_overwrite_and_checks_config(tiny_cfg, tmp_path):
     assert res["steps"] == 4
 
 
-
 def test_a_run_whose_latest_is_gone_is_resumed_from_its_newest_checkpoint_never_restarted(tiny_cfg, capsys):
     """Without ``latest`` (deleted by hand; or a kill between a checkpoint's rename and ``latest``'s write),
     ``--resume`` said "no checkpoint; starting a new run there" and trained a new model beside the old
@@ -67,10 +66,12 @@ def test_a_run_whose_latest_is_gone_is_resumed_from_its_newest_checkpoint_never_
     capsys.readouterr()
     res = train(tiny_cfg(max_steps=6, resume=True))
     assert f"{run / 'latest'} is missing; resuming from the newest checkpoint that verifies, ckpt-00000004" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     # continued, not restarted: the first four steps' records (with their own timings) are kept as they were
     assert res["steps"] == 6 and (run / "metrics.jsonl").read_bytes().startswith(before)
     assert [r["step"] for r in read_metrics(run) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+
 
 def test_a_run_without_its_config_json_is_not_resumed_with_unchecked_settings(tiny_cfg):
     """With ``config.json`` deleted, ``--resume`` compared nothing: a resume with another learning rate and seed
@@ -221,7 +222,15 @@ def test_two_processes_match_single_process(tiny_cfg, tmp_path, fsdp):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), json.dumps(ddp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        json.dumps(ddp),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = losses(tmp_path / "single"), losses(tmp_path / "ddp")
@@ -283,7 +292,8 @@ def test_final_metrics_carry_bits_per_byte_of_the_split_files(tiny_cfg, tiny_cor
         assert final["bits_per_char"] == pytest.approx(bits / final["n_chars"], rel=1e-12)
         # per token and per byte describe the same total: ln(ppl) * tokens = bpb * ln 2 * bytes
         assert math.log(final["perplexity"]) * final["n_tokens"] == pytest.approx(
-            final["bits_per_byte"] * math.log(2) * len(raw), rel=1e-9)
+            final["bits_per_byte"] * math.log(2) * len(raw), rel=1e-9
+        )
 
 
 def test_final_eval_subsample_is_labelled_and_counts_the_scored_text(tiny_cfg):
@@ -321,5 +331,7 @@ def test_default_eval_interval_gives_about_ten_validations_and_sizes_are_printed
     assert [r["step"] for r in read_metrics(short.out_dir) if "valid/loss" in r] == [1, 2, 3]
     assert "quick validation every 1 steps (3 over the run's 3 steps" in capsys.readouterr().err
     sizes = res["data"]["tokens"]
-    assert (f"data: train {sizes['train']:,} tokens, 300 documents; valid {sizes['valid']:,} tokens, 20 documents; "
-            f"test {sizes['test']:,} tokens, 20 documents") in err
+    assert (
+        f"data: train {sizes['train']:,} tokens, 300 documents; valid {sizes['valid']:,} tokens, 20 documents; "
+        f"test {sizes['test']:,} tokens, 20 documents"
+    ) in err

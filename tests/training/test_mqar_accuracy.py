@@ -64,7 +64,10 @@ def test_accuracy_by_slice_with_oracle():
     model.train()
     res = evaluate_slices(model, ds.test, names, batch_size=16, device="cpu")
     assert {k: v for k, v in res.items() if "accuracy" in k} == {
-        "valid/accuracy": 1.0, "valid/accuracy/L32_K2": 1.0, "valid/accuracy/L64_K4": 1.0}
+        "valid/accuracy": 1.0,
+        "valid/accuracy/L32_K2": 1.0,
+        "valid/accuracy/L64_K4": 1.0,
+    }
     # cross-entropy of logits 10 * one_hot(label): log(1 + (V - 1) e^-10), hand-derived (float32 sums)
     assert res["valid/loss"] == pytest.approx(math.log1p((V - 1) * math.exp(-10.0)), rel=1e-4)
     assert model.training and max(b for b, _ in model.calls) == 16  # mode restored; batches of 16
@@ -74,7 +77,11 @@ def test_accuracy_by_slice_with_oracle():
     first = _Predictor(oracle)
     half = evaluate_slices(first, ds.test, names, batch_size=3, device="cpu", max_rows=5, prefix="test")
     assert [b for b, _ in first.calls] == [3, 2, 3, 2]  # 5 rows of each slice in batches of at most 3
-    assert half["test/accuracy"] == 1.0 and set(half) == {"test/accuracy", "test/loss", "test/accuracy/L32_K2",
-                                                           "test/accuracy/L64_K4"}
+    assert half["test/accuracy"] == 1.0 and set(half) == {
+        "test/accuracy",
+        "test/loss",
+        "test/accuracy/L32_K2",
+        "test/accuracy/L64_K4",
+    }
     with pytest.raises(ValueError, match="1 names for 2 slices"):
         evaluate_slices(model, ds.test, names[:1], batch_size=16, device="cpu")

@@ -21,9 +21,17 @@ V = 64
 def _cfg(tmp_path, train=((16, 2, 100), (32, 4, 60)), test=((16, 2, 40), (32, 4, 30)), **kw) -> TrainConfig:
     opts = dict(vocab_size=V, train_slices=[list(t) for t in train], test_slices=[list(t) for t in test])
     opts.update(kw.pop("task_options", {}))
-    base = dict(task="mqar", model=dict(n_layer=2, d_model=16, n_heads=1, use_mlp=False, position="learned"),
-                batch_size=8, max_steps=10, device="cpu", out_dir=str(tmp_path / "run"), tensorboard=False,
-                progress=False, task_options=opts)
+    base = dict(
+        task="mqar",
+        model=dict(n_layer=2, d_model=16, n_heads=1, use_mlp=False, position="learned"),
+        batch_size=8,
+        max_steps=10,
+        device="cpu",
+        out_dir=str(tmp_path / "run"),
+        tensorboard=False,
+        progress=False,
+        task_options=opts,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -44,14 +52,18 @@ def test_model_overrides_and_describe(tmp_path):
 def test_a_model_override_that_the_data_decide_must_agree_with_them(tmp_path, name, value):
     """``--set vocab_size=5`` with MQAR (V=64) trained a 64-token model and recorded 5; now the run refuses it,
     naming the field, unless it equals what the data decide (then it is harmless)."""
-    cfg = _cfg(tmp_path, model=dict(n_layer=2, d_model=16, n_heads=1, use_mlp=False, position="learned",
-                                    **{name: value}))
+    cfg = _cfg(
+        tmp_path, model=dict(n_layer=2, d_model=16, n_heads=1, use_mlp=False, position="learned", **{name: value})
+    )
     decided = MQARTask(cfg, tmp_path).model_overrides()
     if value == decided[name]:
         assert getattr(cfg.gpt_config(**decided), name) == value
         return
-    with pytest.raises(ValueError, match=rf"TrainConfig\.model\.{name}={value} cannot apply: task='mqar' sets "
-                                         rf"{name}={decided[name]}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"TrainConfig\.model\.{name}={value} cannot apply: task='mqar' sets "
+        rf"{name}={decided[name]}",
+    ):
         cfg.gpt_config(**decided)
 
 
@@ -77,7 +89,9 @@ def test_batches_are_deterministic_single_slice_and_well_formed(tmp_path):
                 assert y[row, pos].item() == prefix[x[row, pos].item()]
     assert seen_lengths == {16, 32}
     # different steps give different batches; the order depends on the seed
-    assert not torch.equal(task.train_batch(0, 0, 0, 1, 8, "cpu")[0][:, :16], task.train_batch(1, 0, 0, 1, 8, "cpu")[0][:, :16])
+    assert not torch.equal(
+        task.train_batch(0, 0, 0, 1, 8, "cpu")[0][:, :16], task.train_batch(1, 0, 0, 1, 8, "cpu")[0][:, :16]
+    )
     other = MQARTask(_cfg(tmp_path, seed=1), tmp_path)
     firsts = [task.batch_rows(i, 8) for i in range(5)]
     assert any(a[0] != b[0] or (a[1] != b[1]).any() for a, b in zip(firsts, [other.batch_rows(i, 8) for i in range(5)]))
@@ -213,10 +227,20 @@ def test_train_end_to_end_reaches_high_accuracy(tmp_path):
     from coupled_qk.training.loop import train
 
     cfg = _cfg(
-        tmp_path, train=((16, 2, 20_000),), test=((16, 2, 500),),
+        tmp_path,
+        train=((16, 2, 20_000),),
+        test=((16, 2, 500),),
         model=dict(n_layer=2, d_model=64, n_heads=1, use_mlp=False, position="learned"),
-        batch_size=64, lr=2e-3, warmup_steps=0, min_lr_ratio=0.0, beta2=0.999, grad_clip=0.0, max_steps=600,
-        eval_interval=50, early_stop_metric="valid/accuracy", early_stop_value=0.9,
+        batch_size=64,
+        lr=2e-3,
+        warmup_steps=0,
+        min_lr_ratio=0.0,
+        beta2=0.999,
+        grad_clip=0.0,
+        max_steps=600,
+        eval_interval=50,
+        early_stop_metric="valid/accuracy",
+        early_stop_value=0.9,
     )
     cfg.task_options.update(vocab_size=64, quick_eval_examples=250)
     res = train(cfg)
@@ -231,8 +255,7 @@ def test_tokens_count_real_sequence_lengths_issue_9e(tmp_path):
     epoch, so an epoch trains 8 * 16 + 8 * 32 = 384 tokens (not 2 * 8 * block_size = 512)."""
     from coupled_qk.training.loop import read_metrics, train
 
-    common = dict(train=((16, 2, 8), (32, 4, 8)), test=((16, 2, 8),), eval_interval=100, log_interval=1,
-                  warmup_steps=0)
+    common = dict(train=((16, 2, 8), (32, 4, 8)), test=((16, 2, 8),), eval_interval=100, log_interval=1, warmup_steps=0)
     task = MQARTask(_cfg(tmp_path, **common), tmp_path)
     assert sorted(task.step_tokens(s, 1) for s in (0, 1)) == [8 * 16, 8 * 32]
     assert task.step_tokens(0, 1) + task.step_tokens(1, 1) == 384 == task.step_tokens(2, 1) + task.step_tokens(3, 1)
@@ -246,6 +269,7 @@ def test_tokens_count_real_sequence_lengths_issue_9e(tmp_path):
     budget = train(_cfg(tmp_path, max_steps=None, max_tokens=768, out_dir=str(tmp_path / "budget"), **common))
     assert budget["steps"] == 4 and budget["tokens"] == 768 and budget["stop_reason"] == "completed"
     # with 2 micro-steps per step, one step is one epoch: 384 tokens
-    accum = train(_cfg(tmp_path, max_steps=None, max_tokens=768, grad_accum=2, out_dir=str(tmp_path / "accum"),
-                       **common))
+    accum = train(
+        _cfg(tmp_path, max_steps=None, max_tokens=768, grad_accum=2, out_dir=str(tmp_path / "accum"), **common)
+    )
     assert accum["steps"] == 2 and accum["tokens"] == 768

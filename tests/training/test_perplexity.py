@@ -74,8 +74,7 @@ def test_bits_per_byte_and_char_against_hand_computation():
     tokens = torch.tensor(list(data))
     torch.manual_seed(1)
     table = torch.randn(256, 256)
-    res = evaluate_perplexity(Bigram(table), tokens, block_size=8, batch_size=2, n_bytes=len(data),
-                              n_chars=len(text))
+    res = evaluate_perplexity(Bigram(table), tokens, block_size=8, batch_size=2, n_bytes=len(data), n_chars=len(text))
     bits = hand_nll(tokens.tolist(), table) / math.log(2)
     assert len(data) > len(text)  # the text has multi-byte characters: the two units differ
     assert res["n_bytes"] == len(data) and res["n_chars"] == len(text)

@@ -15,10 +15,22 @@ def run_dir(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("gen")
     corpus = write_corpus(root / "corpus", (200, 10, 10))
-    cfg = TrainConfig.from_dict(dict(
-        corpus=str(corpus), tokenizer="bpe-300", cache_dir=str(root / "cache"), out_dir=str(root / "run"),
-        model=dict(n_layer=1, d_model=32, n_heads=2, block_size=32, attention="coupled"), batch_size=4,
-        max_steps=4, warmup_steps=1, eval_interval=4, eval_batches=1, progress=False, tensorboard=False))
+    cfg = TrainConfig.from_dict(
+        dict(
+            corpus=str(corpus),
+            tokenizer="bpe-300",
+            cache_dir=str(root / "cache"),
+            out_dir=str(root / "run"),
+            model=dict(n_layer=1, d_model=32, n_heads=2, block_size=32, attention="coupled"),
+            batch_size=4,
+            max_steps=4,
+            warmup_steps=1,
+            eval_interval=4,
+            eval_batches=1,
+            progress=False,
+            tensorboard=False,
+        )
+    )
     train(cfg)
     return root / "run"
 
@@ -57,11 +69,14 @@ def test_generate_with_the_transposed_head_writes_the_same_text(run_dir, capsys)
     assert capsys.readouterr().out == plain
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--max-new-tokens", "40", "--context", "error"], "exceeds the model's context block_size=32"),
-    (["--temperature", "-1"], "--temperature=-1 must be"),
-    (["--top-k", "0"], "--top-k=0"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--max-new-tokens", "40", "--context", "error"], "exceeds the model's context block_size=32"),
+        (["--temperature", "-1"], "--temperature=-1 must be"),
+        (["--top-k", "0"], "--top-k=0"),
+    ],
+)
 def test_generate_errors(run_dir, capsys, extra, message):
     assert main(["generate", str(run_dir), "--prompt", "the"] + extra) == 2
     assert message in capsys.readouterr().err
@@ -70,8 +85,7 @@ def test_generate_errors(run_dir, capsys, extra, message):
 def test_generate_slides_past_the_context_by_default(run_dir, capsys):
     """40 new tokens after a 2-token prompt with block_size 32: the window slides, and the text is what the
     model gives when re-run on the last 32 tokens before every token (greedy)."""
-    assert main(["generate", str(run_dir), "--prompt", "the dog", "--max-new-tokens", "40",
-                 "--temperature", "0"]) == 0
+    assert main(["generate", str(run_dir), "--prompt", "the dog", "--max-new-tokens", "40", "--temperature", "0"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "sliding context of 32 tokens" in out[0]
     run = coupled_qk.load_run(run_dir)
@@ -93,14 +107,16 @@ def test_a_prompt_longer_than_the_context_slides_as_the_api_does(run_dir, capsys
     prompt = run.encode(text)
     assert prompt.shape[1] > 32  # block_size
     want = run.model.generate(prompt, 5, temperature=0)
-    assert main(["generate", str(run_dir), "--prompt", text, "--max-new-tokens", "5", "--temperature", "0",
-                 *extra]) == 0
+    assert (
+        main(["generate", str(run_dir), "--prompt", text, "--max-new-tokens", "5", "--temperature", "0", *extra]) == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert "sliding context of 32 tokens" in out[0]
-    assert "\n".join(out[1:]) == text + run.tokenizer.decode(want[0, prompt.shape[1]:])
+    assert "\n".join(out[1:]) == text + run.tokenizer.decode(want[0, prompt.shape[1] :])
     assert main(["generate", str(run_dir), "--prompt", text, "--context", "error"]) == 2
-    assert (f"--prompt has {prompt.shape[1]} tokens, more than the model's context block_size=32"
-            in capsys.readouterr().err)
+    assert (
+        f"--prompt has {prompt.shape[1]} tokens, more than the model's context block_size=32" in capsys.readouterr().err
+    )
 
 
 def test_generate_default_temperature_is_the_model_default():
@@ -114,9 +130,17 @@ def test_generate_default_temperature_is_the_model_default():
     assert args.context == inspect.signature(GPT.generate).parameters["context"].default == "slide"
 
 
-@pytest.mark.parametrize("device,error", [("auto", None), ("cpu", None), ("meta", "is not a device name"),
-                                          ("cuda:7", "is not available on this machine"), ("", "is not a device name"),
-                                          (3, "must be a device name")])
+@pytest.mark.parametrize(
+    "device,error",
+    [
+        ("auto", None),
+        ("cpu", None),
+        ("meta", "is not a device name"),
+        ("cuda:7", "is not available on this machine"),
+        ("", "is not a device name"),
+        (3, "must be a device name"),
+    ],
+)
 def test_load_run_device_is_checked_before_anything_loads(run_dir, device, error):
     """``device`` as ``--device`` takes it: "auto" works (it used to be torch's RuntimeError), "meta" (which
     loaded "successfully" with the weights discarded) and absent devices are one line listing those present."""
@@ -151,10 +175,19 @@ def test_generate_compile_prints_the_same_text(run_dir, capsys, monkeypatch):
     from coupled_qk.models.gpt import GPT
 
     # Dynamo capture only (the Inductor decoding step is checked in tests/models/test_compile.py)
-    monkeypatch.setattr(GPT, "compiled_decode_step",
-                        functools.partialmethod(GPT.compiled_decode_step, backend="eager"))
-    args = ["generate", str(run_dir), "--prompt", "the dog", "--max-new-tokens", "12", "--seed", "3",
-            "--num-samples", "2"]
+    monkeypatch.setattr(GPT, "compiled_decode_step", functools.partialmethod(GPT.compiled_decode_step, backend="eager"))
+    args = [
+        "generate",
+        str(run_dir),
+        "--prompt",
+        "the dog",
+        "--max-new-tokens",
+        "12",
+        "--seed",
+        "3",
+        "--num-samples",
+        "2",
+    ]
     assert main(args) == 0
     eager = capsys.readouterr().out
     assert main(args + ["--compile"]) == 0
@@ -180,8 +213,10 @@ def test_generate_compile_says_when_no_compiled_step_ran(run_dir, capsys):
     err = capsys.readouterr().err
     assert "# --compile: no compiled step ran (the first new token comes from the prompt's eager pass)" in err
     assert main(base + ["--prompt", " ".join(["the dog sat on the mat"] * 12), "--max-new-tokens", "3"]) == 0
-    assert "no compiled step ran (the first new token comes from the prompt's eager pass, tokens past the context " \
-           "decode eagerly); decoded eagerly" in capsys.readouterr().err
+    assert (
+        "no compiled step ran (the first new token comes from the prompt's eager pass, tokens past the context "
+        "decode eagerly); decoded eagerly" in capsys.readouterr().err
+    )
 
 
 @pytest.fixture(scope="module")
@@ -202,8 +237,10 @@ def foreign_folders(run_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["hf", "glue"])
-@pytest.mark.parametrize("command", [["eval"], ["generate", "--max-new-tokens", "2"], ["export", "OUT"],
-                                     ["analyze", "--out-dir", "OUT", "--no-plots"]])
+@pytest.mark.parametrize(
+    "command",
+    [["eval"], ["generate", "--max-new-tokens", "2"], ["export", "OUT"], ["analyze", "--out-dir", "OUT", "--no-plots"]],
+)
 def test_a_folder_of_another_kind_is_named_as_such(foreign_folders, kind, command, tmp_path, capsys):
     """An HF export folder or a GLUE fine-tuning run given where a language-model run is expected: one line saying
     what the folder is (it used to be "model_config.json does not exist" or "does not match the model: missing
@@ -227,4 +264,3 @@ def test_glue_refuses_a_folder_of_another_kind_as_its_pretrained_run(foreign_fol
     for path in [folder] + sorted(folder.glob("ckpt-*")):  # the run folder and each of its checkpoints
         with pytest.raises(ValueError, match=what):
             resolve_pretrained(path)
-

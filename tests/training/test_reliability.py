@@ -29,16 +29,40 @@ def losses(run_dir):
 def cli_args(cfg) -> list[str]:
     """``coupled-qk train`` arguments equivalent to a tiny TrainConfig."""
     m = cfg.model
-    args = ["train", "--corpus", cfg.corpus, "--tokenizer", cfg.tokenizer, "--cache-dir", cfg.cache_dir,
-            "--batch-size", str(cfg.batch_size), "--warmup-steps", str(cfg.warmup_steps), "--lr", str(cfg.lr),
-            "--log-interval", "1", "--eval-interval", str(cfg.eval_interval), "--eval-batches", "2",
-            "--max-steps", str(cfg.max_steps), "--out-dir", cfg.out_dir, "--no-progress", "--no-tensorboard"]
+    args = [
+        "train",
+        "--corpus",
+        cfg.corpus,
+        "--tokenizer",
+        cfg.tokenizer,
+        "--cache-dir",
+        cfg.cache_dir,
+        "--batch-size",
+        str(cfg.batch_size),
+        "--warmup-steps",
+        str(cfg.warmup_steps),
+        "--lr",
+        str(cfg.lr),
+        "--log-interval",
+        "1",
+        "--eval-interval",
+        str(cfg.eval_interval),
+        "--eval-batches",
+        "2",
+        "--max-steps",
+        str(cfg.max_steps),
+        "--out-dir",
+        cfg.out_dir,
+        "--no-progress",
+        "--no-tensorboard",
+    ]
     for key in ("n_layer", "d_model", "n_heads", "block_size"):
         args += ["--set", f"{key}={m[key]}"]
     return args
 
 
 # 1. one writer per run folder -------------------------------------------------------------------------------
+
 
 def test_1_lock_refuses_second_writer_naming_holder(tiny_cfg, tmp_path, capsys):
     cfg = tiny_cfg(max_steps=2)
@@ -68,6 +92,7 @@ def test_1_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
 
 # 2. stop signals save the current step; periodic checkpoints by default ---------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, sig, code):
@@ -76,8 +101,13 @@ def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, si
     cfg = tiny_cfg(max_steps=40, eval_interval=1000, out_dir=str(tmp_path / "sig"))
     # the same thread count as this process (bit-identity across a resume needs the same reduction order)
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-m", "coupled_qk.cli", *cli_args(cfg)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coupled_qk.cli", *cli_args(cfg)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = Path(cfg.out_dir) / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
@@ -94,8 +124,10 @@ def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, si
     res = train(tiny_cfg(max_steps=40, eval_interval=1000, out_dir=cfg.out_dir, resume=True))
     assert res["steps"] == 40
     assert losses(cfg.out_dir) == losses(ref.out_dir)  # bit-identical to the uninterrupted run
-    assert res["final"]["test/perplexity"] == json.loads((Path(ref.out_dir) / "results.json").read_text())[
-        "final"]["test/perplexity"]
+    assert (
+        res["final"]["test/perplexity"]
+        == json.loads((Path(ref.out_dir) / "results.json").read_text())["final"]["test/perplexity"]
+    )
 
 
 def test_2_signal_during_the_last_steps_evaluation_stops_the_process(tiny_cfg, monkeypatch):
@@ -133,6 +165,7 @@ def test_2_periodic_checkpoints_by_default(tiny_cfg, tmp_path):
 
 # 3. a re-save is atomic: latest always names a complete checkpoint ------------------------------------------
 
+
 def _fork_and_kill_at(run: Path, kill_at: int, model) -> int:
     pid = os.fork()
     if pid == 0:  # child: re-save step 6 and die just before the kill_at-th rename or delete
@@ -144,6 +177,7 @@ def _fork_and_kill_at(run: Path, kill_at: int, model) -> int:
                 if calls["n"] == kill_at:
                     os._exit(9)
                 return real(*a, **k)
+
             return wrapper
 
         os.replace = dying(os.replace)
@@ -183,6 +217,7 @@ def test_3_resume_of_a_finished_run_keeps_latest_valid(tiny_cfg):
 
 # 4. a non-finite run stops, saves nothing after the last good step, and exits non-zero ------------------------
 
+
 def test_4_non_finite_run_stops_and_keeps_last_good_checkpoint(tiny_cfg, capsys):
     cfg = tiny_cfg(lr=1000.0, max_steps=30, checkpoint_interval=1, keep_checkpoints=30)
     with pytest.raises(TrainingDiverged, match=r"non-finite at step (\d+).*last good checkpoint is .*ckpt-") as info:
@@ -214,6 +249,7 @@ def test_4_non_finite_weights_are_refused_on_load(tmp_path):
 
 # 5. damaged tensor bytes with an intact header are detected ---------------------------------------------------
 
+
 def test_5_flipped_tensor_bytes_are_detected(tiny_cfg, capsys):
     from safetensors.torch import load_file
 
@@ -225,7 +261,7 @@ def test_5_flipped_tensor_bytes_are_detected(tiny_cfg, capsys):
     file = where / "model.safetensors"
     data = bytearray(file.read_bytes())
     header = 8 + int.from_bytes(data[:8], "little")
-    data[header + 16: header + 80] = b"\xff" * 64  # tensor data overwritten, header intact
+    data[header + 16 : header + 80] = b"\xff" * 64  # tensor data overwritten, header intact
     file.write_bytes(bytes(data))
     assert load_file(str(file))  # the format itself does not notice
     with pytest.raises(ValueError, match=r"model\.safetensors is damaged: its SHA-256 differs"):
@@ -246,14 +282,17 @@ def test_5_flipped_tensor_bytes_are_detected(tiny_cfg, capsys):
         ckpt.load_torch_file(opt)
 
 
-@pytest.mark.parametrize("file, text, message", [
-    ("state.json", "[]", r"state\.json holds a JSON list, expected an object"),
-    ("state.json", "{}", r"state\.json has step=None, expected an integer >= 0"),
-    ("state.json", '{"step": "7"}', r"state\.json has step='7', expected an integer >= 0"),
-    ("state.json", '{"step": true}', r"state\.json has step=True, expected an integer >= 0"),
-    ("checksums.json", "[1]", r"checksums\.json holds a JSON list, expected an object"),
-    ("checksums.json", '{"state.json": 5}', r"checksums\.json holds values other than SHA-256 texts"),
-])
+@pytest.mark.parametrize(
+    "file, text, message",
+    [
+        ("state.json", "[]", r"state\.json holds a JSON list, expected an object"),
+        ("state.json", "{}", r"state\.json has step=None, expected an integer >= 0"),
+        ("state.json", '{"step": "7"}', r"state\.json has step='7', expected an integer >= 0"),
+        ("state.json", '{"step": true}', r"state\.json has step=True, expected an integer >= 0"),
+        ("checksums.json", "[1]", r"checksums\.json holds a JSON list, expected an object"),
+        ("checksums.json", '{"state.json": 5}', r"checksums\.json holds values other than SHA-256 texts"),
+    ],
+)
 def test_4_a_checkpoint_json_file_of_another_kind_is_named_by_every_reader(tmp_path, file, text, message):
     """A ``state.json`` or ``checksums.json`` that parses but is not the object a checkpoint holds (hand-edited,
     or damaged in a checkpoint written before checksums were recorded) was a traceback from every reader
@@ -276,13 +315,16 @@ def test_4_a_checkpoint_json_file_of_another_kind_is_named_by_every_reader(tmp_p
     assert RunDir(tmp_path).train_seconds() == (0.0 if file == "state.json" else 4.0)
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"\xff\xfe\x00ckpt", "is not UTF-8 text"),
-    (b"", "names '', not a folder of the run"),
-    (b"\n", "names '', not a folder of the run"),
-    (b"../other/ckpt-00000001\n", "names '../other/ckpt-00000001', not a folder of the run"),
-    (b"..", "names '..', not a folder of the run"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\xff\xfe\x00ckpt", "is not UTF-8 text"),
+        (b"", "names '', not a folder of the run"),
+        (b"\n", "names '', not a folder of the run"),
+        (b"../other/ckpt-00000001\n", "names '../other/ckpt-00000001', not a folder of the run"),
+        (b"..", "names '..', not a folder of the run"),
+    ],
+)
 @pytest.mark.parametrize("pointer", ["latest", "best"])
 def test_4_a_damaged_latest_or_best_pointer_is_named(tmp_path, content, message, pointer):
     """``latest`` not UTF-8 was "'utf-8' codec can't decode byte 0xff" naming no file (from eval, export, generate

@@ -25,8 +25,15 @@ def torchrun(tmp_path, cfg, timeout=240):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           json.dumps(cfg.to_dict())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        json.dumps(cfg.to_dict()),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -37,8 +44,9 @@ def records(run_dir, key):
 @pytest.mark.slow
 def test_A_time_budget_is_one_decision_for_all_ranks(tiny_cfg, tmp_path):
     # each rank's own clock used to decide: ranks stopped at different steps and the final save hung
-    cfg = tiny_cfg(batch_size=2, max_steps=100_000, max_minutes=0.03, eval_interval=10**6,
-                   out_dir=str(tmp_path / "ddp"))
+    cfg = tiny_cfg(
+        batch_size=2, max_steps=100_000, max_minutes=0.03, eval_interval=10**6, out_dir=str(tmp_path / "ddp")
+    )
     proc = torchrun(tmp_path, cfg, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "ddp" / "results.json").read_text())
@@ -73,8 +81,11 @@ def losses_close(a, b):
 def test_C_budget_extension_is_deliberate(tiny_cfg, tmp_path):
     kw = dict(lr=0.01, warmup_steps=2, min_lr_ratio=0.1)
     train(tiny_cfg(max_steps=10, **kw))
-    with pytest.raises(ValueError, match=r"different budget.*step 11 to 0\.00\d+ where the saved schedule gives "
-                                         r"0\.001.*--on-budget-change keep"):
+    with pytest.raises(
+        ValueError,
+        match=r"different budget.*step 11 to 0\.00\d+ where the saved schedule gives "
+        r"0\.001.*--on-budget-change keep",
+    ):
         train(tiny_cfg(max_steps=20, resume=True, **kw))
     cfg = tiny_cfg(max_steps=20, resume=True, on_budget_change="keep", **kw)
     train(cfg)

@@ -89,9 +89,11 @@ def test_partial_removal_never_touches_a_run_another_process_is_writing(tmp_path
     assert not run.config_path.exists() and not run.tokenizer_dir.exists() and not (run / ".lock").exists()
 
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers(-10, 10**12) | st.floats(allow_nan=False)
-                     | st.text(max_size=8), lambda inner: st.lists(inner, max_size=2)
-                     | st.dictionaries(st.text(max_size=4), inner, max_size=2), max_leaves=4)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**12) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+    max_leaves=4,
+)
 
 
 @given(field=st.sampled_from(sorted(field_types(TrainConfig))), value=_JSON)
@@ -121,16 +123,41 @@ def finished_run(tmp_path_factory):
     from tests.conftest import write_corpus
 
     root = tmp_path_factory.mktemp("finished")
-    train(TrainConfig.from_dict(dict(
-        corpus=str(write_corpus(root / "corpus", (100, 10, 10))), tokenizer="bpe-300", cache_dir=str(root / "cache"),
-        out_dir=str(root / "run"), model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16), batch_size=2,
-        max_steps=1, warmup_steps=1, eval_interval=1, eval_batches=1, progress=False, tensorboard=False)))
+    train(
+        TrainConfig.from_dict(
+            dict(
+                corpus=str(write_corpus(root / "corpus", (100, 10, 10))),
+                tokenizer="bpe-300",
+                cache_dir=str(root / "cache"),
+                out_dir=str(root / "run"),
+                model=dict(n_layer=1, d_model=32, n_heads=2, block_size=16),
+                batch_size=2,
+                max_steps=1,
+                warmup_steps=1,
+                eval_interval=1,
+                eval_batches=1,
+                progress=False,
+                tensorboard=False,
+            )
+        )
+    )
     return root / "run"
 
 
-@pytest.mark.parametrize("field, value", [("corpus", 5), ("corpus", ["a"]), ("corpus", ""), ("data_dir", 3),
-                                          ("cache_dir", {}), ("task_options", []), ("task_options", None),
-                                          ("task_options", 0), ("task_options", "")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("corpus", 5),
+        ("corpus", ["a"]),
+        ("corpus", ""),
+        ("data_dir", 3),
+        ("cache_dir", {}),
+        ("task_options", []),
+        ("task_options", None),
+        ("task_options", 0),
+        ("task_options", ""),
+    ],
+)
 def test_eval_analyze_generate_name_a_saved_field_of_another_kind(finished_run, tmp_path, capsys, field, value):
     import shutil
 
@@ -138,8 +165,11 @@ def test_eval_analyze_generate_name_a_saved_field_of_another_kind(finished_run, 
 
     run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
     run.config_path.write_text(json.dumps({**run.read_config(), field: value}))
-    for args in (["eval", str(run.path)], ["analyze", str(run.path), "--out-dir", str(tmp_path / "an")],
-                 ["generate", str(run.path), "--max-new-tokens", "1"]):
+    for args in (
+        ["eval", str(run.path)],
+        ["analyze", str(run.path), "--out-dir", str(tmp_path / "an")],
+        ["generate", str(run.path), "--max-new-tokens", "1"],
+    ):
         capsys.readouterr()
         assert main(args) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
@@ -157,10 +187,12 @@ def _copy_with_own_corpus(finished_run, where):
 
 
 @settings(max_examples=8)
-@given(split=st.sampled_from(["train", "valid", "test"]), added=st.text(min_size=1, max_size=40),
-       recorded=st.sampled_from(["sha256", "tokens only"]))
-def test_a_corpus_changed_since_training_is_refused_by_eval_and_warned_by_analyze(finished_run, split, added,
-                                                                                  recorded):
+@given(
+    split=st.sampled_from(["train", "valid", "test"]),
+    added=st.text(min_size=1, max_size=40),
+    recorded=st.sampled_from(["sha256", "tokens only"]),
+)
+def test_a_corpus_changed_since_training_is_refused_by_eval_and_warned_by_analyze(finished_run, split, added, recorded):
     """Text appended to a corpus file after training re-split and re-tokenized silently: ``eval`` reported
     "held-out" perplexity of other text. Now eval of the run's own corpus refuses a changed evaluated split (one line
     naming data.json; ``--corpus`` evaluates the current text on purpose), analyze warns, an unchanged split passes.
@@ -178,15 +210,21 @@ def test_a_corpus_changed_since_training_is_refused_by_eval_and_warned_by_analyz
         with open(corpus / f"{split}.txt", "a", encoding="utf-8") as f:
             f.write(" zebra quokka " + added)  # always new tokens, so a token count changes too
         if split in ("valid", "test"):
-            with pytest.raises(ValueError, match=rf"changed since {run.path} trained on it \({run.data_path} vs now: "
-                                                 rf"tokens.{split}: ") as err:
+            with pytest.raises(
+                ValueError,
+                match=rf"changed since {run.path} trained on it \({run.data_path} vs now: "
+                rf"tokens.{split}: ",
+            ) as err:
                 evaluate_checkpoint(run.path)
             assert "\n" not in str(err.value)
         else:
             assert evaluate_checkpoint(run.path)["valid"]["n_tokens"] > 0
         assert evaluate_checkpoint(run.path, corpus=str(corpus))["test"]["n_tokens"] > 0  # on purpose: as it is now
-        with pytest.warns(UserWarning, match=f"the valid split of .* changed since {run.path}") if (
-                split == "valid" and recorded == "sha256") else contextlib.nullcontext():
+        with (
+            pytest.warns(UserWarning, match=f"the valid split of .* changed since {run.path}")
+            if (split == "valid" and recorded == "sha256")
+            else contextlib.nullcontext()
+        ):
             analyze_checkpoints([run.path], out_dir=Path(tmp) / "an", make_plots=False)
 
 
@@ -202,9 +240,12 @@ def test_resume_refuses_data_that_changed_since_the_run_recorded_it(tiny_cfg, ti
     assert set(data["text_sha256"]) == {"train", "valid", "test"}
     before = (tiny_corpus / "test.txt").read_text()
     (tiny_corpus / "test.txt").write_text(before + "\n\nzebra quokka zebra\n")
-    with pytest.raises(ValueError, match=rf"cannot resume {run.path}: its data is not what it trained on \("
-                                         rf"{run.data_path} vs now: tokens.test: 1,997 recorded, 2,0\d\d now; "
-                                         r"text_sha256.test: \w{12}\.\.\. recorded"):
+    with pytest.raises(
+        ValueError,
+        match=rf"cannot resume {run.path}: its data is not what it trained on \("
+        rf"{run.data_path} vs now: tokens.test: 1,997 recorded, 2,0\d\d now; "
+        r"text_sha256.test: \w{12}\.\.\. recorded",
+    ):
         train(tiny_cfg(max_steps=3, resume=True))
     assert run.read_data() == data  # nothing written
     (tiny_corpus / "test.txt").write_text(before)
@@ -225,8 +266,9 @@ def test_resume_without_data_json_says_the_data_is_not_checked(tiny_cfg, tiny_co
         assert train(tiny_cfg(max_steps=3, resume=True))["steps"] == 3
 
 
-def test_an_unknown_key_of_a_run_config_json_is_refused_by_every_reader_naming_its_close_match(finished_run, tmp_path,
-                                                                                              capsys):
+def test_an_unknown_key_of_a_run_config_json_is_refused_by_every_reader_naming_its_close_match(
+    finished_run, tmp_path, capsys
+):
     """A hand-edited ``config.json`` with a typo (``"seeed"``) took no effect without a word; every reader
     (``eval``, ``analyze``, ``generate``, ``--resume``) now names the file, the key and its close match."""
     import shutil
@@ -235,14 +277,18 @@ def test_an_unknown_key_of_a_run_config_json_is_refused_by_every_reader_naming_i
 
     run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
     run.config_path.write_text(json.dumps({**run.read_config(), "seeed": 3}))
-    for args in (["eval", str(run.path)], ["analyze", str(run.path), "--out-dir", str(tmp_path / "an")],
-                 ["generate", str(run.path), "--max-new-tokens", "1"],
-                 ["train", "--out-dir", str(run.path), "--resume", "--max-steps", "2"]):
+    for args in (
+        ["eval", str(run.path)],
+        ["analyze", str(run.path), "--out-dir", str(tmp_path / "an")],
+        ["generate", str(run.path), "--max-new-tokens", "1"],
+        ["train", "--out-dir", str(run.path), "--resume", "--max-steps", "2"],
+    ):
         capsys.readouterr()
         assert main(args) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
-        assert any(f"{run.config_path}: unknown TrainConfig key(s) 'seeed' (did you mean 'seed'?)" in line
-                   for line in err), (args, err)
+        assert any(
+            f"{run.config_path}: unknown TrainConfig key(s) 'seeed' (did you mean 'seed'?)" in line for line in err
+        ), (args, err)
 
 
 def test_unknown_keys_of_the_files_the_project_writes_are_warnings_naming_the_close_match(finished_run, tmp_path):
@@ -262,8 +308,11 @@ def test_unknown_keys_of_the_files_the_project_writes_are_warnings_naming_the_cl
     assert any("unknown config key(s) 'lrr' (did you mean 'lr'?)" in m for m in said), said
     state_path = run.latest_checkpoint() / "state.json"
     state_path.write_text(json.dumps({**json.loads(state_path.read_text()), "tokenz": 1}))
-    with pytest.warns(UserWarning, match=r"state.json: unknown checkpoint state key\(s\) 'tokenz' \(did you mean "
-                                         r"'tokens'\?\)"):
+    with pytest.warns(
+        UserWarning,
+        match=r"state.json: unknown checkpoint state key\(s\) 'tokenz' \(did you mean "
+        r"'tokens'\?\)",
+    ):
         assert read_state(run.latest_checkpoint())["step"] == 1
 
     class Task:
@@ -273,8 +322,11 @@ def test_unknown_keys_of_the_files_the_project_writes_are_warnings_naming_the_cl
             return {"tokens": {"train": 5}, "vocab_size": 300}
 
     run.data_path.write_text(json.dumps({"tokens": {"train": 5}, "vocab_sise": 300}))
-    with pytest.warns(UserWarning, match=r"data.json: unknown data description key\(s\) 'vocab_sise' \(did you "
-                                         r"mean 'vocab_size'\?\)"):
+    with pytest.warns(
+        UserWarning,
+        match=r"data.json: unknown data description key\(s\) 'vocab_sise' \(did you "
+        r"mean 'vocab_size'\?\)",
+    ):
         run.check_data(Task())
 
 
@@ -282,8 +334,11 @@ def test_unknown_task_options_and_config_fields_name_their_close_match():
     from coupled_qk.models.config import GPTConfig
     from coupled_qk.training.tasks import check_task_options
 
-    with pytest.raises(ValueError, match=r"unknown MQAR task_options \['train_slice'\] \(did you mean "
-                                         r"\[\"'train_slice': 'train_slices'\"\]\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown MQAR task_options \['train_slice'\] \(did you mean "
+        r"\[\"'train_slice': 'train_slices'\"\]\?\)",
+    ):
         check_task_options("mqar", {"train_slice": "64:4", "test_slices": "64:4"})
     with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) \['n_layers'\] \(did you mean"):
         GPTConfig.from_dict({"n_layers": 2})

@@ -26,15 +26,31 @@ class Recording:
 
 
 def _config(task: str, tmp_path, tiny_corpus) -> TrainConfig:
-    base = dict(task=task, max_steps=2, batch_size=4, device="cpu", out_dir=str(tmp_path / "run"),
-                progress=False, tensorboard=False)
+    base = dict(
+        task=task,
+        max_steps=2,
+        batch_size=4,
+        device="cpu",
+        out_dir=str(tmp_path / "run"),
+        progress=False,
+        tensorboard=False,
+    )
     if task == "lm":
-        return TrainConfig(**base, corpus=str(tiny_corpus), tokenizer="bpe-300", cache_dir=str(tmp_path / "cache"),
-                           model=dict(n_layer=1, d_model=16, n_heads=2, block_size=16))
+        return TrainConfig(
+            **base,
+            corpus=str(tiny_corpus),
+            tokenizer="bpe-300",
+            cache_dir=str(tmp_path / "cache"),
+            model=dict(n_layer=1, d_model=16, n_heads=2, block_size=16),
+        )
     if task == "mqar":
         opts = dict(vocab_size=64, train_slices=[[16, 2, 20]], test_slices=[[16, 2, 8]])
-        return TrainConfig(**base, cache_dir=str(tmp_path / "cache"), task_options=opts,
-                           model=dict(n_layer=1, d_model=16, n_heads=1, use_mlp=False, position="learned"))
+        return TrainConfig(
+            **base,
+            cache_dir=str(tmp_path / "cache"),
+            task_options=opts,
+            model=dict(n_layer=1, d_model=16, n_heads=1, use_mlp=False, position="learned"),
+        )
     pre = make_pretrained(tmp_path / "pre")
     glue = write_sst2(tmp_path / "glue", n_train=20, n_dev=10)
     return TrainConfig(**base, task_options={"glue_task": "sst2", "pretrained": str(pre), "glue_dir": str(glue)})

@@ -48,7 +48,6 @@ def test_lm_task_options_are_validated(tiny_cfg, tiny_corpus):
     assert task.step_tokens(0, 1) == 3 * 2 * 16 and task.step_tokens(5, 4) == 3 * 2 * 4 * 16
 
 
-
 @pytest.mark.parametrize("damage", ["truncated", "empty", "meta_missing", "meta_garbage", "replaced"])
 def test_a_damaged_cached_tokenizer_is_trained_again(tiny_cfg, tmp_path, damage):
     """A damaged ``cache/tokenizers/bpe-*`` entry blocked every run of its corpus until deleted by hand; now it

@@ -32,9 +32,11 @@ def check_finite_parameters(model, name: str = "model") -> None:
     bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
     if bad:
         shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise ValueError(f"{name} has non-finite (NaN or inf) parameters: {shown} ({len(bad)} of "
-                         f"{sum(1 for _ in model.parameters())}); its attention maps are undefined, analyse a "
-                         "model (checkpoint) with finite weights")
+        raise ValueError(
+            f"{name} has non-finite (NaN or inf) parameters: {shown} ({len(bad)} of "
+            f"{sum(1 for _ in model.parameters())}); its attention maps are undefined, analyse a "
+            "model (checkpoint) with finite weights"
+        )
 
 
 def check_finite_activations(layer: int, tensors: dict) -> None:
@@ -43,8 +45,10 @@ def check_finite_activations(layer: int, tensors: dict) -> None:
     bad = [name for name, t in tensors.items() if t is not None and not bool(torch.isfinite(t).all())]
     if bad:
         dtype = next(t for t in tensors.values() if t is not None).dtype
-        raise ValueError(f"layer {layer}: the {' and '.join(bad)} hold NaN or inf although every parameter is finite "
-                         f"(the activations overflow in {dtype} on these tokens); no diagnostic is defined for them")
+        raise ValueError(
+            f"layer {layer}: the {' and '.join(bad)} hold NaN or inf although every parameter is finite "
+            f"(the activations overflow in {dtype} on these tokens); no diagnostic is defined for them"
+        )
 
 
 def _default_atol(dtype: torch.dtype) -> float:
@@ -54,9 +58,7 @@ def _default_atol(dtype: torch.dtype) -> float:
 def check_matrix(x: torch.Tensor, name: str, what: str) -> None:
     """``ValueError`` naming ``name`` unless ``x`` has at least 2 dimensions, the last two non-empty."""
     if x.dim() < 2:
-        raise ValueError(
-            f"{name} must have at least 2 dimensions {what}; got shape {tuple(x.shape)} ({x.dim()}-D)"
-        )
+        raise ValueError(f"{name} must have at least 2 dimensions {what}; got shape {tuple(x.shape)} ({x.dim()}-D)")
     if x.shape[-2] < 1 or x.shape[-1] < 1:
         raise ValueError(f"{name} must have non-empty trailing dimensions {what}; got shape {tuple(x.shape)}")
 
@@ -67,9 +69,7 @@ def map_f64(A: torch.Tensor, name: str = "A") -> torch.Tensor:
         raise TypeError(f"{name} must be a torch.Tensor; got {type(A).__name__}")
     check_matrix(A, name, "(..., T, T)")
     if A.shape[-1] != A.shape[-2]:
-        raise ValueError(
-            f"{name} must be square in its last two dimensions (..., T, T); got shape {tuple(A.shape)}"
-        )
+        raise ValueError(f"{name} must be square in its last two dimensions (..., T, T); got shape {tuple(A.shape)}")
     return to_f64(A, name)
 
 

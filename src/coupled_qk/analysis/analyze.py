@@ -59,7 +59,6 @@ def _default_labels(ckpts: list[Path]) -> list[str]:
     return out
 
 
-
 def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_seed: int | None) -> tuple:
     """``(corpus, data_dir, task_options)`` to analyse ``ckpts`` on: the given corpus, or else the runs' own.
 
@@ -83,8 +82,10 @@ def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_s
         source = (cfg["corpus"], data_dir if data_dir is not None else cfg.get("data_dir"))
         sources.setdefault((*source, json.dumps(_split_options(opts), sort_keys=True)), (*source, opts))
     if len(sources) > 1:
-        raise ValueError(f"the checkpoints were trained on different corpora or splits ({sorted(sources)}); "
-                         "pass --corpus to analyse them on the same text")
+        raise ValueError(
+            f"the checkpoints were trained on different corpora or splits ({sorted(sources)}); "
+            "pass --corpus to analyse them on the same text"
+        )
     return next(iter(sources.values()))
 
 
@@ -112,9 +113,13 @@ def _warn_changed_text(ckpts: Sequence[Path], text_corpus, split: str) -> None:
     for run_dir in dict.fromkeys(ckpt.parent for ckpt in ckpts):
         changes = split_changes(RunDir(run_dir), text_corpus, [split])
         if changes:
-            warnings.warn(f"the {split} split of {text_corpus.name!r} changed since {run_dir} trained on it "
-                          f"({RunDir(run_dir).data_path} vs now: {'; '.join(changes)}): the analysed text is not "
-                          "the run's own; restore the corpus to analyse what the run saw", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"the {split} split of {text_corpus.name!r} changed since {run_dir} trained on it "
+                f"({RunDir(run_dir).data_path} vs now: {'; '.join(changes)}): the analysed text is not "
+                "the run's own; restore the corpus to analyse what the run saw",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 ANALYSIS_LAYOUT = ("analysis.json", "summary.md", "*.png")
@@ -122,11 +127,23 @@ ANALYSIS_LAYOUT = ("analysis.json", "summary.md", "*.png")
 
 
 def analyze_checkpoints(
-    paths: Sequence[str | Path], corpus: str | None = None, split: str = "valid", n_sequences: int = 8,
-    seq_len: int | None = None, data_dir: str | Path | None = None, out_dir: str | Path = "runs/analysis", *,
-    labels: Sequence[str] | None = None, batch_size: int | None = None, example_layer: int | None = None,
-    example_head: int = 0, example_tokens: int = 128, split_seed: int | None = None,
-    device: str | torch.device = "cpu", make_plots: bool = True, threads: int | None = None,
+    paths: Sequence[str | Path],
+    corpus: str | None = None,
+    split: str = "valid",
+    n_sequences: int = 8,
+    seq_len: int | None = None,
+    data_dir: str | Path | None = None,
+    out_dir: str | Path = "runs/analysis",
+    *,
+    labels: Sequence[str] | None = None,
+    batch_size: int | None = None,
+    example_layer: int | None = None,
+    example_head: int = 0,
+    example_tokens: int = 128,
+    split_seed: int | None = None,
+    device: str | torch.device = "cpu",
+    make_plots: bool = True,
+    threads: int | None = None,
 ) -> dict:
     """Analyse several checkpoints on the same windows of a corpus split and write a report.
 
@@ -184,13 +201,22 @@ def analyze_checkpoints(
         if value is not None:  # checked before any model is loaded, as is everything _checked_inputs checks
             positive_int(name, value)
     paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer = _checked_inputs(
-        paths, split, n_sequences, seq_len, labels, example_layer, example_head)
+        paths, split, n_sequences, seq_len, labels, example_layer, example_head
+    )
     corpus, text_corpus, task_options = _analysis_corpus(ckpts, corpus, data_dir, split_seed, split)
     text = (text_corpus.split(split), f"the {split} split of corpus {str(corpus)!r}")
     # the folder is created by the first write: an analysis that fails leaves no empty folder behind
     entries, examples, n_tokenizers = _analyze_each(
-        zip(labels, paths, ckpts, tokenizers, tok_dirs), text, n_sequences, seq_len, device, batch_size,
-        (example_layer, example_head), example_tokens, threads)
+        zip(labels, paths, ckpts, tokenizers, tok_dirs),
+        text,
+        n_sequences,
+        seq_len,
+        device,
+        batch_size,
+        (example_layer, example_head),
+        example_tokens,
+        threads,
+    )
     report = {
         **_text_settings(corpus, text_corpus, split, task_options, n_sequences, seq_len),
         "same_tokenizer": n_tokenizers == 1,
@@ -210,8 +236,11 @@ def _analysis_corpus(ckpts: list[Path], corpus, data_dir, split_seed: int | None
 
     own_text = corpus is None and split_seed is None
     corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
-    text_corpus = (saved_run_corpus(ckpts[0].parent, corpus, data_dir, task_options) if own_text
-                   else run_corpus(corpus, data_dir, task_options, saved=split_seed is None))
+    text_corpus = (
+        saved_run_corpus(ckpts[0].parent, corpus, data_dir, task_options)
+        if own_text
+        else run_corpus(corpus, data_dir, task_options, saved=split_seed is None)
+    )
     if own_text:
         _warn_changed_text(ckpts, text_corpus, split)
     return corpus, text_corpus, task_options
@@ -232,8 +261,17 @@ def _text_settings(corpus, text_corpus, split: str, task_options: dict, n_sequen
     }
 
 
-def _analyze_each(inputs, text: tuple[str, str], n_sequences: int, seq_len: int, device, batch_size: int | None,
-                  example: tuple[int, int], example_tokens: int, threads: int | None) -> tuple[list, list, int]:
+def _analyze_each(
+    inputs,
+    text: tuple[str, str],
+    n_sequences: int,
+    seq_len: int,
+    device,
+    batch_size: int | None,
+    example: tuple[int, int],
+    example_tokens: int,
+    threads: int | None,
+) -> tuple[list, list, int]:
     """:func:`analyze_model` of each ``(label, path, checkpoint, tokenizer, tokenizer folder)`` of ``inputs`` on
     the windows its tokenizer gives of ``text`` (the text and what it is, for errors; tokenized once per
     tokenizer); returns the ``analysis.json`` entries, the example maps and the number of distinct tokenizers."""
@@ -245,18 +283,24 @@ def _analyze_each(inputs, text: tuple[str, str], n_sequences: int, seq_len: int,
         ids, text_info = windows[tok.fingerprint]
         entry, example_map = _analyze_checkpoint(ckpt, ids, device, batch_size, example, example_tokens, threads)
         examples.append(example_map)
-        entries.append({
-            "label": label,
-            "path": str(path),
-            "checkpoint": str(ckpt.resolve()),  # absolute: the report names what it was computed on from anywhere
-            "run_dir": str(ckpt.parent.resolve()),
-            "state": entry["state"],
-            "tokenizer": {"path": str(tok_dir), "name": tok.name, "fingerprint": tok.fingerprint,
-                          "vocab_size": tok.vocab_size},
-            "text": dict(text_info),
-            "seconds": entry["seconds"],
-            "analysis": entry["analysis"],
-        })
+        entries.append(
+            {
+                "label": label,
+                "path": str(path),
+                "checkpoint": str(ckpt.resolve()),  # absolute: the report names what it was computed on from anywhere
+                "run_dir": str(ckpt.parent.resolve()),
+                "state": entry["state"],
+                "tokenizer": {
+                    "path": str(tok_dir),
+                    "name": tok.name,
+                    "fingerprint": tok.fingerprint,
+                    "vocab_size": tok.vocab_size,
+                },
+                "text": dict(text_info),
+                "seconds": entry["seconds"],
+                "analysis": entry["analysis"],
+            }
+        )
     return entries, examples, len(windows)
 
 
@@ -295,12 +339,12 @@ def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer, e
         raise ValueError(f"seq_len must be an int >= 2 or None; got {seq_len!r}")
     if seq_len > min_block:
         worst = min(range(len(ckpts)), key=lambda i: configs[i].block_size)
-        raise ValueError(f"seq_len={seq_len} (--seq-len) exceeds block_size={min_block} of checkpoint "
-                         f"{ckpts[worst]}")
+        raise ValueError(f"seq_len={seq_len} (--seq-len) exceeds block_size={min_block} of checkpoint {ckpts[worst]}")
     for tok, cfg, ckpt in zip(tokenizers, configs, ckpts):
         if tok.vocab_size > cfg.vocab_size:
-            raise ValueError(f"the tokenizer of {ckpt} has {tok.vocab_size} ids but the model's vocab_size is "
-                             f"{cfg.vocab_size}")
+            raise ValueError(
+                f"the tokenizer of {ckpt} has {tok.vocab_size} ids but the model's vocab_size is {cfg.vocab_size}"
+            )
     if example_layer is None:
         example_layer = min(c.n_layer for c in configs) // 2
     _check_example(example_layer, example_head, configs, ckpts)
@@ -313,15 +357,19 @@ def _check_example(example_layer, example_head, configs, ckpts) -> None:
     from coupled_qk.models.registry import get_attention
 
     map_heads = [c.n_heads // get_attention(c.attention).head_group for c in configs]
-    for name, value, sizes, what in (("example_layer", example_layer, [c.n_layer for c in configs], "layers"),
-                                     ("example_head", example_head, map_heads, "attention-map heads")):
+    for name, value, sizes, what in (
+        ("example_layer", example_layer, [c.n_layer for c in configs], "layers"),
+        ("example_head", example_head, map_heads, "attention-map heads"),
+    ):
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name}={value!r} ({flag}) must be an int")
         i = min(range(len(sizes)), key=sizes.__getitem__)
         if not -sizes[i] <= value < sizes[i]:
-            raise ValueError(f"{name}={value} ({flag}) is out of range: checkpoint {ckpts[i]} has {sizes[i]} "
-                             f"{what} (0 .. {sizes[i] - 1}, or negative from the end)")
+            raise ValueError(
+                f"{name}={value} ({flag}) is out of range: checkpoint {ckpts[i]} has {sizes[i]} "
+                f"{what} (0 .. {sizes[i] - 1}, or negative from the end)"
+            )
 
 
 def _windows_of(text: str, source: str, tok, n_sequences: int, seq_len: int) -> tuple[torch.Tensor, dict]:
@@ -336,15 +384,17 @@ def _windows_of(text: str, source: str, tok, n_sequences: int, seq_len: int) -> 
     return ids, {"tokens": int(ids.numel()), "chars_covered": covered, "token_sha256": digest}
 
 
-def _analyze_checkpoint(ckpt: Path, ids: torch.Tensor, device, batch_size, example: tuple[int, int],
-                        example_tokens: int, threads) -> tuple[dict, object]:
+def _analyze_checkpoint(
+    ckpt: Path, ids: torch.Tensor, device, batch_size, example: tuple[int, int], example_tokens: int, threads
+) -> tuple[dict, object]:
     """One checkpoint's :func:`analyze_model` result (``state``, ``seconds``, ``analysis``) and its example map."""
     from coupled_qk.training.checkpoint_load import load_checkpoint_model
 
     model, state = load_checkpoint_model(ckpt, map_location=device)
     t0 = time.perf_counter()
-    result = analyze_model(model, ids, batch_size=batch_size, example=example, example_tokens=example_tokens,
-                           threads=threads)
+    result = analyze_model(
+        model, ids, batch_size=batch_size, example=example, example_tokens=example_tokens, threads=threads
+    )
     seconds = time.perf_counter() - t0
     del model
     example_map = result.pop("example")
@@ -365,4 +415,3 @@ def _write_analysis(report: dict, entries: list, examples: list, out, make_plots
     md_path = out.write_text("summary.md", summary_markdown(report))
     files.update({"analysis.json": str(json_path), "summary.md": str(md_path)})
     return files
-

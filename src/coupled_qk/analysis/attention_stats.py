@@ -188,8 +188,7 @@ def summarize_differential_attention(
     A2_64 = map_f64(A2, "A2")
     if A1.shape != A2.shape:
         raise ValueError(
-            f"A1 and A2 must have the same shape (..., T, T); got A1 {tuple(A1.shape)} and "
-            f"A2 {tuple(A2.shape)}"
+            f"A1 and A2 must have the same shape (..., T, T); got A1 {tuple(A1.shape)} and A2 {tuple(A2.shape)}"
         )
     if isinstance(lam, torch.Tensor):
         lam64 = to_f64(lam, "lam")

@@ -9,7 +9,8 @@ diagnostics of :mod:`coupled_qk.analysis.attention_stats`:
   ``log(i + 1)``, row 0 excluded), attention-sink mass on the first key (row 0 excluded), the effective rank
   (Roy & Vetterli 2007), the singular-value spectrum and the spectral gap ``sigma1/sigma2`` and
   ``(sigma1 - sigma2)/sigma1`` of every attention map;
-* the rank-collapse residual (Dong et al. 2021) of every block's output ``(B, T, d_model)`` (relative Frobenius distance from the nearest ``1 x^T``, and the l1/l_inf
+* the rank-collapse residual (Dong et al. 2021) of every block's output ``(B, T, d_model)`` (relative Frobenius distance
+from the nearest ``1 x^T``, and the l1/l_inf
   variant), plus the same for the embedding output that enters block 0;
 * for attentions with a query-key map, the map's learned step size ``dt`` per head (``AttentionRecord.dt``)
   and the relative update sizes ``|q' - q| / |q|`` and ``|k' - k| / |k|`` of the map (mean over tokens;
@@ -64,15 +65,11 @@ class _LayerAccumulator:
         store[key] = store[key] + value if key in store else value
 
 
-
 def _attention_layers(model) -> list:
     blocks = getattr(model, "blocks", None)
     if blocks is None or not len(blocks) or not all(hasattr(b, "attn") for b in blocks):
-        raise TypeError(
-            f"model must be a coupled_qk GPT (with .blocks[i].attn); got {type(model).__name__}"
-        )
+        raise TypeError(f"model must be a coupled_qk GPT (with .blocks[i].attn); got {type(model).__name__}")
     return [b.attn for b in blocks]
-
 
 
 @contextmanager
@@ -95,9 +92,9 @@ def _single_threaded(enabled: bool):
         torch.set_num_threads(previous)
 
 
-
-def _accumulate_maps(acc: _LayerAccumulator, rec: AttentionRecord, differential: bool,
-                     pool: ThreadPoolExecutor | None) -> None:
+def _accumulate_maps(
+    acc: _LayerAccumulator, rec: AttentionRecord, differential: bool, pool: ThreadPoolExecutor | None
+) -> None:
     """Per-head map diagnostics of one recorded layer, summed over the batch into ``acc``."""
     A1 = rec.attn
     n_heads = A1.shape[1]
@@ -121,7 +118,6 @@ def _accumulate_maps(acc: _LayerAccumulator, rec: AttentionRecord, differential:
             acc._add(acc.heads, key, stacked)
     if differential:
         acc.lam = as_float(rec.lam)
-
 
 
 def _accumulate_qk(acc: _LayerAccumulator, rec: AttentionRecord) -> None:
@@ -157,16 +153,25 @@ def _check_tokens(tokens, config) -> torch.Tensor:
     if b < 1:
         raise ValueError(f"tokens must hold at least one sequence; got shape {tuple(tokens.shape)}")
     if t < 2:
-        raise ValueError(f"tokens must hold sequences of T >= 2 tokens (normalised entropy and sink mass exclude "
-                         f"row 0); got shape {tuple(tokens.shape)}")
+        raise ValueError(
+            f"tokens must hold sequences of T >= 2 tokens (normalised entropy and sink mass exclude "
+            f"row 0); got shape {tuple(tokens.shape)}"
+        )
     if t > config.block_size:
         raise ValueError(f"sequence length T={t} exceeds the model's block_size={config.block_size}")
     return tokens.long()
 
 
 @torch.no_grad()
-def analyze_model(model, tokens: torch.Tensor, *, batch_size: int | None = None, example: tuple[int, int] | None = None,
-                  example_tokens: int = 128, threads: int | None = None) -> dict:
+def analyze_model(
+    model,
+    tokens: torch.Tensor,
+    *,
+    batch_size: int | None = None,
+    example: tuple[int, int] | None = None,
+    example_tokens: int = 128,
+    threads: int | None = None,
+) -> dict:
     """Per-layer, per-head attention diagnostics of ``model`` on ``tokens`` (docs/METHOD.md section 7).
 
     The blocks run through :meth:`~coupled_qk.models.gpt.GPT.trace` (the eager attention path): each block's
@@ -272,8 +277,15 @@ class _Capture:
     def consume(self, step, first_chunk: bool) -> None:
         """Add one traced block's record and output to its layer's sums."""
         i, rec, output, acc = step.layer, step.record, step.output, self.accs[step.layer]
-        check_finite_activations(i, {"block input (embeddings)": step.input if i == 0 else None,
-                                     "attention maps": rec.attn, "second maps (A2)": rec.attn2, "block output": output})
+        check_finite_activations(
+            i,
+            {
+                "block input (embeddings)": step.input if i == 0 else None,
+                "attention maps": rec.attn,
+                "second maps (A2)": rec.attn2,
+                "block output": output,
+            },
+        )
         if i == 0:
             self.input_rank["fro"] += attention_stats.rank_collapse_residual(step.input).sum().cpu()
             self.input_rank["l1inf"] += attention_stats.rank_collapse_residual(step.input, norm="l1inf").sum().cpu()
@@ -283,7 +295,11 @@ class _Capture:
         if rec.dt is not None:
             self.dts[i] = rec.dt
         acc._add(acc.scalars, "rank_collapse_residual", attention_stats.rank_collapse_residual(output).sum())
-        acc._add(acc.scalars, "rank_collapse_residual_l1inf", attention_stats.rank_collapse_residual(output, norm="l1inf").sum())
+        acc._add(
+            acc.scalars,
+            "rank_collapse_residual_l1inf",
+            attention_stats.rank_collapse_residual(output, norm="l1inf").sum(),
+        )
         acc.n += output.shape[0]
         if self.example is not None and first_chunk and self.example[0] == i:
             self.example_maps.update(_example_maps(rec, self.example[1], self.n_ex, self.differential))
@@ -293,8 +309,13 @@ class _Capture:
         layers = [_layer_summary(i, acc, self.dts.get(i)) for i, acc in enumerate(self.accs)]
         result = _model_summary(self.config, self.n_map_heads, self.B, self.T, self.input_rank, layers)
         if self.example is not None:
-            result["example"] = {"layer": self.example[0], "head": self.example[1], "sequence": 0,
-                                 "tokens": self.n_ex, "maps": self.example_maps}
+            result["example"] = {
+                "layer": self.example[0],
+                "head": self.example[1],
+                "sequence": 0,
+                "tokens": self.n_ex,
+                "maps": self.example_maps,
+            }
         return result
 
 
@@ -309,8 +330,9 @@ def _example_maps(rec: AttentionRecord, head: int, n: int, differential: bool) -
     return {"a1": a1.numpy(), "a2": a2.numpy(), "signed": (a1 - lam * a2).numpy()}
 
 
-def _model_summary(config, n_map_heads: int, n_sequences: int, seq_len: int, input_rank: dict,
-                   layers: list[dict]) -> dict:
+def _model_summary(
+    config, n_map_heads: int, n_sequences: int, seq_len: int, input_rank: dict, layers: list[dict]
+) -> dict:
     """The result of :func:`analyze_model` without its example: the model's shape, the per-layer summaries, the
     embedding output's rank-collapse residuals (sums over ``n_sequences``) and every layer mean averaged over
     layers."""
@@ -336,8 +358,9 @@ def _layer_summary(i: int, acc, dt: torch.Tensor | None) -> dict:
     n = acc.n
     heads = {k: (v / n).tolist() for k, v in acc.heads.items()}
     layer: dict = {"layer": i, "heads": order_metrics(heads)}
-    layer["spectrum"] = {k: [[float(f"{x:.6g}") for x in row] for row in (v / n).tolist()]
-                         for k, v in acc.spectra.items()}
+    layer["spectrum"] = {
+        k: [[float(f"{x:.6g}") for x in row] for row in (v / n).tolist()] for k, v in acc.spectra.items()
+    }
     qk: dict[str, list[float]] = {}
     if dt is not None:
         qk["dt"] = dt.to("cpu", torch.float64).tolist()
@@ -396,4 +419,3 @@ def token_windows(text: str, tokenizer, n_sequences: int, seq_len: int) -> torch
             f"need {need} (lower n_sequences / seq_len)"
         )
     return torch.tensor(ids[:need], dtype=torch.long).view(n_sequences, seq_len)
-

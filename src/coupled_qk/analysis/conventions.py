@@ -23,8 +23,7 @@ _SPECTRAL = ("effective_rank", "spectral_gap_ratio", "spectral_gap_relative")
 CONVENTIONS = {
     "averaging": "each per-map value is computed per sequence and averaged over the sequences; layer values "
     "('mean') are means over heads; model values ('mean' at the top) are means over layers",
-    "entropy": "nats, mean over all T rows of the row entropy (row 0 of a causal map has entropy 0 and is "
-    "included)",
+    "entropy": "nats, mean over all T rows of the row entropy (row 0 of a causal map has entropy 0 and is included)",
     "normalized_entropy": "row i (0-based) divided by log(i + 1), averaged over rows 1..T-1 (row 0 excluded); "
     "1 = uniform over the allowed keys",
     "effective_rank": "Roy & Vetterli 2007: exp(H(p)), p = sigma / sum(sigma); singular values <= "
@@ -63,16 +62,24 @@ def mean_of(values) -> float:
 
 def metric_rank(key: str) -> tuple:
     prefix, _, base = key.rpartition("/")
-    order = list(MAP_METRICS) + ["rank_collapse_residual", "rank_collapse_residual_l1inf", "dt", "q_update",
-                                 "k_update", "lambda"]
+    order = list(MAP_METRICS) + [
+        "rank_collapse_residual",
+        "rank_collapse_residual_l1inf",
+        "dt",
+        "q_update",
+        "k_update",
+        "lambda",
+    ]
     prefixes = ["", "a1", "a2", "signed"]
-    return (order.index(base) if base in order else len(order), prefixes.index(prefix) if prefix in prefixes
-            else len(prefixes), key)
+    return (
+        order.index(base) if base in order else len(order),
+        prefixes.index(prefix) if prefix in prefixes else len(prefixes),
+        key,
+    )
 
 
 def order_metrics(d: dict) -> dict:
     return {k: d[k] for k in sorted(d, key=metric_rank)}
-
 
 
 DESCRIPTIONS = {
@@ -100,4 +107,3 @@ def describe_metric(key: str) -> str:
     prefix, _, base = key.rpartition("/")
     text = DESCRIPTIONS.get(base, base)
     return f"{text} [{MAP_NAMES.get(prefix, prefix)}]" if prefix else text
-

@@ -73,9 +73,7 @@ def attention_entropy(A: torch.Tensor, *, atol: float | None = None) -> torch.Te
     return row_entropy(A, atol=atol).mean(dim=-1)
 
 
-def normalized_attention_entropy(
-    A: torch.Tensor, *, causal: bool = True, atol: float | None = None
-) -> torch.Tensor:
+def normalized_attention_entropy(A: torch.Tensor, *, causal: bool = True, atol: float | None = None) -> torch.Tensor:
     """Mean row entropy divided by the log of the number of allowed keys (dimensionless, in ``[0, 1]``).
 
     Source: docs/METHOD.md section 7 (our normalisation). With ``causal=True`` row ``i`` (0-based) has ``i + 1``
@@ -100,8 +98,7 @@ def normalized_attention_entropy(
     T = A64.shape[-1]
     if T < 2:
         raise ValueError(
-            f"normalized entropy needs T >= 2 (row 0 has log(1) = 0 and is excluded); got A of shape "
-            f"{tuple(A.shape)}"
+            f"normalized entropy needs T >= 2 (row 0 has log(1) = 0 and is excluded); got A of shape {tuple(A.shape)}"
         )
     tol = resolve_atol(atol, A.dtype)
     check_stochastic(A64, "A", tol)
@@ -144,7 +141,6 @@ def sink_mass(A: torch.Tensor, *, include_first_row: bool = False) -> torch.Tens
     A64 = map_f64(A, "A")
     if not include_first_row and A64.shape[-1] < 2:
         raise ValueError(
-            f"sink mass excluding row 0 needs T >= 2; got A of shape {tuple(A.shape)} "
-            "(pass include_first_row=True)"
+            f"sink mass excluding row 0 needs T >= 2; got A of shape {tuple(A.shape)} (pass include_first_row=True)"
         )
     return sink_mass_f64(A64, include_first_row)

@@ -131,9 +131,16 @@ def plot_layer_metrics(entries: list[dict], path: str | Path) -> Path:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         else:
-            ax.text(0.5, 0.5, "not applicable to\nthese variants", ha="center", va="center", fontsize=8,
-                    transform=ax.transAxes)
-    for ax in axes[len(LAYER_PANELS):]:
+            ax.text(
+                0.5,
+                0.5,
+                "not applicable to\nthese variants",
+                ha="center",
+                va="center",
+                fontsize=8,
+                transform=ax.transAxes,
+            )
+    for ax in axes[len(LAYER_PANELS) :]:
         ax.set_visible(False)
     fig.suptitle("Attention diagnostics per layer (mean over heads and sequences)", fontsize=11)
     fig.tight_layout()
@@ -206,16 +213,24 @@ def plot_example_maps(entries: list[dict], examples: list[dict], path: str | Pat
                 bound = max(float(np.abs(mat).max()), 1e-12)
                 im = ax.imshow(mat, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -bound, bound), interpolation="nearest")
             else:
-                im = ax.imshow(mat, cmap="viridis", norm=PowerNorm(0.5, vmin=0.0, vmax=max(float(mat.max()), 1e-12)),
-                               interpolation="nearest")
+                im = ax.imshow(
+                    mat,
+                    cmap="viridis",
+                    norm=PowerNorm(0.5, vmin=0.0, vmax=max(float(mat.max()), 1e-12)),
+                    interpolation="nearest",
+                )
             fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-            ax.set_title(f"{e['label']}: {_MAP_TITLES.get(name, name)}, layer {ex['layer']} head {ex['head']}",
-                         fontsize=8)
+            ax.set_title(
+                f"{e['label']}: {_MAP_TITLES.get(name, name)}, layer {ex['layer']} head {ex['head']}", fontsize=8
+            )
             ax.set_xlabel("key position", fontsize=7)
             ax.set_ylabel("query position", fontsize=7)
             ax.tick_params(labelsize=6)
-    fig.suptitle(f"Example attention maps (sequence 0, first {examples[0]['tokens']} tokens; one layer and head "
-                 "per model: every layer and head is summarised in heads_*.png)", fontsize=10)
+    fig.suptitle(
+        f"Example attention maps (sequence 0, first {examples[0]['tokens']} tokens; one layer and head "
+        "per model: every layer and head is summarised in heads_*.png)",
+        fontsize=10,
+    )
     fig.tight_layout()
     return _save(fig, path)
 

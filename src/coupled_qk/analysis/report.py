@@ -38,7 +38,6 @@ def dumps(obj) -> str:
     return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
 
 
-
 def _fmt(value) -> str:
     if value is None:
         return "–"
@@ -57,7 +56,6 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
     return [line(header), "|" + "|".join(["---"] * len(header)) + "|"] + [line(row) for row in rows]
-
 
 
 def summary_markdown(report: dict) -> str:
@@ -83,24 +81,41 @@ def summary_markdown(report: dict) -> str:
     if report["same_tokenizer"]:
         lines += ["All checkpoints share one tokenizer, so every checkpoint saw exactly the same text.", ""]
     else:
-        lines += ["**The checkpoints use different tokenizers**: the windows hold the same number of tokens "
-                  "but not the same text (see 'chars covered').", ""]
+        lines += [
+            "**The checkpoints use different tokenizers**: the windows hold the same number of tokens "
+            "but not the same text (see 'chars covered').",
+            "",
+        ]
     lines += ["## Checkpoints", ""]
     rows = []
     for e in entries:
         a = e["analysis"]
         step = e["state"].get("step", "–") if isinstance(e["state"], dict) else "–"
-        rows.append([e["label"], a["attention"], str(step), f"`{e['checkpoint']}`",
-                     f"{e['tokenizer']['name']} ({e['tokenizer']['fingerprint'][:8]})",
-                     str(e["text"]["chars_covered"]), f"{e['seconds']:.1f}"])
+        rows.append(
+            [
+                e["label"],
+                a["attention"],
+                str(step),
+                f"`{e['checkpoint']}`",
+                f"{e['tokenizer']['name']} ({e['tokenizer']['fingerprint'][:8]})",
+                str(e["text"]["chars_covered"]),
+                f"{e['seconds']:.1f}",
+            ]
+        )
     lines += _table(["label", "attention", "step", "checkpoint", "tokenizer", "chars covered", "seconds"], rows)
-    lines += ["", "## Layer-averaged metrics", "",
-              "Mean over layers of the per-layer means over heads (each per-map value averaged over sequences).",
-              ""]
+    lines += [
+        "",
+        "## Layer-averaged metrics",
+        "",
+        "Mean over layers of the per-layer means over heads (each per-map value averaged over sequences).",
+        "",
+    ]
     keys = sorted({k for e in entries for k in e["analysis"]["mean"]}, key=metric_rank)
     rows = [[describe_metric(k)] + [_fmt(e["analysis"]["mean"].get(k)) for e in entries] for k in keys]
-    rows.append(["rank-collapse residual of the embeddings (Frobenius)"]
-                + [_fmt(e["analysis"]["rank_collapse_input"]["fro"]) for e in entries])
+    rows.append(
+        ["rank-collapse residual of the embeddings (Frobenius)"]
+        + [_fmt(e["analysis"]["rank_collapse_input"]["fro"]) for e in entries]
+    )
     lines += _table(["metric"] + labels, rows)
     for base in PER_LAYER_TABLES:
         present = [k for k in keys if k.rpartition("/")[2] == base]
@@ -123,4 +138,3 @@ def summary_markdown(report: dict) -> str:
     lines += ["", "## Conventions", ""]
     lines += [f"- **{k}**: {v}" for k, v in report["conventions"].items()]
     return "\n".join(lines) + "\n"
-

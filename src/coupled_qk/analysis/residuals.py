@@ -96,8 +96,7 @@ def relative_update(x_new: torch.Tensor, x: torch.Tensor, *, eps: float = 1e-12)
         check_matrix(t, name, "(..., T, d)")
     if x_new.shape != x.shape:
         raise ValueError(
-            f"x_new and x must have the same shape (..., T, d); got x_new {tuple(x_new.shape)} and "
-            f"x {tuple(x.shape)}"
+            f"x_new and x must have the same shape (..., T, d); got x_new {tuple(x_new.shape)} and x {tuple(x.shape)}"
         )
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0; got {eps}")

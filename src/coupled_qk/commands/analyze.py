@@ -21,10 +21,14 @@ def _ignored_options() -> dict:
     ``--no-plots`` or another device these options would be ignored."""
     from coupled_qk.commands.ignored import Applies
 
-    plots = Applies(lambda a: not a.no_plots, "--no-plots (the example attention map is drawn only in the figures)",
-                    "the example map figure")
-    cpu = Applies(_on_cpu, "a --device other than the CPU (heads run concurrently only on the CPU)",
-                  "the CPU's concurrent heads")
+    plots = Applies(
+        lambda a: not a.no_plots,
+        "--no-plots (the example attention map is drawn only in the figures)",
+        "the example map figure",
+    )
+    cpu = Applies(
+        _on_cpu, "a --device other than the CPU (heads run concurrently only on the CPU)", "the CPU's concurrent heads"
+    )
     return {"--example-layer": (plots,), "--example-head": (plots,), "--threads": (cpu,)}
 
 
@@ -41,31 +45,63 @@ def add_arguments(parser) -> None:
         threads_arg,
     )
 
-    parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                        help="run folders (their latest checkpoint) or checkpoint folders (ckpt-*)")
-    parser.add_argument("--corpus", default=None,
-                        help="corpus name (wiki-vital, pubmed, mixed-domain, wikitext-2, ...) or a text path "
-                             "(default: the runs' own corpus, split as in training)")
+    parser.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CHECKPOINT",
+        help="run folders (their latest checkpoint) or checkpoint folders (ckpt-*)",
+    )
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        help="corpus name (wiki-vital, pubmed, mixed-domain, wikitext-2, ...) or a text path "
+        "(default: the runs' own corpus, split as in training)",
+    )
     parser.add_argument("--split", default="valid", choices=("train", "valid", "test"), help="default: valid")
     parser.add_argument("--n-sequences", type=positive_int_arg, default=8, help="windows analysed (default 8)")
-    parser.add_argument("--seq-len", type=positive_int_arg, default=None,
-                        help="tokens per window (default: the smallest block_size of the checkpoints)")
-    parser.add_argument("--data-dir", default=None, type=folder_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
-    parser.add_argument("--out-dir", default="runs/analysis", type=path_arg,
-                        help="where the report goes (default runs/analysis); an earlier report there is replaced "
-                        "only with --overwrite")
+    parser.add_argument(
+        "--seq-len",
+        type=positive_int_arg,
+        default=None,
+        help="tokens per window (default: the smallest block_size of the checkpoints)",
+    )
+    parser.add_argument(
+        "--data-dir", default=None, type=folder_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)"
+    )
+    parser.add_argument(
+        "--out-dir",
+        default="runs/analysis",
+        type=path_arg,
+        help="where the report goes (default runs/analysis); an earlier report there is replaced only with --overwrite",
+    )
     add_overwrite_option(parser)
     parser.add_argument("--labels", default=None, help="comma-separated labels, one per checkpoint")
-    parser.add_argument("--batch-size", type=positive_int_arg, default=None,
-                        help="sequences per forward pass (default: all; lower it to save memory)")
-    parser.add_argument("--example-layer", type=nonneg_int_arg, default=None,
-                        help="layer of the example attention maps (default: the middle layer)")
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int_arg,
+        default=None,
+        help="sequences per forward pass (default: all; lower it to save memory)",
+    )
+    parser.add_argument(
+        "--example-layer",
+        type=nonneg_int_arg,
+        default=None,
+        help="layer of the example attention maps (default: the middle layer)",
+    )
     parser.add_argument("--example-head", type=nonneg_int_arg, default=0, help="head of the example maps (default 0)")
-    parser.add_argument("--split-seed", type=seed_arg, default=None,
-                        help="seed of random document splits (pubmed, mixed-domain, text paths); default: the run's")
+    parser.add_argument(
+        "--split-seed",
+        type=seed_arg,
+        default=None,
+        help="seed of random document splits (pubmed, mixed-domain, text paths); default: the run's",
+    )
     add_device_option(parser, default="cpu")
-    parser.add_argument("--threads", type=threads_arg, default=None,
-                        help="CPU: heads analysed concurrently (default: torch's thread count)")
+    parser.add_argument(
+        "--threads",
+        type=threads_arg,
+        default=None,
+        help="CPU: heads analysed concurrently (default: torch's thread count)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     add_progress_option(parser)  # tokenizing the split (a bar for large corpora)
 
@@ -110,6 +146,8 @@ def run(args) -> int:
     )
     for e in report["checkpoints"]:
         print(f"{e['label']}: {e['analysis']['attention']}, {e['checkpoint']} ({e['seconds']:.1f} s)")
-    print(f"wrote {report['files']['summary.md']}, {report['files']['analysis.json']} and "
-          f"{len(report['files']) - 2} figures")
+    print(
+        f"wrote {report['files']['summary.md']}, {report['files']['analysis.json']} and "
+        f"{len(report['files']) - 2} figures"
+    )
     return 0

@@ -21,44 +21,85 @@ def add_arguments(parser) -> None:
     from coupled_qk.experiments.claims.converged import DESIGNS
     from coupled_qk.experiments.claims.protocols import PROTOCOLS
 
-    parser.add_argument("--protocol", required=True, choices=sorted([*PROTOCOLS, *DESIGNS]),
-                        help="smoke (toy budgets, every code path), cpu-short / cpu (the first-epoch CPU study), "
-                             "cpu-converged (trained to a plateau at tuned learning rates), cpu-converged-pubmed (the "
-                             "same design on PubMed, C9), gpu-60m (the same design at 60M on WikiText-103, for a GPU), "
-                             "toy-converged / toy-gpu-60m (their toy instances), gpu-paper (defined, not runnable here)")
-    parser.add_argument("--plan", action="store_true",
-                        help="print the planned runs and whether each has a record (converged protocols: also the data check and the cost estimate); "
-                             "train nothing")
-    parser.add_argument("--max-runs", type=positive_int_arg, default=None,
-                        help="converged protocols: stop after training this many new runs")
-    parser.add_argument("--commit-records", action="store_true",
-                        help="converged protocols: git-commit each new run record (and the regenerated report) as "
-                             "soon as it is written")
+    parser.add_argument(
+        "--protocol",
+        required=True,
+        choices=sorted([*PROTOCOLS, *DESIGNS]),
+        help="smoke (toy budgets, every code path), cpu-short / cpu (the first-epoch CPU study), "
+        "cpu-converged (trained to a plateau at tuned learning rates), cpu-converged-pubmed (the "
+        "same design on PubMed, C9), gpu-60m (the same design at 60M on WikiText-103, for a GPU), "
+        "toy-converged / toy-gpu-60m (their toy instances), gpu-paper (defined, not runnable here)",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the planned runs and whether each has a record (converged protocols: also the data check and "
+        "the cost estimate); "
+        "train nothing",
+    )
+    parser.add_argument(
+        "--max-runs",
+        type=positive_int_arg,
+        default=None,
+        help="converged protocols: stop after training this many new runs",
+    )
+    parser.add_argument(
+        "--commit-records",
+        action="store_true",
+        help="converged protocols: git-commit each new run record (and the regenerated report) as "
+        "soon as it is written",
+    )
     parser.add_argument("--seeds", default=None, help="comma-separated seeds replacing every cell's seeds")
-    parser.add_argument("--variants", default=None,
-                        help="comma-separated variant specs trained in every cell next to its own variants (paired by "
-                        "seed) and reported against the cell's standard runs, e.g. --variants coupled+n_steps=3; any "
-                        "registered variant, plugins included")
-    parser.add_argument("--out-dir", default=None, type=path_arg,
-                        help="report folder; run records go to OUT_DIR/runs/PROTOCOL (default docs/results/claims; "
-                             "runs/claims-smoke for the smoke protocol)")
-    parser.add_argument("--run-root", default="runs/claims", type=folder_arg, help="run folders (checkpoints; default runs/claims)")
-    parser.add_argument("--data-dir", default=None, type=folder_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)")
-    parser.add_argument("--cache-dir", default=None, type=folder_arg, help="derived data (default: the token cache folder)")
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated variant specs trained in every cell next to its own variants (paired by "
+        "seed) and reported against the cell's standard runs, e.g. --variants coupled+n_steps=3; any "
+        "registered variant, plugins included",
+    )
+    parser.add_argument(
+        "--out-dir",
+        default=None,
+        type=path_arg,
+        help="report folder; run records go to OUT_DIR/runs/PROTOCOL (default docs/results/claims; "
+        "runs/claims-smoke for the smoke protocol)",
+    )
+    parser.add_argument(
+        "--run-root", default="runs/claims", type=folder_arg, help="run folders (checkpoints; default runs/claims)"
+    )
+    parser.add_argument(
+        "--data-dir", default=None, type=folder_arg, help="data folder (default: COUPLED_QK_DATA or ../shared/data)"
+    )
+    parser.add_argument(
+        "--cache-dir", default=None, type=folder_arg, help="derived data (default: the token cache folder)"
+    )
     parser.add_argument("--cells", default=None, help="comma-separated cells to run (default: all, in order)")
     parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel processes)")
     parser.add_argument("--defer-wt2", action="store_true", help="train every run first, then evaluate WikiText-2")
     parser.add_argument("--report-only", action="store_true", help="do not train; report from the records")
-    parser.add_argument("--glue-json", default=None, type=path_arg,
-                        help="GLUE results for C11: a `coupled-qk glue` results.json, or a JSON list of rows with task, "
-                        f"variant, seed and score (default: {DEFAULT_GLUE_JSON} if it exists, except for smoke)")
+    parser.add_argument(
+        "--glue-json",
+        default=None,
+        type=path_arg,
+        help="GLUE results for C11: a `coupled-qk glue` results.json, or a JSON list of rows with task, "
+        f"variant, seed and score (default: {DEFAULT_GLUE_JSON} if it exists, except for smoke)",
+    )
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    parser.add_argument("--verify", default=None, metavar="RECORD", type=path_arg,
-                        help="re-train the run of one committed record of this protocol from scratch (in "
-                             "RUN_ROOT/verify, one thread) and compare its metrics with the record; exit 1 if the "
-                             "primary metric differs by more than --tolerance")
-    parser.add_argument("--tolerance", default=1e-4, type=nonneg_float_arg,
-                        help="--verify: accepted difference of the test loss (else validation loss), nats (default 1e-4)")
+    parser.add_argument(
+        "--verify",
+        default=None,
+        metavar="RECORD",
+        type=path_arg,
+        help="re-train the run of one committed record of this protocol from scratch (in "
+        "RUN_ROOT/verify, one thread) and compare its metrics with the record; exit 1 if the "
+        "primary metric differs by more than --tolerance",
+    )
+    parser.add_argument(
+        "--tolerance",
+        default=1e-4,
+        type=nonneg_float_arg,
+        help="--verify: accepted difference of the test loss (else validation loss), nats (default 1e-4)",
+    )
     from coupled_qk.commands.options import add_overwrite_option, add_progress_option
 
     add_overwrite_option(parser)
@@ -73,14 +114,30 @@ def _ignored_options() -> dict:
     from coupled_qk.commands.ignored import Applies
     from coupled_qk.experiments.claims.converged import DESIGNS
 
-    verify = Applies(lambda a: a.verify is not None, "no --verify (nothing is re-trained to compare with a record)",
-                     "--verify's comparison")
-    report = Applies(lambda a: a.verify is None, "--verify (it re-trains the one run of its record, compares its "
-                     "metrics and writes no report)", "a protocol's runs and report")
-    classic = Applies(lambda a: a.protocol not in DESIGNS, "a converged --protocol (its report is regenerated from its "
-                      f"records on every run; {', '.join(sorted(DESIGNS))})", "the other protocols' report")
-    return {"--tolerance": (verify,), "--out-dir": (report,), "--glue-json": (report,), "--no-figures": (report,),
-            "--defer-wt2": (report,), "--overwrite": (report, classic)}
+    verify = Applies(
+        lambda a: a.verify is not None,
+        "no --verify (nothing is re-trained to compare with a record)",
+        "--verify's comparison",
+    )
+    report = Applies(
+        lambda a: a.verify is None,
+        "--verify (it re-trains the one run of its record, compares its metrics and writes no report)",
+        "a protocol's runs and report",
+    )
+    classic = Applies(
+        lambda a: a.protocol not in DESIGNS,
+        "a converged --protocol (its report is regenerated from its "
+        f"records on every run; {', '.join(sorted(DESIGNS))})",
+        "the other protocols' report",
+    )
+    return {
+        "--tolerance": (verify,),
+        "--out-dir": (report,),
+        "--glue-json": (report,),
+        "--no-figures": (report,),
+        "--defer-wt2": (report,),
+        "--overwrite": (report, classic),
+    }
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -114,8 +171,10 @@ def run(args) -> int:
     # the converged-only flags, refused rather than ignored
     for flag, given in (("--max-runs", args.max_runs is not None), ("--commit-records", args.commit_records)):
         if given:
-            raise ValueError(f"{flag} applies only to the converged protocols ({', '.join(sorted(DESIGNS))}), "
-                             f"not to {args.protocol!r}: --cells and --shard choose the runs to train")
+            raise ValueError(
+                f"{flag} applies only to the converged protocols ({', '.join(sorted(DESIGNS))}), "
+                f"not to {args.protocol!r}: --cells and --shard choose the runs to train"
+            )
     protocol = get_protocol(args.protocol)
     if args.seeds is not None:
         protocol = protocol.with_seeds(tuple(parse_seeds(args.seeds)))
@@ -145,18 +204,26 @@ def run(args) -> int:
         if args.data_dir is not None and Path(args.data_dir).exists():  # missing is fine when every run is reused
             input_dir("--data-dir", args.data_dir)
         data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
-        cache = output_location("--cache-dir", args.cache_dir) if args.cache_dir is not None else (
-            default_cache_dir() / "claims-data")
-        run_protocol(protocol, out_dir, args.run_root, data_dir, cache, cells=cells, shard=shard,
-                     defer_wt2=args.defer_wt2)
+        cache = (
+            output_location("--cache-dir", args.cache_dir)
+            if args.cache_dir is not None
+            else (default_cache_dir() / "claims-data")
+        )
+        run_protocol(
+            protocol, out_dir, args.run_root, data_dir, cache, cells=cells, shard=shard, defer_wt2=args.defer_wt2
+        )
     use_default = protocol.name != "smoke" and Path(DEFAULT_GLUE_JSON).is_file()  # smoke: toy runs only
     glue_json = args.glue_json if args.glue_json is not None else (DEFAULT_GLUE_JSON if use_default else None)
     report = build_report(protocol, out_dir, glue_json)
     # the command that regenerates this report from scratch: without --cells/--shard/--report-only/--run-root,
     # which choose what this invocation trains, not what the report contains
     given = ["--protocol", args.protocol]
-    for flag, value in (("--seeds", args.seeds), ("--variants", args.variants), ("--out-dir", args.out_dir),
-                        ("--glue-json", args.glue_json)):
+    for flag, value in (
+        ("--seeds", args.seeds),
+        ("--variants", args.variants),
+        ("--out-dir", args.out_dir),
+        ("--glue-json", args.glue_json),
+    ):
         if value is not None:
             given += [flag, str(value)]
     command = "coupled-qk claims " + shlex.join(given)
@@ -178,8 +245,10 @@ def _cells(option: str | None, protocol) -> list[str] | None:
     names = [c.name for c in protocol.cells]
     unknown = [c for c in cells if c not in names]
     if not all(cells) or unknown:
-        raise ValueError(f"--cells={option!r}: {unknown or 'an empty name'} is not a cell of protocol "
-                         f"{protocol.name!r}; expected some of {names}")
+        raise ValueError(
+            f"--cells={option!r}: {unknown or 'an empty name'} is not a cell of protocol "
+            f"{protocol.name!r}; expected some of {names}"
+        )
     return cells
 
 
@@ -191,9 +260,15 @@ def _refuse_training_flags_without_training(args) -> None:
         ValueError: naming the mode and the flags to drop.
     """
     for mode, on in (("--plan", args.plan), ("--report-only", args.report_only)):
-        clash = [flag for flag, given in (("--report-only", args.report_only and mode == "--plan"),
-                                          ("--max-runs", args.max_runs is not None),
-                                          ("--commit-records", args.commit_records)) if given]
+        clash = [
+            flag
+            for flag, given in (
+                ("--report-only", args.report_only and mode == "--plan"),
+                ("--max-runs", args.max_runs is not None),
+                ("--commit-records", args.commit_records),
+            )
+            if given
+        ]
         if on and clash:
             raise ValueError(f"{mode} trains nothing; {', '.join(clash)} only apply when training (drop them)")
 
@@ -206,17 +281,26 @@ def _run_converged(args) -> int:
     from coupled_qk.experiments.claims.converged_study import plan_lines, run_design
 
     design = get_design(args.protocol)
-    for flag, value in (("--seeds", args.seeds), ("--cells", args.cells), ("--glue-json", args.glue_json),
-                        ("--variants", args.variants)):
+    for flag, value in (
+        ("--seeds", args.seeds),
+        ("--cells", args.cells),
+        ("--glue-json", args.glue_json),
+        ("--variants", args.variants),
+    ):
         if value is not None:
-            raise ValueError(f"{flag} does not apply to the converged protocol {design.name!r} (its seeds and "
-                             "stages are pre-registered)")
+            raise ValueError(
+                f"{flag} does not apply to the converged protocol {design.name!r} (its seeds and "
+                "stages are pre-registered)"
+            )
     # refused rather than ignored
     for flag, given, why in (
-            ("--shard", args.shard != "0/1", "several processes share its runs without it: start one "
-             "`coupled-qk claims` per core or GPU"),
-            ("--defer-wt2", args.defer_wt2, "its runs evaluate on their own split, with no WikiText-2 evaluation to "
-             "defer")):
+        (
+            "--shard",
+            args.shard != "0/1",
+            "several processes share its runs without it: start one `coupled-qk claims` per core or GPU",
+        ),
+        ("--defer-wt2", args.defer_wt2, "its runs evaluate on their own split, with no WikiText-2 evaluation to defer"),
+    ):
         if given:
             raise ValueError(f"{flag} does not apply to the converged protocol {design.name!r} ({why})")
     default_out = "runs/claims-toy" if design.name.startswith("toy-") else "docs/results/claims"
@@ -226,25 +310,37 @@ def _run_converged(args) -> int:
 
         report_dir(out_dir, design.name, overwrite=True)  # its report is regenerated from its records every time
     data_dir = args.data_dir or default_data_dir()
-    command = "coupled-qk claims " + shlex.join(["--protocol", design.name, *(["--out-dir", args.out_dir]
-                                                                              if args.out_dir else [])])
+    command = "coupled-qk claims " + shlex.join(
+        ["--protocol", design.name, *(["--out-dir", args.out_dir] if args.out_dir else [])]
+    )
     if args.plan:
         print("\n".join(plan_lines(design, out_dir, data_dir)))
         return 0
 
     def regenerate() -> list[Path]:
-        return write_report(build_report(design, out_dir), out_dir, command + " --report-only",
-                            figures=not args.no_figures)
+        return write_report(
+            build_report(design, out_dir), out_dir, command + " --report-only", figures=not args.no_figures
+        )
 
     def commit(path: Path, record: dict) -> None:
         paths = regenerate()
-        _git_commit([path, *paths], f"{design.name}: {record['cell']} {record['variant']} seed {record['seed']} "
-                    f"(test ppl {record['final'].get('test/perplexity', float('nan')):.2f})")
+        _git_commit(
+            [path, *paths],
+            f"{design.name}: {record['cell']} {record['variant']} seed {record['seed']} "
+            f"(test ppl {record['final'].get('test/perplexity', float('nan')):.2f})",
+        )
 
     if not args.report_only:
         cache = args.cache_dir or (default_cache_dir() / "claims-data")
-        run_design(design, out_dir, args.run_root, data_dir, cache, max_runs=args.max_runs,
-                   on_record=commit if args.commit_records else None)
+        run_design(
+            design,
+            out_dir,
+            args.run_root,
+            data_dir,
+            cache,
+            max_runs=args.max_runs,
+            on_record=commit if args.commit_records else None,
+        )
         if os.environ.get("RANK", "0") != "0":
             return 0  # under torchrun, rank 0 alone writes the report
     paths = regenerate()
@@ -258,20 +354,34 @@ def _verify(args) -> int:
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
     from coupled_qk.experiments.claims.verify import format_comparison, read_record, verify_record
 
-    chosen = [flag for flag, given in (("--plan", args.plan), ("--report-only", args.report_only),
-                                       ("--max-runs", args.max_runs is not None), ("--commit-records", args.commit_records),
-                                       ("--cells", args.cells is not None), ("--seeds", args.seeds is not None),
-                                       ("--variants", args.variants is not None), ("--shard", args.shard != "0/1"))
-              if given]
+    chosen = [
+        flag
+        for flag, given in (
+            ("--plan", args.plan),
+            ("--report-only", args.report_only),
+            ("--max-runs", args.max_runs is not None),
+            ("--commit-records", args.commit_records),
+            ("--cells", args.cells is not None),
+            ("--seeds", args.seeds is not None),
+            ("--variants", args.variants is not None),
+            ("--shard", args.shard != "0/1"),
+        )
+        if given
+    ]
     if chosen:
-        raise ValueError(f"--verify re-trains the one run of its record; {', '.join(chosen)} cannot be combined with it")
+        raise ValueError(
+            f"--verify re-trains the one run of its record; {', '.join(chosen)} cannot be combined with it"
+        )
     record, _ = read_record(args.verify)
     if record["protocol"] != args.protocol:
-        raise ValueError(f"--verify={args.verify!r} is a record of protocol {record['protocol']!r}, not of "
-                         f"--protocol {args.protocol!r}")
+        raise ValueError(
+            f"--verify={args.verify!r} is a record of protocol {record['protocol']!r}, not of "
+            f"--protocol {args.protocol!r}"
+        )
     cache = args.cache_dir or (default_cache_dir() / "claims-data")
-    result = verify_record(args.verify, args.run_root, args.data_dir or default_data_dir(), cache,
-                           tolerance=args.tolerance)
+    result = verify_record(
+        args.verify, args.run_root, args.data_dir or default_data_dir(), cache, tolerance=args.tolerance
+    )
     print(format_comparison(result))
     return 0 if result["match"] else 1
 
@@ -285,10 +395,17 @@ def _git_commit(paths: list[Path], message: str) -> None:
 
     for attempt in range(10):
         add = subprocess.run(["git", "add", "--", *map(str, paths)], capture_output=True, text=True)
-        done = add.returncode == 0 and subprocess.run(["git", "commit", "-q", "-m", message, "--", *map(str, paths)],
-                                                      capture_output=True, text=True).returncode == 0
+        done = (
+            add.returncode == 0
+            and subprocess.run(
+                ["git", "commit", "-q", "-m", message, "--", *map(str, paths)], capture_output=True, text=True
+            ).returncode
+            == 0
+        )
         if done:
             return
         time.sleep(2 + attempt)
-    print(f"claims: could not git-commit {', '.join(map(str, paths))} (the files are written; commit them by hand)",
-          file=sys.stderr)
+    print(
+        f"claims: could not git-commit {', '.join(map(str, paths))} (the files are written; commit them by hand)",
+        file=sys.stderr,
+    )

@@ -12,15 +12,19 @@ HELP = "train several attention variants with the same data and budget, then com
 def add_arguments(parser) -> None:
     add_train_options(parser, variant_flags=False)
     parser.add_argument(
-        "--variants", default="standard,coupled,coupled_leapfrog,uncoupled_mlp",
+        "--variants",
+        default="standard,coupled,coupled_leapfrog,uncoupled_mlp",
         help=f"comma-separated variant specs ({', '.join(variant_names())}), each optionally +field=value, e.g. "
         "coupled+n_steps=3 (default: standard,coupled,coupled_leapfrog,uncoupled_mlp)",
     )
     add_overwrite_option(parser)
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2 (mean and std reported)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the planned runs (variant x seed), their folders and whether each would be "
-                        "trained, resumed or reused, then exit (nothing is created; the corpus is not read)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the planned runs (variant x seed), their folders and whether each would be "
+        "trained, resumed or reused, then exit (nothing is created; the corpus is not read)",
+    )
 
 
 def run(args) -> int:

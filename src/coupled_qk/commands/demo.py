@@ -19,11 +19,21 @@ from coupled_qk.commands.train import add_train_options, preflight, read_corpus_
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes (--quick: ~3)"
 DEMO_VARIANTS = "standard,coupled,coupled_leapfrog,uncoupled_mlp"
 DEMO_DEFAULTS = dict(
-    corpus="wiki-vital", tokenizer="bpe-8192", preset="tiny", batch_size=16, lr=2e-3, warmup_steps=50,
-    max_tokens=900_000, eval_interval=100, eval_batches=8, log_interval=10, out_dir="runs/demo",
+    corpus="wiki-vital",
+    tokenizer="bpe-8192",
+    preset="tiny",
+    batch_size=16,
+    lr=2e-3,
+    warmup_steps=50,
+    max_tokens=900_000,
+    eval_interval=100,
+    eval_batches=8,
+    log_interval=10,
+    out_dir="runs/demo",
 )
-QUICK_DEFAULTS = dict(max_tokens=65_536, warmup_steps=8, eval_interval=8, eval_batches=2, log_interval=4,
-                      out_dir="runs/demo-quick")
+QUICK_DEFAULTS = dict(
+    max_tokens=65_536, warmup_steps=8, eval_interval=8, eval_batches=2, log_interval=4, out_dir="runs/demo-quick"
+)
 """What ``--quick`` changes (explicit flags still win): 32 steps of 2,048 tokens per variant."""
 QUICK_EVAL_WINDOWS = 24
 """Windows of ``block_size`` (128) tokens of each of WikiText-2 valid and test scored by ``--quick``'s final
@@ -35,11 +45,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--variants", default=DEMO_VARIANTS, help=f"variants to compare (default {DEMO_VARIANTS})")
     add_overwrite_option(parser)
     parser.add_argument("--seeds", default="0", help="comma-separated seeds")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"smoke run (about 3 minutes on 2 cores): max_tokens {QUICK_DEFAULTS['max_tokens']:,}, "
-                             f"final evaluation on the first {QUICK_EVAL_WINDOWS} windows of WikiText-2 valid/test "
-                             f"only, out_dir {QUICK_DEFAULTS['out_dir']}; shows the pipeline works, not which "
-                             "variant is better")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke run (about 3 minutes on 2 cores): max_tokens {QUICK_DEFAULTS['max_tokens']:,}, "
+        f"final evaluation on the first {QUICK_EVAL_WINDOWS} windows of WikiText-2 valid/test "
+        f"only, out_dir {QUICK_DEFAULTS['out_dir']}; shows the pipeline works, not which "
+        "variant is better",
+    )
 
 
 def demo_fields(args) -> dict:
@@ -64,9 +77,12 @@ def run(args) -> int:
         defaults["corpus"], which = demo_corpus(args.data_dir)
         print(which)
     if args.quick:
-        print(f"demo --quick: a smoke run ({defaults.get('max_tokens', args.max_tokens)} training tokens per "
-              f"variant, final evaluation on {QUICK_EVAL_WINDOWS} windows of each split); for the real comparison "
-              "run `coupled-qk demo`", flush=True)
+        print(
+            f"demo --quick: a smoke run ({defaults.get('max_tokens', args.max_tokens)} training tokens per "
+            f"variant, final evaluation on {QUICK_EVAL_WINDOWS} windows of each split); for the real comparison "
+            "run `coupled-qk demo`",
+            flush=True,
+        )
     base = train_config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
     preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir

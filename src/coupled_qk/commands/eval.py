@@ -12,8 +12,15 @@ def _ignored_options() -> dict:
     """``--overwrite`` replaces the ``--json`` file and nothing else: without ``--json`` it would be ignored."""
     from coupled_qk.commands.ignored import Applies
 
-    return {"--overwrite": (Applies(lambda a: a.json_out is not None, "no --json (eval writes no file without it)",
-                                    "replacing an existing --json file"),)}
+    return {
+        "--overwrite": (
+            Applies(
+                lambda a: a.json_out is not None,
+                "no --json (eval writes no file without it)",
+                "replacing an existing --json file",
+            ),
+        )
+    }
 
 
 def add_arguments(parser) -> None:
@@ -26,16 +33,29 @@ def add_arguments(parser) -> None:
         positive_int_arg,
     )
 
-    parser.add_argument("checkpoint", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
+    parser.add_argument(
+        "checkpoint", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder"
+    )
     parser.add_argument("--corpus", default=None, help="corpus name or path (default: the run's corpus)")
-    parser.add_argument("--data-dir", default=None, type=folder_arg,
-                        help="data folder of named corpora (default: the run's, else COUPLED_QK_DATA or ../shared/data)")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        type=folder_arg,
+        help="data folder of named corpora (default: the run's, else COUPLED_QK_DATA or ../shared/data)",
+    )
     parser.add_argument("--splits", default="valid,test", help="comma-separated splits (train, valid, test)")
-    parser.add_argument("--stride", type=positive_int_arg, default=None, help="sliding-window stride (default: non-overlapping)")
+    parser.add_argument(
+        "--stride", type=positive_int_arg, default=None, help="sliding-window stride (default: non-overlapping)"
+    )
     parser.add_argument("--batch-size", type=positive_int_arg, default=8, help="windows per forward pass (default 8)")
     add_device_option(parser)
-    parser.add_argument("--json", dest="json_out", default=None, type=path_arg,
-                        help="also write the results to this JSON file (an existing file only with --overwrite)")
+    parser.add_argument(
+        "--json",
+        dest="json_out",
+        default=None,
+        type=path_arg,
+        help="also write the results to this JSON file (an existing file only with --overwrite)",
+    )
     add_overwrite_option(parser)
     add_progress_option(parser)
 
@@ -51,20 +71,24 @@ def run(args) -> int:
         json_out = output_file("--json", args.json_out, overwrite=args.overwrite)
     splits = [s.strip() for s in args.splits.split(",")]
     if not all(splits) or len(set(splits)) != len(splits):
-        raise ValueError(f"--splits={args.splits!r}: expected distinct comma-separated split names (train, valid, "
-                         "test)")
+        raise ValueError(
+            f"--splits={args.splits!r}: expected distinct comma-separated split names (train, valid, test)"
+        )
     if args.corpus is not None and not args.corpus.strip():
         raise ValueError("--corpus='' is empty; expected a corpus name or path")
-    res = evaluate_checkpoint(args.checkpoint, args.corpus, args.data_dir, splits, args.stride,
-                              args.batch_size, args.device)
+    res = evaluate_checkpoint(
+        args.checkpoint, args.corpus, args.data_dir, splits, args.stride, args.batch_size, args.device
+    )
     for split in splits:
         r = res[split]
         line = f"{split}: token perplexity {r['perplexity']:.3f} over {r['n_tokens']:,} {res['tokenizer']} tokens"
         if "word_perplexity" in r:
             line += f"; word perplexity {r['word_perplexity']:.3f} over {r['n_words']:,} words"
         if "bits_per_byte" in r:
-            line += (f"; {r['bits_per_byte']:.4f} bits per byte over {r['n_bytes']:,} bytes, "
-                     f"{r['bits_per_char']:.4f} bits per character")
+            line += (
+                f"; {r['bits_per_byte']:.4f} bits per byte over {r['n_bytes']:,} bytes, "
+                f"{r['bits_per_char']:.4f} bits per character"
+            )
         print(line)
     if json_out is not None:
         from coupled_qk.io import write_text_atomic

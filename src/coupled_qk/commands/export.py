@@ -9,8 +9,11 @@ def add_arguments(parser) -> None:
     from coupled_qk.commands.options import add_overwrite_option, path_arg
 
     parser.add_argument("run_dir", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
-    parser.add_argument("hf_dir", type=path_arg, help="output folder for save_pretrained files (new or empty, or "
-                        "an earlier export with --overwrite)")
+    parser.add_argument(
+        "hf_dir",
+        type=path_arg,
+        help="output folder for save_pretrained files (new or empty, or an earlier export with --overwrite)",
+    )
     add_overwrite_option(parser)
 
 
@@ -27,7 +30,9 @@ def run(args) -> int:
     out = OutputDir(args.hf_dir, "HF_DIR", overwrite=args.overwrite, layout=EXPORT_LAYOUT, what="export")
     info = export_run(args.run_dir, out, overwrite=args.overwrite)
     tok = f"tokenizer {info['tokenizer']}" if info["tokenizer"] else "no tokenizer (the run has none)"
-    print(f"exported {info['checkpoint']} (step {info['step']}, attention={info['attention']}) with {tok} to "
-          f"{info['hf_dir']}\nload it with: import coupled_qk; from transformers import AutoModelForCausalLM, "
-          f"AutoTokenizer; AutoModelForCausalLM.from_pretrained({info['hf_dir']!r})")
+    print(
+        f"exported {info['checkpoint']} (step {info['step']}, attention={info['attention']}) with {tok} to "
+        f"{info['hf_dir']}\nload it with: import coupled_qk; from transformers import AutoModelForCausalLM, "
+        f"AutoTokenizer; AutoModelForCausalLM.from_pretrained({info['hf_dir']!r})"
+    )
     return 0

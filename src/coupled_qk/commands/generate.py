@@ -25,8 +25,12 @@ def _ignored_options() -> dict:
     ``tests/training/test_generate_options.py``)."""
     from coupled_qk.commands.ignored import Applies
 
-    greedy = Applies(_sampling, "--temperature=0 (greedy decoding: the most likely token at every step, nothing is "
-                     "sampled, so every sample is the same text)", "sampling, --temperature > 0")
+    greedy = Applies(
+        _sampling,
+        "--temperature=0 (greedy decoding: the most likely token at every step, nothing is "
+        "sampled, so every sample is the same text)",
+        "sampling, --temperature > 0",
+    )
     return {"--top-k": (greedy,), "--seed": (greedy,), "--num-samples": (greedy,)}
 
 
@@ -38,30 +42,53 @@ def add_arguments(parser) -> None:
         path_arg,
         positive_int_arg,
         seed_arg,
-)
+    )
 
     parser.add_argument("run_dir", type=path_arg, help="a run folder (its latest checkpoint) or a ckpt-* folder")
-    parser.add_argument("--prompt", default="", help="text to continue, of any length (see --context) (default: "
-                        "empty = start of a document)")
-    parser.add_argument("--max-new-tokens", type=nonneg_int_arg, default=100,
-                        help="tokens to generate; past the context the window slides (see --context) (default 100)")
-    parser.add_argument("--context", choices=("slide", "error"), default="slide",
-                        help="when prompt + new tokens exceed the model's context: slide (predict each token from "
-                             "the last block_size tokens, as nanoGPT and GPT.generate; a longer prompt is read "
-                             "through its last block_size tokens; the cache is rebuilt from the window) or "
-                             "error (default slide)")
-    parser.add_argument("--temperature", type=nonneg_float_arg, default=1.0,
-                        help="0 = greedy; 1 samples the model's distribution (default 1.0, as GPT.generate)")
-    parser.add_argument("--top-k", type=positive_int_arg, default=50, help="sample among the k most likely tokens (default 50)")
+    parser.add_argument(
+        "--prompt",
+        default="",
+        help="text to continue, of any length (see --context) (default: empty = start of a document)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=nonneg_int_arg,
+        default=100,
+        help="tokens to generate; past the context the window slides (see --context) (default 100)",
+    )
+    parser.add_argument(
+        "--context",
+        choices=("slide", "error"),
+        default="slide",
+        help="when prompt + new tokens exceed the model's context: slide (predict each token from "
+        "the last block_size tokens, as nanoGPT and GPT.generate; a longer prompt is read "
+        "through its last block_size tokens; the cache is rebuilt from the window) or "
+        "error (default slide)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=nonneg_float_arg,
+        default=1.0,
+        help="0 = greedy; 1 samples the model's distribution (default 1.0, as GPT.generate)",
+    )
+    parser.add_argument(
+        "--top-k", type=positive_int_arg, default=50, help="sample among the k most likely tokens (default 50)"
+    )
     parser.add_argument("--num-samples", type=positive_int_arg, default=1, help="independent samples (default 1)")
     parser.add_argument("--seed", type=seed_arg, default=0, help="sampling seed (default 0); same seed, same text")
     add_device_option(parser, default="cpu")
-    parser.add_argument("--compile", action="store_true",
-                        help="decode through one compiled single-token step over a static KV cache "
-                        "(GPT.generate(compile=True); eager with a warning if compilation fails)")
-    parser.add_argument("--transposed-head", action="store_true",
-                        help="compute the logits from a transposed copy of the output head (GPT.use_transposed_head: "
-                        "faster single-row decoding on CPUs, the head's memory once more)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode through one compiled single-token step over a static KV cache "
+        "(GPT.generate(compile=True); eager with a warning if compilation fails)",
+    )
+    parser.add_argument(
+        "--transposed-head",
+        action="store_true",
+        help="compute the logits from a transposed copy of the output head (GPT.use_transposed_head: "
+        "faster single-row decoding on CPUs, the head's memory once more)",
+    )
 
 
 def run(args) -> int:
@@ -85,23 +112,36 @@ def run(args) -> int:
     limit = run.model.config.block_size
     over = prompt.shape[1] + args.max_new_tokens > limit
     if prompt.shape[1] > limit and args.context == "error":
-        raise ValueError(f"--prompt has {prompt.shape[1]} tokens, more than the model's context block_size={limit}; "
-                         f"shorten it, or use --context slide (reads its last {limit} tokens)")
+        raise ValueError(
+            f"--prompt has {prompt.shape[1]} tokens, more than the model's context block_size={limit}; "
+            f"shorten it, or use --context slide (reads its last {limit} tokens)"
+        )
     if over and args.context == "error":
-        raise ValueError(f"--max-new-tokens={args.max_new_tokens} plus the prompt's {prompt.shape[1]} tokens "
-                         f"exceeds the model's context block_size={limit}; use at most "
-                         f"{max(limit - prompt.shape[1], 0)}, or --context slide")
+        raise ValueError(
+            f"--max-new-tokens={args.max_new_tokens} plus the prompt's {prompt.shape[1]} tokens "
+            f"exceeds the model's context block_size={limit}; use at most "
+            f"{max(limit - prompt.shape[1], 0)}, or --context slide"
+        )
     sampling = _sampling(args)  # greedy decoding takes neither (GPT.generate refuses them there)
     generator = torch.Generator(device=device).manual_seed(args.seed) if sampling else None
     top_k = args.top_k if sampling else None
-    print(f"# {run.checkpoint} (step {run.step}, {run.model.config.attention}); tokenizer {run.tokenizer.name}"
-          + (f"; sliding context of {limit} tokens" if over else ""))
+    print(
+        f"# {run.checkpoint} (step {run.step}, {run.model.config.attention}); tokenizer {run.tokenizer.name}"
+        + (f"; sliding context of {limit} tokens" if over else "")
+    )
     for i in range(args.num_samples):
-        out = run.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=top_k,
-                                 generator=generator, context=args.context, **_compile_kwargs(args))
+        out = run.model.generate(
+            prompt,
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=top_k,
+            generator=generator,
+            context=args.context,
+            **_compile_kwargs(args),
+        )
         if args.num_samples > 1:
             print(f"--- sample {i + 1}")
-        print(args.prompt + run.tokenizer.decode(out[0, prompt.shape[1]:]))
+        print(args.prompt + run.tokenizer.decode(out[0, prompt.shape[1] :]))
     _report_compile(args, run.model, prompt.shape[1])
     return 0
 
@@ -125,8 +165,12 @@ def _report_compile(args, model, prompt_len: int) -> None:
     if "decode_error" in info:
         print(f"# compile failed, decoded eagerly: {info['decode_error']}", file=sys.stderr)
     elif "decode_first_call_s" in info:
-        print(f"# compiled decoding step: first call (compile) {info['decode_first_call_s']:.1f} s{note}",
-              file=sys.stderr)
+        print(
+            f"# compiled decoding step: first call (compile) {info['decode_first_call_s']:.1f} s{note}", file=sys.stderr
+        )
     else:
-        print("# --compile: no compiled step ran (the first new token comes from the prompt's eager pass"
-              f"{', tokens past the context decode eagerly' if past else ''}); decoded eagerly", file=sys.stderr)
+        print(
+            "# --compile: no compiled step ran (the first new token comes from the prompt's eager pass"
+            f"{', tokens past the context decode eagerly' if past else ''}); decoded eagerly",
+            file=sys.stderr,
+        )

@@ -21,36 +21,64 @@ def add_arguments(parser) -> None:
         positive_int_arg,
     )
 
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                        help="pretrained run folder(s) (or ckpt-* folders); the first is the baseline of the "
-                        "paired differences")
+    parser.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="pretrained run folder(s) (or ckpt-* folders); the first is the baseline of the paired differences",
+    )
     parser.add_argument("--task", default="all", help="sst2, cola, rte, mrpc, a comma-separated list, or all")
     parser.add_argument("--seeds", default="0,1,2", help="fine-tuning seeds (head init and data order)")
     parser.add_argument("--names", default=None, help="comma-separated labels of the runs (default: folder names)")
-    parser.add_argument("--out-dir", default=None, type=path_arg,
-                        help="default: RUN_DIR/glue for one run, runs/glue for several")
+    parser.add_argument(
+        "--out-dir", default=None, type=path_arg, help="default: RUN_DIR/glue for one run, runs/glue for several"
+    )
     add_overwrite_option(parser)
-    parser.add_argument("--glue-dir", default=None, type=folder_arg, help="folder with SST-2/, CoLA/, RTE/, MRPC/ (default: <data>/glue)")
+    parser.add_argument(
+        "--glue-dir",
+        default=None,
+        type=folder_arg,
+        help="folder with SST-2/, CoLA/, RTE/, MRPC/ (default: <data>/glue)",
+    )
     parser.add_argument("--lr", type=positive_float_arg, default=None, help="learning rate (default per task, 1e-4)")
-    parser.add_argument("--epochs", type=positive_float_arg, default=None, help="epochs (default per task: 3, RTE/MRPC 5)")
+    parser.add_argument(
+        "--epochs", type=positive_float_arg, default=None, help="epochs (default per task: 3, RTE/MRPC 5)"
+    )
     parser.add_argument("--batch-size", type=positive_int_arg, default=None, help="batch size (default 32)")
-    parser.add_argument("--max-train-examples", default=None,
-                        help="fine-tune on a seeded random subset of this many training rows (default: all): N for "
-                        "every task or task=N pairs, e.g. sst2=3000,rte=600")
-    parser.add_argument("--pooling", default="last", choices=("last", "mean"),
-                        help="classify from the last token's hidden state (default) or the mean over tokens")
+    parser.add_argument(
+        "--max-train-examples",
+        default=None,
+        help="fine-tune on a seeded random subset of this many training rows (default: all): N for "
+        "every task or task=N pairs, e.g. sst2=3000,rte=600",
+    )
+    parser.add_argument(
+        "--pooling",
+        default="last",
+        choices=("last", "mean"),
+        help="classify from the last token's hidden state (default) or the mean over tokens",
+    )
     add_device_option(parser)
-    parser.add_argument("--dtype", type=dtype_arg, default=None,
-                        help="autocast dtype of every fine-tune: auto, fp32, bf16 or fp16 (default auto: bf16 on "
-                        "CUDA, fp32 on CPU)")
+    parser.add_argument(
+        "--dtype",
+        type=dtype_arg,
+        default=None,
+        help="autocast dtype of every fine-tune: auto, fp32, bf16 or fp16 (default auto: bf16 on CUDA, fp32 on CPU)",
+    )
     add_compile_option(parser)
-    parser.add_argument("--max-minutes", type=positive_float_arg, default=None,
-                        help="wall-clock guard for the whole study: the fine-tune in progress is stopped (and "
-                        "resumed by the next invocation), later ones are skipped; the summary counts finished "
-                        "runs only and names the incomplete cells")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the planned fine-tunes (model x task x seed), their folders and whether each "
-                        "would be trained, resumed or reused, then exit (nothing is created)")
+    parser.add_argument(
+        "--max-minutes",
+        type=positive_float_arg,
+        default=None,
+        help="wall-clock guard for the whole study: the fine-tune in progress is stopped (and "
+        "resumed by the next invocation), later ones are skipped; the summary counts finished "
+        "runs only and names the incomplete cells",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the planned fine-tunes (model x task x seed), their folders and whether each "
+        "would be trained, resumed or reused, then exit (nothing is created)",
+    )
     add_progress_option(parser)
 
 
@@ -67,8 +95,10 @@ def _checked(args) -> tuple[list[str], list[int], int | dict | None, list[str], 
     subsets = parse_per_task(args.max_train_examples)
     unused = sorted(set(subsets) - set(tasks)) if isinstance(subsets, dict) else []
     if unused:  # a task=N pair for a task not fine-tuned would be silently ignored
-        raise ValueError(f"--max-train-examples={args.max_train_examples!r} sets {', '.join(unused)}, which "
-                         f"--task={args.task!r} does not fine-tune; expected task=N pairs of {', '.join(tasks)}")
+        raise ValueError(
+            f"--max-train-examples={args.max_train_examples!r} sets {', '.join(unused)}, which "
+            f"--task={args.task!r} does not fine-tune; expected task=N pairs of {', '.join(tasks)}"
+        )
     from coupled_qk.training.checkpoint_load import resolve_checkpoint
 
     for run_dir in args.run_dirs:  # every pretrained run exists before any folder is created
@@ -86,8 +116,9 @@ def _checked(args) -> tuple[list[str], list[int], int | dict | None, list[str], 
     if args.names is not None:  # checked before any folder is created
         names = check_names([n.strip() for n in args.names.split(",")], len(args.run_dirs), "--names")
     else:
-        names = check_names([model_name(p) for p in args.run_dirs], len(args.run_dirs),
-                            "the runs' folder names (--names to label them)")
+        names = check_names(
+            [model_name(p) for p in args.run_dirs], len(args.run_dirs), "the runs' folder names (--names to label them)"
+        )
     if args.out_dir is not None:
         out_dir = args.out_dir
     else:
@@ -103,25 +134,50 @@ def run(args) -> int:
     if not args.dry_run:  # metrics and intervals: refused before any work, not after the fine-tunes
         require_extra(("sklearn", "scipy"), "glue", "coupled-qk glue (metrics and intervals)")
     tasks, seeds, subsets, names, out_dir = _checked(args)
-    options = dict(glue_dir=args.glue_dir, lr=args.lr, epochs=args.epochs, batch_size=args.batch_size,
-                   max_train_examples=subsets, pooling=args.pooling, device=args.device, progress=args.progress,
-                   compile=args.compile, **({"dtype": args.dtype} if args.dtype is not None else {}))
+    options = dict(
+        glue_dir=args.glue_dir,
+        lr=args.lr,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        max_train_examples=subsets,
+        pooling=args.pooling,
+        device=args.device,
+        progress=args.progress,
+        compile=args.compile,
+        **({"dtype": args.dtype} if args.dtype is not None else {}),
+    )
     if args.dry_run:
         from coupled_qk.experiments.dry_run import plan_lines
 
         plan = plan_glue(args.run_dirs, tasks, seeds, out_dir, names, **options)
-        print(f"coupled-qk glue: {len(plan)} fine-tunes ({len(names)} models x {len(tasks)} tasks x {len(seeds)} "
-              f"seeds) -> {out_dir}")
+        print(
+            f"coupled-qk glue: {len(plan)} fine-tunes ({len(names)} models x {len(tasks)} tasks x {len(seeds)} "
+            f"seeds) -> {out_dir}"
+        )
         print("\n".join(plan_lines(plan)))
         return 0
     from coupled_qk.outputs import OutputDir
 
     # claimed before fine-tuning: the report files are regenerated by a rerun (finished runs are reused); the
     # folder may hold one folder per pretrained model and nothing else
-    out_dir = OutputDir(out_dir, "--out-dir", overwrite=args.overwrite, what="a GLUE study",
-                        layout=("results.json", "results.md", "*/"), rewrite=("results.json", "results.md"))
-    summary = run_glue(args.run_dirs, tasks, seeds, out_dir, names=names, max_minutes=args.max_minutes,
-                       log=lambda line: print(line, flush=True), **options)
+    out_dir = OutputDir(
+        out_dir,
+        "--out-dir",
+        overwrite=args.overwrite,
+        what="a GLUE study",
+        layout=("results.json", "results.md", "*/"),
+        rewrite=("results.json", "results.md"),
+    )
+    summary = run_glue(
+        args.run_dirs,
+        tasks,
+        seeds,
+        out_dir,
+        names=names,
+        max_minutes=args.max_minutes,
+        log=lambda line: print(line, flush=True),
+        **options,
+    )
     print(format_table(summary))
     counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
     print(f"\n{counts}" + ("" if summary["complete"] else "; incomplete: run the same command again to finish"))

@@ -82,5 +82,7 @@ def refuse_ignored_options(args: argparse.Namespace, add_arguments, table: dict[
     for option, value in given_options(args, add_arguments, table):
         for rule in table[option]:
             if not rule.when(args):
-                raise ValueError(f"{shown_option(option, value)} does not apply with {rule.otherwise}: {option} is "
-                                 f"for {rule.used_for}")
+                raise ValueError(
+                    f"{shown_option(option, value)} does not apply with {rule.otherwise}: {option} is "
+                    f"for {rule.used_for}"
+                )

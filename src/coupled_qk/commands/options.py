@@ -13,24 +13,41 @@ from coupled_qk.models.registry import QK_MAPS, attention_names, variant_names
 VARIANT_FLAGS = ("attention", "integrator", "n_steps")
 
 
-def add_model_options(parser: argparse.ArgumentParser, default_preset: str | None = "tiny",
-                      variant_flags: bool = True) -> None:
+def add_model_options(
+    parser: argparse.ArgumentParser, default_preset: str | None = "tiny", variant_flags: bool = True
+) -> None:
     """Add ``--preset``, ``--attention``, ``--integrator``, ``--n-steps`` and ``--set FIELD=VALUE``.
 
     With ``variant_flags=False`` (``compare``, ``demo``: the variants come from ``--variants``) the three variant
     flags are hidden and :func:`reject_variant_flags` refuses them instead of ignoring them."""
     hide = None if variant_flags else argparse.SUPPRESS
     parser.add_argument(
-        "--preset", default=default_preset, choices=sorted(PRESETS), help=f"model size preset (default: {default_preset or 'tiny, or the config file'})"
+        "--preset",
+        default=default_preset,
+        choices=sorted(PRESETS),
+        help=f"model size preset (default: {default_preset or 'tiny, or the config file'})",
     )
-    parser.add_argument("--attention", default=None,
-                        help=hide or f"attention: {', '.join(attention_names())} (default: standard)")
-    parser.add_argument("--integrator", default=None,
-                        help=hide or "integrator of coupled attention: euler, leapfrog or symplectic_euler (default: euler)")
-    parser.add_argument("--n-steps", type=nonneg_int_arg, default=None, metavar="INT",
-                        help=hide or "integration steps of coupled attention (default: 1)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+        "--attention", default=None, help=hide or f"attention: {', '.join(attention_names())} (default: standard)"
+    )
+    parser.add_argument(
+        "--integrator",
+        default=None,
+        help=hide or "integrator of coupled attention: euler, leapfrog or symplectic_euler (default: euler)",
+    )
+    parser.add_argument(
+        "--n-steps",
+        type=nonneg_int_arg,
+        default=None,
+        metavar="INT",
+        help=hide or "integration steps of coupled attention (default: 1)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
         help="override any GPTConfig field or option of the attention's query-key map, e.g. --set n_layer=6 "
         f"--set position=learned (repeatable); map options: {map_options_help()}",
     )
@@ -51,7 +68,8 @@ def reject_variant_flags(args, command: str) -> None:
         raise ValueError(
             f"{command} trains the variants named by --variants, so {', '.join(given)} would be ignored; put the "
             "setting in a variant spec instead, e.g. --variants standard,coupled+integrator=leapfrog+n_steps=3 "
-            f"(variants: {', '.join(variant_names())})")
+            f"(variants: {', '.join(variant_names())})"
+        )
 
 
 def gpt_config_from_args(args, **extra) -> GPTConfig:
@@ -90,8 +108,10 @@ def parse_seeds(text: str) -> list[int]:
         raise ValueError(f"--seeds={text!r} names no seed")
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})
     if repeated:
-        raise ValueError(f"--seeds={text!r} repeats seed(s) {repeated}: each seed is one run, so a repeat would "
-                         "be reported as an independent run")
+        raise ValueError(
+            f"--seeds={text!r} repeats seed(s) {repeated}: each seed is one run, so a repeat would "
+            "be reported as an independent run"
+        )
     negative = [s for s in seeds if s < 0]
     if negative:
         raise ValueError(f"--seeds={text!r}: seeds must be >= 0, got {negative}")
@@ -160,8 +180,9 @@ def cpu_count() -> int:
 def _threads(text: str) -> int:
     value = _positive_int(text)
     if value > cpu_count():
-        raise ValueError(f"{text!r} is more threads than this machine's {cpu_count()} CPUs; expected 1 to "
-                         f"{cpu_count()}")
+        raise ValueError(
+            f"{text!r} is more threads than this machine's {cpu_count()} CPUs; expected 1 to {cpu_count()}"
+        )
     return value
 
 
@@ -238,9 +259,13 @@ def add_device_option(parser, default: str = "auto", help: str | None = None) ->
     """``--device``, checked against the devices of this machine when parsed."""
     from coupled_qk.devices import available_devices
 
-    parser.add_argument("--device", default=default, type=device_arg, metavar="DEVICE",
-                        help=help or f"torch device: {', '.join(available_devices())} (default: {default}; auto = "
-                        "CUDA if available)")
+    parser.add_argument(
+        "--device",
+        default=default,
+        type=device_arg,
+        metavar="DEVICE",
+        help=help or f"torch device: {', '.join(available_devices())} (default: {default}; auto = CUDA if available)",
+    )
 
 
 def add_compile_option(parser) -> None:
@@ -251,31 +276,44 @@ def add_compile_option(parser) -> None:
     from coupled_qk.training.config import TrainConfig
 
     field = next(f for f in dataclasses.fields(TrainConfig) if f.name == "compile")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                        help=field.metadata["help"] + " (default: False)")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=field.metadata["help"] + " (default: False)",
+    )
 
 
 def add_overwrite_option(parser) -> None:
     """``--overwrite``: allow replacing files in the output that exist from an earlier run (never files the
     command does not write; see :mod:`coupled_qk.outputs`)."""
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace output files left by an earlier run (files the command does not write are "
-                        "never touched, and a folder holding them is still refused)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace output files left by an earlier run (files the command does not write are "
+        "never touched, and a folder holding them is still refused)",
+    )
 
 
 def add_progress_option(parser) -> None:
     """``--no-progress``: no progress bars and no periodic progress lines (``args.progress`` False; the command
     line sets :func:`coupled_qk.progress.set_mode` ``"off"`` before the command runs)."""
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bars or periodic progress lines (COUPLED_QK_PROGRESS=off does the same)")
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no progress bars or periodic progress lines (COUPLED_QK_PROGRESS=off does the same)",
+    )
 
 
 def _list(item, what: str):
     def parse(text: str) -> list:
         parts = [p.strip() for p in text.split(",")]
         if not text.strip() or any(not p for p in parts):
-            raise ValueError(f"{text!r}: expected a comma-separated list of {what} without empty items, e.g. "
-                             f"{'16,32' if 'integer' in what else '3e-3,1e-2'}")
+            raise ValueError(
+                f"{text!r}: expected a comma-separated list of {what} without empty items, e.g. "
+                f"{'16,32' if 'integer' in what else '3e-3,1e-2'}"
+            )
         values = [item(p) for p in parts]
         if len(set(values)) != len(values):
             raise ValueError(f"{text!r} repeats a value")
@@ -319,8 +357,10 @@ def subset_arg(choices, allow_empty: bool = False):
         parts = [p.strip() for p in text.split(",")]
         bad = [p for p in parts if p not in choices]
         if bad or len(set(parts)) != len(parts):
-            raise ValueError(f"{text!r}: expected a comma-separated subset of {', '.join(choices)} without repeats"
-                             + (" (or '' for none)" if allow_empty else ""))
+            raise ValueError(
+                f"{text!r}: expected a comma-separated subset of {', '.join(choices)} without repeats"
+                + (" (or '' for none)" if allow_empty else "")
+            )
         return parts
 
     parse = _arg(check, "comma-separated subset of " + ",".join(choices))

@@ -46,14 +46,19 @@ def train_flags(resume: bool = False) -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig) if f.name not in skip]
 
 
-def add_train_options(parser, model: bool = True, defaults: dict | None = None, resume: bool = False,
-                      variant_flags: bool = True) -> None:
+def add_train_options(
+    parser, model: bool = True, defaults: dict | None = None, resume: bool = False, variant_flags: bool = True
+) -> None:
     """Flags shared by ``train``, ``compare`` and ``demo``: one per :class:`TrainConfig` field (its help and
     default from the field's metadata; ``defaults`` replaces the shown defaults, as ``demo`` does), plus
     ``--config``, the model options (``variant_flags``: see :func:`add_model_options`) and ``--opt FIELD=VALUE``.
     Values stay strings here; they are parsed to the field's type in :func:`train_config_from_args`."""
-    parser.add_argument("--config", default=None, metavar="FILE",
-                        help="TrainConfig JSON file (e.g. configs/wt103-60m-coupled.json); flags override its fields")
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="TrainConfig JSON file (e.g. configs/wt103-60m-coupled.json); flags override its fields",
+    )
     if model:
         add_model_options(parser, default_preset=None, variant_flags=variant_flags)
     group = parser.add_argument_group("training options (TrainConfig fields)")
@@ -74,20 +79,40 @@ def add_train_options(parser, model: bool = True, defaults: dict | None = None, 
             group.add_argument(flag, dest=name, default=None, metavar=metavar, help=text)
     split = parser.add_argument_group(
         "held-out splits (language modelling): for corpora split at random by documents (a text file, a folder "
-        "of *.txt files, pubmed, mixed-domain); a folder with train.txt/valid.txt/test.txt is used as given")
-    split.add_argument("--valid-fraction", type=fraction_arg, default=None, metavar="FLOAT",
-                       help="share of documents in the validation split (default: 0.01)")
-    split.add_argument("--test-fraction", type=fraction_arg, default=None, metavar="FLOAT",
-                       help="share of documents in the test split (default: 0.01)")
-    split.add_argument("--min-split-words", type=positive_int_arg, default=None, metavar="INT",
-                       help="each evaluation split grows to this many words (~1.3 tokens each), within 20%% of the "
-                       "corpus (default: 10000)")
-    split.add_argument("--split-seed", type=seed_arg, default=None, metavar="INT",
-                       help="seed of the document shuffle (default: 0)")
+        "of *.txt files, pubmed, mixed-domain); a folder with train.txt/valid.txt/test.txt is used as given"
+    )
+    split.add_argument(
+        "--valid-fraction",
+        type=fraction_arg,
+        default=None,
+        metavar="FLOAT",
+        help="share of documents in the validation split (default: 0.01)",
+    )
+    split.add_argument(
+        "--test-fraction",
+        type=fraction_arg,
+        default=None,
+        metavar="FLOAT",
+        help="share of documents in the test split (default: 0.01)",
+    )
+    split.add_argument(
+        "--min-split-words",
+        type=positive_int_arg,
+        default=None,
+        metavar="INT",
+        help="each evaluation split grows to this many words (~1.3 tokens each), within 20%% of the "
+        "corpus (default: 10000)",
+    )
+    split.add_argument(
+        "--split-seed", type=seed_arg, default=None, metavar="INT", help="seed of the document shuffle (default: 0)"
+    )
     parser.add_argument(
-        "--opt", dest="train_overrides", action="append", default=[], metavar="FIELD=VALUE",
-        help="override any TrainConfig field, e.g. --opt min_lr_ratio=0.05 or --opt task_options='{...}' "
-        "(repeatable)",
+        "--opt",
+        dest="train_overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override any TrainConfig field, e.g. --opt min_lr_ratio=0.05 or --opt task_options='{...}' (repeatable)",
     )
 
 
@@ -145,7 +170,11 @@ def _absolute_paths(data: dict) -> None:
         path = Path(corpus).expanduser()
         if path.exists() and not path.is_absolute():
             data["corpus"] = str(path.resolve())
-    if isinstance(data.get("data_dir"), str) and data["data_dir"].strip() and Path(data["data_dir"]).expanduser().is_dir():
+    if (
+        isinstance(data.get("data_dir"), str)
+        and data["data_dir"].strip()
+        and Path(data["data_dir"]).expanduser().is_dir()
+    ):
         data["data_dir"] = str(Path(data["data_dir"]).expanduser().resolve())
 
 
@@ -215,8 +244,13 @@ def run(args) -> int:
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     final = results["final"]
-    print(json.dumps({k: v for k, v in final.items() if "perplexity" in k or "bits_per" in k or k.endswith("loss")},
-                     indent=2))
-    print(f"run: {cfg.out_dir}  steps={results['steps']} tokens={results['tokens']:,} "
-          f"time={results['train_seconds'] / 60:.1f} min ({results['stop_reason']})")
+    print(
+        json.dumps(
+            {k: v for k, v in final.items() if "perplexity" in k or "bits_per" in k or k.endswith("loss")}, indent=2
+        )
+    )
+    print(
+        f"run: {cfg.out_dir}  steps={results['steps']} tokens={results['tokens']:,} "
+        f"time={results['train_seconds'] / 60:.1f} min ({results['stop_reason']})"
+    )
     return 0

@@ -44,14 +44,15 @@ def _encode_pieces(pieces: list[str], tokenizer: Tokenizer, dtype: np.dtype) -> 
     n_chars = sum(len(p) for p in pieces)
     with progress(n_chars, f"tokenizing with {tokenizer.name}", "chars", enabled=n_chars > 1_000_000) as bar:
         for i in range(0, len(pieces), BATCH_CHUNKS):
-            batch = pieces[i:i + BATCH_CHUNKS]
+            batch = pieces[i : i + BATCH_CHUNKS]
             out.extend(np.asarray(ids, dtype=dtype) for ids in tokenizer.encode_batch(batch))
             bar.update(sum(len(p) for p in batch))
     return out
 
 
-def encode_text(text: str, tokenizer: Tokenizer, *, append_eot_between_docs: bool = False,
-                chunk_chars: int = CHUNK_CHARS) -> np.ndarray:
+def encode_text(
+    text: str, tokenizer: Tokenizer, *, append_eot_between_docs: bool = False, chunk_chars: int = CHUNK_CHARS
+) -> np.ndarray:
     """Token ids of ``text``, computed in parallel chunks; identical to ``tokenizer.encode(text)``.
 
     Chunks are cut only at :func:`~coupled_qk.data.tokenizers.chunk_text` safe points, and only if
@@ -73,8 +74,9 @@ def encode_text(text: str, tokenizer: Tokenizer, *, append_eot_between_docs: boo
     docs = split_documents(text) if append_eot_between_docs else [text]
     if append_eot_between_docs:
         if tokenizer.eot_id is None:
-            raise ValueError(f"append_eot_between_docs=True but tokenizer {tokenizer.name!r} has no "
-                             "<|endoftext|> token")
+            raise ValueError(
+                f"append_eot_between_docs=True but tokenizer {tokenizer.name!r} has no <|endoftext|> token"
+            )
         if not docs:
             raise ValueError("append_eot_between_docs=True but text holds no non-blank document")
     pieces, owner = [], []
@@ -118,8 +120,14 @@ def _valid_cache(bin_path: Path, meta_path: Path, expected: dict) -> dict | None
         return None
 
 
-def cache_paths(text: str, tokenizer: Tokenizer, cache_dir: str | Path | None = None, *,
-                append_eot_between_docs: bool = False, text_sha256: str | None = None) -> tuple[Path, Path]:
+def cache_paths(
+    text: str,
+    tokenizer: Tokenizer,
+    cache_dir: str | Path | None = None,
+    *,
+    append_eot_between_docs: bool = False,
+    text_sha256: str | None = None,
+) -> tuple[Path, Path]:
     """``(bin_path, sidecar_path)`` that :func:`tokenize_to_cache` uses for these arguments."""
     directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     text_hash = text_sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -127,8 +135,9 @@ def cache_paths(text: str, tokenizer: Tokenizer, cache_dir: str | Path | None = 
     return directory / f"{stem}.bin", directory / f"{stem}.json"
 
 
-def tokenize_to_cache(text: str, tokenizer: Tokenizer, cache_dir: str | Path | None = None, *,
-                      append_eot_between_docs: bool = False) -> np.memmap:
+def tokenize_to_cache(
+    text: str, tokenizer: Tokenizer, cache_dir: str | Path | None = None, *, append_eot_between_docs: bool = False
+) -> np.memmap:
     """Tokenize ``text`` once and memory-map the ids from an on-disk cache (see the module docstring).
 
     Args:
@@ -146,18 +155,23 @@ def tokenize_to_cache(text: str, tokenizer: Tokenizer, cache_dir: str | Path | N
             :func:`encode_text` rejects the input. OSError: the cache folder cannot be written.
     """
     if not isinstance(text, str) or not text:
-        raise ValueError(f"text must be a non-empty str, got {type(text).__name__} of length "
-                         f"{len(text) if isinstance(text, str) else 'n/a'}")
+        raise ValueError(
+            f"text must be a non-empty str, got {type(text).__name__} of length "
+            f"{len(text) if isinstance(text, str) else 'n/a'}"
+        )
     if not isinstance(tokenizer, Tokenizer):
         raise TypeError(f"tokenizer must be a coupled_qk Tokenizer, got {type(tokenizer).__name__}")
     text_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
     eot = bool(append_eot_between_docs)
-    bin_path, meta_path = cache_paths(text, tokenizer, cache_dir, append_eot_between_docs=eot,
-                                      text_sha256=text_hash)
+    bin_path, meta_path = cache_paths(text, tokenizer, cache_dir, append_eot_between_docs=eot, text_sha256=text_hash)
     dtype = token_dtype(tokenizer.vocab_size)
-    expected = {"format_version": FORMAT_VERSION, "text_sha256": text_hash,
-                "tokenizer_fingerprint": tokenizer.fingerprint, "dtype": dtype.str,
-                "append_eot_between_docs": eot}
+    expected = {
+        "format_version": FORMAT_VERSION,
+        "text_sha256": text_hash,
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+        "dtype": dtype.str,
+        "append_eot_between_docs": eot,
+    }
     meta = _valid_cache(bin_path, meta_path, expected)
     if meta is None:
         if bin_path.exists() or meta_path.exists():
@@ -167,9 +181,14 @@ def tokenize_to_cache(text: str, tokenizer: Tokenizer, cache_dir: str | Path | N
         ids = encode_text(text, tokenizer, append_eot_between_docs=eot)
         seconds = time.perf_counter() - t0
         atomic_write(bin_path, ids.tofile)
-        meta = dict(expected, n_tokens=int(ids.size), tokenizer_name=tokenizer.name,
-                    bin_sha256=hashlib.sha256(ids.tobytes()).hexdigest(), n_chars=len(text),
-                    encode_seconds=round(seconds, 3),
-                    created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        meta = dict(
+            expected,
+            n_tokens=int(ids.size),
+            tokenizer_name=tokenizer.name,
+            bin_sha256=hashlib.sha256(ids.tobytes()).hexdigest(),
+            n_chars=len(text),
+            encode_seconds=round(seconds, 3),
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
         atomic_write(meta_path, lambda f: f.write((json.dumps(meta, indent=1) + "\n").encode("utf-8")))
     return np.memmap(bin_path, dtype=dtype, mode="r", shape=(int(meta["n_tokens"]),))

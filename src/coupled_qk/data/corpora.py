@@ -46,12 +46,30 @@ from coupled_qk.data.documents import (
 from coupled_qk.data.paths import DATA_ENV, default_data_dir
 
 __all__ = [  # Corpus and the document conventions live in coupled_qk.data.documents; re-exported here
-    "GROUP_LINES", "KNOWN_CORPORA", "MAX_DOC_LINES", "MAX_EVAL_SHARE", "MIN_SPLIT_WORDS", "SPLITS", "Corpus",
-    "detokenize_wikitext", "load_corpus", "random_split", "read_text", "split_documents", "word_count",
+    "GROUP_LINES",
+    "KNOWN_CORPORA",
+    "MAX_DOC_LINES",
+    "MAX_EVAL_SHARE",
+    "MIN_SPLIT_WORDS",
+    "SPLITS",
+    "Corpus",
+    "detokenize_wikitext",
+    "load_corpus",
+    "random_split",
+    "read_text",
+    "split_documents",
+    "word_count",
 ]
 
-KNOWN_CORPORA = ("wiki-vital", "pubmed", "mixed-domain", "wikitext-103", "wikitext-103-raw", "wikitext-2",
-                 "wikitext-2-raw")
+KNOWN_CORPORA = (
+    "wiki-vital",
+    "pubmed",
+    "mixed-domain",
+    "wikitext-103",
+    "wikitext-103-raw",
+    "wikitext-2",
+    "wikitext-2-raw",
+)
 _HINT = f"pass --data-dir (data_dir=) or set {DATA_ENV} to the folder holding it"
 
 
@@ -100,7 +118,8 @@ def read_text(path: Path, corpus: str) -> str:
 
     Raises:
         FileNotFoundError: the file is missing or a broken symbolic link (message names the corpus and the file).
-        ValueError: ``path`` is a folder; the file is not valid UTF-8 text (message names the file and the byte offset, and what the
+        ValueError: ``path`` is a folder; the file is not valid UTF-8 text (message names the file and the byte offset,
+        and what the
             file is instead where its first bytes say: UTF-16/UTF-32 with a byte order mark, gzip/bzip2/xz/zstd
             or zip), or it is JSON (``.jsonl``/``.ndjson``/``.json``), whose syntax would be trained on as text.
         OSError: any other read failure, re-raised with the file named.
@@ -108,16 +127,19 @@ def read_text(path: Path, corpus: str) -> str:
     path = Path(path)
     if not path.is_file():
         if path.is_symlink():
-            raise FileNotFoundError(f"corpus {corpus!r}: {path} is a broken symbolic link (to {os.readlink(path)}); "
-                                    "expected a text file")
+            raise FileNotFoundError(
+                f"corpus {corpus!r}: {path} is a broken symbolic link (to {os.readlink(path)}); expected a text file"
+            )
         if path.is_dir():
             raise ValueError(f"corpus {corpus!r}: {path} is a folder; expected a text file")
         hint = f"; {_HINT}" if corpus in KNOWN_CORPORA else ""
         raise FileNotFoundError(f"corpus {corpus!r}: expected file {path} does not exist{hint}")
     if path.suffix.lower() in _JSON_SUFFIXES:
-        raise ValueError(f"corpus {corpus!r}: {path} is a {path.suffix} file; a corpus is plain UTF-8 text, so its "
-                         "JSON syntax (keys, quotes, escapes) would be trained on as text; write the documents' "
-                         "text to a .txt file, one document per paragraph (blank line between)")
+        raise ValueError(
+            f"corpus {corpus!r}: {path} is a {path.suffix} file; a corpus is plain UTF-8 text, so its "
+            "JSON syntax (keys, quotes, escapes) would be trained on as text; write the documents' "
+            "text to a .txt file, one document per paragraph (blank line between)"
+        )
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -129,8 +151,10 @@ def read_text(path: Path, corpus: str) -> str:
         found = f"; it is {kind}" if kind else ""
         encoding = kind.split()[0] if kind and kind.startswith("UTF") else "<its encoding>"
         fix = "decompress it" if kind and not kind.startswith("UTF") else f"convert it (iconv -f {encoding} -t UTF-8)"
-        raise ValueError(f"corpus {corpus!r}: {path} is not valid UTF-8 text (bad byte at offset {e.start}"
-                         f"{found}); expected UTF-8 text: {fix}") from e
+        raise ValueError(
+            f"corpus {corpus!r}: {path} is not valid UTF-8 text (bad byte at offset {e.start}"
+            f"{found}); expected UTF-8 text: {fix}"
+        ) from e
     return text[1:] if text.startswith(UTF8_BOM) else text
 
 
@@ -138,16 +162,25 @@ def _words(docs: list[str]) -> int:
     return sum(len(d.split()) for d in docs)
 
 
-def _from_documents(name: str, files: list[Path], seed: int, vf: float, tf: float, source: dict,
-                    min_words: int = MIN_SPLIT_WORDS) -> Corpus:
+def _from_documents(
+    name: str, files: list[Path], seed: int, vf: float, tf: float, source: dict, min_words: int = MIN_SPLIT_WORDS
+) -> Corpus:
     docs: list[str] = []
     for f in files:
         docs.extend(split_documents(read_text(f, name)))
     train, valid, test = random_split(docs, seed, vf, tf, name, min_words)
-    source.update(files=[str(f) for f in files], split="document-level random", seed=seed,
-                  valid_fraction=vf, test_fraction=tf, min_split_words=min_words, max_doc_lines=MAX_DOC_LINES, group_lines=GROUP_LINES,
-                  n_documents={"train": len(train), "valid": len(valid), "test": len(test)},
-                  n_words={"train": _words(train), "valid": _words(valid), "test": _words(test)})
+    source.update(
+        files=[str(f) for f in files],
+        split="document-level random",
+        seed=seed,
+        valid_fraction=vf,
+        test_fraction=tf,
+        min_split_words=min_words,
+        max_doc_lines=MAX_DOC_LINES,
+        group_lines=GROUP_LINES,
+        n_documents={"train": len(train), "valid": len(valid), "test": len(test)},
+        n_words={"train": _words(train), "valid": _words(valid), "test": _words(test)},
+    )
     return finish_corpus(name, join_documents(train), join_documents(valid), join_documents(test), source)
 
 
@@ -165,8 +198,10 @@ def _wikitext(name: str, data_dir: Path) -> Corpus:
             files = {s: folder / f"wiki.{s}.{ext}" for s in SPLITS}
             return _from_given_splits(name, files, {"data_dir": str(data_dir)})
     expected = " or ".join(str(c / f"wiki.train.{ext}") for c in candidates)
-    raise FileNotFoundError(f"corpus {name!r}: expected file {expected} (data dir searched: {data_dir}); "
-                            f"download the official {name} release and {_HINT}")
+    raise FileNotFoundError(
+        f"corpus {name!r}: expected file {expected} (data dir searched: {data_dir}); "
+        f"download the official {name} release and {_HINT}"
+    )
 
 
 def _given_split_files(folder: Path) -> dict[str, Path] | None:
@@ -177,8 +212,10 @@ def _given_split_files(folder: Path) -> dict[str, Path] | None:
             return files
         if present:
             missing = [str(p) for p in files.values() if p not in present]
-            raise FileNotFoundError(f"{folder} holds {present[0].name} but not {', '.join(missing)}: a folder "
-                                    "with given splits needs all of train/valid/test")
+            raise FileNotFoundError(
+                f"{folder} holds {present[0].name} but not {', '.join(missing)}: a folder "
+                "with given splits needs all of train/valid/test"
+            )
     return None
 
 
@@ -194,8 +231,12 @@ def _text_files(name: str, folder: Path) -> list[Path]:
         (hidden if any(part.startswith(".") for part in f.relative_to(folder).parts) else files).append(f)
     if hidden:
         shown = ", ".join(f.relative_to(folder).as_posix() for f in hidden[:3]) + (", ..." if len(hidden) > 3 else "")
-        warnings.warn(f"corpus {name!r}: {len(hidden)} hidden *.txt file(s) under {folder} left out ({shown}); "
-                      "hidden files and folders (names starting with '.') are not read", UserWarning, stacklevel=4)
+        warnings.warn(
+            f"corpus {name!r}: {len(hidden)} hidden *.txt file(s) under {folder} left out ({shown}); "
+            "hidden files and folders (names starting with '.') are not read",
+            UserWarning,
+            stacklevel=4,
+        )
     return files
 
 
@@ -203,9 +244,13 @@ def _warn_unread(name: str, folder: Path, given: dict[str, Path]) -> None:
     """Warn about the ``*.txt`` files beside the given splits, which a folder with given splits does not read."""
     unread = sorted(f.name for f in folder.glob("*.txt") if f not in given.values() and not f.name.startswith("."))
     if unread:
-        warnings.warn(f"corpus {name!r}: {folder} holds the splits {', '.join(p.name for p in given.values())}, so "
-                      f"only those are read; {', '.join(unread[:5])}{', ...' if len(unread) > 5 else ''} "
-                      "left out (move them into the splits, or elsewhere)", UserWarning, stacklevel=4)
+        warnings.warn(
+            f"corpus {name!r}: {folder} holds the splits {', '.join(p.name for p in given.values())}, so "
+            f"only those are read; {', '.join(unread[:5])}{', ...' if len(unread) > 5 else ''} "
+            "left out (move them into the splits, or elsewhere)",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _from_path(name: str, path: Path, seed: int, vf: float, tf: float, min_words: int) -> Corpus:
@@ -222,8 +267,12 @@ def _from_path(name: str, path: Path, seed: int, vf: float, tf: float, min_words
     return _from_documents(name, files, seed, vf, tf, source, min_words)
 
 
-SPLIT_OPTIONS = {"seed": ("split_seed", 0), "valid_fraction": ("valid_fraction", 0.01),
-                 "test_fraction": ("test_fraction", 0.01), "min_split_words": ("min_split_words", MIN_SPLIT_WORDS)}
+SPLIT_OPTIONS = {
+    "seed": ("split_seed", 0),
+    "valid_fraction": ("valid_fraction", 0.01),
+    "test_fraction": ("test_fraction", 0.01),
+    "min_split_words": ("min_split_words", MIN_SPLIT_WORDS),
+}
 """:func:`load_corpus` argument -> (the run option that sets it: ``task_options.<name>``, ``--<name>``; its
 default). They decide random splits only: a corpus with fixed splits (``source["split"] == "given"``) refuses
 them at any other value (:func:`check_split_options`)."""
@@ -243,24 +292,33 @@ def check_split_options(corpus: Corpus, given: dict, unused: str = "refuse") -> 
         option, default = SPLIT_OPTIONS[arg]
         if value == default:
             continue
-        message = (f"split option {option}={value} (--{option.replace('_', '-')}, task_options.{option}) does not "
-                   f"apply to corpus {corpus.name!r}: its train/valid/test splits are fixed (given by its files or "
-                   "dataset), so nothing is split at random; the split options are for corpora split at random "
-                   f"(pubmed, mixed-domain, a text file, a folder of *.txt files); leave {option} at its default "
-                   f"({default})")
+        message = (
+            f"split option {option}={value} (--{option.replace('_', '-')}, task_options.{option}) does not "
+            f"apply to corpus {corpus.name!r}: its train/valid/test splits are fixed (given by its files or "
+            "dataset), so nothing is split at random; the split options are for corpora split at random "
+            f"(pubmed, mixed-domain, a text file, a folder of *.txt files); leave {option} at its default "
+            f"({default})"
+        )
         if unused != "warn":
             raise ValueError(message)
         warnings.warn(f"{message} (a saved run's option; it had no effect)", UserWarning, stacklevel=3)
         return
 
 
-def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int = 0,
-                valid_fraction: float = 0.01, test_fraction: float = 0.01,
-                min_split_words: int = MIN_SPLIT_WORDS, unused_split_options: str = "refuse") -> Corpus:
+def load_corpus(
+    name_or_path: str,
+    data_dir: str | Path | None = None,
+    seed: int = 0,
+    valid_fraction: float = 0.01,
+    test_fraction: float = 0.01,
+    min_split_words: int = MIN_SPLIT_WORDS,
+    unused_split_options: str = "refuse",
+) -> Corpus:
     """Load a corpus by name (:data:`KNOWN_CORPORA`) or path, as train/valid/test text.
 
     Args:
-        name_or_path: a known corpus name, ``hf:NAME[:CONFIG]`` (Hugging Face ``datasets``), or a path (text file or folder; relative paths are tried
+        name_or_path: a known corpus name, ``hf:NAME[:CONFIG]`` (Hugging Face ``datasets``), or a path (text file or
+        folder; relative paths are tried
             against the current directory, then against the data dir). See the module docstring.
         data_dir: the data folder; default :func:`~coupled_qk.data.paths.default_data_dir`. For the
             ``wikitext-*`` names it may also be the folder holding ``wiki.*.tokens`` itself.
@@ -279,27 +337,34 @@ def load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int
     Raises:
         FileNotFoundError: a required file is missing (names corpus, file, data dir, ``--data-dir`` and
             ``COUPLED_QK_DATA``), or no data dir can be found.
-        ValueError: an empty name; unknown name that is not an existing path (lists :data:`KNOWN_CORPORA`); a file that is
+        ValueError: an empty name; unknown name that is not an existing path (lists :data:`KNOWN_CORPORA`); a file that
+        is
             not UTF-8; bad seed/fractions; an empty split; too few documents; a split option at a non-default
             value for a corpus with fixed splits (naming the option, the value and the corpus).
     """
     corpus = _load_corpus(name_or_path, data_dir, seed, valid_fraction, test_fraction, min_split_words)
-    given = dict(seed=seed, valid_fraction=valid_fraction, test_fraction=test_fraction,
-                 min_split_words=min_split_words)
+    given = dict(seed=seed, valid_fraction=valid_fraction, test_fraction=test_fraction, min_split_words=min_split_words)
     check_split_options(corpus, given, unused_split_options)
     return corpus
 
 
-def _load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: int = 0,
-                 valid_fraction: float = 0.01, test_fraction: float = 0.01,
-                 min_split_words: int = MIN_SPLIT_WORDS) -> Corpus:
+def _load_corpus(
+    name_or_path: str,
+    data_dir: str | Path | None = None,
+    seed: int = 0,
+    valid_fraction: float = 0.01,
+    test_fraction: float = 0.01,
+    min_split_words: int = MIN_SPLIT_WORDS,
+) -> Corpus:
     """:func:`load_corpus` without the check of the split options."""
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"name_or_path must be a str or Path, got {type(name_or_path).__name__}")
     name = str(name_or_path)
     if not name.strip():  # Path("") is the current folder: every *.txt below it would be read as the corpus
-        raise ValueError(f"corpus {name!r} is empty (--corpus); expected a corpus name ({', '.join(KNOWN_CORPORA)}) "
-                         "or the path of a text file or folder ('.' for the current folder)")
+        raise ValueError(
+            f"corpus {name!r} is empty (--corpus); expected a corpus name ({', '.join(KNOWN_CORPORA)}) "
+            "or the path of a text file or folder ('.' for the current folder)"
+        )
     if name.startswith("hf:"):  # Hugging Face datasets (optional; see coupled_qk.data.hub)
         from coupled_qk.data.hub import load_hub_corpus
 
@@ -312,8 +377,11 @@ def _load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: in
             return _wikitext(name, root)
         source = {"data_dir": str(root)}
         if name == "wiki-vital":
-            files = {"train": root / "wiki-vital" / "train.txt", "valid": root / "wikitext-2" / "valid.txt",
-                     "test": root / "wikitext-2" / "test.txt"}
+            files = {
+                "train": root / "wiki-vital" / "train.txt",
+                "valid": root / "wikitext-2" / "valid.txt",
+                "test": root / "wikitext-2" / "test.txt",
+            }
             corpus = _from_given_splits(name, files, source)
             # train is plain Wikipedia text; WikiText-2's splits are tokenized (" , ", " @-@ "): evaluate on
             # their detokenized form, keeping the original word counts for word-level perplexity
@@ -323,13 +391,15 @@ def _load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: in
             corpus.source["valid_test"] = "WikiText-2, detokenized (coupled_qk.data.corpora.detokenize_wikitext)"
             return corpus
         if name == "pubmed":
-            return _from_documents(name, [root / "pubmed" / "abstracts.txt"], seed, valid_fraction,
-                                   test_fraction, source, min_split_words)
+            return _from_documents(
+                name, [root / "pubmed" / "abstracts.txt"], seed, valid_fraction, test_fraction, source, min_split_words
+            )
         folder = root / "mixed-domain"
         files = sorted(folder.glob("*.txt"))
         if not files:
-            raise FileNotFoundError(f"corpus {name!r}: expected files {folder}/*.txt, found none "
-                                    f"(data dir searched: {root}); {_HINT}")
+            raise FileNotFoundError(
+                f"corpus {name!r}: expected files {folder}/*.txt, found none (data dir searched: {root}); {_HINT}"
+            )
         return _from_documents(name, files, seed, valid_fraction, test_fraction, source, min_split_words)
     path = Path(name).expanduser()
     if not path.exists() and not path.is_absolute():
@@ -339,6 +409,7 @@ def _load_corpus(name_or_path: str, data_dir: str | Path | None = None, seed: in
             alt = path
         path = alt if alt.exists() else path
     if not path.exists():
-        raise ValueError(f"unknown corpus {name!r}: not one of {', '.join(KNOWN_CORPORA)} and not an existing "
-                         "file or folder")
+        raise ValueError(
+            f"unknown corpus {name!r}: not one of {', '.join(KNOWN_CORPORA)} and not an existing file or folder"
+        )
     return _from_path(name, path, seed, valid_fraction, test_fraction, min_split_words)

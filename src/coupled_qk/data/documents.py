@@ -21,6 +21,7 @@ GROUP_LINES = 20
 MIN_SPLIT_WORDS = 10_000  # words each random evaluation split aims for (~13k GPT-2 tokens)
 MAX_EVAL_SHARE = 0.2  # ... but never more than this share of the corpus's words
 
+
 @dataclass
 class Corpus:
     """A corpus as three text splits.
@@ -87,7 +88,7 @@ def split_documents(text: str, max_lines: int = MAX_DOC_LINES, group_lines: int 
 
     def flush() -> None:
         if len(para) > max_lines:
-            docs.extend("\n".join(para[i:i + group_lines]) for i in range(0, len(para), group_lines))
+            docs.extend("\n".join(para[i : i + group_lines]) for i in range(0, len(para), group_lines))
         elif para:
             docs.append("\n".join(para))
         para.clear()
@@ -108,8 +109,14 @@ def check_fraction(name: str, value: float) -> float:
     return float(value)
 
 
-def random_split(docs: list[str], seed: int, valid_fraction: float, test_fraction: float,
-                 corpus: str, min_split_words: int = MIN_SPLIT_WORDS) -> tuple[list[str], list[str], list[str]]:
+def random_split(
+    docs: list[str],
+    seed: int,
+    valid_fraction: float,
+    test_fraction: float,
+    corpus: str,
+    min_split_words: int = MIN_SPLIT_WORDS,
+) -> tuple[list[str], list[str], list[str]]:
     """Deterministic document-level split into (train, valid, test) lists, in shuffled order.
 
     The order is ``sorted(range(n), key=sha256(f"{seed}:{i}"))``. Test takes the first documents of that
@@ -133,15 +140,17 @@ def random_split(docs: list[str], seed: int, valid_fraction: float, test_fractio
     n_test, n_valid = max(1, round(n * test_fraction)), max(1, round(n * valid_fraction))
     if n - n_test - n_valid < 1:
         found = "no text (only whitespace)" if n == 0 else f"{n} document{'s' if n > 1 else ''}"
-        raise ValueError(f"corpus {corpus!r} has {found}; need at least {n_test + n_valid + 1} documents for "
-                         "non-empty train/valid/test splits (documents are separated by blank lines; or give a "
-                         "folder with train.txt, valid.txt and test.txt)")
+        raise ValueError(
+            f"corpus {corpus!r} has {found}; need at least {n_test + n_valid + 1} documents for "
+            "non-empty train/valid/test splits (documents are separated by blank lines; or give a "
+            "folder with train.txt, valid.txt and test.txt)"
+        )
     order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
     words = [len(docs[i].split()) for i in order]
     cap = MAX_EVAL_SHARE * sum(words)
 
     def take(start: int, n_min: int, reserve: int) -> int:  # end index of a split starting at ``start``
-        end, have = start + n_min, sum(words[start:start + n_min])
+        end, have = start + n_min, sum(words[start : start + n_min])
         while have < min_split_words and end < n - reserve and have + words[end] <= cap:
             have += words[end]
             end += 1

@@ -49,8 +49,11 @@ TASK_INFO = {
     "mrpc": ("MRPC", 2, "f1", ("f1", "accuracy")),
 }
 # task -> (first sentence, second sentence or None, label): the header names of its columns (not CoLA: no header)
-COLUMNS = {"sst2": ("sentence", None, "label"), "rte": ("sentence1", "sentence2", "label"),
-           "mrpc": ("#1 String", "#2 String", "Quality")}
+COLUMNS = {
+    "sst2": ("sentence", None, "label"),
+    "rte": ("sentence1", "sentence2", "label"),
+    "mrpc": ("#1 String", "#2 String", "Quality"),
+}
 # label names some copies write instead of the integers (GLUE's own RTE files: 0 = entailment)
 LABEL_NAMES = {"rte": {"entailment": "0", "not_entailment": "1"}}
 
@@ -111,7 +114,9 @@ def _labels(values: list[str], path: Path) -> np.ndarray:
     if len(labels) == 0:
         raise ValueError(f"{path} has no labelled rows; expected at least one example")
     if labels.min() < 0 or labels.max() > 1:
-        raise ValueError(f"{path}: labels must be 0 or 1 (an unlabelled test file?); got {sorted(set(labels.tolist()))}")
+        raise ValueError(
+            f"{path}: labels must be 0 or 1 (an unlabelled test file?); got {sorted(set(labels.tolist()))}"
+        )
     return labels
 
 
@@ -146,14 +151,18 @@ def _by_header(paths: list[Path], task: str):
         missing = [c for c in wanted if c not in header]
         if missing:
             first = [f[:30] + ("..." if len(f) > 30 else "") for f in rows[0]] if rows else "(empty file)"
-            raise ValueError(f"{path}: the first row {first} is not a header naming the "
-                             f"columns {wanted} (missing {missing}); expected a tab-separated header row, then one "
-                             "labelled example per row")
+            raise ValueError(
+                f"{path}: the first row {first} is not a header naming the "
+                f"columns {wanted} (missing {missing}); expected a tab-separated header row, then one "
+                "labelled example per row"
+            )
         cols = [header.index(c) for c in wanted]
         for line, row in enumerate(rows[1:], 2):
             if len(row) != len(header):
-                raise ValueError(f"{path} row {line}: expected {len(header)} tab-separated fields (as the header "
-                                 f"{header}), got {len(row)}")
+                raise ValueError(
+                    f"{path} row {line}: expected {len(header)} tab-separated fields (as the header "
+                    f"{header}), got {len(row)}"
+                )
             texts_a.append(_text(row[cols[0]], path, line))
             if len(cols) == 3:
                 texts_b.append(_text(row[cols[1]], path, line))
@@ -186,7 +195,10 @@ def load_glue(task: str, split: str, data_dir: str | Path | None = None) -> Glue
         # this copy splits the GLUE training set in train.tsv + dev.tsv and keeps the GLUE dev set in test.tsv;
         # a standard GLUE copy has no test.tsv labels, so its dev.tsv is the dev set
         test = folder / "test.tsv"
-        has_labelled_test = test.is_file() and test.open(encoding="utf-8-sig").readline().split() == ["sentence", "label"]
+        has_labelled_test = test.is_file() and test.open(encoding="utf-8-sig").readline().split() == [
+            "sentence",
+            "label",
+        ]
         if split == "dev":
             paths = [folder / ("test.tsv" if has_labelled_test else "dev.tsv")]
         else:
@@ -243,8 +255,9 @@ def encode_split(split: GlueSplit, tokenizer, max_len: int) -> tuple[list[list[i
     """Format every example of ``split``; returns ``(ids per example, number of truncated examples)``."""
     out, n_trunc = [], 0
     for i in range(len(split)):
-        ids, cut = format_example(tokenizer, split.texts_a[i], None if split.texts_b is None else split.texts_b[i],
-                                  max_len)
+        ids, cut = format_example(
+            tokenizer, split.texts_a[i], None if split.texts_b is None else split.texts_b[i], max_len
+        )
         out.append(ids)
         n_trunc += cut
     return out, n_trunc

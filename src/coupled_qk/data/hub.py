@@ -59,8 +59,14 @@ def _join_rows(rows: list[str]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test_fraction: float = 0.01,
-                    cache_dir: str | None = None, min_split_words: int | None = None):
+def load_hub_corpus(
+    spec: str,
+    seed: int = 0,
+    valid_fraction: float = 0.01,
+    test_fraction: float = 0.01,
+    cache_dir: str | None = None,
+    min_split_words: int | None = None,
+):
     """Load ``hf:NAME[:CONFIG]`` with ``datasets`` as a :class:`coupled_qk.data.corpora.Corpus`.
 
     Args:
@@ -102,7 +108,8 @@ def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test
             f"corpus {spec!r}: datasets.load_dataset({name!r}, {config!r}) failed ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}); expected a dataset name (and config) on the Hugging "
             "Face hub, or one already in the datasets cache when offline; a local text file or folder needs no "
-            "hf: prefix") from exc
+            "hf: prefix"
+        ) from exc
     found = {ours: next((n for n in names if n in ds), None) for ours, names in _SPLIT_NAMES.items()}
     if found["train"] is None:
         raise ValueError(f"corpus {spec!r}: the dataset has no 'train' split (splits: {list(ds)})")
@@ -112,8 +119,9 @@ def load_hub_corpus(spec: str, seed: int = 0, valid_fraction: float = 0.01, test
               "datasets_version": datasets.__version__}  # fmt: skip
     if found["valid"] is None or found["test"] is None:
         words = MIN_SPLIT_WORDS if min_split_words is None else min_split_words
-        train, valid, test = random_split(split_documents(texts["train"]), seed, valid_fraction, test_fraction, spec,
-                                          words)
+        train, valid, test = random_split(
+            split_documents(texts["train"]), seed, valid_fraction, test_fraction, spec, words
+        )
         texts = {"train": join_documents(train), "valid": join_documents(valid), "test": join_documents(test)}
         source.update(split="document-level random", seed=seed, valid_fraction=valid_fraction,
                       test_fraction=test_fraction, min_split_words=words)  # fmt: skip
@@ -139,7 +147,9 @@ def demo_corpus(data_dir=None) -> tuple[str, str]:
 
     try:
         root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
-        local_error = None if (root / "wiki-vital" / "train.txt").is_file() else f"{root}/wiki-vital/train.txt is missing"
+        local_error = (
+            None if (root / "wiki-vital" / "train.txt").is_file() else f"{root}/wiki-vital/train.txt is missing"
+        )
     except FileNotFoundError as exc:
         root, local_error = None, str(exc)
     if local_error is None:
@@ -158,7 +168,7 @@ def demo_corpus(data_dir=None) -> tuple[str, str]:
             f"{DATA_ENV}=FOLDER; or download WikiText-2 (wiki.train.tokens, wiki.valid.tokens, wiki.test.tokens "
             "from https://huggingface.co/datasets/Salesforce/wikitext) into FOLDER and run "
             "'coupled-qk demo --corpus wikitext-2 --data-dir FOLDER'; or go online with "
-            "pip install \"coupled-qk[datasets]\"."
+            'pip install "coupled-qk[datasets]".'
         ) from exc
     return DEMO_HUB_CORPUS, (
         f"data: WikiText-2 (raw; train/validation/test) from the Hugging Face hub ({DEMO_HUB_CORPUS}), "

@@ -62,8 +62,7 @@ def is_int(x: object) -> bool:
 
 def check_types(**ints: object) -> None:
     """``ValueError`` listing every keyword argument that is not an integer (see :func:`is_int`)."""
-    bad = [f"{name}={value!r} (type {type(value).__name__})" for name, value in ints.items()
-           if not is_int(value)]
+    bad = [f"{name}={value!r} (type {type(value).__name__})" for name, value in ints.items() if not is_int(value)]
     if bad:
         raise ValueError("MQAR: expected integer arguments, got " + ", ".join(bad))
 
@@ -76,32 +75,43 @@ def validate_mqar_args(
     power_a: float,
 ) -> None:
     """Raise one ValueError listing every violated requirement (Zoology asserts the first three)."""
-    check_types(num_examples=num_examples, input_seq_len=input_seq_len, vocab_size=vocab_size,
-                 num_kv_pairs=num_kv_pairs)
+    check_types(
+        num_examples=num_examples, input_seq_len=input_seq_len, vocab_size=vocab_size, num_kv_pairs=num_kv_pairs
+    )
     problems = []
     if num_examples < 1:
         problems.append(f"num_examples={num_examples} must be >= 1")
     if num_kv_pairs < 1:
         problems.append(f"num_kv_pairs={num_kv_pairs} must be >= 1")
     if input_seq_len < 1 or input_seq_len % 2 != 0:
-        problems.append(f"input_seq_len={input_seq_len} must be a positive even number "
-                        "(queries occupy 2-token slots; Zoology asserts input_seq_len % 2 == 0)")
+        problems.append(
+            f"input_seq_len={input_seq_len} must be a positive even number "
+            "(queries occupy 2-token slots; Zoology asserts input_seq_len % 2 == 0)"
+        )
     if vocab_size <= input_seq_len:
-        problems.append(f"vocab_size={vocab_size} must be > input_seq_len={input_seq_len} "
-                        "(Zoology asserts vocab_size > input_seq_len)")
+        problems.append(
+            f"vocab_size={vocab_size} must be > input_seq_len={input_seq_len} "
+            "(Zoology asserts vocab_size > input_seq_len)"
+        )
     if num_kv_pairs >= 1 and 4 * num_kv_pairs > input_seq_len:
-        problems.append(f"num_kv_pairs={num_kv_pairs} requires 4 * num_kv_pairs <= input_seq_len, "
-                        f"got 4 * {num_kv_pairs} = {4 * num_kv_pairs} > {input_seq_len} "
-                        "(Zoology asserts num_kv_pairs * 4 <= input_seq_len)")
+        problems.append(
+            f"num_kv_pairs={num_kv_pairs} requires 4 * num_kv_pairs <= input_seq_len, "
+            f"got 4 * {num_kv_pairs} = {4 * num_kv_pairs} > {input_seq_len} "
+            "(Zoology asserts num_kv_pairs * 4 <= input_seq_len)"
+        )
     n_keys = vocab_size // 2 - 1
     if num_kv_pairs >= 1 and num_kv_pairs > n_keys:
-        problems.append(f"num_kv_pairs={num_kv_pairs} exceeds the {max(n_keys, 0)} distinct keys "
-                        f"available in [1, vocab_size // 2) for vocab_size={vocab_size}")
+        problems.append(
+            f"num_kv_pairs={num_kv_pairs} exceeds the {max(n_keys, 0)} distinct keys "
+            f"available in [1, vocab_size // 2) for vocab_size={vocab_size}"
+        )
     if isinstance(power_a, bool) or not isinstance(power_a, (int, float, np.floating, np.integer)):
         problems.append(f"power_a={power_a!r} must be a real number > 0")
     elif not (math.isfinite(float(power_a)) and float(power_a) > 0):
-        problems.append(f"power_a={power_a} must be finite and > 0 "
-                        "(slot weights are power_a * i ** (power_a - 1); 1.0 gives uniform slots)")
+        problems.append(
+            f"power_a={power_a} must be finite and > 0 "
+            "(slot weights are power_a * i ** (power_a - 1); 1.0 gives uniform slots)"
+        )
     if problems:
         raise ValueError("invalid MQAR setting: " + "; ".join(problems))
 

@@ -55,8 +55,7 @@ class MQARSliceSpec:
     random_non_queries: bool = False
 
     def __post_init__(self) -> None:
-        check_types(seq_len=self.seq_len, num_kv_pairs=self.num_kv_pairs,
-                     num_examples=self.num_examples)
+        check_types(seq_len=self.seq_len, num_kv_pairs=self.num_kv_pairs, num_examples=self.num_examples)
         if self.seed is not None and (not is_int(self.seed) or not 0 <= int(self.seed) < MAX_SEED):
             raise ValueError(f"MQARSliceSpec: seed={self.seed!r} must be None or an int in [0, 2**32)")
         if not isinstance(self.random_non_queries, bool):
@@ -129,20 +128,37 @@ def _build_slice(spec: MQARSliceSpec, vocab_size: int, cache_dir: Path | None) -
             blob = torch.load(path, map_location="cpu", weights_only=True)
             inputs, labels = blob["inputs"], blob["labels"]
             expected = (spec.num_examples, spec.seq_len)
-            if (blob.get("spec") != spec.to_dict() or blob.get("vocab_size") != vocab_size
-                    or tuple(inputs.shape) != expected or tuple(labels.shape) != expected
-                    or inputs.dtype != torch.int64 or labels.dtype != torch.int64):
+            if (
+                blob.get("spec") != spec.to_dict()
+                or blob.get("vocab_size") != vocab_size
+                or tuple(inputs.shape) != expected
+                or tuple(labels.shape) != expected
+                or inputs.dtype != torch.int64
+                or labels.dtype != torch.int64
+            ):
                 raise ValueError("cached content does not match the requested spec")
             return MQARSlice(spec, vocab_size, inputs, labels, from_cache=True)
         except Exception as exc:  # corrupt / stale file: regenerate and overwrite
-            warnings.warn(f"MQAR cache file {path} unreadable or stale ({exc}); regenerating it",
-                          RuntimeWarning, stacklevel=3)
-    inputs, labels = mqar_batch(spec.num_examples, spec.seq_len, vocab_size, spec.num_kv_pairs,
-                                power_a=spec.power_a, random_non_queries=spec.random_non_queries,
-                                seed=int(spec.seed))
+            warnings.warn(
+                f"MQAR cache file {path} unreadable or stale ({exc}); regenerating it", RuntimeWarning, stacklevel=3
+            )
+    inputs, labels = mqar_batch(
+        spec.num_examples,
+        spec.seq_len,
+        vocab_size,
+        spec.num_kv_pairs,
+        power_a=spec.power_a,
+        random_non_queries=spec.random_non_queries,
+        seed=int(spec.seed),
+    )
     if path is not None:
-        payload = {"inputs": inputs, "labels": labels, "spec": spec.to_dict(),
-                   "vocab_size": int(vocab_size), "generator": GENERATOR_VERSION}
+        payload = {
+            "inputs": inputs,
+            "labels": labels,
+            "spec": spec.to_dict(),
+            "vocab_size": int(vocab_size),
+            "generator": GENERATOR_VERSION,
+        }
         atomic_write(path, lambda f: torch.save(payload, f))
     return MQARSlice(spec, vocab_size, inputs, labels, from_cache=False)
 
@@ -223,9 +239,12 @@ def make_mqar_dataset(
     train_specs, test_specs = _resolved_specs(train_specs, test_specs, vocab_size, seed)
     shared = sorted({s.seed for s in train_specs} & {s.seed for s in test_specs})
     if shared:
-        warnings.warn(f"MQAR: train and test slices share seed(s) {shared}; slices with the same "
-                      "seed and (L, K) settings are identical, so the test set may leak into train",
-                      UserWarning, stacklevel=2)
+        warnings.warn(
+            f"MQAR: train and test slices share seed(s) {shared}; slices with the same "
+            "seed and (L, K) settings are identical, so the test set may leak into train",
+            UserWarning,
+            stacklevel=2,
+        )
 
     cache_path = None
     if cache_dir is not None:
@@ -253,10 +272,12 @@ def _resolved_specs(train_specs, test_specs, vocab_size, seed) -> tuple[list[MQA
     master = np.random.default_rng(int(seed))
     train_seeds = master.integers(0, MAX_SEED // 2, size=len(train_specs))
     test_seeds = master.integers(MAX_SEED // 2, MAX_SEED, size=len(test_specs))
-    train_specs = [s if s.seed is not None else dataclasses.replace(s, seed=int(d))
-                   for s, d in zip(train_specs, train_seeds)]
-    test_specs = [s if s.seed is not None else dataclasses.replace(s, seed=int(d))
-                  for s, d in zip(test_specs, test_seeds)]
+    train_specs = [
+        s if s.seed is not None else dataclasses.replace(s, seed=int(d)) for s, d in zip(train_specs, train_seeds)
+    ]
+    test_specs = [
+        s if s.seed is not None else dataclasses.replace(s, seed=int(d)) for s, d in zip(test_specs, test_seeds)
+    ]
     for role, specs in (("train", train_specs), ("test", test_specs)):
         for i, s in enumerate(specs):
             try:
@@ -272,8 +293,10 @@ def _warn_leaks(train: list[MQARSlice], test: list[MQARSlice]) -> None:
     for t in test:
         n_leaked = _count_leaked(train, t)
         if n_leaked:
-            report.append(f"{t.name} (seed {t.spec.seed}): {n_leaked}/{len(t)} "
-                          f"({n_leaked / len(t):.2%})")
+            report.append(f"{t.name} (seed {t.spec.seed}): {n_leaked}/{len(t)} ({n_leaked / len(t):.2%})")
     if report:
-        warnings.warn("MQAR data leakage: test sequences whose exact inputs also appear in the "
-                      "train data: " + "; ".join(report), UserWarning, stacklevel=3)
+        warnings.warn(
+            "MQAR data leakage: test sequences whose exact inputs also appear in the train data: " + "; ".join(report),
+            UserWarning,
+            stacklevel=3,
+        )

@@ -46,8 +46,10 @@ def default_data_dir() -> Path:
     if env:
         path = Path(env).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(f"{DATA_ENV}={env!r} is not an existing directory; point it at the folder "
-                                    "holding the data (e.g. .../shared/data) or unset it")
+            raise FileNotFoundError(
+                f"{DATA_ENV}={env!r} is not an existing directory; point it at the folder "
+                "holding the data (e.g. .../shared/data) or unset it"
+            )
         return path.resolve()
     tried = data_dir_candidates()
     for path in tried:

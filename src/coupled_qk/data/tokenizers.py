@@ -93,9 +93,13 @@ class Tokenizer:
         added = cfg.get("added_tokens") or []
         self.added_tokens = [t["content"] for t in added]
         pre = cfg.get("pre_tokenizer") or {}
-        self.chunk_safe = (cfg.get("normalizer") is None and pre.get("type") == "ByteLevel"
-                           and pre.get("use_regex", True) and not pre.get("add_prefix_space", False)
-                           and not any(t.get(k) for t in added for k in ("lstrip", "rstrip", "single_word")))
+        self.chunk_safe = (
+            cfg.get("normalizer") is None
+            and pre.get("type") == "ByteLevel"
+            and pre.get("use_regex", True)
+            and not pre.get("add_prefix_space", False)
+            and not any(t.get(k) for t in added for k in ("lstrip", "rstrip", "single_word"))
+        )
         self.vocab_size = max(hf_tokenizer.get_vocab(with_added_tokens=True).values()) + 1
         self.eot_id = hf_tokenizer.token_to_id(EOT)
 
@@ -138,7 +142,9 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "tokenizer.json"
-        write_text_atomic(path, self._tok.to_str(pretty=True))  # as Tokenizer.save writes it, but atomic: a crash never leaves half a tokenizer
+        write_text_atomic(
+            path, self._tok.to_str(pretty=True)
+        )  # as Tokenizer.save writes it, but atomic: a crash never leaves half a tokenizer
         meta = {"name": self.name, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}
         write_text_atomic(directory / META_FILE, json.dumps(meta, indent=1) + "\n")
         return path
@@ -160,8 +166,10 @@ class Tokenizer:
         path = Path(directory)
         path = path / "tokenizer.json" if path.is_dir() else path
         if not path.is_file():
-            raise FileNotFoundError(f"tokenizer file {path} does not exist (expected a folder written by "
-                                    "Tokenizer.save or a tokenizer.json file)")
+            raise FileNotFoundError(
+                f"tokenizer file {path} does not exist (expected a folder written by "
+                "Tokenizer.save or a tokenizer.json file)"
+            )
         try:
             hf = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust library raises a bare Exception on bad JSON
@@ -173,7 +181,8 @@ class Tokenizer:
             raise ValueError(
                 f"tokenizer folder {path.parent}: {path.name} is not the tokenizer recorded in {META_FILE} (its "
                 f"fingerprint {found[:12]} differs from the recorded {str(recorded)[:12]}): it was "
-                f"replaced or edited after it was saved; restore the saved {path.name}")
+                f"replaced or edited after it was saved; restore the saved {path.name}"
+            )
         return cls(hf, meta.get("name") or f"file:{path}")
 
     def __repr__(self) -> str:
@@ -210,8 +219,10 @@ def _read_meta(path: Path) -> dict:
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); it should hold the tokenizer's name and fingerprint, "
-                         "as Tokenizer.save writes it") from e
+        raise ValueError(
+            f"{path} is not valid JSON ({e}); it should hold the tokenizer's name and fingerprint, "
+            "as Tokenizer.save writes it"
+        ) from e
     if not isinstance(meta, dict):
         raise ValueError(f"{path} is not a JSON object; it should hold the tokenizer's name and fingerprint")
     for key in ("name", "fingerprint"):
@@ -235,16 +246,19 @@ def gpt2_tokenizer(data_dir: str | Path | None = None) -> Tokenizer:
     vocab, merges = folder / "vocab.json", folder / "merges.txt"
     for f in (vocab, merges):
         if not f.is_file():
-            raise FileNotFoundError(f"tokenizer 'gpt2': expected file {f} does not exist (data dir searched: "
-                                    f"{root}); pass --data-dir (data_dir=) or set {DATA_ENV}")
+            raise FileNotFoundError(
+                f"tokenizer 'gpt2': expected file {f} does not exist (data dir searched: "
+                f"{root}); pass --data-dir (data_dir=) or set {DATA_ENV}"
+            )
     hf = HFTokenizer(models.BPE.from_file(str(vocab), str(merges)))
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens([EOT])
     tok = Tokenizer(hf, "gpt2")
     if tok.vocab_size != 50257 or tok.eot_id != 50256 or tok.encode("Hello world") != [15496, 995]:
-        raise ValueError(f"{vocab} / {merges} are not the GPT-2 BPE files (vocab_size={tok.vocab_size}, "
-                         f"eot_id={tok.eot_id})")
+        raise ValueError(
+            f"{vocab} / {merges} are not the GPT-2 BPE files (vocab_size={tok.vocab_size}, eot_id={tok.eot_id})"
+        )
     return tok
 
 
@@ -252,8 +266,9 @@ def _check_vocab_size(vocab_size: int) -> int:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__} ({vocab_size!r})")
     if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
-        raise ValueError(f"vocab_size={vocab_size} must be in [{MIN_VOCAB}, {MAX_VOCAB}] "
-                         "(256 byte tokens + <|endoftext|> at least)")
+        raise ValueError(
+            f"vocab_size={vocab_size} must be in [{MIN_VOCAB}, {MAX_VOCAB}] (256 byte tokens + <|endoftext|> at least)"
+        )
     return vocab_size
 
 
@@ -288,17 +303,24 @@ def train_bpe(texts: Iterable[str] | str, vocab_size: int, min_frequency: int = 
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=progress_mode() != "off" and sys.stderr.isatty())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=progress_mode() != "off" and sys.stderr.isatty(),
+    )
     hf.train_from_iterator(pieces(), trainer=trainer)
     if seen[0] == 0:
         raise ValueError("texts is empty: train_bpe needs training text")
     tok = Tokenizer(hf, f"bpe-{vocab_size}")
     if tok.vocab_size < vocab_size:
-        warnings.warn(f"bpe-{vocab_size}: the training text ({seen[0]:,} characters) supports only "
-                      f"{tok.vocab_size:,} tokens (merges seen at least {min_frequency} times); the tokenizer is "
-                      f"labelled bpe-{tok.vocab_size}. Use more text or a smaller vocabulary.", stacklevel=2)
+        warnings.warn(
+            f"bpe-{vocab_size}: the training text ({seen[0]:,} characters) supports only "
+            f"{tok.vocab_size:,} tokens (merges seen at least {min_frequency} times); the tokenizer is "
+            f"labelled bpe-{tok.vocab_size}. Use more text or a smaller vocabulary.",
+            stacklevel=2,
+        )
         tok.name = f"bpe-{tok.vocab_size}"
     return tok
 
@@ -320,15 +342,19 @@ def check_tokenizer_spec(option: str, spec) -> str:
     if not isinstance(spec, (str, Path)):
         raise TypeError(f"{option} must be a str, got {type(spec).__name__}")
     spec = str(spec)
-    expected = ("expected 'gpt2', 'bpe-<N>' (a byte-level BPE of N tokens trained on the training split, e.g. "
-                "'bpe-8192') or an existing tokenizer folder / tokenizer.json")
+    expected = (
+        "expected 'gpt2', 'bpe-<N>' (a byte-level BPE of N tokens trained on the training split, e.g. "
+        "'bpe-8192') or an existing tokenizer folder / tokenizer.json"
+    )
     if spec == "gpt2":
         return spec
     m = re.fullmatch(r"bpe-(\d+)", spec)
     if m is not None or (spec.startswith("bpe-") and not Path(spec).expanduser().exists()):
         if m is None or not MIN_VOCAB <= int(m.group(1)) <= MAX_VOCAB:
-            raise ValueError(f"{option}={spec!r}: a trained BPE is 'bpe-<N>' with N an integer in [{MIN_VOCAB}, "
-                             f"{MAX_VOCAB}] (256 byte tokens + <|endoftext|> at least), e.g. 'bpe-8192'")
+            raise ValueError(
+                f"{option}={spec!r}: a trained BPE is 'bpe-<N>' with N an integer in [{MIN_VOCAB}, "
+                f"{MAX_VOCAB}] (256 byte tokens + <|endoftext|> at least), e.g. 'bpe-8192'"
+            )
         return spec
     path = Path(spec).expanduser()
     if not path.exists():
@@ -337,16 +363,21 @@ def check_tokenizer_spec(option: str, spec) -> str:
         pair = [n for n in ("vocab.json", "merges.txt") if (path / n).is_file()]
         if len(pair) == 1:
             missing = ({"vocab.json", "merges.txt"} - set(pair)).pop()
-            raise ValueError(f"{option}={spec!r}: the folder holds {pair[0]} but not {missing}; a byte-level BPE "
-                             "needs both (the GPT-2 vocab.json and merges.txt)")
+            raise ValueError(
+                f"{option}={spec!r}: the folder holds {pair[0]} but not {missing}; a byte-level BPE "
+                "needs both (the GPT-2 vocab.json and merges.txt)"
+            )
         if not pair:
-            raise ValueError(f"{option}={spec!r}: the folder holds no tokenizer.json (what Tokenizer.save writes) "
-                             "and no vocab.json + merges.txt; " + expected)
+            raise ValueError(
+                f"{option}={spec!r}: the folder holds no tokenizer.json (what Tokenizer.save writes) "
+                "and no vocab.json + merges.txt; " + expected
+            )
     return spec
 
 
-def get_tokenizer(spec: str, train_text: Iterable[str] | str | None = None,
-                  data_dir: str | Path | None = None) -> Tokenizer:
+def get_tokenizer(
+    spec: str, train_text: Iterable[str] | str | None = None, data_dir: str | Path | None = None
+) -> Tokenizer:
     """Build a tokenizer from a spec string.
 
     Args:
@@ -366,7 +397,7 @@ def get_tokenizer(spec: str, train_text: Iterable[str] | str | None = None,
     if re.fullmatch(r"bpe-\d+", spec):  # always a BPE to train, even where a folder of that name exists
         if train_text is None:
             raise ValueError(f"tokenizer spec {spec!r} trains a BPE and needs train_text")
-        return train_bpe(train_text, int(spec[len("bpe-"):]))
+        return train_bpe(train_text, int(spec[len("bpe-") :]))
     if path.is_dir() and not (path / "tokenizer.json").is_file():
         return gpt2_tokenizer(path)
     return Tokenizer.load(path)

@@ -24,8 +24,14 @@ from coupled_qk.training.rundir import RunDir
 
 __all__ = ["analyze_comparison", "comparison_table", "plan_comparison", "plot_loss_curves", "run_comparison"]
 
-METRICS = ("valid/perplexity", "test/perplexity", "valid/word_perplexity", "test/word_perplexity",
-           "valid/bits_per_byte", "test/bits_per_byte")
+METRICS = (
+    "valid/perplexity",
+    "test/perplexity",
+    "valid/word_perplexity",
+    "test/word_perplexity",
+    "valid/bits_per_byte",
+    "test/bits_per_byte",
+)
 
 
 def _summary(values: list[float]) -> dict:
@@ -70,10 +76,18 @@ def analyze_comparison(records: list[RunRecord], base: TrainConfig, seeds: list[
         variant = record.keys["variant"]
         entry = summary["variants"].setdefault(variant, {"overrides": variant_overrides(variant), "runs": []})
         r = record.results
-        entry["runs"].append({"seed": record.keys["seed"], "run_dir": str(record.run.run_dir.path),
-                              "final": r["final"], "params": r["params"], "tokens": r["tokens"],
-                              "steps": r.get("steps"), "stop_reason": r.get("stop_reason"),
-                              "train_seconds": r["train_seconds"]})
+        entry["runs"].append(
+            {
+                "seed": record.keys["seed"],
+                "run_dir": str(record.run.run_dir.path),
+                "final": r["final"],
+                "params": r["params"],
+                "tokens": r["tokens"],
+                "steps": r.get("steps"),
+                "stop_reason": r.get("stop_reason"),
+                "train_seconds": r["train_seconds"],
+            }
+        )
     for entry in summary["variants"].values():
         runs = entry["runs"]
         for key in METRICS:
@@ -103,12 +117,24 @@ def comparison_dir(out_dir: str | Path, variants: list[str], overwrite: bool = F
     known = variant_names()
     names = {*known, *parse_variants(variants)}
     specs = [f"{n}/" for n in sorted(names)] + [f"{n}+*/" for n in sorted(known)]  # coupled+n_steps=3/
-    return OutputDir(out_dir, "--out-dir", overwrite=overwrite, what="a comparison", rewrite=REPORT_FILES,
-                     layout=(*REPORT_FILES, *specs))
+    return OutputDir(
+        out_dir,
+        "--out-dir",
+        overwrite=overwrite,
+        what="a comparison",
+        rewrite=REPORT_FILES,
+        layout=(*REPORT_FILES, *specs),
+    )
 
 
-def run_comparison(base: TrainConfig, variants: list[str], seeds: list[int], out_dir: str | Path,
-                   train_fn: Callable | None = None, log: Callable[[str], None] | None = None) -> dict:
+def run_comparison(
+    base: TrainConfig,
+    variants: list[str],
+    seeds: list[int],
+    out_dir: str | Path,
+    train_fn: Callable | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """Train every ``variant x seed`` from ``base`` (same data order per seed, same budget) and summarise.
 
     Each run goes to ``out_dir/<variant>/seed<k>``; a finished run (``results.json`` present) with the same
@@ -124,8 +150,9 @@ def run_comparison(base: TrainConfig, variants: list[str], seeds: list[int], out
     """
     log = log or (lambda line: print(line, flush=True))
     plan = plan_comparison(base, variants, seeds, out_dir)
-    _, report = run_experiment(plan, lambda records, _: analyze_comparison(records, base, seeds), out_dir,
-                               train_fn=train_fn, log=log)
+    _, report = run_experiment(
+        plan, lambda records, _: analyze_comparison(records, base, seeds), out_dir, train_fn=train_fn, log=log
+    )
     return report.json["results.json"]
 
 
@@ -146,8 +173,10 @@ def _budget_notes(variants: dict, ref: dict | None) -> tuple[set[str], list[str]
     withheld: set[str] = set()
     notes = []
     if any(_unfinished(e) for e in variants.values()):
-        notes.append("\n(unfinished): a run stopped early (--max-minutes or --stop-after-steps) before its budget; "
-                     "compare again without that limit to continue it.")
+        notes.append(
+            "\n(unfinished): a run stopped early (--max-minutes or --stop-after-steps) before its budget; "
+            "compare again without that limit to continue it."
+        )
     counts = sorted({t for e in variants.values() for t in _tokens(e)})
     if len(counts) > 1:
         differ = [n for n, e in variants.items() if ref is not None and len({*_tokens(e), *_tokens(ref)}) > 1]
@@ -156,8 +185,10 @@ def _budget_notes(variants: dict, ref: dict | None) -> tuple[set[str], list[str]
         if withheld:
             line += f"; the change against standard is withheld for {', '.join(sorted(withheld))} (unfinished runs)"
         if set(differ) - withheld:
-            line += (f"; for {', '.join(sorted(set(differ) - withheld))} it compares different budgets (the runs' own "
-                     "early stopping)")
+            line += (
+                f"; for {', '.join(sorted(set(differ) - withheld))} it compares different budgets (the runs' own "
+                "early stopping)"
+            )
         notes.append(line + ".")
     return withheld, notes
 
@@ -177,8 +208,7 @@ def comparison_table(summary: dict) -> str:
         s = entry.get(key)
         if not s:
             return "-"
-        return (f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}" if len(s["values"]) > 1
-                else f"{s['mean']:.{digits}f}")
+        return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}" if len(s["values"]) > 1 else f"{s['mean']:.{digits}f}"
 
     lines = [
         "| variant | valid ppl | test ppl | test word ppl | test bits/byte | test vs standard | params | tokens | "
@@ -196,11 +226,19 @@ def comparison_table(summary: dict) -> str:
             f"{delta} | {e['params']:,} | {tokens} | {e['minutes']:.1f} |"
         )
     lines.extend(notes)
-    windows = sorted({r["final"]["test/subsample_windows"] for e in variants.values() for r in e["runs"]
-                      if "test/subsample_windows" in (r.get("final") or {})})
+    windows = sorted(
+        {
+            r["final"]["test/subsample_windows"]
+            for e in variants.values()
+            for r in e["runs"]
+            if "test/subsample_windows" in (r.get("final") or {})
+        }
+    )
     if windows:
-        lines.append(f"\nSmoke run: valid and test scored on their first {', '.join(map(str, windows))} windows "
-                     "only (a subsample, not the whole splits); not comparable with full evaluations.")
+        lines.append(
+            f"\nSmoke run: valid and test scored on their first {', '.join(map(str, windows))} windows "
+            "only (a subsample, not the whole splits); not comparable with full evaluations."
+        )
     return "\n".join(lines)
 
 
@@ -238,8 +276,15 @@ def plot_loss_curves(summary: dict, path: str | Path) -> None:
                 axes[1].plot(xs, ys, alpha=0.8, label=label, ms=4, **style)
             final = (run.get("final") or {}).get("valid/loss")
             if final is not None and run.get("tokens"):
-                axes[1].plot([run["tokens"]], [final], marker="*", ms=11, color=style["color"], linestyle="none",
-                             label=f"{name}: full valid split" if j == 0 else None)
+                axes[1].plot(
+                    [run["tokens"]],
+                    [final],
+                    marker="*",
+                    ms=11,
+                    color=style["color"],
+                    linestyle="none",
+                    label=f"{name}: full valid split" if j == 0 else None,
+                )
     subset = ""
     if base.get("eval_batches") and base.get("batch_size"):
         subset = f" (first {base['eval_batches'] * base['batch_size']} windows; stars: whole split)"

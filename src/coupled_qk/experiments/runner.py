@@ -93,7 +93,8 @@ class RunRecord:
         run: the planned run.
         status: ``ran`` (trained in this invocation, possibly resuming, to its end or to a stopping point of its
             config: see :func:`stopped_early`), ``reused`` (finished earlier, or stopped early at the point
-            where this plan would stop it again), ``interrupted`` (stopped by the runner's time guard; resumable) or ``skipped``
+            where this plan would stop it again), ``interrupted`` (stopped by the runner's time guard; resumable) or
+            ``skipped``
             (not started: no time left).
         results: the run's results (``train()``'s return value, as in ``results.json``); ``{}`` when skipped.
         config: the configuration actually trained (the plan's, with ``resume`` and the time guard applied).
@@ -152,8 +153,11 @@ def setting_differences(saved: dict, planned: TrainConfig) -> dict:
     now = planned.to_dict()
     if isinstance(saved.get("model"), dict):
         saved = {**saved, "model": rename_fields(saved["model"], "saved TrainConfig.model")}
-    diff = {k: (saved_value(saved, k), v) for k, v in now.items()  # a field the run predates: its default
-            if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS and k != "task_options" and saved_value(saved, k) != v}
+    diff = {
+        k: (saved_value(saved, k), v)
+        for k, v in now.items()  # a field the run predates: its default
+        if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS and k != "task_options" and saved_value(saved, k) != v
+    }
 
     def options(d) -> dict:
         return {k: v for k, v in (d or {}).items() if k not in RESULT_NEUTRAL_TASK_OPTIONS}
@@ -188,7 +192,8 @@ def check_same_precision(results: dict, planned: TrainConfig, where: str | Path)
     precision than ``planned`` would on this machine (``dtype``, ``device`` and ``compile`` are result-neutral
     as settings, but ``--dtype auto`` resolves by device and, on a CPU with native bf16, by ``--compile``): a
     study would mix fp32 and bf16 cells without a word. Refused rather than retrained: the folder's checkpoints
-    and results are the user's, and the run's own ``--compile``/``--device`` reuse them. A run whose precision is unknown
+    and results are the user's, and the run's own ``--compile``/``--device`` reuse them. A run whose precision is
+    unknown
     (:func:`recorded_precision`) is not compared.
 
     Raises:
@@ -204,7 +209,8 @@ def check_same_precision(results: dict, planned: TrainConfig, where: str | Path)
             f"{where} holds a finished run trained in {saved} (its results.json), but this plan trains in {now} "
             f"(dtype {planned.dtype!r}, compile={planned.compile}, device {planned.device!r}; the run had compile="
             f"{then.get('compile')}, device {results.get('device', then.get('device'))!r}): the results would mix "
-            f"precisions; rerun with the run's --compile/--device, or choose another --out-dir")
+            f"precisions; rerun with the run's --compile/--device, or choose another --out-dir"
+        )
 
 
 def execute(
@@ -264,7 +270,8 @@ def execute(
 
 def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     """The record of the run in ``rundir`` to reuse, or ``None`` when it is to be trained: no results yet, or
-    stopped early at a point that ``run`` goes past (:func:`continues_stopped_run`; its ``results.json`` is then renamed,
+    stopped early at a point that ``run`` goes past (:func:`continues_stopped_run`; its ``results.json`` is then
+    renamed,
     so the run counts as unfinished until it stops again).
 
     Raises:
@@ -278,8 +285,10 @@ def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     check_same_precision(results, run.config, rundir.path)
     if continues_stopped_run(results, run.config, rundir):
         if log is not None:
-            log(f"== {run.label}: continuing the run in {rundir.path}, stopped at step {results.get('steps')} by "
-                f"{results['stop_reason']}")
+            log(
+                f"== {run.label}: continuing the run in {rundir.path}, stopped at step {results.get('steps')} by "
+                f"{results['stop_reason']}"
+            )
         rundir.mark_interrupted()
         return None
     if log is not None:
@@ -328,8 +337,9 @@ def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: flo
     return RunRecord(run, status, results, cfg, seconds)
 
 
-def write_report(out_dir: str | Path | OutputDir, report: Report,
-                 log: Callable[[str], None] | None = None) -> list[Path]:
+def write_report(
+    out_dir: str | Path | OutputDir, report: Report, log: Callable[[str], None] | None = None
+) -> list[Path]:
     """Write a :class:`Report` into ``out_dir`` (created): JSON and text atomically, then the figures (each drawn
     into a temporary file and renamed, so a failed drawing leaves the previous figure).
 

@@ -2,7 +2,8 @@
 
 Every interval is two-sided at level ``conf`` (default 0.95) and comes from a scipy distribution:
 Student t for means and paired differences, Fisher's F for a ratio of two independent sample variances and
-Pitman-Morgan's t for paired ones (normal samples), scipy's Pearson interval (Fisher z) for correlations, ``scipy.stats.bootstrap`` (BCa) where asked.
+Pitman-Morgan's t for paired ones (normal samples), scipy's Pearson interval (Fisher z) for correlations,
+``scipy.stats.bootstrap`` (BCa) where asked.
 Holm's step-down procedure adjusts a family of p-values (Holm 1979). ``docs/METHOD.md`` section 3.
 """
 
@@ -45,8 +46,7 @@ def mean_ci(values: Sequence[float], conf: float = 0.95) -> dict:
     conf = _conf(conf)
     n, mean = x.size, float(x.mean())
     if n == 1:
-        return {"n": 1, "mean": mean, "sd": math.nan, "se": math.nan, "low": math.nan, "high": math.nan,
-                "p": math.nan}
+        return {"n": 1, "mean": mean, "sd": math.nan, "se": math.nan, "low": math.nan, "high": math.nan, "p": math.nan}
     sd = float(x.std(ddof=1))
     se = sd / math.sqrt(n)
     half = float(st.t.ppf((1 + conf) / 2, n - 1)) * se
@@ -90,8 +90,14 @@ def bootstrap_mean_ci(values: Sequence[float], conf: float = 0.95, n_resamples: 
     x = _array("values", values, min_n=3)
     if np.all(x == x[0]):
         raise ValueError("bootstrap needs at least two distinct values")
-    res = st.bootstrap((x,), np.mean, confidence_level=_conf(conf), n_resamples=n_resamples, method="BCa",
-                       random_state=np.random.default_rng(seed))
+    res = st.bootstrap(
+        (x,),
+        np.mean,
+        confidence_level=_conf(conf),
+        n_resamples=n_resamples,
+        method="BCa",
+        random_state=np.random.default_rng(seed),
+    )
     ci = res.confidence_interval
     return {"n": int(x.size), "mean": float(x.mean()), "low": float(ci.low), "high": float(ci.high)}
 
@@ -119,8 +125,16 @@ def variance_ratio(a: Sequence[float], b: Sequence[float], conf: float = 0.95) -
     ratio = va / vb if vb > 0 else math.inf
     hi_q, lo_q = st.f.ppf((1 + conf) / 2, da, db), st.f.ppf((1 - conf) / 2, da, db)
     cdf = st.f.cdf(ratio, da, db) if math.isfinite(ratio) else 1.0
-    return {"ratio": ratio, "low": float(ratio / hi_q), "high": float(ratio / lo_q), "p": float(min(1.0, 2 * min(cdf, 1 - cdf))),
-            "n_a": int(x.size), "n_b": int(y.size), "var_a": va, "var_b": vb}
+    return {
+        "ratio": ratio,
+        "low": float(ratio / hi_q),
+        "high": float(ratio / lo_q),
+        "p": float(min(1.0, 2 * min(cdf, 1 - cdf))),
+        "n_a": int(x.size),
+        "n_b": int(y.size),
+        "var_a": va,
+        "var_b": vb,
+    }
 
 
 def paired_variance_ratio(a: Sequence[float], b: Sequence[float], conf: float = 0.95) -> dict:
@@ -154,8 +168,16 @@ def paired_variance_ratio(a: Sequence[float], b: Sequence[float], conf: float = 
     k = 1 + 2 * (1 - r * r) * tq * tq / (n - 2)
     root = math.sqrt(max(k * k - 1, 0.0))
     t = (ratio - 1) * math.sqrt(n - 2) / (2 * math.sqrt(ratio * max(1 - r * r, 1e-300)))
-    return {"ratio": ratio, "low": ratio * (k - root), "high": ratio * (k + root), "p": float(2 * st.t.sf(abs(t), n - 2)),
-            "n": int(n), "r": r, "var_a": va, "var_b": vb}
+    return {
+        "ratio": ratio,
+        "low": ratio * (k - root),
+        "high": ratio * (k + root),
+        "p": float(2 * st.t.sf(abs(t), n - 2)),
+        "n": int(n),
+        "r": r,
+        "var_a": va,
+        "var_b": vb,
+    }
 
 
 def correlation(x: Sequence[float], y: Sequence[float], conf: float = 0.95) -> dict:
@@ -172,8 +194,15 @@ def correlation(x: Sequence[float], y: Sequence[float], conf: float = 0.95) -> d
     res = st.pearsonr(a, b)
     ci = res.confidence_interval(confidence_level=_conf(conf))
     rho = st.spearmanr(a, b)
-    return {"n": int(a.size), "pearson_r": float(res.statistic), "low": float(ci.low), "high": float(ci.high),
-            "p": float(res.pvalue), "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue)}
+    return {
+        "n": int(a.size),
+        "pearson_r": float(res.statistic),
+        "low": float(ci.low),
+        "high": float(ci.high),
+        "p": float(res.pvalue),
+        "spearman_rho": float(rho.statistic),
+        "spearman_p": float(rho.pvalue),
+    }
 
 
 def within_group_correlation(x: Sequence[float], y: Sequence[float], groups: Sequence, conf: float = 0.95) -> dict:
@@ -199,16 +228,18 @@ def within_group_correlation(x: Sequence[float], y: Sequence[float], groups: Seq
     a, b = _array("x", x), _array("y", y)
     keys = list(groups)
     if not a.size == b.size == len(keys):
-        raise ValueError(f"within_group_correlation needs equal lengths; got x: {a.size}, y: {b.size}, "
-                         f"groups: {len(keys)}")
+        raise ValueError(
+            f"within_group_correlation needs equal lengths; got x: {a.size}, y: {b.size}, groups: {len(keys)}"
+        )
     members: dict = {}
     for i, key in enumerate(keys):
         members.setdefault(key, []).append(i)
     kept = [idx for idx in members.values() if len(idx) > 1]
     n, g = sum(len(idx) for idx in kept), len(kept)
     if n - g < 3:
-        raise ValueError(f"within_group_correlation needs n - groups >= 3 (groups of one dropped); got n={n}, "
-                         f"groups={g}")
+        raise ValueError(
+            f"within_group_correlation needs n - groups >= 3 (groups of one dropped); got n={n}, groups={g}"
+        )
     ra = np.concatenate([a[idx] - a[idx].mean() for idx in kept])
     rb = np.concatenate([b[idx] - b[idx].mean() for idx in kept])
     r = float(np.dot(ra, rb) / math.sqrt(np.dot(ra, ra) * np.dot(rb, rb)))
@@ -216,8 +247,14 @@ def within_group_correlation(x: Sequence[float], y: Sequence[float], groups: Seq
     t = r * math.sqrt(df / max(1.0 - r * r, 1e-300))
     z = math.atanh(min(max(r, -1 + 1e-15), 1 - 1e-15))
     half = st.norm.ppf(0.5 + _conf(conf) / 2) / math.sqrt(n - g - 2)
-    return {"n": n, "groups": g, "pearson_r": r, "low": math.tanh(z - half), "high": math.tanh(z + half),
-            "p": float(2 * st.t.sf(abs(t), df))}
+    return {
+        "n": n,
+        "groups": g,
+        "pearson_r": r,
+        "low": math.tanh(z - half),
+        "high": math.tanh(z + half),
+        "p": float(2 * st.t.sf(abs(t), df)),
+    }
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

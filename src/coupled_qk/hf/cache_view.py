@@ -8,8 +8,10 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
 
-LARGER = ("Create it with a larger max_cache_len (generate(..., cache_implementation='static', max_cache_len=N) sizes "
-          "the cache it creates, e.g. to continue generating from the cache it returns)")
+LARGER = (
+    "Create it with a larger max_cache_len (generate(..., cache_implementation='static', max_cache_len=N) sizes "
+    "the cache it creates, e.g. to continue generating from the cache it returns)"
+)
 
 
 class CacheView:
@@ -56,8 +58,10 @@ class CacheView:
         past = int(self.cache.get_seq_length(layer_idx))
         size = self.cache.get_max_length(layer_idx)
         if size is not None and 0 <= size < past + k.shape[-2]:
-            raise ValueError(f"the static cache holds max_cache_len={size} positions; {past} are cached and "
-                             f"{k.shape[-2]} more were given. {LARGER}")
+            raise ValueError(
+                f"the static cache holds max_cache_len={size} positions; {past} are cached and "
+                f"{k.shape[-2]} more were given. {LARGER}"
+            )
         r = k.shape[1] // v.shape[1]
         keys, values = self.cache.update(k, v.repeat_interleave(r, dim=1) if r > 1 else v, layer_idx)
         n = past + k.shape[-2]
@@ -106,8 +110,14 @@ class StaticStep:
 
     folds = property(lambda self: CacheView(self.cache).folds)  # the eager step folds the map as CacheView does
 
-    def __init__(self, cache: Cache, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-                 batch: int, block_size: int):
+    def __init__(
+        self,
+        cache: Cache,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        batch: int,
+        block_size: int,
+    ):
         self.cache = cache
         first = cache.layers[0]
         size = first.max_cache_len
@@ -117,17 +127,25 @@ class StaticStep:
         eager = not torch.compiler.is_compiling()
         past = int(self.position) if eager else None
         if eager and past >= size:
-            raise ValueError(f"the static cache holds max_cache_len={size} positions; {past} are cached and 1 more "
-                             f"was given. {LARGER}")
+            raise ValueError(
+                f"the static cache holds max_cache_len={size} positions; {past} are cached and 1 more "
+                f"was given. {LARGER}"
+            )
         mask = filled.view(1, size)
         if attention_mask is not None:
             check_attention_mask(attention_mask, eager)  # as the eager forward checks it
             width = attention_mask.shape[-1]
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or (
-                    width != size and (width > size or (eager and width != past + 1))):
-                raise ValueError(f"attention_mask must have shape (B, T_past + 1) = ({batch}, {past + 1 if eager else 'T_past + 1'}) "
-                                 f"or (B, max_cache_len) = ({batch}, {size}) for a decoding step over a static "
-                                 f"cache; got {tuple(attention_mask.shape)}")
+            if (
+                attention_mask.dim() != 2
+                or attention_mask.shape[0] != batch
+                or (width != size and (width > size or (eager and width != past + 1)))
+            ):
+                raise ValueError(
+                    f"attention_mask must have shape (B, T_past + 1) = ({batch}, "
+                    f"{past + 1 if eager else 'T_past + 1'}) "
+                    f"or (B, max_cache_len) = ({batch}, {size}) for a decoding step over a static "
+                    f"cache; got {tuple(attention_mask.shape)}"
+                )
             keys = torch.nn.functional.pad(attention_mask.bool(), (0, size - width))
             mask = (keys & filled) | own
         self._mask = mask[:, None, None, :]
@@ -137,13 +155,19 @@ class StaticStep:
             positions = (mask.long().sum(-1, keepdim=True) - 1).clamp(min=0)
         else:
             positions = self.position.view(1, 1)
-        if eager and positions.device.type == "cpu" and not 0 <= int(positions.min()) <= int(positions.max()) < block_size:
-            raise ValueError(f"position_ids must be in [0, block_size={block_size}); the step's position is "
-                             f"{int(positions.max())}")
+        if (
+            eager
+            and positions.device.type == "cpu"
+            and not 0 <= int(positions.min()) <= int(positions.max()) < block_size
+        ):
+            raise ValueError(
+                f"position_ids must be in [0, block_size={block_size}); the step's position is {int(positions.max())}"
+            )
         self.positions = positions.expand(batch, 1)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new token's ``k``, ``v`` of ``layer_idx`` at :attr:`position`; the whole buffers (see the class)."""
+        """Write the new token's ``k``, ``v`` of ``layer_idx`` at :attr:`position`; the whole buffers (see the
+        class)."""
         r = k.shape[1] // v.shape[1]
         keys, values = self.cache.update(k, v.repeat_interleave(r, dim=1) if r > 1 else v, layer_idx)
         return keys, values[:, ::r]
@@ -151,4 +175,3 @@ class StaticStep:
     def attn_mask(self) -> torch.Tensor:
         """The slots the new token may attend to, bool ``(B or 1, 1, 1, max_cache_len)`` (see the class)."""
         return self._mask
-

@@ -65,8 +65,10 @@ def _check_tied(value) -> None:
     """``tie_word_embeddings`` must be ``True``: the model's output head *is* its token embedding
     (``models/gpt.py``), so an untied head would be left at its random initialisation when loaded."""
     if value is not True:
-        raise ValueError(f"CoupledQKConfig.tie_word_embeddings={value!r}: coupled-qk models always tie the output "
-                         "head to the token embedding (an untied head would load with random weights); leave it True")
+        raise ValueError(
+            f"CoupledQKConfig.tie_word_embeddings={value!r}: coupled-qk models always tie the output "
+            "head to the token embedding (an untied head would load with random weights); leave it True"
+        )
 
 
 FLAGS = ("use_cache", "return_dict", "output_hidden_states")
@@ -91,8 +93,10 @@ def _refuse_near_misses(kwargs: dict) -> None:
             continue
         close = difflib.get_close_matches(key, sorted(ours), n=1, cutoff=0.85)
         if close:
-            raise ValueError(f"CoupledQKConfig got an unknown field {key!r}; did you mean {close[0]!r}? (an unknown "
-                             "name would be kept as a plain attribute and change nothing)")
+            raise ValueError(
+                f"CoupledQKConfig got an unknown field {key!r}; did you mean {close[0]!r}? (an unknown "
+                "name would be kept as a plain attribute and change nothing)"
+            )
 
 
 @functools.cache
@@ -175,7 +179,8 @@ class CoupledQKConfig(PretrainedConfig):
         """Assigning a field after construction is checked as the constructor checks it (``config.attention =
         "bogus"`` is refused here, not when a saved folder fails to load): a ``GPTConfig`` field or its standard
         name is validated with the other fields (:class:`~coupled_qk.GPTConfig`), ``tie_word_embeddings`` must
-        stay ``True``, the :data:`FLAGS` must be bools; a flat map option (``config.dt_init = 0.3``) sets that option of ``qk_map``. ``ValueError``
+        stay ``True``, the :data:`FLAGS` must be bools; a flat map option (``config.dt_init = 0.3``) sets that option of
+        ``qk_map``. ``ValueError``
         naming the field; the old value stays."""
         key = STANDARD_NAMES.get(key, key)
         if not _building.get():

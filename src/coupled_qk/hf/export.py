@@ -27,9 +27,17 @@ def hf_tokenizer(tokenizer: Tokenizer, model_max_length: int):
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer.hf, model_max_length=model_max_length, **special)
 
 
-EXPORT_LAYOUT = ("config.json", "generation_config.json", "model.safetensors", "model-*.safetensors",
-                 "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "chat_template.jinja")
+EXPORT_LAYOUT = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model-*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 """The files of an exported folder (what ``save_pretrained`` of the model and the tokenizer write)."""
 
 
@@ -65,8 +73,10 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False)
     special = {}
     if tokenizer is not None:
         if tokenizer.vocab_size > model.config.vocab_size:
-            raise ValueError(f"the run's tokenizer ({tok_dir}) has {tokenizer.vocab_size} ids but the model only "
-                             f"{model.config.vocab_size}")
+            raise ValueError(
+                f"the run's tokenizer ({tok_dir}) has {tokenizer.vocab_size} ids but the model only "
+                f"{model.config.vocab_size}"
+            )
         if tokenizer.eot_id is not None:
             special = dict(bos_token_id=tokenizer.eot_id, eos_token_id=tokenizer.eot_id, pad_token_id=tokenizer.eot_id)
     hf_model = CoupledQKForCausalLM.from_gpt(model, **special)
@@ -90,8 +100,13 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False)
         raise write_error(hf_dir, exc) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"hf_dir": str(hf_dir), "checkpoint": str(ckpt), "step": state.get("step"),
-            "attention": model.config.attention, "tokenizer": None if tokenizer is None else tokenizer.name}
+    return {
+        "hf_dir": str(hf_dir),
+        "checkpoint": str(ckpt),
+        "step": state.get("step"),
+        "attention": model.config.attention,
+        "tokenizer": None if tokenizer is None else tokenizer.name,
+    }
 
 
 def _remove_stale(hf_dir: Path, written: set[str]) -> None:

@@ -54,14 +54,18 @@ def run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, k
     use_cache = module.config.use_cache if use_cache is None else use_cache
     if use_cache and module.model.gradient_checkpointing and module.training and torch.is_grad_enabled():
         if cache is not None or asked:  # (the config's default use_cache=True is dropped silently)
-            logger.warning_once("use_cache=True is incompatible with gradient checkpointing while training; "
-                                "running without a cache (use_cache=False)")
+            logger.warning_once(
+                "use_cache=True is incompatible with gradient checkpointing while training; "
+                "running without a cache (use_cache=False)"
+            )
         use_cache, cache = False, None
     if use_cache and cache is None:
         cache = DynamicCache(config=module.config)
     if kwargs.get("output_attentions"):
-        raise ValueError("output_attentions=True is not supported by coupled-qk models (they score with SDPA); use "
-                         "coupled_qk.GPT.trace(idx) for each layer's attention probabilities, queries and keys")
+        raise ValueError(
+            "output_attentions=True is not supported by coupled-qk models (they score with SDPA); use "
+            "coupled_qk.GPT.trace(idx) for each layer's attention probabilities, queries and keys"
+        )
     gpt = module.model
     if use_cache and input_ids.shape[1] == 1 and not torch.is_grad_enabled() and static_layers(cache):
         # a decoding step over a filled static cache: fixed shapes, one compiled graph (cache_view.StaticStep)
@@ -76,6 +80,7 @@ def run_gpt(module, input_ids, attention_mask, position_ids, cache, use_cache, k
 
         def run():
             return gpt.hidden_states(input_ids, view, attention_mask, position_ids)
+
     with embeddings_given(gpt.tok_emb, embeds):
         if not config_default(kwargs, "output_hidden_states", module.config):
             return run(), cache, use_cache, None

@@ -45,15 +45,21 @@ def gpt_to_gpt2(model: GPT):
     c = model.config
     checks = [
         ("position", c.position, c.position == "learned", "'learned' (GPT-2 has learned absolute positions)"),
-        ("attention", c.attention, convertible(c.attention),
-         f"one of {[a for a in attention_names() if convertible(a)]}"),
+        (
+            "attention",
+            c.attention,
+            convertible(c.attention),
+            f"one of {[a for a in attention_names() if convertible(a)]}",
+        ),
         ("n_kv_heads", c.n_kv_heads, c.n_kv_heads == c.n_heads, f"n_heads={c.n_heads} (GPT-2 has no GQA)"),
         ("d_head", c.d_head, c.d_head * c.n_heads == c.d_model, f"d_model / n_heads = {c.d_model // c.n_heads}"),
         ("use_mlp", c.use_mlp, c.use_mlp, "True"),
     ]
     for name, value, ok, expected in checks:
         if not ok:
-            raise ValueError(f"gpt_to_gpt2: GPTConfig.{name}={value!r} cannot be expressed by GPT-2; expected {expected}")
+            raise ValueError(
+                f"gpt_to_gpt2: GPTConfig.{name}={value!r} cannot be expressed by GPT-2; expected {expected}"
+            )
     hf_config = GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.d_model, n_layer=c.n_layer, n_head=c.n_heads,
         n_inner=c.d_ff, activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,

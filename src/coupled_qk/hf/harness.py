@@ -100,8 +100,14 @@ def text_documents(path: str | Path) -> list[str]:
     return docs
 
 
-def make_task(kind: str, source: str | Path, out_dir: str | Path, name: str | None = None,
-              max_docs: int | None = None, overwrite: bool = False) -> Path:
+def make_task(
+    kind: str,
+    source: str | Path,
+    out_dir: str | Path,
+    name: str | None = None,
+    max_docs: int | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write the local lm-eval task ``<out_dir>/<name>.yaml`` and its data ``<name>.jsonl``.
 
     Args:
@@ -136,8 +142,9 @@ def make_task(kind: str, source: str | Path, out_dir: str | Path, name: str | No
     else:
         rows = _sst2_rows(source)
     rows = rows[:max_docs] if max_docs else rows
-    out = OutputDir(out_dir, "out_dir", overwrite=overwrite, layout=("*.jsonl", "*.yaml"),
-                    what="make-task")  # a task folder: the tasks' JSONL and YAML files, nothing else
+    out = OutputDir(
+        out_dir, "out_dir", overwrite=overwrite, layout=("*.jsonl", "*.yaml"), what="make-task"
+    )  # a task folder: the tasks' JSONL and YAML files, nothing else
     for f in (f"{name}.jsonl", f"{name}.yaml"):  # both refused before either is written
         out.claim(f, check_only=True)
     data = out.write_text(f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)).resolve()
@@ -223,8 +230,10 @@ def lm_class():
             if isinstance(n, str) and n.strip().isdigit():
                 n = int(n)
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 < n < context):
-                raise ValueError(f"max_gen_toks={n!r} must be a positive integer smaller than the model's "
-                                 f"context of {context} tokens")
+                raise ValueError(
+                    f"max_gen_toks={n!r} must be a positive integer smaller than the model's "
+                    f"context of {context} tokens"
+                )
             self._gen_toks, self._noticed = n, n is not None
 
         def _create_model(self, pretrained, *args, subfolder: str = "", **kwargs):
@@ -240,9 +249,12 @@ def lm_class():
             if self._gen_toks is None:
                 self._gen_toks = fitting_max_gen_toks(self.max_length)
             if not self._noticed and self._gen_toks != LM_EVAL_MAX_GEN_TOKS:
-                print(f"coupled-qk: max_gen_toks={self._gen_toks} (half the model's context of {self.max_length} "
-                      f"tokens; lm-eval's default {LM_EVAL_MAX_GEN_TOKS} does not fit); choose with --model_args "
-                      "...,max_gen_toks=N", file=sys.stderr)
+                print(
+                    f"coupled-qk: max_gen_toks={self._gen_toks} (half the model's context of {self.max_length} "
+                    f"tokens; lm-eval's default {LM_EVAL_MAX_GEN_TOKS} does not fit); choose with --model_args "
+                    "...,max_gen_toks=N",
+                    file=sys.stderr,
+                )
             self._noticed = True
             return self._gen_toks
 
@@ -260,9 +272,11 @@ def _check_tokenizer(tokenizer, source) -> None:
         ValueError: naming ``source`` (the folder or ``tokenizer=`` argument) and the vocabulary size.
     """
     if not tokenizer.encode("The cat sat.", add_special_tokens=False):
-        raise ValueError(f"the tokenizer of {source!r} encodes text to no tokens (vocabulary of {len(tokenizer)}); "
-                         "the folder lacks its tokenizer files (tokenizer.json, or vocab.json and merges.txt): "
-                         "save the tokenizer there or pass --model_args ...,tokenizer=PATH")
+        raise ValueError(
+            f"the tokenizer of {source!r} encodes text to no tokens (vocabulary of {len(tokenizer)}); "
+            "the folder lacks its tokenizer files (tokenizer.json, or vocab.json and merges.txt): "
+            "save the tokenizer there or pass --model_args ...,tokenizer=PATH"
+        )
 
 
 def _restore_retrofit(model, pretrained, subfolder: str = "") -> None:
@@ -280,11 +294,16 @@ def _restore_retrofit(model, pretrained, subfolder: str = "") -> None:
         return
     folder = Path(str(pretrained)).expanduser() / (subfolder or "")
     if not folder.is_dir():
-        raise ValueError(f"pretrained={pretrained!r} is a retrofitted model (config.json has '{RETROFIT_KEY}'); "
-                         "its coupling weights are read from a local folder, so pass the folder's path")
+        raise ValueError(
+            f"pretrained={pretrained!r} is a retrofitted model (config.json has '{RETROFIT_KEY}'); "
+            "its coupling weights are read from a local folder, so pass the folder's path"
+        )
     restore_retrofit(model, folder)
-    print(f"coupled-qk: {folder} is a retrofitted model; its coupling weights (the qk_dynamics entries that a "
-          "load report may list as UNEXPECTED) are loaded", file=sys.stderr)
+    print(
+        f"coupled-qk: {folder} is a retrofitted model; its coupling weights (the qk_dynamics entries that a "
+        "load report may list as UNEXPECTED) are loaded",
+        file=sys.stderr,
+    )
 
 
 def _run_through_our_model(argv: list[str]) -> list[str]:
@@ -303,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     registered. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["make-task"]:
-        p = argparse.ArgumentParser(prog="python -m coupled_qk.hf.harness make-task",
-                                    description="write a local lm-eval task (YAML + JSONL) from an offline file")
+        p = argparse.ArgumentParser(
+            prog="python -m coupled_qk.hf.harness make-task",
+            description="write a local lm-eval task (YAML + JSONL) from an offline file",
+        )
         p.add_argument("kind", choices=["perplexity", "sst2"])
         p.add_argument("source", help="text file (perplexity) or sentence<TAB>label file (sst2)")
         p.add_argument("out_dir", help="task folder, for lm-eval's --include_path")

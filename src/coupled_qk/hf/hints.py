@@ -15,6 +15,8 @@ def run_folder_hint(path) -> str | None:
     except TypeError:
         return None
     if folder.is_dir() and ((folder / "latest").is_file() or (folder / "model_config.json").is_file()):
-        return (f"{folder} is a coupled-qk training run or checkpoint, not a Hugging Face model folder; convert it "
-                f"with `coupled-qk export {folder} HF_DIR` and load HF_DIR")
+        return (
+            f"{folder} is a coupled-qk training run or checkpoint, not a Hugging Face model folder; convert it "
+            f"with `coupled-qk export {folder} HF_DIR` and load HF_DIR"
+        )
     return None

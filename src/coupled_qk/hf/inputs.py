@@ -22,8 +22,10 @@ def check_folder(path: Path) -> None:
     if hint is not None:
         raise FileNotFoundError(hint)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
-                                "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`")
+        raise FileNotFoundError(
+            f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
+            "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`"
+        )
 
 
 def cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
@@ -37,8 +39,11 @@ def cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
     legacy = kwargs.pop("past_key_values", None)
     name, cache = ("past_key_values", legacy) if cache is None else ("cache", cache)
     if cache is not None and not isinstance(cache, Cache):
-        hint = (f"; legacy (key, value) pairs per layer: pass DynamicCache({name})" if isinstance(cache, (tuple, list))
-                else "")
+        hint = (
+            f"; legacy (key, value) pairs per layer: pass DynamicCache({name})"
+            if isinstance(cache, (tuple, list))
+            else ""
+        )
         raise ValueError(f"{name} must be a transformers Cache (e.g. DynamicCache); got {type(cache).__name__}{hint}")
     return cache
 
@@ -49,12 +54,15 @@ def check_cache_batch(cache: Cache | None, batch: int) -> None:
     layers = getattr(cache, "layers", None)
     keys = getattr(layers[0], "keys", None) if layers else None
     if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[0] != batch:
-        raise ValueError(f"the cache holds {keys.shape[0]} sequences but input_ids has {batch} rows; continue each "
-                         "cache with its own batch (or pass a new cache)")
+        raise ValueError(
+            f"the cache holds {keys.shape[0]} sequences but input_ids has {batch} rows; continue each "
+            "cache with its own batch (or pass a new cache)"
+        )
 
 
-def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None, d_model: int | None = None,
-                 device=None) -> None:
+def check_inputs(
+    input_ids: torch.Tensor | None, kwargs: dict, use_cache=None, d_model: int | None = None, device=None
+) -> None:
     """The forward arguments that :meth:`coupled_qk.GPT.hidden_states` does not check itself (it checks
     ``input_ids``, ``attention_mask`` and ``position_ids``), once per call: exactly one of ``input_ids`` (a
     ``(B, T)`` integer tensor, named ``input_ids`` in messages) and ``kwargs["inputs_embeds"]``
@@ -76,17 +84,35 @@ def check_inputs(input_ids: torch.Tensor | None, kwargs: dict, use_cache=None, d
     else:
         check_ids("input_ids", input_ids)  # kind, rank, dtype and sizes, named as here; the ids' range: GPT.embed
     check_keywords(kwargs)
-    for name, value in (("use_cache", use_cache), ("output_hidden_states", kwargs.get("output_hidden_states")),
-                        ("return_dict", kwargs.get("return_dict"))):
+    for name, value in (
+        ("use_cache", use_cache),
+        ("output_hidden_states", kwargs.get("output_hidden_states")),
+        ("return_dict", kwargs.get("return_dict")),
+    ):
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"{name}={value!r} must be True, False or None")
 
 
 # The forwards' own arguments and those the ecosystem passes (generate, Trainer, peft): other keywords are ignored
 # as GPT-2's forward ignores them, except a near-miss of one of these, which is a typo that would take no effect.
-FORWARD_KEYWORDS = ("input_ids", "attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "labels",
-                    "logits_to_keep", "inputs_embeds", "output_hidden_states", "output_attentions", "return_dict",
-                    "shift_labels", "num_items_in_batch", "cache_position", "token_type_ids")
+FORWARD_KEYWORDS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "cache",
+    "past_key_values",
+    "use_cache",
+    "labels",
+    "logits_to_keep",
+    "inputs_embeds",
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",
+    "shift_labels",
+    "num_items_in_batch",
+    "cache_position",
+    "token_type_ids",
+)
 
 
 def check_keywords(kwargs: dict) -> None:
@@ -104,12 +130,16 @@ def check_keywords(kwargs: dict) -> None:
             continue
         close = difflib.get_close_matches(key, FORWARD_KEYWORDS, n=1, cutoff=0.8)
         if close:
-            raise TypeError(f"forward() got an unexpected keyword argument {key!r} (it would be ignored); did you "
-                            f"mean {close[0]!r}?")
+            raise TypeError(
+                f"forward() got an unexpected keyword argument {key!r} (it would be ignored); did you "
+                f"mean {close[0]!r}?"
+            )
     types = kwargs.get("token_type_ids")
     if isinstance(types, torch.Tensor) and bool(types.ne(0).any()):
-        raise ValueError("token_type_ids must be None or all zeros: this model has no token-type embeddings (the "
-                         "nonzero types would be ignored); drop them from the inputs")
+        raise ValueError(
+            "token_type_ids must be None or all zeros: this model has no token-type embeddings (the "
+            "nonzero types would be ignored); drop them from the inputs"
+        )
 
 
 def check_embeds(embeds, d_model: int | None, device=None) -> None:
@@ -123,17 +153,21 @@ def check_embeds(embeds, d_model: int | None, device=None) -> None:
     if not isinstance(embeds, torch.Tensor):
         raise TypeError(f"inputs_embeds must be a torch.Tensor of shape (B, T, d_model); got {type(embeds).__name__}")
     if embeds.dim() != 3 or (d_model is not None and embeds.shape[-1] != d_model) or 0 in embeds.shape[:2]:
-        raise ValueError(f"inputs_embeds must have shape (B, T, d_model={d_model}) with B, T >= 1; got "
-                         f"{tuple(embeds.shape)}")
+        raise ValueError(
+            f"inputs_embeds must have shape (B, T, d_model={d_model}) with B, T >= 1; got {tuple(embeds.shape)}"
+        )
     if not embeds.dtype.is_floating_point:
-        raise ValueError(f"inputs_embeds must be a floating tensor (token embeddings, e.g. "
-                         f"model.get_input_embeddings()(input_ids)); got dtype {embeds.dtype}")
+        raise ValueError(
+            f"inputs_embeds must be a floating tensor (token embeddings, e.g. "
+            f"model.get_input_embeddings()(input_ids)); got dtype {embeds.dtype}"
+        )
     if device is not None and torch.device(device).type != "meta" and embeds.device != torch.device(device):
         raise ValueError(f"inputs_embeds is on {embeds.device} but the model is on {device}")
 
 
-def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None,
-                 inputs: str = "input_ids") -> None:
+def check_labels(
+    labels, input_ids: torch.Tensor, vocab_size: int, logits_to_keep, shift_labels=None, inputs: str = "input_ids"
+) -> None:
     """``labels`` and ``shift_labels`` (each ``None`` or an integer tensor of ``input_ids``' shape ``(B, T)``, ids in
     ``[0, vocab_size)`` or ``-100``; values checked on CPU tensors only, to avoid a device sync) and
     ``logits_to_keep``: an int ``>= 0`` (the last ``n`` positions, ``0``: all) or, as in ``transformers``, a
@@ -153,8 +187,9 @@ def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_kee
     if isinstance(logits_to_keep, torch.Tensor):
         _check_positions_to_keep(logits_to_keep, t)
     elif isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
-        raise TypeError(f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions) or a 1-D tensor of "
-                        "positions")
+        raise TypeError(
+            f"logits_to_keep={logits_to_keep!r} must be an int (0: all positions) or a 1-D tensor of positions"
+        )
     elif logits_to_keep < 0:
         raise ValueError(f"logits_to_keep={logits_to_keep} must be >= 0 (0: all positions)")
     drops = isinstance(logits_to_keep, torch.Tensor) or (t is not None and 0 < logits_to_keep < t)
@@ -162,20 +197,33 @@ def check_labels(labels, input_ids: torch.Tensor, vocab_size: int, logits_to_kee
         if value is not None:
             _check_targets(name, value, input_ids, vocab_size, inputs)
             if drops:
-                kept = f"{tuple(logits_to_keep.shape)} positions" if isinstance(logits_to_keep, torch.Tensor) \
+                kept = (
+                    f"{tuple(logits_to_keep.shape)} positions"
+                    if isinstance(logits_to_keep, torch.Tensor)
                     else f"the last {logits_to_keep} of {t} positions"
-                raise ValueError(f"{name} need the logits of every position, but logits_to_keep keeps {kept}; "
-                                 "pass logits_to_keep=0 with labels")
+                )
+                raise ValueError(
+                    f"{name} need the logits of every position, but logits_to_keep keeps {kept}; "
+                    "pass logits_to_keep=0 with labels"
+                )
 
 
 def _check_positions_to_keep(keep: torch.Tensor, t: int | None) -> None:
     """A ``logits_to_keep`` tensor: 1-D integer positions in ``[-t, t)`` (values checked on CPU only)."""
     if keep.dim() != 1 or keep.dtype.is_floating_point or keep.dtype == torch.bool or keep.is_complex():
-        raise ValueError(f"logits_to_keep as a tensor must be 1-D integer positions; got {keep.dtype} "
-                         f"{tuple(keep.shape)}")
-    if t is not None and keep.numel() and keep.device.type == "cpu" and not -t <= int(keep.min()) <= int(keep.max()) < t:
-        raise ValueError(f"logits_to_keep: positions must be in [-{t}, {t}) (the sequence has {t}); got min "
-                         f"{int(keep.min())}, max {int(keep.max())}")
+        raise ValueError(
+            f"logits_to_keep as a tensor must be 1-D integer positions; got {keep.dtype} {tuple(keep.shape)}"
+        )
+    if (
+        t is not None
+        and keep.numel()
+        and keep.device.type == "cpu"
+        and not -t <= int(keep.min()) <= int(keep.max()) < t
+    ):
+        raise ValueError(
+            f"logits_to_keep: positions must be in [-{t}, {t}) (the sequence has {t}); got min "
+            f"{int(keep.min())}, max {int(keep.max())}"
+        )
 
 
 def _shape_of(inputs: str) -> str:
@@ -186,18 +234,22 @@ def _check_targets(name: str, labels, input_ids: torch.Tensor, vocab_size: int, 
     """One target tensor of :func:`check_labels`, named ``name`` in messages."""
     how = "unshifted: the model shifts them" if name == "labels" else "already shifted, -100 at the last position"
     if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids of {_shape_of(inputs)}; got "
-                        f"{type(labels).__name__}")
+        raise TypeError(
+            f"{name} must be a torch.Tensor of token ids of {_shape_of(inputs)}; got {type(labels).__name__}"
+        )
     if labels.shape != input_ids.shape:
-        raise ValueError(f"{name} has shape {tuple(labels.shape)}; expected {_shape_of(inputs)} {tuple(input_ids.shape)} "
-                         f"({how})")
+        raise ValueError(
+            f"{name} has shape {tuple(labels.shape)}; expected {_shape_of(inputs)} {tuple(input_ids.shape)} ({how})"
+        )
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
         raise ValueError(f"{name} must hold integer token ids; got dtype {labels.dtype}")
     if labels.numel() and labels.device.type == "cpu":
         real = labels[labels != -100]
         if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
-            raise ValueError(f"{name}: token ids must be in [0, {vocab_size}) or -100 (ignored); got min "
-                             f"{int(real.min())}, max {int(real.max())}")
+            raise ValueError(
+                f"{name}: token ids must be in [0, {vocab_size}) or -100 (ignored); got min "
+                f"{int(real.min())}, max {int(real.max())}"
+            )
 
 
 def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> None:
@@ -220,25 +272,36 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
         if ids is None:  # the prompt's (B, T) for the checks below: the embeddings stand for its tokens
             ids, prompt = torch.zeros(embeds.shape[:2], dtype=torch.long, device=embeds.device), "inputs_embeds"
         elif tuple(ids.shape) != tuple(embeds.shape[:2]):
-            raise ValueError(f"input_ids has shape {tuple(ids.shape)} but inputs_embeds {tuple(embeds.shape)}: "
-                             "with both, input_ids must be the (B, T) token ids of the embedded prompt")
+            raise ValueError(
+                f"input_ids has shape {tuple(ids.shape)} but inputs_embeds {tuple(embeds.shape)}: "
+                "with both, input_ids must be the (B, T) token ids of the embedded prompt"
+            )
     new = kwargs.get("max_new_tokens", config.max_new_tokens)
     if new is None:
-        new = _new_from_max_length(ids.shape[1], kwargs.get("max_length", config.max_length), "max_length" in kwargs,
-                                   model_config.block_size)
+        new = _new_from_max_length(
+            ids.shape[1], kwargs.get("max_length", config.max_length), "max_length" in kwargs, model_config.block_size
+        )
     _check_special_ids(config, kwargs, model_config.vocab_size)
     for name in ("num_beams", "num_return_sequences", "num_beam_groups"):  # transformers divides by them
         value = kwargs.get(name)  # None given: transformers failed comparing it ("'>' not supported ...")
         if (value is not None or (name in kwargs and name != "num_beam_groups")) and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError)(
-                f"{name}={value!r} must be an int >= 1 (or left out: the generation config's)")
-    given = {k: kwargs[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty") if
-             kwargs.get(k) is not None}
-    check_generate_args(ids, new, block_size=model_config.block_size, vocab_size=model_config.vocab_size,
-                        use_cache=True if kwargs.get("use_cache") is None else kwargs["use_cache"],  # None: default
-                        attention_mask=kwargs.get("attention_mask"),
-                        device=device, name=prompt, **given)
+                f"{name}={value!r} must be an int >= 1 (or left out: the generation config's)"
+            )
+    given = {k: kwargs[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty") if kwargs.get(k) is not None}
+    check_generate_args(
+        ids,
+        new,
+        block_size=model_config.block_size,
+        vocab_size=model_config.vocab_size,
+        use_cache=True if kwargs.get("use_cache") is None else kwargs["use_cache"],  # None: default
+        attention_mask=kwargs.get("attention_mask"),
+        device=device,
+        name=prompt,
+        **given,
+    )
 
 
 def _new_from_max_length(t: int, max_length, given: bool, block_size: int) -> int:
@@ -259,8 +322,10 @@ def _new_from_max_length(t: int, max_length, given: bool, block_size: int) -> in
     new = max(0, max_length - t)
     if t + new > block_size:
         origin = "" if given else " (the generation config's; pass max_new_tokens)"
-        raise ValueError(f"max_length={max_length}{origin} exceeds block_size={block_size}: prompt length {t} + "
-                         f"{new} new tokens would not fit the model's context")
+        raise ValueError(
+            f"max_length={max_length}{origin} exceeds block_size={block_size}: prompt length {t} + "
+            f"{new} new tokens would not fit the model's context"
+        )
     return new
 
 
@@ -282,5 +347,7 @@ def _check_special_ids(config, kwargs: dict, vocab_size: int) -> None:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name}={value!r} must be an int token id (or None)")
             if not 0 <= v < vocab_size:
-                raise ValueError(f"{name}={value!r} is not a token id of this model: ids are in [0, {vocab_size}) "
-                                 "(set it in the call or in model.generation_config)")
+                raise ValueError(
+                    f"{name}={value!r} is not a token id of this model: ids are in [0, {vocab_size}) "
+                    "(set it in the call or in model.generation_config)"
+                )

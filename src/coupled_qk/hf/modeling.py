@@ -40,7 +40,8 @@ TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
 
 def fresh_parameters(module: nn.Module, attn: CausalSelfAttention, options) -> None:
     """``module``'s own parameters that ``transformers`` did not load get those of a new one built as the layer
-    ``attn`` builds it: ``Map(d_head, n_heads, **options)`` (``GPTConfig.qk_map``), ``Rule(d_head, n_heads, layer_idx)``."""
+    ``attn`` builds it: ``Map(d_head, n_heads, **options)`` (``GPTConfig.qk_map``),
+    ``Rule(d_head, n_heads, layer_idx)``."""
     own = dict(module.named_parameters(recurse=False))
     if all(getattr(p, "_is_hf_initialized", False) for p in own.values()):
         return
@@ -114,11 +115,13 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
             if attn is not None:
                 fresh_parameters(module, attn, self.model.config.qk_map)
         elif hasattr(module, "reset_parameters") and (
-                isinstance(module, (QKMap, ScoringRule)) or next(module.parameters(recurse=False), None) is not None):
+            isinstance(module, (QKMap, ScoringRule)) or next(module.parameters(recurse=False), None) is not None
+        ):
             module.reset_parameters()  # torch.nn.init is guarded by transformers here: loaded weights stay
 
-    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
-                                    every_n_layers: int = 1) -> None:
+    def _set_gradient_checkpointing(
+        self, enable: bool = True, gradient_checkpointing_func=None, every_n_layers: int = 1
+    ) -> None:
         """``transformers``' switch behind ``activation_checkpointing_enable(every_n_layers=...)``: our blocks are
         not ``GradientCheckpointingLayer`` modules, so the wrapped ``GPT`` is told to checkpoint every
         ``every_n_layers``-th block (blocks 0, n, 2n, ...; ``GPT.checkpoint_every``) instead of ignoring it.
@@ -128,7 +131,9 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         """
         if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
             raise ValueError(f"every_n_layers={every_n_layers!r} must be a positive integer (1: every block)")
-        kwargs = {} if gradient_checkpointing_func is None else {"gradient_checkpointing_func": gradient_checkpointing_func}
+        kwargs = (
+            {} if gradient_checkpointing_func is None else {"gradient_checkpointing_func": gradient_checkpointing_func}
+        )
         super()._set_gradient_checkpointing(enable=enable, every_n_layers=every_n_layers, **kwargs)
         self.model.checkpoint_every = every_n_layers if enable else 1
 
@@ -145,8 +150,9 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.model.lm_head = new_embeddings
 
-    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
-                                mean_resizing: bool = True) -> nn.Embedding:
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
         """``PreTrainedModel.resize_token_embeddings``, then the wrapped ``GPT``'s config takes the new
         ``vocab_size`` too (its id check and ``save_pretrained``'s ``config.json`` agree), and the output head
         stays tied to the input embedding (one tensor).
@@ -159,15 +165,16 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         Raises:
             ValueError: ``new_num_tokens`` not a positive integer (or ``None``: only pad to the multiple).
         """
-        if new_num_tokens is not None and (isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int)
-                                           or new_num_tokens < 1):
+        if new_num_tokens is not None and (
+            isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int) or new_num_tokens < 1
+        ):
             raise ValueError(f"new_num_tokens={new_num_tokens!r} must be a positive integer (or None)")
-        if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool)
-                                               or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
+        if pad_to_multiple_of is not None and (
+            isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1
+        ):
             raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be a positive integer (or None)")
         multiple = math.lcm(self.model.config.vocab_pad_multiple, pad_to_multiple_of or 1)
-        embeddings = super().resize_token_embeddings(new_num_tokens, multiple if multiple > 1 else None,
-                                                     mean_resizing)
+        embeddings = super().resize_token_embeddings(new_num_tokens, multiple if multiple > 1 else None, mean_resizing)
         if pad_to_multiple_of:
             n = embeddings.weight.shape[0]
         else:
@@ -221,12 +228,15 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         if strict and unexpected:
             problems.append(f"unexpected weights {unexpected}")
         if mismatched and not allow_mismatch:
-            problems.append("weights of the wrong shape " + ", ".join(
-                f"{k} (stored {tuple(a)}, model {tuple(b)})" for k, a, b in mismatched))
+            problems.append(
+                "weights of the wrong shape "
+                + ", ".join(f"{k} (stored {tuple(a)}, model {tuple(b)})" for k, a, b in mismatched)
+            )
         if problems:
             raise ValueError(
                 f"{pretrained_model_name_or_path} does not match the model its config.json describes: "
-                + "; ".join(problems) + ". Check that config.json belongs to these weights, or pass strict=False "
+                + "; ".join(problems)
+                + ". Check that config.json belongs to these weights, or pass strict=False "
                 "to initialise missing/mismatched weights as a new model would (and ignore unexpected ones)."
             )
         return (model, info) if want_info else model
@@ -240,9 +250,12 @@ class CoupledQKModel(CoupledQKPreTrainedModel):
     """
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
-        hidden, cache, use_cache, states = run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
-                                                    kwargs)
-        out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None, hidden_states=states)
+        hidden, cache, use_cache, states = run_gpt(
+            self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs
+        )
+        out = BaseModelOutputWithPast(
+            last_hidden_state=hidden, cache=cache if use_cache else None, hidden_states=states
+        )
         return as_output(self, out, kwargs)
 
 
@@ -283,7 +296,8 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """``GenerationMixin.generate`` with its arguments checked once per call, before any token is computed,
         as :meth:`coupled_qk.GPT.generate`'s (:func:`coupled_qk.tensor_checks.check_generate_args`): the prompt
-        ``(B, T)`` integer ids in the vocabulary (or ``inputs_embeds`` ``(B, T, d_model)``); ``max_new_tokens`` (or what ``max_length`` leaves) an int
+        ``(B, T)`` integer ids in the vocabulary (or ``inputs_embeds`` ``(B, T, d_model)``); ``max_new_tokens`` (or what
+        ``max_length`` leaves) an int
         ``>= 0`` with ``T + max_new_tokens <= block_size`` (the model cannot see further: without this check the
         error came after the first ``block_size - T`` tokens); ``temperature``, ``top_k``, ``top_p``,
         ``repetition_penalty`` in range when given; ``num_beams``, ``num_return_sequences`` and
@@ -304,8 +318,12 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         ``(B, T_past + T)`` with every cache (the causal part is built inside), so it is returned unchanged,
         except for single-token steps over a filled static cache: there it is padded with zeros to
         ``(B, max_cache_len)``, so that every decoding step has the same shapes (one compiled graph)."""
-        if (attention_mask is not None and attention_mask.dim() == 2 and inputs_embeds.shape[1] == 1
-                and static_layers(cache)):
+        if (
+            attention_mask is not None
+            and attention_mask.dim() == 2
+            and inputs_embeds.shape[1] == 1
+            and static_layers(cache)
+        ):
             size = cache.layers[0].max_cache_len
             if attention_mask.shape[1] < size:
                 attention_mask = torch.nn.functional.pad(attention_mask, (0, size - attention_mask.shape[1]))
@@ -328,8 +346,9 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
             check_labels(labels, input_ids, self.config.vocab_size, logits_to_keep, shift)  # (no ids: run_gpt)
         elif isinstance(embeds, torch.Tensor) and embeds.dim() == 3:  # targets of the embedded tokens
             check_labels(labels, embeds[..., 0], self.config.vocab_size, logits_to_keep, shift, "inputs_embeds")
-        hidden, cache, use_cache, states = run_gpt(self, input_ids, attention_mask, position_ids, cache, use_cache,
-                                                    kwargs)
+        hidden, cache, use_cache, states = run_gpt(
+            self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs
+        )
         if isinstance(logits_to_keep, torch.Tensor):  # the positions to keep (as transformers' models)
             hidden = hidden[:, logits_to_keep.to(hidden.device)]
         elif logits_to_keep:
@@ -340,7 +359,8 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
             loss_kwargs = {k: kwargs[k] for k in ("num_items_in_batch", "shift_labels", "ignore_index") if k in kwargs}
             if shift is not None:  # integer targets of any dtype (check_labels): cross_entropy takes int64 only
                 loss_kwargs["shift_labels"] = shift.long()
-            loss = self.loss_function(logits=logits, labels=labels.long(), vocab_size=self.config.vocab_size,
-                                      **loss_kwargs)
+            loss = self.loss_function(
+                logits=logits, labels=labels.long(), vocab_size=self.config.vocab_size, **loss_kwargs
+            )
         out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None, hidden_states=states)
         return as_output(self, out, kwargs)

@@ -57,7 +57,9 @@ from coupled_qk.layers.qk_maps import QKMap
 
 GQA_MODES = ("expand", "shared")
 POSITIONS = ("pre_rope", "post_rope")
-RETROFIT_KEY = "coupled_qk_retrofit"  # the config.json entry holding retrofit's options (read by load_retrofitted, lm-eval)
+RETROFIT_KEY = (
+    "coupled_qk_retrofit"  # the config.json entry holding retrofit's options (read by load_retrofitted, lm-eval)
+)
 
 
 def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -228,9 +230,11 @@ def _check_fresh(model: nn.Module) -> None:
     if any(hasattr(m, "qk_dynamics") for m in model.modules()):
         raise ValueError("model is already retrofitted (an attention module has qk_dynamics)")
     if getattr(getattr(model, "config", None), RETROFIT_KEY, None):
-        raise ValueError(f"model was loaded from a retrofitted folder (its config has '{RETROFIT_KEY}') without "
-                         "its coupling weights; retrofitting anew would discard them: use load_retrofitted(folder) "
-                         "or restore_retrofit(model, folder)")
+        raise ValueError(
+            f"model was loaded from a retrofitted folder (its config has '{RETROFIT_KEY}') without "
+            "its coupling weights; retrofitting anew would discard them: use load_retrofitted(folder) "
+            "or restore_retrofit(model, folder)"
+        )
 
 
 def _couple_module(module: nn.Module, fam: _Family, spec: tuple, gqa: str, position: str) -> None:
@@ -309,8 +313,14 @@ def retrofit(
     _check_fresh(model)
     found = _supported_attention(model)
     chosen = check_layers(layers, len(found))
-    dynamics = dict(integrator=integrator, n_steps=n_steps, dt_init=dt_init, hidden=hidden, force=force,
-                    shared_across_heads=shared_across_heads)
+    dynamics = dict(
+        integrator=integrator,
+        n_steps=n_steps,
+        dt_init=dt_init,
+        hidden=hidden,
+        force=force,
+        shared_across_heads=shared_across_heads,
+    )
     spec = map_spec(qk_map, map_options, dynamics)
     for _, module, fam in (found[i] for i in chosen):  # before any module is changed
         check_shared_keys(spec[0], gqa, fam.heads(module)[0] // fam.heads(module)[1])

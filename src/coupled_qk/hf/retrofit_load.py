@@ -45,8 +45,10 @@ def _retrofit_saved(model: nn.Module, options, path) -> None:
     known = OPTION_NAMES
     if not isinstance(options, dict) or set(options) - set(known):
         extra = sorted(set(options) - set(known)) if isinstance(options, dict) else None
-        raise ValueError(f"{path}: config.json's '{RETROFIT_KEY}' = {options!r} must map retrofit's options "
-                         f"{list(known)}" + (f"; unknown {extra}" if extra else ""))
+        raise ValueError(
+            f"{path}: config.json's '{RETROFIT_KEY}' = {options!r} must map retrofit's options "
+            f"{list(known)}" + (f"; unknown {extra}" if extra else "")
+        )
     delattr(model.config, RETROFIT_KEY)  # retrofit refuses a model whose config has it (and writes it back)
     try:
         retrofit(model, **{**options, "dt_init": 0.0})

@@ -22,8 +22,7 @@ import torch.nn as nn
 from coupled_qk.models.contracts import IDENTITY_METHOD, SHIFT_ATTRIBUTE
 
 DYNAMICS = "dynamics"
-DYNAMICS_DEFAULTS = dict(integrator="euler", n_steps=1, dt_init=0.0, hidden=None, force="mlp",
-                         shared_across_heads=True)
+DYNAMICS_DEFAULTS = dict(integrator="euler", n_steps=1, dt_init=0.0, hidden=None, force="mlp", shared_across_heads=True)
 """retrofit's keywords that are options of the built-in dynamics, with their defaults."""
 OPTION_NAMES = (*DYNAMICS_DEFAULTS, "gqa", "position", "freeze_base", "qk_map", "map_options", "layers")
 """Every option retrofit records in ``config.coupled_qk_retrofit`` (older folders hold only the first eight)."""
@@ -53,19 +52,25 @@ def map_spec(qk_map: object, map_options: object, dynamics: dict) -> tuple[objec
     fields = entry.option_names()
     if qk_map == DYNAMICS:
         if map_options:
-            raise ValueError(f"map_options={map_options!r} is for maps other than qk_map='dynamics'; give the "
-                             f"dynamics' options as retrofit's keywords ({', '.join(DYNAMICS_DEFAULTS)})")
+            raise ValueError(
+                f"map_options={map_options!r} is for maps other than qk_map='dynamics'; give the "
+                f"dynamics' options as retrofit's keywords ({', '.join(DYNAMICS_DEFAULTS)})"
+            )
         return entry, dict(dynamics), dynamics["dt_init"] == 0.0
     changed = {k: v for k, v in dynamics.items() if v != DYNAMICS_DEFAULTS[k]}
     if changed:
-        raise ValueError(f"retrofit(qk_map={qk_map!r}): {changed} are options of qk_map='dynamics' only; give "
-                         f"{qk_map}'s options as map_options (fields {fields})")
+        raise ValueError(
+            f"retrofit(qk_map={qk_map!r}): {changed} are options of qk_map='dynamics' only; give "
+            f"{qk_map}'s options as map_options (fields {fields})"
+        )
     if map_options is not None and not isinstance(map_options, dict):
         raise ValueError(f"map_options={map_options!r} must be a dict of {qk_map}'s options (fields {fields}) or None")
     unknown = sorted(set(map_options or {}) - set(fields))
     if unknown:
-        raise ValueError(f"map_options={map_options!r}: unknown option(s) {unknown} of qk_map={qk_map!r}; expected "
-                         f"fields of {entry.options.__name__}: {fields}")
+        raise ValueError(
+            f"map_options={map_options!r}: unknown option(s) {unknown} of qk_map={qk_map!r}; expected "
+            f"fields of {entry.options.__name__}: {fields}"
+        )
     try:
         opts = entry.options(**(map_options or {}))
     except ValueError as exc:
@@ -75,7 +80,8 @@ def map_spec(qk_map: object, map_options: object, dynamics: dict) -> tuple[objec
             f"retrofit(qk_map={qk_map!r}): {entry.module.__name__} has no {IDENTITY_METHOD}() method, so nothing says "
             f"how to make it start as the identity (the pretrained model's function); add to the class a method "
             f"'def {IDENTITY_METHOD}(self) -> None' that sets its parameters so that map(q, k) returns (q, k) exactly "
-            f"(e.g. a step size dt = 0; see coupled_qk.layers.qk_maps)")
+            f"(e.g. a step size dt = 0; see coupled_qk.layers.qk_maps)"
+        )
     return entry, {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}, True
 
 
@@ -98,7 +104,8 @@ def check_shared_keys(entry, gqa: str, group_size: int) -> None:
         f"on the query), but gqa='shared' runs the map on each group's mean query and gives all {group_size} query "
         f"heads of the group that mean query's displacement, which is not {cls} applied to each query head; use "
         f"gqa='expand' (one key per query head), or set {SHIFT_ATTRIBUTE} = True on a map whose query update is a "
-        f"shift that does not depend on the query (see coupled_qk.layers.qk_maps)")
+        f"shift that does not depend on the query (see coupled_qk.layers.qk_maps)"
+    )
 
 
 def build_map(entry, kwargs: dict, identity: bool, d_head: int, n_heads: int, ref: torch.Tensor) -> nn.Module:
@@ -128,16 +135,22 @@ def verify_identity(qk_map: nn.Module, name: str, d_head: int, n_heads: int) -> 
             with torch.no_grad():
                 q2, k2 = probe(q.clone(), k.clone())
         except Exception as exc:
-            raise ValueError(f"retrofit(qk_map={name!r}): {cls} failed on float64 q, k of shape {tuple(q.shape)} "
-                             f"after {IDENTITY_METHOD}(): {type(exc).__name__}: {exc}") from None
+            raise ValueError(
+                f"retrofit(qk_map={name!r}): {cls} failed on float64 q, k of shape {tuple(q.shape)} "
+                f"after {IDENTITY_METHOD}(): {type(exc).__name__}: {exc}"
+            ) from None
         if not (q2.shape == q.shape and k2.shape == k.shape and torch.equal(q2, q) and torch.equal(k2, k)):
-            moved = max(float((q2 - q).abs().max()), float((k2 - k).abs().max())) if q2.shape == q.shape \
-                and k2.shape == k.shape else "a shape change"
+            moved = (
+                max(float((q2 - q).abs().max()), float((k2 - k).abs().max()))
+                if q2.shape == q.shape and k2.shape == k.shape
+                else "a shape change"
+            )
             raise ValueError(
                 f"retrofit(qk_map={name!r}): {cls}.{IDENTITY_METHOD}() does not make the map the identity: on float64 "
                 f"q, k of shape {tuple(q.shape)} it changed them (by up to {moved}), so the retrofitted model would "
                 f"not start at the pretrained function; {IDENTITY_METHOD}() must set the parameters so that "
-                f"map(q, k) returns (q, k) exactly")
+                f"map(q, k) returns (q, k) exactly"
+            )
 
 
 def check_layers(layers: object, n_layers: int) -> list[int]:
@@ -149,8 +162,10 @@ def check_layers(layers: object, n_layers: int) -> list[int]:
     """
     if layers is None:
         return list(range(n_layers))
-    expected = f"a list of distinct layer indices from 0 to {n_layers - 1} (the model's {n_layers} attention " \
-               f"layers), or None for every layer"
+    expected = (
+        f"a list of distinct layer indices from 0 to {n_layers - 1} (the model's {n_layers} attention "
+        f"layers), or None for every layer"
+    )
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
         raise ValueError(f"layers={layers!r} must be {expected}")
     if any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in layers):

@@ -172,8 +172,7 @@ class CausalSelfAttention(nn.Module):
         impl: str = "sdpa",
     ):
         super().__init__()
-        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads),
-                            ("d_head", d_head)):
+        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
             positive_int(name, value)  # before any arithmetic on them (n_heads % n_kv_heads)
         nonneg_int("layer_idx", layer_idx)
         boolean("use_rope", use_rope)
@@ -189,7 +188,9 @@ class CausalSelfAttention(nn.Module):
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
         if use_rope and d_head % 2:
-            raise ValueError(f"use_rope=True rotates pairs of features: d_head={d_head} must be even (or use_rope=False)")
+            raise ValueError(
+                f"use_rope=True rotates pairs of features: d_head={d_head} must be even (or use_rope=False)"
+            )
         self.differential = scoring == "differential"
         if self.differential and (n_heads % 2 or n_kv_heads % 2):
             raise ValueError(
@@ -209,8 +210,10 @@ class CausalSelfAttention(nn.Module):
         if not isinstance(scoring, str):
             self.scorer = build_with_own_rng(lambda d, n: scoring(d, n, layer_idx), d_head, n_heads)
             if getattr(self.scorer, "head_group", 1) != 1:
-                raise ValueError(f"scoring rule {type(self.scorer).__name__} has head_group="
-                                 f"{self.scorer.head_group}; added scoring rules must use head_group=1")
+                raise ValueError(
+                    f"scoring rule {type(self.scorer).__name__} has head_group="
+                    f"{self.scorer.head_group}; added scoring rules must use head_group=1"
+                )
             self.scoring = getattr(scoring, "__name__", type(self.scorer).__name__)
         if qk_map is not None:
             map_heads = getattr(qk_map, "n_heads", n_heads)
@@ -246,10 +249,10 @@ class CausalSelfAttention(nn.Module):
     def _upgrade_state_dict(self, state_dict, prefix, *args) -> None:
         """Rename the parameters of state dicts written before the map became ``self.qk_map``."""
         for key in [k for k in state_dict if k.startswith(prefix)]:
-            name = key[len(prefix):]
+            name = key[len(prefix) :]
             for old, new in _LEGACY_PREFIXES:
                 if name == old or (old.endswith(".") and name.startswith(old)):
-                    state_dict[prefix + new + name[len(old):]] = state_dict.pop(key)
+                    state_dict[prefix + new + name[len(old) :]] = state_dict.pop(key)
                     break
 
     @property
@@ -293,9 +296,11 @@ class CausalSelfAttention(nn.Module):
         """
         q2, k2 = self.qk_map(q, k)
         if q2.shape != q.shape or k2.shape != k.shape:
-            raise ValueError(f"the query-key map {type(self.qk_map).__name__} must return q and k of its inputs' "
-                             f"shapes {tuple(q.shape)} and {tuple(k.shape)}; it returned {tuple(q2.shape)} and "
-                             f"{tuple(k2.shape)}")
+            raise ValueError(
+                f"the query-key map {type(self.qk_map).__name__} must return q and k of its inputs' "
+                f"shapes {tuple(q.shape)} and {tuple(k.shape)}; it returned {tuple(q2.shape)} and "
+                f"{tuple(k2.shape)}"
+            )
         return q2, k2
 
     def __getstate__(self):
@@ -338,7 +343,7 @@ class CausalSelfAttention(nn.Module):
         elif rotated:
             z = self.qkv(x)
             qk = apply_rope(z[..., : (h + hkv) * dh].view(b, t, h + hkv, dh).transpose(1, 2), *rope)
-            q, k, v = qk[:, :h], qk[:, h:], z[..., (h + hkv) * dh:]
+            q, k, v = qk[:, :h], qk[:, h:], z[..., (h + hkv) * dh :]
         else:
             q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
         if not rotated:
@@ -355,8 +360,12 @@ class CausalSelfAttention(nn.Module):
             q_in, k_in = q, k
             q, k = self._mapped(q, k)
             if record:
-                maps = dict(q=q_in.detach(), k=self._per_query_head(k_in).detach(), q_mapped=q.detach(),
-                            k_mapped=self._per_query_head(k).detach())
+                maps = dict(
+                    q=q_in.detach(),
+                    k=self._per_query_head(k_in).detach(),
+                    q_mapped=q.detach(),
+                    k_mapped=self._per_query_head(k).detach(),
+                )
         if self.use_rope and self.map_position == "pre_rope" and not rotated:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
@@ -389,11 +398,19 @@ class CausalSelfAttention(nn.Module):
         if not record:
             return y
         if a1 is None:  # an added rule's contract (ScoringRule): the diagnostics read the probabilities
-            raise ValueError(f"scoring rule {type(self.scorer).__name__} returned probabilities None with eager=True; "
-                             f"it must return (y, probabilities (B, H, T_q, T_k)) when eager")
+            raise ValueError(
+                f"scoring rule {type(self.scorer).__name__} returned probabilities None with eager=True; "
+                f"it must return (y, probabilities (B, H, T_q, T_k)) when eager"
+            )
         dt = getattr(self.qk_map, "dt", None)
         rec = AttentionRecord(
-            q=maps.get("q"), k=maps.get("k"), q_mapped=maps.get("q_mapped"), k_mapped=maps.get("k_mapped"),
-            attn=a1, attn2=a2, lam=None if lam is None else lam.detach(), dt=None if dt is None else dt.detach(),
+            q=maps.get("q"),
+            k=maps.get("k"),
+            q_mapped=maps.get("q_mapped"),
+            k_mapped=maps.get("k_mapped"),
+            attn=a1,
+            attn2=a2,
+            lam=None if lam is None else lam.detach(),
+            dt=None if dt is None else dt.detach(),
         )
         return y, rec

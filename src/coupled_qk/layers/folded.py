@@ -88,8 +88,12 @@ def _params(layer) -> tuple | None:
     f, qkv = m._modules["force"], layer._modules["qkv"]
     if not isinstance(f, MLPForce) or _hooked(qkv, m, f):
         return None
-    params = (qkv._parameters.get("weight"), m._parameters.get("dt"), f._parameters.get("w_in"),
-              f._parameters.get("w_out"))
+    params = (
+        qkv._parameters.get("weight"),
+        m._parameters.get("dt"),
+        f._parameters.get("w_in"),
+        f._parameters.get("w_out"),
+    )
     if any(p is None for p in params) or qkv._parameters.get("bias") is not None:
         return None  # a parametrization (weight_norm ...) or a biased projection: not the layout folded here
     return params
@@ -115,8 +119,13 @@ def fold_key(layer) -> tuple | None:
 def weight_checksum(layer) -> tuple:
     """Sums of the folded parameters and of their squares (float64): catches writes that bypass the version
     counter. One device sync; called once per layer per cache."""
-    sums = torch.stack([t for p in _params(layer) for t in (p.detach().sum(dtype=torch.float64),
-                                                             p.detach().square().sum(dtype=torch.float64))])
+    sums = torch.stack(
+        [
+            t
+            for p in _params(layer)
+            for t in (p.detach().sum(dtype=torch.float64), p.detach().square().sum(dtype=torch.float64))
+        ]
+    )
     return () if sums.is_meta else tuple(sums.tolist())  # meta tensors (shape-only models) hold no values
 
 
@@ -155,7 +164,7 @@ def fold_projection(layer) -> FoldedProjection:
     w = w_qkv.detach().to(work)
     z = w.t()  # projections of the basis vectors of x, one "token" each
     q = _heads(z[:, : h * dh], h, dh)
-    k = _heads(z[:, h * dh: (h + hkv) * dh], hkv, dh)
+    k = _heads(z[:, h * dh : (h + hkv) * dh], hkv, dh)
     if layer.keys_per_query_head:
         k = expand_kv(k, layer.n_rep, 2 if layer.differential else 1)
     group, n_rep = m.head_group, h // k.shape[1]
@@ -181,7 +190,7 @@ def fold_projection(layer) -> FoldedProjection:
         b_h = 0.5 * b_k
         c = dt * expand_kv(b_h, n_rep, group)
         blocks, kick, kick2 = [a_q, k, pre(a_q)], [c, b_h, pre(c)], _rows(b_h)
-    v_rows = w[(h + hkv) * dh:]
+    v_rows = w[(h + hkv) * dh :]
     weight = torch.cat([_rows(x).t() for x in [*blocks, pre(q)]] + [v_rows], 0)  # [q | k | (h2) | h1 | v]
     widths = (h * dh, k.shape[1] * dh, n_s if m.integrator == "leapfrog" else 0, n_s)
     dtype = w_qkv.dtype
@@ -189,7 +198,10 @@ def fold_projection(layer) -> FoldedProjection:
         weight=weight.to(dtype).contiguous(),
         kick=torch.cat([_rows(x) for x in kick], 1).to(dtype).contiguous(),
         kick2=None if kick2 is None else kick2.to(dtype).contiguous(),
-        widths=widths, integrator=m.integrator, key=key, checksum=weight_checksum(layer),
+        widths=widths,
+        integrator=m.integrator,
+        key=key,
+        checksum=weight_checksum(layer),
     )
 
 

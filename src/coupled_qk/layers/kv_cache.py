@@ -82,8 +82,12 @@ class KVCache:
         end = n + k.shape[-2]
         vbuf = self._v[layer_idx]
         mismatch = buf is not None and (
-            buf.shape[:-2] != k.shape[:-2] or buf.shape[-1] != k.shape[-1] or vbuf.shape[:-2] != v.shape[:-2]
-            or vbuf.shape[-1] != v.shape[-1] or buf.dtype != k.dtype or buf.device != k.device
+            buf.shape[:-2] != k.shape[:-2]
+            or buf.shape[-1] != k.shape[-1]
+            or vbuf.shape[:-2] != v.shape[:-2]
+            or vbuf.shape[-1] != v.shape[-1]
+            or buf.dtype != k.dtype
+            or buf.device != k.device
         )
         if mismatch and n:
             raise ValueError(
@@ -135,8 +139,9 @@ class StaticKVCache:
             ``key_mask`` of another shape or with a row without real tokens.
     """
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], position: int,
-                 key_mask: torch.Tensor | None = None):
+    def __init__(
+        self, keys: list[torch.Tensor], values: list[torch.Tensor], position: int, key_mask: torch.Tensor | None = None
+    ):
         if not keys or len(keys) != len(values):
             raise ValueError(f"need one key and one value buffer per layer; got {len(keys)} and {len(values)}")
         capacity = keys[0].shape[-2]
@@ -153,8 +158,9 @@ class StaticKVCache:
         if key_mask is not None:
             batch = keys[0].shape[0]
             if tuple(key_mask.shape) != (batch, position):
-                raise ValueError(f"key_mask must have shape (B, position) = ({batch}, {position}); "
-                                 f"got {tuple(key_mask.shape)}")
+                raise ValueError(
+                    f"key_mask must have shape (B, position) = ({batch}, {position}); got {tuple(key_mask.shape)}"
+                )
             real = key_mask.to(device=keys[0].device).bool()
             if not bool(real.any(-1).all()):
                 raise ValueError("key_mask has a row without real tokens (all padding)")
@@ -178,7 +184,7 @@ class StaticKVCache:
         if any(k.shape[-2] != cache.capacity for k in cache._k):
             raise ValueError("the cache's buffers are not preallocated (it was filled under autograd)")
         for t in cache._k + cache._v:  # masked slots get probability 0, but 0 * NaN garbage would still be NaN
-            t[..., cache.length:, :].zero_()
+            t[..., cache.length :, :].zero_()
         return cls(cache._k, cache._v, cache.length, key_mask)
 
     @property

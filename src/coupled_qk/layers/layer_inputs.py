@@ -33,8 +33,10 @@ def check_x(x, weight: torch.Tensor) -> None:
     if not x.is_floating_point():
         raise ValueError(f"x must be a floating-point tensor; got dtype {x.dtype}")
     if x.dtype != weight.dtype and not autocast_on(x.device.type):
-        raise ValueError(f"x has dtype {x.dtype} but the layer's parameters are {weight.dtype}; convert one with "
-                         ".to() or run under torch.autocast")
+        raise ValueError(
+            f"x has dtype {x.dtype} but the layer's parameters are {weight.dtype}; convert one with "
+            ".to() or run under torch.autocast"
+        )
 
 
 def check_rope(rope, use_rope: bool, b: int, t: int, d_head: int) -> None:
@@ -42,20 +44,26 @@ def check_rope(rope, use_rope: bool, b: int, t: int, d_head: int) -> None:
     d_head)`` when the layer applies RoPE, and ``None`` when it does not (a table it would ignore is refused)."""
     if not use_rope:
         if rope is not None:
-            raise ValueError("rope was given but the layer was built with use_rope=False (it would be ignored); "
-                             "pass rope=None, or build the layer with use_rope=True")
+            raise ValueError(
+                "rope was given but the layer was built with use_rope=False (it would be ignored); "
+                "pass rope=None, or build the layer with use_rope=True"
+            )
         return
     if not isinstance(rope, (tuple, list)) or len(rope) not in (2, 3):
-        raise TypeError(f"rope must be the RoPE tables (cos, sin) of the current positions "
-                        f"(coupled_qk.ops.rope.rope_tables) for a layer with use_rope=True; got {type(rope).__name__}"
-                        + (f" of length {len(rope)}" if isinstance(rope, (tuple, list)) else ""))
+        raise TypeError(
+            f"rope must be the RoPE tables (cos, sin) of the current positions "
+            f"(coupled_qk.ops.rope.rope_tables) for a layer with use_rope=True; got {type(rope).__name__}"
+            + (f" of length {len(rope)}" if isinstance(rope, (tuple, list)) else "")
+        )
     for name, table in zip(("cos", "sin", "signed sin"), rope):
         if not isinstance(table, torch.Tensor):
             raise TypeError(f"rope's {name} table must be a torch.Tensor; got {type(table).__name__}")
         shape = tuple(table.shape)
         if shape != (t, d_head) and not (len(shape) == 4 and shape[0] in (1, b) and shape[1:] == (1, t, d_head)):
-            raise ValueError(f"rope's {name} table must have shape (T, d_head) = ({t}, {d_head}) or (B, 1, T, d_head) "
-                             f"= ({b}, 1, {t}, {d_head}) for x of {t} tokens; got {shape}")
+            raise ValueError(
+                f"rope's {name} table must have shape (T, d_head) = ({t}, {d_head}) or (B, 1, T, d_head) "
+                f"= ({b}, 1, {t}, {d_head}) for x of {t} tokens; got {shape}"
+            )
 
 
 def check_key_mask(key_mask, b: int) -> None:
@@ -64,11 +72,14 @@ def check_key_mask(key_mask, b: int) -> None:
     if key_mask is None:
         return
     if not isinstance(key_mask, torch.Tensor):
-        raise TypeError(f"key_mask must be a bool torch.Tensor of shape (B, T_past + T) or None; got "
-                        f"{type(key_mask).__name__}")
+        raise TypeError(
+            f"key_mask must be a bool torch.Tensor of shape (B, T_past + T) or None; got {type(key_mask).__name__}"
+        )
     if key_mask.dim() != 2 or key_mask.shape[0] not in (1, b):
-        raise ValueError(f"key_mask must have shape (B, T_past + T) with B={b} (a key-padding mask, not a (T, T) or "
-                         f"4-D attention mask: the layer is causal itself); got {tuple(key_mask.shape)}")
+        raise ValueError(
+            f"key_mask must have shape (B, T_past + T) with B={b} (a key-padding mask, not a (T, T) or "
+            f"4-D attention mask: the layer is causal itself); got {tuple(key_mask.shape)}"
+        )
 
 
 def check_layer_inputs(layer, x, rope, key_mask) -> None:

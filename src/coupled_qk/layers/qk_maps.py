@@ -60,7 +60,8 @@ class QKMap(nn.Module):
 
 
 class QKDynamics(QKMap):
-    """Coupled query-key dynamics (arXiv:2604.01683v1; docs/METHOD.md section 1): evolve ``(q, k)`` jointly before attention scoring.
+    """Coupled query-key dynamics (arXiv:2604.01683v1; docs/METHOD.md section 1): evolve ``(q, k)`` jointly
+    before attention scoring.
 
     Args:
         d_head: head width.
@@ -88,7 +89,8 @@ class QKDynamics(QKMap):
     returns two tensors of the shapes and dtype of the inputs.
 
     Raises:
-        ValueError: invalid constructor arguments (also ``keys_per_query_head=False`` with a per-head force), inputs of the wrong rank, shape, head count or dtype
+        ValueError: invalid constructor arguments (also ``keys_per_query_head=False`` with a per-head force), inputs of
+        the wrong rank, shape, head count or dtype
             (outside autocast), or a non-finite ``dt`` (checked on CPU tensors; on accelerators the check is
             skipped to avoid a sync).
     """
@@ -163,9 +165,7 @@ class QKDynamics(QKMap):
         elif q.shape[:1] + q.shape[2:] != k.shape[:1] + k.shape[2:]:
             raise ValueError(f"q and k shapes differ beyond the head axis: q {tuple(q.shape)} vs k {tuple(k.shape)}")
         if q.shape[1] != self.n_heads or q.shape[-1] != self.d_head:
-            raise ValueError(
-                f"expected {self.n_heads} heads of width d_head={self.d_head}; got q {tuple(q.shape)}"
-            )
+            raise ValueError(f"expected {self.n_heads} heads of width d_head={self.d_head}; got q {tuple(q.shape)}")
         if torch.compiler.is_compiling():
             return
         if self.dt.device.type == "cpu" and not torch.isfinite(self.dt).all():
@@ -201,8 +201,10 @@ def check_qk_tensors(q, k, param: torch.Tensor) -> None:
     if k.dtype != q.dtype:
         raise ValueError(f"q and k dtypes differ: q {q.dtype} vs k {k.dtype}; give both the same dtype")
     if q.dtype != param.dtype and not torch.compiler.is_compiling() and not autocast_on(q.device.type):
-        raise ValueError(f"q has dtype {q.dtype} but the module's parameters are {param.dtype}; convert one with "
-                         ".to() or run under torch.autocast")
+        raise ValueError(
+            f"q has dtype {q.dtype} but the module's parameters are {param.dtype}; convert one with "
+            ".to() or run under torch.autocast"
+        )
 
 
 class QueryMLP(QKMap):
@@ -235,7 +237,11 @@ class QueryMLP(QKMap):
     query_update_is_shift = False  # q' = q + dt g(q) depends on q
 
     def __init__(
-        self, d_head: int, n_heads: int, hidden: int | None = None, dt_init: float = 0.1,
+        self,
+        d_head: int,
+        n_heads: int,
+        hidden: int | None = None,
+        dt_init: float = 0.1,
         shared_across_heads: bool = True,
     ):
         super().__init__()

@@ -22,6 +22,7 @@ from coupled_qk.ops.heads import expand_kv
 SCORINGS = ("standard", "differential")
 """Scoring rules of :class:`CausalSelfAttention`."""
 
+
 def differential_lambda_init(layer_idx: int) -> float:
     """``lambda_init = 0.8 - 0.6 exp(-0.3 * layer_idx)`` for a 0-based layer index (arXiv:2410.05258, eq. 3)."""
     return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
@@ -48,11 +49,14 @@ def attention_mask_4d(key_mask: torch.Tensor | None, t_q: int, t_k: int) -> torc
     if key_mask is None:
         return None
     if key_mask.dtype != torch.bool:
-        raise ValueError(f"key_mask must be a bool tensor (True at real tokens, False at padding); got dtype "
-                         f"{key_mask.dtype} (convert a 0/1 mask with mask.bool(), an additive one with mask == 0)")
+        raise ValueError(
+            f"key_mask must be a bool tensor (True at real tokens, False at padding); got dtype "
+            f"{key_mask.dtype} (convert a 0/1 mask with mask.bool(), an additive one with mask == 0)"
+        )
     if key_mask.dim() != 2 or key_mask.shape[-1] != t_k:
-        raise ValueError(f"key_mask must have shape (B, T_k) with T_k={t_k} (cached plus new positions); got "
-                         f"{tuple(key_mask.shape)}")
+        raise ValueError(
+            f"key_mask must have shape (B, T_k) with T_k={t_k} (cached plus new positions); got {tuple(key_mask.shape)}"
+        )
     causal = _causal_mask(t_q, t_k, key_mask.device)
     own = torch.eye(t_q, t_k, dtype=torch.bool, device=key_mask.device).roll(t_k - t_q, dims=1)
     return (causal & key_mask[:, None, None, :]) | own
@@ -154,7 +158,8 @@ class ScoringRule(nn.Module):
     """Interface of a scoring rule beyond the built-in :data:`SCORINGS`: ``(q, k, v) -> attention output``.
 
     A subclass is built once per layer as ``cls(d_head, n_heads, layer_idx)`` (with its own random stream, like a
-    query-key map: :func:`coupled_qk.layers.attention.build_with_own_rng`) and called after the query-key map and RoPE, on the keys and values
+    query-key map: :func:`coupled_qk.layers.attention.build_with_own_rng`) and called after the query-key map and RoPE,
+    on the keys and values
     the cache returns.
 
     ``forward(q, k, v, eager, dropout_p, mask)``, shapes: ``q (B, H, T_q, d_head)``, ``k (B, H_k, T_k, d_head)``
@@ -173,8 +178,15 @@ class ScoringRule(nn.Module):
 
     head_group: int = 1
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eager: bool, dropout_p: float = 0.0,
-                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        eager: bool,
+        dropout_p: float = 0.0,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention output and (when ``eager``) probabilities; see the class docstring."""
         raise NotImplementedError
 

@@ -98,7 +98,8 @@ class GPTCompileMixin:
 
     def decode_step(self, idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """One decoding step with fixed shapes: logits ``(B, vocab)`` of the tokens ``idx (B, 1)`` at slot
-        ``cache.position`` (at each row's ``cache.positions`` in a padded batch), writing their keys and values there (the function :meth:`compiled_decode_step`
+        ``cache.position`` (at each row's ``cache.positions`` in a padded batch), writing their keys and values there
+        (the function :meth:`compiled_decode_step`
         compiles; it also runs eagerly). Nothing here reads a Python number that changes between steps, so a
         compiled version never recompiles; the caller advances ``cache`` afterwards."""
         return self.logits(self.static_hidden_states(idx, cache, getattr(cache, "positions", None))[:, -1])
@@ -125,8 +126,9 @@ class GPTCompileMixin:
             x = block(x, rope, cache)
         return self.ln_f(x)
 
-    def compiled_decode_step(self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False,
-                             options: dict | None = None):
+    def compiled_decode_step(
+        self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False, options: dict | None = None
+    ):
         """The compiled :meth:`decode_step`, built on the first call and kept on the model: every :meth:`generate`
         with ``compile=True`` and every later call with all arguments at their defaults reuse it, whatever it was
         built with; a later call with other arguments than the kept step's compiles a new step with them and
@@ -135,7 +137,8 @@ class GPTCompileMixin:
         (``torch.compile(options=...)``, which excludes ``mode``: with ``options``, ``"auto"`` on CUDA becomes
         ``options["triton.cudagraphs"] = True``, and another ``mode`` raises ``ValueError``). On CPU
         ``options={"cpp_wrapper": True}`` makes every variant's step faster (batch 1 at ``tiny``: 0.78x of the time)
-        at about twice the compile time (``benchmarks/results/issue29/decode-options``). Shapes are static (``dynamic=False``): one graph per batch
+        at about twice the compile time (``benchmarks/results/issue29/decode-options``). Shapes are static
+        (``dynamic=False``): one graph per batch
         size and cache capacity (:func:`static_capacity` rounds capacities to powers of two); Dynamo's limit on
         graphs per function is raised so that many models and shapes never fall back to eager silently
         (:func:`make_graph_room`).
@@ -159,22 +162,27 @@ class GPTCompileMixin:
         cuda = device == "cuda"
         if options is not None:
             if mode not in ("auto", None):
-                raise ValueError(f"compiled_decode_step: mode={mode!r} and options cannot both be given "
-                                 "(torch.compile takes one or the other); use mode='auto' or None with options")
+                raise ValueError(
+                    f"compiled_decode_step: mode={mode!r} and options cannot both be given "
+                    "(torch.compile takes one or the other); use mode='auto' or None with options"
+                )
             options = {**({"triton.cudagraphs": True} if cuda and mode == "auto" else {}), **options}
             mode = None
         elif mode == "auto":
             mode = "reduce-overhead" if cuda else None
         make_graph_room()
-        compiled = torch.compile(self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph,
-                                 options=options)
+        compiled = torch.compile(
+            self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph, options=options
+        )
         state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
 
         def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
             full = getattr(cache, "next_slot", -1) >= getattr(cache, "capacity", 0)  # a compiled write past the
             if full:  # buffers fails inside a kernel, with a message naming none of this
-                raise ValueError(f"the StaticKVCache is full: all capacity={cache.capacity} slots are written; "
-                                 "decode fewer tokens or start from a larger cache (GPT.new_cache(capacity))")
+                raise ValueError(
+                    f"the StaticKVCache is full: all capacity={cache.capacity} slots are written; "
+                    "decode fewer tokens or start from a larger cache (GPT.new_cache(capacity))"
+                )
             self._refresh_transposed_head()  # the opt-in decoding head follows the weights (decode_head.py)
             if state["fn"] is not None:
                 return state["fn"](idx, cache)
@@ -190,8 +198,11 @@ class GPTCompileMixin:
                 reason = compile_error_summary(exc)
                 self.compile_info["decode_error"] = reason
                 self._decode_step = state["fn"] = self.decode_step
-                warnings.warn(f"torch.compile of the decoding step failed ({reason}); decoding eagerly",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"torch.compile of the decoding step failed ({reason}); decoding eagerly",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 return logits
             self.compile_info["decode_first_call_s"] = time.perf_counter() - start
             return logits
@@ -225,7 +236,6 @@ def make_graph_room() -> None:
         config.recompile_limit = GRAPH_ROOM
     if config.accumulated_recompile_limit < GRAPH_ROOM:
         config.accumulated_recompile_limit = GRAPH_ROOM
-
 
 
 def compile_error_summary(exc: BaseException) -> str:

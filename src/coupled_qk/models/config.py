@@ -69,11 +69,16 @@ def rename_fields(data: dict, where: str = "GPTConfig") -> dict:
             continue
         value = out.pop(old)
         if new in out and out[new] != value:
-            raise ValueError(f"{where}: {old}={value!r} (the old name of {new}) and {new}={out[new]!r} disagree; "
-                             f"give only {new}")
+            raise ValueError(
+                f"{where}: {old}={value!r} (the old name of {new}) and {new}={out[new]!r} disagree; give only {new}"
+            )
         out[new] = value
-        warnings.warn(f"{where}: the field {old!r} is now called {new!r}; read {old}={value!r} as {new}={value!r} "
-                      f"(save the config again to store the new name)", DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"{where}: the field {old!r} is now called {new!r}; read {old}={value!r} as {new}={value!r} "
+            f"(save the config again to store the new name)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
     return out
 
 
@@ -104,8 +109,10 @@ class JSONConfig(CheckedAssignment):
         unknown = sorted(set(data) - names)
         if unknown:
             hints = close_matches(unknown, names)
-            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
-                             f"valid fields: {sorted(names)}")
+            raise ValueError(
+                f"unknown {cls.__name__} field(s) {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
+                f"valid fields: {sorted(names)}"
+            )
         return cls(**data)
 
     def save(self, path: str | Path) -> None:
@@ -135,8 +142,9 @@ class JSONConfig(CheckedAssignment):
         except json.JSONDecodeError as exc:
             raise ValueError(f"config file {path} is not valid JSON ({exc})") from exc
         except UnicodeDecodeError as exc:
-            raise ValueError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); expected "
-                             "a JSON file") from None
+            raise ValueError(
+                f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); expected a JSON file"
+            ) from None
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a JSON object; got {type(data).__name__}")
         data = cls.upgrade(data, path)
@@ -391,6 +399,7 @@ def parse_overrides(items: Sequence[str], target: type = GPTConfig, flag: str = 
         if key not in types:
             raise ValueError(
                 f"{flag} {key}={value}: unknown {target.__name__} field(s) {[key]}; valid fields: {sorted(types)}"
-                + (f"; {OPTION_HINT}" if target is GPTConfig else ""))
+                + (f"; {OPTION_HINT}" if target is GPTConfig else "")
+            )
         out[key] = coerce(f"{flag} {key}", value, types[key])
     return out

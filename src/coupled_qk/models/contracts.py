@@ -28,9 +28,11 @@ def check_name(what: str, name: object) -> None:
     ``+``, with ``-`` read as ``_``), run folders and saved configs: only identifiers survive every one of them.
     """
     if not (isinstance(name, str) and name.isidentifier()):
-        raise ValueError(f"{what}={name!r} must be a Python identifier (letters, digits and '_', not starting with "
-                         f"a digit; e.g. 'my_map'): attention and variant names are read back from --attention, "
-                         f"--variants specs (split at ',' and '+', '-' read as '_') and saved configs")
+        raise ValueError(
+            f"{what}={name!r} must be a Python identifier (letters, digits and '_', not starting with "
+            f"a digit; e.g. 'my_map'): attention and variant names are read back from --attention, "
+            f"--variants specs (split at ',' and '+', '-' read as '_') and saved configs"
+        )
 
 
 def _check_signature(cls: type, positional: list[str], keywords: list[str]) -> None:
@@ -43,14 +45,17 @@ def _check_signature(cls: type, positional: list[str], keywords: list[str]) -> N
         signature.bind(*positional, **dict.fromkeys(keywords))
     except TypeError as exc:
         call = ", ".join(positional + [f"{k}=..." for k in keywords])
-        raise ValueError(f"{cls.__name__}{signature} cannot be built as {cls.__name__}({call}), the way every layer "
-                         f"builds it: {exc}") from None
+        raise ValueError(
+            f"{cls.__name__}{signature} cannot be built as {cls.__name__}({call}), the way every layer builds it: {exc}"
+        ) from None
 
 
 def _check_forward(cls: type, base: type, signature: str) -> None:
     if cls.forward is base.forward:
-        raise ValueError(f"{cls.__name__} must define forward{signature} (it inherits {base.__name__}.forward, "
-                         f"which raises NotImplementedError)")
+        raise ValueError(
+            f"{cls.__name__} must define forward{signature} (it inherits {base.__name__}.forward, "
+            f"which raises NotImplementedError)"
+        )
 
 
 IDENTITY_METHOD = "start_at_identity"
@@ -65,13 +70,17 @@ def _check_identity_method(module: type) -> None:
     if method is None:
         return
     if not inspect.isfunction(method):
-        raise ValueError(f"{module.__name__}.{IDENTITY_METHOD} = {method!r} must be a method taking no argument "
-                         f"(called as map.{IDENTITY_METHOD}() to make the map the identity)")
+        raise ValueError(
+            f"{module.__name__}.{IDENTITY_METHOD} = {method!r} must be a method taking no argument "
+            f"(called as map.{IDENTITY_METHOD}() to make the map the identity)"
+        )
     try:
         inspect.signature(method).bind(None)
     except TypeError as exc:
-        raise ValueError(f"{module.__name__}.{IDENTITY_METHOD}{inspect.signature(method)} must take no argument "
-                         f"besides self (called as map.{IDENTITY_METHOD}()): {exc}") from None
+        raise ValueError(
+            f"{module.__name__}.{IDENTITY_METHOD}{inspect.signature(method)} must take no argument "
+            f"besides self (called as map.{IDENTITY_METHOD}()): {exc}"
+        ) from None
 
 
 SHIFT_ATTRIBUTE = "query_update_is_shift"
@@ -85,8 +94,10 @@ def _check_bool_attributes(module: type) -> None:
     for attr in ("keys_per_query_head", SHIFT_ATTRIBUTE):
         value = getattr(module, attr)
         if not isinstance(value, bool):
-            raise ValueError(f"{module.__name__}.{attr} = {value!r} must be a bool (True or False); see "
-                             f"coupled_qk.layers.qk_maps for what it declares")
+            raise ValueError(
+                f"{module.__name__}.{attr} = {value!r} must be a bool (True or False); see "
+                f"coupled_qk.layers.qk_maps for what it declares"
+            )
 
 
 def check_map(module: object, options: object) -> None:
@@ -98,7 +109,8 @@ def check_map(module: object, options: object) -> None:
             ``keys_per_query_head`` or ``query_update_is_shift`` not a bool; ``options`` not a
             :class:`MapOptions` dataclass, a field without a default (a model is
             built from the defaults), a field of a type that values cannot be converted to
-            (:func:`coupled_qk._checks.coercible`: a ``tuple`` would take ``--set`` strings unchecked), a field named like a ``GPTConfig`` field (:data:`RESERVED_OPTION_NAMES`), or fields that
+            (:func:`coupled_qk._checks.coercible`: a ``tuple`` would take ``--set`` strings unchecked), a field named
+            like a ``GPTConfig`` field (:data:`RESERVED_OPTION_NAMES`), or fields that
             ``module(d_head, n_heads, **options)`` does not accept.
     """
     if not (isinstance(options, type) and issubclass(options, MapOptions) and dataclasses.is_dataclass(options)):
@@ -111,22 +123,28 @@ def check_map(module: object, options: object) -> None:
     fields = dataclasses.fields(options)
     required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if required:
-        raise ValueError(f"options {options.__name__}: field(s) {required} need a default (a model is built from the "
-                         f"options' defaults when none is given)")
+        raise ValueError(
+            f"options {options.__name__}: field(s) {required} need a default (a model is built from the "
+            f"options' defaults when none is given)"
+        )
     try:
         annotations = field_types(options)
     except Exception as exc:  # NameError of a string annotation, ...
         raise ValueError(f"options {options.__name__}: its field annotations cannot be resolved: {exc}") from None
     unchecked = {n: getattr(a, "__name__", str(a)) for n, a in annotations.items() if not coercible(a)}
     if unchecked:
-        raise ValueError(f"options {options.__name__}: field type(s) {unchecked} cannot be read from --set, variant "
-                         f"specs or config files; use bool, int, float, str, Literal['a', 'b'], dict, list or "
-                         f"'X | None' of those")
+        raise ValueError(
+            f"options {options.__name__}: field type(s) {unchecked} cannot be read from --set, variant "
+            f"specs or config files; use bool, int, float, str, Literal['a', 'b'], dict, list or "
+            f"'X | None' of those"
+        )
     reserved = sorted(f.name for f in fields if f.name in RESERVED_OPTION_NAMES)
     if reserved:
-        raise ValueError(f"options {options.__name__}: field(s) {reserved} are GPTConfig fields, so --set and "
-                         f"GPTConfig(...) keywords of that name set the GPTConfig field, never the map's option; "
-                         f"rename them")
+        raise ValueError(
+            f"options {options.__name__}: field(s) {reserved} are GPTConfig fields, so --set and "
+            f"GPTConfig(...) keywords of that name set the GPTConfig field, never the map's option; "
+            f"rename them"
+        )
     _check_signature(module, ["d_head", "n_heads"], [f.name for f in fields])
 
 
@@ -150,4 +168,6 @@ def same_definition(a: type, b: type) -> bool:
     """Whether ``a`` and ``b`` are one class or two runs of one definition (same module and qualified name: a
     notebook cell run again, ``importlib.reload``)."""
     return a is b or (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
-        getattr(b, "__module__", None), getattr(b, "__qualname__", None))
+        getattr(b, "__module__", None),
+        getattr(b, "__qualname__", None),
+    )

@@ -46,19 +46,30 @@ READ_WHEN: dict[str, ReadWhen] = {
     "rope_base": ReadWhen(
         lambda c: c.position == "rope",
         lambda c: f"position={c.position!r} (learned absolute position embeddings, no rotary positions)",
-        "the rotary position tables, position='rope'", lambda c: 10000.0),
+        "the rotary position tables, position='rope'",
+        lambda c: 10000.0,
+    ),
     "map_position": ReadWhen(
-        _has_map, lambda c: f"attention={c.attention!r} (it has no query-key map)",
+        _has_map,
+        lambda c: f"attention={c.attention!r} (it has no query-key map)",
         "where an attention's query-key map acts relative to RoPE (e.g. attention='coupled')",
-        lambda c: "pre_rope"),
+        lambda c: "pre_rope",
+    ),
     "d_ff": ReadWhen(
-        lambda c: c.use_mlp, lambda c: "use_mlp=False (attention-only blocks, no feed-forward sub-layer)",
-        "the feed-forward width, use_mlp=True", lambda c: 4 * c.d_model),
+        lambda c: c.use_mlp,
+        lambda c: "use_mlp=False (attention-only blocks, no feed-forward sub-layer)",
+        "the feed-forward width, use_mlp=True",
+        lambda c: 4 * c.d_model,
+    ),
     "qk_map.keys_per_query_head": ReadWhen(
         lambda c: c.n_kv_heads is not None and c.n_kv_heads < c.n_heads,
-        lambda c: (f"n_kv_heads={c.n_kv_heads} = n_heads={c.n_heads} (no grouped-query attention: each query "
-                   "head already has its own key head, so the evolved keys are the same either way)"),
-        "grouped-query attention, n_kv_heads < n_heads (one evolved key per key/value head)", lambda c: True),
+        lambda c: (
+            f"n_kv_heads={c.n_kv_heads} = n_heads={c.n_heads} (no grouped-query attention: each query "
+            "head already has its own key head, so the evolved keys are the same either way)"
+        ),
+        "grouped-query attention, n_kv_heads < n_heads (one evolved key per key/value head)",
+        lambda c: True,
+    ),
 }
 """Field -> when the model reads it. A field not listed here is read by every config. A dotted name is an option
 of the query-key map (``GPTConfig.qk_map``), checked only for maps that have it."""
@@ -78,6 +89,7 @@ def field_value(config, name: str):
         if value is MISSING:
             return MISSING
     return value
+
 
 _saved: contextvars.ContextVar[str | None] = contextvars.ContextVar("coupled_qk_saved_config", default=None)
 
@@ -102,8 +114,10 @@ def unread_field_problem(config, fields=None) -> str | None:
         value = field_value(config, name)
         if value is MISSING or value == rule.default(config) or rule.when(config):
             continue
-        return (f"GPTConfig.{name}={value!r} is not read with {rule.otherwise(config)}: {name} is for "
-                f"{rule.used_for}; leave it at its default ({rule.default(config)!r})")
+        return (
+            f"GPTConfig.{name}={value!r} is not read with {rule.otherwise(config)}: {name} is for "
+            f"{rule.used_for}; leave it at its default ({rule.default(config)!r})"
+        )
     return None
 
 
@@ -116,5 +130,6 @@ def check_unread_fields(config, fields=None) -> None:
     where = _saved.get()
     if where is None:
         raise ValueError(problem)
-    warnings.warn(f"{where}: {problem} (a saved config; loaded as saved, the value has no effect)", UserWarning,
-                  stacklevel=3)
+    warnings.warn(
+        f"{where}: {problem} (a saved config; loaded as saved, the value has no effect)", UserWarning, stacklevel=3
+    )

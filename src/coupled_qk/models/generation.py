@@ -61,16 +61,26 @@ class GPTGenerationMixin:
         """
         if context not in ("slide", "error"):
             raise ValueError(f"context={context!r} must be 'slide' or 'error'")
-        check_generate_args(idx, max_new_tokens, block_size=self.config.block_size, vocab_size=self.config.vocab_size,
-                            temperature=temperature, top_k=top_k, use_cache=use_cache, generator=generator,
-                            attention_mask=attention_mask, fit_context=context == "error")  # once per call
+        check_generate_args(
+            idx,
+            max_new_tokens,
+            block_size=self.config.block_size,
+            vocab_size=self.config.vocab_size,
+            temperature=temperature,
+            top_k=top_k,
+            use_cache=use_cache,
+            generator=generator,
+            attention_mask=attention_mask,
+            fit_context=context == "error",
+        )  # once per call
         check_greedy_extras(temperature, top_k, generator)
         if compile and not use_cache:
             raise ValueError("generate(compile=True) decodes with the cache: use_cache must be True (got False)")
         total = idx.shape[1] + max_new_tokens
         if total > self.config.block_size:  # context="slide" (checked above): predict from the last block_size
-            return self.generate_sliding(idx, max_new_tokens, temperature, top_k, use_cache, generator,
-                                         attention_mask, compile=compile)
+            return self.generate_sliding(
+                idx, max_new_tokens, temperature, top_k, use_cache, generator, attention_mask, compile=compile
+            )
         if compile:
             return self._generate_compiled(idx, max_new_tokens, temperature, top_k, generator, attention_mask)
         cache = self.new_cache(max(total, 1)) if use_cache else None
@@ -122,15 +132,29 @@ class GPTGenerationMixin:
         Raises:
             TypeError, ValueError: as :meth:`generate` (:func:`coupled_qk.tensor_checks.check_generate_args`).
         """
-        check_generate_args(idx, max_new_tokens, block_size=self.config.block_size, vocab_size=self.config.vocab_size,
-                            temperature=temperature, top_k=top_k, use_cache=use_cache, generator=generator,
-                            attention_mask=attention_mask, fit_context=False)
+        check_generate_args(
+            idx,
+            max_new_tokens,
+            block_size=self.config.block_size,
+            vocab_size=self.config.vocab_size,
+            temperature=temperature,
+            top_k=top_k,
+            use_cache=use_cache,
+            generator=generator,
+            attention_mask=attention_mask,
+            fit_context=False,
+        )
         check_greedy_extras(temperature, top_k, generator)
         block = self.config.block_size
         b, t = idx.shape
         first = min(max_new_tokens, max(block - t, 0))  # tokens that still fit the context: plain decoding
-        out = self.generate(idx, first, temperature, top_k, use_cache, generator, attention_mask,
-                            context="error", compile=compile) if first else idx
+        out = (
+            self.generate(
+                idx, first, temperature, top_k, use_cache, generator, attention_mask, context="error", compile=compile
+            )
+            if first
+            else idx
+        )
         mask = attention_mask
         if mask is not None and first:
             mask = torch.cat([mask, mask.new_ones(b, first)], dim=1)
@@ -180,8 +204,9 @@ class GPTGenerationMixin:
         return self.logits(self.ln_f(x[:, -1]))
 
 
-def sample_next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_next_token(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """One token per row from float logits ``(B, vocab)`` -> ids ``(B, 1)``: the arg-max at ``temperature = 0``,
     else a draw from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest logits (ties at the
     k-th value kept). Used by :meth:`GPT.generate` and :meth:`GPT.generate_sliding`. A temperature so small

@@ -147,7 +147,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         if n_rows > config.vocab_size:
             with torch.no_grad():
-                self.tok_emb.weight[config.vocab_size:].zero_()  # padding rows: never read, never scored
+                self.tok_emb.weight[config.vocab_size :].zero_()  # padding rows: never read, never scored
         self._build_rope()
 
     def _build_rope(self) -> None:
@@ -246,8 +246,10 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         b, t = idx.shape
         weight = self.tok_emb.weight
         if idx.device != weight.device and weight.device.type != "meta":
-            raise ValueError(f"idx is on {idx.device} but the model is on {weight.device}; move the ids there "
-                             f"(idx.to({str(weight.device)!r}))")
+            raise ValueError(
+                f"idx is on {idx.device} but the model is on {weight.device}; move the ids there "
+                f"(idx.to({str(weight.device)!r}))"
+            )
         past = 0 if cache is None else cache.length
         if t == 0 or b == 0:
             raise ValueError(f"idx has a zero-sized dimension: shape {tuple(idx.shape)} (need B >= 1 and T >= 1)")
@@ -285,7 +287,8 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
             attention_mask: ``(B, T_past + T)`` bool or 0/1 ints, 0 at padding (left or right); padded keys
                 are hidden from every query in every variant. ``None``: no padding.
             position_ids: ``(B, T)``, ``(1, T)`` or ``(T,)`` integer positions of the new tokens; default: from
-                ``attention_mask`` (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past + T - 1``.
+                ``attention_mask`` (real tokens numbered from 0, as in Hugging Face models), else ``T_past, ..., T_past
+                + T - 1``.
 
         Raises:
             ValueError: ``idx`` not 2-D integer, ids outside ``[0, vocab_size)``, a sequence (plus cached
@@ -294,7 +297,9 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         """
         key_mask = None
         if attention_mask is not None and idx.dim() == 2:  # (a bad idx is reported by embed)
-            key_mask = key_padding_mask(attention_mask, idx.shape[0], idx.shape[1] + (0 if cache is None else cache.length))
+            key_mask = key_padding_mask(
+                attention_mask, idx.shape[0], idx.shape[1] + (0 if cache is None else cache.length)
+            )
         x, rope = self.embed(idx, cache, key_mask, position_ids)
         if self.gradient_checkpointing and self.training and cache is None and torch.is_grad_enabled():
             run = functools.partial(self._checkpointed_blocks, x, rope, key_mask)  # compiled: with the eager fallback
@@ -345,6 +350,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must be in [0, {self.config.vocab_size}); got min {lo}, max {hi}")
+
 
 def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> torch.Tensor | None:
     """A Hugging Face style ``attention_mask`` ``(B, T_k)`` (1 or True at tokens, 0 at padding) as bool;

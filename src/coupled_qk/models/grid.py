@@ -132,8 +132,10 @@ def build_map(module: type, options: dict, d_head: int, n_heads: int):
 QK_MAPS: dict[str, QKMapType] = {}
 """Registered query-key maps by name."""
 
-SCORING_RULES: dict[str, ScoringType] = {"standard": ScoringType("standard", None, 1),
-                                         "differential": ScoringType("differential", None, 2)}
+SCORING_RULES: dict[str, ScoringType] = {
+    "standard": ScoringType("standard", None, 1),
+    "differential": ScoringType("differential", None, 2),
+}
 """Registered scoring rules by name: the built-in :data:`~coupled_qk.layers.attention.SCORINGS` first."""
 assert tuple(SCORING_RULES) == SCORINGS
 

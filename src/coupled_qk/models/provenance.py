@@ -18,8 +18,10 @@ KEY = "registered_by"
 """The key of a saved config holding its attention's registering packages: a list of ``{"attention", "module",
 "distribution"}`` (``distribution`` ``None`` for a module that no installed distribution provides)."""
 
-OPTION_HINT = ("an option of another package's attention exists only where that package is installed (it registers "
-               "through the entry-point group 'coupled_qk.variants', docs/DESIGN.md)")
+OPTION_HINT = (
+    "an option of another package's attention exists only where that package is installed (it registers "
+    "through the entry-point group 'coupled_qk.variants', docs/DESIGN.md)"
+)
 """The end of the error for an unknown ``--set`` option: where plugin options come from."""
 
 
@@ -64,10 +66,14 @@ def hint(recorded) -> str:
     items = [r for r in recorded if isinstance(r, dict) and "module" in r] if isinstance(recorded, list) else []
     if not items:
         return ""
-    named = ", ".join(f"module {r['module']!r}" + (f" (distribution {r['distribution']!r})" if r.get("distribution")
-                                                   else "") for r in items)
-    return (f"; the config records attention {items[0].get('attention')!r} as registered by {named}: install that "
-            "package where this config is loaded")
+    named = ", ".join(
+        f"module {r['module']!r}" + (f" (distribution {r['distribution']!r})" if r.get("distribution") else "")
+        for r in items
+    )
+    return (
+        f"; the config records attention {items[0].get('attention')!r} as registered by {named}: install that "
+        "package where this config is loaded"
+    )
 
 
 @contextlib.contextmanager

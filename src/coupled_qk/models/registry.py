@@ -8,7 +8,8 @@ This module is the library's extension point (docs/DESIGN.md, "Adding an attenti
   every registered scoring rule (:data:`SCORING_RULES`: the built-in ``standard`` and ``differential``, plus
   any added :class:`~coupled_qk.layers.attention.ScoringRule`). Names: the rule's name without a map
   (``standard``, ``differential``); ``<stem>`` (standard scoring) and ``<stem>_<rule>`` for a map registered
-  with that stem (``coupled`` and ``coupled_differential`` for the dynamics). The scoring fixes the head layout (:attr:`Attention.head_group`)
+  with that stem (``coupled`` and ``coupled_differential`` for the dynamics). The scoring fixes the head layout
+  (:attr:`Attention.head_group`)
   and the map fixes the nested config schema (``GPTConfig.qk_map``, a :class:`~coupled_qk.models.options.MapOptions`
   dataclass that exists only for attentions with a map, so an option that would be ignored is an error).
 - A **variant** (:data:`VARIANTS`) is a named spec used by ``compare``, ``bench``, ``mqar``, ``claims
@@ -57,12 +58,21 @@ from coupled_qk.models.options import DynamicsOptions, InvertibleOptions, QueryM
 ENTRY_POINT_GROUP = "coupled_qk.variants"
 """Python entry-point group read by :func:`load_plugins` (``[project.entry-points."coupled_qk.variants"]``)."""
 
-UNKNOWN_HINT = (f"an attention or variant of another package exists only where that package is installed "
-                f"(it registers through the entry-point group {ENTRY_POINT_GROUP!r}, docs/DESIGN.md)")
+UNKNOWN_HINT = (
+    f"an attention or variant of another package exists only where that package is installed "
+    f"(it registers through the entry-point group {ENTRY_POINT_GROUP!r}, docs/DESIGN.md)"
+)
 """The end of the error for an unknown attention or variant name: where plugin names come from."""
 
-LEGACY_DEFAULTS = dict(integrator="euler", n_steps=1, dynamics_hidden=None, dt_init=0.1, shared_across_heads=True,
-                       force="mlp", keys_per_query_head=True)
+LEGACY_DEFAULTS = dict(
+    integrator="euler",
+    n_steps=1,
+    dynamics_hidden=None,
+    dt_init=0.1,
+    shared_across_heads=True,
+    force="mlp",
+    keys_per_query_head=True,
+)
 """Values that configs saved before the nested ``qk_map`` wrote for every attention (dropped on load where
 the attention has no such option)."""
 
@@ -140,11 +150,17 @@ def _register_map(name: str, stem: str, module: type, options: type) -> QKMapTyp
     check_name("stem", stem)
     existing = QK_MAPS.get(name)
     # the same classes again (a notebook cell run again, importlib.reload): replaced, the attentions build the new ones
-    rerun = existing is not None and existing.stem == stem and same_definition(module, existing.module) \
+    rerun = (
+        existing is not None
+        and existing.stem == stem
+        and same_definition(module, existing.module)
         and same_definition(options, existing.options)
+    )
     if existing is not None and not rerun:
-        raise ValueError(f"query-key map {name!r} is already registered (stem {existing.stem!r}, "
-                         f"{existing.module.__module__}.{existing.module.__qualname__}); choose another name")
+        raise ValueError(
+            f"query-key map {name!r} is already registered (stem {existing.stem!r}, "
+            f"{existing.module.__module__}.{existing.module.__qualname__}); choose another name"
+        )
     names = [attention_name(stem, s) for s in SCORING_RULES]
     taken = [] if rerun else [n for n in names if n in ATTENTIONS or n in VARIANTS or n in ALIASES]
     if taken:
@@ -157,8 +173,9 @@ def _register_map(name: str, stem: str, module: type, options: type) -> QKMapTyp
     return entry
 
 
-def register_qk_map(name: str, stem: str, module: type, options: type,
-                    in_defaults: bool | Sequence[str] = True) -> QKMapType:
+def register_qk_map(
+    name: str, stem: str, module: type, options: type, in_defaults: bool | Sequence[str] = True
+) -> QKMapType:
     """Register a query-key map: its attentions (one per scoring rule) and a variant of each attention's name.
 
     This one call is all a new map needs (docs/DESIGN.md): from then on ``GPTConfig(attention=stem)``, every
@@ -181,20 +198,23 @@ def register_qk_map(name: str, stem: str, module: type, options: type,
             again, replaces the map and keeps its place in the default list), a name or stem that is not an
             identifier, ``module`` not a :class:`~coupled_qk.layers.qk_maps.QKMap` subclass with its own
             ``forward`` (or with a ``start_at_identity`` that is not a method taking no argument: the optional
-            method :func:`coupled_qk.hf.retrofit` needs), ``options`` not a :class:`MapOptions` dataclass whose fields all have defaults, are not
+            method :func:`coupled_qk.hf.retrofit` needs), ``options`` not a :class:`MapOptions` dataclass whose fields
+            all have defaults, are not
             ``GPTConfig`` fields and are accepted by ``module``'s constructor
             (:func:`coupled_qk.models.contracts.check_map`), or ``in_defaults`` not a bool or a list of
             registered scoring rules.
     """
     load_plugins()  # names taken by plugins are checked too
     if isinstance(in_defaults, str) or not (isinstance(in_defaults, bool) or isinstance(in_defaults, Sequence)):
-        raise ValueError(f"in_defaults={in_defaults!r} must be True, False or a list of scoring rules (e.g. "
-                         f"['standard'])")
+        raise ValueError(
+            f"in_defaults={in_defaults!r} must be True, False or a list of scoring rules (e.g. ['standard'])"
+        )
     scorings = SCORINGS if in_defaults is True else () if in_defaults is False else tuple(in_defaults)
     unknown = [s for s in scorings if s not in SCORING_RULES]
     if unknown:
-        raise ValueError(f"in_defaults={in_defaults!r}: unknown scoring rule(s) {unknown}; expected one of "
-                         f"{list(SCORING_RULES)}")
+        raise ValueError(
+            f"in_defaults={in_defaults!r}: unknown scoring rule(s) {unknown}; expected one of {list(SCORING_RULES)}"
+        )
     entry = _register_map(name, stem, module, options)
     for scoring in SCORING_RULES:
         attention = attention_name(stem, scoring)
@@ -266,8 +286,10 @@ def register_variant(name: str, attention: str, *, in_defaults: bool = True, **o
     if VARIANTS.get(name) == dict(attention=attention, **options):
         return
     if name in VARIANTS or name in ALIASES:
-        raise ValueError(f"variant {name!r} is already registered (as {VARIANTS.get(name, ALIASES.get(name))!r}); "
-                         f"choose another name")
+        raise ValueError(
+            f"variant {name!r} is already registered (as {VARIANTS.get(name, ALIASES.get(name))!r}); "
+            f"choose another name"
+        )
     get_attention(attention).options(None, options)  # validates
     VARIANTS[name] = dict(attention=attention, **options)
     if in_defaults:
@@ -280,15 +302,19 @@ def get_attention(name: str) -> Attention:
     if name not in ATTENTIONS:
         if isinstance(name, str) and "+" in name:
             head, _, rest = name.partition("+")
-            hint = (f"; a variant spec (NAME+field=value) is read by --variants only: give the attention and its "
-                    f"options separately (attention={head!r} plus {rest!r}; on the command line --attention {head} "
-                    f"--set {rest.replace('+', ' --set ')})")
+            hint = (
+                f"; a variant spec (NAME+field=value) is read by --variants only: give the attention and its "
+                f"options separately (attention={head!r} plus {rest!r}; on the command line --attention {head} "
+                f"--set {rest.replace('+', ' --set ')})"
+            )
         elif isinstance(name, str) and name in VARIANTS:  # a named variant: an attention plus its settings
             settings = {k: v for k, v in VARIANTS[name].items() if k != "attention"}
             flags = " ".join(f"--set {k}={v}" for k, v in settings.items())
-            hint = (f"; {name!r} is a named variant (attention={VARIANTS[name]['attention']!r} with {settings}), "
-                    f"which --variants reads; give its attention and settings (on the command line --attention "
-                    f"{VARIANTS[name]['attention']} {flags})")
+            hint = (
+                f"; {name!r} is a named variant (attention={VARIANTS[name]['attention']!r} with {settings}), "
+                f"which --variants reads; give its attention and settings (on the command line --attention "
+                f"{VARIANTS[name]['attention']} {flags})"
+            )
         else:
             hint = f"; {UNKNOWN_HINT}"
         raise ValueError(f"GPTConfig.attention={name!r} is unknown; expected one of {list(ATTENTIONS)}{hint}")

@@ -33,8 +33,14 @@ from coupled_qk.models.registry import (
     variant_names,
 )
 
-__all__ = ["canonical_name", "check_distinct", "parse_variants", "variant_attention", "variant_identity",
-           "variant_overrides"]
+__all__ = [
+    "canonical_name",
+    "check_distinct",
+    "parse_variants",
+    "variant_attention",
+    "variant_identity",
+    "variant_overrides",
+]
 
 
 def canonical_name(spec: str) -> str:
@@ -59,8 +65,7 @@ def variant_overrides(spec: str) -> dict:
         raise ValueError(f"variant spec {spec!r} is empty")
     known = variant_names()  # loads plugins
     if name not in VARIANTS:
-        raise ValueError(f"unknown variant {spec!r}; expected one of {known}, optionally +field=value; "
-                         f"{UNKNOWN_HINT}")
+        raise ValueError(f"unknown variant {spec!r}; expected one of {known}, optionally +field=value; {UNKNOWN_HINT}")
     items = rest.split("+") if rest else []
     given = parse_overrides(items, flag=f"variant {spec!r}")
     given = _typed_map_options(spec, given.get("attention", VARIANTS[name]["attention"]), given)
@@ -83,8 +88,10 @@ def _typed_map_options(spec: str, attention: str, given: dict) -> dict:
     if entry is None or entry.qk_map is None:
         return given  # refused later, naming the spec
     types, flat = field_types(entry.qk_map.options), flat_option_names()
-    return {k: coerce(f"variant {spec!r} {k}", v, types[flat[k]]) if isinstance(v, str) and flat.get(k) in types
-            else v for k, v in given.items()}
+    return {
+        k: coerce(f"variant {spec!r} {k}", v, types[flat[k]]) if isinstance(v, str) and flat.get(k) in types else v
+        for k, v in given.items()
+    }
 
 
 def _defining(name: str) -> dict:
@@ -101,16 +108,21 @@ def _refuse_contradictions(spec: str, name: str, given: dict, items: list[str]) 
     """``ValueError`` when an override of ``spec`` sets a defining setting of ``name`` to another value (the
     spec would train one model under another's label), naming the spec to write instead."""
     defining = _defining(name)
-    clash = {k: v for k, v in given.items() if OPTION_ALIASES.get(k, k) in defining
-             and defining[OPTION_ALIASES.get(k, k)] != v}
+    clash = {
+        k: v
+        for k, v in given.items()
+        if OPTION_ALIASES.get(k, k) in defining and defining[OPTION_ALIASES.get(k, k)] != v
+    }
     if not clash:
         return
     attention = given.get("attention", defining["attention"])
     kept = [item.strip() for item in items if item.partition("=")[0].strip().replace("-", "_") != "attention"]
     instead = "+".join([attention, *kept])
     key, value = next(iter(clash.items()))
-    raise ValueError(f"variant {spec!r}: {key}={value!r} contradicts {name!r}, which is defined by "
-                     f"{key}={defining[OPTION_ALIASES.get(key, key)]!r}; write {instead!r} instead")
+    raise ValueError(
+        f"variant {spec!r}: {key}={value!r} contradicts {name!r}, which is defined by "
+        f"{key}={defining[OPTION_ALIASES.get(key, key)]!r}; write {instead!r} instead"
+    )
 
 
 def variant_identity(spec: str, preset: str | None = None, model: dict | None = None) -> dict:
@@ -135,12 +147,15 @@ def variant_identity(spec: str, preset: str | None = None, model: dict | None = 
             pass
     flat = flat_option_names()
     options = get_attention(overrides["attention"]).options(None, {k: v for k, v in overrides.items() if k in flat})
-    return {**{k: v for k, v in overrides.items() if k not in flat},
-            "qk_map": None if options is None else dataclasses.asdict(options)}
+    return {
+        **{k: v for k, v in overrides.items() if k not in flat},
+        "qk_map": None if options is None else dataclasses.asdict(options),
+    }
 
 
-def check_distinct(specs: Sequence[str], preset: str | None = None, model: dict | None = None,
-                   where: str = "--variants") -> None:
+def check_distinct(
+    specs: Sequence[str], preset: str | None = None, model: dict | None = None, where: str = "--variants"
+) -> None:
     """Refuse two specs of one selection that resolve to the same model (:func:`variant_identity`): they would
     train and report the same model twice under two labels.
 
@@ -151,8 +166,10 @@ def check_distinct(specs: Sequence[str], preset: str | None = None, model: dict 
     for spec in specs:
         key = json.dumps(variant_identity(spec, preset, model), sort_keys=True, default=str)
         if key in seen:
-            raise ValueError(f"{where}: {seen[key]!r} and {spec!r} are the same model (an override equal to the "
-                             "variant's default, or another name of the same setting); list one of them")
+            raise ValueError(
+                f"{where}: {seen[key]!r} and {spec!r} are the same model (an override equal to the "
+                "variant's default, or another name of the same setting); list one of them"
+            )
         seen[key] = spec
 
 

@@ -34,11 +34,33 @@ from coupled_qk.models.registry import (
 from coupled_qk.models.specs import canonical_name, parse_variants, variant_attention, variant_overrides
 
 __all__ = [
-    "ALIASES", "ATTENTIONS", "ENTRY_POINT_GROUP", "LEGACY_DEFAULTS", "QK_MAPS", "VARIANTS", "Attention",
-    "DynamicsOptions", "InvertibleOptions", "MapOptions", "QKMapType", "QueryMLPOptions", "attention_name",
-    "attention_names", "canonical_name", "default_variants", "flat_option_names", "get_attention", "isolated",
-    "load_plugins", "map_option_types", "parse_variants", "register_qk_map", "register_variant",
-    "variant_attention", "variant_names", "variant_overrides",
+    "ALIASES",
+    "ATTENTIONS",
+    "ENTRY_POINT_GROUP",
+    "LEGACY_DEFAULTS",
+    "QK_MAPS",
+    "VARIANTS",
+    "Attention",
+    "DynamicsOptions",
+    "InvertibleOptions",
+    "MapOptions",
+    "QKMapType",
+    "QueryMLPOptions",
+    "attention_name",
+    "attention_names",
+    "canonical_name",
+    "default_variants",
+    "flat_option_names",
+    "get_attention",
+    "isolated",
+    "load_plugins",
+    "map_option_types",
+    "parse_variants",
+    "register_qk_map",
+    "register_variant",
+    "variant_attention",
+    "variant_names",
+    "variant_overrides",
 ]
 
 

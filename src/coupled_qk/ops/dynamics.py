@@ -70,8 +70,9 @@ def _check_tensors(q, k, dt) -> None:
             hint = " (wrap a number: torch.tensor(0.1))" if name == "dt" else ""
             raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}{hint}")
     if not q.is_floating_point() or k.dtype != q.dtype:
-        raise ValueError(f"q and k must be floating-point tensors of one dtype (outputs keep it); got q {q.dtype} "
-                         f"and k {k.dtype}")
+        raise ValueError(
+            f"q and k must be floating-point tensors of one dtype (outputs keep it); got q {q.dtype} and k {k.dtype}"
+        )
     if k.device != q.device:
         raise ValueError(f"q is on {q.device} but k is on {k.device}; move one there")
     if dt.device != q.device and not (dt.dim() == 0 and dt.device.type == "cpu"):

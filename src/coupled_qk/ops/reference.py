@@ -22,8 +22,9 @@ __all__ = ["integrate_qk_reference", "integrate_qk_shared_reference", "rms_norm_
 Force = Callable[[torch.Tensor], torch.Tensor]
 
 
-def integrate_qk_reference(q: torch.Tensor, k: torch.Tensor, f: Force, dt: torch.Tensor, integrator: str,
-                           n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def integrate_qk_reference(
+    q: torch.Tensor, k: torch.Tensor, f: Force, dt: torch.Tensor, integrator: str, n_steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``n_steps`` steps of the coupled dynamics, one head at a time (docs/METHOD.md section 1; arXiv:2604.01683v1).
 
     Per head ``h`` with step ``d = dt[h]``: Euler ``q' = q + d k, k' = k + d f(q)``; leapfrog (kick-drift-kick)
@@ -61,8 +62,9 @@ def integrate_qk_reference(q: torch.Tensor, k: torch.Tensor, f: Force, dt: torch
     return q, k
 
 
-def integrate_qk_shared_reference(q: torch.Tensor, k: torch.Tensor, force: Force, dt: torch.Tensor, integrator: str,
-                                  n_rep: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def integrate_qk_shared_reference(
+    q: torch.Tensor, k: torch.Tensor, force: Force, dt: torch.Tensor, integrator: str, n_rep: int, group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One step with one evolved key per key/value head (``keys_per_query_head=False``; docs/METHOD.md section
     1.1), written out per head in float64.
 
@@ -120,7 +122,7 @@ def rope_reference(x: torch.Tensor, base: float = 10000.0, start: int = 0) -> to
     t, d = x.shape[-2], x.shape[-1]
     inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = torch.arange(start, start + t, dtype=torch.float64)[:, None] * inv[None]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     c, s = ang.cos(), ang.sin()
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 

@@ -41,9 +41,15 @@ def track_best(cfg: TrainConfig, state: dict, metrics: dict, train_tokens: int |
     sign = 1.0 if higher else -1.0
     if best is None or sign * (value - best["value"]) > 0:
         ref = best["patience_ref"] if best is not None else None
-        best = {"metric": cfg.best_metric, "value": value, "step": state["step"], "tokens": state["tokens"],
-                "epoch": state["tokens"] / train_tokens if train_tokens else None,
-                "patience_ref": ref, "evals_since": best["evals_since"] if best is not None else 0}
+        best = {
+            "metric": cfg.best_metric,
+            "value": value,
+            "step": state["step"],
+            "tokens": state["tokens"],
+            "epoch": state["tokens"] / train_tokens if train_tokens else None,
+            "patience_ref": ref,
+            "evals_since": best["evals_since"] if best is not None else 0,
+        }
         save_best({k: v for k, v in best.items() if k not in ("patience_ref", "evals_since")})
     if best["patience_ref"] is None or sign * (value - best["patience_ref"]) > cfg.min_delta:
         best["patience_ref"], best["evals_since"] = value, 0

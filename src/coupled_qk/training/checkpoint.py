@@ -171,10 +171,12 @@ def save_best(run_dir: str | Path, model_state: dict[str, torch.Tensor], model_c
     """
     run_dir = Path(run_dir)
     step = int(info["step"])
-    files = {"model.safetensors": lambda p: _save_weights(model_state, p), "model_config.json": model_config.save,
-             "state.json": lambda p: p.write_text(json.dumps(info, indent=2, sort_keys=True))}
-    name = _write_folder(run_dir, files, f".ckpt-best-{step:08d}.tmp-",
-                         lambda: _fresh_name(run_dir, "best", step))
+    files = {
+        "model.safetensors": lambda p: _save_weights(model_state, p),
+        "model_config.json": model_config.save,
+        "state.json": lambda p: p.write_text(json.dumps(info, indent=2, sort_keys=True)),
+    }
+    name = _write_folder(run_dir, files, f".ckpt-best-{step:08d}.tmp-", lambda: _fresh_name(run_dir, "best", step))
     write_text_atomic(run_dir / BEST, name + "\n")
     for old in run_dir.glob("best-*"):
         if old.name != name and old.is_dir():
@@ -216,19 +218,3 @@ def clean_leftovers(run_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     for tmp in Path(run_dir).glob(".*.tmp"):
         tmp.unlink(missing_ok=True)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

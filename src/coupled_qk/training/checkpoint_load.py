@@ -72,9 +72,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     hf = _hf_export_model_type(path)
     if hf is not None:
-        raise ValueError(f"{path} is a Hugging Face export (its config.json has model_type={hf!r}), not a coupled-qk "
-                         "run or checkpoint: load it with transformers (AutoModelForCausalLM.from_pretrained), or "
-                         "pass the run folder it was exported from")
+        raise ValueError(
+            f"{path} is a Hugging Face export (its config.json has model_type={hf!r}), not a coupled-qk "
+            "run or checkpoint: load it with transformers (AutoModelForCausalLM.from_pretrained), or "
+            "pass the run folder it was exported from"
+        )
     if (path / "model.safetensors").is_file():
         return path
     latest = path / "latest"
@@ -86,8 +88,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
     folders = sorted(f.name for f in path.glob("ckpt-*") if (f / "model.safetensors").is_file())
     raise FileNotFoundError(
         f"no checkpoint at {path}: expected a checkpoint folder with model.safetensors or a run folder with a "
-        "'latest' file" + (f" (it has none; pass one of its checkpoint folders, e.g. {path / folders[-1]})"
-                           if folders else "")
+        "'latest' file"
+        + (f" (it has none; pass one of its checkpoint folders, e.g. {path / folders[-1]})" if folders else "")
     )
 
 
@@ -104,9 +106,11 @@ def read_pointer(pointer: Path) -> str:
         name = None
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         what = "is not UTF-8 text" if name is None else f"names {name!r}, not a folder of the run"
-        raise ValueError(f"{pointer} {what}: write the name of one of its ckpt-* folders into it (e.g. "
-                         f"{_newest_name(Path(pointer).parent)}), or delete it (--resume then takes the newest "
-                         "checkpoint that verifies)")
+        raise ValueError(
+            f"{pointer} {what}: write the name of one of its ckpt-* folders into it (e.g. "
+            f"{_newest_name(Path(pointer).parent)}), or delete it (--resume then takes the newest "
+            "checkpoint that verifies)"
+        )
     return name
 
 
@@ -153,13 +157,17 @@ def language_model_checkpoint(path: str | Path, needs_text: bool = False) -> Pat
             continue
         task = _json_object(config).get("task")
         if task == "glue":
-            raise ValueError(f"{path} is a GLUE fine-tuning run (task='glue' in {config}): its checkpoints hold a "
-                             "sequence classifier, not a language model; pass the language-model run it was "
-                             "fine-tuned from (task_options.pretrained in that config.json)")
+            raise ValueError(
+                f"{path} is a GLUE fine-tuning run (task='glue' in {config}): its checkpoints hold a "
+                "sequence classifier, not a language model; pass the language-model run it was "
+                "fine-tuned from (task_options.pretrained in that config.json)"
+            )
         if needs_text and task not in (None, "lm") and not (folder / "tokenizer" / "tokenizer.json").is_file():
-            raise ValueError(f"{path} is a run of the synthetic task {task!r} (task={task!r} in {config}): its model "
-                             "reads the task's token ids, not text, and has no tokenizer; pass a language-model "
-                             "run trained on text (task 'lm')")
+            raise ValueError(
+                f"{path} is a run of the synthetic task {task!r} (task={task!r} in {config}): its model "
+                "reads the task's token ids, not text, and has no tokenizer; pass a language-model "
+                "run trained on text (task 'lm')"
+            )
         break
     return ckpt
 
@@ -177,8 +185,9 @@ def verify_checksums(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
         return
     sums = read_json(path)
     if not all(isinstance(v, str) for v in sums.values()):
-        raise ValueError(f"{path} holds values other than SHA-256 texts; the checkpoint is damaged: "
-                         f"{_what_to_do(Path(ckpt))}")
+        raise ValueError(
+            f"{path} holds values other than SHA-256 texts; the checkpoint is damaged: {_what_to_do(Path(ckpt))}"
+        )
     for name, expected in sums.items():
         if names is not None and name not in names:
             continue
@@ -234,21 +243,33 @@ def resume_checkpoint(run_dir: str | Path, say=None) -> Path:
     except ValueError:
         latest = "?"  # damaged: every ckpt-* folder is a candidate
     latest_step = checkpoint_step(Path(latest))
-    older = sorted((f for f in run_dir.glob("ckpt-*") if f.is_dir() and f.name != latest
-                    and checkpoint_step(f) is not None
-                    and (latest_step is None or checkpoint_step(f) < latest_step)),
-                   key=lambda f: (checkpoint_step(f), f.name), reverse=True)
+    older = sorted(
+        (
+            f
+            for f in run_dir.glob("ckpt-*")
+            if f.is_dir()
+            and f.name != latest
+            and checkpoint_step(f) is not None
+            and (latest_step is None or checkpoint_step(f) < latest_step)
+        ),
+        key=lambda f: (checkpoint_step(f), f.name),
+        reverse=True,
+    )
     for folder in older:
         try:
             check(folder)
         except (ValueError, FileNotFoundError):
             continue
         if say is not None and not latest:
-            say(f"warning: {run_dir / 'latest'} is missing; resuming from the newest checkpoint that verifies, "
-                f"{folder.name} (step {checkpoint_step(folder)})")
+            say(
+                f"warning: {run_dir / 'latest'} is missing; resuming from the newest checkpoint that verifies, "
+                f"{folder.name} (step {checkpoint_step(folder)})"
+            )
         elif say is not None:
-            say(f"warning: the latest checkpoint is refused ({damage}); resuming from the previous good checkpoint "
-                f"{folder.name} (step {checkpoint_step(folder)}); the damaged folder is left in place")
+            say(
+                f"warning: the latest checkpoint is refused ({damage}); resuming from the previous good checkpoint "
+                f"{folder.name} (step {checkpoint_step(folder)}); the damaged folder is left in place"
+            )
         return folder
     raise type(damage)(f"{damage}; and no older checkpoint of {run_dir} verifies") from None
 
@@ -284,8 +305,10 @@ def read_json(path: Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"{path} holds a JSON {type(data).__name__}, expected an object; the checkpoint is "
-                         f"damaged: {_what_to_do(Path(path).parent)}")
+        raise ValueError(
+            f"{path} holds a JSON {type(data).__name__}, expected an object; the checkpoint is "
+            f"damaged: {_what_to_do(Path(path).parent)}"
+        )
     return data
 
 
@@ -306,8 +329,9 @@ def read_state(ckpt: Path) -> dict:
     state = read_json(path)
     step = state.get("step")
     if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
-        raise ValueError(f"{path} has step={step!r}, expected an integer >= 0; the checkpoint is damaged: "
-                         f"{_what_to_do(Path(ckpt))}")
+        raise ValueError(
+            f"{path} has step={step!r}, expected an integer >= 0; the checkpoint is damaged: {_what_to_do(Path(ckpt))}"
+        )
     unknown_keys(state, STATE_KEYS, path, "checkpoint state", error=False)  # the project's own file: a warning
     return state
 

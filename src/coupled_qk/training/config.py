@@ -31,10 +31,23 @@ DTYPES = ("auto", "fp32", "bf16", "fp16")
 BUDGET_CHANGES = ("keep", "rewarm")
 BEST_MODES = ("auto", "min", "max")
 
-RESULT_NEUTRAL_FIELDS = frozenset({
-    "out_dir", "resume", "progress", "tensorboard", "log_interval", "checkpoint_interval", "checkpoint_minutes",
-    "keep_checkpoints", "device", "compile", "data_dir", "cache_dir", "max_minutes",
-})
+RESULT_NEUTRAL_FIELDS = frozenset(
+    {
+        "out_dir",
+        "resume",
+        "progress",
+        "tensorboard",
+        "log_interval",
+        "checkpoint_interval",
+        "checkpoint_minutes",
+        "keep_checkpoints",
+        "device",
+        "compile",
+        "data_dir",
+        "cache_dir",
+        "max_minutes",
+    }
+)
 """Fields that do not change what a finished run computed: where files live, logging and checkpointing, the
 device and compilation, and the wall-clock budget (a run stopped by time is not reproducible anyway). A
 finished run is reused by an experiment only if every other field matches
@@ -46,22 +59,48 @@ stopped has ``results.json`` with ``stop_reason`` naming the field and a checkpo
 experiment runner continues it when asked for more (:func:`coupled_qk.experiments.runner.execute`); a run that
 reached its budget computed the same whatever they were."""
 
-CONTINUATION_FIELDS = RESULT_NEUTRAL_FIELDS | {"max_steps", "max_tokens", "stop_after_steps", "eval_interval",
-                                               "eval_batches", "on_budget_change", "batch_size"}
+CONTINUATION_FIELDS = RESULT_NEUTRAL_FIELDS | {
+    "max_steps",
+    "max_tokens",
+    "stop_after_steps",
+    "eval_interval",
+    "eval_batches",
+    "on_budget_change",
+    "batch_size",
+}
 """Fields that may differ between a run and its ``--resume``: the result-neutral ones and the budget (a budget
 change needs ``on_budget_change``), and ``batch_size`` together with the number of processes (the global batch
 is checked by :func:`coupled_qk.training.resume.plan_batch`)."""
 
 
-def _f(default, help: str, choices=None, default_factory=None, shown: str | None = None, *, lo=None, hi=None,
-       lo_open: bool = False, hi_open: bool = False, free: str | None = None):
+def _f(
+    default,
+    help: str,
+    choices=None,
+    default_factory=None,
+    shown: str | None = None,
+    *,
+    lo=None,
+    hi=None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    free: str | None = None,
+):
     """A dataclass field with its command-line help, its valid values declared once (``choices``; ``lo``/``hi``
     with ``lo_open``/``hi_open`` for numbers; ``free`` for text and dicts, saying what checks them; nothing for
     a ``bool``; see :func:`coupled_qk._checks.declare`) and how its default reads, all in ``metadata``."""
     extra = {"help": help, **({"shown": shown} if shown else {})}
     if default_factory is not None:
-        return declare(default_factory=default_factory, choices=choices, free=free, lo=lo, hi=hi, lo_open=lo_open,
-                       hi_open=hi_open, **extra)
+        return declare(
+            default_factory=default_factory,
+            choices=choices,
+            free=free,
+            lo=lo,
+            hi=hi,
+            lo_open=lo_open,
+            hi_open=hi_open,
+            **extra,
+        )
     return declare(default, choices=choices, free=free, lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open, **extra)
 
 
@@ -104,16 +143,25 @@ class TrainConfig(JSONConfig):
 
     task: str = _f("lm", "training task", tuple(TASKS))
     # data (language modelling)
-    corpus: str = _f("wiki-vital", "corpus name (wiki-vital, pubmed, mixed-domain, wikitext-103, ...) or a text "
-                     "file or folder with train/valid/test splits", free=_TEXT)
+    corpus: str = _f(
+        "wiki-vital",
+        "corpus name (wiki-vital, pubmed, mixed-domain, wikitext-103, ...) or a text "
+        "file or folder with train/valid/test splits",
+        free=_TEXT,
+    )
     data_dir: str | None = _f(None, "folder holding the released corpora", shown="the shared data folder", free=_TEXT)
-    tokenizer: str = _f("bpe-8192", "gpt2, bpe-<vocab> (trained on the training split) or a saved tokenizer path",
-                        free=_TEXT)
+    tokenizer: str = _f(
+        "bpe-8192", "gpt2, bpe-<vocab> (trained on the training split) or a saved tokenizer path", free=_TEXT
+    )
     cache_dir: str | None = _f(None, "token cache folder", shown="the user cache folder", free=_TEXT)
     # model
     preset: str = _f("tiny", "model size preset", tuple(sorted(PRESETS)))
-    model: dict = _f(None, "GPTConfig overrides (command line: --set FIELD=VALUE)", default_factory=dict,
-                     free="GPTConfig overrides, checked by gpt_config()")
+    model: dict = _f(
+        None,
+        "GPTConfig overrides (command line: --set FIELD=VALUE)",
+        default_factory=dict,
+        free="GPTConfig overrides, checked by gpt_config()",
+    )
     # optimisation
     batch_size: int = _f(16, "sequences per process and micro-step", lo=1)
     grad_accum: int = _f(1, "micro-steps (gradient accumulation) per optimizer step", lo=1)
@@ -125,49 +173,94 @@ class TrainConfig(JSONConfig):
     beta2: float = _f(0.95, "AdamW beta2", lo=0, hi=1, hi_open=True)
     grad_clip: float = _f(1.0, "clip the gradient norm to this value (0: no clipping)", lo=0)
     # budget
-    max_steps: int | None = _f(None, "optimizer steps of the schedule",
-                               shown="none; 1000 on the command line when max_tokens is none too", lo=1)
-    max_tokens: int | None = _f(None, "training tokens over all processes (sets the schedule when smaller than "
-                                "max_steps)", lo=1)
-    max_minutes: float | None = _f(None, "stop (checkpointing) after this much training time; the schedule is "
-                                   "unchanged", lo=0, lo_open=True)
-    stop_after_steps: int | None = _f(None, "end this invocation after this many steps, to be continued with "
-                                      "--resume", lo=1)
-    on_budget_change: str | None = _f(None, "on --resume with a different max_steps/max_tokens: keep the saved "
-                                      "schedule, or rewarm a new one from the current step", BUDGET_CHANGES)
+    max_steps: int | None = _f(
+        None,
+        "optimizer steps of the schedule",
+        shown="none; 1000 on the command line when max_tokens is none too",
+        lo=1,
+    )
+    max_tokens: int | None = _f(
+        None, "training tokens over all processes (sets the schedule when smaller than max_steps)", lo=1
+    )
+    max_minutes: float | None = _f(
+        None, "stop (checkpointing) after this much training time; the schedule is unchanged", lo=0, lo_open=True
+    )
+    stop_after_steps: int | None = _f(
+        None, "end this invocation after this many steps, to be continued with --resume", lo=1
+    )
+    on_budget_change: str | None = _f(
+        None,
+        "on --resume with a different max_steps/max_tokens: keep the saved "
+        "schedule, or rewarm a new one from the current step",
+        BUDGET_CHANGES,
+    )
     # evaluation, logging, checkpoints
-    eval_interval: int | None = _f(None, "steps between quick validations (none: about 10 per run, "
-                                   "see auto_eval_interval)", shown="none = the schedule's steps / 10", lo=1)
+    eval_interval: int | None = _f(
+        None,
+        "steps between quick validations (none: about 10 per run, see auto_eval_interval)",
+        shown="none = the schedule's steps / 10",
+        lo=1,
+    )
     eval_batches: int = _f(20, "batches per quick validation", lo=1)
     log_interval: int = _f(10, "steps between metrics.jsonl records", lo=1)
-    checkpoint_interval: int | None = _f(None, "steps between checkpoints (besides checkpoint_minutes and the end)",
-                                         lo=1)
-    checkpoint_minutes: float | None = _f(15.0, "minutes of training between checkpoints (none: only "
-                                          "checkpoint_interval, the end and a stop signal)", lo=0, lo_open=True)
+    checkpoint_interval: int | None = _f(
+        None, "steps between checkpoints (besides checkpoint_minutes and the end)", lo=1
+    )
+    checkpoint_minutes: float | None = _f(
+        15.0,
+        "minutes of training between checkpoints (none: only checkpoint_interval, the end and a stop signal)",
+        lo=0,
+        lo_open=True,
+    )
     keep_checkpoints: int = _f(2, "newest checkpoints kept", lo=1)
-    early_stop_metric: str | None = _f(None, "validation metric that ends training once it reaches "
-                                       "early_stop_value (e.g. valid/accuracy)", free=_METRIC)
+    early_stop_metric: str | None = _f(
+        None,
+        "validation metric that ends training once it reaches early_stop_value (e.g. valid/accuracy)",
+        free=_METRIC,
+    )
     early_stop_value: float | None = _f(None, "threshold of early_stop_metric", lo=None, hi=None)
     full_eval: bool = _f(False, "periodic validations use the whole validation split (not eval_batches batches)")
-    best_metric: str | None = _f(None, "keep the checkpoint with the best value of this validation metric "
-                                 "(e.g. valid/loss) as best-<step>/; the final evaluation uses it", free=_METRIC)
-    best_mode: str = _f("auto", "whether lower or higher best_metric is better (auto: higher for accuracy, f1, "
-                        "mcc and score metrics, lower otherwise)", BEST_MODES)
-    patience: int | None = _f(None, "stop after this many validations in a row without an improvement of "
-                              "best_metric larger than min_delta (needs best_metric)", lo=1)
+    best_metric: str | None = _f(
+        None,
+        "keep the checkpoint with the best value of this validation metric "
+        "(e.g. valid/loss) as best-<step>/; the final evaluation uses it",
+        free=_METRIC,
+    )
+    best_mode: str = _f(
+        "auto",
+        "whether lower or higher best_metric is better (auto: higher for accuracy, f1, "
+        "mcc and score metrics, lower otherwise)",
+        BEST_MODES,
+    )
+    patience: int | None = _f(
+        None,
+        "stop after this many validations in a row without an improvement of "
+        "best_metric larger than min_delta (needs best_metric)",
+        lo=1,
+    )
     min_delta: float = _f(0.0, "smallest change of best_metric that counts as an improvement (absolute)", lo=0)
     # runtime
     seed: int = _f(0, "random seed (initialisation and data order)", lo=0, hi=MAX_SEED)
     device: str = _f("auto", "auto (CUDA if available), cpu, cuda or cuda:N", free="a device name (check_device_name)")
-    dtype: str = _f("auto", "autocast dtype (auto: bf16 on CUDA; on CPU fp32, or bf16 with --compile where the CPU has native bf16)", DTYPES)
-    compile: bool = _f(False, "torch.compile the model per block (GPT.compile; eager with a warning if compilation fails)")
+    dtype: str = _f(
+        "auto",
+        "autocast dtype (auto: bf16 on CUDA; on CPU fp32, or bf16 with --compile where the CPU has native bf16)",
+        DTYPES,
+    )
+    compile: bool = _f(
+        False, "torch.compile the model per block (GPT.compile; eager with a warning if compilation fails)"
+    )
     fsdp: bool = _f(False, "FSDP2 instead of DDP under torchrun")
     out_dir: str = _f("runs/run", "run folder (config, metrics, checkpoints, results)", free=_TEXT)
     resume: bool = _f(False, "continue the run in out_dir from its latest checkpoint")
     tensorboard: bool = _f(True, "write TensorBoard events")
     progress: bool = _f(True, "show progress: a bar on a terminal, plain periodic log lines otherwise")
-    task_options: dict = _f(None, "task-specific options (command line: --opt task_options='{...}')",
-                            default_factory=dict, free="the task's options, checked by the task")
+    task_options: dict = _f(
+        None,
+        "task-specific options (command line: --opt task_options='{...}')",
+        default_factory=dict,
+        free="the task's options, checked by the task",
+    )
 
     def __post_init__(self):
         self.validate()
@@ -178,8 +271,9 @@ class TrainConfig(JSONConfig):
         coerce_fields(self)
         types = field_types(GPTConfig)
         self.model = rename_fields(self.model, "TrainConfig.model")  # old field names of saved run configs
-        self.model = {k: coerce(f"TrainConfig.model.{k}", v, types[k]) if k in types else v
-                      for k, v in self.model.items()}
+        self.model = {
+            k: coerce(f"TrainConfig.model.{k}", v, types[k]) if k in types else v for k, v in self.model.items()
+        }
         name = type(self).__name__
         check_text_fields(self)
         check_declared(self)  # each field's range or choices, declared once in its metadata (_f)
@@ -188,19 +282,26 @@ class TrainConfig(JSONConfig):
         if (self.early_stop_metric is None) != (self.early_stop_value is None):
             raise ValueError("TrainConfig.early_stop_metric and early_stop_value must be given together")
         if self.best_mode != "auto" and self.best_metric is None:
-            raise ValueError(f"{name}.best_mode={self.best_mode!r} needs best_metric (the metric whose direction it "
-                             "sets), e.g. best_metric='valid/loss'; without one leave best_mode='auto'")
+            raise ValueError(
+                f"{name}.best_mode={self.best_mode!r} needs best_metric (the metric whose direction it "
+                "sets), e.g. best_metric='valid/loss'; without one leave best_mode='auto'"
+            )
         if self.min_delta != 0 and self.patience is None:
-            raise ValueError(f"{name}.min_delta={self.min_delta!r} needs patience (only the patience counter reads "
-                             "it); set patience or leave min_delta=0")
+            raise ValueError(
+                f"{name}.min_delta={self.min_delta!r} needs patience (only the patience counter reads "
+                "it); set patience or leave min_delta=0"
+            )
         if self.patience is not None and self.best_metric is None:
-            raise ValueError(f"{name}.patience={self.patience} needs best_metric (the metric whose "
-                             "improvement it waits for), e.g. best_metric='valid/loss'")
+            raise ValueError(
+                f"{name}.patience={self.patience} needs best_metric (the metric whose "
+                "improvement it waits for), e.g. best_metric='valid/loss'"
+            )
         for field in ("best_metric", "early_stop_metric"):
             value = getattr(self, field)
             if value is not None and not value.strip():
-                raise ValueError(f"{name}.{field}={value!r} is empty; expected a validation metric such as "
-                                 "'valid/loss'")
+                raise ValueError(
+                    f"{name}.{field}={value!r} is empty; expected a validation metric such as 'valid/loss'"
+                )
         self.gpt_config()  # validates the model overrides
         check_task_fields(self)  # a data field the task would ignore
 
@@ -224,7 +325,8 @@ class TrainConfig(JSONConfig):
                     raise ValueError(
                         f"TrainConfig.model.{name}={self.model[name]!r} cannot apply: task={self.task!r} sets "
                         f"{name}={value!r} from its data (the tokenizer, the MQAR sequences or the pretrained "
-                        f"checkpoint); remove {name} from the model overrides (--set)")
+                        f"checkpoint); remove {name} from the model overrides (--set)"
+                    )
         return GPTConfig.from_preset(self.preset, **{**self.model, **extra})
 
 
@@ -270,8 +372,15 @@ def check_text_fields(cfg: TrainConfig) -> None:
 
 
 _KINDS = {bool: (bool,), int: (int,), float: (int, float), str: (str,), dict: (dict,), list: (list,)}
-_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object",
-               list: "a list", type(None): "null"}
+_JSON_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    dict: "an object",
+    list: "a list",
+    type(None): "null",
+}
 
 
 def check_saved_config(saved, where) -> dict:
@@ -308,9 +417,13 @@ def check_saved_config(saved, where) -> dict:
             continue
         shown = json.dumps(value) if len(json.dumps(value)) <= 60 else json.dumps(value)[:57] + "..."
         what = "empty" if ok else _JSON_NAMES.get(type(value), type(value).__name__)
-        expected = "a non-empty string" if inner is str else _JSON_NAMES.get(inner, getattr(inner, "__name__", str(inner)))
-        raise ValueError(f"{where}: {name}={shown} is {what}; expected {expected}{' or null' if optional else ''} "
-                         "(was the file edited by hand?)")
+        expected = (
+            "a non-empty string" if inner is str else _JSON_NAMES.get(inner, getattr(inner, "__name__", str(inner)))
+        )
+        raise ValueError(
+            f"{where}: {name}={shown} is {what}; expected {expected}{' or null' if optional else ''} "
+            "(was the file edited by hand?)"
+        )
     return saved
 
 
@@ -335,7 +448,9 @@ def config_differences(saved: dict, current: TrainConfig, ignore=CONTINUATION_FI
     now = current.to_dict()
     diff = {k: (saved_value(saved, k), v) for k, v in now.items() if k not in ignore and saved_value(saved, k) != v}
     if "task_options" in diff:
-        a, b = ({k: v for k, v in (d or {}).items() if k not in RESULT_NEUTRAL_TASK_OPTIONS} for d in diff["task_options"])
+        a, b = (
+            {k: v for k, v in (d or {}).items() if k not in RESULT_NEUTRAL_TASK_OPTIONS} for d in diff["task_options"]
+        )
         if a == b:
             del diff["task_options"]
     return diff

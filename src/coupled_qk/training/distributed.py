@@ -155,11 +155,18 @@ def warn_if_emulated(dtype: str, device: torch.device) -> bool:
         return False
     if (cpu_supports_bf16 if dtype == "bf16" else cpu_supports_fp16)():
         return False
-    measured = ("9.4x for a tiny training step on an AVX2 CPU" if dtype == "bf16" else
-                "16x for a small MLP training step on an AVX2 CPU")
-    warnings.warn(f"dtype {dtype} on a CPU without native {dtype} (no {'/'.join(CPU_NATIVE_FLAGS[dtype][:2])} flag "
-                  f"in /proc/cpuinfo): autocast is emulated, several times slower than fp32 ({measured}); use fp32 "
-                  "or auto for speed", RuntimeWarning, stacklevel=2)
+    measured = (
+        "9.4x for a tiny training step on an AVX2 CPU"
+        if dtype == "bf16"
+        else "16x for a small MLP training step on an AVX2 CPU"
+    )
+    warnings.warn(
+        f"dtype {dtype} on a CPU without native {dtype} (no {'/'.join(CPU_NATIVE_FLAGS[dtype][:2])} flag "
+        f"in /proc/cpuinfo): autocast is emulated, several times slower than fp32 ({measured}); use fp32 "
+        "or auto for speed",
+        RuntimeWarning,
+        stacklevel=2,
+    )
     return True
 
 

@@ -72,20 +72,40 @@ def evaluate_checkpoint(
     dev = pick_device(device)
     model, state = load_checkpoint_model(ckpt, dev)
     if model.config.vocab_size != tokenizer.vocab_size:
-        raise ValueError(f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}")
+        raise ValueError(
+            f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}"
+        )
     data_dir = data_dir if data_dir is not None else run_cfg.get("data_dir")
-    data = (run_corpus(corpus_name, data_dir, run_cfg.get("task_options"), saved=True) if corpus is not None
-            else saved_run_corpus(run.path, corpus_name, data_dir, run_cfg.get("task_options")))
+    data = (
+        run_corpus(corpus_name, data_dir, run_cfg.get("task_options"), saved=True)
+        if corpus is not None
+        else saved_run_corpus(run.path, corpus_name, data_dir, run_cfg.get("task_options"))
+    )
     cache = Path(run_cfg["cache_dir"]) if run_cfg.get("cache_dir") else default_cache_dir()
-    out = {"checkpoint": str(ckpt), "step": state.get("step"), "corpus": data.name, "tokenizer": tokenizer.name,
-           "stride": stride, "block_size": model.config.block_size}
+    out = {
+        "checkpoint": str(ckpt),
+        "step": state.get("step"),
+        "corpus": data.name,
+        "tokenizer": tokenizer.name,
+        "stride": stride,
+        "block_size": model.config.block_size,
+    }
     tokens = {split: tokenize_to_cache(data.split(split), tokenizer, cache / "tokens") for split in splits}
     if corpus is None:  # the run's own corpus: it must still be the text the run recorded
         _check_recorded(run, data, splits, tokens)
     for split in splits:
         n_words = data.words(split) if data.name in WORD_LEVEL_CORPORA else None
-        out[split] = evaluate_perplexity(model, tokens[split], model.config.block_size, batch_size, stride, dev,
-                                         n_words, desc=f"eval {split}", **text_units(data.split(split)))
+        out[split] = evaluate_perplexity(
+            model,
+            tokens[split],
+            model.config.block_size,
+            batch_size,
+            stride,
+            dev,
+            n_words,
+            desc=f"eval {split}",
+            **text_units(data.split(split)),
+        )
     return out
 
 
@@ -98,4 +118,5 @@ def _check_recorded(run: RunDir, data, splits: Sequence[str], tokens: dict) -> N
         raise ValueError(
             f"the run's corpus {data.name!r} changed since {run.path} trained on it ({run.data_path} vs now: "
             f"{'; '.join(changes)}), so its {'/'.join(splits)} text is not what the run recorded; restore the "
-            f"corpus, or pass --corpus {data.name} to evaluate the current text anyway")
+            f"corpus, or pass --corpus {data.name} to evaluate the current text anyway"
+        )

@@ -66,8 +66,9 @@ class GlueOptions:
 
     glue_task: str | None = declare(None, choices=GLUE_TASKS)
     pretrained: str | None = declare(None, free="a run or ckpt-* folder (never empty): resolve_pretrained")
-    glue_dir: str | None = declare(None, free="a folder with SST-2/, CoLA/, RTE/, MRPC/ (never empty); "
-                                   "default <data dir>/glue")
+    glue_dir: str | None = declare(
+        None, free="a folder with SST-2/, CoLA/, RTE/, MRPC/ (never empty); default <data dir>/glue"
+    )
     pooling: str = declare("last", choices=POOLINGS)
     max_train_examples: int | None = declare(None, lo=1)
     subsample_seed: int = declare(0, lo=0, hi=MAX_SEED)
@@ -90,8 +91,9 @@ class GlueOptions:
         if not self.pretrained.strip():
             raise ValueError(f"task_options.pretrained={self.pretrained!r} is empty; expected a pretrained run folder")
         if self.glue_dir is not None and not self.glue_dir.strip():
-            raise ValueError(f"task_options.glue_dir={self.glue_dir!r} is empty; expected the folder holding SST-2/, "
-                             "CoLA/, ...")
+            raise ValueError(
+                f"task_options.glue_dir={self.glue_dir!r} is empty; expected the folder holding SST-2/, CoLA/, ..."
+            )
 
     @classmethod
     def from_options(cls, task_options: dict | None) -> GlueOptions:
@@ -199,7 +201,12 @@ class GlueTask:
     name = "glue"
     config_fields = ()  # its data: task_options glue_dir and the pretrained run's tokenizer
     options_class = GlueOptions
-    data_identity = ("train_examples_total", "dev_examples", "train_label_counts", "dev_label_counts")  # see RunDir.check_data
+    data_identity = (
+        "train_examples_total",
+        "dev_examples",
+        "train_label_counts",
+        "dev_label_counts",
+    )  # see RunDir.check_data
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
@@ -223,8 +230,11 @@ class GlueTask:
         for split, n in self.truncated.items():
             if n:
                 total = len(self.train_ids if split == "train" else self.dev_ids)
-                warnings.warn(f"GLUE {self.glue_task} {split}: {n} of {total} examples truncated to "
-                              f"{self.max_len} tokens (the model's block_size)", stacklevel=2)
+                warnings.warn(
+                    f"GLUE {self.glue_task} {split}: {n} of {total} examples truncated to "
+                    f"{self.max_len} tokens (the model's block_size)",
+                    stacklevel=2,
+                )
         self.train_labels = torch.from_numpy(self.train_split.labels)
         self.num_classes = TASK_INFO[self.glue_task][1]
 
@@ -270,8 +280,12 @@ class GlueTask:
 
     def step_tokens(self, step: int, world: int) -> int:
         """Real (unpadded) input tokens of optimiser step ``step`` over all micro-steps and ``world`` ranks."""
-        return sum(len(self.train_ids[r]) for micro in range(self.cfg.grad_accum) for rank in range(world)
-                   for r in self._rows(step, micro, rank, world, self.cfg.batch_size))
+        return sum(
+            len(self.train_ids[r])
+            for micro in range(self.cfg.grad_accum)
+            for rank in range(world)
+            for r in self._rows(step, micro, rank, world, self.cfg.batch_size)
+        )
 
     def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int, device) -> tuple:
         """``(x, y)``: right-padded ids ``(batch_size, T_max)`` and labels ``(batch_size,)`` (LongTensors)."""
@@ -292,8 +306,9 @@ class GlueTask:
         for lo in range(0, n, self.eval_batch_size):
             rows = order[lo : lo + self.eval_batch_size]
             x = pad_batch([self.dev_ids[i] for i in rows]).to(device)
-            with torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype,
-                                enabled=autocast_dtype is not None):
+            with torch.autocast(
+                device_type=torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
                 logits[rows] = model(x).float().cpu()
         out = {"dev/loss": float(F.cross_entropy(logits, labels)), "dev/examples": n}
         metrics = glue_metrics(self.glue_task, labels.numpy(), logits.argmax(dim=-1).numpy())

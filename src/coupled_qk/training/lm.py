@@ -26,6 +26,8 @@ from coupled_qk.training.tasks import check_options
 
 MIN_EVAL_TOKENS = 10_000  # smaller evaluation splits give noisy perplexities (a warning says so)
 WORD_LEVEL_CORPORA = ("wiki-vital", "wikitext-2", "wikitext-103", "wikitext-2-raw", "wikitext-103-raw")
+
+
 @dataclasses.dataclass
 class LMOptions:
     """``TrainConfig.task_options`` of the language-modelling task, each field's valid values declared once in
@@ -81,9 +83,15 @@ def run_corpus(corpus: str, data_dir: str | None, task_options: dict, saved: boo
     options, read back by ``eval`` and ``analyze``) warned about.
     """
     opts = LMOptions.from_options(task_options)
-    return load_corpus(corpus, data_dir, seed=opts.split_seed, valid_fraction=opts.valid_fraction,
-                       test_fraction=opts.test_fraction, min_split_words=opts.min_split_words,
-                       unused_split_options="warn" if saved else "refuse")
+    return load_corpus(
+        corpus,
+        data_dir,
+        seed=opts.split_seed,
+        valid_fraction=opts.valid_fraction,
+        test_fraction=opts.test_fraction,
+        min_split_words=opts.min_split_words,
+        unused_split_options="warn" if saved else "refuse",
+    )
 
 
 def saved_run_corpus(run: Path, corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
@@ -97,8 +105,10 @@ def saved_run_corpus(run: Path, corpus: str, data_dir: str | None, task_options:
     try:
         return run_corpus(corpus, data_dir, task_options, saved=True)
     except (FileNotFoundError, ValueError) as exc:
-        raise type(exc)(f"the corpus recorded in {Path(run) / 'config.json'} cannot be read: {exc}; if the text "
-                        "is elsewhere now, pass --corpus (and --data-dir)") from exc
+        raise type(exc)(
+            f"the corpus recorded in {Path(run) / 'config.json'} cannot be read: {exc}; if the text "
+            "is elsewhere now, pass --corpus (and --data-dir)"
+        ) from exc
 
 
 def cached_tokenizer(where: Path) -> Tokenizer | None:
@@ -198,9 +208,15 @@ class LMTask:
             )
         self._check_context(cfg, n_train)
         self._warn_about_sizes(cfg, n_train)
-        announce("data: " + "; ".join(f"{split} {n:,} tokens, {self.n_documents(split):,} documents"
-                                      for split, n in self.describe()["tokens"].items())
-                 + f" ({self.corpus.name}, tokenizer {self.tokenizer.name})", enabled=cfg.progress)
+        announce(
+            "data: "
+            + "; ".join(
+                f"{split} {n:,} tokens, {self.n_documents(split):,} documents"
+                for split, n in self.describe()["tokens"].items()
+            )
+            + f" ({self.corpus.name}, tokenizer {self.tokenizer.name})",
+            enabled=cfg.progress,
+        )
 
     def n_documents(self, split: str) -> int:
         """Documents in ``split``: the count of the document-level split where the corpus was split at random,
@@ -224,20 +240,26 @@ class LMTask:
         for split in ("valid", "test"):
             n = len(self.tokens[split])
             if n < 2:
-                raise ValueError(f"the {split} split of {cfg.corpus!r} has {n} token(s): nothing to evaluate "
-                                 f"(block_size={block}); give the corpus a longer {split} split")
+                raise ValueError(
+                    f"the {split} split of {cfg.corpus!r} has {n} token(s): nothing to evaluate "
+                    f"(block_size={block}); give the corpus a longer {split} split"
+                )
             if n < block + 1:
                 warnings.warn(
                     f"block_size={block} is longer than the {split} split of {cfg.corpus!r} ({n:,} tokens): its "
                     f"evaluation is one window of {n - 1:,} targets with less context than the model's, not "
                     "comparable with runs whose windows are full; lower block_size (--set block_size=...) or use "
-                    "a longer split", stacklevel=3)
+                    "a longer split",
+                    stacklevel=3,
+                )
         windows = n_train - block
         if windows < cfg.batch_size:
             warnings.warn(
                 f"block_size={block} leaves only {windows:,} distinct training windows in the {n_train:,} tokens of "
                 f"the training split of {cfg.corpus!r}, fewer than batch_size={cfg.batch_size}: every batch "
-                "repeats the same text; lower block_size or use a longer training split", stacklevel=3)
+                "repeats the same text; lower block_size or use a longer training split",
+                stacklevel=3,
+            )
 
     def _warn_about_sizes(self, cfg: TrainConfig, n_train: int) -> None:
         """Warn when evaluation splits are too small to trust or the budget repeats the training data."""
@@ -247,12 +269,16 @@ class LMTask:
                 warnings.warn(
                     f"the {split} split of {cfg.corpus!r} has only {n:,} tokens (< {MIN_EVAL_TOKENS:,}): its "
                     "perplexity is a noisy estimate. Use a bigger corpus, a folder with train.txt/valid.txt/"
-                    "test.txt, or larger --valid-fraction/--test-fraction", stacklevel=3)
+                    "test.txt, or larger --valid-fraction/--test-fraction",
+                    stacklevel=3,
+                )
         if cfg.max_tokens and cfg.max_tokens > n_train:
             warnings.warn(
                 f"max_tokens={cfg.max_tokens:,} is {cfg.max_tokens / n_train:.1f} passes over the {n_train:,} "
                 "training tokens: the model sees the same text repeatedly (fine if intended; watch for "
-                "overfitting in the validation loss)", stacklevel=3)
+                "overfitting in the validation loss)",
+                stacklevel=3,
+            )
 
     def _tokenizer(self, cfg: TrainConfig, cache_dir: Path) -> Tokenizer:
         spec = cfg.tokenizer
@@ -264,8 +290,11 @@ class LMTask:
         if cached is not None:
             return cached
         t0 = time.perf_counter()
-        announce(f"training a byte-level BPE ({spec}) on the {len(self.corpus.train) / 1e6:.1f} MB training split; "
-                 f"cached in {where}", enabled=cfg.progress)
+        announce(
+            f"training a byte-level BPE ({spec}) on the {len(self.corpus.train) / 1e6:.1f} MB training split; "
+            f"cached in {where}",
+            enabled=cfg.progress,
+        )
         tok = get_tokenizer(spec, train_text=self.corpus.train, data_dir=cfg.data_dir)
         announce(f"BPE trained in {time.perf_counter() - t0:.0f} s: {tok.vocab_size:,} tokens", enabled=cfg.progress)
         tok.save(where)
@@ -314,10 +343,17 @@ class LMTask:
             elif not quick:
                 units = text_units(self._scored_text(split, subsample))
             res = evaluate_perplexity(
-                model, self.tokens[split], self.block_size, batch_size=self.cfg.batch_size, device=device,
-                autocast_dtype=autocast_dtype, **units,
+                model,
+                self.tokens[split],
+                self.block_size,
+                batch_size=self.cfg.batch_size,
+                device=device,
+                autocast_dtype=autocast_dtype,
+                **units,
                 max_windows=self._eval_windows(quick, subsample),
-                desc=None if quick or not self.cfg.progress else f"final evaluation, {split} split"
+                desc=None
+                if quick or not self.cfg.progress
+                else f"final evaluation, {split} split"
                 + (f" (first {subsample} windows: a smoke-run estimate)" if subsample else ""),
             )
             if subsample is not None:

@@ -124,8 +124,12 @@ class RunLock:
             if same:
                 break
             os.close(fd)
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                "command": " ".join(["coupled-qk", *sys.argv[1:]]) if sys.argv else "python"}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+            "command": " ".join(["coupled-qk", *sys.argv[1:]]) if sys.argv else "python",
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd

@@ -58,8 +58,17 @@ from coupled_qk.training.rundir import RunDir
 from coupled_qk.training.stop import Decision, SignalCatcher, StopControl, TrainingDiverged, TrainingInterrupted
 from coupled_qk.training.tasks import steps_for_tokens, task_class
 
-__all__ = ["train", "lr_at", "total_steps_of", "read_metrics", "build_optimizer", "check_metrics", "track_best",
-           "TrainingDiverged", "TrainingInterrupted"]
+__all__ = [
+    "train",
+    "lr_at",
+    "total_steps_of",
+    "read_metrics",
+    "build_optimizer",
+    "check_metrics",
+    "track_best",
+    "TrainingDiverged",
+    "TrainingInterrupted",
+]
 
 GRAD_SCALE_INIT = 2.0**16  # torch's default initial fp16 loss scale
 
@@ -144,14 +153,19 @@ def _plan(cfg: TrainConfig, state: dict, task, runtime: Runtime, say) -> tuple[S
     ends and announcing an automatic interval)."""
     sched = plan_schedule(state, cfg, total_steps_of(cfg, task, runtime.world), say)
     if runtime.is_main and cfg.warmup_steps >= sched.horizon - sched.start:
-        warnings.warn(f"warmup_steps={cfg.warmup_steps} is at least the schedule's {sched.horizon - sched.start} steps: "
-                      "the learning rate never reaches --lr and the cosine decay never runs; set --warmup-steps "
-                      f"below the step count (e.g. {max(1, (sched.horizon - sched.start) // 10)}, 10% of it)",
-                      stacklevel=3)
+        warnings.warn(
+            f"warmup_steps={cfg.warmup_steps} is at least the schedule's {sched.horizon - sched.start} steps: "
+            "the learning rate never reaches --lr and the cosine decay never runs; set --warmup-steps "
+            f"below the step count (e.g. {max(1, (sched.horizon - sched.start) // 10)}, 10% of it)",
+            stacklevel=3,
+        )
     eval_interval = cfg.eval_interval if cfg.eval_interval is not None else auto_eval_interval(sched.end)
     if cfg.eval_interval is None and state["step"] < sched.end:
         count = sched.end // eval_interval + (sched.end % eval_interval > 0)  # the multiples, and the last step
-        say(f"quick validation every {eval_interval} steps ({count} over the run's {sched.end} steps; --eval-interval to change)")
+        say(
+            f"quick validation every {eval_interval} steps ({count} over the run's {sched.end} steps; "
+            "--eval-interval to change)"
+        )
     return sched, eval_interval
 
 
@@ -159,25 +173,38 @@ class _Trainer:
     """The objects one training run shares (model, its wrapper, optimizer, loss scaler, state) and the pieces of
     its loop: one optimisation step, validation with its stop rules, checkpoints. :func:`_train` drives it."""
 
-    def __init__(self, cfg: TrainConfig, runtime: Runtime, run_dir: Path, task, model_cfg: GPTConfig, state: dict,
-                 where: Path | None, sched: Schedule):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        runtime: Runtime,
+        run_dir: Path,
+        task,
+        model_cfg: GPTConfig,
+        state: dict,
+        where: Path | None,
+        sched: Schedule,
+    ):
         self.cfg, self.runtime, self.run_dir, self.task = cfg, runtime, run_dir, task
         self.model_cfg, self.state, self.sched = model_cfg, state, sched
         self.model = getattr(task, "build_model", GPT)(model_cfg).to(runtime.device)
         if where is not None:
             ckpt.load_weights(self.model, where)
-        self.wrapped = wrap_model(self.model, cfg, runtime)  # FSDP2 replaces the parameters: build the optimizer after it
+        self.wrapped = wrap_model(
+            self.model, cfg, runtime
+        )  # FSDP2 replaces the parameters: build the optimizer after it
         self.optimizer = build_optimizer(self.model, cfg, fused=runtime.device.type == "cuda")
         self.use_scaler = runtime.autocast_dtype == torch.float16
         self.scaler = torch.amp.GradScaler(runtime.device.type, init_scale=GRAD_SCALE_INIT, enabled=self.use_scaler)
         if where is not None:
-            load_optimizer_state(self.model, self.optimizer, ckpt.load_torch_file(where / "optimizer.pt",
-                                                                                   runtime.device), cfg, runtime)
+            load_optimizer_state(
+                self.model, self.optimizer, ckpt.load_torch_file(where / "optimizer.pt", runtime.device), cfg, runtime
+            )
             ckpt.set_rng_state(ckpt.load_torch_file(where / "rng.pt"))
             if self.use_scaler and state.get("grad_scaler"):
                 self.scaler.load_state_dict(state["grad_scaler"])
-        self.autocast = dict(device_type=runtime.device.type, dtype=runtime.autocast_dtype,
-                             enabled=runtime.autocast_dtype is not None)
+        self.autocast = dict(
+            device_type=runtime.device.type, dtype=runtime.autocast_dtype, enabled=runtime.autocast_dtype is not None
+        )
         self.saved_step = state["step"]
         self.stop: StopControl | None = None  # set when the loop starts (it needs the signal catcher)
         self.metrics_checked = False
@@ -187,15 +214,19 @@ class _Trainer:
     def save(self, step: int) -> Path | None:
         """Checkpoint the current step (every rank takes part; rank 0 writes) and return its folder (rank 0)."""
         cfg, runtime, state = self.cfg, self.runtime, self.state
-        state.update(schedule=self.sched.to_dict(), grad_scaler=self.scaler.state_dict() if self.use_scaler else None,
-                     global_batch={"batch_size": cfg.batch_size, "world_size": runtime.world,
-                                   "grad_accum": cfg.grad_accum}, precision=runtime.precision)
+        state.update(
+            schedule=self.sched.to_dict(),
+            grad_scaler=self.scaler.state_dict() if self.use_scaler else None,
+            global_batch={"batch_size": cfg.batch_size, "world_size": runtime.world, "grad_accum": cfg.grad_accum},
+            precision=runtime.precision,
+        )
         model_state, opt_state = full_states(self.model, self.optimizer, cfg, runtime)
         path, error = None, None
         if runtime.is_main:
             try:
-                path = ckpt.save_checkpoint(self.run_dir, model_state, self.model_cfg, opt_state, dict(state),
-                                            keep=cfg.keep_checkpoints)
+                path = ckpt.save_checkpoint(
+                    self.run_dir, model_state, self.model_cfg, opt_state, dict(state), keep=cfg.keep_checkpoints
+                )
             except Exception as exc:  # every rank must learn of it, or the others wait forever
                 error = exc
         if not broadcast_ok(error is None, runtime):
@@ -209,8 +240,9 @@ class _Trainer:
         if self.runtime.world > 1 and self.cfg.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            model_state = get_model_state_dict(self.model,
-                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            model_state = get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
         else:
             model_state = self.model.state_dict()
         error = None
@@ -245,8 +277,11 @@ class _Trainer:
         decision = self.stop.sync(loss_sum.item(), cfg.grad_accum, None if self.use_scaler else grad_norm)
         if decision.non_finite:
             run_dir = self.run_dir
-            last = f"the last good checkpoint is {run_dir / ckpt.resolve_checkpoint(run_dir).name}" if (
-                run_dir / "latest").is_file() else "the run has no checkpoint yet"
+            last = (
+                f"the last good checkpoint is {run_dir / ckpt.resolve_checkpoint(run_dir).name}"
+                if (run_dir / "latest").is_file()
+                else "the run has no checkpoint yet"
+            )
             raise TrainingDiverged(
                 f"training became non-finite at step {step + 1} (loss {loss_sum.item() / cfg.grad_accum:.4g}, "
                 f"gradient norm {grad_norm:.4g}, learning rate {lr:.3g}); the step was not taken and nothing "
@@ -257,8 +292,16 @@ class _Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, decision
 
-    def log_step(self, logger: Logger, step: int, lr: float, grad_norm: float, train_loss: float,
-                 tokens_per_step: int, step_start: float) -> None:
+    def log_step(
+        self,
+        logger: Logger,
+        step: int,
+        lr: float,
+        grad_norm: float,
+        train_loss: float,
+        tokens_per_step: int,
+        step_start: float,
+    ) -> None:
         """Log the training record every ``log_interval`` steps and at the last (throughput over the window since
         the previous record) and advance the progress bar (this step's throughput)."""
         self.window[1] += tokens_per_step
@@ -266,8 +309,14 @@ class _Trainer:
             now = time.perf_counter()
             tps = self.window[1] / max(now - self.window[0], 1e-9)
             self.window = [now, 0]
-            record = {"step": step, "train/loss": train_loss, "lr": lr, "tokens": self.state["tokens"],
-                      "tokens_per_s": tps, "grad_norm": grad_norm}
+            record = {
+                "step": step,
+                "train/loss": train_loss,
+                "lr": lr,
+                "tokens": self.state["tokens"],
+                "tokens_per_s": tps,
+                "grad_norm": grad_norm,
+            }
             logger.log({**record, "loss_scale": self.scaler.get_scale()} if self.use_scaler else record)
         step_tps = tokens_per_step / max(time.perf_counter() - step_start, 1e-9)
         logger.progress(1, loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{step_tps:,.0f}")
@@ -276,8 +325,9 @@ class _Trainer:
         """Quick validation at ``step``, logged; returns its metrics and why to stop (``"patience"`` or
         ``"early_stop"``) or ``None``. Saves the best checkpoint when ``best_metric`` improved."""
         cfg = self.cfg
-        metrics = self.task.evaluate(self.model, self.runtime.device, quick=True,
-                                     autocast_dtype=self.runtime.autocast_dtype)
+        metrics = self.task.evaluate(
+            self.model, self.runtime.device, quick=True, autocast_dtype=self.runtime.autocast_dtype
+        )
         logger.log({"step": step, "tokens": self.state["tokens"], **metrics})
         self.wrapped.train()
         if not self.metrics_checked:  # the metric names are known from the first validation on
@@ -288,8 +338,11 @@ class _Trainer:
         metric = cfg.early_stop_metric
         if metric is not None:
             value, target = metrics[metric], cfg.early_stop_value
-            if (value >= target) if higher_is_better(metric, cfg.best_mode if metric == cfg.best_metric
-                                                     else "auto") else (value <= target):
+            if (
+                (value >= target)
+                if higher_is_better(metric, cfg.best_mode if metric == cfg.best_metric else "auto")
+                else (value <= target)
+            ):
                 return metrics, "early_stop"
         return metrics, None
 
@@ -312,12 +365,14 @@ class _Trainer:
             "steps": state["step"],
             "tokens": state["tokens"],
             "train_seconds": state["train_seconds"],
-            "stop_reason": stop_reason if state["step"] < self.sched.end or stop_reason in ("early_stop", "patience")
+            "stop_reason": stop_reason
+            if state["step"] < self.sched.end or stop_reason in ("early_stop", "patience")
             else "completed",
             "epochs": state["tokens"] / self.train_tokens if self.train_tokens else None,
             "best": state.get("best"),
             "final_from": final_from,
-            "device": str(runtime.device), "precision": runtime.precision,  # the experiment runner compares it
+            "device": str(runtime.device),
+            "precision": runtime.precision,  # the experiment runner compares it
             "world_size": runtime.world,
             "final": final,
             "compile": compile_status,
@@ -326,7 +381,9 @@ class _Trainer:
 
 def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     run = RunDir(run_dir)
-    say = (lambda msg: print(f"coupled-qk: {msg}", file=sys.stderr, flush=True)) if runtime.is_main else (lambda m: None)
+    say = (
+        (lambda msg: print(f"coupled-qk: {msg}", file=sys.stderr, flush=True)) if runtime.is_main else (lambda m: None)
+    )
     state, where = _resume_point(cfg, run, runtime, say)
     if cfg.fsdp and runtime.world == 1:
         say("fsdp has no effect in a single process (it applies under torchrun with several processes)")
@@ -350,15 +407,21 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     start_step = step = state["step"]
     logger = Logger(run_dir, cfg, runtime.is_main, start_step, sched.end)
     if runtime.device.type == "cpu" and runtime.autocast_dtype is not None:  # reported: not the CPU's usual fp32
-        say(f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
-            + (" (--compile on a CPU with native bf16; --dtype fp32 to opt out)" if cfg.dtype == "auto" else ""))
-    compile_status = (compile_probe(trainer.wrapped, trainer.model, task, cfg, runtime, start_step, trainer.autocast,
-                                     say) if cfg.compile else None)
+        say(
+            f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
+            + (" (--compile on a CPU with native bf16; --dtype fp32 to opt out)" if cfg.dtype == "auto" else "")
+        )
+    compile_status = (
+        compile_probe(trainer.wrapped, trainer.model, task, cfg, runtime, start_step, trainer.autocast, say)
+        if cfg.compile
+        else None
+    )
     stop_reason = "max_steps"
     trainer.window = [time.perf_counter(), 0]  # start of the logging window, tokens in it
     with SignalCatcher() as catcher:
-        stop = trainer.stop = StopControl(runtime, cfg.max_minutes, cfg.checkpoint_minutes, state["train_seconds"],
-                                          catcher)
+        stop = trainer.stop = StopControl(
+            runtime, cfg.max_minutes, cfg.checkpoint_minutes, state["train_seconds"], catcher
+        )
         trainer.wrapped.train()
         while step < sched.end:
             if cfg.stop_after_steps is not None and step - start_step >= cfg.stop_after_steps:

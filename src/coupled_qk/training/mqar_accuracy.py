@@ -24,11 +24,15 @@ def _predictions(logits_or_preds: torch.Tensor, labels: torch.Tensor) -> torch.T
         return logits_or_preds.argmax(dim=-1)
     if logits_or_preds.shape == labels.shape:
         if logits_or_preds.is_floating_point():
-            raise ValueError("predictions with the labels' shape must be integer token ids, got "
-                             f"dtype {logits_or_preds.dtype}; pass logits with a trailing vocab dim")
+            raise ValueError(
+                "predictions with the labels' shape must be integer token ids, got "
+                f"dtype {logits_or_preds.dtype}; pass logits with a trailing vocab dim"
+            )
         return logits_or_preds
-    raise ValueError(f"prediction shape {tuple(logits_or_preds.shape)} matches neither labels "
-                     f"{tuple(labels.shape)} (token ids) nor labels + (vocab,) (logits)")
+    raise ValueError(
+        f"prediction shape {tuple(logits_or_preds.shape)} matches neither labels "
+        f"{tuple(labels.shape)} (token ids) nor labels + (vocab,) (logits)"
+    )
 
 
 def mqar_correct_total(
@@ -53,9 +57,7 @@ def mqar_correct_total(
     return int(correct.sum().item()), int(mask.sum().item())
 
 
-def mqar_accuracy(
-    logits_or_preds: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX
-) -> float:
+def mqar_accuracy(logits_or_preds: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> float:
     """Fraction of supervised (query) positions whose argmax prediction equals the label.
 
     Args:

@@ -101,16 +101,19 @@ class MQAROptions:
     data_seed: int = declare(DEFAULT_DATA_SEED, lo=0, hi=MAX_SEED)
     power_a: float = declare(0.01, lo=0.0, lo_open=True)
     random_non_queries: bool = False
-    cache_dir: str | None = declare(None, free="a folder for generated slices (never empty); default "
-                                    "TrainConfig.cache_dir/mqar")
+    cache_dir: str | None = declare(
+        None, free="a folder for generated slices (never empty); default TrainConfig.cache_dir/mqar"
+    )
     quick_eval_examples: int | None = declare(None, lo=1)
     eval_batch_size: int | None = declare(None, lo=1)
 
     def __post_init__(self):
         for required in ("train_slices", "test_slices"):
             if getattr(self, required) is None:
-                raise ValueError(f"task_options.{required} is required for task='mqar' "
-                                 "(a list of [seq_len, num_kv_pairs, num_examples])")
+                raise ValueError(
+                    f"task_options.{required} is required for task='mqar' "
+                    "(a list of [seq_len, num_kv_pairs, num_examples])"
+                )
         if isinstance(self.cache_dir, os.PathLike):
             self.cache_dir = os.fspath(self.cache_dir)
         coerce_fields(self, "task_options")
@@ -118,8 +121,10 @@ class MQAROptions:
         for name in ("train_slices", "test_slices"):
             parse_slices(getattr(self, name), f"task_options.{name}")
         if self.cache_dir is not None and not self.cache_dir.strip():
-            raise ValueError(f"task_options.cache_dir={self.cache_dir!r} is empty; expected a folder (or leave it "
-                             "out: TrainConfig.cache_dir/mqar)")
+            raise ValueError(
+                f"task_options.cache_dir={self.cache_dir!r} is empty; expected a folder (or leave it "
+                "out: TrainConfig.cache_dir/mqar)"
+            )
 
     @classmethod
     def from_options(cls, task_options: dict | None) -> MQAROptions:
@@ -217,7 +222,10 @@ class MQARTask:
             return MQARSliceSpec(L, K, N, power_a=self.power_a, random_non_queries=self.random_non_queries)
 
         self.dataset = make_mqar_dataset(
-            [split(t) for t in train], [split(t) for t in test], self.vocab_size, cache_dir=cache_dir,
+            [split(t) for t in train],
+            [split(t) for t in test],
+            self.vocab_size,
+            cache_dir=cache_dir,
             seed=self.data_seed,
         )
         self.max_seq_len = max(s.seq_len for s in self.dataset.train + self.dataset.test)
@@ -240,8 +248,13 @@ class MQARTask:
         """Vocabulary, seeds and every slice (name, L, K, rows, resolved seed), for ``results.json``."""
 
         def info(s: MQARSlice) -> dict:
-            return {"name": s.name, "seq_len": s.seq_len, "num_kv_pairs": s.num_kv_pairs, "num_examples": len(s),
-                    "seed": int(s.spec.seed)}
+            return {
+                "name": s.name,
+                "seq_len": s.seq_len,
+                "num_kv_pairs": s.num_kv_pairs,
+                "num_examples": len(s),
+                "seed": int(s.spec.seed),
+            }
 
         return {
             "task": "mqar",
@@ -289,8 +302,9 @@ class MQARTask:
         ``batch_size * world`` rows times the length ``L`` of the slice it comes from (not ``block_size``)."""
         global_batch = self.cfg.batch_size * world
         first = step * self.cfg.grad_accum
-        lengths = [self.dataset.train[self.batch_rows(first + m, global_batch)[0]].seq_len
-                   for m in range(self.cfg.grad_accum)]
+        lengths = [
+            self.dataset.train[self.batch_rows(first + m, global_batch)[0]].seq_len for m in range(self.cfg.grad_accum)
+        ]
         return global_batch * sum(lengths)
 
     def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int, device) -> tuple:
@@ -330,10 +344,10 @@ class MQARTask:
             :func:`coupled_qk.training.mqar_accuracy.evaluate_slices`).
         """
         max_rows = self.quick_eval_examples if quick else None
-        return evaluate_slices(model, self.dataset.test, self.test_names, self.eval_batch_size, device,
-                               autocast_dtype, max_rows)
+        return evaluate_slices(
+            model, self.dataset.test, self.test_names, self.eval_batch_size, device, autocast_dtype, max_rows
+        )
 
     def save(self, run_dir: Path) -> None:
         """Write :meth:`describe` as ``data.json`` into ``run_dir``."""
         write_text_atomic(RunDir(run_dir).data_path, json.dumps(self.describe(), indent=2))
-

@@ -52,10 +52,18 @@ def perplexity_windows(n_tokens: int, block_size: int, stride: int | None = None
 
 @torch.no_grad()
 def evaluate_perplexity(
-    model: torch.nn.Module, tokens: np.ndarray | torch.Tensor, block_size: int, batch_size: int = 8,
-    stride: int | None = None, device: str | torch.device = "cpu", n_words: int | None = None,
-    max_windows: int | None = None, autocast_dtype: torch.dtype | None = None, desc: str | None = None,
-    n_bytes: int | None = None, n_chars: int | None = None,
+    model: torch.nn.Module,
+    tokens: np.ndarray | torch.Tensor,
+    block_size: int,
+    batch_size: int = 8,
+    stride: int | None = None,
+    device: str | torch.device = "cpu",
+    n_words: int | None = None,
+    max_windows: int | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    desc: str | None = None,
+    n_bytes: int | None = None,
+    n_chars: int | None = None,
 ) -> dict:
     """Token-level (and optionally word-level) perplexity of ``model`` on a 1-D token sequence.
 
@@ -111,8 +119,9 @@ def _checked_tokens(tokens, batch_size, n_words, n_bytes, n_chars) -> torch.Tens
     return tokens
 
 
-def _summed_nll(model, tokens: torch.Tensor, windows: list, batch_size: int, device, autocast_dtype,
-                bar) -> tuple[float, int]:
+def _summed_nll(
+    model, tokens: torch.Tensor, windows: list, batch_size: int, device, autocast_dtype, bar
+) -> tuple[float, int]:
     """Total NLL (nats, float64 sum) and number of scored targets over ``windows`` (``(start, length,
     n_scored)``), batching windows of equal length."""
     total, count = 0.0, 0

@@ -66,7 +66,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     tokenizer = Tokenizer.load(tok_dir)
     model, state = load_checkpoint_model(ckpt, device)
     if model.config.vocab_size != tokenizer.vocab_size:
-        raise ValueError(f"{ckpt}: model vocab_size={model.config.vocab_size} differs from the run tokenizer's "
-                         f"{tokenizer.vocab_size}")
+        raise ValueError(
+            f"{ckpt}: model vocab_size={model.config.vocab_size} differs from the run tokenizer's "
+            f"{tokenizer.vocab_size}"
+        )
     config = RunDir(run_dir).read_config() or {}
     return LoadedRun(model, tokenizer, ckpt, state.get("step"), config)

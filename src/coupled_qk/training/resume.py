@@ -44,8 +44,21 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, start: int = 0) -> floa
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - floor)
 
 
-RUN_LAYOUT = ("config.json", "model_config.json", "data.json", "tokenizer/", "metrics.jsonl", "tensorboard/",
-              "ckpt-*/", "latest", "best", "best-*/", "results.json", "results.interrupted.json", "glue/")
+RUN_LAYOUT = (
+    "config.json",
+    "model_config.json",
+    "data.json",
+    "tokenizer/",
+    "metrics.jsonl",
+    "tensorboard/",
+    "ckpt-*/",
+    "latest",
+    "best",
+    "best-*/",
+    "results.json",
+    "results.interrupted.json",
+    "glue/",
+)
 """Top-level names of a run folder (``training/rundir.py``) plus ``glue/``, the default output of ``coupled-qk
 glue`` for one run. A folder holding anything else is not a run folder and is refused as ``out_dir``."""
 
@@ -58,9 +71,12 @@ def check_out_dir(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"out_dir {run_dir} is a file, not a folder")
     if (run_dir / "model.safetensors").is_file() or (
-            checkpoint_step(run_dir) is not None and (run_dir.parent / "latest").is_file()):
-        raise ValueError(f"out_dir {run_dir} is a checkpoint folder inside the run {run_dir.parent}; pass "
-                         f"--out-dir {run_dir.parent} (the run folder)")
+        checkpoint_step(run_dir) is not None and (run_dir.parent / "latest").is_file()
+    ):
+        raise ValueError(
+            f"out_dir {run_dir} is a checkpoint folder inside the run {run_dir.parent}; pass "
+            f"--out-dir {run_dir.parent} (the run folder)"
+        )
     OutputDir(run_dir, "out_dir", layout=RUN_LAYOUT, what="a training run")
 
 
@@ -74,12 +90,15 @@ def check_start(run: RunDir, resume: bool) -> bool:
     """
     has_ckpt = run.has_checkpoint()
     if has_ckpt and not resume:
-        raise ValueError(f"{run.path} already holds checkpoints; pass --resume to continue it or choose another "
-                         "--out-dir")
+        raise ValueError(
+            f"{run.path} already holds checkpoints; pass --resume to continue it or choose another --out-dir"
+        )
     if not has_ckpt and run.is_finished():
-        raise ValueError(f"{run.path} holds a finished run ({run.RESULTS}) without checkpoints to resume: a new run "
-                         "there would replace its results; choose another --out-dir, or delete the folder to train "
-                         "it again")
+        raise ValueError(
+            f"{run.path} holds a finished run ({run.RESULTS}) without checkpoints to resume: a new run "
+            "there would replace its results; choose another --out-dir, or delete the folder to train "
+            "it again"
+        )
     return has_ckpt
 
 
@@ -94,7 +113,8 @@ def check_config(run_dir: Path, cfg: TrainConfig) -> None:
         raise ValueError(
             f"cannot resume {run_dir}: its {run.CONFIG} is missing, so the settings a resume must keep (learning "
             f"rate, seed, data, ...) cannot be checked; restore {run.config_path}, or recreate it with the run's "
-            f"own options: coupled-qk train <its options> --print-config > {run.config_path}")
+            f"own options: coupled-qk train <its options> --print-config > {run.config_path}"
+        )
     diff = config_differences(saved, cfg, CONTINUATION_FIELDS | {"model", "preset"})
     if diff:
         raise ValueError(
@@ -120,13 +140,18 @@ def check_metrics_file(run: RunDir) -> None:
 def plan_batch(state: dict, saved_cfg: dict, cfg: TrainConfig, world: int, say) -> None:
     """Refuse a resume whose per-micro-step global batch differs; announce an exact re-plan when only the
     split between ``batch_size`` and the number of processes changed."""
-    saved = state.get("global_batch") or {"batch_size": saved_cfg.get("batch_size", cfg.batch_size),
-                                          "world_size": world}
+    saved = state.get("global_batch") or {
+        "batch_size": saved_cfg.get("batch_size", cfg.batch_size),
+        "world_size": world,
+    }
     before = saved["batch_size"] * saved["world_size"]
     now = cfg.batch_size * world
     if before != now:
-        hint = (f"; with {world} process(es) use --batch-size {before // world}" if before % world == 0
-                else f"; use a number of processes dividing {before}")
+        hint = (
+            f"; with {world} process(es) use --batch-size {before // world}"
+            if before % world == 0
+            else f"; use a number of processes dividing {before}"
+        )
         raise ValueError(
             f"cannot resume: the checkpoint was trained with a global batch of {before} sequences per micro-step "
             f"(batch_size {saved['batch_size']} x {saved['world_size']} process(es)), this run would use {now} "
@@ -134,8 +159,10 @@ def plan_batch(state: dict, saved_cfg: dict, cfg: TrainConfig, world: int, say) 
             f"schedule{hint}"
         )
     if saved["world_size"] != world:
-        say(f"re-planned for {world} process(es) x batch_size {cfg.batch_size} (was {saved['world_size']} x "
-            f"{saved['batch_size']}): the same global batch of {now} sequences, data order and schedule")
+        say(
+            f"re-planned for {world} process(es) x batch_size {cfg.batch_size} (was {saved['world_size']} x "
+            f"{saved['batch_size']}): the same global batch of {now} sequences, data order and schedule"
+        )
 
 
 def plan_resume(state: dict, saved_cfg: dict, cfg: TrainConfig, runtime, say) -> None:
@@ -152,10 +179,13 @@ def check_precision(state: dict, now: str, cfg: TrainConfig) -> None:
     eager), both of which a resume may change."""
     saved = state.get("precision")
     if saved is not None and saved != now:
-        warnings.warn(f"the run trained in {saved} until step {state['step']} and continues in {now} (--dtype "
-                      f"{cfg.dtype}, compile={cfg.compile}, device {cfg.device}: auto is bf16 only on CUDA and, "
-                      f"with --compile, on a CPU with native bf16); pass --dtype {saved} to keep its precision",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"the run trained in {saved} until step {state['step']} and continues in {now} (--dtype "
+            f"{cfg.dtype}, compile={cfg.compile}, device {cfg.device}: auto is bf16 only on CUDA and, "
+            f"with --compile, on a CPU with native bf16); pass --dtype {saved} to keep its precision",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def plan_schedule(state: dict, cfg: TrainConfig, end: int, say) -> Schedule:
@@ -189,9 +219,13 @@ def plan_schedule(state: dict, cfg: TrainConfig, end: int, say) -> Schedule:
             f"or --on-budget-change rewarm (a new warmup and cosine decay from step {step} to {end})"
         )
     if cfg.on_budget_change == "keep":
-        say(f"budget changed: training to step {end} on the saved schedule (cosine to step {old.horizon}, "
-            f"then learning rate {cfg.lr * cfg.min_lr_ratio:.3g})")
+        say(
+            f"budget changed: training to step {end} on the saved schedule (cosine to step {old.horizon}, "
+            f"then learning rate {cfg.lr * cfg.min_lr_ratio:.3g})"
+        )
         return Schedule(old.start, old.horizon, end)
-    say(f"budget changed: re-warming the learning rate from step {step} ({cfg.warmup_steps} warmup steps, "
-        f"cosine decay to step {end})")
+    say(
+        f"budget changed: re-warming the learning rate from step {step} ({cfg.warmup_steps} warmup steps, "
+        f"cosine decay to step {end})"
+    )
     return Schedule(step, end, end)

@@ -35,7 +35,6 @@ def _member(name: str, doc: str) -> property:
     return property(lambda self: self.path / name, doc=doc)
 
 
-
 _FIX_LINE = "repair or delete that line (the metrics of that step are then missing from the run's record)"
 
 
@@ -63,8 +62,24 @@ def parse_metrics(path: Path) -> list[dict]:
     return records
 
 
-RESULTS_KEYS = ("config", "model_config", "params", "data", "steps", "tokens", "train_seconds", "stop_reason", "epochs",
-                "best", "final_from", "device", "precision", "world_size", "final", "compile")
+RESULTS_KEYS = (
+    "config",
+    "model_config",
+    "params",
+    "data",
+    "steps",
+    "tokens",
+    "train_seconds",
+    "stop_reason",
+    "epochs",
+    "best",
+    "final_from",
+    "device",
+    "precision",
+    "world_size",
+    "final",
+    "compile",
+)
 """The top-level keys of a run's ``results.json`` (``training.loop``'s ``_Trainer.results``)."""
 
 
@@ -109,7 +124,8 @@ class RunDir:
     latest_path = _member(LATEST, "``latest``: a text file naming the newest complete checkpoint folder.")
     results_path = _member(RESULTS, "``results.json``: final metrics of a finished run.")
     interrupted_results_path = _member(
-        INTERRUPTED_RESULTS, "``results.interrupted.json``: results of a run stopped by an experiment's time guard.")
+        INTERRUPTED_RESULTS, "``results.interrupted.json``: results of a run stopped by an experiment's time guard."
+    )
 
     def checkpoint_dir(self, step: int) -> Path:
         """``ckpt-<step, 8 digits>``: the checkpoint folder of optimiser step ``step`` (an int >= 0)."""
@@ -135,7 +151,9 @@ class RunDir:
         ``None``."""
         from coupled_qk.training.checkpoint_load import checkpoint_step
 
-        found = [p for p in self.checkpoints() if checkpoint_step(p) is not None and (p / "model.safetensors").is_file()]
+        found = [
+            p for p in self.checkpoints() if checkpoint_step(p) is not None and (p / "model.safetensors").is_file()
+        ]
         return max(found, key=lambda p: (checkpoint_step(p), p.name)) if found else None
 
     def is_finished(self) -> bool:
@@ -198,8 +216,11 @@ class RunDir:
         keys = getattr(task, "data_identity", ())
         recorded = self.read_data() if keys else None
         if keys and recorded is None:
-            warnings.warn(f"{self.data_path} is missing: this resume cannot check that the data is what the run "
-                          "trained on (an edited corpus would be used without a word)", stacklevel=2)
+            warnings.warn(
+                f"{self.data_path} is missing: this resume cannot check that the data is what the run "
+                "trained on (an edited corpus would be used without a word)",
+                stacklevel=2,
+            )
         now = task.describe() if recorded is not None else {}
         if recorded is not None:  # the task writes data.json (a later version may add keys): a warning
             unknown_keys(recorded, now, self.data_path, "data description", error=False)
@@ -208,7 +229,8 @@ class RunDir:
             raise ValueError(
                 f"cannot resume {self.path}: its data is not what it trained on ({self.data_path} vs now: "
                 f"{'; '.join(changes)}); restore the data the run was trained on (a corpus: its files as they "
-                "were), or train a new run in another --out-dir")
+                "were), or train a new run in another --out-dir"
+            )
 
     def read_results(self) -> dict | None:
         """``results.json`` as a dict, or ``None`` when the run has not finished.
@@ -225,18 +247,30 @@ class RunDir:
         results = _read_json(self.results_path)
         if results is None:
             return None
-        wrong = (f"holds a JSON {type(results).__name__}" if not isinstance(results, dict) else
-                 next((f"its {key!r} is a {type(results[key]).__name__}" for key in ("config", "final")
-                       if key in results and not isinstance(results[key], dict)), None))
+        wrong = (
+            f"holds a JSON {type(results).__name__}"
+            if not isinstance(results, dict)
+            else next(
+                (
+                    f"its {key!r} is a {type(results[key]).__name__}"
+                    for key in ("config", "final")
+                    if key in results and not isinstance(results[key], dict)
+                ),
+                None,
+            )
+        )
         if wrong:
-            raise ValueError(f"{self.results_path} is not a run's results ({wrong}, expected an object): delete it; "
-                             "resuming the run (--resume, or the command that made it) writes it again from its "
-                             "latest checkpoint")
+            raise ValueError(
+                f"{self.results_path} is not a run's results ({wrong}, expected an object): delete it; "
+                "resuming the run (--resume, or the command that made it) writes it again from its "
+                "latest checkpoint"
+            )
         from coupled_qk.training.config import TrainConfig
 
         unknown_keys(results, RESULTS_KEYS, self.results_path, "results", error=False)  # the project writes it
-        unknown_keys(results.get("config", {}), TrainConfig.__dataclass_fields__, self.results_path, "config",
-                     error=False)
+        unknown_keys(
+            results.get("config", {}), TrainConfig.__dataclass_fields__, self.results_path, "config", error=False
+        )
         return results
 
     def read_metrics(self) -> list[dict]:
@@ -256,8 +290,11 @@ class RunDir:
         if not self.has_checkpoint():
             return 0.0
         try:
-            folder = (self.path / self.latest_path.read_text().strip() if self.latest_path.is_file()
-                      else self.newest_checkpoint())
+            folder = (
+                self.path / self.latest_path.read_text().strip()
+                if self.latest_path.is_file()
+                else self.newest_checkpoint()
+            )
             from coupled_qk.training.checkpoint_load import read_json
 
             return float(read_json(folder / "state.json").get("train_seconds", 0.0))
@@ -303,8 +340,15 @@ class RunDir:
                 shutil.rmtree(orphan, ignore_errors=True)
 
 
-_JSON_KINDS = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
-               bool: "a boolean", type(None): "null"}
+_JSON_KINDS = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 
 
 def data_changes(recorded: dict, now: dict, keys, where: str | Path = "data.json") -> list[str]:
@@ -317,6 +361,7 @@ def data_changes(recorded: dict, now: dict, keys, where: str | Path = "data.json
         ValueError: a recorded value of another kind than the task describes (``"tokens": "x"``, ``"vocab_size":
             "512"``, a ``null`` hash: a hand edit, not changed data), naming ``where``, the key and both kinds.
     """
+
     def shown(value) -> str:
         text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
         return text if len(text) <= 16 else text[:12] + "..."
@@ -325,8 +370,10 @@ def data_changes(recorded: dict, now: dict, keys, where: str | Path = "data.json
         kinds = [_JSON_KINDS.get(type(v), type(v).__name__) for v in (before, after)]
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (before, after))
         if kinds[0] != kinds[1] and not numbers and after is not None:
-            raise ValueError(f"{where}: {key}={json.dumps(before)[:40]} is {kinds[0]}; expected {kinds[1]} (was the "
-                             "file edited by hand?)")
+            raise ValueError(
+                f"{where}: {key}={json.dumps(before)[:40]} is {kinds[0]}; expected {kinds[1]} (was the "
+                "file edited by hand?)"
+            )
 
     out = []
     for key in keys:
@@ -338,8 +385,11 @@ def data_changes(recorded: dict, now: dict, keys, where: str | Path = "data.json
             for sub in after:
                 if sub in before:
                     same_kind(f"{key}.{sub}", before[sub], after[sub])
-            out += [f"{key}.{sub}: {shown(before[sub])} recorded, {shown(after[sub])} now"
-                    for sub in after if sub in before and before[sub] != after[sub]]
+            out += [
+                f"{key}.{sub}: {shown(before[sub])} recorded, {shown(after[sub])} now"
+                for sub in after
+                if sub in before and before[sub] != after[sub]
+            ]
         elif before != after:
             out.append(f"{key}: {shown(before)} recorded, {shown(after)} now")
     return out

@@ -34,8 +34,9 @@ class TrainingInterrupted(Exception):
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
         if finished:
-            super().__init__(f"stopped by {name} after the last step ({step}); the run finished and is saved in "
-                             f"{checkpoint}")
+            super().__init__(
+                f"stopped by {name} after the last step ({step}); the run finished and is saved in {checkpoint}"
+            )
         else:
             super().__init__(f"stopped by {name} at step {step}; checkpoint saved in {checkpoint}")
 
@@ -95,8 +96,7 @@ class StopControl:
         catcher: the :class:`SignalCatcher` whose flag this rank contributes.
     """
 
-    def __init__(self, runtime: Runtime, max_minutes, checkpoint_minutes, base_seconds: float,
-                 catcher: SignalCatcher):
+    def __init__(self, runtime: Runtime, max_minutes, checkpoint_minutes, base_seconds: float, catcher: SignalCatcher):
         self.runtime = runtime
         self.max_minutes, self.checkpoint_minutes = max_minutes, checkpoint_minutes
         self.base_seconds = base_seconds
@@ -122,10 +122,19 @@ class StopControl:
         got = self.catcher.received
         bad = not math.isfinite(loss_sum) or (grad_norm is not None and not math.isfinite(grad_norm))
         time_up = main and self.max_minutes is not None and self.train_seconds() >= 60 * self.max_minutes
-        due = (main and self.checkpoint_minutes is not None
-               and time.perf_counter() - self.last_checkpoint >= 60 * self.checkpoint_minutes)
-        flags = [loss_sum / n_micro if math.isfinite(loss_sum) else 0.0, float(bad),
-                 float(got == signal.SIGINT), float(got == signal.SIGTERM), float(time_up), float(due)]
+        due = (
+            main
+            and self.checkpoint_minutes is not None
+            and time.perf_counter() - self.last_checkpoint >= 60 * self.checkpoint_minutes
+        )
+        flags = [
+            loss_sum / n_micro if math.isfinite(loss_sum) else 0.0,
+            float(bad),
+            float(got == signal.SIGINT),
+            float(got == signal.SIGTERM),
+            float(time_up),
+            float(due),
+        ]
         total = all_reduce_sum(flags, self.runtime)
         signum = signal.SIGINT if total[2] else signal.SIGTERM if total[3] else None
         loss = total[0] / self.runtime.world if not total[1] else math.nan

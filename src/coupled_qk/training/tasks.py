@@ -15,8 +15,16 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["TASKS", "TASK_FIELDS", "Task", "check_options", "check_task_fields", "check_task_options",
-           "steps_for_tokens", "task_class"]
+__all__ = [
+    "TASKS",
+    "TASK_FIELDS",
+    "Task",
+    "check_options",
+    "check_task_fields",
+    "check_task_options",
+    "steps_for_tokens",
+    "task_class",
+]
 
 TASKS: dict[str, str] = {
     "lm": "coupled_qk.training.lm:LMTask",
@@ -57,8 +65,9 @@ class Task(Protocol):
     def describe(self) -> dict:
         """A JSON-serialisable description of the data, stored as ``data.json`` and in ``results.json``."""
 
-    def train_batch(self, step: int, micro: int, rank: int, world: int, batch_size: int,
-                    device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_batch(
+        self, step: int, micro: int, rank: int, world: int, batch_size: int, device: str | torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of micro-step ``micro`` of optimiser step ``step`` for ``rank`` of ``world``.
 
         Must be a pure function of its arguments (exact resume; ``world`` ranks with ``batch_size`` rows see
@@ -71,8 +80,13 @@ class Task(Protocol):
         length of each sequence (no padding, not ``block_size``). Counts ``tokens``, ``tokens_per_s`` and the
         ``max_tokens`` budget."""
 
-    def evaluate(self, model: torch.nn.Module, device: str | torch.device, quick: bool = True,
-                 autocast_dtype: torch.dtype | None = None) -> dict:
+    def evaluate(
+        self,
+        model: torch.nn.Module,
+        device: str | torch.device,
+        quick: bool = True,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> dict:
         """Metrics as ``{"valid/<metric>": float, ...}`` (``quick``: the periodic, cheaper evaluation; the
         final one also reports ``test/...`` where the task has a test split). Restores ``model``'s mode."""
 
@@ -123,8 +137,10 @@ def check_task_fields(cfg) -> None:
         if name not in used and value != defaults[name]:
             reads = f"it reads {', '.join(used)}" if used else "it reads none of " + ", ".join(TASK_FIELDS)
             instead = f"; {_INSTEAD[name]}" if name in _INSTEAD else ""
-            raise ValueError(f"TrainConfig.{name}={value!r} does not apply to task={cfg.task!r} ({reads}; "
-                             f"leave {name} at its default {defaults[name]!r}{instead})")
+            raise ValueError(
+                f"TrainConfig.{name}={value!r} does not apply to task={cfg.task!r} ({reads}; "
+                f"leave {name} at its default {defaults[name]!r}{instead})"
+            )
 
 
 def check_options(task: str, options: dict, known) -> dict:
@@ -142,8 +158,10 @@ def check_options(task: str, options: dict, known) -> dict:
         from coupled_qk.io import close_matches
 
         hints = close_matches(unknown, known)
-        raise ValueError(f"unknown {task} task_options {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
-                         f"valid options: {sorted(known)}")
+        raise ValueError(
+            f"unknown {task} task_options {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
+            f"valid options: {sorted(known)}"
+        )
     return options
 
 
@@ -178,9 +196,12 @@ def steps_for_tokens(task: Task, max_tokens: int, world: int, max_steps: int | N
         if n < 1:
             raise ValueError(f"task {task.name!r} reports {n} tokens at step {step}; a token budget needs >= 1")
         if step == 0 and n > max_tokens:
-            warnings.warn(f"max_tokens={max_tokens:,} is smaller than one optimizer step ({n:,} tokens: batch_size x "
-                          "grad_accum x processes x sequence length); the run trains one step of "
-                          f"{n:,} tokens. Raise max_tokens or lower batch_size for a smaller budget", stacklevel=2)
+            warnings.warn(
+                f"max_tokens={max_tokens:,} is smaller than one optimizer step ({n:,} tokens: batch_size x "
+                "grad_accum x processes x sequence length); the run trains one step of "
+                f"{n:,} tokens. Raise max_tokens or lower batch_size for a smaller budget",
+                stacklevel=2,
+            )
         seen += n
         step += 1
     return step

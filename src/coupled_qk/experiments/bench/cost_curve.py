@@ -85,9 +85,19 @@ def flop_floor(config: GPTConfig, batch_size: int, seq_len: int) -> float:
 AXES = ("d_model", "seq_len", "n_steps")
 
 
-def run_sweep(base: GPTConfig, variants=None, d_models=(64, 128, 256), seq_lens=(32, 64, 128),
-              n_steps=(1, 2, 4), batch_size: int = 8, repeats: int = 7, warmup: int = 2, device="cpu",
-              seed: int = 0, log=None) -> dict:
+def run_sweep(
+    base: GPTConfig,
+    variants=None,
+    d_models=(64, 128, 256),
+    seq_lens=(32, 64, 128),
+    n_steps=(1, 2, 4),
+    batch_size: int = 8,
+    repeats: int = 7,
+    warmup: int = 2,
+    device="cpu",
+    seed: int = 0,
+    log=None,
+) -> dict:
     """Measured train-step ratio and FLOP floor of each variant along ``d_model``, ``seq_len`` and ``n_steps``.
 
     Each point is one :func:`run_bench` call (all variants interleaved) on ``base`` with one axis changed
@@ -109,35 +119,72 @@ def run_sweep(base: GPTConfig, variants=None, d_models=(64, 128, 256), seq_lens=
         else:
             opts = {"n_steps": value}
         sub = names  # map options apply only to the variants whose map has them
-        res = run_bench(cfg, sub, batch_size=batch_size, seq_len=seq, repeats=repeats, warmup=warmup, device=device,
-                        seed=seed, map_options=opts)
+        res = run_bench(
+            cfg,
+            sub,
+            batch_size=batch_size,
+            seq_len=seq,
+            repeats=repeats,
+            warmup=warmup,
+            device=device,
+            seed=seed,
+            map_options=opts,
+        )
         machine = res["machine"]
         configs = variant_configs(cfg, sub, opts)
         base_times = res["variants"]["standard"]["times_ms"]
-        entry = {n: dict(ratio=paired_ratio(v["times_ms"], base_times), floor=flop_floor(configs[n], batch_size, seq))
-                 for n, v in res["variants"].items()}
+        entry = {
+            n: dict(ratio=paired_ratio(v["times_ms"], base_times), floor=flop_floor(configs[n], batch_size, seq))
+            for n, v in res["variants"].items()
+        }
         points.append(dict(axis=axis, value=value, variants=entry))
-        log(f"  sweep {axis}={value}: " + ", ".join(f"{n} {e['ratio']['median']:.3f}x (floor {e['floor']:.3f}x)"
-                                                   for n, e in entry.items() if n != "standard"))
-    return dict(mode="sweep", settings=dict(variants=names, batch_size=batch_size, repeats=repeats, warmup=warmup,
-                                            device=str(device), seed=seed, config=base.to_dict()),
-                machine=machine, points=points, elapsed_s=time.perf_counter() - t0)
+        log(
+            f"  sweep {axis}={value}: "
+            + ", ".join(
+                f"{n} {e['ratio']['median']:.3f}x (floor {e['floor']:.3f}x)"
+                for n, e in entry.items()
+                if n != "standard"
+            )
+        )
+    return dict(
+        mode="sweep",
+        settings=dict(
+            variants=names,
+            batch_size=batch_size,
+            repeats=repeats,
+            warmup=warmup,
+            device=str(device),
+            seed=seed,
+            config=base.to_dict(),
+        ),
+        machine=machine,
+        points=points,
+        elapsed_s=time.perf_counter() - t0,
+    )
 
 
 def sweep_markdown(result: dict) -> str:
     """Markdown table of :func:`run_sweep`'s result (measured ratio [95% interval] and FLOP floor)."""
-    lines = [f"# Cost curve: {result.get('preset', '?')} preset on {result['settings']['device']}", "",
-             f"- command: `{result.get('command', '')}`", machine_line(result["machine"]),
-             "- ratio = median over interleaved repeats of train-step time / standard's in the same round "
-             "[95% bootstrap interval]; floor = FLOP ratio (`train_step_flops`)", "",
-             "| axis | value | variant | measured ratio | FLOP floor |", "|---|---:|---|---:|---:|"]
+    lines = [
+        f"# Cost curve: {result.get('preset', '?')} preset on {result['settings']['device']}",
+        "",
+        f"- command: `{result.get('command', '')}`",
+        machine_line(result["machine"]),
+        "- ratio = median over interleaved repeats of train-step time / standard's in the same round "
+        "[95% bootstrap interval]; floor = FLOP ratio (`train_step_flops`)",
+        "",
+        "| axis | value | variant | measured ratio | FLOP floor |",
+        "|---|---:|---|---:|---:|",
+    ]
     for p in result["points"]:
         for n, e in p["variants"].items():
             if n == "standard":
                 continue
             r = e["ratio"]
-            lines.append(f"| {p['axis']} | {p['value']} | {n} | {r['median']:.3f}x [{r['lo']:.3f}, {r['hi']:.3f}] "
-                         f"| {e['floor']:.4f}x |")
+            lines.append(
+                f"| {p['axis']} | {p['value']} | {n} | {r['median']:.3f}x [{r['lo']:.3f}, {r['hi']:.3f}] "
+                f"| {e['floor']:.4f}x |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -156,12 +203,20 @@ def plot_sweep(result: dict, path: str | Path) -> Path:
             xs = [p["value"] for p in pts if n in p["variants"]]
             es = [p["variants"][n] for p in pts if n in p["variants"]]
             med = np.array([e["ratio"]["median"] for e in es])
-            err = np.array([[m - e["ratio"]["lo"] for m, e in zip(med, es)], [e["ratio"]["hi"] - m for m, e in zip(med, es)]])
+            err = np.array(
+                [[m - e["ratio"]["lo"] for m, e in zip(med, es)], [e["ratio"]["hi"] - m for m, e in zip(med, es)]]
+            )
             line = ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=f"{n} measured")
             ax.plot(xs, [e["floor"] for e in es], "--", color=line[0].get_color(), label=f"{n} FLOP floor")
             for x, e in zip(xs, es):
-                ax.annotate(f"{e['floor']:.3f}", (x, e["floor"]), fontsize=7, textcoords="offset points",
-                            xytext=(0, -10 - 8 * (i % 2)), ha="center")
+                ax.annotate(
+                    f"{e['floor']:.3f}",
+                    (x, e["floor"]),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(0, -10 - 8 * (i % 2)),
+                    ha="center",
+                )
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel(axis)
@@ -188,8 +243,12 @@ def mfu_markdown(results: list[dict], peak_tflops: float) -> str:
         A markdown table: preset, compile, variant, tokens/s, model TFLOP/s and MFU (FLOPs of
         :func:`train_step_flops`, so the map's arithmetic counts as useful work).
     """
-    lines = [f"# Model FLOPs utilisation (peak {peak_tflops:g} TFLOP/s)", "",
-             "| preset | compile | variant | tokens/s | TFLOP/s | MFU |", "|---|---|---|---:|---:|---:|"]
+    lines = [
+        f"# Model FLOPs utilisation (peak {peak_tflops:g} TFLOP/s)",
+        "",
+        "| preset | compile | variant | tokens/s | TFLOP/s | MFU |",
+        "|---|---|---|---:|---:|---:|",
+    ]
     for res in results:
         s = res["settings"]
         base = GPTConfig.from_dict(s["config"])
@@ -197,6 +256,8 @@ def mfu_markdown(results: list[dict], peak_tflops: float) -> str:
         for n, v in res["variants"].items():
             flops = train_step_flops(configs[n], s["batch_size"], s["seq_len"])["step"] / s["tokens_per_step"]
             tflops = v["tokens_per_s"] * flops / 1e12
-            lines.append(f"| {res.get('preset', '?')} | {'on' if s['compile'] else 'off'} | {n} | "
-                         f"{v['tokens_per_s']:,.0f} | {tflops:.1f} | {100 * tflops / peak_tflops:.1f}% |")
+            lines.append(
+                f"| {res.get('preset', '?')} | {'on' if s['compile'] else 'off'} | {n} | "
+                f"{v['tokens_per_s']:,.0f} | {tflops:.1f} | {100 * tflops / peak_tflops:.1f}% |"
+            )
     return "\n".join(lines) + "\n"

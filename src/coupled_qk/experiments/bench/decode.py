@@ -63,13 +63,25 @@ def fitting_cells(batch_sizes, prefixes, new_tokens: int, block_size: int) -> tu
     cells = [(b, p) for b in batch_sizes for p in prefixes if p + new_tokens <= block_size]
     skipped = [(b, p) for b in batch_sizes for p in prefixes if (b, p) not in cells]
     if not cells:
-        raise ValueError(f"no (batch, prefix) cell fits block_size={block_size} with new_tokens={new_tokens}: "
-                         f"prefixes {list(prefixes)} (each prefix + new_tokens must be <= block_size)")
+        raise ValueError(
+            f"no (batch, prefix) cell fits block_size={block_size} with new_tokens={new_tokens}: "
+            f"prefixes {list(prefixes)} (each prefix + new_tokens must be <= block_size)"
+        )
     return cells, skipped
 
 
-def run_decode(base: GPTConfig, variants=None, batch_sizes=(1, 8), prefixes=(128, 512), new_tokens: int = 32,
-               repeats: int = 5, device="auto", seed: int = 0, map_options=None, log=None) -> dict:
+def run_decode(
+    base: GPTConfig,
+    variants=None,
+    batch_sizes=(1, 8),
+    prefixes=(128, 512),
+    new_tokens: int = 32,
+    repeats: int = 5,
+    device="auto",
+    seed: int = 0,
+    map_options=None,
+    log=None,
+) -> dict:
     """Cached greedy decoding speed of each variant against ``standard`` (see the module docstring).
 
     Args:
@@ -104,21 +116,36 @@ def run_decode(base: GPTConfig, variants=None, batch_sizes=(1, 8), prefixes=(128
         for n in names:  # warm-up
             decode_seconds(models[n], prompt, min(new_tokens, 4), dev)
         for i in range(repeats):
-            for n in names[i % len(names):] + names[: i % len(names)]:
+            for n in names[i % len(names) :] + names[: i % len(names)]:
                 times[n].append(decode_seconds(models[n], prompt, new_tokens, dev))
         log(f"  decode batch {b} prefix {p}: done")
         res = {}
         for n in names:
             med = float(np.median(times[n]))
-            res[n] = dict(ms_per_token=1000.0 * med / new_tokens, tokens_per_s=b * new_tokens / med,
-                          ratio=paired_ratio(times[n], times[BASELINE]), times_s=times[n])
+            res[n] = dict(
+                ms_per_token=1000.0 * med / new_tokens,
+                tokens_per_s=b * new_tokens / med,
+                ratio=paired_ratio(times[n], times[BASELINE]),
+                times_s=times[n],
+            )
         out_cells.append(dict(batch=b, prefix=p, variants=res))
     return dict(
         mode="decode",
-        settings=dict(variants=names, batch_sizes=list(batch_sizes), prefixes=list(prefixes), new_tokens=new_tokens,
-                      repeats=repeats, device=str(dev), seed=seed, config=base.to_dict(),
-                      map_options=dict(map_options or {}), skipped=skipped),
-        machine=machine_info(dev), cells=out_cells, elapsed_s=time.perf_counter() - t0,
+        settings=dict(
+            variants=names,
+            batch_sizes=list(batch_sizes),
+            prefixes=list(prefixes),
+            new_tokens=new_tokens,
+            repeats=repeats,
+            device=str(dev),
+            seed=seed,
+            config=base.to_dict(),
+            map_options=dict(map_options or {}),
+            skipped=skipped,
+        ),
+        machine=machine_info(dev),
+        cells=out_cells,
+        elapsed_s=time.perf_counter() - t0,
     )
 
 
@@ -136,8 +163,9 @@ def peak_step_bytes(step, device: torch.device) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                     key=lambda e: e.start_ns())
+    records = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
     running = np.cumsum([e.nbytes() for e in records if e.device_type() == records[0].device_type()])
     return int(max(0, running.max())) if len(running) else 0
 
@@ -154,8 +182,11 @@ class _MemoryStep:
         self.compiled, self.compile_error = compile_model, None
 
     def __call__(self) -> None:
-        ctx = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
-               else contextlib.nullcontext())
+        ctx = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
         with ctx:
             loss = self.loss_fn(self.tokens[:, :-1], self.tokens[:, 1:])
         loss.backward()
@@ -177,9 +208,19 @@ class _MemoryStep:
         sync_device(self.device)
 
 
-def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int | None = None,
-               cache_batch: int = 1, cache_len: int | None = None, device="auto", seed: int = 0,
-               map_options=None, dtype: str = "auto", compile_model: bool = False) -> dict:
+def run_memory(
+    base: GPTConfig,
+    variants=None,
+    batch_size: int = 8,
+    seq_len: int | None = None,
+    cache_batch: int = 1,
+    cache_len: int | None = None,
+    device="auto",
+    seed: int = 0,
+    map_options=None,
+    dtype: str = "auto",
+    compile_model: bool = False,
+) -> dict:
     """Peak training-step memory and KV-cache bytes of each variant against ``standard`` (module docstring).
 
     Args:
@@ -230,51 +271,81 @@ def run_memory(base: GPTConfig, variants=None, batch_size: int = 8, seq_len: int
         with torch.no_grad():
             cache = model.new_cache(cache_len)
             model.next_token_logits(prompt, cache)
-        out[n] = dict(train_peak_bytes=peak, resident_bytes=resident, kv_cache_bytes=cache.nbytes(),
-                      compiled=step.compiled, compile_error=step.compile_error)
+        out[n] = dict(
+            train_peak_bytes=peak,
+            resident_bytes=resident,
+            kv_cache_bytes=cache.nbytes(),
+            compiled=step.compiled,
+            compile_error=step.compile_error,
+        )
         del model, opt, step
     for n in names:
         out[n]["train_ratio"] = out[n]["train_peak_bytes"] / max(1, out[BASELINE]["train_peak_bytes"])
         out[n]["kv_ratio"] = out[n]["kv_cache_bytes"] / out[BASELINE]["kv_cache_bytes"]
     return dict(
         mode="memory",
-        settings=dict(variants=names, batch_size=batch_size, seq_len=seq_len, cache_batch=cache_batch,
-                      cache_len=cache_len, device=str(dev), dtype=dtype, compile=compile_model, seed=seed,
-                      config=base.to_dict(), map_options=dict(map_options or {})),
-        machine=machine_info(dev), variants=out,
+        settings=dict(
+            variants=names,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            cache_batch=cache_batch,
+            cache_len=cache_len,
+            device=str(dev),
+            dtype=dtype,
+            compile=compile_model,
+            seed=seed,
+            config=base.to_dict(),
+            map_options=dict(map_options or {}),
+        ),
+        machine=machine_info(dev),
+        variants=out,
     )
 
 
 def decode_markdown(result: dict) -> str:
     """Markdown table of :func:`run_decode`'s result."""
     s = result["settings"]
-    lines = [*report_header("Decode", result),
-             f"- cached greedy decoding, {s['new_tokens']} timed tokens after an untimed prefill, median of "
-             f"{s['repeats']} interleaved repeats; ratio = median over repeats of time / standard's time in the same "
-             f"round, [95% bootstrap interval]; lower is faster. Skipped cells (too long for block_size): "
-             f"{s['skipped'] or 'none'}", "",
-             "| batch | prefix | variant | ms/token | tokens/s | time ratio vs standard |", "|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        *report_header("Decode", result),
+        f"- cached greedy decoding, {s['new_tokens']} timed tokens after an untimed prefill, median of "
+        f"{s['repeats']} interleaved repeats; ratio = median over repeats of time / standard's time in the same "
+        f"round, [95% bootstrap interval]; lower is faster. Skipped cells (too long for block_size): "
+        f"{s['skipped'] or 'none'}",
+        "",
+        "| batch | prefix | variant | ms/token | tokens/s | time ratio vs standard |",
+        "|---:|---:|---|---:|---:|---:|",
+    ]
     for c in result["cells"]:
         for n, v in c["variants"].items():
             r = v["ratio"]
-            lines.append(f"| {c['batch']} | {c['prefix']} | {n} | {v['ms_per_token']:.2f} | {v['tokens_per_s']:,.0f} "
-                         f"| {r['median']:.3f}x [{r['lo']:.3f}, {r['hi']:.3f}] |")
+            lines.append(
+                f"| {c['batch']} | {c['prefix']} | {n} | {v['ms_per_token']:.2f} | {v['tokens_per_s']:,.0f} "
+                f"| {r['median']:.3f}x [{r['lo']:.3f}, {r['hi']:.3f}] |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def memory_markdown(result: dict) -> str:
     """Markdown table of :func:`run_memory`'s result."""
     s = result["settings"]
-    how = "torch.cuda.max_memory_allocated" if s["device"].startswith("cuda") else "torch.profiler CPU allocator records"
-    lines = [*report_header("Memory", result),
-             f"- train step peak ({how}) above the resident parameters, gradients and AdamW state; batch "
-             f"{s['batch_size']} x seq {s['seq_len']}; dtype {s.get('dtype', 'fp32')}, compile "
-             f"{'on' if s.get('compile') else 'off'}. KV cache: allocated buffers after a {s['cache_batch']} x "
-             f"{s['cache_len']} prefill", "",
-             "| variant | resident MiB | train-step peak MiB | ratio | KV cache MiB | ratio |", "|---|---:|---:|---:|---:|---:|"]
-    mib = 2.0 ** 20
+    how = (
+        "torch.cuda.max_memory_allocated" if s["device"].startswith("cuda") else "torch.profiler CPU allocator records"
+    )
+    lines = [
+        *report_header("Memory", result),
+        f"- train step peak ({how}) above the resident parameters, gradients and AdamW state; batch "
+        f"{s['batch_size']} x seq {s['seq_len']}; dtype {s.get('dtype', 'fp32')}, compile "
+        f"{'on' if s.get('compile') else 'off'}. KV cache: allocated buffers after a {s['cache_batch']} x "
+        f"{s['cache_len']} prefill",
+        "",
+        "| variant | resident MiB | train-step peak MiB | ratio | KV cache MiB | ratio |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    mib = 2.0**20
     for n, v in result["variants"].items():
         note = " (eager: compile failed)" if v.get("compile_error") else ""
-        lines.append(f"| {n}{note} | {v['resident_bytes'] / mib:.1f} | {v['train_peak_bytes'] / mib:.1f} | "
-                     f"{v['train_ratio']:.3f}x | {v['kv_cache_bytes'] / mib:.2f} | {v['kv_ratio']:.3f}x |")
+        lines.append(
+            f"| {n}{note} | {v['resident_bytes'] / mib:.1f} | {v['train_peak_bytes'] / mib:.1f} | "
+            f"{v['train_ratio']:.3f}x | {v['kv_cache_bytes'] / mib:.2f} | {v['kv_ratio']:.3f}x |"
+        )
     return "\n".join(lines) + "\n"

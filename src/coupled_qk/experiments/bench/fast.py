@@ -62,18 +62,38 @@ def peer_model(name: str, c: GPTConfig) -> nn.Module:
     if name == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.d_model, n_layer=c.n_layer,
-                         n_head=c.n_heads, n_inner=c.d_ff, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
+        cfg = GPT2Config(
+            vocab_size=c.vocab_size,
+            n_positions=c.block_size,
+            n_embd=c.d_model,
+            n_layer=c.n_layer,
+            n_head=c.n_heads,
+            n_inner=c.d_ff,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            tie_word_embeddings=True,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
         cfg._attn_implementation = "sdpa"
         return GPT2LMHeadModel(cfg)
     if name == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
-                          num_hidden_layers=c.n_layer, num_attention_heads=c.n_heads,
-                          num_key_value_heads=c.n_kv_heads, head_dim=c.d_head, max_position_embeddings=c.block_size,
-                          rope_theta=c.rope_base, tie_word_embeddings=True, attention_dropout=0.0)
+        cfg = LlamaConfig(
+            vocab_size=c.vocab_size,
+            hidden_size=c.d_model,
+            intermediate_size=c.d_ff,
+            num_hidden_layers=c.n_layer,
+            num_attention_heads=c.n_heads,
+            num_key_value_heads=c.n_kv_heads,
+            head_dim=c.d_head,
+            max_position_embeddings=c.block_size,
+            rope_theta=c.rope_base,
+            tie_word_embeddings=True,
+            attention_dropout=0.0,
+        )
         cfg._attn_implementation = "sdpa"
         return LlamaForCausalLM(cfg)
     raise ValueError(f"unknown peer {name!r}; expected one of {PEERS}")
@@ -127,16 +147,39 @@ def train_runner(name: str, mode: str, config: GPTConfig, x, y, device, seed: in
             for layer in _peer_layers(model):
                 layer.compile(backend=backend)
 
-    runner = TrainStepRunner(name, build, x, y, device, seed, torch.bfloat16 if dtype == "bf16" else None,
-                             compile_model if compiled else None)
+    runner = TrainStepRunner(
+        name,
+        build,
+        x,
+        y,
+        device,
+        seed,
+        torch.bfloat16 if dtype == "bf16" else None,
+        compile_model if compiled else None,
+    )
     runner.mode = mode
     return runner
 
 
-def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_size: int = 16,
-                 seq_len: int | None = None, repeats: int = 5, warmup: int = 2, device="cpu", seed: int = 0,
-                 decode: bool = True, decode_batch_sizes=(1, 8), prefixes=(128, 512), new_tokens: int = 32,
-                 decode_repeats: int = 5, log=None, backend: str = "inductor") -> dict:
+def run_fastpath(
+    base: GPTConfig,
+    variants=None,
+    modes=None,
+    peers=PEERS,
+    batch_size: int = 16,
+    seq_len: int | None = None,
+    repeats: int = 5,
+    warmup: int = 2,
+    device="cpu",
+    seed: int = 0,
+    decode: bool = True,
+    decode_batch_sizes=(1, 8),
+    prefixes=(128, 512),
+    new_tokens: int = 32,
+    decode_repeats: int = 5,
+    log=None,
+    backend: str = "inductor",
+) -> dict:
     """Measure the train step (every variant x mode and peer x mode) and cached decoding (eager and compiled)
     interleaved, as the module docstring describes.
 
@@ -144,8 +187,10 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
         base: shared model configuration; variants: variant specs (``standard`` always included); modes: subset
             of :data:`MODES` (default ``None``: every mode the device computes natively, so the bf16 modes only
             where :func:`~coupled_qk.training.distributed.native_bf16`; the choice is logged); peers: subset of
-            :data:`PEERS` (needs ``transformers``); batch_size, seq_len (default ``block_size``): the training batch; repeats, warmup:
-            timed and untimed steps per runner (``warmup >= 1``: the first step compiles); decode: also measure decoding over the cells
+            :data:`PEERS` (needs ``transformers``); batch_size, seq_len (default ``block_size``): the training batch;
+            repeats, warmup:
+            timed and untimed steps per runner (``warmup >= 1``: the first step compiles); decode: also measure decoding
+            over the cells
             ``decode_batch_sizes x prefixes`` that fit ``block_size`` with ``new_tokens``; backend: the
             ``torch.compile`` backend of the compiled modes (``"eager"`` in the tests).
 
@@ -168,8 +213,10 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
         modes = [m for m in MODES if not m.endswith("bf16") or bf16]
         if len(modes) < len(MODES):
             flags = " (no avx512_bf16/amx_bf16 flag)" if dev.type == "cpu" else ""
-            log(f"fastpath: this {dev.type} has no native bf16{flags}: measuring "
-                f"{', '.join(modes)} (--modes with a bf16 mode asks for it and is refused here)")
+            log(
+                f"fastpath: this {dev.type} has no native bf16{flags}: measuring "
+                f"{', '.join(modes)} (--modes with a bf16 mode asks for it and is refused here)"
+            )
     modes = _check_choices("modes", list(modes), MODES)
     peers = _check_choices("peers", list(peers), PEERS)
     seq_len = base.block_size if seq_len is None else seq_len
@@ -178,8 +225,9 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
         fitting_cells(decode_batch_sizes, prefixes, new_tokens, base.block_size)
     configs = variant_configs(base, names, {})
     configs.update({p: base.replace(attention="standard") for p in peers})
-    runners = _warm_runners(names + peers, modes, configs, base.vocab_size, batch_size, seq_len, dev, seed, warmup,
-                            backend, log)
+    runners = _warm_runners(
+        names + peers, modes, configs, base.vocab_size, batch_size, seq_len, dev, seed, warmup, backend, log
+    )
     shape = (batch_size * seq_len, base.d_model, base.d_ff)
     times, peak, recompiles = _time_rounds(runners, modes, shape, dev, repeats, log)
     tokens_per_step = batch_size * seq_len
@@ -188,35 +236,88 @@ def run_fastpath(base: GPTConfig, variants=None, modes=None, peers=PEERS, batch_
     gc.collect()
     cells = []
     if decode:
-        cells = _decode_cells(base, names, peers, configs, dev, seed, decode_batch_sizes, prefixes, new_tokens,
-                              decode_repeats, log, backend)
+        cells = _decode_cells(
+            base,
+            names,
+            peers,
+            configs,
+            dev,
+            seed,
+            decode_batch_sizes,
+            prefixes,
+            new_tokens,
+            decode_repeats,
+            log,
+            backend,
+        )
     return dict(
         mode="fastpath",
-        settings=dict(variants=names, modes=modes, peers=peers, batch_size=batch_size, seq_len=seq_len,
-                      tokens_per_step=tokens_per_step, repeats=repeats, warmup=warmup, device=str(dev), seed=seed,
-                      recompiles_during_timing=recompiles,
-                      config=base.to_dict(), decode_batch_sizes=list(decode_batch_sizes), prefixes=list(prefixes),
-                      new_tokens=new_tokens, decode_repeats=decode_repeats, matmul_shape=list(shape), backend=backend),
+        settings=dict(
+            variants=names,
+            modes=modes,
+            peers=peers,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            tokens_per_step=tokens_per_step,
+            repeats=repeats,
+            warmup=warmup,
+            device=str(dev),
+            seed=seed,
+            recompiles_during_timing=recompiles,
+            config=base.to_dict(),
+            decode_batch_sizes=list(decode_batch_sizes),
+            prefixes=list(prefixes),
+            new_tokens=new_tokens,
+            decode_repeats=decode_repeats,
+            matmul_shape=list(shape),
+            backend=backend,
+        ),
         machine=dict(machine_info(dev), cpu_bf16=bf16 if dev.type == "cpu" else None),
-        train=train, peaks=peak, decode=cells, elapsed_s=time.perf_counter() - t0,
+        train=train,
+        peaks=peak,
+        decode=cells,
+        elapsed_s=time.perf_counter() - t0,
     )
 
 
-def _check_fastpath_sizes(base: GPTConfig, dev: torch.device, bf16: bool, modes: list[str], seq_len: int,
-                          batch_size: int, repeats: int, warmup: int, new_tokens: int, decode_repeats: int) -> None:
+def _check_fastpath_sizes(
+    base: GPTConfig,
+    dev: torch.device,
+    bf16: bool,
+    modes: list[str],
+    seq_len: int,
+    batch_size: int,
+    repeats: int,
+    warmup: int,
+    new_tokens: int,
+    decode_repeats: int,
+) -> None:
     """:func:`run_fastpath`'s ``ValueError`` for a ``seq_len`` outside ``[1, block_size]``, a count below 1, or
     bf16 modes on a device without native bf16 (``bf16``: :func:`native_bf16` of ``dev``)."""
     if not 1 <= seq_len <= base.block_size:
         raise ValueError(f"seq_len={seq_len} must be in [1, block_size={base.block_size}]")
     if min(batch_size, repeats, warmup, new_tokens, decode_repeats) < 1:
-        raise ValueError("batch_size, repeats, warmup, new_tokens and decode_repeats must be >= 1; got "
-                         f"{batch_size}, {repeats}, {warmup}, {new_tokens}, {decode_repeats}")
+        raise ValueError(
+            "batch_size, repeats, warmup, new_tokens and decode_repeats must be >= 1; got "
+            f"{batch_size}, {repeats}, {warmup}, {new_tokens}, {decode_repeats}"
+        )
     if any(m.endswith("bf16") for m in modes) and not bf16:
         raise ValueError(f"modes {modes} include bf16, which this {dev.type} does not compute natively")
 
 
-def _warm_runners(models: list[str], modes: list[str], configs: dict, vocab_size: int, batch_size: int,
-                  seq_len: int, dev: torch.device, seed: int, warmup: int, backend: str, log) -> dict:
+def _warm_runners(
+    models: list[str],
+    modes: list[str],
+    configs: dict,
+    vocab_size: int,
+    batch_size: int,
+    seq_len: int,
+    dev: torch.device,
+    seed: int,
+    warmup: int,
+    backend: str,
+    log,
+) -> dict:
     """``{"<model> <mode>": runner}`` on one random batch drawn from ``seed``, each through its first step
     (compiling) and ``warmup - 1`` more untimed rounds."""
     gen = torch.Generator().manual_seed(seed)
@@ -229,16 +330,23 @@ def _warm_runners(models: list[str], modes: list[str], configs: dict, vocab_size
         for mode in modes:
             r = runners[f"{m} {mode}"] = train_runner(m, mode, configs[m], x, y, dev, seed, backend)
             r.first_step()
-            log(f"  {m} {mode}: " + (f"compiled in {r.compile_s:.1f} s" if r.compiled else
-                                     f"eager{' (compile failed: ' + r.compile_error + ')' if r.compile_error else ''}"))
+            log(
+                f"  {m} {mode}: "
+                + (
+                    f"compiled in {r.compile_s:.1f} s"
+                    if r.compiled
+                    else f"eager{' (compile failed: ' + r.compile_error + ')' if r.compile_error else ''}"
+                )
+            )
     for _ in range(warmup - 1):
         for r in runners.values():
             r.timed_step()
     return runners
 
 
-def _time_rounds(runners: dict, modes: list[str], shape: tuple[int, int, int], dev: torch.device, repeats: int,
-                 log) -> tuple[dict, dict, int]:
+def _time_rounds(
+    runners: dict, modes: list[str], shape: tuple[int, int, int], dev: torch.device, repeats: int, log
+) -> tuple[dict, dict, int]:
     """``repeats`` rounds of one timed step per runner (order rotated each round), each round followed by the
     matmul peak (:func:`matmul_peak` of ``shape``) of every precision in ``modes``; returns the step times (ms)
     per runner, the median peak per precision and the graphs compiled during the rounds (should be 0)."""
@@ -249,7 +357,7 @@ def _time_rounds(runners: dict, modes: list[str], shape: tuple[int, int, int], d
     times: dict[str, list[float]] = {k: [] for k in runners}
     keys = list(runners)
     for i in range(repeats):
-        for k in keys[i % len(keys):] + keys[: i % len(keys)]:
+        for k in keys[i % len(keys) :] + keys[: i % len(keys)]:
             times[k].append(runners[k].timed_step()[0])
         for p in precisions:  # the matmul peak, interleaved with the steps (same load)
             peaks[p].append(matmul_peak(*shape, torch.bfloat16 if p == "bf16" else torch.float32, dev, repeats=3))
@@ -258,8 +366,7 @@ def _time_rounds(runners: dict, modes: list[str], shape: tuple[int, int, int], d
     return times, {p: float(np.median(v)) for p, v in peaks.items() if v}, recompiles
 
 
-def _train_results(runners: dict, times: dict, configs: dict, peers, peak: dict, batch_size: int,
-                   seq_len: int) -> dict:
+def _train_results(runners: dict, times: dict, configs: dict, peers, peak: dict, batch_size: int, seq_len: int) -> dict:
     """``{"<model> <mode>": {...}}`` of :func:`run_fastpath`: each runner's step-time statistics, FLOPs and MFU
     against the measured matmul ``peak`` of its precision, and its ratios to ``standard`` in the same mode
     (``ratio`` of medians, ``paired_ratio`` median of per-repeat ratios) and ``speedup`` over standard eager
@@ -269,10 +376,20 @@ def _train_results(runners: dict, times: dict, configs: dict, peers, peak: dict,
         stats = step_time_stats(times[k], batch_size * seq_len)
         flops = model_step_flops(r.name, configs[r.name], batch_size, seq_len)
         achieved = flops / (stats["median_ms"] / 1000.0)
-        train[k] = dict(model=r.name, mode=r.mode, peer=r.name in peers, params=r.params, **stats,
-                        compiled=r.compiled, compile_s=r.compile_s, compile_error=r.compile_error,
-                        step_flops=flops, achieved_flops=achieved, mfu=achieved / peak[r.mode.split("-")[1]],
-                        times_ms=times[k])
+        train[k] = dict(
+            model=r.name,
+            mode=r.mode,
+            peer=r.name in peers,
+            params=r.params,
+            **stats,
+            compiled=r.compiled,
+            compile_s=r.compile_s,
+            compile_error=r.compile_error,
+            step_flops=flops,
+            achieved_flops=achieved,
+            mfu=achieved / peak[r.mode.split("-")[1]],
+            times_ms=times[k],
+        )
     reference = train.get(f"{BASELINE} eager-fp32")
     for k, v in train.items():
         base_k = f"{BASELINE} {v['mode']}"
@@ -282,8 +399,9 @@ def _train_results(runners: dict, times: dict, configs: dict, peers, peak: dict,
     return train
 
 
-def _decode_cells(base, names, peers, configs, dev, seed, batch_sizes, prefixes, new_tokens, repeats, log,
-                  backend) -> list:
+def _decode_cells(
+    base, names, peers, configs, dev, seed, batch_sizes, prefixes, new_tokens, repeats, log, backend
+) -> list:
     models = {}
     for n in names + peers:
         torch.manual_seed(seed)
@@ -303,16 +421,21 @@ def _decode_cells(base, names, peers, configs, dev, seed, batch_sizes, prefixes,
                 _decode_time(models[n], how, prompt, new_tokens, dev)
             times = {r: [] for r in runs}
             for i in range(repeats):
-                for r in runs[i % len(runs):] + runs[: i % len(runs)]:
+                for r in runs[i % len(runs) :] + runs[: i % len(runs)]:
                     times[r].append(_decode_time(models[r[0]], r[1], prompt, new_tokens, dev))
             res = {}
             for (n, how), t in times.items():
                 base_t = times[(BASELINE, how)]
-                res[f"{n} {how}"] = dict(model=n, mode=how, peer=n in peers,
-                                         ms_per_token=1000.0 * float(np.median(t)) / new_tokens,
-                                         p10_ms=1000.0 * float(np.percentile(t, 10)) / new_tokens,
-                                         p90_ms=1000.0 * float(np.percentile(t, 90)) / new_tokens,
-                                         ratio=float(np.median(np.asarray(t) / np.asarray(base_t))), times_s=t)
+                res[f"{n} {how}"] = dict(
+                    model=n,
+                    mode=how,
+                    peer=n in peers,
+                    ms_per_token=1000.0 * float(np.median(t)) / new_tokens,
+                    p10_ms=1000.0 * float(np.percentile(t, 10)) / new_tokens,
+                    p90_ms=1000.0 * float(np.percentile(t, 90)) / new_tokens,
+                    ratio=float(np.median(np.asarray(t) / np.asarray(base_t))),
+                    times_s=t,
+                )
             cells.append(dict(batch=b, prefix=p, runs=res))
             log(f"  decode batch {b} prefix {p}: done")
     return cells
@@ -358,7 +481,8 @@ def fastpath_markdown(result: dict) -> str:
         f"{s.get('recompiles_during_timing', '?')}; total {result['elapsed_s']:.0f} s",
         f"- ratio = median / median of standard in the same mode; speedup = standard eager-fp32 / this; MFU = model "
         f"FLOP/s / matmul peak measured in the same run at (M, K, N) = {tuple(s['matmul_shape'])} "
-        f"({peaks})", "",
+        f"({peaks})",
+        "",
         "| model | mode | params | compile s | median ms | p10-p90 ms | tokens/s | ratio vs standard | speedup | "
         "GFLOP/s | MFU |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -367,18 +491,26 @@ def fastpath_markdown(result: dict) -> str:
         comp = f"{v['compile_s']:.0f}" if v["compile_s"] is not None else ("failed" if v["compile_error"] else "-")
         speed = f"{v['speedup']:.2f}x" if v["speedup"] is not None else "-"
         name = f"{v['model']} (peer)" if v["peer"] else v["model"]
-        lines.append(f"| {name} | {v['mode']} | {v['params']:,} | {comp} | {v['median_ms']:.1f} | "
-                     f"{v['p10_ms']:.1f}-{v['p90_ms']:.1f} | {v['tokens_per_s']:,.0f} | {v['ratio']:.3f}x | {speed} | "
-                     f"{v['achieved_flops'] / 1e9:.1f} | {100 * v['mfu']:.0f}% |")
+        lines.append(
+            f"| {name} | {v['mode']} | {v['params']:,} | {comp} | {v['median_ms']:.1f} | "
+            f"{v['p10_ms']:.1f}-{v['p90_ms']:.1f} | {v['tokens_per_s']:,.0f} | {v['ratio']:.3f}x | {speed} | "
+            f"{v['achieved_flops'] / 1e9:.1f} | {100 * v['mfu']:.0f}% |"
+        )
     if result["decode"]:
-        lines += ["", f"Cached greedy decoding (fp32), {s['new_tokens']} timed tokens after an untimed prefill, median "
-                  f"of {s['decode_repeats']} interleaved repeats; ratio = median over repeats of time / standard's time "
-                  "in the same mode (eager or compiled)", "",
-                  "| batch | prefix | model | mode | ms/token | p10-p90 | ratio vs standard |",
-                  "|---:|---:|---|---|---:|---:|---:|"]
+        lines += [
+            "",
+            f"Cached greedy decoding (fp32), {s['new_tokens']} timed tokens after an untimed prefill, median "
+            f"of {s['decode_repeats']} interleaved repeats; ratio = median over repeats of time / standard's time "
+            "in the same mode (eager or compiled)",
+            "",
+            "| batch | prefix | model | mode | ms/token | p10-p90 | ratio vs standard |",
+            "|---:|---:|---|---|---:|---:|---:|",
+        ]
         for cell in result["decode"]:
             for v in cell["runs"].values():
                 name = f"{v['model']} (peer)" if v["peer"] else v["model"]
-                lines.append(f"| {cell['batch']} | {cell['prefix']} | {name} | {v['mode']} | {v['ms_per_token']:.2f} | "
-                             f"{v['p10_ms']:.2f}-{v['p90_ms']:.2f} | {v['ratio']:.3f}x |")
+                lines.append(
+                    f"| {cell['batch']} | {cell['prefix']} | {name} | {v['mode']} | {v['ms_per_token']:.2f} | "
+                    f"{v['p10_ms']:.2f}-{v['p90_ms']:.2f} | {v['ratio']:.3f}x |"
+                )
     return "\n".join(lines) + "\n"

@@ -55,15 +55,21 @@ def machine_line(m: dict) -> str:
     gpu = f", GPU {m['cuda']}" if m.get("cuda") else ""
     env = "".join(f"; {k}={shown(v)}" for k, v in (m.get("env") or {}).items())
     allocator = f"; malloc: {m['allocator']}" if m.get("allocator") else ""
-    return (f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, {m['threads']} threads"
-            f"{env}{allocator}; {m.get('platform', '?')}")
+    return (
+        f"- machine: {m['cpu']} ({m['cpu_count']} logical CPUs){gpu}; torch {m['torch']}, {m['threads']} threads"
+        f"{env}{allocator}; {m.get('platform', '?')}"
+    )
 
 
 def report_header(kind: str, result: dict, machine_note: str = "") -> list[str]:
     """The first lines of a bench result's markdown: the title (``kind``, preset and device), a blank line, the
     machine line (:func:`machine_line`, then ``machine_note``) and the command."""
-    return [f"# {kind} benchmark: {result.get('preset', '?')} preset on {result['settings']['device']}", "",
-            machine_line(result["machine"]) + machine_note, f"- command: `{result.get('command', '')}`"]
+    return [
+        f"# {kind} benchmark: {result.get('preset', '?')} preset on {result['settings']['device']}",
+        "",
+        machine_line(result["machine"]) + machine_note,
+        f"- command: `{result.get('command', '')}`",
+    ]
 
 
 def compiled_graphs() -> int:

@@ -34,8 +34,17 @@ class TrainStepRunner:
             first step then compiles, falling back to eager with the reason in ``compile_error``.
     """
 
-    def __init__(self, name: str, build, x: torch.Tensor, y: torch.Tensor, device: torch.device, seed: int,
-                 autocast_dtype: torch.dtype | None = None, compile=None):
+    def __init__(
+        self,
+        name: str,
+        build,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        device: torch.device,
+        seed: int,
+        autocast_dtype: torch.dtype | None = None,
+        compile=None,
+    ):
         self.name, self.x, self.y, self.device = name, x, y, device
         torch.manual_seed(seed)
         self.model = build().to(device).train()
@@ -56,8 +65,11 @@ class TrainStepRunner:
 
     def step(self) -> None:
         """One untimed training step."""
-        ctx = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
-               else contextlib.nullcontext())
+        ctx = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
         with ctx:
             loss = self._loss()
         loss.backward()

@@ -101,13 +101,15 @@ def run_bench(
 
     Args:
         base: model configuration shared by all variants (its ``attention``/``integrator`` are replaced).
-        variants: variant specs of :mod:`coupled_qk.models.variants` (list or comma-separated); ``standard`` is always included.
+        variants: variant specs of :mod:`coupled_qk.models.variants` (list or comma-separated); ``standard`` is always
+        included.
         batch_size, seq_len: tokens per step (``seq_len`` defaults to ``base.block_size``).
         repeats: timed steps per variant (medians over these); warmup: untimed steps per variant first (at
             least 1: the first step compiles when ``compile_model``).
         device: ``auto``, ``cpu``, ``cuda`` (or a ``torch.device``); dtype: ``auto``, ``fp32``, ``bf16``,
             ``fp16`` (non-fp32 runs under ``torch.autocast``; ``auto`` is bf16 on CUDA, fp32 on CPU).
-        compile_model: regional compilation (:meth:`GPT.compile`, per block); a variant whose compile fails runs eager and
+        compile_model: regional compilation (:meth:`GPT.compile`, per block); a variant whose compile fails runs eager
+        and
             reports ``compile_error``.
         log: optional ``print``-like callable for progress.
         map_options: query-key map options (flat spellings, e.g. ``{"n_steps": 3}``) applied to every variant
@@ -168,8 +170,17 @@ def _check_sizes(base: GPTConfig, batch_size: int, seq_len: int, repeats: int, w
         raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 1; got {batch_size}, {repeats}, {warmup}")
 
 
-def _build_runners(configs: dict[str, GPTConfig], names: list[str], vocab_size: int, batch_size: int, seq_len: int,
-                   dev: torch.device, dtype: str, compile_model: bool, seed: int) -> dict[str, TrainStepRunner]:
+def _build_runners(
+    configs: dict[str, GPTConfig],
+    names: list[str],
+    vocab_size: int,
+    batch_size: int,
+    seq_len: int,
+    dev: torch.device,
+    dtype: str,
+    compile_model: bool,
+    seed: int,
+) -> dict[str, TrainStepRunner]:
     """One :class:`TrainStepRunner` per variant, all on the same random batch ``(batch_size, seq_len)`` drawn
     from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
@@ -181,8 +192,9 @@ def _build_runners(configs: dict[str, GPTConfig], names: list[str], vocab_size: 
         dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
     autocast = None if dtype == "fp32" else DTYPES[dtype]
     compile_fn = GPT.compile if compile_model else None  # regional: one graph per block structure, plain names
-    return {n: TrainStepRunner(n, functools.partial(GPT, configs[n]), x, y, dev, seed, autocast, compile_fn)
-            for n in names}
+    return {
+        n: TrainStepRunner(n, functools.partial(GPT, configs[n]), x, y, dev, seed, autocast, compile_fn) for n in names
+    }
 
 
 def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[dict, dict, int]:
@@ -203,7 +215,7 @@ def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[di
     cpu_times: dict[str, list[float]] = {n: [] for n in runners}
     order = list(runners)
     for i in range(repeats):
-        for n in order[i % len(order):] + order[: i % len(order)]:
+        for n in order[i % len(order) :] + order[: i % len(order)]:
             wall_ms, cpu_ms = runners[n].timed_step()
             times[n].append(wall_ms)
             cpu_times[n].append(cpu_ms)
@@ -212,8 +224,9 @@ def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[di
     return times, cpu_times, compiled_graphs() - graphs_before
 
 
-def _variant_results(runners: dict, configs: dict, times: dict, cpu_times: dict, tokens_per_step: int,
-                     dev: torch.device) -> dict:
+def _variant_results(
+    runners: dict, configs: dict, times: dict, cpu_times: dict, tokens_per_step: int, dev: torch.device
+) -> dict:
     """Per variant: step-time statistics, parameters, compile status and the ratios against ``standard``."""
     results = {}
     for n, r in runners.items():
@@ -265,8 +278,11 @@ def bench_markdown(result: dict) -> str:
         f"vocab={c['vocab_size']}; map options for every variant (--set): {s.get('map_options') or 'none'} "
         f"(a variant spec's own options are in its name); batch {s['batch_size']} x seq {s['seq_len']} "
         f"= {s['tokens_per_step']} tokens/step; dtype {s['dtype']}; compile {'on' if s['compile'] else 'off'}"
-        + (f" (graphs compiled during timed steps: {s['recompiles_during_timing']})"
-           if s['compile'] and 'recompiles_during_timing' in s else ""),
+        + (
+            f" (graphs compiled during timed steps: {s['recompiles_during_timing']})"
+            if s["compile"] and "recompiles_during_timing" in s
+            else ""
+        ),
         f"- step = forward + backward + AdamW step + zero_grad; {s['warmup']} warmup, median of {s['repeats']} "
         f"interleaved repeats; ratio = median / median(standard); paired ratio = median over repeats of "
         f"step / standard step in the same round; CPU-time ratio = the same from process CPU time (all threads, "
@@ -285,7 +301,8 @@ def bench_markdown(result: dict) -> str:
         cpu = f"{v['cpu_ratio']:.3f}x" if "cpu_ratio" in v else "-"
         lines.append(
             f"| {name}{note} | {v['params']:,} | {v['overhead_percent']:+.3f}% | {v['median_ms']:.1f} | "
-            f"{v['p10_ms']:.1f}-{v['p90_ms']:.1f} | {v['tokens_per_s']:,.0f} | {v['ratio']:.3f}x | {v['paired_ratio']:.3f}x | {cpu} |"
+            f"{v['p10_ms']:.1f}-{v['p90_ms']:.1f} | {v['tokens_per_s']:,.0f} | {v['ratio']:.3f}x | "
+            f"{v['paired_ratio']:.3f}x | {cpu} |"
         )
     errors = {n: v["compile_error"] for n, v in result["variants"].items() if v["compile_error"]}
     if errors:
@@ -296,6 +313,7 @@ def bench_markdown(result: dict) -> str:
 
 def write_results(result: dict, out_dir: str | Path, stem: str) -> tuple[Path, Path]:
     """Write ``<stem>.json`` and ``<stem>.md`` under ``out_dir`` (created); returns both paths."""
-    json_path, md_path = write_report(out_dir, Report(json={f"{stem}.json": result},
-                                                      text={f"{stem}.md": bench_markdown(result)}))
+    json_path, md_path = write_report(
+        out_dir, Report(json={f"{stem}.json": result}, text={f"{stem}.md": bench_markdown(result)})
+    )
     return json_path, md_path

@@ -29,14 +29,25 @@ def _paired(rec: Records, a: tuple[str, str], b: tuple[str, str]) -> dict:
     except NotReady as exc:
         return {"status": f"not run ({exc})"}
     r = stats.paired_difference(va, vb, relative=True)
-    return {**{k: r[k] for k in ("mean", "low", "high", "n", "p")}, "status": "measured",
-            "a_ppl": sum(va) / len(va), "b_ppl": sum(vb) / len(vb)}
+    return {
+        **{k: r[k] for k in ("mean", "low", "high", "n", "p")},
+        "status": "measured",
+        "a_ppl": sum(va) / len(va),
+        "b_ppl": sum(vb) / len(vb),
+    }
 
 
 def _scan(rec: Records) -> list[dict]:
     """The one-factor scan (issue 10, item 4): coupled vs standard per factor."""
-    return [{"factor": label, "coupled": f"{c_var} ({c_cell})", "standard": f"standard ({s_cell})",
-             **_paired(rec, (s_cell, "standard"), (c_cell, c_var))} for label, c_cell, c_var, s_cell in SCAN_FACTORS]
+    return [
+        {
+            "factor": label,
+            "coupled": f"{c_var} ({c_cell})",
+            "standard": f"standard ({s_cell})",
+            **_paired(rec, (s_cell, "standard"), (c_cell, c_var)),
+        }
+        for label, c_cell, c_var, s_cell in SCAN_FACTORS
+    ]
 
 
 TREND_CELLS = ("wv-tiny", "wv-tiny-2x")
@@ -69,10 +80,15 @@ def token_trend(out_dir: str | Path, protocol: Protocol) -> dict:
     for per in points.values():
         for tokens, pct in per.items():
             by_budget.setdefault(tokens, []).append(pct)
-    budgets = [{"tokens": t, **{k: v for k, v in stats.mean_ci(by_budget[t]).items() if k in ("n", "mean", "low", "high")}}
-               for t in sorted(by_budget)]
-    slopes = [float(np.polyfit(np.log2(sorted(per)), [per[t] for t in sorted(per)], 1)[0])
-              for per in points.values() if len(per) >= 2]
+    budgets = [
+        {"tokens": t, **{k: v for k, v in stats.mean_ci(by_budget[t]).items() if k in ("n", "mean", "low", "high")}}
+        for t in sorted(by_budget)
+    ]
+    slopes = [
+        float(np.polyfit(np.log2(sorted(per)), [per[t] for t in sorted(per)], 1)[0])
+        for per in points.values()
+        if len(per) >= 2
+    ]
     out = {"budgets": budgets, "per_seed": {s: sorted(per.items()) for s, per in sorted(points.items())}}
     if len(slopes) < 2:
         return {**out, "status": f"not run ({len(slopes)} seeds with runs at 2 or more budgets; 2 needed)"}
@@ -83,20 +99,35 @@ GQA_CELL = "gqa-tiny"
 
 
 COMPARISONS = {
-    "gqa": ("Grouped-query attention: shared vs per-head evolved keys (beyond the paper)",
-            f"Cell `{GQA_CELL}`: the tiny preset with 4 query heads and 2 key/value heads. Per-head keys (the "
-            "paper's rule) cache 4 evolved keys per layer, shared keys (`keys_per_query_head=False`) 2, as "
-            "standard attention does.",
-            (("per-head evolved keys (paper) vs standard", (GQA_CELL, "standard"), (GQA_CELL, "coupled")),
-             ("shared evolved keys vs standard", (GQA_CELL, "standard"), (GQA_CELL, "coupled+keys_per_query_head=False")),
-             ("shared vs per-head evolved keys", (GQA_CELL, "coupled"), (GQA_CELL, "coupled+keys_per_query_head=False")))),
-    "differential": ("Differential Attention at the tiny size",
-                     "Cells `wv-tiny` and `wv-tiny-diff` (same data, budget and seeds): Differential Attention "
-                     "(arXiv:2410.05258) with and without coupling, against the tiny standard and coupled models.",
-                     (("Differential vs standard", ("wv-tiny", "standard"), ("wv-tiny-diff", "differential")),
-                      ("Differential vs coupled", ("wv-tiny", "coupled"), ("wv-tiny-diff", "differential")),
-                      ("coupled Differential vs Differential", ("wv-tiny-diff", "differential"),
-                       ("wv-tiny-diff", "coupled_differential")))),
+    "gqa": (
+        "Grouped-query attention: shared vs per-head evolved keys (beyond the paper)",
+        f"Cell `{GQA_CELL}`: the tiny preset with 4 query heads and 2 key/value heads. Per-head keys (the "
+        "paper's rule) cache 4 evolved keys per layer, shared keys (`keys_per_query_head=False`) 2, as "
+        "standard attention does.",
+        (
+            ("per-head evolved keys (paper) vs standard", (GQA_CELL, "standard"), (GQA_CELL, "coupled")),
+            (
+                "shared evolved keys vs standard",
+                (GQA_CELL, "standard"),
+                (GQA_CELL, "coupled+keys_per_query_head=False"),
+            ),
+            ("shared vs per-head evolved keys", (GQA_CELL, "coupled"), (GQA_CELL, "coupled+keys_per_query_head=False")),
+        ),
+    ),
+    "differential": (
+        "Differential Attention at the tiny size",
+        "Cells `wv-tiny` and `wv-tiny-diff` (same data, budget and seeds): Differential Attention "
+        "(arXiv:2410.05258) with and without coupling, against the tiny standard and coupled models.",
+        (
+            ("Differential vs standard", ("wv-tiny", "standard"), ("wv-tiny-diff", "differential")),
+            ("Differential vs coupled", ("wv-tiny", "coupled"), ("wv-tiny-diff", "differential")),
+            (
+                "coupled Differential vs Differential",
+                ("wv-tiny-diff", "differential"),
+                ("wv-tiny-diff", "coupled_differential"),
+            ),
+        ),
+    ),
 }
 """Paired comparisons reported next to the claims: ``{key: (title, intro, ((label, (cell, variant) a, b), ...))}``."""
 
@@ -107,17 +138,21 @@ def _comparisons(rec: Records) -> dict[str, list[dict]]:
     out = {}
     for key, (_, _, comps) in COMPARISONS.items():
         if all(rec.protocol.has_cell(c) for _, a, b in comps for c in (a[0], b[0])):
-            out[key] = [{"comparison": label, "a": "/".join(a), "b": "/".join(b), **_paired(rec, a, b)}
-                        for label, a, b in comps]
+            out[key] = [
+                {"comparison": label, "a": "/".join(a), "b": "/".join(b), **_paired(rec, a, b)} for label, a, b in comps
+            ]
     return out
 
 
 def _extra_variants(rec: Records) -> list[dict]:
     """``claims --variants``: each added variant against the ``standard`` runs of every language-model cell that
     has them (paired % change of held-out test perplexity, as :func:`_paired`)."""
-    return [{"variant": v, "cell": c.name, **_paired(rec, (c.name, "standard"), (c.name, v))}
-            for v in rec.protocol.extra_variants for c in rec.protocol.cells
-            if c.mqar is None and "standard" in c.variants and v != "standard"]
+    return [
+        {"variant": v, "cell": c.name, **_paired(rec, (c.name, "standard"), (c.name, v))}
+        for v in rec.protocol.extra_variants
+        for c in rec.protocol.cells
+        if c.mqar is None and "standard" in c.variants and v != "standard"
+    ]
 
 
 def _mqar_escape(rec: Records) -> list[dict]:
@@ -131,8 +166,16 @@ def _mqar_escape(rec: Records) -> list[dict]:
         for v in c.variants:
             accs = list(rec.values(c.name, v, "valid/accuracy").values())
             if accs:
-                out.append({"difficulty": c.mqar["difficulty"], "lr": c.mqar["lr"], "variant": v, "n": len(accs),
-                            "escaped": sum(a >= ESCAPE_ACCURACY for a in accs), "mean_accuracy": sum(accs) / len(accs)})
+                out.append(
+                    {
+                        "difficulty": c.mqar["difficulty"],
+                        "lr": c.mqar["lr"],
+                        "variant": v,
+                        "n": len(accs),
+                        "escaped": sum(a >= ESCAPE_ACCURACY for a in accs),
+                        "mean_accuracy": sum(accs) / len(accs),
+                    }
+                )
     return out
 
 
@@ -146,11 +189,13 @@ def _provisional(rec: Records, rule) -> dict | None:
     return {k: row[k] for k in ("effect", "mean", "low", "high", "n")}
 
 
-def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path | None = None,
-                 min_seeds: int | None = None) -> dict:
+def build_report(
+    protocol: Protocol, out_dir: str | Path, glue_json: str | Path | None = None, min_seeds: int | None = None
+) -> dict:
     """The report of ``protocol`` from the records under ``out_dir`` (see :mod:`coupled_qk.experiments.claims.rules`).
 
-    Returns ``{"protocol", "description", "notes", "rows": [one per claim], "scan", "gqa", "mqar_escape", "holm", "cells",
+    Returns ``{"protocol", "description", "notes", "rows": [one per claim], "scan", "gqa", "mqar_escape", "holm",
+    "cells",
     "generated_utc"}``; each row has ``id, claim, paper, verdict, reason`` and, when measured, ``effect, mean,
     low, high, n, p, tokens, train_hours, details``.
     """
@@ -169,24 +214,54 @@ def build_report(protocol: Protocol, out_dir: str | Path, glue_json: str | Path 
                 if provisional:
                     row["provisional"] = provisional
         value = PAPER_EFFECTS.get(cid)
-        if value is not None and row["verdict"] != "not run" and math.isfinite(row["low"]) and math.isfinite(row["high"]):
+        if (
+            value is not None
+            and row["verdict"] != "not run"
+            and math.isfinite(row["low"])
+            and math.isfinite(row["high"])
+        ):
             row.update(paper_effect=value, paper_effect_in_ci=bool(row["low"] <= value <= row["high"]))
         rows.append(row)
     tested = [r for r in rows if isinstance(r.get("p"), float) and math.isfinite(r["p"])]
     adjusted = stats.holm([r["p"] for r in tested])
-    holm = [{"id": r["id"], "p": r["p"], "holm_p": a, "verdict": r["verdict"],
-             "survives": (a <= ALPHA) if r["verdict"] in ("reproduced", "contradicted") else None}
-            for r, a in zip(tested, adjusted)]
+    holm = [
+        {
+            "id": r["id"],
+            "p": r["p"],
+            "holm_p": a,
+            "verdict": r["verdict"],
+            "survives": (a <= ALPHA) if r["verdict"] in ("reproduced", "contradicted") else None,
+        }
+        for r, a in zip(tested, adjusted)
+    ]
     cells = []
     for c in protocol.cells:
         done = [r for r in rec.runs(c.name) if r["cell"] == c.name]  # not the seeds_of cells' records it aliases
-        cells.append({"cell": c.name, "claims": list(c.claims), "planned": len(c.units()), "finished": len(done),
-                      "train_hours": sum(r["train_seconds"] for r in done) / 3600,
-                      "tokens_per_run": sorted({r["tokens"] for r in done}), "est_cpu_minutes_per_run": c.est_cpu_minutes})
-    return {"protocol": protocol.name, "description": protocol.description, "notes": list(protocol.notes),
-            "expected_hours": protocol.expected_hours, "primary_metric": PRIMARY, "rows": rows,
-            "scan": _scan(rec) if protocol.runnable else [], **(_comparisons(rec) if protocol.runnable else {}),
-            "token_trend": token_trend(out_dir, protocol) if protocol.runnable else None,
-            "mqar_escape": _mqar_escape(rec), "holm": holm, "extra_variants": _extra_variants(rec),
-            "cells": cells, "n_records": len({id(r) for r in rec.by_key.values()}),  # aliases (seeds_of) once
-            "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        cells.append(
+            {
+                "cell": c.name,
+                "claims": list(c.claims),
+                "planned": len(c.units()),
+                "finished": len(done),
+                "train_hours": sum(r["train_seconds"] for r in done) / 3600,
+                "tokens_per_run": sorted({r["tokens"] for r in done}),
+                "est_cpu_minutes_per_run": c.est_cpu_minutes,
+            }
+        )
+    return {
+        "protocol": protocol.name,
+        "description": protocol.description,
+        "notes": list(protocol.notes),
+        "expected_hours": protocol.expected_hours,
+        "primary_metric": PRIMARY,
+        "rows": rows,
+        "scan": _scan(rec) if protocol.runnable else [],
+        **(_comparisons(rec) if protocol.runnable else {}),
+        "token_trend": token_trend(out_dir, protocol) if protocol.runnable else None,
+        "mqar_escape": _mqar_escape(rec),
+        "holm": holm,
+        "extra_variants": _extra_variants(rec),
+        "cells": cells,
+        "n_records": len({id(r) for r in rec.by_key.values()}),  # aliases (seeds_of) once
+        "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -117,11 +117,21 @@ def fresh_cell(design: Design, epochs: float, chosen: dict) -> Cell:
     fraction = round(design.split["train_fraction"] * f, 6)
     if fraction > 1:
         raise ValueError(f"train_fraction {design.split['train_fraction']} x matched_factor {f} = {fraction} > 1")
-    base = {**design.cell_base(epochs * f), "corpus": f"{design.base['corpus']}-x{f:g}",
-            "eval_interval": max(1, round(design.eval_interval() * f))}
+    base = {
+        **design.cell_base(epochs * f),
+        "corpus": f"{design.base['corpus']}-x{f:g}",
+        "eval_interval": max(1, round(design.eval_interval() * f)),
+    }
     variants = design.fresh_variants
-    return Cell(f"{design.name}-fresh", base, variants, design.fresh_seeds, ("C6-fresh",),
-                split={**design.split, "train_fraction": fraction}, variant_base={v: {"lr": chosen[v]} for v in variants})
+    return Cell(
+        f"{design.name}-fresh",
+        base,
+        variants,
+        design.fresh_seeds,
+        ("C6-fresh",),
+        split={**design.split, "train_fraction": fraction},
+        variant_base={v: {"lr": chosen[v]} for v in variants},
+    )
 
 
 def lr_tag(lr: float) -> str:
@@ -136,8 +146,14 @@ def grid_name(design: Design, lr: float) -> str:
 
 def grid_cell(design: Design, lr: float, variants: tuple[str, ...]) -> Cell:
     """The grid cell of ``variants`` at ``lr`` on the reserve seed, at the design's horizon."""
-    return Cell(grid_name(design, lr), design.cell_base(design.epochs, lr), tuple(variants),
-                (design.reserve_seed,), ("lr",), split=design.split)
+    return Cell(
+        grid_name(design, lr),
+        design.cell_base(design.epochs, lr),
+        tuple(variants),
+        (design.reserve_seed,),
+        ("lr",),
+        split=design.split,
+    )
 
 
 def best_loss(rec: dict) -> float:
@@ -145,8 +161,10 @@ def best_loss(rec: dict) -> float:
     best = rec.get("best") or {}
     value = best.get("value") if best.get("metric") == "valid/loss" else (rec.get("final") or {}).get("valid/loss")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"record {rec.get('cell')}/{rec.get('variant')}/seed{rec.get('seed')} has no best validation "
-                         f"loss (best['value'] with metric valid/loss, else final['valid/loss']; got {value!r})")
+        raise ValueError(
+            f"record {rec.get('cell')}/{rec.get('variant')}/seed{rec.get('seed')} has no best validation "
+            f"loss (best['value'] with metric valid/loss, else final['valid/loss']; got {value!r})"
+        )
     return float(value)
 
 
@@ -229,8 +247,12 @@ def plan(design: Design, records: dict) -> Plan:
             else:
                 grid[variant][extra] = best_loss(rec)
     if not complete:
-        later = [MAIN] + [MATCHED] * bool(design.matched_seeds) + [UNCOUPLED] * (len(design.variants) > 2) + \
-            [FRESH] * bool(design.fresh_seeds)
+        later = (
+            [MAIN]
+            + [MATCHED] * bool(design.matched_seeds)
+            + [UNCOUPLED] * (len(design.variants) > 2)
+            + [FRESH] * bool(design.fresh_seeds)
+        )
         return Plan(cells, {}, None, [f"{', '.join(later)}: wait for the learning-rate grid"], grid)
     chosen = {v: min(sorted(grid[v]), key=lambda lr: grid[v][lr]) for v in design.variants}
     chosen_recs = [records.get((grid_name(design, chosen[v]), v, design.reserve_seed)) for v in design.variants]
@@ -238,16 +260,51 @@ def plan(design: Design, records: dict) -> Plan:
     standard, coupled = design.variants[:2]
     by = {v: {"lr": chosen[v]} for v in design.variants}
     base = design.cell_base(epochs)
-    cells.append((MAIN, Cell(f"{design.name}-main", base, (standard, coupled), design.seeds, (design.main_claim,),
-                             split=design.split, variant_base={v: by[v] for v in (standard, coupled)})))
+    cells.append(
+        (
+            MAIN,
+            Cell(
+                f"{design.name}-main",
+                base,
+                (standard, coupled),
+                design.seeds,
+                (design.main_claim,),
+                split=design.split,
+                variant_base={v: by[v] for v in (standard, coupled)},
+            ),
+        )
+    )
     if design.matched_seeds:
-        cells.append((MATCHED, Cell(f"{design.name}-matched", design.cell_base(epochs * design.matched_factor),
-                                    (standard,), design.matched_seeds, ("C6",), split=design.split,
-                                    variant_base={standard: by[standard]})))
+        cells.append(
+            (
+                MATCHED,
+                Cell(
+                    f"{design.name}-matched",
+                    design.cell_base(epochs * design.matched_factor),
+                    (standard,),
+                    design.matched_seeds,
+                    ("C6",),
+                    split=design.split,
+                    variant_base={standard: by[standard]},
+                ),
+            )
+        )
     if len(design.variants) > 2:
         uncoupled = design.variants[2]
-        cells.append((UNCOUPLED, Cell(f"{design.name}-uncoupled", base, (uncoupled,), design.seeds, ("C3", "C4"),
-                                      split=design.split, variant_base={uncoupled: by[uncoupled]})))
+        cells.append(
+            (
+                UNCOUPLED,
+                Cell(
+                    f"{design.name}-uncoupled",
+                    base,
+                    (uncoupled,),
+                    design.seeds,
+                    ("C3", "C4"),
+                    split=design.split,
+                    variant_base={uncoupled: by[uncoupled]},
+                ),
+            )
+        )
     if design.fresh_seeds:
         cells.append((FRESH, fresh_cell(design, epochs, chosen)))
     return Plan(cells, chosen, epochs, [], grid)
@@ -261,15 +318,25 @@ def units(p: Plan) -> list[tuple[str, Cell, str, int]]:
 # ---- the designs --------------------------------------------------------------------------------------------
 
 _TINY_BASE = dict(
-    task="lm", corpus="wiki-vital-quarter", tokenizer="bpe-8192", preset="tiny", batch_size=16, warmup_steps=60,
-    min_lr_ratio=0.1, eval_batches=4, log_interval=16, full_eval=True, best_metric="valid/loss", patience=4,
+    task="lm",
+    corpus="wiki-vital-quarter",
+    tokenizer="bpe-8192",
+    preset="tiny",
+    batch_size=16,
+    warmup_steps=60,
+    min_lr_ratio=0.1,
+    eval_batches=4,
+    log_interval=16,
+    full_eval=True,
+    best_metric="valid/loss",
+    patience=4,
     checkpoint_minutes=5.0,
 )
 
 CPU_CONVERGED = Design(
     name="cpu-converged",
     description="tiny preset trained to a plateau on a quarter of the wiki-vital articles, per-variant learning "
-                "rates, best-validation checkpoints, 1,000-article test split",
+    "rates, best-validation checkpoints, 1,000-article test split",
     base=_TINY_BASE,
     split=dict(source="wiki-vital", seed=0, valid_docs=200, test_docs=1000, train_fraction=0.25),
     train_tokens=270_841,  # measured: bpe-8192 tokens of the training split (first grid run)
@@ -296,7 +363,6 @@ CPU_CONVERGED = Design(
         "270,841 bpe-8192 tokens). Patience: 4 validations (one epoch) without a new best.",
         "Cost: ~2,800 training tokens/s per single-threaded process on these 2-core machines (measured "
         "2026-11-30), so an 8-epoch run (~2.4M tokens) takes ~15 minutes; the whole design ~12 CPU-hours.",
-
         "Fresh-data C6 (stage `fresh`), pre-registered 2026-12-02, after the matched stage was found to overfit "
         "(its regime check) and before any fresh run: standard at its chosen rate on 2.4x the training fraction "
         "(0.6 of the remaining articles, a superset of the 1x subset, same validation and test articles, its own "
@@ -318,11 +384,15 @@ CPU_CONVERGED_PUBMED = dataclasses.replace(
     CPU_CONVERGED,
     name="cpu-converged-pubmed",
     description="the cpu-converged design on a quarter of the PubMed abstracts (C9: standard vs coupled only), "
-                "600-abstract test split",
+    "600-abstract test split",
     base={**_TINY_BASE, "corpus": "pubmed-quarter"},
     split=dict(source="pubmed", seed=0, valid_docs=100, test_docs=600, train_fraction=0.25),
     train_tokens=374_345,  # measured: bpe-8192 tokens of the training split (the loop's count; 2026-12-02)
-    variants=("standard", "coupled"), main_claim="C9", matched_seeds=(), fresh_seeds=(), tokens_per_second=3500.0,
+    variants=("standard", "coupled"),
+    main_claim="C9",
+    matched_seeds=(),
+    fresh_seeds=(),
+    tokens_per_second=3500.0,
     notes=(
         "Pre-registered 2026-12-02, before any run of this design (issue 25, 'if budget remains'): the "
         "cpu-converged rules unchanged (grid {1e-3, 2e-3, 4e-3} on reserve seed 100 with one edge extension, "
@@ -341,9 +411,13 @@ CPU_CONVERGED_SMALL = dataclasses.replace(
     CPU_CONVERGED,
     name="cpu-converged-small",
     description="the cpu-converged design with a ~3.7x larger model (6 layers x 256, 8 heads, 6.8M parameters): "
-                "the size axis of C1, standard vs coupled",
+    "the size axis of C1, standard vs coupled",
     base={**_TINY_BASE, "model": {"n_layer": 6, "d_model": 256, "n_heads": 8}},
-    variants=("standard", "coupled"), main_claim="C1", matched_seeds=(), fresh_seeds=(), fresh_variants=(),
+    variants=("standard", "coupled"),
+    main_claim="C1",
+    matched_seeds=(),
+    fresh_seeds=(),
+    fresh_variants=(),
     tokens_per_second=1000.0,
     notes=(
         "Pre-registered before any run of this design: the cpu-converged rules unchanged (the same split, "
@@ -362,12 +436,29 @@ TOY_CONVERGED = dataclasses.replace(
     CPU_CONVERGED,
     name="toy-converged",
     description="the cpu-converged design at toy size (every code path; numbers meaningless), for CI",
-    base={**_TINY_BASE, "corpus": "wiki-vital-toy", "tokenizer": "bpe-300", "batch_size": 4, "warmup_steps": 2,
-          "eval_batches": 2, "log_interval": 1, "patience": 2, "checkpoint_minutes": None,
-          "model": {"n_layer": 1, "d_model": 16, "n_heads": 2, "block_size": 32}},
+    base={
+        **_TINY_BASE,
+        "corpus": "wiki-vital-toy",
+        "tokenizer": "bpe-300",
+        "batch_size": 4,
+        "warmup_steps": 2,
+        "eval_batches": 2,
+        "log_interval": 1,
+        "patience": 2,
+        "checkpoint_minutes": None,
+        "model": {"n_layer": 1, "d_model": 16, "n_heads": 2, "block_size": 32},
+    },
     split=dict(source="wiki-vital", seed=0, valid_docs=4, test_docs=6, train_fraction=0.003),
-    train_tokens=1_024, epochs=2.0, long_epochs=3.0, evals_per_epoch=2, lrs=(1e-3, 3e-2), reserve_seed=100,
-    seeds=(0, 1, 2), matched_seeds=(0, 1), fresh_seeds=(0, 1), variants=("standard", "coupled", "uncoupled_mlp"),
+    train_tokens=1_024,
+    epochs=2.0,
+    long_epochs=3.0,
+    evals_per_epoch=2,
+    lrs=(1e-3, 3e-2),
+    reserve_seed=100,
+    seeds=(0, 1, 2),
+    matched_seeds=(0, 1),
+    fresh_seeds=(0, 1),
+    variants=("standard", "coupled", "uncoupled_mlp"),
     notes=("Toy budgets: exercises the instrument only.",),
 )
 
@@ -376,10 +467,25 @@ WT103_TRAIN_TOKENS = 117_000_000  # GPT-2 tokens of WikiText-103 train (~103M wo
 GPU_60M = Design(
     name="gpu-60m",
     description="60M preset trained to a plateau on WikiText-103 (GPT-2 BPE), per-variant learning rates, "
-                "best-validation checkpoints",
-    base=dict(task="lm", corpus="wikitext-103", tokenizer="gpt2", preset="60m", batch_size=32, grad_accum=1,
-              warmup_steps=2000, min_lr_ratio=0.1, eval_batches=50, log_interval=50, full_eval=True,
-              best_metric="valid/loss", patience=4, dtype="bf16", compile=True, checkpoint_minutes=15.0),
+    "best-validation checkpoints",
+    base=dict(
+        task="lm",
+        corpus="wikitext-103",
+        tokenizer="gpt2",
+        preset="60m",
+        batch_size=32,
+        grad_accum=1,
+        warmup_steps=2000,
+        min_lr_ratio=0.1,
+        eval_batches=50,
+        log_interval=50,
+        full_eval=True,
+        best_metric="valid/loss",
+        patience=4,
+        dtype="bf16",
+        compile=True,
+        checkpoint_minutes=15.0,
+    ),
     split=None,
     train_tokens=WT103_TRAIN_TOKENS,
     epochs=5.0,
@@ -409,17 +515,35 @@ TOY_GPU_60M = dataclasses.replace(
     GPU_60M,
     name="toy-gpu-60m",
     description="the gpu-60m design at toy size (WikiText-103 layout, GPT-2 BPE, its grid and stages; fp32, eager), "
-                "so that the GPU protocol's code path runs on a CPU in CI; numbers meaningless",
-    base={**GPU_60M.base, "preset": "tiny", "batch_size": 4, "warmup_steps": 2, "eval_batches": 2, "log_interval": 1,
-          "patience": 2, "dtype": "fp32", "compile": False, "checkpoint_minutes": None,
-          "model": {"n_layer": 1, "d_model": 16, "n_heads": 2, "block_size": 32}},
-    train_tokens=2_048, epochs=2.0, long_epochs=3.0, evals_per_epoch=2, lrs=(1e-3, 3e-2), seeds=(0, 1, 2),
-    matched_seeds=(0, 1), runnable_here=True, tokens_per_second=2_000.0,
+    "so that the GPU protocol's code path runs on a CPU in CI; numbers meaningless",
+    base={
+        **GPU_60M.base,
+        "preset": "tiny",
+        "batch_size": 4,
+        "warmup_steps": 2,
+        "eval_batches": 2,
+        "log_interval": 1,
+        "patience": 2,
+        "dtype": "fp32",
+        "compile": False,
+        "checkpoint_minutes": None,
+        "model": {"n_layer": 1, "d_model": 16, "n_heads": 2, "block_size": 32},
+    },
+    train_tokens=2_048,
+    epochs=2.0,
+    long_epochs=3.0,
+    evals_per_epoch=2,
+    lrs=(1e-3, 3e-2),
+    seeds=(0, 1, 2),
+    matched_seeds=(0, 1),
+    runnable_here=True,
+    tokens_per_second=2_000.0,
     notes=("Toy budgets on a small WikiText-103-layout folder: exercises the GPU protocol's path only.",),
 )
 
-DESIGNS: dict[str, Design] = {d.name: d for d in (CPU_CONVERGED, CPU_CONVERGED_PUBMED, CPU_CONVERGED_SMALL,
-                                                   TOY_CONVERGED, GPU_60M, TOY_GPU_60M)}
+DESIGNS: dict[str, Design] = {
+    d.name: d for d in (CPU_CONVERGED, CPU_CONVERGED_PUBMED, CPU_CONVERGED_SMALL, TOY_CONVERGED, GPU_60M, TOY_GPU_60M)
+}
 
 
 def get_design(name: str) -> Design:

@@ -10,8 +10,9 @@ from coupled_qk.experiments.claims.converged import Design
 from coupled_qk.experiments.claims.protocols import Cell
 
 
-def train_config_dict(design: Design, variant: str, lr: float, seed: int, epochs: float | None = None,
-                      out_dir: str | None = None) -> dict:
+def train_config_dict(
+    design: Design, variant: str, lr: float, seed: int, epochs: float | None = None, out_dir: str | None = None
+) -> dict:
     """The :class:`TrainConfig` (as a JSON dict) of one run of ``design``, as a standalone config file would
     hold it (``coupled-qk train --config FILE``): the single source of the committed ``configs/`` files."""
     from coupled_qk._checks import finite
@@ -32,7 +33,9 @@ def standalone_configs(design: Design) -> dict[str, dict]:
     come from :data:`GPU_60M` through this function; a test keeps them equal)."""
     lr = sorted(design.lrs)[len(design.lrs) // 2]
     stem = "wt103-60m" if design.name == "gpu-60m" else design.name
-    return {f"{stem}-{v}.json": train_config_dict(design, v, lr, 0, out_dir=f"runs/{stem}-{v}") for v in design.variants}
+    return {
+        f"{stem}-{v}.json": train_config_dict(design, v, lr, 0, out_dir=f"runs/{stem}-{v}") for v in design.variants
+    }
 
 
 def write_configs(design: Design, folder: str | Path) -> list[Path]:

@@ -49,8 +49,10 @@ def _count(rec, key: str) -> int:
     """A positive whole count of ``final`` (``valid/n_tokens``, ``test/n_bytes``, ...)."""
     n = _final(rec).get(key)
     if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n < 1 or n != int(n):
-        raise ValueError(f"record {_name(rec)}: final[{key!r}]={n!r}; expected a positive whole number (needed to "
-                         "compare across tokenizers)")
+        raise ValueError(
+            f"record {_name(rec)}: final[{key!r}]={n!r}; expected a positive whole number (needed to "
+            "compare across tokenizers)"
+        )
     return int(n)
 
 
@@ -74,8 +76,10 @@ def to_reference(rec: dict, ref: dict) -> dict:
             or the validation/test text differs (byte counts disagree).
     """
     if any(_count(rec, f"{s}/n_bytes") != _count(ref, f"{s}/n_bytes") for s in ("valid", "test")):
-        raise ValueError("records scored different validation/test text (n_bytes differ): cannot compare "
-                         f"{rec.get('cell')} with {ref.get('cell')} across tokenizers")
+        raise ValueError(
+            "records scored different validation/test text (n_bytes differ): cannot compare "
+            f"{rec.get('cell')} with {ref.get('cell')} across tokenizers"
+        )
     v_scale = _count(rec, "valid/n_tokens") / _count(ref, "valid/n_tokens")
     t_ref = _count(ref, "test/n_tokens")
     valid_loss, test_nll = _metric(rec, "valid/loss"), _metric(rec, "test/nll")
@@ -99,8 +103,13 @@ def to_reference(rec: dict, ref: dict) -> dict:
             best["tokens"] = best["tokens"] / v_scale
     if out.get("tokens"):
         out["tokens"] = out["tokens"] / v_scale
-    out["reference"] = {"cell": ref.get("cell"), "variant": ref.get("variant"), "seed": ref.get("seed"),
-                        "valid_token_ratio": v_scale, "test_token_ratio": _count(rec, "test/n_tokens") / t_ref}
+    out["reference"] = {
+        "cell": ref.get("cell"),
+        "variant": ref.get("variant"),
+        "seed": ref.get("seed"),
+        "valid_token_ratio": v_scale,
+        "test_token_ratio": _count(rec, "test/n_tokens") / t_ref,
+    }
     return out
 
 
@@ -149,9 +158,11 @@ def fresh_note(fresh: list[dict], main: list[dict], factor: float) -> str:
     stops = ", ".join(sorted({str(r.get("stop_reason")) for r in fresh}))
     a = sum(best_loss(r) for r in fresh) / len(fresh)
     b = sum(best_loss(r) for r in main) / len(main) if main else math.nan
-    return (f"C6 with fresh data ({len(fresh)} seeds): standard on {factor}x the training articles, its own "
-            f"tokenizer (it cuts the test text into {ratio:.3f}x the 1x tokenizer's tokens), stopped at "
-            f"{min(epochs):.1f}-{max(epochs):.1f} of its epochs ({stops}); best validation loss {a:.4f} against "
-            f"{b:.4f} for standard at 1x (same seeds; both per 1x-tokenizer token). The C6-fresh row, its tokens "
-            "ratio and the figure use this arm's values per 1x-tokenizer token (total nats of the same text; see "
-            "converged_fresh.py); the runs table lists its own-tokenizer values.")
+    return (
+        f"C6 with fresh data ({len(fresh)} seeds): standard on {factor}x the training articles, its own "
+        f"tokenizer (it cuts the test text into {ratio:.3f}x the 1x tokenizer's tokens), stopped at "
+        f"{min(epochs):.1f}-{max(epochs):.1f} of its epochs ({stops}); best validation loss {a:.4f} against "
+        f"{b:.4f} for standard at 1x (same seeds; both per 1x-tokenizer token). The C6-fresh row, its tokens "
+        "ratio and the figure use this arm's values per 1x-tokenizer token (total nats of the same text; see "
+        "converged_fresh.py); the runs table lists its own-tokenizer values."
+    )

@@ -78,8 +78,13 @@ def _pairs(records: dict, a: tuple[str, str], b: tuple[str, str], metric: str = 
 def _direction(low: float, high: float) -> str:
     if not (math.isfinite(low) and math.isfinite(high)):
         return "not enough seeds"
-    return "coupled better (excluded zero)" if high < 0 else "coupled worse (excluded zero)" if low > 0 else \
-        "inconclusive (interval includes zero)"
+    return (
+        "coupled better (excluded zero)"
+        if high < 0
+        else "coupled worse (excluded zero)"
+        if low > 0
+        else "inconclusive (interval includes zero)"
+    )
 
 
 def _paired_row(claim: str, label: str, records: dict, a, b, expected_n: int) -> dict:
@@ -88,8 +93,17 @@ def _paired_row(claim: str, label: str, records: dict, a, b, expected_n: int) ->
     if len(seeds) < 2:
         return {**row, "status": f"running ({len(seeds)} of {expected_n} pairs)"}
     r = stats.paired_difference(va, vb, relative=True)
-    row.update(mean=r["mean"], low=r["low"], high=r["high"], p=r["p"], sd=r["sd"], per_seed=r["differences"],
-               a_ppl=stats.mean_ci(va)["mean"], b_ppl=stats.mean_ci(vb)["mean"], **_power(r["sd"], len(seeds)))
+    row.update(
+        mean=r["mean"],
+        low=r["low"],
+        high=r["high"],
+        p=r["p"],
+        sd=r["sd"],
+        per_seed=r["differences"],
+        a_ppl=stats.mean_ci(va)["mean"],
+        b_ppl=stats.mean_ci(vb)["mean"],
+        **_power(r["sd"], len(seeds)),
+    )
     row["status"] = "complete" if len(seeds) >= expected_n else f"running ({len(seeds)} of {expected_n} pairs)"
     return row
 
@@ -101,8 +115,13 @@ def _curve_mean(recs: list[dict]) -> dict:
         return {}
     common = sorted(set.intersection(*(set(c) for c in curves)))
     rows = [[c[t] for c in curves] for t in common]
-    return {"tokens": common, "mean": [sum(x) / len(x) for x in rows], "low": [min(x) for x in rows],
-            "high": [max(x) for x in rows], "n": len(curves)}
+    return {
+        "tokens": common,
+        "mean": [sum(x) / len(x) for x in rows],
+        "low": [min(x) for x in rows],
+        "high": [max(x) for x in rows],
+        "n": len(curves),
+    }
 
 
 def _tokens_to_match(std_rec: dict, coupled_rec: dict) -> float | None:
@@ -124,24 +143,38 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
     grid = {v: {str(lr): loss for lr, loss in sorted(p.grid[v].items())} for v in design.variants}
     runs = []
     for (cell, variant, seed), rec in sorted(records.items()):
-        runs.append({"cell": cell, "variant": variant, "seed": seed, "lr": rec["config"].get("lr"),
-                     "epochs": rec.get("epochs"), "best_epoch": (rec.get("best") or {}).get("epoch"),
-                     "stop_reason": rec.get("stop_reason"), "plateaued": plateaued(rec),
-                     "best_valid_loss": best_loss(rec), "test_ppl": rec["final"].get(PRIMARY),
-                     "train_hours": rec.get("train_seconds", 0) / 3600})
+        runs.append(
+            {
+                "cell": cell,
+                "variant": variant,
+                "seed": seed,
+                "lr": rec["config"].get("lr"),
+                "epochs": rec.get("epochs"),
+                "best_epoch": (rec.get("best") or {}).get("epoch"),
+                "stop_reason": rec.get("stop_reason"),
+                "plateaued": plateaued(rec),
+                "best_valid_loss": best_loss(rec),
+                "test_ppl": rec["final"].get(PRIMARY),
+                "train_hours": rec.get("train_seconds", 0) / 3600,
+            }
+        )
     conv = fresh_records(records, (f"{name}-fresh", standard), (main, coupled)) if design.fresh_seeds else {}
     claims = [*_direction_rows(design, records), *_matched_rows(design, records), *_fresh_rows(design, records, conv)]
-    curves = {f"{standard}": _curve_mean([records[k] for k in records if k[:2] == (main, standard)]),
-              f"{coupled}": _curve_mean([records[k] for k in records if k[:2] == (main, coupled)])}
+    curves = {
+        f"{standard}": _curve_mean([records[k] for k in records if k[:2] == (main, standard)]),
+        f"{coupled}": _curve_mean([records[k] for k in records if k[:2] == (main, coupled)]),
+    }
     if len(design.variants) > 2:
         unc = design.variants[2]
         curves[unc] = _curve_mean([records[k] for k in records if k[:2] == (f"{name}-uncoupled", unc)])
     if design.matched_seeds:
         curves[f"{standard} {design.matched_factor}x"] = _curve_mean(
-            [records[k] for k in records if k[:2] == (matched, standard)])
+            [records[k] for k in records if k[:2] == (matched, standard)]
+        )
     if design.fresh_seeds:
         curves[f"{standard} {design.matched_factor}x data"] = _curve_mean(
-            [conv[k] for k in conv if k[:2] == (f"{name}-fresh", standard)])
+            [conv[k] for k in conv if k[:2] == (f"{name}-fresh", standard)]
+        )
     progress = {}
     for stage, cell, variant, seed in units(p):
         done = (cell.name, variant, seed) in records
@@ -156,11 +189,20 @@ def build_report(design: Design, out_dir: str | Path) -> dict:
     for row in claims:
         if row["claim"] in first:
             row["first_epoch"] = first[row["claim"]]
-    return {"design": design.name, "description": design.description, "main_claim": design.main_claim,
-            "notes": list(design.notes),
-            "chosen_lr": {v: lr for v, lr in p.chosen_lr.items()}, "epochs": p.epochs, "grid": grid,
-            "waiting": p.waiting, "claims": claims, "runs": runs, "curves": curves,
-            "progress": {k: {"done": d, "planned": t} for k, (d, t) in progress.items()}}
+    return {
+        "design": design.name,
+        "description": design.description,
+        "main_claim": design.main_claim,
+        "notes": list(design.notes),
+        "chosen_lr": {v: lr for v, lr in p.chosen_lr.items()},
+        "epochs": p.epochs,
+        "grid": grid,
+        "waiting": p.waiting,
+        "claims": claims,
+        "runs": runs,
+        "curves": curves,
+        "progress": {k: {"done": d, "planned": t} for k, (d, t) in progress.items()},
+    }
 
 
 def _direction_rows(design: Design, records: dict) -> list[dict]:
@@ -168,11 +210,27 @@ def _direction_rows(design: Design, records: dict) -> list[dict]:
     uncoupled MLP, Holm-adjusted with it) and C4 (seed variance ratio, paired, Pitman-Morgan)."""
     standard, coupled = design.variants[:2]
     main, unc = f"{design.name}-main", f"{design.name}-uncoupled"
-    rows = [_paired_row(design.main_claim, "test ppl, coupled vs standard, % (paired by seed: data order and shared "
-                        "initial weights)", records, (main, standard), (main, coupled), len(design.seeds))]
+    rows = [
+        _paired_row(
+            design.main_claim,
+            "test ppl, coupled vs standard, % (paired by seed: data order and shared initial weights)",
+            records,
+            (main, standard),
+            (main, coupled),
+            len(design.seeds),
+        )
+    ]
     if len(design.variants) > 2:
-        rows.append(_paired_row("C3", "test ppl, coupled vs uncoupled MLP, % (paired by seed)", records,
-                                (unc, design.variants[2]), (main, coupled), len(design.seeds)))
+        rows.append(
+            _paired_row(
+                "C3",
+                "test ppl, coupled vs uncoupled MLP, % (paired by seed)",
+                records,
+                (unc, design.variants[2]),
+                (main, coupled),
+                len(design.seeds),
+            )
+        )
     ps = [r["p"] for r in rows if "p" in r]
     adjusted = iter(stats.holm(ps)) if ps else iter(())
     for r in rows:
@@ -182,32 +240,56 @@ def _direction_rows(design: Design, records: dict) -> list[dict]:
     if len(design.variants) < 3:
         return rows
     seeds, vu, vc = _pairs(records, (unc, design.variants[2]), (main, coupled))
-    c4 = {"claim": "C4", "effect": f"seed variance of test ppl, uncoupled MLP / coupled (paired, Pitman-Morgan; "
-          f"power for the paper's {PAPER_C4:g}x at the observed correlation, detectable ratio at 80%)",
-          "n": len(seeds), "expected_n": len(design.seeds)}
+    c4 = {
+        "claim": "C4",
+        "effect": f"seed variance of test ppl, uncoupled MLP / coupled (paired, Pitman-Morgan; "
+        f"power for the paper's {PAPER_C4:g}x at the observed correlation, detectable ratio at 80%)",
+        "n": len(seeds),
+        "expected_n": len(design.seeds),
+    }
     if len(seeds) >= 3:
         r = stats.paired_variance_ratio(vu, vc)
-        c4.update(mean=r["ratio"], low=r["low"], high=r["high"], p=r["p"], r=r["r"], **_ratio_power(r["r"], len(seeds)),
-                  verdict="uncoupled more variable (excluded 1)" if r["low"] > 1 else
-                  "coupled more variable (excluded 1)" if r["high"] < 1 else "inconclusive (interval includes 1)")
+        c4.update(
+            mean=r["ratio"],
+            low=r["low"],
+            high=r["high"],
+            p=r["p"],
+            r=r["r"],
+            **_ratio_power(r["r"], len(seeds)),
+            verdict="uncoupled more variable (excluded 1)"
+            if r["low"] > 1
+            else "coupled more variable (excluded 1)"
+            if r["high"] < 1
+            else "inconclusive (interval includes 1)",
+        )
     c4["status"] = "complete" if len(seeds) >= len(design.seeds) else f"running ({len(seeds)} of {len(design.seeds)})"
     return [*rows, c4]
 
 
-def _c6_row(claim: str, label: str, records: dict, arm: tuple[str, str], ref: tuple[str, str], expected_n: int,
-            equivalent: str) -> dict:
+def _c6_row(
+    claim: str, label: str, records: dict, arm: tuple[str, str], ref: tuple[str, str], expected_n: int, equivalent: str
+) -> dict:
     """A C6-style row: test ppl of ``ref`` (coupled at 1x) vs ``arm`` (standard with more tokens), paired by seed,
     read as equivalence within +-``EQUIVALENCE_MARGIN``% (verdict ``equivalent``) or a direction, plus the
     tokens-to-equal-loss ratio of each pair (:func:`_tokens_to_match`)."""
-    row = _paired_row(claim, f"{label}, % (equivalent if the interval is inside +-{EQUIVALENCE_MARGIN}%)", records,
-                      arm, ref, expected_n)
+    row = _paired_row(
+        claim,
+        f"{label}, % (equivalent if the interval is inside +-{EQUIVALENCE_MARGIN}%)",
+        records,
+        arm,
+        ref,
+        expected_n,
+    )
     if "low" in row:
         inside = -EQUIVALENCE_MARGIN < row["low"] and row["high"] < EQUIVALENCE_MARGIN
         row["verdict"] = equivalent if inside else _direction(row["low"], row["high"])
     ratios = [_tokens_to_match(records[(*arm, s)], records[(*ref, s)]) for s in row["seeds"]]
     reached = [x for x in ratios if x is not None]
-    row["tokens_ratio"] = {"per_seed": ratios, "never_reached": len(ratios) - len(reached),
-                           **(stats.mean_ci(reached) if len(reached) >= 2 else {})}
+    row["tokens_ratio"] = {
+        "per_seed": ratios,
+        "never_reached": len(ratios) - len(reached),
+        **(stats.mean_ci(reached) if len(reached) >= 2 else {}),
+    }
     return row
 
 
@@ -219,11 +301,19 @@ def _matched_rows(design: Design, records: dict) -> list[dict]:
     standard, coupled = design.variants[:2]
     main, matched = f"{design.name}-main", f"{design.name}-matched"
     f = design.matched_factor
-    c6 = _c6_row("C6", f"test ppl, coupled (1x) vs standard ({f}x tokens)", records, (matched, standard),
-                 (main, coupled), len(design.matched_seeds), f"equivalent (coupled at 1x matches standard at {f}x)")
+    c6 = _c6_row(
+        "C6",
+        f"test ppl, coupled (1x) vs standard ({f}x tokens)",
+        records,
+        (matched, standard),
+        (main, coupled),
+        len(design.matched_seeds),
+        f"equivalent (coupled at 1x matches standard at {f}x)",
+    )
     both = [s for s in design.matched_seeds if (matched, standard, s) in records and (main, standard, s) in records]
-    c6["regime_check"] = matched_regime([records[(matched, standard, s)] for s in both],
-                                        [records[(main, standard, s)] for s in both], f)
+    c6["regime_check"] = matched_regime(
+        [records[(matched, standard, s)] for s in both], [records[(main, standard, s)] for s in both], f
+    )
     if c6["regime_check"].get("overfit") and "verdict" in c6:
         c6["verdict"] += f"; the {f}x arm overfits (see the note): not a sample-efficiency test"
     return [c6]
@@ -237,9 +327,15 @@ def _fresh_rows(design: Design, records: dict, conv: dict) -> list[dict]:
         return []
     standard, coupled = design.variants[:2]
     main, fresh, f = f"{design.name}-main", f"{design.name}-fresh", design.matched_factor
-    row = _c6_row("C6-fresh", f"test ppl, coupled (1x) vs standard ({f}x training articles, {f}x tokens; per "
-                  "1x-tokenizer token)", conv, (fresh, standard), (main, coupled), len(design.fresh_seeds),
-                  f"equivalent (coupled at 1x matches standard with {f}x data)")
+    row = _c6_row(
+        "C6-fresh",
+        f"test ppl, coupled (1x) vs standard ({f}x training articles, {f}x tokens; per 1x-tokenizer token)",
+        conv,
+        (fresh, standard),
+        (main, coupled),
+        len(design.fresh_seeds),
+        f"equivalent (coupled at 1x matches standard with {f}x data)",
+    )
     runs = [conv[(fresh, standard, s)] for s in row["seeds"]]
     main_std = [records[(main, standard, s)] for s in row["seeds"] if (main, standard, s) in records]
     row["regime_check"] = {"n": len(runs), "note": fresh_note(runs, main_std, f)}
@@ -263,14 +359,19 @@ def matched_regime(matched: list[dict], main: list[dict], factor: float) -> dict
     epochs = [r.get("epochs") for r in matched if r.get("epochs")]
     stops = sorted({r.get("stop_reason") for r in matched})
     overfit = a > b
-    note = (f"Regime check of C6 ({len(matched)} seeds): standard at {factor}x the tokens reached a best validation "
-            f"loss of {a:.4f} against {b:.4f} at 1x (same seeds), stopping at "
-            f"{min(epochs, default=0):.1f}-{max(epochs, default=0):.1f} epochs ({', '.join(map(str, stops))}). ")
-    note += ("With a fixed corpus, more tokens are more epochs of the same text under a longer learning-rate "
-             "schedule, and this arm overfits before its rate decays: C6's comparison here is against an overfit "
-             "arm, not a test of sample efficiency (the paper's C6 has fresh data; a fair version needs a corpus "
-             f"{factor}x larger or the same schedule)." if overfit else
-             "The longer arm is at least as good as 1x, so the comparison is a fair compute match.")
+    note = (
+        f"Regime check of C6 ({len(matched)} seeds): standard at {factor}x the tokens reached a best validation "
+        f"loss of {a:.4f} against {b:.4f} at 1x (same seeds), stopping at "
+        f"{min(epochs, default=0):.1f}-{max(epochs, default=0):.1f} epochs ({', '.join(map(str, stops))}). "
+    )
+    note += (
+        "With a fixed corpus, more tokens are more epochs of the same text under a longer learning-rate "
+        "schedule, and this arm overfits before its rate decays: C6's comparison here is against an overfit "
+        "arm, not a test of sample efficiency (the paper's C6 has fresh data; a fair version needs a corpus "
+        f"{factor}x larger or the same schedule)."
+        if overfit
+        else "The longer arm is at least as good as 1x, so the comparison is a fair compute match."
+    )
     return {"n": len(matched), "matched_best": a, "main_best": b, "overfit": overfit, "note": note}
 
 
@@ -295,56 +396,97 @@ def _pct(x) -> str:
 
 def format_markdown(report: dict, command: str) -> str:
     """The report as markdown (tables of claims, grid, runs; notes)."""
-    lines = [f"# Converged study `{report['design']}`", "", report["description"] + ".", "",
-             f"Regenerate: `{command}` (every number below is recomputed from the run records).", "",
-             "## Progress", ""]
+    lines = [
+        f"# Converged study `{report['design']}`",
+        "",
+        report["description"] + ".",
+        "",
+        f"Regenerate: `{command}` (every number below is recomputed from the run records).",
+        "",
+        "## Progress",
+        "",
+    ]
     for stage, c in report["progress"].items():
         lines.append(f"- {stage}: {c['done']} of {c['planned']} planned runs finished")
     lines += [f"- {w}" for w in report["waiting"]]
     if report["chosen_lr"]:
-        lines += ["", "Chosen learning rates (grid, reserve seed): " + ", ".join(
-            f"{v} {lr:g}" for v, lr in report["chosen_lr"].items()) + f"; horizon {report['epochs']:g} epochs."]
-    lines += ["", "## Claims", "", "| claim | effect | mean | 95% interval | n | p (Holm) | power for 1% (C4: 8x) | "
-              "detectable at 80% | paper's value inside? | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Chosen learning rates (grid, reserve seed): "
+            + ", ".join(f"{v} {lr:g}" for v, lr in report["chosen_lr"].items())
+            + f"; horizon {report['epochs']:g} epochs.",
+        ]
+    lines += [
+        "",
+        "## Claims",
+        "",
+        "| claim | effect | mean | 95% interval | n | p (Holm) | power for 1% (C4: 8x) | "
+        "detectable at 80% | paper's value inside? | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["claims"]:
         if "low" not in r:
             lines.append(f"| {r['claim']} | {r['effect']} | - | - | {r['n']} | - | - | - | - | {r['status']} |")
             continue
         p = _fmt(r.get("p_holm", r.get("p")), 3)
-        lines.append(f"| {r['claim']} | {r['effect']} | {_fmt(r['mean'])} | [{_fmt(r['low'])}, {_fmt(r['high'])}] | "
-                     f"{r['n']} | {p} | {_fmt(r.get('power'))} | "
-                     f"{_ratio(r.get('mde80')) if r['claim'] == 'C4' else _pct(r.get('mde80'))} | {paper_in_ci(r)} | "
-                     f"{r.get('verdict', '')} ({r['status']}) |")
+        lines.append(
+            f"| {r['claim']} | {r['effect']} | {_fmt(r['mean'])} | [{_fmt(r['low'])}, {_fmt(r['high'])}] | "
+            f"{r['n']} | {p} | {_fmt(r.get('power'))} | "
+            f"{_ratio(r.get('mde80')) if r['claim'] == 'C4' else _pct(r.get('mde80'))} | {paper_in_ci(r)} | "
+            f"{r.get('verdict', '')} ({r['status']}) |"
+        )
     first = [r for r in report["claims"] if r.get("first_epoch")]
     if first:
-        lines += ["", "The same claims in the first-epoch `cpu` protocol (one learning rate for every variant, runs "
-                  "stopped inside the first epoch, last iterate; [cpu.md](cpu.md)):", "",
-                  "| claim | mean | 95% interval | n | verdict there |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "The same claims in the first-epoch `cpu` protocol (one learning rate for every variant, runs "
+            "stopped inside the first epoch, last iterate; [cpu.md](cpu.md)):",
+            "",
+            "| claim | mean | 95% interval | n | verdict there |",
+            "|---|---|---|---|---|",
+        ]
         for r in first:
             f = r["first_epoch"]
-            lines.append(f"| {r['claim']} | {_fmt(f['mean'])} | [{_fmt(f['low'])}, {_fmt(f['high'])}] | {f['n']} | "
-                         f"{f['verdict']} |")
+            lines.append(
+                f"| {r['claim']} | {_fmt(f['mean'])} | [{_fmt(f['low'])}, {_fmt(f['high'])}] | {f['n']} | "
+                f"{f['verdict']} |"
+            )
     for c6 in (r for r in report["claims"] if r["claim"] in ("C6", "C6-fresh")):
         tr = c6["tokens_ratio"]
         if tr["per_seed"]:
-            lines += ["", f"{c6['claim']}, tokens standard's validation curve needs to reach coupled's best "
-                      "validation loss, as a multiple of coupled's tokens at its best: per seed " +
-                      ", ".join(_fmt(x) for x in tr["per_seed"]) +
-                      (f"; mean {_fmt(tr['mean'])} [{_fmt(tr['low'])}, {_fmt(tr['high'])}]" if "mean" in tr else "")]
+            lines += [
+                "",
+                f"{c6['claim']}, tokens standard's validation curve needs to reach coupled's best "
+                "validation loss, as a multiple of coupled's tokens at its best: per seed "
+                + ", ".join(_fmt(x) for x in tr["per_seed"])
+                + (f"; mean {_fmt(tr['mean'])} [{_fmt(tr['low'])}, {_fmt(tr['high'])}]" if "mean" in tr else ""),
+            ]
         if c6.get("regime_check", {}).get("n"):
             lines += ["", c6["regime_check"]["note"]]
-    lines += ["", "## Learning-rate grid (best validation loss, reserve seed)", "",
-              "| variant | " + " | ".join(sorted({lr for g in report["grid"].values() for lr in g}, key=float)) + " |"]
+    lines += [
+        "",
+        "## Learning-rate grid (best validation loss, reserve seed)",
+        "",
+        "| variant | " + " | ".join(sorted({lr for g in report["grid"].values() for lr in g}, key=float)) + " |",
+    ]
     lrs = sorted({lr for g in report["grid"].values() for lr in g}, key=float)
     lines.append("|---|" + "---|" * len(lrs))
     for v, g in report["grid"].items():
         lines.append(f"| {v} | " + " | ".join(_fmt(g.get(lr), 4) for lr in lrs) + " |")
-    lines += ["", "## Runs", "", "| cell | variant | seed | lr | epochs | best at epoch | stop | plateaued | "
-              "best valid loss | test ppl | hours |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| cell | variant | seed | lr | epochs | best at epoch | stop | plateaued | "
+        "best valid loss | test ppl | hours |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["runs"]:
-        lines.append(f"| {r['cell']} | {r['variant']} | {r['seed']} | {r['lr']:g} | {_fmt(r['epochs'])} | "
-                     f"{_fmt(r['best_epoch'])} | {r['stop_reason']} | {'yes' if r['plateaued'] else 'no'} | "
-                     f"{_fmt(r['best_valid_loss'], 4)} | {_fmt(r['test_ppl'])} | {_fmt(r['train_hours'])} |")
+        lines.append(
+            f"| {r['cell']} | {r['variant']} | {r['seed']} | {r['lr']:g} | {_fmt(r['epochs'])} | "
+            f"{_fmt(r['best_epoch'])} | {r['stop_reason']} | {'yes' if r['plateaued'] else 'no'} | "
+            f"{_fmt(r['best_valid_loss'], 4)} | {_fmt(r['test_ppl'])} | {_fmt(r['train_hours'])} |"
+        )
     lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -378,7 +520,7 @@ def _figure(report: dict, path: Path) -> Path:
     for label, c in report["curves"].items():
         if not c:
             continue
-        line, = ax.plot(c["tokens"], c["mean"], label=f"{label} (n={c['n']})")
+        (line,) = ax.plot(c["tokens"], c["mean"], label=f"{label} (n={c['n']})")
         ax.fill_between(c["tokens"], c["low"], c["high"], color=line.get_color(), alpha=0.2)
     ax.set_xlabel("training tokens")
     ax.set_ylabel("validation loss (nats/token)")

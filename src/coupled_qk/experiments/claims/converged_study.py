@@ -22,9 +22,16 @@ from coupled_qk.experiments.claims.converged_report import (  # noqa: F401 - the
 from coupled_qk.experiments.claims.runs import execute, record_path
 
 
-def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_dir: str | Path,
-               cache_root: str | Path, max_runs: int | None = None,
-               on_record: Callable[[Path, dict], None] | None = None, wait_seconds: float = 60.0) -> int:
+def run_design(
+    design: Design,
+    out_dir: str | Path,
+    run_root: str | Path,
+    data_dir: str | Path,
+    cache_root: str | Path,
+    max_runs: int | None = None,
+    on_record: Callable[[Path, dict], None] | None = None,
+    wait_seconds: float = 60.0,
+) -> int:
     """Train every run of ``design`` that has no record yet, in plan order; return how many were trained.
 
     ``max_runs`` stops after that many new runs (a session's share); ``on_record(path, record)`` is called
@@ -53,8 +60,9 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
     from coupled_qk.training.distributed import setup_runtime, teardown
 
     if not design.runnable_here and not torch.cuda.is_available():
-        raise ValueError(f"protocol {design.name!r} needs a GPU (see --plan for its runs and cost); none is "
-                         "available here")
+        raise ValueError(
+            f"protocol {design.name!r} needs a GPU (see --plan for its runs and cost); none is available here"
+        )
     runtime = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         runtime = setup_runtime(design.base.get("device", "auto"))
@@ -70,12 +78,17 @@ def run_design(design: Design, out_dir: str | Path, run_root: str | Path, data_d
                     break
                 if not p.waiting:  # nothing more can be planned: the held runs are all that is left, theirs
                     if main:
-                        print(f"== the {len(held)} remaining run(s) are held by other processes and no stage "
-                              "waits to be planned: leaving them to those processes", flush=True)
+                        print(
+                            f"== the {len(held)} remaining run(s) are held by other processes and no stage "
+                            "waits to be planned: leaving them to those processes",
+                            flush=True,
+                        )
                     break
                 if main:
-                    print(f"== {len(held)} run(s) held by other processes; planning again in {wait_seconds:g} s",
-                          flush=True)
+                    print(
+                        f"== {len(held)} run(s) held by other processes; planning again in {wait_seconds:g} s",
+                        flush=True,
+                    )
                 time.sleep(wait_seconds)
                 continue
             trained += 1
@@ -101,8 +114,17 @@ def _next_new_record(design: Design, todo: list, out_dir, run_root, data_dir, ca
         if main:
             print(f"== {design.name} [{stage}] {cell.name} {variant} seed {seed} ({k + 1}/{len(todo)})", flush=True)
         try:
-            rec = execute(cell, variant, seed, design.name, Path(out_dir), Path(run_root), Path(data_dir),
-                          Path(cache_root), runtime=runtime)
+            rec = execute(
+                cell,
+                variant,
+                seed,
+                design.name,
+                Path(out_dir),
+                Path(run_root),
+                Path(data_dir),
+                Path(cache_root),
+                runtime=runtime,
+            )
         except RunLockedError as exc:
             if main:
                 print(f"== held by another process, left to it: {exc}", flush=True)
@@ -138,10 +160,14 @@ def cost_hours(design: Design, p: Plan) -> dict:
     matched = len(design.matched_seeds) * epochs * design.matched_factor
     unc = len(design.seeds) * epochs * (len(design.variants) > 2)
     fresh = len(design.fresh_seeds) * epochs * design.matched_factor
-    return {"grid": grid_runs * design.epochs * per_epoch, "main": main * per_epoch, "matched": matched * per_epoch,
-            "uncoupled": unc * per_epoch, "fresh": fresh * per_epoch,
-            "total": (grid_runs * design.epochs + main + matched + unc + fresh) * per_epoch}
-
+    return {
+        "grid": grid_runs * design.epochs * per_epoch,
+        "main": main * per_epoch,
+        "matched": matched * per_epoch,
+        "uncoupled": unc * per_epoch,
+        "fresh": fresh * per_epoch,
+        "total": (grid_runs * design.epochs + main + matched + unc + fresh) * per_epoch,
+    }
 
 
 def plan_lines(design: Design, out_dir: str | Path, data_dir: str | Path | None) -> list[str]:
@@ -152,13 +178,16 @@ def plan_lines(design: Design, out_dir: str | Path, data_dir: str | Path | None)
     for stage, cell, variant, seed in units(p):
         state = "done" if (cell.name, variant, seed) in records else "to run"
         lr = cell.variant_base.get(variant, {}).get("lr", cell.base.get("lr"))
-        lines.append(f"  [{stage}] {cell.name} {variant} seed {seed} lr {lr:g} "
-                     f"max_tokens {cell.base['max_tokens']:,} ({state})")
+        lines.append(
+            f"  [{stage}] {cell.name} {variant} seed {seed} lr {lr:g} max_tokens {cell.base['max_tokens']:,} ({state})"
+        )
     lines += [f"  waiting: {w}" for w in p.waiting]
     lines.append("data: " + _data_check(design, data_dir))
     cost = cost_hours(design, p)
-    lines.append(f"cost estimate (hours of one device at {design.tokens_per_second:,.0f} tokens/s): " +
-                 ", ".join(f"{k} {v:.1f}" for k, v in cost.items() if v or k == "total"))
+    lines.append(
+        f"cost estimate (hours of one device at {design.tokens_per_second:,.0f} tokens/s): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in cost.items() if v or k == "total")
+    )
     return lines
 
 
@@ -171,13 +200,17 @@ def _data_check(design: Design, data_dir) -> str:
     if design.split is not None:
         source = design.split["source"]
         need = root / ("wiki-vital/train.txt" if source == "wiki-vital" else "pubmed/abstracts.txt")
-        return f"{need} " + ("found" if need.is_file() else "MISSING (pass --data-dir, or set COUPLED_QK_DATA, to the "
-                                                          "folder holding it)")
+        return f"{need} " + (
+            "found" if need.is_file() else "MISSING (pass --data-dir, or set COUPLED_QK_DATA, to the folder holding it)"
+        )
     corpus = design.base["corpus"]
     if corpus == "wikitext-103":
         folder = root / "wikitext-103"
         names = ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")
         missing = [n for n in names if not (folder / n).is_file()]
-        return f"{folder}: " + ("all splits found" if not missing else f"MISSING {', '.join(missing)} (put the "
-                                "WikiText-103 release there or pass --data-dir)")
+        return f"{folder}: " + (
+            "all splits found"
+            if not missing
+            else f"MISSING {', '.join(missing)} (put the WikiText-103 release there or pass --data-dir)"
+        )
     return f"corpus {corpus!r} ({'known' if corpus in KNOWN_CORPORA else 'a path'})"

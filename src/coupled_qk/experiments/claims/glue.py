@@ -37,8 +37,14 @@ def glue_score_rows(data) -> list[dict]:
                 for run in result["runs"]:
                     if PRIMARY[task] not in run["dev"]:
                         raise ValueError(f"GLUE run {run.get('run_dir')} has no dev {PRIMARY[task]!r}")
-                    rows.append({"task": task, "variant": variant, "seed": run["seed"],
-                                 "score": float(run["dev"][PRIMARY[task]])})
+                    rows.append(
+                        {
+                            "task": task,
+                            "variant": variant,
+                            "seed": run["seed"],
+                            "score": float(run["dev"][PRIMARY[task]]),
+                        }
+                    )
         return rows
     return data.get("runs", data) if isinstance(data, dict) else data
 
@@ -66,22 +72,30 @@ def load_glue_rows(option: str, path: str | Path) -> list[dict]:
     try:
         rows = glue_score_rows(data)
     except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{option}={str(path)!r} is not a coupled-qk glue results.json ({exc!r} missing or "
-                         "malformed)") from None
+        raise ValueError(
+            f"{option}={str(path)!r} is not a coupled-qk glue results.json ({exc!r} missing or malformed)"
+        ) from None
     except ValueError as exc:
         raise ValueError(f"{option}={str(path)!r}: {exc}") from None
     if not isinstance(rows, list):
-        raise ValueError(f"{option}={str(path)!r}: expected glue's results.json or a JSON list of rows with "
-                         f"{', '.join(ROW_KEYS)}")
+        raise ValueError(
+            f"{option}={str(path)!r}: expected glue's results.json or a JSON list of rows with {', '.join(ROW_KEYS)}"
+        )
     for i, row in enumerate(rows):
         ok = isinstance(row, dict) and all(k in row for k in ROW_KEYS)
         ok = ok and isinstance(row["task"], str) and isinstance(row["variant"], str)
         ok = ok and isinstance(row["seed"], int) and not isinstance(row["seed"], bool)
-        ok = ok and isinstance(row["score"], (int, float)) and not isinstance(row["score"], bool) and \
-            math.isfinite(row["score"])
+        ok = (
+            ok
+            and isinstance(row["score"], (int, float))
+            and not isinstance(row["score"], bool)
+            and math.isfinite(row["score"])
+        )
         if not ok:
-            raise ValueError(f"{option}={str(path)!r}: row {i} {row!r} must hold task and variant (text), seed (an "
-                             "integer) and a finite score")
+            raise ValueError(
+                f"{option}={str(path)!r}: row {i} {row!r} must hold task and variant (text), seed (an "
+                "integer) and a finite score"
+            )
     return rows
 
 

@@ -70,7 +70,9 @@ def heldout_corpus(data_dir: str | Path, out_root: str | Path, seed: int = 0, fr
     if (out / "source.txt").is_file() and (out / "source.txt").read_text() == stamp:
         return out
     # min_split_words=0: exactly round(n * fraction) articles per split (the split the committed runs used)
-    train, valid, test = random_split(_articles_of(text, src), seed, fraction, fraction, "wiki-vital", min_split_words=0)
+    train, valid, test = random_split(
+        _articles_of(text, src), seed, fraction, fraction, "wiki-vital", min_split_words=0
+    )
     out.mkdir(parents=True, exist_ok=True)
     for name, docs in (("train", train), ("valid", valid), ("test", test)):
         write_text_atomic(out / f"{name}.txt", "\n\n".join(docs) + "\n")
@@ -91,8 +93,16 @@ def _documents(data_dir: Path, source: str) -> list[str]:
     return [d.strip() for d in re.split(r"\n\s*\n", text) if d.strip()]
 
 
-def document_split(data_dir: str | Path, out_root: str | Path, name: str, source: str = "wiki-vital", seed: int = 0,
-                   valid_docs: int = 200, test_docs: int = 1000, train_fraction: float = 0.25) -> Path:
+def document_split(
+    data_dir: str | Path,
+    out_root: str | Path,
+    name: str,
+    source: str = "wiki-vital",
+    seed: int = 0,
+    valid_docs: int = 200,
+    test_docs: int = 1000,
+    train_fraction: float = 0.25,
+) -> Path:
     """Write (once) a document-level split with a training *subset* and an enlarged test split; return its folder.
 
     For studies run to a plateau (the ``cpu-converged`` protocol, issue 25): the documents of ``source``
@@ -124,18 +134,22 @@ def document_split(data_dir: str | Path, out_root: str | Path, name: str, source
     rest = len(docs) - valid_docs - test_docs
     n_train = round(train_fraction * rest)
     if rest < 1 or n_train < 1:
-        raise ValueError(f"{source} has {len(docs)} documents: too few for valid_docs={valid_docs}, "
-                         f"test_docs={test_docs} and a training fraction {train_fraction} of the rest")
+        raise ValueError(
+            f"{source} has {len(docs)} documents: too few for valid_docs={valid_docs}, "
+            f"test_docs={test_docs} and a training fraction {train_fraction} of the rest"
+        )
     digest = hashlib.sha256("\n\n".join(docs).encode()).hexdigest()
-    stamp = (f"source={source} sha256={digest} seed={seed} valid_docs={valid_docs} test_docs={test_docs} "
-             f"train_fraction={train_fraction} unit=document\n")
+    stamp = (
+        f"source={source} sha256={digest} seed={seed} valid_docs={valid_docs} test_docs={test_docs} "
+        f"train_fraction={train_fraction} unit=document\n"
+    )
     out = Path(out_root) / name
     if (out / "source.txt").is_file() and (out / "source.txt").read_text() == stamp:
         return out
     order = sorted(range(len(docs)), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
     valid = [docs[i] for i in order[:valid_docs]]
-    test = [docs[i] for i in order[valid_docs:valid_docs + test_docs]]
-    train = [docs[i] for i in order[valid_docs + test_docs:][:n_train]]
+    test = [docs[i] for i in order[valid_docs : valid_docs + test_docs]]
+    train = [docs[i] for i in order[valid_docs + test_docs :][:n_train]]
     out.mkdir(parents=True, exist_ok=True)
     for split, chosen in (("train", train), ("valid", valid), ("test", test)):
         write_text_atomic(out / f"{split}.txt", "\n\n".join(chosen) + "\n")
@@ -158,8 +172,17 @@ def wikitext2_eval(run_dir: str | Path, data_dir: str | Path | None = None, batc
     res = evaluate_checkpoint(run_dir, corpus="wiki-vital", data_dir=data_dir, batch_size=batch_size, device="cpu")
     out = {}
     for split in ("valid", "test"):
-        for key in ("loss", "perplexity", "word_perplexity", "bits_per_byte", "bits_per_char", "n_tokens", "n_words",
-                    "n_bytes", "n_chars"):
+        for key in (
+            "loss",
+            "perplexity",
+            "word_perplexity",
+            "bits_per_byte",
+            "bits_per_char",
+            "n_tokens",
+            "n_words",
+            "n_bytes",
+            "n_chars",
+        ):
             if key in res[split]:
                 out[f"wt2_{split}/{key}"] = res[split][key]
     return out

@@ -25,8 +25,13 @@ def make_figures(report: dict, rec: Records, folder: str | Path, save_as=None) -
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name, written = report["protocol"], []
-    for suffix, draw in (("effects", _effects), ("curves", _curves), ("scan", _scan), ("trend", _trend),
-                         ("rank", _rank)):
+    for suffix, draw in (
+        ("effects", _effects),
+        ("curves", _curves),
+        ("scan", _scan),
+        ("trend", _trend),
+        ("rank", _rank),
+    ):
         fig = draw(plt, report, rec)
         if fig is None:  # no data for this figure
             continue
@@ -56,20 +61,29 @@ def _intervals(plt, rows: list[dict], labels: list[str], xlabel: str):
 
 def _effects(plt, report: dict, rec: Records):
     """The claims measured in percent, with their intervals."""
-    pct = [r for r in report["rows"] if r["verdict"] != "not run" and "%" in r.get("effect", "")
-           and _finite(r["mean"], r["low"], r["high"])]
+    pct = [
+        r
+        for r in report["rows"]
+        if r["verdict"] != "not run" and "%" in r.get("effect", "") and _finite(r["mean"], r["low"], r["high"])
+    ]
     if not pct:
         return None
-    fig, ax = _intervals(plt, pct, [f"{r['id']}: {r['verdict']}" for r in pct],
-                         "effect, % of held-out test perplexity (mean, 95% CI over seeds)")
+    fig, ax = _intervals(
+        plt,
+        pct,
+        [f"{r['id']}: {r['verdict']}" for r in pct],
+        "effect, % of held-out test perplexity (mean, 95% CI over seeds)",
+    )
     ax.set_title(f"claims measured in percent ({report['protocol']})")
     return fig
 
 
 def _curves(plt, report: dict, rec: Records):
     """Validation loss curves of the ``wv-tiny`` runs, one line per seed."""
-    curves = {v: [r["curve"]["valid"] for (c, v2, _), r in rec.by_key.items() if c == "wv-tiny" and v2 == v]
-              for v in ("standard", "coupled", "uncoupled_mlp")}
+    curves = {
+        v: [r["curve"]["valid"] for (c, v2, _), r in rec.by_key.items() if c == "wv-tiny" and v2 == v]
+        for v in ("standard", "coupled", "uncoupled_mlp")
+    }
     if not any(curves.values()):
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -88,11 +102,17 @@ def _curves(plt, report: dict, rec: Records):
 
 def _scan(plt, report: dict, rec: Records):
     """The one-factor scan: coupled vs standard per factor, with intervals."""
-    scan = [s for s in report.get("scan", []) if s.get("status") == "measured" and _finite(s["mean"], s["low"], s["high"])]
+    scan = [
+        s for s in report.get("scan", []) if s.get("status") == "measured" and _finite(s["mean"], s["low"], s["high"])
+    ]
     if not scan:
         return None
-    fig, _ = _intervals(plt, scan, [s["factor"] for s in scan],
-                        "coupled vs standard, % held-out test perplexity (negative: coupling helps)")
+    fig, _ = _intervals(
+        plt,
+        scan,
+        [s["factor"] for s in scan],
+        "coupled vs standard, % held-out test perplexity (negative: coupling helps)",
+    )
     return fig
 
 
@@ -105,8 +125,15 @@ def _trend(plt, report: dict, rec: Records):
     for per in trend["per_seed"].values():
         ax.plot([t for t, _ in per], [p for _, p in per], color="0.7", marker=".", lw=0.8)
     b = [x for x in trend["budgets"] if _finite(x["mean"], x["low"], x["high"])]
-    ax.errorbar([x["tokens"] for x in b], [x["mean"] for x in b], fmt="o-", capsize=4, color="C0",
-                yerr=[[x["mean"] - x["low"] for x in b], [x["high"] - x["mean"] for x in b]], label="mean, 95% CI")
+    ax.errorbar(
+        [x["tokens"] for x in b],
+        [x["mean"] for x in b],
+        fmt="o-",
+        capsize=4,
+        color="C0",
+        yerr=[[x["mean"] - x["low"] for x in b], [x["high"] - x["mean"] for x in b]],
+        label="mean, 95% CI",
+    )
     ax.set_xscale("log", base=2)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xlabel("training tokens per run")

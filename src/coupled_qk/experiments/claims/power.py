@@ -24,8 +24,15 @@ import math
 from scipy import optimize
 from scipy import stats as sps
 
-__all__ = ["READINGS", "detectable_effect", "null_reading", "power_two_sided", "t_interval_se", "variance_ratio_power",
-           "verdict_readings_table"]
+__all__ = [
+    "READINGS",
+    "detectable_effect",
+    "null_reading",
+    "power_two_sided",
+    "t_interval_se",
+    "variance_ratio_power",
+    "verdict_readings_table",
+]
 
 NULL_VERDICT = "not reproduced at this scale"
 T_INTERVAL_CLAIMS = ("C1", "C2", "C3", "C5", "C6", "C7", "C8", "C9", "C10", "C11", "C12", "C13")
@@ -36,7 +43,7 @@ NO_EFFECT = {"C6": 1.0}
 READINGS = {
     "excluded": "the paper's value lies outside our 95% interval: its magnitude is ruled out at this scale",
     "inconclusive": "the interval holds the paper's value, or the paper gives none in our units: this study "
-                    "cannot tell",
+    "cannot tell",
 }
 
 
@@ -140,12 +147,18 @@ def variance_ratio_power(ratio: float, r: float, n: int, alpha: float = 0.05) ->
     if not 0 < alpha < 1:
         raise ValueError(f"alpha={alpha!r} must be in (0, 1)")
     rho = (ratio - 1) / math.sqrt((ratio + 1) ** 2 - 4 * r * r * ratio)
-    log_c = (math.log(n - 2) + special.gammaln(n - 1) + (n - 1) / 2 * math.log1p(-rho * rho)
-             - 0.5 * math.log(2 * math.pi) - special.gammaln(n - 0.5))
+    log_c = (
+        math.log(n - 2)
+        + special.gammaln(n - 1)
+        + (n - 1) / 2 * math.log1p(-rho * rho)
+        - 0.5 * math.log(2 * math.pi)
+        - special.gammaln(n - 0.5)
+    )
 
     def density(x: float) -> float:
-        return math.exp(log_c + (n - 4) / 2 * math.log1p(-x * x) - (n - 1.5) * math.log1p(-rho * x)) * \
-            special.hyp2f1(0.5, 0.5, n - 0.5, (1 + rho * x) / 2)
+        return math.exp(log_c + (n - 4) / 2 * math.log1p(-x * x) - (n - 1.5) * math.log1p(-rho * x)) * special.hyp2f1(
+            0.5, 0.5, n - 0.5, (1 + rho * x) / 2
+        )
 
     t = sps.t.ppf(1 - alpha / 2, n - 2)
     crit = t / math.sqrt(n - 2 + t * t)
@@ -164,8 +177,14 @@ def null_reading(row: dict) -> dict | None:
         return None
     paper = row.get("paper_effect")
     excluded = paper is not None and row.get("paper_effect_in_ci") is False
-    out = {"id": row["id"], "reading": "excluded" if excluded else "inconclusive", "paper_effect": paper,
-           "power_at_paper": None, "detectable_80": None, "se": None}
+    out = {
+        "id": row["id"],
+        "reading": "excluded" if excluded else "inconclusive",
+        "paper_effect": paper,
+        "power_at_paper": None,
+        "detectable_80": None,
+        "se": None,
+    }
     n = row.get("n")
     if row["id"] in T_INTERVAL_CLAIMS and isinstance(n, int) and n >= 2 and row["high"] > row["low"]:
         se = t_interval_se(row["low"], row["high"], n)
@@ -186,8 +205,10 @@ def verdict_readings_table(reports: dict[str, dict]) -> str:
     and protocol, the reading, the study's power against the paper's value and the smallest effect it detects
     with 80% power (in the row's units: % of perplexity for C1-C10 but C4 and C6, the token ratio minus 1
     for C6, the score for C11-C13)."""
-    lines = ["| claim | protocol | interval (n) | reading | power vs the paper's value | detectable with 80% power |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| claim | protocol | interval (n) | reading | power vs the paper's value | detectable with 80% power |",
+        "|---|---|---|---|---|---|",
+    ]
     for protocol, report in reports.items():
         for row in report["rows"]:
             r = null_reading(row)
@@ -195,8 +216,9 @@ def verdict_readings_table(reports: dict[str, dict]) -> str:
                 continue
             interval = f"{_num(row['mean'])} [{_num(row['low'])}, {_num(row['high'])}] (n = {row['n']})"
             paper = "-" if r["paper_effect"] is None else f"{r['paper_effect']:.3g}"
-            power = ("-" if r["power_at_paper"] is None else f"{100 * r['power_at_paper']:.0f}% (paper: {paper})")
+            power = "-" if r["power_at_paper"] is None else f"{100 * r['power_at_paper']:.0f}% (paper: {paper})"
             mde = "-" if r["detectable_80"] is None else f"+-{_num(r['detectable_80'])}"
-            lines.append(f"| {row['id']} {row['claim']} | `{protocol}` | {interval} | **{r['reading']}** | {power} | "
-                         f"{mde} |")
+            lines.append(
+                f"| {row['id']} {row['claim']} | `{protocol}` | {interval} | **{r['reading']}** | {power} | {mde} |"
+            )
     return "\n".join(lines)

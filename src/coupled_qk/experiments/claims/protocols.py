@@ -32,7 +32,8 @@ CPU_TOKENS = 512 * TOKENS_PER_STEP_TINY  # 1,048,576 tokens per run at the tiny 
 CPU_NOTES = (
     "Budget (our choice): 1,048,576 tokens per tiny-preset run (512 steps of 16 x 128), about 0.86 epoch of the "
     "1.22M-token wiki-vital training articles, chosen so that the whole protocol (150 runs when chosen, the ~4x "
-    "model included; 171 with the extra seeds) takes about 16 CPU-hours on an idle machine, where a single-threaded tiny run trains at about "
+    "model included; 171 with the extra seeds) takes about 16 CPU-hours on an idle machine, where a single-threaded "
+    "tiny run trains at about "
     "4k tokens/s (the demo ran 901,120 tokens in 2.2 minutes on 2 cores). Measured in this session on the shared "
     "machine (load average 12-24 from other jobs): 185-340 tokens/s per process, so a 1M-token run took over an "
     "hour; the cpu-short protocol (a quarter of these budgets) is the part that finishes in a session there. "
@@ -43,8 +44,17 @@ CPU_NOTES = (
 )
 
 _TINY_LM = dict(
-    task="lm", corpus="wiki-vital-heldout", tokenizer="bpe-8192", preset="tiny", batch_size=16, lr=2e-3,
-    warmup_steps=50, max_tokens=CPU_TOKENS, eval_interval=64, eval_batches=4, log_interval=16,
+    task="lm",
+    corpus="wiki-vital-heldout",
+    tokenizer="bpe-8192",
+    preset="tiny",
+    batch_size=16,
+    lr=2e-3,
+    warmup_steps=50,
+    max_tokens=CPU_TOKENS,
+    eval_interval=64,
+    eval_batches=4,
+    log_interval=16,
 )
 _SMALL = dict(n_layer=6, d_model=256, n_heads=8)  # d_head 32 like tiny; ~3.7x tiny's parameters
 
@@ -131,8 +141,10 @@ class Protocol:
         from coupled_qk.models.specs import check_distinct, parse_variants
 
         extra = tuple(parse_variants(list(specs)))
-        cells = tuple(dataclasses.replace(c, variants=c.variants + tuple(v for v in extra if v not in c.variants))
-                      for c in self.cells)
+        cells = tuple(
+            dataclasses.replace(c, variants=c.variants + tuple(v for v in extra if v not in c.variants))
+            for c in self.cells
+        )
         for c in cells:
             check_distinct(c.variants, where=f"--variants (cell {c.name})")
         return dataclasses.replace(self, cells=cells, extra_variants=self.extra_variants + extra)
@@ -153,8 +165,15 @@ def _mqar(difficulty: str, lr: float, seeds, preset: str = "cpu", d_model: int =
     horizon (1,000 steps instead of 600: the first sweep's escapes from the 1/K plateau came after 300-800)."""
     tag = f"{lr:.0e}".replace("e-0", "e-")
     spec = {"preset": preset, "difficulty": difficulty, "d_model": d_model, "lr": lr, "max_steps": 1000}
-    return Cell(f"mqar-{difficulty}-lr{tag}", {}, ("standard", "coupled"), tuple(seeds), ("C12",), mqar=spec,
-                est_cpu_minutes=minutes)
+    return Cell(
+        f"mqar-{difficulty}-lr{tag}",
+        {},
+        ("standard", "coupled"),
+        tuple(seeds),
+        ("C12",),
+        mqar=spec,
+        est_cpu_minutes=minutes,
+    )
 
 
 S3, S5 = (0, 1, 2), (0, 1, 2, 3, 4)
@@ -164,8 +183,10 @@ CPU_CELLS = (
     # C1/C3/C4 (+ C5 n=1, C6 1x, C13): the cell everything else is paired with
     _lm("wv-tiny", ("standard", "coupled", "uncoupled_mlp"), S3, ("C1", "C3", "C4", "C13"), _TINY_MIN),
     _lm("wv-tiny-leapfrog", ("coupled_leapfrog",), S3, ("C2",), _TINY_MIN),
-    dataclasses.replace(_lm("wv-tiny-seeds", ("standard", "coupled", "uncoupled_mlp"), (3, 4), ("C1", "C3", "C4"),
-                            _TINY_MIN), seeds_of="wv-tiny"),
+    dataclasses.replace(
+        _lm("wv-tiny-seeds", ("standard", "coupled", "uncoupled_mlp"), (3, 4), ("C1", "C3", "C4"), _TINY_MIN),
+        seeds_of="wv-tiny",
+    ),
     _lm("wv-tiny-steps", ("coupled+n_steps=2", "coupled+n_steps=4", "coupled+n_steps=7"), S3, ("C5",), 8.0),
     _lm("wv-tiny-2x", ("standard", "coupled"), S3, ("C6", "scan"), 2 * _TINY_MIN, max_tokens=2 * CPU_TOKENS),
     _lm("wv-tiny-diff", ("differential", "coupled_differential"), S3, ("C8",), 6.0),
@@ -180,18 +201,38 @@ CPU_CELLS = (
     _lm("scan-bpe4096", ("standard", "coupled"), S3, ("scan",), _TINY_MIN, tokenizer="bpe-4096"),
     # beyond the paper (issue 12): grouped-query attention with per-head evolved keys (the paper's rule, a
     # KV cache n_heads / n_kv_heads times standard's) vs one shared evolved key per key/value head
-    _lm("gqa-tiny", ("standard", "coupled", "coupled+keys_per_query_head=False"), S3, ("gqa",), _TINY_MIN,
-        model={"n_kv_heads": 2}),
+    _lm(
+        "gqa-tiny",
+        ("standard", "coupled", "coupled+keys_per_query_head=False"),
+        S3,
+        ("gqa",),
+        _TINY_MIN,
+        model={"n_kv_heads": 2},
+    ),
 )
 
 CPU_EXTRA_SEEDS = (
     # seeds 3-4 where the 3-seed effects were small against their spread (issue item 2: 5 seeds there); cpu only
-    dataclasses.replace(_lm("wv-small-seeds", ("standard", "coupled"), (3, 4), ("C7",), 4 * _TINY_MIN, model=_SMALL),
-                        seeds_of="wv-small"),
-    dataclasses.replace(_lm("pubmed-tiny-seeds", ("standard", "coupled"), (3, 4), ("C9",), _TINY_MIN, heldout=False,
-                            corpus="pubmed"), seeds_of="pubmed-tiny"),
-    dataclasses.replace(_lm("mixed-tiny-seeds", ("standard", "coupled"), (3, 4), ("C10",), _TINY_MIN, heldout=False,
-                            corpus="mixed-domain"), seeds_of="mixed-tiny"),
+    dataclasses.replace(
+        _lm("wv-small-seeds", ("standard", "coupled"), (3, 4), ("C7",), 4 * _TINY_MIN, model=_SMALL),
+        seeds_of="wv-small",
+    ),
+    dataclasses.replace(
+        _lm("pubmed-tiny-seeds", ("standard", "coupled"), (3, 4), ("C9",), _TINY_MIN, heldout=False, corpus="pubmed"),
+        seeds_of="pubmed-tiny",
+    ),
+    dataclasses.replace(
+        _lm(
+            "mixed-tiny-seeds",
+            ("standard", "coupled"),
+            (3, 4),
+            ("C10",),
+            _TINY_MIN,
+            heldout=False,
+            corpus="mixed-domain",
+        ),
+        seeds_of="mixed-tiny",
+    ),
 )
 """Cells of the ``cpu`` protocol only (``cpu-short`` has the other cells at a quarter of the budget)."""
 
@@ -209,24 +250,43 @@ SCAN_FACTORS = (
 
 SMOKE_KEEP = {
     # cell -> variants kept in the smoke protocol (None: all): the fewest runs that exercise every claim rule
-    "wv-tiny": None, "wv-tiny-leapfrog": None, "wv-tiny-steps": ("coupled+n_steps=2",), "wv-tiny-2x": ("standard",),
-    "wv-small": None, "pubmed-tiny": None, "mixed-tiny": None, "scan-dt0.5": None,
-    "mqar-easy-lr1e-3": None, "mqar-medium-lr1e-3": None, "gqa-tiny": None,
+    "wv-tiny": None,
+    "wv-tiny-leapfrog": None,
+    "wv-tiny-steps": ("coupled+n_steps=2",),
+    "wv-tiny-2x": ("standard",),
+    "wv-small": None,
+    "pubmed-tiny": None,
+    "mixed-tiny": None,
+    "scan-dt0.5": None,
+    "mqar-easy-lr1e-3": None,
+    "mqar-medium-lr1e-3": None,
+    "gqa-tiny": None,
 }
 
 
 def _smoke_cells() -> tuple[Cell, ...]:
-    toy = dict(model={"n_layer": 1, "d_model": 32, "n_heads": 2, "block_size": 32}, tokenizer="bpe-512",
-               batch_size=4, max_tokens=None, max_steps=6, warmup_steps=2, eval_interval=3, eval_batches=2,
-               log_interval=1)
+    toy = dict(
+        model={"n_layer": 1, "d_model": 32, "n_heads": 2, "block_size": 32},
+        tokenizer="bpe-512",
+        batch_size=4,
+        max_tokens=None,
+        max_steps=6,
+        warmup_steps=2,
+        eval_interval=3,
+        eval_batches=2,
+        log_interval=1,
+    )
     out = []
     for c in CPU_CELLS:
         if c.name not in SMOKE_KEEP:
             continue
         variants = SMOKE_KEEP[c.name] or c.variants
         if c.mqar is not None:
-            out.append(dataclasses.replace(c, variants=variants, seeds=(0, 1), mqar={**c.mqar, "max_steps": 4},
-                                           est_cpu_minutes=0.05))
+            out.append(
+                dataclasses.replace(
+                    c, variants=variants, seeds=(0, 1), mqar={**c.mqar, "max_steps": 4}, est_cpu_minutes=0.05
+                )
+            )
             continue
         base = {**c.base, **toy, "max_steps": 12 if c.name == "wv-tiny-2x" else 6}
         if "n_kv_heads" in c.base.get("model", {}):  # keep grouped-query attention: 2 query heads, 1 kv head
@@ -238,15 +298,35 @@ def _smoke_cells() -> tuple[Cell, ...]:
 def _gpu(name: str, presets: dict, hours: dict, description: str) -> Protocol:
     cells = []
     for preset, tokens in presets.items():
-        base = dict(task="lm", corpus="wikitext-103", tokenizer="gpt2", preset=preset, batch_size=32, grad_accum=1,
-                    lr=6e-4, warmup_steps=2000, max_tokens=tokens, eval_interval=1000, eval_batches=50,
-                    log_interval=50, dtype="bf16")
+        base = dict(
+            task="lm",
+            corpus="wikitext-103",
+            tokenizer="gpt2",
+            preset=preset,
+            batch_size=32,
+            grad_accum=1,
+            lr=6e-4,
+            warmup_steps=2000,
+            max_tokens=tokens,
+            eval_interval=1000,
+            eval_batches=50,
+            log_interval=50,
+            dtype="bf16",
+        )
         variants = ("standard", "coupled", "coupled_leapfrog", "uncoupled_mlp", "differential")
         cells.append(Cell(f"wt103-{preset}", base, variants, S3, ("C1", "C2", "C3", "C4", "C7", "C8", "C13")))
-    return Protocol(name, description, tuple(cells), runnable=False, expected_hours=hours, notes=(
-        "Not run in this project: defined so that a user with accelerators runs the same instrument. "
-        "Token budgets are our choice (the paper's are unknown); hours are estimates, not measurements: "
-        "6 x parameters x tokens FLOPs in bf16 on one H100/H200 at about 40% utilisation (~400 TFLOP/s).",))
+    return Protocol(
+        name,
+        description,
+        tuple(cells),
+        runnable=False,
+        expected_hours=hours,
+        notes=(
+            "Not run in this project: defined so that a user with accelerators runs the same instrument. "
+            "Token budgets are our choice (the paper's are unknown); hours are estimates, not measurements: "
+            "6 x parameters x tokens FLOPs in bf16 on one H100/H200 at about 40% utilisation (~400 TFLOP/s).",
+        ),
+    )
 
 
 def _scaled(cells: tuple[Cell, ...], factor: float, eval_interval: int, warmup_steps: int) -> tuple[Cell, ...]:
@@ -254,8 +334,12 @@ def _scaled(cells: tuple[Cell, ...], factor: float, eval_interval: int, warmup_s
     out = []
     for c in cells:
         if c.mqar is None:
-            base = {**c.base, "max_tokens": int(c.base["max_tokens"] * factor), "eval_interval": eval_interval,
-                    "warmup_steps": warmup_steps}
+            base = {
+                **c.base,
+                "max_tokens": int(c.base["max_tokens"] * factor),
+                "eval_interval": eval_interval,
+                "warmup_steps": warmup_steps,
+            }
             c = dataclasses.replace(c, base=base, est_cpu_minutes=c.est_cpu_minutes * factor)
         out.append(c)
     return tuple(out)
@@ -267,23 +351,36 @@ CPU_SHORT_NOTES = (
     "epoch of the wiki-vital training articles; warmup 12 steps; validation every 16 steps). Measured before "
     "choosing it: 240-340 tokens/s per single-threaded training process with the machine's load average at "
     "12-24 (other jobs), so a 1M-token run took over an hour and the C1/C3/C4 cell (9 runs) could not finish "
-    "in the session; at this budget a run took about 25 minutes (about 185 tokens/s over the whole run). At this budget the models are early in training (perplexities in the hundreds): "
+    "in the session; at this budget a run took about 25 minutes (about 185 tokens/s over the whole run). At this "
+    "budget the models are early in training (perplexities in the hundreds): "
     "verdicts are about early training, not the paper's converged models.",
     CPU_NOTES[1],
 )
 
 PROTOCOLS: dict[str, Protocol] = {
-    "smoke": Protocol("smoke", "every code path with toy budgets (numbers are meaningless)", _smoke_cells(),
-                      notes=("Toy model (1 layer, d_model 32), 6-12 steps, 2 seeds: exercises the instrument.",)),
-    "cpu": Protocol("cpu", "tiny-preset study on the offline corpora, 2 CPU cores", CPU_CELLS + CPU_EXTRA_SEEDS,
-                    notes=CPU_NOTES),
-    "cpu-short": Protocol("cpu-short", "the cpu protocol at a quarter of its language-model token budgets (what a "
-                          "loaded 2-core machine finishes in a session; the MQAR cells and the GLUE results are the "
-                          "cpu protocol's, so C11 and C12 are not separate evidence)", _scaled(CPU_CELLS, 0.25, 16, 12),
-                          notes=CPU_SHORT_NOTES),
-    "gpu-paper": _gpu("gpu-paper", {"60m": 2_000_000_000, "150m": 4_000_000_000, "350m": 8_000_000_000},
-                      {"60m per run": 0.6, "150m per run": 2.5, "350m per run": 12.0, "total (45 runs)": 226.0},
-                      "60M/150M/350M presets on WikiText-103 (C1-C4, C7, C8, C13)"),
+    "smoke": Protocol(
+        "smoke",
+        "every code path with toy budgets (numbers are meaningless)",
+        _smoke_cells(),
+        notes=("Toy model (1 layer, d_model 32), 6-12 steps, 2 seeds: exercises the instrument.",),
+    ),
+    "cpu": Protocol(
+        "cpu", "tiny-preset study on the offline corpora, 2 CPU cores", CPU_CELLS + CPU_EXTRA_SEEDS, notes=CPU_NOTES
+    ),
+    "cpu-short": Protocol(
+        "cpu-short",
+        "the cpu protocol at a quarter of its language-model token budgets (what a "
+        "loaded 2-core machine finishes in a session; the MQAR cells and the GLUE results are the "
+        "cpu protocol's, so C11 and C12 are not separate evidence)",
+        _scaled(CPU_CELLS, 0.25, 16, 12),
+        notes=CPU_SHORT_NOTES,
+    ),
+    "gpu-paper": _gpu(
+        "gpu-paper",
+        {"60m": 2_000_000_000, "150m": 4_000_000_000, "350m": 8_000_000_000},
+        {"60m per run": 0.6, "150m per run": 2.5, "350m per run": 12.0, "total (45 runs)": 226.0},
+        "60M/150M/350M presets on WikiText-103 (C1-C4, C7, C8, C13)",
+    ),
 }
 
 

@@ -21,8 +21,13 @@ def _duration(minutes: float, prefix: str = "") -> str:
     return f"{minutes / 60:.1f} {prefix}hours" if minutes >= 60 else f"{max(1, round(minutes))} {prefix}minutes"
 
 
-RECORD_FIELDS = {"protocol": "a name", "cell": "a name", "variant": "a name", "seed": "an integer >= 0",
-                 "final": "a dict of metrics"}
+RECORD_FIELDS = {
+    "protocol": "a name",
+    "cell": "a name",
+    "variant": "a name",
+    "seed": "an integer >= 0",
+    "final": "a dict of metrics",
+}
 """The fields every run record has, and what each must hold (:func:`record_problem`)."""
 
 
@@ -37,8 +42,13 @@ def record_problem(rec, fields=tuple(RECORD_FIELDS)) -> str | None:
         return f"it lacks {missing}"
     for key in fields:
         expected, value = RECORD_FIELDS[key], rec[key]
-        ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0 if key == "seed" else
-              isinstance(value, dict) if key == "final" else isinstance(value, str) and value != "")
+        ok = (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            if key == "seed"
+            else isinstance(value, dict)
+            if key == "final"
+            else isinstance(value, str) and value != ""
+        )
         if not ok:
             return f"{key}={value!r}, expected {expected}"
     return None
@@ -59,14 +69,18 @@ def read_record_file(path: Path, fields=tuple(RECORD_FIELDS), damaged: str = "sk
         rec = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         if damaged == "raise":
-            raise ValueError(f"{path} is a damaged run record ({type(exc).__name__}: {exc}); a report without it "
-                             "would count that run as never made: restore the file (e.g. git checkout), or delete "
-                             "it and run the protocol without --report-only to train that run again") from None
+            raise ValueError(
+                f"{path} is a damaged run record ({type(exc).__name__}: {exc}); a report without it "
+                "would count that run as never made: restore the file (e.g. git checkout), or delete "
+                "it and run the protocol without --report-only to train that run again"
+            ) from None
         return None
     problem = record_problem(rec, fields)
     if problem:
-        raise ValueError(f"{path} is not a run record ({problem}): restore or remove it; a study's records are the "
-                         "files <out_dir>/runs/<protocol>/<cell>/<variant>/seed<k>.json")
+        raise ValueError(
+            f"{path} is not a run record ({problem}): restore or remove it; a study's records are the "
+            "files <out_dir>/runs/<protocol>/<cell>/<variant>/seed<k>.json"
+        )
     return rec
 
 
@@ -145,11 +159,15 @@ class Records:
             pace = ""
             if done:
                 per_run = sum(r["wall_seconds"] for r in done) / len(done) / 60
-                pace = (f"; at the {per_run:.0f} minutes per run its finished runs took, about "
-                        f"{_duration(missing * per_run)} in one process")
+                pace = (
+                    f"; at the {per_run:.0f} minutes per run its finished runs took, about "
+                    f"{_duration(missing * per_run)} in one process"
+                )
             rest = f"the other {missing} take" if missing > 1 else "the other one takes"
-            raise NotReady(f"in progress: {total - missing} of {total} runs of {label} finished; {rest} about "
-                           f"{_duration(minutes, 'CPU-')} on an idle core{pace}")
+            raise NotReady(
+                f"in progress: {total - missing} of {total} runs of {label} finished; {rest} about "
+                f"{_duration(minutes, 'CPU-')} on an idle core{pace}"
+            )
 
     def pairs(self, a: tuple[str, str], b: tuple[str, str], metric: str = PRIMARY) -> tuple[list, list, list]:
         """Values of ``a = (cell, variant)`` and ``b`` on their common seeds (sorted): ``(seeds, va, vb)``."""

@@ -2,7 +2,8 @@
 
 :func:`build_report` (:mod:`coupled_qk.experiments.claims.build`) is a pure function of the records (so a changed
 number changes the verdict it feeds); :mod:`coupled_qk.experiments.claims.markdown` formats it (both importable
-from here too); :func:`write_report` writes ``<out_dir>/<protocol>.json``, ``<protocol>.md``, ``<protocol>-readme.md`` (the README's
+from here too); :func:`write_report` writes ``<out_dir>/<protocol>.json``, ``<protocol>.md``, ``<protocol>-readme.md``
+(the README's
 results section) and ``figures/<protocol>-*.png``.
 ``docs/METHOD.md`` section 3.
 """
@@ -38,16 +39,30 @@ def report_dir(out_dir: str | Path, protocol_name: str, overwrite: bool = False)
     from coupled_qk.experiments.claims.converged import DESIGNS
     from coupled_qk.experiments.claims.protocols import PROTOCOLS
 
-    mine = (f"{protocol_name}.json", f"{protocol_name}.md", f"{protocol_name}-readme.md",
-            f"figures/{protocol_name}-*.png")
-    reports = [f"{n}{suffix}" for n in sorted({*PROTOCOLS, *DESIGNS, protocol_name})
-               for suffix in (".json", ".md", "-readme.md")]
-    return OutputDir(out_dir, "--out-dir", overwrite=overwrite, what="a claims report",
-                     layout=(*reports, "verify-*.md", "README.md", "figures/", "runs/"), rewrite=mine)
+    mine = (
+        f"{protocol_name}.json",
+        f"{protocol_name}.md",
+        f"{protocol_name}-readme.md",
+        f"figures/{protocol_name}-*.png",
+    )
+    reports = [
+        f"{n}{suffix}"
+        for n in sorted({*PROTOCOLS, *DESIGNS, protocol_name})
+        for suffix in (".json", ".md", "-readme.md")
+    ]
+    return OutputDir(
+        out_dir,
+        "--out-dir",
+        overwrite=overwrite,
+        what="a claims report",
+        layout=(*reports, "verify-*.md", "README.md", "figures/", "runs/"),
+        rewrite=mine,
+    )
 
 
-def write_report(report: dict, protocol: Protocol, out_dir: str | Path | OutputDir, command: str,
-                 figures: bool = True) -> list[Path]:
+def write_report(
+    report: dict, protocol: Protocol, out_dir: str | Path | OutputDir, command: str, figures: bool = True
+) -> list[Path]:
     """Write ``<protocol>.json``, ``<protocol>.md`` and (``figures``) the PNGs; return the paths written.
 
     ``out_dir`` may be the command's claim (:func:`report_dir`); a plain path is claimed here the same way.
@@ -58,12 +73,18 @@ def write_report(report: dict, protocol: Protocol, out_dir: str | Path | OutputD
     files = [f"{name}.json", f"{name}.md", f"{name}-readme.md"]
     for f in files:
         out.claim(f, check_only=True)
-    paths = [out.write_text(files[0], json.dumps(round_floats(report, 6), indent=1)),
-             out.write_text(files[1], format_markdown(report, command)),
-             out.write_text(files[2], format_readme_section(report, command))]
+    paths = [
+        out.write_text(files[0], json.dumps(round_floats(report, 6), indent=1)),
+        out.write_text(files[1], format_markdown(report, command)),
+        out.write_text(files[2], format_readme_section(report, command)),
+    ]
     if figures:
         from coupled_qk.experiments.claims.plots import make_figures
 
-        paths += make_figures(report, Records.load(out.path, protocol), out.path / "figures",
-                              save_as=lambda rel, draw: out.write_with(Path("figures") / rel, draw))
+        paths += make_figures(
+            report,
+            Records.load(out.path, protocol),
+            out.path / "figures",
+            save_as=lambda rel, draw: out.write_with(Path("figures") / rel, draw),
+        )
     return paths

@@ -52,9 +52,18 @@ def equivalence_verdict(low: float, high: float, margin: float = EQUIVALENCE_MAR
 
 def _row(effect: str, r: dict, verdict: str, runs: list[dict], **details) -> dict:
     tokens = sorted({x["tokens"] for x in runs})
-    return {"effect": effect, "mean": r["mean"], "low": r["low"], "high": r["high"], "n": r["n"], "p": r.get("p"),
-            "verdict": verdict, "tokens": tokens, "train_hours": sum(x["train_seconds"] for x in runs) / 3600,
-            "details": details}
+    return {
+        "effect": effect,
+        "mean": r["mean"],
+        "low": r["low"],
+        "high": r["high"],
+        "n": r["n"],
+        "p": r.get("p"),
+        "verdict": verdict,
+        "tokens": tokens,
+        "train_hours": sum(x["train_seconds"] for x in runs) / 3600,
+        "details": details,
+    }
 
 
 def _ppl_change(rec: Records, a: tuple[str, str], b: tuple[str, str], expect: str, label: str) -> dict:
@@ -62,8 +71,13 @@ def _ppl_change(rec: Records, a: tuple[str, str], b: tuple[str, str], expect: st
     rec.need(a, b)
     _, va, vb = rec.pairs(a, b)
     r = stats.paired_difference(va, vb, relative=True)
-    details = {"a": f"{a[1]} ({a[0]})", "b": f"{b[1]} ({b[0]})", "a_ppl": stats.mean_ci(va),
-               "b_ppl": stats.mean_ci(vb), "per_seed_percent": r["differences"]}
+    details = {
+        "a": f"{a[1]} ({a[0]})",
+        "b": f"{b[1]} ({b[0]})",
+        "a_ppl": stats.mean_ci(va),
+        "b_ppl": stats.mean_ci(vb),
+        "per_seed_percent": r["differences"],
+    }
     if rec.protocol.cell(a[0]).heldout and rec.protocol.cell(b[0]).heldout:
         try:
             _, oa, ob = rec.pairs(a, b, OOD)
@@ -75,22 +89,36 @@ def _ppl_change(rec: Records, a: tuple[str, str], b: tuple[str, str], expect: st
 
 
 def c1(rec):
-    return _ppl_change(rec, ("wv-tiny", "standard"), ("wv-tiny", "coupled"), "negative",
-                       "held-out test ppl, coupled vs standard, % (paired by seed)")
+    return _ppl_change(
+        rec,
+        ("wv-tiny", "standard"),
+        ("wv-tiny", "coupled"),
+        "negative",
+        "held-out test ppl, coupled vs standard, % (paired by seed)",
+    )
 
 
 def c2(rec):
     rec.need(("wv-tiny", "coupled"), "wv-tiny-leapfrog")
     _, va, vb = rec.pairs(("wv-tiny", "coupled"), ("wv-tiny-leapfrog", "coupled_leapfrog"))
     r = stats.paired_difference(va, vb, relative=True)
-    return _row(f"held-out test ppl, leapfrog vs Euler, % (equivalent if the CI is inside +-{EQUIVALENCE_MARGIN}%)",
-                {**r, "p": None}, equivalence_verdict(r["low"], r["high"]), rec.runs("wv-tiny", "wv-tiny-leapfrog"),
-                per_seed_percent=r["differences"])
+    return _row(
+        f"held-out test ppl, leapfrog vs Euler, % (equivalent if the CI is inside +-{EQUIVALENCE_MARGIN}%)",
+        {**r, "p": None},
+        equivalence_verdict(r["low"], r["high"]),
+        rec.runs("wv-tiny", "wv-tiny-leapfrog"),
+        per_seed_percent=r["differences"],
+    )
 
 
 def c3(rec):
-    return _ppl_change(rec, ("wv-tiny", "uncoupled_mlp"), ("wv-tiny", "coupled"), "negative",
-                       "held-out test ppl, coupled vs uncoupled MLP, % (paired by seed)")
+    return _ppl_change(
+        rec,
+        ("wv-tiny", "uncoupled_mlp"),
+        ("wv-tiny", "coupled"),
+        "negative",
+        "held-out test ppl, coupled vs uncoupled MLP, % (paired by seed)",
+    )
 
 
 def c4(rec):
@@ -107,10 +135,16 @@ def c4(rec):
         r = {**f, "n": len(unc)}
         how, extra = "F interval; a paired interval needs 3 seeds", {}
     v = "reproduced" if r["low"] > 1 else "contradicted" if r["high"] < 1 else "not reproduced at this scale"
-    return _row(f"seed variance of held-out test ppl, uncoupled MLP / coupled ({how})",
-                {"mean": r["ratio"], "low": r["low"], "high": r["high"], "n": r["n"], "p": r["p"]},
-                v, rec.runs("wv-tiny"), var_uncoupled=r["var_a"], var_coupled=r["var_b"], **extra,
-                independent_f_interval={k: f[k] for k in ("low", "high", "p")})
+    return _row(
+        f"seed variance of held-out test ppl, uncoupled MLP / coupled ({how})",
+        {"mean": r["ratio"], "low": r["low"], "high": r["high"], "n": r["n"], "p": r["p"]},
+        v,
+        rec.runs("wv-tiny"),
+        var_uncoupled=r["var_a"],
+        var_coupled=r["var_b"],
+        **extra,
+        independent_f_interval={k: f[k] for k in ("low", "high", "p")},
+    )
 
 
 def c5(rec):
@@ -123,11 +157,19 @@ def c5(rec):
         verdicts.append(equivalence_verdict(per[n]["low"], per[n]["high"]))
     # show the comparison whose interval reaches furthest from zero: the one that decides equivalence
     worst = max(per.values(), key=lambda r: max(abs(r["low"]), abs(r["high"])))
-    v = "contradicted" if "contradicted" in verdicts else ("reproduced" if set(verdicts) == {"reproduced"}
-                                                           else "not reproduced at this scale")
-    return _row("held-out test ppl, n_steps in {2,4,7} vs 1, % (the widest interval shown; equivalence margin "
-                f"+-{EQUIVALENCE_MARGIN}%)", {**worst, "p": None}, v, rec.runs("wv-tiny", "wv-tiny-steps"),
-                per_n_steps={n: {k: r[k] for k in ("mean", "low", "high")} for n, r in per.items()})
+    v = (
+        "contradicted"
+        if "contradicted" in verdicts
+        else ("reproduced" if set(verdicts) == {"reproduced"} else "not reproduced at this scale")
+    )
+    return _row(
+        "held-out test ppl, n_steps in {2,4,7} vs 1, % (the widest interval shown; equivalence margin "
+        f"+-{EQUIVALENCE_MARGIN}%)",
+        {**worst, "p": None},
+        v,
+        rec.runs("wv-tiny", "wv-tiny-steps"),
+        per_n_steps={n: {k: r[k] for k in ("mean", "low", "high")} for n, r in per.items()},
+    )
 
 
 def c6(rec):
@@ -141,11 +183,15 @@ def c6(rec):
     """
     rec.need(("wv-tiny", "standard"), ("wv-tiny", "coupled"), ("wv-tiny-2x", "standard"))
     ratios, extrapolated, matched = [], 0, []
-    seeds = sorted(set(rec.values("wv-tiny", "coupled")) & set(rec.values("wv-tiny-2x", "standard"))
-                   & set(rec.values("wv-tiny", "standard")))
+    seeds = sorted(
+        set(rec.values("wv-tiny", "coupled"))
+        & set(rec.values("wv-tiny-2x", "standard"))
+        & set(rec.values("wv-tiny", "standard"))
+    )
     for s in seeds:
-        cou, std1, std2 = (rec.by_key[k + (s,)] for k in (("wv-tiny", "coupled"), ("wv-tiny", "standard"),
-                                                              ("wv-tiny-2x", "standard")))
+        cou, std1, std2 = (
+            rec.by_key[k + (s,)] for k in (("wv-tiny", "coupled"), ("wv-tiny", "standard"), ("wv-tiny-2x", "standard"))
+        )
         budgets = [std1["tokens"], std2["tokens"]]
         losses = [math.log(std1["final"][PRIMARY]), math.log(std2["final"][PRIMARY])]
         target = math.log(cou["final"][PRIMARY])
@@ -160,14 +206,21 @@ def c6(rec):
     if len(ratios) < rec.min_seeds:
         raise NotReady(f"{len(ratios)} seeds with a budget match; at least {rec.min_seeds} needed")
     r = {**stats.mean_ci(ratios), "p": stats.mean_ci([x - 1 for x in ratios])["p"]}  # p of "ratio = 1"
-    details = {"per_seed_ratio": ratios, "extrapolated_outside_1x_2x": extrapolated,
-               "wallclock_matched_ppl_percent_coupled_vs_standard": stats.mean_ci(matched),
-               "same_schedule_curves": _c6_same_schedule(rec),
-               "note": "final held-out test perplexities of separate 1x and 2x runs, log-linear in tokens; "
-                       "wall-clock ratio from the runs' own training seconds on a shared machine"}
-    return _row("tokens standard needs to reach coupled's final held-out ppl / coupled's tokens (finals at 1x "
-                "and 2x budgets)", r, direction_verdict(r["low"] - 1, r["high"] - 1, "positive"),
-                rec.runs("wv-tiny", "wv-tiny-2x"), **details)
+    details = {
+        "per_seed_ratio": ratios,
+        "extrapolated_outside_1x_2x": extrapolated,
+        "wallclock_matched_ppl_percent_coupled_vs_standard": stats.mean_ci(matched),
+        "same_schedule_curves": _c6_same_schedule(rec),
+        "note": "final held-out test perplexities of separate 1x and 2x runs, log-linear in tokens; "
+        "wall-clock ratio from the runs' own training seconds on a shared machine",
+    }
+    return _row(
+        "tokens standard needs to reach coupled's final held-out ppl / coupled's tokens (finals at 1x and 2x budgets)",
+        r,
+        direction_verdict(r["low"] - 1, r["high"] - 1, "positive"),
+        rec.runs("wv-tiny", "wv-tiny-2x"),
+        **details,
+    )
 
 
 def _c6_same_schedule(rec) -> dict | None:
@@ -188,8 +241,13 @@ def _c6_same_schedule(rec) -> dict | None:
 
 
 def c7(rec):
-    return _ppl_change(rec, ("wv-small", "standard"), ("wv-small", "coupled"), "negative",
-                       "held-out test ppl at ~4x tiny, coupled vs standard, %")
+    return _ppl_change(
+        rec,
+        ("wv-small", "standard"),
+        ("wv-small", "coupled"),
+        "negative",
+        "held-out test ppl at ~4x tiny, coupled vs standard, %",
+    )
 
 
 def c8(rec):
@@ -204,27 +262,46 @@ def c8(rec):
     narrowing = stats.mean_ci([small[s] - tiny[s] for s in common])
     wins = direction_verdict(diff["low"], diff["high"], "negative")
     narrows = direction_verdict(narrowing["low"], narrowing["high"], "positive")
-    v = ("reproduced" if wins == narrows == "reproduced" else
-         "contradicted" if "contradicted" in (wins, narrows) else "not reproduced at this scale")
+    v = (
+        "reproduced"
+        if wins == narrows == "reproduced"
+        else "contradicted"
+        if "contradicted" in (wins, narrows)
+        else "not reproduced at this scale"
+    )
     details = {"narrowing_of_gain_points": narrowing, "differential_beats_coupled": wins, "gain_narrows": narrows}
     try:  # Differential Attention at the tiny size too, when its cell has finished
         _, tc2, td = rec.pairs(("wv-tiny", "coupled"), ("wv-tiny-diff", "differential"))
         details["tiny_differential_vs_coupled_percent"] = stats.paired_difference(tc2, td, relative=True)
     except NotReady:
         details["tiny_differential_vs_coupled_percent"] = "not run"
-    return _row("held-out test ppl at ~4x tiny, Differential vs coupled, %", diff, v,
-                rec.runs("wv-tiny", "wv-small", "wv-tiny-diff"),
-                **details)
+    return _row(
+        "held-out test ppl at ~4x tiny, Differential vs coupled, %",
+        diff,
+        v,
+        rec.runs("wv-tiny", "wv-small", "wv-tiny-diff"),
+        **details,
+    )
 
 
 def c9(rec):
-    return _ppl_change(rec, ("pubmed-tiny", "standard"), ("pubmed-tiny", "coupled"), "negative",
-                       "PubMed held-out test ppl, coupled vs standard, %")
+    return _ppl_change(
+        rec,
+        ("pubmed-tiny", "standard"),
+        ("pubmed-tiny", "coupled"),
+        "negative",
+        "PubMed held-out test ppl, coupled vs standard, %",
+    )
 
 
 def c10(rec):
-    return _ppl_change(rec, ("mixed-tiny", "standard"), ("mixed-tiny", "coupled"), "positive",
-                       "mixed-domain held-out test ppl, coupled vs standard, % (claim: worse)")
+    return _ppl_change(
+        rec,
+        ("mixed-tiny", "standard"),
+        ("mixed-tiny", "coupled"),
+        "positive",
+        "mixed-domain held-out test ppl, coupled vs standard, % (claim: worse)",
+    )
 
 
 def c11(rec, glue_json: str | Path | None = None):
@@ -255,13 +332,20 @@ def c11(rec, glue_json: str | Path | None = None):
     shown = max(learned or per, key=lambda t: per[t]["mean"])
     # the row's p: the smallest Holm-adjusted p over the tasks (any task differs), not the shown task's own p
     best = {**per[shown], "p": min(adj)}
-    return _row(f"GLUE dev score, coupled - standard ({shown}: the {'learned ' if learned else ''}task with the "
-                f"largest mean difference; no benefit if every learned task's CI is below +{GLUE_MARGIN})",
-                best, verdict, [], significant_gain_tasks=better, learned_tasks=learned,
-                uninformative="" if learned else
-                "no task where the standard model beats the majority class: the comparison cannot show a benefit",
-                per_task={t: {k: r[k] for k in ("mean", "low", "high", "n")} for t, r in per.items()},
-                task_holm_p=dict(zip(per, adj)))
+    return _row(
+        f"GLUE dev score, coupled - standard ({shown}: the {'learned ' if learned else ''}task with the "
+        f"largest mean difference; no benefit if every learned task's CI is below +{GLUE_MARGIN})",
+        best,
+        verdict,
+        [],
+        significant_gain_tasks=better,
+        learned_tasks=learned,
+        uninformative=""
+        if learned
+        else "no task where the standard model beats the majority class: the comparison cannot show a benefit",
+        per_task={t: {k: r[k] for k in ("mean", "low", "high", "n")} for t, r in per.items()},
+        task_holm_p=dict(zip(per, adj)),
+    )
 
 
 def c12(rec):
@@ -283,15 +367,27 @@ def c12(rec):
         raise NotReady("no easy or medium MQAR cell in this protocol")
     for d in shown:
         seeds = sorted(set(best.get(d, {}).get("standard", {})) & set(best.get(d, {}).get("coupled", {})))
-        per[d] = stats.paired_difference([best[d]["standard"][s] for s in seeds], [best[d]["coupled"][s] for s in seeds])
+        per[d] = stats.paired_difference(
+            [best[d]["standard"][s] for s in seeds], [best[d]["coupled"][s] for s in seeds]
+        )
         per[d]["coupled_min"] = min(best[d]["coupled"][s] for s in seeds)
     perfect = all(per[d]["coupled_min"] >= 0.99 for d in per)
     ahead = any(per[d]["low"] > 0 for d in per)
-    v = ("contradicted" if any(per[d]["high"] < 0 for d in per) else
-         "reproduced" if perfect and ahead else "not reproduced at this scale")
-    return _row(f"MQAR best-over-lr accuracy, coupled - standard ({shown[-1]} shown)", per[shown[-1]], v, rec.runs(*(c.name for c in cells)),
-                per_difficulty={d: {k: r[k] for k in ("mean", "low", "high", "n", "coupled_min")} for d, r in per.items()},
-                best_accuracy={d: {v: dict(sorted(x.items())) for v, x in by.items()} for d, by in best.items()})
+    v = (
+        "contradicted"
+        if any(per[d]["high"] < 0 for d in per)
+        else "reproduced"
+        if perfect and ahead
+        else "not reproduced at this scale"
+    )
+    return _row(
+        f"MQAR best-over-lr accuracy, coupled - standard ({shown[-1]} shown)",
+        per[shown[-1]],
+        v,
+        rec.runs(*(c.name for c in cells)),
+        per_difficulty={d: {k: r[k] for k in ("mean", "low", "high", "n", "coupled_min")} for d, r in per.items()},
+        best_accuracy={d: {v: dict(sorted(x.items())) for v, x in by.items()} for d, by in best.items()},
+    )
 
 
 def c13(rec):
@@ -307,8 +403,13 @@ def c13(rec):
         except NotReady:
             pass
     details["rank_vs_ppl"] = rank_perplexity_correlation(rec)
-    return _row("layer-mean effective rank of attention maps, coupled - standard", r,
-                direction_verdict(r["low"], r["high"], "positive"), rec.runs("wv-tiny"), **details)
+    return _row(
+        "layer-mean effective rank of attention maps, coupled - standard",
+        r,
+        direction_verdict(r["low"], r["high"], "positive"),
+        rec.runs("wv-tiny"),
+        **details,
+    )
 
 
 def rank_perplexity_points(rec: Records) -> list[tuple[str, str, float, float]]:
@@ -372,4 +473,3 @@ PAPER_EFFECTS: dict[str, float] = {
 """The paper's effect in the units of our rule's effect (arXiv:2604.01683v1; ``../shared/docs/PAPER.md``), for the
 report's "is the paper's value inside our interval" column. Measured at 60M-350M parameters: a value outside an
 interval measured at the CPU scale excludes that magnitude *at this scale*, not in the paper's setting."""
-

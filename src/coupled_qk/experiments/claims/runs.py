@@ -57,8 +57,15 @@ def train_config(cell: Cell, variant: str, seed: int, run_dir: Path, data_dir: P
         return dataclasses.replace(cfg, seed=seed, out_dir=str(run_dir), **extra)
     base = {**cell.base, **cell.variant_base.get(variant, {})}
     model = {**base.pop("model", {}), **variant_overrides(variant)}
-    return TrainConfig(**base, model=model, seed=seed, out_dir=str(run_dir), data_dir=str(data_dir) if data_dir else None,
-                       tensorboard=False, progress=False)
+    return TrainConfig(
+        **base,
+        model=model,
+        seed=seed,
+        out_dir=str(run_dir),
+        data_dir=str(data_dir) if data_dir else None,
+        tensorboard=False,
+        progress=False,
+    )
 
 
 def settings_of(cfg: TrainConfig) -> dict:
@@ -77,7 +84,8 @@ def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
     records one, in the precision ``planned`` trains in here (``--dtype auto`` depends on the machine); else None.
 
     Raises:
-        ValueError: the file parses but is not a run record (:func:`~coupled_qk.experiments.claims.records.record_problem`).
+        ValueError: the file parses but is not a run record
+        (:func:`~coupled_qk.experiments.claims.records.record_problem`).
     """
     if not path.is_file():
         return None
@@ -94,8 +102,9 @@ def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
     return rec
 
 
-def same_run_elsewhere(out_dir: str | Path, protocol: str, cell: str, variant: str, seed: int,
-                       planned: TrainConfig) -> dict | None:
+def same_run_elsewhere(
+    out_dir: str | Path, protocol: str, cell: str, variant: str, seed: int, planned: TrainConfig
+) -> dict | None:
     """The finished record of the same run made by another protocol, as a record of ``protocol``, or None.
 
     "The same run" means the same cell, variant and seed and equal result-changing settings
@@ -114,14 +123,16 @@ def _differences(saved: dict, planned: TrainConfig) -> dict:
     """:func:`setting_differences`, except that a field the record predates (absent from it) counts as equal
     when the planned value is the field's default: a new ``TrainConfig`` option does not void old records."""
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    return {k: v for k, v in setting_differences(saved, planned).items()
-            if not (k not in saved and v[1] == defaults.get(k))}
+    return {
+        k: v for k, v in setting_differences(saved, planned).items() if not (k not in saved and v[1] == defaults.get(k))
+    }
 
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=Path(__file__).parent
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -167,8 +178,18 @@ def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> di
     return {**out, "windows": n, "window_tokens": seq_len}
 
 
-def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, run_root: Path,
-            data_dir: Path, cache_root: Path, defer_wt2: bool = False, runtime=None) -> dict | None:
+def execute(
+    cell: Cell,
+    variant: str,
+    seed: int,
+    protocol: str,
+    out_dir: Path,
+    run_root: Path,
+    data_dir: Path,
+    cache_root: Path,
+    defer_wt2: bool = False,
+    runtime=None,
+) -> dict | None:
     """Reuse or produce the record of one run (see the module docstring) and return it.
 
     ``data_dir`` is the real data folder (WikiText-2, PubMed ...); ``cache_root`` holds derived data (the
@@ -190,22 +211,31 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
     corpus_dir = Path(cache_root) if (cell.heldout or cell.split) else Path(data_dir)
     cfg = train_config(cell, variant, seed, run_dir, corpus_dir if cell.mqar is None else None)
     if world > 1 and cfg.batch_size % world:
-        raise ValueError(f"batch_size={cfg.batch_size} of cell {cell.name!r} is the global batch and must be divisible "
-                         f"by the {world} processes of torchrun (use a divisor of it for --nproc_per_node)")
+        raise ValueError(
+            f"batch_size={cfg.batch_size} of cell {cell.name!r} is the global batch and must be divisible "
+            f"by the {world} processes of torchrun (use a divisor of it for --nproc_per_node)"
+        )
     path = record_path(out_dir, protocol, cell.name, variant, seed)
     rec = load_record(path, cfg)
     if rec is None and (rec := same_run_elsewhere(out_dir, protocol, cell.name, variant, seed, cfg)) is not None:
         if rank == 0:
-            print(f"== {cell.name} {variant} seed {seed}: reusing the identical run of protocol "
-                  f"{rec['reused_from']}", flush=True)
+            print(
+                f"== {cell.name} {variant} seed {seed}: reusing the identical run of protocol {rec['reused_from']}",
+                flush=True,
+            )
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(path, json.dumps(rec, indent=1, default=str))
     if rec is not None:
-        if rec.get("wt2_pending") and not defer_wt2 and rank == 0:  # trained with --defer-wt2 earlier: evaluate now if possible
+        if (
+            rec.get("wt2_pending") and not defer_wt2 and rank == 0
+        ):  # trained with --defer-wt2 earlier: evaluate now if possible
             if run_dir.is_dir():
                 return complete_wt2(path, data_dir, run_dir)
-            print(f"claims: {path} waits for its WikiText-2 evaluation, but its run folder {run_dir} is not on "
-                  "this machine; reported without it", flush=True)
+            print(
+                f"claims: {path} waits for its WikiText-2 evaluation, but its run folder {run_dir} is not on "
+                "this machine; reported without it",
+                flush=True,
+            )
         return rec
     if path.is_file() and rank == 0:
         print(f"claims: {path} was made with other settings; running again", flush=True)
@@ -223,8 +253,9 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
     t0 = time.perf_counter()
     # the shared runner reuses a finished run folder (same settings), resumes an unfinished one, or trains
     ranked = dataclasses.replace(cfg, batch_size=cfg.batch_size // world) if world > 1 else cfg
-    (outcome,) = execute_plan([PlannedRun(ranked, f"{cell.name} {variant} seed {seed}", {"cell": cell.name})],
-                              announce=rank == 0)
+    (outcome,) = execute_plan(
+        [PlannedRun(ranked, f"{cell.name} {variant} seed {seed}", {"cell": cell.name})], announce=rank == 0
+    )
     if rank != 0:
         return None
     results = outcome.results
@@ -233,21 +264,47 @@ def execute(cell: Cell, variant: str, seed: int, protocol: str, out_dir: Path, r
         final.update(wikitext2_eval(run_dir, data_dir))
     diagnostics = _diagnostics(run_dir, corpus_dir, cfg) if cfg.task == "lm" else {}
     rec = {
-        "version": RECORD_VERSION, "protocol": protocol, "cell": cell.name, "variant": variant, "seed": seed,
-        "fingerprint": fingerprint(cfg), "config": settings_of(cfg), "params": results["params"], "tokens": results["tokens"],
-        "steps": results["steps"], "train_seconds": results["train_seconds"],
-        "wall_seconds": time.perf_counter() - t0, "stop_reason": results["stop_reason"], "final": final,
-        "precision": results.get("precision"), "diagnostics": diagnostics, "curve": compact_curve(read_metrics(run_dir)), "data": results.get("data"),
-        "epochs": results.get("epochs"), "best": results.get("best"), "final_from": results.get("final_from"),
-        "wt2_pending": bool(cell.heldout and defer_wt2), "run_dir": str(run_dir), "git_commit": _git_commit(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "version": RECORD_VERSION,
+        "protocol": protocol,
+        "cell": cell.name,
+        "variant": variant,
+        "seed": seed,
+        "fingerprint": fingerprint(cfg),
+        "config": settings_of(cfg),
+        "params": results["params"],
+        "tokens": results["tokens"],
+        "steps": results["steps"],
+        "train_seconds": results["train_seconds"],
+        "wall_seconds": time.perf_counter() - t0,
+        "stop_reason": results["stop_reason"],
+        "final": final,
+        "precision": results.get("precision"),
+        "diagnostics": diagnostics,
+        "curve": compact_curve(read_metrics(run_dir)),
+        "data": results.get("data"),
+        "epochs": results.get("epochs"),
+        "best": results.get("best"),
+        "final_from": results.get("final_from"),
+        "wt2_pending": bool(cell.heldout and defer_wt2),
+        "run_dir": str(run_dir),
+        "git_commit": _git_commit(),
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(rec, indent=1, default=str))
     return rec
 
 
-def run_protocol(protocol, out_dir: str | Path, run_root: str | Path, data_dir: str | Path, cache_root: str | Path,
-                 cells: list[str] | None = None, shard: tuple[int, int] = (0, 1), defer_wt2: bool = False) -> list[dict]:
+def run_protocol(
+    protocol,
+    out_dir: str | Path,
+    run_root: str | Path,
+    data_dir: str | Path,
+    cache_root: str | Path,
+    cells: list[str] | None = None,
+    shard: tuple[int, int] = (0, 1),
+    defer_wt2: bool = False,
+) -> list[dict]:
     """Execute (or reuse) every run of ``protocol`` in order and return their records.
 
     Args:
@@ -278,8 +335,19 @@ def run_protocol(protocol, out_dir: str | Path, run_root: str | Path, data_dir: 
         if k % n != i:
             continue
         print(f"== claims {protocol.name}: {cell.name} {variant} seed {seed} ({k + 1}/{len(units)})", flush=True)
-        records.append(execute(cell, variant, seed, protocol.name, Path(out_dir), Path(run_root), Path(data_dir),
-                               Path(cache_root), defer_wt2=defer_wt2))
+        records.append(
+            execute(
+                cell,
+                variant,
+                seed,
+                protocol.name,
+                Path(out_dir),
+                Path(run_root),
+                Path(data_dir),
+                Path(cache_root),
+                defer_wt2=defer_wt2,
+            )
+        )
     if defer_wt2:
         for rec in records:
             complete_wt2(record_path(out_dir, protocol.name, rec["cell"], rec["variant"], rec["seed"]), data_dir)
@@ -297,8 +365,10 @@ def plan_lines(protocol, out_dir: str | Path, cells: list[str] | None = None) ->
         for variant, seed in cell.units():
             cfg = train_config(cell, variant, seed, Path("run"), None if cell.mqar is not None else Path("data"))
             path = record_path(out_dir, protocol.name, cell.name, variant, seed)
-            if load_record(path, cfg) is not None or same_run_elsewhere(out_dir, protocol.name, cell.name, variant,
-                                                                        seed, cfg) is not None:
+            if (
+                load_record(path, cfg) is not None
+                or same_run_elsewhere(out_dir, protocol.name, cell.name, variant, seed, cfg) is not None
+            ):
                 status = "done"
             else:
                 status = "stale" if path.is_file() else "to run"

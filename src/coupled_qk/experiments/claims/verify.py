@@ -36,11 +36,15 @@ def read_record(path: str | Path) -> tuple[dict, Path]:
     """
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"--verify={str(path)!r} is a folder; expected one run record file inside it, such as "
-                         "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json")
+        raise ValueError(
+            f"--verify={str(path)!r} is a folder; expected one run record file inside it, such as "
+            "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json"
+        )
     if not path.is_file():
-        raise ValueError(f"--verify={str(path)!r}: no such record file; expected a run record such as "
-                         "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json")
+        raise ValueError(
+            f"--verify={str(path)!r}: no such record file; expected a run record such as "
+            "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json"
+        )
     try:
         rec = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -50,8 +54,10 @@ def read_record(path: str | Path) -> tuple[dict, Path]:
         raise ValueError(f"--verify={str(path)!r} is not a run record: {problem}")
     out_dir = path.parents[4] if len(path.parents) > 4 else None
     if out_dir is None or record_path(out_dir, rec["protocol"], rec["cell"], rec["variant"], rec["seed"]) != path:
-        raise ValueError(f"--verify={str(path)!r}: a record must stay where the study wrote it, "
-                         f"<out_dir>/runs/{rec['protocol']}/{rec['cell']}/<variant>/seed{rec['seed']}.json")
+        raise ValueError(
+            f"--verify={str(path)!r}: a record must stay where the study wrote it, "
+            f"<out_dir>/runs/{rec['protocol']}/{rec['cell']}/<variant>/seed{rec['seed']}.json"
+        )
     return rec, out_dir
 
 
@@ -73,8 +79,10 @@ def find_cell(protocol: str, cell_name: str, out_dir: Path):
     for cell in cells:
         if cell.name == cell_name:
             return cell
-    raise ValueError(f"cell {cell_name!r} is not in protocol {protocol!r} as planned from the records in {out_dir} "
-                     f"(planned cells: {[c.name for c in cells]})")
+    raise ValueError(
+        f"cell {cell_name!r} is not in protocol {protocol!r} as planned from the records in {out_dir} "
+        f"(planned cells: {[c.name for c in cells]})"
+    )
 
 
 def compare(stored: dict, new: dict) -> dict:
@@ -88,12 +96,22 @@ def compare(stored: dict, new: dict) -> dict:
         if isinstance(a, (int, float)) and isinstance(b, (int, float)):
             metrics[k] = (a, b, b - a)
     primary = next((k for k in PRIMARY if k in metrics), next(iter(metrics), None))
-    return {"fields": fields, "metrics": metrics, "primary": primary,
-            "delta": metrics[primary][2] if primary else math.nan}
+    return {
+        "fields": fields,
+        "metrics": metrics,
+        "primary": primary,
+        "delta": metrics[primary][2] if primary else math.nan,
+    }
 
 
-def verify_record(path: str | Path, run_root: str | Path, data_dir: str | Path, cache_root: str | Path,
-                  tolerance: float = 1e-4, threads: int = 1) -> dict:
+def verify_record(
+    path: str | Path,
+    run_root: str | Path,
+    data_dir: str | Path,
+    cache_root: str | Path,
+    tolerance: float = 1e-4,
+    threads: int = 1,
+) -> dict:
     """Re-train the run of the record at ``path`` from scratch and compare (see the module docstring).
 
     Args:
@@ -117,13 +135,25 @@ def verify_record(path: str | Path, run_root: str | Path, data_dir: str | Path, 
     cell = find_cell(stored["protocol"], stored["cell"], out_dir)
     scratch = Path(run_root) / "verify"
     torch.set_num_threads(threads)
-    new = execute(cell, stored["variant"], stored["seed"], stored["protocol"], scratch / "records", scratch,
-                  Path(data_dir), Path(cache_root))
+    new = execute(
+        cell,
+        stored["variant"],
+        stored["seed"],
+        stored["protocol"],
+        scratch / "records",
+        scratch,
+        Path(data_dir),
+        Path(cache_root),
+    )
     result = compare(stored, new)
     same_fields = all(a == b for name, (a, b) in result["fields"].items() if name != "best_step")
-    result.update(match=bool(same_fields and abs(result["delta"]) <= tolerance), tolerance=tolerance,
-                  record=str(record_path(scratch / "records", stored["protocol"], stored["cell"], stored["variant"],
-                                         stored["seed"])))
+    result.update(
+        match=bool(same_fields and abs(result["delta"]) <= tolerance),
+        tolerance=tolerance,
+        record=str(
+            record_path(scratch / "records", stored["protocol"], stored["cell"], stored["variant"], stored["seed"])
+        ),
+    )
     return result
 
 
@@ -135,6 +165,8 @@ def format_comparison(result: dict) -> str:
     for name, (a, b, d) in result["metrics"].items():
         lines.append(f"{name:27s} {a:<22.10g} {b:<22.10g} {d:+.3g}")
     verdict = "MATCH" if result["match"] else "MISMATCH"
-    lines.append(f"{verdict}: {result['primary']} differs by {result['delta']:+.3g} (tolerance {result['tolerance']:g}); "
-                 f"re-run record: {result['record']}")
+    lines.append(
+        f"{verdict}: {result['primary']} differs by {result['delta']:+.3g} (tolerance {result['tolerance']:g}); "
+        f"re-run record: {result['record']}"
+    )
     return "\n".join(lines)

@@ -54,8 +54,10 @@ def check_names(names: list, n_runs: int, option: str = "names") -> list[str]:
     """
     bad = [x for x in names if not isinstance(x, str) or not x.strip() or x.startswith(".") or "/" in x or "\\" in x]
     if bad:
-        raise ValueError(f"{option}={names!r}: {bad!r} cannot name a folder of fine-tuning runs; expected non-empty "
-                         "labels without '/' or '\\' that do not start with '.'")
+        raise ValueError(
+            f"{option}={names!r}: {bad!r} cannot name a folder of fine-tuning runs; expected non-empty "
+            "labels without '/' or '\\' that do not start with '.'"
+        )
     if len(names) != n_runs or len(set(names)) != len(names):
         raise ValueError(f"{option}={names!r}: need one distinct name per pretrained run ({n_runs})")
     return names
@@ -84,13 +86,24 @@ def parse_per_task(text: str | None, flag: str = "--max-train-examples") -> int 
         return out
     except ValueError as exc:
         why = f" ({exc})" if str(exc) else ""
-        raise ValueError(f"{flag}={text!r}: expected an integer >= 1 or task=N pairs, e.g. sst2=3000,rte=600{why}") \
-            from None
+        raise ValueError(
+            f"{flag}={text!r}: expected an integer >= 1 or task=N pairs, e.g. sst2=3000,rte=600{why}"
+        ) from None
 
 
-def finetune_config(pretrained: str, task: str, seed: int, out_dir: str | Path, glue_dir: str | None = None,
-                    lr: float | None = None, epochs: float | None = None, batch_size: int | None = None,
-                    max_train_examples: int | None = None, pooling: str = "last", **fields) -> TrainConfig:
+def finetune_config(
+    pretrained: str,
+    task: str,
+    seed: int,
+    out_dir: str | Path,
+    glue_dir: str | None = None,
+    lr: float | None = None,
+    epochs: float | None = None,
+    batch_size: int | None = None,
+    max_train_examples: int | None = None,
+    pooling: str = "last",
+    **fields,
+) -> TrainConfig:
     """The :class:`TrainConfig` of one fine-tune: :data:`DEFAULTS` for ``task`` unless given, AdamW (weight decay
     0.01), warmup over 10% of the steps then cosine decay to 0, ``max_steps = ceil(epochs * N / batch_size)``.
     ``fields`` override any other TrainConfig field (e.g. ``device``, ``progress``)."""
@@ -109,9 +122,21 @@ def finetune_config(pretrained: str, task: str, seed: int, out_dir: str | Path, 
         options["glue_dir"] = str(glue_dir)
     if max_train_examples is not None:
         options["max_train_examples"] = int(max_train_examples)
-    base = dict(task="glue", lr=lr, batch_size=batch_size, max_steps=steps, warmup_steps=max(1, steps // 10),
-                min_lr_ratio=0.0, weight_decay=0.01, eval_interval=steps, log_interval=max(1, steps // 20),
-                seed=seed, out_dir=str(out_dir), task_options=options, tensorboard=False)
+    base = dict(
+        task="glue",
+        lr=lr,
+        batch_size=batch_size,
+        max_steps=steps,
+        warmup_steps=max(1, steps // 10),
+        min_lr_ratio=0.0,
+        weight_decay=0.01,
+        eval_interval=steps,
+        log_interval=max(1, steps // 20),
+        seed=seed,
+        out_dir=str(out_dir),
+        task_options=options,
+        tensorboard=False,
+    )
     return TrainConfig.from_dict({**base, **fields})
 
 
@@ -135,8 +160,15 @@ def _summary(values: list[float]) -> dict:
     """Mean, std, range, the 95% Student-t interval of the mean (``ci95``: ``None`` for one seed) and ``n``."""
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     ci = _stats().mean_ci(values)
-    return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values),
-            "ci95": [ci["low"], ci["high"]] if len(values) > 1 else None, "n": len(values), "values": values}
+    return {
+        "mean": statistics.fmean(values),
+        "std": std,
+        "min": min(values),
+        "max": max(values),
+        "ci95": [ci["low"], ci["high"]] if len(values) > 1 else None,
+        "n": len(values),
+        "values": values,
+    }
 
 
 def paired_difference(a: list[float], b: list[float]) -> dict:
@@ -147,12 +179,17 @@ def paired_difference(a: list[float], b: list[float]) -> dict:
         ValueError: ``a`` and ``b`` of different lengths, empty or non-finite.
     """
     d = _stats().paired_difference(b, a)  # stats' difference is its second argument minus its first
-    return {"mean": d["mean"], "ci95": [d["low"], d["high"]] if d["n"] > 1 else None, "n": d["n"],
-            "values": d["differences"]}
+    return {
+        "mean": d["mean"],
+        "ci95": [d["low"], d["high"]] if d["n"] > 1 else None,
+        "n": d["n"],
+        "values": d["differences"],
+    }
 
 
-def plan_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir: str | Path, names: list[str],
-              **options) -> list[PlannedRun]:
+def plan_glue(
+    pretrained: list[str], tasks: list[str], seeds: list[int], out_dir: str | Path, names: list[str], **options
+) -> list[PlannedRun]:
     """One :class:`PlannedRun` per ``pretrained x task x seed`` (model-major), in ``out_dir/<name>/<task>/seed<k>``;
     ``keys`` are ``{"model", "task", "seed"}``. ``options`` go to :func:`finetune_config`;
     ``max_train_examples`` may also be a ``{task: N}`` dict. Nothing is created (the task's training file is read
@@ -167,15 +204,24 @@ def plan_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir
         for task in tasks:
             subset = per_task.get(task) if isinstance(per_task, dict) else per_task
             for seed in seeds:
-                cfg = finetune_config(path, task, seed, Path(out_dir) / name / task / f"seed{seed}",
-                                      max_train_examples=subset, **options)
+                cfg = finetune_config(
+                    path, task, seed, Path(out_dir) / name / task / f"seed{seed}", max_train_examples=subset, **options
+                )
                 plan.append(PlannedRun(cfg, f"{name} {task} seed {seed}", {"model": name, "task": task, "seed": seed}))
     return plan
 
 
-def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir: str | Path,
-             names: list[str] | None = None, max_minutes: float | None = None, log=print, train_fn=None,
-             **options) -> dict:
+def run_glue(
+    pretrained: list[str],
+    tasks: list[str],
+    seeds: list[int],
+    out_dir: str | Path,
+    names: list[str] | None = None,
+    max_minutes: float | None = None,
+    log=print,
+    train_fn=None,
+    **options,
+) -> dict:
     """Fine-tune every ``pretrained x task x seed`` (:func:`plan_glue`) and summarise; the first model is the
     baseline.
 
@@ -193,8 +239,9 @@ def run_glue(pretrained: list[str], tasks: list[str], seeds: list[int], out_dir:
         ValueError: bad names or options, ``max_minutes`` <= 0, a finished run with other settings.
     """
     if names is None:
-        names = check_names([model_name(p) for p in pretrained], len(pretrained),
-                            "the runs' folder names (--names to label them)")
+        names = check_names(
+            [model_name(p) for p in pretrained], len(pretrained), "the runs' folder names (--names to label them)"
+        )
     check_names(names, len(pretrained))
     plan = plan_glue(pretrained, tasks, seeds, out_dir, names, **options)
     records = execute(plan, train_fn=train_fn, log=log, max_minutes=max_minutes)
@@ -218,9 +265,14 @@ def _cell(records, task: str) -> dict:
             missing.append({"seed": rec.keys["seed"], "status": why, "run_dir": rec.run.config.out_dir})
             continue
         res = rec.results
-        runs.append({"seed": rec.keys["seed"], "run_dir": rec.run.config.out_dir,
-                     "dev": {k.removeprefix("dev/"): v for k, v in res["final"].items()},
-                     "train_seconds": res["train_seconds"]})
+        runs.append(
+            {
+                "seed": rec.keys["seed"],
+                "run_dir": rec.run.config.out_dir,
+                "dev": {k.removeprefix("dev/"): v for k, v in res["final"].items()},
+                "train_seconds": res["train_seconds"],
+            }
+        )
         data = res["data"]
     metrics = {m: _summary([r["dev"][m] for r in runs]) if runs else None for m in TASK_INFO[task][3]}
     return {"metrics": metrics, "runs": runs, "missing": missing, "complete": not missing, "data": data}
@@ -245,15 +297,25 @@ def summarize_glue(records, pretrained: list[str], tasks: list[str], seeds: list
     counts: dict[str, int] = {}
     for rec in records:
         counts[rec.status] = counts.get(rec.status, 0) + 1
-    summary: dict = {"schema": SCHEMA, "tasks": tasks, "seeds": seeds, "baseline": names[0], "settings": {},
-                     "complete": all(_counted(r) for r in records), "counts": counts, "models": {},
-                     "differences": {}}
+    summary: dict = {
+        "schema": SCHEMA,
+        "tasks": tasks,
+        "seeds": seeds,
+        "baseline": names[0],
+        "settings": {},
+        "complete": all(_counted(r) for r in records),
+        "counts": counts,
+        "models": {},
+        "differences": {},
+    }
     for name, path in zip(names, pretrained, strict=True):
         entry = {"pretrained": str(path), "attention": None, "tasks": {}}
         for task in tasks:
             mine = [r for r in records if r.keys["model"] == name and r.keys["task"] == task]
-            summary["settings"].setdefault(task, {k: v for k, v in mine[0].run.config.to_dict().items()
-                                                  if k not in ("seed", "out_dir", "task_options")})
+            summary["settings"].setdefault(
+                task,
+                {k: v for k, v in mine[0].run.config.to_dict().items() if k not in ("seed", "out_dir", "task_options")},
+            )
             entry["tasks"][task] = _cell(mine, task)
             attention = next((r.results["model_config"]["attention"] for r in mine if _counted(r)), None)
             entry["attention"] = entry["attention"] or attention
@@ -261,8 +323,10 @@ def summarize_glue(records, pretrained: list[str], tasks: list[str], seeds: list
     base = summary["models"][names[0]]
     for name in names[1:]:
         summary["differences"][name] = {
-            task: {m: _paired_by_seed(summary["models"][name]["tasks"][task]["runs"], base["tasks"][task]["runs"], m)
-                   for m in TASK_INFO[task][3]}
+            task: {
+                m: _paired_by_seed(summary["models"][name]["tasks"][task]["runs"], base["tasks"][task]["runs"], m)
+                for m in TASK_INFO[task][3]
+            }
             for task in tasks
         }
     return summary
@@ -291,10 +355,22 @@ def format_table(summary: dict) -> str:
     cols = [(t, m) for t in tasks for m in TASK_INFO[t][3]]
     head = "| model | " + " | ".join(f"{t.upper()} {m}" for t, m in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 1)]
-    majority = {t: next((e["tasks"][t]["data"]["dev_majority"] for e in summary["models"].values()
-                         if e["tasks"][t]["data"] is not None), None) for t in tasks}
-    lines.append("| majority class | " + " | ".join(
-        "-" if majority[t] is None else f"{100 * majority[t][m]:.1f}" for t, m in cols) + " |")
+    majority = {
+        t: next(
+            (
+                e["tasks"][t]["data"]["dev_majority"]
+                for e in summary["models"].values()
+                if e["tasks"][t]["data"] is not None
+            ),
+            None,
+        )
+        for t in tasks
+    }
+    lines.append(
+        "| majority class | "
+        + " | ".join("-" if majority[t] is None else f"{100 * majority[t][m]:.1f}" for t, m in cols)
+        + " |"
+    )
     for name, entry in summary["models"].items():
         cells = []
         for t, m in cols:
@@ -310,11 +386,19 @@ def format_table(summary: dict) -> str:
             cells.append("-" if d is None else f"{100 * d['mean']:+.1f}{ci}{_n(d['n'], planned)}")
         lines.append(f"| {name} − {summary['baseline']} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"Dev-set scores ×100 (MCC for CoLA), mean over {planned} fine-tuning seeds (n: fewer finished) "
-                 "with its 95% Student-t interval; differences are paired by seed, with 95% Student-t intervals.")
-    missing = [f"{name} {t} (" + ", ".join(f"seed {x['seed']}: {x['status']}" for x in e["tasks"][t]["missing"]) + ")"
-               for name, e in summary["models"].items() for t in tasks if e["tasks"][t]["missing"]]
+    lines.append(
+        f"Dev-set scores ×100 (MCC for CoLA), mean over {planned} fine-tuning seeds (n: fewer finished) "
+        "with its 95% Student-t interval; differences are paired by seed, with 95% Student-t intervals."
+    )
+    missing = [
+        f"{name} {t} (" + ", ".join(f"seed {x['seed']}: {x['status']}" for x in e["tasks"][t]["missing"]) + ")"
+        for name, e in summary["models"].items()
+        for t in tasks
+        if e["tasks"][t]["missing"]
+    ]
     if missing:
-        lines.append(f"Incomplete: {'; '.join(missing)}. Those cells are over the finished seeds only (n shown); "
-                     "run the same command again to finish them.")
+        lines.append(
+            f"Incomplete: {'; '.join(missing)}. Those cells are over the finished seeds only (n shown); "
+            "run the same command again to finish them."
+        )
     return "\n".join(lines)

@@ -169,13 +169,15 @@ class SweepPreset:
         for d in self.difficulties:
             if d.name == name:
                 return d
-        raise ValueError(f"difficulty {name!r} is not in preset {self.name!r}; expected one of "
-                         f"{[d.name for d in self.difficulties]}")
+        raise ValueError(
+            f"difficulty {name!r} is not in preset {self.name!r}; expected one of {[d.name for d in self.difficulties]}"
+        )
 
 
 def _logspace(lo: float, hi: float, n: int) -> tuple:
-    return tuple(float(f"{10 ** (math.log10(lo) + i * (math.log10(hi) - math.log10(lo)) / (n - 1)):.3g}")
-                 for i in range(n))
+    return tuple(
+        float(f"{10 ** (math.log10(lo) + i * (math.log10(hi) - math.log10(lo)) / (n - 1)):.3g}") for i in range(n)
+    )
 
 
 _ZOOLOGY_BATCH = {64: 512, 128: 512, 256: 256, 512: 128}
@@ -194,10 +196,12 @@ SWEEP_PRESETS: dict[str, SweepPreset] = {
         d_models=(64, 128, 256, 512),
         lrs=_logspace(1e-4, 1e-2, 4),
         epochs=64.0,
-        notes=("Zoology's MHA uses attention dropout 0.1; GPTConfig.dropout would also drop embeddings and "
-               "residual branches, so we train without dropout.",
-               "Differential variants use n_heads=2 (one differential head of two sub-heads, parameter-matched "
-               "to one standard head).",),
+        notes=(
+            "Zoology's MHA uses attention dropout 0.1; GPTConfig.dropout would also drop embeddings and "
+            "residual branches, so we train without dropout.",
+            "Differential variants use n_heads=2 (one differential head of two sub-heads, parameter-matched "
+            "to one standard head).",
+        ),
     ),
     "based-mixture": SweepPreset(
         name="based-mixture",
@@ -209,20 +213,29 @@ SWEEP_PRESETS: dict[str, SweepPreset] = {
             Difficulty(
                 "mixture",
                 ((64, 4, 100_000), (128, 8, 20_000), (256, 16, 20_000), (256, 32, 20_000), (256, 64, 20_000)),
-                ((64, 4, 1_000), (64, 8, 1_000), (64, 16, 1_000), (128, 32, 1_000), (256, 64, 1_000),
-                 (512, 128, 1_000), (1024, 256, 1_000)),
+                (
+                    (64, 4, 1_000),
+                    (64, 8, 1_000),
+                    (64, 16, 1_000),
+                    (128, 32, 1_000),
+                    (256, 64, 1_000),
+                    (512, 128, 1_000),
+                    (1024, 256, 1_000),
+                ),
                 256,
             ),
         ),
         d_models=(64, 128),
-        lrs=_logspace(1e-3, 10 ** -1.5, 4),
+        lrs=_logspace(1e-3, 10**-1.5, 4),
         epochs=32.0,
         eval_batch_size=32,
         position="rope",
-        notes=("Our choice: RoPE instead of learned positions; learned embeddings beyond the longest training "
-               "length (256) would stay untrained at test lengths 512 and 1024. Based's own models use no "
-               "position embeddings (a short convolution provides local position).",
-               "Test batch 32 as in Zoology (logits of 1024-token sequences over V=8192 are large).",),
+        notes=(
+            "Our choice: RoPE instead of learned positions; learned embeddings beyond the longest training "
+            "length (256) would stay untrained at test lengths 512 and 1024. Based's own models use no "
+            "position embeddings (a short convolution provides local position).",
+            "Test batch 32 as in Zoology (logits of 1024-token sequences over V=8192 are large).",
+        ),
     ),
     "cpu": SweepPreset(
         name="cpu",
@@ -242,13 +255,15 @@ SWEEP_PRESETS: dict[str, SweepPreset] = {
         eval_interval=100,
         quick_eval_examples=None,
         threads=1,
-        notes=("Differential variants use n_heads=2 (one differential head of two sub-heads, parameter-matched "
-               "to one standard head).",
-               "Budget-bound: 600 steps x 64 sequences; on 2 shared CPU cores the 72 runs take about 15 minutes. "
-               "Pilots: 2-layer attention sits on the 1/K plateau (it picks one of the K values in context) and "
-               "escapes abruptly (induction-style) after 300-800 steps at d_model 64 and lr ~3e-3, not at all at "
-               "lr 1e-2 or d_model 32 within 800 steps; the step of the escape varies with data order and seed.",
-               "One seed per cell: differences between variants are within run-to-run variation unless large.",),
+        notes=(
+            "Differential variants use n_heads=2 (one differential head of two sub-heads, parameter-matched "
+            "to one standard head).",
+            "Budget-bound: 600 steps x 64 sequences; on 2 shared CPU cores the 72 runs take about 15 minutes. "
+            "Pilots: 2-layer attention sits on the 1/K plateau (it picks one of the K values in context) and "
+            "escapes abruptly (induction-style) after 300-800 steps at d_model 64 and lr ~3e-3, not at all at "
+            "lr 1e-2 or d_model 32 within 800 steps; the step of the escape varies with data order and seed.",
+            "One seed per cell: differences between variants are within run-to-run variation unless large.",
+        ),
     ),
 }
 
@@ -260,9 +275,14 @@ def get_preset(name: str) -> SweepPreset:
     return SWEEP_PRESETS[name]
 
 
-def customize_preset(preset: SweepPreset, max_steps: int | None = None, seed: int | None = None,
-                     train_examples: int | None = None, test_examples: int | None = None,
-                     batch_size: int | None = None) -> SweepPreset:
+def customize_preset(
+    preset: SweepPreset,
+    max_steps: int | None = None,
+    seed: int | None = None,
+    train_examples: int | None = None,
+    test_examples: int | None = None,
+    batch_size: int | None = None,
+) -> SweepPreset:
     """``preset`` with a smaller (or larger) budget, e.g. a one-minute smoke run of any preset.
 
     Args:
@@ -296,14 +316,24 @@ def customize_preset(preset: SweepPreset, max_steps: int | None = None, seed: in
     if batch_size is not None:
         positive_int("batch_size", batch_size)
     if any(n is not None for n in sizes.values()) or batch_size is not None:
-        changes["difficulties"] = tuple(dataclasses.replace(d, **{
-            key: tuple((L, K, n if n is not None else N) for L, K, N in getattr(d, key)) for key, n in sizes.items()
-        }, batch_size=d.batch_size if batch_size is None else batch_size) for d in preset.difficulties)
+        changes["difficulties"] = tuple(
+            dataclasses.replace(
+                d,
+                **{
+                    key: tuple((L, K, n if n is not None else N) for L, K, N in getattr(d, key))
+                    for key, n in sizes.items()
+                },
+                batch_size=d.batch_size if batch_size is None else batch_size,
+            )
+            for d in preset.difficulties
+        )
     if not changes:
         return preset
-    described = {**{k: v for k, v in changes.items() if k != "difficulties"},
-                 **{k.replace("slices", "examples"): v for k, v in sizes.items() if v is not None},
-                 **({"batch_size": batch_size} if batch_size is not None else {})}
+    described = {
+        **{k: v for k, v in changes.items() if k != "difficulties"},
+        **{k.replace("slices", "examples"): v for k, v in sizes.items() if v is not None},
+        **({"batch_size": batch_size} if batch_size is not None else {}),
+    }
     note = "Changed from the preset: " + ", ".join(f"{k}={v}" for k, v in described.items()) + "."
     return dataclasses.replace(preset, notes=(*preset.notes, note), **changes)
 

@@ -14,8 +14,16 @@ from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, mqar_va
 from coupled_qk.experiments.runner import Report, RunRecord
 from coupled_qk.extras import MissingExtra
 
-__all__ = ["accuracy_table", "best_over_lr", "plot_sweep", "seed_cells", "seed_table", "sweep_record",
-           "sweep_report", "sweep_summary"]
+__all__ = [
+    "accuracy_table",
+    "best_over_lr",
+    "plot_sweep",
+    "seed_cells",
+    "seed_table",
+    "sweep_record",
+    "sweep_report",
+    "sweep_summary",
+]
 
 
 def sweep_record(record: RunRecord) -> dict:
@@ -48,12 +56,15 @@ def sweep_report(preset: SweepPreset, records: Sequence[RunRecord], wall_seconds
     summary = sweep_summary(preset, [sweep_record(r) for r in records], wall_seconds)
     compact = {k: v for k, v in summary.items() if k != "runs"}
     compact["runs"] = [{k: v for k, v in r.items() if k not in ("config", "run_dir")} for r in summary["runs"]]
-    return Report(json={"results.json": summary, "summary.json": compact},
-                  plots={f"mqar-{preset.name}.png": lambda path: plot_sweep(summary, path)})
+    return Report(
+        json={"results.json": summary, "summary.json": compact},
+        plots={f"mqar-{preset.name}.png": lambda path: plot_sweep(summary, path)},
+    )
 
 
 def _in_variant_order(names) -> list[str]:
-    """``names`` in :func:`~coupled_qk.experiments.mqar.presets.mqar_variants` order, other specs after them alphabetically."""
+    """``names`` in :func:`~coupled_qk.experiments.mqar.presets.mqar_variants` order, other specs after them
+    alphabetically."""
     rank = {v: i for i, v in enumerate(mqar_variants())}
     return sorted(set(names), key=lambda v: (rank.get(v, len(rank)), v))
 
@@ -78,19 +89,33 @@ def best_over_lr(records: Sequence[dict]) -> list[dict]:
         key = (r["difficulty"], r["variant"], r["d_model"], r.get("seed"))
         g = groups.get(key)
         if g is None:
-            g = groups[key] = {"difficulty": key[0], "variant": key[1], "d_model": key[2], "seed": key[3],
-                               "accuracy": -1.0, "accuracies": {}}
+            g = groups[key] = {
+                "difficulty": key[0],
+                "variant": key[1],
+                "d_model": key[2],
+                "seed": key[3],
+                "accuracy": -1.0,
+                "accuracies": {},
+            }
         g["accuracies"][f"{r['lr']:.3g}"] = r["accuracy"]
         if r["accuracy"] > g["accuracy"]:
-            g.update(accuracy=r["accuracy"], lr=r["lr"], steps=r.get("steps"), slices=r.get("slices", {}),
-                     n_heads=r.get("n_heads"), params=r.get("params"))
+            g.update(
+                accuracy=r["accuracy"],
+                lr=r["lr"],
+                steps=r.get("steps"),
+                slices=r.get("slices", {}),
+                n_heads=r.get("n_heads"),
+                params=r.get("params"),
+            )
     return list(groups.values())
 
 
 def _interval(result: dict) -> dict:
     """``n, mean, low, high`` of a :mod:`coupled_qk.experiments.stats` result, ``None`` for NaN (one seed)."""
-    return {k: (None if isinstance(result[k], float) and math.isnan(result[k]) else result[k])
-            for k in ("n", "mean", "low", "high")}
+    return {
+        k: (None if isinstance(result[k], float) and math.isnan(result[k]) else result[k])
+        for k in ("n", "mean", "low", "high")
+    }
 
 
 def seed_cells(best: Sequence[dict], reference: str = "standard") -> list[dict]:
@@ -113,8 +138,9 @@ def seed_cells(best: Sequence[dict], reference: str = "standard") -> list[dict]:
     try:
         from coupled_qk.experiments import stats
     except ImportError as exc:  # scipy: an optional dependency
-        raise MissingExtra("MQAR sweeps over several seeds need scipy for their intervals: pip install "
-                          "'coupled-qk[claims]'") from exc
+        raise MissingExtra(
+            "MQAR sweeps over several seeds need scipy for their intervals: pip install 'coupled-qk[claims]'"
+        ) from exc
     groups: dict[tuple, dict] = {}
     for b in best:
         key = (b["difficulty"], b["variant"], b["d_model"])
@@ -122,9 +148,15 @@ def seed_cells(best: Sequence[dict], reference: str = "standard") -> list[dict]:
     cells = []
     for (diff, variant, d_model), by_seed in groups.items():
         seeds = sorted(by_seed)
-        cell = {"difficulty": diff, "variant": variant, "d_model": d_model, "seeds": seeds,
-                "values": [by_seed[s] for s in seeds], **_interval(stats.mean_ci([by_seed[s] for s in seeds])),
-                "vs_reference": None}
+        cell = {
+            "difficulty": diff,
+            "variant": variant,
+            "d_model": d_model,
+            "seeds": seeds,
+            "values": [by_seed[s] for s in seeds],
+            **_interval(stats.mean_ci([by_seed[s] for s in seeds])),
+            "vs_reference": None,
+        }
         ref = groups.get((diff, reference, d_model))
         shared = [s for s in seeds if ref is not None and s in ref]
         if variant != reference and shared:
@@ -173,7 +205,8 @@ def accuracy_table(best: Sequence[dict], difficulty_order: Sequence[str] | None 
         difficulty_order: column order of difficulties (default: first-seen order).
 
     Returns:
-        A Markdown table (``-`` where a cell has no finished run); variants in :func:`~coupled_qk.experiments.mqar.presets.mqar_variants` order.
+        A Markdown table (``-`` where a cell has no finished run); variants in
+        :func:`~coupled_qk.experiments.mqar.presets.mqar_variants` order.
     """
     columns, variants, lines = _layout(best, difficulty_order)
     cell = {(b["variant"], b["difficulty"], b["d_model"]): b["accuracy"] for b in best}
@@ -206,8 +239,12 @@ def _estimate(e: dict | None, n_seeds: int, sign: str = "") -> str:
     return text + (f" (n={e['n']})" if e["n"] < n_seeds else "")
 
 
-def seed_table(cells: Sequence[dict], seeds: Sequence[int], difficulty_order: Sequence[str] | None = None,
-               reference: str = "standard") -> str:
+def seed_table(
+    cells: Sequence[dict],
+    seeds: Sequence[int],
+    difficulty_order: Sequence[str] | None = None,
+    reference: str = "standard",
+) -> str:
     """Markdown table of a sweep over several seeds: per variant and (difficulty, d_model) the mean best-over-lr
     accuracy with its 95% interval, then one row per variant with its paired difference against ``reference``.
 
@@ -227,8 +264,10 @@ def seed_table(cells: Sequence[dict], seeds: Sequence[int], difficulty_order: Se
         diffs = [(by.get((v, d, m)) or {}).get("vs_reference") for d, m in columns]
         if any(diffs):
             lines.append(f"| {v} − {reference} | " + " | ".join(_estimate(x, len(seeds), "+") for x in diffs) + " |")
-    lines.append(f"\nBest accuracy over learning rates of each seed ({', '.join(map(str, seeds))}): mean with a 95% "
-                 f"Student-t interval over seeds; differences against {reference} paired by seed.")
+    lines.append(
+        f"\nBest accuracy over learning rates of each seed ({', '.join(map(str, seeds))}): mean with a 95% "
+        f"Student-t interval over seeds; differences against {reference} paired by seed."
+    )
     return "\n".join(lines)
 
 
@@ -253,20 +292,33 @@ def plot_sweep(summary: dict, path: str | Path) -> Path:
             diffs.append(b["difficulty"])
     order = [d["name"] for d in summary["preset"]["difficulties"]]
     diffs.sort(key=lambda d: order.index(d) if d in order else len(order))
-    labels = {d["name"]: Difficulty(**{**d, "train_slices": d["train_slices"], "test_slices": d["test_slices"]}).label
-              for d in summary["preset"]["difficulties"]}
+    labels = {
+        d["name"]: Difficulty(**{**d, "train_slices": d["train_slices"], "test_slices": d["test_slices"]}).label
+        for d in summary["preset"]["difficulties"]
+    }
     n = max(1, len(diffs))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), sharey=True, squeeze=False)
     variants = _in_variant_order({b["variant"] for b in best})
     for ax, diff in zip(axes[0], diffs):
         for v in variants:
-            pts = sorted((b["d_model"], b["accuracy"], b.get("low"), b.get("high")) for b in best
-                         if b["difficulty"] == diff and b["variant"] == v)
+            pts = sorted(
+                (b["d_model"], b["accuracy"], b.get("low"), b.get("high"))
+                for b in best
+                if b["difficulty"] == diff and b["variant"] == v
+            )
             if pts:
-                err = [[p[1] - p[2] if p[2] is not None else 0.0 for p in pts],
-                       [p[3] - p[1] if p[3] is not None else 0.0 for p in pts]]
-                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=err if "cells" in summary else None,
-                            marker="o", label=v, capsize=3)
+                err = [
+                    [p[1] - p[2] if p[2] is not None else 0.0 for p in pts],
+                    [p[3] - p[1] if p[3] is not None else 0.0 for p in pts],
+                ]
+                ax.errorbar(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    yerr=err if "cells" in summary else None,
+                    marker="o",
+                    label=v,
+                    capsize=3,
+                )
         ax.set_xscale("log", base=2)
         widths = sorted({b["d_model"] for b in best if b["difficulty"] == diff})
         ax.set_xticks(widths, [str(w) for w in widths])

@@ -31,9 +31,19 @@ def _lr_tag(lr: float) -> str:
     return f"lr{lr:.3g}"
 
 
-def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_model: int, lr: float,
-               out_dir: str | Path, device: str = "auto", cache_dir: str | Path | None = None,
-               seed: int | None = None, dtype: str = "auto", compile: bool = False) -> TrainConfig:
+def run_config(
+    preset: SweepPreset,
+    difficulty: Difficulty,
+    variant: str,
+    d_model: int,
+    lr: float,
+    out_dir: str | Path,
+    device: str = "auto",
+    cache_dir: str | Path | None = None,
+    seed: int | None = None,
+    dtype: str = "auto",
+    compile: bool = False,
+) -> TrainConfig:
     """The :class:`TrainConfig` of one sweep run (``task="mqar"``), written to ``<out_dir>/<difficulty>/<variant>/
     d<d_model>/lr<lr>/seed<seed>`` (``seed``: model initialisation and batch order; ``None``: ``preset.seed``;
     ``dtype``: the autocast dtype, :attr:`TrainConfig.dtype`; ``compile``: :attr:`TrainConfig.compile`, regional
@@ -52,8 +62,13 @@ def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_mode
         max_steps = min(max_steps, preset.max_steps)
     eval_interval = preset.eval_interval or max(1, round(per_epoch))
     model = dict(
-        n_layer=preset.n_layer, d_model=d_model, n_heads=heads_for(variant, preset.n_heads), use_mlp=False,
-        position=preset.position, dropout=preset.dropout, **overrides,
+        n_layer=preset.n_layer,
+        d_model=d_model,
+        n_heads=heads_for(variant, preset.n_heads),
+        use_mlp=False,
+        position=preset.position,
+        dropout=preset.dropout,
+        **overrides,
     )
     options = dict(
         vocab_size=preset.vocab_size,
@@ -69,12 +84,29 @@ def run_config(preset: SweepPreset, difficulty: Difficulty, variant: str, d_mode
     seed = preset.seed if seed is None else seed
     run_dir = Path(out_dir) / difficulty.name / variant / f"d{d_model}" / _lr_tag(lr) / f"seed{seed}"
     return TrainConfig(
-        task="mqar", preset="tiny", model=model, batch_size=difficulty.batch_size, lr=float(lr),
-        min_lr_ratio=preset.min_lr_ratio, warmup_steps=preset.warmup_steps, weight_decay=preset.weight_decay,
-        beta2=preset.beta2, grad_clip=preset.grad_clip, max_steps=max_steps, eval_interval=eval_interval,
-        log_interval=max(1, min(50, eval_interval)), early_stop_metric="valid/accuracy",
-        early_stop_value=preset.early_stop, seed=seed, device=device, dtype=dtype, compile=compile, out_dir=str(run_dir),
-        tensorboard=False, progress=False, task_options=options,
+        task="mqar",
+        preset="tiny",
+        model=model,
+        batch_size=difficulty.batch_size,
+        lr=float(lr),
+        min_lr_ratio=preset.min_lr_ratio,
+        warmup_steps=preset.warmup_steps,
+        weight_decay=preset.weight_decay,
+        beta2=preset.beta2,
+        grad_clip=preset.grad_clip,
+        max_steps=max_steps,
+        eval_interval=eval_interval,
+        log_interval=max(1, min(50, eval_interval)),
+        early_stop_metric="valid/accuracy",
+        early_stop_value=preset.early_stop,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        compile=compile,
+        out_dir=str(run_dir),
+        tensorboard=False,
+        progress=False,
+        task_options=options,
     )
 
 
@@ -103,8 +135,9 @@ def check_seeds(seeds) -> list[int]:
     return seeds
 
 
-def plan_sweep(preset: SweepPreset, variants=None, d_models=None, lrs=None, difficulties=None,
-               seeds=None) -> list[SweepPoint]:
+def plan_sweep(
+    preset: SweepPreset, variants=None, d_models=None, lrs=None, difficulties=None, seeds=None
+) -> list[SweepPoint]:
     """All runs of a sweep, ordered seed -> difficulty -> d_model -> lr -> variant (so a time guard cuts whole
     blocks of variants, never one variant alone, and finishes one seed's sweep before the next). Arguments
     default to the preset's values (``seeds``: ``[preset.seed]``).
@@ -125,14 +158,21 @@ def plan_sweep(preset: SweepPreset, variants=None, d_models=None, lrs=None, diff
     for lr in lrs:
         finite("lr", lr, 0, lo_open=True)
     seeds = check_seeds(seeds if seeds is not None else [preset.seed])
-    plan = [SweepPoint(diff, v, d, float(lr), s)
-            for s in seeds for diff in diffs for d in d_models for lr in lrs for v in variants]
+    plan = [
+        SweepPoint(diff, v, d, float(lr), s)
+        for s in seeds
+        for diff in diffs
+        for d in d_models
+        for lr in lrs
+        for v in variants
+    ]
     for point in plan:
         try:
             run_config(preset, point.difficulty, point.variant, point.d_model, point.lr, "plan", seed=point.seed)
         except ValueError as exc:
-            raise ValueError(f"{point.difficulty.name} {point.variant} d_model={point.d_model} lr={point.lr:g}: "
-                             f"{exc}") from None
+            raise ValueError(
+                f"{point.difficulty.name} {point.variant} d_model={point.d_model} lr={point.lr:g}: {exc}"
+            ) from None
     return plan
 
 
@@ -142,16 +182,21 @@ def _line(total: int, seeds: bool = False):
 
     def describe(record: RunRecord) -> str:
         k = record.keys
-        tag = f"[{k['position'] + 1}/{total}] {k['difficulty']:>8s} {k['variant']:<20s} d={k['d_model']:<4d} " \
-              f"lr={k['lr']:<8.3g}" + (f" seed={k['seed']:<3d}" if seeds else "")
+        tag = (
+            f"[{k['position'] + 1}/{total}] {k['difficulty']:>8s} {k['variant']:<20s} d={k['d_model']:<4d} "
+            f"lr={k['lr']:<8.3g}" + (f" seed={k['seed']:<3d}" if seeds else "")
+        )
         r = record.results
         if record.status == "skipped":
             return f"{tag} skipped (--max-minutes reached)"
         if record.status == "reused":
             return f"{tag} acc={r['final']['valid/accuracy']:.3f} steps={r['steps']} (reused)"
-        return (f"{tag} acc={r['final']['valid/accuracy']:.3f} steps={r['steps']}/{record.config.max_steps} "
-                f"{r['stop_reason']} {record.seconds:.1f}s" + (" (resumed)" if record.config.resume else "")
-                + (" (interrupted)" if record.status == "interrupted" else ""))
+        return (
+            f"{tag} acc={r['final']['valid/accuracy']:.3f} steps={r['steps']}/{record.config.max_steps} "
+            f"{r['stop_reason']} {record.seconds:.1f}s"
+            + (" (resumed)" if record.config.resume else "")
+            + (" (interrupted)" if record.status == "interrupted" else "")
+        )
 
     return describe
 
@@ -200,17 +245,31 @@ def run_sweep(
         ValueError: from :func:`plan_sweep`, a run's configuration, a finished run with other settings;
             ``max_minutes`` <= 0.
     """
-    plan = sweep_plan(preset, out_dir, plan_sweep(preset, variants, d_models, lrs, difficulties, seeds), device,
-                      dtype, compile)
+    plan = sweep_plan(
+        preset, out_dir, plan_sweep(preset, variants, d_models, lrs, difficulties, seeds), device, dtype, compile
+    )
     several = len({run.keys["seed"] for run in plan}) > 1
-    _, report = run_experiment(plan, lambda records, wall: sweep_report(preset, records, wall), out_dir,
-                               train_fn=train_fn, log=log, max_minutes=max_minutes, announce=False,
-                               describe=_line(len(plan), several))
+    _, report = run_experiment(
+        plan,
+        lambda records, wall: sweep_report(preset, records, wall),
+        out_dir,
+        train_fn=train_fn,
+        log=log,
+        max_minutes=max_minutes,
+        announce=False,
+        describe=_line(len(plan), several),
+    )
     return report.json["results.json"]
 
 
-def sweep_plan(preset: SweepPreset, out_dir: str | Path, points: list[SweepPoint], device: str = "auto",
-               dtype: str = "auto", compile: bool = False) -> list[PlannedRun]:
+def sweep_plan(
+    preset: SweepPreset,
+    out_dir: str | Path,
+    points: list[SweepPoint],
+    device: str = "auto",
+    dtype: str = "auto",
+    compile: bool = False,
+) -> list[PlannedRun]:
     """The runner's plan of a sweep's ``points`` (:func:`plan_sweep`): one :class:`PlannedRun` per point, its
     :func:`run_config` (data cached in ``<out_dir>/data-cache``; a run finished in the folder layout before seed
     folders is planned there, :func:`_legacy_run_dir`), with keys ``difficulty, variant, d_model, lr, seed,
@@ -218,13 +277,30 @@ def sweep_plan(preset: SweepPreset, out_dir: str | Path, points: list[SweepPoint
     cache_dir = Path(out_dir) / "data-cache"
     plan = []
     for i, p in enumerate(points):
-        cfg = run_config(preset, p.difficulty, p.variant, p.d_model, p.lr, out_dir, device, cache_dir, seed=p.seed,
-                         dtype=dtype, compile=compile)
+        cfg = run_config(
+            preset,
+            p.difficulty,
+            p.variant,
+            p.d_model,
+            p.lr,
+            out_dir,
+            device,
+            cache_dir,
+            seed=p.seed,
+            dtype=dtype,
+            compile=compile,
+        )
         legacy = _legacy_run_dir(cfg)
         if legacy is not None:
             cfg = dataclasses.replace(cfg, out_dir=legacy)
-        keys = {"difficulty": p.difficulty.name, "variant": p.variant, "d_model": p.d_model, "lr": p.lr,
-                "seed": p.seed, "position": i}
+        keys = {
+            "difficulty": p.difficulty.name,
+            "variant": p.variant,
+            "d_model": p.d_model,
+            "lr": p.lr,
+            "seed": p.seed,
+            "position": i,
+        }
         plan.append(PlannedRun(cfg, f"{p.difficulty.name} {p.variant} d{p.d_model} lr{p.lr:.3g} seed {p.seed}", keys))
     return plan
 

@@ -32,8 +32,15 @@ class Tempered(ScoringRule):
         super().__init__()
         self.temperature = temperature
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eager: bool, dropout_p: float = 0.0,
-                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        eager: bool,
+        dropout_p: float = 0.0,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Scaled dot-product attention on queries divided by the temperature."""
         return scaled_dot_product(q / self.temperature, k, v, eager, dropout_p, mask)
 
