@@ -40,7 +40,7 @@ def test_claims_tables_are_the_committed_reports(protocol):
 
 
 def test_verdict_readings_table_is_generated_from_the_reports():
-    from coupled_qk.experiments.claims.power import verdict_readings_table
+    from coupled_qk.study.power import verdict_readings_table
 
     expected = verdict_readings_table({p: _report(p) for p in PROTOCOLS})
     assert _block("verdict-readings") == expected, "regenerate the table:\n" + expected
@@ -62,7 +62,7 @@ def test_quoted_claim_rows_match_the_reports():
 
 def test_summary_sentences_hold_for_each_protocol():
     """The "So at CPU scale" paragraph: which paper values lie inside the intervals, protocol by protocol."""
-    from coupled_qk.experiments.claims.power import null_reading
+    from coupled_qk.study.power import null_reading
 
     inside = {p: [r["id"] for r in _report(p)["rows"] if r.get("paper_effect_in_ci") is True] for p in PROTOCOLS}
     assert inside == {"cpu": [], "cpu-short": ["C4", "C7", "C10"]}

@@ -261,7 +261,7 @@ def test_sample_efficiency_matches_final_perplexities_across_budgets(tmp_path):
 
 
 def test_budget_to_match_interpolates_in_log_budget():
-    from coupled_qk.experiments import stats
+    from coupled_qk.study import stats
 
     assert stats.budget_to_match([1, 2], [5.0, 4.6], 4.8) == (pytest.approx(2**0.5), False)
     assert stats.budget_to_match([1, 2, 4], [5.0, 4.6, 4.4], 4.5) == (pytest.approx(2**1.5), False)
@@ -276,7 +276,7 @@ def test_budget_to_match_interpolates_in_log_budget():
 def test_loss_at_budget_is_the_inverse_of_budget_to_match():
     """Hand-computed: losses 5.0 at 1 and 4.6 at 2 -> 4.8 at sqrt(2) (half-way in log budget), 4.2 at 4
     (extrapolated); and reading the loss back at budget_to_match's budget returns the target."""
-    from coupled_qk.experiments import stats
+    from coupled_qk.study import stats
 
     assert stats.loss_at_budget([1, 2], [5.0, 4.6], 2**0.5) == pytest.approx(4.8)
     assert stats.loss_at_budget([1, 2], [5.0, 4.6], 4) == pytest.approx(4.2)
@@ -462,9 +462,9 @@ def test_rank_perplexity_correlation_separates_within_cell_from_pooled(tmp_path)
     within-cell r is positive and equals the stats function on the cell-centred points; the report shows both."""
     import json
 
-    from coupled_qk.experiments import stats
     from coupled_qk.experiments.claims.report import build_report, format_markdown
     from coupled_qk.experiments.claims.runs import record_path
+    from coupled_qk.study import stats
 
     protocol = get_protocol("cpu")
     tok = protocol.cell("wv-tiny").base.get("tokenizer")

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from coupled_qk.experiments.compare import analyze_comparison, comparison_table, plan_comparison
-from coupled_qk.experiments.runner import PlannedRun, RunRecord
+from coupled_qk.study.executor import PlannedRun, RunRecord
 from coupled_qk.training.config import TrainConfig
 
 

@@ -156,3 +156,25 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def lock_holder(run_dir: str | Path) -> str | None:
+    """Who holds the lock of ``run_dir`` now (``"pid N on HOST (started ...: COMMAND)"``), or ``None`` when no live
+    process holds it: read without taking it, and without creating anything (for plans and dry runs).
+
+    A lock file left by a dead process is not held (the operating system released it).
+    """
+    path = Path(run_dir) / LOCK_NAME
+    if fcntl is None or not path.is_file():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(path)
+    finally:
+        os.close(fd)  # releases the shared lock taken above, if any
+    return None

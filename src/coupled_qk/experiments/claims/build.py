@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims.protocols import BUDGET_LADDERS, PROTOCOLS, SCAN_FACTORS, Protocol
 from coupled_qk.experiments.claims.records import PRIMARY, NotReady, Records
 from coupled_qk.experiments.claims.rules import CLAIMS, PAPER_EFFECTS, c11
+from coupled_qk.study import stats
 
 ALPHA = 0.05
 

@@ -13,15 +13,15 @@ import json
 import math
 from pathlib import Path
 
-from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims.converged import DESIGNS, Design, best_loss, plan, plateaued, units
 from coupled_qk.experiments.claims.converged_fresh import fresh_note, fresh_records
 from coupled_qk.experiments.claims.markdown import fmt as _fmt
 from coupled_qk.experiments.claims.markdown import paper_in_ci
-from coupled_qk.experiments.claims.power import detectable_effect, power_two_sided, variance_ratio_power
 from coupled_qk.experiments.claims.records import read_record_file
 from coupled_qk.experiments.claims.rules import PAPER_EFFECTS
 from coupled_qk.io import write_text_atomic
+from coupled_qk.study import stats
+from coupled_qk.study.power import detectable_effect, power_two_sided, variance_ratio_power
 
 PRIMARY = "test/perplexity"
 EQUIVALENCE_MARGIN = 1.0  # percent, as the first-epoch claims report
@@ -48,7 +48,7 @@ def load_records(out_dir: str | Path, design: Design, damaged: str = "raise") ->
 
 def _power(sd: float, n: int, effect: float = POWER_EFFECT) -> dict:
     """Power of a two-sided paired t-test (alpha 0.05) to detect a true mean ``effect`` given the per-pair
-    ``sd``, and the effect detectable with 80% power (:mod:`~coupled_qk.experiments.claims.power`)."""
+    ``sd``, and the effect detectable with 80% power (:mod:`~coupled_qk.study.power`)."""
     if n < 2 or not (sd > 0 and math.isfinite(sd)):
         return {"power": math.nan, "mde80": math.nan}
     se = sd / math.sqrt(n)
@@ -58,7 +58,7 @@ def _power(sd: float, n: int, effect: float = POWER_EFFECT) -> dict:
 
 def _ratio_power(r: float, n: int) -> dict:
     """C4's power: for the paper's variance ratio at the observed pair correlation ``r``, and the ratio (> 1)
-    detectable with 80% power (:func:`~coupled_qk.experiments.claims.power.variance_ratio_power`)."""
+    detectable with 80% power (:func:`~coupled_qk.study.power.variance_ratio_power`)."""
     if n < 4 or not -1 < r < 1:
         return {"power": math.nan, "mde80": math.nan}
     lo, hi = 0.0, math.log(1e4)  # bisection on log(ratio)

@@ -21,9 +21,9 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from coupled_qk.experiments import stats
 from coupled_qk.experiments.claims.glue import informative_tasks, load_glue_rows
 from coupled_qk.experiments.claims.records import PRIMARY, NotReady, Records, same_tokenizer_runs
+from coupled_qk.study import stats
 
 VERDICTS = ("reproduced", "not reproduced at this scale", "contradicted", "not run")
 EQUIVALENCE_MARGIN = 1.0  # percent of perplexity; our choice (the paper's Euler/leapfrog spread is ~0.3%)
@@ -429,7 +429,7 @@ def rank_perplexity_points(rec: Records) -> list[tuple[str, str, float, float]]:
 def rank_perplexity_correlation(rec: Records) -> dict | None:
     """Correlation of effective rank with held-out test ppl over :func:`rank_perplexity_points`: pooled (Pearson
     with its Fisher interval, Spearman) and, under ``"within_cell"``, within cells
-    (:func:`~coupled_qk.experiments.stats.within_group_correlation`), which cell-level differences (e.g. the
+    (:func:`~coupled_qk.study.stats.within_group_correlation`), which cell-level differences (e.g. the
     budget or the head layout, which move both numbers) cannot produce. ``None`` with
     fewer than 4 runs."""
     points = rank_perplexity_points(rec)

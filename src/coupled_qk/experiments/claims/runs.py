@@ -20,10 +20,10 @@ from pathlib import Path
 from coupled_qk.experiments.claims.heldout import document_split, heldout_corpus, wikitext2_eval
 from coupled_qk.experiments.claims.protocols import Cell
 from coupled_qk.experiments.claims.records import read_record_file
-from coupled_qk.experiments.runner import PlannedRun, setting_differences
-from coupled_qk.experiments.runner import execute as execute_plan
 from coupled_qk.io import write_text_atomic
 from coupled_qk.models.specs import variant_overrides
+from coupled_qk.study.executor import PlannedRun, setting_differences
+from coupled_qk.study.executor import execute as execute_plan
 from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig
 
 RECORD_VERSION = 1
@@ -80,7 +80,7 @@ def fingerprint(cfg: TrainConfig) -> str:
 
 def load_record(path: Path, planned: TrainConfig | None = None) -> dict | None:
     """The record at ``path`` if it exists, parses and (when ``planned`` is given) was made with the same
-    settings (:func:`coupled_qk.experiments.runner.setting_differences` of its stored config) and, where it
+    settings (:func:`coupled_qk.study.executor.setting_differences` of its stored config) and, where it
     records one, in the precision ``planned`` trains in here (``--dtype auto`` depends on the machine); else None.
 
     Raises:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import t as scipy_t
 
-from coupled_qk.experiments import stats
+from coupled_qk.study import stats
 
 T975_2 = 4.302652729911275  # t_{0.975} with 2 degrees of freedom (table: 4.303)
 T975_3 = 3.182446305284263  # 3 degrees of freedom (table: 3.182)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from coupled_qk.experiments.claims.power import (
+from coupled_qk.study.power import (
     detectable_effect,
     null_reading,
     power_two_sided,
@@ -112,8 +112,8 @@ def test_variance_ratio_power_matches_a_monte_carlo_of_the_pitman_morgan_test(ra
     stats.paired_variance_ratio rejects at 5% (2,000 draws: standard error <= 0.012)."""
     import numpy as np
 
-    from coupled_qk.experiments.claims.power import variance_ratio_power
-    from coupled_qk.experiments.stats import paired_variance_ratio
+    from coupled_qk.study.power import variance_ratio_power
+    from coupled_qk.study.stats import paired_variance_ratio
 
     rng = np.random.default_rng(1)
     cov = [[ratio, r * np.sqrt(ratio)], [r * np.sqrt(ratio), 1.0]]
@@ -123,7 +123,7 @@ def test_variance_ratio_power_matches_a_monte_carlo_of_the_pitman_morgan_test(ra
 
 
 def test_variance_ratio_power_is_alpha_at_no_effect_symmetric_and_checked():
-    from coupled_qk.experiments.claims.power import variance_ratio_power
+    from coupled_qk.study.power import variance_ratio_power
 
     assert variance_ratio_power(1.0, 0.4, 10) == pytest.approx(0.05, abs=1e-9)
     assert variance_ratio_power(8.0, 0.3, 12) == pytest.approx(variance_ratio_power(1 / 8, 0.3, 12), rel=1e-9)
@@ -135,7 +135,7 @@ def test_variance_ratio_power_is_alpha_at_no_effect_symmetric_and_checked():
 
 def test_c4s_detectable_ratio_is_where_the_power_reaches_80_percent():
     from coupled_qk.experiments.claims.converged_report import _ratio_power
-    from coupled_qk.experiments.claims.power import variance_ratio_power
+    from coupled_qk.study.power import variance_ratio_power
 
     out = _ratio_power(0.2, 10)
     assert variance_ratio_power(out["mde80"], 0.2, 10) == pytest.approx(0.8, abs=1e-6)

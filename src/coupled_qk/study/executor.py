@@ -1,4 +1,4 @@
-"""The one experiment runner: a protocol is a list of planned training runs plus an analysis step.
+"""The one executor of training runs: a plan is a list of planned training runs plus an analysis step.
 
 :func:`execute` takes the plan (:class:`PlannedRun` objects, each a complete :class:`TrainConfig` whose
 ``out_dir`` is the run's folder) and, run by run: reuses a finished run (``results.json`` present) after
@@ -13,7 +13,10 @@ optional wall-clock guard (``max_minutes``) gives each run the time left; a run 
 
 The protocol's analysis turns the records into a :class:`Report` (JSON files, markdown, PNG figures) that
 :func:`write_report` writes; :func:`run_experiment` does plan -> execute -> analyse -> write in one call.
-Used by ``compare``/``demo`` (:mod:`.compare`) and the MQAR sweep (:mod:`.mqar.sweep`). See ``docs/DESIGN.md``.
+:func:`planned_state` and :func:`plan_lines` say what :func:`execute` would do with each run without doing it
+(the ``--dry-run`` of ``compare``, ``mqar`` and ``glue``, and the studies' plans): the same checks, nothing
+trained, written or created. Used by the studies (:mod:`coupled_qk.study.run`), ``compare``/``demo``, the MQAR
+sweep and the GLUE study. See ``docs/DESIGN.md``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ __all__ = [
     "RunRecord",
     "check_reusable",
     "check_same_precision",
+    "plan_lines",
+    "planned_state",
     "recorded_precision",
     "execute",
     "run_experiment",
@@ -271,8 +276,7 @@ def execute(
 def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     """The record of the run in ``rundir`` to reuse, or ``None`` when it is to be trained: no results yet, or
     stopped early at a point that ``run`` goes past (:func:`continues_stopped_run`; its ``results.json`` is then
-    renamed,
-    so the run counts as unfinished until it stops again).
+    renamed, so the run counts as unfinished until it stops again).
 
     Raises:
         ValueError: results made with other settings (:func:`check_reusable`) or in another precision
@@ -392,3 +396,45 @@ def run_experiment(
     report = analyze(records, time.perf_counter() - start)
     write_report(out_dir, report, execute_options.get("log", print))
     return records, report
+
+
+def planned_state(run: PlannedRun) -> str:
+    """What :func:`execute` would do with ``run``, read from its folder only (nothing is created or changed):
+    ``"in progress (locked by pid N on HOST ...)"`` while another process trains it, ``"new"``, ``"resume (resuming
+    from its checkpoint at step N)"``, ``"continue (stopped at step N by R)"``, ``"reuse (finished)"``, ``"reuse
+    (stopped early by R)"`` or ``"refused: <why>"`` (the error the run would raise: other settings, another
+    precision, unreadable results)."""
+    from coupled_qk.training.lock import lock_holder
+
+    rundir = run.run_dir
+    holder = lock_holder(rundir.path)
+    if holder is not None:
+        return f"in progress (locked by {holder})"
+    if not rundir.is_finished():
+        return f"resume ({resume_note(rundir)})" if rundir.has_checkpoint() else "new"
+    try:
+        results = rundir.read_results()
+        diff = setting_differences(results.get("config", {}), run.config)
+        check_same_precision(results, run.config, rundir.path)  # the check execute() makes next
+    except ValueError as exc:
+        return f"refused: {exc}"
+    if diff:
+        return f"refused: different settings ({describe_differences(diff)})"
+    if continues_stopped_run(results, run.config, rundir):
+        return f"continue (stopped at step {results.get('steps')} by {results['stop_reason']})"
+    return f"reuse (stopped early by {results['stop_reason']})" if stopped_early(results) else "reuse (finished)"
+
+
+def plan_lines(plan: Sequence[PlannedRun], coordinates: Callable[[PlannedRun], str] | None = None) -> list[str]:
+    """One line per planned run, ``"  <coordinates> -> <folder>: <planned_state>"`` (``coordinates`` default: the
+    run's label), then a count line ``"  N runs: a new, b reuse, ..."`` (by the first word of the state; ``in
+    progress`` for a run another process holds)."""
+    coordinates = coordinates or (lambda run: run.label)
+    lines, counts = [], {}
+    for run in plan:
+        state = planned_state(run)
+        kind = "in progress" if state.startswith("in progress") else state.split(" ", 1)[0].rstrip(":")
+        counts[kind] = counts.get(kind, 0) + 1
+        lines.append(f"  {coordinates(run)} -> {run.run_dir.path}: {state}")
+    lines.append(f"  {len(plan)} runs: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    return lines

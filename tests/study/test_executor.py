@@ -1,4 +1,5 @@
-"""The experiment runner: plan order, reuse only with the same settings, resume, time guard, reports."""
+"""The executor of training runs: plan order, reuse only with the same settings, resume, time guard, reports, and
+the dry run that says what it would do (the same checks, locks seen)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import time
 
 import pytest
 
-from coupled_qk.experiments.dry_run import planned_state
-from coupled_qk.experiments.runner import (
+from coupled_qk.study.executor import (
     RESULT_NEUTRAL_FIELDS,
     PlannedRun,
     Report,
     check_reusable,
     execute,
+    plan_lines,
+    planned_state,
     run_experiment,
     setting_differences,
     write_report,
@@ -305,11 +307,31 @@ def test_a_finished_run_in_another_precision_is_refused_naming_both(tmp_path, mo
     ):
         execute(compiled, train_fn=train, log=lambda m: None)
     assert len(train.calls) == 1
+    assert planned_state(compiled[0]).startswith("refused: ") and "trained in fp32" in planned_state(compiled[0])
     assert [r.status for r in execute(plan, train_fn=train, log=lambda m: None)] == ["reused"]  # eager: fp32
+    assert planned_state(plan[0]) == "reuse (finished)"
+
+
+def test_the_dry_run_sees_a_run_another_process_trains(tmp_path):
+    """A run folder whose lock another process holds is "in progress", naming the holder (it was "new"); the
+    probe creates nothing and leaves the lock to its holder; a lock file left by a dead process is not held."""
+    from coupled_qk.training.lock import RunLock, lock_holder
+
+    run = PlannedRun(_cfg(tmp_path, "a"), "a")
+    assert planned_state(run) == "new" and not run.run_dir.path.exists()
+    with RunLock(run.run_dir.path) as lock:
+        state = planned_state(run)
+        assert state.startswith("in progress (locked by pid ") and state.endswith(")"), state
+        assert lock.held and lock_holder(run.run_dir.path) is not None
+        other = PlannedRun(_cfg(tmp_path, "b"), "b")
+        assert plan_lines([run, other])[-1] == "  2 runs: 1 in progress, 1 new"
+    assert planned_state(run) == "new" and lock_holder(run.run_dir.path) is None
+    (run.run_dir.path / ".lock").write_text('{"pid": 1}')  # left behind, nobody holds it
+    assert planned_state(run) == "new"
 
 
 def test_results_record_the_precision_and_old_results_fall_back_to_the_dtype():
-    from coupled_qk.experiments.runner import recorded_precision
+    from coupled_qk.study.executor import recorded_precision
 
     assert recorded_precision({"precision": "bf16", "config": {"dtype": "auto"}}) == "bf16"
     assert recorded_precision({"config": {"dtype": "fp16"}}) == "fp16"

@@ -122,7 +122,7 @@ def variance_ratio_power(ratio: float, r: float, n: int, alpha: float = 0.05) ->
     ``ratio`` between paired normal samples whose correlation is ``r``.
 
     The test asks whether ``a + b`` and ``a - b`` are uncorrelated (a t test of their sample correlation with
-    ``n - 2`` degrees of freedom, as :func:`coupled_qk.experiments.stats.paired_variance_ratio`); under a true
+    ``n - 2`` degrees of freedom, as :func:`coupled_qk.study.stats.paired_variance_ratio`); under a true
     ratio ``R = var(a) / var(b)`` and correlation ``r`` of ``a`` and ``b`` their correlation is
     ``rho = (R - 1) / sqrt((R + 1)^2 - 4 r^2 R)``. The power is ``P(|r_SD| > r_crit)`` under the exact density
     of a sample correlation of ``n`` bivariate normal pairs with true correlation ``rho`` (Hotelling's
