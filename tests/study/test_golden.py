@@ -64,9 +64,8 @@ def _run(argv: list[str]) -> str:
     return out.getvalue()
 
 
-def regenerate(tmp: Path, manifest: dict) -> dict[str, str]:
-    """Lay out ``tmp`` as the repository with the manifest's files, regenerate every report and plan there
-    (``cwd`` = ``tmp``), and return ``{file name: masked text}``."""
+def lay_out(tmp: Path, manifest: dict) -> None:
+    """Copy the manifest's files into ``tmp`` at their repository paths, checking each is unchanged."""
     for rel, digest in manifest.items():
         src = ROOT / rel
         assert src.is_file(), f"{rel} (a committed record of the golden set) is gone"
@@ -74,6 +73,12 @@ def regenerate(tmp: Path, manifest: dict) -> dict[str, str]:
         dst = tmp / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dst)
+
+
+def regenerate(tmp: Path, manifest: dict) -> dict[str, str]:
+    """Lay out ``tmp`` as the repository with the manifest's files, regenerate every report and plan there
+    (``cwd`` = ``tmp``), and return ``{file name: masked text}``."""
+    lay_out(tmp, manifest)
     data = tmp / "data"
     data.mkdir()
     out: dict[str, str] = {}
@@ -174,3 +179,40 @@ def test_verify_comparison_equals_the_golden_file():
     if os.environ.get("GOLDEN_UPDATE") == "1":
         expected.write_text(verify_text())
     assert verify_text() == expected.read_text()
+
+
+def planned_fingerprints(name: str, out: Path) -> str:
+    """``cell variant seed fingerprint`` of every run the study plans from the golden set's records (the whole
+    plan: a changed setting of any run changes its line)."""
+    from coupled_qk.experiments.claims.converged import DESIGNS, plan, units
+    from coupled_qk.experiments.claims.converged_report import load_records
+    from coupled_qk.experiments.claims.protocols import PROTOCOLS
+    from coupled_qk.experiments.claims.runs import fingerprint, train_config
+
+    if name in DESIGNS:
+        todo = [(c, v, s) for _, c, v, s in units(plan(DESIGNS[name], load_records(out, DESIGNS[name])))]
+    else:
+        todo = [(c, v, s) for c in PROTOCOLS[name].cells for v, s in c.units()]
+    lines = []
+    for cell, variant, seed in todo:
+        cfg = train_config(cell, variant, seed, Path("run"), None if cell.mqar is not None else Path("data"))
+        lines.append(f"{cell.name} {variant} {seed} {fingerprint(cfg)}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def golden_records(tmp_path_factory) -> Path:
+    """The report folder of the golden set (its ``runs/`` holds the manifest's records)."""
+    tmp = tmp_path_factory.mktemp("records")
+    lay_out(tmp, _manifest())
+    return tmp / "docs" / "results" / "claims"
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_planned_runs_have_the_golden_settings(name, golden_records):
+    """The plan of every study (every cell, variant, seed and the fingerprint of its settings) equals the
+    pre-rebuild plan; the converged designs planned from the records of the golden set."""
+    expected = GOLDEN / "expected" / f"fingerprints-{name}.txt"
+    if os.environ.get("GOLDEN_UPDATE") == "1":
+        expected.write_text(planned_fingerprints(name, golden_records))
+    assert planned_fingerprints(name, golden_records) == expected.read_text()
