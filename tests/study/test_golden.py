@@ -28,21 +28,11 @@ from coupled_qk.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
-REPORTS = (
-    "cpu",
-    "cpu-short",
-    "gpu-paper",
-    "smoke",
-    "cpu-converged",
-    "cpu-converged-pubmed",
-    "cpu-converged-small",
-    "gpu-60m",
-    "toy-converged",
-    "toy-gpu-60m",
-)
-"""Reports regenerated, in this order (the converged reports read ``cpu.json`` beside them)."""
-PLANS = REPORTS
-ELSEWHERE = ("smoke", "toy-converged", "toy-gpu-60m")
+REPORTS = ("cpu", "cpu-short", "gpu-paper", "cpu-converged", "cpu-converged-pubmed")
+"""Reports regenerated, in this order (the converged reports read ``cpu.json`` beside them); a study without records
+has no report to rebuild (``--report-only`` refuses it: ``test_report_only_refuses_a_folder_without_records``)."""
+PLANS = (*REPORTS, "smoke", "cpu-converged-small", "gpu-60m", "toy-converged", "toy-gpu-60m")
+ELSEWHERE = ()
 """Studies whose default report folder is not ``docs/results/claims``."""
 
 
@@ -76,9 +66,11 @@ def lay_out(tmp: Path, manifest: dict) -> None:
 
 
 def regenerate(tmp: Path, manifest: dict) -> dict[str, str]:
-    """Lay out ``tmp`` as the repository with the manifest's files, regenerate every report and plan there
-    (``cwd`` = ``tmp``), and return ``{file name: masked text}``."""
+    """Lay out ``tmp`` as the repository with the manifest's files and the studies' notes
+    (``docs/results/STUDIES.md``), regenerate every report and plan there (``cwd`` = ``tmp``), and return
+    ``{file name: masked text}``."""
     lay_out(tmp, manifest)
+    shutil.copyfile(ROOT / "docs" / "results" / "STUDIES.md", tmp / "docs" / "results" / "STUDIES.md")
     data = tmp / "data"
     data.mkdir()
     out: dict[str, str] = {}
@@ -162,7 +154,7 @@ VERIFIED = "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/se
 
 def verify_text() -> str:
     """The ``--verify`` comparison of a committed record with a re-run that differs in its test loss and steps."""
-    from coupled_qk.experiments.claims.verify import compare, format_comparison
+    from coupled_qk.study.verify import compare, format_comparison
 
     stored = json.loads((ROOT / VERIFIED).read_text())
     new = json.loads((ROOT / VERIFIED).read_text())
@@ -184,19 +176,13 @@ def test_verify_comparison_equals_the_golden_file():
 def planned_fingerprints(name: str, out: Path) -> str:
     """``cell variant seed fingerprint`` of every run the study plans from the golden set's records (the whole
     plan: a changed setting of any run changes its line)."""
-    from coupled_qk.experiments.claims.converged import DESIGNS, plan, units
-    from coupled_qk.experiments.claims.converged_report import load_records
-    from coupled_qk.experiments.claims.protocols import PROTOCOLS
-    from coupled_qk.experiments.claims.runs import fingerprint, train_config
+    from coupled_qk.studies import get_study
+    from coupled_qk.study.records import fingerprint
 
-    if name in DESIGNS:
-        todo = [(c, v, s) for _, c, v, s in units(plan(DESIGNS[name], load_records(out, DESIGNS[name])))]
-    else:
-        todo = [(c, v, s) for c in PROTOCOLS[name].cells for v, s in c.units()]
     lines = []
-    for cell, variant, seed in todo:
-        cfg = train_config(cell, variant, seed, Path("run"), None if cell.mqar is not None else Path("data"))
-        lines.append(f"{cell.name} {variant} {seed} {fingerprint(cfg)}")
+    for unit in get_study(name).read(out).plan.units():
+        cfg = unit.cell.config(unit.variant, unit.seed, Path("run"), Path("data"))
+        lines.append(f"{unit.cell.name} {unit.variant} {unit.seed} {fingerprint(cfg)}")
     return "\n".join(lines) + "\n"
 
 

@@ -134,9 +134,9 @@ def test_variance_ratio_power_is_alpha_at_no_effect_symmetric_and_checked():
 
 
 def test_c4s_detectable_ratio_is_where_the_power_reaches_80_percent():
-    from coupled_qk.experiments.claims.converged_report import _ratio_power
     from coupled_qk.study.power import variance_ratio_power
+    from coupled_qk.study.stage_report import ratio_power
 
-    out = _ratio_power(0.2, 10)
+    out = ratio_power(0.2, 10, 8.0)
     assert variance_ratio_power(out["mde80"], 0.2, 10) == pytest.approx(0.8, abs=1e-6)
     assert out["power"] == pytest.approx(variance_ratio_power(8.0, 0.2, 10))

@@ -158,3 +158,22 @@ def test_curve_interpolation():
     assert stats.interpolate_crossing(pts, 3.0) is None
     assert stats.interpolate_at(pts, 5) == pytest.approx(8.0)
     assert stats.interpolate_at(pts, 25) is None
+
+
+def test_welch_difference_is_scipys_unequal_variance_t_test():
+    """Welch's interval and p against scipy's ``ttest_ind(equal_var=False)`` and its confidence interval, and the
+    Welch-Satterthwaite degrees of freedom recomputed by hand."""
+    from scipy import stats as st
+
+    a, b = [1.0, 2.5, 0.5, 1.8], [3.0, 4.2, 2.9, 5.5, 4.4, 3.8]
+    r = stats.welch_difference(a, b)
+    ref = st.ttest_ind(b, a, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    assert r["mean"] == pytest.approx(sum(b) / 6 - sum(a) / 4)
+    assert (r["low"], r["high"], r["p"]) == (pytest.approx(ci.low), pytest.approx(ci.high), pytest.approx(ref.pvalue))
+    va, vb = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 6
+    assert r["df"] == pytest.approx((va + vb) ** 2 / (va**2 / 3 + vb**2 / 5)) and r["n"] == 10
+    with pytest.raises(ValueError, match="at least 2"):
+        stats.welch_difference([1.0], b)
+    with pytest.raises(ValueError, match="no spread"):
+        stats.welch_difference([1.0, 1.0], [2.0, 2.0])

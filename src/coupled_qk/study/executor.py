@@ -49,6 +49,7 @@ __all__ = [
     "RunRecord",
     "check_reusable",
     "check_same_precision",
+    "check_plan",
     "plan_lines",
     "planned_state",
     "recorded_precision",
@@ -218,6 +219,30 @@ def check_same_precision(results: dict, planned: TrainConfig, where: str | Path)
         )
 
 
+def check_plan(plan: Sequence[PlannedRun]) -> None:
+    """The checks of a whole plan, made before its first run trains (by :func:`execute`) and by every dry run and
+    study plan (:func:`plan_lines`), so that what the real command would refuse is refused there too: every run in
+    its own folder, and no model override of a field its task takes from the data (``coupled+vocab_size=10`` on a
+    language model: the tokenizer sets ``vocab_size``; once refused only after the runs before it had trained).
+
+    Raises:
+        ValueError: naming the folders used twice, or the run, the field and where its value comes from.
+    """
+    from coupled_qk.training.tasks import task_class
+
+    folders = [str(Path(r.config.out_dir)) for r in plan]
+    if len(set(folders)) != len(folders):
+        raise ValueError(f"the plan uses a run folder twice: {sorted({f for f in folders if folders.count(f) > 1})}")
+    for run in plan:
+        decided = getattr(task_class(run.config.task), "data_model_fields", ())
+        for name in (n for n in decided if n in run.config.model):
+            raise ValueError(
+                f"{run.label}: the model override {name}={run.config.model[name]!r} cannot apply: "
+                f"task={run.config.task!r} sets {name} from its data (the tokenizer, or the MQAR sequences); remove "
+                f"{name} from the variant or --set"
+            )
+
+
 def execute(
     plan: Sequence[PlannedRun],
     train_fn: Callable[[TrainConfig], dict] | None = None,
@@ -243,14 +268,13 @@ def execute(
         One :class:`RunRecord` per planned run, in plan order.
 
     Raises:
-        ValueError: duplicate run folders, ``max_minutes`` <= 0, a finished run with other settings or in another
-            precision (before anything after it runs), or any error of the training function.
+        ValueError: the plan's own checks (:func:`check_plan`, before anything runs), ``max_minutes`` <= 0, a
+            finished run with other settings or in another precision (before anything after it runs), or any error
+            of the training function.
     """
     if max_minutes is not None and not max_minutes > 0:
         raise ValueError(f"max_minutes={max_minutes!r} must be > 0")
-    folders = [str(Path(r.config.out_dir)) for r in plan]
-    if len(set(folders)) != len(folders):
-        raise ValueError(f"the plan uses a run folder twice: {sorted({f for f in folders if folders.count(f) > 1})}")
+    check_plan(plan)
     if train_fn is None:
         from coupled_qk.training.loop import train as train_fn
     deadline = None if max_minutes is None else time.perf_counter() + 60 * max_minutes
@@ -427,8 +451,10 @@ def planned_state(run: PlannedRun) -> str:
 
 def plan_lines(plan: Sequence[PlannedRun], coordinates: Callable[[PlannedRun], str] | None = None) -> list[str]:
     """One line per planned run, ``"  <coordinates> -> <folder>: <planned_state>"`` (``coordinates`` default: the
-    run's label), then a count line ``"  N runs: a new, b reuse, ..."`` (by the first word of the state; ``in
+    run's label), after the plan's own checks (:func:`check_plan`: ``ValueError`` as the real command), then a count
+    line ``"  N runs: a new, b reuse, ..."`` (by the first word of the state; ``in
     progress`` for a run another process holds)."""
+    check_plan(plan)
     coordinates = coordinates or (lambda run: run.label)
     lines, counts = [], {}
     for run in plan:

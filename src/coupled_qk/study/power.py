@@ -1,6 +1,6 @@
 """How to read a null verdict of the claims report: is the paper's effect excluded, or was the study too small?
 
-The claims report (:mod:`coupled_qk.experiments.claims.report`) calls a claim "not reproduced at this scale"
+The claims report (:mod:`coupled_qk.study.verdict_report`) calls a claim "not reproduced at this scale"
 whenever its rule is not met. That covers two different findings: the interval *excludes* the paper's effect
 (a real disagreement at this scale), or it is too wide to tell (*inconclusive*). This module separates them
 and gives, for each null row whose interval is a t interval over seeds, the power the study had:

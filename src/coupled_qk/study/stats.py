@@ -257,6 +257,41 @@ def within_group_correlation(x: Sequence[float], y: Sequence[float], groups: Seq
     }
 
 
+def welch_difference(a: Sequence[float], b: Sequence[float], conf: float = 0.95) -> dict:
+    """``mean(b) - mean(a)`` of two independent samples with Welch's t interval (unequal variances,
+    Welch-Satterthwaite degrees of freedom), e.g. per-seed effects measured at two model sizes.
+
+    Returns:
+        ``{"n", "n_a", "n_b", "mean", "se", "df", "low", "high", "p"}`` (``n`` = ``n_a + n_b``; ``p`` two-sided, of
+        a zero difference).
+
+    Raises:
+        ValueError: fewer than 2 values on either side, a non-finite value, both samples without spread, or
+            ``conf`` outside (0, 1).
+    """
+    x, y = _array("a", a, min_n=2), _array("b", b, min_n=2)
+    conf = _conf(conf)
+    va, vb = float(x.var(ddof=1)) / x.size, float(y.var(ddof=1)) / y.size
+    if va + vb == 0:
+        raise ValueError("both samples have no spread: Welch's interval is undefined")
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
+    mean = float(y.mean() - x.mean())
+    half = float(st.t.ppf((1 + conf) / 2, df)) * se
+    p = float(2 * st.t.sf(abs(mean / se), df))
+    return {
+        "n": int(x.size + y.size),
+        "n_a": int(x.size),
+        "n_b": int(y.size),
+        "mean": mean,
+        "se": se,
+        "df": df,
+        "low": mean - half,
+        "high": mean + half,
+        "p": p,
+    }
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (Holm 1979), in the input order.
 
