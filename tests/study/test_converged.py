@@ -446,3 +446,49 @@ def test_the_gpu_protocol_at_toy_size_runs_on_a_cpu(tmp_path):
         r["config"]["corpus"] == "wikitext-103" and r["config"]["tokenizer"] == "gpt2" for r in recs
     )
     assert (out / "toy-gpu-60m.json").is_file()
+
+
+def test_a_claim_may_bind_arms_of_another_study(tmp_path):
+    """A difference of two paired changes across studies (the size interaction of C1 is one: cpu-converged-small's
+    change minus cpu-converged's, Welch's interval, the sizes unpaired) is one more claim in a recipe: here
+    PubMed's coupled-vs-standard change minus wiki-vital's, over the committed records, recomputed from the record
+    files and scipy's Welch interval."""
+    import dataclasses
+    import shutil
+
+    from scipy import stats as st
+    from study_helpers import COMMANDS
+
+    from coupled_qk.studies import get_study
+    from coupled_qk.study.claims import Arm, ChangeDifference, Claim
+    from coupled_qk.study.report import build_report, format_markdown
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results" / "claims" / "runs"
+    changes = {}
+    for name in ("cpu-converged", "cpu-converged-pubmed"):
+        shutil.copytree(root / name, tmp_path / "runs" / name)
+        per_seed = {}
+        for path in (root / name / f"{name}-main").glob("*/seed*.json"):
+            rec = json.loads(path.read_text())
+            per_seed.setdefault(rec["seed"], {})[rec["variant"]] = rec["final"]["test/perplexity"]
+        changes[name] = [100 * (v["coupled"] / v["standard"] - 1) for _, v in sorted(per_seed.items())]
+    tiny = (
+        Arm("cpu-converged-main", "standard", "cpu-converged"),
+        Arm("cpu-converged-main", "coupled", "cpu-converged"),
+    )
+    pubmed = (Arm("cpu-converged-pubmed-main", "standard"), Arm("cpu-converged-pubmed-main", "coupled"))
+    test = ChangeDifference(tiny, pubmed, "C9 minus C1, percentage points (Welch)", paired=False)
+    base = get_study("cpu-converged-pubmed")
+    s = dataclasses.replace(base, claims=(*base.claims, Claim("C9-C1", "", "", test)))
+    row = build_report(s, tmp_path, get_study)["claims"][-1]
+    ref = st.ttest_ind(changes["cpu-converged-pubmed"], changes["cpu-converged"], equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    diff = sum(changes["cpu-converged-pubmed"]) / 10 - sum(changes["cpu-converged"]) / 10
+    assert row["mean"] == pytest.approx(diff) and (row["low"], row["high"]) == (
+        pytest.approx(ci.low),
+        pytest.approx(ci.high),
+    )
+    assert row["n_pairs"] == [10, 10] and row["status"] == "complete" and row["p"] == pytest.approx(ref.pvalue)
+    assert "| C9-C1 | C9 minus C1, percentage points (Welch) |" in format_markdown(
+        s, build_report(s, tmp_path, get_study), COMMANDS
+    )

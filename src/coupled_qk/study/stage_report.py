@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from coupled_qk.study import stats
-from coupled_qk.study.claims import Arm, Equivalence, NotReady, VarianceRatio
+from coupled_qk.study.claims import Arm, ChangeDifference, Equivalence, NotReady, VarianceRatio
 from coupled_qk.study.grid import best_loss, plateaued
 from coupled_qk.study.power import detectable_effect, power_two_sided, variance_ratio_power
 from coupled_qk.study.report import ReportContext, fmt, paper_in_ci
@@ -113,6 +113,8 @@ class StageReport:
 
     def _claim_row(self, claim, ev) -> dict:
         test = claim.test
+        if isinstance(test, ChangeDifference):
+            return self._difference_row(claim, ev)
         expected = min(len(self_seeds) for self_seeds in (ev.expected_seeds(a.cell) for a in _arms(test)))
         if isinstance(test, VarianceRatio):
             return self._ratio_row(claim, ev, expected)
@@ -169,6 +171,29 @@ class StageReport:
                 verdict=reading,
             )
         row["status"] = "complete" if len(seeds) >= expected else f"running ({len(seeds)} of {expected})"
+        return row
+
+    def _difference_row(self, claim, ev) -> dict:
+        """A difference of two paired changes (e.g. the same comparison at two model sizes, the arms of one in
+        another study): both changes' seeds, the difference with its interval (Welch's for unpaired studies), and
+        ``complete`` once both pairs have every planned seed."""
+        test = claim.test
+        row = {"claim": claim.id, "effect": test.label}
+        one, two = ({}, {})
+        try:
+            one, two = test.changes(ev.but(min_seeds=2))
+        except NotReady:
+            pass
+        expected = [min(len(ev.of(a).expected_seeds(a.cell)) for a in pair) for pair in (test.first, test.second)]
+        row.update(n=len(one) + len(two), n_pairs=[len(one), len(two)], expected_n=expected)
+        if min(len(one), len(two)) < 2:
+            return {**row, "status": f"running ({len(one)} of {expected[0]}, {len(two)} of {expected[1]} pairs)"}
+        r = test.difference(ev.but(min_seeds=2))
+        row.update(mean=r["mean"], low=r["low"], high=r["high"], p=r["p"], verdict=self._reading(r["low"], r["high"]))
+        done = len(one) >= expected[0] and len(two) >= expected[1]
+        row["status"] = (
+            "complete" if done else f"running ({len(one)} of {expected[0]}, {len(two)} of {expected[1]} pairs)"
+        )
         return row
 
     def _holm(self, rows: list[dict]) -> None:
@@ -430,14 +455,15 @@ def _claims_table(report: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["claims"]:
+        n = "+".join(map(str, r["n_pairs"])) if "n_pairs" in r else r["n"]  # a difference of two changes
         if "low" not in r:
-            lines.append(f"| {r['claim']} | {r['effect']} | - | - | {r['n']} | - | - | - | - | {r['status']} |")
+            lines.append(f"| {r['claim']} | {r['effect']} | - | - | {n} | - | - | - | - | {r['status']} |")
             continue
         p = fmt(r.get("p_holm", r.get("p")), 3)
         detectable = _ratio(r.get("mde80")) if "r" in r else _pct(r.get("mde80"))
         lines.append(
             f"| {r['claim']} | {r['effect']} | {fmt(r['mean'])} | [{fmt(r['low'])}, {fmt(r['high'])}] | "
-            f"{r['n']} | {p} | {fmt(r.get('power'))} | {detectable} | {paper_in_ci(r)} | "
+            f"{n} | {p} | {fmt(r.get('power'))} | {detectable} | {paper_in_ci(r)} | "
             f"{r.get('verdict', '')} ({r['status']}) |"
         )
     return lines
