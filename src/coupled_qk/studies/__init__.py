@@ -38,7 +38,8 @@ def _as_studies(obj, where: str) -> tuple:
 
 
 def studies(reload: bool = False) -> dict:
-    """``{name: Study}`` of the built-in studies (in module order) and those of installed distributions.
+    """``{name: Study}`` of the built-in studies (by their module's ``ORDER``, then name) and those of installed
+    distributions.
 
     Raises:
         RuntimeError: an entry point that fails to load or holds something other than studies, naming it.
@@ -49,8 +50,8 @@ def studies(reload: bool = False) -> dict:
     from importlib.metadata import entry_points
 
     found: list = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    modules = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)]
+    for module in sorted(modules, key=lambda m: (getattr(m, "ORDER", 100), m.__name__)):
         if hasattr(module, "STUDIES"):
             found += [(f"{module.__name__}.STUDIES", s) for s in _as_studies(module.STUDIES, module.__name__)]
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):

@@ -20,6 +20,7 @@ from coupled_qk.study.design import Study
 from coupled_qk.study.grid import EpochBudget, LrGrid, Tuned
 from coupled_qk.study.stage_report import FreshNote, Headline, RegimeCheck, StageReport, TokensRatio
 
+ORDER = 1  # listed after the first-epoch studies (coupled_qk.studies.studies)
 EQUIVALENCE_MARGIN = 1.0  # percent, as the first-epoch claims
 PAPER_C4 = 8.0  # the paper's seed-variance ratio, uncoupled MLP / coupled: C4's power refers to it
 PAPER = {"C1": -6.6, "C3": 100 * (22.585 / 23.81 - 1), "C9": -4.5}

@@ -41,6 +41,7 @@ from coupled_qk.study.verdict_report import (
     VerdictReport,
 )
 
+ORDER = 0  # listed first (coupled_qk.studies.studies)
 TOKENS_PER_STEP_TINY = 16 * 128  # batch 16 x context 128
 CPU_TOKENS = 512 * TOKENS_PER_STEP_TINY  # 1,048,576 tokens per run at the tiny preset
 OOD = "wt2_test/perplexity"
@@ -516,6 +517,7 @@ LAYOUT = VerdictReport(
             "checkpoint per model, so its seeds are fine-tuning seeds), not from this protocol's runs.",
         ),
     ),
+    holm=tuple(f"C{i}" for i in range(1, 14)),  # those tested for a difference (C2, C5 have no p)
     holm_note="equivalence claims C2 and C5 are judged by their intervals and left out; ",
     curves=("wv-tiny", ("standard", "coupled", "uncoupled_mlp")),
 )

@@ -87,6 +87,7 @@ class VerdictReport:
 
     Attributes:
         measured_notes: ``{claim id: note}`` added to the notes when that claim is measured.
+        holm: the claim ids of the Holm family (those with a finite p are adjusted together; ``None``: every claim).
         holm_note: what the Holm family leaves out, in the multiple-comparisons section.
         curves: ``(cell, variants)`` whose loss curves the figure draws, one line per seed.
     """
@@ -97,6 +98,7 @@ class VerdictReport:
     scores: ScoreTable | None = None
     correlation: CorrelationSection | None = None
     measured_notes: tuple = ()
+    holm: tuple[str, ...] | None = None
     holm_note: str = ""
     curves: tuple = ()
 
@@ -108,7 +110,8 @@ class VerdictReport:
         low, high, n, p, tokens, train_hours, details``."""
         study, ev = ctx.study, ctx.evidence
         rows = [self._row(ctx, claim) for claim in study.claims]
-        tested = [r for r in rows if isinstance(r.get("p"), float) and math.isfinite(r["p"])]
+        family = [r for r in rows if self.holm is None or r["id"] in self.holm]
+        tested = [r for r in family if isinstance(r.get("p"), float) and math.isfinite(r["p"])]
         adjusted = stats.holm([r["p"] for r in tested])
         holm = [
             {
