@@ -336,3 +336,24 @@ def test_results_record_the_precision_and_old_results_fall_back_to_the_dtype():
     assert recorded_precision({"precision": "bf16", "config": {"dtype": "auto"}}) == "bf16"
     assert recorded_precision({"config": {"dtype": "fp16"}}) == "fp16"
     assert recorded_precision({"config": {"dtype": "auto"}}) is None
+
+
+def test_a_study_folder_of_another_run_is_set_aside_and_a_users_folder_refused(tmp_path, monkeypatch):
+    """One "same run?" rule for records and folders: a study's run folder holding a finished run in another
+    precision (or with other settings) is renamed aside and kept, so the run is trained again whether or not the
+    old folder exists; the executor still refuses such a folder where the user named it (compare's)."""
+    from coupled_qk.study.run import set_aside_other_run
+    from coupled_qk.training import distributed
+
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
+    cfg = _cfg(tmp_path, "seed0", device="cpu")
+    folder = tmp_path / "seed0"
+    RunDir(folder).write_results({"config": cfg.to_dict(), "final": {}, "precision": "fp32"})
+    assert set_aside_other_run(folder, cfg) is None  # eager on this CPU: fp32, the same run
+    compiled = dataclasses.replace(cfg, compile=True)  # bf16 here
+    with pytest.raises(ValueError, match="trained in fp32"):
+        execute([PlannedRun(compiled, "a")], train_fn=FakeTrain(), log=lambda m: None)
+    aside = set_aside_other_run(folder, compiled)
+    assert aside == tmp_path / "seed0.other-1" and (aside / "results.json").is_file() and not folder.exists()
+    RunDir(folder).write_results({"config": {**cfg.to_dict(), "lr": 9.0}, "final": {}})
+    assert set_aside_other_run(folder, cfg) == tmp_path / "seed0.other-2"  # other settings: the next free name

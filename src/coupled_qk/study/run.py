@@ -242,7 +242,38 @@ def run_unit(
     holder = lock_holder(run_dir)
     if holder is not None:
         raise RunLockedError(f"run folder {run_dir} is in use by {holder}")
+    if rank == 0:
+        set_aside_other_run(run_dir, cfg)
     return _train(study, unit, places, cfg, run_dir, defer_wt2, runtime)
+
+
+def set_aside_other_run(run_dir: Path, planned) -> Path | None:
+    """A study's run folder holding a *finished* run that is not ``planned`` (other settings, or another precision
+    than this machine trains in) is renamed aside (``seed<k>.other-<n>``, kept, never deleted) so that the run is
+    trained again: the one "same run?" rule decides for the record and for its folder alike, whether or not an old
+    folder is still there. Returns the new name, or ``None`` when nothing was moved.
+
+    (A folder a user names, as ``compare``'s, is refused instead by the executor: it is the user's, not a study's.)
+    """
+    from coupled_qk.study.executor import check_reusable, check_same_precision
+    from coupled_qk.training.rundir import RunDir
+
+    rundir = RunDir(run_dir)
+    if not rundir.is_finished():
+        return None
+    try:
+        results = rundir.read_results()
+        check_reusable(results.get("config", {}), planned, run_dir)
+        check_same_precision(results, planned, run_dir)
+    except ValueError as exc:
+        k = 1
+        while run_dir.with_name(f"{run_dir.name}.other-{k}").exists():
+            k += 1
+        aside = run_dir.with_name(f"{run_dir.name}.other-{k}")
+        run_dir.rename(aside)
+        _say(f"== {run_dir} is another run ({exc}); moved to {aside.name} and trained again")
+        return aside
+    return None
 
 
 def _train(study: Study, unit: Unit, places: Places, cfg, run_dir: Path, defer_wt2: bool, runtime) -> dict | None:
