@@ -264,14 +264,14 @@ def train(study, args, out_dir, cells, shard) -> None:
 def write(study, out, args, commands) -> int:
     """Build the study's report from its records and write it into the claimed folder ``out``; print its summary."""
     from coupled_qk.studies import get_study
-    from coupled_qk.study.report import build_report, context, format_markdown, write_report
+    from coupled_qk.study.report import context, format_markdown, report_of, write_report
 
     use_default = study.name != "smoke" and Path(DEFAULT_GLUE_JSON).is_file()  # smoke: toy runs only
     glue_json = args.glue_json if args.glue_json is not None else (DEFAULT_GLUE_JSON if use_default else None)
     inputs = {"glue_json": glue_json}
     notes = DEFAULT_NOTES if Path(DEFAULT_NOTES).is_file() else None
-    report = build_report(study, out.path, get_study, inputs, notes)
-    ctx = None if args.no_figures else context(study, out.path, get_study, inputs, notes)
+    ctx = context(study, out.path, get_study, inputs, notes)
+    report = report_of(ctx)
     paths = write_report(study, report, out, commands, figures=not args.no_figures, ctx=ctx)
     print(format_markdown(study, report, commands).split(study.layout.summary_end)[0])
     print("written: " + ", ".join(str(p) for p in paths))

@@ -340,7 +340,7 @@ class Reading:
     stale: dict
     left_out: list[LeftOut]
 
-    def by_key(self, study: Study) -> dict:
+    def by_key(self) -> dict:
         """:attr:`counted`, with the records of a cell with ``seeds_of`` also under that cell (more seeds of the
         same runs)."""
         out = dict(self.counted)

@@ -144,12 +144,12 @@ def context(
 
     def evidence_of(name: str) -> Evidence:
         s, r = other(name)
-        return Evidence(s.name, r.plan, r.by_key(s), min_seeds(s, r), studies=evidence_of, inputs=inputs or {})
+        return Evidence(s.name, r.plan, r.by_key(), min_seeds(s, r), studies=evidence_of, inputs=inputs or {})
 
     ev = Evidence(
         study.name,
         reading.plan,
-        reading.by_key(study),
+        reading.by_key(),
         min_seeds(study, reading),
         studies=evidence_of,
         inputs=inputs or {},
@@ -165,9 +165,14 @@ def build_report(
     notes_file: str | Path | None = None,
 ) -> dict:
     """The report of ``study`` from the records under ``out_dir`` (a JSON-serialisable dict; see its layout),
-    with ``left_out`` naming every record file not counted, when there is one."""
-    ctx = context(study, out_dir, studies, inputs, notes_file)
-    report = study.layout.build(ctx)
+    with ``left_out`` naming every record file not counted, when there is one (:func:`report_of` its
+    :func:`context`)."""
+    return report_of(context(study, out_dir, studies, inputs, notes_file))
+
+
+def report_of(ctx: ReportContext) -> dict:
+    """The report of a :class:`ReportContext` (see :func:`build_report`)."""
+    report = ctx.study.layout.build(ctx)
     if ctx.reading.left_out:
         report["left_out"] = [{"file": str(x.path), "reason": x.reason} for x in ctx.reading.left_out]
     return report
