@@ -79,6 +79,8 @@ def test_claims_blocks_copy_the_report_without_its_final_newline(tmp_path):
         assert docs_blocks.regenerate(page, tmp_path) == (
             "a\n<!-- claims:demo -->\n**headline** with [a link](x.md)\n<!-- /claims:demo -->\nb\n"
         )
+    with pytest.raises(FileNotFoundError, match=r"claims:gone --> copies .*gone-readme.md.*--report-only"):
+        docs_blocks.regenerate("<!-- claims:gone -->\n<!-- /claims:gone -->\n", tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ A page holds a generated block between two HTML comments, so GitHub shows only i
     <!-- END generated: NAME -->
 
 and a copy of a committed claims report (``docs/results/claims/NAME-readme.md``, written by ``coupled-qk claims``)
-between ``<!-- claims:NAME -->`` and ``<!-- /claims:NAME -->``. The text between the markers is exactly what
-:func:`expected_block` returns for that name; a test compares every block of every page with it, so prose is
-never parsed for facts: what can drift is generated.
+between ``<!-- claims:NAME -->`` and ``<!-- /claims:NAME -->``. A report is copied as written, its links relative to
+the repository root (a converged headline links its full report), so a block with links belongs in ``README.md``.
+The text between the markers is exactly what :func:`expected_block` returns for that name; a test compares every
+block of every page with it, so prose is never parsed for facts: what can drift is generated.
 
 Rewrite the blocks in place (from the repository root)::
 
@@ -154,9 +155,20 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
 
 def expected_block(kind: str, name: str, root: Path) -> str | None:
     """The text a block must hold: ``kind`` is ``"generated"`` or ``"claims"``; ``None`` for a generated block
-    this module does not know (``docs/DESIGN.md``'s)."""
+    this module does not know (``docs/DESIGN.md``'s).
+
+    Raises:
+        FileNotFoundError: a claims block whose report ``docs/results/claims/<name>-readme.md`` does not exist,
+            naming the block, the file and how to write it.
+    """
     if kind == "claims":
-        return (root / CLAIMS_DIR / f"{name}-readme.md").read_text().strip()
+        report = root / CLAIMS_DIR / f"{name}-readme.md"
+        if not report.is_file():
+            raise FileNotFoundError(
+                f"the block <!-- claims:{name} --> copies {report}, which does not exist: write it with "
+                f"`coupled-qk claims --protocol {name} --report-only`, or remove the block"
+            )
+        return report.read_text().strip()
     generator = GENERATORS.get(name)
     return None if generator is None else generator(root)
 
