@@ -1,4 +1,4 @@
-"""RunDir: the run-folder layout, as written by train() and read by eval, analyze and the experiment runner."""
+"""RunFolder: the run-folder layout, as written by train() and read by eval, analyze and the experiment runner."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 from coupled_qk._checks import coerce, field_types
 from coupled_qk.analysis.analyze import analyze_checkpoints
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.run_folder import RunFolder
 
 
 def test_layout_matches_what_train_writes(tiny_cfg, tmp_path):
     from coupled_qk.training.loop import train
 
     res = train(tiny_cfg(max_steps=4, checkpoint_interval=2, tensorboard=True))
-    run = RunDir(res["config"]["out_dir"])
-    assert run.path == tmp_path / "run" and run / "latest" == run.latest_path
+    run = RunFolder(res["config"]["out_dir"])
+    assert run.path == tmp_path / "run" and run.path / "latest" == run.latest_path
     assert run.is_finished() and run.has_checkpoint() and run.has_tokenizer()
     for path in (run.config_path, run.model_config_path, run.data_path, run.metrics_path, run.results_path):
         assert path.is_file(), path
@@ -35,7 +35,7 @@ def test_layout_matches_what_train_writes(tiny_cfg, tmp_path):
 
 
 def test_empty_folder_and_torn_metrics(tmp_path):
-    run = RunDir(tmp_path / "nothing")
+    run = RunFolder(tmp_path / "nothing")
     assert not run.is_finished() and not run.has_checkpoint() and not run.has_tokenizer()
     assert run.read_config() is None and run.read_results() is None and run.read_metrics() == []
     assert run.checkpoints() == [] and run.train_seconds() == 0.0
@@ -54,13 +54,13 @@ def test_empty_folder_and_torn_metrics(tmp_path):
 
 
 def test_results_interrupted_and_partial_removal(tmp_path):
-    run = RunDir(tmp_path / "r")
+    run = RunFolder(tmp_path / "r")
     run.write_results({"steps": 3, "path": tmp_path})  # non-JSON values are written with str()
     assert run.read_results() == {"steps": 3, "path": str(tmp_path)}
     run.mark_interrupted()
     assert not run.is_finished() and json.loads(run.interrupted_results_path.read_text())["steps"] == 3
     for name in ("config.json", "model_config.json", "data.json", "metrics.jsonl", "notes.txt"):
-        (run / name).write_text("{}")
+        (run.path / name).write_text("{}")
     (run.tokenizer_dir).mkdir()
     (run.checkpoint_dir(7)).mkdir()  # complete but never named in `latest` (a kill between the two)
     run.remove_partial()
@@ -74,19 +74,19 @@ def test_partial_removal_never_touches_a_run_another_process_is_writing(tmp_path
     """A run still training before its first checkpoint looks like a killed one; while its writer holds the
     lock, a second process's clean-up is refused and every file stays (a real loss seen with two claims
     processes on one run folder). flock locks per open file, so a second RunLock in this process conflicts too."""
-    from coupled_qk.training.lock import RunLock, RunLockedError
+    from coupled_qk.training.lock import RunLockedError
 
-    run = RunDir(tmp_path / "r")
+    run = RunFolder(tmp_path / "r")
     run.path.mkdir()
     for name in ("config.json", "metrics.jsonl"):
-        (run / name).write_text("{}")
+        (run.path / name).write_text("{}")
     run.tokenizer_dir.mkdir()
-    with RunLock(run.path):
+    with run.lock():
         with pytest.raises(RunLockedError, match="is in use by pid"):
             run.remove_partial()
         assert run.config_path.is_file() and run.metrics_path.is_file() and run.tokenizer_dir.is_dir()
     run.remove_partial()  # the writer is gone: now it is a killed run, cleaned
-    assert not run.config_path.exists() and not run.tokenizer_dir.exists() and not (run / ".lock").exists()
+    assert not run.config_path.exists() and not run.tokenizer_dir.exists() and not (run.path / ".lock").exists()
 
 
 _JSON = st.recursive(
@@ -102,7 +102,7 @@ def test_saved_config_fields_are_of_their_declared_kind_or_one_line_naming_them(
     ``"corpus": 5`` was a TypeError traceback and ``"task_options": []`` (or null, 0, "") was read as ``{}``. Any
     value of any field is now either of the field's declared kind (so reading it needs no conversion) or one
     ValueError naming the file and the field."""
-    run = RunDir(tmp_path_factory.mktemp("run"))
+    run = RunFolder(tmp_path_factory.mktemp("run"))
     saved = {**TrainConfig(max_steps=1).to_dict(), field: value}
     run.config_path.write_text(json.dumps(saved))
     try:
@@ -163,7 +163,7 @@ def test_eval_analyze_generate_name_a_saved_field_of_another_kind(finished_run, 
 
     from coupled_qk.cli import main
 
-    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    run = RunFolder(shutil.copytree(finished_run, tmp_path / "run"))
     run.config_path.write_text(json.dumps({**run.read_config(), field: value}))
     for args in (
         ["eval", str(run.path)],
@@ -181,7 +181,7 @@ def _copy_with_own_corpus(finished_run, where):
     import shutil
 
     corpus = Path(shutil.copytree(finished_run.parent / "corpus", where / "corpus"))
-    run = RunDir(shutil.copytree(finished_run, where / "run"))
+    run = RunFolder(shutil.copytree(finished_run, where / "run"))
     run.config_path.write_text(json.dumps({**run.read_config(), "corpus": str(corpus)}))
     return run, corpus
 
@@ -235,7 +235,7 @@ def test_resume_refuses_data_that_changed_since_the_run_recorded_it(tiny_cfg, ti
     from coupled_qk.training.loop import train
 
     train(tiny_cfg(max_steps=3, stop_after_steps=2))
-    run = RunDir(tiny_cfg().out_dir)
+    run = RunFolder(tiny_cfg().out_dir)
     data = run.read_data()
     assert set(data["text_sha256"]) == {"train", "valid", "test"}
     before = (tiny_corpus / "test.txt").read_text()
@@ -259,7 +259,7 @@ def test_resume_without_data_json_says_the_data_is_not_checked(tiny_cfg, tiny_co
     from coupled_qk.training.loop import train
 
     train(tiny_cfg(max_steps=3, stop_after_steps=2))
-    run = RunDir(tiny_cfg().out_dir)
+    run = RunFolder(tiny_cfg().out_dir)
     run.data_path.unlink()
     (tiny_corpus / "test.txt").write_text((tiny_corpus / "test.txt").read_text() + "\n\nzebra quokka zebra\n")
     with pytest.warns(UserWarning, match=rf"{run.data_path} is missing: this resume cannot check that the data"):
@@ -275,7 +275,7 @@ def test_an_unknown_key_of_a_run_config_json_is_refused_by_every_reader_naming_i
 
     from coupled_qk.cli import main
 
-    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    run = RunFolder(shutil.copytree(finished_run, tmp_path / "run"))
     run.config_path.write_text(json.dumps({**run.read_config(), "seeed": 3}))
     for args in (
         ["eval", str(run.path)],
@@ -296,9 +296,9 @@ def test_unknown_keys_of_the_files_the_project_writes_are_warnings_naming_the_cl
     an unknown key is a warning naming it (and its close match), and the file is still read."""
     import shutil
 
-    from coupled_qk.training.checkpoint_load import read_state
+    from coupled_qk.training.checkpoint_format import Checkpoint
 
-    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    run = RunFolder(shutil.copytree(finished_run, tmp_path / "run"))
     results = run.read_results()
     run.results_path.write_text(json.dumps({**results, "finall": {}, "config": {**results["config"], "lrr": 1}}))
     with pytest.warns(UserWarning) as caught:
@@ -313,7 +313,7 @@ def test_unknown_keys_of_the_files_the_project_writes_are_warnings_naming_the_cl
         match=r"state.json: unknown checkpoint state key\(s\) 'tokenz' \(did you mean "
         r"'tokens'\?\)",
     ):
-        assert read_state(run.latest_checkpoint())["step"] == 1
+        assert Checkpoint(run.latest_checkpoint()).state()["step"] == 1
 
     class Task:
         data_identity = ("tokens",)

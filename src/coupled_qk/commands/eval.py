@@ -64,11 +64,13 @@ def run(args) -> int:
     from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.outputs import output_file
     from coupled_qk.training.evaluate import evaluate_checkpoint
+    from coupled_qk.training.run_folder import refuse_run_file
 
     refuse_ignored_options(args, add_arguments, _ignored_options())
     json_out = None
     if args.json_out is not None:  # checked before the evaluation, so its result is never lost to its path
         json_out = output_file("--json", args.json_out, overwrite=args.overwrite)
+        refuse_run_file("--json", json_out)  # a run's own file (its config.json), --overwrite or not
     splits = [s.strip() for s in args.splits.split(",")]
     if not all(splits) or len(set(splits)) != len(splits):
         raise ValueError(
