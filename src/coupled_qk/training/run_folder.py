@@ -757,7 +757,7 @@ def check_out_dir(run_dir: str | Path) -> None:
             f"out_dir {run_dir} is a checkpoint folder inside the run {run_dir.parent}; pass "
             f"--out-dir {run_dir.parent} (the run folder)"
         )
-    OutputDir(run_dir, "out_dir", layout=RUN_LAYOUT, what="a training run")
+    OutputDir(run_dir, "out_dir", layout=(*RUN_LAYOUT, RunFolder.LOCK), what="a training run")
 
 
 # ---------------------------------------------------------------------------------------------- readers
