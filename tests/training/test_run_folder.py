@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import fnmatch
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -342,3 +345,94 @@ def test_unknown_task_options_and_config_fields_name_their_close_match():
         check_task_options("mqar", {"train_slice": "64:4", "test_slices": "64:4"})
     with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) \['n_layers'\] \(did you mean"):
         GPTConfig.from_dict({"n_layers": 2})
+
+
+# ------------------------------------------------------------------------------------------ one place for the layout
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "coupled_qk"
+OWNERS = {"training/run_folder.py", "training/checkpoint_format.py"}
+"""The run folder (its layout) and the format of one checkpoint folder: the only modules naming their entries."""
+
+LAYOUT_LITERAL = re.compile(
+    r"""["'](latest|\.lock|results\.json|results\.interrupted\.json|metrics\.jsonl|model_config\.json|data\.json"""
+    r"""|state\.json|checksums\.json|optimizer\.pt|rng\.pt|model\.safetensors|config\.json|tokenizer\.json)["']"""
+    r"""|["'](ckpt|best|\.ckpt)-(\{|\*|\d)"""  # ckpt-<step>, best-<step>, their globs and temporary folders
+    r"""|/ *f?["'](tokenizer|tensorboard|best|latest)["'](?! */)"""  # a path joined with a folder entry
+)
+"""A run folder's entry as a string literal: what ``git grep -nE`` finds with the same pattern (``["']latest["']``,
+``["']ckpt-``, ``/ "tokenizer"``, ...). ``"best"`` and ``"tokenizer"`` alone are also keys of the results and the
+config: only their path joins count."""
+
+FORMAT_OWNERS = {"tokenizer.json": {"data/tokenizers.py"}}
+"""Files of another format that a run folder holds: a saved tokenizer's file is the tokenizer's (``TOKENIZER_FILE``);
+the run folder reads it through that name."""
+
+
+def layout_literals(text: str, where: str) -> list[str]:
+    hits = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in LAYOUT_LITERAL.finditer(line):
+            name = next(g for g in m.groups() if g is not None)
+            if where not in FORMAT_OWNERS.get(name, ()):
+                hits.append(f"{where}:{number}: {line.strip()}")
+    return hits
+
+
+def test_no_layout_literal_outside_the_run_folder():
+    """The layout lives in one place: no other source file names a run folder's entry (``run.results_path``,
+    ``RunFolder.RESULTS``, ``open_run``... instead)."""
+    hits = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        if where not in OWNERS:
+            hits += layout_literals(path.read_text(), where)
+    assert not hits, "layout literals outside training/run_folder.py:\n" + "\n".join(hits)
+
+
+def test_the_layout_check_finds_what_it_looks_for():
+    bad = 'x = run / "latest"\ny = Path(d) / "tokenizer"\nz = f"ckpt-{s:08d}"\nw = "results.json"\nv = ".lock"\n'
+    assert len(layout_literals(bad, "m.py")) == 5
+    fine = 'rec.get("best")\nroot / "tokenizer" / "gpt2"\n"best-validation checkpoints"\ncfg["tokenizer"]\n'
+    assert layout_literals(fine, "m.py") == []
+
+
+def test_the_layout_docstring_lists_every_entry(tiny_cfg):
+    """One layout docstring (``training/run_folder.py``) names every entry a run folder may hold, each entry a
+    trained run holds is one of them (and the run's own), and the checkpoint format's names every file."""
+    from coupled_qk.training import checkpoint_format, run_folder
+    from coupled_qk.training.loop import train
+
+    doc = run_folder.__doc__
+    for pattern in (*run_folder.RUN_LAYOUT, RunFolder.LOCK):
+        assert pattern.replace("*", "<step>") in doc, pattern
+    for name in ("WEIGHTS", "MODEL_CONFIG", "STATE", "OPTIMIZER", "RNG", "CHECKSUMS"):
+        assert getattr(checkpoint_format, name) in checkpoint_format.__doc__, name
+    cfg = tiny_cfg(max_steps=4, checkpoint_interval=2, tensorboard=True, best_metric="valid/loss", eval_interval=2)
+    run = RunFolder(cfg.out_dir)
+    with run.lock():
+        entries = sorted(run.path.iterdir())
+    train(cfg)
+    entries = sorted({*entries, *run.path.iterdir()})
+    for entry in entries:
+        assert run.owns(entry), entry
+        pattern = entry.name + ("/" if entry.is_dir() else "")
+        assert any(fnmatch.fnmatchcase(pattern, p) for p in (*run_folder.RUN_LAYOUT, RunFolder.LOCK)), entry
+    assert {e.name for e in entries} >= {"latest", "best", ".lock", "tokenizer", "tensorboard", "results.json"}
+    assert any(e.name.startswith("best-") for e in entries) and any(e.name.startswith("ckpt-") for e in entries)
+
+
+def test_run_folder_names_have_one_import_path():
+    """No other module re-exports a name of the run folder or of the checkpoint format (one import path each)."""
+    from coupled_qk.training import checkpoint_format, run_folder
+
+    names = set(run_folder.__all__) | set(checkpoint_format.__all__)
+    hits = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                listed = {e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)}
+                if where not in OWNERS:
+                    hits += [f"{where}: {n}" for n in sorted(listed & names)]
+    assert not hits, hits
