@@ -69,8 +69,8 @@ def run(args) -> int:
     refuse_ignored_options(args, add_arguments, _ignored_options())
     json_out = None
     if args.json_out is not None:  # checked before the evaluation, so its result is never lost to its path
+        refuse_run_file("--json", args.json_out)  # a run's own file (its config.json), --overwrite or not
         json_out = output_file("--json", args.json_out, overwrite=args.overwrite)
-        refuse_run_file("--json", json_out)  # a run's own file (its config.json), --overwrite or not
     splits = [s.strip() for s in args.splits.split(",")]
     if not all(splits) or len(set(splits)) != len(splits):
         raise ValueError(
