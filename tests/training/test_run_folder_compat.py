@@ -23,10 +23,14 @@ EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 
 @pytest.fixture
 def old(tmp_path, monkeypatch):
-    """A copy of the fixture (the run records relative paths: ``corpus``, ``cache``, ``run``), as the cwd."""
+    """A copy of the fixture (the run records relative paths: ``corpus``, ``cache``, ``run``), as the cwd, computed
+    with as many CPU threads as the fixture was (a reduction split over other threads rounds differently)."""
     where = shutil.copytree(FIXTURE, tmp_path / "old")
     monkeypatch.chdir(where)
-    return where
+    threads = torch.get_num_threads()
+    torch.set_num_threads(EXPECTED["threads"])
+    yield where
+    torch.set_num_threads(threads)
 
 
 def test_the_fixture_is_small_and_was_written_by_the_previous_code():

@@ -291,7 +291,8 @@ class RunFolder:
             if say is not None:
                 found = f"{folder.name} (step {checkpoint_step(folder)})"
                 say(
-                    f"warning: {self.latest_path} is missing; resuming from the newest checkpoint that verifies, {found}"
+                    f"warning: {self.latest_path} is missing; resuming from the newest checkpoint that verifies, "
+                    f"{found}"
                     if not latest
                     else f"warning: the latest checkpoint is refused ({damage}); resuming from the previous good "
                     f"checkpoint {found}; the damaged folder is left in place"
