@@ -247,3 +247,14 @@ def test_hf_generate_refuses_a_right_padded_prompt_and_left_padding_generates_ea
     out = lm.generate(left, attention_mask=torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]), max_new_tokens=3)
     for row, alone in ((0, short), (1, long)):
         assert torch.equal(out[row, -3:], lm.generate(alone, max_new_tokens=3)[0, -3:])
+
+
+def test_a_run_still_training_before_its_first_checkpoint_is_named_as_such(tmp_path):
+    """A live run without a checkpoint yet is "still training", not "no checkpoint"."""
+    folder = RunFolder(tmp_path / "starting")
+    folder.path.mkdir()
+    folder.config_path.write_text("{}")
+    with held_elsewhere(folder), pytest.raises(RunLockedError, match=r"still training \(pid 4242"):
+        load_checkpoint_model(folder.path)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint_model(folder.path)

@@ -812,8 +812,8 @@ def _json_object(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _locate(path: Path) -> tuple[RunFolder, Path, bool]:
-    """The run folder, checkpoint folder and whether that checkpoint was named explicitly, of a reader's path."""
+def _locate(path: Path) -> tuple[RunFolder, Path | None]:
+    """The run folder of a reader's path and the checkpoint folder it names explicitly (``None``: the run's)."""
     hf = _hf_export_model_type(path)
     if hf is not None:
         raise ValueError(
@@ -822,9 +822,8 @@ def _locate(path: Path) -> tuple[RunFolder, Path, bool]:
             "pass the run folder it was exported from"
         )
     if Checkpoint(path).has_weights():
-        return RunFolder(path.parent), path, True
-    run = RunFolder(path)
-    return run, run.latest_checkpoint(), False
+        return RunFolder(path.parent), path
+    return RunFolder(path), None
 
 
 def open_run(path: str | Path, reader: str, *, text: bool = False, data: str | None = None) -> OpenedRun:
@@ -846,15 +845,16 @@ def open_run(path: str | Path, reader: str, *, text: bool = False, data: str | N
         ValueError: a folder of another kind or state (above); a damaged ``config.json``, ``latest`` (naming it).
         RunLockedError: (a ``ValueError``) the run is still training.
     """
-    run, ckpt, explicit = _locate(Path(path))
+    run, ckpt = _locate(Path(path))
     holder = run.holder()
-    if holder is not None and not explicit:
+    if holder is not None and ckpt is None:
         raise RunLockedError(
             f"{run.path} is still training ({holder}): its latest checkpoint is not the run's result; wait "
-            f"for it to finish, or pass one of its checkpoint folders (e.g. {ckpt}) to {reader} that checkpoint"
+            f"for it to finish, or pass one of its checkpoint folders (ckpt-*) to {reader} that checkpoint"
         )
     if holder is not None:
         warnings.warn(f"{ckpt} is a checkpoint of a run still training ({holder})", UserWarning, stacklevel=2)
+    ckpt = ckpt if ckpt is not None else run.latest_checkpoint()
     config = run.read_config() or {}
     _check_kind(run, config.get("task"), path, reader, text)
     if data is not None and config and not run.data_path.is_file():
