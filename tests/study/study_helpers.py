@@ -3,6 +3,7 @@ and the reports (``from study_helpers import ...``; not a test module)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -11,6 +12,7 @@ from coupled_qk.studies import get_study
 from coupled_qk.study.claims import Evidence
 from coupled_qk.study.records import record_path, settings_of
 from coupled_qk.study.report import Commands, context
+from coupled_qk.training.run_folder import RunFolder
 
 COMMANDS = Commands("cmd", "cmd --report-only", "add `--report-only`")
 
@@ -89,3 +91,22 @@ def build_mini_data(tmp_path, monkeypatch):
         (root / "mixed-domain" / f"{name}.txt").write_text("\n\n".join(_para(rng, 50) for _ in range(200)) + "\n")
     monkeypatch.setenv("COUPLED_QK_CACHE", str(tmp_path / "cache"))
     return root
+
+
+@contextlib.contextmanager
+def held_elsewhere(folder):
+    """The lock of run folder ``folder`` held as another process holds it (pid 4242 on node7): an ``flock`` on an
+    open file of its ``.lock`` that no :class:`~coupled_qk.training.lock.RunLock` of this process owns (this
+    process's own lock would count as the reader's own)."""
+    import fcntl
+    import os
+
+    path = RunFolder(folder).lock_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"pid": 4242, "host": "node7", "started": 0, "command": "coupled-qk train"}).encode())
+        yield
+    finally:
+        os.close(fd)

@@ -289,14 +289,14 @@ def test_a_run_held_by_another_process_is_left_to_it(tmp_path):
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
     from coupled_qk.study.records import record_path, variant_tag
     from coupled_qk.study.run import Places, run_study
-    from coupled_qk.training.lock import RunLock
+    from coupled_qk.training.run_folder import RunFolder
 
     out, runs = tmp_path / "out", tmp_path / "runs"
     first = grid_name(TOY_CONVERGED, TOY_CONVERGED.lrs[0])
     held = runs / TOY_CONVERGED.name / first / variant_tag("standard") / "seed100"
     held.mkdir(parents=True)
     places = Places(out, runs, default_data_dir(), default_cache_dir() / "claims-data")
-    with RunLock(held):
+    with RunFolder(held).lock():
         n = run_study(study(TOY_CONVERGED), places, max_runs=1)
     assert n == 1
     assert not record_path(out, TOY_CONVERGED.name, first, "standard", 100).exists()

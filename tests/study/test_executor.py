@@ -22,7 +22,7 @@ from coupled_qk.study.executor import (
     write_report,
 )
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.run_folder import RunFolder
 
 
 def _cfg(tmp_path, name, **kw):
@@ -39,7 +39,7 @@ class FakeTrain:
     def __call__(self, cfg):
         self.calls.append(cfg)
         time.sleep(self.sleep)
-        run = RunDir(cfg.out_dir)
+        run = RunFolder(cfg.out_dir)
         results = {
             "config": cfg.to_dict(),
             "final": {"valid/loss": float(cfg.seed)},
@@ -107,14 +107,14 @@ def test_setting_differences_ignore_only_result_neutral_fields(tmp_path):
 
 
 def test_resume_and_partial_folders(tmp_path):
-    resumable = RunDir(tmp_path / "resumable")
+    resumable = RunFolder(tmp_path / "resumable")
     resumable.path.mkdir()
     resumable.latest_path.write_text("ckpt-00000002\n")
-    (resumable / "metrics.jsonl").write_text('{"step": 1}\n')
-    partial = RunDir(tmp_path / "partial")
+    (resumable.path / "metrics.jsonl").write_text('{"step": 1}\n')
+    partial = RunFolder(tmp_path / "partial")
     partial.path.mkdir()
-    (partial / "config.json").write_text("{}")
-    (partial / "mine.txt").write_text("user file")
+    (partial.path / "config.json").write_text("{}")
+    (partial.path / "mine.txt").write_text("user file")
     train = FakeTrain()
     execute(
         [PlannedRun(_cfg(tmp_path, "resumable"), "r"), PlannedRun(_cfg(tmp_path, "partial"), "p")],
@@ -122,7 +122,7 @@ def test_resume_and_partial_folders(tmp_path):
         log=lambda s: None,
     )
     assert [c.resume for c in train.calls] == [True, False]
-    assert (resumable / "metrics.jsonl").is_file()  # a resumed run keeps its files
+    assert (resumable.path / "metrics.jsonl").is_file()  # a resumed run keeps its files
     assert sorted(p.name for p in partial.path.iterdir()) == ["mine.txt", "results.json"]
     with pytest.raises(ValueError, match="uses a run folder twice"):
         execute([PlannedRun(_cfg(tmp_path, "x"), "a"), PlannedRun(_cfg(tmp_path, "x"), "b")], train_fn=train)
@@ -135,13 +135,13 @@ def test_time_guard_interrupts_and_skips(tmp_path):
     records = execute(plan, train_fn=train, log=lines.append, max_minutes=0.02, describe=lambda r: r.status)
     assert [r.status for r in records] == ["interrupted", "skipped", "skipped"]
     assert 0 < train.calls[0].max_minutes <= 0.02 and records[1].results == {} and records[1].seconds == 0.0
-    first = RunDir(tmp_path / "r0")
+    first = RunFolder(tmp_path / "r0")
     assert not first.is_finished() and first.interrupted_results_path.is_file() and first.has_checkpoint()
     assert lines[-2:] == ["== r2: skipped (--max-minutes 0.02 reached)", "skipped"]
     # the next invocation resumes the interrupted run, with the time it already trained added to its budget
     (first.path / "ckpt-00000002").mkdir()
     first.latest_path.write_text("ckpt-00000002\n")
-    (first.path / "ckpt-00000002" / "state.json").write_text(json.dumps({"train_seconds": 60.0}))
+    (first.path / "ckpt-00000002" / "state.json").write_text(json.dumps({"step": 2, "train_seconds": 60.0}))
     train2 = FakeTrain(stop_reason="completed")
     records = execute(plan[:1], train_fn=train2, log=lines.append, max_minutes=0.5)
     assert records[0].status == "ran" and train2.calls[0].resume is True
@@ -184,7 +184,7 @@ def test_a_run_stopped_early_is_continued_unless_the_plan_stops_it_there(
     seen = []
 
     def train_and_look(c):  # what the folder holds while the run is being continued
-        seen.append(sorted(p.name for p in RunDir(c.out_dir).path.iterdir()))
+        seen.append(sorted(p.name for p in RunFolder(c.out_dir).path.iterdir()))
         return train(c)
 
     state = planned_state(PlannedRun(cfg, "r"))  # what a --dry-run says: the runner's decision, nothing moved
@@ -193,7 +193,7 @@ def test_a_run_stopped_early_is_continued_unless_the_plan_stops_it_there(
         if status == "ran"
         else f"reuse ({'stopped early by max_minutes' if stopped_by == 'max_minutes' else 'finished'})"
     )
-    assert RunDir(cfg.out_dir).is_finished()
+    assert RunFolder(cfg.out_dir).is_finished()
     [record] = execute([PlannedRun(cfg, "r")], train_fn=train_and_look, log=lines.append)
     assert record.status == status, lines
     if status == "ran":
@@ -258,7 +258,7 @@ def test_a_results_file_of_another_kind_is_named_not_a_traceback(tmp_path, text,
     one ``ValueError`` naming the file and what to do; nothing is trained."""
     plan = [PlannedRun(_cfg(tmp_path, "r0"), "r0")]
     execute(plan, train_fn=FakeTrain(), log=lambda s: None)
-    results = RunDir(tmp_path / "r0").results_path
+    results = RunFolder(tmp_path / "r0").results_path
     results.write_text(text)
     train = FakeTrain()
     with pytest.raises(ValueError, match=f"{results} is not a run's results \\({wrong}, expected an object\\): delete"):
@@ -288,14 +288,14 @@ def test_a_finished_run_in_another_precision_is_refused_naming_both(tmp_path, mo
         def __call__(self, cfg):
             results = super().__call__(cfg)
             results["precision"] = distributed.planned_precision(cfg.device, cfg.dtype, cfg.compile)
-            RunDir(cfg.out_dir).write_results(results)
+            RunFolder(cfg.out_dir).write_results(results)
             return results
 
     train = PrecisionTrain()
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
     plan = [PlannedRun(_cfg(tmp_path, "a", device="cpu"), "a")]
     execute(plan, train_fn=train, log=lambda m: None)
-    assert RunDir(tmp_path / "a").read_results()["precision"] == "fp32"
+    assert RunFolder(tmp_path / "a").read_results()["precision"] == "fp32"
     compiled = [PlannedRun(dataclasses.replace(plan[0].config, compile=True), "a")]
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
     assert [r.status for r in execute(compiled, train_fn=train, log=lambda m: None)] == ["reused"]  # no native bf16
@@ -313,21 +313,23 @@ def test_a_finished_run_in_another_precision_is_refused_naming_both(tmp_path, mo
 
 
 def test_the_dry_run_sees_a_run_another_process_trains(tmp_path):
-    """A run folder whose lock another process holds is "in progress", naming the holder (it was "new"); the
-    probe creates nothing and leaves the lock to its holder; a lock file left by a dead process is not held."""
-    from coupled_qk.training.lock import RunLock, lock_holder
+    """A run folder whose lock another process holds is refused by the dry run as by execute(), naming the holder
+    (it was "new"); the probe creates nothing and leaves the lock to its holder; a lock file left by a dead process
+    is not held."""
+    from study_helpers import held_elsewhere
+
+    from coupled_qk.training.lock import RunLockedError
 
     run = PlannedRun(_cfg(tmp_path, "a"), "a")
     assert planned_state(run) == "new" and not run.run_dir.path.exists()
-    with RunLock(run.run_dir.path) as lock:
-        state = planned_state(run)
-        assert state.startswith("in progress (locked by pid ") and state.endswith(")"), state
-        assert lock.held and lock_holder(run.run_dir.path) is not None
+    with held_elsewhere(run.run_dir.path):
+        assert planned_state(run).startswith("refused: being written by pid 4242 on node7")
         other = PlannedRun(_cfg(tmp_path, "b"), "b")
-        assert plan_lines([run, other])[-1] == "  2 runs: 1 in progress, 1 new"
-    assert planned_state(run) == "new" and lock_holder(run.run_dir.path) is None
-    (run.run_dir.path / ".lock").write_text('{"pid": 1}')  # left behind, nobody holds it
-    assert planned_state(run) == "new"
+        assert plan_lines([run, other])[-1] == "  2 runs: 1 refused, 1 new"
+        with pytest.raises(RunLockedError, match="being written by pid 4242 on node7"):
+            execute([run], train_fn=lambda cfg: pytest.fail("trained a run another process writes"), log=lambda s: None)
+    assert planned_state(run) == "new" and run.run_dir.holder() is None  # left behind, nobody holds it
+    assert sorted(p.name for p in run.run_dir.path.iterdir()) == [".lock"]
 
 
 def test_results_record_the_precision_and_old_results_fall_back_to_the_dtype():
@@ -348,12 +350,12 @@ def test_a_study_folder_of_another_run_is_set_aside_and_a_users_folder_refused(t
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
     cfg = _cfg(tmp_path, "seed0", device="cpu")
     folder = tmp_path / "seed0"
-    RunDir(folder).write_results({"config": cfg.to_dict(), "final": {}, "precision": "fp32"})
+    RunFolder(folder).write_results({"config": cfg.to_dict(), "final": {}, "precision": "fp32"})
     assert set_aside_other_run(folder, cfg) is None  # eager on this CPU: fp32, the same run
     compiled = dataclasses.replace(cfg, compile=True)  # bf16 here
     with pytest.raises(ValueError, match="trained in fp32"):
         execute([PlannedRun(compiled, "a")], train_fn=FakeTrain(), log=lambda m: None)
     aside = set_aside_other_run(folder, compiled)
     assert aside == tmp_path / "seed0.other-1" and (aside / "results.json").is_file() and not folder.exists()
-    RunDir(folder).write_results({"config": {**cfg.to_dict(), "lr": 9.0}, "final": {}})
+    RunFolder(folder).write_results({"config": {**cfg.to_dict(), "lr": 9.0}, "final": {}})
     assert set_aside_other_run(folder, cfg) == tmp_path / "seed0.other-2"  # other settings: the next free name

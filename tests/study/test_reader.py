@@ -175,14 +175,15 @@ def test_report_only_on_a_folder_without_the_studys_records_is_refused(tmp_path,
 def test_the_plan_sees_a_run_another_process_trains(tmp_path, capsys):
     """A run folder whose lock another process holds is "in progress (locked by ...)" in the plan (it was "to
     run"), and the plan refuses what the runner would refuse before its first run (a model field the data set)."""
-    from coupled_qk.training.lock import RunLock
+    from study_helpers import held_elsewhere
 
     runs = tmp_path / "runs"
     folder = runs / "reader" / "c" / "standard" / "seed0"
-    with RunLock(folder):
+    with held_elsewhere(folder):
         lines = plan_lines(STUDY, tmp_path / "out", runs, None)
     assert any(
-        line.startswith("  [cells] c standard seed 0 ") and "(in progress (locked by pid " in line for line in lines
+        line.startswith("  [cells] c standard seed 0 ") and "(in progress (locked by pid 4242 on node7" in line
+        for line in lines
     )
     assert "6 runs: 1 in progress, 5 to run" in lines
     assert main(["claims", "--protocol", "smoke", "--variants", "coupled+vocab_size=10", "--plan"]) == 2

@@ -38,7 +38,8 @@ from coupled_qk.training.config import (
     describe_differences,
     saved_value,
 )
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.lock import RunLockedError
+from coupled_qk.training.run_folder import RunFolder, checkpoint_step
 
 __all__ = [
     "RESULT_NEUTRAL_FIELDS",
@@ -86,9 +87,9 @@ class PlannedRun:
     keys: dict = field(default_factory=dict)
 
     @property
-    def run_dir(self) -> RunDir:
+    def run_dir(self) -> RunFolder:
         """The run's folder."""
-        return RunDir(self.config.out_dir)
+        return RunFolder(self.config.out_dir)
 
 
 @dataclass
@@ -297,7 +298,7 @@ def execute(
     return records
 
 
-def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
+def _reused(run: PlannedRun, rundir: RunFolder, log) -> RunRecord | None:
     """The record of the run in ``rundir`` to reuse, or ``None`` when it is to be trained: no results yet, or
     stopped early at a point that ``run`` goes past (:func:`continues_stopped_run`; its ``results.json`` is then
     renamed, so the run counts as unfinished until it stops again).
@@ -305,7 +306,15 @@ def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     Raises:
         ValueError: results made with other settings (:func:`check_reusable`) or in another precision
             (:func:`check_same_precision`).
+        RunLockedError: (a ``ValueError``) another process is writing the run (its results, if any, are not
+            final, and training it here would be refused anyway).
     """
+    holder = rundir.holder()
+    if holder is not None:
+        raise RunLockedError(
+            f"{rundir.path} is being written by {holder}: wait for it to finish (then this plan reuses or "
+            "resumes it), or choose another --out-dir"
+        )
     if not rundir.is_finished():
         return None
     results = rundir.read_results()
@@ -325,7 +334,7 @@ def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     return RunRecord(run, "reused", results, run.config, None)
 
 
-def continues_stopped_run(results: dict, cfg: TrainConfig, rundir: RunDir) -> bool:
+def continues_stopped_run(results: dict, cfg: TrainConfig, rundir: RunFolder) -> bool:
     """Whether a run with ``results`` that stopped early goes on under ``cfg``: it has a checkpoint, and either
     ``stop_after_steps`` stopped it (a count per invocation: each one continues by as many steps) or
     ``max_minutes`` did and ``cfg`` allows more time than it trained."""
@@ -336,16 +345,14 @@ def continues_stopped_run(results: dict, cfg: TrainConfig, rundir: RunDir) -> bo
     return cfg.max_minutes is None or float(results.get("train_seconds") or 0.0) < 60 * cfg.max_minutes
 
 
-def resume_note(rundir: RunDir) -> str:
+def resume_note(rundir: RunFolder) -> str:
     """``"resuming from its checkpoint at step N"`` for a run folder holding a checkpoint (the step when known)."""
-    from coupled_qk.training.checkpoint_load import checkpoint_step
-
     newest = rundir.newest_checkpoint()
     step = checkpoint_step(newest) if newest is not None else None
     return "resuming from its checkpoint" + (f" at step {step}" if step is not None else "")
 
 
-def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: float | None, train_fn, log):
+def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunFolder, remaining: float | None, train_fn, log):
     changes: dict = {"resume": rundir.has_checkpoint()}
     if remaining is not None:  # the loop counts training time over all sessions of a resumed run
         changes["max_minutes"] = remaining + rundir.train_seconds() / 60
@@ -424,16 +431,15 @@ def run_experiment(
 
 def planned_state(run: PlannedRun) -> str:
     """What :func:`execute` would do with ``run``, read from its folder only (nothing is created or changed):
-    ``"in progress (locked by pid N on HOST ...)"`` while another process trains it, ``"new"``, ``"resume (resuming
-    from its checkpoint at step N)"``, ``"continue (stopped at step N by R)"``, ``"reuse (finished)"``, ``"reuse
-    (stopped early by R)"`` or ``"refused: <why>"`` (the error the run would raise: other settings, another
-    precision, unreadable results)."""
-    from coupled_qk.training.lock import lock_holder
-
+    ``"refused: being written by pid N on HOST ..."`` while another process trains it (execute() raises
+    :class:`~coupled_qk.training.lock.RunLockedError`; the probe takes no lock and creates nothing), ``"new"``,
+    ``"resume (resuming from its checkpoint at step N)"``, ``"continue (stopped at step N by R)"``, ``"reuse
+    (finished)"``, ``"reuse (stopped early by R)"`` or ``"refused: <why>"`` (the error the run would raise: other
+    settings, another precision, unreadable results)."""
     rundir = run.run_dir
-    holder = lock_holder(rundir.path)
-    if holder is not None:
-        return f"in progress (locked by {holder})"
+    holder = rundir.holder()
+    if holder is not None:  # execute() refuses it: another process is writing it
+        return f"refused: being written by {holder}"
     if not rundir.is_finished():
         return f"resume ({resume_note(rundir)})" if rundir.has_checkpoint() else "new"
     try:
@@ -452,14 +458,13 @@ def planned_state(run: PlannedRun) -> str:
 def plan_lines(plan: Sequence[PlannedRun], coordinates: Callable[[PlannedRun], str] | None = None) -> list[str]:
     """One line per planned run, ``"  <coordinates> -> <folder>: <planned_state>"`` (``coordinates`` default: the
     run's label), after the plan's own checks (:func:`check_plan`: ``ValueError`` as the real command), then a count
-    line ``"  N runs: a new, b reuse, ..."`` (by the first word of the state; ``in
-    progress`` for a run another process holds)."""
+    line ``"  N runs: a new, b reuse, ..."`` (by the first word of the state)."""
     check_plan(plan)
     coordinates = coordinates or (lambda run: run.label)
     lines, counts = [], {}
     for run in plan:
         state = planned_state(run)
-        kind = "in progress" if state.startswith("in progress") else state.split(" ", 1)[0].rstrip(":")
+        kind = state.split(" ", 1)[0].rstrip(":")
         counts[kind] = counts.get(kind, 0) + 1
         lines.append(f"  {coordinates(run)} -> {run.run_dir.path}: {state}")
     lines.append(f"  {len(plan)} runs: " + ", ".join(f"{n} {k}" for k, n in counts.items()))

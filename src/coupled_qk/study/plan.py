@@ -4,9 +4,9 @@ records the reader does not count, the data check and the cost estimate.
 
 A run's state comes from the same rules the runner applies: its record (:meth:`~coupled_qk.study.design.Study.read`,
 precision compared on this machine), another study's identical record, and otherwise its run folder as the
-executor would find it (:func:`~coupled_qk.study.executor.planned_state`: a folder another process trains is
-``in progress (locked by ...)``, a finished or unfinished one is reused or resumed, one with other settings
-refused).
+executor would find it (:func:`~coupled_qk.study.executor.planned_state`: a finished or unfinished one is reused
+or resumed, one with other settings refused); a folder another process of the study trains is ``in progress
+(locked by ...)``, as :func:`~coupled_qk.study.run.run_study` leaves it to that process.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def unit_state(study: Study, unit: Unit, reading, out_dir: Path, run_root: Path)
     ``refused: ...``."""
     from coupled_qk.study.executor import PlannedRun, planned_state
     from coupled_qk.study.run import run_dir_of, same_run_elsewhere, unit_config
+    from coupled_qk.training.run_folder import RunFolder
 
     if unit.key in reading.counted:
         return "done"
@@ -39,8 +40,11 @@ def unit_state(study: Study, unit: Unit, reading, out_dir: Path, run_root: Path)
     other = same_run_elsewhere(out_dir, study.name, unit, cfg)
     if other is not None:
         return f"{stale}reuse {other['reused_from']}'s record"
+    holder = RunFolder(run_dir).holder()
+    if holder is not None:  # another process of this study trains it (run_study goes on with the other runs)
+        return f"{stale}in progress (locked by {holder})"
     state = planned_state(PlannedRun(cfg, ""))
-    if state.startswith(("in progress", "refused")):
+    if state.startswith("refused"):
         return stale + state
     return f"{stale}to run" + ("" if state == "new" else f": {state}")
 

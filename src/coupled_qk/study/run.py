@@ -93,11 +93,11 @@ def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg) -> dict:
 
     from coupled_qk.analysis.capture import analyze_model
     from coupled_qk.data.corpora import load_corpus
-    from coupled_qk.data.tokenizers import Tokenizer
-    from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_best, resolve_checkpoint
+    from coupled_qk.training.run_folder import RunFolder, open_run
 
-    model, _ = load_checkpoint_model(resolve_best(run_dir) or resolve_checkpoint(run_dir), "cpu")
-    tokenizer = Tokenizer.load(run_dir / "tokenizer")
+    run = open_run(RunFolder(run_dir).best_checkpoint() or run_dir, "claims", text=True)  # the final checkpoint
+    model, _ = run.load_model("cpu")
+    tokenizer = run.tokenizer()
     text = load_corpus(cfg.corpus, corpus_dir, seed=int(cfg.task_options.get("split_seed", 0))).split("valid")
     ids = tokenizer.encode(text[:200_000])
     seq_len = min(128, model.config.block_size, len(ids))
@@ -221,7 +221,8 @@ def run_unit(
         ValueError: under ``torchrun``, a global batch that the number of processes does not divide.
         RunLockedError: another process holds the run folder.
     """
-    from coupled_qk.training.lock import RunLockedError, lock_holder
+    from coupled_qk.training.lock import RunLockedError
+    from coupled_qk.training.run_folder import RunFolder
 
     world, rank = (runtime.world, runtime.rank) if runtime is not None else (1, 0)
     run_dir = run_dir_of(places.run_root, study.name, unit)
@@ -239,7 +240,7 @@ def run_unit(
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(path, json.dumps(rec, indent=1, default=str))
         return rec
-    holder = lock_holder(run_dir)
+    holder = RunFolder(run_dir).holder()
     if holder is not None:
         raise RunLockedError(f"run folder {run_dir} is in use by {holder}")
     if rank == 0:
@@ -256,9 +257,9 @@ def set_aside_other_run(run_dir: Path, planned) -> Path | None:
     (A folder a user names, as ``compare``'s, is refused instead by the executor: it is the user's, not a study's.)
     """
     from coupled_qk.study.executor import check_reusable, check_same_precision
-    from coupled_qk.training.rundir import RunDir
+    from coupled_qk.training.run_folder import RunFolder
 
-    rundir = RunDir(run_dir)
+    rundir = RunFolder(run_dir)
     if not rundir.is_finished():
         return None
     try:
@@ -279,7 +280,7 @@ def set_aside_other_run(run_dir: Path, planned) -> Path | None:
 def _train(study: Study, unit: Unit, places: Places, cfg, run_dir: Path, defer_wt2: bool, runtime) -> dict | None:
     from coupled_qk.data.splits import document_split, heldout_corpus
     from coupled_qk.study.executor import PlannedRun, execute
-    from coupled_qk.training.loop import read_metrics
+    from coupled_qk.training.run_folder import RunFolder
 
     world, rank = (runtime.world, runtime.rank) if runtime is not None else (1, 0)
     cell = unit.cell
@@ -321,7 +322,7 @@ def _train(study: Study, unit: Unit, places: Places, cfg, run_dir: Path, defer_w
         "final": final,
         "precision": results.get("precision"),
         "diagnostics": _diagnostics(run_dir, corpus_dir, cfg) if cfg.task == "lm" else {},
-        "curve": compact_curve(read_metrics(run_dir)),
+        "curve": compact_curve(RunFolder(run_dir).read_metrics()),
         "data": results.get("data"),
         "epochs": results.get("epochs"),
         "best": results.get("best"),

@@ -130,7 +130,7 @@ def verify_record(
             or not finite.
     """
     from coupled_qk.study.run import Places, run_dir_of, run_unit
-    from coupled_qk.training.rundir import RunDir
+    from coupled_qk.training.run_folder import RunFolder
 
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance={tolerance!r}: expected a finite number >= 0 (nats)")
@@ -144,7 +144,7 @@ def verify_record(
     places = Places(scratch / "records", scratch, Path(data_dir), Path(cache_root))
     new_path = record_path(places.out_dir, study.name, *unit.key)
     new_path.unlink(missing_ok=True)  # never compare with an earlier verification's record
-    reused = RunDir(run_dir_of(scratch, study.name, unit)).is_finished()
+    reused = RunFolder(run_dir_of(scratch, study.name, unit)).is_finished()
     torch.set_num_threads(threads)
     new = run_unit(study, unit, places, reuse_elsewhere=False)
     result = compare(stored, new)
