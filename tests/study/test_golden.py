@@ -132,7 +132,7 @@ def regenerated(tmp_path_factory):
 def test_manifest_covers_the_committed_reports_inputs():
     """The golden set holds the records of every committed study and the GLUE results C11 reads."""
     manifest = _manifest()
-    for study in ("cpu", "cpu-short", "cpu-converged", "cpu-converged-pubmed"):
+    for study in ("cpu", "cpu-short", "cpu-converged", "cpu-converged-pubmed", "cpu-converged-small"):
         assert any(k.startswith(f"docs/results/claims/runs/{study}/") for k in manifest), study
     assert "docs/results/glue-cpu/results.json" in manifest
 
@@ -202,3 +202,23 @@ def test_planned_runs_have_the_golden_settings(name, golden_records):
     if os.environ.get("GOLDEN_UPDATE") == "1":
         expected.write_text(planned_fingerprints(name, golden_records))
     assert planned_fingerprints(name, golden_records) == expected.read_text()
+
+
+def _studies_with_committed_records() -> list[str]:
+    from coupled_qk.studies import studies
+
+    return [name for name in studies() if (ROOT / "docs" / "results" / "claims" / "runs" / name).is_dir()]
+
+
+@pytest.mark.parametrize("name", _studies_with_committed_records())
+def test_every_committed_record_is_counted_by_its_study(name):
+    """Every record committed under ``docs/results/claims/runs/<study>`` (today's, not only the golden set's: the
+    study loop keeps committing records made by earlier code, e.g. ``cpu-converged-small``'s) is a run of the
+    study's plan with its settings: counted, so the plan reuses it and never trains it again."""
+    from coupled_qk.studies import get_study
+
+    out = ROOT / "docs" / "results" / "claims"
+    files = sorted((out / "runs" / name).rglob("*.json"))
+    reading = get_study(name).read(out)
+    assert not reading.left_out and not reading.stale, (reading.left_out, reading.stale)
+    assert len(reading.counted) == len(files) > 0
