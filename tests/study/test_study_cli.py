@@ -70,3 +70,30 @@ def test_study_report_writes_the_claims_reports_but_for_its_own_command(tmp_path
                     :11
                 ]
             assert len(a.splitlines()) == len(b.splitlines())
+
+
+def test_a_report_reads_the_studies_notes_beside_its_folder_from_any_current_folder(tmp_path, monkeypatch, capsys):
+    """The notes a pre-registered report carries (``docs/results/STUDIES.md``: dates, machines, the pre-registration)
+    are found beside the report folder, so a report written from another folder keeps them; where no notes file
+    exists the report holds only the study's own notes, and stderr says so (before: dropped without a word)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from coupled_qk.study.report import study_notes
+
+    root = Path(__file__).resolve().parents[2]
+    name = "cpu-converged-pubmed"
+    out = tmp_path / "repo" / "docs" / "results" / "claims"
+    shutil.copytree(root / "docs" / "results" / "claims" / "runs" / name, out / "runs" / name)
+    shutil.copyfile(root / "docs" / "results" / "STUDIES.md", out.parent / "STUDIES.md")
+    monkeypatch.chdir(tmp_path)  # not the repository: docs/results/STUDIES.md is not under it
+    expected = study_notes(studies()[name], out.parent / "STUDIES.md")
+    assert len(expected) > len(studies()[name].notes)  # the file adds notes to this study
+    assert main(["study", "report", name, "--out-dir", str(out), "--no-figures"]) == 0
+    assert json.loads((out / f"{name}.json").read_text())["notes"] == expected
+    assert "STUDIES.md" not in capsys.readouterr().err
+    (out.parent / "STUDIES.md").unlink()
+    assert main(["study", "report", name, "--out-dir", str(out), "--no-figures"]) == 0
+    assert json.loads((out / f"{name}.json").read_text())["notes"] == list(studies()[name].notes)
+    assert "note: no docs/results/STUDIES.md found beside" in capsys.readouterr().err

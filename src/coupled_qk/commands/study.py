@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from coupled_qk.extras import require_extra
@@ -261,6 +262,22 @@ def train(study, args, out_dir, cells, shard) -> None:
     run_study(study, places, cells=cells, shard=shard, max_runs=args.max_runs, defer_wt2=args.defer_wt2)
 
 
+def notes_file(out_dir: Path) -> Path | None:
+    """The studies' notes (dates, machines, measured throughputs, pre-registration wording) a report adds:
+    ``STUDIES.md`` beside the report folder (``docs/results/`` for the default ``docs/results/claims``), else
+    :data:`DEFAULT_NOTES` under the current folder; ``None`` (said on stderr: the report then holds only the notes
+    the study itself declares) when neither exists."""
+    for candidate in (Path(out_dir).parent / "STUDIES.md", Path(DEFAULT_NOTES)):
+        if candidate.is_file():
+            return candidate
+    print(
+        f"note: no {DEFAULT_NOTES} found beside {out_dir} or under the current folder: the report holds only the "
+        "notes the study itself declares (run from the repository root to add the studies' notes)",
+        file=sys.stderr,
+    )
+    return None
+
+
 def write(study, out, args, commands) -> int:
     """Build the study's report from its records and write it into the claimed folder ``out``; print its summary."""
     from coupled_qk.studies import get_study
@@ -269,8 +286,7 @@ def write(study, out, args, commands) -> int:
     use_default = study.name != "smoke" and Path(DEFAULT_GLUE_JSON).is_file()  # smoke: toy runs only
     glue_json = args.glue_json if args.glue_json is not None else (DEFAULT_GLUE_JSON if use_default else None)
     inputs = {"glue_json": glue_json}
-    notes = DEFAULT_NOTES if Path(DEFAULT_NOTES).is_file() else None
-    ctx = context(study, out.path, get_study, inputs, notes)
+    ctx = context(study, out.path, get_study, inputs, notes_file(out.path))
     report = report_of(ctx)
     paths = write_report(study, report, out, commands, figures=not args.no_figures, ctx=ctx)
     print(format_markdown(study, report, commands).split(study.layout.summary_end)[0])
