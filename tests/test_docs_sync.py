@@ -1,76 +1,69 @@
 """The generated lists of docs/DESIGN.md (attentions with their options, named variants, presets) match the
-registry. Regenerate them with ``COUPLED_QK_UPDATE_DOCS=1 python -m pytest tests/test_docs_sync.py``."""
+registry (:mod:`coupled_qk.models.catalog`). Regenerate them with ``coupled-qk describe --write-docs``."""
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import re
+import shutil
 from pathlib import Path
 
-from coupled_qk.models import registry
-from coupled_qk.models.config import PRESETS
+import pytest
+
+from coupled_qk.cli import main
+from coupled_qk.models.catalog import BLOCK, documented_maps, package_maps, stale_blocks, tables
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
-BLOCK = re.compile(r"(<!-- BEGIN generated: (\w+) -->\n)(.*?)(<!-- END generated: \2 -->)", re.S)
-
-
-def _defaults(options: type) -> str:
-    return ", ".join(f"`{f.name}={f.default!r}`" for f in dataclasses.fields(options))
-
-
-def generated() -> dict[str, str]:
-    """The markdown of each generated block, from the library's registry: the built-in variants and the drop-ins
-    of ``coupled_qk/models/maps/``, not third-party plugins (their map classes live outside ``coupled_qk``)."""
-    registry.load_plugins()
-    ours = [
-        n
-        for n, a in registry.ATTENTIONS.items()
-        if a.qk_map is None or a.qk_map.module.__module__.startswith("coupled_qk.")
-    ]
-    a_rows = ["| attention | query-key map (class) | scoring | map options (defaults) |", "|---|---|---|---|"]
-    for name in ours:
-        a = registry.ATTENTIONS[name]
-        m = a.qk_map
-        a_rows.append(
-            f"| `{name}` | {f'`{m.name}` (`{m.module.__name__}`)' if m else '-'} | {a.scoring} | "
-            f"{_defaults(m.options) if m else '-'} |"
-        )
-    defaults = set(registry.default_variants())
-    v_rows = ["| variant | `GPTConfig` overrides | in the default set |", "|---|---|---|"]
-    for name, spec in registry.VARIANTS.items():
-        if spec["attention"] not in ours:
-            continue
-        overrides = ", ".join(f"`{k}={v!r}`" for k, v in spec.items())
-        v_rows.append(f"| `{name}` | {overrides} | {'yes' if name in defaults else 'no'} |")
-    aliases = ", ".join(f"`{a}` = `{n}`" for a, n in registry.ALIASES.items())
-    v_rows += ["", f"Aliases: {aliases}."]
-    fields = ("vocab_size", "block_size", "n_layer", "d_model", "n_heads")
-    p_rows = ["| preset | " + " | ".join(fields) + " |", "|---" * (len(fields) + 1) + "|"]
-    p_rows += [f"| `{name}` | " + " | ".join(f"{p[f]:,}" for f in fields) + " |" for name, p in PRESETS.items()]
-    return {
-        "attentions": "\n".join(a_rows) + "\n",
-        "variants": "\n".join(v_rows) + "\n",
-        "presets": "\n".join(p_rows) + "\n",
-    }
+PAPER_MAPS = ("dynamics", "query_mlp", "invertible")
+"""The maps of the paper (v1's dynamics and its uncoupled baseline, v2's coupling): always documented."""
 
 
 def test_generated_lists_in_design_md_match_the_registry():
     text = DESIGN.read_text()
-    want = generated()
-    found = {m.group(2): m.group(3) for m in BLOCK.finditer(text)}
-    assert set(found) == set(want), f"docs/DESIGN.md needs the generated blocks {sorted(want)}; has {sorted(found)}"
-    if os.environ.get("COUPLED_QK_UPDATE_DOCS") == "1":
-        DESIGN.write_text(BLOCK.sub(lambda m: m.group(1) + want[m.group(2)] + m.group(4), text))
-        return
-    stale = [name for name in want if found[name] != want[name]]
+    documented = documented_maps(text)
+    assert set(PAPER_MAPS) <= set(documented), f"docs/DESIGN.md documents the maps {documented}"
+    stale = stale_blocks(text)
     assert not stale, (
-        f"docs/DESIGN.md: the generated block(s) {stale} are out of date; run "
-        "COUPLED_QK_UPDATE_DOCS=1 python -m pytest tests/test_docs_sync.py"
+        f"docs/DESIGN.md: the generated block(s) {stale} are out of date; run coupled-qk describe --write-docs"
     )
 
 
-def test_checker_sees_a_stale_block(tmp_path):
+def test_write_docs_rewrites_only_the_stale_blocks(tmp_path, capsys):
+    page = tmp_path / "DESIGN.md"
+    shutil.copy(DESIGN, page)
+    text = page.read_text()
+    old = text.replace("| `tiny` | 8,192 |", "| `tiny` | 4,096 |")
+    assert old != text
+    page.write_text(old)
+    assert stale_blocks(old) == ["presets"]
+    assert main(["describe", "--write-docs", str(page)]) == 0
+    assert capsys.readouterr().out.strip() == f"{page}: rewrote presets"
+    assert page.read_text() == text  # the rest of the page kept byte for byte
+    assert main(["describe", "--write-docs", str(page)]) == 0
+    assert "already current" in capsys.readouterr().out
+
+
+def test_a_drop_in_map_is_current_without_a_row_and_gets_one_when_written(tmp_path):
+    """A map added to the package (here registered by a test, its class in ``coupled_qk``'s namespace) does not
+    make the page stale; ``--write-docs`` adds its rows."""
+    from coupled_qk.models import registry
+    from coupled_qk.models.maps.query_mlp import QueryMLP, QueryMLPOptions
+
+    page = tmp_path / "DESIGN.md"
+    shutil.copy(DESIGN, page)
+    with registry.isolated():
+        registry.register_qk_map("query_mlp_copy", "mlp_copy", QueryMLP, QueryMLPOptions, in_defaults=False)
+        assert "query_mlp_copy" in package_maps()
+        assert stale_blocks(page.read_text()) == []
+        main(["describe", "--write-docs", str(page)])
+        assert "query_mlp_copy" in documented_maps(page.read_text())
+        assert "| `mlp_copy_differential` | `query_mlp_copy` (`QueryMLP`) | differential |" in page.read_text()
+        assert stale_blocks(page.read_text()) == []
+
+
+def test_checker_sees_a_stale_block_and_a_missing_one():
     text = "a\n<!-- BEGIN generated: presets -->\n| old |\n<!-- END generated: presets -->\nb\n"
     (m,) = BLOCK.finditer(text)
-    assert m.group(2) == "presets" and m.group(3) == "| old |\n" != generated()["presets"]
+    assert m.group(2) == "presets" and m.group(3) == "| old |\n" != tables(PAPER_MAPS)["presets"]
+    with pytest.raises(ValueError, match=r"\['attentions', 'variants'\] are missing"):
+        stale_blocks(text, PAPER_MAPS)
+    with pytest.raises(ValueError, match=r"\['nope'\] are not registered"):
+        tables(["nope"])

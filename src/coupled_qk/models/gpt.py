@@ -19,26 +19,54 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
-from coupled_qk.models.compiled import (  # noqa: F401 - the compiled path's helpers: public here too
-    GRAPH_ROOM,
-    GPTCompileMixin,
-    compile_error_summary,
-    compile_regions,
-    make_graph_room,
-    uncompile_regions,
-)
+from coupled_qk.layers.attention import LEGACY_STATE_KEYS, AttentionRecord, CausalSelfAttention
+from coupled_qk.layers.kv_cache import KVCache
+from coupled_qk.models.compiled import GPTCompileMixin
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.decode_head import DecodingHeadMixin
-from coupled_qk.models.generation import (  # noqa: F401 - sample_next_token, static_capacity: public here too
-    GPTGenerationMixin,
-    sample_next_token,
-    static_capacity,
-)
+from coupled_qk.models.generation import GPTGenerationMixin
 from coupled_qk.models.registry import get_attention
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables, signed_sin
 from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
+
+
+def current_state_key(key: str) -> str:
+    """Today's name of a :class:`GPT` state-dict (or optimizer-state) key written in an earlier layout of the
+    attention layer (``blocks.<i>.attn.<old>``, :data:`~coupled_qk.layers.attention.LEGACY_STATE_KEYS`: e.g.
+    ``blocks.0.attn.lambda_q1`` -> ``blocks.0.attn.scorer.lambda_q1``); other keys unchanged."""
+    head, sep, name = key.partition(".attn.")
+    for old, new in LEGACY_STATE_KEYS if sep else ():
+        if name == old or (old.endswith(".") and name.startswith(old)):
+            return head + sep + new + name[len(old) :]
+    return key
+
+
+def loaded_parameter_order(model: nn.Module) -> list[str]:
+    """Names of ``model``'s trainable parameters in the order of the state dict it last loaded: today's
+    ``named_parameters()`` order, except in attention layers whose state dict had the earlier layout
+    (:attr:`CausalSelfAttention.legacy_layout_loaded`), where that layout listed the scoring rule's own
+    parameters (Differential Attention's lambdas, then the layer's own) before the layer's others. An optimizer
+    state saved with that checkpoint numbers the parameters in this order."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    legacy = [f"{n}." for n, m in model.named_modules() if getattr(m, "legacy_layout_loaded", False)]
+    if not legacy:
+        return names
+    first = {
+        prefix + new: prefix
+        for prefix in legacy
+        for old, new in LEGACY_STATE_KEYS
+        if new.startswith("scorer.") and not old.endswith(".")
+    }
+    order, done = [], set()
+    for name in names:
+        prefix = next((p for p in legacy if name.startswith(p)), None)
+        if prefix is not None and prefix not in done:  # the layer's own parameters came first
+            done.add(prefix)
+            order += [n for n in names if first.get(n) == prefix]
+        if name not in first:
+            order.append(name)
+    return order
 
 
 class MLP(nn.Module):
