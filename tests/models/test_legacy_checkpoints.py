@@ -1,0 +1,132 @@
+"""Folders written before Differential Attention became a scoring-rule module (its parameters were the attention
+layer's own: ``attn.lambda_q1``, ``attn.subln.weight``) load with today's code and compute what they computed:
+a checkpoint, its resume (optimizer state included) and a Hugging Face export (tests/models/legacy_differential,
+written by that code; see its README)."""
+
+from __future__ import annotations
+
+import shutil
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from coupled_qk import GPT
+from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.gpt import current_state_key, loaded_parameter_order
+from coupled_qk.ops.losses import next_token_loss
+from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.model_setup import build_optimizer, current_optimizer_state, load_optimizer_state
+
+LEGACY = Path(__file__).parent / "legacy_differential"
+EXPECTED = load_file(str(LEGACY / "expected.safetensors"))
+TRAIN = TrainConfig(max_steps=2, lr=1e-2)  # what make.py trained with
+
+
+def _step3(model: GPT, optimizer) -> None:
+    x = EXPECTED["batch3"]
+    next_token_loss(model(x[:, :-1]), x[:, 1:]).backward()
+    optimizer.step()
+
+
+def _assert_step3_weights(model: GPT) -> None:
+    for key, value in model.state_dict().items():
+        if key != "lm_head.weight":  # tied to the embedding
+            old = key.replace("attn.scorer.", "attn.")
+            assert torch.equal(value, EXPECTED[f"step3.{old}"]), key
+
+
+def test_the_checkpoint_loads_and_its_resume_takes_the_same_step():
+    """Weights under the old names load into ``scorer``; the optimizer state, numbered in the old parameter
+    order (the lambdas first in each layer), is renumbered, so the resumed step equals the one the old code
+    took, bit for bit."""
+    where = ckpt.resume_checkpoint(LEGACY / "run")
+    model = GPT(GPTConfig.load(where / "model_config.json"))
+    ckpt.load_weights(model, where)  # strict: every old key found its place
+    assert all(block.attn.legacy_layout_loaded for block in model.blocks)
+    optimizer = build_optimizer(model, TRAIN)
+    saved = ckpt.load_torch_file(where / "optimizer.pt")
+    load_optimizer_state(model, optimizer, saved, TRAIN, types.SimpleNamespace(world=1))
+    _step3(model, optimizer)
+    _assert_step3_weights(model)
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(EXPECTED["idx"]), EXPECTED["logits_after_step3"])
+
+
+def test_without_the_renumbering_the_resume_would_be_wrong():
+    """The check above can fail: the old optimizer state loaded as it is gives the map's step size the lambdas'
+    moments (same shapes, no error), and another step."""
+    where = ckpt.resume_checkpoint(LEGACY / "run")
+    model = GPT(GPTConfig.load(where / "model_config.json"))
+    ckpt.load_weights(model, where)
+    optimizer = build_optimizer(model, TRAIN)
+    optimizer.load_state_dict(ckpt.load_torch_file(where / "optimizer.pt"))
+    _step3(model, optimizer)
+    with pytest.raises(AssertionError, match="qk_map.dt"):
+        _assert_step3_weights(model)
+
+
+def test_the_parameter_order_of_the_old_layout():
+    model = GPT(
+        GPTConfig(vocab_size=32, block_size=8, n_layer=1, d_model=16, n_heads=4, attention="coupled_differential")
+    )
+    today = loaded_parameter_order(model)
+    assert today == [n for n, _ in model.named_parameters()]
+    old = {k.replace("attn.scorer.", "attn."): v for k, v in model.state_dict().items()}
+    assert {current_state_key(k) for k in old} == set(model.state_dict())
+    model.load_state_dict(old)
+    assert model.blocks[0].attn.legacy_layout_loaded
+    order = loaded_parameter_order(model)
+    lambdas = [f"blocks.0.attn.scorer.lambda_{n}" for n in ("q1", "k1", "q2", "k2")]
+    first = order.index("blocks.0.attn.qkv.weight")
+    assert order[first - 4 : first] == lambdas and sorted(order) == sorted(today)
+    assert order.index("blocks.0.attn.scorer.subln.weight") > order.index("blocks.0.attn.qk_map.dt")
+    model.load_state_dict(model.state_dict())  # today's layout: the note is cleared
+    assert loaded_parameter_order(model) == today
+
+
+def test_an_optimizer_state_keyed_by_name_is_renamed():
+    """FSDP's full optimizer state names the parameters: the old names are renamed to today's."""
+    state = {"state": {"blocks.0.attn.lambda_q1": {"step": 1}, "blocks.0.attn.qkv.weight": {"step": 1}}}
+    state["param_groups"] = [{"params": ["blocks.0.attn.qkv.weight", "blocks.0.attn.subln.weight"], "lr": 1.0}]
+    out = current_optimizer_state(None, state)
+    assert set(out["state"]) == {"blocks.0.attn.scorer.lambda_q1", "blocks.0.attn.qkv.weight"}
+    assert out["param_groups"] == [
+        {"params": ["blocks.0.attn.qkv.weight", "blocks.0.attn.scorer.subln.weight"], "lr": 1.0}
+    ]
+
+
+def test_the_hugging_face_export_loads_and_saves_todays_names(tmp_path):
+    pytest.importorskip("transformers")
+    from coupled_qk.hf import CoupledQKForCausalLM
+
+    model = CoupledQKForCausalLM.from_pretrained(LEGACY / "hf")  # strict: no missing or unexpected weight
+    with torch.no_grad():
+        assert torch.equal(model(EXPECTED["idx"]).logits, EXPECTED["logits_after_step3"])
+    model.save_pretrained(tmp_path / "again")
+    keys = set(load_file(str(tmp_path / "again" / "model.safetensors")))
+    assert "model.blocks.0.attn.scorer.lambda_q1" in keys and not any(".attn.lambda" in k for k in keys)
+    again = CoupledQKForCausalLM.from_pretrained(tmp_path / "again")
+    with torch.no_grad():
+        assert torch.equal(again(EXPECTED["idx"]).logits, EXPECTED["logits_after_step3"])
+
+
+def test_the_fixture_is_what_make_py_writes_with_todays_names(tmp_path):
+    """make.py, run with today's code, writes the same model under today's names (the fixture's provenance)."""
+    import runpy
+    import sys
+
+    argv = sys.argv
+    sys.argv = ["make.py", str(tmp_path)]
+    try:
+        runpy.run_path(str(LEGACY / "make.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    now = load_file(str(tmp_path / "expected.safetensors"))
+    assert torch.equal(now["logits_after_step3"], EXPECTED["logits_after_step3"])
+    assert {k.replace("attn.scorer.", "attn.") for k in now} == set(EXPECTED)
+    shutil.rmtree(tmp_path)
