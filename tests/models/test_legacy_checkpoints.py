@@ -1,11 +1,12 @@
 """Folders written before Differential Attention became a scoring-rule module (its parameters were the attention
 layer's own: ``attn.lambda_q1``, ``attn.subln.weight``) load with today's code and compute what they computed:
 a checkpoint, its resume (optimizer state included) and a Hugging Face export (tests/models/legacy_differential,
-written by that code; see its README)."""
+written by that code; see its README). Values are compared up to float32 rounding: the fixture was computed on
+another machine, whose kernels may sum in another order; a wrong parameter or moment is off by far more (a step
+moves a weight by about ``lr = 1e-2``)."""
 
 from __future__ import annotations
 
-import shutil
 import types
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from coupled_qk.training.model_setup import build_optimizer, current_optimizer_s
 LEGACY = Path(__file__).parent / "legacy_differential"
 EXPECTED = load_file(str(LEGACY / "expected.safetensors"))
 TRAIN = TrainConfig(max_steps=2, lr=1e-2)  # what make.py trained with
+CLOSE = dict(rtol=1e-4, atol=1e-6)
+"""float32 rounding of a few steps on another machine; a misplaced Adam moment moves a weight by ~1e-2."""
 
 
 def _step3(model: GPT, optimizer) -> None:
@@ -36,13 +39,13 @@ def _assert_step3_weights(model: GPT) -> None:
     for key, value in model.state_dict().items():
         if key != "lm_head.weight":  # tied to the embedding
             old = key.replace("attn.scorer.", "attn.")
-            assert torch.equal(value, EXPECTED[f"step3.{old}"]), key
+            torch.testing.assert_close(value, EXPECTED[f"step3.{old}"], **CLOSE, msg=lambda m, key=key: f"{key}: {m}")
 
 
 def test_the_checkpoint_loads_and_its_resume_takes_the_same_step():
     """Weights under the old names load into ``scorer``; the optimizer state, numbered in the old parameter
     order (the lambdas first in each layer), is renumbered, so the resumed step equals the one the old code
-    took, bit for bit."""
+    took."""
     where = ckpt.resume_checkpoint(LEGACY / "run")
     model = GPT(GPTConfig.load(where / "model_config.json"))
     ckpt.load_weights(model, where)  # strict: every old key found its place
@@ -54,7 +57,7 @@ def test_the_checkpoint_loads_and_its_resume_takes_the_same_step():
     _assert_step3_weights(model)
     model.eval()
     with torch.no_grad():
-        assert torch.equal(model(EXPECTED["idx"]), EXPECTED["logits_after_step3"])
+        torch.testing.assert_close(model(EXPECTED["idx"]), EXPECTED["logits_after_step3"], **CLOSE)
 
 
 def test_without_the_renumbering_the_resume_would_be_wrong():
@@ -106,13 +109,14 @@ def test_the_hugging_face_export_loads_and_saves_todays_names(tmp_path):
 
     model = CoupledQKForCausalLM.from_pretrained(LEGACY / "hf")  # strict: no missing or unexpected weight
     with torch.no_grad():
-        assert torch.equal(model(EXPECTED["idx"]).logits, EXPECTED["logits_after_step3"])
+        torch.testing.assert_close(model(EXPECTED["idx"]).logits, EXPECTED["logits_after_step3"], **CLOSE)
+        logits = model(EXPECTED["idx"]).logits
     model.save_pretrained(tmp_path / "again")
     keys = set(load_file(str(tmp_path / "again" / "model.safetensors")))
     assert "model.blocks.0.attn.scorer.lambda_q1" in keys and not any(".attn.lambda" in k for k in keys)
     again = CoupledQKForCausalLM.from_pretrained(tmp_path / "again")
     with torch.no_grad():
-        assert torch.equal(again(EXPECTED["idx"]).logits, EXPECTED["logits_after_step3"])
+        assert torch.equal(again(EXPECTED["idx"]).logits, logits)  # the same weights, bit for bit
 
 
 def test_the_fixture_is_what_make_py_writes_with_todays_names(tmp_path):
@@ -120,13 +124,15 @@ def test_the_fixture_is_what_make_py_writes_with_todays_names(tmp_path):
     import runpy
     import sys
 
-    argv = sys.argv
+    argv, threads = sys.argv, torch.get_num_threads()
     sys.argv = ["make.py", str(tmp_path)]
     try:
-        runpy.run_path(str(LEGACY / "make.py"), run_name="__main__")
+        with torch.random.fork_rng(devices=[]):  # make.py seeds the global stream and uses one thread
+            runpy.run_path(str(LEGACY / "make.py"), run_name="__main__")
     finally:
         sys.argv = argv
+        torch.set_num_threads(threads)
     now = load_file(str(tmp_path / "expected.safetensors"))
-    assert torch.equal(now["logits_after_step3"], EXPECTED["logits_after_step3"])
     assert {k.replace("attn.scorer.", "attn.") for k in now} == set(EXPECTED)
-    shutil.rmtree(tmp_path)
+    for key, value in now.items():
+        torch.testing.assert_close(value, EXPECTED[key.replace("attn.scorer.", "attn.")], **CLOSE)

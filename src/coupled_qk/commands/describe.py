@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from coupled_qk.commands.options import add_model_options, gpt_config_from_args
+from coupled_qk.commands.options import add_model_options, gpt_config_from_args, path_arg
 from coupled_qk.models.catalog import write_docs
 from coupled_qk.models.gpt import coupling_parameter_overhead
 
@@ -24,6 +24,7 @@ def add_arguments(parser) -> None:
         nargs="?",
         const=DESIGN_DOC,
         default=None,
+        type=path_arg,
         metavar="PATH",
         help=f"rewrite the generated tables (attentions, variants, presets) of PATH (default {DESIGN_DOC}, run from "
         "the repository root) from the registry, every map of the package included, and exit",

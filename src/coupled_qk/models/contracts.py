@@ -171,7 +171,7 @@ def check_scoring(module: object) -> None:
             layer_idx)``.
     """
     if not (isinstance(module, type) and issubclass(module, ScoringRule)):
-        raise ValueError(f"module={module!r} must be a ScoringRule subclass (coupled_qk.layers.attention)")
+        raise ValueError(f"module={module!r} must be a ScoringRule subclass (coupled_qk.ScoringRule)")
     if module.head_group != 1:
         raise ValueError(f"{module.__name__}.head_group={module.head_group}: added scoring rules must use 1")
     _check_forward(module, ScoringRule, "(q, k, v, eager, dropout_p, mask) -> (y, probabilities)")

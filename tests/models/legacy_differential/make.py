@@ -15,6 +15,7 @@ from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.model_setup import build_optimizer
 
 out = Path(sys.argv[1])
+torch.set_num_threads(1)  # one summation order
 torch.manual_seed(0)
 cfg = GPTConfig(
     vocab_size=32, block_size=16, n_layer=2, d_model=16, n_heads=4, n_kv_heads=2, attention="coupled_differential"
