@@ -1,5 +1,7 @@
-"""The generated lists of docs/DESIGN.md (attentions with their options, named variants, presets) match the
-registry (:mod:`coupled_qk.models.catalog`). Regenerate them with ``coupled-qk describe --write-docs``."""
+"""The registry's tables in docs/DESIGN.md (attentions with their options, named variants, presets) and the front
+page's variants table (:mod:`coupled_qk.models.catalog`, :mod:`coupled_qk.commands.docs_blocks`): current for the
+maps DESIGN.md documents, so a drop-in map needs no doc edit; rewritten, with every map of the package, by
+``python -m coupled_qk.commands.docs_blocks``."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from coupled_qk.cli import main
+from coupled_qk.commands import docs_blocks
 from coupled_qk.models.catalog import BLOCK, documented_maps, package_maps, stale_blocks, tables
 
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "docs" / "DESIGN.md"
 PAPER_MAPS = ("dynamics", "query_mlp", "invertible")
 """The maps of the paper (v1's dynamics and its uncoupled baseline, v2's coupling): always documented."""
 
@@ -22,41 +25,51 @@ def test_generated_lists_in_design_md_match_the_registry():
     assert set(PAPER_MAPS) <= set(documented), f"docs/DESIGN.md documents the maps {documented}"
     stale = stale_blocks(text)
     assert not stale, (
-        f"docs/DESIGN.md: the generated block(s) {stale} are out of date; run coupled-qk describe --write-docs"
+        f"docs/DESIGN.md: the generated block(s) {stale} are out of date; run python -m coupled_qk.commands.docs_blocks"
     )
 
 
-def test_write_docs_rewrites_only_the_stale_blocks(tmp_path, capsys):
-    page = tmp_path / "DESIGN.md"
-    shutil.copy(DESIGN, page)
+def _copy_pages(tmp_path: Path) -> Path:
+    (tmp_path / "docs").mkdir()
+    shutil.copy(DESIGN, tmp_path / "docs" / "DESIGN.md")
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index("<!-- BEGIN generated: variants-table -->"), readme.index("<!-- END generated: variants")
+    (tmp_path / "README.md").write_text(readme[start:end] + "<!-- END generated: variants-table -->\n")
+    return tmp_path
+
+
+def test_the_command_rewrites_only_the_stale_design_blocks(tmp_path, capsys):
+    root = _copy_pages(tmp_path)
+    page = root / "docs" / "DESIGN.md"
     text = page.read_text()
     old = text.replace("| `tiny` | 8,192 |", "| `tiny` | 4,096 |")
     assert old != text
     page.write_text(old)
     assert stale_blocks(old) == ["presets"]
-    assert main(["describe", "--write-docs", str(page)]) == 0
-    assert capsys.readouterr().out.strip() == f"{page}: rewrote presets"
+    assert docs_blocks.main(["--root", str(root), "--check"]) == 1
+    assert "stale: docs/DESIGN.md: presets" in capsys.readouterr().out
+    assert docs_blocks.main(["--root", str(root)]) == 0
     assert page.read_text() == text  # the rest of the page kept byte for byte
-    assert main(["describe", "--write-docs", str(page)]) == 0
-    assert "already current" in capsys.readouterr().out
+    assert docs_blocks.main(["--root", str(root), "--check"]) == 0
 
 
-def test_a_drop_in_map_is_current_without_a_row_and_gets_one_when_written(tmp_path):
-    """A map added to the package (here registered by a test, its class in ``coupled_qk``'s namespace) does not
-    make the page stale; ``--write-docs`` adds its rows."""
+def test_a_drop_in_map_is_current_without_rows_and_gets_them_when_written(tmp_path):
+    """A map added to the package (here registered by a test, its class in ``coupled_qk``'s namespace) leaves
+    DESIGN.md and the README current; rewriting the pages adds its rows to both."""
     from coupled_qk.models import registry
     from coupled_qk.models.maps.query_mlp import QueryMLP, QueryMLPOptions
 
-    page = tmp_path / "DESIGN.md"
-    shutil.copy(DESIGN, page)
+    root = _copy_pages(tmp_path)
     with registry.isolated():
         registry.register_qk_map("query_mlp_copy", "mlp_copy", QueryMLP, QueryMLPOptions, in_defaults=False)
         assert "query_mlp_copy" in package_maps()
-        assert stale_blocks(page.read_text()) == []
-        main(["describe", "--write-docs", str(page)])
-        assert "query_mlp_copy" in documented_maps(page.read_text())
-        assert "| `mlp_copy_differential` | `query_mlp_copy` (`QueryMLP`) | differential |" in page.read_text()
-        assert stale_blocks(page.read_text()) == []
+        assert docs_blocks.stale_blocks(root) == []
+        assert docs_blocks.main(["--root", str(root)]) == 0
+        design, readme = (root / "docs" / "DESIGN.md").read_text(), (root / "README.md").read_text()
+        assert "query_mlp_copy" in documented_maps(design)
+        assert "| `mlp_copy_differential` | `query_mlp_copy` (`QueryMLP`) | differential |" in design
+        assert "| `mlp_copy_differential` | `QueryMLP` | differential |" in readme
+        assert docs_blocks.stale_blocks(root) == []
 
 
 def test_checker_sees_a_stale_block_and_a_missing_one():

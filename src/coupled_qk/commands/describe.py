@@ -1,41 +1,21 @@
-"""``coupled-qk describe``: exact parameter counts and the coupling overhead of a model configuration; with
-``--write-docs``, the generated tables of docs/DESIGN.md rewritten from the registry
-(:mod:`coupled_qk.models.catalog`)."""
+"""``coupled-qk describe``: exact parameter counts and the coupling overhead of a model configuration."""
 
 from __future__ import annotations
 
 import json
 
-from coupled_qk.commands.options import add_model_options, gpt_config_from_args, path_arg
-from coupled_qk.models.catalog import write_docs
+from coupled_qk.commands.options import add_model_options, gpt_config_from_args
 from coupled_qk.models.gpt import coupling_parameter_overhead
 
 HELP = "parameter counts and coupling overhead of a model"
-
-DESIGN_DOC = "docs/DESIGN.md"
-"""The page ``--write-docs`` rewrites by default (relative to the current folder: the repository root)."""
 
 
 def add_arguments(parser) -> None:
     add_model_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    parser.add_argument(
-        "--write-docs",
-        nargs="?",
-        const=DESIGN_DOC,
-        default=None,
-        type=path_arg,
-        metavar="PATH",
-        help=f"rewrite the generated tables (attentions, variants, presets) of PATH (default {DESIGN_DOC}, run from "
-        "the repository root) from the registry, every map of the package included, and exit",
-    )
 
 
 def run(args) -> int:
-    if args.write_docs is not None:
-        changed = write_docs(args.write_docs)
-        print(f"{args.write_docs}: {'rewrote ' + ', '.join(changed) if changed else 'already current'}")
-        return 0
     config = gpt_config_from_args(args)
     info = coupling_parameter_overhead(config)
     info["config"] = config.to_dict()

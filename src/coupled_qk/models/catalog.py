@@ -1,13 +1,13 @@
 """The registry as documentation: the generated tables of docs/DESIGN.md (the attentions with their map options, the
-named variants, the presets), written by ``coupled-qk describe --write-docs`` and compared with the registry by
-``tests/test_docs_sync.py``.
+named variants, the presets), rewritten by ``python -m coupled_qk.commands.docs_blocks`` (with every other generated
+block) and compared with the registry by ``tests/test_docs.py`` and ``tests/test_docs_sync.py``.
 
 A generated block of a markdown file reads ``<!-- BEGIN generated: NAME -->`` ... ``<!-- END generated: NAME -->``
 (:data:`BLOCK`); :func:`tables` renders each block from the registry. The tables cover the library's own maps and
 scoring rules (their classes are defined in ``coupled_qk``), not third-party plugins. A page documents the maps its
 ``attentions`` table names (:func:`documented_maps`): a drop-in map added to :mod:`coupled_qk.models.maps` is
-correct without being in the tables, and joins them when the page is written again (``--write-docs`` writes every
-map of the package).
+correct without being in the tables, and joins them when the page is written again (:func:`write_docs` writes
+every map of the package).
 """
 
 from __future__ import annotations
@@ -54,6 +54,34 @@ def documented_maps(text: str) -> list[str]:
     return list(dict.fromkeys(re.findall(r"^\| `\w+` \| `(\w+)` \(", block, re.M)))
 
 
+def attention_names(maps: Sequence[str]) -> list[str]:
+    """The attentions the tables of ``maps`` list: those without a map first, then each map's, in the order of
+    ``maps`` (scoring rules of the package only).
+
+    Raises:
+        ValueError: a map in ``maps`` that is not registered, naming it and the registered ones.
+    """
+    load_plugins()
+    maps = list(maps)
+    unknown = [m for m in maps if m not in QK_MAPS]
+    if unknown:
+        raise ValueError(f"query-key map(s) {unknown} are not registered; registered: {list(QK_MAPS)}")
+    names = [
+        n
+        for n, a in ATTENTIONS.items()
+        if (a.qk_map is None or a.qk_map.name in maps) and _ours(SCORING_RULES[a.scoring].module)
+    ]
+    return sorted(names, key=lambda n: maps.index(ATTENTIONS[n].qk_map.name) + 1 if ATTENTIONS[n].qk_map else 0)
+
+
+def variant_names(attentions: Sequence[str]) -> list[str]:
+    """The named variants of ``attentions``: the default set first (:func:`~coupled_qk.models.registry.
+    default_variants`, the paper's order), then the others in registration order."""
+    defaults = default_variants()
+    listed = [n for n in defaults if VARIANTS[n]["attention"] in attentions]
+    return listed + [n for n, spec in VARIANTS.items() if spec["attention"] in attentions and n not in defaults]
+
+
 def _defaults(options: type) -> str:
     return ", ".join(f"`{f.name}={f.default!r}`" for f in dataclasses.fields(options))
 
@@ -68,17 +96,7 @@ def tables(maps: Sequence[str] | None = None) -> dict[str, str]:
     Raises:
         ValueError: a map in ``maps`` that is not registered, naming it and the registered ones.
     """
-    load_plugins()
-    maps = package_maps() if maps is None else list(maps)
-    unknown = [m for m in maps if m not in QK_MAPS]
-    if unknown:
-        raise ValueError(f"query-key map(s) {unknown} are not registered; registered: {list(QK_MAPS)}")
-    names = [
-        n
-        for n, a in ATTENTIONS.items()
-        if (a.qk_map is None or a.qk_map.name in maps) and _ours(SCORING_RULES[a.scoring].module)
-    ]
-    names.sort(key=lambda n: maps.index(ATTENTIONS[n].qk_map.name) + 1 if ATTENTIONS[n].qk_map else 0)
+    names = attention_names(package_maps() if maps is None else maps)
     rows = ["| attention | query-key map (class) | scoring | map options (defaults) |", "|---|---|---|---|"]
     for name in names:
         m = ATTENTIONS[name].qk_map
@@ -92,8 +110,7 @@ def tables(maps: Sequence[str] | None = None) -> dict[str, str]:
 def _variants(attentions: list[str]) -> str:
     defaults = default_variants()
     rows = ["| variant | `GPTConfig` overrides | in the default set |", "|---|---|---|"]
-    listed = [n for n in defaults if VARIANTS[n]["attention"] in attentions]
-    listed += [n for n, spec in VARIANTS.items() if spec["attention"] in attentions and n not in defaults]
+    listed = variant_names(attentions)
     for name in listed:
         overrides = ", ".join(f"`{k}={v!r}`" for k, v in VARIANTS[name].items())
         rows.append(f"| `{name}` | {overrides} | {'yes' if name in defaults else 'no'} |")
