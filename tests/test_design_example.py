@@ -3,8 +3,8 @@
 The ``Drift`` example is copied out of docs/DESIGN.md verbatim into a file of a temporary folder that is added to
 the drop-in package ``coupled_qk.models.maps`` (as if pasted into ``src/coupled_qk/models/maps/``), and the tests
 that loop over the registry run on it in a fresh pytest process, with the docs checks (every generated block of
-README.md and docs/) and the field-declaration checks: all pass with no other edit. The layering rule a file inside the package
-obeys is checked on it here.
+README.md and docs/) and the field-declaration checks: all pass with no other edit. The layering rule a file inside
+the package obeys is checked on it here.
 """
 
 from __future__ import annotations
