@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from coupled_qk import GPT
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.gpt import current_state_key, loaded_parameter_order
+from coupled_qk.models.gpt import current_state_key
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import TrainConfig
@@ -43,13 +43,12 @@ def _assert_step3_weights(model: GPT) -> None:
 
 
 def test_the_checkpoint_loads_and_its_resume_takes_the_same_step():
-    """Weights under the old names load into ``scorer``; the optimizer state, numbered in the old parameter
-    order (the lambdas first in each layer), is renumbered, so the resumed step equals the one the old code
-    took."""
+    """Weights under the old names load into ``scorer``; the optimizer state numbers the parameters in the order
+    they always had (the layer lists the lambdas first and the norm last), so the resumed step equals the one
+    the old code took."""
     where = ckpt.resume_checkpoint(LEGACY / "run")
     model = GPT(GPTConfig.load(where / "model_config.json"))
     ckpt.load_weights(model, where)  # strict: every old key found its place
-    assert all(block.attn.legacy_layout_loaded for block in model.blocks)
     optimizer = build_optimizer(model, TRAIN)
     saved = ckpt.load_torch_file(where / "optimizer.pt")
     load_optimizer_state(model, optimizer, saved, TRAIN, types.SimpleNamespace(world=1))
@@ -60,43 +59,69 @@ def test_the_checkpoint_loads_and_its_resume_takes_the_same_step():
         torch.testing.assert_close(model(EXPECTED["idx"]), EXPECTED["logits_after_step3"], **CLOSE)
 
 
-def test_without_the_renumbering_the_resume_would_be_wrong():
-    """The check above can fail: the old optimizer state loaded as it is gives the map's step size the lambdas'
-    moments (same shapes, no error), and another step."""
+def _module_order(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters in plain submodule order (``nn.Module``'s, without the layer's ``inline_parameter_order``):
+    the scorer's after the map's, duplicates (the tied head) once."""
+    out = [p for p in module._parameters.values() if p is not None]
+    for child in module._modules.values():
+        out += _module_order(child) if child is not None else []
+    return list({id(p): p for p in out}.values())
+
+
+def test_in_plain_submodule_order_the_resume_would_be_wrong():
+    """The check above can fail: with the scorer's parameters listed after the map's (plain submodule order),
+    the old optimizer state gives the map's step size the lambdas' moments (same shapes, no error), and another
+    step."""
     where = ckpt.resume_checkpoint(LEGACY / "run")
     model = GPT(GPTConfig.load(where / "model_config.json"))
     ckpt.load_weights(model, where)
-    optimizer = build_optimizer(model, TRAIN)
+    params = _module_order(model)
+    groups = [[p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]]  # as build_optimizer
+    optimizer = torch.optim.AdamW(
+        [{"params": groups[0], "weight_decay": TRAIN.weight_decay}, {"params": groups[1], "weight_decay": 0.0}],
+        lr=TRAIN.lr,
+        betas=(TRAIN.beta1, TRAIN.beta2),
+    )
     optimizer.load_state_dict(ckpt.load_torch_file(where / "optimizer.pt"))
     _step3(model, optimizer)
     with pytest.raises(AssertionError, match="qk_map.dt"):
         _assert_step3_weights(model)
 
 
-def test_the_parameter_order_of_the_old_layout():
+def test_the_layer_lists_differential_parameters_in_their_old_order():
+    """The lambdas first, the norm last, the map's parameters between (the order of the layer that held them):
+    ``named_modules`` lists every module once, the same ones as ``nn.Module``'s traversal."""
     model = GPT(
         GPTConfig(vocab_size=32, block_size=8, n_layer=1, d_model=16, n_heads=4, attention="coupled_differential")
     )
-    today = loaded_parameter_order(model)
-    assert today == [n for n, _ in model.named_parameters()]
-    old = {k.replace("attn.scorer.", "attn."): v for k, v in model.state_dict().items()}
-    assert {current_state_key(k) for k in old} == set(model.state_dict())
-    model.load_state_dict(old)
-    assert model.blocks[0].attn.legacy_layout_loaded
-    order = loaded_parameter_order(model)
-    lambdas = [f"blocks.0.attn.scorer.lambda_{n}" for n in ("q1", "k1", "q2", "k2")]
-    first = order.index("blocks.0.attn.qkv.weight")
-    assert order[first - 4 : first] == lambdas and sorted(order) == sorted(today)
-    assert order.index("blocks.0.attn.scorer.subln.weight") > order.index("blocks.0.attn.qk_map.dt")
-    model.load_state_dict(model.state_dict())  # today's layout: the note is cleared
-    assert loaded_parameter_order(model) == today
+    names = [n.removeprefix("blocks.0.attn.") for n, _ in model.named_parameters() if n.startswith("blocks.0.attn.")]
+    lambdas = [f"scorer.lambda_{n}" for n in ("q1", "k1", "q2", "k2")]
+    maps = ["qk_map.dt", "qk_map.force.w_in", "qk_map.force.w_out"]
+    assert names == [*lambdas, "qkv.weight", "out_proj.weight", *maps, "scorer.subln.weight"]
+    assert [p for _, p in model.named_parameters()] == [p for p in model.parameters()]
+    listed = [m for _, m in model.named_modules()]
+    assert len(listed) == len({id(m) for m in listed}) and {id(m) for m in listed} == {
+        id(m) for m in _all_modules(model)
+    }
+    standard = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, d_model=16, n_heads=4))
+    assert list(standard.parameters()) == _module_order(standard)  # other layers: nn.Module's order
+
+
+def _all_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
+    out = [module]
+    for child in module._modules.values():
+        out += _all_modules(child) if child is not None else []
+    return out
 
 
 def test_an_optimizer_state_keyed_by_name_is_renamed():
     """FSDP's full optimizer state names the parameters: the old names are renamed to today's."""
+    assert current_state_key("blocks.3.attn.subln.weight") == "blocks.3.attn.scorer.subln.weight"
+    assert current_state_key("blocks.0.attn.dynamics.force.w_in") == "blocks.0.attn.qk_map.force.w_in"
+    assert current_state_key("blocks.0.attn.qkv.weight") == "blocks.0.attn.qkv.weight"  # today's: unchanged
     state = {"state": {"blocks.0.attn.lambda_q1": {"step": 1}, "blocks.0.attn.qkv.weight": {"step": 1}}}
     state["param_groups"] = [{"params": ["blocks.0.attn.qkv.weight", "blocks.0.attn.subln.weight"], "lr": 1.0}]
-    out = current_optimizer_state(None, state)
+    out = current_optimizer_state(state)
     assert set(out["state"]) == {"blocks.0.attn.scorer.lambda_q1", "blocks.0.attn.qkv.weight"}
     assert out["param_groups"] == [
         {"params": ["blocks.0.attn.qkv.weight", "blocks.0.attn.scorer.subln.weight"], "lr": 1.0}

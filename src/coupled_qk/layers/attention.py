@@ -153,8 +153,9 @@ class CausalSelfAttention(nn.Module):
 
     Attributes: ``qk_map`` (the map module or ``None``), ``scorer`` (the scoring rule module, ``None`` for
     standard scoring), ``head_group`` (the rule's sub-heads per head, 1 for standard scoring),
-    ``legacy_layout_loaded`` (the last state dict loaded held the scoring rule's parameters under their earlier
-    names, see below).
+    ``named_modules()`` (and so ``parameters()``) lists a rule with ``inline_parameter_order`` (Differential
+    Attention) right after the layer and its submodules after the layer's others: the parameter order of the
+    layout where the rule was the layer's own code, which optimizer states and gradient-norm sums follow.
 
     State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) or before
     Differential Attention became a scoring rule module (``lambda_*``, ``subln.*``; now under ``scorer.``) load.
@@ -228,9 +229,6 @@ class CausalSelfAttention(nn.Module):
         self.fold_inference = True  # decoding folds the map into the projection (layers/folded.py)
         self.check_every_call = True  # check x, rope, key_mask per call (layers/layer_inputs.py; GPT turns it off)
         self._fold: FoldedProjection | None = None
-        # the last state dict loaded had the scorer's parameters at the layer's level, listed before the layer's
-        # others: an optimizer state saved with it lists them in that order (training/model_setup.py reorders it)
-        self.legacy_layout_loaded = False
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
 
     def _build_scorer(self, scoring, d_head: int, n_heads: int, n_kv_heads: int, layer_idx: int):
@@ -259,16 +257,35 @@ class CausalSelfAttention(nn.Module):
         return scorer
 
     def _upgrade_state_dict(self, state_dict, prefix, *args) -> None:
-        """Rename the parameters of state dicts written in an earlier layout (:data:`LEGACY_STATE_KEYS`); note in
-        :attr:`legacy_layout_loaded` whether the scoring rule's parameters were among them."""
-        self.legacy_layout_loaded = False
+        """Rename the parameters of state dicts written in an earlier layout (:data:`LEGACY_STATE_KEYS`)."""
         for key in [k for k in state_dict if k.startswith(prefix)]:
             name = key[len(prefix) :]
             for old, new in LEGACY_STATE_KEYS:
                 if name == old or (old.endswith(".") and name.startswith(old)):
                     state_dict[prefix + new + name[len(old) :]] = state_dict.pop(key)
-                    self.legacy_layout_loaded |= new.startswith("scorer.")
                     break
+
+    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
+        """``nn.Module.named_modules``; with a scoring rule whose ``inline_parameter_order`` is set (Differential
+        Attention), the rule right after the layer and its submodules after the layer's others, so that
+        ``parameters()`` lists its own parameters first and its submodules' last, as when they were the layer's
+        (state-dict keys stay ``scorer.*``; see the class docstring)."""
+        rule = self._modules.get("scorer")
+        if rule is None or not getattr(rule, "inline_parameter_order", False):
+            yield from super().named_modules(memo, prefix, remove_duplicate)
+            return
+        memo = set() if memo is None else memo
+        if self in memo:
+            return
+        dot = prefix + "." if prefix else ""
+        if remove_duplicate:
+            memo.update((self, rule))
+        yield prefix, self
+        yield dot + "scorer", rule
+        children = [(n, m) for n, m in self._modules.items() if n != "scorer"]
+        for name, module in children + [(f"scorer.{n}", m) for n, m in rule._modules.items()]:
+            if module is not None:
+                yield from module.named_modules(memo, dot + name, remove_duplicate)
 
     @property
     def keys_per_query_head(self) -> bool:

@@ -73,7 +73,9 @@ class DifferentialScoring(ScoringRule):
 
     Attributes:
         lambda_q1, lambda_k1, lambda_q2, lambda_k2: ``nn.Parameter`` ``(d_head,)``, ``N(0, 0.1)``, drawn from the
-            model's random stream at construction (``own_random_stream = False``).
+            model's random stream at construction (``own_random_stream = False``); the layer lists them first
+            and ``subln`` last among its parameters (``inline_parameter_order = True``), the order of the layer
+            that held them before this rule was a module, so optimizer states and gradient norms keep theirs.
         subln: the per-head ``nn.RMSNorm(2 d_head)`` (eps 1e-5); it runs in its weight's dtype (float32 under
             autocast) and returns the input dtype.
         lambda_init: ``float``.
@@ -88,6 +90,7 @@ class DifferentialScoring(ScoringRule):
 
     head_group = 2
     own_random_stream = False  # the lambdas come from the model's stream, as they always did (paired seeds)
+    inline_parameter_order = True  # listed as when they were the layer's: lambdas first, the norm last
 
     def __init__(self, d_head: int, n_heads: int, layer_idx: int):
         super().__init__()

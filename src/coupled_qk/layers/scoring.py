@@ -131,10 +131,15 @@ class ScoringRule(nn.Module):
             as without it (paired by seed). ``False``: from the model's stream, in construction order (the
             built-in Differential Attention, whose lambdas were always drawn so: the initial weights of a seed
             stay what they were).
+        inline_parameter_order: ``False`` (default): the layer lists the rule's parameters after its own
+            submodules', as any submodule's. ``True``: in the order of a layer whose code the rule was, its own
+            parameters first and its submodules' after the layer's others (the built-in Differential Attention:
+            an optimizer state or a gradient norm keeps the order it always had).
     """
 
     head_group: int = 1
     own_random_stream: bool = True
+    inline_parameter_order: bool = False
 
     def forward(
         self,

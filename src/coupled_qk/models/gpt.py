@@ -42,33 +42,6 @@ def current_state_key(key: str) -> str:
     return key
 
 
-def loaded_parameter_order(model: nn.Module) -> list[str]:
-    """Names of ``model``'s trainable parameters in the order of the state dict it last loaded: today's
-    ``named_parameters()`` order, except in attention layers whose state dict had the earlier layout
-    (:attr:`CausalSelfAttention.legacy_layout_loaded`), where that layout listed the scoring rule's own
-    parameters (Differential Attention's lambdas, then the layer's own) before the layer's others. An optimizer
-    state saved with that checkpoint numbers the parameters in this order."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    legacy = [f"{n}." for n, m in model.named_modules() if getattr(m, "legacy_layout_loaded", False)]
-    if not legacy:
-        return names
-    first = {
-        prefix + new: prefix
-        for prefix in legacy
-        for old, new in LEGACY_STATE_KEYS
-        if new.startswith("scorer.") and not old.endswith(".")
-    }
-    order, done = [], set()
-    for name in names:
-        prefix = next((p for p in legacy if name.startswith(p)), None)
-        if prefix is not None and prefix not in done:  # the layer's own parameters came first
-            done.add(prefix)
-            order += [n for n in names if first.get(n) == prefix]
-        if name not in first:
-            order.append(name)
-    return order
-
-
 class MLP(nn.Module):
     """Feed-forward sub-layer ``W2 gelu(W1 x)``, bias-free; ``(B, T, d_model) -> (B, T, d_model)``."""
 

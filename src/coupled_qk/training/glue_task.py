@@ -77,13 +77,13 @@ class GlueOptions:
     eval_batch_size: int = option(64, lo=1)
 
     def __post_init__(self):
-        for key in ("glue_task", "pretrained"):
-            if getattr(self, key) is None:
-                raise ValueError(f"task 'glue' needs task_options.{key}")
         for key in ("pretrained", "glue_dir"):
             if isinstance(getattr(self, key), os.PathLike):
                 setattr(self, key, os.fspath(getattr(self, key)))
         coerce_fields(self, "task_options")
+        for key in ("glue_task", "pretrained"):  # after the conversion: the text "none" is None
+            if getattr(self, key) is None:
+                raise ValueError(f"task 'glue' needs task_options.{key}")
         try:
             self.glue_task = check_task(self.glue_task)
         except ValueError as exc:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from coupled_qk.models.compiled import compile_error_summary, compile_regions, uncompile_regions
-from coupled_qk.models.gpt import GPT, current_state_key, loaded_parameter_order
+from coupled_qk.models.gpt import GPT, current_state_key
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import TrainConfig
@@ -94,34 +94,22 @@ def full_states(model: GPT, optimizer, cfg: TrainConfig, runtime: Runtime) -> tu
     return model.state_dict(), optimizer.state_dict()
 
 
-def current_optimizer_state(model: GPT, opt_state: dict) -> dict:
-    """``opt_state`` (a full optimizer state dict of :func:`build_optimizer`'s groups) with each parameter's entry
-    where today's layout puts that parameter: keys by name (FSDP) renamed (:func:`current_state_key`); integer
-    keys renumbered from the parameter order of the checkpoint loaded into ``model``
-    (:func:`~coupled_qk.models.gpt.loaded_parameter_order`: a checkpoint saved before Differential Attention's
-    parameters moved into the layer's ``scorer`` listed them first)."""
+def current_optimizer_state(opt_state: dict) -> dict:
+    """``opt_state`` (a full optimizer state dict) with the parameter names of an earlier layout renamed
+    (:func:`~coupled_qk.models.gpt.current_state_key`: FSDP's state names the parameters, and Differential
+    Attention's moved into the layer's ``scorer``); a state numbering the parameters is returned as it is (their
+    order has not changed: :class:`~coupled_qk.layers.differential.DifferentialScoring`)."""
     groups = opt_state["param_groups"]
-    if any(isinstance(p, str) for g in groups for p in g["params"]):
-        renamed = [{**g, "params": [current_state_key(p) for p in g["params"]]} for g in groups]
-        return {"state": {current_state_key(k): v for k, v in opt_state["state"].items()}, "param_groups": renamed}
-    params = dict(model.named_parameters())
-    saved, now = loaded_parameter_order(model), [n for n, p in params.items() if p.requires_grad]
-    if saved == now:
+    if not any(isinstance(p, str) for g in groups for p in g["params"]):
         return opt_state
-
-    def ids(order: list[str]) -> dict[str, int]:  # build_optimizer's groups: matrices, then vectors
-        grouped = [n for n in order if params[n].dim() >= 2] + [n for n in order if params[n].dim() < 2]
-        return {n: i for i, n in enumerate(grouped)}
-
-    old, new = ids(saved), ids(now)
-    state = {new[n]: opt_state["state"][old[n]] for n in now if old[n] in opt_state["state"]}
-    return {"state": state, "param_groups": groups}
+    renamed = [{**g, "params": [current_state_key(p) for p in g["params"]]} for g in groups]
+    return {"state": {current_state_key(k): v for k, v in opt_state["state"].items()}, "param_groups": renamed}
 
 
 def load_optimizer_state(model: GPT, optimizer, opt_state: dict, cfg: TrainConfig, runtime: Runtime) -> None:
     """Load a full optimizer state dict (as :func:`full_states` saved it, in this layout or an earlier one:
     :func:`current_optimizer_state`) into ``optimizer``, under FSDP or not."""
-    opt_state = current_optimizer_state(model, opt_state)
+    opt_state = current_optimizer_state(opt_state)
     if runtime.world > 1 and cfg.fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
