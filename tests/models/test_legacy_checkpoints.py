@@ -18,15 +18,24 @@ from coupled_qk import GPT
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import current_state_key
 from coupled_qk.ops.losses import next_token_loss
-from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.model_setup import build_optimizer, current_optimizer_state, load_optimizer_state
+from coupled_qk.training.run_folder import RunFolder
 
 LEGACY = Path(__file__).parent / "legacy_differential"
 EXPECTED = load_file(str(LEGACY / "expected.safetensors"))
 TRAIN = TrainConfig(max_steps=2, lr=1e-2)  # what make.py trained with
 CLOSE = dict(rtol=1e-4, atol=1e-6)
 """float32 rounding of a few steps on another machine; a misplaced Adam moment moves a weight by ~1e-2."""
+
+
+def _load():
+    """The model of the run's resume point, its weights loaded (strict: every old key finds its place)."""
+    run = RunFolder(LEGACY / "run")
+    checkpoint = run.checkpoint(run.resume_checkpoint())
+    model = GPT(checkpoint.model_config())
+    checkpoint.load_weights(model)
+    return model, checkpoint
 
 
 def _step3(model: GPT, optimizer) -> None:
@@ -46,12 +55,9 @@ def test_the_checkpoint_loads_and_its_resume_takes_the_same_step():
     """Weights under the old names load into ``scorer``; the optimizer state numbers the parameters in the order
     they always had (the layer lists the lambdas first and the norm last), so the resumed step equals the one
     the old code took."""
-    where = ckpt.resume_checkpoint(LEGACY / "run")
-    model = GPT(GPTConfig.load(where / "model_config.json"))
-    ckpt.load_weights(model, where)  # strict: every old key found its place
+    model, checkpoint = _load()
     optimizer = build_optimizer(model, TRAIN)
-    saved = ckpt.load_torch_file(where / "optimizer.pt")
-    load_optimizer_state(model, optimizer, saved, TRAIN, types.SimpleNamespace(world=1))
+    load_optimizer_state(model, optimizer, checkpoint.optimizer_state(), TRAIN, types.SimpleNamespace(world=1))
     _step3(model, optimizer)
     _assert_step3_weights(model)
     model.eval()
@@ -72,9 +78,7 @@ def test_in_plain_submodule_order_the_resume_would_be_wrong():
     """The check above can fail: with the scorer's parameters listed after the map's (plain submodule order),
     the old optimizer state gives the map's step size the lambdas' moments (same shapes, no error), and another
     step."""
-    where = ckpt.resume_checkpoint(LEGACY / "run")
-    model = GPT(GPTConfig.load(where / "model_config.json"))
-    ckpt.load_weights(model, where)
+    model, checkpoint = _load()
     params = _module_order(model)
     groups = [[p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]]  # as build_optimizer
     optimizer = torch.optim.AdamW(
@@ -82,7 +86,7 @@ def test_in_plain_submodule_order_the_resume_would_be_wrong():
         lr=TRAIN.lr,
         betas=(TRAIN.beta1, TRAIN.beta2),
     )
-    optimizer.load_state_dict(ckpt.load_torch_file(where / "optimizer.pt"))
+    optimizer.load_state_dict(checkpoint.optimizer_state())
     _step3(model, optimizer)
     with pytest.raises(AssertionError, match="qk_map.dt"):
         _assert_step3_weights(model)
@@ -144,20 +148,17 @@ def test_the_hugging_face_export_loads_and_saves_todays_names(tmp_path):
         assert torch.equal(again(EXPECTED["idx"]).logits, logits)  # the same weights, bit for bit
 
 
-def test_the_fixture_is_what_make_py_writes_with_todays_names(tmp_path):
-    """make.py, run with today's code, writes the same model under today's names (the fixture's provenance)."""
+def test_the_fixture_is_what_make_py_computes_with_todays_code():
+    """make.py's training, repeated with today's code, gives the fixture's numbers under today's names (its
+    provenance; make.py writes with the writers of the code it records)."""
     import runpy
-    import sys
 
-    argv, threads = sys.argv, torch.get_num_threads()
-    sys.argv = ["make.py", str(tmp_path)]
+    threads = torch.get_num_threads()
     try:
-        with torch.random.fork_rng(devices=[]):  # make.py seeds the global stream and uses one thread
-            runpy.run_path(str(LEGACY / "make.py"), run_name="__main__")
+        with torch.random.fork_rng(devices=[]):  # train() seeds the global stream and uses one thread
+            now, _ = runpy.run_path(str(LEGACY / "make.py"))["train"]()
     finally:
-        sys.argv = argv
         torch.set_num_threads(threads)
-    now = load_file(str(tmp_path / "expected.safetensors"))
     assert {k.replace("attn.scorer.", "attn.") for k in now} == set(EXPECTED)
     for key, value in now.items():
         torch.testing.assert_close(value, EXPECTED[key.replace("attn.scorer.", "attn.")], **CLOSE)

@@ -5,7 +5,7 @@ section 2).
 :class:`DifferentialScoring` is a :class:`~coupled_qk.layers.scoring.ScoringRule` like any added rule; it pairs
 query/key sub-heads (``head_group = 2``): head ``i`` of the layer is sub-heads ``2i`` (feeding ``A1``) and
 ``2i + 1`` (feeding ``A2``) with one value of width ``2 d_head`` (parameter-matched with standard attention).
-The registry (:mod:`coupled_qk.models.grid`) names it ``differential``; the attention layer builds it from that
+The registry (:mod:`coupled_qk.models.registry`) names it ``differential``; the attention layer builds it from that
 name too. :func:`differential_lambda_init` and :func:`differential_split_values` are its two formulas.
 """
 
