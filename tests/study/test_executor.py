@@ -359,3 +359,66 @@ def test_a_study_folder_of_another_run_is_set_aside_and_a_users_folder_refused(t
     assert aside == tmp_path / "seed0.other-1" and (aside / "results.json").is_file() and not folder.exists()
     RunFolder(folder).write_results({"config": {**cfg.to_dict(), "lr": 9.0}, "final": {}})
     assert set_aside_other_run(folder, cfg) == tmp_path / "seed0.other-2"  # other settings: the next free name
+
+
+AGREE = """
+import os, sys
+import torch.distributed as dist
+from coupled_qk.study.executor import agreed_holder
+from coupled_qk.training.run_folder import RunFolder
+
+dist.init_process_group("gloo")
+run = RunFolder(sys.argv[1])
+lock = run.lock()
+if dist.get_rank() == 0:
+    lock.acquire()  # rank 0 trains the run: its lock, not another process's
+dist.barrier()
+print("own:", agreed_holder(run), flush=True)
+dist.barrier()
+lock.release()
+dist.barrier()
+input()  # the test holds the lock now, as another process
+print("other:", agreed_holder(run), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_the_ranks_of_a_torchrun_group_agree_on_who_writes_a_run(tmp_path):
+    """Under torchrun rank 0 alone takes a run's lock; a rank asking afterwards saw rank 0 as another writer, left
+    the run and deserted rank 0's collectives (a study under torchrun hung). Every rank takes rank 0's answer: none
+    while rank 0 holds the lock itself, the other writer when another process holds it."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from study_helpers import held_elsewhere
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", AGREE, str(folder)],
+            env={**env, "RANK": str(r)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        assert [p.stdout.readline().strip() for p in ranks] == ["own: None", "own: None"]
+        with held_elsewhere(folder):
+            for p in ranks:
+                p.stdin.write("\n")
+                p.stdin.flush()
+            lines = [p.stdout.readline().strip() for p in ranks]
+        assert all(line.startswith("other: pid 4242 on node7") for line in lines), lines
+    finally:
+        for p in ranks:
+            p.communicate(timeout=60)
+    assert [p.returncode for p in ranks] == [0, 0]

@@ -45,6 +45,7 @@ __all__ = [
     "RESULT_NEUTRAL_FIELDS",
     "RESULT_NEUTRAL_TASK_OPTIONS",
     "STOPPING_POINTS",
+    "agreed_holder",
     "PlannedRun",
     "Report",
     "RunRecord",
@@ -309,7 +310,7 @@ def _reused(run: PlannedRun, rundir: RunFolder, log) -> RunRecord | None:
         RunLockedError: (a ``ValueError``) another process is writing the run (its results, if any, are not
             final, and training it here would be refused anyway).
     """
-    holder = rundir.holder()
+    holder = agreed_holder(rundir)
     if holder is not None:
         raise RunLockedError(
             f"{rundir.path} is being written by {holder}: wait for it to finish (then this plan reuses or "
@@ -332,6 +333,20 @@ def _reused(run: PlannedRun, rundir: RunFolder, log) -> RunRecord | None:
         how = f"run stopped early ({results['stop_reason']})" if stopped_early(results) else "finished run"
         log(f"== {run.label}: reusing the {how} in {rundir.path}")
     return RunRecord(run, "reused", results, run.config, None)
+
+
+def agreed_holder(rundir: RunFolder) -> str | None:
+    """Another process writing ``rundir`` (:meth:`RunFolder.holder`), as rank 0 sees it, on every rank of a
+    ``torchrun`` group (a collective there: every rank calls it), so the ranks agree to train a run or leave it: a
+    rank asking after rank 0 took the run's lock would otherwise see rank 0 as "another process", leave the run and
+    desert rank 0's collectives. One process: :meth:`RunFolder.holder`."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return rundir.holder()
+    box = [rundir.holder() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def continues_stopped_run(results: dict, cfg: TrainConfig, rundir: RunFolder) -> bool:

@@ -221,6 +221,7 @@ def run_unit(
         ValueError: under ``torchrun``, a global batch that the number of processes does not divide.
         RunLockedError: another process holds the run folder.
     """
+    from coupled_qk.study.executor import agreed_holder
     from coupled_qk.training.lock import RunLockedError
     from coupled_qk.training.run_folder import RunFolder
 
@@ -240,7 +241,7 @@ def run_unit(
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(path, json.dumps(rec, indent=1, default=str))
         return rec
-    holder = RunFolder(run_dir).holder()
+    holder = agreed_holder(RunFolder(run_dir))  # every rank of a torchrun group takes rank 0's answer
     if holder is not None:
         raise RunLockedError(f"run folder {run_dir} is in use by {holder}")
     if rank == 0:
