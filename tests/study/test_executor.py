@@ -375,8 +375,9 @@ if dist.get_rank() == 0:
 dist.barrier()
 print("own:", agreed_holder(run), flush=True)
 dist.barrier()
-lock.release()
+lock.release()  # removes .lock
 dist.barrier()
+print("released", flush=True)
 input()  # the test holds the lock now, as another process
 print("other:", agreed_holder(run), flush=True)
 dist.destroy_process_group()
@@ -412,6 +413,7 @@ def test_the_ranks_of_a_torchrun_group_agree_on_who_writes_a_run(tmp_path):
     ]
     try:
         assert [p.stdout.readline().strip() for p in ranks] == ["own: None", "own: None"]
+        assert [p.stdout.readline().strip() for p in ranks] == ["released", "released"]  # before the test holds it
         with held_elsewhere(folder):
             for p in ranks:
                 p.stdin.write("\n")
