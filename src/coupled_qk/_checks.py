@@ -31,6 +31,33 @@ _FALSE = ("false", "0", "no", "off")
 _NONE = ("none", "null")
 
 
+def loads_json(text: str, where: str):
+    """``json.loads(text)`` that refuses an object holding one key twice (``{"lr": 1e-3, "lr": 3e-3}``), which
+    ``json`` resolves silently by keeping the last value: one setting given twice (docs/RELIABILITY.md, "One
+    setting, one value"). A key repeated with the same value is refused too (one of the two is a leftover edit).
+
+    Args:
+        text: the JSON text.
+        where: how messages name its source (a file, ``--opt task_options``).
+
+    Raises:
+        ValueError: naming ``where`` and the repeated key(s); ``json.JSONDecodeError`` (a ``ValueError``) for text
+            that is not JSON, as ``json.loads``.
+    """
+
+    def unique(pairs: list) -> dict:
+        keys = [key for key, _ in pairs]
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise ValueError(
+                f"{where}: the key(s) {repeated} appear twice in one JSON object (JSON would keep only the last "
+                "value); give each key once"
+            )
+        return dict(pairs)
+
+    return json.loads(text, object_pairs_hook=unique)
+
+
 def positive_int(name: str, value) -> int:
     """``value`` if it is an ``int >= 1`` (``bool`` is not an int here); ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -158,7 +185,7 @@ def coerce(name: str, value, annotation):
     if container in (dict, list):
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = loads_json(value, name)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{name}={value!r} is not valid JSON ({exc.msg}); {expected}") from None
         if isinstance(value, container):
@@ -208,16 +235,26 @@ def coerce_fields(obj, owner: str | None = None) -> None:
 def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, str]:
     """``["a=1", "b-c=x"] -> {"a": "1", "b_c": "x"}`` (values stay strings for :func:`coerce`).
 
+    One name given twice (``--set n_steps=2 --set n-steps=3``, ``coupled+n_steps=2+n_steps=3``) must be given the
+    same text both times: the later one used to win silently (docs/RELIABILITY.md, "One setting, one value").
+
     Raises:
-        ValueError: an item without ``=`` or with an empty name, naming ``flag``.
+        ValueError: an item without ``=`` or with an empty name, or a name given twice with different values,
+            naming ``flag``.
     """
     out: dict[str, str] = {}
+    first: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
             raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE")
+        if key in out and out[key] != value.strip():
+            raise ValueError(
+                f"{flag} {first[key]!r} and {flag} {item!r} give {key} two different values; give it once"
+            )
         out[key] = value.strip()
+        first.setdefault(key, item)
     return out
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from coupled_qk._checks import check_value, coerce, field_types
 from coupled_qk.commands.options import (
+    GivenOnce,
     add_model_options,
     fraction_arg,
+    model_overrides,
     parse_overrides,
     positive_int_arg,
     seed_arg,
@@ -124,40 +126,66 @@ def _load_config_file(path: str) -> dict:
 
 
 def train_config_from_args(args, **fields) -> TrainConfig:
-    """Merge the config file, ``fields``, explicit flags and ``--opt``/``--set`` overrides (later wins).
+    """The run's :class:`TrainConfig`: ``fields`` (the command's own defaults, e.g. ``demo``'s), then the
+    ``--config`` file, then the command line (flags, ``--opt``, the split flags, ``--preset``, ``--set`` and the
+    variant flags), each later source overriding a field of an earlier one.
 
-    Every value is parsed to its field's declared type (:func:`coupled_qk._checks.coerce`).
+    Within the command line each setting is given once (:class:`~coupled_qk.commands.options.GivenOnce`): a field
+    given two different values, e.g. ``--opt max_steps=5 --max-steps 7`` or ``--valid-fraction 0.2 --opt
+    task_options='{"valid_fraction": 0.1}'``, is refused naming both. Every value is parsed to its field's
+    declared type (:func:`coupled_qk._checks.coerce`).
 
     Raises:
         ValueError: naming the flag or field and the value, for a value of the wrong type or range, an
-            unknown field, a bad config file.
+            unknown field, a bad config file (duplicate keys included), a field given twice.
     """
-    types = field_types(TrainConfig)
-    data = _load_config_file(args.config) if args.config else {}
-    data.update(fields)
-    for name in types:
-        value = getattr(args, name, None)
-        if value is not None and name not in NOT_FLAGS:
-            flag = "--" + name.replace("_", "-")
-            data[name] = coerce(flag, value, types[name])
-            check_value(flag, data[name], types[name], TRAIN_FIELDS[name].metadata)  # range/choices, named as given
-    data.update(parse_overrides(args.train_overrides, TrainConfig, "--opt"))
+    data = {**fields, **(_load_config_file(args.config) if args.config else {})}  # the file over the defaults
+    given = GivenOnce()
+    data.update(_train_fields(args, given))
     split = {k: getattr(args, k) for k in SPLIT_FLAGS if getattr(args, k, None) is not None}
+    for name, value in split.items():
+        given.add(f"task_options.{name}", value, "--" + name.replace("_", "-"))
     if split:
         data["task_options"] = {**(data.get("task_options") or {}), **split}
-    model = dict(data.get("model") or {}) if isinstance(data.get("model", {}), dict) else data.get("model")
     if getattr(args, "preset", None):
+        given.add("preset", args.preset, "--preset")
         data["preset"] = args.preset
+    model = dict(data.get("model") or {}) if isinstance(data.get("model", {}), dict) else data.get("model")
+    overrides = model_overrides(args, given)
     if isinstance(model, dict):
-        for name in ("attention", "integrator", "n_steps"):
-            if getattr(args, name, None) is not None:
-                model[name] = getattr(args, name)
-        model.update(parse_overrides(getattr(args, "overrides", [])))
+        model.update(overrides)
     data["model"] = model
     _absolute_paths(data)
     if data.get("max_steps") is None and data.get("max_tokens") is None:
         data["max_steps"] = DEFAULT_MAX_STEPS
     return TrainConfig.from_dict(data)
+
+
+def _train_fields(args, given: GivenOnce) -> dict:
+    """The ``TrainConfig`` fields set by flags and ``--opt`` items (typed, checked), each recorded in ``given``;
+    the fields inside ``--opt model='{...}'`` and ``--opt task_options='{...}'`` one by one."""
+    types = field_types(TrainConfig)
+    out: dict = {}
+    for name in types:
+        value = getattr(args, name, None)
+        if value is not None and name not in NOT_FLAGS:
+            flag = "--" + name.replace("_", "-")
+            out[name] = coerce(flag, value, types[name])
+            check_value(flag, out[name], types[name], TRAIN_FIELDS[name].metadata)  # range/choices, named as given
+            given.add(name, out[name], flag)
+    for item in args.train_overrides:
+        for name, value in parse_overrides([item], TrainConfig, "--opt").items():
+            where = f"--opt {item}"
+            if name == "model" and isinstance(value, dict):
+                for key, sub in value.items():
+                    given.add_model(key, sub, where)
+            elif name == "task_options" and isinstance(value, dict):
+                for key, sub in value.items():
+                    given.add(f"task_options.{key}", sub, where)
+            else:
+                given.add(name, value, where)
+            out[name] = value
+    return out
 
 
 def _absolute_paths(data: dict) -> None:

@@ -20,6 +20,7 @@ from coupled_qk._checks import (
     coerce_fields,
     declare,
     field_types,
+    loads_json,
     parse_assignments,
     positive_int,
 )
@@ -138,7 +139,7 @@ class JSONConfig(CheckedAssignment):
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = loads_json(path.read_text(encoding="utf-8"), f"config file {path}")
         except json.JSONDecodeError as exc:
             raise ValueError(f"config file {path} is not valid JSON ({exc})") from exc
         except UnicodeDecodeError as exc:

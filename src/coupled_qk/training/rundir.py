@@ -25,6 +25,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+from coupled_qk._checks import loads_json
 from coupled_qk.io import unknown_keys, write_text_atomic
 
 __all__ = ["RunDir"]
@@ -399,6 +400,6 @@ def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads_json(path.read_text(encoding="utf-8"), str(path))  # a key twice: refused (one value per key)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from None
