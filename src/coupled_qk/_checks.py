@@ -250,9 +250,7 @@ def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, st
         if not sep or not key:
             raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE")
         if key in out and out[key] != value.strip():
-            raise ValueError(
-                f"{flag} {first[key]!r} and {flag} {item!r} give {key} two different values; give it once"
-            )
+            raise ValueError(f"{flag} {first[key]!r} and {flag} {item!r} give {key} two different values; give it once")
         out[key] = value.strip()
         first.setdefault(key, item)
     return out
