@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk.outputs import OutputDir
+from coupled_qk.outputs import RUN_WHAT, OutputDir
 from coupled_qk.training.checkpoint_load import checkpoint_step
 from coupled_qk.training.config import CONTINUATION_FIELDS, TrainConfig, config_differences, describe_differences
 from coupled_qk.training.rundir import RunDir
@@ -77,7 +77,7 @@ def check_out_dir(run_dir: Path) -> None:
             f"out_dir {run_dir} is a checkpoint folder inside the run {run_dir.parent}; pass "
             f"--out-dir {run_dir.parent} (the run folder)"
         )
-    OutputDir(run_dir, "out_dir", layout=RUN_LAYOUT, what="a training run")
+    OutputDir(run_dir, "out_dir", layout=RUN_LAYOUT, what=RUN_WHAT)
 
 
 def check_start(run: RunDir, resume: bool) -> bool:
