@@ -135,8 +135,9 @@ def test_untied_embeddings_and_near_miss_names_are_refused(tmp_path):
     with pytest.raises(ValueError, match="tie_word_embeddings=False"):  # the head would load at random
         CoupledQKForCausalLM.from_pretrained(tmp_path, tie_word_embeddings=False)
     for typo, field in (("n_layers", "n_layer"), ("attn", None), ("d_modle", "d_model"), ("n_step", "n_steps")):
-        if field is None:  # not close to any field: kept as a plain attribute, as transformers does
-            assert getattr(CoupledQKConfig(**BASE, **{typo: 3}), typo) == 3
+        if field is None:  # not close to any field: refused, it would change nothing (a saved one warns: below)
+            with pytest.raises(ValueError, match="attn=3, which no coupled-qk model reads"):
+                CoupledQKConfig(**BASE, **{typo: 3})
             continue
         with pytest.raises(ValueError, match=f"unknown field '{typo}'; did you mean '{field}'"):
             CoupledQKConfig(**BASE, **{typo: 3})

@@ -104,6 +104,10 @@ class GivenOnce:
             return
         self._given[name] = (value, where)
 
+    def names(self) -> set[str]:
+        """The top-level names given (``TrainConfig`` fields such as ``eval_batches``; not ``model.*``)."""
+        return {name for name in self._given if "." not in name}
+
     def add_model(self, key: str, value, where: str) -> None:
         """Record the ``GPTConfig`` override ``key`` (a field, an old field name, a flat map option or the
         ``qk_map`` dict, whose options are recorded one by one) under its canonical name."""

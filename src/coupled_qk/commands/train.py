@@ -22,7 +22,7 @@ from coupled_qk.commands.options import (
     positive_int_arg,
     seed_arg,
 )
-from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.config import TrainConfig, check_given_fields_are_read
 
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
@@ -158,7 +158,9 @@ def train_config_from_args(args, **fields) -> TrainConfig:
     _absolute_paths(data)
     if data.get("max_steps") is None and data.get("max_tokens") is None:
         data["max_steps"] = DEFAULT_MAX_STEPS
-    return TrainConfig.from_dict(data)
+    cfg = TrainConfig.from_dict(data)
+    check_given_fields_are_read(cfg, given.names())  # e.g. --eval-batches with --full-eval: no effect
+    return cfg
 
 
 def _train_fields(args, given: GivenOnce) -> dict:
