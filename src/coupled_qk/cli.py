@@ -227,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     from coupled_qk.training.stop import TrainingDiverged, TrainingInterrupted
 
     warnings.formatwarning = _one_line_warning
+    from coupled_qk._checks import undeclared_env
+
+    for line in undeclared_env():  # a misspelt COUPLED_QK_* variable takes no effect: said, not ignored
+        warnings.warn(line, UserWarning, stacklevel=1)
     if getattr(args, "progress", True) is False:  # --no-progress: no bars and no periodic log lines anywhere
         set_mode("off")
     try:

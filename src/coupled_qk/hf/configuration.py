@@ -213,7 +213,8 @@ class CoupledQKConfig(PretrainedConfig):
     def __setattr__(self, key, value) -> None:
         """Assigning a field after construction is checked as the constructor checks it (``config.attention =
         "bogus"`` is refused here, not when a saved folder fails to load): a ``GPTConfig`` field or its standard
-        name is validated with the other fields (:class:`~coupled_qk.GPTConfig`), ``tie_word_embeddings`` must
+        name is validated with the other fields and the fields derived from it follow it (``d_head`` after
+        ``hidden_size``: :meth:`~coupled_qk.GPTConfig.follow`), ``tie_word_embeddings`` must
         stay ``True``, the :data:`FLAGS` must be bools; a flat map option (``config.dt_init = 0.3``) sets that option of
         ``qk_map``. ``ValueError``
         naming the field; the old value stays."""
@@ -223,10 +224,18 @@ class CoupledQKConfig(PretrainedConfig):
                 _check_flag(key, value)
             elif key == "tie_word_embeddings":
                 _check_tied(value)
-            elif key in GPT_FIELDS or key in GPTConfig.extra_names():
+            elif key in GPT_FIELDS:  # assigned as GPTConfig assigns it: checked, the derived fields follow it
+                gpt = GPTConfig.from_dict({name: getattr(self, name) for name in GPT_FIELDS})
+                setattr(gpt, key, value)
+                fields = gpt.to_dict()
+                for name in GPT_FIELDS:
+                    if name != key and getattr(self, name) != fields[name]:
+                        super().__setattr__(name, fields[name])
+                value = fields[key]
+            elif key in GPTConfig.extra_names():
                 fields = {name: getattr(self, name) for name in GPT_FIELDS}
                 gpt = GPTConfig.from_dict({**fields, key: value})  # validated; a flat map option goes to qk_map
-                key, value = (key, getattr(gpt, key)) if key in GPT_FIELDS else ("qk_map", gpt.to_dict()["qk_map"])
+                key, value = "qk_map", gpt.to_dict()["qk_map"]
         super().__setattr__(key, value)
 
     @classmethod

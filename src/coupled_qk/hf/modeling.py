@@ -16,6 +16,7 @@ accumulation (the loss honours ``num_items_in_batch``), activation checkpointing
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from pathlib import Path
@@ -26,6 +27,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from coupled_qk._checks import declared_flags
 from coupled_qk.hf.cache_view import static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
 from coupled_qk.hf.forward import as_output, run_gpt
@@ -34,6 +36,7 @@ from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.gpt import GPT
+from coupled_qk.tensor_checks import check_checkpoint_kwargs
 
 TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
 
@@ -119,6 +122,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         ):
             module.reset_parameters()  # torch.nn.init is guarded by transformers here: loaded weights stay
 
+    @declared_flags
     def _set_gradient_checkpointing(
         self, enable: bool = True, gradient_checkpointing_func=None, every_n_layers: int = 1
     ) -> None:
@@ -127,10 +131,14 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         ``every_n_layers``-th block (blocks 0, n, 2n, ...; ``GPT.checkpoint_every``) instead of ignoring it.
 
         Raises:
-            ValueError: ``every_n_layers`` not a positive integer.
+            ValueError: ``every_n_layers`` not a positive integer; a keyword of ``gradient_checkpointing_kwargs`` that
+                ``torch.utils.checkpoint.checkpoint`` does not declare, or a flag of it that is not a bool
+                (:func:`~coupled_qk.tensor_checks.check_checkpoint_kwargs`).
         """
         if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
             raise ValueError(f"every_n_layers={every_n_layers!r} must be a positive integer (1: every block)")
+        if isinstance(gradient_checkpointing_func, functools.partial):  # transformers' partial(checkpoint, **kwargs)
+            check_checkpoint_kwargs(gradient_checkpointing_func.keywords)
         kwargs = (
             {} if gradient_checkpointing_func is None else {"gradient_checkpointing_func": gradient_checkpointing_func}
         )
@@ -150,6 +158,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.model.lm_head = new_embeddings
 
+    @declared_flags
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Embedding:
@@ -198,6 +207,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         return wrapper
 
     @classmethod
+    @declared_flags
     def from_pretrained(cls, pretrained_model_name_or_path, *args, strict: bool = True, **kwargs):
         """``PreTrainedModel.from_pretrained`` that refuses incomplete folders (see the class docstring).
 

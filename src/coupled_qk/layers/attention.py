@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import boolean, finite, nonneg_int, positive_int
+from coupled_qk._checks import declared_flags, finite, nonneg_int, positive_int
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
 from coupled_qk.layers.kv_cache import KVCache
 from coupled_qk.layers.layer_inputs import check_layer_inputs
@@ -157,6 +157,7 @@ class CausalSelfAttention(nn.Module):
             scoring with an odd head count, ``use_rope`` with an odd ``d_head``.
     """
 
+    @declared_flags
     def __init__(
         self,
         d_model: int,
@@ -175,7 +176,6 @@ class CausalSelfAttention(nn.Module):
         for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
             positive_int(name, value)  # before any arithmetic on them (n_heads % n_kv_heads)
         nonneg_int("layer_idx", layer_idx)
-        boolean("use_rope", use_rope)
         finite("dropout", dropout, 0, 1, hi_open=True)
         if isinstance(scoring, str) and scoring not in SCORINGS:
             raise ValueError(f"scoring={scoring!r} is unknown; expected one of {SCORINGS} or a ScoringRule class")

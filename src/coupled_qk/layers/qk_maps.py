@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import FLOAT32_MAX, boolean, finite, nonneg_int, positive_int
+from coupled_qk._checks import FLOAT32_MAX, declared_flags, finite, nonneg_int, positive_int
 from coupled_qk.layers.forces import FORCE_CLASSES, FORCES, MLPForce
 from coupled_qk.layers.layer_inputs import autocast_on
 from coupled_qk.ops.dynamics import apply_query_mlp, check_integrator, integrate_qk
@@ -97,6 +97,7 @@ class QKDynamics(QKMap):
 
     query_update_is_shift = True  # q' = q + dt * (k or k_half): the shift depends on q only through the key
 
+    @declared_flags
     def __init__(
         self,
         d_head: int,
@@ -115,8 +116,6 @@ class QKDynamics(QKMap):
         hidden = d_head if hidden is None else positive_int("hidden", hidden)
         nonneg_int("n_steps", n_steps)
         finite("dt_init", dt_init, -FLOAT32_MAX, FLOAT32_MAX)  # a float32 parameter
-        boolean("shared_across_heads", shared_across_heads)
-        boolean("keys_per_query_head", keys_per_query_head)
         if force not in FORCES:
             raise ValueError(f"force={force!r} is not supported; expected one of {FORCES}")
         if not keys_per_query_head and not shared_across_heads:
@@ -236,6 +235,7 @@ class QueryMLP(QKMap):
     keys_per_query_head = False
     query_update_is_shift = False  # q' = q + dt g(q) depends on q
 
+    @declared_flags
     def __init__(
         self,
         d_head: int,
@@ -248,7 +248,6 @@ class QueryMLP(QKMap):
         positive_int("d_head", d_head)
         positive_int("n_heads", n_heads)
         hidden = d_head if hidden is None else positive_int("hidden", hidden)
-        boolean("shared_across_heads", shared_across_heads)
         self.mlp = MLPForce(d_head, hidden, None if shared_across_heads else n_heads)
         self.dt_init = float(finite("dt_init", dt_init, -FLOAT32_MAX, FLOAT32_MAX))
         self.dt = nn.Parameter(torch.full((n_heads,), self.dt_init))

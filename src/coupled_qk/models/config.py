@@ -160,6 +160,15 @@ class JSONConfig(CheckedAssignment):
         return data
 
 
+DERIVED = {
+    "n_kv_heads": lambda c: c["n_heads"],
+    "d_head": lambda c: c["d_model"] // c["n_heads"],
+    "d_ff": lambda c: 4 * c["d_model"],
+}
+""":class:`GPTConfig` fields derived from others when not given (``None``), as ``{field: fields -> value}``; they
+follow an assignment of the fields they derive from (:meth:`GPTConfig.follow`)."""
+
+
 @dataclass
 class GPTConfig(JSONConfig):
     """Configuration of :class:`coupled_qk.GPT` (docs/METHOD.md sections 1, 2 and 4).
@@ -270,6 +279,36 @@ class GPTConfig(JSONConfig):
             raise ValueError("GPTConfig.map_position='post_rope' needs position='rope'")
         check_unread_fields(self, ("rope_base", "map_position", "qk_map.keys_per_query_head"))  # field_rules.py
 
+    def follow(self, name: str, before: dict) -> None:
+        """After ``name`` was assigned, a derived field that held the value derived from the fields before it
+        (:data:`DERIVED`: ``n_kv_heads = n_heads``, ``d_head = d_model // n_heads``, ``d_ff = 4 d_model``) is
+        derived again, as the constructor derives it; one set to another value stays. Assigning ``attention``
+        gives ``qk_map`` the new attention's options (kept where its map is the same, the defaults otherwise,
+        ``None`` without a map). Before, ``config.d_model = 64`` left ``d_head`` and ``d_ff`` at the old width's,
+        ``config.n_heads = 4`` left ``n_kv_heads = 2`` (grouped-query attention nobody asked for), and
+        ``config.attention = "standard"`` kept the coupled map's options.
+
+        Raises:
+            ValueError: ``d_head`` would follow but ``d_model`` is not divisible by ``n_heads``.
+        """
+        now = {field: getattr(self, field) for field in before}
+        sizes = ("d_model", "n_heads")
+        if any(isinstance(now[f], bool) or not isinstance(now[f], int) or now[f] < 1 for f in sizes):
+            return  # nothing derives from a refused size: recheck names it
+        for field, derive in DERIVED.items():
+            if field == name or before[field] != derive(before):
+                continue
+            if field == "d_head" and now["d_model"] % now["n_heads"]:
+                raise ValueError(
+                    f"GPTConfig.{name}={now[name]!r}: d_model={now['d_model']} is not divisible by "
+                    f"n_heads={now['n_heads']}; change one of them or set d_head explicitly"
+                )
+            object.__setattr__(self, field, derive(now))
+        if name == "attention":
+            old_map, new_map = get_attention(before["attention"]).qk_map, get_attention(self.attention).qk_map
+            kept = before["qk_map"] if old_map is new_map else None
+            object.__setattr__(self, "qk_map", get_attention(self.attention).options(kept, {}))
+
     def recheck(self, name: str | None = None) -> None:
         """:meth:`validate`; assigning ``d_ff`` also checks that the model reads it (``use_mlp``), which
         :meth:`validate` cannot do for every assignment (after ``d_model`` changes, a derived ``d_ff`` no longer
@@ -291,7 +330,8 @@ class GPTConfig(JSONConfig):
         return -(-self.vocab_size // m) * m
 
     def replace(self, **changes) -> GPTConfig:
-        """A copy with ``changes`` (fields or flat map options). Changing ``attention`` to one with another
+        """A copy with ``changes`` (fields or flat map options); a derived size that holds its derived value
+        (:data:`DERIVED`) is derived again from the changed fields. Changing ``attention`` to one with another
         query-key map drops the old map options (the new map starts from its defaults), and a field that the new
         settings do not read (:data:`~coupled_qk.models.field_rules.READ_WHEN`, e.g. ``map_position`` after
         ``attention="standard"``) returns to its default unless ``changes`` gives it.
@@ -301,6 +341,9 @@ class GPTConfig(JSONConfig):
         """
         changes = rename_fields(changes, "GPTConfig.replace")
         data = self.to_dict()
+        for field, derive in DERIVED.items():  # a derived size follows what it derives from (see follow)
+            if field not in changes and data[field] == derive(data):
+                data[field] = None
         new = changes.get("attention", self.attention)
         if get_attention(new).qk_map != get_attention(self.attention).qk_map:
             data["qk_map"] = None

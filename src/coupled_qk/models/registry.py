@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from coupled_qk._checks import field_types
+from coupled_qk._checks import declared_flags, field_types
 from coupled_qk.layers.invertible import InvertibleQKCoupling
 from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
 from coupled_qk.layers.scoring import SCORINGS
@@ -95,6 +95,7 @@ def _drop_in_maps() -> list[tuple[str, str]]:
     return [(m.name, f"{maps.__name__}.{m.name}:register") for m in pkgutil.iter_modules(maps.__path__)]
 
 
+@declared_flags
 def load_plugins(reload: bool = False) -> list[str]:
     """Load the drop-in maps of :mod:`coupled_qk.models.maps` and the third-party registrations of the
     entry-point group :data:`ENTRY_POINT_GROUP` (once).
@@ -224,6 +225,7 @@ def register_qk_map(
     return entry
 
 
+@declared_flags
 def register_scoring(name: str, module: type, in_defaults: bool = True) -> ScoringType:
     """Register a scoring rule: its attentions (alone and with every registered query-key map) and a variant of
     each attention's name.
@@ -267,6 +269,7 @@ def register_scoring(name: str, module: type, in_defaults: bool = True) -> Scori
     return rule
 
 
+@declared_flags
 def register_variant(name: str, attention: str, *, in_defaults: bool = True, **options) -> None:
     """Add a named variant: ``attention`` (a key of :data:`ATTENTIONS`) with map ``options`` (flat spellings).
 
