@@ -296,10 +296,13 @@ def input_path(option: str, value) -> Path:
 
 
 def input_file(option: str, value) -> Path:
-    """An existing readable *file*; refuses a folder, a missing path and an empty value, naming ``option``."""
+    """An existing readable regular *file*; refuses a folder, a pipe, socket or device, a missing path and an empty
+    value, naming ``option``."""
     path = input_path(option, value)
     if path.is_dir():
         raise ValueError(f"{option}={str(value)!r} is a folder; expected a file")
+    if not path.is_file():  # a named pipe would block the reader, a device never end
+        raise ValueError(f"{option}={str(value)!r} is not a regular file (a pipe, socket or device); expected a file")
     if not os.access(path, os.R_OK):
         raise ValueError(f"{option}={str(value)!r} is not readable")
     return path

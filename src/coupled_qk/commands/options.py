@@ -386,13 +386,13 @@ def add_compile_option(parser) -> None:
 
 
 def add_overwrite_option(parser) -> None:
-    """``--overwrite``: allow replacing files in the output that exist from an earlier run (never files the
-    command does not write; see :mod:`coupled_qk.outputs`)."""
+    """``--overwrite``: allow replacing the command's own earlier output (never another command's output, a training
+    run's files or files the command does not write; see :mod:`coupled_qk.outputs`)."""
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace output files left by an earlier run (files the command does not write are "
-        "never touched, and a folder holding them is still refused)",
+        help="replace this command's own earlier output files (another command's output, a training run's "
+        "files and files the command does not write are never touched; a folder holding them is refused)",
     )
 
 

@@ -31,7 +31,7 @@ from coupled_qk._checks import declared_flags
 from coupled_qk.hf.cache_view import static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
 from coupled_qk.hf.forward import as_output, run_gpt
-from coupled_qk.hf.inputs import check_folder, check_hf_generate_args, check_labels
+from coupled_qk.hf.inputs import check_folder, check_hf_generate_args, check_labels, check_saved_files
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
@@ -220,10 +220,13 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
 
         Raises:
             FileNotFoundError: a local folder without ``config.json`` (or a training run folder).
-            ValueError: (``strict``) missing / unexpected / mismatched weights, naming them; an invalid config
-                field (from :class:`CoupledQKConfig`).
+            ValueError: a damaged weights file or weight index, naming it
+                (:func:`~coupled_qk.hf.inputs.check_saved_files`); (``strict``) missing / unexpected / mismatched
+                weights, naming them; an invalid config field (from :class:`CoupledQKConfig`).
         """
-        check_folder(Path(os.fspath(pretrained_model_name_or_path)).expanduser())
+        folder = Path(os.fspath(pretrained_model_name_or_path)).expanduser()
+        check_folder(folder)
+        check_saved_files(folder)  # a damaged weights file is named (not safetensors' own message alone)
         want_info = kwargs.pop("output_loading_info", False)
         allow_mismatch = kwargs.pop("ignore_mismatched_sizes", False) or not strict
         model, info = super().from_pretrained(

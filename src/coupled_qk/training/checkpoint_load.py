@@ -312,7 +312,10 @@ def read_json(path: Path) -> dict:
     return data
 
 
-STATE_KEYS = ("step", "tokens", "train_seconds", "schedule", "grad_scaler", "global_batch", "precision", "best")
+STATE_KEYS = (
+    *("step", "tokens", "train_seconds", "schedule", "grad_scaler", "global_batch", "precision", "best"),
+    *("metric", "value", "epoch"),  # a best checkpoint's (checkpoint.save_best: the loop's metric, its value, epoch)
+)
 """The keys of a checkpoint's ``state.json`` (``training.loop``'s ``_Trainer.save``)."""
 
 
