@@ -11,6 +11,7 @@ the config's fields, so a new flag, variable or derived field is covered.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 import typing
@@ -264,3 +265,19 @@ def test_assignment_gives_the_config_construction_gives(steps):
         setattr(config, field, value)
         given_fields[field] = value
         assert config.to_dict() == expected.to_dict(), (field, value)
+
+
+@pytest.mark.parametrize("flag", ["use_cache", "output_hidden_states", "output_attentions", "return_dict"])
+@given(value=st.sampled_from(["False", "True", 0, 1]))
+def test_the_hf_forwards_switches_take_bools(flag, value):
+    """``output_attentions="False"`` was read as asking for attention probabilities (refused as unsupported)."""
+    with pytest.raises(TypeError, match=re.escape(f"{flag}={value!r} must be True, False or None")):
+        _tiny_hf()(input_ids=torch.zeros(1, 3, dtype=torch.long), **{flag: value})
+
+
+@functools.cache
+def _tiny_hf():
+    from coupled_qk.hf.configuration import CoupledQKConfig
+
+    config = CoupledQKConfig(vocab_size=32, block_size=16, n_layer=1, d_model=16, n_heads=2)
+    return modeling.CoupledQKForCausalLM(config)

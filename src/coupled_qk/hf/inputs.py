@@ -138,6 +138,7 @@ def check_inputs(
     for name, value in (
         ("use_cache", use_cache),
         ("output_hidden_states", kwargs.get("output_hidden_states")),
+        ("output_attentions", kwargs.get("output_attentions")),  # "False" was read as asking for them
         ("return_dict", kwargs.get("return_dict")),
     ):
         if value is not None and not isinstance(value, bool):
