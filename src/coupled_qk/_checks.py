@@ -542,6 +542,22 @@ def _env_seconds(text: str) -> float:
     return value
 
 
+def _env_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("expected a number of seconds >= 0 (0: a line at every update)")
+    return value
+
+
+def _env_opt_out(text: str) -> str:
+    if text not in ("0", "1"):
+        raise ValueError("is not understood; expected 1 (keep glibc's malloc defaults) or 0 / unset (tune malloc)")
+    return text
+
+
 def _env_count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError("expected a positive integer")
@@ -552,11 +568,11 @@ ENVIRONMENT: dict[str, EnvVar] = {
     "COUPLED_QK_PROGRESS": EnvVar(
         "progress display (--no-progress is off)", _env_choice("auto", "bar", "lines", "off"), "auto", "progress"
     ),
-    "COUPLED_QK_LOG_INTERVAL": EnvVar("seconds between plain progress lines", _env_seconds, 30.0, "progress"),
+    "COUPLED_QK_LOG_INTERVAL": EnvVar("seconds between plain progress lines", _env_interval, 30.0, "progress"),
     "COUPLED_QK_PG_TIMEOUT_S": EnvVar(
         "seconds a process group waits for its ranks", _env_seconds, None, "training.distributed"
     ),
-    "COUPLED_QK_DEFAULT_MALLOC": EnvVar("1: keep glibc's malloc defaults", _env_choice("0", "1"), "0", "allocator"),
+    "COUPLED_QK_DEFAULT_MALLOC": EnvVar("1: keep glibc's malloc defaults", _env_opt_out, "0", "allocator"),
     "COUPLED_QK_DATA": EnvVar("the data folder (checked by data.paths)", str, None, "data.paths"),
     "COUPLED_QK_CACHE": EnvVar("the cache folder (checked by data.paths)", str, None, "data.paths"),
     "COUPLED_QK_HYPOTHESIS_EXAMPLES": EnvVar("examples per generated test", _env_count, None, "tests"),
