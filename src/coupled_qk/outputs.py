@@ -105,12 +105,15 @@ def run_folder_of(path: str | Path) -> Path | None:
     """The training run folder that ``path`` (existing or not) is or lies in, except the sub-folders other
     commands may use (:data:`RUN_SHARED`: ``RUN/glue/...`` is not the run's); ``None`` when there is none.
     ``RUN/config.json``, ``RUN/ckpt-00000006/model.safetensors``, ``RUN/notes.json`` and ``RUN`` itself all give
-    ``RUN``: a run folder holds only its own files (``train --resume`` refuses one holding anything else)."""
-    path = Path(path).absolute()
-    for folder in (path, *path.parents):
-        if is_run_folder(folder):
-            inside = path.relative_to(folder).parts
-            return None if inside and inside[0] in RUN_SHARED else folder
+    ``RUN``: a run folder holds only its own files (``train --resume`` refuses one holding anything else). The path
+    is also followed through symbolic links (an output folder linked into a run is the run's)."""
+    for where in dict.fromkeys((Path(path).absolute(), Path(path).resolve())):  # through a symbolic link too
+        for folder in (where, *where.parents):
+            if is_run_folder(folder):
+                inside = where.relative_to(folder).parts
+                if not (inside and inside[0] in RUN_SHARED):
+                    return folder
+                break
     return None
 
 

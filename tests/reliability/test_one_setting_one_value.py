@@ -311,3 +311,34 @@ def test_a_command_line_setting_that_a_variant_spec_replaces_is_refused(argv, ca
 def test_the_types_of_every_field_are_known():
     """The merge compares typed values: every TrainConfig field has a declared type."""
     assert set(field_types(TrainConfig)) == {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@given(
+    first=st.sampled_from(["flat", "alias", "qk_map"]),
+    second=st.sampled_from(["flat", "alias", "qk_map"]),
+    values=st.tuples(st.integers(4, 6), st.integers(4, 6)),
+)
+def test_a_map_option_given_in_two_spellings_takes_one_value(first, second, values):
+    """In the library, a config file or a ``--set``: ``GPTConfig(n_steps=2, qk_map={"n_steps": 3})`` kept 2, and
+    ``dynamics_hidden=8, hidden=16`` the last; two values are refused, one value is used."""
+    from coupled_qk.models.config import GPTConfig
+
+    if first == second:
+        return
+    spell = {"flat": lambda v: {"hidden": v}, "alias": lambda v: {"dynamics_hidden": v},
+             "qk_map": lambda v: {"qk_map": {"hidden": v}}}  # fmt: skip
+    kwargs = {**spell[first](values[0] * 8), **spell[second](values[1] * 8)}
+    if values[0] != values[1]:
+        with pytest.raises(ValueError, match="'hidden' is given twice with different values"):
+            GPTConfig(attention="coupled", **kwargs)
+    else:
+        assert GPTConfig(attention="coupled", **kwargs).qk_map.hidden == values[0] * 8
+
+
+def test_a_change_of_an_existing_config_is_not_a_second_value():
+    from coupled_qk.models.config import GPTConfig
+
+    config = GPTConfig(attention="coupled", qk_map={"n_steps": 3})
+    assert config.replace(n_steps=5).qk_map.n_steps == 5
+    with pytest.raises(ValueError, match="given twice"):
+        config.replace(n_steps=5, qk_map={"n_steps": 4})

@@ -485,3 +485,14 @@ def test_no_command_replaces_another_commands_output_even_with_overwrite(command
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"was written by {other}" in err, (command, err)
     assert snapshot(world) == before
+
+
+def test_a_link_into_a_training_run_is_the_runs(world):
+    from coupled_qk.outputs import run_folder_of
+
+    (world / "link").symlink_to(world / "run")
+    before = snapshot(world / "run")
+    with pytest.raises(OutputRefused, match="training run"):
+        OutputDir(world / "link" / "analysis", "--out-dir", layout=("*",), overwrite=True, what="analyze")
+    assert run_folder_of(world / "link" / "x.json").resolve() == (world / "run").resolve()
+    assert snapshot(world / "run") == before

@@ -17,7 +17,7 @@ import functools
 
 from transformers import PretrainedConfig
 
-from coupled_qk.models.config import GPTConfig
+from coupled_qk.models.config import GPTConfig, fold_flat_options
 from coupled_qk.models.field_rules import loading_saved, refuse_unless_saved
 from coupled_qk.models.provenance import KEY as PROVENANCE_KEY
 from coupled_qk.models.provenance import naming_providers, providers
@@ -233,8 +233,9 @@ class CoupledQKConfig(PretrainedConfig):
                         super().__setattr__(name, fields[name])
                 value = fields[key]
             elif key in GPTConfig.extra_names():
-                fields = {name: getattr(self, name) for name in GPT_FIELDS}
-                gpt = GPTConfig.from_dict({**fields, key: value})  # validated; a flat map option goes to qk_map
+                fields = {**{name: getattr(self, name) for name in GPT_FIELDS}, key: value}
+                fold_flat_options(fields, {key})  # a change of this config's option, not the option given twice
+                gpt = GPTConfig.from_dict(fields)  # validated
                 key, value = "qk_map", gpt.to_dict()["qk_map"]
         super().__setattr__(key, value)
 

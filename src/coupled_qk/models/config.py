@@ -348,6 +348,7 @@ class GPTConfig(JSONConfig):
         if get_attention(new).qk_map != get_attention(self.attention).qk_map:
             data["qk_map"] = None
         data.update(changes)
+        fold_flat_options(data, set(changes) if "qk_map" not in changes else set())
         settings = types.SimpleNamespace(**data)  # the new settings, read as attributes
         for name, rule in READ_WHEN.items():
             top, _, option = name.partition(".")
@@ -397,6 +398,17 @@ class GPTConfig(JSONConfig):
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
+
+
+def fold_flat_options(data: dict, names) -> None:
+    """Move the flat map options ``names`` of ``data`` (GPTConfig fields) into its ``qk_map`` dict, in place, when
+    it holds one: a change of an existing config (``replace(n_steps=3)``, an assigned flat option), not one option
+    given twice, which ``GPTConfig`` refuses."""
+    flat = flat_option_names()
+    if not isinstance(data.get("qk_map"), dict):
+        return
+    for name in [n for n in names if n in flat and n in data]:
+        data["qk_map"] = {**data["qk_map"], flat[name]: data.pop(name)}
 
 
 def _accept_flat_map_options(init):

@@ -81,7 +81,9 @@ class Attention:
     def options(self, given=None, flat: dict | None = None) -> MapOptions | None:
         """The validated nested config from ``given`` (a :class:`MapOptions`, a dict or ``None`` for the
         defaults) and ``flat`` options (flat spelling -> value, see
-        :func:`~coupled_qk.models.registry.flat_option_names`; they win).
+        :func:`~coupled_qk.models.registry.flat_option_names`). One option given twice with different values (a
+        flat spelling and ``given``, or two spellings: ``dynamics_hidden`` and ``hidden``) is refused; a change of
+        an existing config folds its flat options into ``given`` first (:meth:`GPTConfig.replace`).
 
         Raises:
             ValueError: naming the option and this attention, for options of an attention without a map, or
@@ -103,8 +105,17 @@ class Attention:
             raise ValueError(f"GPTConfig.qk_map={given!r} must be a dict of {self.qk_map.name} options or null")
         data = dict(given or {})
         valid = self.qk_map.option_names()
-        for key, value in flat.items():
-            data[OPTION_ALIASES.get(key, key)] = value
+        spelled_as: dict[str, str] = {}
+        for key, value in flat.items():  # one option given twice (two spellings, or flat and in qk_map) is refused
+            name = OPTION_ALIASES.get(key, key)
+            if name in data and data[name] != value:
+                first = spelled_as.get(name, f"qk_map.{name}")
+                raise ValueError(
+                    f"GPTConfig: the map option {name!r} is given twice with different values: {first}="
+                    f"{data[name]!r} and {key}={value!r}; give it once"
+                )
+            data[name] = value
+            spelled_as[name] = key
         unknown = [k for k in data if k not in valid]
         if unknown:
             spelled = [next((f for f, n in OPTION_ALIASES.items() if n == k and f in flat), k) for k in unknown]
