@@ -34,6 +34,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -57,46 +58,39 @@ RECORD = ".coupled-qk-outputs.json"
 SHA-256: ``{"format": 1, "files": {"results.json": {"written_by": "a comparison", "sha256": "..."}}}``. A file is
 recognisably a command's earlier output when its record names that command and its content still has that hash."""
 
-IGNORED = (".lock", ".*.tmp*", RECORD)
-"""Entries of an output folder that are never counted as someone else's: a run lock, our temporary files and the
-record of outputs."""
-
-RUN_OWN = (
-    "config.json",
-    "model_config.json",
-    "data.json",
-    "metrics.jsonl",
-    "latest",
-    "best",
-    "results*.json",
-    ".lock",
-    "tokenizer/",
-    "tensorboard/",
-    "ckpt-*/",
-    "best-*/",
-)
-"""What a training run keeps in its folder (``training/rundir.py``); ``glue/`` (``coupled-qk glue RUN``'s default
-output) is the one name another command may use inside it."""
+IGNORED = (".*.tmp*", RECORD)
+"""Entries of an output folder that are never counted as someone else's: our temporary files and the record of
+outputs (a run folder's own hidden entries, its lock, are in its layout: ``training.run_folder.check_out_dir``)."""
 
 RUN_SHARED = ("glue",)
-"""Sub-folders of a run folder that other commands write to."""
+"""Sub-folders of a run folder that other commands write to (``coupled-qk glue RUN``'s default output)."""
+
+RUN_ONLY = ("model_config.json", "data.json", "metrics.jsonl", "results.json")
+"""Files that only a training run writes beside its ``config.json``."""
+
+CHECKPOINT = re.compile(r"ckpt-(\d+)(-r\d+)?")
+"""A run's checkpoint folder name, ``ckpt-<step>[-r<k>]`` (``training.run_folder.checkpoint_step``)."""
 
 
 def is_run_folder(folder: str | Path) -> bool:
-    """Whether ``folder`` is a training run's folder: it holds the run's ``config.json`` and at least one other
-    file or folder that only a run writes (``model_config.json``, ``metrics.jsonl``, ``data.json``, ``latest``, a
-    ``ckpt-*`` folder). A Hugging Face export (``config.json`` with ``model.safetensors``) is not one.
-
-    The run-folder object (``training/rundir.py``) is the authority on run folders; this is the test that this
-    level-0 module can make without importing it.
+    """Whether ``folder`` holds a training run, as :meth:`coupled_qk.training.run_folder.RunFolder.is_run` decides
+    it (this level-0 module cannot import it; ``tests/reliability/test_output_safety.py`` checks that the two
+    agree): ``config.json`` beside a file only a run writes (:data:`RUN_ONLY`), a ``latest`` pointer, or a
+    ``ckpt-<step>`` folder with weights. A Hugging Face export (``config.json`` with ``model.safetensors``) is not
+    one.
     """
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
+    if not folder.is_dir():
         return False
-    if any((folder / name).exists() for name in ("model_config.json", "metrics.jsonl", "data.json", "latest")):
+    if (folder / "config.json").is_file() and any((folder / name).exists() for name in RUN_ONLY):
+        return True
+    if (folder / "latest").is_file():
         return True
     try:
-        return any(entry.is_dir() and fnmatch.fnmatchcase(entry.name, "ckpt-*") for entry in os.scandir(folder))
+        return any(
+            CHECKPOINT.fullmatch(entry.name) and (Path(entry.path) / "model.safetensors").is_file()
+            for entry in os.scandir(folder)
+        )
     except OSError:
         return False
 
@@ -379,13 +373,6 @@ class OutputDir(os.PathLike):
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
         _check_location(option, self.path)
-        run = run_folder_of(self.path) if what != RUN_WHAT else None
-        if run is not None:
-            inside = "is the training run" if run == self.path.absolute() else f"is inside the training run {run}:"
-            raise OutputRefused(
-                f"{option}={str(value)!r} {inside} a run folder holds only the run's own files (any other file "
-                "there stops it from resuming); nothing was changed: choose a folder outside the run"
-            )
         if self.path.is_dir():
             foreign = self.foreign_entries()
             if foreign:
@@ -394,6 +381,14 @@ class OutputDir(os.PathLike):
                     f"{option}={str(value)!r} holds files that {what} does not write ({shown}); nothing was "
                     "changed: choose an empty or new folder"
                 )
+        run = run_folder_of(self.path) if what != RUN_WHAT else None
+        if run is not None:
+            inside = "is the training run" if run == self.path.absolute() else f"is inside the training run {run}:"
+            raise OutputRefused(
+                f"{option}={str(value)!r} {inside} a run folder holds only the run's own files (any other file "
+                "there stops it from resuming); nothing was changed: choose a folder outside the run"
+            )
+        if self.path.is_dir():
             for pattern in self.rewrite:  # the files its resume path regenerates: checked now, before any work
                 for path in sorted(self.path.glob(pattern)):
                     if path.is_file() and not _matches(path.name, False, IGNORED):

@@ -74,13 +74,13 @@ def test_every_damaged_file_of_an_export_is_named(exports, tmp_path_factory, lay
 
 
 def test_a_best_checkpoints_own_state_is_read_without_a_warning(tmp_path):
-    from coupled_qk.training.checkpoint_load import STATE_KEYS, read_state
+    from coupled_qk.training.checkpoint_format import STATE_KEYS, Checkpoint
 
     state = {"step": 4, "tokens": 10, "metric": "valid/loss", "value": 1.5, "epoch": 0.5}
     (tmp_path / "state.json").write_text(json.dumps(state))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert read_state(tmp_path)["value"] == 1.5
+        assert Checkpoint(tmp_path).state()["value"] == 1.5
     assert set(state) <= set(STATE_KEYS)
 
 

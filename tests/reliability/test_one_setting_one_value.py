@@ -259,7 +259,7 @@ def test_a_config_file_with_a_repeated_key_is_one_line_naming_the_file(tmp_path,
     assert err.count("\n") == 1 and str(path) in err and "max_steps" in err, err
     data = tmp_path / "run.json"
     data.write_text('{"corpus": "a", "corpus": "b"}')
-    from coupled_qk.training.rundir import _read_json
+    from coupled_qk.training.run_folder import _read_json
 
     with pytest.raises(ValueError, match="corpus"):
         _read_json(data)

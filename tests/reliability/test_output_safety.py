@@ -252,19 +252,20 @@ def test_a_safetensors_write_error_is_one_oserror_naming_the_file(tmp_path, monk
     from safetensors import SafetensorError
 
     from coupled_qk import GPTConfig
-    from coupled_qk.training import checkpoint
+    from coupled_qk.training import checkpoint_format
+    from coupled_qk.training.run_folder import RunFolder
 
     cfg = GPTConfig.from_preset("tiny", n_layer=1, d_model=16, n_heads=2, vocab_size=32, block_size=8)
     state = {"w": torch.zeros(2)}
-    checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 1})
+    RunFolder(tmp_path).save(state, cfg, None, {"step": 1})
     before = snapshot(tmp_path)
 
     def full_disk(*a, **k):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    monkeypatch.setattr(checkpoint_format, "save_file", full_disk)
     with pytest.raises(OSError, match="model.safetensors") as err:
-        checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 2})
+        RunFolder(tmp_path).save(state, cfg, None, {"step": 2})
     assert snapshot(tmp_path) == before
     # the full disk it reports is ENOSPC ("coupled-qk train: error: [Errno 0] cannot write ..." before)
     assert err.value.errno == 28 and str(err.value).startswith("[Errno 28] cannot write ")
@@ -496,3 +497,23 @@ def test_a_link_into_a_training_run_is_the_runs(world):
         OutputDir(world / "link" / "analysis", "--out-dir", layout=("*",), overwrite=True, what="analyze")
     assert run_folder_of(world / "link" / "x.json").resolve() == (world / "run").resolve()
     assert snapshot(world / "run") == before
+
+
+ENTRIES = [
+    *("config.json", "model_config.json", "data.json", "metrics.jsonl", "results.json", "latest", "model.safetensors"),
+    *("ckpt-00000004/model.safetensors", "ckpt-00000004/state.json", "ckpt-x/model.safetensors", "notes.txt"),
+    "best-00000002/model.safetensors",
+]
+
+
+@given(entries=st.sets(st.sampled_from(ENTRIES), max_size=5))
+def test_the_two_run_folder_tests_agree(tmp_path_factory, entries):
+    """``outputs.is_run_folder`` (level 0) decides as ``RunFolder.is_run`` (the run-folder object) on any folder."""
+    from coupled_qk.outputs import is_run_folder
+    from coupled_qk.training.run_folder import RunFolder
+
+    folder = tmp_path_factory.mktemp("f")
+    for entry in entries:
+        (folder / entry).parent.mkdir(parents=True, exist_ok=True)
+        (folder / entry).write_text("x")
+    assert is_run_folder(folder) == RunFolder(folder).is_run(), sorted(entries)
