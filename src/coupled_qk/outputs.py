@@ -26,7 +26,9 @@ write in this same run, unless the user passed ``--overwrite`` or the command's 
 An :class:`OutputDir` is ``os.PathLike``, so code that builds paths with ``Path(out_dir) / name`` keeps working
 when it is handed one; writers that know about it route their files through its claim.
 
-Level 0 of the layering (docs/DESIGN.md): no torch and no project imports but :mod:`coupled_qk.io`.
+Level 3 of the layering (docs/DESIGN.md), beside ``training``: what a training run's folder is, is asked of
+:class:`coupled_qk.training.run_folder.RunFolder` (imported when a path is checked); otherwise only
+:mod:`coupled_qk.io`.
 """
 
 from __future__ import annotations
@@ -34,65 +36,35 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from coupled_qk.checks.paths import check_location, path_value
 from coupled_qk.io import atomic_write, fsync_dir, write_text_atomic
 
 __all__ = [
     "OutputDir",
     "OutputRefused",
+    "check_run_out_dir",
     "input_dir",
     "input_file",
     "input_path",
-    "is_run_folder",
     "output_file",
-    "path_value",
     "run_folder_of",
     "write_output_file",
 ]
 
 RECORD = ".coupled-qk-outputs.json"
 """The hidden file, in each folder a command writes its outputs to, recording which command wrote each file and its
-SHA-256: ``{"format": 1, "files": {"results.json": {"written_by": "a comparison", "sha256": "..."}}}``. A file is
+SHA-256: ``{"format": 1, "files": {"<name>": {"written_by": "<command>", "sha256": "<hex digest>"}}}``. A file is
 recognisably a command's earlier output when its record names that command and its content still has that hash."""
 
 IGNORED = (".*.tmp*", RECORD)
 """Entries of an output folder that are never counted as someone else's: our temporary files and the record of
-outputs (a run folder's own hidden entries, its lock, are in its layout: ``training.run_folder.check_out_dir``)."""
+outputs (a run folder's own hidden entries, its lock, are in its layout: :func:`check_run_out_dir`)."""
 
 RUN_SHARED = ("glue",)
 """Sub-folders of a run folder that other commands write to (``coupled-qk glue RUN``'s default output)."""
-
-RUN_ONLY = ("model_config.json", "data.json", "metrics.jsonl", "results.json")
-"""Files that only a training run writes beside its ``config.json``."""
-
-CHECKPOINT = re.compile(r"ckpt-(\d+)(-r\d+)?")
-"""A run's checkpoint folder name, ``ckpt-<step>[-r<k>]`` (``training.run_folder.checkpoint_step``)."""
-
-
-def is_run_folder(folder: str | Path) -> bool:
-    """Whether ``folder`` holds a training run, as :meth:`coupled_qk.training.run_folder.RunFolder.is_run` decides
-    it (this level-0 module cannot import it; ``tests/reliability/test_output_safety.py`` checks that the two
-    agree): ``config.json`` beside a file only a run writes (:data:`RUN_ONLY`), a ``latest`` pointer, or a
-    ``ckpt-<step>`` folder with weights. A Hugging Face export (``config.json`` with ``model.safetensors``) is not
-    one.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return False
-    if (folder / "config.json").is_file() and any((folder / name).exists() for name in RUN_ONLY):
-        return True
-    if (folder / "latest").is_file():
-        return True
-    try:
-        return any(
-            CHECKPOINT.fullmatch(entry.name) and (Path(entry.path) / "model.safetensors").is_file()
-            for entry in os.scandir(folder)
-        )
-    except OSError:
-        return False
 
 
 def run_folder_of(path: str | Path) -> Path | None:
@@ -100,10 +72,13 @@ def run_folder_of(path: str | Path) -> Path | None:
     commands may use (:data:`RUN_SHARED`: ``RUN/glue/...`` is not the run's); ``None`` when there is none.
     ``RUN/config.json``, ``RUN/ckpt-00000006/model.safetensors``, ``RUN/notes.json`` and ``RUN`` itself all give
     ``RUN``: a run folder holds only its own files (``train --resume`` refuses one holding anything else). The path
-    is also followed through symbolic links (an output folder linked into a run is the run's)."""
+    is also followed through symbolic links (an output folder linked into a run is the run's). What a run folder
+    is, is decided by :meth:`coupled_qk.training.run_folder.RunFolder.is_run` (the one home of the layout)."""
+    from coupled_qk.training.run_folder import RunFolder
+
     for where in dict.fromkeys((Path(path).absolute(), Path(path).resolve())):  # through a symbolic link too
         for folder in (where, *where.parents):
-            if is_run_folder(folder):
+            if RunFolder(folder).is_run():
                 inside = where.relative_to(folder).parts
                 if not (inside and inside[0] in RUN_SHARED):
                     return folder
@@ -186,42 +161,6 @@ class OutputRefused(ValueError):
     """An output location was refused (the message names the option, the path and what to do)."""
 
 
-def path_value(option: str, value) -> Path:
-    """``Path(value)`` for a path option; ``ValueError`` naming ``option`` for ``None``, a non-string, an empty
-    or blank string, or a NUL character (which the OS would reject with a traceback later).
-
-    Args:
-        option: how the user named the value, e.g. ``"--out-dir"`` or ``"TrainConfig.out_dir"``.
-        value: a ``str`` or ``os.PathLike``.
-    """
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str):
-        raise ValueError(f"{option}={value!r} must be a path (a string)")
-    if not value.strip():
-        raise ValueError(f"{option}={value!r} is empty; expected a path")
-    if "\x00" in value:
-        raise ValueError(f"{option}={value!r} contains a NUL character; expected a path")
-    try:
-        return Path(value).expanduser()
-    except RuntimeError:  # "~someone" for a user that does not exist
-        raise ValueError(f"{option}={value!r}: cannot expand {value.split('/')[0]!r} (no such user)") from None
-
-
-def _check_location(option: str, path: Path, is_file: bool = False) -> None:
-    """Refuse ``path`` when it cannot be created: an ancestor is a file, or the nearest existing ancestor is
-    not a writable folder (for a file: its folder)."""
-    ancestor = path.parent if (is_file or not path.exists()) else path
-    while not ancestor.exists():
-        if ancestor.is_symlink():  # a dangling link
-            raise ValueError(f"{option}={str(path)!r}: {ancestor} is a broken symbolic link")
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ValueError(f"{option}={str(path)!r}: {ancestor} is a file, so nothing can be created under it")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ValueError(f"{option}={str(path)!r}: the folder {ancestor} is not writable")
-
-
 def output_file(
     option: str, value, *, overwrite: bool = False, suffixes: Iterable[str] = (), written_by: str = "this command"
 ) -> Path:
@@ -261,7 +200,7 @@ def output_file(
             "(replacing or adding one loses the run or stops it from resuming), even with --overwrite: choose a "
             "path outside the run"
         )
-    _check_location(option, path, is_file=True)
+    check_location(option, path, is_file=True)
     if not path.parent.is_dir():
         raise ValueError(
             f"{option}={str(value)!r}: the folder {path.parent} does not exist; create it first or choose another path"
@@ -372,7 +311,14 @@ class OutputDir(os.PathLike):
         self.written: list[Path] = []
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
-        _check_location(option, self.path)
+        check_location(option, self.path)
+        run = run_folder_of(self.path) if what != RUN_WHAT else None  # named first: the more specific refusal
+        if run is not None:
+            inside = "is the training run" if run == self.path.absolute() else f"is inside the training run {run}:"
+            raise OutputRefused(
+                f"{option}={str(value)!r} {inside} a run folder holds only the run's own files (any other file "
+                "there stops it from resuming); nothing was changed: choose a folder outside the run"
+            )
         if self.path.is_dir():
             foreign = self.foreign_entries()
             if foreign:
@@ -381,13 +327,6 @@ class OutputDir(os.PathLike):
                     f"{option}={str(value)!r} holds files that {what} does not write ({shown}); nothing was "
                     "changed: choose an empty or new folder"
                 )
-        run = run_folder_of(self.path) if what != RUN_WHAT else None
-        if run is not None:
-            inside = "is the training run" if run == self.path.absolute() else f"is inside the training run {run}:"
-            raise OutputRefused(
-                f"{option}={str(value)!r} {inside} a run folder holds only the run's own files (any other file "
-                "there stops it from resuming); nothing was changed: choose a folder outside the run"
-            )
         if self.path.is_dir():
             for pattern in self.rewrite:  # the files its resume path regenerates: checked now, before any work
                 for path in sorted(self.path.glob(pattern)):
@@ -510,15 +449,26 @@ def as_output_dir(out_dir, option: str = "out_dir", **claim) -> OutputDir:
     return OutputDir(out_dir, option, **claim)
 
 
-def output_location(option: str, value) -> Path:
-    """Check a folder option that a command creates or fills over several runs (a cache, a run root): not
-    empty, not a file, creatable and writable. Its content is managed by the command's own checks.
+def check_run_out_dir(run_dir: str | Path) -> None:
+    """Refuse an ``out_dir`` that is a file, not creatable or writable, a checkpoint folder inside a run
+    (``--out-dir RUN/ckpt-...``), or a folder holding files a run does not write (a home folder, a user's
+    project, another command's output): the run would mix its files with them or replace them
+    (:class:`OutputDir` with :data:`coupled_qk.training.run_folder.RUN_LAYOUT`; docs/RELIABILITY.md, "Outputs").
 
     Raises:
-        ValueError: naming ``option``.
+        ValueError: naming ``out_dir`` and what to pass instead.
     """
-    path = path_value(option, value)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
-    _check_location(option, path)
-    return path
+    from coupled_qk.training.checkpoint_format import Checkpoint
+    from coupled_qk.training.run_folder import RUN_LAYOUT, RunFolder, checkpoint_step
+
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"out_dir {run_dir} is a file, not a folder")
+    if Checkpoint(run_dir).has_weights() or (
+        checkpoint_step(run_dir) is not None and RunFolder(run_dir.parent).latest_path.is_file()
+    ):
+        raise ValueError(
+            f"out_dir {run_dir} is a checkpoint folder inside the run {run_dir.parent}; pass "
+            f"--out-dir {run_dir.parent} (the run folder)"
+        )
+    OutputDir(run_dir, "out_dir", layout=(*RUN_LAYOUT, RunFolder.LOCK), what=RUN_WHAT)

@@ -111,6 +111,7 @@ def test_assignment_is_checked_exactly_as_construction(key, value):
     where building the config with that value succeeds, and then gives the same config; a refused assignment
     leaves the config as it was (it used to be stored unchecked and fail only when the saved folder loaded)."""
     from coupled_qk.models.config import DERIVED
+    from coupled_qk.models.registry import flat_option_names
 
     c = CoupledQKConfig(**BASE)
     before = c.to_gpt_config()
@@ -119,8 +120,15 @@ def test_assignment_is_checked_exactly_as_construction(key, value):
     for field, derive in DERIVED.items():  # a derived size follows the assignment (GPTConfig.follow)
         if field != ours and fields[field] == derive(fields):
             fields[field] = None
+    nested = flat_option_names().get(ours)
+    if nested is not None and nested in (fields["qk_map"] or {}):  # an assigned map option changes qk_map's value
+        fields["qk_map"] = {**fields["qk_map"], nested: value}  # (given beside it, it would be a second value)
+    else:
+        fields[ours] = value
+    if ours == "attention" and value != before.attention:
+        fields["qk_map"] = None  # the map options follow the attention (BASE's are its map's defaults)
     try:
-        expected = CoupledQKConfig(**{**fields, ours: value}).to_gpt_config()
+        expected = CoupledQKConfig(**fields).to_gpt_config()
     except ValueError:
         with pytest.raises(ValueError):
             setattr(c, key, value)

@@ -28,11 +28,12 @@ from coupled_qk._assignment import CheckedAssignment
 from coupled_qk._checks import ENVIRONMENT, FlagError, _unwrap_optional, env_value, undeclared_env
 from coupled_qk.hf import modeling
 from coupled_qk.hf.retrofit import retrofit
-from coupled_qk.layers.invertible import InvertibleQKCoupling
+from coupled_qk.models.maps.invertible import InvertibleQKCoupling
 
 HOT = {  # called on every forward or decoding step: not wrapped (their flags come from the model's own code)
     "CausalSelfAttention.forward": "record: set by GPT.trace, per layer and step",
     "ScoringRule.forward": "eager: set by the layer from its config",
+    "DifferentialScoring.forward": "eager: set by the layer from its config",
     "scaled_dot_product": "eager: set by the layer from its config",
     "integrate_qk": "check: set by the query-key map (check_every_call)",
     "GPT.embed": "check_ids: set by GPT's own forward paths",

@@ -15,6 +15,7 @@ import reliability_profile  # noqa: F401  (the example budget)
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coupled_qk.checks.paths import output_location
 from coupled_qk.cli import main
 from coupled_qk.outputs import RECORD, OutputDir, OutputRefused, output_file
 
@@ -182,6 +183,8 @@ def test_path_values(value, match, tmp_path):
         OutputDir(value, "--out-dir")
     with pytest.raises(ValueError, match=match):
         output_file("--json", value)
+    with pytest.raises(ValueError, match=match):
+        output_location("--cache-dir", value)
 
 
 def test_output_file_kinds(tmp_path):
@@ -400,12 +403,12 @@ def test_nothing_is_written_into_a_training_run(tmp_path_factory, name, sub):
 
 
 def test_an_export_and_a_plain_folder_are_not_runs(tmp_path):
-    from coupled_qk.outputs import is_run_folder, run_folder_of
+    from coupled_qk.outputs import run_folder_of
 
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("{}")
     (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
-    assert not is_run_folder(tmp_path / "hf") and run_folder_of(tmp_path / "hf" / "config.json") is None
+    assert run_folder_of(tmp_path / "hf") is None and run_folder_of(tmp_path / "hf" / "config.json") is None
     assert run_folder_of(tmp_path / "x" / "y.json") is None
 
 
@@ -454,7 +457,7 @@ INSIDE_THE_RUN = {
 
 
 def _corpus(world: Path) -> Path:
-    from conftest import make_text
+    from tests.conftest import make_text
 
     path = world / "corpus.txt"
     path.write_text(make_text(200, 0))
@@ -507,13 +510,15 @@ ENTRIES = [
 
 
 @given(entries=st.sets(st.sampled_from(ENTRIES), max_size=5))
-def test_the_two_run_folder_tests_agree(tmp_path_factory, entries):
-    """``outputs.is_run_folder`` (level 0) decides as ``RunFolder.is_run`` (the run-folder object) on any folder."""
-    from coupled_qk.outputs import is_run_folder
+def test_outputs_refuse_exactly_the_folders_the_run_folder_calls_runs(tmp_path_factory, entries):
+    """``outputs.run_folder_of`` (every output check) finds a run where ``RunFolder.is_run`` (the run-folder object)
+    says there is one, on any folder: a file in it, or the folder itself."""
+    from coupled_qk.outputs import run_folder_of
     from coupled_qk.training.run_folder import RunFolder
 
     folder = tmp_path_factory.mktemp("f")
     for entry in entries:
         (folder / entry).parent.mkdir(parents=True, exist_ok=True)
         (folder / entry).write_text("x")
-    assert is_run_folder(folder) == RunFolder(folder).is_run(), sorted(entries)
+    expected = folder.absolute() if RunFolder(folder).is_run() else None
+    assert run_folder_of(folder / "report.json") == expected and run_folder_of(folder) == expected, sorted(entries)

@@ -198,7 +198,8 @@ def run(args) -> int:
         load_glue_rows("--glue-json", args.glue_json)
     out = report_dir(out_dir, protocol.name, overwrite=args.overwrite)  # checked before any training
     if not args.report_only and protocol.runnable:
-        from coupled_qk.outputs import input_dir, output_location
+        from coupled_qk.checks.paths import output_location
+        from coupled_qk.outputs import input_dir
 
         output_location("--run-root", args.run_root)
         if args.data_dir is not None and Path(args.data_dir).exists():  # missing is fine when every run is reused

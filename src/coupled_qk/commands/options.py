@@ -305,7 +305,7 @@ def _positive_float(text: str) -> float:
 
 
 def _path_text(text: str) -> str:
-    from coupled_qk.outputs import path_value
+    from coupled_qk.checks.paths import path_value
 
     if not text.strip():
         raise ValueError(f"{text!r} is empty; expected a path")

@@ -71,9 +71,9 @@ def default_cache_dir() -> Path:
 
     Raises:
         ValueError: ``COUPLED_QK_CACHE`` names a file, a path under a file, or a place that cannot be created or
-            written (:func:`coupled_qk.outputs.output_location`), naming the variable and its value.
+            written (:func:`coupled_qk.checks.paths.output_location`), naming the variable and its value.
     """
-    from coupled_qk.outputs import output_location
+    from coupled_qk.checks.paths import output_location
 
     env = env_value(CACHE_ENV)
     if env:
