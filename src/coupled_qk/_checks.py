@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import numbers
+import os
 import types
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: a number stored in a float32 parameter (``dt_init``) must lie within +-this."""
@@ -32,18 +34,37 @@ _FALSE = ("false", "0", "no", "off")
 _NONE = ("none", "null")
 
 
+def loads_json(text: str, where: str):
+    """``json.loads(text)`` that refuses an object holding one key twice (``{"lr": 1e-3, "lr": 3e-3}``), which
+    ``json`` resolves silently by keeping the last value: one setting given twice (docs/RELIABILITY.md, "One
+    setting, one value"). A key repeated with the same value is refused too (one of the two is a leftover edit).
+
+    Args:
+        text: the JSON text.
+        where: how messages name its source (a file, ``--opt task_options``).
+
+    Raises:
+        ValueError: naming ``where`` and the repeated key(s); ``json.JSONDecodeError`` (a ``ValueError``) for text
+            that is not JSON, as ``json.loads``.
+    """
+
+    def unique(pairs: list) -> dict:
+        keys = [key for key, _ in pairs]
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise ValueError(
+                f"{where}: the key(s) {repeated} appear twice in one JSON object (JSON would keep only the last "
+                "value); give each key once"
+            )
+        return dict(pairs)
+
+    return json.loads(text, object_pairs_hook=unique)
+
+
 def positive_int(name: str, value) -> int:
     """``value`` if it is an ``int >= 1`` (``bool`` is not an int here); ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
-
-
-def boolean(name: str, value) -> bool:
-    """``value`` if it is a ``bool``; ``ValueError`` naming ``name`` otherwise (a string such as ``"False"`` is not
-    read by its truthiness; :func:`coerce` parses strings where a string is expected)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be True or False")
     return value
 
 
@@ -159,7 +180,7 @@ def coerce(name: str, value, annotation):
     if container in (dict, list):
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = loads_json(value, name)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{name}={value!r} is not valid JSON ({exc.msg}); {expected}") from None
         if isinstance(value, container):
@@ -216,16 +237,24 @@ def coerce_fields(obj, owner: str | None = None) -> None:
 def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, str]:
     """``["a=1", "b-c=x"] -> {"a": "1", "b_c": "x"}`` (values stay strings for :func:`coerce`).
 
+    One name given twice (``--set n_steps=2 --set n-steps=3``, ``coupled+n_steps=2+n_steps=3``) must be given the
+    same text both times: the later one used to win silently (docs/RELIABILITY.md, "One setting, one value").
+
     Raises:
-        ValueError: an item without ``=`` or with an empty name, naming ``flag``.
+        ValueError: an item without ``=`` or with an empty name, or a name given twice with different values,
+            naming ``flag``.
     """
     out: dict[str, str] = {}
+    first: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
             raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE")
+        if key in out and out[key] != value.strip():
+            raise ValueError(f"{flag} {first[key]!r} and {flag} {item!r} give {key} two different values; give it once")
         out[key] = value.strip()
+        first.setdefault(key, item)
     return out
 
 
@@ -389,3 +418,170 @@ def check_declared(obj, owner: str | None = None) -> None:
     types = field_types(type(obj))
     for f in dataclasses.fields(obj):
         check_value(f"{owner}.{f.name}", getattr(obj, f.name), types[f.name], f.metadata)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Flags of the public API: a bool parameter takes a bool (docs/RELIABILITY.md, "Arguments and variables, declared")
+
+
+class FlagError(TypeError, ValueError):
+    """A ``bool`` parameter given something else (``compile="False"``): a ``TypeError`` (a wrong kind of object), and
+    a ``ValueError`` (the command line reports those in one line, as it does the other argument checks)."""
+
+
+def declared_flags(fn: Callable) -> Callable:
+    """Decorate a public function or method so that each call checks its ``bool`` parameters (annotated ``bool``, or
+    ``bool | None`` which also takes ``None``): ``GPT.generate(idx, 3, compile="False")`` compiled, a non-empty
+    string being true. Checked before the body runs, by position or keyword, without binding the signature (about
+    a microsecond a call); the wrapper lists the flags it checks as ``declared_flags``.
+
+    Raises:
+        FlagError: at the call, naming the function, the parameter and the value.
+    """
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation naming what only a type checker imports: read the text
+        hints = {}
+    flags: dict[str, tuple[int | None, bool]] = {}
+    for index, param in enumerate(inspect.signature(fn).parameters.values()):
+        annotation = hints.get(param.name, param.annotation)
+        if isinstance(annotation, str):
+            annotation = {"bool": bool, "bool | None": bool | None}.get(annotation)
+        inner, optional = _unwrap_optional(annotation)
+        if inner is bool:
+            positional = param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD)
+            flags[param.name] = (index if positional else None, optional)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        for name, (index, optional) in flags.items():
+            if name in kwargs:
+                value = kwargs[name]
+            elif index is not None and index < len(args):
+                value = args[index]
+            else:
+                continue
+            if not isinstance(value, bool) and not (optional and value is None):
+                raise FlagError(
+                    f"{fn.__qualname__}: {name}={value!r} must be True or False{' (or None)' if optional else ''}"
+                    " (a string or a number is not read by its truthiness)"
+                )
+        return fn(*args, **kwargs)
+
+    checked.declared_flags = tuple(flags)
+    return checked
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Environment variables: each one the project reads is declared here, with its check, and read through env_value
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvVar:
+    """A declared environment variable.
+
+    Attributes:
+        what: what it sets, for messages and docs.
+        parse: ``text -> value`` for a set, non-blank value; ``ValueError`` saying what is expected.
+        default: the value when unset or blank.
+        read_by: where it is read (``tests`` for the test suite's own).
+    """
+
+    what: str
+    parse: Callable[[str], object]
+    default: object
+    read_by: str
+
+
+def _env_choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def _env_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("expected a positive number of seconds")
+    return value
+
+
+def _env_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("expected a number of seconds >= 0 (0: a line at every update)")
+    return value
+
+
+def _env_opt_out(text: str) -> str:
+    if text not in ("0", "1"):
+        raise ValueError("is not understood; expected 1 (keep glibc's malloc defaults) or 0 / unset (tune malloc)")
+    return text
+
+
+def _env_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("expected a positive integer")
+    return int(text)
+
+
+ENVIRONMENT: dict[str, EnvVar] = {
+    "COUPLED_QK_PROGRESS": EnvVar(
+        "progress display (--no-progress is off)", _env_choice("auto", "bar", "lines", "off"), "auto", "progress"
+    ),
+    "COUPLED_QK_LOG_INTERVAL": EnvVar("seconds between plain progress lines", _env_interval, 30.0, "progress"),
+    "COUPLED_QK_PG_TIMEOUT_S": EnvVar(
+        "seconds a process group waits for its ranks", _env_seconds, None, "training.distributed"
+    ),
+    "COUPLED_QK_DEFAULT_MALLOC": EnvVar("1: keep glibc's malloc defaults", _env_opt_out, "0", "allocator"),
+    "COUPLED_QK_DATA": EnvVar("the data folder (checked by data.paths)", str, None, "data.paths"),
+    "COUPLED_QK_CACHE": EnvVar("the cache folder (checked by data.paths)", str, None, "data.paths"),
+    "COUPLED_QK_HYPOTHESIS_EXAMPLES": EnvVar("examples per generated test", _env_count, None, "tests"),
+    "COUPLED_QK_FAULT_EXAMPLES": EnvVar("fault-injection examples", _env_count, None, "tests"),
+    "COUPLED_QK_FAULT_SEED": EnvVar("fault-injection seed", int, None, "tests"),
+    "COUPLED_QK_UPDATE_DOCS": EnvVar("1: regenerate the generated docs", _env_choice("0", "1"), "0", "tests"),
+}
+"""Every ``COUPLED_QK_*`` environment variable, declared once: the command line warns about any other one (a typo
+such as ``COUPLED_QK_PROGRES=off`` was ignored without a word)."""
+
+ENV_PREFIX = "COUPLED_QK_"
+
+
+def env_value(name: str, environ: Mapping[str, str] | None = None):
+    """The checked value of the declared environment variable ``name`` in ``environ`` (default ``os.environ``); its
+    declared default when it is unset or blank.
+
+    Raises:
+        ValueError: one line naming the variable, its value and what is expected. KeyError: ``name`` is not declared
+            in :data:`ENVIRONMENT` (a programming error).
+    """
+    spec = ENVIRONMENT[name]
+    text = (os.environ if environ is None else environ).get(name, "")
+    if not text.strip():
+        return spec.default
+    try:
+        return spec.parse(text.strip())
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={text!r}: {exc} ({spec.what})") from None
+
+
+def undeclared_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each ``COUPLED_QK_*`` variable of ``environ`` that is not declared, with its close match."""
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    out = []
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in ENVIRONMENT):
+        close = difflib.get_close_matches(name, ENVIRONMENT, n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else f"; coupled-qk reads {', '.join(sorted(ENVIRONMENT))}"
+        out.append(f"environment variable {name} is not one coupled-qk reads, so it has no effect{hint}")
+    return out

@@ -29,6 +29,7 @@ from coupled_qk.commands.options import (
     path_arg,
     positive_int_arg,
     positive_ints_arg,
+    refuse_variant_conflicts,
     seed_arg,
     subset_arg,
     threads_arg,
@@ -286,7 +287,7 @@ def _users(modes) -> str:
 
 def run(args) -> int:
     _check_mode_options(args)
-    parse_variants_option(args.variants)  # before the output folder is claimed
+    refuse_variant_conflicts(args, parse_variants_option(args.variants))  # before the output folder is claimed
     # claim the output before measuring: a measurement must never be lost to its output path
     out = OutputDir(args.out_dir, "--out-dir", overwrite=args.overwrite, layout=RESULTS_LAYOUT, what="bench")
     stem = _stem(args)

@@ -29,6 +29,57 @@ def check_folder(path: Path) -> None:
         )
 
 
+def check_saved_files(path: Path) -> None:
+    """The files ``from_pretrained`` reads from the local folder ``path``, checked before it reads them, so that a
+    damaged one is named: each ``*.safetensors`` must open (its header parse and cover the file: a file cut short
+    by a full disk or an interrupted copy failed inside ``safetensors`` as "incomplete metadata, file not fully
+    covered", naming no file); ``model.safetensors.index.json`` must be JSON naming shards that exist; a damaged
+    ``generation_config.json`` (which ``transformers`` skips, generating with the model config's settings) is a
+    warning naming it.
+
+    Raises:
+        ValueError: naming the damaged file, its size and what to do.
+    """
+    import json
+    import warnings
+
+    from safetensors import safe_open
+
+    if not path.is_dir():
+        return
+    remedy = f"export the run again (coupled-qk export RUN {path} --overwrite) or restore the file"
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), "pt"):
+                pass
+        except Exception as exc:  # safetensors' own error type and message
+            raise ValueError(
+                f"{weights} is damaged or cut short ({weights.stat().st_size:,} bytes; safetensors: {exc}); {remedy}"
+            ) from None
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(
+                f"{index} is not a weight index (a JSON object with a weight_map; {exc}); {remedy}"
+            ) from None
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise ValueError(f"{index} names weight files that are not in {path}: {missing}; {remedy}")
+    generation = path / "generation_config.json"
+    if generation.is_file():
+        try:
+            json.loads(generation.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            warnings.warn(
+                f"{generation} is not valid JSON ({exc}): transformers skips it, so generate uses the settings of "
+                "config.json (its special token ids); write it again or delete it",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
 def cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
     """The forward's cache: ``cache``, else ``kwargs["past_key_values"]`` (popped; the name before ``transformers``
     5.x renamed it to ``cache``), else ``None``.
@@ -88,6 +139,7 @@ def check_inputs(
     for name, value in (
         ("use_cache", use_cache),
         ("output_hidden_states", kwargs.get("output_hidden_states")),
+        ("output_attentions", kwargs.get("output_attentions")),  # "False" was read as asking for them
         ("return_dict", kwargs.get("return_dict")),
     ):
         if value is not None and not isinstance(value, bool):

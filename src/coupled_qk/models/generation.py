@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from coupled_qk._checks import declared_flags
 from coupled_qk.layers.kv_cache import KVCache, StaticKVCache
 from coupled_qk.tensor_checks import GREEDY_BELOW, check_generate_args, check_greedy_extras
 
@@ -18,6 +19,7 @@ class GPTGenerationMixin:
     """:meth:`generate`, :meth:`generate_sliding` and :meth:`next_token_logits` of :class:`~coupled_qk.GPT`."""
 
     @torch.no_grad()
+    @declared_flags
     def generate(
         self,
         idx: torch.Tensor,
@@ -103,6 +105,7 @@ class GPTGenerationMixin:
         return out
 
     @torch.no_grad()
+    @declared_flags
     def generate_sliding(
         self,
         idx: torch.Tensor,

@@ -24,6 +24,7 @@ from coupled_qk._checks import (
 )
 from coupled_qk.io import unknown_keys
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
+from coupled_qk.models.field_rules import ReadWhen
 from coupled_qk.models.options import option
 from coupled_qk.training.tasks import TASKS, check_task_fields
 
@@ -328,6 +329,42 @@ class TrainConfig(JSONConfig):
                         f"checkpoint); remove {name} from the model overrides (--set)"
                     )
         return GPTConfig.from_preset(self.preset, **{**self.model, **extra})
+
+
+COMMAND_LINE_READ_WHEN = {
+    "eval_batches": ReadWhen(
+        lambda c: not c.full_eval,
+        lambda c: "full_eval=True (every quick validation reads the whole validation split)",
+        "the size of a quick validation, full_eval=False",
+        lambda c: TrainConfig.__dataclass_fields__["eval_batches"].default,
+    ),
+    "on_budget_change": ReadWhen(
+        lambda c: c.resume,
+        lambda c: "resume=False (a new run has no saved schedule to keep or to warm up again)",
+        "a --resume whose max_steps or max_tokens differ from the run's",
+        lambda c: None,
+    ),
+}
+"""``TrainConfig`` fields read only in some settings (``models/field_rules.py::ReadWhen``): given on the command
+line (a flag, ``--opt``) in another setting they would take no effect, so :func:`check_given_fields_are_read`
+refuses them. A config built in code or read from a file is not refused (the pre-registered converged studies set
+``eval_batches`` beside ``full_eval``, and their records depend on that config)."""
+
+
+def check_given_fields_are_read(cfg: TrainConfig, given) -> None:
+    """Refuse a field of :data:`COMMAND_LINE_READ_WHEN` that is in ``given`` (the field names the command line set),
+    at a value other than its default, in a setting where ``cfg`` does not read it.
+
+    Raises:
+        ValueError: one line naming the flag, its value, the setting and what the field is for.
+    """
+    for name, rule in COMMAND_LINE_READ_WHEN.items():
+        value = getattr(cfg, name)
+        if name in given and value != rule.default(cfg) and not rule.when(cfg):
+            raise ValueError(
+                f"--{name.replace('_', '-')}={value} is not read with {rule.otherwise(cfg)}: {name} is for "
+                f"{rule.used_for}; drop it"
+            )
 
 
 def higher_is_better(metric: str, mode: str = "auto") -> bool:

@@ -10,6 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from coupled_qk._checks import env_value
 from coupled_qk.devices import AUTOCAST_DTYPES, resolve_device
 
 
@@ -98,15 +99,9 @@ def pg_timeout() -> timedelta:
     Raises:
         ValueError: naming the variable, when it is not a positive number.
     """
-    text = os.environ.get(PG_TIMEOUT_ENV)
-    if text is None or not text.strip():
+    seconds = env_value(PG_TIMEOUT_ENV)  # declared and checked in _checks.ENVIRONMENT
+    if seconds is None:
         return timedelta(seconds=DEFAULT_PG_TIMEOUT_S)
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{PG_TIMEOUT_ENV}={text!r} must be a positive number of seconds")
     return timedelta(seconds=seconds)
 
 
