@@ -164,7 +164,7 @@ def test_nothing_beside_a_folder_corpus_is_left_out_silently(tmp_path):
 def test_everything_beside_given_splits_is_named_except_a_derived_folders_stamp(tmp_path):
     """A study's derived split folder (``claims-data/wiki-vital-quarter``) was warned about for its own
     ``source.txt``; a user's folder beside given splits is named, as are other files."""
-    from coupled_qk.experiments.claims.heldout import document_split
+    from coupled_qk.data.splits import document_split
 
     data = tmp_path / "data"
     (data / "pubmed").mkdir(parents=True)

@@ -32,6 +32,7 @@ REQUIRED = {
     "glue": ["run"],
     "generate": ["run"],
     "claims": ["--protocol", "smoke"],
+    "study": ["run", "smoke"],
 }
 CANDIDATES = ["1", "2", "3", "0.5", "0.25", "a", "b", "cpu", "auto", "fp32", "bf16", "1,2", "2,3", "0", "all"]
 """Texts tried for every option: those that parse alone give the option's two values."""
