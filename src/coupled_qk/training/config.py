@@ -22,13 +22,13 @@ from coupled_qk._checks import (
     metric_direction,
     positive_int,
 )
+from coupled_qk.devices import AUTOCAST_DTYPES
 from coupled_qk.io import unknown_keys
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
 from coupled_qk.models.field_rules import ReadWhen
 from coupled_qk.models.options import option
 from coupled_qk.training.tasks import TASKS, check_task_fields
 
-DTYPES = ("auto", "fp32", "bf16", "fp16")
 BUDGET_CHANGES = ("keep", "rewarm")
 BEST_MODES = ("auto", "min", "max")
 
@@ -246,7 +246,7 @@ class TrainConfig(JSONConfig):
     dtype: str = _f(
         "auto",
         "autocast dtype (auto: bf16 on CUDA; on CPU fp32, or bf16 with --compile where the CPU has native bf16)",
-        DTYPES,
+        AUTOCAST_DTYPES,
     )
     compile: bool = _f(
         False, "torch.compile the model per block (GPT.compile; eager with a warning if compilation fails)"
