@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from coupled_qk._checks import env_value
+from coupled_qk.checks.environment import env_value
 from coupled_qk.devices import AUTOCAST_DTYPES, TORCH_DTYPES, resolve_device
 
 
@@ -99,7 +99,7 @@ def pg_timeout() -> timedelta:
     Raises:
         ValueError: naming the variable, when it is not a positive number.
     """
-    seconds = env_value(PG_TIMEOUT_ENV)  # declared and checked in _checks.ENVIRONMENT
+    seconds = env_value(PG_TIMEOUT_ENV)  # declared and checked in checks.environment.ENVIRONMENT
     if seconds is None:
         return timedelta(seconds=DEFAULT_PG_TIMEOUT_S)
     return timedelta(seconds=seconds)
