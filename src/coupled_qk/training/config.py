@@ -19,7 +19,6 @@ from coupled_qk._checks import (
     coerce,
     coerce_fields,
     field_types,
-    metric_direction,
     positive_int,
 )
 from coupled_qk.devices import AUTOCAST_DTYPES
@@ -27,6 +26,7 @@ from coupled_qk.io import unknown_keys
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
 from coupled_qk.models.field_rules import ReadWhen
 from coupled_qk.models.options import option
+from coupled_qk.training.metrics import metric_direction
 from coupled_qk.training.tasks import TASKS, check_task_fields
 
 BUDGET_CHANGES = ("keep", "rewarm")
@@ -369,7 +369,7 @@ def check_given_fields_are_read(cfg: TrainConfig, given) -> None:
 
 def higher_is_better(metric: str, mode: str = "auto") -> bool:
     """Direction of a validation metric: ``mode`` ``"max"``/``"min"``, or for ``"auto"`` the direction its name
-    says (:func:`coupled_qk._checks.metric_direction`: higher for accuracy, f1, mcc, matthews and score, lower
+    says (:func:`coupled_qk.training.metrics.metric_direction`: higher for accuracy, f1, mcc, matthews and score, lower
     for losses, perplexities, errors and bits per byte) and lower for a name that says nothing (the training
     loop refuses such a metric with ``auto`` at its first validation: ``training.loop.check_metrics``)."""
     if mode != "auto":
