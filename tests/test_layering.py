@@ -22,7 +22,6 @@ LEVELS = {
     "allocator": 0,
     "io": 0,
     "devices": 0,
-    "tensor_checks": 0,
     "progress": 0,
     "extras": 0,
     "ops": 0,

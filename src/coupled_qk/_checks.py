@@ -14,10 +14,9 @@ import inspect
 import json
 import math
 import numbers
-import os
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: a number stored in a float32 parameter (``dt_init``) must lie within +-this."""
@@ -258,78 +257,6 @@ def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, st
     return out
 
 
-METRIC_DIRECTIONS = (
-    ("loss", "min"),
-    ("perplexity", "min"),
-    ("error", "min"),
-    ("bpb", "min"),
-    ("bits", "min"),
-    ("accuracy", "max"),
-    ("f1", "max"),
-    ("mcc", "max"),
-    ("matthews", "max"),
-    ("score", "max"),
-    ("acc", "max"),
-)
-"""Name fragments and the direction in which such a metric improves (first match wins)."""
-
-
-def metric_direction(metric: str) -> str | None:
-    """``"min"`` or ``"max"``: the direction in which ``metric`` improves, from its name (``valid/loss`` -> min,
-    ``valid/accuracy`` -> max), or ``None`` when the name does not say."""
-    last = metric.rsplit("/", 1)[-1].lower()
-    for fragment, direction in METRIC_DIRECTIONS:
-        if fragment in last:
-            return direction
-    return None
-
-
-def check_metric(option: str, metric, mode, available: Iterable[str], task: str | None = None) -> str:
-    """Check a validation metric named by the user (``best_metric``, ``early_stop_metric``) against the metrics
-    the task's evaluation reports, and its direction. The training loop calls it once, at the first validation
-    (``training.loop.check_metrics``), when those names are known.
-
-    Args:
-        option: how the user named the metric, for messages (``"TrainConfig.best_metric"``).
-        metric: the metric name (``"valid/loss"``).
-        mode: ``"min"``, ``"max"``, or ``None``/``"auto"`` (then inferred with :func:`metric_direction`).
-        available: the metric names the evaluation reports.
-        task: the task's name, for messages.
-
-    Returns:
-        The direction in which the metric improves, ``"min"`` or ``"max"``.
-
-    Raises:
-        ValueError: naming ``option``: a non-string or empty metric, one that the evaluation does not report
-            ("is not a validation metric ...; it reports: ..."), a mode other than min/max/auto, no mode for a
-            metric whose name does not say which direction is better, or a mode that contradicts the name
-            (``max`` for a loss).
-    """
-    names = sorted(set(available))
-    of_task = f" of task {task!r}" if task else ""
-    if not isinstance(metric, str) or not metric.strip():
-        raise ValueError(
-            f"{option}={metric!r} must be a metric name; the evaluation{of_task} reports: {', '.join(names)}"
-        )
-    if metric not in names:
-        raise ValueError(f"{option}={metric!r} is not a validation metric{of_task}; it reports: {', '.join(names)}")
-    inferred = metric_direction(metric)
-    if mode is None or mode == "auto":
-        if inferred is None:
-            raise ValueError(
-                f"{option}={metric!r}: cannot tell whether higher or lower is better; declare it with "
-                "best_mode='min' or 'max' (and make it the best_metric)"
-            )
-        return inferred
-    choice(f"{option} mode", mode, ("min", "max"))
-    if inferred is not None and mode != inferred:
-        raise ValueError(
-            f"{option}={metric!r} improves when it goes {'down' if inferred == 'min' else 'up'}, but "
-            f"the mode is {mode!r}; use {inferred!r}"
-        )
-    return mode
-
-
 # ------------------------------------------------------------------------------------------------------
 # Field declarations: each field's type and valid range, declared once in dataclass field metadata
 # (docs/RELIABILITY.md, "Configuration").
@@ -470,118 +397,3 @@ def declared_flags(fn: Callable) -> Callable:
 
     checked.declared_flags = tuple(flags)
     return checked
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Environment variables: each one the project reads is declared here, with its check, and read through env_value
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvVar:
-    """A declared environment variable.
-
-    Attributes:
-        what: what it sets, for messages and docs.
-        parse: ``text -> value`` for a set, non-blank value; ``ValueError`` saying what is expected.
-        default: the value when unset or blank.
-        read_by: where it is read (``tests`` for the test suite's own).
-    """
-
-    what: str
-    parse: Callable[[str], object]
-    default: object
-    read_by: str
-
-
-def _env_choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
-        return text
-
-    return parse
-
-
-def _env_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError("expected a positive number of seconds")
-    return value
-
-
-def _env_interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError("expected a number of seconds >= 0 (0: a line at every update)")
-    return value
-
-
-def _env_opt_out(text: str) -> str:
-    if text not in ("0", "1"):
-        raise ValueError("is not understood; expected 1 (keep glibc's malloc defaults) or 0 / unset (tune malloc)")
-    return text
-
-
-def _env_count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError("expected a positive integer")
-    return int(text)
-
-
-ENVIRONMENT: dict[str, EnvVar] = {
-    "COUPLED_QK_PROGRESS": EnvVar(
-        "progress display (--no-progress is off)", _env_choice("auto", "bar", "lines", "off"), "auto", "progress"
-    ),
-    "COUPLED_QK_LOG_INTERVAL": EnvVar("seconds between plain progress lines", _env_interval, 30.0, "progress"),
-    "COUPLED_QK_PG_TIMEOUT_S": EnvVar(
-        "seconds a process group waits for its ranks", _env_seconds, None, "training.distributed"
-    ),
-    "COUPLED_QK_DEFAULT_MALLOC": EnvVar("1: keep glibc's malloc defaults", _env_opt_out, "0", "allocator"),
-    "COUPLED_QK_DATA": EnvVar("the data folder (checked by data.paths)", str, None, "data.paths"),
-    "COUPLED_QK_CACHE": EnvVar("the cache folder (checked by data.paths)", str, None, "data.paths"),
-    "COUPLED_QK_HYPOTHESIS_EXAMPLES": EnvVar("examples per generated test", _env_count, None, "tests"),
-    "COUPLED_QK_FAULT_EXAMPLES": EnvVar("fault-injection examples", _env_count, None, "tests"),
-    "COUPLED_QK_FAULT_SEED": EnvVar("fault-injection seed", int, None, "tests"),
-    "COUPLED_QK_UPDATE_DOCS": EnvVar("1: regenerate the generated docs", _env_choice("0", "1"), "0", "tests"),
-}
-"""Every ``COUPLED_QK_*`` environment variable, declared once: the command line warns about any other one (a typo
-such as ``COUPLED_QK_PROGRES=off`` was ignored without a word)."""
-
-ENV_PREFIX = "COUPLED_QK_"
-
-
-def env_value(name: str, environ: Mapping[str, str] | None = None):
-    """The checked value of the declared environment variable ``name`` in ``environ`` (default ``os.environ``); its
-    declared default when it is unset or blank.
-
-    Raises:
-        ValueError: one line naming the variable, its value and what is expected. KeyError: ``name`` is not declared
-            in :data:`ENVIRONMENT` (a programming error).
-    """
-    spec = ENVIRONMENT[name]
-    text = (os.environ if environ is None else environ).get(name, "")
-    if not text.strip():
-        return spec.default
-    try:
-        return spec.parse(text.strip())
-    except ValueError as exc:
-        raise ValueError(f"environment variable {name}={text!r}: {exc} ({spec.what})") from None
-
-
-def undeclared_env(environ: Mapping[str, str] | None = None) -> list[str]:
-    """One line for each ``COUPLED_QK_*`` variable of ``environ`` that is not declared, with its close match."""
-    import difflib
-
-    environ = os.environ if environ is None else environ
-    out = []
-    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in ENVIRONMENT):
-        close = difflib.get_close_matches(name, ENVIRONMENT, n=1, cutoff=0.8)
-        hint = f"; did you mean {close[0]}?" if close else f"; coupled-qk reads {', '.join(sorted(ENVIRONMENT))}"
-        out.append(f"environment variable {name} is not one coupled-qk reads, so it has no effect{hint}")
-    return out

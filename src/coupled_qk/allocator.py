@@ -31,7 +31,7 @@ import platform
 import re
 from collections.abc import Mapping
 
-from coupled_qk._checks import env_value
+from coupled_qk.checks.environment import env_value
 
 __all__ = ["OPT_OUT_ENV", "SETTINGS", "allocator_state", "preloaded_allocator", "tune_cpu_allocator", "user_tuning_env"]
 
@@ -93,7 +93,7 @@ def tune_cpu_allocator(environ: Mapping[str, str] | None = None) -> str:
     """
     global _state
     env = os.environ if environ is None else environ
-    opt_out = env_value(OPT_OUT_ENV, env)  # "0" or "1", checked where it is declared (_checks.ENVIRONMENT)
+    opt_out = env_value(OPT_OUT_ENV, env)  # "0" or "1", checked where it is declared (checks.environment.ENVIRONMENT)
     preload, user = preloaded_allocator(env), user_tuning_env(env)
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         _state = f"untouched: not glibc ({platform.system()})"

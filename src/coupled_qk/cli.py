@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     from coupled_qk.training.stop import TrainingDiverged, TrainingInterrupted
 
     warnings.formatwarning = _one_line_warning
-    from coupled_qk._checks import undeclared_env
+    from coupled_qk.checks.environment import undeclared_env
 
     for line in undeclared_env():  # a misspelt COUPLED_QK_* variable takes no effect: said, not ignored
         warnings.warn(line, UserWarning, stacklevel=1)

@@ -16,7 +16,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from coupled_qk._checks import env_value
+from coupled_qk.checks.environment import env_value
 
 _MODE: dict[str, str | None] = {"mode": None}  # None: not set yet, read from COUPLED_QK_PROGRESS when first needed
 MODES = ("auto", "bar", "lines", "off")
@@ -37,7 +37,7 @@ def progress_mode() -> str:
     """The current mode (see :func:`set_mode`); until one is set, ``COUPLED_QK_PROGRESS`` (``auto`` when unset).
 
     Raises:
-        ValueError: ``COUPLED_QK_PROGRESS`` is not one of :data:`MODES`, naming it (``_checks.ENVIRONMENT``).
+        ValueError: ``COUPLED_QK_PROGRESS`` is not one of :data:`MODES`, naming it (``checks.environment.ENVIRONMENT``).
     """
     if _MODE["mode"] is None:
         _MODE["mode"] = env_value("COUPLED_QK_PROGRESS")

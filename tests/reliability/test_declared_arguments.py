@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 import coupled_qk
 from coupled_qk._assignment import CheckedAssignment
-from coupled_qk._checks import ENVIRONMENT, FlagError, _unwrap_optional, env_value, undeclared_env
+from coupled_qk._checks import FlagError, _unwrap_optional
+from coupled_qk.checks.environment import ENVIRONMENT, env_value, undeclared_env
 from coupled_qk.hf import modeling
 from coupled_qk.hf.retrofit import retrofit
 from coupled_qk.models.maps.invertible import InvertibleQKCoupling
@@ -152,7 +153,7 @@ def _names_in(path: Path) -> set[str]:
 
 
 def test_every_variable_the_project_names_is_declared():
-    """Every ``COUPLED_QK_*`` name in the sources and tests is declared in ``_checks.ENVIRONMENT``."""
+    """Every ``COUPLED_QK_*`` name in the sources and tests is declared in ``checks.environment.ENVIRONMENT``."""
     root = Path(coupled_qk.__file__).parents[2]
     named = set()
     for folder in ("src", "tests", "benchmarks", "examples"):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 
-from coupled_qk._checks import MAX_SEED
+from coupled_qk._checks import MAX_SEED, coerce, finite, nonneg_int, positive_int
 from coupled_qk.models.config import PRESETS, GPTConfig, parse_overrides
 from coupled_qk.models.registry import QK_MAPS, attention_names, variant_names
 
@@ -240,27 +239,33 @@ def _arg(check, what: str):
     return parse
 
 
-def _int_text(text: str) -> int:
-    if not text.isascii():
-        raise ValueError(f"{text!r} is not an integer (write it with the digits 0-9)")
+_NAME = "value"
+"""The name the value checks are called with here: the parser names the option (``--n=0 must be ...``)."""
+
+
+def _checked(text: str, check, value):
+    """``check(_NAME, value)``, a value check of :mod:`coupled_qk._checks` (one rule for the library, configs and
+    the command line); its ``ValueError`` reworded about ``text`` (``'0' must be a positive integer``)."""
     try:
-        return int(text.strip().replace("_", ""))
-    except ValueError:
-        raise ValueError(f"{text!r} is not an integer") from None
+        return check(_NAME, value)
+    except ValueError as exc:
+        raise ValueError(f"{text!r} {str(exc).removeprefix(f'{_NAME}={value!r} ')}") from None
+
+
+def _number_text(text: str, kind: type):
+    """``text`` converted to ``kind`` (``int`` or ``float``) as every config value is
+    (:func:`coupled_qk._checks.coerce`: ``"2.0"`` is the integer 2), written with the digits 0-9."""
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
+    return _checked(text, lambda name, value: coerce(name, value, kind), text)
 
 
 def _positive_int(text: str) -> int:
-    value = _int_text(text)
-    if value < 1:
-        raise ValueError(f"{text!r} must be a positive integer (>= 1)")
-    return value
+    return _checked(text, positive_int, _number_text(text, int))
 
 
 def _nonneg_int(text: str) -> int:
-    value = _int_text(text)
-    if value < 0:
-        raise ValueError(f"{text!r} must be an integer >= 0")
-    return value
+    return _checked(text, nonneg_int, _number_text(text, int))
 
 
 def _seed(text: str) -> int:
@@ -288,16 +293,10 @@ def _threads(text: str) -> int:
 
 
 def _float_text(text: str, positive: bool) -> float:
-    """A finite float written in ASCII, ``> 0`` (``positive``) or ``>= 0``; ``ValueError`` naming the text."""
-    if not text.isascii():
-        raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
-        raise ValueError(f"{text!r} must be a finite number {'>' if positive else '>='} 0")
-    return value
+    """A finite number written in ASCII, ``> 0`` (``positive``) or ``>= 0`` (:func:`coupled_qk._checks.finite`);
+    ``ValueError`` naming the text."""
+    value = _number_text(text, float)
+    return _checked(text, lambda name, v: finite(name, v, lo=0, lo_open=positive), value)
 
 
 def _positive_float(text: str) -> float:
@@ -434,10 +433,7 @@ def _nonneg_float(text: str) -> float:
 
 
 def _fraction(text: str) -> float:
-    value = _nonneg_float(text)
-    if value > 1:
-        raise ValueError(f"{text!r} must be a fraction in [0, 1]")
-    return value
+    return _checked(text, lambda name, v: finite(name, v, 0, 1), _number_text(text, float))
 
 
 nonneg_float_arg = _arg(_nonneg_float, "number >= 0")

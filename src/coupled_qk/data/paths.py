@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coupled_qk._checks import env_value
+from coupled_qk.checks.environment import env_value
 
 DATA_ENV = "COUPLED_QK_DATA"
 CACHE_ENV = "COUPLED_QK_CACHE"
@@ -43,7 +43,7 @@ def default_data_dir() -> Path:
         FileNotFoundError: ``COUPLED_QK_DATA`` names something that is not a directory, or it is unset and
             none of the candidate folders exists; the message names the variable and every path tried.
     """
-    env = env_value(DATA_ENV)  # declared in _checks.ENVIRONMENT; None when unset or blank
+    env = env_value(DATA_ENV)  # declared in checks.environment.ENVIRONMENT; None when unset or blank
     if env:
         path = Path(env).expanduser()
         if not path.is_dir():

@@ -11,8 +11,8 @@ import torch
 from transformers.cache_utils import Cache
 from transformers.utils import CONFIG_NAME
 
+from coupled_qk.checks.tensors import check_generate_args, check_ids
 from coupled_qk.hf.hints import run_folder_hint
-from coupled_qk.tensor_checks import check_generate_args, check_ids
 
 
 def check_folder(path: Path) -> None:
@@ -309,7 +309,7 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
     """The arguments of :meth:`coupled_qk.hf.modeling.CoupledQKForCausalLM.generate` (``ids`` the prompt,
     ``model_config`` the model's :class:`~coupled_qk.hf.configuration.CoupledQKConfig`, ``config`` the
     ``GenerationConfig`` in use, ``kwargs`` the call's keywords): ``max_new_tokens`` (or what ``max_length``
-    leaves), the beam counts, and :func:`~coupled_qk.tensor_checks.check_generate_args`'s checks. A prompt
+    leaves), the beam counts, and :func:`~coupled_qk.checks.tensors.check_generate_args`'s checks. A prompt
     given as ``kwargs["inputs_embeds"]`` ``(B, T, d_model)`` (with or without ``ids``, which must then be its
     ``(B, T)`` token ids) is checked by :func:`check_embeds` and its length counts as the prompt's.
 

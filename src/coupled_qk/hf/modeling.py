@@ -29,6 +29,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from coupled_qk._checks import declared_flags
+from coupled_qk.checks.tensors import check_checkpoint_kwargs
 from coupled_qk.hf.cache_view import static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
 from coupled_qk.hf.forward import as_output, run_gpt
@@ -37,7 +38,6 @@ from coupled_qk.layers.attention import LEGACY_STATE_KEYS, CausalSelfAttention
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.gpt import GPT
-from coupled_qk.tensor_checks import check_checkpoint_kwargs
 
 TIED = "model.lm_head.weight"  # tied to model.tok_emb.weight, never stored
 
@@ -144,7 +144,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         Raises:
             ValueError: ``every_n_layers`` not a positive integer; a keyword of ``gradient_checkpointing_kwargs`` that
                 ``torch.utils.checkpoint.checkpoint`` does not declare, or a flag of it that is not a bool
-                (:func:`~coupled_qk.tensor_checks.check_checkpoint_kwargs`).
+                (:func:`~coupled_qk.checks.tensors.check_checkpoint_kwargs`).
         """
         if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
             raise ValueError(f"every_n_layers={every_n_layers!r} must be a positive integer (1: every block)")
@@ -327,7 +327,7 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """``GenerationMixin.generate`` with its arguments checked once per call, before any token is computed,
-        as :meth:`coupled_qk.GPT.generate`'s (:func:`coupled_qk.tensor_checks.check_generate_args`): the prompt
+        as :meth:`coupled_qk.GPT.generate`'s (:func:`coupled_qk.checks.tensors.check_generate_args`): the prompt
         ``(B, T)`` integer ids in the vocabulary (or ``inputs_embeds`` ``(B, T, d_model)``); ``max_new_tokens`` (or what
         ``max_length`` leaves) an int
         ``>= 0`` with ``T + max_new_tokens <= block_size`` (the model cannot see further: without this check the
@@ -338,7 +338,7 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         criteria, ...).
 
         Raises:
-            TypeError, ValueError: naming the argument (see :func:`~coupled_qk.tensor_checks.check_generate_args`).
+            TypeError, ValueError: naming the argument (see :func:`~coupled_qk.checks.tensors.check_generate_args`).
         """
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if ids is not None or kwargs.get("inputs_embeds") is not None:

@@ -19,16 +19,16 @@ from coupled_qk._checks import (
     coerce,
     coerce_fields,
     field_types,
-    metric_direction,
     positive_int,
 )
+from coupled_qk.devices import AUTOCAST_DTYPES
 from coupled_qk.io import unknown_keys
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
 from coupled_qk.models.field_rules import ReadWhen
 from coupled_qk.models.options import option
+from coupled_qk.training.metrics import metric_direction
 from coupled_qk.training.tasks import TASKS, check_task_fields
 
-DTYPES = ("auto", "fp32", "bf16", "fp16")
 BUDGET_CHANGES = ("keep", "rewarm")
 BEST_MODES = ("auto", "min", "max")
 
@@ -246,7 +246,7 @@ class TrainConfig(JSONConfig):
     dtype: str = _f(
         "auto",
         "autocast dtype (auto: bf16 on CUDA; on CPU fp32, or bf16 with --compile where the CPU has native bf16)",
-        DTYPES,
+        AUTOCAST_DTYPES,
     )
     compile: bool = _f(
         False, "torch.compile the model per block (GPT.compile; eager with a warning if compilation fails)"
@@ -369,7 +369,7 @@ def check_given_fields_are_read(cfg: TrainConfig, given) -> None:
 
 def higher_is_better(metric: str, mode: str = "auto") -> bool:
     """Direction of a validation metric: ``mode`` ``"max"``/``"min"``, or for ``"auto"`` the direction its name
-    says (:func:`coupled_qk._checks.metric_direction`: higher for accuracy, f1, mcc, matthews and score, lower
+    says (:func:`coupled_qk.training.metrics.metric_direction`: higher for accuracy, f1, mcc, matthews and score, lower
     for losses, perplexities, errors and bits per byte) and lower for a name that says nothing (the training
     loop refuses such a metric with ``auto`` at its first validation: ``training.loop.check_metrics``)."""
     if mode != "auto":

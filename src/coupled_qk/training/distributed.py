@@ -10,8 +10,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from coupled_qk._checks import env_value
-from coupled_qk.devices import AUTOCAST_DTYPES, resolve_device
+from coupled_qk.checks.environment import env_value
+from coupled_qk.devices import AUTOCAST_DTYPES, TORCH_DTYPES, resolve_device
 
 
 @dataclass
@@ -99,7 +99,7 @@ def pg_timeout() -> timedelta:
     Raises:
         ValueError: naming the variable, when it is not a positive number.
     """
-    seconds = env_value(PG_TIMEOUT_ENV)  # declared and checked in _checks.ENVIRONMENT
+    seconds = env_value(PG_TIMEOUT_ENV)  # declared and checked in checks.environment.ENVIRONMENT
     if seconds is None:
         return timedelta(seconds=DEFAULT_PG_TIMEOUT_S)
     return timedelta(seconds=seconds)
@@ -184,7 +184,7 @@ def pick_autocast_dtype(dtype: str, device: torch.device, compiled: bool = False
         return None
     if dtype == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    return TORCH_DTYPES[dtype]
 
 
 def setup_runtime(device: str = "auto", dtype: str = "auto", compiled: bool = False) -> Runtime:
