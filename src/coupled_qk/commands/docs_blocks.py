@@ -134,7 +134,7 @@ def claims_protocols(root: Path) -> str:
 
     rows = ["| protocol | regime | what it runs |", "|---|---|---|"]
     for name, study in studies().items():
-        regime = "first epoch" if study.static else "trained to a plateau"
+        regime = "first epoch" if study.static else "tuned, annealed"
         rows.append(f"| `{name}` | {regime} | {study.description} |")
     return "\n".join(rows) + "\n"
 
