@@ -36,6 +36,7 @@ from coupled_qk.training.config import (
     saved_value,
 )
 from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.tasks import TASK_FIELDS, task_class
 
 __all__ = [
     "RESULT_NEUTRAL_FIELDS",
@@ -146,17 +147,23 @@ def setting_differences(saved: dict, planned: TrainConfig) -> dict:
         planned: the configuration the protocol wants.
 
     Fields in :data:`RESULT_NEUTRAL_FIELDS` and :data:`STOPPING_POINTS` (where an invocation stops, not what the
-    run computes) and task options in :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored;
+    run computes), the data and evaluation fields the planned task does not read
+    (:data:`~coupled_qk.training.tasks.TASK_FIELDS` outside its ``config_fields``: an MQAR run saved with
+    ``eval_batches=20`` is the run planned with the field's current default) and task options in
+    :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored;
     model overrides saved under an old field name (:data:`coupled_qk.models.config.RENAMED_FIELDS`) are read
     under the new one.
     """
     now = planned.to_dict()
     if isinstance(saved.get("model"), dict):
         saved = {**saved, "model": rename_fields(saved["model"], "saved TrainConfig.model")}
+    unread = set(TASK_FIELDS) - set(getattr(task_class(planned.task), "config_fields", TASK_FIELDS))
     diff = {
         k: (saved_value(saved, k), v)
         for k, v in now.items()  # a field the run predates: its default
-        if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS and k != "task_options" and saved_value(saved, k) != v
+        if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS | unread
+        and k != "task_options"
+        and saved_value(saved, k) != v
     }
 
     def options(d) -> dict:

@@ -312,7 +312,18 @@ def read_json(path: Path) -> dict:
     return data
 
 
-STATE_KEYS = ("step", "tokens", "train_seconds", "schedule", "grad_scaler", "global_batch", "precision", "best")
+STATE_KEYS = (
+    "step",
+    "tokens",
+    "train_seconds",
+    "eval_seconds",
+    "validations",
+    "schedule",
+    "grad_scaler",
+    "global_batch",
+    "precision",
+    "best",
+)
 """The keys of a checkpoint's ``state.json`` (``training.loop``'s ``_Trainer.save``)."""
 
 
