@@ -360,7 +360,7 @@ def test_analyze_checkpoints_end_to_end(checkpoints, tmp_path):
         path = out / f"{name}.png"
         assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     summary = (out / "summary.md").read_text()
-    assert "| metric | standard | coupled |" in summary
+    assert f"| metric | reference ({report['seq_len']}-token windows) | standard | coupled |" in summary
     assert "effective rank" in summary and "learned dt" in summary and "same text" in summary
     assert set(report["files"]) >= {"analysis.json", "summary.md", "per_layer_metrics"}
 
@@ -504,7 +504,14 @@ def test_analyze_command(checkpoints, tmp_path, capsys):
     assert (out / "summary.md").is_file() and not list(out.glob("*.png"))
     data = json.loads((out / "analysis.json").read_text())
     assert [e["label"] for e in data["checkpoints"]] == ["std", "cpl"]
-    assert "summary.md" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "summary.md" in printed
+    # each number with its reference point for the 6-token windows
+    assert "effective rank (Roy & Vetterli) " in printed and " (max 6 = window)" in printed
+    assert " (1 = uniform, 0 = one key)" in printed
+    summary = (out / "summary.md").read_text()
+    assert "| metric | reference (6-token windows) | std | cpl |" in summary
+    assert "## Per layer: effective rank (Roy & Vetterli) (max 6 = window)" in summary
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     rc = main(["analyze", str(runs[0]), "--corpus", str(corpus), "--out-dir", str(out)])  # an earlier report
     assert rc == 2 and "--overwrite" in capsys.readouterr().err
