@@ -218,6 +218,7 @@ class LMTask:
             )
             + f" ({self.corpus.name}, tokenizer {self.tokenizer.name})",
             enabled=cfg.progress,
+            once=True,  # the runs of a comparison read the same data: said once
         )
 
     def n_documents(self, split: str) -> int:

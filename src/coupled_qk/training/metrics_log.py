@@ -7,11 +7,10 @@ to the records up to its checkpoint's step. A damaged line anywhere else is an e
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 from coupled_qk.io import write_text_atomic
-from coupled_qk.progress import progress
+from coupled_qk.progress import announce, progress
 from coupled_qk.training.rundir import RunDir, parse_metrics
 
 __all__ = ["Logger", "parse_metrics", "read_metrics"]  # parse_metrics lives in rundir (the run folder's files)
@@ -43,8 +42,12 @@ class Logger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard_dir))
-            except ImportError:
-                warnings.warn("tensorboard is not installed; logging JSON lines only", stacklevel=2)
+            except ImportError:  # said once per process, not once per run of a comparison
+                announce(
+                    "tensorboard is not installed: metrics go to metrics.jsonl only (pip install "
+                    "'coupled-qk[tensorboard]' for TensorBoard events, --no-tensorboard to silence this)",
+                    once=True,
+                )
         self.bar = progress(total_steps, "training", "steps", initial=start_step, enabled=cfg.progress)
 
     def log(self, record: dict) -> None:
