@@ -457,6 +457,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
                 if "eval_seconds" in state:  # a checkpoint saved before it was counted: unknown
                     state["eval_seconds"] += time.perf_counter() - started
                     state["validations"] += 1
+                state["train_seconds"] = stop.train_seconds()  # the loop's time includes its validations
                 if reason is not None:
                     stop_reason = reason
                     break
