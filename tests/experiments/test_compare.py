@@ -309,6 +309,8 @@ def test_table_legend_and_panel_say_what_each_evaluation_scored(tmp_path, monkey
         "Smoke run: the final evaluation scored valid on its first 3,072 of 27,392 tokens (11%); test on its first "
         "3,072 of 30,000 tokens (10%), a subsample" in table
     )
+    note = next(line for line in table.splitlines() if line.startswith("n/a (test word ppl)"))
+    assert "a final evaluation of a subsample has none" in note and "WikiText-style" not in note  # why, here
     fig = _drawn_figure(summary, tmp_path / "curves.png", monkeypatch)
     valid_panel = fig.axes[1]
     assert "lines: each on the whole split (27,392 tokens)" in valid_panel.get_title()
@@ -341,9 +343,8 @@ def test_word_perplexity_and_wall_minutes_are_explained(tmp_path):
     rec = _record(plan[0], 20.0, 60.0)
     table = comparison_table(analyze_comparison([rec], base, [0]).json["results.json"]).splitlines()
     assert table[0].endswith("| tokens | wall min |") and table[2].split(" | ")[3] == "n/a"
-    assert any(
-        line.startswith("n/a (test word ppl): word-level perplexity") and "wikitext-103" in line for line in table
-    )
+    note = next(line for line in table if line.startswith("n/a (test word ppl): word-level perplexity"))
+    assert "WikiText-style corpora only" in note and "wikitext-103" in note and "subsample" not in note
     assert any("not the speed of a variant" in line for line in table)
     rec.results["final"]["test/word_perplexity"] = 55.0
     table = comparison_table(analyze_comparison([rec], base, [0]).json["results.json"])

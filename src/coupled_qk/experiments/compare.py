@@ -333,15 +333,25 @@ SEEDS_LIMIT = 1000
 
 
 def _word_ppl_note(variants: dict) -> list[str]:
-    """Why ``test word ppl`` is ``n/a`` where a run has none."""
+    """Why ``test word ppl`` is ``n/a`` where a variant has none: its final evaluation scored a subsample (words
+    are counted over whole splits), or its corpus is not WikiText-style."""
     from coupled_qk.training.lm import WORD_LEVEL_CORPORA
 
-    if all("test_word_perplexity" in e for e in variants.values()):
+    missing = [r for e in variants.values() if "test_word_perplexity" not in e for r in e["runs"]]
+    if not missing:
         return []
+    reasons = []
+    if any(_subsampled(r) for r in missing):
+        reasons.append("a final evaluation of a subsample has none (words are counted over whole splits)")
+    if not all(_subsampled(r) for r in missing):
+        reasons.append(
+            "it is reported for WikiText-style corpora only "
+            f"({', '.join(WORD_LEVEL_CORPORA)}), whose word counts follow the WikiText convention"
+        )
     return [
-        "n/a (test word ppl): word-level perplexity divides the NLL by the words of the original text as the "
-        f"WikiText convention counts them, so it is reported for WikiText-style corpora only "
-        f"({', '.join(WORD_LEVEL_CORPORA)}); test bits/byte is the tokenizer-free measure for any text."
+        "n/a (test word ppl): word-level perplexity divides the NLL by the words of the original text; "
+        + "; ".join(reasons)
+        + ". Test bits/byte is the tokenizer-free measure for any text."
     ]
 
 
