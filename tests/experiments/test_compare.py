@@ -349,3 +349,14 @@ def test_word_perplexity_and_wall_minutes_are_explained(tmp_path):
     rec.results["final"]["test/word_perplexity"] = 55.0
     table = comparison_table(analyze_comparison([rec], base, [0]).json["results.json"])
     assert "| 55.00 |" in table and "n/a (test word ppl)" not in table
+
+
+def test_a_change_below_one_percent_is_shown_with_two_decimals(tmp_path):
+    """A change of 0.04% read "+0.0% [-0.0%, +0.1%]"."""
+    base = TrainConfig(max_steps=3)
+    plan = plan_comparison(base, ["standard", "coupled"], [0, 1], tmp_path)
+    ppl = [20.0, 20.0, 20.008, 20.010]
+    summary = analyze_comparison([_record(r, p, 60.0) for r, p in zip(plan, ppl)], base, [0, 1]).json["results.json"]
+    changes = [100 * (20.008 / 20 - 1), 100 * (20.010 / 20 - 1)]
+    mean, half = statistics.fmean(changes), T975_1 * statistics.stdev(changes) / 2**0.5
+    assert f" | {mean:+.2f}% [{mean - half:+.2f}%, {mean + half:+.2f}%] | " in comparison_table(summary)

@@ -280,12 +280,15 @@ def _paired_change(ref: dict, entry: dict) -> dict | None:
 
 
 def _change_cell(change: dict | None) -> str:
-    """``-0.2% [-3.1%, +2.7%]`` (mean paired change and its 95% interval), ``-0.2% (1 seed)``, or ``-``."""
+    """``-0.2% [-3.1%, +2.7%]`` (mean paired change and its 95% interval), ``-0.2% (1 seed)``, or ``-``; with two
+    decimals where every number is below 1% (a change of 0.04% read "+0.0% [-0.0%, +0.1%]")."""
     if change is None:
         return "-"
-    text = f"{change['mean']:+.1f}%"
+    shown = [v for v in (change["mean"], change["low"], change["high"]) if v is not None]
+    digits = 2 if max(abs(v) for v in shown) < 1 else 1
+    text = f"{change['mean']:+.{digits}f}%"
     if change["low"] is not None:
-        return text + f" [{change['low']:+.1f}%, {change['high']:+.1f}%]"
+        return text + f" [{change['low']:+.{digits}f}%, {change['high']:+.{digits}f}%]"
     return text + (f" ({change['n']} seed{'s' if change['n'] > 1 else ''})")
 
 
