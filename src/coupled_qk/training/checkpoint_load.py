@@ -325,12 +325,16 @@ STATE_KEYS = (
     "best",
 )
 """The keys of a checkpoint's ``state.json`` (``training.loop``'s ``_Trainer.save``)."""
+BEST_STATE_KEYS = ("metric", "value", "step", "tokens", "epoch")
+"""The keys of a best-validation checkpoint's (``best-<step>/``) ``state.json``: the record of
+:func:`coupled_qk.training.best.track_best`."""
 
 
 def read_state(ckpt: Path) -> dict:
     """``ckpt/state.json``: the progress of a checkpoint, a JSON object whose ``step`` is an integer >= 0.
 
-    A key outside :data:`STATE_KEYS` is a warning naming it and its close match (:func:`~coupled_qk.io.unknown_keys`).
+    A key outside :data:`STATE_KEYS` (:data:`BEST_STATE_KEYS` for a ``best-<step>`` folder) is a warning naming it and
+    its close match (:func:`~coupled_qk.io.unknown_keys`).
 
     Raises:
         ValueError: naming the file, if it is not a JSON object with such a ``step`` (hand-edited, or damaged in
@@ -343,7 +347,8 @@ def read_state(ckpt: Path) -> dict:
         raise ValueError(
             f"{path} has step={step!r}, expected an integer >= 0; the checkpoint is damaged: {_what_to_do(Path(ckpt))}"
         )
-    unknown_keys(state, STATE_KEYS, path, "checkpoint state", error=False)  # the project's own file: a warning
+    keys = BEST_STATE_KEYS if Path(ckpt).name.startswith("best-") else STATE_KEYS  # its best record warned
+    unknown_keys(state, keys, path, "checkpoint state", error=False)  # the project's own file: a warning
     return state
 
 
