@@ -14,7 +14,8 @@ from coupled_qk.training.eval_budget import (
     time_summary,
     validations_of,
 )
-from coupled_qk.training.loop import read_metrics, train
+from coupled_qk.training.loop import train
+from coupled_qk.training.run_folder import RunFolder
 
 
 def test_auto_eval_batches_hand_cases():
@@ -47,7 +48,7 @@ def test_a_run_without_eval_batches_validates_on_its_share_and_says_what_validat
     evaluation."""
     cfg = tiny_cfg(max_steps=20, eval_interval=None, eval_batches=None, progress=True)
     res = train(cfg)
-    quick = [r for r in read_metrics(cfg.out_dir) if "valid/loss" in r]
+    quick = [r for r in RunFolder(cfg.out_dir).read_metrics() if "valid/loss" in r]
     assert len(quick) == 10 and {r["valid/n_tokens"] for r in quick} == {1 * 4 * 16}  # batches x windows x block
     err = capsys.readouterr().err
     assert "quick validation every 2 steps on 1 batches (10 over the run's 20 steps" in err
@@ -56,7 +57,9 @@ def test_a_run_without_eval_batches_validates_on_its_share_and_says_what_validat
     assert f"{cfg.out_dir}: 20 steps, 1,280 tokens; {time_summary(res)}" in err
     given_cfg = tiny_cfg(max_steps=20, eval_interval=None, eval_batches=3, out_dir=cfg.out_dir + "-given")
     train(given_cfg)  # set by the user: used as given
-    assert {r["valid/n_tokens"] for r in read_metrics(given_cfg.out_dir) if "valid/loss" in r} == {3 * 4 * 16}
+    assert {r["valid/n_tokens"] for r in RunFolder(given_cfg.out_dir).read_metrics() if "valid/loss" in r} == {
+        3 * 4 * 16
+    }
 
 
 def test_time_summary_splits_training_and_validation():
