@@ -116,6 +116,7 @@ def test_the_tensorboard_notice_and_the_data_line_come_once_per_process(tiny_cfg
 
     from coupled_qk.training.lm import LMTask
     from coupled_qk.training.metrics_log import Logger
+    from coupled_qk.training.run_folder import RunFolder
 
     monkeypatch.setattr(P, "_SAID", set())
     monkeypatch.setitem(P._MODE, "mode", "lines")
@@ -124,7 +125,7 @@ def test_the_tensorboard_notice_and_the_data_line_come_once_per_process(tiny_cfg
         cfg = tiny_cfg(seed=seed, tensorboard=True, progress=True, out_dir=str(tiny_cfg().out_dir) + f"-{seed}")
         LMTask(cfg)
         Path(cfg.out_dir).mkdir()
-        Logger(Path(cfg.out_dir), cfg, True, 0, 8).close()
+        Logger(RunFolder(cfg.out_dir), cfg, True, 0, 8).close()
     err = capsys.readouterr().err
     assert err.count("tensorboard is not installed") == 1 and "pip install 'coupled-qk[tensorboard]'" in err
     assert err.count("coupled-qk: data: train ") == 1

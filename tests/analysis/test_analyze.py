@@ -538,6 +538,8 @@ def test_learned_positions_and_gqa_coupled():
     assert all(v > 0 for layer in res["layers"] for v in layer["qk_heads"]["k_update"])
 
 
+# the fixture's runs have no data.json (saved by hand): analyze says it cannot check the corpus's text
+@pytest.mark.filterwarnings("ignore:.*data.json is missing, so analyze cannot check:UserWarning")
 def test_analyze_defaults_to_the_runs_corpus(checkpoints, tmp_path, capsys):
     from coupled_qk.cli import main
 
@@ -561,6 +563,8 @@ def test_analyze_defaults_to_the_runs_corpus(checkpoints, tmp_path, capsys):
         (run / "config.json").unlink()
 
 
+# the fixture's runs have no data.json (saved by hand): analyze says it cannot check the corpus's text
+@pytest.mark.filterwarnings("ignore:.*data.json is missing, so analyze cannot check:UserWarning")
 def test_runs_of_one_split_analysed_together_whatever_their_eval_subsample(checkpoints, tmp_path, capsys):
     """A `demo` run and a `demo --quick` run (task_options.final_eval_windows) of one corpus, and a run that spells
     out the default split seed, share one text: analysed together without --corpus; another split seed is refused."""

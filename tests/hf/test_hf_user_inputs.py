@@ -299,8 +299,10 @@ def _grads(model, x, mask):
 
 
 @pytest.mark.parametrize("reentrant", [True, False])
-# peft's gradient_checkpointing_enable (the name its users call) forwards to transformers' deprecated one
+# peft's gradient_checkpointing_enable (the name its users call) forwards to transformers' deprecated one;
+# peft asks transformers' deprecated is_gradient_checkpointing
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_activation_checkpointing_with_either_checkpoint_kind_gives_the_same_gradients(reentrant):
     """``gradient_checkpointing_kwargs={"use_reentrant": True}`` (a common Trainer setting, and peft's default
     advice) failed with torch's "Unexpected keyword arguments: key_mask": the reentrant checkpoint takes no
