@@ -19,7 +19,7 @@ from coupled_qk.experiments.compare import (
     plan_comparison,
     plot_loss_curves,
 )
-from coupled_qk.experiments.runner import PlannedRun, RunRecord
+from coupled_qk.study.executor import PlannedRun, RunRecord
 from coupled_qk.training.config import TrainConfig
 
 T975_1 = 12.706204736174698  # Student t quantile 0.975 with 1 degree of freedom (table: 12.706)
@@ -360,3 +360,17 @@ def test_a_change_below_one_percent_is_shown_with_two_decimals(tmp_path):
     changes = [100 * (20.008 / 20 - 1), 100 * (20.010 / 20 - 1)]
     mean, half = statistics.fmean(changes), T975_1 * statistics.stdev(changes) / 2**0.5
     assert f" | {mean:+.2f}% [{mean - half:+.2f}%, {mean + half:+.2f}%] | " in comparison_table(summary)
+
+
+def test_a_dry_run_refuses_what_the_run_would_refuse_before_training(tmp_path, capsys):
+    """`compare --variants standard,coupled+vocab_size=10 --dry-run` said "new" for both runs, then the real run
+    trained standard before refusing the second; now both refuse it in one line before anything is created."""
+    from coupled_qk.cli import main
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "--preset", "tiny", "--max-steps", "2", "--variants", "standard,coupled+vocab_size=10"]
+    for extra in (["--dry-run"], []):
+        assert main([*argv, "--out-dir", str(out), "--device", "cpu", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "the model override vocab_size=10 cannot apply: task='lm' sets vocab_size from its data" in err, err
+        assert not out.exists()

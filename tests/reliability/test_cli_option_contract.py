@@ -33,8 +33,10 @@ FREE_TEXT = {
     "--names": "glue: one distinct name per run",
     "--splits": "eval: distinct split names",
     "--task": "glue: experiments.glue.finetune.parse_tasks",
-    "--cells": "claims: cell names of the protocol",
-    "--shard": "claims: I/N, commands.claims._shard",
+    "--cells": "claims, study: cell names of the study (commands.study.parse_cells)",
+    "--shard": "claims, study: I/N, commands.study.parse_shard",
+    "action": "study: list, plan, run, report or verify (commands.study.run, one line with the closest)",
+    "name": "study: a registered study (commands.study.run, one line with the closest)",
     "--difficulties": "mqar: names of the preset's difficulties",
     "--max-train-examples": "glue: experiments.glue.finetune.parse_per_task",
     "--corpus": "a corpus name or path, resolved by data.corpora",
@@ -130,6 +132,7 @@ REQUIRED = {
     "glue": ["run"],
     "generate": ["run"],
     "claims": ["--protocol", "smoke"],
+    "study": ["plan"],
 }
 
 BAD = {

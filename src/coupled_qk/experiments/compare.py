@@ -1,7 +1,7 @@
 """Compare attention variants under identical seeds, data order and token budget; table and loss-curve plot.
 
 The protocol: one run per ``variant x seed`` from a base :class:`TrainConfig` (only the model's attention
-fields and the seed change), executed by the shared runner (:mod:`coupled_qk.experiments.runner`: finished
+fields and the seed change), executed by the shared runner (:mod:`coupled_qk.study.executor`: finished
 runs with the same settings are reused, interrupted ones resume), then summarised per variant: mean and
 standard deviation over seeds of the final perplexities, the paired change against ``standard`` with its 95%
 interval, parameters.
@@ -15,10 +15,10 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from coupled_qk.experiments.runner import PlannedRun, Report, RunRecord, run_experiment, stopped_early
 from coupled_qk.models.registry import variant_names
 from coupled_qk.models.specs import check_distinct, parse_variants, variant_overrides
 from coupled_qk.outputs import OutputDir
+from coupled_qk.study.executor import PlannedRun, Report, RunRecord, run_experiment, stopped_early
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.run_folder import RESULTS_FILE, RunFolder
 
@@ -254,9 +254,9 @@ def _subsampled(run: dict) -> bool:
 
 def _paired_change(ref: dict, entry: dict) -> dict | None:
     """The per-seed change of test perplexity of ``entry`` against ``ref`` (same seed), in percent, with its
-    95% Student-t interval (:func:`coupled_qk.experiments.stats.paired_difference`, ``relative=True``): ``{"n",
+    95% Student-t interval (:func:`coupled_qk.study.stats.paired_difference`, ``relative=True``): ``{"n",
     "mean", "low", "high", "sd", "needed"}`` (``low``/``high``/``sd`` ``None`` for one pair or without scipy;
-    ``needed``: :func:`~coupled_qk.experiments.stats.seeds_for_interval` where the interval includes 0).
+    ``needed``: :func:`~coupled_qk.study.stats.seeds_for_interval` where the interval includes 0).
     ``None`` when no seed has both."""
     key = "test/perplexity"
     base = {r["seed"]: r["final"][key] for r in ref["runs"] if key in (r.get("final") or {})}
@@ -269,7 +269,7 @@ def _paired_change(ref: dict, entry: dict) -> dict | None:
     if len(pairs) < 2:
         return out
     try:
-        from coupled_qk.experiments import stats
+        from coupled_qk.study import stats
     except ImportError:  # scipy (the claims extra): the note says how to get the interval
         return {**out, "sd": statistics.stdev(changes), "no_scipy": True}
     d = stats.paired_difference([a for a, _ in pairs], [b for _, b in pairs], relative=True)
