@@ -230,7 +230,7 @@ def test_demo_quick_is_a_labelled_smoke_run(tiny_corpus, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "demo --quick: a smoke run" in out
-    assert f"Smoke run: valid and test scored on their first {QUICK_EVAL_WINDOWS} windows only" in out
+    assert f"Smoke run: the final evaluation scored valid on its first {QUICK_EVAL_WINDOWS * 16:,} of " in out
     summary = json.loads((out_dir / "results.json").read_text())
     assert summary["base_config"]["task_options"] == {"final_eval_windows": QUICK_EVAL_WINDOWS}
     assert summary["base_config"]["max_tokens"] == 128  # the flag wins over QUICK_DEFAULTS

@@ -1,6 +1,7 @@
 """Progress reporting: plain log lines without a terminal, silence when switched off."""
 
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,3 +98,60 @@ def test_terminal_reporting_zero_columns_falls_back_to_lines(monkeypatch):
 
 def test_terminal_columns_of_a_non_terminal_is_zero():
     assert P.terminal_columns(io.StringIO()) == 0  # no file descriptor
+
+
+def test_a_notice_said_once_per_process_is_said_once(monkeypatch, capsys):
+    monkeypatch.setattr(P, "_SAID", set())
+    monkeypatch.setitem(P._MODE, "mode", "lines")
+    for _ in range(3):
+        P.announce("same", once=True)
+    P.announce("other", once=True)
+    P.announce("same")  # without once: always
+    assert capsys.readouterr().err == "coupled-qk: same\ncoupled-qk: other\ncoupled-qk: same\n"
+
+
+def test_the_tensorboard_notice_and_the_data_line_come_once_per_process(tiny_cfg, monkeypatch, capsys):
+    """A demo printed "tensorboard is not installed" and the data line once per run (4 times each)."""
+    import sys
+
+    from coupled_qk.training.lm import LMTask
+    from coupled_qk.training.metrics_log import Logger
+    from coupled_qk.training.run_folder import RunFolder
+
+    monkeypatch.setattr(P, "_SAID", set())
+    monkeypatch.setitem(P._MODE, "mode", "lines")
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # the import fails as without the package
+    for seed in (0, 1, 2):
+        cfg = tiny_cfg(seed=seed, tensorboard=True, progress=True, out_dir=str(tiny_cfg().out_dir) + f"-{seed}")
+        LMTask(cfg)
+        Path(cfg.out_dir).mkdir()
+        Logger(RunFolder(cfg.out_dir), cfg, True, 0, 8).close()
+    err = capsys.readouterr().err
+    assert err.count("tensorboard is not installed") == 1 and "pip install 'coupled-qk[tensorboard]'" in err
+    assert err.count("coupled-qk: data: train ") == 1
+
+
+def test_cli_warnings_are_one_line_and_each_text_once():
+    """The runs of a comparison warned the same text once per run (each run's set-up resets Python's registry)."""
+    from coupled_qk.cli import _WARNED, _one_line_warning
+
+    _WARNED.discard("coupled-qk: warning: a text seen once\n")
+    first = _one_line_warning(UserWarning("a text seen once"), UserWarning, "f.py", 1)
+    assert first == "coupled-qk: warning: a text seen once\n"
+    assert _one_line_warning(UserWarning("a text seen once"), UserWarning, "g.py", 2) == ""
+
+
+def test_transformers_bars_follow_the_policy(monkeypatch, capsys):
+    """transformers' bars (loading weights) wrote carriage-return lines into logs: now drawn only where coupled-qk
+    draws bars."""
+    pytest.importorskip("transformers")
+    from transformers.utils import logging as hf_logging
+
+    import coupled_qk.hf.registration as registration
+
+    registration.register_config()  # what the first use of AutoConfig does after `import coupled_qk`
+    for mode, drawn in (("auto", False), ("lines", False), ("off", False), ("bar", True)):
+        monkeypatch.setitem(P._MODE, "mode", mode)
+        for _ in hf_logging.tqdm(range(3), desc="Loading weights"):  # stderr is captured: no terminal
+            pass
+        assert ("Loading weights" in capsys.readouterr().err) == drawn, mode

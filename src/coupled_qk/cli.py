@@ -195,9 +195,17 @@ def _say(command: str, message: str) -> None:
     print(f"coupled-qk {command}: {message}", file=sys.stderr, flush=True)
 
 
+_WARNED: set[str] = set()
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    """Warnings for users read as one line, without the library's source line."""
-    return f"coupled-qk: warning: {message}\n"
+    """Warnings for users read as one line, without the library's source line, and each text once per process:
+    the runs of a comparison repeated the same warning (a run's set-up resets Python's once-per-place registry)."""
+    text = f"coupled-qk: warning: {message}\n"
+    if text in _WARNED:
+        return ""
+    _WARNED.add(text)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -122,25 +122,63 @@ def terminal_columns(stream=None) -> int:
         return 0
 
 
+def bars_shown() -> bool:
+    """Whether progress is drawn as bars: mode ``bar``, or ``auto`` with stderr a terminal reporting a non-zero
+    width (:func:`terminal_columns`). The policy of :func:`progress` and of other libraries' bars
+    (:func:`library_bars_follow_policy`)."""
+    mode = progress_mode()
+    return mode == "bar" or (mode == "auto" and sys.stderr.isatty() and terminal_columns() > 0)
+
+
 def progress(total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0, enabled: bool = True):
     """A progress reporter for one phase: a ``tqdm`` bar, a :class:`LineProgress`, or a silent one.
 
     Mode ``auto`` draws a bar only when stderr is a terminal reporting a non-zero width
-    (:func:`terminal_columns`), plain lines otherwise.
+    (:func:`bars_shown`), plain lines otherwise.
 
     Args:
         total: expected count (``None`` if unknown). desc: what is running. unit: what is counted.
         initial: count already done (resumed runs). enabled: ``False`` silences it (e.g. non-zero ranks).
     """
-    mode = progress_mode()
-    if not enabled or mode == "off":
+    if not enabled or progress_mode() == "off":
         return tqdm(total=total, initial=initial, disable=True)
-    if mode == "bar" or (mode == "auto" and sys.stderr.isatty() and terminal_columns() > 0):
+    if bars_shown():
         return tqdm(total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True)
     return LineProgress(total, desc, unit, initial)
 
 
-def announce(message: str, enabled: bool = True) -> None:
-    """Print one status line (``coupled-qk: <message>``) to stderr unless progress is off."""
-    if enabled and progress_mode() != "off":
-        print(f"coupled-qk: {message}", file=sys.stderr, flush=True)
+def _library_bar(factory, args: tuple, kwargs: dict):
+    """``transformers``' tqdm hook: its bar, disabled where :func:`bars_shown` says no bars (a log file, CI,
+    ``--no-progress``). A notebook (``ipykernel`` loaded), whose widgets are no carriage-return lines, keeps them
+    in mode ``auto``."""
+    notebook = progress_mode() == "auto" and "ipykernel" in sys.modules
+    if not (bars_shown() or notebook):
+        kwargs = {**kwargs, "disable": True}
+    return factory(*args, **kwargs)
+
+
+def library_bars_follow_policy() -> None:
+    """Make ``transformers``' progress bars (loading weights, downloads) follow :func:`bars_shown`: without a
+    terminal they wrote carriage-return bars into log files. Installs its tqdm hook
+    (``transformers.utils.logging.set_tqdm_hook``) unless another hook is set; nothing without ``transformers``
+    or in a version without the hook. Called when coupled-qk registers its models with ``transformers``
+    (:mod:`coupled_qk.hf.registration`, on the first use of its Auto classes); idempotent."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    current = getattr(hf_logging, "_tqdm_hook", None)
+    if hasattr(hf_logging, "set_tqdm_hook") and current in (None, _library_bar):
+        hf_logging.set_tqdm_hook(_library_bar)
+
+
+_SAID: set[str] = set()
+
+
+def announce(message: str, enabled: bool = True, once: bool = False) -> None:
+    """Print one status line (``coupled-qk: <message>``) to stderr unless progress is off; with ``once``, only the
+    first time this process says that message (each run of a comparison would repeat it)."""
+    if not enabled or progress_mode() == "off" or (once and message in _SAID):
+        return
+    _SAID.add(message)
+    print(f"coupled-qk: {message}", file=sys.stderr, flush=True)

@@ -455,3 +455,30 @@ def test_inputs_are_detached():
     A = random_causal(T=6).requires_grad_(True)
     out = summarize_attention(A)
     assert all(not v.requires_grad for v in out.values())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the reference points written next to the numbers (analyze reported "effective rank 55.1" alone)
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", [2, 7, 128])
+def test_reference_scales_are_the_values_of_the_extreme_maps(T):
+    """The references of reference_scale are what the diagnostics give for uniform causal attention (entropy, sink
+    mass, normalised entropy 1), for the identity map (effective rank T: its maximum) and for all mass on key 0
+    (sink mass 1, normalised entropy 0)."""
+    from coupled_qk.analysis.conventions import reference_scale
+
+    uniform = summarize_attention(uniform_causal(T).unsqueeze(0))
+    assert reference_scale("entropy", T) == f"uniform: {uniform['entropy'].item():.3f} nats"
+    assert reference_scale("sink_mass", T) == f"uniform: {uniform['sink_mass'].item():.3f}, 1 = all on key 0"
+    assert uniform["normalized_entropy"].item() == pytest.approx(1.0)
+    assert reference_scale("normalized_entropy", T) == "1 = uniform, 0 = one key"
+    identity = summarize_attention(torch.eye(T, dtype=F64).unsqueeze(0))
+    assert identity["effective_rank"].item() == pytest.approx(T)
+    assert reference_scale("effective_rank", T) == reference_scale("signed/effective_rank", T) == f"max {T} = window"
+    first = summarize_attention(first_column(T).unsqueeze(0))
+    assert first["sink_mass"].item() == 1.0 and first["normalized_entropy"].item() == pytest.approx(0.0)
+    assert reference_scale("dt", T) is None
+    with pytest.raises(ValueError, match="seq_len=1"):
+        reference_scale("entropy", 1)

@@ -100,7 +100,8 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", broken_compile)
     config = GPTConfig(vocab_size=32, block_size=8, n_layer=1, d_model=16, n_heads=2)
-    result = run_bench(config, "coupled", batch_size=1, repeats=2, warmup=1, device="cpu", compile_model=True)
+    with pytest.warns(RuntimeWarning, match=r"torch.compile failed \(RuntimeError: no compiler here\)"):
+        result = run_bench(config, "coupled", batch_size=1, repeats=2, warmup=1, device="cpu", compile_model=True)
     for v in result["variants"].values():
         assert v["compiled"] is False and v["compile_s"] is None
         assert v["compile_error"] == "RuntimeError: no compiler here"

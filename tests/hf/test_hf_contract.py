@@ -414,6 +414,8 @@ def test_trainer_gradient_accumulation_equals_one_large_batch(tmp_path, variant)
         close(accumulated[name], ref[name].float(), atol=1e-6, rtol=1e-4)
 
 
+# the deprecated TrainingArguments name on purpose: the setting Trainer users have
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
 def test_trainer_accumulation_equals_trainer_on_the_large_batch(tmp_path):
     """Also with ``TrainingArguments(gradient_checkpointing=True)``, which Trainer turns on in the model."""
     rows = _rows(8, 12, seed=5)

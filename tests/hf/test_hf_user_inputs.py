@@ -173,6 +173,8 @@ def test_generate_errors_name_the_arguments_the_user_gave():
     assert lm.generate(x, max_length=16).shape == (2, 16) and lm.generate(x, max_new_tokens=10).shape == (2, 16)
 
 
+# transformers says it uses its default length: what this test asks of it
+@pytest.mark.filterwarnings("ignore:Using the model-agnostic default `max_length`:UserWarning")
 def test_generate_without_a_length_makes_20_tokens_within_the_context():
     """``model.generate(ids)`` with no ``max_new_tokens``/``max_length`` anywhere raised ``TypeError: max_length=None
     must be an int``; transformers' default is 20 new tokens, its ``max_length`` capped at the context
@@ -297,6 +299,10 @@ def _grads(model, x, mask):
 
 
 @pytest.mark.parametrize("reentrant", [True, False])
+# peft's gradient_checkpointing_enable (the name its users call) forwards to transformers' deprecated one;
+# peft asks transformers' deprecated is_gradient_checkpointing
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_activation_checkpointing_with_either_checkpoint_kind_gives_the_same_gradients(reentrant):
     """``gradient_checkpointing_kwargs={"use_reentrant": True}`` (a common Trainer setting, and peft's default
     advice) failed with torch's "Unexpected keyword arguments: key_mask": the reentrant checkpoint takes no

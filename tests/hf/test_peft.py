@@ -38,6 +38,8 @@ LORA = dict(
 )
 
 
+# peft asks transformers' deprecated is_gradient_checkpointing
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_lora_trains_saves_reloads_and_merges(tmp_path):
     base = tiny_lm("coupled")
     x = ids(2, 9)
@@ -89,6 +91,9 @@ def test_lora_trains_saves_reloads_and_merges(tmp_path):
         torch.testing.assert_close(loaded(x).logits, tuned, atol=1e-5, rtol=1e-5)
 
 
+# peft's own notices: transformers' deprecated is_gradient_checkpointing, and prompt tuning without position ids
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.filterwarnings("ignore:Position ids are not supported for parameter efficient tuning:UserWarning")
 def test_prompt_tuning_trains_the_virtual_tokens_and_generates():
     """``peft`` prompt tuning feeds ``inputs_embeds`` (virtual tokens before the prompt's embeddings) with
     ``return_dict=None``: it was refused ("inputs_embeds is not supported"), then returned a tuple. The logits

@@ -23,6 +23,7 @@ from coupled_qk.study.executor import (
 )
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.run_folder import RunFolder
+from coupled_qk.training.tasks import TASK_FIELDS, TASKS, unread_fields
 
 
 def _cfg(tmp_path, name, **kw):
@@ -424,3 +425,35 @@ def test_the_ranks_of_a_torchrun_group_agree_on_who_writes_a_run(tmp_path):
         for p in ranks:
             p.communicate(timeout=60)
     assert [p.returncode for p in ranks] == [0, 0]
+
+
+OTHER_VALUES = {
+    "corpus": "pubmed",
+    "data_dir": "elsewhere",
+    "tokenizer": "gpt2",
+    "cache_dir": "elsewhere",
+    "eval_batches": 20,
+    "full_eval": True,
+}
+"""A value other than the default for every field of ``TASK_FIELDS``."""
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_the_fingerprint_moves_exactly_with_the_fields_the_reuse_decision_compares(task):
+    """One "same run?" rule: for every registered task and every field only some tasks read, a record saved with
+    another value of the field is another run for the reuse decision (``setting_differences``) exactly when the
+    fingerprint of the settings changes; the fields the task does not read (MQAR's ``eval_batches``, its old
+    default 20) change neither, those it reads (a language model's) change both."""
+    from coupled_qk.study.records import fingerprint, settings_of
+
+    assert set(OTHER_VALUES) == set(TASK_FIELDS)
+    planned = TrainConfig(task=task, max_steps=3)
+    for name, value in OTHER_VALUES.items():
+        assert getattr(planned, name) != value
+        saved = dataclasses.replace(planned)
+        object.__setattr__(saved, name, value)  # as a record made by older code or defaults stores it
+        same = not setting_differences(settings_of(saved), planned)
+        assert same == (fingerprint(saved) == fingerprint(planned)), (task, name)
+        if name not in RESULT_NEUTRAL_FIELDS:
+            assert same == (name in unread_fields(task)), (task, name)
+    assert unread_fields("lm") == frozenset() and "eval_batches" in unread_fields("mqar")

@@ -222,3 +222,28 @@ def test_every_committed_record_is_counted_by_its_study(name):
     reading = get_study(name).read(out)
     assert not reading.left_out and not reading.stale, (reading.left_out, reading.stale)
     assert len(reading.counted) == len(files) > 0
+
+
+@pytest.mark.parametrize("name", _studies_with_committed_records())
+def test_every_committed_record_is_reused_by_the_runner_with_its_fingerprint(name):
+    """The runner's own reuse decision (:func:`~coupled_qk.study.records.same_run_problem` with ``here``: the
+    settings, a field the record predates counting as its default, and the precision this machine trains in) takes
+    every counted record of the planned run built on the CPU device the committed studies ran on (on a GPU the
+    study would rightly train a CPU record again). Where a record stores every result-changing setting (it postdates
+    them all: every study's but the first two, ``cpu`` and ``cpu-short``), its stored fingerprint is the planned
+    run's (:func:`~coupled_qk.study.records.fingerprint`, which ``--verify`` compares)."""
+    import dataclasses
+
+    from coupled_qk.studies import get_study
+    from coupled_qk.study.records import fingerprint, same_run_problem, settings_of
+
+    reading = get_study(name).read(ROOT / "docs" / "results" / "claims")
+    complete = 0
+    for (cell, variant, seed), rec in sorted(reading.counted.items()):
+        planned = reading.plan.cell(cell).config(variant, seed, Path("run"), Path("data"))
+        cfg = dataclasses.replace(planned, device="cpu")
+        assert same_run_problem(rec, cfg, here=True) is None, (cell, variant, seed, same_run_problem(rec, cfg))
+        if set(settings_of(cfg)) <= set(rec["config"]):
+            complete += 1
+            assert rec["fingerprint"] == fingerprint(cfg), (cell, variant, seed)
+    assert reading.counted and complete == (0 if name in ("cpu", "cpu-short") else len(reading.counted)), complete

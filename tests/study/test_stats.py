@@ -160,6 +160,30 @@ def test_curve_interpolation():
     assert stats.interpolate_at(pts, 25) is None
 
 
+def test_seeds_for_interval_is_the_first_n_whose_interval_excludes_zero():
+    """mean 1, sd 2: t_{0.975,16} 2.1199 * 2 / sqrt(17) = 1.028 still covers 0, t_{0.975,17} 2.1098 * 2 / sqrt(18)
+    = 0.9946 does not (table quantiles): 18 pairs."""
+    assert stats.seeds_for_interval(1.0, 2.0) == 18
+    assert stats.seeds_for_interval(-1.0, 2.0) == 18  # the sign does not matter
+    assert stats.seeds_for_interval(1.0, 0.0) == 2  # no spread: two pairs are an interval of one point
+    assert stats.seeds_for_interval(0.0, 1.0) == 1001  # no mean change: no count will do
+    assert stats.seeds_for_interval(0.01, 5.0, limit=50) == 51
+    for n in (17, 18):  # the bound itself, from the same quantiles
+        r = stats.mean_ci([1.0 + 2.0 * z for z in _unit_sample(n)])
+        assert (r["low"] > 0) == (n == 18)
+    with pytest.raises(ValueError, match="sd"):
+        stats.seeds_for_interval(1.0, -1.0)
+    with pytest.raises(ValueError, match="limit"):
+        stats.seeds_for_interval(1.0, 1.0, limit=1)
+
+
+def _unit_sample(n: int) -> list[float]:
+    """``n`` numbers with mean exactly 0 and sample standard deviation exactly 1."""
+    x = np.arange(n, dtype=np.float64)
+    x -= x.mean()
+    return (x / x.std(ddof=1)).tolist()
+
+
 def test_welch_difference_is_scipys_unequal_variance_t_test():
     """Welch's interval and p against scipy's ``ttest_ind(equal_var=False)`` and its confidence interval, and the
     Welch-Satterthwaite degrees of freedom recomputed by hand."""

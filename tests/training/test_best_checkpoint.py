@@ -1,11 +1,13 @@
 """Best-validation checkpoint and patience-based early stopping (issue 25)."""
 
 import json
+import warnings
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coupled_qk.training.checkpoint_format import Checkpoint
 from coupled_qk.training.config import TrainConfig, higher_is_better
 from coupled_qk.training.loop import track_best, train
 from coupled_qk.training.run_folder import RunFolder, checkpoint_step
@@ -36,6 +38,9 @@ def test_best_checkpoint_is_the_lowest_validation_loss_and_is_evaluated(tiny_cfg
     folder = RunFolder(tmp_path / "run").best_checkpoint()
     assert folder.name == f"best-{best_step:08d}"
     assert json.loads((folder / "state.json").read_text())["step"] == best_step
+    with warnings.catch_warnings():  # its record read back without "unknown checkpoint state key(s) 'epoch', ..."
+        warnings.simplefilter("error")
+        assert Checkpoint(folder).state() == {k: res["best"][k] for k in ("metric", "value", "step", "tokens", "epoch")}
     assert res["final_from"] == folder.name
     # full_eval: the periodic validation covers the whole split, so the final (full) validation loss of the
     # best weights equals the logged validation loss at the best step

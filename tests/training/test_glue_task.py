@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -171,8 +172,11 @@ def test_resume_refuses_glue_files_that_changed_since_the_run_recorded_them(setu
 def test_truncation_is_reported(tmp_path):
     pre = make_pretrained(tmp_path / "pre", block_size=8)
     glue_dir = write_sst2(tmp_path / "glue", n_train=40, n_dev=20)
-    with pytest.warns(UserWarning, match=r"GLUE sst2 train: \d+ of 40 examples truncated to 8 tokens"):
+    with pytest.warns(UserWarning) as caught:
         task = GlueTask(glue_cfg(pre, glue_dir, tmp_path / "run"))
+    said = [str(w.message) for w in caught]
+    assert any(re.match(r"GLUE sst2 train: \d+ of 40 examples truncated to 8 tokens", m) for m in said), said
+    assert any(re.match(r"GLUE sst2 dev: \d+ of 20 examples truncated to 8 tokens", m) for m in said), said
     assert task.describe()["truncated"]["train"] > 0
     assert max(len(r) for r in task.train_ids) == 8
 

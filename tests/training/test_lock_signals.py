@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 
 CHILD = """
-import json, sys, time
+import json, signal, sys, time
+# the actions of a process started from a terminal, whatever this one inherited (nohup and a shell's `&` start the
+# test run with SIGHUP and SIGINT ignored, and an ignored signal stays ignored across exec)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from coupled_qk.training import loop
 from coupled_qk.training.config import TrainConfig
 
@@ -26,8 +31,25 @@ loop.train(TrainConfig.from_dict(json.loads(sys.argv[1])))
 """
 
 
+@pytest.fixture(params=["inherited", "ignored"])
+def parent_actions(request):
+    """The signal actions the child starts from: this process's, or SIGHUP and SIGINT ignored as under
+    ``nohup pytest ... &`` (restored after the test)."""
+    if request.param == "inherited":
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGHUP, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
-def test_a_signal_while_the_task_is_built_leaves_no_stale_lock(tiny_cfg, signum):
+def test_a_signal_while_the_task_is_built_leaves_no_stale_lock(tiny_cfg, signum, parent_actions):
+    """The child sets the actions it needs itself: under ``nohup ... &`` it inherited SIGHUP and SIGINT ignored
+    and waited out the timeout."""
     cfg = tiny_cfg()
     run = Path(cfg.out_dir)
     env = {
@@ -45,7 +67,7 @@ def test_a_signal_while_the_task_is_built_leaves_no_stale_lock(tiny_cfg, signum)
         assert child.stdout.readline().strip() == "building the task", child.stderr.read()
         assert (run / ".lock").is_file()  # held while the task is built
         child.send_signal(signum)
-        child.wait(timeout=60)
+        child.wait(timeout=30)
     finally:
         if child.poll() is None:
             child.kill()

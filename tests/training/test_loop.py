@@ -327,11 +327,11 @@ def test_default_eval_interval_gives_about_ten_validations_and_sizes_are_printed
     evaluated = [r["step"] for r in RunFolder(cfg.out_dir).read_metrics() if "valid/loss" in r]
     assert evaluated == list(range(2, 21, 2))
     err = capsys.readouterr().err
-    assert "quick validation every 2 steps (10 over the run's 20 steps" in err
+    assert "quick validation every 2 steps on 2 batches (10 over the run's 20 steps" in err
     short = tiny_cfg(max_steps=3, eval_interval=None, progress=True, out_dir=cfg.out_dir + "-short")
     train(short)  # fewer than 10 steps: one validation per step, and the message counts them (not "about 10")
     assert [r["step"] for r in RunFolder(short.out_dir).read_metrics() if "valid/loss" in r] == [1, 2, 3]
-    assert "quick validation every 1 steps (3 over the run's 3 steps" in capsys.readouterr().err
+    assert "quick validation every 1 steps on 2 batches (3 over the run's 3 steps" in capsys.readouterr().err
     sizes = res["data"]["tokens"]
     assert (
         f"data: train {sizes['train']:,} tokens, 300 documents; valid {sizes['valid']:,} tokens, 20 documents; "

@@ -59,7 +59,8 @@ def test_empty_folder_and_torn_metrics(tmp_path):
 def test_results_interrupted_and_partial_removal(tmp_path):
     run = RunFolder(tmp_path / "r")
     run.write_results({"steps": 3, "path": tmp_path})  # non-JSON values are written with str()
-    assert run.read_results() == {"steps": 3, "path": str(tmp_path)}
+    with pytest.warns(UserWarning, match=r"unknown results key\(s\) 'path'"):
+        assert run.read_results() == {"steps": 3, "path": str(tmp_path)}
     run.mark_interrupted()
     assert not run.is_finished() and json.loads(run.interrupted_results_path.read_text())["steps"] == 3
     for name in ("config.json", "model_config.json", "data.json", "metrics.jsonl", "notes.txt"):

@@ -9,7 +9,8 @@ PRE=runs/glue-pretrain
 for v in "standard" "coupled --integrator euler" "uncoupled_mlp"; do
   n=${v%% *}
   coupled-qk train --corpus wiki-vital --tokenizer bpe-8192 --attention $v --max-tokens 131072 --warmup-steps 10 \
-    --eval-interval 1000 --checkpoint-interval 16 --no-progress --no-tensorboard --out-dir $PRE/$n/seed0 &
+    --eval-interval 1000 --eval-batches 20 --checkpoint-interval 16 --no-progress --no-tensorboard \
+    --out-dir $PRE/$n/seed0 &
 done
 wait
 # 2. fine-tuning: 3 seeds x 4 tasks per model, on fixed seeded subsets of the training sets (the same rows for

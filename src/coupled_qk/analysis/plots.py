@@ -20,6 +20,8 @@ from matplotlib.colors import PowerNorm, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from coupled_qk.analysis.conventions import reference_scale
+
 __all__ = [
     "LAYER_PANELS",
     "HEATMAP_METRICS",
@@ -87,7 +89,9 @@ def slug(label: str) -> str:
 
 
 def plot_layer_metrics(entries: list[dict], path: str | Path) -> Path:
-    """One panel per metric of :data:`LAYER_PANELS` (x: layer, y: mean over heads), one line per checkpoint.
+    """One panel per metric of :data:`LAYER_PANELS` (x: layer, y: mean over heads), one line per checkpoint; each
+    title carries the metric's reference point for the analysed window length
+    (:func:`~coupled_qk.analysis.conventions.reference_scale`).
 
     Differential checkpoints draw ``A1`` solid, ``A2`` dashed and the signed map dotted (spectral panels only).
     Panels no checkpoint has data for (e.g. ``dt`` for standard attention only) say so.
@@ -119,7 +123,8 @@ def plot_layer_metrics(entries: list[dict], path: str | Path) -> Path:
                     continue
                 ax.plot(x, y, style, color=color, marker=marker, markersize=4, alpha=0.85, label=e["label"] + suffix)
                 drawn = True
-        ax.set_title(title, fontsize=10)
+        scale = reference_scale(base, entries[0]["analysis"]["seq_len"]) if entries else None
+        ax.set_title(title + (f"\n({scale})" if scale else ""), fontsize=10)
         ax.set_xlabel("layer", fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=8)

@@ -10,9 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
-from coupled_qk.analysis.conventions import DESCRIPTIONS, MAP_NAMES, PER_LAYER_TABLES, describe_metric, metric_rank
+from coupled_qk.analysis.conventions import (
+    DESCRIPTIONS,
+    HEADLINE_METRICS,
+    MAP_NAMES,
+    PER_LAYER_TABLES,
+    describe_metric,
+    metric_rank,
+    reference_scale,
+)
 
-__all__ = ["dumps", "summary_markdown"]
+__all__ = ["dumps", "headline", "summary_markdown"]
 
 
 def _json_ready(obj):
@@ -56,6 +64,24 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
     return [line(header), "|" + "|".join(["---"] * len(header)) + "|"] + [line(row) for row in rows]
+
+
+def headline(analysis: dict) -> str:
+    """One line of a checkpoint's layer-averaged :data:`~coupled_qk.analysis.conventions.HEADLINE_METRICS`, each with
+    its reference (:func:`~coupled_qk.analysis.conventions.reference_scale`): ``"normalised entropy (/ log row
+    length) 0.9930 (1 = uniform, 0 = one key); effective rank (Roy & Vetterli) 55.10 (max 128 = window); ..."``.
+
+    Args:
+        analysis: an :func:`~coupled_qk.analysis.capture.analyze_model` result (its ``mean`` and ``seq_len``).
+    """
+    parts = []
+    for base in HEADLINE_METRICS:
+        keys = [k for k in sorted(analysis["mean"], key=metric_rank) if k.rpartition("/")[2] == base]
+        for key in keys:
+            parts.append(
+                f"{describe_metric(key)} {_fmt(analysis['mean'][key])} ({reference_scale(key, analysis['seq_len'])})"
+            )
+    return "; ".join(parts)
 
 
 def summary_markdown(report: dict) -> str:
@@ -111,17 +137,22 @@ def summary_markdown(report: dict) -> str:
         "",
     ]
     keys = sorted({k for e in entries for k in e["analysis"]["mean"]}, key=metric_rank)
-    rows = [[describe_metric(k)] + [_fmt(e["analysis"]["mean"].get(k)) for e in entries] for k in keys]
+    t = report["seq_len"]
+    rows = [
+        [describe_metric(k), reference_scale(k, t) or "–"] + [_fmt(e["analysis"]["mean"].get(k)) for e in entries]
+        for k in keys
+    ]
     rows.append(
-        ["rank-collapse residual of the embeddings (Frobenius)"]
+        ["rank-collapse residual of the embeddings (Frobenius)", reference_scale("rank_collapse_residual", t)]
         + [_fmt(e["analysis"]["rank_collapse_input"]["fro"]) for e in entries]
     )
-    lines += _table(["metric"] + labels, rows)
+    lines += _table(["metric", f"reference ({t}-token windows)"] + labels, rows)
     for base in PER_LAYER_TABLES:
         present = [k for k in keys if k.rpartition("/")[2] == base]
         if not present:
             continue
-        lines += ["", f"## Per layer: {DESCRIPTIONS[base]}", ""]
+        scale = reference_scale(base, t)
+        lines += ["", f"## Per layer: {DESCRIPTIONS[base]}" + (f" ({scale})" if scale else ""), ""]
         header, columns = ["layer"], []
         for key in present:
             for e in entries:

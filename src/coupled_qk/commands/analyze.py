@@ -144,8 +144,11 @@ def run(args) -> int:
         threads=args.threads,
         make_plots=not args.no_plots,
     )
+    from coupled_qk.analysis.report import headline
+
     for e in report["checkpoints"]:
         print(f"{e['label']}: {e['analysis']['attention']}, {e['checkpoint']} ({e['seconds']:.1f} s)")
+        print(f"  {headline(e['analysis'])}")
     print(
         f"wrote {report['files']['summary.md']}, {report['files']['analysis.json']} and "
         f"{len(report['files']) - 2} figures"

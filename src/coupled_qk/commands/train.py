@@ -279,8 +279,7 @@ def run(args) -> int:
             {k: v for k, v in final.items() if "perplexity" in k or "bits_per" in k or k.endswith("loss")}, indent=2
         )
     )
-    print(
-        f"run: {cfg.out_dir}  steps={results['steps']} tokens={results['tokens']:,} "
-        f"time={results['train_seconds'] / 60:.1f} min ({results['stop_reason']})"
+    print(  # the time, with the share of validation, is the training loop's closing line (stderr)
+        f"run: {cfg.out_dir}  steps={results['steps']} tokens={results['tokens']:,} ({results['stop_reason']})"
     )
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 from coupled_qk.hf.hints import run_folder_hint
+from coupled_qk.progress import library_bars_follow_policy
 
 
 def _with_run_folder_hint(auto_config) -> None:
@@ -30,14 +31,16 @@ def _with_run_folder_hint(auto_config) -> None:
 
 
 def register_config() -> None:
-    """``AutoConfig``: ``model_type = "coupled_qk"`` -> :class:`CoupledQKConfig` (idempotent), and the
-    ``coupled-qk export`` hint on loading a training run folder (:func:`run_folder_hint`)."""
+    """``AutoConfig``: ``model_type = "coupled_qk"`` -> :class:`CoupledQKConfig` (idempotent), the
+    ``coupled-qk export`` hint on loading a training run folder (:func:`run_folder_hint`), and ``transformers``'
+    progress bars following coupled-qk's policy (:func:`~coupled_qk.progress.library_bars_follow_policy`)."""
     from transformers.models.auto.configuration_auto import AutoConfig
 
     from coupled_qk.hf.configuration import CoupledQKConfig
 
     AutoConfig.register("coupled_qk", CoupledQKConfig, exist_ok=True)
     _with_run_folder_hint(AutoConfig)
+    library_bars_follow_policy()  # transformers' bars: on terminals only, as coupled-qk's own
 
 
 def register_models() -> None:

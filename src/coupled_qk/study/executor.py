@@ -40,6 +40,7 @@ from coupled_qk.training.config import (
 )
 from coupled_qk.training.lock import RunLockedError
 from coupled_qk.training.run_folder import RunFolder, checkpoint_step
+from coupled_qk.training.tasks import unread_fields
 
 __all__ = [
     "RESULT_NEUTRAL_FIELDS",
@@ -154,17 +155,23 @@ def setting_differences(saved: dict, planned: TrainConfig) -> dict:
         planned: the configuration the protocol wants.
 
     Fields in :data:`RESULT_NEUTRAL_FIELDS` and :data:`STOPPING_POINTS` (where an invocation stops, not what the
-    run computes) and task options in :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored;
+    run computes), the data and evaluation fields the planned task does not read
+    (:func:`~coupled_qk.training.tasks.unread_fields`, the rule of the fingerprint too: an MQAR run saved with
+    ``eval_batches=20`` is the run planned with the field's current default) and task options in
+    :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored;
     model overrides saved under an old field name (:data:`coupled_qk.models.config.RENAMED_FIELDS`) are read
     under the new one.
     """
     now = planned.to_dict()
     if isinstance(saved.get("model"), dict):
         saved = {**saved, "model": rename_fields(saved["model"], "saved TrainConfig.model")}
+    unread = unread_fields(planned.task)
     diff = {
         k: (saved_value(saved, k), v)
         for k, v in now.items()  # a field the run predates: its default
-        if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS and k != "task_options" and saved_value(saved, k) != v
+        if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS | unread
+        and k != "task_options"
+        and saved_value(saved, k) != v
     }
 
     def options(d) -> dict:

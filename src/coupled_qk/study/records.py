@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 
 from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig
+from coupled_qk.training.tasks import unread_fields
 
 RECORD_VERSION = 1
 
@@ -62,8 +63,14 @@ def settings_of(cfg: TrainConfig) -> dict:
 
 
 def fingerprint(cfg: TrainConfig) -> str:
-    """sha256 (16 hex digits) of :func:`settings_of`, for reading records at a glance."""
-    return hashlib.sha256(json.dumps(settings_of(cfg), sort_keys=True).encode()).hexdigest()[:16]
+    """sha256 (16 hex digits) of :func:`settings_of` less the fields the run's task does not read
+    (:func:`~coupled_qk.training.tasks.unread_fields`, which the reuse decision,
+    :func:`coupled_qk.study.executor.setting_differences`, ignores too): an MQAR run's fingerprint does not move
+    with ``eval_batches``, which it never reads. A language-model run reads them all, so its fingerprint is the
+    sha256 of every setting :func:`settings_of` stores."""
+    unread = unread_fields(cfg.task)
+    settings = {k: v for k, v in settings_of(cfg).items() if k not in unread}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def record_problem(rec, fields=tuple(RECORD_FIELDS)) -> str | None:

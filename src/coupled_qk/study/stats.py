@@ -78,6 +78,28 @@ def paired_difference(a: Sequence[float], b: Sequence[float], conf: float = 0.95
     return {**mean_ci(d, conf), "differences": d.tolist()}
 
 
+def seeds_for_interval(mean: float, sd: float, conf: float = 0.95, limit: int = 1000) -> int:
+    """The fewest pairs ``n >= 2`` whose interval of :func:`mean_ci`, ``mean +- t_{(1+conf)/2, n-1} * sd /
+    sqrt(n)``, excludes 0 if the mean and standard deviation of the paired differences stay ``mean`` and ``sd``:
+    how many seeds a comparison whose interval still includes 0 would need. ``limit + 1`` when even ``limit``
+    pairs would not do (``mean`` 0, or tiny against ``sd``); 2 when ``sd`` is 0 and ``mean`` is not.
+
+    Raises:
+        ValueError: a non-finite ``mean``, a negative or non-finite ``sd``, ``conf`` outside (0, 1), ``limit < 2``.
+    """
+    finite("mean", mean)
+    finite("sd", sd, 0)
+    conf = _conf(conf)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
+        raise ValueError(f"limit={limit!r} must be an integer >= 2")
+    if mean == 0:
+        return limit + 1
+    n = np.arange(2, limit + 1)
+    half = st.t.ppf((1 + conf) / 2, n - 1) * sd / np.sqrt(n)
+    enough = np.nonzero(half < abs(mean))[0]
+    return int(n[enough[0]]) if enough.size else limit + 1
+
+
 def bootstrap_mean_ci(values: Sequence[float], conf: float = 0.95, n_resamples: int = 9999, seed: int = 0) -> dict:
     """BCa bootstrap interval of the mean (``scipy.stats.bootstrap``); needs at least 3 distinct values.
 

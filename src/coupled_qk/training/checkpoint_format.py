@@ -6,7 +6,8 @@ A checkpoint folder (``ckpt-<step>[-r<k>]`` or ``best-<step>[-r<k>]`` of a run f
     model.safetensors    the weights, without the tied output head (:data:`TIED_KEYS`, stored once as the
                          embedding); every floating tensor finite
     model_config.json    the GPTConfig (:meth:`GPTConfig.save <coupled_qk.models.config.GPTConfig.save>`)
-    state.json           progress: a JSON object with an integer ``step`` >= 0 (keys: :data:`STATE_KEYS`)
+    state.json           progress: a JSON object with an integer ``step`` >= 0 (keys: :data:`STATE_KEYS`;
+                         a ``best-*`` folder's: :data:`BEST_STATE_KEYS`)
     optimizer.pt         the full optimizer state (torch.save; training checkpoints only)
     rng.pt               Python, NumPy and torch random states (training checkpoints only)
     checksums.json       the SHA-256 of every file above (written last, before the folder is renamed)
@@ -40,6 +41,7 @@ from coupled_qk.models.gpt import GPT
 
 __all__ = [
     "Checkpoint",
+    "BEST_STATE_KEYS",
     "STATE_KEYS",
     "TIED_KEYS",
     "check_compatible",
@@ -60,10 +62,21 @@ TIED_KEYS = ("lm_head.weight",)
 """Weights stored once, as ``tok_emb.weight`` (the tied output head)."""
 
 STATE_KEYS = (
-    *("step", "tokens", "train_seconds", "schedule", "grad_scaler", "global_batch", "precision", "best"),
-    *("metric", "value", "epoch"),  # a best checkpoint's (the training loop's metric, its value, its epoch)
+    "step",
+    "tokens",
+    "train_seconds",
+    "eval_seconds",
+    "validations",
+    "schedule",
+    "grad_scaler",
+    "global_batch",
+    "precision",
+    "best",
 )
 """The keys of a checkpoint's ``state.json`` (``training.loop``'s ``_Trainer.save``)."""
+BEST_STATE_KEYS = ("metric", "value", "step", "tokens", "epoch")
+"""The keys of a best-validation checkpoint's (``best-<step>/``) ``state.json``: the record of
+:func:`coupled_qk.training.best.track_best`."""
 
 
 def sha256_file(path: str | Path) -> str:
@@ -233,8 +246,9 @@ class Checkpoint:
         self.state()
 
     def state(self) -> dict:
-        """``state.json``: a JSON object whose ``step`` is an integer >= 0; a key outside :data:`STATE_KEYS` is a
-        warning naming it and its close match (the project's own file, which a later version may extend).
+        """``state.json``: a JSON object whose ``step`` is an integer >= 0; a key outside :data:`STATE_KEYS`
+        (:data:`BEST_STATE_KEYS` for a ``best-<step>`` folder) is a warning naming it and its close match (the
+        project's own file, which a later version may extend).
 
         Raises:
             ValueError: naming the file, if it is not such an object (hand-edited, or damaged in a checkpoint
@@ -247,7 +261,8 @@ class Checkpoint:
             raise ValueError(
                 f"{path} has step={step!r}, expected an integer >= 0; the checkpoint is damaged{self.damaged}"
             )
-        unknown_keys(state, STATE_KEYS, path, "checkpoint state", error=False)
+        keys = BEST_STATE_KEYS if self.path.name.startswith("best-") else STATE_KEYS
+        unknown_keys(state, keys, path, "checkpoint state", error=False)
         return state
 
     def model_config(self) -> GPTConfig:

@@ -202,7 +202,13 @@ class TrainConfig(JSONConfig):
         shown="none = the schedule's steps / 10",
         lo=1,
     )
-    eval_batches: int = _f(20, "batches per quick validation", lo=1)
+    eval_batches: int | None = _f(
+        None,
+        "batches per quick validation (none: scaled to the run, so that validation takes a bounded share of it; "
+        "see training.eval_budget.auto_eval_batches)",
+        shown="none = up to 20, fewer in short runs",
+        lo=1,
+    )
     log_interval: int = _f(10, "steps between metrics.jsonl records", lo=1)
     checkpoint_interval: int | None = _f(
         None, "steps between checkpoints (besides checkpoint_minutes and the end)", lo=1

@@ -19,6 +19,7 @@ from coupled_qk.data.tokenizers import META_FILE, Tokenizer, get_tokenizer
 from coupled_qk.models.options import option
 from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.eval_budget import MAX_EVAL_BATCHES
 from coupled_qk.training.perplexity import evaluate_perplexity, perplexity_windows, text_units
 from coupled_qk.training.run_folder import RunFolder, data_changes
 from coupled_qk.training.tasks import check_options
@@ -200,6 +201,7 @@ class LMTask:
             for split in ("train", "valid", "test")
         }
         self.block_size = cfg.gpt_config().block_size
+        self.eval_batches = cfg.eval_batches  # the training loop sets it when the config leaves it to the run
         n_train = len(self.tokens["train"])
         if n_train <= self.block_size + 1:
             raise ValueError(
@@ -216,6 +218,7 @@ class LMTask:
             )
             + f" ({self.corpus.name}, tokenizer {self.tokenizer.name})",
             enabled=cfg.progress,
+            once=True,  # the runs of a comparison read the same data: said once
         )
 
     def n_documents(self, split: str) -> int:
@@ -368,10 +371,13 @@ class LMTask:
         return out
 
     def _eval_windows(self, quick: bool, subsample: int | None) -> int | None:
-        """Windows an evaluation reads: ``eval_batches`` batches for a quick one (all with ``full_eval``), the
-        ``final_eval_windows`` subsample or all for the final one."""
+        """Windows an evaluation reads: ``eval_batches`` batches for a quick one (all with ``full_eval``; the
+        training loop sizes ``self.eval_batches`` to the run where the config leaves it ``None``, else at most
+        :data:`~coupled_qk.training.eval_budget.MAX_EVAL_BATCHES`), the ``final_eval_windows`` subsample or all for
+        the final one."""
         if quick:
-            return None if self.cfg.full_eval else self.cfg.eval_batches * self.cfg.batch_size
+            batches = self.eval_batches if self.eval_batches is not None else MAX_EVAL_BATCHES
+            return None if self.cfg.full_eval else batches * self.cfg.batch_size
         return subsample
 
     def _scored_text(self, split: str, n_windows: int) -> str:

@@ -36,6 +36,7 @@ from coupled_qk.training.best import check_metrics, track_best
 from coupled_qk.training.checkpoint_format import Checkpoint, check_compatible
 from coupled_qk.training.config import TrainConfig, auto_eval_interval, higher_is_better
 from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, pick_autocast_dtype, setup_runtime, teardown
+from coupled_qk.training.eval_budget import auto_eval_batches, time_summary, validations_of
 from coupled_qk.training.lock import RunLockedError
 from coupled_qk.training.metrics_log import Logger
 from coupled_qk.training.model_setup import (
@@ -148,11 +149,18 @@ def _plan(cfg: TrainConfig, state: dict, task, runtime: Runtime, say) -> tuple[S
             stacklevel=3,
         )
     eval_interval = cfg.eval_interval if cfg.eval_interval is not None else auto_eval_interval(sched.end)
-    if cfg.eval_interval is None and state["step"] < sched.end:
-        count = sched.end // eval_interval + (sched.end % eval_interval > 0)  # the multiples, and the last step
+    sized = "eval_batches" in getattr(task, "config_fields", ())  # the task reads eval_batches (language models)
+    if sized:
+        task.eval_batches = (
+            cfg.eval_batches
+            if cfg.eval_batches is not None
+            else auto_eval_batches(sched.end, cfg.grad_accum, eval_interval)
+        )
+    if (cfg.eval_interval is None or (sized and cfg.eval_batches is None)) and state["step"] < sched.end:
+        batches = f" on {task.eval_batches} batches" if sized and not cfg.full_eval else ""
         say(
-            f"quick validation every {eval_interval} steps ({count} over the run's {sched.end} steps; "
-            "--eval-interval to change)"
+            f"quick validation every {eval_interval} steps{batches} ({validations_of(sched.end, eval_interval)} "
+            f"over the run's {sched.end} steps; --eval-interval, --eval-batches to change)"
         )
     return sched, eval_interval
 
@@ -340,7 +348,9 @@ class _Trainer:
             if best_dir is not None:  # the final evaluation is the best-validation checkpoint's
                 load_full_weights(self.model, best_dir, cfg, runtime)
                 final_from = best_dir.name
+        started = time.perf_counter()
         final = self.task.evaluate(self.model, runtime.device, quick=False, autocast_dtype=runtime.autocast_dtype)
+        final_seconds = time.perf_counter() - started
         return {
             "config": cfg.to_dict(),
             "model_config": self.model_cfg.to_dict(),
@@ -349,6 +359,9 @@ class _Trainer:
             "steps": state["step"],
             "tokens": state["tokens"],
             "train_seconds": state["train_seconds"],
+            "eval_seconds": state.get("eval_seconds"),  # the quick validations, part of train_seconds
+            "validations": state.get("validations"),
+            "final_eval_seconds": final_seconds,
             "stop_reason": stop_reason
             if state["step"] < self.sched.end or stop_reason in ("early_stop", "patience")
             else "completed",
@@ -424,7 +437,12 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run: RunFolder) -> dict:
                 where_saved = trainer.save(step) if step != trainer.saved_step else run.latest_checkpoint()
                 raise TrainingInterrupted(decision.signum, step, where_saved or run.path)
             if step % eval_interval == 0 or step == sched.end:
+                started = time.perf_counter()
                 _, reason = trainer.validate(step, logger)
+                if "eval_seconds" in state:  # a checkpoint saved before it was counted: unknown
+                    state["eval_seconds"] += time.perf_counter() - started
+                    state["validations"] += 1
+                state["train_seconds"] = stop.train_seconds()  # the loop's time includes its validations
                 if reason is not None:
                     stop_reason = reason
                     break
@@ -440,6 +458,7 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run: RunFolder) -> dict:
     results = trainer.results(stop_reason, compile_status)
     if runtime.is_main:
         run.write_results(results)
+    say(f"{run.path}: {results['steps']} steps, {results['tokens']:,} tokens; {time_summary(results)}")
     if catcher.received is not None:
         # the signal came after the last step's stop decision (during its evaluation or logging): the run is
         # complete and saved, but whoever sent it wants this process to stop, not to start the next run

@@ -5,9 +5,8 @@ and the progress bar. Reading the records back is :meth:`coupled_qk.training.run
 from __future__ import annotations
 
 import json
-import warnings
 
-from coupled_qk.progress import progress
+from coupled_qk.progress import announce, progress
 from coupled_qk.training.run_folder import RunFolder
 
 __all__ = ["Logger"]
@@ -29,8 +28,12 @@ class Logger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(str(run.tensorboard_dir))
-            except ImportError:
-                warnings.warn("tensorboard is not installed; logging JSON lines only", stacklevel=2)
+            except ImportError:  # said once per process, not once per run of a comparison
+                announce(
+                    "tensorboard is not installed: metrics go to metrics.jsonl only (pip install "
+                    "'coupled-qk[tensorboard]' for TensorBoard events, --no-tensorboard to silence this)",
+                    once=True,
+                )
         self.bar = progress(total_steps, "training", "steps", initial=start_step, enabled=cfg.progress)
 
     def log(self, record: dict) -> None:

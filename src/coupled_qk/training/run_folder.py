@@ -81,6 +81,9 @@ RESULTS_KEYS = (
     "steps",
     "tokens",
     "train_seconds",
+    "eval_seconds",
+    "validations",
+    "final_eval_seconds",
     "stop_reason",
     "epochs",
     "best",
@@ -96,7 +99,7 @@ RESULTS_KEYS = (
 _CKPT = re.compile(r"^ckpt-(\d+)(?:-r(\d+))?$")
 _ANY_CKPT = re.compile(r"^(?:ckpt|best)-\d+(?:-r\d+)?$")
 _FIX_LINE = "repair or delete that line (the metrics of that step are then missing from the run's record)"
-NEW_STATE = {"step": 0, "tokens": 0, "train_seconds": 0.0}
+NEW_STATE = {"step": 0, "tokens": 0, "train_seconds": 0.0, "eval_seconds": 0.0, "validations": 0}
 """The progress of a run that starts (no checkpoint)."""
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "check_task_options",
     "steps_for_tokens",
     "task_class",
+    "unread_fields",
 ]
 
 TASKS: dict[str, str] = {
@@ -117,6 +118,20 @@ and GLUE size their quick validation with ``task_options.quick_eval_examples`` i
 
 TASK_FIELDS = (*DATA_FIELDS, *EVAL_FIELDS)
 """Every field a task's ``config_fields`` may name; a task reads a subset of them."""
+
+
+def unread_fields(task: str) -> frozenset[str]:
+    """The :data:`TASK_FIELDS` that the task registered as ``task`` does not read (outside its class's
+    ``config_fields``; a task without the attribute reads them all): MQAR reads only ``cache_dir``, so its
+    ``eval_batches`` or ``corpus`` do not change what it computes. The one list of "settings this run ignores" of
+    the reuse decision (:func:`coupled_qk.study.executor.setting_differences`) and of a record's fingerprint
+    (:func:`coupled_qk.study.records.fingerprint`).
+
+    Raises:
+        ValueError: ``task`` is not registered (:func:`task_class`).
+    """
+    return frozenset(TASK_FIELDS) - frozenset(getattr(task_class(task), "config_fields", TASK_FIELDS))
+
 
 _INSTEAD = {f: "size its quick validations with task_options quick_eval_examples" for f in EVAL_FIELDS}
 
