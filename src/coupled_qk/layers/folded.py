@@ -205,22 +205,23 @@ def fold_projection(layer) -> FoldedProjection:
     )
 
 
-def folded_qkv(fp: FoldedProjection, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The mapped ``(q', k')`` and ``v`` of one layer from its input ``x (B, T, d_model)``, as 2-D row blocks.
+def folded_qkv(fp: FoldedProjection, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mapped ``q' | k'`` and ``v`` of one layer from its input ``x (B, T, d_model)``, as 2-D row blocks.
 
     Returns:
-        ``q' (B*T, H*d_head)``, ``k' (B*T, H_k*d_head)`` and ``v (B*T, H_v*d_v)`` (column views or new tensors);
-        the caller reshapes them to the attention layout.
+        ``qk (B*T, H*d_head + H_k*d_head)``: ``q'`` and ``k'`` side by side (so that RoPE rotates both in one
+        call, as it does ``q | k`` without a map), and ``v (B*T, H_v*d_v)``; column views of one new tensor. The
+        caller reshapes them to the attention layout.
     """
     z = F.linear(x, fp.weight).view(-1, fp.weight.shape[0])
     wq, wk, wh2, wh1 = fp.widths
-    if fp.integrator == "euler":
-        q, k, h1, v = z.split([wq, wk, wh1, z.shape[1] - wq - wk - wh1], 1)
-        return q, torch.addmm(k, F.silu(h1), fp.kick), v
-    qk, h1, v = z.split([wq + wk + wh2, wh1, z.shape[1] - wq - wk - wh2 - wh1], 1)
+    end = wq + wk + wh2 + wh1  # slices, not split(): per decoded token, Tensor.split's Python wrapper adds up
+    qk, h1, v = z[:, : wq + wk + wh2], z[:, wq + wk + wh2 : end], z[:, end:]
+    if fp.integrator == "euler":  # the kick lands on k' in place: q' | k' stay side by side in z
+        qk[:, wq:].addmm_(F.silu(h1), fp.kick)
+        return qk, v
     u = torch.addmm(qk, F.silu(h1), fp.kick)
     if fp.integrator == "symplectic_euler":
-        q, k = u.split([wq, wk], 1)
-        return q, k, v
-    q, k, h2 = u.split([wq, wk, wh2], 1)  # leapfrog: then the closing half-kick
-    return q, torch.addmm(k, F.silu(h2), fp.kick2), v
+        return u, v
+    u[:, wq : wq + wk].addmm_(F.silu(u[:, wq + wk :]), fp.kick2)  # leapfrog: the closing half-kick, from h2
+    return u[:, : wq + wk], v
