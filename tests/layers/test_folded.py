@@ -157,6 +157,19 @@ def test_folded_decoding_equals_the_full_forward(integrator, position):
     assert all(fold is not None for fold in cache.folds.values()) and len(cache.folds) == 2
 
 
+@pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])
+def test_folded_decoding_under_autocast_matches_the_unfolded_path(integrator):
+    """Under ``torch.autocast`` (bf16 on CPU) the fold's product is bf16 while its kicks are stored in the weights'
+    float32: they are cast, so decoding runs and agrees with the unfolded map to bf16 rounding (it raised a dtype
+    error when a kick was added in place unconverted)."""
+    model = make_model(integrator=integrator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        folded, unfolded = greedy_logits(model, IDX), greedy_logits(model, IDX, fold=False)
+    assert folded.dtype == torch.bfloat16
+    scale = unfolded.float().abs().max()
+    assert (folded.float() - unfolded.float()).abs().max() <= 0.03 * scale
+
+
 def test_the_fold_is_validated_once_per_cache():
     """No per-token check: after its first step a cache only looks its fold up, so a weight change in the middle
     of a generation is not seen by that cache (whose keys are stale anyway); the next cache rebuilds."""
