@@ -338,7 +338,7 @@ class CausalSelfAttention(nn.Module):
         if t == 1 and self.qk_map is not None and cache is not None and not record and not torch.is_grad_enabled():
             folded = self.decoding_fold(cache)
         # no map, or a folded one: q and k rotate together (one rotation, not two)
-        rotated = self.use_rope and (self.qk_map is None or folded is not None)
+        rotated = self.use_rope and (folded is not None or self.qk_map is None)
         if folded is not None:  # a decoding step: the map is folded into the projection (layers/folded.py)
             qk, v = folded_qkv(folded, x)  # a fold acts before RoPE (fold_key): rotate the mapped q' | k'
             qk = qk.view(b, t, qk.shape[-1] // dh, dh).transpose(1, 2)
