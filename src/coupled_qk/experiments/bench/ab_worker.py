@@ -1,0 +1,228 @@
+"""One revision's side of the revision A/B benchmark (:mod:`coupled_qk.experiments.bench.ab`).
+
+Run as a script (``python ab_worker.py``) with ``PYTHONPATH`` pointing at the ``src`` folder of the revision to
+measure; the driver starts one worker per revision and alternates their repeats. The worker reads one JSON
+command per line on stdin and answers each with one JSON line on stdout:
+
+- ``{"op": "setup", "preset", "base": {field: value}, "variants": {name: GPTConfig overrides}, "cells": [cell],
+  "seed", "threads"}``: builds every variant (``GPTConfig(**preset, **base, **overrides)``, same seed), runs each
+  cell once per variant untimed (twice for a train step; compiling the compiled cells) and answers ``{"ok": true,
+  "torch", "threads", "package", "unsupported": {cell name: reason or {variant: reason}}}``: what this revision
+  cannot run (a cell, or a variant it cannot build or that failed in the cell) is left out and reported.
+- ``{"op": "repeat", "index": i}``: times each supported cell once per variant, variants round-robin rotated by
+  ``i``; answers ``{"ok": true, "wall": {cell name: {variant: seconds}}, "cpu": {...}}`` (wall-clock seconds, and
+  the process CPU seconds of all threads, which a busy machine's preemptions do not inflate).
+- ``{"op": "quit"}``: exits.
+
+A cell is ``{"name", "kind": "train", "batch", "seq"}`` (one training step: :meth:`GPT.loss` forward, backward,
+AdamW step, ``zero_grad``) or ``{"name", "kind": "decode", "compiled", "batch", "prompt", "new_tokens"}`` (one
+greedy :meth:`GPT.generate` call with the cache, ``temperature=0``, ``compile=True`` for compiled cells). An error
+answers ``{"ok": false, "error"}``.
+
+This file must run against any revision of ``coupled_qk``, old ones included: it imports nothing from
+``coupled_qk`` but ``GPT`` and ``GPTConfig``/``PRESETS`` (``models.config``), and decides what a revision can
+run by reading ``GPT.generate``'s signature (a revision without ``compile=`` reports its compiled cells as
+unsupported).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import inspect
+import json
+import sys
+import time
+
+CLOCKS = ("wall", "cpu", "step")
+"""What a repeat reports per cell and variant: ``wall`` (seconds of the call), ``cpu`` (process CPU seconds of the
+call, all threads) and ``step`` (the :data:`STEP_QUANTILE` quantile of the wall seconds of the call's single-token
+decoding steps; ``wall`` for a train step)."""
+
+STEP_QUANTILE = 0.1
+"""On a shared machine a decoding step is either undisturbed or preempted (several times slower): the steps of
+one call form two clusters, and how many are preempted swings with the load, which moves the median from one
+cluster to the other. The 10th percentile of a call's steps stays in the undisturbed cluster while at least a
+tenth of the steps run undisturbed (on the 2-core machine at load 13: within +-3% over calls, where the median
+moved by 45%)."""
+
+
+def _build(request: dict) -> tuple[dict, dict]:
+    """The models ``{variant: GPT}`` (eval mode, each built after ``torch.manual_seed(seed)``) and ``{variant:
+    reason}`` for the variants this revision cannot build (an attention or field it does not know)."""
+    import torch
+
+    from coupled_qk.models.config import PRESETS, GPTConfig
+    from coupled_qk.models.gpt import GPT
+
+    models, failed = {}, {}
+    for name, overrides in request["variants"].items():
+        torch.manual_seed(request["seed"])
+        try:
+            config = GPTConfig(**{**PRESETS[request["preset"]], **request["base"], **overrides})
+        except (TypeError, ValueError) as exc:
+            failed[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        models[name] = GPT(config).eval()
+    return models, failed
+
+
+class Cell:
+    """One cell's inputs and its timed call per variant (train step or ``generate``)."""
+
+    def __init__(self, spec: dict, models: dict, seed: int):
+        import torch
+
+        self.spec, self.name, self.models = spec, spec["name"], models
+        gen = torch.Generator().manual_seed(seed)
+        vocab = next(iter(models.values())).config.vocab_size
+        if spec["kind"] == "train":
+            self.tokens = torch.randint(0, vocab, (spec["batch"], spec["seq"] + 1), generator=gen)
+            self.train = {n: copy.deepcopy(m).train() for n, m in models.items()}
+            self.opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4) for n, m in self.train.items()}
+        else:
+            self.prompt = torch.randint(0, vocab, (spec["batch"], spec["prompt"]), generator=gen)
+            self.steps: list[float] = []
+            for model in models.values():
+                _time_steps(model, self.steps)
+
+    def unsupported(self) -> str | None:
+        """Why this revision cannot run the cell, or ``None``."""
+        model = next(iter(self.models.values()))
+        if self.spec["kind"] == "decode" and self.spec["compiled"]:
+            if "compile" not in inspect.signature(model.generate).parameters:
+                return "GPT.generate has no compile= argument in this revision"
+        return None
+
+    def call(self, variant: str) -> None:
+        """One untimed call for ``variant``."""
+        if self.spec["kind"] == "train":
+            model, opt = self.train[variant], self.opts[variant]
+            model.loss(self.tokens[:, :-1], self.tokens[:, 1:]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        else:
+            extra = {"compile": True} if self.spec["compiled"] else {}
+            self.models[variant].generate(self.prompt, self.spec["new_tokens"], temperature=0.0, **extra)
+
+    def run(self, variant: str) -> tuple[float, float, float]:
+        """Wall-clock and process CPU seconds (all threads) of one call for ``variant``, and the undisturbed
+        step time (:func:`low_quantile` of its single-token decoding steps; the call's wall time for a train step)."""
+        if self.spec["kind"] == "decode":
+            self.steps.clear()
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.call(variant)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        return wall, cpu, low_quantile(self.steps) if self.spec["kind"] == "decode" and self.steps else wall
+
+
+def low_quantile(values: list, q: float = STEP_QUANTILE) -> float:
+    """The ``q`` quantile of ``values`` (linear interpolation between order statistics, numpy's default)."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
+
+
+def _time_steps(model, steps: list) -> None:
+    """Record the wall-clock seconds of each single-token step of ``model``'s decoding in ``steps``: its
+    ``next_token_logits`` (eager ``generate``) and the step ``compiled_decode_step()`` returns (``compile=True``)
+    are wrapped by instance attributes (a perf_counter pair per step; the prefill, several tokens, is left out)."""
+    eager = model.next_token_logits
+
+    def next_token_logits(idx, cache):
+        start = time.perf_counter()
+        out = eager(idx, cache)
+        if idx.shape[1] == 1:
+            steps.append(time.perf_counter() - start)
+        return out
+
+    model.next_token_logits = next_token_logits
+    build = getattr(model, "compiled_decode_step", None)
+    if build is None:
+        return
+
+    def compiled_decode_step(*args, **kwargs):
+        step = build(*args, **kwargs)
+
+        def timed(idx, cache):
+            start = time.perf_counter()
+            out = step(idx, cache)
+            steps.append(time.perf_counter() - start)
+            return out
+
+        return timed
+
+    model.compiled_decode_step = compiled_decode_step
+
+
+class Worker:
+    """The state between commands: the cells, and per cell the variants that run."""
+
+    def __init__(self):
+        self.cells: list[tuple[Cell, list[str]]] = []
+
+    def setup(self, request: dict) -> dict:
+        import torch
+
+        import coupled_qk
+
+        torch.set_num_threads(request["threads"])
+        models, failed = _build(request)
+        unsupported = {}  # cell name -> reason, or {variant: reason}
+        for spec in request["cells"]:
+            cell = Cell(spec, models, request["seed"])
+            reason = cell.unsupported()
+            if reason:
+                unsupported[cell.name] = reason
+                continue
+            runs, broken = [], dict(failed)
+            for v in models:
+                try:
+                    for _ in range(2 if spec["kind"] == "train" else 1):  # warm-up (and compilation)
+                        cell.call(v)
+                    runs.append(v)
+                except Exception as exc:  # noqa: BLE001 - this revision cannot run it: reported, not fatal
+                    broken[v] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if broken:
+                unsupported[cell.name] = broken
+            self.cells.append((cell, runs))
+        return dict(
+            ok=True,
+            torch=torch.__version__,
+            threads=torch.get_num_threads(),
+            package=coupled_qk.__file__,
+            unsupported=unsupported,
+        )
+
+    def repeat(self, request: dict) -> dict:
+        gc.collect()
+        times = {}
+        for cell, runs in self.cells:
+            k = request["index"] % max(len(runs), 1)
+            times[cell.name] = {v: cell.run(v) for v in runs[k:] + runs[:k]}
+        return dict(
+            ok=True,
+            **{
+                clock: {c: {v: t[i] for v, t in row.items()} for c, row in times.items()}
+                for i, clock in enumerate(CLOCKS)
+            },
+        )
+
+
+def main() -> None:
+    worker = Worker()
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request["op"] == "quit":
+            break
+        try:
+            answer = getattr(worker, request["op"])(request)
+        except Exception as exc:  # noqa: BLE001 - reported to the driver, which stops the run
+            answer = dict(ok=False, error=f"{type(exc).__name__}: {exc}")
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
