@@ -250,3 +250,11 @@ def test_smoke_two_tiny_cells_against_head():
     assert {r["verdict"] for r in ab.compare(result)} == {"n/a"}  # one repeat: no interval, nothing flagged
     worktrees = subprocess.run(["git", "-C", str(src), "worktree", "list"], capture_output=True, text=True).stdout
     assert "coupled-qk-ab-" not in worktrees
+
+
+def test_the_committed_tracked_file_loads():
+    path = ab.this_source().parent / "benchmarks" / "tracked.json"
+    if not path.is_file():
+        pytest.skip("no benchmarks/tracked.json next to this source tree (an installed copy)")
+    settings = settings_of(load_tracked(path))
+    assert "standard" in settings["variants"] and settings["repeats"] >= 6
