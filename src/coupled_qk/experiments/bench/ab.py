@@ -373,8 +373,8 @@ def ab_markdown(result: dict, rows: list[dict], threshold: float, clock: str, ac
 
 
 CLOCK_TEXT = {
-    "step": "decoding cells: the 10th percentile of the call's single-token step times, an undisturbed step; the "
-    "train cell: its wall time",
+    "step": "decoding: the 10th percentile of single-token step times, an undisturbed step (eager: the variants' "
+    "steps taken in turn, prompt prefilled untimed; compiled: the steps of the generate call); train: its wall time",
     "wall": "wall-clock time of the whole call, prefill included",
     "cpu": "process CPU time of the call, all threads",
 }

@@ -10,8 +10,8 @@ command per line on stdin and answers each with one JSON line on stdout:
   "torch", "threads", "package", "unsupported": {cell name: reason or {variant: reason}}}``: what this revision
   cannot run (a cell, or a variant it cannot build or that failed in the cell) is left out and reported.
 - ``{"op": "repeat", "index": i}``: times each supported cell once per variant, variants round-robin rotated by
-  ``i``; answers ``{"ok": true, "wall": {cell name: {variant: seconds}}, "cpu": {...}}`` (wall-clock seconds, and
-  the process CPU seconds of all threads, which a busy machine's preemptions do not inflate).
+  ``i`` (an eager decoding cell then also takes the variants' steps in turn: :meth:`Cell.lockstep`); answers
+  ``{"ok": true, clock: {cell name: {variant: seconds}}}`` for each of :data:`CLOCKS`.
 - ``{"op": "quit"}``: exits.
 
 A cell is ``{"name", "kind": "train", "batch", "seq"}`` (one training step: :meth:`GPT.loss` forward, backward,
@@ -36,15 +36,18 @@ import time
 
 CLOCKS = ("wall", "cpu", "step")
 """What a repeat reports per cell and variant: ``wall`` (seconds of the call), ``cpu`` (process CPU seconds of the
-call, all threads) and ``step`` (the :data:`STEP_QUANTILE` quantile of the wall seconds of the call's single-token
-decoding steps; ``wall`` for a train step)."""
+call, all threads) and ``step`` (the :data:`STEP_QUANTILE` quantile of the wall seconds of single-token decoding
+steps: for an eager cell from :meth:`Cell.lockstep`, the variants' steps taken in turn; for a compiled cell from
+its ``generate`` call; ``wall`` for a train step)."""
 
 STEP_QUANTILE = 0.1
 """On a shared machine a decoding step is either undisturbed or preempted (several times slower): the steps of
 one call form two clusters, and how many are preempted swings with the load, which moves the median from one
 cluster to the other. The 10th percentile of a call's steps stays in the undisturbed cluster while at least a
 tenth of the steps run undisturbed (on the 2-core machine at load 13: within +-3% over calls, where the median
-moved by 45%)."""
+moved by 45%). Taking the variants' steps in turn (:meth:`Cell.lockstep`) puts them in the same milliseconds: at
+load 17-19 the spread (interquartile range) of the per-repeat ratio to standard fell from 0.13 (each variant's
+100 steps in its own call) to 0.04."""
 
 
 def _build(request: dict) -> tuple[dict, dict]:
@@ -67,6 +70,11 @@ def _build(request: dict) -> tuple[dict, dict]:
     return models, failed
 
 
+STEPS: list[float] = []
+"""Wall seconds of the compiled decoding steps of the call being timed (appended by the wrappers of
+:func:`_time_compiled_steps`, cleared before each call)."""
+
+
 class Cell:
     """One cell's inputs and its timed call per variant (train step or ``generate``)."""
 
@@ -76,15 +84,16 @@ class Cell:
         self.spec, self.name, self.models = spec, spec["name"], models
         gen = torch.Generator().manual_seed(seed)
         vocab = next(iter(models.values())).config.vocab_size
+        self.eager_decode = spec["kind"] == "decode" and not spec["compiled"]
         if spec["kind"] == "train":
             self.tokens = torch.randint(0, vocab, (spec["batch"], spec["seq"] + 1), generator=gen)
             self.train = {n: copy.deepcopy(m).train() for n, m in models.items()}
             self.opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4) for n, m in self.train.items()}
         else:
             self.prompt = torch.randint(0, vocab, (spec["batch"], spec["prompt"]), generator=gen)
-            self.steps: list[float] = []
-            for model in models.values():
-                _time_steps(model, self.steps)
+            if spec["compiled"]:
+                for model in models.values():
+                    _time_compiled_steps(model)
 
     def unsupported(self) -> str | None:
         """Why this revision cannot run the cell, or ``None``."""
@@ -106,14 +115,33 @@ class Cell:
             self.models[variant].generate(self.prompt, self.spec["new_tokens"], temperature=0.0, **extra)
 
     def run(self, variant: str) -> tuple[float, float, float]:
-        """Wall-clock and process CPU seconds (all threads) of one call for ``variant``, and the undisturbed
-        step time (:func:`low_quantile` of its single-token decoding steps; the call's wall time for a train step)."""
-        if self.spec["kind"] == "decode":
-            self.steps.clear()
+        """Wall-clock and process CPU seconds (all threads) of one call for ``variant``, and its undisturbed step
+        time: :func:`low_quantile` of a compiled call's steps, the call's wall time for a train step (an eager
+        decoding cell's comes from :meth:`lockstep`)."""
+        STEPS.clear()
         wall, cpu = time.perf_counter(), time.process_time()
         self.call(variant)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        return wall, cpu, low_quantile(self.steps) if self.spec["kind"] == "decode" and self.steps else wall
+        return wall, cpu, low_quantile(STEPS) if STEPS else wall
+
+    def lockstep(self, order: list[str]) -> dict[str, float]:
+        """An eager decoding cell's undisturbed step time per variant: every variant prefills its cache with the
+        prompt (untimed), then the variants take their single-token steps in turn (``next_token_logits`` and the
+        arg-max, as greedy ``generate``), so each step of one variant is timed beside the others' in the same
+        milliseconds; :func:`low_quantile` of each variant's step times."""
+        import torch
+
+        caches, nxt, steps = {}, {}, {v: [] for v in order}
+        with torch.no_grad():
+            for v in order:
+                caches[v] = self.models[v].new_cache(self.spec["prompt"] + self.spec["new_tokens"])
+                nxt[v] = self.models[v].next_token_logits(self.prompt, caches[v]).argmax(-1, keepdim=True)
+            for _ in range(self.spec["new_tokens"] - 1):
+                for v in order:
+                    start = time.perf_counter()
+                    nxt[v] = self.models[v].next_token_logits(nxt[v], caches[v]).argmax(-1, keepdim=True)
+                    steps[v].append(time.perf_counter() - start)
+        return {v: low_quantile(s) for v, s in steps.items()}
 
 
 def low_quantile(values: list, q: float = STEP_QUANTILE) -> float:
@@ -124,22 +152,11 @@ def low_quantile(values: list, q: float = STEP_QUANTILE) -> float:
     return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
 
 
-def _time_steps(model, steps: list) -> None:
-    """Record the wall-clock seconds of each single-token step of ``model``'s decoding in ``steps``: its
-    ``next_token_logits`` (eager ``generate``) and the step ``compiled_decode_step()`` returns (``compile=True``)
-    are wrapped by instance attributes (a perf_counter pair per step; the prefill, several tokens, is left out)."""
-    eager = model.next_token_logits
-
-    def next_token_logits(idx, cache):
-        start = time.perf_counter()
-        out = eager(idx, cache)
-        if idx.shape[1] == 1:
-            steps.append(time.perf_counter() - start)
-        return out
-
-    model.next_token_logits = next_token_logits
+def _time_compiled_steps(model) -> None:
+    """Wrap ``model.compiled_decode_step`` (once, by an instance attribute) so that each step it returns appends
+    its wall seconds to :data:`STEPS` (a ``perf_counter`` pair per step); a revision without it is left alone."""
     build = getattr(model, "compiled_decode_step", None)
-    if build is None:
+    if build is None or getattr(build, "timed_by_ab", False):
         return
 
     def compiled_decode_step(*args, **kwargs):
@@ -148,11 +165,12 @@ def _time_steps(model, steps: list) -> None:
         def timed(idx, cache):
             start = time.perf_counter()
             out = step(idx, cache)
-            steps.append(time.perf_counter() - start)
+            STEPS.append(time.perf_counter() - start)
             return out
 
         return timed
 
+    compiled_decode_step.timed_by_ab = True
     model.compiled_decode_step = compiled_decode_step
 
 
@@ -200,7 +218,11 @@ class Worker:
         times = {}
         for cell, runs in self.cells:
             k = request["index"] % max(len(runs), 1)
-            times[cell.name] = {v: cell.run(v) for v in runs[k:] + runs[:k]}
+            order = runs[k:] + runs[:k]
+            times[cell.name] = {v: cell.run(v) for v in order}
+            if cell.eager_decode and order:
+                for v, step in cell.lockstep(order).items():
+                    times[cell.name][v] = (*times[cell.name][v][:2], step)
         return dict(
             ok=True,
             **{
