@@ -6,7 +6,7 @@ The checks that run once per token on the path of ``GPT.generate`` (cached, gree
 
 - ``embed``: ``GPT.embed``'s argument checks, above what it must compute (embedding, position, RoPE rows);
 - ``cache.update`` (x n_layer): ``KVCache.update``'s shape/dtype/device comparison and bookkeeping, above the two
-  writes it must do;
+  writes and the two returned views it must make;
 - ``decoding_fold`` (x n_layer, coupled): the lookup of the fold validated once per cache;
 - ``sample_next_token``: the greedy test, above the arg-max;
 - ``logits``: the opt-in transposed head's test (``_transposed_head_for``) and the padded-vocabulary test, above
@@ -91,9 +91,10 @@ def step_pairs(batch: int) -> dict:
         cache.update(0, k, k)
         cache._len[0] = length
 
-    def writes():
+    def writes():  # what update must do: write both and return views of the filled part
         kb[..., length : length + 1, :] = k
         vb[..., length : length + 1, :] = k
+        return kb[..., : length + 1, :], vb[..., : length + 1, :]
 
     def checked_layer():
         layer.check_every_call = True

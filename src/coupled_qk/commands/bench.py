@@ -14,8 +14,11 @@ with code 1 when a cell got slower. JSON + markdown under ``--out-dir``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
+import signal
 import sys
+import threading
 
 import torch
 
@@ -537,6 +540,23 @@ def _ab_command(against: str, settings: dict, tracked: str | None) -> str:
     return shlex.join(parts)
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """While inside, ``SIGTERM`` raises ``KeyboardInterrupt`` (so ``finally`` blocks run); the main thread only."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run_ab(args) -> int:
     """``--against REV`` and ``--tracked [FILE]`` (with ``--accept``); exit code 1 when a cell got slower (and was
     not accepted)."""
@@ -561,7 +581,8 @@ def _run_ab(args) -> int:
         f"coupled-qk bench: this checkout against {against}, {len(settings['cells'])} cells x "
         f"{len(settings['variants'])} variants, {settings['repeats']} alternating repeats"
     )
-    result = run_ab(against, settings, log=progress_log(args), accept=args.accept)
+    with _terminate_as_interrupt():  # a killed run still stops its workers and removes its temporary worktree
+        result = run_ab(against, settings, log=progress_log(args), accept=args.accept)
     invoked = sys.argv[1:]
     reproduce = _ab_command(against, settings, args.tracked)
     result["command"] = shlex.join(["coupled-qk", *invoked]) if invoked[:1] == ["bench"] else reproduce

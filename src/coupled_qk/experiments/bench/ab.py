@@ -199,23 +199,34 @@ def measure(sources: dict, settings: dict, log=None) -> dict:
     revisions = {side: source_revision(Path(src)) for side, src in sources.items()}
     workers, times = {}, {side: {clock: {} for clock in ab_worker.CLOCKS} for side in sources}
     try:
-        for side, src in sources.items():
-            workers[side] = Side(Path(src), settings["threads"])
-            log(f"  {side} ({revisions[side]['label']}): building and warming up (compiled cells compile now)")
-            info = workers[side].ask(dict(op="setup", **settings))
-            revisions[side].update({k: info[k] for k in ("torch", "threads", "package", "unsupported")})
-        sides = list(workers)
-        for i in range(settings["repeats"]):
-            for side in sides if i % 2 == 0 else sides[::-1]:
-                answer = workers[side].ask(dict(op="repeat", index=i))
-                for clock in ab_worker.CLOCKS:
-                    for cell, row in answer[clock].items():
-                        for v, seconds in row.items():
-                            times[side][clock].setdefault(cell, {}).setdefault(v, []).append(seconds)
-            log(f"  repeat {i + 1}/{settings['repeats']} done")
+        return _alternate(sources, settings, revisions, workers, times, log) | dict(
+            load=[load0, os.getloadavg()[0]], elapsed_s=time.perf_counter() - t0
+        )
+    except BaseException:  # an error or an interrupt: the workers hold nothing worth waiting for
+        for worker in workers.values():
+            worker.proc.kill()
+        raise
     finally:
         for worker in workers.values():
             worker.close()
+
+
+def _alternate(sources, settings, revisions, workers, times, log) -> dict:
+    """:func:`measure`'s work: start and set up the workers, then the alternating repeats."""
+    for side, src in sources.items():
+        workers[side] = Side(Path(src), settings["threads"])
+        log(f"  {side} ({revisions[side]['label']}): building and warming up (compiled cells compile now)")
+        info = workers[side].ask(dict(op="setup", **settings))
+        revisions[side].update({k: info[k] for k in ("torch", "threads", "package", "unsupported")})
+    sides = list(workers)
+    for i in range(settings["repeats"]):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            answer = workers[side].ask(dict(op="repeat", index=i))
+            for clock in ab_worker.CLOCKS:
+                for cell, row in answer[clock].items():
+                    for v, seconds in row.items():
+                        times[side][clock].setdefault(cell, {}).setdefault(v, []).append(seconds)
+        log(f"  repeat {i + 1}/{settings['repeats']} done")
     torch.set_num_threads(settings["threads"])  # the machine line shows the workers' thread count
     machine = machine_info(torch.device("cpu"))
     machine["allocator"] = "glibc defaults in the workers (GPT.generate as a library user calls it)"
@@ -224,9 +235,7 @@ def measure(sources: dict, settings: dict, log=None) -> dict:
         machine=machine,
         revisions=revisions,
         times=times,
-        load=[load0, os.getloadavg()[0]],
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        elapsed_s=time.perf_counter() - t0,
     )
 
 
@@ -373,8 +382,8 @@ def ab_markdown(result: dict, rows: list[dict], threshold: float, clock: str, ac
 
 
 CLOCK_TEXT = {
-    "step": "decoding: the 10th percentile of single-token step times, an undisturbed step (eager: the variants' "
-    "steps taken in turn, prompt prefilled untimed; compiled: the steps of the generate call); train: its wall time",
+    "step": "decoding: the fastest single-token step, an undisturbed one (eager: the variants' steps taken in turn "
+    "after an untimed prefill; compiled: the steps of the generate call); train: its wall time",
     "wall": "wall-clock time of the whole call, prefill included",
     "cpu": "process CPU time of the call, all threads",
 }

@@ -36,18 +36,18 @@ import time
 
 CLOCKS = ("wall", "cpu", "step")
 """What a repeat reports per cell and variant: ``wall`` (seconds of the call), ``cpu`` (process CPU seconds of the
-call, all threads) and ``step`` (the :data:`STEP_QUANTILE` quantile of the wall seconds of single-token decoding
+call, all threads) and ``step`` (the fastest, :data:`STEP_QUANTILE`, of the wall seconds of single-token decoding
 steps: for an eager cell from :meth:`Cell.lockstep`, the variants' steps taken in turn; for a compiled cell from
 its ``generate`` call; ``wall`` for a train step)."""
 
-STEP_QUANTILE = 0.1
-"""On a shared machine a decoding step is either undisturbed or preempted (several times slower): the steps of
-one call form two clusters, and how many are preempted swings with the load, which moves the median from one
-cluster to the other. The 10th percentile of a call's steps stays in the undisturbed cluster while at least a
-tenth of the steps run undisturbed (on the 2-core machine at load 13: within +-3% over calls, where the median
-moved by 45%). Taking the variants' steps in turn (:meth:`Cell.lockstep`) puts them in the same milliseconds: at
-load 17-19 the spread (interquartile range) of the per-repeat ratio to standard fell from 0.13 (each variant's
-100 steps in its own call) to 0.04."""
+STEP_QUANTILE = 0.0
+"""Which quantile of a call's single-token step times the ``step`` clock reports: the minimum. On a shared machine
+a step is either undisturbed or preempted (several times slower), and the share of preempted steps swings with
+the load: at load 13 the median of a call's 100 steps moved by 45% between calls; at load 11-19 even the 10th
+percentile fell into the preempted cluster for batch-8 steps (3 ms: 9.7 ms, interquartile range of the ratio to
+standard over repeats 0.53), while the fastest step stayed undisturbed (3.0 ms, 0.11). A step cannot run faster
+than its work, so the minimum estimates that work; with the variants' steps taken in turn (:meth:`Cell.lockstep`)
+every variant's minimum comes from the same milliseconds."""
 
 
 def _build(request: dict) -> tuple[dict, dict]:
