@@ -4,6 +4,7 @@ cells against HEAD (worker processes, a temporary worktree)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 
@@ -226,9 +227,19 @@ def test_an_accepted_state_round_trips(tmp_path):
     assert settings["repeats"] == 15 and settings["clock"] == "step" and settings["cells"][0]["name"] == CELL
 
 
-def test_smoke_two_tiny_cells_against_head():
-    """Both revisions' workers build, warm up and time both cells; the temporary worktree is gone afterwards."""
+def test_smoke_two_tiny_cells_against_head(monkeypatch):
+    """Both revisions' workers build, warm up and time both cells; the run's temporary worktree is gone afterwards
+    (its own: another run's, or one left by a ``kill -9``, may exist beside it)."""
     src = ab.this_source()
+    trees, checkout = [], ab.checkout
+
+    @contextlib.contextmanager
+    def recorded(*args, **kwargs):
+        with checkout(*args, **kwargs) as old:
+            trees.append(old.parent)
+            yield old
+
+    monkeypatch.setattr(ab, "checkout", recorded)
     settings = dict(
         preset="tiny",
         base=dict(vocab_size=64, block_size=32, n_layer=1, d_model=16, n_heads=2),
@@ -246,10 +257,13 @@ def test_smoke_two_tiny_cells_against_head():
             for cell in ("decode-eager-b1", "train-b2"):
                 times = result["times"][side][clock][cell]
                 assert set(times) == {"standard", "coupled"} and all(len(t) == 1 and t[0] > 0 for t in times.values())
+        train = result["times"][side]
+        # a train cell's step clock is the fastest of the repeat's steps, its first (the wall clock) included
+        assert all(s[0] <= w[0] for s, w in zip(train["step"]["train-b2"].values(), train["wall"]["train-b2"].values()))
     assert result["revisions"]["new"]["src"] == str(src)
     assert {r["verdict"] for r in ab.compare(result)} == {"n/a"}  # one repeat: no interval, nothing flagged
     worktrees = subprocess.run(["git", "-C", str(src), "worktree", "list"], capture_output=True, text=True).stdout
-    assert "coupled-qk-ab-" not in worktrees
+    assert len(trees) == 1 and str(trees[0]) not in worktrees and not trees[0].exists()
 
 
 def test_the_committed_tracked_file_loads():

@@ -383,7 +383,8 @@ def ab_markdown(result: dict, rows: list[dict], threshold: float, clock: str, ac
 
 CLOCK_TEXT = {
     "step": "decoding: the fastest single-token step, an undisturbed one (eager: the variants' steps taken in turn "
-    "after an untimed prefill; compiled: the steps of the generate call); train: its wall time",
+    "after an untimed prefill; compiled: the steps of the generate call); train: the fastest of 3 steps per repeat, "
+    "the variants' steps taken in turn",
     "wall": "wall-clock time of the whole call, prefill included",
     "cpu": "process CPU time of the call, all threads",
 }
