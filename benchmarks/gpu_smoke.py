@@ -840,8 +840,8 @@ def stage_train(ctx: Ctx):
 
     from coupled_qk.training.config import TrainConfig
     from coupled_qk.training.loop import train
-    from coupled_qk.training.metrics_log import read_metrics
     from coupled_qk.training.pretrained import load_run
+    from coupled_qk.training.run_folder import RunFolder
 
     steps = 6 if ctx.quick else 20
     common = dict(
@@ -887,8 +887,8 @@ def stage_train(ctx: Ctx):
         final=resumed["final"],
         steps=resumed["steps"],
     )
-    la = {r["step"]: r["train/loss"] for r in read_metrics(ctx.work / "full") if "train/loss" in r}
-    lb = {r["step"]: r["train/loss"] for r in read_metrics(ctx.work / "resumed") if "train/loss" in r}
+    la = {r["step"]: r["train/loss"] for r in RunFolder(ctx.work / "full").read_metrics() if "train/loss" in r}
+    lb = {r["step"]: r["train/loss"] for r in RunFolder(ctx.work / "resumed").read_metrics() if "train/loss" in r}
     diffs = [abs(la[s] - lb[s]) / abs(la[s]) for s in sorted(la) if s in lb]
     ctx.result["loss_rel_diff_max"] = max(diffs) if diffs else None
     # CPU runs repeat bit for bit; CUDA kernels (atomics in attention backward) may differ in the last bits
@@ -904,7 +904,7 @@ def stage_train(ctx: Ctx):
     new = out[0, prompt.shape[1] :]
     ctx.result["generated"] = run.tokenizer.decode(new)
     ctx.check("generated ids in the vocabulary", int(new.max()) < run.model.config.vocab_size)
-    tps = [r["tokens_per_s"] for r in read_metrics(ctx.work / "full") if "tokens_per_s" in r]
+    tps = [r["tokens_per_s"] for r in RunFolder(ctx.work / "full").read_metrics() if "tokens_per_s" in r]
     ctx.result["tokens_per_s_median"] = float(sorted(tps)[len(tps) // 2]) if tps else None
     f = resumed["final"]
     ctx.md += [

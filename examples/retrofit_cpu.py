@@ -57,11 +57,11 @@ from coupled_qk.hf import retrofit
 from coupled_qk.hf.gpt2_export import gpt_to_gpt2
 from coupled_qk.hf.retrofit import coupling_parameters, step_sizes
 from coupled_qk.ops.losses import next_token_loss
-from coupled_qk.training.checkpoint import load_checkpoint_model, read_json
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.lm import LMTask
 from coupled_qk.training.loop import lr_at
 from coupled_qk.training.perplexity import evaluate_perplexity
+from coupled_qk.training.run_folder import RunFolder, load_checkpoint_model
 
 
 class Logits(torch.nn.Module):
@@ -198,7 +198,7 @@ def main(argv=None):
     torch.set_num_threads(1)
 
     run = Path(args.run)
-    cfg = TrainConfig.from_dict({**read_json(run / "config.json"), "resume": True, "out_dir": str(run)})
+    cfg = TrainConfig.from_dict({**(RunFolder(run).read_config() or {}), "resume": True, "out_dir": str(run)})
     if args.data_dir:
         cfg.data_dir = args.data_dir
     task = LMTask(cfg, run_dir=run)  # the start and final evaluations read its valid split

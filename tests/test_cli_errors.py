@@ -203,7 +203,7 @@ def test_8_repeated_seeds_are_an_error(setup, capsys):
 def test_9_write_failures_are_one_line(setup, capsys, monkeypatch):
     import torch
 
-    from coupled_qk.training import checkpoint as ckpt
+    from coupled_qk.training import checkpoint_format as ckpt
 
     def full_disk(*a, **k):
         raise RuntimeError(

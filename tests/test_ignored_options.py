@@ -6,6 +6,7 @@ the table calls ignored is never read in that situation, and one it calls used i
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -137,7 +138,10 @@ def test_glue_per_task_subsets_name_only_fine_tuned_tasks(chosen, subset_tasks):
     seen = {}
     argv = ["glue", "run", "--task", ",".join(chosen), "--max-train-examples", ",".join(f"{t}=5" for t in subset_tasks)]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("coupled_qk.training.checkpoint_load.resolve_checkpoint", lambda p: p)
+        mp.setattr(
+            "coupled_qk.training.run_folder.open_run",
+            lambda path, *a, **k: SimpleNamespace(folder=SimpleNamespace(glue_dir=f"{path}/glue")),
+        )
         mp.setattr("coupled_qk.outputs.OutputDir", lambda *a, **k: "out")
         mp.setattr(
             "coupled_qk.experiments.glue.finetune.run_glue",

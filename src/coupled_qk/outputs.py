@@ -35,8 +35,9 @@ from coupled_qk.io import atomic_write, fsync_dir, write_text_atomic
 
 __all__ = ["OutputDir", "OutputRefused", "input_dir", "input_file", "input_path", "output_file", "path_value"]
 
-IGNORED = (".lock", ".*.tmp*")
-"""Entries of an output folder that are never counted as someone else's: a run lock and our temporary files."""
+IGNORED = (".*.tmp*",)
+"""Entries of an output folder that are never counted as someone else's: our temporary files (a run folder's own
+hidden entries, its lock, are in its layout: ``training.run_folder.check_out_dir``)."""
 
 
 class OutputRefused(ValueError):

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["check_attention_mask", "check_generate_args", "check_greedy_extras", "check_ids", "check_position_ids"]
+__all__ = [
+    "check_attention_mask",
+    "check_generate_args",
+    "check_greedy_extras",
+    "check_ids",
+    "check_left_padded",
+    "check_position_ids",
+]
 
 GREEDY_BELOW = torch.finfo(torch.float32).tiny
 """A sampling temperature below this decodes greedily (the arg-max; sampling logits are float32)."""
@@ -96,7 +103,7 @@ def check_generate_args(
         use_cache: bool.
         generator: ``None`` or a ``torch.Generator`` on ``idx``'s device type.
         attention_mask: ``None`` or a bool/integer tensor of ``idx``'s shape and device, values 0/1, at least
-            one real token per row.
+            one real token per row, padded on the left only (:func:`check_left_padded`).
         device: the model's device; ``idx`` must be on it.
         fit_context: whether prompt plus new tokens must fit ``block_size`` (``False`` for a sliding window).
         name: what messages call the prompt (``"input_ids"`` for the Hugging Face wrapper).
@@ -134,6 +141,30 @@ def check_generate_args(
         raise ValueError(f"{name} is on {idx.device} but the model is on {device}")
     if attention_mask is not None:
         _check_mask(attention_mask, idx, name)
+        check_left_padded(attention_mask)
+
+
+def check_left_padded(attention_mask: torch.Tensor) -> None:
+    """Refuse a prompt mask ``(B, T)`` (0 at padding) with padding after a real token: right padding (or a gap).
+    Generation continues every row after its last position, so a right-padded row's new tokens would be predicted
+    from a padding position and follow the padding: not what its prompt generates alone. A forward accepts any
+    padding (each real position's logits are exact); sampling needs the prompts padded on the left, as in
+    ``transformers`` for every decoder-only model. Checked on any device (one read per call, not per token).
+
+    Raises:
+        ValueError: naming ``attention_mask``, the first such row and what to do.
+    """
+    real = attention_mask.bool()
+    late = real.int().cummax(dim=1).values.bool() & ~real  # padding after the row's first real token
+    rows = late.any(dim=1)
+    if bool(rows.any()):
+        row = int(rows.nonzero()[0, 0])
+        raise ValueError(
+            f"attention_mask row {row} has padding after its real tokens (right padding): generation continues "
+            "each row after its last position, so its new tokens would follow the padding; pad prompts on the "
+            "left (a Hugging Face tokenizer: padding_side='left'), or generate rows of different lengths "
+            "one by one"
+        )
 
 
 def check_greedy_extras(temperature, top_k, generator) -> None:

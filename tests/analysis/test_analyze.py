@@ -306,7 +306,7 @@ def _corpus_text() -> str:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     from coupled_qk.data.tokenizers import train_bpe
-    from coupled_qk.training.checkpoint import save_checkpoint
+    from coupled_qk.training.run_folder import RunFolder
 
     root = tmp_path_factory.mktemp("analyze")
     text = _corpus_text()
@@ -317,7 +317,7 @@ def checkpoints(tmp_path_factory):
     for name, attention in (("std", "standard"), ("cpl", "coupled")):
         model = tiny_gpt(attention, vocab_size=tok.vocab_size)
         run_dir = root / name
-        save_checkpoint(run_dir, model.state_dict(), model.config, None, {"step": 1})
+        RunFolder(run_dir).save(model.state_dict(), model.config, None, {"step": 1})
         tok.save(run_dir / "tokenizer")
         runs.append(run_dir)
     return root, corpus, runs, tok
@@ -367,7 +367,7 @@ def test_analyze_checkpoints_end_to_end(checkpoints, tmp_path):
     # the same analysis run directly on the model with the same windows gives the same numbers
     from coupled_qk.data.corpora import load_corpus
     from coupled_qk.data.tokenizers import Tokenizer
-    from coupled_qk.training.checkpoint import load_checkpoint_model
+    from coupled_qk.training.run_folder import load_checkpoint_model
 
     model, _ = load_checkpoint_model(runs[1])
     tok = Tokenizer.load(runs[1] / "tokenizer")
@@ -412,10 +412,10 @@ def test_example_index_checked_against_every_checkpoint(checkpoints, tmp_path):
     """A layer/head that only the shallower checkpoint lacks is named with that checkpoint (it used to fail only
     after the earlier checkpoints had been analysed, naming no option)."""
     root, corpus, runs, tok = checkpoints
-    from coupled_qk.training.checkpoint import save_checkpoint
+    from coupled_qk.training.run_folder import RunFolder
 
     model = tiny_gpt("differential", vocab_size=tok.vocab_size, n_layer=1)
-    save_checkpoint(tmp_path / "shallow", model.state_dict(), model.config, None, {"step": 1})
+    RunFolder(tmp_path / "shallow").save(model.state_dict(), model.config, None, {"step": 1})
     tok.save(tmp_path / "shallow" / "tokenizer")
     for option, value, what in (
         ("example_layer", 1, "1 layers"),
@@ -587,6 +587,6 @@ def test_default_labels_tell_runs_apart(tmp_path):
     from coupled_qk.analysis.analyze import _default_labels
 
     a, b = tmp_path / "x" / "standard" / "seed0", tmp_path / "x" / "coupled" / "seed0"
-    assert _default_labels([a / "ckpt-00000010", b]) == ["standard/seed0", "coupled/seed0"]
+    assert _default_labels([a, b]) == ["standard/seed0", "coupled/seed0"]
     assert _default_labels([a, tmp_path / "y"]) == ["seed0", "y"]
     assert _default_labels([a, a]) == ["seed0", "seed0#2"]

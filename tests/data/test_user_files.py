@@ -453,7 +453,7 @@ def test_hand_edited_data_json_is_named_not_reported_as_changed_data(tiny_run, t
 
     from coupled_qk.training.config import TrainConfig
     from coupled_qk.training.lm import LMTask, split_changes
-    from coupled_qk.training.rundir import RunDir
+    from coupled_qk.training.run_folder import RunFolder
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run / "run", run)
@@ -464,10 +464,10 @@ def test_hand_edited_data_json_is_named_not_reported_as_changed_data(tiny_run, t
     cfg = TrainConfig.from_dict({**saved, "out_dir": str(run), "resume": True})
     task = LMTask(cfg, run)
     with pytest.raises(ValueError, match=f"{run / 'data.json'}: {message} \\(was the file edited by hand\\?\\)"):
-        RunDir(run).check_data(task)
+        RunFolder(run).check_data(task)
     if not message.startswith("vocab_size"):  # eval compares the splits only
         with pytest.raises(ValueError, match=message):
-            split_changes(RunDir(run), task.corpus, ("valid",), {"valid": len(task.tokens["valid"])})
+            split_changes(RunFolder(run), task.corpus, ("valid",), {"valid": len(task.tokens["valid"])})
 
 
 def test_bpe_spec_trains_even_beside_a_folder_of_that_name(tmp_path, monkeypatch):

@@ -290,13 +290,13 @@ def test_a_run_held_by_another_process_is_left_to_it(tmp_path):
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
     from coupled_qk.experiments.claims.converged_study import run_design
     from coupled_qk.experiments.claims.runs import record_path, variant_tag
-    from coupled_qk.training.lock import RunLock
+    from coupled_qk.training.run_folder import RunFolder
 
     out, runs = tmp_path / "out", tmp_path / "runs"
     first = grid_cell(TOY_CONVERGED, TOY_CONVERGED.lrs[0], TOY_CONVERGED.variants)
     held = runs / TOY_CONVERGED.name / first.name / variant_tag("standard") / "seed100"
     held.mkdir(parents=True)
-    with RunLock(held):
+    with RunFolder(held).lock():
         n = run_design(TOY_CONVERGED, out, runs, default_data_dir(), default_cache_dir() / "claims-data", max_runs=1)
     assert n == 1
     assert not record_path(out, TOY_CONVERGED.name, first.name, "standard", 100).exists()

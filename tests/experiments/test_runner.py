@@ -20,7 +20,7 @@ from coupled_qk.experiments.runner import (
     write_report,
 )
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.run_folder import RunFolder
 
 
 def _cfg(tmp_path, name, **kw):
@@ -37,7 +37,7 @@ class FakeTrain:
     def __call__(self, cfg):
         self.calls.append(cfg)
         time.sleep(self.sleep)
-        run = RunDir(cfg.out_dir)
+        run = RunFolder(cfg.out_dir)
         results = {
             "config": cfg.to_dict(),
             "final": {"valid/loss": float(cfg.seed)},
@@ -105,14 +105,14 @@ def test_setting_differences_ignore_only_result_neutral_fields(tmp_path):
 
 
 def test_resume_and_partial_folders(tmp_path):
-    resumable = RunDir(tmp_path / "resumable")
+    resumable = RunFolder(tmp_path / "resumable")
     resumable.path.mkdir()
     resumable.latest_path.write_text("ckpt-00000002\n")
-    (resumable / "metrics.jsonl").write_text('{"step": 1}\n')
-    partial = RunDir(tmp_path / "partial")
+    (resumable.path / "metrics.jsonl").write_text('{"step": 1}\n')
+    partial = RunFolder(tmp_path / "partial")
     partial.path.mkdir()
-    (partial / "config.json").write_text("{}")
-    (partial / "mine.txt").write_text("user file")
+    (partial.path / "config.json").write_text("{}")
+    (partial.path / "mine.txt").write_text("user file")
     train = FakeTrain()
     execute(
         [PlannedRun(_cfg(tmp_path, "resumable"), "r"), PlannedRun(_cfg(tmp_path, "partial"), "p")],
@@ -120,7 +120,7 @@ def test_resume_and_partial_folders(tmp_path):
         log=lambda s: None,
     )
     assert [c.resume for c in train.calls] == [True, False]
-    assert (resumable / "metrics.jsonl").is_file()  # a resumed run keeps its files
+    assert (resumable.path / "metrics.jsonl").is_file()  # a resumed run keeps its files
     assert sorted(p.name for p in partial.path.iterdir()) == ["mine.txt", "results.json"]
     with pytest.raises(ValueError, match="uses a run folder twice"):
         execute([PlannedRun(_cfg(tmp_path, "x"), "a"), PlannedRun(_cfg(tmp_path, "x"), "b")], train_fn=train)
@@ -133,13 +133,13 @@ def test_time_guard_interrupts_and_skips(tmp_path):
     records = execute(plan, train_fn=train, log=lines.append, max_minutes=0.02, describe=lambda r: r.status)
     assert [r.status for r in records] == ["interrupted", "skipped", "skipped"]
     assert 0 < train.calls[0].max_minutes <= 0.02 and records[1].results == {} and records[1].seconds == 0.0
-    first = RunDir(tmp_path / "r0")
+    first = RunFolder(tmp_path / "r0")
     assert not first.is_finished() and first.interrupted_results_path.is_file() and first.has_checkpoint()
     assert lines[-2:] == ["== r2: skipped (--max-minutes 0.02 reached)", "skipped"]
     # the next invocation resumes the interrupted run, with the time it already trained added to its budget
     (first.path / "ckpt-00000002").mkdir()
     first.latest_path.write_text("ckpt-00000002\n")
-    (first.path / "ckpt-00000002" / "state.json").write_text(json.dumps({"train_seconds": 60.0}))
+    (first.path / "ckpt-00000002" / "state.json").write_text(json.dumps({"step": 2, "train_seconds": 60.0}))
     train2 = FakeTrain(stop_reason="completed")
     records = execute(plan[:1], train_fn=train2, log=lines.append, max_minutes=0.5)
     assert records[0].status == "ran" and train2.calls[0].resume is True
@@ -182,7 +182,7 @@ def test_a_run_stopped_early_is_continued_unless_the_plan_stops_it_there(
     seen = []
 
     def train_and_look(c):  # what the folder holds while the run is being continued
-        seen.append(sorted(p.name for p in RunDir(c.out_dir).path.iterdir()))
+        seen.append(sorted(p.name for p in RunFolder(c.out_dir).path.iterdir()))
         return train(c)
 
     state = planned_state(PlannedRun(cfg, "r"))  # what a --dry-run says: the runner's decision, nothing moved
@@ -191,7 +191,7 @@ def test_a_run_stopped_early_is_continued_unless_the_plan_stops_it_there(
         if status == "ran"
         else f"reuse ({'stopped early by max_minutes' if stopped_by == 'max_minutes' else 'finished'})"
     )
-    assert RunDir(cfg.out_dir).is_finished()
+    assert RunFolder(cfg.out_dir).is_finished()
     [record] = execute([PlannedRun(cfg, "r")], train_fn=train_and_look, log=lines.append)
     assert record.status == status, lines
     if status == "ran":
@@ -256,7 +256,7 @@ def test_a_results_file_of_another_kind_is_named_not_a_traceback(tmp_path, text,
     one ``ValueError`` naming the file and what to do; nothing is trained."""
     plan = [PlannedRun(_cfg(tmp_path, "r0"), "r0")]
     execute(plan, train_fn=FakeTrain(), log=lambda s: None)
-    results = RunDir(tmp_path / "r0").results_path
+    results = RunFolder(tmp_path / "r0").results_path
     results.write_text(text)
     train = FakeTrain()
     with pytest.raises(ValueError, match=f"{results} is not a run's results \\({wrong}, expected an object\\): delete"):
@@ -286,14 +286,14 @@ def test_a_finished_run_in_another_precision_is_refused_naming_both(tmp_path, mo
         def __call__(self, cfg):
             results = super().__call__(cfg)
             results["precision"] = distributed.planned_precision(cfg.device, cfg.dtype, cfg.compile)
-            RunDir(cfg.out_dir).write_results(results)
+            RunFolder(cfg.out_dir).write_results(results)
             return results
 
     train = PrecisionTrain()
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
     plan = [PlannedRun(_cfg(tmp_path, "a", device="cpu"), "a")]
     execute(plan, train_fn=train, log=lambda m: None)
-    assert RunDir(tmp_path / "a").read_results()["precision"] == "fp32"
+    assert RunFolder(tmp_path / "a").read_results()["precision"] == "fp32"
     compiled = [PlannedRun(dataclasses.replace(plan[0].config, compile=True), "a")]
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
     assert [r.status for r in execute(compiled, train_fn=train, log=lambda m: None)] == ["reused"]  # no native bf16

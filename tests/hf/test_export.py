@@ -1,5 +1,6 @@
 """coupled-qk export: a trained run loads with AutoModelForCausalLM and AutoTokenizer; lazy registration."""
 
+import json
 import os
 import subprocess
 import sys
@@ -15,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from coupled_qk.cli import main  # noqa: E402
 from coupled_qk.data.tokenizers import Tokenizer  # noqa: E402
-from coupled_qk.training.checkpoint import load_checkpoint_model  # noqa: E402
 from coupled_qk.training.loop import train  # noqa: E402
+from coupled_qk.training.run_folder import load_checkpoint_model  # noqa: E402
 
 
 @pytest.fixture
@@ -67,7 +68,9 @@ def test_an_overwritten_export_keeps_no_file_of_the_earlier_one(trained_run, tmp
     assert (hf_dir / "tokenizer.json").is_file()
     bare = tmp_path / "bare"
     shutil.copytree(trained_run, bare)
-    shutil.rmtree(bare / "tokenizer")  # a run without a tokenizer (as an MQAR run)
+    shutil.rmtree(bare / "tokenizer")  # a run without a tokenizer: an MQAR run (an LM run needs its tokenizer)
+    config = json.loads((bare / "config.json").read_text())
+    (bare / "config.json").write_text(json.dumps({**config, "task": "mqar"}))
     assert main(["export", str(bare), str(hf_dir), "--overwrite"]) == 0
     assert sorted(p.name for p in hf_dir.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
     assert all((p.stat().st_mode & 0o777) == file_mode() for p in hf_dir.iterdir())

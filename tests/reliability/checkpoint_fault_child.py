@@ -5,7 +5,7 @@ old checkpoint deleted), writes the marker file and sleeps until the parent SIGK
 
 Usage: ``python checkpoint_fault_child.py MARKER FAULT_JSON -- <train arguments>`` where ``FAULT_JSON`` is
 ``{"save": k, "phase": ..., "file": name, "fraction": f}``. Phases (the order of a save,
-``training.checkpoint.save_checkpoint``):
+``training.run_folder.RunFolder.save``):
 
 - ``file``: while writing ``file`` into the hidden temporary folder: the file holds its first ``fraction`` of bytes;
 - ``checksums``: while writing ``checksums.json`` (the last file of the folder), cut the same way;
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training import checkpoint_format, run_folder
 
 
 def pause(marker: str) -> None:
@@ -42,7 +42,8 @@ def cut(path: Path, fraction: float) -> None:
 def instrument(marker: str, fault: dict) -> None:
     """Patch the checkpoint writer so that save ``fault["save"]`` stops at ``fault["phase"]``."""
     count = {"saves": 0}
-    real_write_folder, real_write_text, real_prune = ckpt._write_folder, ckpt.write_text_atomic, ckpt.prune_checkpoints
+    real_write_folder, real_write_text = checkpoint_format.write_folder, run_folder.write_text_atomic
+    real_prune = run_folder.RunFolder.prune
     fraction = fault["fraction"]
 
     def target() -> bool:
@@ -70,7 +71,7 @@ def instrument(marker: str, fault: dict) -> None:
             if fault["phase"] in ("checksums", "rename"):
                 tmp = next(Path(run_dir).glob(tmp_prefix + "*"))
                 if fault["phase"] == "checksums":
-                    cut(tmp / ckpt.CHECKSUMS, fraction)
+                    cut(tmp / checkpoint_format.CHECKSUMS, fraction)
                 pause(marker)
             return final_name()
 
@@ -83,7 +84,8 @@ def instrument(marker: str, fault: dict) -> None:
             pause(marker)
         return real_write_text(path, text)
 
-    def prune_checkpoints(run_dir, keep):
+    def prune_checkpoints(run, keep):
+        run_dir = run.path
         if target() and fault["phase"] == "prune":
             latest = (Path(run_dir) / "latest").read_text().strip()
             old = sorted(f for f in Path(run_dir).glob("ckpt-*") if f.name != latest)
@@ -92,11 +94,11 @@ def instrument(marker: str, fault: dict) -> None:
                 for p in files[: int(len(files) * fraction)]:
                     p.unlink()
             pause(marker)
-        return real_prune(run_dir, keep)
+        return real_prune(run, keep)
 
-    ckpt._write_folder = write_folder
-    ckpt.write_text_atomic = write_text_atomic
-    ckpt.prune_checkpoints = prune_checkpoints
+    checkpoint_format.write_folder = write_folder
+    run_folder.write_text_atomic = write_text_atomic
+    run_folder.RunFolder.prune = prune_checkpoints
 
 
 def main() -> int:

@@ -28,8 +28,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coupled_qk.training import checkpoint as ckpt
-from coupled_qk.training.loop import read_metrics, train
+from coupled_qk.training.checkpoint_format import Checkpoint
+from coupled_qk.training.loop import train
+from coupled_qk.training.run_folder import RunFolder, checkpoint_step
 
 EXAMPLES = int(os.environ.get("COUPLED_QK_FAULT_EXAMPLES", "1"))
 SEED = int(os.environ.get("COUPLED_QK_FAULT_SEED", "0"))
@@ -37,7 +38,7 @@ STEPS = 12
 
 
 def losses(run_dir) -> list[tuple[int, float]]:
-    return [(r["step"], r["train/loss"]) for r in read_metrics(run_dir) if "train/loss" in r]
+    return [(r["step"], r["train/loss"]) for r in RunFolder(run_dir).read_metrics() if "train/loss" in r]
 
 
 def final(run_dir) -> dict:
@@ -146,8 +147,8 @@ def test_a_damaged_latest_checkpoint_is_refused_and_the_previous_good_one_used(
     train(ref)
     kw = dict(max_steps=steps, eval_interval=1000, checkpoint_interval=2, out_dir=str(tmp_path / "run"))
     train(tiny_cfg(stop_after_steps=6, **kw))
-    latest = ckpt.resolve_checkpoint(kw["out_dir"])
-    assert ckpt.checkpoint_step(latest) == 6 and (Path(kw["out_dir"]) / "ckpt-00000004").is_dir()
+    latest = RunFolder(kw["out_dir"]).latest_checkpoint()
+    assert checkpoint_step(latest) == 6 and (Path(kw["out_dir"]) / "ckpt-00000004").is_dir()
     damage(latest / name)
     capsys.readouterr()
     res = train(tiny_cfg(resume=True, **kw))
@@ -157,7 +158,7 @@ def test_a_damaged_latest_checkpoint_is_refused_and_the_previous_good_one_used(
     assert res["steps"] == steps
     assert losses(kw["out_dir"]) == losses(ref.out_dir)
     assert res["final"]["test/loss"] == final(ref.out_dir)["test/loss"]
-    assert ckpt.checkpoint_step(ckpt.resolve_checkpoint(kw["out_dir"])) == steps
+    assert checkpoint_step(RunFolder(kw["out_dir"]).latest_checkpoint()) == steps
 
 
 def test_no_good_checkpoint_is_one_clear_error(tmp_path):
@@ -165,8 +166,8 @@ def test_no_good_checkpoint_is_one_clear_error(tmp_path):
 
     model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
     run = tmp_path / "run"
-    ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 2})
-    ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 4})
+    RunFolder(run).save(model.state_dict(), model.config, None, {"step": 2})
+    RunFolder(run).save(model.state_dict(), model.config, None, {"step": 4})
     for folder in run.glob("ckpt-*"):
         _zero(folder / "model.safetensors")
     with pytest.raises(
@@ -174,12 +175,12 @@ def test_no_good_checkpoint_is_one_clear_error(tmp_path):
         match=r"ckpt-00000004/model\.safetensors is damaged.*no older checkpoint of "
         r".* verifies",
     ):
-        ckpt.resume_checkpoint(run)
+        RunFolder(run).resume_checkpoint()
     said = []
     _truncate(run / "ckpt-00000004" / "state.json")
-    ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 1})  # a good older one...
+    RunFolder(run).save(model.state_dict(), model.config, None, {"step": 1})  # a good older one...
     (run / "latest").write_text("ckpt-00000004\n")  # ...with latest still naming the damaged one
-    assert ckpt.resume_checkpoint(run, said.append).name == "ckpt-00000001"
+    assert RunFolder(run).resume_checkpoint(said.append).name == "ckpt-00000001"
     assert len(said) == 1 and "ckpt-00000004" in said[0] and "step 1" in said[0]
 
 
@@ -239,12 +240,12 @@ def test_a_kill_inside_a_checkpoint_write_resumes_from_the_previous_good_checkpo
         if expected == 0:
             assert not (run_dir / "latest").exists()
         else:
-            where = ckpt.resume_checkpoint(run_dir)  # verified: never the partial one
-            assert ckpt.checkpoint_step(where) == expected, (where, _leftovers(run_dir))
+            where = RunFolder(run_dir).resume_checkpoint()  # verified: never the partial one
+            assert checkpoint_step(where) == expected, (where, _leftovers(run_dir))
         train(_cfg(tiny_cfg, run_dir, resume=True))
         assert losses(run_dir) == losses(ref.out_dir)
         assert final(run_dir)["test/loss"] == final(ref.out_dir)["test/loss"]
         assert _leftovers(run_dir) == []
-        ckpt.verify_checksums(ckpt.resolve_checkpoint(run_dir))
+        Checkpoint(RunFolder(run_dir).latest_checkpoint()).verify()
 
     kill_and_resume()

@@ -347,3 +347,14 @@ def test_task_options_from_the_command_line_are_one_line_errors(tmp_path_factory
             assert code == 2, (task, field.name, value, err)
             assert err.count("\n") == 1 and f"task_options.{field.name}" in err and "Traceback" not in err, err
             assert not out.exists()
+
+
+@pytest.mark.parametrize("spelling", [None, "null", "None", "none"])
+@pytest.mark.parametrize("field", ["glue_task", "pretrained"])
+def test_a_required_task_option_spelt_as_none_is_named_as_missing(field, spelling):
+    """A required option given as a spelling of None is missing (it was an AttributeError: the required check ran
+    before "null" was read as None)."""
+    from coupled_qk.training.glue_task import GlueOptions
+
+    with pytest.raises(ValueError, match=rf"needs task_options\.{field}"):
+        GlueOptions.from_options({"glue_task": "sst2", "pretrained": "runs/x", field: spelling})

@@ -45,6 +45,8 @@ BAD_ARGS = {  # argument: values that must be refused (the error must name the a
         torch.ones(2, 4, dtype=torch.bool),
         torch.full((1, 4), 2),
         torch.zeros(1, 4, dtype=torch.bool),
+        torch.tensor([[1, 1, 1, 0]]),  # right padding: the new tokens would follow the padding
+        torch.tensor([[1, 0, 1, 1]]),  # a gap: padding after a real token
     ],
 }
 

@@ -250,19 +250,20 @@ def test_a_safetensors_write_error_is_one_oserror_naming_the_file(tmp_path, monk
     from safetensors import SafetensorError
 
     from coupled_qk import GPTConfig
-    from coupled_qk.training import checkpoint
+    from coupled_qk.training import checkpoint_format
+    from coupled_qk.training.run_folder import RunFolder
 
     cfg = GPTConfig.from_preset("tiny", n_layer=1, d_model=16, n_heads=2, vocab_size=32, block_size=8)
     state = {"w": torch.zeros(2)}
-    checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 1})
+    RunFolder(tmp_path).save(state, cfg, None, {"step": 1})
     before = snapshot(tmp_path)
 
     def full_disk(*a, **k):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    monkeypatch.setattr(checkpoint_format, "save_file", full_disk)
     with pytest.raises(OSError, match="model.safetensors") as err:
-        checkpoint.save_checkpoint(tmp_path, state, cfg, None, {"step": 2})
+        RunFolder(tmp_path).save(state, cfg, None, {"step": 2})
     assert snapshot(tmp_path) == before
     # the full disk it reports is ENOSPC ("coupled-qk train: error: [Errno 0] cannot write ..." before)
     assert err.value.errno == 28 and str(err.value).startswith("[Errno 28] cannot write ")

@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import TrainConfig, higher_is_better
-from coupled_qk.training.loop import read_metrics, track_best, train
+from coupled_qk.training.loop import track_best, train
+from coupled_qk.training.run_folder import RunFolder, checkpoint_step
 
 MODEL = dict(n_layer=1, d_model=32, n_heads=2, block_size=16, attention="coupled")
 
 
 def _valid(run_dir):
-    return [(r["step"], r["valid/loss"]) for r in read_metrics(run_dir) if "valid/loss" in r]
+    return [(r["step"], r["valid/loss"]) for r in RunFolder(run_dir).read_metrics() if "valid/loss" in r]
 
 
 def test_best_checkpoint_is_the_lowest_validation_loss_and_is_evaluated(tiny_cfg, tmp_path):
@@ -33,7 +33,7 @@ def test_best_checkpoint_is_the_lowest_validation_loss_and_is_evaluated(tiny_cfg
     curve = _valid(tmp_path / "run")
     best_step, best_loss = min(curve, key=lambda p: p[1])
     assert res["best"]["step"] == best_step and res["best"]["value"] == pytest.approx(best_loss)
-    folder = ckpt.resolve_best(tmp_path / "run")
+    folder = RunFolder(tmp_path / "run").best_checkpoint()
     assert folder.name == f"best-{best_step:08d}"
     assert json.loads((folder / "state.json").read_text())["step"] == best_step
     assert res["final_from"] == folder.name
@@ -42,7 +42,7 @@ def test_best_checkpoint_is_the_lowest_validation_loss_and_is_evaluated(tiny_cfg
     assert res["final"]["valid/loss"] == pytest.approx(best_loss, rel=1e-6)
     assert res["epochs"] == pytest.approx(res["tokens"] / res["data"]["tokens"]["train"])
     # latest still holds the last iterate (resume continues from there)
-    assert ckpt.checkpoint_step(ckpt.resolve_checkpoint(tmp_path / "run")) == 16
+    assert checkpoint_step(RunFolder(tmp_path / "run").latest_checkpoint()) == 16
 
 
 def test_patience_stops_a_plateaued_run_and_resume_is_exact(tiny_cfg, tmp_path):

@@ -11,16 +11,17 @@ import torch._dynamo as dynamo
 from torch._dynamo.backends.common import aot_autograd
 
 from coupled_qk.models import gpt as gpt_module
-from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training import distributed, model_setup
-from coupled_qk.training.loop import read_metrics, train
+from coupled_qk.training.checkpoint_format import Checkpoint
+from coupled_qk.training.loop import train
+from coupled_qk.training.run_folder import RunFolder, load_checkpoint_model
 
 MODEL = dict(n_layer=1, d_model=32, n_heads=2, block_size=16, attention="coupled")
 FAST = dict(model=MODEL, max_steps=3, eval_interval=100, dtype="fp32")
 
 
 def losses(run_dir):
-    return [r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r]
+    return [r["train/loss"] for r in RunFolder(run_dir).read_metrics() if "train/loss" in r]
 
 
 @pytest.fixture(autouse=True)
@@ -52,11 +53,11 @@ def test_compiled_training_matches_eager_and_checkpoints_have_plain_names(tiny_c
     a, b = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert len(a) == len(b) == 3
     assert b == pytest.approx(a, rel=1e-4)  # the probe changed neither the weights nor the random state
-    model, state = ckpt.load_checkpoint_model(tmp_path / "compiled")
+    model, state = load_checkpoint_model(tmp_path / "compiled")
     assert not any("_orig_mod" in k for k in model.state_dict()) and state["step"] == 3
     from safetensors import safe_open
 
-    with safe_open(str(ckpt.resolve_checkpoint(tmp_path / "compiled") / "model.safetensors"), "pt") as f:
+    with safe_open(str(RunFolder(tmp_path / "compiled").latest_checkpoint() / "model.safetensors"), "pt") as f:
         assert not any("_orig_mod" in k for k in f.keys())
     # an eager run resumes compiled (and the reverse is the same file): the checkpoint does not care
     res = train(
@@ -136,26 +137,34 @@ def test_bf16_autocast_loss_is_within_tolerance_of_fp32(tiny_cfg, tmp_path):
     assert a != b  # bf16 really ran (an exact match would mean autocast did nothing)
     assert b == pytest.approx(a, rel=0.02)  # bf16 has 8 bits of mantissa: ~0.4% per op, 2% on the loss
     assert bf16["final"]["test/loss"] == pytest.approx(fp32["final"]["test/loss"], rel=0.02)
-    model, _ = ckpt.load_checkpoint_model(tmp_path / "bf16")
+    model, _ = load_checkpoint_model(tmp_path / "bf16")
     assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights
 
 
-@pytest.mark.slow  # three short runs, two compiled (aot_eager)
-def test_a_resume_that_changes_the_precision_says_so(tiny_cfg, tmp_path, monkeypatch):
-    """On a CPU with native bf16, --dtype auto is bf16 compiled and fp32 eager, and --compile is result-neutral for
-    --resume: an eager run resumed with --compile switched to bf16 autocast without a word (and back)."""
+@pytest.mark.slow  # two short runs, one compiled (aot_eager)
+def test_a_resume_keeps_the_precision_the_run_started_in(tiny_cfg, tmp_path, monkeypatch, capsys):
+    """A run's precision is fixed at its first start. On a CPU with native bf16, --dtype auto is bf16 compiled and
+    fp32 eager: a --compile run that trained in bf16, resumed without --compile, continued in fp32 and recorded
+    "fp32" in its results, so a study's reuse check accepted it as an fp32 run. Now the resume continues in bf16 (said
+    in one line), records bf16 truthfully (the reuse check of an fp32 plan refuses it), and another --dtype is refused
+    before anything is written."""
+    from coupled_qk.experiments.runner import check_same_precision
+
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
     use_backend(monkeypatch, "aot_eager")
     run = dict(FAST, dtype="auto", out_dir=str(tmp_path / "run"))
-    train(tiny_cfg(**run))
-    assert ckpt.read_json(ckpt.resolve_checkpoint(tmp_path / "run") / "state.json")["precision"] == "fp32"
-    with pytest.warns(
-        RuntimeWarning,
-        match=r"the run trained in fp32 until step 3 and continues in bf16 \(--dtype "
-        r"auto, compile=True.*pass --dtype fp32 to keep its precision",
-    ):
-        train(tiny_cfg(**{**run, "max_steps": 4}, compile=True, resume=True, on_budget_change="keep"))
-    assert ckpt.read_json(ckpt.resolve_checkpoint(tmp_path / "run") / "state.json")["precision"] == "bf16"
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="the run trained in")
-        train(tiny_cfg(**{**run, "max_steps": 5}, compile=True, resume=True, on_budget_change="keep"))
+    folder = RunFolder(tmp_path / "run")
+    train(tiny_cfg(**run, compile=True))
+    assert Checkpoint(folder.latest_checkpoint()).state()["precision"] == "bf16"
+    capsys.readouterr()
+    eager = tiny_cfg(**{**run, "max_steps": 4}, resume=True, on_budget_change="keep")
+    res = train(eager)
+    assert "precision: continuing in bf16, the run's precision since its first start" in capsys.readouterr().err
+    assert res["precision"] == folder.read_results()["precision"] == "bf16"
+    assert Checkpoint(folder.latest_checkpoint()).state()["precision"] == "bf16"
+    with pytest.raises(ValueError, match=r"finished run trained in bf16 .* but this plan trains in fp32"):
+        check_same_precision(folder.read_results(), eager, folder.path)
+    before = sorted(p.name for p in folder.path.iterdir())
+    with pytest.raises(ValueError, match=r"cannot resume .*different config \(dtype: 'auto' vs 'fp32'\)"):
+        train(tiny_cfg(**{**run, "max_steps": 5, "dtype": "fp32"}, resume=True, on_budget_change="keep"))
+    assert sorted(p.name for p in folder.path.iterdir()) == before and folder.is_finished()

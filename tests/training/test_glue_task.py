@@ -10,10 +10,10 @@ import torch
 from coupled_qk.data.tokenizers import train_bpe
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
-from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.glue_task import PAD_ID, GlueTask, SequenceClassifier, pad_batch
 from coupled_qk.training.loop import train
+from coupled_qk.training.run_folder import RunFolder
 
 GOOD = "great fine lovely superb nice".split()
 BAD = "awful poor dull boring bad".split()
@@ -27,7 +27,7 @@ def make_pretrained(root, vocab=300, attention="standard", block_size=32):
         "tiny", vocab_size=tok.vocab_size, n_layer=1, d_model=32, n_heads=2, block_size=block_size, attention=attention
     )
     torch.manual_seed(0)
-    ckpt.save_checkpoint(root, GPT(cfg).state_dict(), cfg, None, {"step": 0})
+    RunFolder(root).save(GPT(cfg).state_dict(), cfg, None, {"step": 0})
     tok.save(root / "tokenizer")
     return root
 
@@ -150,7 +150,7 @@ def test_end_to_end_beats_majority_and_reports(setup, tmp_path):
 
 
 def test_resume_refuses_glue_files_that_changed_since_the_run_recorded_them(setup, tmp_path):
-    """The kind of the LM check (RunDir.check_data) for GLUE: a task file replaced after training changes the
+    """The kind of the LM check (RunFolder.check_data) for GLUE: a task file replaced after training changes the
     example and label counts recorded in data.json; the resume is refused before anything is written."""
     import shutil
 
@@ -197,7 +197,7 @@ def test_clear_errors(setup, tmp_path):
     with pytest.raises(ValueError, match="was made with another tokenizer"):
         GlueTask(glue_cfg(other, glue_dir, tmp_path / "r"))
     (other / "tokenizer" / "tokenizer.json").unlink()
-    with pytest.raises(FileNotFoundError, match="holds no tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match=r"the run's tokenizer is missing: expected .*tokenizer\.json"):
         GlueTask(glue_cfg(other, glue_dir, tmp_path / "r"))
     assert np.all(GlueTask(glue_cfg(pre, glue_dir, tmp_path / "r")).dev_split.labels >= 0)
 

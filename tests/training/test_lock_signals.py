@@ -55,12 +55,12 @@ def test_a_signal_while_the_task_is_built_leaves_no_stale_lock(tiny_cfg, signum)
 
 
 def test_the_default_signal_actions_are_back_once_the_lock_is_released(tmp_path):
-    from coupled_qk.training.lock import RunLock
+    from coupled_qk.training.run_folder import RunFolder
 
     # the default actions for the test (a test runner may have installed handlers), restored afterwards
     previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        with RunLock(tmp_path / "a"), RunLock(tmp_path / "b"):
+        with RunFolder(tmp_path / "a").lock(), RunFolder(tmp_path / "b").lock():
             assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL

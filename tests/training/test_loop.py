@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from coupled_qk.training import checkpoint as ckpt
-from coupled_qk.training.loop import lr_at, read_metrics, train
+from coupled_qk.training import checkpoint_format
+from coupled_qk.training.checkpoint_format import Checkpoint
+from coupled_qk.training.loop import lr_at, train
+from coupled_qk.training.run_folder import RunFolder, load_checkpoint_model
 
 
 def losses(run_dir):
-    return [r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r]
+    return [r["train/loss"] for r in RunFolder(run_dir).read_metrics() if "train/loss" in r]
 
 
 def test_resume_is_exact(tiny_cfg, tmp_path):
@@ -70,7 +72,7 @@ def test_a_run_whose_latest_is_gone_is_resumed_from_its_newest_checkpoint_never_
     )
     # continued, not restarted: the first four steps' records (with their own timings) are kept as they were
     assert res["steps"] == 6 and (run / "metrics.jsonl").read_bytes().startswith(before)
-    assert [r["step"] for r in read_metrics(run) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in RunFolder(run).read_metrics() if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_run_without_its_config_json_is_not_resumed_with_unchecked_settings(tiny_cfg):
@@ -126,11 +128,11 @@ def test_results_and_logs(tiny_cfg, tmp_path):
     assert saved["final"]["test/perplexity"] == res["final"]["test/perplexity"]
     assert saved["precision"] == "fp32"  # the autocast precision it trained in (the experiment runner compares it)
     assert (run / "config.json").is_file() and (run / "tokenizer" / "tokenizer.json").is_file()
-    records = read_metrics(run)
+    records = RunFolder(run).read_metrics()
     assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 9))
     assert any("valid/loss" in r for r in records)
     assert losses(run)[-1] < losses(run)[0]
-    model, state = ckpt.load_checkpoint_model(run)
+    model, state = load_checkpoint_model(run)
     assert state["step"] == 8 and state["tokens"] == 8 * 4 * 16
 
 
@@ -147,17 +149,17 @@ def test_failed_save_keeps_previous_checkpoint(tiny_cfg, tmp_path, monkeypatch):
 
     model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
     run = tmp_path / "ck"
-    ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 1})
+    RunFolder(run).save(model.state_dict(), model.config, None, {"step": 1})
 
     def boom(*a, **k):
         raise KeyboardInterrupt("killed during save")
 
-    monkeypatch.setattr(ckpt, "save_file", boom)
+    monkeypatch.setattr(checkpoint_format, "save_file", boom)
     with pytest.raises(KeyboardInterrupt):
-        ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 2})
-    assert ckpt.resolve_checkpoint(run).name == "ckpt-00000001"
+        RunFolder(run).save(model.state_dict(), model.config, None, {"step": 2})
+    assert RunFolder(run).latest_checkpoint().name == "ckpt-00000001"
     assert not [p for p in run.iterdir() if p.name.startswith(".")]
-    loaded, state = ckpt.load_checkpoint_model(run)
+    loaded, state = load_checkpoint_model(run)
     assert state["step"] == 1
     torch.testing.assert_close(loaded.tok_emb.weight, model.tok_emb.weight)
 
@@ -165,15 +167,15 @@ def test_failed_save_keeps_previous_checkpoint(tiny_cfg, tmp_path, monkeypatch):
 KILL_SCRIPT = r"""
 import os, sys, torch
 from coupled_qk import GPT, GPTConfig
-from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training.run_folder import RunFolder
 model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
-ckpt.save_checkpoint(sys.argv[1], model.state_dict(), model.config, None, {"step": 1})
+RunFolder(sys.argv[1]).save(model.state_dict(), model.config, None, {"step": 1})
 real = torch.save
 def die(obj, path, *a, **k):
     real(obj, path, *a, **k)
     os._exit(9)  # the process dies in the middle of writing checkpoint 2
-ckpt.torch.save = die
-ckpt.save_checkpoint(sys.argv[1], model.state_dict(), model.config, None, {"step": 2})
+torch.save = die
+RunFolder(sys.argv[1]).save(model.state_dict(), model.config, None, {"step": 2})
 """
 
 
@@ -182,14 +184,14 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
     run = tmp_path / "killed"
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(run)], capture_output=True, text=True)
     assert proc.returncode == 9, proc.stderr
-    assert ckpt.resolve_checkpoint(run).name == "ckpt-00000001"
-    model, state = ckpt.load_checkpoint_model(run)
+    assert RunFolder(run).latest_checkpoint().name == "ckpt-00000001"
+    model, state = load_checkpoint_model(run)
     assert state["step"] == 1
 
 
 def test_missing_checkpoint_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        ckpt.resolve_checkpoint(tmp_path)
+        RunFolder(tmp_path).latest_checkpoint()
 
 
 def test_missing_corpus_and_empty_split(tiny_cfg, tmp_path):
@@ -240,8 +242,8 @@ def test_two_processes_match_single_process(tiny_cfg, tmp_path, fsdp):
     res = json.loads((tmp_path / "ddp" / "results.json").read_text())
     assert res["world_size"] == 2
     # the gathered checkpoint equals the weights a single process would hold (up to reduction order)
-    a_model, _ = ckpt.load_checkpoint_model(tmp_path / "single")
-    b_model, _ = ckpt.load_checkpoint_model(tmp_path / "ddp")
+    a_model, _ = load_checkpoint_model(tmp_path / "single")
+    b_model, _ = load_checkpoint_model(tmp_path / "ddp")
     for (name, p), q in zip(a_model.named_parameters(), b_model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
 
@@ -251,16 +253,16 @@ def test_damaged_checkpoint_is_a_clear_error(tmp_path):
 
     model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
     run = tmp_path / "damaged"
-    where = ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 1})
+    where = RunFolder(run).save(model.state_dict(), model.config, None, {"step": 1})
     (where / "model.safetensors").write_bytes(b"\x00\x01garbage")
     with pytest.raises(ValueError, match=r"model\.safetensors is damaged: its SHA-256 differs"):
-        ckpt.load_checkpoint_model(run)
+        load_checkpoint_model(run)
     (where / "checksums.json").unlink()  # a checkpoint from before checksums: the reader's own error
     with pytest.raises(ValueError, match=r"cannot read .*model\.safetensors.*damaged"):
-        ckpt.load_checkpoint_model(run)
+        load_checkpoint_model(run)
     (where / "state.json").write_text("{")
     with pytest.raises(ValueError, match=r"state\.json is not valid JSON"):
-        ckpt.read_json(where / "state.json")
+        Checkpoint(where).state()
 
 
 def test_small_splits_and_repeated_data_warn(tiny_cfg):
@@ -298,12 +300,12 @@ def test_final_metrics_carry_bits_per_byte_of_the_split_files(tiny_cfg, tiny_cor
 
 def test_final_eval_subsample_is_labelled_and_counts_the_scored_text(tiny_cfg):
     from coupled_qk.data.tokenizers import Tokenizer
-    from coupled_qk.training.rundir import RunDir
+    from coupled_qk.training.run_folder import RunFolder
 
     cfg = tiny_cfg(max_steps=2, task_options={"final_eval_windows": 3})
     final = train(cfg)["final"]
     assert final["test/subsample_windows"] == 3 and final["test/n_tokens"] == 3 * 16  # block_size 16
-    tok = Tokenizer.load(RunDir(cfg.out_dir).tokenizer_dir)
+    tok = Tokenizer.load(RunFolder(cfg.out_dir).tokenizer_dir)
     full = tok.encode((Path(cfg.corpus) / "test.txt").read_text())
     scored_text = tok.decode(full[: 3 * 16 + 1])
     assert final["test/n_bytes"] == len(scored_text.encode("utf-8"))
@@ -322,13 +324,13 @@ def test_default_eval_interval_gives_about_ten_validations_and_sizes_are_printed
     monkeypatch.setitem(progress._MODE, "mode", "lines")
     cfg = tiny_cfg(max_steps=20, eval_interval=None, progress=True)
     res = train(cfg)
-    evaluated = [r["step"] for r in read_metrics(cfg.out_dir) if "valid/loss" in r]
+    evaluated = [r["step"] for r in RunFolder(cfg.out_dir).read_metrics() if "valid/loss" in r]
     assert evaluated == list(range(2, 21, 2))
     err = capsys.readouterr().err
     assert "quick validation every 2 steps (10 over the run's 20 steps" in err
     short = tiny_cfg(max_steps=3, eval_interval=None, progress=True, out_dir=cfg.out_dir + "-short")
     train(short)  # fewer than 10 steps: one validation per step, and the message counts them (not "about 10")
-    assert [r["step"] for r in read_metrics(short.out_dir) if "valid/loss" in r] == [1, 2, 3]
+    assert [r["step"] for r in RunFolder(short.out_dir).read_metrics() if "valid/loss" in r] == [1, 2, 3]
     assert "quick validation every 1 steps (3 over the run's 3 steps" in capsys.readouterr().err
     sizes = res["data"]["tokens"]
     assert (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 from coupled_qk.data.mqar import IGNORE_INDEX
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_task import MQARTask, batches_per_epoch, parse_slices, steps_per_epoch
+from coupled_qk.training.run_folder import RunFolder
 
 V = 64
 
@@ -37,14 +37,16 @@ def _cfg(tmp_path, train=((16, 2, 100), (32, 4, 60)), test=((16, 2, 40), (32, 4,
 
 
 def test_model_overrides_and_describe(tmp_path):
-    task = MQARTask(_cfg(tmp_path), tmp_path)
+    cfg = _cfg(tmp_path)
+    task = MQARTask(cfg, tmp_path)
     assert task.model_overrides() == {"vocab_size": V, "block_size": 32}
     d = task.describe()
     assert [s["name"] for s in d["train"]] == ["L16_K2", "L32_K4"]
     assert [s["num_examples"] for s in d["test"]] == [40, 30]
     assert d["batches_per_epoch"] == 13 + 8  # ceil(100/8) + ceil(60/8)
-    task.save(tmp_path)
-    assert json.loads((tmp_path / "data.json").read_text())["vocab_size"] == V
+    run = RunFolder(tmp_path / "run")
+    run.record_start(cfg, cfg.gpt_config(**task.model_overrides()), task)  # what the training loop records
+    assert run.read_data()["vocab_size"] == V and not run.has_tokenizer()  # MQAR reads ids: no tokenizer
 
 
 @given(st.sampled_from(["vocab_size", "block_size"]), st.integers(1, 300))
@@ -68,7 +70,8 @@ def test_a_model_override_that_the_data_decide_must_agree_with_them(tmp_path, na
 
 
 def test_batches_are_deterministic_single_slice_and_well_formed(tmp_path):
-    task = MQARTask(_cfg(tmp_path), tmp_path)
+    cfg = _cfg(tmp_path)
+    task = MQARTask(cfg, tmp_path)
     again = MQARTask(_cfg(tmp_path), tmp_path)
     seen_lengths = set()
     for step in range(30):
@@ -98,7 +101,8 @@ def test_batches_are_deterministic_single_slice_and_well_formed(tmp_path):
 
 
 def test_epoch_visits_every_row_and_ranks_split_the_global_batch(tmp_path):
-    task = MQARTask(_cfg(tmp_path), tmp_path)
+    cfg = _cfg(tmp_path)
+    task = MQARTask(cfg, tmp_path)
     n = task.batches_per_epoch(8)
     rows = {0: set(), 1: set()}
     for i in range(n):
@@ -253,7 +257,7 @@ def test_train_end_to_end_reaches_high_accuracy(tmp_path):
 def test_tokens_count_real_sequence_lengths_issue_9e(tmp_path):
     """Issue 9 E: slices of lengths 16 and 32 with 8 rows each and batch 8 give one batch of each length per
     epoch, so an epoch trains 8 * 16 + 8 * 32 = 384 tokens (not 2 * 8 * block_size = 512)."""
-    from coupled_qk.training.loop import read_metrics, train
+    from coupled_qk.training.loop import train
 
     common = dict(train=((16, 2, 8), (32, 4, 8)), test=((16, 2, 8),), eval_interval=100, log_interval=1, warmup_steps=0)
     task = MQARTask(_cfg(tmp_path, **common), tmp_path)
@@ -261,7 +265,7 @@ def test_tokens_count_real_sequence_lengths_issue_9e(tmp_path):
     assert task.step_tokens(0, 1) + task.step_tokens(1, 1) == 384 == task.step_tokens(2, 1) + task.step_tokens(3, 1)
     res = train(_cfg(tmp_path, max_steps=4, **common))
     assert res["steps"] == 4 and res["tokens"] == 2 * 384
-    records = [r for r in read_metrics(tmp_path / "run") if "train/loss" in r]
+    records = [r for r in RunFolder(tmp_path / "run").read_metrics() if "train/loss" in r]
     assert [r["tokens"] for r in records][1::2] == [384, 768]
     increments = [b["tokens"] - a["tokens"] for a, b in zip([{"tokens": 0}] + records, records)]
     assert sorted(increments) == [128, 128, 256, 256]

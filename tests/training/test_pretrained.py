@@ -155,7 +155,7 @@ def test_load_run_device_is_checked_before_anything_loads(run_dir, device, error
 def test_load_checkpoint_model_checks_its_device_too(run_dir, device):
     """The check sits where the device enters: ``load_checkpoint_model`` (``eval``, ``export``, claims records and
     ``load_run`` all load through it)."""
-    from coupled_qk.training.checkpoint_load import load_checkpoint_model
+    from coupled_qk.training.run_folder import load_checkpoint_model
 
     with pytest.raises(ValueError, match="device=.*available here: auto, cpu"):
         load_checkpoint_model(run_dir, device)

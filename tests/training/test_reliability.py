@@ -17,13 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from coupled_qk.training import checkpoint as ckpt
-from coupled_qk.training.lock import RunLock, RunLockedError
-from coupled_qk.training.loop import TrainingDiverged, read_metrics, train
+from coupled_qk.training import run_folder
+from coupled_qk.training.checkpoint_format import Checkpoint
+from coupled_qk.training.lock import RunLockedError
+from coupled_qk.training.loop import TrainingDiverged, train
+from coupled_qk.training.run_folder import RunFolder, checkpoint_step, load_checkpoint_model
 
 
 def losses(run_dir):
-    return [r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r]
+    return [r["train/loss"] for r in RunFolder(run_dir).read_metrics() if "train/loss" in r]
 
 
 def cli_args(cfg) -> list[str]:
@@ -66,7 +68,7 @@ def cli_args(cfg) -> list[str]:
 
 def test_1_lock_refuses_second_writer_naming_holder(tiny_cfg, tmp_path, capsys):
     cfg = tiny_cfg(max_steps=2)
-    with RunLock(cfg.out_dir):
+    with RunFolder(cfg.out_dir).lock():
         with pytest.raises(RunLockedError, match=rf"in use by pid {os.getpid()} on "):
             train(cfg)
         from coupled_qk.cli import main
@@ -82,10 +84,13 @@ def test_1_lock_refuses_second_writer_naming_holder(tiny_cfg, tmp_path, capsys):
 @pytest.mark.slow
 def test_1_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
     run = tmp_path / "run"
-    code = f"from coupled_qk.training.lock import RunLock; import os; RunLock({str(run)!r}).acquire(); os._exit(9)"
+    code = (
+        "from coupled_qk.training.run_folder import RunFolder; import os; "
+        f"RunFolder({str(run)!r}).lock().acquire(); os._exit(9)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 9
     assert (run / ".lock").exists()  # left behind by the dead holder, but its flock died with it
-    with RunLock(run) as lock:
+    with RunFolder(run).lock() as lock:
         assert lock.held
         assert json.loads((run / ".lock").read_text())["pid"] == os.getpid()
 
@@ -120,7 +125,7 @@ def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, si
     assert len(lines) == 1 and f"stopped by {sig.name} at step" in lines[0] and "--resume" in lines[0], err
     stopped = int(lines[0].split("at step ")[1].split(";")[0])
     assert 3 <= stopped < 40
-    assert ckpt.load_checkpoint_model(cfg.out_dir)[1]["step"] == stopped
+    assert load_checkpoint_model(cfg.out_dir)[1]["step"] == stopped
     res = train(tiny_cfg(max_steps=40, eval_interval=1000, out_dir=cfg.out_dir, resume=True))
     assert res["steps"] == 40
     assert losses(cfg.out_dir) == losses(ref.out_dir)  # bit-identical to the uninterrupted run
@@ -159,7 +164,7 @@ def test_2_periodic_checkpoints_by_default(tiny_cfg, tmp_path):
     assert TrainConfig(max_steps=1).checkpoint_minutes == 15.0  # documented default
     cfg = tiny_cfg(max_steps=6, checkpoint_minutes=1e-9, keep_checkpoints=10)  # due after every step
     train(cfg)
-    steps = sorted(ckpt.checkpoint_step(p) for p in Path(cfg.out_dir).glob("ckpt-*"))
+    steps = sorted(checkpoint_step(p) for p in Path(cfg.out_dir).glob("ckpt-*"))
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
@@ -181,8 +186,8 @@ def _fork_and_kill_at(run: Path, kill_at: int, model) -> int:
             return wrapper
 
         os.replace = dying(os.replace)
-        ckpt.shutil.rmtree = dying(ckpt.shutil.rmtree)
-        ckpt.save_checkpoint(run, model.state_dict(), model.config, {"o": 1}, {"step": 6})
+        run_folder.shutil.rmtree = dying(run_folder.shutil.rmtree)
+        RunFolder(run).save(model.state_dict(), model.config, {"o": 1}, {"step": 6})
         os._exit(0)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
@@ -192,18 +197,18 @@ def test_3_kill_at_every_point_of_a_resave_leaves_a_loadable_latest(tmp_path):
 
     model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
     run = tmp_path / "run"
-    ckpt.save_checkpoint(run, model.state_dict(), model.config, {"o": 1}, {"step": 6})
+    RunFolder(run).save(model.state_dict(), model.config, {"o": 1}, {"step": 6})
     killed = 0
     for kill_at in range(1, 12):
         code = _fork_and_kill_at(run, kill_at, model)
         killed += code == 9
-        loaded, state = ckpt.load_checkpoint_model(run)  # verifies the checksums too
+        loaded, state = load_checkpoint_model(run)  # verifies the checksums too
         assert state["step"] == 6
         torch.testing.assert_close(loaded.tok_emb.weight, model.tok_emb.weight)
         if code == 0:
             break
     assert killed >= 3  # the tmp -> final rename, the latest replace and the old folder's delete
-    ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 6})
+    RunFolder(run).save(model.state_dict(), model.config, None, {"step": 6})
     names = sorted(p.name for p in run.iterdir())
     assert len([n for n in names if n.startswith("ckpt-")]) == 1 and not [n for n in names if n.startswith(".")]
 
@@ -212,7 +217,7 @@ def test_3_resume_of_a_finished_run_keeps_latest_valid(tiny_cfg):
     cfg = tiny_cfg(max_steps=4, checkpoint_interval=2, stop_after_steps=4)
     train(cfg)
     train(tiny_cfg(max_steps=4, resume=True))
-    assert ckpt.load_checkpoint_model(cfg.out_dir)[1]["step"] == 4
+    assert load_checkpoint_model(cfg.out_dir)[1]["step"] == 4
 
 
 # 4. a non-finite run stops, saves nothing after the last good step, and exits non-zero ------------------------
@@ -223,7 +228,7 @@ def test_4_non_finite_run_stops_and_keeps_last_good_checkpoint(tiny_cfg, capsys)
     with pytest.raises(TrainingDiverged, match=r"non-finite at step (\d+).*last good checkpoint is .*ckpt-") as info:
         train(cfg)
     bad_step = int(info.value.args[0].split("at step ")[1].split(" ")[0])
-    model, state = ckpt.load_checkpoint_model(cfg.out_dir)
+    model, state = load_checkpoint_model(cfg.out_dir)
     assert state["step"] == bad_step - 1
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert not (Path(cfg.out_dir) / "results.json").exists()
@@ -242,9 +247,9 @@ def test_4_non_finite_weights_are_refused_on_load(tmp_path):
     model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
     with torch.no_grad():
         model.tok_emb.weight[0, 0] = float("nan")
-    ckpt.save_checkpoint(tmp_path, model.state_dict(), model.config, None, {"step": 1})
+    RunFolder(tmp_path).save(model.state_dict(), model.config, None, {"step": 1})
     with pytest.raises(ValueError, match=r"non-finite .*tok_emb\.weight"):
-        ckpt.load_checkpoint_model(tmp_path)
+        load_checkpoint_model(tmp_path)
 
 
 # 5. damaged tensor bytes with an intact header are detected ---------------------------------------------------
@@ -257,7 +262,7 @@ def test_5_flipped_tensor_bytes_are_detected(tiny_cfg, capsys):
 
     cfg = tiny_cfg(max_steps=2)
     train(cfg)
-    where = ckpt.resolve_checkpoint(cfg.out_dir)
+    where = RunFolder(cfg.out_dir).latest_checkpoint()
     file = where / "model.safetensors"
     data = bytearray(file.read_bytes())
     header = 8 + int.from_bytes(data[:8], "little")
@@ -265,7 +270,7 @@ def test_5_flipped_tensor_bytes_are_detected(tiny_cfg, capsys):
     file.write_bytes(bytes(data))
     assert load_file(str(file))  # the format itself does not notice
     with pytest.raises(ValueError, match=r"model\.safetensors is damaged: its SHA-256 differs"):
-        ckpt.load_checkpoint_model(cfg.out_dir)
+        load_checkpoint_model(cfg.out_dir)
     capsys.readouterr()
     assert main(["eval", cfg.out_dir]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -276,10 +281,10 @@ def test_5_flipped_tensor_bytes_are_detected(tiny_cfg, capsys):
     opt = where / "optimizer.pt"
     opt.write_bytes(opt.read_bytes()[:-10])  # truncated
     with pytest.raises(ValueError, match=r"optimizer\.pt is damaged"):
-        ckpt.verify_checksums(where, ("optimizer.pt",))
+        Checkpoint(where).verify(("optimizer.pt",))
     (where / "checksums.json").unlink()  # an older checkpoint: the reader's error, still one line
     with pytest.raises(ValueError, match=r"cannot read .*optimizer\.pt"):
-        ckpt.load_torch_file(opt)
+        Checkpoint(where).optimizer_state()
 
 
 @pytest.mark.parametrize(
@@ -299,20 +304,19 @@ def test_4_a_checkpoint_json_file_of_another_kind_is_named_by_every_reader(tmp_p
     (``'list' object has no attribute 'get'``, ``KeyError: 'step'``); and ``{}`` was loaded as "step None".
     Now a ``ValueError`` naming the file; ``--resume`` takes the previous good checkpoint instead."""
     from coupled_qk import GPT, GPTConfig
-    from coupled_qk.training.rundir import RunDir
 
     model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
-    good = ckpt.save_checkpoint(tmp_path, model.state_dict(), model.config, None, {"step": 1, "train_seconds": 3.0})
-    bad = ckpt.save_checkpoint(tmp_path, model.state_dict(), model.config, None, {"step": 2, "train_seconds": 4.0})
+    good = RunFolder(tmp_path).save(model.state_dict(), model.config, None, {"step": 1, "train_seconds": 3.0})
+    bad = RunFolder(tmp_path).save(model.state_dict(), model.config, None, {"step": 2, "train_seconds": 4.0})
     if file == "state.json":
         (bad / "checksums.json").unlink()  # an older checkpoint: nothing to compare the edited file with
     (bad / file).write_text(text)
     with pytest.raises(ValueError, match=message):
-        ckpt.load_checkpoint_model(tmp_path)
+        load_checkpoint_model(tmp_path)
     said = []
-    assert ckpt.resume_checkpoint(tmp_path, said.append) == good
+    assert RunFolder(tmp_path).resume_checkpoint(said.append) == good
     assert len(said) == 1 and re.search(message, said[0]), said
-    assert RunDir(tmp_path).train_seconds() == (0.0 if file == "state.json" else 4.0)
+    assert RunFolder(tmp_path).train_seconds() == (0.0 if file == "state.json" else 4.0)
 
 
 @pytest.mark.parametrize(
@@ -333,16 +337,16 @@ def test_4_a_damaged_latest_or_best_pointer_is_named(tmp_path, content, message,
     from coupled_qk import GPT, GPTConfig
 
     model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, d_model=16, n_heads=2))
-    other = ckpt.save_checkpoint(tmp_path / "other", model.state_dict(), model.config, None, {"step": 1})
+    other = RunFolder(tmp_path / "other").save(model.state_dict(), model.config, None, {"step": 1})
     run = tmp_path / "run"
-    good = ckpt.save_checkpoint(run, model.state_dict(), model.config, None, {"step": 2})
-    ckpt.save_best(run, model.state_dict(), model.config, {"step": 2})
-    assert other.is_dir() and ckpt.resolve_best(run).name == "best-00000002"
+    good = RunFolder(run).save(model.state_dict(), model.config, None, {"step": 2})
+    RunFolder(run).save_best(model.state_dict(), model.config, {"step": 2})
+    assert other.is_dir() and RunFolder(run).best_checkpoint().name == "best-00000002"
     (run / pointer).write_bytes(content)
-    load = ckpt.resolve_best if pointer == "best" else ckpt.load_checkpoint_model
+    load = RunFolder(run).best_checkpoint if pointer == "best" else lambda: load_checkpoint_model(run)
     with pytest.raises(ValueError, match=re.escape(f"{run / pointer} {message}") + ".*ckpt-00000002"):
-        load(run)
+        load()
     if pointer == "latest":
         said = []
-        assert ckpt.resume_checkpoint(run, said.append) == good
+        assert RunFolder(run).resume_checkpoint(said.append) == good
         assert len(said) == 1 and message in said[0], said

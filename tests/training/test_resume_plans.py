@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training import loop
-from coupled_qk.training.loop import lr_at, read_metrics, train
+from coupled_qk.training.loop import lr_at, train
+from coupled_qk.training.run_folder import RunFolder, load_checkpoint_model
 
 DDP_SCRIPT = r"""
 import json, sys
@@ -38,7 +38,7 @@ def torchrun(tmp_path, cfg, timeout=240):
 
 
 def records(run_dir, key):
-    return [(r["step"], r[key]) for r in read_metrics(run_dir) if key in r]
+    return [(r["step"], r[key]) for r in RunFolder(run_dir).read_metrics() if key in r]
 
 
 @pytest.mark.slow
@@ -51,7 +51,7 @@ def test_A_time_budget_is_one_decision_for_all_ranks(tiny_cfg, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "ddp" / "results.json").read_text())
     assert res["stop_reason"] == "max_minutes" and res["world_size"] == 2 and 0 < res["steps"] < 100_000
-    assert ckpt.load_checkpoint_model(tmp_path / "ddp")[1]["step"] == res["steps"]
+    assert load_checkpoint_model(tmp_path / "ddp")[1]["step"] == res["steps"]
 
 
 @pytest.mark.slow
@@ -111,7 +111,7 @@ def test_D_fp16_loss_scale_is_checkpointed(tiny_cfg, tmp_path, monkeypatch):
     train(full)
     part = str(tmp_path / "part")
     train(tiny_cfg(dtype="fp16", out_dir=part, stop_after_steps=4))
-    assert ckpt.load_checkpoint_model(part)[1]["grad_scaler"]["scale"] == 2.0**18
+    assert load_checkpoint_model(part)[1]["grad_scaler"]["scale"] == 2.0**18
     train(tiny_cfg(dtype="fp16", out_dir=part, resume=True))
     assert records(part, "loss_scale") == records(full.out_dir, "loss_scale")
     scales = [v for _, v in records(full.out_dir, "loss_scale")]
@@ -126,20 +126,20 @@ def test_10_torn_last_metrics_line_is_dropped(tiny_cfg):
     with metrics.open("a") as f:
         f.write('{"step": 3, "train/lo')  # what a kill in the middle of a write leaves
     with pytest.warns(UserWarning, match="torn last line"):
-        assert [r["step"] for r in read_metrics(cfg.out_dir)] == [1, 2]
+        assert [r["step"] for r in RunFolder(cfg.out_dir).read_metrics()] == [1, 2]
     with pytest.warns(UserWarning, match="torn last line"):
         res = train(tiny_cfg(max_steps=4, resume=True))
     assert res["steps"] == 4 and [s for s, _ in records(cfg.out_dir, "train/loss")] == [1, 2, 3, 4]
     text = metrics.read_text().splitlines()
     metrics.write_text("\n".join([text[0], "garbage", *text[1:]]) + "\n")
     with pytest.raises(ValueError, match=r"metrics\.jsonl: line 2 is not valid JSON"):
-        read_metrics(cfg.out_dir)
+        RunFolder(cfg.out_dir).read_metrics()
 
 
 def test_10_checkpoint_folder_as_out_dir_names_the_run(tiny_cfg):
     cfg = tiny_cfg(max_steps=2)
     train(cfg)
-    inner = ckpt.resolve_checkpoint(cfg.out_dir)
+    inner = RunFolder(cfg.out_dir).latest_checkpoint()
     before = sorted(p.name for p in inner.iterdir())
     with pytest.raises(ValueError, match=rf"checkpoint folder inside the run {cfg.out_dir}; pass --out-dir"):
         train(tiny_cfg(max_steps=4, out_dir=str(inner), resume=True))
@@ -155,7 +155,7 @@ def test_11_modes_follow_the_umask(tiny_cfg, tmp_path, umask, dmode, fmode):
     finally:
         os.umask(old)
     run = Path(cfg.out_dir)
-    where = ckpt.resolve_checkpoint(run)
+    where = RunFolder(run).latest_checkpoint()
     assert (where.stat().st_mode & 0o777) == dmode
     for file in [*where.iterdir(), run / "results.json", run / "latest", run / "config.json"]:
         assert (file.stat().st_mode & 0o777) == fmode, file

@@ -20,7 +20,7 @@ def test_registry_maps_names_to_classes():
     for name in TASKS:
         cls = task_class(name)
         assert cls.name == name
-        for method in ("model_overrides", "describe", "train_batch", "step_tokens", "evaluate", "save"):
+        for method in ("model_overrides", "describe", "train_batch", "step_tokens", "evaluate"):
             assert callable(getattr(cls, method)), (name, method)
     with pytest.raises(ValueError, match=r"task='glue2' is unknown; expected one of \['lm', 'mqar'"):
         task_class("glue2")

@@ -21,7 +21,7 @@ from coupled_qk._checks import positive_int
 from coupled_qk.analysis.capture import analyze_model, token_windows
 from coupled_qk.analysis.conventions import CONVENTIONS, MAP_METRICS
 from coupled_qk.analysis.report import dumps, summary_markdown
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.run_folder import OpenedRun, open_run
 
 __all__ = [
     "MAP_METRICS",
@@ -33,21 +33,10 @@ __all__ = [
 ]
 
 
-def _find_tokenizer(ckpt: Path) -> Path:
-    run = RunDir(ckpt.parent)  # a checkpoint folder's parent is its run folder
-    for where in (ckpt / RunDir.TOKENIZER, run.tokenizer_dir):
-        if (where / "tokenizer.json").is_file():
-            return where
-    raise FileNotFoundError(
-        f"no tokenizer for checkpoint {ckpt}: expected {run.tokenizer_dir / 'tokenizer.json'} (the run "
-        "folder's tokenizer, saved by training)"
-    )
-
-
-def _default_labels(ckpts: list[Path]) -> list[str]:
+def _default_labels(folders: list[Path]) -> list[str]:
     """The shortest trailing parts of the run folders' paths that tell the runs apart (``standard/seed0`` and
     ``coupled/seed0`` for ``runs/x/standard/seed0`` and ``runs/x/coupled/seed0``), ``#2``... for true repeats."""
-    runs = [(c.parent if c.name.startswith("ckpt-") else c).resolve() for c in ckpts]
+    runs = [Path(f).resolve() for f in folders]
     depth = 1
     while depth < 6 and len({r.parts[-depth:] for r in runs}) < len(set(runs)):
         depth += 1
@@ -59,22 +48,25 @@ def _default_labels(ckpts: list[Path]) -> list[str]:
     return out
 
 
-def run_text_source(ckpts: Sequence[Path], corpus: str | None, data_dir, split_seed: int | None) -> tuple:
-    """``(corpus, data_dir, task_options)`` to analyse ``ckpts`` on: the given corpus, or else the runs' own.
+def run_text_source(runs: Sequence[OpenedRun], corpus: str | None, data_dir, split_seed: int | None) -> tuple:
+    """``(corpus, data_dir, task_options)`` to analyse the checkpoints of ``runs`` on: the given corpus, or else
+    the runs' own.
 
-    Without ``corpus`` every checkpoint's run folder must name the same corpus (and split options) in its
-    ``config.json``, so the held-out text is exactly the one the runs were evaluated on.
+    Without ``corpus`` every run must name the same corpus (and split options) in its config, so the held-out text
+    is exactly the one the runs were evaluated on.
 
     Raises:
-        ValueError: no corpus given and a run folder has no ``config.json``, or the runs used different corpora.
+        ValueError: no corpus given and a run has no config naming its corpus, or the runs used different corpora.
     """
     if corpus is not None:
         return corpus, data_dir, {"split_seed": split_seed or 0}
     sources = {}
-    for ckpt in ckpts:
-        cfg = RunDir(ckpt.parent).read_config()
-        if cfg is None or "corpus" not in cfg:
-            raise ValueError(f"--corpus is needed: {ckpt.parent} has no config.json naming the run's corpus")
+    for run in runs:
+        cfg = run.config
+        if "corpus" not in cfg:
+            raise ValueError(
+                f"--corpus is needed: {run.folder.path} has no {run.folder.CONFIG} naming the run's corpus"
+            )
         opts = dict(cfg.get("task_options") if cfg.get("task_options") is not None else {})
         opts.pop("final_eval_windows", None)  # unused by analyze, and no part of the split (see _split_options)
         if split_seed is not None:
@@ -103,19 +95,19 @@ def _split_options(task_options: dict) -> dict:
     return options
 
 
-def _warn_changed_text(ckpts: Sequence[Path], text_corpus, split: str) -> None:
+def _warn_changed_text(runs: Sequence[OpenedRun], text_corpus, split: str) -> None:
     """Warn, once per run folder, when the ``split`` of the runs' own corpus read back is not the text the run
     recorded in its ``data.json`` (its SHA-256; :func:`coupled_qk.training.lm.split_changes`): the corpus was
     edited or appended to since, so the analysed windows are not the run's held-out text. A run that recorded no
     SHA-256 (written before it was recorded) is not checked."""
     from coupled_qk.training.lm import split_changes
 
-    for run_dir in dict.fromkeys(ckpt.parent for ckpt in ckpts):
-        changes = split_changes(RunDir(run_dir), text_corpus, [split])
+    for folder in dict.fromkeys(run.folder for run in runs):
+        changes = split_changes(folder, text_corpus, [split])
         if changes:
             warnings.warn(
-                f"the {split} split of {text_corpus.name!r} changed since {run_dir} trained on it "
-                f"({RunDir(run_dir).data_path} vs now: {'; '.join(changes)}): the analysed text is not "
+                f"the {split} split of {text_corpus.name!r} changed since {folder.path} trained on it "
+                f"({folder.data_path} vs now: {'; '.join(changes)}): the analysed text is not "
                 "the run's own; restore the corpus to analyse what the run saw",
                 UserWarning,
                 stacklevel=3,
@@ -147,9 +139,10 @@ def analyze_checkpoints(
 ) -> dict:
     """Analyse several checkpoints on the same windows of a corpus split and write a report.
 
-    Each path is a run folder (its ``latest`` checkpoint is used) or a checkpoint folder
-    (:func:`coupled_qk.training.checkpoint.resolve_checkpoint`); the tokenizer is the run's,
-    ``<run>/tokenizer`` (a checkpoint folder's parent is its run folder). The text is the ``split`` of the
+    Each path is a run folder (its ``latest`` checkpoint is used) or a checkpoint folder of one
+    (:func:`coupled_qk.training.run_folder.open_run`, which refuses a run still training, a GLUE or MQAR run, and
+    warns when the runs' own text is analysed without their record of it); the tokenizer is the run's. The text is
+    the ``split`` of the
     runs' own corpus, split as in training (:func:`run_text_source`), or of ``corpus`` when given; the windows are the
     first ``n_sequences`` non-overlapping windows of ``seq_len`` tokens from the start of the split
     (:func:`token_windows`). **The windows are the same text for every checkpoint only when the checkpoints
@@ -200,14 +193,15 @@ def analyze_checkpoints(
     for name, value in (("batch_size", batch_size), ("threads", threads), ("example_tokens", example_tokens)):
         if value is not None:  # checked before any model is loaded, as is everything _checked_inputs checks
             positive_int(name, value)
-    paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer = _checked_inputs(
-        paths, split, n_sequences, seq_len, labels, example_layer, example_head
+    own_text = corpus is None and split_seed is None
+    paths, runs, labels, tokenizers, seq_len, example_layer = _checked_inputs(
+        paths, split, n_sequences, seq_len, labels, (example_layer, example_head), own_text
     )
-    corpus, text_corpus, task_options = _analysis_corpus(ckpts, corpus, data_dir, split_seed, split)
+    corpus, text_corpus, task_options = _analysis_corpus(runs, corpus, data_dir, split_seed, split)
     text = (text_corpus.split(split), f"the {split} split of corpus {str(corpus)!r}")
     # the folder is created by the first write: an analysis that fails leaves no empty folder behind
     entries, examples, n_tokenizers = _analyze_each(
-        zip(labels, paths, ckpts, tokenizers, tok_dirs),
+        zip(labels, paths, runs, tokenizers),
         text,
         n_sequences,
         seq_len,
@@ -228,21 +222,21 @@ def analyze_checkpoints(
     return report
 
 
-def _analysis_corpus(ckpts: list[Path], corpus, data_dir, split_seed: int | None, split: str):
+def _analysis_corpus(runs: list[OpenedRun], corpus, data_dir, split_seed: int | None, split: str):
     """``(corpus, text_corpus, task_options)``: the corpus the checkpoints are analysed on (:func:`run_text_source`),
     loaded and split. The runs' own saved split options are read back as they ran (a warning if unused, and one if
     the runs' text changed since); ``split_seed`` is checked."""
     from coupled_qk.training.lm import run_corpus, saved_run_corpus
 
     own_text = corpus is None and split_seed is None
-    corpus, data_dir, task_options = run_text_source(ckpts, corpus, data_dir, split_seed)
+    corpus, data_dir, task_options = run_text_source(runs, corpus, data_dir, split_seed)
     text_corpus = (
-        saved_run_corpus(ckpts[0].parent, corpus, data_dir, task_options)
+        saved_run_corpus(runs[0].folder, corpus, data_dir, task_options)
         if own_text
         else run_corpus(corpus, data_dir, task_options, saved=split_seed is None)
     )
     if own_text:
-        _warn_changed_text(ckpts, text_corpus, split)
+        _warn_changed_text(runs, text_corpus, split)
     return corpus, text_corpus, task_options
 
 
@@ -272,26 +266,27 @@ def _analyze_each(
     example_tokens: int,
     threads: int | None,
 ) -> tuple[list, list, int]:
-    """:func:`analyze_model` of each ``(label, path, checkpoint, tokenizer, tokenizer folder)`` of ``inputs`` on
+    """:func:`analyze_model` of each ``(label, path, opened run, tokenizer)`` of ``inputs`` on
     the windows its tokenizer gives of ``text`` (the text and what it is, for errors; tokenized once per
     tokenizer); returns the ``analysis.json`` entries, the example maps and the number of distinct tokenizers."""
     windows: dict[str, tuple[torch.Tensor, dict]] = {}
     entries, examples = [], []
-    for label, path, ckpt, tok, tok_dir in inputs:
+    for label, path, run, tok in inputs:
+        ckpt = run.checkpoint
         if tok.fingerprint not in windows:
             windows[tok.fingerprint] = _windows_of(*text, tok, n_sequences, seq_len)
         ids, text_info = windows[tok.fingerprint]
-        entry, example_map = _analyze_checkpoint(ckpt, ids, device, batch_size, example, example_tokens, threads)
+        entry, example_map = _analyze_checkpoint(run, ids, device, batch_size, example, example_tokens, threads)
         examples.append(example_map)
         entries.append(
             {
                 "label": label,
                 "path": str(path),
                 "checkpoint": str(ckpt.resolve()),  # absolute: the report names what it was computed on from anywhere
-                "run_dir": str(ckpt.parent.resolve()),
+                "run_dir": str(run.folder.path.resolve()),
                 "state": entry["state"],
                 "tokenizer": {
-                    "path": str(tok_dir),
+                    "path": str(run.folder.tokenizer_dir),
                     "name": tok.name,
                     "fingerprint": tok.fingerprint,
                     "vocab_size": tok.vocab_size,
@@ -304,13 +299,12 @@ def _analyze_each(
     return entries, examples, len(windows)
 
 
-def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer, example_head):
-    """The paths (as a list), checkpoints, labels, tokenizers (and their folders), window length and example layer
-    of :func:`analyze_checkpoints`, every argument checked (its ``ValueError`` / ``FileNotFoundError``)."""
+def _checked_inputs(paths, split, n_sequences, seq_len, labels, example: tuple, own_text: bool):
+    """The paths (as a list), opened runs, labels, tokenizers, window length and example layer of
+    :func:`analyze_checkpoints` (``example``: its layer and head; ``own_text``: the runs' own text is analysed),
+    every argument checked (its ``ValueError`` / ``FileNotFoundError``)."""
     from coupled_qk.data.corpora import SPLITS
-    from coupled_qk.data.tokenizers import Tokenizer
-    from coupled_qk.models.config import GPTConfig
-    from coupled_qk.training.checkpoint_load import language_model_checkpoint
+    from coupled_qk.training.checkpoint_format import Checkpoint
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -321,17 +315,17 @@ def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer, e
         raise ValueError(f"split={split!r} is not one of {SPLITS}")
     if isinstance(n_sequences, bool) or not isinstance(n_sequences, int) or n_sequences < 1:
         raise ValueError(f"n_sequences must be an int >= 1; got {n_sequences!r}")
-    ckpts = [language_model_checkpoint(p, needs_text=True) for p in paths]
+    runs = [open_run(p, "analyze", text=True, data="warn" if own_text else None) for p in paths]
+    ckpts = [run.checkpoint for run in runs]
     if labels is None:
-        labels = _default_labels(ckpts)
+        labels = _default_labels([run.folder.path for run in runs])
     labels = [str(label) for label in labels]
     if len(labels) != len(ckpts):
         raise ValueError(f"got {len(labels)} labels for {len(ckpts)} checkpoints: give one label per checkpoint")
     if len(set(labels)) != len(labels):
         raise ValueError(f"labels must be unique; got {labels}")
-    configs = [GPTConfig.load(c / "model_config.json") for c in ckpts]
-    tok_dirs = [_find_tokenizer(c) for c in ckpts]
-    tokenizers = [Tokenizer.load(d) for d in tok_dirs]
+    configs = [Checkpoint(c).model_config() for c in ckpts]
+    tokenizers = [run.tokenizer() for run in runs]
     min_block = min(c.block_size for c in configs)
     if seq_len is None:
         seq_len = min_block
@@ -345,10 +339,11 @@ def _checked_inputs(paths, split, n_sequences, seq_len, labels, example_layer, e
             raise ValueError(
                 f"the tokenizer of {ckpt} has {tok.vocab_size} ids but the model's vocab_size is {cfg.vocab_size}"
             )
+    example_layer, example_head = example
     if example_layer is None:
         example_layer = min(c.n_layer for c in configs) // 2
     _check_example(example_layer, example_head, configs, ckpts)
-    return paths, ckpts, labels, tokenizers, tok_dirs, seq_len, example_layer
+    return paths, runs, labels, tokenizers, seq_len, example_layer
 
 
 def _check_example(example_layer, example_head, configs, ckpts) -> None:
@@ -385,12 +380,11 @@ def _windows_of(text: str, source: str, tok, n_sequences: int, seq_len: int) -> 
 
 
 def _analyze_checkpoint(
-    ckpt: Path, ids: torch.Tensor, device, batch_size, example: tuple[int, int], example_tokens: int, threads
+    run: OpenedRun, ids: torch.Tensor, device, batch_size, example: tuple[int, int], example_tokens: int, threads
 ) -> tuple[dict, object]:
-    """One checkpoint's :func:`analyze_model` result (``state``, ``seconds``, ``analysis``) and its example map."""
-    from coupled_qk.training.checkpoint_load import load_checkpoint_model
-
-    model, state = load_checkpoint_model(ckpt, map_location=device)
+    """The :func:`analyze_model` result (``state``, ``seconds``, ``analysis``) of an opened run's checkpoint and its
+    example map."""
+    model, state = run.load_model(device)
     t0 = time.perf_counter()
     result = analyze_model(
         model, ids, batch_size=batch_size, example=example, example_tokens=example_tokens, threads=threads

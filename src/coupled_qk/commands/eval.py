@@ -64,10 +64,12 @@ def run(args) -> int:
     from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.outputs import output_file
     from coupled_qk.training.evaluate import evaluate_checkpoint
+    from coupled_qk.training.run_folder import refuse_run_file
 
     refuse_ignored_options(args, add_arguments, _ignored_options())
     json_out = None
     if args.json_out is not None:  # checked before the evaluation, so its result is never lost to its path
+        refuse_run_file("--json", args.json_out)  # a run's own file (its config.json), --overwrite or not
         json_out = output_file("--json", args.json_out, overwrite=args.overwrite)
     splits = [s.strip() for s in args.splits.split(",")]
     if not all(splits) or len(set(splits)) != len(splits):

@@ -40,7 +40,9 @@ HELP = "multi-query associative recall (Zoology) sweep over attention variants"
 
 def sweep_rewrite(preset) -> tuple[str, ...]:
     """The report files a rerun of the sweep regenerates (its documented resume path)."""
-    return ("results.json", "summary.json", f"mqar-{preset.name}.png")
+    from coupled_qk.training.run_folder import RESULTS_FILE
+
+    return (RESULTS_FILE, "summary.json", f"mqar-{preset.name}.png")
 
 
 def sweep_layout(preset, plan) -> tuple[str, ...]:

@@ -191,7 +191,7 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     from coupled_qk.data.tokenizers import check_tokenizer_spec
     from coupled_qk.devices import check_device, check_dtype
     from coupled_qk.outputs import output_location, path_value
-    from coupled_qk.training.resume import check_out_dir
+    from coupled_qk.training.run_folder import check_out_dir
     from coupled_qk.training.tasks import check_task_options
 
     device = check_device("--device", cfg.device)

@@ -26,6 +26,8 @@ from coupled_qk.progress import progress_mode
 EOT = "<|endoftext|>"
 MIN_VOCAB = 256 + 1  # 256 byte tokens + <|endoftext|>
 MAX_VOCAB = 2**20
+TOKENIZER_FILE = "tokenizer.json"
+"""The Hugging Face tokenizer file of a saved tokenizer folder (:meth:`Tokenizer.save`)."""
 META_FILE = "coupled_qk_tokenizer.json"  # the name and fingerprint written beside tokenizer.json
 # A character that is not whitespace for Python's ``re`` (== str.isspace, a superset of Unicode
 # White_Space) nor a zero-width/format character some regex engines once classed as space.
@@ -141,7 +143,7 @@ class Tokenizer:
         (name, fingerprint); create ``directory`` if needed. Returns the ``tokenizer.json`` path."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / "tokenizer.json"
+        path = directory / TOKENIZER_FILE
         write_text_atomic(
             path, self._tok.to_str(pretty=True)
         )  # as Tokenizer.save writes it, but atomic: a crash never leaves half a tokenizer
@@ -164,7 +166,7 @@ class Tokenizer:
                 tokenizer file's (each naming the file or folder).
         """
         path = Path(directory)
-        path = path / "tokenizer.json" if path.is_dir() else path
+        path = path / TOKENIZER_FILE if path.is_dir() else path
         if not path.is_file():
             raise FileNotFoundError(
                 f"tokenizer file {path} does not exist (expected a folder written by "
@@ -359,7 +361,7 @@ def check_tokenizer_spec(option: str, spec) -> str:
     path = Path(spec).expanduser()
     if not path.exists():
         raise ValueError(f"{option}={spec!r} is not an existing file or folder; {expected}")
-    if path.is_dir() and not (path / "tokenizer.json").is_file():
+    if path.is_dir() and not (path / TOKENIZER_FILE).is_file():
         pair = [n for n in ("vocab.json", "merges.txt") if (path / n).is_file()]
         if len(pair) == 1:
             missing = ({"vocab.json", "merges.txt"} - set(pair)).pop()
@@ -398,6 +400,6 @@ def get_tokenizer(
         if train_text is None:
             raise ValueError(f"tokenizer spec {spec!r} trains a BPE and needs train_text")
         return train_bpe(train_text, int(spec[len("bpe-") :]))
-    if path.is_dir() and not (path / "tokenizer.json").is_file():
+    if path.is_dir() and not (path / TOKENIZER_FILE).is_file():
         return gpt2_tokenizer(path)
     return Tokenizer.load(path)

@@ -27,6 +27,9 @@ def planned_state(run: PlannedRun) -> str:
     ``"reuse (finished)"``, ``"reuse (stopped early by R)"`` or ``"refused: different settings (...)"`` (the error
     the run would raise). A folder whose ``results.json`` cannot be read gives ``"refused: <why>"``."""
     rundir = run.run_dir
+    holder = rundir.holder()
+    if holder is not None:  # the runner refuses it (another process is writing it)
+        return f"refused: being written by {holder}"
     if not rundir.is_finished():
         return f"resume ({resume_note(rundir)})" if rundir.has_checkpoint() else "new"
     try:

@@ -35,7 +35,8 @@ from coupled_qk.training.config import (
     describe_differences,
     saved_value,
 )
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.lock import RunLockedError
+from coupled_qk.training.run_folder import RunFolder, checkpoint_step
 
 __all__ = [
     "RESULT_NEUTRAL_FIELDS",
@@ -80,9 +81,9 @@ class PlannedRun:
     keys: dict = field(default_factory=dict)
 
     @property
-    def run_dir(self) -> RunDir:
+    def run_dir(self) -> RunFolder:
         """The run's folder."""
-        return RunDir(self.config.out_dir)
+        return RunFolder(self.config.out_dir)
 
 
 @dataclass
@@ -268,7 +269,7 @@ def execute(
     return records
 
 
-def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
+def _reused(run: PlannedRun, rundir: RunFolder, log) -> RunRecord | None:
     """The record of the run in ``rundir`` to reuse, or ``None`` when it is to be trained: no results yet, or
     stopped early at a point that ``run`` goes past (:func:`continues_stopped_run`; its ``results.json`` is then
     renamed,
@@ -277,7 +278,15 @@ def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     Raises:
         ValueError: results made with other settings (:func:`check_reusable`) or in another precision
             (:func:`check_same_precision`).
+        RunLockedError: (a ``ValueError``) another process is writing the run (its results, if any, are not
+            final, and training it here would be refused anyway).
     """
+    holder = rundir.holder()
+    if holder is not None:
+        raise RunLockedError(
+            f"{rundir.path} is being written by {holder}: wait for it to finish (then this plan reuses or "
+            "resumes it), or choose another --out-dir"
+        )
     if not rundir.is_finished():
         return None
     results = rundir.read_results()
@@ -297,7 +306,7 @@ def _reused(run: PlannedRun, rundir: RunDir, log) -> RunRecord | None:
     return RunRecord(run, "reused", results, run.config, None)
 
 
-def continues_stopped_run(results: dict, cfg: TrainConfig, rundir: RunDir) -> bool:
+def continues_stopped_run(results: dict, cfg: TrainConfig, rundir: RunFolder) -> bool:
     """Whether a run with ``results`` that stopped early goes on under ``cfg``: it has a checkpoint, and either
     ``stop_after_steps`` stopped it (a count per invocation: each one continues by as many steps) or
     ``max_minutes`` did and ``cfg`` allows more time than it trained."""
@@ -308,16 +317,14 @@ def continues_stopped_run(results: dict, cfg: TrainConfig, rundir: RunDir) -> bo
     return cfg.max_minutes is None or float(results.get("train_seconds") or 0.0) < 60 * cfg.max_minutes
 
 
-def resume_note(rundir: RunDir) -> str:
+def resume_note(rundir: RunFolder) -> str:
     """``"resuming from its checkpoint at step N"`` for a run folder holding a checkpoint (the step when known)."""
-    from coupled_qk.training.checkpoint_load import checkpoint_step
-
     newest = rundir.newest_checkpoint()
     step = checkpoint_step(newest) if newest is not None else None
     return "resuming from its checkpoint" + (f" at step {step}" if step is not None else "")
 
 
-def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunDir, remaining: float | None, train_fn, log):
+def _train_one(run: PlannedRun, cfg: TrainConfig, rundir: RunFolder, remaining: float | None, train_fn, log):
     changes: dict = {"resume": rundir.has_checkpoint()}
     if remaining is not None:  # the loop counts training time over all sessions of a resumed run
         changes["max_minutes"] = remaining + rundir.train_seconds() / 60

@@ -16,6 +16,7 @@ import difflib
 import functools
 
 from transformers import PretrainedConfig
+from transformers.utils import CONFIG_NAME
 
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.field_rules import loading_saved
@@ -160,7 +161,7 @@ class CoupledQKConfig(PretrainedConfig):
             del top["qk_map"]
         fields = {**legacy, **top}  # top-level keys win
         if legacy:
-            fields = GPTConfig.upgrade(fields, "config.json")
+            fields = GPTConfig.upgrade(fields, CONFIG_NAME)
         _refuse_near_misses(kwargs)
         with naming_providers(kwargs.get(PROVENANCE_KEY)):  # a plugin's attention where it is not installed
             gpt = GPTConfig.from_dict(fields)
@@ -203,7 +204,7 @@ class CoupledQKConfig(PretrainedConfig):
     def from_dict(cls, config_dict: dict, **kwargs):
         """A saved ``config.json`` (``from_pretrained``): a field that its settings do not read, at a non-default
         value (saved before such values were refused, ``models/field_rules.py``), warns instead of failing."""
-        with loading_saved("config.json"):
+        with loading_saved(CONFIG_NAME):
             return super().from_dict(config_dict, **kwargs)
 
     def to_gpt_config(self) -> GPTConfig:

@@ -11,11 +11,19 @@ import os
 import shutil
 from pathlib import Path
 
+from transformers.tokenization_utils_base import (
+    CHAT_TEMPLATE_FILE,
+    FULL_TOKENIZER_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
+    TOKENIZER_CONFIG_FILE,
+)
+from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
 from coupled_qk.data.tokenizers import EOT, Tokenizer
 from coupled_qk.hf.modeling import CoupledQKForCausalLM
 from coupled_qk.io import file_mode, fsync_dir, make_temp_dir, write_error
 from coupled_qk.outputs import as_output_dir
-from coupled_qk.training.checkpoint_load import language_model_checkpoint, load_checkpoint_model
+from coupled_qk.training.run_folder import open_run
 
 
 def hf_tokenizer(tokenizer: Tokenizer, model_max_length: int):
@@ -28,15 +36,15 @@ def hf_tokenizer(tokenizer: Tokenizer, model_max_length: int):
 
 
 EXPORT_LAYOUT = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "model-*.safetensors",
-    "model.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
+    CONFIG_NAME,
+    GENERATION_CONFIG_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_NAME.replace(".", "-*.", 1),  # the shards of a large model: model-00001-of-00002.safetensors
+    SAFE_WEIGHTS_INDEX_NAME,
+    FULL_TOKENIZER_FILE,
+    TOKENIZER_CONFIG_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
+    CHAT_TEMPLATE_FILE,
 )
 """The files of an exported folder (what ``save_pretrained`` of the model and the tokenizer write)."""
 
@@ -56,20 +64,22 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False)
         has none, e.g. an MQAR run: then only the model is written).
 
     Raises:
-        FileNotFoundError: no checkpoint at ``run_dir``. OutputRefused (a ``ValueError``): ``hf_dir`` holds an
-        earlier export and ``overwrite`` is false, or holds files an export does not write (even with
-        ``overwrite``), or is a file. ValueError: the tokenizer's vocabulary does not fit the model.
-        OSError: a failed write (naming the folder and the free space).
+        FileNotFoundError: no checkpoint at ``run_dir``, or a language-model run without its tokenizer.
+        OutputRefused (a ``ValueError``): ``hf_dir`` holds an earlier export and ``overwrite`` is false, or holds
+        files an export does not write (even with ``overwrite``), or is a file. ValueError: a run of another kind
+        or state (:func:`~coupled_qk.training.run_folder.open_run`: still training, a GLUE run), or the
+        tokenizer's vocabulary does not fit the model. OSError: a failed write (naming the folder and the free
+        space).
     """
     # claimed before loading anything: a folder holding other files is refused even with overwrite, and an
     # earlier export is replaced only with overwrite (docs/RELIABILITY.md, "Outputs")
     out = as_output_dir(hf_dir, "hf_dir", overwrite=overwrite, layout=EXPORT_LAYOUT, what="export")
     out.claim_existing()
     hf_dir = out.path
-    ckpt = language_model_checkpoint(run_dir)
-    model, state = load_checkpoint_model(ckpt)
-    tok_dir = ckpt.parent / "tokenizer"
-    tokenizer = Tokenizer.load(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
+    run = open_run(run_dir, "export")  # the run's state, checked once
+    ckpt, tok_dir = run.checkpoint, run.folder.tokenizer_dir
+    model, state = run.load_model()
+    tokenizer = run.tokenizer() if run.folder.has_tokenizer() else None
     special = {}
     if tokenizer is not None:
         if tokenizer.vocab_size > model.config.vocab_size:

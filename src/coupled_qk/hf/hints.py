@@ -14,7 +14,10 @@ def run_folder_hint(path) -> str | None:
         folder = Path(os.fspath(path)).expanduser()
     except TypeError:
         return None
-    if folder.is_dir() and ((folder / "latest").is_file() or (folder / "model_config.json").is_file()):
+    from coupled_qk.training.checkpoint_format import Checkpoint
+    from coupled_qk.training.run_folder import RunFolder
+
+    if folder.is_dir() and (RunFolder(folder).is_run() or Checkpoint(folder).model_config_path.is_file()):
         return (
             f"{folder} is a coupled-qk training run or checkpoint, not a Hugging Face model folder; convert it "
             f"with `coupled-qk export {folder} HF_DIR` and load HF_DIR"

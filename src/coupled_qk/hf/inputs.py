@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 from transformers.cache_utils import Cache
+from transformers.utils import CONFIG_NAME
 
 from coupled_qk.hf.hints import run_folder_hint
 from coupled_qk.tensor_checks import check_generate_args, check_ids
@@ -21,7 +22,7 @@ def check_folder(path: Path) -> None:
     hint = run_folder_hint(path)
     if hint is not None:
         raise FileNotFoundError(hint)
-    if not (path / "config.json").is_file():
+    if not (path / CONFIG_NAME).is_file():
         raise FileNotFoundError(
             f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
             "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`"

@@ -37,7 +37,8 @@ class GPTGenerationMixin:
         ``use_cache`` the prompt is encoded once and each new token reuses the :class:`KVCache` (every
         variant; exact because the dynamics act per token). ``attention_mask (B, T)`` (0 at padding) lets
         prompts of different lengths share a batch, padded on the left: each row then generates what its
-        prompt generates alone (positions count real tokens).
+        prompt generates alone (positions count real tokens). A right-padded mask is refused
+        (:func:`~coupled_qk.tensor_checks.check_left_padded`): each row continues after its last position.
 
         ``context`` decides what happens when prompt plus new tokens exceed ``block_size``: ``"slide"``
         (default, as nanoGPT's ``sample.py`` and a sliding window in Hugging Face) predicts each token from the

@@ -1,7 +1,7 @@
 """Evaluate a saved language model: token- and word-level perplexity and bits per byte/character of a checkpoint
 on whole corpus splits.
 
-The run folder (:class:`~coupled_qk.training.rundir.RunDir`) provides the tokenizer and, unless overridden,
+The run folder (:func:`~coupled_qk.training.run_folder.open_run`) provides the tokenizer and, unless overridden,
 the corpus, data folder, token cache and split seed the model was trained with. Perplexity as in
 ``docs/METHOD.md`` section 5 (see :func:`coupled_qk.training.perplexity.evaluate_perplexity`).
 """
@@ -14,12 +14,10 @@ from pathlib import Path
 from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import SPLITS
 from coupled_qk.data.paths import default_cache_dir
-from coupled_qk.data.tokenizers import Tokenizer
-from coupled_qk.training.checkpoint_load import language_model_checkpoint, load_checkpoint_model
 from coupled_qk.training.distributed import pick_device
 from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus, saved_run_corpus, split_changes
 from coupled_qk.training.perplexity import evaluate_perplexity, text_units
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.run_folder import RunFolder, open_run
 
 __all__ = ["evaluate_checkpoint"]
 
@@ -37,8 +35,8 @@ def evaluate_checkpoint(
 
     Args:
         checkpoint: a run folder (its ``latest`` checkpoint) or a ``ckpt-*`` folder inside one.
-        corpus: corpus name or path (default: the run's ``config.json`` corpus, checked against the run's
-            ``data.json``; a corpus given here is evaluated as it is now).
+        corpus: corpus name or path (default: the run's own corpus, checked against the run's record of its
+            data, which must exist; a corpus given here is evaluated as it is now).
         data_dir: folder of the named corpora (default: the run's).
         splits: any of ``train``, ``valid``, ``test``.
         stride: sliding-window stride in tokens (``None``: non-overlapping windows of ``block_size``).
@@ -54,23 +52,22 @@ def evaluate_checkpoint(
     Raises:
         FileNotFoundError: no checkpoint, tokenizer or corpus file where expected.
         ValueError: unknown split name, a bad stride, no corpus known, a tokenizer that does not match the
-            model's vocabulary, or (without ``corpus``) the run's corpus changed since it trained: a split's text
-            differs from the SHA-256 (or token count) recorded in the run's ``data.json``.
+            model's vocabulary; a run of another kind or state (:func:`~coupled_qk.training.run_folder.open_run`:
+            still training, a GLUE or MQAR run, without ``corpus`` a run without its record of its data); or
+            (without ``corpus``) the run's corpus changed since it trained: a split's text differs from the
+            SHA-256 (or token count) the run recorded.
     """
-    ckpt = language_model_checkpoint(checkpoint, needs_text=True)
-    run = RunDir(ckpt.parent)
-    run_cfg = run.read_config() or {}
-    corpus_name = corpus if corpus is not None else run_cfg.get("corpus")  # "" is an error below, not "not given"
-    if corpus_name is None:
-        raise ValueError(f"--corpus is needed: {run.path} has no config.json naming its corpus")
     for split in splits:
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is unknown; expected train, valid or test")
-    if not run.has_tokenizer():
-        raise FileNotFoundError(f"tokenizer of the run not found: expected {run.tokenizer_dir / 'tokenizer.json'}")
-    tokenizer = Tokenizer.load(run.tokenizer_dir)
+    opened = open_run(checkpoint, "eval", text=True, data="refuse" if corpus is None else None)
+    run, run_cfg, ckpt = opened.folder, opened.config, opened.checkpoint
+    corpus_name = corpus if corpus is not None else run_cfg.get("corpus")  # "" is an error below, not "not given"
+    if corpus_name is None:
+        raise ValueError(f"--corpus is needed: {run.path} has no {run.CONFIG} naming its corpus")
+    tokenizer = opened.tokenizer()
     dev = pick_device(device)
-    model, state = load_checkpoint_model(ckpt, dev)
+    model, state = opened.load_model(dev)
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(
             f"model vocab_size={model.config.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}"
@@ -79,7 +76,7 @@ def evaluate_checkpoint(
     data = (
         run_corpus(corpus_name, data_dir, run_cfg.get("task_options"), saved=True)
         if corpus is not None
-        else saved_run_corpus(run.path, corpus_name, data_dir, run_cfg.get("task_options"))
+        else saved_run_corpus(run, corpus_name, data_dir, run_cfg.get("task_options"))
     )
     cache = Path(run_cfg["cache_dir"]) if run_cfg.get("cache_dir") else default_cache_dir()
     out = {
@@ -109,7 +106,7 @@ def evaluate_checkpoint(
     return out
 
 
-def _check_recorded(run: RunDir, data, splits: Sequence[str], tokens: dict) -> None:
+def _check_recorded(run: RunFolder, data, splits: Sequence[str], tokens: dict) -> None:
     """Refuse evaluating the run's own corpus when its ``splits`` are not the text the run recorded in
     ``data.json`` (:func:`~coupled_qk.training.lm.split_changes`): an edited or appended corpus file re-splits
     differently, and its numbers would pass for the run's held-out perplexity."""

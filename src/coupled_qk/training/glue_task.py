@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import warnings
 from pathlib import Path
@@ -42,11 +41,11 @@ from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, encode_split, glue_metrics, load_glue
 from coupled_qk.data.paths import default_data_dir
 from coupled_qk.data.tokenizers import Tokenizer
-from coupled_qk.io import write_text_atomic
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
-from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training.checkpoint_format import Checkpoint
 from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.run_folder import open_run
 from coupled_qk.training.tasks import check_options
 
 PAD_ID = -1
@@ -76,13 +75,13 @@ class GlueOptions:
     eval_batch_size: int = declare(64, lo=1)
 
     def __post_init__(self):
-        for key in ("glue_task", "pretrained"):
-            if getattr(self, key) is None:
-                raise ValueError(f"task 'glue' needs task_options.{key}")
         for key in ("pretrained", "glue_dir"):
             if isinstance(getattr(self, key), os.PathLike):
                 setattr(self, key, os.fspath(getattr(self, key)))
-        coerce_fields(self, "task_options")
+        coerce_fields(self, "task_options")  # "null" / "None" become None here: required fields checked after
+        for key in ("glue_task", "pretrained"):
+            if getattr(self, key) is None:
+                raise ValueError(f"task 'glue' needs task_options.{key}")
         try:
             self.glue_task = check_task(self.glue_task)
         except ValueError as exc:
@@ -171,22 +170,21 @@ def resolve_pretrained(path: str | Path) -> tuple[Path, GPTConfig, Tokenizer]:
     """The checkpoint folder, model config and tokenizer of a pretrained run (or of one of its checkpoints).
 
     Raises:
-        FileNotFoundError: no checkpoint there, or no saved tokenizer next to it.
-        ValueError: the tokenizer's vocabulary does not match the checkpoint's ``vocab_size`` (another tokenizer).
+        FileNotFoundError: no checkpoint there, or no saved tokenizer in its run.
+        ValueError: a folder of another kind or state (:func:`~coupled_qk.training.run_folder.open_run`: a run still
+            training, a GLUE or MQAR run, a Hugging Face export); the tokenizer's vocabulary does not match the
+            checkpoint's ``vocab_size`` (another tokenizer).
     """
-    where = ckpt.language_model_checkpoint(path, needs_text=True)
-    model_cfg = GPTConfig.load(where / "model_config.json")
-    run = Path(path) if (Path(path) / "latest").is_file() else where.parent
-    tok_dir = run / "tokenizer"
-    if not (tok_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{tok_dir} holds no tokenizer.json: GLUE inputs need the pretrained run's tokenizer")
-    tokenizer = Tokenizer.load(tok_dir)
+    run = open_run(path, "glue", text=True)
+    model_cfg = Checkpoint(run.checkpoint).model_config()
+    tokenizer = run.tokenizer()
     if tokenizer.vocab_size != model_cfg.vocab_size:
         raise ValueError(
-            f"the tokenizer in {tok_dir} ({tokenizer.name}, {tokenizer.vocab_size} ids) does not match checkpoint "
-            f"{where} (vocab_size {model_cfg.vocab_size}): the checkpoint was made with another tokenizer"
+            f"the tokenizer in {run.folder.tokenizer_dir} ({tokenizer.name}, {tokenizer.vocab_size} ids) does not "
+            f"match checkpoint {run.checkpoint} (vocab_size {model_cfg.vocab_size}): the checkpoint was made with "
+            "another tokenizer"
         )
-    return where, model_cfg, tokenizer
+    return run.checkpoint, model_cfg, tokenizer
 
 
 class GlueTask:
@@ -206,7 +204,7 @@ class GlueTask:
         "dev_examples",
         "train_label_counts",
         "dev_label_counts",
-    )  # see RunDir.check_data
+    )  # see RunFolder.check_data
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg
@@ -245,7 +243,7 @@ class GlueTask:
     def build_model(self, model_cfg: GPTConfig) -> SequenceClassifier:
         """The pretrained GPT (weights from the checkpoint) with a fresh head (seeded by the loop)."""
         gpt = GPT(model_cfg)
-        ckpt.load_weights(gpt, self.ckpt_dir)
+        Checkpoint(self.ckpt_dir).load_weights(gpt)
         return SequenceClassifier(gpt, self.num_classes, self.pooling)
 
     def describe(self) -> dict:
@@ -315,8 +313,3 @@ class GlueTask:
         out.update({f"dev/{k}": v for k, v in metrics.items()})
         model.train(was_training)
         return out
-
-    def save(self, run_dir: Path) -> None:
-        """Write the tokenizer and :meth:`describe` (``data.json``) next to the checkpoints."""
-        self.tokenizer.save(Path(run_dir) / "tokenizer")
-        write_text_atomic(Path(run_dir) / "data.json", json.dumps(self.describe(), indent=2))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import time
 import warnings
 from pathlib import Path
@@ -17,11 +16,10 @@ from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus, split_documents
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import META_FILE, Tokenizer, get_tokenizer
-from coupled_qk.io import write_text_atomic
 from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.perplexity import evaluate_perplexity, perplexity_windows, text_units
-from coupled_qk.training.rundir import RunDir, data_changes
+from coupled_qk.training.run_folder import RunFolder, data_changes
 from coupled_qk.training.tasks import check_options
 
 MIN_EVAL_TOKENS = 10_000  # smaller evaluation splits give noisy perplexities (a warning says so)
@@ -94,7 +92,7 @@ def run_corpus(corpus: str, data_dir: str | None, task_options: dict, saved: boo
     )
 
 
-def saved_run_corpus(run: Path, corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
+def saved_run_corpus(run: RunFolder, corpus: str, data_dir: str | None, task_options: dict) -> Corpus:
     """:func:`run_corpus` of the corpus a run recorded (its ``config.json``: ``eval``, ``analyze`` without
     ``--corpus``), the saved split options warned about where unused.
 
@@ -106,7 +104,7 @@ def saved_run_corpus(run: Path, corpus: str, data_dir: str | None, task_options:
         return run_corpus(corpus, data_dir, task_options, saved=True)
     except (FileNotFoundError, ValueError) as exc:
         raise type(exc)(
-            f"the corpus recorded in {Path(run) / 'config.json'} cannot be read: {exc}; if the text "
+            f"the corpus recorded in {run.config_path} cannot be read: {exc}; if the text "
             "is elsewhere now, pass --corpus (and --data-dir)"
         ) from exc
 
@@ -136,12 +134,12 @@ def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def split_changes(run: RunDir, corpus: Corpus, splits, tokens: dict | None = None) -> list[str]:
+def split_changes(run: RunFolder, corpus: Corpus, splits, tokens: dict | None = None) -> list[str]:
     """How ``splits`` of ``corpus`` (the run's own corpus read back) differ from what the run recorded in its
     ``data.json``: each split's text SHA-256 (``text_sha256``), and its token count where ``tokens`` (split ->
     count with the run's tokenizer) is given; ``[]`` when they match or nothing was recorded (a run written before
     ``text_sha256`` was: only its token counts can be compared). Items as
-    :func:`~coupled_qk.training.rundir.data_changes` gives them.
+    :func:`~coupled_qk.training.run_folder.data_changes` gives them.
 
     Raises:
         ValueError: ``data.json`` is damaged (naming it).
@@ -189,7 +187,7 @@ class LMTask:
         self.options = LMOptions.from_options(cfg.task_options)
         self.corpus = run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
         self.text_sha256 = {split: text_sha256(self.corpus.split(split)) for split in ("train", "valid", "test")}
-        run = RunDir(run_dir) if run_dir is not None else None
+        run = RunFolder(run_dir) if run_dir is not None else None
         resuming = cfg.resume and run is not None and run.has_checkpoint()
         if resuming and run.has_tokenizer():
             self.tokenizer = Tokenizer.load(run.tokenizer_dir)  # the checkpoint's ids must keep their meaning
@@ -374,9 +372,3 @@ class LMTask:
         tokens = self.tokens[split]
         start, length, _ = list(perplexity_windows(len(tokens), self.block_size))[:n_windows][-1]
         return self.tokenizer.decode(np.asarray(tokens[: start + length + 1], dtype=np.int64).tolist())
-
-    def save(self, run_dir: Path) -> None:
-        """Write the tokenizer and a description of the data next to the checkpoints."""
-        run = RunDir(run_dir)
-        self.tokenizer.save(run.tokenizer_dir)
-        write_text_atomic(run.data_path, json.dumps(self.describe(), indent=2))

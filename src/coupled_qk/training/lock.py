@@ -1,4 +1,5 @@
-"""One writer per run folder: an OS-level lock (``flock``) on ``<run>/.lock``.
+"""One writer per run folder: an OS-level lock (``flock``) on the run's lock file (``.lock``, named by
+:class:`coupled_qk.training.run_folder.RunFolder`, which takes it: ``RunFolder.lock()``).
 
 The lock is held for the whole of a training run and released by the operating system on any exit, a crash
 or ``SIGKILL`` included, so a lock left by a dead process is stale by construction and simply taken over.
@@ -31,13 +32,33 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-LOCK_NAME = ".lock"
 RELEASE_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name))
 """Signals that release a held lock before their default action ends the process (module docstring)."""
 
 
 class RunLockedError(ValueError):
     """Another process holds the run folder's lock (the message names it)."""
+
+
+def lock_holder(path: str | Path) -> str | None:
+    """Who holds the lock file ``path``, in words (:func:`_holder`: pid, host, start time, command), when another
+    process holds it; ``None`` when nobody does, the file does not exist, cannot be opened, or this process holds it
+    (a :class:`RunLock` of its own). Read-only: the probe takes a shared ``flock`` for an instant, never creates or
+    writes the file (a reader of a read-only run folder can ask)."""
+    path = Path(path)
+    if fcntl is None or any(lock.path == path for lock in _HELD) or not path.is_file():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(path)
+    finally:
+        os.close(fd)  # closing releases the shared lock, if it was taken
+    return None
 
 
 def _holder(path: Path) -> str:
@@ -85,15 +106,15 @@ class RunLock:
     """Exclusive lock of a run folder; a context manager, or :meth:`acquire` / :meth:`release`.
 
     Args:
-        run_dir: the run folder (created if missing).
+        path: the lock file (its folder, the run folder, is created if missing).
 
     Raises:
         RunLockedError: from :meth:`acquire`, naming the holder, when another live process holds it.
     """
 
-    def __init__(self, run_dir: str | Path):
-        self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_NAME
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.run_dir = self.path.parent
         self._fd: int | None = None
 
     @property

@@ -4,15 +4,16 @@ A task (registered in :data:`coupled_qk.training.tasks.TASKS`) implements :class
 ``model_overrides() -> dict``, ``describe() -> dict``, ``train_batch(step, micro, rank, world, batch_size,
 device) -> (x, y)`` (a pure function of its arguments, which makes resume exact and multi-process runs match
 one process), ``step_tokens(step, world) -> int``, ``evaluate(model, device, quick, autocast_dtype) -> dict``
-and ``save(run_dir)``. Optionally ``build_model(model_cfg) -> nn.Module`` (default: ``GPT(model_cfg)``): a model
-with ``num_parameters()`` mapping ``x`` to logits ``(..., C)``, scored by cross-entropy against ``y`` of shape
-``(...)`` (``-100`` ignored), e.g. a classifier's ``(B, C)`` against labels ``(B,)`` (the GLUE task). The run
-folder's layout is :class:`coupled_qk.training.rundir.RunDir`.
+and a ``tokenizer`` when it has one (the run folder records it). Optionally ``build_model(model_cfg) ->
+nn.Module`` (default: ``GPT(model_cfg)``): a model with ``num_parameters()`` mapping ``x`` to logits ``(..., C)``,
+scored by cross-entropy against ``y`` of shape ``(...)`` (``-100`` ignored), e.g. a classifier's ``(B, C)``
+against labels ``(B,)`` (the GLUE task).
 
-Reliability: the run folder is locked for one writer (:mod:`~coupled_qk.training.lock`); stop decisions are
-shared by all ranks (:mod:`~coupled_qk.training.stop`); a stop signal saves the current step; a non-finite
-loss or gradient norm stops before the step is taken, so no non-finite weights are ever saved; resumes are
-checked and planned by :mod:`~coupled_qk.training.resume`.
+The trainer holds the run folder (:class:`coupled_qk.training.run_folder.RunFolder`: its layout, lock, resume
+point, precision, checkpoints, metrics and results). Reliability: stop decisions are shared by all ranks
+(:mod:`~coupled_qk.training.stop`); a stop signal saves the current step; a non-finite loss or gradient norm stops
+before the step is taken, so no non-finite weights are ever saved; a resume continues the run's schedule and
+global batch (:mod:`~coupled_qk.training.resume`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ import torch
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
-from coupled_qk.training import checkpoint as ckpt
 from coupled_qk.training.best import check_metrics, track_best
+from coupled_qk.training.checkpoint_format import Checkpoint, check_compatible
 from coupled_qk.training.config import TrainConfig, auto_eval_interval, higher_is_better
-from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, setup_runtime, teardown
-from coupled_qk.training.lock import RunLock, RunLockedError
-from coupled_qk.training.metrics_log import Logger, read_metrics
+from coupled_qk.training.distributed import Runtime, barrier, broadcast_ok, pick_autocast_dtype, setup_runtime, teardown
+from coupled_qk.training.lock import RunLockedError
+from coupled_qk.training.metrics_log import Logger
 from coupled_qk.training.model_setup import (
     build_optimizer,
     compile_probe,
@@ -45,16 +46,8 @@ from coupled_qk.training.model_setup import (
     load_optimizer_state,
     wrap_model,
 )
-from coupled_qk.training.resume import (
-    Schedule,
-    check_config,
-    check_out_dir,
-    check_start,
-    lr_at,
-    plan_resume,
-    plan_schedule,
-)
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.resume import Schedule, lr_at, plan_batch, plan_schedule
+from coupled_qk.training.run_folder import RunFolder, check_out_dir
 from coupled_qk.training.stop import Decision, SignalCatcher, StopControl, TrainingDiverged, TrainingInterrupted
 from coupled_qk.training.tasks import steps_for_tokens, task_class
 
@@ -62,7 +55,6 @@ __all__ = [
     "train",
     "lr_at",
     "total_steps_of",
-    "read_metrics",
     "build_optimizer",
     "check_metrics",
     "track_best",
@@ -95,15 +87,15 @@ def _build_task(cfg: TrainConfig, run_dir: Path, runtime: Runtime):
 def train(cfg: TrainConfig, task=None) -> dict:
     """Train a :class:`~coupled_qk.GPT` on ``cfg.task`` and return the run's results (also ``results.json``).
 
-    Writes into ``cfg.out_dir``: ``config.json``, ``metrics.jsonl`` (training loss, learning rate, tokens/s and
-    validation metrics), TensorBoard events, atomic checksummed checkpoints
-    (:mod:`coupled_qk.training.checkpoint`) and ``results.json`` with the final validation/test metrics. The
-    folder is locked for this run (:class:`~coupled_qk.training.lock.RunLock`).
+    Writes the run folder ``cfg.out_dir`` (:class:`~coupled_qk.training.run_folder.RunFolder`: configs, data
+    description, metrics records, TensorBoard events, atomic checksummed checkpoints and the results with the final
+    validation/test metrics), locked for this run.
 
     Raises:
         ValueError: ``out_dir`` already holds checkpoints and ``resume`` is off (nothing is overwritten);
-            the checkpoint to resume was made with a different model, config, global batch, budget or data
-            (see :mod:`coupled_qk.training.resume`); it is damaged; ``out_dir`` is a checkpoint folder.
+            the checkpoint to resume was made with a different model, config, global batch, budget, data or
+            precision (:meth:`RunFolder.resume_point`, :mod:`coupled_qk.training.resume`); it is damaged;
+            ``out_dir`` is a checkpoint folder.
         RunLockedError: another process is writing ``out_dir`` (a ``ValueError`` naming it).
         TrainingInterrupted: ``SIGINT``/``SIGTERM`` stopped the run after saving the current step.
         TrainingDiverged: the loss or gradient norm became non-finite (nothing was saved after the last good
@@ -113,7 +105,7 @@ def train(cfg: TrainConfig, task=None) -> dict:
     check_out_dir(run_dir)
     runtime = setup_runtime(cfg.device, cfg.dtype, compiled=cfg.compile)
     created = not run_dir.exists()
-    lock, error = RunLock(run_dir), None
+    lock, error = RunFolder(run_dir).lock(), None
     try:
         if runtime.is_main:
             try:
@@ -122,7 +114,7 @@ def train(cfg: TrainConfig, task=None) -> dict:
                 error = exc
         if not broadcast_ok(error is None, runtime):
             raise error or RunLockedError(f"run folder {run_dir} is in use by another process")
-        return _train(cfg, task, runtime, run_dir)
+        return _train(cfg, task, runtime, RunFolder(run_dir))
     finally:
         lock.release()
         if created and runtime.is_main and run_dir.is_dir() and not any(run_dir.iterdir()):
@@ -130,21 +122,16 @@ def train(cfg: TrainConfig, task=None) -> dict:
         teardown(runtime)
 
 
-def _resume_point(cfg: TrainConfig, run: RunDir, runtime: Runtime, say) -> tuple[dict, Path | None]:
+def _resume_point(cfg: TrainConfig, run: RunFolder, runtime: Runtime, say) -> tuple[dict, Path | None]:
     """The run's starting state (``step``, ``tokens``, ``train_seconds``, ...) and the checkpoint folder it resumes
-    from (``None`` for a new run); checks that a resume is allowed and plans its global batch and precision."""
-    run_dir = run.path
-    has_ckpt = check_start(run, cfg.resume)  # a run there that this one would replace is refused
-    state: dict = {"step": 0, "tokens": 0, "train_seconds": 0.0}
-    where = None
-    if cfg.resume and has_ckpt:
-        check_config(run_dir, cfg)
-        where = ckpt.resume_checkpoint(run_dir, say)  # latest, or the previous good one if latest is damaged
-        state = ckpt.read_state(where)
-        saved_cfg = run.read_config() or {}
-        plan_resume(state, saved_cfg, cfg, runtime, say)  # the global batch; a change of precision is said
-    elif cfg.resume:
-        say(f"no checkpoint in {run_dir}; starting a new run there")
+    from (``None`` for a new run) (:meth:`RunFolder.resume_point`); a resume keeps its global batch (planned) and its
+    precision (``runtime``'s autocast dtype set to the run's: :meth:`RunFolder.resume_precision`)."""
+    state, where = run.resume_point(cfg, say)
+    if where is not None:
+        plan_batch(state, run.read_config() or {}, cfg, runtime.world, say)
+        precision = run.resume_precision(state, runtime.precision, cfg, say)
+        if precision != runtime.precision:
+            runtime.autocast_dtype = pick_autocast_dtype(precision, runtime.device)
     return state, where
 
 
@@ -177,29 +164,28 @@ class _Trainer:
         self,
         cfg: TrainConfig,
         runtime: Runtime,
-        run_dir: Path,
+        run: RunFolder,
         task,
         model_cfg: GPTConfig,
         state: dict,
         where: Path | None,
         sched: Schedule,
     ):
-        self.cfg, self.runtime, self.run_dir, self.task = cfg, runtime, run_dir, task
+        self.cfg, self.runtime, self.run, self.task = cfg, runtime, run, task
         self.model_cfg, self.state, self.sched = model_cfg, state, sched
         self.model = getattr(task, "build_model", GPT)(model_cfg).to(runtime.device)
-        if where is not None:
-            ckpt.load_weights(self.model, where)
+        resumed = run.checkpoint(where) if where is not None else None
+        if resumed is not None:
+            resumed.load_weights(self.model)
         self.wrapped = wrap_model(
             self.model, cfg, runtime
         )  # FSDP2 replaces the parameters: build the optimizer after it
         self.optimizer = build_optimizer(self.model, cfg, fused=runtime.device.type == "cuda")
         self.use_scaler = runtime.autocast_dtype == torch.float16
         self.scaler = torch.amp.GradScaler(runtime.device.type, init_scale=GRAD_SCALE_INIT, enabled=self.use_scaler)
-        if where is not None:
-            load_optimizer_state(
-                self.model, self.optimizer, ckpt.load_torch_file(where / "optimizer.pt", runtime.device), cfg, runtime
-            )
-            ckpt.set_rng_state(ckpt.load_torch_file(where / "rng.pt"))
+        if resumed is not None:
+            load_optimizer_state(self.model, self.optimizer, resumed.optimizer_state(runtime.device), cfg, runtime)
+            resumed.restore_rng()
             if self.use_scaler and state.get("grad_scaler"):
                 self.scaler.load_state_dict(state["grad_scaler"])
         self.autocast = dict(
@@ -224,9 +210,7 @@ class _Trainer:
         path, error = None, None
         if runtime.is_main:
             try:
-                path = ckpt.save_checkpoint(
-                    self.run_dir, model_state, self.model_cfg, opt_state, dict(state), keep=cfg.keep_checkpoints
-                )
+                path = self.run.save(model_state, self.model_cfg, opt_state, dict(state), keep=cfg.keep_checkpoints)
             except Exception as exc:  # every rank must learn of it, or the others wait forever
                 error = exc
         if not broadcast_ok(error is None, runtime):
@@ -248,7 +232,7 @@ class _Trainer:
         error = None
         if self.runtime.is_main:
             try:
-                ckpt.save_best(self.run_dir, model_state, self.model_cfg, info)
+                self.run.save_best(model_state, self.model_cfg, info)
             except Exception as exc:  # every rank must learn of it
                 error = exc
         if not broadcast_ok(error is None, self.runtime):
@@ -276,10 +260,9 @@ class _Trainer:
         # one collective per step: the loss and every stop decision (the fp16 scaler skips inf gradients)
         decision = self.stop.sync(loss_sum.item(), cfg.grad_accum, None if self.use_scaler else grad_norm)
         if decision.non_finite:
-            run_dir = self.run_dir
             last = (
-                f"the last good checkpoint is {run_dir / ckpt.resolve_checkpoint(run_dir).name}"
-                if (run_dir / "latest").is_file()
+                f"the last good checkpoint is {self.run.latest_checkpoint()}"
+                if self.run.latest_path.is_file()
                 else "the run has no checkpoint yet"
             )
             raise TrainingDiverged(
@@ -352,7 +335,7 @@ class _Trainer:
         cfg, runtime, state = self.cfg, self.runtime, self.state
         final_from = "last"
         if cfg.best_metric is not None and state.get("best") is not None:
-            best_dir = ckpt.resolve_best(self.run_dir)
+            best_dir = self.run.best_checkpoint()
             if best_dir is not None:  # the final evaluation is the best-validation checkpoint's
                 load_full_weights(self.model, best_dir, cfg, runtime)
                 final_from = best_dir.name
@@ -379,8 +362,7 @@ class _Trainer:
         }
 
 
-def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
-    run = RunDir(run_dir)
+def _train(cfg: TrainConfig, task, runtime: Runtime, run: RunFolder) -> dict:
     say = (
         (lambda msg: print(f"coupled-qk: {msg}", file=sys.stderr, flush=True)) if runtime.is_main else (lambda m: None)
     )
@@ -388,28 +370,30 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     if cfg.fsdp and runtime.world == 1:
         say("fsdp has no effect in a single process (it applies under torchrun with several processes)")
     if runtime.is_main:
-        ckpt.clean_leftovers(run_dir)
+        run.clean_leftovers()
     barrier(runtime)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    task = task if task is not None else _build_task(cfg, run_dir, runtime)
+    task = task if task is not None else _build_task(cfg, run.path, runtime)
     model_cfg = cfg.gpt_config(**task.model_overrides())
     if where is not None:
-        ckpt.check_compatible(GPTConfig.load(where / "model_config.json"), model_cfg, where)
+        check_compatible(Checkpoint(where).model_config(), model_cfg, where)
         run.check_data(task)  # before data.json is written again below
     sched, eval_interval = _plan(cfg, state, task, runtime, say)
-    trainer = _Trainer(cfg, runtime, run_dir, task, model_cfg, state, where, sched)
+    trainer = _Trainer(cfg, runtime, run, task, model_cfg, state, where, sched)
     if runtime.is_main:
-        cfg.save(run.config_path)
-        model_cfg.save(run.model_config_path)
-        task.save(run_dir)
+        run.record_start(cfg, model_cfg, task)
     start_step = step = state["step"]
-    logger = Logger(run_dir, cfg, runtime.is_main, start_step, sched.end)
+    logger = Logger(run, cfg, runtime.is_main, start_step, sched.end)
     if runtime.device.type == "cpu" and runtime.autocast_dtype is not None:  # reported: not the CPU's usual fp32
         say(
             f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
-            + (" (--compile on a CPU with native bf16; --dtype fp32 to opt out)" if cfg.dtype == "auto" else "")
+            + (
+                " (--compile on a CPU with native bf16; --dtype fp32 to opt out)"
+                if cfg.dtype == "auto" and start_step == 0
+                else ""
+            )
         )
     compile_status = (
         compile_probe(trainer.wrapped, trainer.model, task, cfg, runtime, start_step, trainer.autocast, say)
@@ -436,8 +420,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
             trainer.log_step(logger, step, lr, grad_norm, decision.loss, tokens_per_step, step_start)
             if decision.signum is not None:
                 logger.close()
-                where_saved = trainer.save(step) if step != trainer.saved_step else ckpt.resolve_checkpoint(run_dir)
-                raise TrainingInterrupted(decision.signum, step, where_saved or run_dir)
+                where_saved = trainer.save(step) if step != trainer.saved_step else run.latest_checkpoint()
+                raise TrainingInterrupted(decision.signum, step, where_saved or run.path)
             if step % eval_interval == 0 or step == sched.end:
                 _, reason = trainer.validate(step, logger)
                 if reason is not None:
@@ -458,5 +442,5 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run_dir: Path) -> dict:
     if catcher.received is not None:
         # the signal came after the last step's stop decision (during its evaluation or logging): the run is
         # complete and saved, but whoever sent it wants this process to stop, not to start the next run
-        raise TrainingInterrupted(catcher.received, state["step"], run_dir, finished=True)
+        raise TrainingInterrupted(catcher.received, state["step"], run.path, finished=True)
     return results

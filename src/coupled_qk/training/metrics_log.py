@@ -1,48 +1,34 @@
-"""A run's ``metrics.jsonl`` (one JSON record per line), TensorBoard scalars and the progress bar.
-
-A kill can leave a torn final line; readers drop it (with a warning), and a resumed run truncates the file
-to the records up to its checkpoint's step. A damaged line anywhere else is an error naming file and line.
+"""The training loop's logger: a run's metrics records (the run folder's ``metrics.jsonl``), TensorBoard scalars
+and the progress bar. Reading the records back is :meth:`coupled_qk.training.run_folder.RunFolder.read_metrics`.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from pathlib import Path
 
-from coupled_qk.io import write_text_atomic
 from coupled_qk.progress import progress
-from coupled_qk.training.rundir import RunDir, parse_metrics
+from coupled_qk.training.run_folder import RunFolder
 
-__all__ = ["Logger", "parse_metrics", "read_metrics"]  # parse_metrics lives in rundir (the run folder's files)
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of a run's ``metrics.jsonl`` (``[]`` without the file; see :func:`parse_metrics`)."""
-    return RunDir(run_dir).read_metrics()
+__all__ = ["Logger"]
 
 
 class Logger:
-    """JSON-lines metrics (``metrics.jsonl``), TensorBoard scalars and the progress bar, on rank 0 only.
+    """JSON-lines metrics (:meth:`RunFolder.open_metrics <coupled_qk.training.run_folder.RunFolder.open_metrics>`:
+    records after ``start_step``, written by a killed session after its last checkpoint, are dropped), TensorBoard
+    scalars and the progress bar, on rank 0 only."""
 
-    Records after ``start_step`` (written by a killed session after its last checkpoint) are dropped.
-    """
-
-    def __init__(self, run_dir: Path, cfg, is_main: bool, start_step: int, total_steps: int):
+    def __init__(self, run: RunFolder, cfg, is_main: bool, start_step: int, total_steps: int):
         self.active = is_main
         self.file = self.tb = self.bar = None
         if not self.active:
             return
-        path = RunDir(run_dir).metrics_path
-        if path.exists():
-            keep = [r for r in parse_metrics(path) if r.get("step", 0) <= start_step]
-            write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))  # a crash keeps the old file
-        self.file = path.open("a")
+        self.file = run.open_metrics(start_step)
         if cfg.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard_dir))
+                self.tb = SummaryWriter(str(run.tensorboard_dir))
             except ImportError:
                 warnings.warn("tensorboard is not installed; logging JSON lines only", stacklevel=2)
         self.bar = progress(total_steps, "training", "steps", initial=start_step, enabled=cfg.progress)

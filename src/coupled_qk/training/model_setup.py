@@ -16,7 +16,7 @@ import torch
 from coupled_qk.models.compiled import compile_error_summary, compile_regions, uncompile_regions
 from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
-from coupled_qk.training import checkpoint as ckpt
+from coupled_qk.training.checkpoint_format import Checkpoint
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.distributed import Runtime, broadcast_ok
 
@@ -116,10 +116,9 @@ def gradient_norm(model: torch.nn.Module, clip: float) -> float:
 def load_full_weights(model: torch.nn.Module, folder: Path, cfg: TrainConfig, runtime: Runtime) -> None:
     """Load a checkpoint folder's full weights into ``model`` (sharded FSDP2 model or plain)."""
     if runtime.world > 1 and cfg.fsdp:
-        from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        weights = load_file(str(folder / "model.safetensors"))
+        weights = Checkpoint(folder).weights()
         set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
     else:
-        ckpt.load_weights(model, folder)
+        Checkpoint(folder).load_weights(model)

@@ -32,7 +32,6 @@ rows ``[r * batch_size, (r + 1) * batch_size)`` of it, so the batches are a pure
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -43,10 +42,8 @@ import torch
 
 from coupled_qk._checks import MAX_SEED, MAX_VOCAB, check_declared, coerce_fields, declare
 from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
-from coupled_qk.io import write_text_atomic
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_accuracy import evaluate_slices
-from coupled_qk.training.rundir import RunDir
 from coupled_qk.training.tasks import check_options
 
 __all__ = ["MQAROptions", "MQARTask", "batches_per_epoch", "parse_slices", "steps_per_epoch"]
@@ -182,7 +179,7 @@ class MQARTask:
 
     Args:
         cfg: the run's :class:`TrainConfig` (``task == "mqar"``); MQAR settings come from ``cfg.task_options``.
-        run_dir: the run's folder (unused while loading; :meth:`save` writes ``data.json`` there).
+        run_dir: the run's folder (unused: the run folder records :meth:`describe` itself).
 
     Attributes:
         dataset: the :class:`~coupled_qk.data.mqar.MQARDataset` (train and test slices, never mixed).
@@ -347,7 +344,3 @@ class MQARTask:
         return evaluate_slices(
             model, self.dataset.test, self.test_names, self.eval_batch_size, device, autocast_dtype, max_rows
         )
-
-    def save(self, run_dir: Path) -> None:
-        """Write :meth:`describe` as ``data.json`` into ``run_dir``."""
-        write_text_atomic(RunDir(run_dir).data_path, json.dumps(self.describe(), indent=2))

@@ -9,8 +9,7 @@ import torch
 
 from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.models.gpt import GPT
-from coupled_qk.training.checkpoint_load import language_model_checkpoint, load_checkpoint_model
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.run_folder import open_run
 
 
 @dataclass
@@ -53,22 +52,21 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
         print(run.tokenizer.decode(ids[0]))
 
     Raises:
-        FileNotFoundError: no checkpoint, or no ``tokenizer/tokenizer.json`` in the run folder.
-        ValueError: a damaged checkpoint, a tokenizer whose vocabulary does not match the model, a damaged
-            ``config.json`` (:meth:`~coupled_qk.training.rundir.RunDir.read_config`), or a ``device`` that is
-            neither ``"auto"`` nor a device of this machine (:func:`load_checkpoint_model`; the error lists those).
+        FileNotFoundError: no checkpoint, or no tokenizer in the run folder.
+        ValueError: a folder of another kind or state (a run still training, a GLUE or MQAR run:
+            :func:`~coupled_qk.training.run_folder.open_run`), a damaged checkpoint, a tokenizer whose vocabulary
+            does not match the model, a damaged ``config.json``, or a ``device`` that is neither ``"auto"`` nor a
+            device of this machine (the error lists those).
     """
-    ckpt = language_model_checkpoint(path, needs_text=True)
-    run_dir = ckpt.parent
-    tok_dir = run_dir / "tokenizer"
-    if not (tok_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"the run's tokenizer is missing: expected {tok_dir / 'tokenizer.json'}")
-    tokenizer = Tokenizer.load(tok_dir)
-    model, state = load_checkpoint_model(ckpt, device)
+    from coupled_qk.devices import resolve_device
+
+    resolve_device("device", device)  # an absent device: one line before anything is read
+    run = open_run(path, "load_run", text=True)  # the run's state, checked once
+    tokenizer = run.tokenizer()
+    model, state = run.load_model(device)
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(
-            f"{ckpt}: model vocab_size={model.config.vocab_size} differs from the run tokenizer's "
+            f"{run.checkpoint}: model vocab_size={model.config.vocab_size} differs from the run tokenizer's "
             f"{tokenizer.vocab_size}"
         )
-    config = RunDir(run_dir).read_config() or {}
-    return LoadedRun(model, tokenizer, ckpt, state.get("step"), config)
+    return LoadedRun(model, tokenizer, run.checkpoint, state.get("step"), run.config)

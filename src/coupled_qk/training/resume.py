@@ -1,4 +1,5 @@
-"""Checks and plans of a run's start: where it may write, and how a resumed run continues its schedule.
+"""Plans of a run's start: how a resumed run continues its learning-rate schedule and its global batch (where it
+may write, its checkpoint and its precision are the run folder's: :mod:`coupled_qk.training.run_folder`).
 
 A resumed run must see the same data and the same learning-rate schedule as an uninterrupted one. The data
 order depends on the seed and on the per-micro-step global batch (``batch_size * world_size``) and
@@ -10,14 +11,9 @@ horizon only when asked for (``on_budget_change``: ``keep`` or ``rewarm``).
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
-from coupled_qk.outputs import OutputDir
-from coupled_qk.training.checkpoint_load import checkpoint_step
-from coupled_qk.training.config import CONTINUATION_FIELDS, TrainConfig, config_differences, describe_differences
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.config import TrainConfig
 
 
 @dataclass
@@ -42,99 +38,6 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, start: int = 0) -> floa
     progress = min(1.0, (local - cfg.warmup_steps) / max(1, total_steps - start - cfg.warmup_steps))
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - floor)
-
-
-RUN_LAYOUT = (
-    "config.json",
-    "model_config.json",
-    "data.json",
-    "tokenizer/",
-    "metrics.jsonl",
-    "tensorboard/",
-    "ckpt-*/",
-    "latest",
-    "best",
-    "best-*/",
-    "results.json",
-    "results.interrupted.json",
-    "glue/",
-)
-"""Top-level names of a run folder (``training/rundir.py``) plus ``glue/``, the default output of ``coupled-qk
-glue`` for one run. A folder holding anything else is not a run folder and is refused as ``out_dir``."""
-
-
-def check_out_dir(run_dir: Path) -> None:
-    """Refuse an ``out_dir`` that is empty, a file, not creatable or writable, a checkpoint folder inside a run
-    (``--out-dir RUN/ckpt-...``), or a folder holding files a run does not write (a home folder, a user's
-    project, another command's output): the run would mix its files with them or replace them
-    (:class:`coupled_qk.outputs.OutputDir`; docs/RELIABILITY.md, "Outputs")."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"out_dir {run_dir} is a file, not a folder")
-    if (run_dir / "model.safetensors").is_file() or (
-        checkpoint_step(run_dir) is not None and (run_dir.parent / "latest").is_file()
-    ):
-        raise ValueError(
-            f"out_dir {run_dir} is a checkpoint folder inside the run {run_dir.parent}; pass "
-            f"--out-dir {run_dir.parent} (the run folder)"
-        )
-    OutputDir(run_dir, "out_dir", layout=RUN_LAYOUT, what="a training run")
-
-
-def check_start(run: RunDir, resume: bool) -> bool:
-    """Whether the run folder ``run`` holds a checkpoint to resume; refuses starting a run that would replace
-    another: checkpoints without ``resume``, or a finished run's ``results.json`` without a checkpoint (deleted
-    to save space: a new run trained over it, replacing its results, metrics and config without a word).
-
-    Raises:
-        ValueError: naming the folder and what to do.
-    """
-    has_ckpt = run.has_checkpoint()
-    if has_ckpt and not resume:
-        raise ValueError(
-            f"{run.path} already holds checkpoints; pass --resume to continue it or choose another --out-dir"
-        )
-    if not has_ckpt and run.is_finished():
-        raise ValueError(
-            f"{run.path} holds a finished run ({run.RESULTS}) without checkpoints to resume: a new run "
-            "there would replace its results; choose another --out-dir, or delete the folder to train "
-            "it again"
-        )
-    return has_ckpt
-
-
-def check_config(run_dir: Path, cfg: TrainConfig) -> None:
-    """Refuse resuming ``run_dir`` with settings that change the run (the model is compared separately), or
-    without its ``config.json`` (then nothing could be compared: a resume with another learning rate or seed
-    was accepted and recorded as the whole run's settings), or with a damaged ``metrics.jsonl``
-    (:func:`check_metrics_file`). Called before the resumed run writes anything."""
-    run = RunDir(run_dir)
-    saved = run.read_config()  # its fields' kinds checked, naming the file
-    if saved is None:
-        raise ValueError(
-            f"cannot resume {run_dir}: its {run.CONFIG} is missing, so the settings a resume must keep (learning "
-            f"rate, seed, data, ...) cannot be checked; restore {run.config_path}, or recreate it with the run's "
-            f"own options: coupled-qk train <its options> --print-config > {run.config_path}"
-        )
-    diff = config_differences(saved, cfg, CONTINUATION_FIELDS | {"model", "preset"})
-    if diff:
-        raise ValueError(
-            f"cannot resume {run_dir}: the run was made with a different config ({describe_differences(diff)}); "
-            "only the budget, logging and paths may change on --resume"
-        )
-    check_metrics_file(run)
-
-
-def check_metrics_file(run: RunDir) -> None:
-    """Refuse resuming ``run`` when its ``metrics.jsonl`` has a damaged line before the last (the resumed run
-    rewrites that file), before anything is written: the refusal used to come after ``config.json`` had been
-    rewritten with this resume's budget. A torn last line is left to the logger, which drops it and says so.
-
-    Raises:
-        ValueError: naming the file and the line (:func:`~coupled_qk.training.rundir.parse_metrics`).
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the torn last line: said once, by the logger that drops it
-        run.read_metrics()
 
 
 def plan_batch(state: dict, saved_cfg: dict, cfg: TrainConfig, world: int, say) -> None:
@@ -162,29 +65,6 @@ def plan_batch(state: dict, saved_cfg: dict, cfg: TrainConfig, world: int, say) 
         say(
             f"re-planned for {world} process(es) x batch_size {cfg.batch_size} (was {saved['world_size']} x "
             f"{saved['batch_size']}): the same global batch of {now} sequences, data order and schedule"
-        )
-
-
-def plan_resume(state: dict, saved_cfg: dict, cfg: TrainConfig, runtime, say) -> None:
-    """What a resume from the checkpoint ``state`` continues with: its global batch (:func:`plan_batch`) and its
-    precision (:func:`check_precision`); ``runtime``: the :class:`~coupled_qk.training.distributed.Runtime`."""
-    plan_batch(state, saved_cfg, cfg, runtime.world, say)
-    check_precision(state, runtime.precision, cfg)
-
-
-def check_precision(state: dict, now: str, cfg: TrainConfig) -> None:
-    """A ``RuntimeWarning`` when a resumed run continues under another autocast precision ``now`` (``"fp32"``,
-    ``"bf16"``, ``"fp16"``) than its checkpoint's steps (``state["precision"]``; older checkpoints have none):
-    ``--dtype auto`` resolves by device and, on a CPU with native bf16, by ``--compile`` (bf16 compiled, fp32
-    eager), both of which a resume may change."""
-    saved = state.get("precision")
-    if saved is not None and saved != now:
-        warnings.warn(
-            f"the run trained in {saved} until step {state['step']} and continues in {now} (--dtype "
-            f"{cfg.dtype}, compile={cfg.compile}, device {cfg.device}: auto is bf16 only on CUDA and, "
-            f"with --compile, on a CPU with native bf16); pass --dtype {saved} to keep its precision",
-            RuntimeWarning,
-            stacklevel=2,
         )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,7 +39,12 @@ class Task(Protocol):
 
     Constructed as ``Task(cfg: TrainConfig, run_dir: Path | None)``: read the task's settings from ``cfg``
     (its own settings from ``cfg.task_options``, rejecting unknown keys with ``ValueError``), load or build
-    the data. ``run_dir`` is the run folder (a resumed run may reload what :meth:`save` wrote there).
+    the data. ``run_dir`` is the run folder (a resumed run may reload its tokenizer from there).
+
+    The run folder (:class:`~coupled_qk.training.run_folder.RunFolder`) records what evaluation and resumption
+    need: :meth:`describe` as its data description, and a task's ``tokenizer`` attribute (a
+    :class:`~coupled_qk.data.tokenizers.Tokenizer`), when it has one, as its tokenizer. A task never writes into
+    the run folder itself.
 
     Attributes:
         name: the registry name (``"lm"``, ``"mqar"``).
@@ -54,7 +58,7 @@ class Task(Protocol):
     invalid values from its declarations (``tests/reliability/test_field_declarations.py``). A task may name, as
     the class attribute ``data_identity``, the keys of :meth:`describe` that identify its data (LM: token counts
     and text SHA-256s): a resume whose data differs there from the run's ``data.json`` is refused
-    (:meth:`coupled_qk.training.rundir.RunDir.check_data`).
+    (:meth:`coupled_qk.training.run_folder.RunFolder.check_data`).
     """
 
     name: str
@@ -63,7 +67,8 @@ class Task(Protocol):
         """:class:`~coupled_qk.GPTConfig` fields the data decide (``vocab_size``, and ``block_size`` for MQAR)."""
 
     def describe(self) -> dict:
-        """A JSON-serialisable description of the data, stored as ``data.json`` and in ``results.json``."""
+        """A JSON-serialisable description of the data, recorded by the run folder (its data description, and in its
+        results)."""
 
     def train_batch(
         self, step: int, micro: int, rank: int, world: int, batch_size: int, device: str | torch.device
@@ -89,9 +94,6 @@ class Task(Protocol):
     ) -> dict:
         """Metrics as ``{"valid/<metric>": float, ...}`` (``quick``: the periodic, cheaper evaluation; the
         final one also reports ``test/...`` where the task has a test split). Restores ``model``'s mode."""
-
-    def save(self, run_dir: Path) -> None:
-        """Write what evaluation and resumption need into the run folder (``data.json``, a tokenizer)."""
 
 
 def task_class(name: str) -> type:

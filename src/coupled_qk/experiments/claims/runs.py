@@ -163,11 +163,11 @@ def _diagnostics(run_dir: Path, corpus_dir: Path | None, cfg: TrainConfig) -> di
 
     from coupled_qk.analysis.capture import analyze_model
     from coupled_qk.data.corpora import load_corpus
-    from coupled_qk.data.tokenizers import Tokenizer
-    from coupled_qk.training.checkpoint_load import load_checkpoint_model, resolve_best, resolve_checkpoint
+    from coupled_qk.training.run_folder import RunFolder, open_run
 
-    model, _ = load_checkpoint_model(resolve_best(run_dir) or resolve_checkpoint(run_dir), "cpu")
-    tokenizer = Tokenizer.load(run_dir / "tokenizer")
+    run = open_run(RunFolder(run_dir).best_checkpoint() or run_dir, "claims", text=True)  # the final checkpoint
+    model, _ = run.load_model("cpu")
+    tokenizer = run.tokenizer()
     text = load_corpus(cfg.corpus, corpus_dir, seed=int(cfg.task_options.get("split_seed", 0))).split("valid")
     ids = tokenizer.encode(text[:200_000])
     seq_len = min(128, model.config.block_size, len(ids))
@@ -248,7 +248,7 @@ def execute(
         from coupled_qk.training.distributed import barrier
 
         barrier(runtime)  # the derived data exists before any rank reads it
-    from coupled_qk.training.loop import read_metrics
+    from coupled_qk.training.run_folder import RunFolder
 
     t0 = time.perf_counter()
     # the shared runner reuses a finished run folder (same settings), resumes an unfinished one, or trains
@@ -280,7 +280,7 @@ def execute(
         "final": final,
         "precision": results.get("precision"),
         "diagnostics": diagnostics,
-        "curve": compact_curve(read_metrics(run_dir)),
+        "curve": compact_curve(RunFolder(run_dir).read_metrics()),
         "data": results.get("data"),
         "epochs": results.get("epochs"),
         "best": results.get("best"),

@@ -17,6 +17,7 @@ from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, load_glue
 from coupled_qk.experiments.runner import PlannedRun, Report, execute, stopped_early, write_report
 from coupled_qk.extras import MissingExtra
 from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.run_folder import RESULTS_FILE, is_checkpoint_name
 
 SCHEMA = "coupled-qk/glue-results/v1"
 # per task: learning rate, epochs, batch size (GPT-style fine-tuning, Radford et al. 2018 section 4.1: 3 epochs,
@@ -143,7 +144,7 @@ def finetune_config(
 def model_name(run_dir: str | Path) -> str:
     """A label for a pretrained run: its folder name, or the parent's when the folder is ``seed<k>``."""
     path = Path(run_dir).resolve()
-    path = path.parent if path.name.startswith("ckpt-") else path
+    path = path.parent if is_checkpoint_name(path) else path  # a checkpoint folder: its run's name
     return path.parent.name if path.name.startswith("seed") else path.name
 
 
@@ -246,7 +247,7 @@ def run_glue(
     plan = plan_glue(pretrained, tasks, seeds, out_dir, names, **options)
     records = execute(plan, train_fn=train_fn, log=log, max_minutes=max_minutes)
     summary = summarize_glue(records, pretrained, tasks, seeds, names)
-    write_report(out_dir, Report(json={"results.json": summary}, text={"results.md": format_table(summary) + "\n"}))
+    write_report(out_dir, Report(json={RESULTS_FILE: summary}, text={"results.md": format_table(summary) + "\n"}))
     return summary
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, mqar_variants
 from coupled_qk.experiments.runner import Report, RunRecord
 from coupled_qk.extras import MissingExtra
+from coupled_qk.training.run_folder import RESULTS_FILE
 
 __all__ = [
     "accuracy_table",
@@ -57,7 +58,7 @@ def sweep_report(preset: SweepPreset, records: Sequence[RunRecord], wall_seconds
     compact = {k: v for k, v in summary.items() if k != "runs"}
     compact["runs"] = [{k: v for k, v in r.items() if k not in ("config", "run_dir")} for r in summary["runs"]]
     return Report(
-        json={"results.json": summary, "summary.json": compact},
+        json={RESULTS_FILE: summary, "summary.json": compact},
         plots={f"mqar-{preset.name}.png": lambda path: plot_sweep(summary, path)},
     )
 

@@ -10,8 +10,8 @@ variant; :func:`plan_sweep` lists the points, :func:`run_config` makes each poin
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from coupled_qk.experiments.runner import PlannedRun, RunRecord, run_experiment
 from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_task import steps_per_epoch
+from coupled_qk.training.run_folder import RESULTS_FILE, RunFolder
 
 __all__ = ["SweepPoint", "plan_sweep", "run_config", "run_sweep", "sweep_plan"]
 
@@ -259,7 +260,7 @@ def run_sweep(
         announce=False,
         describe=_line(len(plan), several),
     )
-    return report.json["results.json"]
+    return report.json[RESULTS_FILE]
 
 
 def sweep_plan(
@@ -309,11 +310,13 @@ def _legacy_run_dir(cfg: TrainConfig) -> str | None:
     """The folder of a run finished by a sweep made before seeds had folders of their own (``.../lr<lr>``, the
     parent of ``cfg.out_dir``), when it holds a finished run with ``cfg``'s seed; ``None`` otherwise. Reused there
     (after the usual settings check), so an old sweep folder is continued, not trained again."""
-    results = Path(cfg.out_dir).parent / "results.json"
-    if Path(cfg.out_dir).exists() or not results.is_file():
+    legacy = RunFolder(Path(cfg.out_dir).parent)
+    if Path(cfg.out_dir).exists() or not legacy.is_finished():
         return None
     try:
-        saved = json.loads(results.read_text())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unknown key: read anyway, only the seed is asked here
+            saved = legacy.read_results()
     except (OSError, ValueError):
         return None
     seed = saved.get("config", {}).get("seed") if isinstance(saved, dict) else None

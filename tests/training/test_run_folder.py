@@ -1,9 +1,12 @@
-"""RunDir: the run-folder layout, as written by train() and read by eval, analyze and the experiment runner."""
+"""RunFolder: the run-folder layout, as written by train() and read by eval, analyze and the experiment runner."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import fnmatch
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,15 +16,15 @@ from hypothesis import strategies as st
 from coupled_qk._checks import coerce, field_types
 from coupled_qk.analysis.analyze import analyze_checkpoints
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.rundir import RunDir
+from coupled_qk.training.run_folder import RunFolder
 
 
 def test_layout_matches_what_train_writes(tiny_cfg, tmp_path):
     from coupled_qk.training.loop import train
 
     res = train(tiny_cfg(max_steps=4, checkpoint_interval=2, tensorboard=True))
-    run = RunDir(res["config"]["out_dir"])
-    assert run.path == tmp_path / "run" and run / "latest" == run.latest_path
+    run = RunFolder(res["config"]["out_dir"])
+    assert run.path == tmp_path / "run" and run.path / "latest" == run.latest_path
     assert run.is_finished() and run.has_checkpoint() and run.has_tokenizer()
     for path in (run.config_path, run.model_config_path, run.data_path, run.metrics_path, run.results_path):
         assert path.is_file(), path
@@ -35,7 +38,7 @@ def test_layout_matches_what_train_writes(tiny_cfg, tmp_path):
 
 
 def test_empty_folder_and_torn_metrics(tmp_path):
-    run = RunDir(tmp_path / "nothing")
+    run = RunFolder(tmp_path / "nothing")
     assert not run.is_finished() and not run.has_checkpoint() and not run.has_tokenizer()
     assert run.read_config() is None and run.read_results() is None and run.read_metrics() == []
     assert run.checkpoints() == [] and run.train_seconds() == 0.0
@@ -54,13 +57,13 @@ def test_empty_folder_and_torn_metrics(tmp_path):
 
 
 def test_results_interrupted_and_partial_removal(tmp_path):
-    run = RunDir(tmp_path / "r")
+    run = RunFolder(tmp_path / "r")
     run.write_results({"steps": 3, "path": tmp_path})  # non-JSON values are written with str()
     assert run.read_results() == {"steps": 3, "path": str(tmp_path)}
     run.mark_interrupted()
     assert not run.is_finished() and json.loads(run.interrupted_results_path.read_text())["steps"] == 3
     for name in ("config.json", "model_config.json", "data.json", "metrics.jsonl", "notes.txt"):
-        (run / name).write_text("{}")
+        (run.path / name).write_text("{}")
     (run.tokenizer_dir).mkdir()
     (run.checkpoint_dir(7)).mkdir()  # complete but never named in `latest` (a kill between the two)
     run.remove_partial()
@@ -74,19 +77,19 @@ def test_partial_removal_never_touches_a_run_another_process_is_writing(tmp_path
     """A run still training before its first checkpoint looks like a killed one; while its writer holds the
     lock, a second process's clean-up is refused and every file stays (a real loss seen with two claims
     processes on one run folder). flock locks per open file, so a second RunLock in this process conflicts too."""
-    from coupled_qk.training.lock import RunLock, RunLockedError
+    from coupled_qk.training.lock import RunLockedError
 
-    run = RunDir(tmp_path / "r")
+    run = RunFolder(tmp_path / "r")
     run.path.mkdir()
     for name in ("config.json", "metrics.jsonl"):
-        (run / name).write_text("{}")
+        (run.path / name).write_text("{}")
     run.tokenizer_dir.mkdir()
-    with RunLock(run.path):
+    with run.lock():
         with pytest.raises(RunLockedError, match="is in use by pid"):
             run.remove_partial()
         assert run.config_path.is_file() and run.metrics_path.is_file() and run.tokenizer_dir.is_dir()
     run.remove_partial()  # the writer is gone: now it is a killed run, cleaned
-    assert not run.config_path.exists() and not run.tokenizer_dir.exists() and not (run / ".lock").exists()
+    assert not run.config_path.exists() and not run.tokenizer_dir.exists() and not (run.path / ".lock").exists()
 
 
 _JSON = st.recursive(
@@ -102,7 +105,7 @@ def test_saved_config_fields_are_of_their_declared_kind_or_one_line_naming_them(
     ``"corpus": 5`` was a TypeError traceback and ``"task_options": []`` (or null, 0, "") was read as ``{}``. Any
     value of any field is now either of the field's declared kind (so reading it needs no conversion) or one
     ValueError naming the file and the field."""
-    run = RunDir(tmp_path_factory.mktemp("run"))
+    run = RunFolder(tmp_path_factory.mktemp("run"))
     saved = {**TrainConfig(max_steps=1).to_dict(), field: value}
     run.config_path.write_text(json.dumps(saved))
     try:
@@ -163,7 +166,7 @@ def test_eval_analyze_generate_name_a_saved_field_of_another_kind(finished_run, 
 
     from coupled_qk.cli import main
 
-    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    run = RunFolder(shutil.copytree(finished_run, tmp_path / "run"))
     run.config_path.write_text(json.dumps({**run.read_config(), field: value}))
     for args in (
         ["eval", str(run.path)],
@@ -181,7 +184,7 @@ def _copy_with_own_corpus(finished_run, where):
     import shutil
 
     corpus = Path(shutil.copytree(finished_run.parent / "corpus", where / "corpus"))
-    run = RunDir(shutil.copytree(finished_run, where / "run"))
+    run = RunFolder(shutil.copytree(finished_run, where / "run"))
     run.config_path.write_text(json.dumps({**run.read_config(), "corpus": str(corpus)}))
     return run, corpus
 
@@ -235,7 +238,7 @@ def test_resume_refuses_data_that_changed_since_the_run_recorded_it(tiny_cfg, ti
     from coupled_qk.training.loop import train
 
     train(tiny_cfg(max_steps=3, stop_after_steps=2))
-    run = RunDir(tiny_cfg().out_dir)
+    run = RunFolder(tiny_cfg().out_dir)
     data = run.read_data()
     assert set(data["text_sha256"]) == {"train", "valid", "test"}
     before = (tiny_corpus / "test.txt").read_text()
@@ -259,7 +262,7 @@ def test_resume_without_data_json_says_the_data_is_not_checked(tiny_cfg, tiny_co
     from coupled_qk.training.loop import train
 
     train(tiny_cfg(max_steps=3, stop_after_steps=2))
-    run = RunDir(tiny_cfg().out_dir)
+    run = RunFolder(tiny_cfg().out_dir)
     run.data_path.unlink()
     (tiny_corpus / "test.txt").write_text((tiny_corpus / "test.txt").read_text() + "\n\nzebra quokka zebra\n")
     with pytest.warns(UserWarning, match=rf"{run.data_path} is missing: this resume cannot check that the data"):
@@ -275,7 +278,7 @@ def test_an_unknown_key_of_a_run_config_json_is_refused_by_every_reader_naming_i
 
     from coupled_qk.cli import main
 
-    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    run = RunFolder(shutil.copytree(finished_run, tmp_path / "run"))
     run.config_path.write_text(json.dumps({**run.read_config(), "seeed": 3}))
     for args in (
         ["eval", str(run.path)],
@@ -296,9 +299,9 @@ def test_unknown_keys_of_the_files_the_project_writes_are_warnings_naming_the_cl
     an unknown key is a warning naming it (and its close match), and the file is still read."""
     import shutil
 
-    from coupled_qk.training.checkpoint_load import read_state
+    from coupled_qk.training.checkpoint_format import Checkpoint
 
-    run = RunDir(shutil.copytree(finished_run, tmp_path / "run"))
+    run = RunFolder(shutil.copytree(finished_run, tmp_path / "run"))
     results = run.read_results()
     run.results_path.write_text(json.dumps({**results, "finall": {}, "config": {**results["config"], "lrr": 1}}))
     with pytest.warns(UserWarning) as caught:
@@ -313,7 +316,7 @@ def test_unknown_keys_of_the_files_the_project_writes_are_warnings_naming_the_cl
         match=r"state.json: unknown checkpoint state key\(s\) 'tokenz' \(did you mean "
         r"'tokens'\?\)",
     ):
-        assert read_state(run.latest_checkpoint())["step"] == 1
+        assert Checkpoint(run.latest_checkpoint()).state()["step"] == 1
 
     class Task:
         data_identity = ("tokens",)
@@ -342,3 +345,94 @@ def test_unknown_task_options_and_config_fields_name_their_close_match():
         check_task_options("mqar", {"train_slice": "64:4", "test_slices": "64:4"})
     with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) \['n_layers'\] \(did you mean"):
         GPTConfig.from_dict({"n_layers": 2})
+
+
+# ------------------------------------------------------------------------------------------ one place for the layout
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "coupled_qk"
+OWNERS = {"training/run_folder.py", "training/checkpoint_format.py"}
+"""The run folder (its layout) and the format of one checkpoint folder: the only modules naming their entries."""
+
+LAYOUT_LITERAL = re.compile(
+    r"""["'](latest|\.lock|results\.json|results\.interrupted\.json|metrics\.jsonl|model_config\.json|data\.json"""
+    r"""|state\.json|checksums\.json|optimizer\.pt|rng\.pt|model\.safetensors|config\.json|tokenizer\.json)["']"""
+    r"""|["'](ckpt|best|\.ckpt)-(\{|\*|\d)"""  # ckpt-<step>, best-<step>, their globs and temporary folders
+    r"""|/ *f?["'](tokenizer|tensorboard|best|latest)["'](?! */)"""  # a path joined with a folder entry
+)
+"""A run folder's entry as a string literal: what ``git grep -nE`` finds with the same pattern (``["']latest["']``,
+``["']ckpt-``, ``/ "tokenizer"``, ...). ``"best"`` and ``"tokenizer"`` alone are also keys of the results and the
+config: only their path joins count."""
+
+FORMAT_OWNERS = {"tokenizer.json": {"data/tokenizers.py"}}
+"""Files of another format that a run folder holds: a saved tokenizer's file is the tokenizer's (``TOKENIZER_FILE``);
+the run folder reads it through that name."""
+
+
+def layout_literals(text: str, where: str) -> list[str]:
+    hits = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in LAYOUT_LITERAL.finditer(line):
+            name = next(g for g in m.groups() if g is not None)
+            if where not in FORMAT_OWNERS.get(name, ()):
+                hits.append(f"{where}:{number}: {line.strip()}")
+    return hits
+
+
+def test_no_layout_literal_outside_the_run_folder():
+    """The layout lives in one place: no other source file names a run folder's entry (``run.results_path``,
+    ``RunFolder.RESULTS``, ``open_run``... instead)."""
+    hits = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        if where not in OWNERS:
+            hits += layout_literals(path.read_text(), where)
+    assert not hits, "layout literals outside training/run_folder.py:\n" + "\n".join(hits)
+
+
+def test_the_layout_check_finds_what_it_looks_for():
+    bad = 'x = run / "latest"\ny = Path(d) / "tokenizer"\nz = f"ckpt-{s:08d}"\nw = "results.json"\nv = ".lock"\n'
+    assert len(layout_literals(bad, "m.py")) == 5
+    fine = 'rec.get("best")\nroot / "tokenizer" / "gpt2"\n"best-validation checkpoints"\ncfg["tokenizer"]\n'
+    assert layout_literals(fine, "m.py") == []
+
+
+def test_the_layout_docstring_lists_every_entry(tiny_cfg):
+    """One layout docstring (``training/run_folder.py``) names every entry a run folder may hold, each entry a
+    trained run holds is one of them (and the run's own), and the checkpoint format's names every file."""
+    from coupled_qk.training import checkpoint_format, run_folder
+    from coupled_qk.training.loop import train
+
+    doc = run_folder.__doc__
+    for pattern in (*run_folder.RUN_LAYOUT, RunFolder.LOCK):
+        assert pattern.replace("*", "<step>") in doc, pattern
+    for name in ("WEIGHTS", "MODEL_CONFIG", "STATE", "OPTIMIZER", "RNG", "CHECKSUMS"):
+        assert getattr(checkpoint_format, name) in checkpoint_format.__doc__, name
+    cfg = tiny_cfg(max_steps=4, checkpoint_interval=2, tensorboard=True, best_metric="valid/loss", eval_interval=2)
+    run = RunFolder(cfg.out_dir)
+    with run.lock():
+        entries = sorted(run.path.iterdir())
+    train(cfg)
+    entries = sorted({*entries, *run.path.iterdir()})
+    for entry in entries:
+        assert run.owns(entry), entry
+        pattern = entry.name + ("/" if entry.is_dir() else "")
+        assert any(fnmatch.fnmatchcase(pattern, p) for p in (*run_folder.RUN_LAYOUT, RunFolder.LOCK)), entry
+    assert {e.name for e in entries} >= {"latest", "best", ".lock", "tokenizer", "tensorboard", "results.json"}
+    assert any(e.name.startswith("best-") for e in entries) and any(e.name.startswith("ckpt-") for e in entries)
+
+
+def test_run_folder_names_have_one_import_path():
+    """No other module re-exports a name of the run folder or of the checkpoint format (one import path each)."""
+    from coupled_qk.training import checkpoint_format, run_folder
+
+    names = set(run_folder.__all__) | set(checkpoint_format.__all__)
+    hits = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                listed = {e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)}
+                if where not in OWNERS:
+                    hits += [f"{where}: {n}" for n in sorted(listed & names)]
+    assert not hits, hits

@@ -1,0 +1,238 @@
+"""The generated blocks of ``README.md`` and ``docs/*.md``: what each holds, and the command that rewrites them.
+
+A page holds a generated block between two HTML comments, so GitHub shows only its text::
+
+    <!-- BEGIN generated: NAME -->
+    ...
+    <!-- END generated: NAME -->
+
+and a copy of a committed claims report (``docs/results/claims/NAME-readme.md``, written by ``coupled-qk claims``)
+between ``<!-- claims:NAME -->`` and ``<!-- /claims:NAME -->``. A report is copied as written, its links relative to
+the repository root (a converged headline links its full report), so a block with links belongs in ``README.md``.
+The text between the markers is exactly what :func:`expected_block` returns for that name; a test compares every
+block of every page with it, so prose is never parsed for facts: what can drift is generated.
+
+Rewrite the blocks in place (from the repository root)::
+
+    python -m coupled_qk.commands.docs_blocks            # rewrite stale blocks, list the pages changed
+    python -m coupled_qk.commands.docs_blocks --check    # exit 1 and name the stale blocks
+
+The blocks of ``docs/DESIGN.md`` (``attentions``, ``variants``, ``presets``) are generated elsewhere
+(``tests/test_docs_sync.py``); this module leaves blocks it does not know untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from coupled_qk.io import write_text_atomic
+
+BLOCK = re.compile(r"(<!-- BEGIN generated: ([\w:-]+) -->\n)(.*?)(<!-- END generated: \2 -->)", re.S)
+"""A generated block: group 2 is its name, group 3 its text (ending in a newline, or empty)."""
+
+CLAIMS_BLOCK = re.compile(r"(<!-- claims:([\w-]+) -->\n)(.*?)\n?(<!-- /claims:\2 -->)", re.S)
+"""A copy of ``docs/results/claims/<name>-readme.md`` (its text without the final newline)."""
+
+CLAIMS_DIR = Path("docs") / "results" / "claims"
+VERDICT_PROTOCOLS = ("cpu", "cpu-short")
+"""The first-epoch protocols whose null verdicts the ``verdict-readings`` table reads."""
+
+SOURCES = {
+    "dynamics": "[Gahtan & Bronstein v1](https://arxiv.org/abs/2604.01683v1)",
+    "query_mlp": "the paper's matched-capacity ablation (v1)",
+    "invertible": "[Gahtan & Bronstein v2](https://arxiv.org/abs/2604.01683v2)",
+    "standard": "[Vaswani et al. 2017](https://arxiv.org/abs/1706.03762)",
+    "differential": "[Ye et al. 2024](https://arxiv.org/abs/2410.05258)",
+}
+"""Where each built-in query-key map and scoring rule comes from (a registered name missing here shows its class)."""
+
+
+def pages(root: Path) -> list[Path]:
+    """The pages whose blocks are kept: ``README.md`` and ``docs/*.md`` under ``root``."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def _source(attention) -> str:
+    parts = []
+    if attention.qk_map is not None:
+        m = attention.qk_map
+        parts.append(SOURCES.get(m.name, f"`{m.module.__module__}.{m.module.__qualname__}`"))
+    if attention.scoring != "standard" or attention.qk_map is None:
+        parts.append(SOURCES.get(attention.scoring, f"scoring rule `{attention.scoring}`"))
+    return " + ".join(parts)
+
+
+def variants_table(root: Path) -> str:
+    """The named variants of the built-in registry (not third-party plugins): each one's attention (query-key
+    map x scoring rule), the options it sets, its extra parameters over ``standard`` at the ``60m`` preset
+    (exact, counted on the meta device) and where it comes from."""
+    from coupled_qk.models import registry
+    from coupled_qk.models.config import GPTConfig
+    from coupled_qk.models.gpt import coupling_parameter_overhead
+
+    registry.load_plugins()
+    rows = [
+        "| variant | query-key map | scoring | options | extra parameters at `60m` | from |",
+        "|---|---|---|---|---:|---|",
+    ]
+    for name, spec in registry.VARIANTS.items():
+        attention = registry.ATTENTIONS[spec["attention"]]
+        m = attention.qk_map
+        if m is not None and not m.module.__module__.startswith("coupled_qk."):
+            continue
+        options = ", ".join(f"`{k}={v}`" for k, v in spec.items() if k != "attention") or "-"
+        extra = coupling_parameter_overhead(GPTConfig.from_preset("60m", **spec))
+        rows.append(
+            f"| `{name}` | {f'`{m.module.__name__}`' if m else '-'} | {attention.scoring} | {options} | "
+            f"{extra['extra']:,} ({extra['overhead_percent']:+.2f}%) | {_source(attention)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def verdict_readings(root: Path) -> str:
+    """The null verdicts of the first-epoch claims reports, read as excluded or inconclusive with their power
+    (:func:`coupled_qk.experiments.claims.power.verdict_readings_table` over :data:`VERDICT_PROTOCOLS`)."""
+    from coupled_qk.experiments.claims.power import verdict_readings_table
+
+    reports = {p: json.loads((root / CLAIMS_DIR / f"{p}.json").read_text()) for p in VERDICT_PROTOCOLS}
+    return verdict_readings_table(reports) + "\n"
+
+
+def demo_quick(root: Path) -> str:
+    """One sentence: the budget of ``coupled-qk demo --quick`` (``commands.demo.QUICK_DEFAULTS``)."""
+    from coupled_qk.commands.demo import QUICK_DEFAULTS, QUICK_EVAL_WINDOWS
+
+    return (
+        f"Budget: {QUICK_DEFAULTS['max_tokens']:,} training tokens per variant and a final evaluation on the first "
+        f"{QUICK_EVAL_WINDOWS} windows of WikiText-2 valid and test only; output in `./{QUICK_DEFAULTS['out_dir']}`.\n"
+    )
+
+
+def claims_protocols(root: Path) -> str:
+    """The protocols ``coupled-qk claims --protocol`` takes: the first-epoch protocols and the converged
+    designs, each with its registered description."""
+    from coupled_qk.experiments.claims.converged import DESIGNS
+    from coupled_qk.experiments.claims.protocols import PROTOCOLS
+
+    rows = ["| protocol | regime | what it runs |", "|---|---|---|"]
+    rows += [f"| `{name}` | first epoch | {p.description} |" for name, p in PROTOCOLS.items()]
+    rows += [f"| `{name}` | trained to a plateau | {d.description} |" for name, d in DESIGNS.items()]
+    return "\n".join(rows) + "\n"
+
+
+def corpora(root: Path) -> str:
+    """The corpus names ``--corpus`` knows (``coupled_qk.data.corpora.KNOWN_CORPORA``)."""
+    from coupled_qk.data.corpora import KNOWN_CORPORA
+
+    names = ", ".join(f"`{name}`" for name in KNOWN_CORPORA)
+    return f"The names `--corpus` knows: {names}. Any other value is a path, or `hf:NAME[:CONFIG]`.\n"
+
+
+def commands(root: Path) -> str:
+    """The sub-commands of ``coupled-qk`` with their help lines (``coupled_qk.cli.COMMANDS``)."""
+    from coupled_qk.cli import COMMANDS
+
+    rows = ["| command | what it does |", "|---|---|"]
+    rows += [f"| `coupled-qk {name}` | {text} |" for name, text in COMMANDS.items()]
+    return "\n".join(rows) + "\n"
+
+
+GENERATORS: dict[str, Callable[[Path], str]] = {
+    "variants-table": variants_table,
+    "verdict-readings": verdict_readings,
+    "demo-quick": demo_quick,
+    "claims-protocols": claims_protocols,
+    "corpora": corpora,
+    "commands": commands,
+}
+"""Block name -> function of the repository root giving the block's text."""
+
+
+def expected_block(kind: str, name: str, root: Path) -> str | None:
+    """The text a block must hold: ``kind`` is ``"generated"`` or ``"claims"``; ``None`` for a generated block
+    this module does not know (``docs/DESIGN.md``'s).
+
+    Raises:
+        FileNotFoundError: a claims block whose report ``docs/results/claims/<name>-readme.md`` does not exist,
+            naming the block, the file and how to write it.
+    """
+    if kind == "claims":
+        report = root / CLAIMS_DIR / f"{name}-readme.md"
+        if not report.is_file():
+            raise FileNotFoundError(
+                f"the block <!-- claims:{name} --> copies {report}, which does not exist: write it with "
+                f"`coupled-qk claims --protocol {name} --report-only`, or remove the block"
+            )
+        return report.read_text().strip()
+    generator = GENERATORS.get(name)
+    return None if generator is None else generator(root)
+
+
+def blocks(text: str) -> list[tuple[str, str, str]]:
+    """``(kind, name, text)`` of every block of a page, in order (``kind``: ``"generated"`` or ``"claims"``)."""
+    found = [(m.start(), "generated", m.group(2), m.group(3)) for m in BLOCK.finditer(text)]
+    found += [(m.start(), "claims", m.group(2), m.group(3)) for m in CLAIMS_BLOCK.finditer(text)]
+    return [(kind, name, body) for _, kind, name, body in sorted(found)]
+
+
+def render(kind: str, name: str, text: str) -> str:
+    """A block with its markers: ``kind`` ``"generated"`` (``text`` ends in a newline) or ``"claims"``."""
+    if kind == "claims":
+        return f"<!-- claims:{name} -->\n{text}\n<!-- /claims:{name} -->"
+    return f"<!-- BEGIN generated: {name} -->\n{text}<!-- END generated: {name} -->"
+
+
+def regenerate(text: str, root: Path) -> str:
+    """``text`` with every known block replaced by its expected text (unknown blocks unchanged)."""
+
+    def fill(kind: str):
+        def sub(m: re.Match) -> str:
+            want = expected_block(kind, m.group(2), root)
+            return m.group(0) if want is None else render(kind, m.group(2), want)
+
+        return sub
+
+    text = BLOCK.sub(fill("generated"), text)
+    return CLAIMS_BLOCK.sub(fill("claims"), text)
+
+
+def stale_blocks(root: Path) -> list[str]:
+    """``"page: name"`` of every known block whose text differs from what it must hold."""
+    out = []
+    for page in pages(root):
+        for kind, name, body in blocks(page.read_text()):
+            want = expected_block(kind, name, root)
+            if want is not None and body != want:
+                out.append(f"{page.relative_to(root)}: {name}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the stale blocks of the pages under ``--root`` (default: the current folder), or with ``--check``
+    only name them; exit 1 when ``--check`` finds one."""
+    parser = argparse.ArgumentParser(prog="python -m coupled_qk.commands.docs_blocks", description=__doc__)
+    parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
+    parser.add_argument("--check", action="store_true", help="name stale blocks and exit 1; change nothing")
+    args = parser.parse_args(argv)
+    if not (args.root / "README.md").is_file():
+        parser.error(f"--root {args.root}: no README.md there (give the repository root)")
+    stale = stale_blocks(args.root)
+    if args.check:
+        print("\n".join(f"stale: {s}" for s in stale) or "every generated block is up to date")
+        return 1 if stale else 0
+    for page in pages(args.root):
+        text = page.read_text()
+        new = regenerate(text, args.root)
+        if new != text:
+            write_text_atomic(page, new)
+            print(f"rewrote {page.relative_to(args.root)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
