@@ -213,8 +213,8 @@ def _add_ab_arguments(parser) -> None:
         "--clock",
         default="step",
         choices=CLOCKS,
-        help="A/B: step = decoding cells' undisturbed step (10th percentile of a call's steps; train: wall), "
-        "wall = the whole call, cpu = process CPU time (default step)",
+        help="A/B: step = the undisturbed step (decoding: the fastest single-token step of a call; train: the "
+        "fastest of 3 steps), wall = the whole call, cpu = process CPU time (default step)",
     )
     parser.add_argument(
         "--threshold",
