@@ -407,7 +407,7 @@ def _tiny_config(**kw):
 
 
 def _variant_config(base, name: str):
-    from coupled_qk.models.variants import variant_overrides
+    from coupled_qk.models.specs import variant_overrides
 
     return base.replace(**variant_overrides(name))
 
@@ -433,10 +433,10 @@ QUICK_VARIANTS = ("standard", "coupled", "coupled_differential", "invertible_dif
 
 
 def _variants(ctx) -> list[str]:
-    """Every named variant (:data:`coupled_qk.models.variants.VARIANTS`), or :data:`QUICK_VARIANTS`."""
-    from coupled_qk.models.variants import VARIANTS
+    """Every named variant (:func:`coupled_qk.models.registry.variant_names`), or :data:`QUICK_VARIANTS`."""
+    from coupled_qk.models.registry import variant_names
 
-    return list(QUICK_VARIANTS) if ctx.quick else list(VARIANTS)
+    return list(QUICK_VARIANTS) if ctx.quick else variant_names()
 
 
 def _sync(device) -> None:

@@ -30,14 +30,14 @@ from torch._dynamo.utils import counters
 from coupled_qk import GPT, GPTConfig
 from coupled_qk.experiments.bench.train import machine_info
 from coupled_qk.hf import CoupledQKForCausalLM
-from coupled_qk.models.variants import VARIANTS
+from coupled_qk.models.specs import variant_overrides
 
 MODES = ("dynamic", "static", "static-compiled")
 
 
 def build(variant: str, block_size: int) -> CoupledQKForCausalLM:
     torch.manual_seed(0)
-    cfg = GPTConfig.from_preset("tiny", block_size=block_size, **VARIANTS[variant])
+    cfg = GPTConfig.from_preset("tiny", block_size=block_size, **variant_overrides(variant))
     return CoupledQKForCausalLM.from_gpt(GPT(cfg).eval(), pad_token_id=0)
 
 

@@ -17,7 +17,7 @@ import coupled_qk.layers.attention as attention
 from coupled_qk import GPT, GPTConfig
 from coupled_qk.experiments.bench.train import machine_info
 from coupled_qk.layers.kv_cache import StaticKVCache
-from coupled_qk.models.gpt import static_capacity
+from coupled_qk.models.generation import static_capacity
 
 FUSED = attention.apply_rope
 

@@ -130,7 +130,7 @@ def test_eval_missing_checkpoint(tmp_path, capsys):
     ],
 )
 def test_variant_specs(spec, expected):
-    from coupled_qk.models.variants import parse_variants, variant_overrides
+    from coupled_qk.models.specs import parse_variants, variant_overrides
 
     assert variant_overrides(spec) == expected
     assert parse_variants(f"{spec},standard,{spec}") == [parse_variants(spec)[0], "standard"]
@@ -140,7 +140,7 @@ def test_variant_specs(spec, expected):
     "spec, match", [("flash", "unknown variant"), ("coupled+n_steps", "FIELD=VALUE"), (",", "no variant")]
 )
 def test_bad_variant_specs(spec, match):
-    from coupled_qk.models.variants import parse_variants
+    from coupled_qk.models.specs import parse_variants
 
     with pytest.raises(ValueError, match=match):
         parse_variants(spec)

@@ -1,76 +1,82 @@
-"""The generated lists of docs/DESIGN.md (attentions with their options, named variants, presets) match the
-registry. Regenerate them with ``COUPLED_QK_UPDATE_DOCS=1 python -m pytest tests/test_docs_sync.py``."""
+"""The registry's tables in docs/DESIGN.md (attentions with their options, named variants, presets) and the front
+page's variants table (:mod:`coupled_qk.models.catalog`, :mod:`coupled_qk.commands.docs_blocks`): current for the
+maps DESIGN.md documents, so a drop-in map needs no doc edit; rewritten, with every map of the package, by
+``python -m coupled_qk.commands.docs_blocks``."""
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import re
+import shutil
 from pathlib import Path
 
-from coupled_qk.models import registry
-from coupled_qk.models.config import PRESETS
+import pytest
 
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
-BLOCK = re.compile(r"(<!-- BEGIN generated: (\w+) -->\n)(.*?)(<!-- END generated: \2 -->)", re.S)
+from coupled_qk.commands import docs_blocks
+from coupled_qk.models.catalog import BLOCK, documented_maps, package_maps, stale_blocks, tables
 
-
-def _defaults(options: type) -> str:
-    return ", ".join(f"`{f.name}={f.default!r}`" for f in dataclasses.fields(options))
-
-
-def generated() -> dict[str, str]:
-    """The markdown of each generated block, from the library's registry: the built-in variants and the drop-ins
-    of ``coupled_qk/models/maps/``, not third-party plugins (their map classes live outside ``coupled_qk``)."""
-    registry.load_plugins()
-    ours = [
-        n
-        for n, a in registry.ATTENTIONS.items()
-        if a.qk_map is None or a.qk_map.module.__module__.startswith("coupled_qk.")
-    ]
-    a_rows = ["| attention | query-key map (class) | scoring | map options (defaults) |", "|---|---|---|---|"]
-    for name in ours:
-        a = registry.ATTENTIONS[name]
-        m = a.qk_map
-        a_rows.append(
-            f"| `{name}` | {f'`{m.name}` (`{m.module.__name__}`)' if m else '-'} | {a.scoring} | "
-            f"{_defaults(m.options) if m else '-'} |"
-        )
-    defaults = set(registry.default_variants())
-    v_rows = ["| variant | `GPTConfig` overrides | in the default set |", "|---|---|---|"]
-    for name, spec in registry.VARIANTS.items():
-        if spec["attention"] not in ours:
-            continue
-        overrides = ", ".join(f"`{k}={v!r}`" for k, v in spec.items())
-        v_rows.append(f"| `{name}` | {overrides} | {'yes' if name in defaults else 'no'} |")
-    aliases = ", ".join(f"`{a}` = `{n}`" for a, n in registry.ALIASES.items())
-    v_rows += ["", f"Aliases: {aliases}."]
-    fields = ("vocab_size", "block_size", "n_layer", "d_model", "n_heads")
-    p_rows = ["| preset | " + " | ".join(fields) + " |", "|---" * (len(fields) + 1) + "|"]
-    p_rows += [f"| `{name}` | " + " | ".join(f"{p[f]:,}" for f in fields) + " |" for name, p in PRESETS.items()]
-    return {
-        "attentions": "\n".join(a_rows) + "\n",
-        "variants": "\n".join(v_rows) + "\n",
-        "presets": "\n".join(p_rows) + "\n",
-    }
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "docs" / "DESIGN.md"
+PAPER_MAPS = ("dynamics", "query_mlp", "invertible")
+"""The maps of the paper (v1's dynamics and its uncoupled baseline, v2's coupling): always documented."""
 
 
 def test_generated_lists_in_design_md_match_the_registry():
     text = DESIGN.read_text()
-    want = generated()
-    found = {m.group(2): m.group(3) for m in BLOCK.finditer(text)}
-    assert set(found) == set(want), f"docs/DESIGN.md needs the generated blocks {sorted(want)}; has {sorted(found)}"
-    if os.environ.get("COUPLED_QK_UPDATE_DOCS") == "1":
-        DESIGN.write_text(BLOCK.sub(lambda m: m.group(1) + want[m.group(2)] + m.group(4), text))
-        return
-    stale = [name for name in want if found[name] != want[name]]
+    documented = documented_maps(text)
+    assert set(PAPER_MAPS) <= set(documented), f"docs/DESIGN.md documents the maps {documented}"
+    stale = stale_blocks(text)
     assert not stale, (
-        f"docs/DESIGN.md: the generated block(s) {stale} are out of date; run "
-        "COUPLED_QK_UPDATE_DOCS=1 python -m pytest tests/test_docs_sync.py"
+        f"docs/DESIGN.md: the generated block(s) {stale} are out of date; run python -m coupled_qk.commands.docs_blocks"
     )
 
 
-def test_checker_sees_a_stale_block(tmp_path):
+def _copy_pages(tmp_path: Path) -> Path:
+    (tmp_path / "docs").mkdir()
+    shutil.copy(DESIGN, tmp_path / "docs" / "DESIGN.md")
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index("<!-- BEGIN generated: variants-table -->"), readme.index("<!-- END generated: variants")
+    (tmp_path / "README.md").write_text(readme[start:end] + "<!-- END generated: variants-table -->\n")
+    return tmp_path
+
+
+def test_the_command_rewrites_only_the_stale_design_blocks(tmp_path, capsys):
+    root = _copy_pages(tmp_path)
+    page = root / "docs" / "DESIGN.md"
+    text = page.read_text()
+    old = text.replace("| `tiny` | 8,192 |", "| `tiny` | 4,096 |")
+    assert old != text
+    page.write_text(old)
+    assert stale_blocks(old) == ["presets"]
+    assert docs_blocks.main(["--root", str(root), "--check"]) == 1
+    assert "stale: docs/DESIGN.md: presets" in capsys.readouterr().out
+    assert docs_blocks.main(["--root", str(root)]) == 0
+    assert page.read_text() == text  # the rest of the page kept byte for byte
+    assert docs_blocks.main(["--root", str(root), "--check"]) == 0
+
+
+def test_a_drop_in_map_is_current_without_rows_and_gets_them_when_written(tmp_path):
+    """A map added to the package (here registered by a test, its class in ``coupled_qk``'s namespace) leaves
+    DESIGN.md and the README current; rewriting the pages adds its rows to both."""
+    from coupled_qk.models import registry
+    from coupled_qk.models.maps.query_mlp import QueryMLP, QueryMLPOptions
+
+    root = _copy_pages(tmp_path)
+    with registry.isolated():
+        registry.register_qk_map("query_mlp_copy", "mlp_copy", QueryMLP, QueryMLPOptions, in_defaults=False)
+        assert "query_mlp_copy" in package_maps()
+        assert docs_blocks.stale_blocks(root) == []
+        assert docs_blocks.main(["--root", str(root)]) == 0
+        design, readme = (root / "docs" / "DESIGN.md").read_text(), (root / "README.md").read_text()
+        assert "query_mlp_copy" in documented_maps(design)
+        assert "| `mlp_copy_differential` | `query_mlp_copy` (`QueryMLP`) | differential |" in design
+        assert "| `mlp_copy_differential` | `QueryMLP` | differential |" in readme
+        assert docs_blocks.stale_blocks(root) == []
+
+
+def test_checker_sees_a_stale_block_and_a_missing_one():
     text = "a\n<!-- BEGIN generated: presets -->\n| old |\n<!-- END generated: presets -->\nb\n"
     (m,) = BLOCK.finditer(text)
-    assert m.group(2) == "presets" and m.group(3) == "| old |\n" != generated()["presets"]
+    assert m.group(2) == "presets" and m.group(3) == "| old |\n" != tables(PAPER_MAPS)["presets"]
+    with pytest.raises(ValueError, match=r"\['attentions', 'variants'\] are missing"):
+        stale_blocks(text, PAPER_MAPS)
+    with pytest.raises(ValueError, match=r"\['nope'\] are not registered"):
+        tables(["nope"])

@@ -76,7 +76,7 @@ def test_options_are_generated_from_the_dataclass(drift):
     assert cfg.replace(gain=3.0).qk_map.gain == 3.0
     with pytest.raises(ValueError, match=r"--set gain='abc' is not a number; expected float"):
         parse_overrides(["gain=abc"])
-    with pytest.raises(ValueError, match=r"GPTConfig.qk_map.gain=nan must be finite"):
+    with pytest.raises(ValueError, match=r"GPTConfig.qk_map.gain=nan must be a finite number"):
         GPTConfig(**SMALL, **variant_overrides("drift+gain=nan"))
     with pytest.raises(ValueError, match=r"\['gain'\] do not apply to attention='coupled'"):
         GPTConfig(**SMALL, attention="coupled", gain=2.0)
@@ -333,7 +333,7 @@ def test_claims_variants_adds_the_plugin_to_every_cell(drift, tmp_path, capsys):
 TOY_DROP_IN = """
 import dataclasses
 
-from coupled_qk import MapOptions, QKMap, register_qk_map
+from coupled_qk import MapOptions, QKMap, option, register_qk_map
 
 
 class ScaledQueries(QKMap):
@@ -349,7 +349,7 @@ class ScaledQueries(QKMap):
 
 @dataclasses.dataclass
 class ScaledQueriesOptions(MapOptions):
-    scale: float = 2.0
+    scale: float = option(2.0)
 
 
 def register():

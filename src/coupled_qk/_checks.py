@@ -305,53 +305,16 @@ names) for a fixed set, ``free`` (a sentence saying who checks the value) for te
 A ``bool`` field is declared by its type alone."""
 
 
-def declare(
-    default=dataclasses.MISSING,
-    *,
-    lo=None,
-    hi=None,
-    lo_open: bool = False,
-    hi_open: bool = False,
-    choices=None,
-    free: str | None = None,
-    default_factory=dataclasses.MISSING,
-    **metadata,
-):
-    """A dataclass field whose valid values are declared in its metadata (read by :func:`check_declared`).
-
-    Args:
-        default, default_factory: as :func:`dataclasses.field`.
-        lo, hi: bounds of a number field (``None``: unbounded on that side; a float field with neither bound
-            is declared as any finite number).
-        lo_open, hi_open: whether the bounds are excluded.
-        choices: the allowed values (a tuple, or a callable returning them, evaluated at each check).
-        free: for text, dict and nested fields, a sentence saying what checks the value.
-        **metadata: further metadata (``help``, ``shown``).
-
-    Returns:
-        A :class:`dataclasses.Field`; numbers get ``metadata["range"] = (lo, hi)``.
-    """
-    meta = dict(metadata)
-    if choices is not None:
-        meta["choices"] = choices
-    elif free is not None:
-        meta["free"] = free
-    else:
-        meta.update({"range": (lo, hi), "lo_open": lo_open, "hi_open": hi_open})
-    if default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
-
-
 def declaration_problems(cls) -> list[str]:
     """``["Owner.field: why", ...]`` for each field of the dataclass ``cls`` whose valid values are not declared
     in its metadata (see :data:`DECLARATION_KEYS`): a number without ``range`` or ``choices``, a text without
-    ``choices`` or ``free``, any other non-``bool`` field without one of the keys. Empty when all are declared."""
+    ``choices`` or ``free``, any other field without one of the keys (a ``bool`` or a ``Literal`` is declared by
+    its type). Empty when all are declared."""
     problems = []
     for f in dataclasses.fields(cls):
         inner, _ = _unwrap_optional(field_types(cls)[f.name])
         keys = [k for k in DECLARATION_KEYS if k in f.metadata]
-        if inner is bool and not keys:
+        if (inner is bool or typing.get_origin(inner) is typing.Literal) and not keys:
             continue
         if len(keys) != 1:
             problems.append(
@@ -366,8 +329,8 @@ def declaration_problems(cls) -> list[str]:
 
 
 def check_value(name: str, value, annotation, metadata) -> None:
-    """Check one converted field value against its declaration (``metadata`` of :func:`declare`); ``None`` of an
-    optional field passes.
+    """Check one converted field value against its declaration (``metadata`` of
+    :func:`coupled_qk.models.options.option`); ``None`` of an optional field passes.
 
     Raises:
         ValueError: naming ``name``, the value and what was expected: a value outside ``choices``, a number

@@ -245,7 +245,7 @@ def test_input_errors():
     [
         ("standard", "blocks.1.attn.qkv.weight"),
         ("coupled", "blocks.0.attn.qk_map.dt"),
-        ("differential", "blocks.1.attn.lambda_q1"),
+        ("differential", "blocks.1.attn.scorer.lambda_q1"),
     ],
 )
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])

@@ -9,7 +9,9 @@ import torch
 from coupled_qk.cli import main
 from coupled_qk.experiments.bench.train import machine_info, machine_line, run_bench, with_baseline
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.variants import MAIN_VARIANTS as VARIANTS
+from coupled_qk.models.registry import default_variants
+
+VARIANTS = default_variants()
 
 MICRO = [
     "--set",

@@ -177,11 +177,11 @@ def test_compile_is_recorded_and_matches_eager(tmp_path, monkeypatch):
     import functools
 
     from coupled_qk.cli import main
-    from coupled_qk.models import gpt as gpt_module
+    from coupled_qk.models import compiled as compiled_module
     from coupled_qk.training import model_setup
 
     monkeypatch.setattr(
-        model_setup, "compile_regions", functools.partial(gpt_module.compile_regions, backend="aot_eager")
+        model_setup, "compile_regions", functools.partial(compiled_module.compile_regions, backend="aot_eager")
     )
     smoke = [x if x != "standard,coupled" else "coupled" for x in SMOKE]
     assert main([*smoke, "--compile", "--out-dir", str(tmp_path / "compiled")]) == 0

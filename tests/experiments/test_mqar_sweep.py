@@ -17,7 +17,7 @@ from coupled_qk.experiments.mqar.presets import (
 )
 from coupled_qk.experiments.mqar.report import accuracy_table, best_over_lr
 from coupled_qk.experiments.mqar.sweep import plan_sweep, run_config, run_sweep
-from coupled_qk.models.variants import parse_variants
+from coupled_qk.models.specs import parse_variants
 
 
 def _rec(variant, d, lr, acc, difficulty="easy", status="ran"):

@@ -1,7 +1,7 @@
 """The transformers contract, run over every registered attention variant (in the spirit of transformers'
 common model tests): what any ``AutoModelForCausalLM`` user relies on must hold for each of them.
 
-The variants come from the registry (``models/variants.py``): every named variant plus every registered
+The variants come from the registry (``models/registry.py``): every named variant plus every registered
 attention that no variant names, so a newly registered variant is covered without editing this file. Each check
 compares against an independent reference: the plain ``GPT`` forward, a float64 recomputation of the loss, the
 unpadded / uncached / unbatched / unchecked computation of the same thing.
@@ -24,7 +24,9 @@ from transformers import (  # noqa: E402
 
 from coupled_qk import GPT, GPTConfig  # noqa: E402
 from coupled_qk.hf import CoupledQKForCausalLM  # noqa: E402
-from coupled_qk.models.variants import ATTENTIONS, VARIANTS  # noqa: E402
+from coupled_qk.models.registry import ATTENTIONS, VARIANTS, load_plugins  # noqa: E402
+
+load_plugins()  # the drop-in maps and plugins, before the tables are read
 
 V = 53
 CASES = {

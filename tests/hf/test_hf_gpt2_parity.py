@@ -11,14 +11,16 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from coupled_qk import GPT, GPTConfig  # noqa: E402
 from coupled_qk.hf import CoupledQKForCausalLM  # noqa: E402
-from coupled_qk.models.variants import VARIANTS  # noqa: E402
+from coupled_qk.models.specs import variant_overrides  # noqa: E402
 
 V = 53
 
 
 def tiny_lm(variant="coupled", seed=0) -> CoupledQKForCausalLM:
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, **VARIANTS[variant])
+    cfg = GPTConfig(
+        vocab_size=V, block_size=40, n_layer=2, d_model=32, n_heads=4, n_kv_heads=2, **variant_overrides(variant)
+    )
     if cfg.qk_map is not None and hasattr(cfg.qk_map, "dt_init"):
         cfg = cfg.replace(dt_init=0.5)
     return CoupledQKForCausalLM.from_gpt(GPT(cfg), pad_token_id=0, eos_token_id=V - 1).eval()

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache  # noqa: E402
 
-from coupled_qk import GPT, GPTConfig, MapOptions, QKMap, ScoringRule, scaled_dot_product  # noqa: E402
+from coupled_qk import GPT, GPTConfig, MapOptions, QKMap, ScoringRule, option, scaled_dot_product  # noqa: E402
 from coupled_qk.hf import CoupledQKConfig, CoupledQKForCausalLM  # noqa: E402
 from coupled_qk.models import registry  # noqa: E402
 from coupled_qk.models.registry import VARIANTS, variant_names  # noqa: E402
@@ -204,8 +204,8 @@ class _Turn(QKMap):
 
 @dataclasses.dataclass
 class _TurnOptions(MapOptions):
-    angle_init: float = 0.3
-    step0: float = 0.25
+    angle_init: float = option(0.3)
+    step0: float = option(0.25)
 
 
 class _Scaled(ScoringRule):
@@ -251,7 +251,7 @@ def test_missing_weights_initialised_like_gpt_with_strict_false(tmp_path):
     b1 = lm.model.blocks[1]
     assert torch.equal(b1.attn.qk_map.dt, torch.full((8,), 0.25))
     assert torch.equal(b1.ln_1.weight, torch.ones(64)) and torch.equal(b1.ln_1.bias, torch.zeros(64))
-    assert torch.equal(b1.attn.subln.weight, torch.ones(16))
+    assert torch.equal(b1.attn.scorer.subln.weight, torch.ones(16))
     assert b1.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert b1.mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)
     for w in (b1.attn.out_proj.weight, b1.mlp.out_proj.weight):
@@ -260,7 +260,8 @@ def test_missing_weights_initialised_like_gpt_with_strict_false(tmp_path):
     assert f.w_in.abs().max().item() <= 1 / math.sqrt(8) and f.w_in.std().item() == pytest.approx(
         1 / math.sqrt(8) / math.sqrt(3), rel=0.15
     )
-    lam = torch.cat([b1.attn.lambda_q1, b1.attn.lambda_k1, b1.attn.lambda_q2, b1.attn.lambda_k2])
+    rule = b1.attn.scorer
+    lam = torch.cat([rule.lambda_q1, rule.lambda_k1, rule.lambda_q2, rule.lambda_k2])
     assert lam.std().item() == pytest.approx(0.1, rel=0.3)
     for name, p in gpt.blocks[0].named_parameters():  # layer 0 was loaded, not re-drawn
         assert torch.equal(p, lm.model.blocks[0].get_parameter(name)), name

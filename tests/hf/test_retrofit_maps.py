@@ -13,7 +13,7 @@ import torch.nn as nn
 
 transformers = pytest.importorskip("transformers")
 
-from coupled_qk import MapOptions, QKMap  # noqa: E402
+from coupled_qk import MapOptions, QKMap, option  # noqa: E402
 from coupled_qk.hf import load_retrofitted, retrofit  # noqa: E402
 from coupled_qk.hf.retrofit import coupling_parameters, step_sizes  # noqa: E402
 from coupled_qk.models import registry  # noqa: E402
@@ -110,7 +110,7 @@ class TakesArgument(NoIdentity):
 
 @dataclasses.dataclass
 class DtOptions(MapOptions):
-    dt_init: float = 0.1
+    dt_init: float = option(0.1)
 
 
 def test_map_without_start_at_identity_is_refused_naming_what_to_add():

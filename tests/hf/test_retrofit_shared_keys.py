@@ -16,7 +16,7 @@ import torch.nn as nn
 
 transformers = pytest.importorskip("transformers")
 
-from coupled_qk import MapOptions, QKMap  # noqa: E402
+from coupled_qk import MapOptions, QKMap, option  # noqa: E402
 from coupled_qk.hf import retrofit  # noqa: E402
 from coupled_qk.hf.retrofit import couple  # noqa: E402
 from coupled_qk.models import registry  # noqa: E402
@@ -69,7 +69,7 @@ class StringFlag(QKMap):
 
 @dataclasses.dataclass
 class DtOptions(MapOptions):
-    dt_init: float = 0.1
+    dt_init: float = option(0.1)
 
 
 def test_registration_refuses_a_flag_that_is_not_a_bool():

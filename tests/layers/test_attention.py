@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from coupled_qk import ATTENTION_VARIANTS, GPT, GPTConfig, QueryMLP
-from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, differential_lambda_init
-from coupled_qk.models.variants import get_attention
+from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention
+from coupled_qk.layers.differential import differential_lambda_init, differential_split_values
+from coupled_qk.layers.scoring import scaled_dot_product
+from coupled_qk.models.registry import get_attention
 from coupled_qk.ops.reference import rms_norm_reference, rope_reference
 
 POSITIONS = ["rope", "learned"]
@@ -113,7 +115,7 @@ def test_differential_attention_matches_float64_reference(n_kv_heads):
     d_model, n_heads, d_head, layer = 48, 4, 12, 3
     attn = CausalSelfAttention(d_model, n_heads, n_kv_heads, d_head, scoring="differential", layer_idx=layer).double()
     with torch.no_grad():
-        attn.subln.weight.uniform_(0.5, 1.5)
+        attn.scorer.subln.weight.uniform_(0.5, 1.5)
     x = torch.randn(2, 9, d_model, dtype=torch.float64)
     from coupled_qk.ops.rope import rope_tables
 
@@ -128,9 +130,10 @@ def test_differential_attention_matches_float64_reference(n_kv_heads):
     )
     h, rep = n_heads // 2, n_heads // n_kv_heads
     lam_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+    rule = attn.scorer
     lam = (
-        torch.exp((attn.lambda_q1 * attn.lambda_k1).sum())
-        - torch.exp((attn.lambda_q2 * attn.lambda_k2).sum())
+        torch.exp((rule.lambda_q1 * rule.lambda_k1).sum())
+        - torch.exp((rule.lambda_q2 * rule.lambda_k2).sum())
         + lam_init
     )
     heads = []
@@ -147,7 +150,7 @@ def test_differential_attention_matches_float64_reference(n_kv_heads):
                 maps.append(scores.softmax(-1))
             v = x[b] @ wv[j * 2 * d_head : (j + 1) * 2 * d_head].T
             o = (maps[0] - lam * maps[1]) @ v
-            per_head.append(rms_norm_reference(o, attn.subln.weight) * (1 - lam_init))
+            per_head.append(rms_norm_reference(o, rule.subln.weight) * (1 - lam_init))
         heads.append(torch.cat(per_head, dim=-1) @ attn.out_proj.weight.T)
     torch.testing.assert_close(out, torch.stack(heads), rtol=1e-10, atol=1e-10)
 
@@ -241,8 +244,6 @@ def test_recording_returns_probabilities_and_keeps_outputs():
 def test_eager_path_upcasts_half_precision_inputs():
     """Issue 9 F: q = k = 33 in fp16 with d = 64 overflows q k^T in fp16 (69696 > 65504); the eager path must
     return SDPA's finite result (here every score is equal, so each output row is the mean of the values)."""
-    from coupled_qk.layers.attention import scaled_dot_product
-
     q = torch.full((1, 2, 5, 64), 33.0, dtype=torch.float16)
     v = torch.randn(1, 2, 5, 64).to(torch.float16)
     out, probs = scaled_dot_product(q, q.clone(), v, eager=True)
@@ -254,10 +255,14 @@ def test_eager_path_upcasts_half_precision_inputs():
 
 
 def test_old_state_dicts_load():
-    """Checkpoints saved when the maps were attributes ``dynamics``/``query_mlp``/``dt`` of the layer."""
+    """Checkpoints saved when the maps were attributes ``dynamics``/``query_mlp``/``dt`` of the layer, and when
+    Differential Attention's parameters (``lambda_*``, ``subln``) were the layer's own (now its ``scorer``'s;
+    tests/models/test_legacy_checkpoints.py loads folders written by that code)."""
     for attention, renames in [
         ("coupled", [("qk_map.", "dynamics.")]),
         ("uncoupled_mlp", [("qk_map.mlp.", "query_mlp."), ("qk_map.dt", "dt")]),
+        ("differential", [("scorer.", "")]),
+        ("coupled_differential", [("qk_map.", "dynamics."), ("scorer.", "")]),
     ]:
         model = small_model(attention)
         old = {}
@@ -265,7 +270,7 @@ def test_old_state_dicts_load():
             for new, legacy in renames:
                 key = key.replace(new, legacy)
             old[key] = value.clone()
-        assert not any("qk_map" in key for key in old)
+        assert not any("qk_map" in key or "scorer" in key for key in old)
         fresh = GPT(model.config)
         fresh.load_state_dict(old)  # strict
         assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
@@ -292,14 +297,14 @@ def test_differential_split_values_equals_full_width_values(attention, n_kv_head
     model = GPT(cfg).double()
     with torch.no_grad():
         for blk in model.blocks:
-            blk.attn.subln.weight.uniform_(0.5, 1.5)
+            blk.attn.scorer.subln.weight.uniform_(0.5, 1.5)
     idx = torch.randint(0, 61, (2, 12))
     mask = torch.ones(2, 12, dtype=torch.long)
     mask[1, :3] = 0
     outs, grads = [], []
     for split in (False, True):
         for blk in model.blocks:
-            blk.attn.split_values = split
+            blk.attn.scorer.split_values = split
         model.zero_grad()
         out = model(idx, attention_mask=mask)
         (out.sin() * torch.linspace(-1, 1, 61, dtype=torch.float64)).sum().backward()
@@ -314,8 +319,6 @@ def test_differential_split_values_equals_full_width_values(attention, n_kv_head
         torch.testing.assert_close(g1, g0, rtol=1e-10, atol=1e-12)
     torch.manual_seed(1)
     q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 1, 5, 16)
-    from coupled_qk.layers.attention import differential_split_values, scaled_dot_product
-
     y1, y2 = differential_split_values(q, k, v)
     assert y1.shape == y2.shape == (2, 2, 5, 16)
     torch.testing.assert_close(y1, scaled_dot_product(q[:, 0::2], k[:, 0::2], v, True)[0], rtol=1e-5, atol=1e-6)
@@ -323,12 +326,12 @@ def test_differential_split_values_equals_full_width_values(attention, n_kv_head
 
 
 def test_differential_split_values_defaults_to_cuda_only():
-    attn = CausalSelfAttention(32, 4, 4, 8, scoring="differential")
-    assert attn.split_values is None
-    assert not attn._split_values(torch.zeros(1, device="cpu"))
-    assert attn._split_values(torch.zeros(1, device="meta")) is False
-    attn.split_values = True
-    assert attn._split_values(torch.zeros(1))
+    rule = CausalSelfAttention(32, 4, 4, 8, scoring="differential").scorer
+    assert rule.split_values is None
+    assert not rule.uses_split_values(torch.zeros(1, device="cpu"))
+    assert rule.uses_split_values(torch.zeros(1, device="meta")) is False
+    rule.split_values = True
+    assert rule.uses_split_values(torch.zeros(1))
 
 
 def test_differential_rmsnorm_runs_in_float32_under_bf16_autocast():
@@ -337,7 +340,7 @@ def test_differential_rmsnorm_runs_in_float32_under_bf16_autocast():
     torch.manual_seed(0)
     attn = CausalSelfAttention(32, 4, 4, 8, scoring="differential", layer_idx=1)
     seen = []
-    attn.subln.register_forward_hook(lambda m, inp, out: seen.append((inp[0].dtype, out.dtype)))
+    attn.scorer.subln.register_forward_hook(lambda m, inp, out: seen.append((inp[0].dtype, out.dtype)))
     x = torch.randn(2, 6, 32)
     from coupled_qk.ops.rope import rope_tables
 
@@ -352,7 +355,7 @@ def test_differential_rmsnorm_runs_in_float32_under_bf16_autocast():
 
 
 def test_a_scoring_rule_without_probabilities_when_eager_is_named_when_recording():
-    from coupled_qk.layers.scoring import ScoringRule, scaled_dot_product
+    from coupled_qk.layers.scoring import ScoringRule
 
     class NoProbs(ScoringRule):
         def __init__(self, d_head, n_heads, layer_idx):

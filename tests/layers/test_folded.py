@@ -12,7 +12,8 @@ import torch
 from coupled_qk import GPT, GPTConfig
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.layers.folded import fold_projection, foldable, folded_qkv
-from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
+from coupled_qk.models.maps.dynamics import QKDynamics
+from coupled_qk.models.maps.query_mlp import QueryMLP
 from coupled_qk.ops.heads import expand_kv
 
 D_MODEL, H, DH = 24, 4, 6
@@ -44,7 +45,7 @@ def make_layer(integrator, layout, dtype=torch.float64):
 def unfolded_qkv(layer, x):
     """The ordinary path of CausalSelfAttention.forward up to the map (before RoPE)."""
     b, t, _ = x.shape
-    hkv, group = layer.n_kv_heads, 2 if layer.differential else 1
+    hkv, group = layer.n_kv_heads, layer.head_group
     q, k, v = layer.qkv(x).split([H * DH, hkv * DH, hkv * DH], dim=-1)
     q, k = q.view(b, t, H, DH).transpose(1, 2), k.view(b, t, hkv, DH).transpose(1, 2)
     if layer.keys_per_query_head:

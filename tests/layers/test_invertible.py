@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from coupled_qk.layers.invertible import InvertibleQKCoupling, bounded_scale, default_hidden
+from coupled_qk.models.maps.invertible import InvertibleQKCoupling, bounded_scale, default_hidden
 
 SETTINGS = [
     dict(shared_across_heads=True, n_alternations=1),
@@ -261,7 +261,7 @@ def test_parameter_overhead_per_preset(preset):
 
 def test_registry_options_and_errors():
     from coupled_qk import GPTConfig
-    from coupled_qk.models.variants import parse_variants, variant_overrides
+    from coupled_qk.models.specs import parse_variants, variant_overrides
 
     assert parse_variants("invertible,invertible-differential") == ["invertible", "invertible_differential"]
     over = variant_overrides('invertible+qk_map={"n_alternations": 2, "scale_max": 0.5}')

@@ -171,6 +171,6 @@ def test_meta_device_init_then_reset_parameters_initialises_every_parameter():
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert torch.equal(model[0].qk_map.dt, torch.full((H,), 0.25))
     assert torch.equal(model[1].qk_map.dt, torch.full((H,), -0.5))
-    lam = model[0].lambda_q1
+    lam = model[0].scorer.lambda_q1
     assert 0.02 < lam.std().item() < 0.3  # N(0, 0.1), as at construction
     assert torch.isfinite(model[0](_x(), ROPE)).all() and torch.isfinite(model[1](_x(), ROPE)).all()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from coupled_qk import GPT, GPTConfig
-from coupled_qk.layers.attention import attention_mask_4d
+from coupled_qk.layers.scoring import attention_mask_4d
 from coupled_qk.models.registry import VARIANTS, variant_names
 
 # every named variant (every attention is one too): built-in, drop-in or plugin

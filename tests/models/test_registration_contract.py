@@ -11,7 +11,7 @@ import typing
 import pytest
 import torch
 
-from coupled_qk import GPT, GPTConfig, MapOptions, QKMap, ScoringRule, scaled_dot_product
+from coupled_qk import GPT, GPTConfig, MapOptions, QKMap, ScoringRule, option, scaled_dot_product
 from coupled_qk.models import registry
 from coupled_qk.models.registry import register_qk_map, register_scoring, register_variant
 
@@ -31,7 +31,7 @@ class Scale(QKMap):
 
 @dataclasses.dataclass
 class ScaleOptions(MapOptions):
-    s: float = 2.0
+    s: float = option(2.0)
 
 
 class Plain(ScoringRule):
@@ -78,9 +78,16 @@ def _map_class(**namespace):
         (Scale, dataclasses.make_dataclass("Req", [("s", float)], bases=(MapOptions,)), r"\['s'\] need a default"),
         (
             Scale,
-            dataclasses.make_dataclass("Drop", [("s", float, 2.0), ("dropout", float, 0.5)], bases=(MapOptions,)),
+            dataclasses.make_dataclass(
+                "Drop", [("s", float, option(2.0)), ("dropout", float, option(0.5))], bases=(MapOptions,)
+            ),
             r"\['dropout'\] are GPTConfig fields",
         ),
+        (
+            Scale,
+            dataclasses.make_dataclass("Bare", [("s", float, 2.0)], bases=(MapOptions,)),
+            r"options Bare: declare each field's valid values with coupled_qk.option .*Bare.s: declares nothing",
+        ),  # its values would be checked by nothing (and a plain field failed a test naming no field)
         (
             Scale,
             dataclasses.make_dataclass("Pair", [("s", tuple, (1.0, 2.0))], bases=(MapOptions,)),
@@ -114,7 +121,7 @@ def test_in_defaults_must_be_a_bool_or_a_list():
 def _run_cell(s: float) -> tuple[type, type, type]:
     """What a notebook cell defines when run: new class objects of the same module and qualified name."""
     namespace = sys.modules["notebook_cell"].__dict__
-    namespace.update(QKMap=QKMap, MapOptions=MapOptions, dataclasses=dataclasses, Plain=Plain)
+    namespace.update(QKMap=QKMap, MapOptions=MapOptions, option=option, dataclasses=dataclasses, Plain=Plain)
     exec(
         f"class Scale(QKMap):\n"
         f"    def __init__(self, d_head, n_heads, s={s}):\n"
@@ -123,7 +130,7 @@ def _run_cell(s: float) -> tuple[type, type, type]:
         f"        return self.s * q, k\n"
         f"@dataclasses.dataclass\n"
         f"class ScaleOptions(MapOptions):\n"
-        f"    s: float = {s}\n"
+        f"    s: float = option({s})\n"
         f"class Rule(Plain):\n"
         f"    pass\n",
         namespace,
@@ -164,7 +171,7 @@ def test_running_a_registration_cell_again_replaces_it(monkeypatch):
 def test_an_option_name_two_maps_type_differently_keeps_each_maps_type_in_variant_specs():
     from coupled_qk.models.specs import variant_overrides
 
-    steps = dataclasses.make_dataclass("Steps", [("n_steps", float, 1.5)], bases=(MapOptions,))
+    steps = dataclasses.make_dataclass("Steps", [("n_steps", float, option(1.5))], bases=(MapOptions,))
     step_map = type(
         "StepMap",
         (Scale,),
@@ -183,7 +190,7 @@ def test_a_literal_option_is_checked_on_every_surface():
     from coupled_qk.models.config import parse_overrides
 
     mode = dataclasses.make_dataclass(
-        "Mode", [("s", float, 2.0), ("mode", typing.Literal["a", "b"], "a")], bases=(MapOptions,)
+        "Mode", [("s", float, option(2.0)), ("mode", typing.Literal["a", "b"], "a")], bases=(MapOptions,)
     )
     mode_map = type(
         "ModeMap",

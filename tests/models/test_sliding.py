@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from coupled_qk import GPT, GPTConfig
-from coupled_qk.models.gpt import sample_next_token
-from coupled_qk.models.variants import VARIANTS, variant_overrides
+from coupled_qk.models.generation import sample_next_token
+from coupled_qk.models.registry import variant_names
+from coupled_qk.models.specs import variant_overrides
 
 BLOCK = 8
 
@@ -41,7 +42,7 @@ def _reference(model: GPT, prompt: torch.Tensor, n: int, temperature: float, top
     return seq
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", variant_names())
 def test_sliding_equals_rerunning_on_the_last_block_for_every_variant(variant):
     model = _model(variant)
     prompt = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])

@@ -14,24 +14,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coupled_qk import GPT, GPTConfig, QKMap
-from coupled_qk.models import variants
+from coupled_qk.models import registry
 from coupled_qk.models.config import parse_overrides
-from coupled_qk.models.variants import (
-    ATTENTIONS,
-    DynamicsOptions,
-    MapOptions,
-    QueryMLPOptions,
-    parse_variants,
-    register_qk_map,
-    variant_overrides,
-)
+from coupled_qk.models.maps.dynamics import DynamicsOptions
+from coupled_qk.models.maps.query_mlp import QueryMLPOptions
+from coupled_qk.models.options import MapOptions, option
+from coupled_qk.models.registry import ATTENTIONS, attention_names, flat_option_names, register_qk_map
+from coupled_qk.models.specs import parse_variants, variant_overrides
 
 SMALL = dict(vocab_size=50, block_size=16, n_layer=2, d_model=32, n_heads=4)
 
 
 def test_grid_is_every_map_with_every_scoring():
-    cells = {(a.qk_map.name if a.qk_map else None, a.scoring): name for name, a in ATTENTIONS.items()}
-    maps = [None, *variants.QK_MAPS]
+    cells = {
+        (ATTENTIONS[n].qk_map.name if ATTENTIONS[n].qk_map else None, ATTENTIONS[n].scoring): n
+        for n in attention_names()
+    }
+    maps = [None, *registry.QK_MAPS]
     assert set(cells) == {(m, s) for m in maps for s in ("standard", "differential")}
     assert cells[("dynamics", "differential")] == "coupled_differential"
     assert cells[("query_mlp", "standard")] == "uncoupled_mlp"
@@ -208,12 +207,12 @@ class ScaledKeys(QKMap):
 
 @dataclasses.dataclass
 class ScaledKeysOptions(MapOptions):
-    scale: float = 2.0
+    scale: float = option(2.0)
 
 
 @pytest.fixture
 def scaled_key_variant():
-    with variants.isolated():  # the registration is undone after the test
+    with registry.isolated():  # the registration is undone after the test
         register_qk_map("scaled_key", "scaled_key", ScaledKeys, ScaledKeysOptions)
         yield
 
@@ -266,7 +265,7 @@ def test_every_maps_options_are_flat_spellings_with_their_types():
         GPTConfig(**SMALL, attention="coupled", n_alternations=2)
     with pytest.raises(TypeError, match="n_alternatoins"):  # a name no map has is the dataclass's own error
         GPTConfig(**SMALL, attention="invertible", n_alternatoins=2)
-    assert set(variants.FLAT_MAP_OPTIONS) >= {"integrator", "n_steps", "dynamics_hidden", "hidden", "n_alternations"}
+    assert set(flat_option_names()) >= {"integrator", "n_steps", "dynamics_hidden", "hidden", "n_alternations"}
 
 
 def test_unknown_names_say_where_plugin_names_come_from_and_where_specs_go():

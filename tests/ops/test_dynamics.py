@@ -169,8 +169,8 @@ def test_bad_inputs():
     [
         lambda: QKDynamics(D, H),
         lambda: QKDynamics(D, H, integrator="leapfrog"),
-        lambda: __import__("coupled_qk.layers.qk_maps", fromlist=["QueryMLP"]).QueryMLP(D, H),
-        lambda: __import__("coupled_qk.layers.invertible", fromlist=["InvertibleQKCoupling"]).InvertibleQKCoupling(
+        lambda: __import__("coupled_qk.models.maps.query_mlp", fromlist=["QueryMLP"]).QueryMLP(D, H),
+        lambda: __import__("coupled_qk.models.maps.invertible", fromlist=["InvertibleQKCoupling"]).InvertibleQKCoupling(
             D, H
         ),
     ],

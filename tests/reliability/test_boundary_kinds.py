@@ -194,9 +194,9 @@ def test_claims_cells_are_checked_against_the_protocol(cells, capsys, tmp_path_f
 def test_query_key_maps_name_a_non_tensor_or_a_tensor_on_another_device(which, bad, cls):
     """Every query-key map called directly: a non-tensor ``q``/``k`` is a TypeError naming it, a tensor on another
     device a ValueError naming it (not an AttributeError or torch's message from inside a matmul)."""
-    from coupled_qk.layers import invertible, qk_maps
+    import coupled_qk
 
-    module = getattr(qk_maps, cls, None) or getattr(invertible, cls)
+    module = getattr(coupled_qk, cls)
     m = module(4, 2)
     q = torch.randn(1, 2, 3, 4)
     value = q.to("meta") if bad == "meta" else bad
@@ -210,7 +210,8 @@ def test_a_dt_init_beyond_float32_is_refused_naming_it(dt_init):
     """``dt_init=1e308`` is finite in Python but infinite in the float32 parameter: refused by the config and by
     the module, naming ``dt_init`` (before: torch's overflow RuntimeError)."""
     from coupled_qk import GPTConfig
-    from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
+    from coupled_qk.models.maps.dynamics import QKDynamics
+    from coupled_qk.models.maps.query_mlp import QueryMLP
 
     with pytest.raises(ValueError, match="GPTConfig.qk_map.dt_init"):
         GPTConfig(attention="coupled", qk_map={"dt_init": dt_init})

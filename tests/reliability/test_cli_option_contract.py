@@ -25,7 +25,7 @@ from coupled_qk.training.config import TrainConfig
 # typed. Adding an option here is a decision that the command checks it (and a test there shows it).
 FREE_TEXT = {
     "--prompt": "any text, including empty (start of a document)",
-    "--variants": "variant specs: models.variants.parse_variants (tests/models/test_variants.py)",
+    "--variants": "variant specs: models.specs.parse_variants (tests/models/test_variants.py)",
     "--set": "FIELD=VALUE: GPTConfig fields parsed by _checks.coerce",
     "--opt": "FIELD=VALUE: TrainConfig fields parsed by _checks.coerce",
     "--seeds": "commands.options.parse_seeds",

@@ -1,6 +1,6 @@
 """Every field of GPTConfig, of each registered map's options, of TrainConfig and of each registered task's options
 (``options_class``: LMOptions, MQAROptions, GlueOptions) declares its valid values once in its dataclass field
-metadata (``_checks.declare``); valid and invalid values are drawn FROM those declarations.
+metadata (``coupled_qk.option``); valid and invalid values are drawn FROM those declarations.
 
 A field added without a declaration fails ``test_every_field_is_declared``; a declaration that construction does
 not enforce fails ``test_values_outside_the_declaration_are_refused_naming_the_field``.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 
 import pytest
 import reliability_profile  # noqa: F401  (the example budget)
@@ -17,9 +18,9 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from coupled_qk._assignment import CheckedAssignment
-from coupled_qk._checks import _unwrap_optional, declaration_problems, declare, field_types
+from coupled_qk._checks import _unwrap_optional, declaration_problems, field_types
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.options import MapOptions
+from coupled_qk.models.options import MapOptions, option
 from coupled_qk.models.registry import QK_MAPS, load_plugins
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.lm import LMOptions
@@ -73,11 +74,15 @@ def _choices(meta: dict) -> tuple:
 
 
 def valid_values(cls, field: dataclasses.Field) -> st.SearchStrategy:
-    """Values the declaration of ``field`` allows (``None`` too for an optional field)."""
+    """Values the declaration of ``field`` allows (``None`` too for an optional field); an ``AssertionError``
+    naming the field when it declares neither a range nor choices (an empty strategy would fail a Hypothesis
+    health check that names no field)."""
     inner, optional = _unwrap_optional(field_types(cls)[field.name])
     meta = field.metadata
     if inner is bool:
         base = st.booleans()
+    elif typing.get_origin(inner) is typing.Literal and "choices" not in meta:  # declared by its type
+        base = st.sampled_from(typing.get_args(inner))
     elif "choices" in meta:
         base = st.sampled_from(_choices(meta))
     elif "range" in meta:
@@ -95,7 +100,10 @@ def valid_values(cls, field: dataclasses.Field) -> st.SearchStrategy:
                 allow_infinity=False,
             )
     else:
-        return st.nothing()
+        raise AssertionError(
+            f"{cls.__name__}.{field.name} declares no range or choices to draw valid values from "
+            f"({'free: ' + meta['free'] if 'free' in meta else 'undeclared: declare it with coupled_qk.option(...)'})"
+        )
     return st.one_of(base, st.none()) if optional else base
 
 
@@ -146,14 +154,23 @@ def test_every_field_is_declared(cls):
     assert declaration_problems(cls) == []
 
 
+def test_an_undeclared_field_is_named_where_values_are_drawn():
+    @dataclasses.dataclass
+    class Opts(MapOptions):
+        gain: float = 1.0
+
+    with pytest.raises(AssertionError, match=r"Opts.gain declares no range or choices .*coupled_qk.option"):
+        valid_values(Opts, dataclasses.fields(Opts)[0])
+
+
 def test_an_undeclared_field_is_found():
     @dataclasses.dataclass
     class Opts(MapOptions):
         width: int = 3
-        gain: float = declare(1.0, free="no")
-        name: str = declare("a", lo=0)
+        gain: float = option(1.0, free="no")
+        name: str = option("a", lo=0)
         ok: bool = True
-        size: int = declare(2, lo=1)
+        size: int = option(2, lo=1)
 
     problems = declaration_problems(Opts)
     assert [p.split(":")[0] for p in problems] == ["Opts.width", "Opts.gain", "Opts.name"]
@@ -168,7 +185,7 @@ def test_every_registered_map_is_covered():
 @given(st.data())
 def test_map_options_accept_every_declared_value(data):
     for cls in map_options_classes():
-        for field in dataclasses.fields(cls):
+        for field in [f for f in dataclasses.fields(cls) if "free" not in f.metadata]:  # free: checked by its code
             value = data.draw(valid_values(cls, field), label=f"{cls.__name__}.{field.name}")
             kwargs = {field.name: value}
             if field.name == "shared_across_heads" and value is False and "keys_per_query_head" in cls.field_names():
@@ -306,7 +323,7 @@ def test_task_options_any_value_is_accepted_as_declared_or_refused_naming_the_fi
     ],
 )
 def test_declared_messages_read_as_before(field, value, message):
-    from coupled_qk.models.options import DynamicsOptions
+    from coupled_qk.models.maps.dynamics import DynamicsOptions
 
     with pytest.raises(ValueError, match=message):
         DynamicsOptions(**{field: value})

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from coupled_qk import GPT, GPTConfig
 from coupled_qk.layers.attention import CausalSelfAttention
-from coupled_qk.layers.qk_maps import QKDynamics
+from coupled_qk.models.maps.dynamics import QKDynamics
 from coupled_qk.tensor_checks import GREEDY_BELOW, check_generate_args
 
 VOCAB, BLOCK = 64, 32

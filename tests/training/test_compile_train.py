@@ -10,7 +10,7 @@ import torch
 import torch._dynamo as dynamo
 from torch._dynamo.backends.common import aot_autograd
 
-from coupled_qk.models import gpt as gpt_module
+from coupled_qk.models import compiled as compiled_module
 from coupled_qk.training import distributed, model_setup
 from coupled_qk.training.checkpoint_format import Checkpoint
 from coupled_qk.training.loop import train
@@ -32,7 +32,9 @@ def fresh_dynamo():
 
 
 def use_backend(monkeypatch, backend):
-    monkeypatch.setattr(model_setup, "compile_regions", functools.partial(gpt_module.compile_regions, backend=backend))
+    monkeypatch.setattr(
+        model_setup, "compile_regions", functools.partial(compiled_module.compile_regions, backend=backend)
+    )
 
 
 def _raise(gm, example_inputs):

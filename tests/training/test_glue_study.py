@@ -154,13 +154,13 @@ def test_compile_is_recorded_and_scores_as_eager(study, monkeypatch, capsys):
     as the eager one."""
     import functools
 
-    from coupled_qk.models import gpt as gpt_module
+    from coupled_qk.models import compiled as compiled_module
     from coupled_qk.training import model_setup
 
     args, out = study
     one = [args[0], *args[2:], "--seeds", "0"]
     monkeypatch.setattr(
-        model_setup, "compile_regions", functools.partial(gpt_module.compile_regions, backend="aot_eager")
+        model_setup, "compile_regions", functools.partial(compiled_module.compile_regions, backend="aot_eager")
     )
     assert main(["glue", *one, "--compile"]) == 0
     eager_out = out.parent / "eager"

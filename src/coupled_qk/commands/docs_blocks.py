@@ -17,8 +17,10 @@ Rewrite the blocks in place (from the repository root)::
     python -m coupled_qk.commands.docs_blocks            # rewrite stale blocks, list the pages changed
     python -m coupled_qk.commands.docs_blocks --check    # exit 1 and name the stale blocks
 
-The blocks of ``docs/DESIGN.md`` (``attentions``, ``variants``, ``presets``) are generated elsewhere
-(``tests/test_docs_sync.py``); this module leaves blocks it does not know untouched.
+The registry's tables (``docs/DESIGN.md``'s ``attentions``, ``variants``, ``presets`` and the front page's
+``variants-table``) cover the query-key maps that DESIGN.md documents (:func:`design_maps`), so a drop-in map added
+to :mod:`coupled_qk.models.maps` leaves every page current; rewriting the pages documents every map of the package
+first (:func:`coupled_qk.models.catalog.write_docs`). This module leaves blocks it does not know untouched.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coupled_qk.io import write_text_atomic
+from coupled_qk.models import catalog
 
 BLOCK = re.compile(r"(<!-- BEGIN generated: ([\w:-]+) -->\n)(.*?)(<!-- END generated: \2 -->)", re.S)
 """A generated block: group 2 is its name, group 3 its text (ending in a newline, or empty)."""
@@ -57,6 +60,17 @@ def pages(root: Path) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
+DESIGN = Path("docs") / "DESIGN.md"
+"""The page whose ``attentions`` table says which query-key maps the pages document."""
+
+
+def design_maps(root: Path) -> list[str]:
+    """The query-key maps ``docs/DESIGN.md`` under ``root`` documents (:func:`coupled_qk.models.catalog.
+    documented_maps`); every map of the package when there is no such page."""
+    page = root / DESIGN
+    return catalog.documented_maps(page.read_text()) if page.is_file() else catalog.package_maps()
+
+
 def _source(attention) -> str:
     parts = []
     if attention.qk_map is not None:
@@ -68,23 +82,22 @@ def _source(attention) -> str:
 
 
 def variants_table(root: Path) -> str:
-    """The named variants of the built-in registry (not third-party plugins): each one's attention (query-key
-    map x scoring rule), the options it sets, its extra parameters over ``standard`` at the ``60m`` preset
-    (exact, counted on the meta device) and where it comes from."""
+    """The named variants of the maps DESIGN.md documents (:func:`design_maps`; not third-party plugins), in the
+    order of its ``variants`` table: each one's attention (query-key map x scoring rule), the options it sets,
+    its extra parameters over ``standard`` at the ``60m`` preset (exact, counted on the meta device) and where it
+    comes from."""
     from coupled_qk.models import registry
     from coupled_qk.models.config import GPTConfig
     from coupled_qk.models.gpt import coupling_parameter_overhead
 
-    registry.load_plugins()
     rows = [
         "| variant | query-key map | scoring | options | extra parameters at `60m` | from |",
         "|---|---|---|---|---:|---|",
     ]
-    for name, spec in registry.VARIANTS.items():
+    for name in catalog.variant_names(catalog.attention_names(design_maps(root))):
+        spec = registry.VARIANTS[name]
         attention = registry.ATTENTIONS[spec["attention"]]
         m = attention.qk_map
-        if m is not None and not m.module.__module__.startswith("coupled_qk."):
-            continue
         options = ", ".join(f"`{k}={v}`" for k, v in spec.items() if k != "attention") or "-"
         extra = coupling_parameter_overhead(GPTConfig.from_preset("60m", **spec))
         rows.append(
@@ -142,7 +155,15 @@ def commands(root: Path) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _design_table(name: str) -> Callable[[Path], str]:
+    """The generator of ``docs/DESIGN.md``'s block ``name`` (:func:`coupled_qk.models.catalog.tables`)."""
+    return lambda root: catalog.tables(design_maps(root))[name]
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
+    "attentions": _design_table("attentions"),
+    "variants": _design_table("variants"),
+    "presets": _design_table("presets"),
     "variants-table": variants_table,
     "verdict-readings": verdict_readings,
     "demo-quick": demo_quick,
@@ -155,7 +176,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
 
 def expected_block(kind: str, name: str, root: Path) -> str | None:
     """The text a block must hold: ``kind`` is ``"generated"`` or ``"claims"``; ``None`` for a generated block
-    this module does not know (``docs/DESIGN.md``'s).
+    this module does not know.
 
     Raises:
         FileNotFoundError: a claims block whose report ``docs/results/claims/<name>-readme.md`` does not exist,
@@ -213,8 +234,9 @@ def stale_blocks(root: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite the stale blocks of the pages under ``--root`` (default: the current folder), or with ``--check``
-    only name them; exit 1 when ``--check`` finds one."""
+    """Rewrite the stale blocks of the pages under ``--root`` (default: the current folder), every map of the
+    package documented (a drop-in map gets its rows), or with ``--check`` only name them; exit 1 when ``--check``
+    finds one."""
     parser = argparse.ArgumentParser(prog="python -m coupled_qk.commands.docs_blocks", description=__doc__)
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default: .)")
     parser.add_argument("--check", action="store_true", help="name stale blocks and exit 1; change nothing")
@@ -225,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print("\n".join(f"stale: {s}" for s in stale) or "every generated block is up to date")
         return 1 if stale else 0
+    if (args.root / DESIGN).is_file() and catalog.write_docs(args.root / DESIGN):  # the maps documented first
+        print(f"rewrote {DESIGN}")
     for page in pages(args.root):
         text = page.read_text()
         new = regenerate(text, args.root)

@@ -43,7 +43,7 @@ def _summary(values: list[float]) -> dict:
 def plan_comparison(base: TrainConfig, variants: list[str], seeds: list[int], out_dir: str | Path) -> list[PlannedRun]:
     """One run per ``variant x seed`` (variant-major), in ``out_dir/<variant>/seed<k>``.
 
-    Each run is ``base`` with the variant's model overrides (:func:`coupled_qk.models.variants.variant_overrides`)
+    Each run is ``base`` with the variant's model overrides (:func:`coupled_qk.models.specs.variant_overrides`)
     and ``seed``; ``keys`` are ``{"variant", "seed"}``.
 
     Raises:

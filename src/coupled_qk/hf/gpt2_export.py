@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from coupled_qk.layers.qk_maps import QKDynamics
 from coupled_qk.models.gpt import GPT
+from coupled_qk.models.maps.dynamics import QKDynamics
 from coupled_qk.models.registry import attention_names, get_attention
 
 
 def convertible(attention: str) -> bool:
     """Whether GPT-2 can express ``attention``: standard scoring with no query-key map, or with the coupled
-    dynamics (:class:`~coupled_qk.layers.qk_maps.QKDynamics`, inserted by :func:`~coupled_qk.hf.retrofit.retrofit`);
-    read from the registry (``ValueError`` for an unknown attention)."""
+    dynamics (:class:`~coupled_qk.models.maps.dynamics.QKDynamics`, inserted by
+    :func:`~coupled_qk.hf.retrofit.retrofit`); read from the registry (``ValueError`` for an unknown attention)."""
     a = get_attention(attention)
     return a.scoring == "standard" and (a.qk_map is None or a.qk_map.module is QKDynamics)
 

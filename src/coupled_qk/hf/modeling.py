@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ from coupled_qk.hf.cache_view import static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
 from coupled_qk.hf.forward import as_output, run_gpt
 from coupled_qk.hf.inputs import check_folder, check_hf_generate_args, check_labels
-from coupled_qk.layers.attention import CausalSelfAttention
+from coupled_qk.layers.attention import LEGACY_STATE_KEYS, CausalSelfAttention
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.gpt import GPT
@@ -52,6 +53,17 @@ def fresh_parameters(module: nn.Module, attn: CausalSelfAttention, options) -> N
             new = type(module)(attn.d_head, attn.n_heads, attn.layer_idx)
     for name, p in own.items():
         init.copy_(p, getattr(new, name).detach().to(p.device, p.dtype))
+
+
+def legacy_key_mapping() -> dict[str, str]:
+    """``transformers``' ``key_mapping`` (regex -> replacement) that reads weights saved under the attention
+    layer's earlier names (:data:`~coupled_qk.layers.attention.LEGACY_STATE_KEYS`: e.g. Differential Attention's
+    ``attn.lambda_q1``, now ``attn.scorer.lambda_q1``), so exports written before the change still load."""
+    out = {}
+    for old, new in LEGACY_STATE_KEYS:
+        pattern = r"\.attn\." + re.escape(old) + ("" if old.endswith(".") else "$")
+        out[pattern] = f".attn.{new}"
+    return out
 
 
 class CoupledQKPreTrainedModel(PreTrainedModel):
@@ -92,7 +104,8 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
 
         Linear and embedding weights ``N(0, 0.02)`` (a bias as ``nn.Linear``'s, uniform ``+-1/sqrt(fan_in)``),
         residual output projections (``out_proj``) ``N(0, 0.02 / sqrt(2 n_layer))``, LayerNorm/RMSNorm ``1`` and
-        ``0``, differential lambdas ``N(0, 0.1)``; the parameters a query-key map or an added scoring rule holds
+        ``0``, differential lambdas ``N(0, 0.1)`` (:class:`~coupled_qk.layers.differential.DifferentialScoring`'s
+        ``reset_parameters``); the parameters a query-key map or an added scoring rule holds
         itself (``dt``, a plugin's own tensors) take the values of a freshly built one (:func:`fresh_parameters`)
         unless the rule has ``reset_parameters()``; any other module with parameters of its own and a
         ``reset_parameters()`` (the coupling networks, a plugin's layers) calls it. Parameters already loaded
@@ -108,8 +121,6 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
                 init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, CausalSelfAttention):
-            module.reset_parameters()  # differential lambdas N(0, 0.1), as GPT draws them
         elif isinstance(module, (QKMap, ScoringRule)) and not hasattr(module, "reset_parameters"):
             attn = next((b.attn for b in self.model.blocks if module is b.attn.qk_map or module is b.attn.scorer), None)
             if attn is not None:
@@ -208,17 +219,25 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
             *args, **kwargs: as ``transformers``' ``from_pretrained`` (``output_loading_info``,
                 ``ignore_mismatched_sizes``, ``dtype``, ...).
 
+        Weights saved under the attention layer's earlier names load (:func:`legacy_key_mapping`); saving the model
+        again writes today's names.
+
         Raises:
             FileNotFoundError: a local folder without ``config.json`` (or a training run folder).
             ValueError: (``strict``) missing / unexpected / mismatched weights, naming them; an invalid config
                 field (from :class:`CoupledQKConfig`).
         """
         check_folder(Path(os.fspath(pretrained_model_name_or_path)).expanduser())
+        legacy = legacy_key_mapping()
+        kwargs["key_mapping"] = {**(kwargs.get("key_mapping") or {}), **legacy}
         want_info = kwargs.pop("output_loading_info", False)
         allow_mismatch = kwargs.pop("ignore_mismatched_sizes", False) or not strict
         model, info = super().from_pretrained(
             pretrained_model_name_or_path, *args, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
         )
+        # transformers reverts the renamings it used when the model is saved again: not ours (save today's names)
+        used = getattr(model, "_weight_conversions", None) or []
+        model._weight_conversions = [c for c in used if not set(getattr(c, "source_patterns", ())) & set(legacy)]
         missing = sorted(k for k in info["missing_keys"] if k != TIED)
         unexpected = sorted(info["unexpected_keys"])
         mismatched = sorted(info["mismatched_keys"])

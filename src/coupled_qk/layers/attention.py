@@ -1,19 +1,17 @@
 """Causal self-attention: one optional query-key map and one scoring rule (docs/METHOD.md sections 1-2).
 
-The layer knows nothing about variant names; :mod:`coupled_qk.models.variants` builds it from a registered
-(query-key map x scoring) pair. Scoring rules (:data:`SCORINGS`, code in :mod:`coupled_qk.layers.scoring`):
+The layer knows nothing about variant names; the registry (:mod:`coupled_qk.models.registry`) builds it from a
+registered (query-key map x scoring) pair. The scoring rule is standard scoring (scaled dot-product attention,
+Vaswani et al. 2017: :func:`coupled_qk.layers.scoring.scaled_dot_product`, computed here) or a module following
+:class:`~coupled_qk.layers.scoring.ScoringRule`, built into ``self.scorer``: the built-in Differential Attention
+(:class:`~coupled_qk.layers.differential.DifferentialScoring`) or a rule registered with
+:func:`coupled_qk.models.registry.register_scoring`, from inside or outside the package. :data:`SCORINGS` names
+the built-in ones.
 
-- ``standard``: scaled dot-product attention (Vaswani et al. 2017).
-- ``differential``: Differential Attention V1 (Ye et al. 2024, arXiv:2410.05258, microsoft/unilm
-  Diff-Transformer): ``(A1 - lambda A2) V`` with half the heads, per-head RMSNorm and ``(1 - lambda_init)``.
-
-Other scoring rules are modules following :class:`ScoringRule` (registered with
-:func:`coupled_qk.models.registry.register_scoring`, from inside or outside the package); the layer takes
-their class (or factory) as ``scoring``.
-
-The query-key map (:mod:`coupled_qk.layers.qk_maps`, e.g. the coupled dynamics or the uncoupled query MLP)
-transforms the projected ``(q, k)`` before scoring, before RoPE (``map_position="pre_rope"``, default) or
-after it (``"post_rope"``); with differential scoring it acts on each query/key sub-head before both maps.
+The query-key map (:class:`~coupled_qk.layers.qk_maps.QKMap`, e.g. the coupled dynamics or the uncoupled query
+MLP of :mod:`coupled_qk.models.maps`) transforms the projected ``(q, k)`` before scoring, before RoPE
+(``map_position="pre_rope"``, default) or after it (``"post_rope"``); with a rule that pairs sub-heads
+(``head_group`` 2, Differential Attention) it acts on each query/key sub-head.
 
 The fast path is ``torch.nn.functional.scaled_dot_product_attention``; the eager path (``impl="eager"``, or
 ``forward(..., record=True)``) computes the softmax explicitly in float32 and can return an
@@ -30,23 +28,21 @@ import torch
 import torch.nn as nn
 
 from coupled_qk._checks import boolean, finite, nonneg_int, positive_int
+from coupled_qk.layers.differential import DifferentialScoring
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
 from coupled_qk.layers.kv_cache import KVCache
 from coupled_qk.layers.layer_inputs import check_layer_inputs
-from coupled_qk.layers.scoring import (  # noqa: F401 - the scoring names are public here too
-    SCORINGS,
-    ScoringFactory,
-    ScoringRule,
-    attention_mask_4d,
-    differential_lambda_init,
-    differential_split_values,
-    scaled_dot_product,
-)
+from coupled_qk.layers.scoring import ScoringFactory, ScoringRule, attention_mask_4d, scaled_dot_product
 from coupled_qk.ops.heads import expand_kv
 from coupled_qk.ops.rope import apply_rope
 
 MAP_POSITIONS = ("pre_rope", "post_rope")
 """Where the query-key map acts relative to RoPE."""
+
+SCORINGS: dict[str, type[ScoringRule] | None] = {"standard": None, "differential": DifferentialScoring}
+"""The scoring rules a layer takes by name: ``standard`` (scaled dot-product attention, computed by the layer)
+and ``differential`` (:class:`~coupled_qk.layers.differential.DifferentialScoring`); the registry's built-in
+scoring rules (:data:`coupled_qk.models.registry.SCORING_RULES`), in this order."""
 
 
 @dataclass
@@ -61,8 +57,8 @@ class AttentionRecord:
             after RoPE); ``None`` for a layer without a query-key map.
         q_mapped, k_mapped: ``(B, H, T, d_head)`` the map's outputs (before any RoPE that follows), or ``None``.
         attn: ``(B, H_map, T, T_k)`` float32 (or float64) attention probabilities; ``A1`` for differential
-            scoring, where ``H_map = H / 2``.
-        attn2: ``A2`` (differential scoring) or ``None``.
+            scoring, where ``H_map = H / 2`` (a scoring rule's ``head_group`` divides the heads).
+        attn2: ``A2`` (differential scoring) or ``None`` (a field a scoring rule may return, as ``lam``).
         lam: scalar tensor ``lambda`` (differential scoring) or ``None``.
         dt: the map's per-head step sizes ``(H,)`` (``None`` without a map or for a map without ``dt``).
     """
@@ -80,7 +76,16 @@ class AttentionRecord:
 QKMapFactory = Callable[[int, int], nn.Module]
 """``(d_head, n_heads) -> query-key map module`` (see :mod:`coupled_qk.layers.qk_maps`)."""
 
-_LEGACY_PREFIXES = (("dynamics.", "qk_map."), ("query_mlp.", "qk_map.mlp."), ("dt", "qk_map.dt"))
+LEGACY_STATE_KEYS = (
+    ("dynamics.", "qk_map."),
+    ("query_mlp.", "qk_map.mlp."),
+    ("dt", "qk_map.dt"),
+    *((name, f"scorer.{name}") for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2", "subln.")),
+)
+"""State-dict keys of earlier layouts -> today's (a key equal to the first entry, or starting with it when it ends
+with ``.``): the map's parameters before it became ``qk_map``; Differential Attention's before its scoring rule
+became ``scorer`` (:class:`~coupled_qk.layers.differential.DifferentialScoring`). The layer renames them when a
+state dict is loaded into it; :mod:`coupled_qk.hf.modeling` does the same for ``from_pretrained``."""
 
 
 MAP_RNG_SALT = 0x5EED_C0DE
@@ -88,7 +93,7 @@ MAP_RNG_SALT = 0x5EED_C0DE
 
 
 def build_with_own_rng(factory, d_head: int, n_heads: int) -> nn.Module:
-    """Build a query-key map from ``factory(d_head, n_heads)`` with its own random stream.
+    """Build a query-key map (or a scoring rule) from ``factory(d_head, n_heads)`` with its own random stream.
 
     The map's initial parameters are drawn from a generator seeded by one number read from the global CPU
     stream inside :func:`torch.random.fork_rng`, so the global stream leaves this call exactly as it entered.
@@ -108,18 +113,20 @@ class CausalSelfAttention(nn.Module):
 
     Args:
         d_model: model width.
-        n_heads: query heads of the standard layout. Differential scoring uses ``n_heads // 2`` heads, each
-            with two query/key sub-heads of width ``d_head`` and a value of width ``2 d_head``
-            (parameter-matched, as in arXiv:2410.05258).
+        n_heads: query heads of the standard layout. A scoring rule pairing sub-heads (``head_group`` ``g`` > 1:
+            Differential Attention, ``g = 2``) uses ``n_heads // g`` heads, each with ``g`` query/key sub-heads
+            of width ``d_head`` and a value of width ``g d_head`` (parameter-matched, as in arXiv:2410.05258).
         n_kv_heads: key/value heads (grouped-query attention); divides ``n_heads``.
         d_head: head width.
         qk_map: ``None`` (no map), a factory ``(d_head, n_heads) -> module`` following the interface of
             :mod:`coupled_qk.layers.qk_maps` (a map class itself is one; it is called after the projections
             are created, so parameters are created and randomly initialised in a fixed order), or a map
             module built by the caller.
-        scoring: ``"standard"``, ``"differential"`` or another rule's :class:`ScoringRule` class (or factory
-            ``(d_head, n_heads, layer_idx) -> module``), built into ``self.scorer``.
-        layer_idx: 0-based layer index (sets the differential ``lambda_init`` and the cache slot).
+        scoring: a name of :data:`SCORINGS` (``"standard"``, ``"differential"``) or a :class:`ScoringRule` class
+            (or factory ``(d_head, n_heads, layer_idx) -> module``), built into ``self.scorer`` (``None`` for
+            standard scoring).
+        layer_idx: 0-based layer index (the cache slot; given to the scoring rule, e.g. Differential
+            Attention's ``lambda_init``).
         map_position: ``"pre_rope"`` (default: map on the raw projections, RoPE on the mapped pair) or
             ``"post_rope"``.
         use_rope: apply rotary embeddings (otherwise positions come from the model's embeddings).
@@ -144,17 +151,19 @@ class CausalSelfAttention(nn.Module):
     projection: the same function up to rounding, in two to four kernels instead of seven to twelve, checked
     against the weights once per cache. ``layer.fold_inference = False`` turns it off.
 
-    Differential scoring on the fast path: ``layer.split_values`` (default ``None``: on CUDA only) computes
-    ``A1 V`` and ``A2 V`` with the value split into halves of width ``d_head`` in one SDPA call
-    (:func:`differential_split_values`), so every head width is equal and CUDA's flash kernel is eligible; the
-    function is the same up to rounding. The per-head RMSNorm runs in its weight's dtype (float32 under
-    autocast) and returns the input dtype.
+    Attributes: ``qk_map`` (the map module or ``None``), ``scorer`` (the scoring rule module, ``None`` for
+    standard scoring), ``head_group`` (the rule's sub-heads per head, 1 for standard scoring),
+    ``named_modules()`` (and so ``parameters()``) lists a rule with ``inline_parameter_order`` (Differential
+    Attention) right after the layer and its submodules after the layer's others: the parameter order of the
+    layout where the rule was the layer's own code, which optimizer states and gradient-norm sums follow.
 
-    State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) load.
+    State dicts saved before the map became one submodule (``dynamics.*``, ``query_mlp.*``, ``dt``) or before
+    Differential Attention became a scoring rule module (``lambda_*``, ``subln.*``; now under ``scorer.``) load.
 
     Raises:
-        ValueError: unknown scoring, impl or map position, head counts that do not divide, differential
-            scoring with an odd head count, ``use_rope`` with an odd ``d_head``.
+        ValueError: unknown scoring, impl or map position, head counts that do not divide, head counts that
+            the scoring rule's ``head_group`` does not divide (differential scoring with an odd head count),
+            ``use_rope`` with an odd ``d_head``.
     """
 
     def __init__(
@@ -178,9 +187,13 @@ class CausalSelfAttention(nn.Module):
         boolean("use_rope", use_rope)
         finite("dropout", dropout, 0, 1, hi_open=True)
         if isinstance(scoring, str) and scoring not in SCORINGS:
-            raise ValueError(f"scoring={scoring!r} is unknown; expected one of {SCORINGS} or a ScoringRule class")
+            raise ValueError(
+                f"scoring={scoring!r} is unknown; expected one of {tuple(SCORINGS)} or a ScoringRule class"
+            )
         if not isinstance(scoring, str) and not callable(scoring):
-            raise ValueError(f"scoring={scoring!r} must be a name in {SCORINGS} or a ScoringRule class (factory)")
+            raise ValueError(
+                f"scoring={scoring!r} must be a name in {tuple(SCORINGS)} or a ScoringRule class (factory)"
+            )
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"impl={impl!r} is unknown; expected 'sdpa' or 'eager'")
         if map_position not in MAP_POSITIONS:
@@ -191,12 +204,6 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(
                 f"use_rope=True rotates pairs of features: d_head={d_head} must be even (or use_rope=False)"
             )
-        self.differential = scoring == "differential"
-        if self.differential and (n_heads % 2 or n_kv_heads % 2):
-            raise ValueError(
-                f"scoring='differential' pairs heads into sub-heads: n_heads={n_heads} and "
-                f"n_kv_heads={n_kv_heads} must both be even"
-            )
         self.scoring, self.layer_idx, self.impl = scoring, layer_idx, impl
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
         self.n_rep = n_heads // n_kv_heads
@@ -206,15 +213,8 @@ class CausalSelfAttention(nn.Module):
         if qk_map is not None and not isinstance(qk_map, nn.Module):
             qk_map = build_with_own_rng(qk_map, d_head, n_heads)
         self.qk_map = qk_map
-        self.scorer = None  # an added scoring rule (ScoringRule); None for the built-in ones
-        if not isinstance(scoring, str):
-            self.scorer = build_with_own_rng(lambda d, n: scoring(d, n, layer_idx), d_head, n_heads)
-            if getattr(self.scorer, "head_group", 1) != 1:
-                raise ValueError(
-                    f"scoring rule {type(self.scorer).__name__} has head_group="
-                    f"{self.scorer.head_group}; added scoring rules must use head_group=1"
-                )
-            self.scoring = getattr(scoring, "__name__", type(self.scorer).__name__)
+        self.scorer = self._build_scorer(scoring, d_head, n_heads, n_kv_heads, layer_idx)
+        self.head_group = getattr(self.scorer, "head_group", 1)  # query/key sub-heads per head (2: differential)
         if qk_map is not None:
             map_heads = getattr(qk_map, "n_heads", n_heads)
             if map_heads != n_heads or getattr(qk_map, "d_head", d_head) != d_head:
@@ -224,36 +224,68 @@ class CausalSelfAttention(nn.Module):
                 )
             # shapes are guaranteed from here on: no per-call (per-token) input checks in the map
             qk_map.check_every_call = False
-            if self.differential and hasattr(qk_map, "head_group"):
-                qk_map.head_group = 2
-        if self.differential:
-            self.lambda_init = differential_lambda_init(layer_idx)
-            self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
-                nn.Parameter(torch.randn(d_head) * 0.1) for _ in range(4)
-            )
-            self.subln = nn.RMSNorm(2 * d_head, eps=1e-5, elementwise_affine=True)
-        # differential scoring: one SDPA call with values split into halves of width d_head (None: on CUDA)
-        self.split_values: bool | None = None
+            if self.head_group != 1 and hasattr(qk_map, "head_group"):
+                qk_map.head_group = self.head_group
         self.fold_inference = True  # decoding folds the map into the projection (layers/folded.py)
         self.check_every_call = True  # check x, rope, key_mask per call (layers/layer_inputs.py; GPT turns it off)
         self._fold: FoldedProjection | None = None
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
 
-    def reset_parameters(self) -> None:
-        """Re-draw the layer's own parameters (differential scoring's lambdas, ``N(0, 0.1)`` as at construction);
-        the submodules (projections, map, norm) have their own ``reset_parameters``."""
-        if self.differential:
-            for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
-                nn.init.normal_(p, 0.0, 0.1)
+    def _build_scorer(self, scoring, d_head: int, n_heads: int, n_kv_heads: int, layer_idx: int):
+        """The scoring rule module of ``scoring`` (``None`` for standard scoring): built with its own random stream
+        unless the rule says otherwise (:attr:`ScoringRule.own_random_stream`), after the projections and the map,
+        so that the weights every variant shares are drawn alike for one seed.
+
+        Raises:
+            ValueError: a rule whose ``head_group`` does not divide ``n_heads`` and ``n_kv_heads``.
+        """
+        rule = SCORINGS[scoring] if isinstance(scoring, str) else scoring
+        if rule is None:
+            return None
+        if getattr(rule, "own_random_stream", True):
+            scorer = build_with_own_rng(lambda d, n: rule(d, n, layer_idx), d_head, n_heads)
+        else:
+            scorer = rule(d_head, n_heads, layer_idx)
+        group = getattr(scorer, "head_group", 1)
+        if n_heads % group or n_kv_heads % group:
+            raise ValueError(
+                f"scoring={self.scoring!r} pairs heads into sub-heads: n_heads={n_heads} and "
+                f"n_kv_heads={n_kv_heads} must both be {'even' if group == 2 else f'multiples of {group}'}"
+            )
+        if not isinstance(scoring, str):
+            self.scoring = getattr(scoring, "__name__", type(scorer).__name__)
+        return scorer
 
     def _upgrade_state_dict(self, state_dict, prefix, *args) -> None:
-        """Rename the parameters of state dicts written before the map became ``self.qk_map``."""
+        """Rename the parameters of state dicts written in an earlier layout (:data:`LEGACY_STATE_KEYS`)."""
         for key in [k for k in state_dict if k.startswith(prefix)]:
             name = key[len(prefix) :]
-            for old, new in _LEGACY_PREFIXES:
+            for old, new in LEGACY_STATE_KEYS:
                 if name == old or (old.endswith(".") and name.startswith(old)):
                     state_dict[prefix + new + name[len(old) :]] = state_dict.pop(key)
                     break
+
+    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
+        """``nn.Module.named_modules``; with a scoring rule whose ``inline_parameter_order`` is set (Differential
+        Attention), the rule right after the layer and its submodules after the layer's others, so that
+        ``parameters()`` lists its own parameters first and its submodules' last, as when they were the layer's
+        (state-dict keys stay ``scorer.*``; see the class docstring)."""
+        rule = self._modules.get("scorer")
+        if rule is None or not getattr(rule, "inline_parameter_order", False):
+            yield from super().named_modules(memo, prefix, remove_duplicate)
+            return
+        memo = set() if memo is None else memo
+        if self in memo:
+            return
+        dot = prefix + "." if prefix else ""
+        if remove_duplicate:
+            memo.update((self, rule))
+        yield prefix, self
+        yield dot + "scorer", rule
+        children = [(n, m) for n, m in self._modules.items() if n != "scorer"]
+        for name, module in children + [(f"scorer.{n}", m) for n, m in rule._modules.items()]:
+            if module is not None:
+                yield from module.named_modules(memo, dot + name, remove_duplicate)
 
     @property
     def keys_per_query_head(self) -> bool:
@@ -307,20 +339,8 @@ class CausalSelfAttention(nn.Module):
         """Pickling and ``copy.deepcopy`` leave the decoding fold behind (it is rebuilt when needed)."""
         return {**super().__getstate__(), "_fold": None}
 
-    def _split_values(self, q: torch.Tensor) -> bool:
-        """Whether differential scoring uses :func:`differential_split_values` (``split_values``: ``None`` =
-        on CUDA only, where equal head widths let SDPA pick the flash kernel; ``True``/``False`` force it)."""
-        return q.device.type == "cuda" if self.split_values is None else bool(self.split_values)
-
-    def differential_lambda(self) -> torch.Tensor:
-        """Scalar ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init`` (arXiv:2410.05258, eq. 2)."""
-        dtype = torch.promote_types(self.lambda_q1.dtype, torch.float32)
-        l1 = torch.exp(torch.dot(self.lambda_q1.to(dtype), self.lambda_k1.to(dtype)))
-        l2 = torch.exp(torch.dot(self.lambda_q2.to(dtype), self.lambda_k2.to(dtype)))
-        return l1 - l2 + self.lambda_init
-
     def _per_query_head(self, k: torch.Tensor) -> torch.Tensor:
-        return k if k.shape[1] == self.n_heads else expand_kv(k, self.n_rep, 2 if self.differential else 1)
+        return k if k.shape[1] == self.n_heads else expand_kv(k, self.n_rep, self.head_group)
 
     def forward(
         self,
@@ -354,7 +374,7 @@ class CausalSelfAttention(nn.Module):
         if not rotated and folded is None:
             q = q.view(b, t, h, dh).transpose(1, 2)
             k = k.view(b, t, k.shape[-1] // dh, dh).transpose(1, 2)  # not -1: B or T may be 0
-        group = 2 if self.differential else 1
+        group = self.head_group
         v = v.view(b, t, hkv // group, group * dh).transpose(1, 2)
         if folded is None and self.keys_per_query_head:  # each query head evolves its own copy of the key
             k = expand_kv(k, self.n_rep, group)
@@ -378,44 +398,37 @@ class CausalSelfAttention(nn.Module):
         # grouped-query heads are read in place (no repeated copy of the cache; see scaled_dot_product)
         eager = record or self.impl == "eager"
         p = self.dropout if self.training else 0.0
-        lam = a2 = None
         mask = attention_mask_4d(key_mask, t, k.shape[-2])
         if mask is None and cache is not None and hasattr(cache, "attn_mask"):
             mask = cache.attn_mask()  # a StaticKVCache: hide its unwritten slots
-        if self.scorer is not None:
-            y, a1 = self.scorer(q, k, v, eager, p, mask)
-        elif not self.differential:
-            y, a1 = scaled_dot_product(q, k, v, eager, p, mask)
-        elif not eager and self._split_values(q):
-            y1, y2 = differential_split_values(q, k, v, p, mask)
-            a1 = None
+        if self.scorer is None:
+            y, probs = scaled_dot_product(q, k, v, eager, p, mask)
         else:
-            y1, a1 = scaled_dot_product(q[:, 0::2], k[:, 0::2], v, eager, p, mask)
-            y2, a2 = scaled_dot_product(q[:, 1::2], k[:, 1::2], v, eager, p, mask)
-        if self.differential:
-            lam = self.differential_lambda()
-            z = y1 - lam.to(y1.dtype) * y2
-            # the norm runs in its weight's precision (fp32 under autocast: no bf16-input/fp32-weight mismatch,
-            # which also disables the fused kernel); fp32 and fp64 models see no cast at all
-            norm_dtype = torch.promote_types(z.dtype, self.subln.weight.dtype)
-            y = (self.subln(z.to(norm_dtype)) * (1.0 - self.lambda_init)).to(z.dtype)
+            y, probs = self.scorer(q, k, v, eager, p, mask)
         y = self.out_proj(y.transpose(1, 2).reshape(b, t, h * dh))
         if not record:
             return y
-        if a1 is None:  # an added rule's contract (ScoringRule): the diagnostics read the probabilities
+        return y, self._record(maps, probs)
+
+    def _record(self, maps: dict, probs) -> AttentionRecord:
+        """The :class:`AttentionRecord` of a recorded call from the map's tensors and what the scoring rule
+        returned when eager: the probabilities, or a dict of record fields (:class:`ScoringRule`).
+
+        Raises:
+            ValueError: a scoring rule returned no probabilities with ``eager=True`` (its contract).
+        """
+        fields = probs if isinstance(probs, dict) else {"attn": probs}
+        if fields.get("attn") is None:  # the diagnostics read the probabilities
             raise ValueError(
                 f"scoring rule {type(self.scorer).__name__} returned probabilities None with eager=True; "
                 f"it must return (y, probabilities (B, H, T_q, T_k)) when eager"
             )
         dt = getattr(self.qk_map, "dt", None)
-        rec = AttentionRecord(
+        return AttentionRecord(
             q=maps.get("q"),
             k=maps.get("k"),
             q_mapped=maps.get("q_mapped"),
             k_mapped=maps.get("k_mapped"),
-            attn=a1,
-            attn2=a2,
-            lam=None if lam is None else lam.detach(),
+            **fields,
             dt=None if dt is None else dt.detach(),
         )
-        return y, rec

@@ -30,7 +30,8 @@ weights): start a new cache after changing weights, or set ``fold_inference = Fa
 Memory: a layer that has decoded keeps its last fold (``layer._fold``, not in the state dict, not pickled): a
 projection 1.3-1.7x the size of ``qkv.weight`` plus the kick matrices (``(H hidden)^2`` to ``3 (H hidden)^2``).
 
-Only the paper's setting folds: :class:`~coupled_qk.layers.qk_maps.QKDynamics` with the MLP force,
+Only the paper's setting folds: the coupled dynamics (a map declaring ``integrates_qk``,
+:class:`~coupled_qk.layers.qk_maps.QKMap`; :class:`coupled_qk.models.maps.dynamics.QKDynamics`) with the MLP force,
 ``n_steps == 1``, the map before RoPE, plain parameters (no parametrization, inference tensor or hook on the
 projection, the map or the force); anything else takes the ordinary path.
 """
@@ -44,7 +45,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coupled_qk.layers.forces import MLPForce, mlp_layer
-from coupled_qk.layers.qk_maps import QKDynamics
 from coupled_qk.ops.heads import expand_kv, group_mean
 
 
@@ -84,7 +84,11 @@ def _params(layer) -> tuple | None:
     """``(qkv.weight, dt, w_in, w_out)`` read from the module dictionaries, or None if the layer's map cannot
     be folded (module attribute lookup costs microseconds, and this runs per decoded token and layer)."""
     m = layer._modules["qk_map"]
-    if not isinstance(m, QKDynamics) or m.n_steps != 1 or (layer.use_rope and layer.map_position == "post_rope"):
+    if (
+        not getattr(m, "integrates_qk", False)
+        or m.n_steps != 1
+        or (layer.use_rope and layer.map_position == "post_rope")
+    ):
         return None
     f, qkv = m._modules["force"], layer._modules["qkv"]
     if not isinstance(f, MLPForce) or _hooked(qkv, m, f):
@@ -167,7 +171,7 @@ def fold_projection(layer) -> FoldedProjection:
     q = _heads(z[:, : h * dh], h, dh)
     k = _heads(z[:, h * dh : (h + hkv) * dh], hkv, dh)
     if layer.keys_per_query_head:
-        k = expand_kv(k, layer.n_rep, 2 if layer.differential else 1)
+        k = expand_kv(k, layer.n_rep, layer.head_group)
     group, n_rep = m.head_group, h // k.shape[1]
     dt = dt.detach().to(work)
     if dt.dim() == 1:

@@ -1,11 +1,9 @@
 """Scoring rules: how attention weighs values once queries and keys are final (docs/METHOD.md section 2).
 
-The built-in rules (:data:`SCORINGS`) are the functions :func:`scaled_dot_product` (``standard``: Vaswani et al.
-2017) and, for ``differential`` (Differential Attention V1, Ye et al. 2024, arXiv:2410.05258),
-:func:`differential_split_values` and :func:`differential_lambda_init`; the layer
-(:class:`coupled_qk.layers.attention.CausalSelfAttention`) holds differential scoring's parameters. Other rules are
-modules following :class:`ScoringRule`, registered with :func:`coupled_qk.models.registry.register_scoring`.
-Masks: :func:`attention_mask_4d` (causal plus key padding).
+:func:`scaled_dot_product` is standard scoring (Vaswani et al. 2017), computed by the layer itself, and the
+building block of the others; every other rule is a module following :class:`ScoringRule`: the built-in
+Differential Attention (:class:`coupled_qk.layers.differential.DifferentialScoring`) and the rules added with
+:func:`coupled_qk.models.registry.register_scoring`. Masks: :func:`attention_mask_4d` (causal plus key padding).
 """
 
 from __future__ import annotations
@@ -18,14 +16,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coupled_qk.ops.heads import expand_kv
-
-SCORINGS = ("standard", "differential")
-"""Scoring rules of :class:`CausalSelfAttention`."""
-
-
-def differential_lambda_init(layer_idx: int) -> float:
-    """``lambda_init = 0.8 - 0.6 exp(-0.3 * layer_idx)`` for a 0-based layer index (arXiv:2410.05258, eq. 3)."""
-    return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
 
 
 def _causal_mask(t_q: int, t_k: int, device) -> torch.Tensor:
@@ -116,67 +106,40 @@ def scaled_dot_product(
     return torch.matmul(attn.to(v.dtype), v), probs
 
 
-def differential_split_values(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float = 0.0,
-    mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two attention outputs ``A1 V`` and ``A2 V`` of differential scoring in one SDPA call whose query,
-    key and value heads all have width ``d``, so that on CUDA the flash kernel is eligible (it needs equal
-    widths; ``V`` of width ``2 d`` falls to a slower kernel, issue 28 item 5).
-
-    ``V`` is split into its halves ``Va, Vb`` (width ``d`` each) and the four products ``A1 Va, A1 Vb, A2 Va,
-    A2 Vb`` are stacked along the batch dimension (``4 B``); ``A1 V = [A1 Va, A1 Vb]`` (concatenated on the
-    last dimension). This is the layout of the reference implementation (microsoft/unilm Diff-Transformer,
-    ``multihead_flashdiff_2``: two flash calls per map, one per value half). The scores are computed twice,
-    the value products once: the same function as :func:`scaled_dot_product` on the full-width ``V`` up to
-    rounding.
-
-    Args:
-        q: ``(B, H, T_q, d)`` with sub-heads interleaved (``q[:, 0::2]`` feeds ``A1``, ``q[:, 1::2]`` ``A2``);
-            k: ``(B, H_k, T_k, d)`` likewise; v: ``(B, H_v, T_k, 2 d)``, ``H_v`` dividing ``H / 2``.
-        dropout_p: attention dropout; mask: optional bool ``(B, 1, T_q, T_k)`` (:func:`attention_mask_4d`).
-
-    Returns:
-        ``(y1, y2)``, each ``(B, H / 2, T_q, 2 d)``.
-    """
-    b, d = q.shape[0], q.shape[-1]
-    va, vb = v[..., :d], v[..., d:]
-    q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]
-    qs = torch.cat([q1, q1, q2, q2])
-    ks = torch.cat([k1, k1, k2, k2])
-    vs = torch.cat([va, vb, va, vb])
-    ms = None if mask is None else mask.expand(b, *mask.shape[1:]).repeat(4, 1, 1, 1)
-    out, _ = scaled_dot_product(qs, ks, vs, False, dropout_p, ms)
-    o = out.unflatten(0, (4, b))
-    return torch.cat([o[0], o[1]], dim=-1), torch.cat([o[2], o[3]], dim=-1)
-
-
 class ScoringRule(nn.Module):
-    """Interface of a scoring rule beyond the built-in :data:`SCORINGS`: ``(q, k, v) -> attention output``.
+    """Interface of a scoring rule other than standard scoring: ``(q, k, v) -> attention output``.
 
-    A subclass is built once per layer as ``cls(d_head, n_heads, layer_idx)`` (with its own random stream, like a
-    query-key map: :func:`coupled_qk.layers.attention.build_with_own_rng`) and called after the query-key map and RoPE,
-    on the keys and values
-    the cache returns.
+    A subclass is built once per layer as ``cls(d_head, n_heads, layer_idx)`` and called after the query-key map
+    and RoPE, on the keys and values the cache returns; its parameters are saved under the layer's ``scorer.``.
 
     ``forward(q, k, v, eager, dropout_p, mask)``, shapes: ``q (B, H, T_q, d_head)``, ``k (B, H_k, T_k, d_head)``
-    and ``v (B, H_v, T_k, d_head)`` with ``T_k >= T_q`` (the last ``T_q`` keys are the queries' own positions)
-    and ``H_k``, ``H_v`` dividing ``H`` (grouped-query attention, as in :func:`scaled_dot_product`);
-    ``mask`` is ``None`` (plain causal) or a bool ``(B, 1, T_q, T_k)``, True where a query may attend
-    (:func:`attention_mask_4d`). Returns ``(y (B, H, T_q, d_head), probs)``: ``probs`` ``(B, H, T_q, T_k)``
-    (the attention map the diagnostics read) when ``eager`` is True, else ``None`` allowed.
-    :func:`scaled_dot_product` is the building block most rules need. A rule with parameters may define
-    ``reset_parameters()`` (called by the Hugging Face classes to initialise fresh weights).
+    and ``v (B, H_v, T_k, g d_head)`` with ``g = head_group``, ``T_k >= T_q`` (the last ``T_q`` keys are the
+    queries' own positions) and ``H_k``, ``g H_v`` dividing ``H`` (grouped-query attention, as in
+    :func:`scaled_dot_product`); ``mask`` is ``None`` (plain causal) or a bool ``(B, 1, T_q, T_k)``, True where
+    a query may attend (:func:`attention_mask_4d`). Returns ``(y (B, H / g, T_q, g d_head), probs)``: ``probs``
+    is what the diagnostics read when ``eager`` is True (``None`` allowed otherwise): the probabilities
+    ``(B, H, T_q, T_k)``, or a dict of :class:`~coupled_qk.layers.attention.AttentionRecord` fields (``attn``
+    required; e.g. Differential Attention's ``attn``, ``attn2`` and ``lam``). :func:`scaled_dot_product` is the
+    building block most rules need. A rule with parameters may define ``reset_parameters()`` (called by the
+    Hugging Face classes to initialise fresh weights).
 
     Attributes:
-        head_group: query/key sub-heads per head; only 1 is supported for added rules (the built-in
-            differential rule pairs sub-heads).
+        head_group: query/key sub-heads per head (``g``): 1 for added rules (the registry refuses others); the
+            built-in Differential Attention pairs sub-heads (2).
+        own_random_stream: ``True`` (default): the rule's parameters are drawn from a random stream of their own
+            (:func:`coupled_qk.layers.attention.build_with_own_rng`), so every weight it does not own is drawn
+            as without it (paired by seed). ``False``: from the model's stream, in construction order (the
+            built-in Differential Attention, whose lambdas were always drawn so: the initial weights of a seed
+            stay what they were).
+        inline_parameter_order: ``False`` (default): the layer lists the rule's parameters after its own
+            submodules', as any submodule's. ``True``: in the order of a layer whose code the rule was, its own
+            parameters first and its submodules' after the layer's others (the built-in Differential Attention:
+            an optimizer state or a gradient norm keeps the order it always had).
     """
 
     head_group: int = 1
+    own_random_stream: bool = True
+    inline_parameter_order: bool = False
 
     def forward(
         self,
@@ -186,8 +149,8 @@ class ScoringRule(nn.Module):
         eager: bool,
         dropout_p: float = 0.0,
         mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention output and (when ``eager``) probabilities; see the class docstring."""
+    ) -> tuple[torch.Tensor, torch.Tensor | dict | None]:
+        """Attention output and (when ``eager``) probabilities or record fields; see the class docstring."""
         raise NotImplementedError
 
 

@@ -18,7 +18,6 @@ from coupled_qk._checks import (
     check_declared,
     coerce,
     coerce_fields,
-    declare,
     field_types,
     parse_assignments,
     positive_int,
@@ -27,7 +26,7 @@ from coupled_qk.io import close_matches
 from coupled_qk.layers.attention import MAP_POSITIONS
 from coupled_qk.models.contracts import RESERVED_OPTION_NAMES
 from coupled_qk.models.field_rules import READ_WHEN, check_unread_fields, loading_saved
-from coupled_qk.models.options import MapOptions
+from coupled_qk.models.options import MapOptions, option
 from coupled_qk.models.provenance import OPTION_HINT, naming_providers, saved_dict
 from coupled_qk.models.registry import (
     LEGACY_DEFAULTS,
@@ -203,23 +202,23 @@ class GPTConfig(JSONConfig):
             has no such option, or unknown fields (:meth:`from_dict`).
     """
 
-    vocab_size: int = declare(8192, lo=1, hi=MAX_VOCAB)
-    vocab_pad_multiple: int = declare(1, lo=1)
-    block_size: int = declare(128, lo=1)
-    n_layer: int = declare(4, lo=1)
-    d_model: int = declare(128, lo=1)
-    n_heads: int = declare(4, lo=1)
-    n_kv_heads: int | None = declare(None, lo=1)
-    d_head: int | None = declare(None, lo=1)
-    d_ff: int | None = declare(None, lo=1)
+    vocab_size: int = option(8192, lo=1, hi=MAX_VOCAB)
+    vocab_pad_multiple: int = option(1, lo=1)
+    block_size: int = option(128, lo=1)
+    n_layer: int = option(4, lo=1)
+    d_model: int = option(128, lo=1)
+    n_heads: int = option(4, lo=1)
+    n_kv_heads: int | None = option(None, lo=1)
+    d_head: int | None = option(None, lo=1)
+    d_ff: int | None = option(None, lo=1)
     use_mlp: bool = True
-    attention: str = declare("standard", choices=attention_names)
-    qk_map: MapOptions | None = declare(None, free="the attention's map options dataclass (MapOptions)")
-    position: str = declare("rope", choices=("rope", "learned"))
-    map_position: str = declare("pre_rope", choices=MAP_POSITIONS)
-    rope_base: float = declare(10000.0, lo=0.0, lo_open=True)
-    dropout: float = declare(0.0, lo=0.0, hi=1.0, hi_open=True)
-    attn_impl: str = declare("sdpa", choices=("sdpa", "eager"))
+    attention: str = option("standard", choices=attention_names)
+    qk_map: MapOptions | None = option(None, free="the attention's map options dataclass (MapOptions)")
+    position: str = option("rope", choices=("rope", "learned"))
+    map_position: str = option("pre_rope", choices=MAP_POSITIONS)
+    rope_base: float = option(10000.0, lo=0.0, lo_open=True)
+    dropout: float = option(0.0, lo=0.0, hi=1.0, hi_open=True)
+    attn_impl: str = option("sdpa", choices=("sdpa", "eager"))
 
     @classmethod
     def extra_names(cls) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from coupled_qk._checks import coercible, field_types
+from coupled_qk._checks import coercible, declaration_problems, field_types
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.options import MapOptions
@@ -109,9 +109,10 @@ def check_map(module: object, options: object) -> None:
             ``keys_per_query_head`` or ``query_update_is_shift`` not a bool; ``options`` not a
             :class:`MapOptions` dataclass, a field without a default (a model is
             built from the defaults), a field of a type that values cannot be converted to
-            (:func:`coupled_qk._checks.coercible`: a ``tuple`` would take ``--set`` strings unchecked), a field named
-            like a ``GPTConfig`` field (:data:`RESERVED_OPTION_NAMES`), or fields that
-            ``module(d_head, n_heads, **options)`` does not accept.
+            (:func:`coupled_qk._checks.coercible`: a ``tuple`` would take ``--set`` strings unchecked), a field
+            whose valid values are not declared with :func:`~coupled_qk.models.options.option` (a ``bool`` needs
+            only its type), a field named like a ``GPTConfig`` field (:data:`RESERVED_OPTION_NAMES`), or fields
+            that ``module(d_head, n_heads, **options)`` does not accept.
     """
     if not (isinstance(options, type) and issubclass(options, MapOptions) and dataclasses.is_dataclass(options)):
         raise ValueError(f"options={options!r} must be a dataclass subclassing MapOptions")
@@ -138,6 +139,7 @@ def check_map(module: object, options: object) -> None:
             f"specs or config files; use bool, int, float, str, Literal['a', 'b'], dict, list or "
             f"'X | None' of those"
         )
+    _check_declarations(options)
     reserved = sorted(f.name for f in fields if f.name in RESERVED_OPTION_NAMES)
     if reserved:
         raise ValueError(
@@ -146,6 +148,18 @@ def check_map(module: object, options: object) -> None:
             f"rename them"
         )
     _check_signature(module, ["d_head", "n_heads"], [f.name for f in fields])
+
+
+def _check_declarations(options: type) -> None:
+    """``ValueError`` naming every field of ``options`` whose valid values are not declared (what construction,
+    ``--set`` and the tests check them against: :func:`coupled_qk._checks.declaration_problems`)."""
+    problems = declaration_problems(options)
+    if problems:
+        raise ValueError(
+            f"options {options.__name__}: declare each field's valid values with coupled_qk.option (e.g. "
+            f'\'gain: float = option(1.0, lo=0.0)\', \'mode: str = option("a", choices=("a", "b"))\'; a bool '
+            f"needs only its type): " + "; ".join(problems)
+        )
 
 
 def check_scoring(module: object) -> None:
@@ -157,7 +171,7 @@ def check_scoring(module: object) -> None:
             layer_idx)``.
     """
     if not (isinstance(module, type) and issubclass(module, ScoringRule)):
-        raise ValueError(f"module={module!r} must be a ScoringRule subclass (coupled_qk.layers.attention)")
+        raise ValueError(f"module={module!r} must be a ScoringRule subclass (coupled_qk.ScoringRule)")
     if module.head_group != 1:
         raise ValueError(f"{module.__name__}.head_group={module.head_group}: added scoring rules must use 1")
     _check_forward(module, ScoringRule, "(q, k, v, eager, dropout_p, mask) -> (y, probabilities)")

@@ -19,26 +19,27 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from coupled_qk.layers.attention import AttentionRecord, CausalSelfAttention, KVCache
-from coupled_qk.models.compiled import (  # noqa: F401 - the compiled path's helpers: public here too
-    GRAPH_ROOM,
-    GPTCompileMixin,
-    compile_error_summary,
-    compile_regions,
-    make_graph_room,
-    uncompile_regions,
-)
+from coupled_qk.layers.attention import LEGACY_STATE_KEYS, AttentionRecord, CausalSelfAttention
+from coupled_qk.layers.kv_cache import KVCache
+from coupled_qk.models.compiled import GPTCompileMixin
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.decode_head import DecodingHeadMixin
-from coupled_qk.models.generation import (  # noqa: F401 - sample_next_token, static_capacity: public here too
-    GPTGenerationMixin,
-    sample_next_token,
-    static_capacity,
-)
+from coupled_qk.models.generation import GPTGenerationMixin
 from coupled_qk.models.registry import get_attention
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables, signed_sin
 from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
+
+
+def current_state_key(key: str) -> str:
+    """Today's name of a :class:`GPT` state-dict (or optimizer-state) key written in an earlier layout of the
+    attention layer (``blocks.<i>.attn.<old>``, :data:`~coupled_qk.layers.attention.LEGACY_STATE_KEYS`: e.g.
+    ``blocks.0.attn.lambda_q1`` -> ``blocks.0.attn.scorer.lambda_q1``); other keys unchanged."""
+    head, sep, name = key.partition(".attn.")
+    for old, new in LEGACY_STATE_KEYS if sep else ():
+        if name == old or (old.endswith(".") and name.startswith(old)):
+            return head + sep + new + name[len(old) :]
+    return key
 
 
 class MLP(nn.Module):

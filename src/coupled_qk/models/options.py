@@ -1,37 +1,83 @@
-"""The options dataclasses of the built-in query-key maps (``GPTConfig.qk_map``) and their base class.
+"""Options of a query-key map (``GPTConfig.qk_map``): the base class :class:`MapOptions` and :func:`option`, the
+one way to declare a configuration field with its valid values.
 
 A map's options are a dataclass subclassing :class:`MapOptions` whose fields are the keyword arguments of the
-map's constructor (docs/DESIGN.md, "Adding an attention variant"). The registry
+map's constructor, each declared with :func:`option` (a ``bool`` needs only its type), e.g.
+``gain: float = option(1.0, lo=0.0)`` (docs/DESIGN.md, "Adding an attention variant"). The registry
 (:mod:`coupled_qk.models.registry`) reads the fields to generate everything else: the flat spellings that
-``--set``, variant specs and ``GPTConfig(...)`` keywords accept, their types and the error messages.
+``--set``, variant specs and ``GPTConfig(...)`` keywords accept, their types and the error messages. The
+built-in maps' options live with their maps, in :mod:`coupled_qk.models.maps`. ``GPTConfig``, ``TrainConfig``
+and the tasks' options declare their fields with :func:`option` too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import weakref
-from dataclasses import dataclass
 
 from coupled_qk._assignment import CheckedAssignment
-from coupled_qk._checks import FLOAT32_MAX, check_declared, coerce_fields, declare
-from coupled_qk.layers.forces import FORCES
-from coupled_qk.ops.dynamics import INTEGRATORS
+from coupled_qk._checks import FLOAT32_MAX, check_declared, coerce_fields
 
-__all__ = ["DynamicsOptions", "InvertibleOptions", "MapOptions", "QueryMLPOptions"]
+__all__ = ["DT_INIT", "HIDDEN", "MapOptions", "option"]
+
+
+def option(
+    default=dataclasses.MISSING,
+    *,
+    lo=None,
+    hi=None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    choices=None,
+    free: str | None = None,
+    default_factory=dataclasses.MISSING,
+    **metadata,
+):
+    """A dataclass field with its valid values declared once, in its metadata: what construction, assignment and
+    every command-line surface check (:func:`coupled_qk._checks.check_declared`) and what the tests draw valid
+    and invalid values from.
+
+    A number declares a range (``lo``/``hi``), a fixed set declares ``choices``, text, dicts and nested configs
+    declare ``free`` (a sentence saying what checks them); a ``bool`` field needs no declaration (its type is
+    one). Examples: ``n_steps: int = option(1, lo=0)``, ``gain: float = option(1.0)`` (any finite number),
+    ``force: str = option("mlp", choices=("mlp", "gradient"))``.
+
+    Args:
+        default, default_factory: as :func:`dataclasses.field`.
+        lo, hi: bounds of a number field (``None``: unbounded on that side; a float field with neither bound
+            is declared as any finite number).
+        lo_open, hi_open: whether the bounds are excluded.
+        choices: the allowed values (a tuple, or a callable returning them, evaluated at each check, e.g. a
+            registry's names).
+        free: for text, dict and nested fields, a sentence saying what checks the value.
+        **metadata: further metadata (``help``, ``shown``).
+
+    Returns:
+        A :class:`dataclasses.Field`; numbers get ``metadata["range"] = (lo, hi)`` (with ``lo_open``,
+        ``hi_open``), the others ``metadata["choices"]`` or ``metadata["free"]``.
+    """
+    meta = dict(metadata)
+    if choices is not None:
+        meta["choices"] = choices
+    elif free is not None:
+        meta["free"] = free
+    else:
+        meta.update({"range": (lo, hi), "lo_open": lo_open, "hi_open": hi_open})
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 class MapOptions(CheckedAssignment):
     """Base class of the nested map configs (``GPTConfig.qk_map``).
 
-    Subclasses are dataclasses whose fields are the keyword arguments of their map's constructor. On
-    construction every field is converted to its declared type (``_checks.coerce_fields``: ``"False"`` ->
-    ``False``, ``"2"`` -> ``2``), checked against the range or choices declared once in its field metadata
-    (``_checks.declare``; ``_checks.check_declared``), then :meth:`validate` runs the cross-field checks.
-    Assigning a field later (``config.qk_map.n_steps = 2``) runs the same checks
+    Subclasses are dataclasses whose fields are the keyword arguments of their map's constructor, each declared
+    with :func:`option` (the registry refuses an undeclared field at registration). On construction every
+    field is converted to its declared type (``"False"`` -> ``False``, ``"2"`` -> ``2``), checked against the
+    range or choices its :func:`option` declares, then :meth:`validate` runs the cross-field checks. Assigning a
+    field later (``config.qk_map.n_steps = 2``) runs the same checks
     (:class:`~coupled_qk._assignment.CheckedAssignment`); the rules that involve the rest of ``GPTConfig``
     (e.g. ``keys_per_query_head`` with ``n_kv_heads``) run again when a model is built from the config.
-    Every field must be declared (``tests/reliability/test_field_declarations.py`` introspects every
-    registered map's options).
 
     Raises:
         ValueError: naming ``GPTConfig.qk_map.<field>``, the value and what was expected.
@@ -74,58 +120,7 @@ class MapOptions(CheckedAssignment):
 
 
 HIDDEN = dict(lo=1)
-"""Declaration of a coupling network's width ``hidden`` (``None`` or >= 1)."""
+"""Declaration of a coupling network's width ``hidden`` (``None`` or >= 1): ``option(None, **HIDDEN)``."""
 DT_INIT = dict(lo=-FLOAT32_MAX, hi=FLOAT32_MAX)
 """Declaration of an initial step ``dt_init`` (any number a float32 parameter holds: 1e308 is finite in Python
-but infinite in float32)."""
-
-
-@dataclass
-class DynamicsOptions(MapOptions):
-    """Options of :class:`~coupled_qk.layers.qk_maps.QKDynamics` (docs/METHOD.md sections 1 and 4).
-
-    Fields: ``integrator`` (``euler``, ``leapfrog``, ``symplectic_euler``), ``n_steps`` (>= 0), ``hidden``
-    (coupling-network width, ``None`` = ``d_head``), ``dt_init`` (finite initial step), ``shared_across_heads``
-    (one network for all heads), ``force`` (``mlp`` or ``gradient``), ``keys_per_query_head`` (``True``, the
-    paper: one evolved key per query head; ``False``, beyond the paper: one evolved key per key/value head under
-    grouped-query attention, so the KV cache is as small as standard attention's; needs
-    ``shared_across_heads``; docs/METHOD.md section 1.1). Set the nested field, e.g.
-    ``GPTConfig(attention="coupled", n_kv_heads=2, qk_map={"keys_per_query_head": False})``.
-    """
-
-    integrator: str = declare("euler", choices=INTEGRATORS)
-    n_steps: int = declare(1, lo=0)
-    hidden: int | None = declare(None, **HIDDEN)
-    dt_init: float = declare(0.1, **DT_INIT)
-    shared_across_heads: bool = True
-    force: str = declare("mlp", choices=FORCES)
-    keys_per_query_head: bool = True
-
-    def validate(self) -> None:
-        if not self.keys_per_query_head and not self.shared_across_heads:
-            raise ValueError(
-                "GPTConfig.qk_map.keys_per_query_head=False needs shared_across_heads=True (the force acts on the "
-                "group-mean query, so one network serves all heads); got shared_across_heads=False"
-            )
-
-
-@dataclass
-class QueryMLPOptions(MapOptions):
-    """Options of :class:`~coupled_qk.layers.qk_maps.QueryMLP` (docs/METHOD.md section 2): ``hidden``,
-    ``dt_init`` and ``shared_across_heads`` as in :class:`DynamicsOptions`."""
-
-    hidden: int | None = declare(None, **HIDDEN)
-    dt_init: float = declare(0.1, **DT_INIT)
-    shared_across_heads: bool = True
-
-
-@dataclass
-class InvertibleOptions(MapOptions):
-    """Options of :class:`~coupled_qk.layers.invertible.InvertibleQKCoupling` (arXiv:2604.01683v2; docs/METHOD.md
-    section 1): ``hidden`` (conditioner width, ``None`` = ``5 d_head // 8``), ``n_alternations`` (>= 1),
-    ``scale_max`` (bound of each log-scale, > 0), ``shared_across_heads``."""
-
-    hidden: int | None = declare(None, **HIDDEN)
-    n_alternations: int = declare(1, lo=1)
-    scale_max: float = declare(1.0, lo=0.0, lo_open=True)
-    shared_across_heads: bool = True
+but infinite in float32): ``option(0.1, **DT_INIT)``."""

@@ -6,12 +6,12 @@ This module is the library's extension point (docs/DESIGN.md, "Adding an attenti
 - An **attention** (``GPTConfig.attention``) is one cell of the grid *query-key map x scoring*, built by
   :func:`register_qk_map` and :func:`register_scoring`: every registered map (:data:`QK_MAPS`) combines with
   every registered scoring rule (:data:`SCORING_RULES`: the built-in ``standard`` and ``differential``, plus
-  any added :class:`~coupled_qk.layers.attention.ScoringRule`). Names: the rule's name without a map
+  any added :class:`~coupled_qk.layers.scoring.ScoringRule`). Names: the rule's name without a map
   (``standard``, ``differential``); ``<stem>`` (standard scoring) and ``<stem>_<rule>`` for a map registered
   with that stem (``coupled`` and ``coupled_differential`` for the dynamics). The scoring fixes the head layout
-  (:attr:`Attention.head_group`)
-  and the map fixes the nested config schema (``GPTConfig.qk_map``, a :class:`~coupled_qk.models.options.MapOptions`
-  dataclass that exists only for attentions with a map, so an option that would be ignored is an error).
+  (:attr:`Attention.head_group`) and the map fixes the nested config schema (``GPTConfig.qk_map``, a
+  :class:`~coupled_qk.models.options.MapOptions` dataclass that exists only for attentions with a map, so an
+  option that would be ignored is an error).
 - A **variant** (:data:`VARIANTS`) is a named spec used by ``compare``, ``bench``, ``mqar``, ``claims
   --variants`` and ``demo``: an attention plus option overrides, e.g. ``coupled_leapfrog``. Every attention is
   also a variant of its own name. :func:`default_variants` is the default set of ``bench`` and ``mqar``,
@@ -21,39 +21,27 @@ Everything else is generated from the registry when asked: the flat option spell
 specs (``name+field=value``) and ``GPTConfig(...)`` keywords accept (:func:`flat_option_names`, the fields of
 every registered options dataclass), their types (:func:`map_option_types`) and the lists in help texts.
 
-Third-party packages register through the entry-point group :data:`ENTRY_POINT_GROUP` (``coupled_qk.variants``,
-the convention of pytest and lm-eval plugins): each entry point names a function that makes the registrations
-(or a module whose import makes them). The group is read lazily, the first time the registry is queried
-(:func:`load_plugins`), never at ``import coupled_qk``.
-
-The tables and their entry types (:class:`Attention`, :data:`ATTENTIONS`, ...) are defined in
-:mod:`coupled_qk.models.grid` and importable from here.
+The query-key maps, the paper's included, are drop-ins: each module of :mod:`coupled_qk.models.maps` holds a
+map, its options and a ``register()`` function (``dynamics``, ``query_mlp``, ``invertible``). Third-party
+packages register through the entry-point group :data:`ENTRY_POINT_GROUP` (``coupled_qk.variants``, the
+convention of pytest and lm-eval plugins): each entry point names a function that makes the registrations (or a
+module whose import makes them). Both are read lazily, the first time the registry is queried
+(:func:`load_plugins`), never at ``import coupled_qk``: read the tables (:data:`ATTENTIONS`, ...) through the
+functions here, which load them first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from coupled_qk._checks import field_types
-from coupled_qk.layers.invertible import InvertibleQKCoupling
-from coupled_qk.layers.qk_maps import QKDynamics, QueryMLP
-from coupled_qk.layers.scoring import SCORINGS
+from coupled_qk.layers.attention import SCORINGS
 from coupled_qk.models.contracts import check_map, check_name, check_scoring, same_definition
-from coupled_qk.models.grid import (  # noqa: F401 - the grid's tables and types: public here too
-    ALIASES,
-    ATTENTIONS,
-    DEFAULTS,
-    OPTION_ALIASES,
-    QK_MAPS,
-    SCORING_RULES,
-    VARIANTS,
-    Attention,
-    QKMapType,
-    ScoringType,
-    build_map,
-)
-from coupled_qk.models.options import DynamicsOptions, InvertibleOptions, QueryMLPOptions
+from coupled_qk.models.options import MapOptions
 
 ENTRY_POINT_GROUP = "coupled_qk.variants"
 """Python entry-point group read by :func:`load_plugins` (``[project.entry-points."coupled_qk.variants"]``)."""
@@ -75,6 +63,156 @@ LEGACY_DEFAULTS = dict(
 )
 """Values that configs saved before the nested ``qk_map`` wrote for every attention (dropped on load where
 the attention has no such option)."""
+
+
+DEFAULT_ORDER = (
+    "standard",
+    "coupled",
+    "coupled_leapfrog",
+    "uncoupled_mlp",
+    "differential",
+    "coupled_differential",
+    "invertible",
+    "invertible_differential",
+)
+"""The order of the paper's variants (v1 and v2) and baselines in :func:`default_variants` (the order of the
+``bench`` and ``mqar`` reports); every other variant in the default set follows them, in registration order."""
+
+
+OPTION_ALIASES = {"dynamics_hidden": "hidden"}
+"""Flat spellings that differ from the nested field name (config files and ``--set`` of earlier versions)."""
+
+
+@dataclass(frozen=True)
+class QKMapType:
+    """A registered query-key map.
+
+    Fields:
+        name: registry key (``"dynamics"``, ``"query_mlp"``).
+        stem: attention-name stem (``"coupled"`` gives ``coupled`` and ``coupled_differential``).
+        module: the map class, built as ``module(d_head, n_heads, **dataclasses.asdict(options))``.
+        options: its nested config, a :class:`MapOptions` dataclass.
+    """
+
+    name: str
+    stem: str
+    module: type
+    options: type
+
+    def option_names(self) -> list[str]:
+        """Field names of the nested config."""
+        return [f.name for f in dataclasses.fields(self.options)]
+
+
+@dataclass(frozen=True)
+class ScoringType:
+    """A registered scoring rule.
+
+    Fields:
+        name: registry key and attention-name suffix (``"standard"``, ``"differential"``, a plugin's name).
+        module: ``None`` for standard scoring (computed by the layer), else a
+            :class:`~coupled_qk.layers.scoring.ScoringRule` subclass built as ``module(d_head, n_heads,
+            layer_idx)`` (:class:`~coupled_qk.layers.differential.DifferentialScoring` for ``differential``).
+        head_group: query/key sub-heads per head (2 for differential scoring, else 1).
+    """
+
+    name: str
+    module: type | None
+    head_group: int = 1
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One cell of the grid: an optional query-key map and a scoring rule.
+
+    Fields: ``name`` (``GPTConfig.attention``), ``qk_map`` (a :class:`QKMapType` or ``None``), ``scoring``
+    (a key of :data:`SCORING_RULES`: ``"standard"``, ``"differential"`` or an added rule's name).
+    """
+
+    name: str
+    qk_map: QKMapType | None
+    scoring: str
+
+    @property
+    def head_group(self) -> int:
+        """Query/key sub-heads per attention head: 2 for differential scoring (``n_heads`` and ``n_kv_heads``
+        must be even), else 1 (the scoring rule's :attr:`ScoringType.head_group`)."""
+        return SCORING_RULES[self.scoring].head_group
+
+    def options(self, given=None, flat: dict | None = None) -> MapOptions | None:
+        """The validated nested config from ``given`` (a :class:`MapOptions`, a dict or ``None`` for the
+        defaults) and ``flat`` options (flat spelling -> value, see
+        :func:`~coupled_qk.models.registry.flat_option_names`; they win).
+
+        Raises:
+            ValueError: naming the option and this attention, for options of an attention without a map, or
+                options that its map does not have; or from the options dataclass (a value of the wrong type
+                or out of range, naming ``GPTConfig.qk_map.<field>``).
+        """
+        flat = dict(flat or {})
+        if self.qk_map is None:
+            if given is not None or flat:
+                names = sorted(flat) or ["qk_map"]
+                raise ValueError(
+                    f"GPTConfig option(s) {names} do not apply to attention={self.name!r}: it has no query-key map "
+                    f"(map options exist for {[a for a, s in ATTENTIONS.items() if s.qk_map is not None]})"
+                )
+            return None
+        if isinstance(given, MapOptions):
+            given = dataclasses.asdict(given)
+        if given is not None and not isinstance(given, dict):
+            raise ValueError(f"GPTConfig.qk_map={given!r} must be a dict of {self.qk_map.name} options or null")
+        data = dict(given or {})
+        valid = self.qk_map.option_names()
+        for key, value in flat.items():
+            data[OPTION_ALIASES.get(key, key)] = value
+        unknown = [k for k in data if k not in valid]
+        if unknown:
+            spelled = [next((f for f, n in OPTION_ALIASES.items() if n == k and f in flat), k) for k in unknown]
+            raise ValueError(
+                f"GPTConfig option(s) {spelled} do not apply to attention={self.name!r}: its query-key map "
+                f"{self.qk_map.name!r} has the options {valid}"
+            )
+        return self.qk_map.options(**data)
+
+    def layer_kwargs(self, options: MapOptions | None) -> dict:
+        """``qk_map`` (a factory ``(d_head, n_heads) -> module`` or ``None``) and ``scoring`` (a built-in rule's
+        name, :data:`~coupled_qk.layers.attention.SCORINGS`, or an added rule's class) for
+        :class:`~coupled_qk.layers.attention.CausalSelfAttention`."""
+        factory = None
+        if self.qk_map is not None:
+            factory = functools.partial(build_map, self.qk_map.module, dataclasses.asdict(options))
+        builtin = SCORINGS.get(self.scoring, False) is SCORING_RULES[self.scoring].module
+        return dict(qk_map=factory, scoring=self.scoring if builtin else SCORING_RULES[self.scoring].module)
+
+
+def build_map(module: type, options: dict, d_head: int, n_heads: int):
+    """``module(d_head, n_heads, **options)``: a query-key map of one layer (a picklable factory part)."""
+    return module(d_head, n_heads, **options)
+
+
+QK_MAPS: dict[str, QKMapType] = {}
+"""Registered query-key maps by name."""
+
+SCORING_RULES: dict[str, ScoringType] = {
+    name: ScoringType(name, rule, 1 if rule is None else rule.head_group) for name, rule in SCORINGS.items()
+}
+"""Registered scoring rules by name: the built-in :data:`~coupled_qk.layers.attention.SCORINGS` first
+(``standard``, ``differential``)."""
+
+ATTENTIONS: dict[str, Attention] = {scoring: Attention(scoring, None, scoring) for scoring in SCORINGS}
+"""Every attention of the grid by name (maps x scorings, plus the map-free ``standard``/``differential``)."""
+
+VARIANTS: dict[str, dict] = {scoring: dict(attention=scoring) for scoring in SCORINGS}
+"""Variant name -> ``GPTConfig`` overrides (flat spellings; see
+:func:`~coupled_qk.models.registry.register_variant`)."""
+
+ALIASES = {"coupled_euler": "coupled", "leapfrog": "coupled_leapfrog", "diff": "differential"}
+"""Other spellings of variant names."""
+
+DEFAULTS: list[str] = list(SCORINGS)
+"""The default variant set, in registration order (read it with ``registry.default_variants()``, which lists
+the paper's variants first, in :data:`~coupled_qk.models.registry.DEFAULT_ORDER`)."""
 
 
 class PluginError(RuntimeError):
@@ -111,14 +249,14 @@ def load_plugins(reload: bool = False) -> list[str]:
 
     Raises:
         PluginError: (a ``RuntimeError``) an entry point that fails to load or to register, naming it, the error
-            and the distribution that declares it.
+            and the distribution that declares it (raised after every other entry point has been loaded).
     """
     if _plugins["loaded"] and not reload:
         return []
     _plugins["loaded"] = True  # before loading: a plugin's own registry calls must not load again
     from importlib.metadata import EntryPoint, entry_points
 
-    loaded = []
+    loaded, failed = [], []
     drop_ins = [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in _drop_in_maps()]
     for ep in drop_ins + sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         if ep.value in _plugins["names"]:
@@ -128,14 +266,18 @@ def load_plugins(reload: bool = False) -> list[str]:
             obj = ep.load()
             if callable(obj):
                 obj()
-        except Exception as exc:
-            dist = getattr(getattr(ep, "dist", None), "name", None)
-            where = f" (declared by the installed distribution {dist!r}: fix or uninstall it)" if dist else ""
-            raise PluginError(
-                f"the {ENTRY_POINT_GROUP!r} entry point {ep.name} = {ep.value!r} failed to register: "
-                f"{type(exc).__name__}: {exc}{where}"
-            ) from exc
+        except Exception as exc:  # the others still load (a broken drop-in must not hide the built-in maps)
+            failed.append((ep, exc))
+            continue
         loaded.append(ep.name)
+    if failed:
+        ep, exc = failed[0]
+        dist = getattr(getattr(ep, "dist", None), "name", None)
+        where = f" (declared by the installed distribution {dist!r}: fix or uninstall it)" if dist else ""
+        raise PluginError(
+            f"the {ENTRY_POINT_GROUP!r} entry point {ep.name} = {ep.value!r} failed to register: "
+            f"{type(exc).__name__}: {exc}{where}"
+        ) from exc
     return loaded
 
 
@@ -236,7 +378,7 @@ def register_scoring(name: str, module: type, in_defaults: bool = True) -> Scori
     Args:
         name: the rule's name: the map-free attention's name and the suffix of the others
             (``<stem>_<name>``); a Python identifier.
-        module: a :class:`~coupled_qk.layers.attention.ScoringRule` subclass (``head_group`` 1), built per layer
+        module: a :class:`~coupled_qk.layers.scoring.ScoringRule` subclass (``head_group`` 1), built per layer
             as ``module(d_head, n_heads, layer_idx)``.
         in_defaults: whether the map-free attention ``name`` joins :func:`default_variants` (its combinations
             with maps never do: name them in ``--variants``).
@@ -277,22 +419,33 @@ def register_variant(name: str, attention: str, *, in_defaults: bool = True, **o
             ``mqar``).
         **options: map options, e.g. ``integrator="leapfrog"``.
 
+    The variant named after an attention (registered with it) may be given again to spell some of that
+    attention's defaults, keeping its place in the default set: the dynamics' ``register()`` writes
+    ``coupled`` as ``integrator="euler"``, the paper's integrator.
+
     Raises:
         ValueError: a name that is not an identifier, a taken name (registering the same variant again, e.g. a
-            notebook cell run again, does nothing), an unknown attention or options that do not apply to it.
+            notebook cell run again, does nothing), an unknown attention, options that do not apply to it, or
+            options of an attention's own variant that are not its defaults.
     """
     load_plugins()
     check_name("name", name)
     if VARIANTS.get(name) == dict(attention=attention, **options):
         return
-    if name in VARIANTS or name in ALIASES:
+    validated = get_attention(attention).options(None, options)
+    own = name == attention and VARIANTS.get(name) == dict(attention=name)
+    if own and validated != get_attention(attention).options(None, {}):
+        raise ValueError(
+            f"variant {name!r} is attention {name!r} itself: its settings may only spell the defaults; got "
+            f"{options} (register another name for other settings)"
+        )
+    if not own and (name in VARIANTS or name in ALIASES):
         raise ValueError(
             f"variant {name!r} is already registered (as {VARIANTS.get(name, ALIASES.get(name))!r}); "
             f"choose another name"
         )
-    get_attention(attention).options(None, options)  # validates
     VARIANTS[name] = dict(attention=attention, **options)
-    if in_defaults:
+    if in_defaults and name not in DEFAULTS:
         DEFAULTS.append(name)
 
 
@@ -334,10 +487,12 @@ def variant_names() -> list[str]:
 
 
 def default_variants() -> list[str]:
-    """The default variant set of ``bench`` and ``mqar`` (the paper's variants, v1 and v2, and baselines, plus
-    every registered variant that asked to be in it), computed now: a variant registered later is included."""
+    """The default variant set of ``bench`` and ``mqar`` (the paper's variants, v1 and v2, and baselines, in
+    :data:`DEFAULT_ORDER`, then every registered variant that asked to be in it, in registration order),
+    computed now: a variant registered later is included."""
     load_plugins()
-    return list(DEFAULTS)
+    rank = {name: i for i, name in enumerate(DEFAULT_ORDER)}
+    return sorted(DEFAULTS, key=lambda name: rank.get(name, len(rank)))
 
 
 def flat_option_names() -> dict[str, str]:
@@ -381,28 +536,3 @@ def isolated() -> Iterator[None]:
             current.clear()
             current.update(old)
         DEFAULTS[:] = defaults
-
-
-# ------------------------------------------------------------------------------------------------------
-# the built-in maps and named variants (the order is the order of the default lists and reports)
-# ------------------------------------------------------------------------------------------------------
-
-_register_map("dynamics", "coupled", QKDynamics, DynamicsOptions)
-_register_map("query_mlp", "uncoupled_mlp", QueryMLP, QueryMLPOptions)
-_register_map("invertible", "invertible", InvertibleQKCoupling, InvertibleOptions)  # v2's coupling
-for _name, _spec, _default in (
-    ("standard", dict(attention="standard"), True),
-    ("coupled", dict(attention="coupled", integrator="euler"), True),  # the paper's Euler integrator
-    ("coupled_leapfrog", dict(attention="coupled", integrator="leapfrog"), True),  # the paper's Hamiltonian one
-    ("coupled_symplectic_euler", dict(attention="coupled", integrator="symplectic_euler"), False),
-    ("uncoupled_mlp", dict(attention="uncoupled_mlp"), True),
-    ("differential", dict(attention="differential"), True),
-    ("coupled_differential", dict(attention="coupled_differential"), True),
-    ("invertible", dict(attention="invertible"), True),  # arXiv:2604.01683v2: standard scoring + invertible map
-    ("invertible_differential", dict(attention="invertible_differential"), True),  # v2's headline combination
-    ("uncoupled_mlp_differential", dict(attention="uncoupled_mlp_differential"), False),  # a grid cell, no paper
-):
-    VARIANTS[_name] = _spec
-    if _default:
-        DEFAULTS.append(_name)
-del _name, _spec, _default

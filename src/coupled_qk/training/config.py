@@ -18,13 +18,13 @@ from coupled_qk._checks import (
     check_declared,
     coerce,
     coerce_fields,
-    declare,
     field_types,
     metric_direction,
     positive_int,
 )
 from coupled_qk.io import unknown_keys
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
+from coupled_qk.models.options import option
 from coupled_qk.training.tasks import TASKS, check_task_fields
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -88,10 +88,10 @@ def _f(
 ):
     """A dataclass field with its command-line help, its valid values declared once (``choices``; ``lo``/``hi``
     with ``lo_open``/``hi_open`` for numbers; ``free`` for text and dicts, saying what checks them; nothing for
-    a ``bool``; see :func:`coupled_qk._checks.declare`) and how its default reads, all in ``metadata``."""
+    a ``bool``; see :func:`coupled_qk.models.options.option`) and how its default reads, all in ``metadata``."""
     extra = {"help": help, **({"shown": shown} if shown else {})}
     if default_factory is not None:
-        return declare(
+        return option(
             default_factory=default_factory,
             choices=choices,
             free=free,
@@ -101,7 +101,7 @@ def _f(
             hi_open=hi_open,
             **extra,
         )
-    return declare(default, choices=choices, free=free, lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open, **extra)
+    return option(default, choices=choices, free=free, lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open, **extra)
 
 
 _TEXT = "a non-empty text (check_text_fields); its meaning is checked where it is used"

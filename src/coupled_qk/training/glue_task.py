@@ -37,12 +37,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
+from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, encode_split, glue_metrics, load_glue
 from coupled_qk.data.paths import default_data_dir
 from coupled_qk.data.tokenizers import Tokenizer
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
+from coupled_qk.models.options import option
 from coupled_qk.training.checkpoint_format import Checkpoint
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.run_folder import open_run
@@ -55,7 +56,7 @@ POOLINGS = ("last", "mean")
 @dataclasses.dataclass
 class GlueOptions:
     """``TrainConfig.task_options`` of the GLUE task (module docstring: their meaning), each field's valid values
-    declared once in its metadata (``_checks.declare``; docs/RELIABILITY.md, "Configuration"). Construction
+    declared once in its metadata (``coupled_qk.option``; docs/RELIABILITY.md, "Configuration"). Construction
     converts each to its type and checks it; ``glue_task`` and ``pretrained`` are required, ``glue_task`` is
     read as :func:`~coupled_qk.data.glue.check_task` reads it (``"SST-2"`` is ``"sst2"``).
 
@@ -63,16 +64,16 @@ class GlueOptions:
         ValueError: naming ``task_options.<field>``, the value and what was expected.
     """
 
-    glue_task: str | None = declare(None, choices=GLUE_TASKS)
-    pretrained: str | None = declare(None, free="a run or ckpt-* folder (never empty): resolve_pretrained")
-    glue_dir: str | None = declare(
+    glue_task: str | None = option(None, choices=GLUE_TASKS)
+    pretrained: str | None = option(None, free="a run or ckpt-* folder (never empty): resolve_pretrained")
+    glue_dir: str | None = option(
         None, free="a folder with SST-2/, CoLA/, RTE/, MRPC/ (never empty); default <data dir>/glue"
     )
-    pooling: str = declare("last", choices=POOLINGS)
-    max_train_examples: int | None = declare(None, lo=1)
-    subsample_seed: int = declare(0, lo=0, hi=MAX_SEED)
-    quick_eval_examples: int = declare(64, lo=1)
-    eval_batch_size: int = declare(64, lo=1)
+    pooling: str = option("last", choices=POOLINGS)
+    max_train_examples: int | None = option(None, lo=1)
+    subsample_seed: int = option(0, lo=0, hi=MAX_SEED)
+    quick_eval_examples: int = option(64, lo=1)
+    eval_batch_size: int = option(64, lo=1)
 
     def __post_init__(self):
         for key in ("pretrained", "glue_dir"):

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields, declare
+from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields
 from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus, split_documents
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import META_FILE, Tokenizer, get_tokenizer
+from coupled_qk.models.options import option
 from coupled_qk.progress import announce
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.perplexity import evaluate_perplexity, perplexity_windows, text_units
@@ -29,18 +30,18 @@ WORD_LEVEL_CORPORA = ("wiki-vital", "wikitext-2", "wikitext-103", "wikitext-2-ra
 @dataclasses.dataclass
 class LMOptions:
     """``TrainConfig.task_options`` of the language-modelling task, each field's valid values declared once in
-    its metadata (``_checks.declare``; docs/RELIABILITY.md, "Configuration"); see :data:`OPTIONS` for their
+    its metadata (``coupled_qk.option``; docs/RELIABILITY.md, "Configuration"); see :data:`OPTIONS` for their
     meaning. Construction converts each to its type and checks it.
 
     Raises:
         ValueError: naming ``task_options.<field>``, the value and what was expected.
     """
 
-    split_seed: int = declare(0, lo=0, hi=MAX_SEED)
-    valid_fraction: float = declare(0.01, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-    test_fraction: float = declare(0.01, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-    min_split_words: int = declare(MIN_SPLIT_WORDS, lo=0)
-    final_eval_windows: int | None = declare(None, lo=1)
+    split_seed: int = option(0, lo=0, hi=MAX_SEED)
+    valid_fraction: float = option(0.01, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    test_fraction: float = option(0.01, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    min_split_words: int = option(MIN_SPLIT_WORDS, lo=0)
+    final_eval_windows: int | None = option(None, lo=1)
 
     def __post_init__(self):
         coerce_fields(self, "task_options")

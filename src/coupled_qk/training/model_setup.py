@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from coupled_qk.models.compiled import compile_error_summary, compile_regions, uncompile_regions
-from coupled_qk.models.gpt import GPT
+from coupled_qk.models.gpt import GPT, current_state_key
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.training.checkpoint_format import Checkpoint
 from coupled_qk.training.config import TrainConfig
@@ -94,8 +94,22 @@ def full_states(model: GPT, optimizer, cfg: TrainConfig, runtime: Runtime) -> tu
     return model.state_dict(), optimizer.state_dict()
 
 
+def current_optimizer_state(opt_state: dict) -> dict:
+    """``opt_state`` (a full optimizer state dict) with the parameter names of an earlier layout renamed
+    (:func:`~coupled_qk.models.gpt.current_state_key`: FSDP's state names the parameters, and Differential
+    Attention's moved into the layer's ``scorer``); a state numbering the parameters is returned as it is (their
+    order has not changed: :class:`~coupled_qk.layers.differential.DifferentialScoring`)."""
+    groups = opt_state["param_groups"]
+    if not any(isinstance(p, str) for g in groups for p in g["params"]):
+        return opt_state
+    renamed = [{**g, "params": [current_state_key(p) for p in g["params"]]} for g in groups]
+    return {"state": {current_state_key(k): v for k, v in opt_state["state"].items()}, "param_groups": renamed}
+
+
 def load_optimizer_state(model: GPT, optimizer, opt_state: dict, cfg: TrainConfig, runtime: Runtime) -> None:
-    """Load a full optimizer state dict (as :func:`full_states` saved it) into ``optimizer``, under FSDP or not."""
+    """Load a full optimizer state dict (as :func:`full_states` saved it, in this layout or an earlier one:
+    :func:`current_optimizer_state`) into ``optimizer``, under FSDP or not."""
+    opt_state = current_optimizer_state(opt_state)
     if runtime.world > 1 and cfg.fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -118,7 +132,7 @@ def load_full_weights(model: torch.nn.Module, folder: Path, cfg: TrainConfig, ru
     if runtime.world > 1 and cfg.fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        weights = Checkpoint(folder).weights()
+        weights = {current_state_key(k): v for k, v in Checkpoint(folder).weights().items()}
         set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
     else:
         Checkpoint(folder).load_weights(model)

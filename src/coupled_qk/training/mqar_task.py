@@ -40,8 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import MAX_SEED, MAX_VOCAB, check_declared, coerce_fields, declare
+from coupled_qk._checks import MAX_SEED, MAX_VOCAB, check_declared, coerce_fields
 from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
+from coupled_qk.models.options import option
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_accuracy import evaluate_slices
 from coupled_qk.training.tasks import check_options
@@ -84,7 +85,7 @@ def parse_slices(value, name: str) -> list[tuple[int, int, int]]:
 @dataclasses.dataclass
 class MQAROptions:
     """``TrainConfig.task_options`` of the MQAR task (module docstring: their meaning), each field's valid values
-    declared once in its metadata (``_checks.declare``; docs/RELIABILITY.md, "Configuration"). Construction
+    declared once in its metadata (``coupled_qk.option``; docs/RELIABILITY.md, "Configuration"). Construction
     converts each to its type (``"false"`` is ``False``, ``2.5`` is not an int) and checks it; ``train_slices``
     and ``test_slices`` are required and checked by :func:`parse_slices` (kept as given).
 
@@ -92,17 +93,17 @@ class MQAROptions:
         ValueError: naming ``task_options.<field>``, the value and what was expected.
     """
 
-    vocab_size: int = declare(DEFAULT_VOCAB_SIZE, lo=4, hi=MAX_VOCAB)
-    train_slices: Sequence | None = declare(None, free=_SLICES)
-    test_slices: Sequence | None = declare(None, free=_SLICES)
-    data_seed: int = declare(DEFAULT_DATA_SEED, lo=0, hi=MAX_SEED)
-    power_a: float = declare(0.01, lo=0.0, lo_open=True)
+    vocab_size: int = option(DEFAULT_VOCAB_SIZE, lo=4, hi=MAX_VOCAB)
+    train_slices: Sequence | None = option(None, free=_SLICES)
+    test_slices: Sequence | None = option(None, free=_SLICES)
+    data_seed: int = option(DEFAULT_DATA_SEED, lo=0, hi=MAX_SEED)
+    power_a: float = option(0.01, lo=0.0, lo_open=True)
     random_non_queries: bool = False
-    cache_dir: str | None = declare(
+    cache_dir: str | None = option(
         None, free="a folder for generated slices (never empty); default TrainConfig.cache_dir/mqar"
     )
-    quick_eval_examples: int | None = declare(None, lo=1)
-    eval_batch_size: int | None = declare(None, lo=1)
+    quick_eval_examples: int | None = option(None, lo=1)
+    eval_batch_size: int | None = option(None, lo=1)
 
     def __post_init__(self):
         for required in ("train_slices", "test_slices"):

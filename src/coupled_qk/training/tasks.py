@@ -53,7 +53,7 @@ class Task(Protocol):
     :class:`~coupled_qk.training.config.TrainConfig` it reads (of :data:`TASK_FIELDS`); a value other than the default
     in any other one is refused (:func:`check_task_fields`). A task should also name, as the class attribute
     ``options_class``, the dataclass of its ``task_options``
-    (fields declared with ``_checks.declare``, a ``from_options(dict)`` class method): the command line checks
+    (fields declared with ``coupled_qk.option``, a ``from_options(dict)`` class method): the command line checks
     the options with it before any work (:func:`check_task_options`) and the introspection tests draw valid and
     invalid values from its declarations (``tests/reliability/test_field_declarations.py``). A task may name, as
     the class attribute ``data_identity``, the keys of :meth:`describe` that identify its data (LM: token counts

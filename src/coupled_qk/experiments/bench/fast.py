@@ -2,7 +2,7 @@
 against ``standard``, and two peers, measured interleaved in one run (issue 29).
 
 Train step (forward with next-token loss, backward, AdamW step, zero_grad; one fixed random batch): one
-runner per (model, mode); a model is a variant of :mod:`coupled_qk.models.variants` or a peer built from
+runner per (model, mode); a model is a variant of :mod:`coupled_qk.models.specs` or a peer built from
 ``transformers`` at the same dimensions (``gpt2``: ``GPT2LMHeadModel``, learned positions, GELU MLP;
 ``llama``: ``LlamaForCausalLM``, RoPE, SwiGLU MLP with the same ``d_ff``, hence three MLP matrices instead of
 two: see the ``params`` column); a mode is ``eager`` or ``compiled`` (regional: :meth:`GPT.compile` for our
@@ -36,7 +36,8 @@ from coupled_qk.experiments.bench.step import TrainStepRunner, step_time_stats
 from coupled_qk.experiments.bench.train import BASELINE, variant_configs, with_baseline
 from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.gpt import GPT, static_capacity
+from coupled_qk.models.generation import static_capacity
+from coupled_qk.models.gpt import GPT
 from coupled_qk.training.distributed import native_bf16, pick_device
 
 MODES = ("eager-fp32", "compiled-fp32", "eager-bf16", "compiled-bf16")

@@ -41,7 +41,7 @@ BASELINE = "standard"
 
 
 def with_baseline(text: str | list[str] | None) -> list[str]:
-    """Variant specs (see :mod:`coupled_qk.models.variants`) with ``standard`` always first; ``None``/``"all"`` -> the
+    """Variant specs (see :mod:`coupled_qk.models.specs`) with ``standard`` always first; ``None``/``"all"`` -> the
     paper's variants and baselines.
 
     Raises:
@@ -101,7 +101,7 @@ def run_bench(
 
     Args:
         base: model configuration shared by all variants (its ``attention``/``integrator`` are replaced).
-        variants: variant specs of :mod:`coupled_qk.models.variants` (list or comma-separated); ``standard`` is always
+        variants: variant specs of :mod:`coupled_qk.models.specs` (list or comma-separated); ``standard`` is always
         included.
         batch_size, seq_len: tokens per step (``seq_len`` defaults to ``base.block_size``).
         repeats: timed steps per variant (medians over these); warmup: untimed steps per variant first (at

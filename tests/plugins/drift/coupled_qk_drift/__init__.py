@@ -15,7 +15,7 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from coupled_qk import MapOptions, QKMap, register_qk_map, register_variant
+from coupled_qk import MapOptions, QKMap, option, register_qk_map, register_variant
 
 
 class Drift(QKMap):
@@ -52,14 +52,8 @@ class Drift(QKMap):
 class DriftOptions(MapOptions):
     """Options of :class:`Drift`: ``gain`` (finite) and ``dt_init`` (finite)."""
 
-    gain: float = 1.0
-    dt_init: float = 0.1
-
-    def validate(self) -> None:
-        import math
-
-        if not math.isfinite(self.gain):
-            raise ValueError(f"GPTConfig.qk_map.gain={self.gain!r} must be finite")
+    gain: float = option(1.0)  # any finite number
+    dt_init: float = option(0.1)
 
 
 def register() -> None:

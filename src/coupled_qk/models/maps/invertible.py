@@ -1,4 +1,7 @@
-"""``InvertibleQKCoupling``: the invertible affine query-key coupling of arXiv:2604.01683v2 (see docs/METHOD.md).
+"""The invertible affine query-key coupling of arXiv:2604.01683v2 (see docs/METHOD.md): the map
+:class:`InvertibleQKCoupling`, its conditioner :class:`AffineCouplingNet`, its options :class:`InvertibleOptions` and
+their registration (attentions ``invertible`` and ``invertible_differential``, v2's headline combination, both in
+the default set). A drop-in of :mod:`coupled_qk.models.maps`: the registry calls :func:`register` at its first query.
 
 v2 of the paper ("Invertible Query-Key Coupling Composes with Attention Mechanisms") replaces the v1
 dynamics with a RealNVP-style (Dinh et al. 2017, arXiv:1605.08803) coupling of each token's query and key:
@@ -32,6 +35,7 @@ Our choices where the abstract is silent (docs/METHOD.md, section 1):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -39,6 +43,8 @@ import torch.nn.functional as F
 
 from coupled_qk._checks import finite, positive_int
 from coupled_qk.layers.qk_maps import QKMap, check_qk_tensors
+from coupled_qk.models.options import HIDDEN, MapOptions, option
+from coupled_qk.models.registry import register_qk_map
 
 
 def default_hidden(d_head: int) -> int:
@@ -100,7 +106,7 @@ class InvertibleQKCoupling(QKMap):
     Acts on each (batch, head, position) separately, so causality and KV caching are unaffected. ``k'``
     depends on the query head's ``q'``, so ``keys_per_query_head`` is True (grouped KV heads are repeated to one
     key per query head before the map). Registered as the attentions ``invertible`` and
-    ``invertible_differential`` (:mod:`coupled_qk.models.variants`).
+    ``invertible_differential`` (:func:`register`).
 
     Args:
         d_head: head width.
@@ -211,3 +217,21 @@ class InvertibleQKCoupling(QKMap):
     def log_det(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Per-token ``log|det J|`` of :meth:`forward` at ``(q, k)``, shape ``(B, H, T)`` (natural log)."""
         return self.forward_and_log_det(q, k)[2]
+
+
+@dataclass
+class InvertibleOptions(MapOptions):
+    """Options of :class:`InvertibleQKCoupling` (arXiv:2604.01683v2; docs/METHOD.md section 1): ``hidden``
+    (conditioner width, ``None`` = ``5 d_head // 8``), ``n_alternations`` (>= 1), ``scale_max`` (bound of each
+    log-scale, > 0), ``shared_across_heads``."""
+
+    hidden: int | None = option(None, **HIDDEN)
+    n_alternations: int = option(1, lo=1)
+    scale_max: float = option(1.0, lo=0.0, lo_open=True)
+    shared_across_heads: bool = True
+
+
+def register() -> None:
+    """The map ``invertible``: attentions ``invertible`` (arXiv:2604.01683v2: standard scoring with the coupling)
+    and ``invertible_differential`` (v2's headline combination), both in the default set."""
+    register_qk_map("invertible", "invertible", InvertibleQKCoupling, InvertibleOptions)
