@@ -199,9 +199,11 @@ def test_tracked_runs_the_files_cells_against_its_revision_and_accept_records_th
     assert seen["against"] == "abc1234" and seen["settings"]["repeats"] == 11 and not seen["accept"]
     assert [c["name"] for c in seen["settings"]["cells"]] == ["decode-eager-b1"]
     assert "Slower: decode-eager-b1 / coupled" in (tmp_path / "o" / "tracked-tiny-cpu.md").read_text()
-    assert main(["bench", "--tracked", str(path), "--accept", "--out-dir", str(tmp_path / "p")]) == 0
+    repeats = load_tracked(path)["repeats"]
+    assert main(["bench", "--tracked", str(path), "--accept", "--repeats", "7", "--out-dir", str(tmp_path / "p")]) == 0
     saved = load_tracked(path)
-    assert saved["revision"] == "b" * 40 and seen["accept"]
+    assert saved["revision"] == "b" * 40 and seen["accept"] and seen["settings"]["repeats"] == 7
+    assert saved["repeats"] == repeats != 7  # one run's --repeats does not become the file's setting
     assert saved["accepted"][CELL]["coupled"]["median"] == pytest.approx(1.21, abs=0.04)
 
 

@@ -594,7 +594,7 @@ def _run_ab(args) -> int:
     print(text)
     print(f"wrote {', '.join(str(p) for p in paths)}")
     if args.accept:
-        write_tracked(args.tracked, accepted_state(result, rows))
+        write_tracked(args.tracked, accepted_state(result, rows, repeats=tracked["repeats"]))
         print(f"accepted: {args.tracked} records the ratios of {result['revisions']['new']['commit'][:7]}")
         return 0
     return 1 if slower_cells(rows) else 0

@@ -99,8 +99,10 @@ def accepted_table(tracked: dict) -> dict:
     return {cell: {v: r["median"] for v, r in row.items()} for cell, row in tracked["accepted"].items()}
 
 
-def accepted_state(result: dict, rows: list[dict]) -> dict:
-    """The tracked file recording ``result``'s new revision (its commit) and ratios as accepted.
+def accepted_state(result: dict, rows: list[dict], repeats: int | None = None) -> dict:
+    """The tracked file recording ``result``'s new revision (its commit) and ratios as accepted; ``repeats``: the
+    file's own setting, kept (``--repeats`` replaces it for one run only; the file's ``command`` records the run's),
+    else the run's.
 
     Raises:
         ValueError: the new side has uncommitted changes (accepted ratios must belong to a commit).
@@ -132,7 +134,7 @@ def accepted_state(result: dict, rows: list[dict]) -> dict:
         seed=s["seed"],
         clock=s["clock"],
         threshold=s["threshold"],
-        repeats=s["repeats"],
+        repeats=s["repeats"] if repeats is None else repeats,
         accepted=accepted,
     )
 
