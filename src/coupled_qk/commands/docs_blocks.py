@@ -1,4 +1,5 @@
-"""The generated blocks of ``README.md`` and ``docs/*.md``: what each holds, and the command that rewrites them.
+"""The generated blocks of ``README.md``, ``docs/*.md`` and ``benchmarks/README.md``: what each holds, and the command
+that rewrites them.
 
 A page holds a generated block between two HTML comments, so GitHub shows only its text::
 
@@ -55,9 +56,15 @@ SOURCES = {
 """Where each built-in query-key map and scoring rule comes from (a registered name missing here shows its class)."""
 
 
+TRACKED_RESULT = Path("benchmarks") / "results" / "tracked" / "tracked-tiny-cpu.json"
+"""The committed output of ``coupled-qk bench --tracked`` that the ``speed-tracked`` block shows."""
+
+
 def pages(root: Path) -> list[Path]:
-    """The pages whose blocks are kept: ``README.md`` and ``docs/*.md`` under ``root``."""
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """The pages whose blocks are kept: ``README.md``, ``docs/*.md`` and ``benchmarks/README.md`` under ``root``
+    (each that exists)."""
+    found = [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "benchmarks" / "README.md"]
+    return [page for page in found if page.is_file()]
 
 
 DESIGN = Path("docs") / "DESIGN.md"
@@ -160,6 +167,38 @@ def _design_table(name: str) -> Callable[[Path], str]:
     return lambda root: catalog.tables(design_maps(root))[name]
 
 
+def speed_tracked(root: Path) -> str:
+    """The tracked cells' speed against ``standard`` (:data:`TRACKED_RESULT`, written by ``coupled-qk bench
+    --tracked --out-dir benchmarks/results/tracked``): the revision, date, command, load and machine line it was
+    measured with, and that revision's ratio table (:func:`coupled_qk.experiments.bench.ab.ratio_table`).
+
+    Raises:
+        FileNotFoundError: the result does not exist (naming it and the command that writes it).
+    """
+    from coupled_qk.experiments.bench.ab import CLOCK_TEXT, ratio_table
+    from coupled_qk.experiments.bench.machine import machine_line
+
+    path = root / TRACKED_RESULT
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the block speed-tracked shows {path}, which does not exist: write it with `coupled-qk bench --tracked "
+            f"--out-dir {TRACKED_RESULT.parent.as_posix()} --overwrite`"
+        )
+    result = json.loads(path.read_text())
+    new, s, (load0, load1) = result["revisions"]["new"], result["settings"], result["load"]
+    lines = [
+        f"Measured at {new['label']} (`{new['commit']}`) on {result['date']} by `{result['reproduce']}` "
+        f"(`{TRACKED_RESULT.as_posix()}`): preset {s['preset']}, {s['repeats']} repeats interleaved with "
+        f"{result['revisions']['old']['label']}, {s['threads']} thread, clock {s['clock']} ({CLOCK_TEXT[s['clock']]}); "
+        f"1-minute load {load0:.1f} before, {load1:.1f} after.",
+        "",
+        machine_line(result["machine"]),
+        "",
+        *ratio_table(result, result["rows"], "new"),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "attentions": _design_table("attentions"),
     "variants": _design_table("variants"),
@@ -170,6 +209,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "claims-protocols": claims_protocols,
     "corpora": corpora,
     "commands": commands,
+    "speed-tracked": speed_tracked,
 }
 """Block name -> function of the repository root giving the block's text."""
 
