@@ -194,6 +194,7 @@ def _add_ab_arguments(parser) -> None:
         nargs="?",
         const="benchmarks/tracked.json",
         default=None,
+        type=path_arg,
         metavar="FILE",
         help="the tracked cells of FILE (default benchmarks/tracked.json) against the revision they were accepted "
         "at: which cells this checkout made slower (exit code 1 if any); run it before stopping work on "
