@@ -5,7 +5,7 @@ Each round's JSON keeps every repeat's time per model and mode (``train[<model> 
 interleaved). The ratio of a repeat is the model's time over ``standard``'s time in the same repeat and mode;
 this script prints, per model and mode, each round's median paired ratio and the median over all rounds'
 repeats pooled, with a distribution-free 95% interval for that median (order statistics of the binomial(n, 1/2)
-distribution; Conover 1999, section 3.2: ``coupled_qk.experiments.stats.median_ci``).
+distribution; Conover 1999, section 3.2: ``coupled_qk.study.stats.median_ci``).
 
 Usage: ``python benchmarks/paired_rounds.py benchmarks/results/issue29/rounds-60m/r{4,5,6}-train``
 (a folder holds one ``fastpath-*.json``). Prints a markdown table; reads only, writes nothing.
@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from coupled_qk.experiments.stats import median_ci
+from coupled_qk.study.stats import median_ci
 
 
 def paired(folder: Path) -> dict:

@@ -27,7 +27,7 @@ What comes from the library (nothing here re-implements it):
   decay to a tenth of the peak);
 - the loss: :func:`coupled_qk.ops.losses.next_token_loss` (the loop's float32 cross-entropy);
 - the evaluation: :func:`coupled_qk.training.perplexity.evaluate_perplexity`;
-- the statistics: :func:`coupled_qk.experiments.stats.paired_difference` (paired t interval);
+- the statistics: :func:`coupled_qk.study.stats.paired_difference` (paired t interval);
 - the model: :func:`coupled_qk.hf.gpt2_export.gpt_to_gpt2` and :func:`coupled_qk.hf.retrofit`.
 
 The continued training itself is the few lines of :func:`train` rather than :func:`coupled_qk.training.loop.train`:
@@ -52,11 +52,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk.experiments.stats import paired_difference
 from coupled_qk.hf import retrofit
 from coupled_qk.hf.gpt2_export import gpt_to_gpt2
 from coupled_qk.hf.retrofit import coupling_parameters, step_sizes
 from coupled_qk.ops.losses import next_token_loss
+from coupled_qk.study.stats import paired_difference
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.lm import LMTask
 from coupled_qk.training.loop import lr_at
@@ -135,7 +135,7 @@ def evaluate(model, task, args) -> dict:
 
 
 def paired(a: list[float], b: list[float]) -> dict:
-    """``b - a`` per seed with its 95% t interval (:func:`coupled_qk.experiments.stats.paired_difference`), as
+    """``b - a`` per seed with its 95% t interval (:func:`coupled_qk.study.stats.paired_difference`), as
     ``{"n", "mean", "sd", "ci95": [low, high]}`` (``{"n", "mean", "ci95": None}`` for one seed)."""
     d = paired_difference(a, b, conf=0.95)
     if d["n"] < 2:

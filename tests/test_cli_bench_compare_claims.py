@@ -62,12 +62,14 @@ def test_claims_refuses_a_folder_of_bench_results(protocol, tmp_path, capsys):
 
 
 def test_claims_folder_may_hold_every_protocols_reports(tmp_path):
-    from coupled_qk.experiments.claims.report import report_dir
+    from coupled_qk.studies import studies
+    from coupled_qk.study.report import report_dir
 
-    for name in ("cpu.json", "cpu.md", "cpu-readme.md", "cpu-converged.json", "verify-cpu-converged.md", "README.md"):
+    names = ("cpu.json", "cpu.md", "cpu-readme.md", "cpu-converged.json", "verify-cpu-converged.md", "README.md")
+    for name in (*names, "STUDIES.md"):
         (tmp_path / name).write_text("x")
     (tmp_path / "runs").mkdir()
-    assert report_dir(tmp_path, "smoke").foreign_entries() == []
+    assert report_dir(tmp_path, "smoke", studies()).foreign_entries() == []
 
 
 @pytest.mark.parametrize(

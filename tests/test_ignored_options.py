@@ -163,29 +163,22 @@ def test_glue_per_task_subsets_name_only_fine_tuned_tasks(chosen, subset_tasks):
 
 
 def _claims_reads(argv, monkeypatch) -> set[str]:
-    """The attributes ``claims`` reads for ``argv`` with the table's check off and every runner mocked."""
-    import coupled_qk.experiments.claims.converged_report as cr
-    import coupled_qk.experiments.claims.converged_study as cs
-    import coupled_qk.experiments.claims.report as rep
-    import coupled_qk.experiments.claims.verify as ver
+    """The attributes ``claims`` reads for ``argv`` with the table's check off and every study action mocked (each
+    mock reads what the action it replaces reads)."""
+    import coupled_qk.commands.study as study_cmd
+    import coupled_qk.study.verify as ver
 
     monkeypatch.setattr(ignored, "refuse_ignored_options", lambda *a: None)
     monkeypatch.setattr(ver, "read_record", lambda p: ({"protocol": args.protocol}, None))
-    monkeypatch.setattr(ver, "verify_record", lambda *a, **k: {"match": True})
-    monkeypatch.setattr(ver, "format_comparison", lambda r: "")
-    monkeypatch.setattr(cs, "run_design", lambda *a, **k: None)
-    monkeypatch.setattr(cr, "build_report", lambda *a, **k: {})
-    monkeypatch.setattr(cr, "write_report", lambda *a, **k: [])
-    monkeypatch.setattr("coupled_qk.experiments.claims.runs.run_protocol", lambda *a, **k: None)
-    monkeypatch.setattr("coupled_qk.experiments.claims.build.build_report", lambda *a, **k: {})
-    monkeypatch.setattr(rep, "write_report", lambda *a, **k: [])
-    monkeypatch.setattr(rep, "report_dir", lambda *a, **k: None)
-    monkeypatch.setattr("coupled_qk.experiments.claims.markdown.format_markdown", lambda *a: "")
+    monkeypatch.setattr(study_cmd, "verify", lambda *a, **k: 0)
+    monkeypatch.setattr(study_cmd, "claim_report_dir", lambda *a, **k: None)
+    monkeypatch.setattr(
+        study_cmd, "train", lambda s, a, *rest: (a.run_root, a.data_dir, a.cache_dir, a.max_runs, a.defer_wt2)
+    )
+    monkeypatch.setattr(study_cmd, "write", lambda s, out, a, c: (a.glue_json, a.no_figures) and 0)
     args = _parse("claims", argv)
     try:
         claims.run(args)
-    except FileNotFoundError:  # the converged report's markdown, not written by the mock
-        pass
     finally:
         monkeypatch.undo()
     return args.__dict__["_read"]

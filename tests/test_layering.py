@@ -1,4 +1,5 @@
-"""Import direction: ops <- layers <- models <- data/training/hf <- analysis/experiments <- commands/cli.
+"""Import direction: ops <- layers <- models <- data/training <- analysis/experiments/study/hf <- studies <-
+commands/cli.
 
 Every ``import`` statement of every source file (also those inside functions) is read with ``ast``; a module
 may import only from its own level or a lower one. The package root (``coupled_qk/__init__.py``) is the public
@@ -31,15 +32,17 @@ LEVELS = {
     "training": 3,
     "analysis": 4,
     "experiments": 4,
+    "study": 4,
     "hf": 4,
     "_hf_hook": 4,
-    "commands": 5,
-    "cli": 5,
-    "__main__": 5,
+    "studies": 5,
+    "commands": 6,
+    "cli": 6,
+    "__main__": 6,
 }
 
 
-ROOT_LEVEL = 6
+ROOT_LEVEL = 7
 """``from coupled_qk import name`` inside the package: the root re-exports every level, so no module imports it."""
 
 
@@ -92,6 +95,20 @@ def test_imports_flow_one_way():
         "imports from a higher level (coupled_qk.<name> of a class or function is the package "
         "root: import it from the module that defines it):\n" + "\n".join(f"{a} -> {b}" for a, b in back_edges)
     )
+
+
+def test_the_study_engine_never_imports_the_recipes():
+    """``coupled_qk.study`` (the engine) names no study: it imports neither the recipes (``coupled_qk.studies``)
+    nor the experiments built on it (``coupled_qk.experiments``), so a study is added without touching it."""
+    found = []
+    for module, path in sorted(source_modules().items()):
+        if module == "coupled_qk.study" or module.startswith("coupled_qk.study."):
+            found += [
+                f"{module} -> {m}"
+                for m in imported_modules(path, module)
+                if m.startswith(("coupled_qk.studies", "coupled_qk.experiments"))
+            ]
+    assert not found, "the engine imports recipes or experiments:\n" + "\n".join(found)
 
 
 def test_checker_sees_back_edges(tmp_path):

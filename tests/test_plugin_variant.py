@@ -290,9 +290,9 @@ def test_compare_bench_and_mqar_see_the_plugin(drift, tiny_corpus, tmp_path, cap
 
 
 def test_claims_variants_adds_the_plugin_to_every_cell(drift, tmp_path, capsys):
-    from coupled_qk.experiments.claims.protocols import get_protocol
+    from coupled_qk.studies import get_study
 
-    smoke = get_protocol("smoke")
+    smoke = get_study("smoke")
     extended = smoke.with_variants(["drift+gain=2", "standard"])
     assert extended.extra_variants == ("drift+gain=2", "standard")
     for old, new in zip(smoke.cells, extended.cells, strict=True):
@@ -301,6 +301,7 @@ def test_claims_variants_adds_the_plugin_to_every_cell(drift, tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown variant 'mamba'"):
         smoke.with_variants(["mamba"])
     out = tmp_path / "claims"
+    (out / "runs" / "smoke").mkdir(parents=True)  # the study's record folder, no record yet
     assert (
         main(
             [

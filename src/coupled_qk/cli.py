@@ -37,6 +37,7 @@ COMMANDS = {
     "analyze": "attention diagnostics (entropy, effective rank, sinks, rank collapse) of checkpoints",
     "export": "write a run's checkpoint as a Hugging Face folder (AutoModelForCausalLM / AutoTokenizer)",
     "glue": "fine-tune pretrained checkpoints on GLUE tasks (SST-2, CoLA, RTE, MRPC) and compare them",
+    "study": "plan, run, report or verify a study: its runs, one record each, and its claims with intervals",
     "claims": "run a claims protocol (C1-C13 with seeds and confidence intervals) and regenerate its report",
 }
 

@@ -424,7 +424,7 @@ def test_saved_config_without_a_field_compares_as_its_default():
     """A run's config.json without a field (saved before the field existed, or trimmed by hand) was compared as
     None: --resume refused 'weight_decay: None vs 0.1' and compare refused to reuse the finished run, though
     check_saved_config reads a missing field as its default."""
-    from coupled_qk.experiments.runner import setting_differences
+    from coupled_qk.study.executor import setting_differences
     from coupled_qk.training.config import TrainConfig, config_differences
 
     cfg = TrainConfig(corpus="pubmed", max_steps=5)

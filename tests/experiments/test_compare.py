@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from coupled_qk.experiments.compare import analyze_comparison, comparison_table, plan_comparison
-from coupled_qk.experiments.runner import PlannedRun, RunRecord
+from coupled_qk.study.executor import PlannedRun, RunRecord
 from coupled_qk.training.config import TrainConfig
 
 
@@ -200,3 +200,17 @@ def test_cli_dry_run_prints_the_plan_with_what_each_run_would_do(tmp_path, capsy
     printed = capsys.readouterr().out
     assert "standard seed 0" in printed and "refused: different settings (max_steps: 3 vs 4)" in printed
     assert "4 runs: 1 refused, 3 new" in printed
+
+
+def test_a_dry_run_refuses_what_the_run_would_refuse_before_training(tmp_path, capsys):
+    """`compare --variants standard,coupled+vocab_size=10 --dry-run` said "new" for both runs, then the real run
+    trained standard before refusing the second; now both refuse it in one line before anything is created."""
+    from coupled_qk.cli import main
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "--preset", "tiny", "--max-steps", "2", "--variants", "standard,coupled+vocab_size=10"]
+    for extra in (["--dry-run"], []):
+        assert main([*argv, "--out-dir", str(out), "--device", "cpu", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "the model override vocab_size=10 cannot apply: task='lm' sets vocab_size from its data" in err, err
+        assert not out.exists()

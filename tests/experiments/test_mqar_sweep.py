@@ -350,7 +350,7 @@ def test_sweep_line_says_a_run_was_resumed():
     import dataclasses
 
     from coupled_qk.experiments.mqar.sweep import _line
-    from coupled_qk.experiments.runner import PlannedRun, RunRecord
+    from coupled_qk.study.executor import PlannedRun, RunRecord
 
     preset = _micro_preset()
     cfg = run_config(preset, preset.difficulties[0], "standard", 16, 3e-3, "out")

@@ -109,7 +109,7 @@ def test_a_glue_results_file_of_any_shape_is_read_or_refused_naming_the_option(d
     and the file; never a KeyError, TypeError or a row without a finite score."""
     import math
 
-    from coupled_qk.experiments.claims.glue import load_glue_rows
+    from coupled_qk.studies.glue_scores import load_glue_rows
 
     path = tmp_path_factory.mktemp("glue") / "results.json"
     path.write_text(json.dumps(data))
@@ -126,7 +126,7 @@ def test_a_glue_results_file_of_any_shape_is_read_or_refused_naming_the_option(d
     [(None, "is a folder"), (b"", "not valid JSON"), (b"\xff\xfe", "UTF-8"), (b'{"schema": "other"}', "schema")],
 )
 def test_glue_results_files_that_cannot_be_read_are_one_line(content, expected, tmp_path):
-    from coupled_qk.experiments.claims.glue import load_glue_rows
+    from coupled_qk.studies.glue_scores import load_glue_rows
 
     path = tmp_path / "g.json"
     if content is None:

@@ -33,9 +33,11 @@ FREE_TEXT = {
     "--names": "glue: one distinct name per run",
     "--splits": "eval: distinct split names",
     "--task": "glue: experiments.glue.finetune.parse_tasks",
-    "--cells": "claims: cell names of the protocol; bench: A/B cells, experiments.bench.ab.cell_spec",
+    "--cells": "claims, study: cell names (commands.study.parse_cells); bench: A/B cells (bench.ab.cell_spec)",
     "--against": "bench: a git revision, checked by git rev-parse (experiments.bench.ab.checkout)",
-    "--shard": "claims: I/N, commands.claims._shard",
+    "--shard": "claims, study: I/N, commands.study.parse_shard",
+    "action": "study: list, plan, run, report or verify (commands.study.run, one line with the closest)",
+    "name": "study: a registered study (commands.study.run, one line with the closest)",
     "--difficulties": "mqar: names of the preset's difficulties",
     "--max-train-examples": "glue: experiments.glue.finetune.parse_per_task",
     "--corpus": "a corpus name or path, resolved by data.corpora",
@@ -131,6 +133,7 @@ REQUIRED = {
     "glue": ["run"],
     "generate": ["run"],
     "claims": ["--protocol", "smoke"],
+    "study": ["plan"],
 }
 
 BAD = {

@@ -57,7 +57,7 @@ def held_elsewhere(folder: RunFolder):
 
 def _reuse(folder: RunFolder, tmp: Path):
     """The experiment runner's reader (compare, mqar, glue): reuse or continue the run as its plan says."""
-    from coupled_qk.experiments.runner import PlannedRun, execute
+    from coupled_qk.study.executor import PlannedRun, execute
 
     cfg = TrainConfig.from_dict({**folder.read_config(), "out_dir": str(folder.path), "device": "cpu"})
     return execute([PlannedRun(cfg, "run")], train_fn=lambda c: {"stop_reason": "completed"}, log=lambda s: None)
@@ -149,8 +149,7 @@ def test_a_checkpoint_named_explicitly_is_read_with_a_warning_while_its_run_trai
 
 
 def test_a_live_run_is_refused_by_the_dry_run_as_by_the_runner(run):
-    from coupled_qk.experiments.dry_run import planned_state
-    from coupled_qk.experiments.runner import PlannedRun
+    from coupled_qk.study.executor import PlannedRun, planned_state
 
     cfg = TrainConfig.from_dict({**run.read_config(), "out_dir": str(run.path), "device": "cpu"})
     assert planned_state(PlannedRun(cfg, "run")).startswith("continue")

@@ -150,7 +150,7 @@ def test_a_resume_keeps_the_precision_the_run_started_in(tiny_cfg, tmp_path, mon
     "fp32" in its results, so a study's reuse check accepted it as an fp32 run. Now the resume continues in bf16 (said
     in one line), records bf16 truthfully (the reuse check of an fp32 plan refuses it), and another --dtype is refused
     before anything is written."""
-    from coupled_qk.experiments.runner import check_same_precision
+    from coupled_qk.study.executor import check_same_precision
 
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
     use_backend(monkeypatch, "aot_eager")

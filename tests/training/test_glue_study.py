@@ -10,7 +10,7 @@ import pytest
 from test_glue_task import make_pretrained, write_sst2  # tests/training is on sys.path (rootdir conftest)
 
 from coupled_qk.cli import main
-from coupled_qk.experiments import runner
+from coupled_qk.study import executor as runner
 from coupled_qk.training import loop
 
 T_975_1 = 12.706204736174698  # Student t quantile, 0.975, 1 degree of freedom (two seeds)

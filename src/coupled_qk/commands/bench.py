@@ -61,10 +61,10 @@ from coupled_qk.experiments.bench.train import (
     with_baseline,
     write_results,
 )
-from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.config import parse_overrides
 from coupled_qk.models.registry import default_variants, variant_names
 from coupled_qk.outputs import OutputDir
+from coupled_qk.study.executor import Report, write_report
 
 BENCH_MODES = ("train", "decode", "memory", "fastpath")
 """``--mode`` choices; a mode's results are ``<mode>-*`` files (``train``'s are ``bench-*``)."""

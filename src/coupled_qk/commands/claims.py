@@ -1,4 +1,6 @@
-"""``coupled-qk claims``: run a claims protocol (or reuse its committed run records) and regenerate the report.
+"""``coupled-qk claims --protocol NAME``: the older spelling of ``coupled-qk study run NAME`` (and, with ``--plan``,
+``--report-only`` or ``--verify RECORD``, of ``study plan``, ``study report`` and ``study verify``), kept with its
+options and messages; both go through the same functions of :mod:`coupled_qk.commands.study`.
 
 Example: ``coupled-qk claims --protocol cpu-short`` trains what is missing, then writes
 ``docs/results/claims/cpu-short.{md,json}`` and ``figures/cpu-short-*.png``; ``--report-only`` skips training.
@@ -8,27 +10,23 @@ from __future__ import annotations
 
 import os
 import shlex
-from pathlib import Path
 
 from coupled_qk.extras import require_extra
 
-DEFAULT_GLUE_JSON = "docs/results/glue-cpu/results.json"  # committed by the GLUE study (issue 15)
 HELP = "run a claims protocol (C1-C13 with seeds and confidence intervals) and regenerate its report"
+COMMIT_SCRIPT = "benchmarks/commit_records.sh"
 
 
 def add_arguments(parser) -> None:
     from coupled_qk.commands.options import folder_arg, nonneg_float_arg, path_arg, positive_int_arg
-    from coupled_qk.experiments.claims.converged import DESIGNS
-    from coupled_qk.experiments.claims.protocols import PROTOCOLS
+    from coupled_qk.commands.study import DEFAULT_GLUE_JSON
+    from coupled_qk.studies import studies
 
     parser.add_argument(
         "--protocol",
         required=True,
-        choices=sorted([*PROTOCOLS, *DESIGNS]),
-        help="smoke (toy budgets, every code path), cpu-short / cpu (the first-epoch CPU study), "
-        "cpu-converged (trained to a plateau at tuned learning rates), cpu-converged-pubmed (the "
-        "same design on PubMed, C9), gpu-60m (the same design at 60M on WikiText-103, for a GPU), "
-        "toy-converged / toy-gpu-60m (their toy instances), gpu-paper (defined, not runnable here)",
+        choices=sorted(studies()),
+        help="the study (coupled-qk study list describes each): " + ", ".join(f"{name}" for name in studies()),
     )
     parser.add_argument(
         "--plan",
@@ -41,13 +39,12 @@ def add_arguments(parser) -> None:
         "--max-runs",
         type=positive_int_arg,
         default=None,
-        help="converged protocols: stop after training this many new runs",
+        help="stop after training this many new runs",
     )
     parser.add_argument(
         "--commit-records",
         action="store_true",
-        help="converged protocols: git-commit each new run record (and the regenerated report) as "
-        "soon as it is written",
+        help=f"removed: the library runs no git; commit records as they finish with {COMMIT_SCRIPT}",
     )
     parser.add_argument("--seeds", default=None, help="comma-separated seeds replacing every cell's seeds")
     parser.add_argument(
@@ -62,7 +59,7 @@ def add_arguments(parser) -> None:
         default=None,
         type=path_arg,
         help="report folder; run records go to OUT_DIR/runs/PROTOCOL (default docs/results/claims; "
-        "runs/claims-smoke for the smoke protocol)",
+        "runs/claims-smoke for the smoke protocol, runs/claims-toy for the toy ones)",
     )
     parser.add_argument(
         "--run-root", default="runs/claims", type=folder_arg, help="run folders (checkpoints; default runs/claims)"
@@ -112,7 +109,9 @@ def _ignored_options() -> dict:
     every run, so ``--overwrite`` is not read there (the other flags these modes ignore have their own checks below,
     older than this table)."""
     from coupled_qk.commands.ignored import Applies
-    from coupled_qk.experiments.claims.converged import DESIGNS
+    from coupled_qk.studies import studies
+
+    frozen = sorted(name for name, s in studies().items() if s.frozen)
 
     verify = Applies(
         lambda a: a.verify is not None,
@@ -125,9 +124,8 @@ def _ignored_options() -> dict:
         "a protocol's runs and report",
     )
     classic = Applies(
-        lambda a: a.protocol not in DESIGNS,
-        "a converged --protocol (its report is regenerated from its "
-        f"records on every run; {', '.join(sorted(DESIGNS))})",
+        lambda a: a.protocol not in frozen,
+        f"a converged --protocol (its report is regenerated from its records on every run; {', '.join(frozen)})",
         "the other protocols' report",
     )
     return {
@@ -140,83 +138,61 @@ def _ignored_options() -> dict:
     }
 
 
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise ValueError(f"--shard={text!r}: expected I/N, e.g. 0/2") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise ValueError(f"--shard={text!r}: expected 0 <= I < N")
-    return i, n
-
-
 def run(args) -> int:
     require_extra(("scipy",), "claims", "coupled-qk claims (intervals and verdicts)")
     from coupled_qk.commands.ignored import refuse_ignored_options
-    from coupled_qk.commands.options import parse_seeds, parse_variants_option
-    from coupled_qk.data.paths import default_cache_dir, default_data_dir
-    from coupled_qk.experiments.claims.build import build_report
-    from coupled_qk.experiments.claims.converged import DESIGNS
-    from coupled_qk.experiments.claims.markdown import format_markdown
-    from coupled_qk.experiments.claims.protocols import get_protocol
-    from coupled_qk.experiments.claims.report import report_dir, write_report
-    from coupled_qk.experiments.claims.runs import run_protocol
+    from coupled_qk.commands.study import (
+        check_records_exist,
+        claim_report_dir,
+        parse_cells,
+        parse_shard,
+        resolve,
+        show_plan,
+        train,
+        write,
+    )
+    from coupled_qk.studies import get_study
 
     refuse_ignored_options(args, add_arguments, _ignored_options())
     if args.verify is not None:
         return _verify(args)
     _refuse_training_flags_without_training(args)
-    if args.protocol in DESIGNS:
-        return _run_converged(args)
-    # the converged-only flags, refused rather than ignored
-    for flag, given in (("--max-runs", args.max_runs is not None), ("--commit-records", args.commit_records)):
-        if given:
-            raise ValueError(
-                f"{flag} applies only to the converged protocols ({', '.join(sorted(DESIGNS))}), "
-                f"not to {args.protocol!r}: --cells and --shard choose the runs to train"
-            )
-    protocol = get_protocol(args.protocol)
-    if args.seeds is not None:
-        protocol = protocol.with_seeds(tuple(parse_seeds(args.seeds)))
-    if args.variants is not None:
-        protocol = protocol.with_variants(parse_variants_option(args.variants))
-    shard = _shard(args.shard)
-    cells = _cells(args.cells, protocol)  # checked when the command starts, also when nothing is trained
+    if args.commit_records:
+        raise ValueError(
+            f"--commit-records was removed: the library runs no git; commit each record as it is written with "
+            f"{COMMIT_SCRIPT} (it watches the records folder)"
+        )
+    study = get_study(args.protocol)
+    if study.frozen:
+        _refuse_for_preregistered(study, args)
+    study = resolve(args.protocol, args)
+    shard = parse_shard(args.shard) if study.static else (0, 1)
+    cells = parse_cells(args.cells, study) if study.static else None  # checked also when nothing is trained
     if args.report_only and (cells is not None or shard != (0, 1)):
         raise ValueError("--cells and --shard choose the runs to train; --report-only trains nothing (drop them)")
-    out_dir = args.out_dir
-    if out_dir is None:
-        out_dir = "runs/claims-smoke" if protocol.name == "smoke" else "docs/results/claims"
+    out_dir = args.out_dir if args.out_dir is not None else study.default_out_dir
     if args.plan:  # the runs and their state; trains and writes nothing
-        from coupled_qk.experiments.claims.runs import plan_lines as protocol_plan
-
-        print("\n".join(protocol_plan(protocol, out_dir, cells)))
-        return 0
+        return show_plan(study, out_dir, args.run_root, args.data_dir, cells)
     if args.glue_json is not None:  # an explicit results file must exist and parse (before any training)
-        from coupled_qk.experiments.claims.glue import load_glue_rows
+        from coupled_qk.studies.glue_scores import load_glue_rows
 
         load_glue_rows("--glue-json", args.glue_json)
-    out = report_dir(out_dir, protocol.name, overwrite=args.overwrite)  # checked before any training
-    if not args.report_only and protocol.runnable:
-        from coupled_qk.outputs import input_dir, output_location
+    # checked before any training; a pre-registered study's report is regenerated from its records on every run
+    out = claim_report_dir(study, out_dir, overwrite=False if study.frozen else args.overwrite)
+    if not args.report_only and study.runnable:
+        train(study, args, out_dir, cells, shard)
+        if os.environ.get("RANK", "0") != "0":
+            return 0  # under torchrun, rank 0 alone writes the report
+    elif args.report_only:
+        check_records_exist(study, out_dir)
+    return write(study, out, args, _commands(args))
 
-        output_location("--run-root", args.run_root)
-        if args.data_dir is not None and Path(args.data_dir).exists():  # missing is fine when every run is reused
-            input_dir("--data-dir", args.data_dir)
-        data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
-        cache = (
-            output_location("--cache-dir", args.cache_dir)
-            if args.cache_dir is not None
-            else (default_cache_dir() / "claims-data")
-        )
-        run_protocol(
-            protocol, out_dir, args.run_root, data_dir, cache, cells=cells, shard=shard, defer_wt2=args.defer_wt2
-        )
-    use_default = protocol.name != "smoke" and Path(DEFAULT_GLUE_JSON).is_file()  # smoke: toy runs only
-    glue_json = args.glue_json if args.glue_json is not None else (DEFAULT_GLUE_JSON if use_default else None)
-    report = build_report(protocol, out_dir, glue_json)
-    # the command that regenerates this report from scratch: without --cells/--shard/--report-only/--run-root,
-    # which choose what this invocation trains, not what the report contains
+
+def _commands(args):
+    """The command that regenerates the report from scratch: without --cells/--shard/--report-only/--run-root,
+    which choose what this invocation trains, not what the report contains."""
+    from coupled_qk.study.report import Commands
+
     given = ["--protocol", args.protocol]
     for flag, value in (
         ("--seeds", args.seeds),
@@ -227,29 +203,36 @@ def run(args) -> int:
         if value is not None:
             given += [flag, str(value)]
     command = "coupled-qk claims " + shlex.join(given)
-    paths = write_report(report, protocol, out, command, figures=not args.no_figures)
-    print(format_markdown(report, command).split("\n## Notes")[0])
-    print("written: " + ", ".join(str(p) for p in paths))
-    return 0
+    return Commands(command, command + " --report-only", "add `--report-only`")
 
 
-def _cells(option: str | None, protocol) -> list[str] | None:
-    """The cells named by ``--cells`` (comma-separated, stripped), or ``None`` when not given.
+def _refuse_for_preregistered(study, args) -> None:
+    """The options a pre-registered study refuses, with the reasons this command always gave.
 
     Raises:
-        ValueError: an empty name or one that is not a cell of ``protocol``, naming ``--cells`` and the cells.
+        ValueError: naming the option and the study.
     """
-    if option is None:
-        return None
-    cells = [c.strip() for c in option.split(",")]
-    names = [c.name for c in protocol.cells]
-    unknown = [c for c in cells if c not in names]
-    if not all(cells) or unknown:
-        raise ValueError(
-            f"--cells={option!r}: {unknown or 'an empty name'} is not a cell of protocol "
-            f"{protocol.name!r}; expected some of {names}"
-        )
-    return cells
+    for flag, value in (
+        ("--seeds", args.seeds),
+        ("--cells", args.cells),
+        ("--glue-json", args.glue_json),
+        ("--variants", args.variants),
+    ):
+        if value is not None:
+            raise ValueError(
+                f"{flag} does not apply to the converged protocol {study.name!r} (its seeds and "
+                "stages are pre-registered)"
+            )
+    for flag, given, why in (
+        (
+            "--shard",
+            args.shard != "0/1",
+            "several processes share its runs without it: start one `coupled-qk claims` per core or GPU",
+        ),
+        ("--defer-wt2", args.defer_wt2, "its runs evaluate on their own split, with no WikiText-2 evaluation to defer"),
+    ):
+        if given:
+            raise ValueError(f"{flag} does not apply to the converged protocol {study.name!r} ({why})")
 
 
 def _refuse_training_flags_without_training(args) -> None:
@@ -273,86 +256,11 @@ def _refuse_training_flags_without_training(args) -> None:
             raise ValueError(f"{mode} trains nothing; {', '.join(clash)} only apply when training (drop them)")
 
 
-def _run_converged(args) -> int:
-    """``claims --protocol cpu-converged|gpu-60m|toy-converged``: plan, train (resumable), report."""
-    from coupled_qk.data.paths import default_cache_dir, default_data_dir
-    from coupled_qk.experiments.claims.converged import get_design
-    from coupled_qk.experiments.claims.converged_report import build_report, write_report
-    from coupled_qk.experiments.claims.converged_study import plan_lines, run_design
-
-    design = get_design(args.protocol)
-    for flag, value in (
-        ("--seeds", args.seeds),
-        ("--cells", args.cells),
-        ("--glue-json", args.glue_json),
-        ("--variants", args.variants),
-    ):
-        if value is not None:
-            raise ValueError(
-                f"{flag} does not apply to the converged protocol {design.name!r} (its seeds and "
-                "stages are pre-registered)"
-            )
-    # refused rather than ignored
-    for flag, given, why in (
-        (
-            "--shard",
-            args.shard != "0/1",
-            "several processes share its runs without it: start one `coupled-qk claims` per core or GPU",
-        ),
-        ("--defer-wt2", args.defer_wt2, "its runs evaluate on their own split, with no WikiText-2 evaluation to defer"),
-    ):
-        if given:
-            raise ValueError(f"{flag} does not apply to the converged protocol {design.name!r} ({why})")
-    default_out = "runs/claims-toy" if design.name.startswith("toy-") else "docs/results/claims"
-    out_dir = args.out_dir or default_out
-    if not args.plan:  # records and the report go there: a file, an unwritable folder or one holding another
-        from coupled_qk.experiments.claims.report import report_dir  # command's results fails now, not after a run
-
-        report_dir(out_dir, design.name, overwrite=True)  # its report is regenerated from its records every time
-    data_dir = args.data_dir or default_data_dir()
-    command = "coupled-qk claims " + shlex.join(
-        ["--protocol", design.name, *(["--out-dir", args.out_dir] if args.out_dir else [])]
-    )
-    if args.plan:
-        print("\n".join(plan_lines(design, out_dir, data_dir)))
-        return 0
-
-    def regenerate() -> list[Path]:
-        return write_report(
-            build_report(design, out_dir), out_dir, command + " --report-only", figures=not args.no_figures
-        )
-
-    def commit(path: Path, record: dict) -> None:
-        paths = regenerate()
-        _git_commit(
-            [path, *paths],
-            f"{design.name}: {record['cell']} {record['variant']} seed {record['seed']} "
-            f"(test ppl {record['final'].get('test/perplexity', float('nan')):.2f})",
-        )
-
-    if not args.report_only:
-        cache = args.cache_dir or (default_cache_dir() / "claims-data")
-        run_design(
-            design,
-            out_dir,
-            args.run_root,
-            data_dir,
-            cache,
-            max_runs=args.max_runs,
-            on_record=commit if args.commit_records else None,
-        )
-        if os.environ.get("RANK", "0") != "0":
-            return 0  # under torchrun, rank 0 alone writes the report
-    paths = regenerate()
-    print((Path(out_dir) / f"{design.name}.md").read_text().split("\n## Learning-rate grid")[0])
-    print("written: " + ", ".join(str(p) for p in paths))
-    return 0
-
-
 def _verify(args) -> int:
     """``claims --protocol P --verify RECORD``: re-train one record's run and compare (exit 1 on a mismatch)."""
-    from coupled_qk.data.paths import default_cache_dir, default_data_dir
-    from coupled_qk.experiments.claims.verify import format_comparison, read_record, verify_record
+    from coupled_qk.commands.study import verify
+    from coupled_qk.studies import get_study
+    from coupled_qk.study.verify import read_record
 
     chosen = [
         flag
@@ -378,34 +286,4 @@ def _verify(args) -> int:
             f"--verify={args.verify!r} is a record of protocol {record['protocol']!r}, not of "
             f"--protocol {args.protocol!r}"
         )
-    cache = args.cache_dir or (default_cache_dir() / "claims-data")
-    result = verify_record(
-        args.verify, args.run_root, args.data_dir or default_data_dir(), cache, tolerance=args.tolerance
-    )
-    print(format_comparison(result))
-    return 0 if result["match"] else 1
-
-
-def _git_commit(paths: list[Path], message: str) -> None:
-    """Commit ``paths`` (retrying while another git process holds the index); a failure is reported, not raised:
-    the record is already safe on disk."""
-    import subprocess
-    import sys
-    import time
-
-    for attempt in range(10):
-        add = subprocess.run(["git", "add", "--", *map(str, paths)], capture_output=True, text=True)
-        done = (
-            add.returncode == 0
-            and subprocess.run(
-                ["git", "commit", "-q", "-m", message, "--", *map(str, paths)], capture_output=True, text=True
-            ).returncode
-            == 0
-        )
-        if done:
-            return
-        time.sleep(2 + attempt)
-    print(
-        f"claims: could not git-commit {', '.join(map(str, paths))} (the files are written; commit them by hand)",
-        file=sys.stderr,
-    )
+    return verify(get_study(args.protocol), args.verify, args.run_root, args.data_dir, args.cache_dir, args.tolerance)

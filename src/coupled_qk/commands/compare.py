@@ -39,9 +39,10 @@ def run(args) -> int:
     preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
     if args.dry_run:
         from coupled_qk.experiments.compare import plan_comparison
-        from coupled_qk.experiments.dry_run import plan_lines
+        from coupled_qk.study.executor import check_plan, plan_lines
 
         plan = plan_comparison(base, variants, seeds, base.out_dir)
+        check_plan(plan)  # what the real command refuses before its first run, refused here too
         print(f"coupled-qk compare: {len(plan)} runs ({len(variants)} variants x {len(seeds)} seeds) -> {base.out_dir}")
         print("\n".join(plan_lines(plan)))
         return 0

@@ -116,8 +116,8 @@ def variants_table(root: Path) -> str:
 
 def verdict_readings(root: Path) -> str:
     """The null verdicts of the first-epoch claims reports, read as excluded or inconclusive with their power
-    (:func:`coupled_qk.experiments.claims.power.verdict_readings_table` over :data:`VERDICT_PROTOCOLS`)."""
-    from coupled_qk.experiments.claims.power import verdict_readings_table
+    (:func:`coupled_qk.study.power.verdict_readings_table` over :data:`VERDICT_PROTOCOLS`)."""
+    from coupled_qk.study.power import verdict_readings_table
 
     reports = {p: json.loads((root / CLAIMS_DIR / f"{p}.json").read_text()) for p in VERDICT_PROTOCOLS}
     return verdict_readings_table(reports) + "\n"
@@ -134,14 +134,15 @@ def demo_quick(root: Path) -> str:
 
 
 def claims_protocols(root: Path) -> str:
-    """The protocols ``coupled-qk claims --protocol`` takes: the first-epoch protocols and the converged
-    designs, each with its registered description."""
-    from coupled_qk.experiments.claims.converged import DESIGNS
-    from coupled_qk.experiments.claims.protocols import PROTOCOLS
+    """The studies ``coupled-qk claims --protocol`` (``coupled-qk study``) takes, in
+    :func:`coupled_qk.studies.studies` order, each with its description: a study of fixed cells runs inside the
+    first epoch, one whose plan depends on its records (a learning-rate grid) trains to a plateau."""
+    from coupled_qk.studies import studies
 
     rows = ["| protocol | regime | what it runs |", "|---|---|---|"]
-    rows += [f"| `{name}` | first epoch | {p.description} |" for name, p in PROTOCOLS.items()]
-    rows += [f"| `{name}` | trained to a plateau | {d.description} |" for name, d in DESIGNS.items()]
+    for name, study in studies().items():
+        regime = "first epoch" if study.static else "trained to a plateau"
+        rows.append(f"| `{name}` | {regime} | {study.description} |")
     return "\n".join(rows) + "\n"
 
 

@@ -148,7 +148,7 @@ def run(args) -> int:
         **({"dtype": args.dtype} if args.dtype is not None else {}),
     )
     if args.dry_run:
-        from coupled_qk.experiments.dry_run import plan_lines
+        from coupled_qk.study.executor import plan_lines
 
         plan = plan_glue(args.run_dirs, tasks, seeds, out_dir, names, **options)
         print(

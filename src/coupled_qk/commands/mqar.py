@@ -205,7 +205,7 @@ def run(args) -> int:
         "(one differential head = two sub-heads, parameter-matched)"
     )
     if args.dry_run:
-        from coupled_qk.experiments.dry_run import plan_lines
+        from coupled_qk.study.executor import plan_lines
 
         def coordinates(run) -> str:
             k = run.keys

@@ -1,7 +1,7 @@
 """Compare attention variants under identical seeds, data order and token budget; table and loss-curve plot.
 
 The protocol: one run per ``variant x seed`` from a base :class:`TrainConfig` (only the model's attention
-fields and the seed change), executed by the shared runner (:mod:`coupled_qk.experiments.runner`: finished
+fields and the seed change), executed by the shared runner (:mod:`coupled_qk.study.executor`: finished
 runs with the same settings are reused, interrupted ones resume), then summarised per variant: mean and
 standard deviation over seeds of the final perplexities, the change against ``standard``, parameters.
 Used by ``coupled-qk compare`` and ``coupled-qk demo``; ``docs/METHOD.md`` section 5 (perplexity).
@@ -15,10 +15,10 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from coupled_qk.experiments.runner import PlannedRun, Report, RunRecord, run_experiment, stopped_early
 from coupled_qk.models.registry import variant_names
 from coupled_qk.models.specs import check_distinct, parse_variants, variant_overrides
 from coupled_qk.outputs import OutputDir
+from coupled_qk.study.executor import PlannedRun, Report, RunRecord, run_experiment, stopped_early
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.run_folder import RESULTS_FILE, RunFolder
 

@@ -51,12 +51,12 @@ RESULT_NEUTRAL_FIELDS = frozenset(
 """Fields that do not change what a finished run computed: where files live, logging and checkpointing, the
 device and compilation, and the wall-clock budget (a run stopped by time is not reproducible anyway). A
 finished run is reused by an experiment only if every other field matches
-(:func:`coupled_qk.experiments.runner.check_reusable`)."""
+(:func:`coupled_qk.study.executor.check_reusable`)."""
 
 STOPPING_POINTS = frozenset({"max_minutes", "stop_after_steps"})
 """Fields that end an invocation before the run's budget: stopping points, not settings. A run one of them
 stopped has ``results.json`` with ``stop_reason`` naming the field and a checkpoint: it is unfinished, and the
-experiment runner continues it when asked for more (:func:`coupled_qk.experiments.runner.execute`); a run that
+experiment runner continues it when asked for more (:func:`coupled_qk.study.executor.execute`); a run that
 reached its budget computed the same whatever they were."""
 
 CONTINUATION_FIELDS = RESULT_NEUTRAL_FIELDS | {

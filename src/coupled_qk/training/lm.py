@@ -181,6 +181,7 @@ class LMTask:
     config_fields = ("corpus", "data_dir", "tokenizer", "cache_dir", "eval_batches", "full_eval")  # tasks.TASK_FIELDS
     options_class = LMOptions
     data_identity = ("vocab_size", "tokens", "text_sha256")  # describe() keys a resume compares with data.json
+    data_model_fields = ("vocab_size",)  # GPTConfig fields model_overrides() sets from the data (the tokenizer)
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg

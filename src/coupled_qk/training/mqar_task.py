@@ -198,6 +198,7 @@ class MQARTask:
     config_fields = ("cache_dir",)  # TrainConfig data fields it reads (tasks.check_task_fields)
     options_class = MQAROptions
     data_identity = ("vocab_size", "data_seed", "train", "test")  # describe() keys a resume compares with data.json
+    data_model_fields = ("vocab_size", "block_size")  # GPTConfig fields model_overrides() sets from the data
 
     def __init__(self, cfg: TrainConfig, run_dir: Path | None = None):
         self.cfg = cfg

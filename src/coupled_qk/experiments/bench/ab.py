@@ -15,7 +15,7 @@ repeat ``i`` and the chosen clock (:data:`~coupled_qk.experiments.bench.ab_worke
 - ``change[i] = ratio_new[i] / ratio_old[i]`` for a variant, and ``time_new[i] / time_old[i]`` for ``standard``
   itself (a change that slows every variant alike leaves the ratios unchanged; ``standard``'s own row sees it).
 
-Reported: the median of each with its distribution-free 95% interval (:func:`coupled_qk.experiments.stats.
+Reported: the median of each with its distribution-free 95% interval (:func:`coupled_qk.study.stats.
 median_ci`). A cell is flagged **slower** when the interval of ``change`` lies above ``1 + threshold``, **faster**
 when it lies below ``1 - threshold``; with too few repeats for a 95% interval (fewer than 6) nothing is flagged.
 """
@@ -38,7 +38,7 @@ import torch
 import coupled_qk
 from coupled_qk.experiments.bench import ab_worker
 from coupled_qk.experiments.bench.machine import machine_info, machine_line
-from coupled_qk.experiments.stats import median_ci
+from coupled_qk.study.stats import median_ci
 
 BASELINE = "standard"
 

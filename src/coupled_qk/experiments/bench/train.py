@@ -29,11 +29,11 @@ from coupled_qk.experiments.bench.machine import (  # noqa: F401 - the machine h
     sync_device,
 )
 from coupled_qk.experiments.bench.step import TrainStepRunner, step_time_stats
-from coupled_qk.experiments.runner import Report, write_report
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
 from coupled_qk.models.registry import OPTION_ALIASES, get_attention
 from coupled_qk.models.specs import parse_variants, variant_overrides
+from coupled_qk.study.executor import Report, write_report
 from coupled_qk.training.distributed import pick_device, warn_if_emulated
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

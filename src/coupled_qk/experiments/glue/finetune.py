@@ -1,7 +1,7 @@
 """Fine-tune pretrained checkpoints on GLUE tasks over seeds, reuse finished runs, summarise (METHOD.md claim C11).
 
 Each fine-tune is one run of the training loop in ``out_dir/<model>/<task>/seed<k>``, planned and executed by
-the experiment runner (:mod:`coupled_qk.experiments.runner`: resumable like training; a finished run with the
+the experiment runner (:mod:`coupled_qk.study.executor`: resumable like training; a finished run with the
 same settings is reused). :func:`run_glue` writes ``out_dir/results.json`` (structure in its docstring) and
 ``out_dir/results.md``.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from coupled_qk._checks import finite, positive_int
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, load_glue
-from coupled_qk.experiments.runner import PlannedRun, Report, execute, stopped_early, write_report
 from coupled_qk.extras import MissingExtra
+from coupled_qk.study.executor import PlannedRun, Report, execute, stopped_early, write_report
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.run_folder import RESULTS_FILE, is_checkpoint_name
 
@@ -149,9 +149,9 @@ def model_name(run_dir: str | Path) -> str:
 
 
 def _stats():
-    """:mod:`coupled_qk.experiments.stats` (needs scipy, an optional dependency: the [glue] extra)."""
+    """:mod:`coupled_qk.study.stats` (needs scipy, an optional dependency: the [glue] extra)."""
     try:
-        from coupled_qk.experiments import stats
+        from coupled_qk.study import stats
     except ImportError as exc:
         raise MissingExtra("GLUE summaries need scipy: pip install 'coupled-qk[glue]'") from exc
     return stats
@@ -174,7 +174,7 @@ def _summary(values: list[float]) -> dict:
 
 def paired_difference(a: list[float], b: list[float]) -> dict:
     """Mean of ``a_i - b_i`` with a two-sided 95% Student-t interval
-    (:func:`coupled_qk.experiments.stats.paired_difference`); ``ci95`` is ``None`` for n < 2.
+    (:func:`coupled_qk.study.stats.paired_difference`); ``ci95`` is ``None`` for n < 2.
 
     Raises:
         ValueError: ``a`` and ``b`` of different lengths, empty or non-finite.
@@ -227,7 +227,7 @@ def run_glue(
     baseline.
 
     A finished run with the same settings is reused, an unfinished one resumes. With ``max_minutes`` (a
-    wall-clock guard for the whole study, :func:`coupled_qk.experiments.runner.execute`), a run cut short is
+    wall-clock guard for the whole study, :func:`coupled_qk.study.executor.execute`), a run cut short is
     marked ``interrupted`` (resumed by the next invocation) and runs not started in time ``skipped``; the summary
     then counts only finished runs (:func:`summarize_glue`). ``log`` receives the progress lines and
     ``train_fn`` replaces the training function (tests).

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, mqar_variants
-from coupled_qk.experiments.runner import Report, RunRecord
 from coupled_qk.extras import MissingExtra
+from coupled_qk.study.executor import Report, RunRecord
 from coupled_qk.training.run_folder import RESULTS_FILE
 
 __all__ = [
@@ -112,7 +112,7 @@ def best_over_lr(records: Sequence[dict]) -> list[dict]:
 
 
 def _interval(result: dict) -> dict:
-    """``n, mean, low, high`` of a :mod:`coupled_qk.experiments.stats` result, ``None`` for NaN (one seed)."""
+    """``n, mean, low, high`` of a :mod:`coupled_qk.study.stats` result, ``None`` for NaN (one seed)."""
     return {
         k: (None if isinstance(result[k], float) and math.isnan(result[k]) else result[k])
         for k in ("n", "mean", "low", "high")
@@ -129,15 +129,15 @@ def seed_cells(best: Sequence[dict], reference: str = "standard") -> list[dict]:
 
     Returns:
         One dict per cell, in first-seen order: ``difficulty, variant, d_model, seeds, values`` (by seed),
-        ``n, mean, low, high`` (:func:`coupled_qk.experiments.stats.mean_ci`; ``low``/``high`` ``None`` for one
+        ``n, mean, low, high`` (:func:`coupled_qk.study.stats.mean_ci`; ``low``/``high`` ``None`` for one
         seed) and ``vs_reference``: ``None`` for the reference itself or a cell without it, else ``{"reference",
-        "seeds", "n", "mean", "low", "high"}`` (:func:`coupled_qk.experiments.stats.paired_difference`).
+        "seeds", "n", "mean", "low", "high"}`` (:func:`coupled_qk.study.stats.paired_difference`).
 
     Raises:
         ImportError: scipy is missing (the ``claims`` extra).
     """
     try:
-        from coupled_qk.experiments import stats
+        from coupled_qk.study import stats
     except ImportError as exc:  # scipy: an optional dependency
         raise MissingExtra(
             "MQAR sweeps over several seeds need scipy for their intervals: pip install 'coupled-qk[claims]'"

@@ -3,7 +3,7 @@
 A sweep preset (:mod:`coupled_qk.experiments.mqar.presets`) spans difficulties x d_model x learning rate x
 variant; :func:`plan_sweep` lists the points, :func:`run_config` makes each point's :class:`TrainConfig`
 (``task="mqar"``, :class:`coupled_qk.training.mqar_task.MQARTask`), and :func:`run_sweep` executes them with
-:func:`coupled_qk.experiments.runner.execute` (reuse, resume, time guard) and writes the report of
+:func:`coupled_qk.study.executor.execute` (reuse, resume, time guard) and writes the report of
 :mod:`coupled_qk.experiments.mqar.report`. Source: Zoology arXiv:2312.04927; ``docs/METHOD.md`` section 6.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 from coupled_qk._checks import MAX_SEED, finite, nonneg_int, positive_int
 from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, heads_for
 from coupled_qk.experiments.mqar.report import sweep_report
-from coupled_qk.experiments.runner import PlannedRun, RunRecord, run_experiment
 from coupled_qk.models.specs import parse_variants, variant_overrides
+from coupled_qk.study.executor import PlannedRun, RunRecord, run_experiment
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.mqar_task import steps_per_epoch
 from coupled_qk.training.run_folder import RESULTS_FILE, RunFolder

@@ -1,0 +1,173 @@
+"""Re-train the run behind one committed record and compare it with the record (``study verify``, ``claims --verify``).
+
+A record (``<out_dir>/runs/<study>/<cell>/<variant>/seed<k>.json``, :mod:`coupled_qk.study.records`) says what a
+run computed. :func:`verify_record` rebuilds that run from its study's plan over the records beside it (so the
+learning rate a grid chose is the one re-used), trains it in a fresh folder (``<run_root>/verify/...``; never the
+study's run folder, so nothing of the study is reused) with a scratch record folder (so no identical record of
+another study is reused either, and the scratch record is rebuilt on every verification), and compares the new
+record with the stored one: the settings' fingerprint, tokens, steps, stop reason, best step, and every final
+metric. The runs of the committed studies used one thread per process (``OMP_NUM_THREADS=1``); with the same
+thread count, torch build and CPU the re-run repeats the floating-point operations in the same order, so its
+metrics equal the record's (differences of 0 or float rounding); another thread count changes the order of
+reductions and, after thousands of steps, the last digits of the losses. A verification interrupted or repeated
+resumes or reuses its own scratch run folder (:func:`verify_record` says which).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from coupled_qk.study.records import record_path, record_problem
+
+PRIMARY = ("test/loss", "valid/loss")
+COMPARED = ("fingerprint", "tokens", "steps", "stop_reason")
+
+
+def read_record(path: str | Path) -> tuple[dict, Path]:
+    """The record at ``path`` and the report folder it belongs to (``path``'s fifth parent).
+
+    Raises:
+        ValueError: ``path`` is not a file, not JSON, lacks ``protocol``/``cell``/``variant``/``seed``, or does not
+            sit at ``<out_dir>/runs/<protocol>/<cell>/<variant>/seed<k>.json``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(
+            f"--verify={str(path)!r} is a folder; expected one run record file inside it, such as "
+            "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json"
+        )
+    if not path.is_file():
+        raise ValueError(
+            f"--verify={str(path)!r}: no such record file; expected a run record such as "
+            "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json"
+        )
+    try:
+        rec = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--verify={str(path)!r} is not a JSON run record ({exc})") from None
+    problem = record_problem(rec)
+    if problem:
+        raise ValueError(f"--verify={str(path)!r} is not a run record: {problem}")
+    out_dir = path.parents[4] if len(path.parents) > 4 else None
+    if out_dir is None or record_path(out_dir, rec["protocol"], rec["cell"], rec["variant"], rec["seed"]) != path:
+        raise ValueError(
+            f"--verify={str(path)!r}: a record must stay where the study wrote it, "
+            f"<out_dir>/runs/{rec['protocol']}/{rec['cell']}/<variant>/seed{rec['seed']}.json"
+        )
+    return rec, out_dir
+
+
+def find_unit(study, cell_name: str, variant: str, seed: int, out_dir: Path):
+    """The :class:`~coupled_qk.study.design.Unit` of the record's run in ``study``'s plan over the records in
+    ``out_dir`` (:meth:`~coupled_qk.study.design.Study.read`).
+
+    Raises:
+        ValueError: the run is not in the plan (e.g. a verdict cell whose grid records are missing), naming the
+            planned cells.
+    """
+    plan = study.read(out_dir, damaged="skip").plan
+    for unit in plan.units():
+        if unit.key == (cell_name, variant, seed):
+            return unit
+    raise ValueError(
+        f"cell {cell_name!r} (variant {variant!r}, seed {seed}) is not in protocol {study.name!r} as planned from the "
+        f"records in {out_dir} (planned cells: {[c.name for _, c in plan.cells]})"
+    )
+
+
+def compare(stored: dict, new: dict) -> dict:
+    """Differences between two records of one run: ``{"fields": {name: (stored, new)}, "metrics": {name:
+    (stored, new, new - stored)}, "primary": name, "delta": new - stored of the primary metric}``."""
+    fields = {k: (stored.get(k), new.get(k)) for k in COMPARED}
+    fields["best_step"] = ((stored.get("best") or {}).get("step"), (new.get("best") or {}).get("step"))
+    metrics = {}
+    for k, a in stored["final"].items():
+        b = new["final"].get(k)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            metrics[k] = (a, b, b - a)
+    primary = next((k for k in PRIMARY if k in metrics), next(iter(metrics), None))
+    return {
+        "fields": fields,
+        "metrics": metrics,
+        "primary": primary,
+        "delta": metrics[primary][2] if primary else math.nan,
+    }
+
+
+def verify_record(
+    study,
+    path: str | Path,
+    run_root: str | Path,
+    data_dir: str | Path,
+    cache_root: str | Path,
+    tolerance: float = 1e-4,
+    threads: int = 1,
+) -> dict:
+    """Re-train the run of the record at ``path`` (a record of ``study``) from scratch and compare (see the module
+    docstring).
+
+    Args:
+        study: the :class:`~coupled_qk.study.design.Study` the record belongs to.
+        path: a committed run record.
+        run_root: the re-run trains in ``<run_root>/verify/<study>/<cell>/<variant>/seed<k>`` (resumed if a
+            previous verification was interrupted, reused if one finished) and writes its record under
+            ``<run_root>/verify/records`` (rebuilt every time).
+        data_dir, cache_root: as for the study (real data; derived splits).
+        tolerance: largest accepted ``|new - stored|`` of the primary metric (test loss, else validation loss),
+            in nats; the fingerprint, tokens, steps and stop reason must be equal.
+        threads: ``torch.set_num_threads`` for the re-run (the studies used 1).
+
+    Returns:
+        :func:`compare`'s dict plus ``"match"`` (bool), ``"tolerance"``, ``"record"`` (the new record's path) and
+        ``"run_folder"`` (``"trained"``, or ``"reused"`` from an earlier verification).
+
+    Raises:
+        ValueError: as :func:`read_record` and :func:`find_unit`; a record of another study; ``tolerance`` negative
+            or not finite.
+    """
+    from coupled_qk.study.run import Places, run_dir_of, run_unit
+    from coupled_qk.training.run_folder import RunFolder
+
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance={tolerance!r}: expected a finite number >= 0 (nats)")
+    stored, out_dir = read_record(path)
+    if stored["protocol"] != study.name:
+        raise ValueError(
+            f"--verify={str(path)!r} is a record of protocol {stored['protocol']!r}, not of {study.name!r}"
+        )
+    unit = find_unit(study, stored["cell"], stored["variant"], stored["seed"], out_dir)
+    scratch = Path(run_root) / "verify"
+    places = Places(scratch / "records", scratch, Path(data_dir), Path(cache_root))
+    new_path = record_path(places.out_dir, study.name, *unit.key)
+    new_path.unlink(missing_ok=True)  # never compare with an earlier verification's record
+    reused = RunFolder(run_dir_of(scratch, study.name, unit)).is_finished()
+    torch.set_num_threads(threads)
+    new = run_unit(study, unit, places, reuse_elsewhere=False)
+    result = compare(stored, new)
+    same_fields = all(a == b for name, (a, b) in result["fields"].items() if name != "best_step")
+    result.update(
+        match=bool(same_fields and abs(result["delta"]) <= tolerance),
+        tolerance=tolerance,
+        record=str(new_path),
+        run_folder="reused" if reused else "trained",
+    )
+    return result
+
+
+def format_comparison(result: dict) -> str:
+    """Plain-text table of :func:`verify_record`'s result and its verdict line."""
+    lines = ["field / metric              stored                 re-run                 difference"]
+    for name, (a, b) in result["fields"].items():
+        lines.append(f"{name:27s} {a!s:22s} {b!s:22s} {'equal' if a == b else 'DIFFERENT'}")
+    for name, (a, b, d) in result["metrics"].items():
+        lines.append(f"{name:27s} {a:<22.10g} {b:<22.10g} {d:+.3g}")
+    verdict = "MATCH" if result["match"] else "MISMATCH"
+    lines.append(
+        f"{verdict}: {result['primary']} differs by {result['delta']:+.3g} (tolerance {result['tolerance']:g}); "
+        f"re-run record: {result['record']}"
+    )
+    return "\n".join(lines)
