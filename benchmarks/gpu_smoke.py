@@ -989,7 +989,8 @@ def _vocab_padding_timing(ctx: Ctx, dtype: str) -> None:
     import torch
 
     from coupled_qk import GPT, GPTConfig
-    from coupled_qk.experiments.bench.train import DTYPES, TrainStepRunner
+    from coupled_qk.devices import TORCH_DTYPES
+    from coupled_qk.experiments.bench.train import TrainStepRunner
 
     if ctx.quick:
         base, batch, repeats = _tiny_config(vocab_size=500, block_size=32), 2, 3
@@ -998,7 +999,7 @@ def _vocab_padding_timing(ctx: Ctx, dtype: str) -> None:
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, base.vocab_size, (batch, base.block_size + 1), generator=gen).to(ctx.device)
     configs = {"unpadded": base, "padded": base.replace(vocab_pad_multiple=64)}
-    autocast = None if dtype == "fp32" else DTYPES[dtype]
+    autocast = None if dtype == "fp32" else TORCH_DTYPES[dtype]
     runners = {
         k: TrainStepRunner(k, lambda c=c: GPT(c), tokens[:, :-1], tokens[:, 1:], ctx.device, 0, autocast)
         for k, c in configs.items()

@@ -85,6 +85,25 @@ def one_line_error(capsys) -> str:
     return lines[0]
 
 
+def _units(words: list[str]) -> list[tuple[str, list[str]]]:
+    """``words`` as (setting, its words): an option with its value (``--set`` per field), or a flag alone."""
+    out, i = [], 0
+    while i < len(words):
+        word = words[i]
+        takes_value = i + 1 < len(words) and not words[i + 1].startswith("--")
+        unit = words[i : i + 2] if takes_value else [word]
+        key = f"--set {unit[1].split('=')[0]}" if word == "--set" and takes_value else word.split("=")[0]
+        out.append((key, unit))
+        i += len(unit)
+    return out
+
+
+def without(base: list[str], extra: list[str]) -> list[str]:
+    """``base`` without the settings that ``extra`` gives again (one setting is given once on a command line)."""
+    given = {key for key, _ in _units(extra)}
+    return [w for key, unit in _units(base) if key not in given for w in unit]
+
+
 # every item is (id, extra arguments, expected text of the one-line message)
 BAD = [
     ("lr-word", ["--lr", "fast"], "--lr='fast' is not a number"),
@@ -155,7 +174,8 @@ def test_bad_invocation_is_one_line_exit_2_and_leaves_the_run_alone(setup, capsy
     extra = [str(files[a]) if a in files else str(run / "ckpt-00000006") if a == "CKPT" else a for a in extra]
     before = snapshot(run)
     capsys.readouterr()
-    assert main(["train", *setup["base"], "--out-dir", str(run), *extra]) == 2
+    out = [] if "--out-dir" in extra else ["--out-dir", str(run)]
+    assert main(["train", *without(setup["base"], extra), *out, *extra]) == 2
     assert message in one_line_error(capsys)
     assert snapshot(run) == before
 

@@ -85,7 +85,7 @@ def test_claims_blocks_copy_the_report_without_its_final_newline(tmp_path):
 def test_the_speed_block_shows_the_tracked_result_it_reads(tmp_path):
     """``speed-tracked`` shows the measured revision, the machine line and each row's median [interval] (ms for
     standard); without the result it names the file and the command that writes it."""
-    with pytest.raises(FileNotFoundError, match=r"tracked-tiny-cpu\.json.*coupled-qk bench --tracked"):
+    with pytest.raises(FileNotFoundError, match=r"tracked-tiny-cpu\.json.*python benchmarks/ab\.py --tracked"):
         docs_blocks.speed_tracked(tmp_path)
     cells = [{"name": "decode-eager-b1"}, {"name": "train-b8"}]
     rows = [
@@ -100,14 +100,18 @@ def test_the_speed_block_shows_the_tracked_result_it_reads(tmp_path):
         machine=dict(cpu="Some CPU", cpu_count=2, torch="2.13.0+cpu", threads=1, platform="Linux"),
         load=[1.0, 2.5],
         date="D",
-        reproduce="coupled-qk bench --tracked benchmarks/tracked.json --repeats 7",
+        reproduce="python benchmarks/ab.py --tracked benchmarks/tracked.json --repeats 7",
         rows=rows,
     )
     path = tmp_path / docs_blocks.TRACKED_RESULT
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(result))
+    with pytest.raises(FileNotFoundError, match=r"ab_measure\.py does not exist"):
+        docs_blocks.speed_tracked(tmp_path)
+    for name in ("ab_measure.py", "ab_worker.py"):  # the block's tables come from the repository's A/B tool
+        shutil.copy(ROOT / "benchmarks" / name, tmp_path / "benchmarks" / name)
     text = docs_blocks.speed_tracked(tmp_path)
-    assert text.startswith("Measured at abc1234 (`abc1234" + "0" * 33 + "`) on D by `coupled-qk bench --tracked")
+    assert text.startswith("Measured at abc1234 (`abc1234" + "0" * 33 + "`) on D by `python benchmarks/ab.py --tracked")
     assert "7 repeats interleaved with def5678, 1 thread, clock step" in text and "load 1.0 before, 2.5 after" in text
     assert "- machine: Some CPU (2 logical CPUs); torch 2.13.0+cpu, 1 threads; Linux" in text
     assert "| variant | decode-eager-b1 | train-b8 |" in text

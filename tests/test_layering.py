@@ -17,12 +17,11 @@ SRC = Path(coupled_qk.__file__).parent
 
 LEVELS = {
     "_checks": 0,
+    "checks": 0,
     "_assignment": 0,
     "allocator": 0,
     "io": 0,
-    "outputs": 0,
     "devices": 0,
-    "tensor_checks": 0,
     "progress": 0,
     "extras": 0,
     "ops": 0,
@@ -30,6 +29,7 @@ LEVELS = {
     "models": 2,
     "data": 3,
     "training": 3,
+    "outputs": 3,  # asks training.run_folder what a run folder is
     "analysis": 4,
     "experiments": 4,
     "study": 4,

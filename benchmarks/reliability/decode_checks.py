@@ -17,7 +17,7 @@ import time
 import torch
 
 from coupled_qk import GPT, GPTConfig
-from coupled_qk.tensor_checks import check_generate_args
+from coupled_qk.checks.tensors import check_generate_args
 
 spec = importlib.util.spec_from_file_location("gpt_old", os.environ["OLD_GPT"])
 old = importlib.util.module_from_spec(spec)

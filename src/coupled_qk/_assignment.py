@@ -15,8 +15,9 @@ from coupled_qk._checks import coerce, field_types
 
 class CheckedAssignment:
     """Mixin for dataclasses: after ``__post_init__`` has run, assigning a field converts the value to the
-    field's declared type (:func:`coupled_qk._checks.coerce`) and runs :meth:`recheck`; on an error the old value
-    is restored and the error (``ValueError`` naming ``<owner>.<field>``) propagates. An unknown attribute is an
+    field's declared type (:func:`coupled_qk._checks.coerce`), updates the fields derived from it (:meth:`follow`)
+    and runs :meth:`recheck`; on an error the old values are restored and the error (``ValueError`` naming
+    ``<owner>.<field>``) propagates. An unknown attribute is an
     ``AttributeError`` (a typo never creates a silent new attribute). Reads are untouched, so hot paths that read
     a config cost nothing more. Names starting with ``_`` are private state, set freely.
     """
@@ -56,13 +57,20 @@ class CheckedAssignment:
         if name not in types:
             raise AttributeError(f"{owner} has no field {name!r}; fields: {sorted(types)}")
         value = coerce(f"{owner}.{name}", value, types[name])
-        old = state[name]
+        before = {field: state[field] for field in types}
         object.__setattr__(self, name, value)
         object.__setattr__(self, "_checking", True)
         try:
+            self.follow(name, before)
             self.recheck(name)
         except BaseException:
-            object.__setattr__(self, name, old)
+            for field, old in before.items():  # the assigned field and any that followed it
+                object.__setattr__(self, field, old)
             raise
         finally:
             object.__setattr__(self, "_checking", False)
+
+    def follow(self, name: str, before: dict) -> None:
+        """Update the fields derived from ``name`` after it was assigned (``before``: every field's value before the
+        assignment); nothing here. ``GPTConfig`` moves a derived size that still held its derived value (``d_head``
+        after ``d_model``), so that no field is left stale."""

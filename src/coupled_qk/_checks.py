@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import numbers
 import types
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest finite float32: a number stored in a float32 parameter (``dt_init``) must lie within +-this."""
@@ -32,18 +33,37 @@ _FALSE = ("false", "0", "no", "off")
 _NONE = ("none", "null")
 
 
+def loads_json(text: str, where: str):
+    """``json.loads(text)`` that refuses an object holding one key twice (``{"lr": 1e-3, "lr": 3e-3}``), which
+    ``json`` resolves silently by keeping the last value: one setting given twice (docs/RELIABILITY.md, "One
+    setting, one value"). A key repeated with the same value is refused too (one of the two is a leftover edit).
+
+    Args:
+        text: the JSON text.
+        where: how messages name its source (a file, ``--opt task_options``).
+
+    Raises:
+        ValueError: naming ``where`` and the repeated key(s); ``json.JSONDecodeError`` (a ``ValueError``) for text
+            that is not JSON, as ``json.loads``.
+    """
+
+    def unique(pairs: list) -> dict:
+        keys = [key for key, _ in pairs]
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise ValueError(
+                f"{where}: the key(s) {repeated} appear twice in one JSON object (JSON would keep only the last "
+                "value); give each key once"
+            )
+        return dict(pairs)
+
+    return json.loads(text, object_pairs_hook=unique)
+
+
 def positive_int(name: str, value) -> int:
     """``value`` if it is an ``int >= 1`` (``bool`` is not an int here); ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
-
-
-def boolean(name: str, value) -> bool:
-    """``value`` if it is a ``bool``; ``ValueError`` naming ``name`` otherwise (a string such as ``"False"`` is not
-    read by its truthiness; :func:`coerce` parses strings where a string is expected)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be True or False")
     return value
 
 
@@ -159,7 +179,7 @@ def coerce(name: str, value, annotation):
     if container in (dict, list):
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = loads_json(value, name)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{name}={value!r} is not valid JSON ({exc.msg}); {expected}") from None
         if isinstance(value, container):
@@ -216,89 +236,25 @@ def coerce_fields(obj, owner: str | None = None) -> None:
 def parse_assignments(items: Sequence[str], flag: str = "--set") -> dict[str, str]:
     """``["a=1", "b-c=x"] -> {"a": "1", "b_c": "x"}`` (values stay strings for :func:`coerce`).
 
+    One name given twice (``--set n_steps=2 --set n-steps=3``, ``coupled+n_steps=2+n_steps=3``) must be given the
+    same text both times: the later one used to win silently (docs/RELIABILITY.md, "One setting, one value").
+
     Raises:
-        ValueError: an item without ``=`` or with an empty name, naming ``flag``.
+        ValueError: an item without ``=`` or with an empty name, or a name given twice with different values,
+            naming ``flag``.
     """
     out: dict[str, str] = {}
+    first: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
             raise ValueError(f"{flag} {item!r}: expected FIELD=VALUE")
+        if key in out and out[key] != value.strip():
+            raise ValueError(f"{flag} {first[key]!r} and {flag} {item!r} give {key} two different values; give it once")
         out[key] = value.strip()
+        first.setdefault(key, item)
     return out
-
-
-METRIC_DIRECTIONS = (
-    ("loss", "min"),
-    ("perplexity", "min"),
-    ("error", "min"),
-    ("bpb", "min"),
-    ("bits", "min"),
-    ("accuracy", "max"),
-    ("f1", "max"),
-    ("mcc", "max"),
-    ("matthews", "max"),
-    ("score", "max"),
-    ("acc", "max"),
-)
-"""Name fragments and the direction in which such a metric improves (first match wins)."""
-
-
-def metric_direction(metric: str) -> str | None:
-    """``"min"`` or ``"max"``: the direction in which ``metric`` improves, from its name (``valid/loss`` -> min,
-    ``valid/accuracy`` -> max), or ``None`` when the name does not say."""
-    last = metric.rsplit("/", 1)[-1].lower()
-    for fragment, direction in METRIC_DIRECTIONS:
-        if fragment in last:
-            return direction
-    return None
-
-
-def check_metric(option: str, metric, mode, available: Iterable[str], task: str | None = None) -> str:
-    """Check a validation metric named by the user (``best_metric``, ``early_stop_metric``) against the metrics
-    the task's evaluation reports, and its direction. The training loop calls it once, at the first validation
-    (``training.loop.check_metrics``), when those names are known.
-
-    Args:
-        option: how the user named the metric, for messages (``"TrainConfig.best_metric"``).
-        metric: the metric name (``"valid/loss"``).
-        mode: ``"min"``, ``"max"``, or ``None``/``"auto"`` (then inferred with :func:`metric_direction`).
-        available: the metric names the evaluation reports.
-        task: the task's name, for messages.
-
-    Returns:
-        The direction in which the metric improves, ``"min"`` or ``"max"``.
-
-    Raises:
-        ValueError: naming ``option``: a non-string or empty metric, one that the evaluation does not report
-            ("is not a validation metric ...; it reports: ..."), a mode other than min/max/auto, no mode for a
-            metric whose name does not say which direction is better, or a mode that contradicts the name
-            (``max`` for a loss).
-    """
-    names = sorted(set(available))
-    of_task = f" of task {task!r}" if task else ""
-    if not isinstance(metric, str) or not metric.strip():
-        raise ValueError(
-            f"{option}={metric!r} must be a metric name; the evaluation{of_task} reports: {', '.join(names)}"
-        )
-    if metric not in names:
-        raise ValueError(f"{option}={metric!r} is not a validation metric{of_task}; it reports: {', '.join(names)}")
-    inferred = metric_direction(metric)
-    if mode is None or mode == "auto":
-        if inferred is None:
-            raise ValueError(
-                f"{option}={metric!r}: cannot tell whether higher or lower is better; declare it with "
-                "best_mode='min' or 'max' (and make it the best_metric)"
-            )
-        return inferred
-    choice(f"{option} mode", mode, ("min", "max"))
-    if inferred is not None and mode != inferred:
-        raise ValueError(
-            f"{option}={metric!r} improves when it goes {'down' if inferred == 'min' else 'up'}, but "
-            f"the mode is {mode!r}; use {inferred!r}"
-        )
-    return mode
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -389,3 +345,55 @@ def check_declared(obj, owner: str | None = None) -> None:
     types = field_types(type(obj))
     for f in dataclasses.fields(obj):
         check_value(f"{owner}.{f.name}", getattr(obj, f.name), types[f.name], f.metadata)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Flags of the public API: a bool parameter takes a bool (docs/RELIABILITY.md, "Arguments and variables, declared")
+
+
+class FlagError(TypeError, ValueError):
+    """A ``bool`` parameter given something else (``compile="False"``): a ``TypeError`` (a wrong kind of object), and
+    a ``ValueError`` (the command line reports those in one line, as it does the other argument checks)."""
+
+
+def declared_flags(fn: Callable) -> Callable:
+    """Decorate a public function or method so that each call checks its ``bool`` parameters (annotated ``bool``, or
+    ``bool | None`` which also takes ``None``): ``GPT.generate(idx, 3, compile="False")`` compiled, a non-empty
+    string being true. Checked before the body runs, by position or keyword, without binding the signature (about
+    a microsecond a call); the wrapper lists the flags it checks as ``declared_flags``.
+
+    Raises:
+        FlagError: at the call, naming the function, the parameter and the value.
+    """
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation naming what only a type checker imports: read the text
+        hints = {}
+    flags: dict[str, tuple[int | None, bool]] = {}
+    for index, param in enumerate(inspect.signature(fn).parameters.values()):
+        annotation = hints.get(param.name, param.annotation)
+        if isinstance(annotation, str):
+            annotation = {"bool": bool, "bool | None": bool | None}.get(annotation)
+        inner, optional = _unwrap_optional(annotation)
+        if inner is bool:
+            positional = param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD)
+            flags[param.name] = (index if positional else None, optional)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        for name, (index, optional) in flags.items():
+            if name in kwargs:
+                value = kwargs[name]
+            elif index is not None and index < len(args):
+                value = args[index]
+            else:
+                continue
+            if not isinstance(value, bool) and not (optional and value is None):
+                raise FlagError(
+                    f"{fn.__qualname__}: {name}={value!r} must be True or False{' (or None)' if optional else ''}"
+                    " (a string or a number is not read by its truthiness)"
+                )
+        return fn(*args, **kwargs)
+
+    checked.declared_flags = tuple(flags)
+    return checked

@@ -31,6 +31,8 @@ import platform
 import re
 from collections.abc import Mapping
 
+from coupled_qk.checks.environment import env_value
+
 __all__ = ["OPT_OUT_ENV", "SETTINGS", "allocator_state", "preloaded_allocator", "tune_cpu_allocator", "user_tuning_env"]
 
 OPT_OUT_ENV = "COUPLED_QK_DEFAULT_MALLOC"
@@ -91,12 +93,7 @@ def tune_cpu_allocator(environ: Mapping[str, str] | None = None) -> str:
     """
     global _state
     env = os.environ if environ is None else environ
-    opt_out = env.get(OPT_OUT_ENV, "").strip()
-    if opt_out not in ("", "0", "1"):
-        raise ValueError(
-            f"{OPT_OUT_ENV}={env[OPT_OUT_ENV]!r} is not understood; expected 1 (keep glibc's malloc "
-            "defaults) or 0 / unset (tune malloc for training)"
-        )
+    opt_out = env_value(OPT_OUT_ENV, env)  # "0" or "1", checked where it is declared (checks.environment.ENVIRONMENT)
     preload, user = preloaded_allocator(env), user_tuning_env(env)
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         _state = f"untouched: not glibc ({platform.system()})"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import importlib
 import re
 import sys
@@ -59,6 +60,7 @@ class Parser(argparse.ArgumentParser):
         """As ``argparse``'s, but leftover words are this parser's error (argparse hands a sub-command's leftovers
         to the top-level parser, whose message named ``coupled-qk`` and not the sub-command)."""
         namespace, extras = super().parse_known_args(args, namespace)
+        vars(namespace).pop(_GIVEN, None)  # the record of given options (_GivenOnce): not a setting
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggest_options(extras)}")
         return namespace, extras
@@ -98,6 +100,43 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+_GIVEN = "_coupled_qk_given_options"
+"""Namespace attribute where :class:`_GivenOnce` actions record the options given (removed after parsing)."""
+
+
+class _GivenOnce:
+    """Mixin of a single-value ``argparse`` action (a value, a flag, ``--x/--no-x``): the option given twice with
+    different results (``--max-steps 3 --max-steps 5``, ``--compile --no-compile``), which argparse resolves
+    silently by keeping the last, is a usage error naming both (docs/RELIABILITY.md, "One setting, one value").
+    The same value twice is accepted."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        given = vars(namespace).setdefault(_GIVEN, {})
+        value = getattr(namespace, self.dest, None)
+        if self.dest in given and given[self.dest][1] != value:
+            before, old = given[self.dest]
+            parser.error(f"{before} {old!r} and {option_string} {value!r} give one setting two values; give it once")
+        given.setdefault(self.dest, (option_string, value))
+
+
+_ONCE = (argparse._StoreAction, argparse._StoreConstAction, argparse.BooleanOptionalAction)
+"""The actions that set one value (``append`` options such as ``--set`` take several; help and version exit)."""
+
+
+@functools.cache
+def _once_class(cls: type) -> type:
+    return type(f"Once{cls.__name__}", (_GivenOnce, cls), {})
+
+
+def refuse_repeated_options(parser: argparse.ArgumentParser) -> None:
+    """Make every single-value option of ``parser`` a :class:`_GivenOnce` (for every command: called by
+    :func:`build_parser` on each sub-command's parser)."""
+    for action in parser._actions:
+        if action.option_strings and isinstance(action, _ONCE) and not isinstance(action, _GivenOnce):
+            action.__class__ = _once_class(type(action))
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; with ``command`` only that sub-command's arguments are registered."""
     parser = Parser(prog="coupled-qk", description="Coupled query-key dynamics attention (arXiv:2604.01683v1): tools.")
@@ -108,6 +147,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if name == command:
             module = importlib.import_module(f"coupled_qk.commands.{name}")
             module.add_arguments(p)
+            refuse_repeated_options(p)
     return parser
 
 
@@ -188,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     from coupled_qk.training.stop import TrainingDiverged, TrainingInterrupted
 
     warnings.formatwarning = _one_line_warning
+    from coupled_qk.checks.environment import undeclared_env
+
+    for line in undeclared_env():  # a misspelt COUPLED_QK_* variable takes no effect: said, not ignored
+        warnings.warn(line, UserWarning, stacklevel=1)
     if getattr(args, "progress", True) is False:  # --no-progress: no bars and no periodic log lines anywhere
         set_mode("off")
     try:

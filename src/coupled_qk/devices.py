@@ -14,10 +14,14 @@ import re
 
 import torch
 
-__all__ = ["AUTOCAST_DTYPES", "available_devices", "check_device", "check_device_name", "check_dtype"]
+__all__ = ["AUTOCAST_DTYPES", "TORCH_DTYPES", "available_devices", "check_device", "check_device_name", "check_dtype"]
 
-AUTOCAST_DTYPES = ("auto", "fp32", "bf16", "fp16")
-"""Names of the autocast dtypes (``auto``: bf16 on CUDA, fp32 elsewhere)."""
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The torch dtype each fixed dtype name stands for (``fp32``: no autocast)."""
+
+AUTOCAST_DTYPES = ("auto", *TORCH_DTYPES)
+"""Names of the autocast dtypes (``auto``: bf16 on CUDA, fp32 elsewhere): the one list every option, config field
+and check reads (``--dtype``, ``TrainConfig.dtype``, ``bench``)."""
 
 _DEVICE = re.compile(r"^(cpu|cuda|mps)(?::(\d+))?$")
 

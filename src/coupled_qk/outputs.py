@@ -11,16 +11,24 @@ write in this same run, unless the user passed ``--overwrite`` or the command's 
   names); a folder holding anything else (a finished training run given to ``mqar --out-dir``, a home folder,
   the current directory with a user's files) is refused, even with ``--overwrite``, which never mixes a run's
   files into a folder of someone else's;
-- a file that exists before this run is replaced only with ``--overwrite`` or when it matches the command's
-  *rewrite* patterns (its documented resume path); the check is made at claim time, so a command can also
-  check its predictable file names up front (:meth:`OutputDir.claim` with ``check_only=True``);
+- a file that exists before this run is replaced only when it is recognisably this command's earlier output
+  (:data:`RECORD`: every file a command writes is recorded with the command and its SHA-256 in a hidden file of
+  its folder) and ``--overwrite`` is given or it matches the command's *rewrite* patterns (its documented resume
+  path); a file recorded as another command's output is never replaced, an unrecorded or since-edited one only
+  with ``--overwrite``; the check is made at claim time, so a command can also check its predictable file names
+  up front (:meth:`OutputDir.claim` with ``check_only=True``);
+- nothing is ever written into a training run's folder (:func:`run_folder_of`), except under its ``glue/`` folder:
+  a run holds only its own files (``eval RUN --json RUN/config.json --overwrite`` replaced the run's config, and
+  any other file there makes the run refuse ``--resume``), even with ``--overwrite``;
 - every write is atomic (a temporary file in the same folder, ``fsync``, ``os.replace``) through
   :mod:`coupled_qk.io`, figures included (:meth:`OutputDir.write_with`).
 
 An :class:`OutputDir` is ``os.PathLike``, so code that builds paths with ``Path(out_dir) / name`` keeps working
 when it is handed one; writers that know about it route their files through its claim.
 
-Level 0 of the layering (docs/DESIGN.md): no torch and no project imports but :mod:`coupled_qk.io`.
+Level 3 of the layering (docs/DESIGN.md), beside ``training``: what a training run's folder is, is asked of
+:class:`coupled_qk.training.run_folder.RunFolder` (imported when a path is checked); otherwise only
+:mod:`coupled_qk.io`.
 """
 
 from __future__ import annotations
@@ -31,73 +39,151 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from coupled_qk.checks.paths import check_location, path_value
 from coupled_qk.io import atomic_write, fsync_dir, write_text_atomic
 
-__all__ = ["OutputDir", "OutputRefused", "input_dir", "input_file", "input_path", "output_file", "path_value"]
+__all__ = [
+    "OutputDir",
+    "OutputRefused",
+    "check_run_out_dir",
+    "input_dir",
+    "input_file",
+    "input_path",
+    "output_file",
+    "run_folder_of",
+    "write_output_file",
+]
 
-IGNORED = (".*.tmp*",)
-"""Entries of an output folder that are never counted as someone else's: our temporary files (a run folder's own
-hidden entries, its lock, are in its layout: ``training.run_folder.check_out_dir``)."""
+RECORD = ".coupled-qk-outputs.json"
+"""The hidden file, in each folder a command writes its outputs to, recording which command wrote each file and its
+SHA-256: ``{"format": 1, "files": {"<name>": {"written_by": "<command>", "sha256": "<hex digest>"}}}``. A file is
+recognisably a command's earlier output when its record names that command and its content still has that hash."""
+
+IGNORED = (".*.tmp*", RECORD)
+"""Entries of an output folder that are never counted as someone else's: our temporary files and the record of
+outputs (a run folder's own hidden entries, its lock, are in its layout: :func:`check_run_out_dir`)."""
+
+RUN_SHARED = ("glue",)
+"""Sub-folders of a run folder that other commands write to (``coupled-qk glue RUN``'s default output)."""
+
+
+def run_folder_of(path: str | Path) -> Path | None:
+    """The training run folder that ``path`` (existing or not) is or lies in, except the sub-folders other
+    commands may use (:data:`RUN_SHARED`: ``RUN/glue/...`` is not the run's); ``None`` when there is none.
+    ``RUN/config.json``, ``RUN/ckpt-00000006/model.safetensors``, ``RUN/notes.json`` and ``RUN`` itself all give
+    ``RUN``: a run folder holds only its own files (``train --resume`` refuses one holding anything else). The path
+    is also followed through symbolic links (an output folder linked into a run is the run's). What a run folder
+    is, is decided by :meth:`coupled_qk.training.run_folder.RunFolder.is_run` (the one home of the layout)."""
+    from coupled_qk.training.run_folder import RunFolder
+
+    for where in dict.fromkeys((Path(path).absolute(), Path(path).resolve())):  # through a symbolic link too
+        for folder in (where, *where.parents):
+            if RunFolder(folder).is_run():
+                inside = where.relative_to(folder).parts
+                if not (inside and inside[0] in RUN_SHARED):
+                    return folder
+                break
+    return None
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_records(folder: Path) -> dict:
+    """The ``files`` of ``folder``'s :data:`RECORD` (``{}`` when it is missing or damaged: then no file there is
+    recognised, and only ``--overwrite`` replaces them)."""
+    try:
+        data = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        files = data.get("files", {}) if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def _record(folder: Path, name: str, written_by: str) -> None:
+    """Add ``name`` (relative to ``folder``, just written) to ``folder``'s :data:`RECORD` with ``written_by`` and
+    its SHA-256; under an OS lock on the folder, so that two processes writing reports there keep both entries."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        fcntl = None
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        files = _read_records(folder)
+        files[name] = {"written_by": written_by, "sha256": _sha256(folder / name)}
+        write_text_atomic(folder / RECORD, json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True) + "\n")
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _replaceable(folder: Path, name: str, written_by: str, overwrite: bool, resume_path: bool) -> str | None:
+    """Why the existing file ``folder/name`` may not be replaced by ``written_by`` now (``None``: it may):
+    a training run's file (never), another command's recorded output (never), an unrecorded or since-edited file
+    (only with ``overwrite``), this command's own output (with ``overwrite`` or on its ``resume_path``)."""
+    path = folder / name
+    run = run_folder_of(path)
+    if run is not None:
+        return (
+            f"{path} belongs to the training run {run}; a run folder holds only the run's own files (replacing or "
+            "adding one loses the run or stops it from resuming), so nothing is written there, even with "
+            "--overwrite: choose a path outside the run"
+        )
+    entry = _read_records(folder).get(name)
+    if isinstance(entry, dict) and entry.get("written_by") not in (None, written_by):
+        return (
+            f"{path} was written by {entry['written_by']}, not {written_by}: a command replaces only its own "
+            f"earlier output, even with --overwrite (its record: {folder / RECORD}); move or delete it, or choose "
+            "another path"
+        )
+    ours = isinstance(entry, dict) and entry.get("sha256") == _sha256(path)
+    if overwrite or (ours and resume_path):
+        return None
+    if ours:
+        return f"{path} already exists (an earlier output of {written_by}); pass --overwrite to replace it"
+    why = "was changed since it was written" if isinstance(entry, dict) else "has no record of being written by it"
+    return (
+        f"{path} already exists and is not recognisably an earlier output of {written_by} (it {why}: someone "
+        "else's file, one edited by hand, or one written before coupled-qk recorded its outputs); pass --overwrite "
+        "to replace it, or choose another path"
+    )
 
 
 class OutputRefused(ValueError):
     """An output location was refused (the message names the option, the path and what to do)."""
 
 
-def path_value(option: str, value) -> Path:
-    """``Path(value)`` for a path option; ``ValueError`` naming ``option`` for ``None``, a non-string, an empty
-    or blank string, or a NUL character (which the OS would reject with a traceback later).
-
-    Args:
-        option: how the user named the value, e.g. ``"--out-dir"`` or ``"TrainConfig.out_dir"``.
-        value: a ``str`` or ``os.PathLike``.
-    """
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str):
-        raise ValueError(f"{option}={value!r} must be a path (a string)")
-    if not value.strip():
-        raise ValueError(f"{option}={value!r} is empty; expected a path")
-    if "\x00" in value:
-        raise ValueError(f"{option}={value!r} contains a NUL character; expected a path")
-    try:
-        return Path(value).expanduser()
-    except RuntimeError:  # "~someone" for a user that does not exist
-        raise ValueError(f"{option}={value!r}: cannot expand {value.split('/')[0]!r} (no such user)") from None
-
-
-def _check_location(option: str, path: Path, is_file: bool = False) -> None:
-    """Refuse ``path`` when it cannot be created: an ancestor is a file, or the nearest existing ancestor is
-    not a writable folder (for a file: its folder)."""
-    ancestor = path.parent if (is_file or not path.exists()) else path
-    while not ancestor.exists():
-        if ancestor.is_symlink():  # a dangling link
-            raise ValueError(f"{option}={str(path)!r}: {ancestor} is a broken symbolic link")
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ValueError(f"{option}={str(path)!r}: {ancestor} is a file, so nothing can be created under it")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ValueError(f"{option}={str(path)!r}: the folder {ancestor} is not writable")
-
-
-def output_file(option: str, value, *, overwrite: bool = False, suffixes: Iterable[str] = ()) -> Path:
+def output_file(
+    option: str, value, *, overwrite: bool = False, suffixes: Iterable[str] = (), written_by: str = "this command"
+) -> Path:
     """Check an output *file* option before any work: not empty, not a folder, in an existing writable folder
-    (a file's folder is not created for it, unlike an output folder's missing parents), and not an existing
-    file unless ``overwrite``. Nothing is created.
+    (a file's folder is not created for it, unlike an output folder's missing parents), not inside a training run
+    (:func:`run_folder_of`), and not an existing file unless it is recognisably ``written_by``'s earlier output
+    or an unrecorded file given with ``overwrite``. Nothing is created; write it with :func:`write_output_file`,
+    which records it.
 
     Args:
         option: the option's name for the message (``"--json"``).
         value: the path given.
-        overwrite: allow replacing an existing file (``--overwrite``).
+        overwrite: allow replacing an existing file (``--overwrite``) that is not another command's output.
         suffixes: allowed suffixes (``(".json",)``); empty means any.
+        written_by: the command, as its outputs are recorded (``"eval"``).
 
     Returns:
         The path.
 
     Raises:
         ValueError: naming ``option``: empty value, a folder, an ancestor that is a file, a folder that does not
-            exist, an unwritable folder, a wrong suffix, or an existing file without ``overwrite``
-            (:class:`OutputRefused`).
+            exist, an unwritable folder, a wrong suffix, a path inside a training run, an existing file that may
+            not be replaced (:class:`OutputRefused`).
     """
     path = path_value(option, value)
     suffixes = tuple(suffixes)
@@ -107,17 +193,33 @@ def output_file(option: str, value, *, overwrite: bool = False, suffixes: Iterab
         raise ValueError(f"{option}={str(value)!r} ends with {os.sep!r}, so it names a folder; expected a file name")
     if suffixes and path.suffix.lower() not in suffixes:
         raise ValueError(f"{option}={str(value)!r}: expected a file ending in {' or '.join(suffixes)}")
-    _check_location(option, path, is_file=True)
+    run = run_folder_of(path)
+    if run is not None:
+        raise OutputRefused(
+            f"{option}={str(value)!r} is inside the training run {run}; a run folder holds only the run's own files "
+            "(replacing or adding one loses the run or stops it from resuming), even with --overwrite: choose a "
+            "path outside the run"
+        )
+    check_location(option, path, is_file=True)
     if not path.parent.is_dir():
         raise ValueError(
             f"{option}={str(value)!r}: the folder {path.parent} does not exist; create it first or choose another path"
         )
-    if path.exists() and not overwrite:
-        raise OutputRefused(
-            f"{option}={str(value)!r} already exists; pass --overwrite to replace it or choose another name"
-        )
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ValueError(f"{option}={str(value)!r} is not writable")
+    if path.exists():
+        problem = _replaceable(path.parent, path.name, written_by, overwrite, resume_path=False)
+        if problem is not None:
+            raise OutputRefused(f"{option}: {problem}")
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"{option}={str(value)!r} is not writable")
+    return path
+
+
+def write_output_file(path: str | Path, text: str, written_by: str) -> Path:
+    """Write UTF-8 ``text`` to the output file ``path`` (checked by :func:`output_file`) atomically and record it
+    as ``written_by``'s output (:data:`RECORD` in its folder); returns the path."""
+    path = Path(path)
+    write_text_atomic(path, text)
+    _record(path.parent, path.name, written_by)
     return path
 
 
@@ -130,10 +232,13 @@ def input_path(option: str, value) -> Path:
 
 
 def input_file(option: str, value) -> Path:
-    """An existing readable *file*; refuses a folder, a missing path and an empty value, naming ``option``."""
+    """An existing readable regular *file*; refuses a folder, a pipe, socket or device, a missing path and an empty
+    value, naming ``option``."""
     path = input_path(option, value)
     if path.is_dir():
         raise ValueError(f"{option}={str(value)!r} is a folder; expected a file")
+    if not path.is_file():  # a named pipe would block the reader, a device never end
+        raise ValueError(f"{option}={str(value)!r} is not a regular file (a pipe, socket or device); expected a file")
     if not os.access(path, os.R_OK):
         raise ValueError(f"{option}={str(value)!r} is not readable")
     return path
@@ -160,6 +265,10 @@ def _matches(name: str, is_dir: bool, patterns: Iterable[str]) -> bool:
     return False
 
 
+RUN_WHAT = "a training run"
+"""The ``what`` of a run folder's own claim (``training/resume.py``): the one claim a run folder may have."""
+
+
 class OutputDir(os.PathLike):
     """A claimed output folder: checked when constructed (before the work), written through :meth:`claim`.
 
@@ -172,11 +281,15 @@ class OutputDir(os.PathLike):
             for a folder). Empty means the folder must be empty or missing.
         rewrite: glob patterns (relative paths) of files the command regenerates on a rerun (its documented
             resume path): replaced without ``overwrite``.
-        what: a few words saying what the command writes, for the messages (``"an MQAR sweep"``).
+        what: a few words saying what the command writes, for the messages (``"an MQAR sweep"``); also the name
+            under which its files are recorded (:data:`RECORD`), so commands that share a folder's outputs share it.
 
     Raises:
         ValueError: naming ``option``: empty value, a file, not creatable or not writable; an existing folder
-            holding entries outside ``layout`` (:class:`OutputRefused`, listing up to five of them).
+            holding entries outside ``layout`` (:class:`OutputRefused`, listing up to five of them); a training
+            run's folder or a folder inside one (:func:`run_folder_of`), for any command but the run itself; an
+            existing file matching ``rewrite`` that is not recognisably this command's earlier output (checked
+            here, before the work, as :meth:`claim` would when it is written).
     """
 
     def __init__(
@@ -198,7 +311,14 @@ class OutputDir(os.PathLike):
         self.written: list[Path] = []
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
-        _check_location(option, self.path)
+        check_location(option, self.path)
+        run = run_folder_of(self.path) if what != RUN_WHAT else None  # named first: the more specific refusal
+        if run is not None:
+            inside = "is the training run" if run == self.path.absolute() else f"is inside the training run {run}:"
+            raise OutputRefused(
+                f"{option}={str(value)!r} {inside} a run folder holds only the run's own files (any other file "
+                "there stops it from resuming); nothing was changed: choose a folder outside the run"
+            )
         if self.path.is_dir():
             foreign = self.foreign_entries()
             if foreign:
@@ -207,6 +327,11 @@ class OutputDir(os.PathLike):
                     f"{option}={str(value)!r} holds files that {what} does not write ({shown}); nothing was "
                     "changed: choose an empty or new folder"
                 )
+        if self.path.is_dir():
+            for pattern in self.rewrite:  # the files its resume path regenerates: checked now, before any work
+                for path in sorted(self.path.glob(pattern)):
+                    if path.is_file() and not _matches(path.name, False, IGNORED):
+                        self.claim(path.relative_to(self.path), check_only=True)
 
     def __fspath__(self) -> str:
         return os.fspath(self.path)
@@ -233,11 +358,13 @@ class OutputDir(os.PathLike):
     def claim(self, name: str | Path, *, check_only: bool = False) -> Path:
         """The path of ``name`` (relative to the folder) after checking that it may be written now.
 
-        Allowed: a new file; a file this object already wrote; with ``overwrite`` or a ``rewrite`` match, an
-        existing file. ``check_only`` checks without recording (for names known before the work).
+        Allowed: a new file; a file this object already wrote; an existing file that is recognisably this
+        command's earlier output (:data:`RECORD`) with ``overwrite`` or a ``rewrite`` match; an unrecorded or
+        since-edited file with ``overwrite``. Never: another command's recorded output, a training run's file.
+        ``check_only`` checks without recording (for names known before the work).
 
         Raises:
-            OutputRefused: an existing file not written in this run, without ``--overwrite`` or resume path.
+            OutputRefused: an existing file that may not be replaced, naming it and why.
             ValueError: ``name`` is absolute or leaves the folder, or an existing folder has that name.
         """
         rel = Path(name)
@@ -246,19 +373,19 @@ class OutputDir(os.PathLike):
         path = self.path / rel
         if path.is_dir():
             raise OutputRefused(f"{self.option}: {path} is a folder; cannot write a file there")
-        if (
-            path.exists()
-            and path not in self.written
-            and not self.overwrite
-            and not any(fnmatch.fnmatchcase(rel.as_posix(), p) for p in self.rewrite)
-        ):
-            raise OutputRefused(
-                f"{path} already exists and was not written by this run; pass --overwrite to "
-                f"replace it, or choose another {self.option}"
-            )
+        if path.exists() and path not in self.written:
+            resume_path = any(fnmatch.fnmatchcase(rel.as_posix(), p) for p in self.rewrite)
+            problem = _replaceable(self.path, rel.as_posix(), self.what, self.overwrite, resume_path)
+            if problem is not None:
+                raise OutputRefused(f"{self.option}: {problem}")
         if not check_only and path not in self.written:
             self.written.append(path)
         return path
+
+    def record(self, path: str | Path) -> None:
+        """Record the file ``path`` (inside the folder), just written, as this command's output (:data:`RECORD`);
+        the write methods do it themselves, a command that writes a claimed file otherwise calls this."""
+        _record(self.path, Path(path).relative_to(self.path).as_posix(), self.what)
 
     def claim_existing(self) -> None:
         """Check up front that every file already in the folder may be replaced (``--overwrite`` or a rewrite
@@ -283,6 +410,7 @@ class OutputDir(os.PathLike):
         """Claim ``name`` and write UTF-8 ``text`` atomically; returns the path."""
         path = self._prepare(name)
         write_text_atomic(path, text)
+        self.record(path)
         return path
 
     def write_json(self, name: str | Path, obj, indent: int = 2) -> Path:
@@ -293,6 +421,7 @@ class OutputDir(os.PathLike):
         """Claim ``name`` and write ``data`` atomically; returns the path."""
         path = self._prepare(name)
         atomic_write(path, lambda f: f.write(data))
+        self.record(path)
         return path
 
     def write_with(self, name: str | Path, draw: Callable[[Path], object]) -> Path:
@@ -309,6 +438,7 @@ class OutputDir(os.PathLike):
             tmp.unlink(missing_ok=True)
             raise
         fsync_dir(path.parent)
+        self.record(path)
         return path
 
 
@@ -319,15 +449,26 @@ def as_output_dir(out_dir, option: str = "out_dir", **claim) -> OutputDir:
     return OutputDir(out_dir, option, **claim)
 
 
-def output_location(option: str, value) -> Path:
-    """Check a folder option that a command creates or fills over several runs (a cache, a run root): not
-    empty, not a file, creatable and writable. Its content is managed by the command's own checks.
+def check_run_out_dir(run_dir: str | Path) -> None:
+    """Refuse an ``out_dir`` that is a file, not creatable or writable, a checkpoint folder inside a run
+    (``--out-dir RUN/ckpt-...``), or a folder holding files a run does not write (a home folder, a user's
+    project, another command's output): the run would mix its files with them or replace them
+    (:class:`OutputDir` with :data:`coupled_qk.training.run_folder.RUN_LAYOUT`; docs/RELIABILITY.md, "Outputs").
 
     Raises:
-        ValueError: naming ``option``.
+        ValueError: naming ``out_dir`` and what to pass instead.
     """
-    path = path_value(option, value)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
-    _check_location(option, path)
-    return path
+    from coupled_qk.training.checkpoint_format import Checkpoint
+    from coupled_qk.training.run_folder import RUN_LAYOUT, RunFolder, checkpoint_step
+
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"out_dir {run_dir} is a file, not a folder")
+    if Checkpoint(run_dir).has_weights() or (
+        checkpoint_step(run_dir) is not None and RunFolder(run_dir.parent).latest_path.is_file()
+    ):
+        raise ValueError(
+            f"out_dir {run_dir} is a checkpoint folder inside the run {run_dir.parent}; pass "
+            f"--out-dir {run_dir.parent} (the run folder)"
+        )
+    OutputDir(run_dir, "out_dir", layout=(*RUN_LAYOUT, RunFolder.LOCK), what=RUN_WHAT)

@@ -16,7 +16,9 @@ import time
 
 from tqdm.auto import tqdm
 
-_MODE = {"mode": os.environ.get("COUPLED_QK_PROGRESS", "auto")}
+from coupled_qk.checks.environment import env_value
+
+_MODE: dict[str, str | None] = {"mode": None}  # None: not set yet, read from COUPLED_QK_PROGRESS when first needed
 MODES = ("auto", "bar", "lines", "off")
 
 
@@ -32,7 +34,13 @@ def set_mode(mode: str) -> None:
 
 
 def progress_mode() -> str:
-    """The current mode (see :func:`set_mode`)."""
+    """The current mode (see :func:`set_mode`); until one is set, ``COUPLED_QK_PROGRESS`` (``auto`` when unset).
+
+    Raises:
+        ValueError: ``COUPLED_QK_PROGRESS`` is not one of :data:`MODES`, naming it (``checks.environment.ENVIRONMENT``).
+    """
+    if _MODE["mode"] is None:
+        _MODE["mode"] = env_value("COUPLED_QK_PROGRESS")
     return _MODE["mode"]
 
 
@@ -51,7 +59,7 @@ class LineProgress:
     ):
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
         self.start_n = initial
-        self.interval = float(os.environ.get("COUPLED_QK_LOG_INTERVAL", 30)) if interval is None else interval
+        self.interval = env_value("COUPLED_QK_LOG_INTERVAL") if interval is None else interval
         self.file = file or sys.stderr
         self.t0 = self.last = time.monotonic()
         self.postfix: dict = {}
@@ -124,7 +132,7 @@ def progress(total: int | None = None, desc: str = "", unit: str = "it", initial
         total: expected count (``None`` if unknown). desc: what is running. unit: what is counted.
         initial: count already done (resumed runs). enabled: ``False`` silences it (e.g. non-zero ranks).
     """
-    mode = _MODE["mode"]
+    mode = progress_mode()
     if not enabled or mode == "off":
         return tqdm(total=total, initial=initial, disable=True)
     if mode == "bar" or (mode == "auto" and sys.stderr.isatty() and terminal_columns() > 0):
@@ -134,5 +142,5 @@ def progress(total: int | None = None, desc: str = "", unit: str = "it", initial
 
 def announce(message: str, enabled: bool = True) -> None:
     """Print one status line (``coupled-qk: <message>``) to stderr unless progress is off."""
-    if enabled and _MODE["mode"] != "off":
+    if enabled and progress_mode() != "off":
         print(f"coupled-qk: {message}", file=sys.stderr, flush=True)

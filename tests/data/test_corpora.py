@@ -270,7 +270,7 @@ def test_unreadable_file_names_the_file(tmp_path, monkeypatch):
 def test_random_split_reaches_min_words_within_cap():
     from coupled_qk.data.corpora import random_split
 
-    docs = [" ".join(["w"] * 100) for _ in range(200)]  # 20,000 words
+    docs = [" ".join([f"w{i}"] * 100) for i in range(200)]  # 20,000 words, no document a copy of another
     train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=1_000)
     assert (len(test), len(valid), len(train)) == (10, 10, 180)  # 2 docs by fraction, grown to 1,000 words
     train, valid, test = random_split(docs, 0, 0.01, 0.01, "x", min_split_words=10_000)

@@ -9,10 +9,8 @@ from hypothesis import strategies as st
 from coupled_qk.cli import build_parser, main
 from coupled_qk.commands import bench
 
-MODES = ("train", "decode", "memory", "fastpath", "sweep", "ab")
-RUNNERS = dict(
-    train="run_bench", decode="run_decode", memory="run_memory", fastpath="run_fastpath", sweep="run_sweep", ab="run_ab"
-)
+MODES = ("train", "decode", "memory", "fastpath", "sweep")
+RUNNERS = dict(train="run_bench", decode="run_decode", memory="run_memory", fastpath="run_fastpath", sweep="run_sweep")
 VALUES = {  # a value other than the default for every option that only some modes use
     "--dtype": "bf16",
     "--compile": None,
@@ -31,10 +29,6 @@ VALUES = {  # a value other than the default for every option that only some mod
     "--sweep-d-model": "32",
     "--sweep-seq-len": "16",
     "--sweep-n-steps": "3",
-    "--device": "cpu",
-    "--cells": "train-b8",
-    "--clock": "wall",
-    "--threshold": "0.05",
 }
 MICRO = [
     "--set",
@@ -55,7 +49,7 @@ class Measured(Exception):
 
 
 def _mode_args(mode: str) -> list[str]:
-    return {"sweep": ["--sweep"], "ab": ["--against", "HEAD"]}.get(mode, ["--mode", mode])
+    return ["--sweep"] if mode == "sweep" else ["--mode", mode]
 
 
 def _option_args(options) -> list[str]:

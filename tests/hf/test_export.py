@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from coupled_qk.cli import main  # noqa: E402
 from coupled_qk.data.tokenizers import Tokenizer  # noqa: E402
+from coupled_qk.outputs import RECORD  # noqa: E402
 from coupled_qk.training.loop import train  # noqa: E402
 from coupled_qk.training.run_folder import load_checkpoint_model  # noqa: E402
 
@@ -72,7 +73,8 @@ def test_an_overwritten_export_keeps_no_file_of_the_earlier_one(trained_run, tmp
     config = json.loads((bare / "config.json").read_text())
     (bare / "config.json").write_text(json.dumps({**config, "task": "mqar"}))
     assert main(["export", str(bare), str(hf_dir), "--overwrite"]) == 0
-    assert sorted(p.name for p in hf_dir.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    shown = sorted(p.name for p in hf_dir.iterdir() if p.name != RECORD)  # RECORD: which command wrote each file
+    assert shown == ["config.json", "generation_config.json", "model.safetensors"]
     assert all((p.stat().st_mode & 0o777) == file_mode() for p in hf_dir.iterdir())
     assert AutoModelForCausalLM.from_pretrained(hf_dir) is not None
 

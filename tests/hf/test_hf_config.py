@@ -110,12 +110,25 @@ def test_assignment_is_checked_exactly_as_construction(key, value):
     """Assigning a field (our name, its standard name or a flat map option) after construction succeeds exactly
     where building the config with that value succeeds, and then gives the same config; a refused assignment
     leaves the config as it was (it used to be stored unchecked and fail only when the saved folder loaded)."""
+    from coupled_qk.models.config import DERIVED
+    from coupled_qk.models.registry import flat_option_names
+
     c = CoupledQKConfig(**BASE)
     before = c.to_gpt_config()
+    fields = before.to_dict()
+    ours = STANDARD_NAMES.get(key, key)
+    for field, derive in DERIVED.items():  # a derived size follows the assignment (GPTConfig.follow)
+        if field != ours and fields[field] == derive(fields):
+            fields[field] = None
+    nested = flat_option_names().get(ours)
+    if nested is not None and nested in (fields["qk_map"] or {}):  # an assigned map option changes qk_map's value
+        fields["qk_map"] = {**fields["qk_map"], nested: value}  # (given beside it, it would be a second value)
+    else:
+        fields[ours] = value
+    if ours == "attention" and value != before.attention:
+        fields["qk_map"] = None  # the map options follow the attention (BASE's are its map's defaults)
     try:
-        expected = CoupledQKConfig(
-            **{**c.to_gpt_config().to_dict(), STANDARD_NAMES.get(key, key): value}
-        ).to_gpt_config()
+        expected = CoupledQKConfig(**fields).to_gpt_config()
     except ValueError:
         with pytest.raises(ValueError):
             setattr(c, key, value)
@@ -135,8 +148,9 @@ def test_untied_embeddings_and_near_miss_names_are_refused(tmp_path):
     with pytest.raises(ValueError, match="tie_word_embeddings=False"):  # the head would load at random
         CoupledQKForCausalLM.from_pretrained(tmp_path, tie_word_embeddings=False)
     for typo, field in (("n_layers", "n_layer"), ("attn", None), ("d_modle", "d_model"), ("n_step", "n_steps")):
-        if field is None:  # not close to any field: kept as a plain attribute, as transformers does
-            assert getattr(CoupledQKConfig(**BASE, **{typo: 3}), typo) == 3
+        if field is None:  # not close to any field: refused, it would change nothing (a saved one warns: below)
+            with pytest.raises(ValueError, match="attn=3, which no coupled-qk model reads"):
+                CoupledQKConfig(**BASE, **{typo: 3})
             continue
         with pytest.raises(ValueError, match=f"unknown field '{typo}'; did you mean '{field}'"):
             CoupledQKConfig(**BASE, **{typo: 3})

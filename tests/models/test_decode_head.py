@@ -92,7 +92,7 @@ def test_not_saved_dropped_by_pickling_and_refused_for_other_heads():
             torch.testing.assert_close(clone.logits(h), h @ clone.lm_head.weight.t(), rtol=1e-6, atol=1e-6)
     model.use_transposed_head(False)
     assert model._head_t is None
-    with pytest.raises(TypeError, match="enabled must be a bool"):
+    with pytest.raises(TypeError, match="enabled='yes' must be True or False"):
         model.use_transposed_head("yes")
     model.lm_head = torch.nn.Linear(32, 61)
     with pytest.raises(TypeError, match="bias-free nn.Linear"):

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coupled_qk._checks import check_metric, metric_direction
 from coupled_qk.devices import available_devices, check_device, check_device_name, check_dtype
 from coupled_qk.training.distributed import pick_device
+from coupled_qk.training.metrics import check_metric, metric_direction
 
 
 def test_available_devices_follow_the_machine(monkeypatch):
@@ -120,7 +120,7 @@ def test_a_token_budget_below_one_step_is_said():
     ],
 )
 def test_the_loop_checks_metrics_at_the_first_validation(tiny_cfg, tmp_path, kw, message):
-    """One check (``_checks.check_metric``) for both metrics, run at the first validation, before any best
+    """One check (``training/metrics.py::check_metric``) for both metrics, run at the first validation, before any best
     checkpoint or early stop acts on the metric."""
     from coupled_qk.training.loop import train
 

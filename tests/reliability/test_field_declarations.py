@@ -254,7 +254,8 @@ def test_task_options_accept_every_declared_value(data):
             value = data.draw(valid_values(cls, field), label=f"{cls.__name__}.{field.name}")
             if value is None and field.name in TASK_BASE.get(task, {}):
                 continue  # a required option
-            opts = cls.from_options({**TASK_BASE.get(task, {}), field.name: value})
+            base = {**TASK_BASE.get(task, {}), **({"max_train_examples": 10} if field.name == "subsample_seed" else {})}
+            opts = cls.from_options({**base, field.name: value})  # a subset's seed is read with a subset only
             assert getattr(opts, field.name) == value
 
 

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coupled_qk import GPT, GPTConfig
+from coupled_qk.checks.tensors import GREEDY_BELOW, check_generate_args
 from coupled_qk.layers.attention import CausalSelfAttention
 from coupled_qk.models.maps.dynamics import QKDynamics
-from coupled_qk.tensor_checks import GREEDY_BELOW, check_generate_args
 
 VOCAB, BLOCK = 64, 32
 

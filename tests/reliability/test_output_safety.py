@@ -6,6 +6,7 @@ and that no pre-existing file is modified unless ``--overwrite`` (or the command
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -14,8 +15,9 @@ import reliability_profile  # noqa: F401  (the example budget)
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coupled_qk.checks.paths import output_location
 from coupled_qk.cli import main
-from coupled_qk.outputs import OutputDir, OutputRefused, output_file
+from coupled_qk.outputs import RECORD, OutputDir, OutputRefused, output_file
 
 
 def snapshot(root: Path) -> dict:
@@ -156,11 +158,11 @@ def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path_factory, name
         with pytest.raises(OutputRefused, match="--overwrite"):
             out.write_text(name, new)
         assert (root / name).read_bytes() == old
-    assert sorted(p.name for p in root.iterdir()) == [name]  # no temporary file left
+    assert sorted(p.name for p in root.iterdir() if p.name != RECORD) == [name]  # no temporary file left
 
 
 def test_a_failed_figure_leaves_the_previous_one(tmp_path):
-    (tmp_path / "fig.png").write_bytes(b"old")
+    OutputDir(tmp_path, layout=("fig.png",)).write_bytes("fig.png", b"old")  # an earlier run's figure (recorded)
     out = OutputDir(tmp_path, layout=("fig.png",), rewrite=("fig.png",))
 
     def draw(path):
@@ -169,7 +171,8 @@ def test_a_failed_figure_leaves_the_previous_one(tmp_path):
 
     with pytest.raises(RuntimeError):
         out.write_with("fig.png", draw)
-    assert [p.name for p in tmp_path.iterdir()] == ["fig.png"] and (tmp_path / "fig.png").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD, "fig.png"]
+    assert (tmp_path / "fig.png").read_bytes() == b"old"
 
 
 @pytest.mark.parametrize(
@@ -180,6 +183,8 @@ def test_path_values(value, match, tmp_path):
         OutputDir(value, "--out-dir")
     with pytest.raises(ValueError, match=match):
         output_file("--json", value)
+    with pytest.raises(ValueError, match=match):
+        output_location("--cache-dir", value)
 
 
 def test_output_file_kinds(tmp_path):
@@ -305,3 +310,215 @@ def test_every_bench_result_name_is_in_the_results_layout(mode, extra):
     stem = bench._stem(args)
     for suffix in (".json", ".md", ".png"):
         assert any(fnmatch.fnmatch(stem + suffix, pat) for pat in bench.RESULTS_LAYOUT), (stem, bench.RESULTS_LAYOUT)
+
+
+# ------------------------------------------------------------------ ours to replace: recognised, never a run's file
+
+WHATS = ("a comparison", "an MQAR sweep", "a GLUE study", "a claims report", "bench", "analyze", "export", "eval")
+"""The names under which the commands record their outputs (``OutputDir(what=...)``,
+``output_file(written_by=...)``)."""
+
+
+def recorded(folder: Path, name: str, what: str, text: str = "earlier output") -> Path:
+    """``folder/name`` written and recorded as ``what``'s output."""
+    return OutputDir(folder, layout=("*", "*/"), what=what).write_text(name, text)
+
+
+@given(
+    writer=st.sampled_from((*WHATS, None)),
+    replacer=st.sampled_from(WHATS),
+    edited=st.booleans(),
+    overwrite=st.booleans(),
+    resume_path=st.booleans(),
+)
+def test_a_file_is_replaced_only_when_it_is_this_commands_earlier_output(
+    tmp_path_factory, writer, replacer, edited, overwrite, resume_path
+):
+    """The rule over every command's name: another command's recorded output is never replaced, even with
+    ``--overwrite``; an unrecorded or since-edited file only with ``--overwrite``; the command's own unchanged
+    output with ``--overwrite`` or on its resume path (``rewrite``)."""
+    root = tmp_path_factory.mktemp("out")
+    if writer is None:
+        (root / "results.json").write_text("someone's file")
+    else:
+        recorded(root, "results.json", writer)
+    if edited:
+        (root / "results.json").write_text("edited by hand")
+    before = snapshot(root)
+    ours = writer == replacer and not edited
+    allowed = writer in (None, replacer) and (overwrite or (ours and resume_path))
+
+    def claim():
+        rewrite = ("results.json",) if resume_path else ()
+        return OutputDir(root, layout=("*",), what=replacer, overwrite=overwrite, rewrite=rewrite)
+
+    if allowed:
+        claim().write_text("results.json", "new")
+        assert (root / "results.json").read_text() == "new"
+        assert json.loads((root / RECORD).read_text())["files"]["results.json"]["written_by"] == replacer
+    else:
+        with pytest.raises(OutputRefused) as exc:
+            claim().write_text("results.json", "new")  # a rewrite file is refused when claimed, before the work
+        assert "results.json" in str(exc.value)
+        expected = "was written by" if writer not in (None, replacer) else "--overwrite"
+        assert expected in str(exc.value), str(exc.value)
+        assert snapshot(root) == before
+
+
+def test_a_rewrite_file_that_is_not_ours_is_refused_before_the_work(tmp_path):
+    (tmp_path / "results.md").write_text("my own notes, named like a report")
+    with pytest.raises(OutputRefused, match="not recognisably an earlier output"):
+        OutputDir(tmp_path, layout=("results.md",), rewrite=("results.md",), what="a comparison")
+
+
+RUN_FILES = st.sampled_from(
+    ["config.json", "model_config.json", "results.json", "metrics.jsonl", "latest", "notes.json", "x.png"]
+)
+
+
+@given(name=RUN_FILES, sub=st.sampled_from(["", "ckpt-00000004/", "tokenizer/", "tensorboard/", "new/", "glue/"]))
+def test_nothing_is_written_into_a_training_run(tmp_path_factory, name, sub):
+    """Every path in a run folder (its own files, new names, its checkpoints) belongs to the run, except under
+    ``glue/`` (``coupled-qk glue RUN``'s default output): refused for an output file and for an output folder,
+    even with ``--overwrite``; nothing changes."""
+    from coupled_qk.outputs import run_folder_of
+
+    root = tmp_path_factory.mktemp("w")
+    run = root / "run"
+    (run / "ckpt-00000004").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "latest").write_text("ckpt-00000004\n")
+    (run / "glue").mkdir()
+    target = run / sub / name
+    before = snapshot(root)
+    if sub == "glue/":
+        assert run_folder_of(target) is None
+        return
+    assert run_folder_of(target) == run.absolute()
+    with pytest.raises(OutputRefused, match="training run"):
+        output_file("--json", target, overwrite=True, written_by="eval")
+    with pytest.raises(OutputRefused, match="training run"):
+        OutputDir(run / sub, "--out-dir", layout=("*", "*/"), overwrite=True, what="analyze")
+    assert snapshot(root) == before
+
+
+def test_an_export_and_a_plain_folder_are_not_runs(tmp_path):
+    from coupled_qk.outputs import run_folder_of
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
+    assert run_folder_of(tmp_path / "hf") is None and run_folder_of(tmp_path / "hf" / "config.json") is None
+    assert run_folder_of(tmp_path / "x" / "y.json") is None
+
+
+def test_two_writers_of_one_folder_keep_every_record(tmp_path):
+    """The record is updated under an OS lock: threads writing reports into one folder (as two study workers do)
+    leave every file recorded."""
+    import threading
+
+    def write(k: int) -> None:
+        out = OutputDir(tmp_path, layout=("*",), what="a claims report")
+        for i in range(5):
+            out.write_text(f"w{k}-{i}.md", f"{k} {i}")
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    files = json.loads((tmp_path / RECORD).read_text())["files"]
+    assert sorted(files) == sorted(f"w{k}-{i}.md" for k in range(6) for i in range(5))
+    assert all(files[n]["sha256"] == hashlib.sha256((tmp_path / n).read_bytes()).hexdigest() for n in files)
+
+
+OTHERS_FILE = {  # a command, the file it writes (pre-created as another command's output), its arguments
+    "eval": ("x.json", ["eval", "{run}", "--json", "{out}/x.json", "--overwrite"]),
+    "compare": ("results.json", ["compare", "--out-dir", "{out}", "--corpus", "{corpus}", "--max-steps", "2"]),
+    "mqar": ("summary.json", ["mqar", "--out-dir", "{out}", "--overwrite"]),
+    "claims": ("smoke.json", ["claims", "--protocol", "smoke", "--out-dir", "{out}", "--report-only", "--overwrite"]),
+    "bench": ("decode-tiny-cpu.json", ["bench", "--mode", "decode", "--device", "cpu", "--out-dir", "{out}"]),
+    "analyze": ("analysis.json", ["analyze", "{run}", "--out-dir", "{out}", "--overwrite"]),
+    "export": ("config.json", ["export", "{run}", "{out}", "--overwrite"]),
+}
+INSIDE_THE_RUN = {
+    "eval --json RUN/config.json": ["eval", "{run}", "--json", "{run}/config.json", "--overwrite"],
+    "eval --json RUN/results.json": ["eval", "{run}", "--json", "{run}/results.json", "--overwrite"],
+    "eval --json RUN/notes.json": ["eval", "{run}", "--json", "{run}/notes.json", "--overwrite"],
+    "eval --json RUN/ckpt/x.json": ["eval", "{run}", "--json", "{run}/ckpt-00000004/x.json", "--overwrite"],
+    "analyze into the run": ["analyze", "{run}", "--out-dir", "{run}/analysis", "--overwrite"],
+    "bench into the run": ["bench", "--out-dir", "{run}/bench", "--overwrite"],
+    "mqar into the run": ["mqar", "--out-dir", "{run}/sweep", "--overwrite"],
+    "compare into the run": ["compare", "--out-dir", "{run}/cmp", "--corpus", "{corpus}", "--max-steps", "2"],
+    "claims into the run": ["claims", "--protocol", "smoke", "--out-dir", "{run}/c", "--report-only"],
+    "export into the run": ["export", "{run}", "{run}/hf", "--overwrite"],
+    "glue into the run itself": ["glue", "{run}", "--out-dir", "{run}"],
+}
+
+
+def _corpus(world: Path) -> Path:
+    from tests.conftest import make_text
+
+    path = world / "corpus.txt"
+    path.write_text(make_text(200, 0))
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(INSIDE_THE_RUN))
+def test_no_command_writes_into_a_training_run(case, world, capsys):
+    names = {"run": world / "run", "corpus": _corpus(world)}
+    argv = [a.format(**names) for a in INSIDE_THE_RUN[case]]
+    before = snapshot(world)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "training run" in err, (case, err)
+    assert snapshot(world) == before
+
+
+@pytest.mark.parametrize("command", sorted(OTHERS_FILE))
+def test_no_command_replaces_another_commands_output_even_with_overwrite(command, world, capsys):
+    name, argv = OTHERS_FILE[command]
+    out = world / "out"
+    out.mkdir()
+    other = "a GLUE study" if command != "claims" else "a comparison"
+    recorded(out, name, other)
+    names = {"run": world / "run", "out": out, "corpus": _corpus(world)}
+    argv = [a.format(**names) for a in argv]
+    before = snapshot(world)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"was written by {other}" in err, (command, err)
+    assert snapshot(world) == before
+
+
+def test_a_link_into_a_training_run_is_the_runs(world):
+    from coupled_qk.outputs import run_folder_of
+
+    (world / "link").symlink_to(world / "run")
+    before = snapshot(world / "run")
+    with pytest.raises(OutputRefused, match="training run"):
+        OutputDir(world / "link" / "analysis", "--out-dir", layout=("*",), overwrite=True, what="analyze")
+    assert run_folder_of(world / "link" / "x.json").resolve() == (world / "run").resolve()
+    assert snapshot(world / "run") == before
+
+
+ENTRIES = [
+    *("config.json", "model_config.json", "data.json", "metrics.jsonl", "results.json", "latest", "model.safetensors"),
+    *("ckpt-00000004/model.safetensors", "ckpt-00000004/state.json", "ckpt-x/model.safetensors", "notes.txt"),
+    "best-00000002/model.safetensors",
+]
+
+
+@given(entries=st.sets(st.sampled_from(ENTRIES), max_size=5))
+def test_outputs_refuse_exactly_the_folders_the_run_folder_calls_runs(tmp_path_factory, entries):
+    """``outputs.run_folder_of`` (every output check) finds a run where ``RunFolder.is_run`` (the run-folder object)
+    says there is one, on any folder: a file in it, or the folder itself."""
+    from coupled_qk.outputs import run_folder_of
+    from coupled_qk.training.run_folder import RunFolder
+
+    folder = tmp_path_factory.mktemp("f")
+    for entry in entries:
+        (folder / entry).parent.mkdir(parents=True, exist_ok=True)
+        (folder / entry).write_text("x")
+    expected = folder.absolute() if RunFolder(folder).is_run() else None
+    assert run_folder_of(folder / "report.json") == expected and run_folder_of(folder) == expected, sorted(entries)

@@ -183,8 +183,8 @@ def test_no_command_replaces_a_file_of_a_run(run, capsys):
 
 
 def test_output_folders_inside_a_run_are_refused_too(run, capsys):
-    """Commands writing folders (``export HF_DIR``, ``analyze --out-dir``) refuse a run or one of its folders (they
-    hold files those commands do not write), --overwrite or not."""
+    """Commands writing folders (``export HF_DIR``, ``analyze --out-dir``) refuse a run or one of its folders, naming
+    the run (before the files those commands do not write), --overwrite or not."""
     pytest.importorskip("transformers")
     from coupled_qk.cli import main
 
@@ -193,7 +193,7 @@ def test_output_folders_inside_a_run_are_refused_too(run, capsys):
     for folder in folders:
         for argv in (["export", str(run.path), str(folder)], ["analyze", str(run.path), "--out-dir", str(folder)]):
             assert main([*argv, "--overwrite"]) == 2, argv
-            assert "holds files that" in capsys.readouterr().err, argv
+            assert "training run" in capsys.readouterr().err, argv
     assert _snapshot(run) == before
 
 

@@ -52,14 +52,16 @@ def test_no_statement_before_c1_is_complete(status, n):
     [
         (-0.61, -1.2, -0.02, "coupling lowers it"),
         (0.5, 0.1, 0.9, "coupling raises it"),
-        (-0.3, -0.9, 0.3, "no change detectable"),
+        (-0.3, -0.9, 0.3, "no change detectable at this sample size; a gain larger than 0.90% is excluded here"),
     ],
 )
 def test_complete_c1_is_stated_with_interval_seeds_and_regime(mean, low, high, reading):
     text = converged_headline(_report(mean=mean, low=low, high=high), 270_841)
     assert f"): {reading} (power" in text and "lies outside this interval" in text
     assert f"{mean:+.2f}% [{low:+.2f}, {high:+.2f}]" in text
-    assert "10 paired seeds" in text and "8 epochs of 270,841 training tokens" in text
+    assert (
+        "10 paired seeds" in text and "annealed to the end of its 8-epoch schedule of 270,841 training tokens" in text
+    )
     assert "-0.76% [-1.79, +0.28] (5 seeds)" in text  # the first-epoch regime beside it
 
 

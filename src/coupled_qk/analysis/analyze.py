@@ -403,6 +403,8 @@ def _write_analysis(report: dict, entries: list, examples: list, out, make_plots
         from coupled_qk.analysis.plots import make_figures
 
         figures = make_figures(entries, examples, out.path)
+        for path in figures.values():
+            out.record(path)  # recorded as this command's output (coupled_qk.outputs.RECORD)
         report["figures"] = {k: Path(v).name for k, v in figures.items()}
         files.update({k: str(v) for k, v in figures.items()})
     json_path = out.write_text("analysis.json", dumps(report))

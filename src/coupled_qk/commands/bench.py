@@ -5,20 +5,15 @@
 ``decode-<preset>-<device>``. ``--mode memory``: train-step peak memory and KV-cache bytes,
 ``memory-<preset>-<device>[-<dtype>][-compile]`` (honouring ``--dtype`` and ``--compile``). ``--sweep``: the cost
 curve (train-step ratio and FLOP floor vs d_model, sequence length and n_steps), ``sweep-<preset>-<device>`` with a PNG.
-``--against REV``: the revision A/B (this checkout against git revision ``REV``, interleaved; ``ab-<preset>-cpu``);
-``--tracked [FILE]``: the tracked cells against their accepted revision (``tracked-<preset>-cpu``); both exit
-with code 1 when a cell got slower. JSON + markdown under ``--out-dir``
+JSON + markdown under ``--out-dir``
 (``benchmarks/results`` by default); see ``benchmarks/README.md`` for the method.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
-import signal
 import sys
-import threading
 
 import torch
 
@@ -29,39 +24,21 @@ from coupled_qk.commands.options import (
     add_overwrite_option,
     add_progress_option,
     dtype_arg,
-    fraction_arg,
     gpt_config_from_args,
     parse_variants_option,
     path_arg,
     positive_int_arg,
     positive_ints_arg,
+    refuse_variant_conflicts,
     seed_arg,
     subset_arg,
     threads_arg,
 )
-from coupled_qk.experiments.bench.ab import CELLS, THRESHOLD, ab_markdown, cell_spec, compare, run_ab, slower_cells
-from coupled_qk.experiments.bench.ab_worker import CLOCKS
 from coupled_qk.experiments.bench.cost_curve import plot_sweep, run_sweep, sweep_markdown
 from coupled_qk.experiments.bench.decode import decode_markdown, memory_markdown, run_decode, run_memory
 from coupled_qk.experiments.bench.fast import MODES as FAST_MODES
 from coupled_qk.experiments.bench.fast import PEERS, fastpath_markdown, run_fastpath
-from coupled_qk.experiments.bench.tracked import (
-    accepted_state,
-    accepted_table,
-    load_tracked,
-    settings_of,
-    variant_settings,
-    write_tracked,
-)
-from coupled_qk.experiments.bench.train import (
-    bench_markdown,
-    resolve_dtype,
-    result_stem,
-    run_bench,
-    with_baseline,
-    write_results,
-)
-from coupled_qk.models.config import parse_overrides
+from coupled_qk.experiments.bench.train import bench_markdown, resolve_dtype, result_stem, run_bench, write_results
 from coupled_qk.models.registry import default_variants, variant_names
 from coupled_qk.outputs import OutputDir
 from coupled_qk.study.executor import Report, write_report
@@ -72,8 +49,6 @@ BENCH_MODES = ("train", "decode", "memory", "fastpath")
 RESULTS_LAYOUT = (
     *(f"{'bench' if m == 'train' else m}-*" for m in BENCH_MODES),
     "sweep-*",
-    "ab-*",
-    "tracked-*",
     "hf-generate-*",
     "README.md",
     "*/",
@@ -175,54 +150,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--cache-len", type=positive_int_arg, default=None, help="memory: KV-cache length (default block_size)"
     )
-    _add_ab_arguments(parser)
     add_progress_option(parser)  # the per-variant and per-repeat lines (progress_log); the results are printed
-
-
-def _add_ab_arguments(parser) -> None:
-    """The revision A/B's options (``--against``, ``--tracked``, ``--accept``, ``--cells``, ``--clock``,
-    ``--threshold``)."""
-    parser.add_argument(
-        "--against",
-        default=None,
-        metavar="REV",
-        help="revision A/B: this checkout's code against git revision REV (checked out into a temporary worktree), "
-        "the same cells interleaved in one run, CPU; flags what got slower (exit code 1)",
-    )
-    parser.add_argument(
-        "--tracked",
-        nargs="?",
-        const="benchmarks/tracked.json",
-        default=None,
-        type=path_arg,
-        metavar="FILE",
-        help="the tracked cells of FILE (default benchmarks/tracked.json) against the revision they were accepted "
-        "at: which cells this checkout made slower (exit code 1 if any); run it before stopping work on "
-        "layers/, models/generation*, ops/",
-    )
-    parser.add_argument(
-        "--accept",
-        action="store_true",
-        help="with --tracked: record this commit's ratios as the accepted ones in FILE (a committed checkout only)",
-    )
-    parser.add_argument(
-        "--cells",
-        default=",".join(CELLS),
-        help=f"A/B: comma-separated cells (default {','.join(CELLS)}; -b<B> sets another batch size)",
-    )
-    parser.add_argument(
-        "--clock",
-        default="step",
-        choices=CLOCKS,
-        help="A/B: step = the undisturbed step (decoding: the fastest single-token step of a call; train: the "
-        "fastest of 3 steps), wall = the whole call, cpu = process CPU time (default step)",
-    )
-    parser.add_argument(
-        "--threshold",
-        default=THRESHOLD,
-        type=fraction_arg,
-        help=f"A/B: a cell is slower when its change's 95%% interval lies above 1 + THRESHOLD (default {THRESHOLD})",
-    )
 
 
 def progress_log(args):
@@ -274,7 +202,7 @@ OPTION_MODES = {
     "--seq-len": ("train", "memory", "fastpath"),
     "--batch-size": ("train", "memory", "fastpath", "sweep"),
     "--warmup": ("train", "fastpath", "sweep"),
-    "--repeats": ("train", "decode", "fastpath", "sweep", "ab"),
+    "--repeats": ("train", "decode", "fastpath", "sweep"),
     "--modes": ("fastpath",),
     "--peers": ("fastpath",),
     "--no-decode": ("fastpath",),
@@ -285,22 +213,15 @@ OPTION_MODES = {
     "--sweep-d-model": ("sweep",),
     "--sweep-seq-len": ("sweep",),
     "--sweep-n-steps": ("sweep",),
-    "--device": ("train", "decode", "memory", "fastpath", "sweep"),
-    "--cells": ("ab",),
-    "--clock": ("ab",),
-    "--threshold": ("ab",),
 }
-"""The measurement options that only some modes use (``sweep`` stands for ``--sweep``, ``ab`` for ``--against`` and
-``--tracked``); every other option (model, variants, threads, seed, output) applies to all. A mode refuses an option
-it would ignore."""
+"""The measurement options that only some modes use (``sweep`` stands for ``--sweep``); every other option (model,
+variants, device, threads, seed, output) applies to all. A mode refuses an option it would ignore."""
 
 HINTS = {
     "--sweep": "it measures eager models at the default dtype, bf16 on CUDA and fp32 on CPU, and sweeps n_steps and "
     "sequence lengths itself",
     "--mode decode": "it measures eager fp32 decoding",
     "--mode fastpath": "choose precisions and compilation with --modes, map options in the variant spec",
-    "--against": "it measures CPU decoding eagerly and compiled and a train step, in worker processes; map options "
-    "go in the variant spec",
 }
 
 
@@ -317,17 +238,8 @@ def _check_mode_options(args) -> None:
             f"--sweep and --mode {args.mode} cannot be combined (--sweep measures train steps along "
             "d_model, sequence length and n_steps; drop one of them)"
         )
-    ab = args.against is not None or args.tracked is not None
-    if ab and (args.sweep or args.mode != "train" or (args.against is not None and args.tracked is not None)):
-        given = "--sweep" if args.sweep else f"--mode {args.mode}" if args.mode != "train" else "--tracked"
-        raise ValueError(
-            f"--{'against' if args.against is not None else 'tracked'} and {given} cannot be combined (the "
-            "revision A/B measures its own cells: --cells; --tracked takes its revision from the file)"
-        )
-    if args.accept and args.tracked is None:
-        raise ValueError("--accept records the ratios of a --tracked run in its file; it needs --tracked [FILE]")
-    mode = "ab" if ab else "sweep" if args.sweep else args.mode
-    shown_mode = "--against" if ab else "--sweep" if args.sweep else f"--mode {mode}"
+    mode = "sweep" if args.sweep else args.mode
+    shown_mode = "--sweep" if args.sweep else f"--mode {mode}"
     for option, value in given_options(args, add_arguments, OPTION_MODES):
         modes = OPTION_MODES[option]
         shown = shown_option(option, value)
@@ -367,21 +279,15 @@ def _check_lengths(args, config) -> None:
 
 
 def _users(modes) -> str:
-    """``("train", "memory", "sweep", "ab")`` -> ``"--mode train and memory, and --sweep, and --against"``."""
-    named = [m for m in modes if m not in ("sweep", "ab")]
+    """``("train", "memory", "sweep")`` -> ``"--mode train and memory, and --sweep"``."""
+    named = [m for m in modes if m != "sweep"]
     text = "--mode " + (" and ".join(named) if len(named) < 3 else ", ".join(named[:-1]) + " and " + named[-1])
-    if "sweep" in modes:
-        text = text + ", and --sweep" if named else "--sweep"
-    if "ab" in modes:
-        text = text + ", and --against" if named or "sweep" in modes else "--against/--tracked"
-    return text
+    return (text + ", and --sweep" if named else "--sweep") if "sweep" in modes else text
 
 
 def run(args) -> int:
     _check_mode_options(args)
-    if args.against is not None or args.tracked is not None:
-        return _run_ab(args)
-    parse_variants_option(args.variants)  # before the output folder is claimed
+    refuse_variant_conflicts(args, parse_variants_option(args.variants))  # before the output folder is claimed
     # claim the output before measuring: a measurement must never be lost to its output path
     out = OutputDir(args.out_dir, "--out-dir", overwrite=args.overwrite, layout=RESULTS_LAYOUT, what="bench")
     stem = _stem(args)
@@ -495,107 +401,3 @@ def _run_other(args, config, map_options, command) -> int:
     print(text)
     print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
-
-
-TRACKED_FIXED = ("--preset", "--set", "--variants", "--cells", "--clock", "--threshold", "--threads", "--seed")
-"""Options that a tracked file sets itself: refused with ``--tracked`` (only ``--repeats`` may replace its value)."""
-
-
-def _ab_settings(args) -> dict:
-    """The settings of ``--against`` from the options, each variant's config checked here first.
-
-    Raises:
-        ValueError: an unknown or repeated cell, a variant or ``--set`` that makes no valid config.
-    """
-    config = gpt_config_from_args(args)
-    cells = [c.strip() for c in args.cells.split(",")]
-    if len(set(cells)) != len(cells):
-        raise ValueError(f"--cells={args.cells}: a cell is named twice")
-    try:
-        specs = [cell_spec(c, config.block_size) for c in cells]
-    except ValueError as exc:
-        raise ValueError(f"--cells={args.cells}: {exc}") from None
-    base = parse_overrides(args.overrides)
-    return dict(
-        preset=args.preset,
-        base=base,
-        variants=variant_settings(with_baseline(parse_variants_option(args.variants)), args.preset, base),
-        cells=specs,
-        repeats=args.repeats,
-        threads=args.threads or torch.get_num_threads(),
-        seed=args.seed,
-        clock=args.clock,
-        threshold=args.threshold,
-    )
-
-
-def _ab_command(against: str, settings: dict, tracked: str | None) -> str:
-    """A command line that repeats the A/B run of ``settings``."""
-    if tracked is not None:
-        return shlex.join(["coupled-qk", "bench", "--tracked", tracked, "--repeats", str(settings["repeats"])])
-    parts = ["coupled-qk", "bench", "--against", against, "--preset", settings["preset"]]
-    parts += [a for k, v in settings["base"].items() for a in ("--set", f"{k}={v}")]
-    parts += ["--variants", ",".join(settings["variants"]), "--cells", ",".join(c["name"] for c in settings["cells"])]
-    parts += ["--repeats", str(settings["repeats"]), "--threads", str(settings["threads"])]
-    parts += ["--seed", str(settings["seed"]), "--clock", settings["clock"], "--threshold", str(settings["threshold"])]
-    return shlex.join(parts)
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt():
-    """While inside, ``SIGTERM`` raises ``KeyboardInterrupt`` (so ``finally`` blocks run); the main thread only."""
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _run_ab(args) -> int:
-    """``--against REV`` and ``--tracked [FILE]`` (with ``--accept``); exit code 1 when a cell got slower (and was
-    not accepted)."""
-    tracked = None
-    if args.tracked is not None:
-        fixed = given_options(args, add_arguments, TRACKED_FIXED)
-        if fixed:
-            raise ValueError(
-                f"{shown_option(*fixed[0])} does not apply with --tracked (the file {args.tracked} sets the preset, "
-                "variants, cells, threads, seed, clock and threshold; only --repeats may replace its value)"
-            )
-        tracked = load_tracked(args.tracked)
-        repeats = args.repeats if given_options(args, add_arguments, ["--repeats"]) else None
-        settings, against, kind = settings_of(tracked, repeats), tracked["revision"], "tracked"
-    else:
-        settings, against, kind = _ab_settings(args), args.against, "ab"
-    out = OutputDir(args.out_dir, "--out-dir", overwrite=args.overwrite, layout=RESULTS_LAYOUT, what="bench")
-    stem = f"{kind}-{settings['preset']}-cpu"
-    for suffix in (".json", ".md"):
-        out.claim(stem + suffix, check_only=True)
-    print(
-        f"coupled-qk bench: this checkout against {against}, {len(settings['cells'])} cells x "
-        f"{len(settings['variants'])} variants, {settings['repeats']} alternating repeats"
-    )
-    with _terminate_as_interrupt():  # a killed run still stops its workers and removes its temporary worktree
-        result = run_ab(against, settings, log=progress_log(args), accept=args.accept)
-    invoked = sys.argv[1:]
-    reproduce = _ab_command(against, settings, args.tracked)
-    result["command"] = shlex.join(["coupled-qk", *invoked]) if invoked[:1] == ["bench"] else reproduce
-    rows = compare(result, settings["threshold"], settings["clock"])
-    accepted = accepted_table(tracked) if tracked else None
-    text = ab_markdown(result, rows, settings["threshold"], settings["clock"], accepted)
-    report = Report(json={f"{stem}.json": {**result, "reproduce": reproduce, "rows": rows}}, text={f"{stem}.md": text})
-    paths = write_report(out, report)
-    print(text)
-    print(f"wrote {', '.join(str(p) for p in paths)}")
-    if args.accept:
-        write_tracked(args.tracked, accepted_state(result, rows, repeats=tracked["repeats"]))
-        print(f"accepted: {args.tracked} records the ratios of {result['revisions']['new']['commit'][:7]}")
-        return 0
-    return 1 if slower_cells(rows) else 0

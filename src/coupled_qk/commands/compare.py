@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import add_overwrite_option, parse_seeds, parse_variants_option, reject_variant_flags
+from coupled_qk.commands.options import (
+    add_overwrite_option,
+    parse_seeds,
+    parse_variants_option,
+    refuse_variant_conflicts,
+    reject_variant_flags,
+)
 from coupled_qk.commands.train import add_train_options, preflight, read_corpus_first, train_config_from_args
 from coupled_qk.models.registry import variant_names
 
@@ -32,6 +38,7 @@ def run(args) -> int:
 
     reject_variant_flags(args, "compare")
     variants = parse_variants_option(args.variants)
+    refuse_variant_conflicts(args, variants)
     if args.out_dir is None:
         args.out_dir = "runs/compare"
     base = train_config_from_args(args)

@@ -13,7 +13,13 @@ the variants (the table says it is a smoke run).
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import add_overwrite_option, parse_seeds, parse_variants_option, reject_variant_flags
+from coupled_qk.commands.options import (
+    add_overwrite_option,
+    parse_seeds,
+    parse_variants_option,
+    refuse_variant_conflicts,
+    reject_variant_flags,
+)
 from coupled_qk.commands.train import add_train_options, preflight, read_corpus_first, train_config_from_args
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes (--quick: ~3)"
@@ -70,6 +76,7 @@ def run(args) -> int:
 
     reject_variant_flags(args, "demo")
     variants = parse_variants_option(args.variants)
+    refuse_variant_conflicts(args, variants)
     defaults = demo_fields(args)
     if "corpus" in defaults:  # wiki-vital offline, else WikiText-2 from the hub, else an error saying what to get
         from coupled_qk.data.hub import demo_corpus

@@ -70,7 +70,7 @@ def run(args) -> int:
     json_out = None
     if args.json_out is not None:  # checked before the evaluation, so its result is never lost to its path
         refuse_run_file("--json", args.json_out)  # a run's own file (its config.json), --overwrite or not
-        json_out = output_file("--json", args.json_out, overwrite=args.overwrite)
+        json_out = output_file("--json", args.json_out, overwrite=args.overwrite, written_by="eval")
     splits = [s.strip() for s in args.splits.split(",")]
     if not all(splits) or len(set(splits)) != len(splits):
         raise ValueError(
@@ -93,7 +93,7 @@ def run(args) -> int:
             )
         print(line)
     if json_out is not None:
-        from coupled_qk.io import write_text_atomic
+        from coupled_qk.outputs import write_output_file
 
-        write_text_atomic(json_out, json.dumps(res, indent=2) + "\n")
+        write_output_file(json_out, json.dumps(res, indent=2) + "\n", "eval")
     return 0

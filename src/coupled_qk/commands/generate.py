@@ -14,7 +14,7 @@ HELP = "sample text from a trained run (its own tokenizer, KV-cache decoding)"
 
 def _sampling(args) -> bool:
     """Whether ``--temperature`` samples (below float32's smallest normal number decoding is greedy)."""
-    from coupled_qk.tensor_checks import GREEDY_BELOW
+    from coupled_qk.checks.tensors import GREEDY_BELOW
 
     return args.temperature >= GREEDY_BELOW
 

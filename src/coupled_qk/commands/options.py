@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 
-from coupled_qk._checks import MAX_SEED
+from coupled_qk._checks import MAX_SEED, coerce, finite, nonneg_int, positive_int
 from coupled_qk.models.config import PRESETS, GPTConfig, parse_overrides
 from coupled_qk.models.registry import QK_MAPS, attention_names, variant_names
 
@@ -72,13 +71,114 @@ def reject_variant_flags(args, command: str) -> None:
         )
 
 
+class GivenOnce:
+    """The settings given on one command line, each under one canonical name: one field, one value
+    (docs/RELIABILITY.md, "One setting, one value").
+
+    Every command builds its configuration through :func:`gpt_config_from_args` or
+    :func:`coupled_qk.commands.train.train_config_from_args`, which pass each setting here with where it came
+    from: a flag (``--n-steps``, ``--max-steps``), an item of ``--set`` or ``--opt``, a field inside ``--opt
+    model='{...}'``, ``--opt task_options='{...}'`` or ``--set qk_map='{...}'``, a split flag. A name given twice
+    with different values is refused naming both places; before, ``--set n_steps=2 --n-steps 3`` built 3 steps in
+    ``describe`` and 2 in ``train``. The same value twice is accepted. A ``--config`` file is not a command-line
+    source: its fields are the base that the command line overrides (as documented in ``--config``'s help).
+    """
+
+    def __init__(self):
+        self._given: dict[str, tuple[object, str]] = {}
+
+    def add(self, name: str, value, where: str) -> None:
+        """Record ``name`` (canonical, e.g. ``model.qk_map.n_steps``) given as ``value`` by ``where``.
+
+        Raises:
+            ValueError: ``name`` was already given another value, naming both places.
+        """
+        if name in self._given:
+            old, old_where = self._given[name]
+            if not _same_value(old, value):
+                raise ValueError(
+                    f"{name} is given twice with different values: {old_where} gives {old!r}, {where} gives "
+                    f"{value!r}; give it once"
+                )
+            return
+        self._given[name] = (value, where)
+
+    def names(self) -> set[str]:
+        """The top-level names given (``TrainConfig`` fields such as ``eval_batches``; not ``model.*``)."""
+        return {name for name in self._given if "." not in name}
+
+    def add_model(self, key: str, value, where: str) -> None:
+        """Record the ``GPTConfig`` override ``key`` (a field, an old field name, a flat map option or the
+        ``qk_map`` dict, whose options are recorded one by one) under its canonical name."""
+        from coupled_qk.models.config import RENAMED_FIELDS
+        from coupled_qk.models.registry import flat_option_names
+
+        if key == "qk_map" and isinstance(value, dict):
+            flat = flat_option_names()
+            for option, option_value in value.items():
+                self.add(f"model.qk_map.{flat.get(option, option)}", option_value, where)
+            return
+        key = RENAMED_FIELDS.get(key, key)
+        flat = flat_option_names()
+        self.add(f"model.qk_map.{flat[key]}" if key in flat else f"model.{key}", value, where)
+
+
+def _same_value(a, b) -> bool:
+    """Whether two given values are one: equal, and of one type except ``2`` and ``2.0`` (``True`` is not ``1``)."""
+    if a != b:
+        return False
+    numbers = (int, float)
+    both_numbers = all(isinstance(v, numbers) and not isinstance(v, bool) for v in (a, b))
+    return type(a) is type(b) or both_numbers
+
+
+def model_overrides(args, given: GivenOnce) -> dict:
+    """The ``GPTConfig`` overrides of the model options (``--set`` items, then ``--attention``, ``--integrator``,
+    ``--n-steps``), each recorded in ``given`` (which refuses one field given two values).
+
+    Raises:
+        ValueError: an item :func:`~coupled_qk.models.config.parse_overrides` refuses, or a field given twice.
+    """
+    overrides: dict = {}
+    for item in getattr(args, "overrides", None) or []:
+        for key, value in parse_overrides([item]).items():
+            given.add_model(key, value, f"--set {item}")
+            overrides[key] = value
+    for name in VARIANT_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            given.add_model(name, value, "--" + name.replace("_", "-"))
+            overrides[name] = value
+    return overrides
+
+
+def refuse_variant_conflicts(args, variants: list[str]) -> None:
+    """Refuse a model setting of the command line (``--set``, ``--n-steps``) that a variant spec of ``--variants``
+    gives another value: the spec would replace it for that variant without a word (``compare --set n_layer=2
+    --variants coupled+n_layer=3``, ``bench --n-steps 2 --variants coupled+n_steps=3``, ``compare --set
+    attention=coupled --variants standard,...``). Used by every command that takes both (``compare``, ``demo``,
+    ``bench``).
+
+    Raises:
+        ValueError: naming the setting, the option and the spec (:class:`GivenOnce`).
+    """
+    from coupled_qk.models.specs import variant_overrides
+
+    for spec in variants:
+        given = GivenOnce()
+        model_overrides(args, given)
+        for key, value in variant_overrides(spec).items():
+            given.add_model(key, value, f"--variants spec {spec!r}")
+
+
 def gpt_config_from_args(args, **extra) -> GPTConfig:
-    """Build the validated :class:`GPTConfig` from parsed model options (``extra`` wins over the preset)."""
-    overrides = {**extra, **parse_overrides(args.overrides)}
-    for name in ("attention", "integrator", "n_steps"):
-        if getattr(args, name, None) is not None:
-            overrides[name] = getattr(args, name)
-    return GPTConfig.from_preset(args.preset, **overrides)
+    """Build the validated :class:`GPTConfig` from parsed model options (``extra`` wins over the preset; the
+    command line wins over ``extra``).
+
+    Raises:
+        ValueError: a refused field or value, or one field given two different values (:class:`GivenOnce`).
+    """
+    return GPTConfig.from_preset(args.preset, **{**extra, **model_overrides(args, GivenOnce())})
 
 
 def parse_variants_option(text: str | None, option: str = "--variants") -> list[str]:
@@ -139,27 +239,33 @@ def _arg(check, what: str):
     return parse
 
 
-def _int_text(text: str) -> int:
-    if not text.isascii():
-        raise ValueError(f"{text!r} is not an integer (write it with the digits 0-9)")
+_NAME = "value"
+"""The name the value checks are called with here: the parser names the option (``--n=0 must be ...``)."""
+
+
+def _checked(text: str, check, value):
+    """``check(_NAME, value)``, a value check of :mod:`coupled_qk._checks` (one rule for the library, configs and
+    the command line); its ``ValueError`` reworded about ``text`` (``'0' must be a positive integer``)."""
     try:
-        return int(text.strip().replace("_", ""))
-    except ValueError:
-        raise ValueError(f"{text!r} is not an integer") from None
+        return check(_NAME, value)
+    except ValueError as exc:
+        raise ValueError(f"{text!r} {str(exc).removeprefix(f'{_NAME}={value!r} ')}") from None
+
+
+def _number_text(text: str, kind: type):
+    """``text`` converted to ``kind`` (``int`` or ``float``) as every config value is
+    (:func:`coupled_qk._checks.coerce`: ``"2.0"`` is the integer 2), written with the digits 0-9."""
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
+    return _checked(text, lambda name, value: coerce(name, value, kind), text)
 
 
 def _positive_int(text: str) -> int:
-    value = _int_text(text)
-    if value < 1:
-        raise ValueError(f"{text!r} must be a positive integer (>= 1)")
-    return value
+    return _checked(text, positive_int, _number_text(text, int))
 
 
 def _nonneg_int(text: str) -> int:
-    value = _int_text(text)
-    if value < 0:
-        raise ValueError(f"{text!r} must be an integer >= 0")
-    return value
+    return _checked(text, nonneg_int, _number_text(text, int))
 
 
 def _seed(text: str) -> int:
@@ -187,16 +293,10 @@ def _threads(text: str) -> int:
 
 
 def _float_text(text: str, positive: bool) -> float:
-    """A finite float written in ASCII, ``> 0`` (``positive``) or ``>= 0``; ``ValueError`` naming the text."""
-    if not text.isascii():
-        raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
-        raise ValueError(f"{text!r} must be a finite number {'>' if positive else '>='} 0")
-    return value
+    """A finite number written in ASCII, ``> 0`` (``positive``) or ``>= 0`` (:func:`coupled_qk._checks.finite`);
+    ``ValueError`` naming the text."""
+    value = _number_text(text, float)
+    return _checked(text, lambda name, v: finite(name, v, lo=0, lo_open=positive), value)
 
 
 def _positive_float(text: str) -> float:
@@ -204,7 +304,7 @@ def _positive_float(text: str) -> float:
 
 
 def _path_text(text: str) -> str:
-    from coupled_qk.outputs import path_value
+    from coupled_qk.checks.paths import path_value
 
     if not text.strip():
         raise ValueError(f"{text!r} is empty; expected a path")
@@ -285,13 +385,13 @@ def add_compile_option(parser) -> None:
 
 
 def add_overwrite_option(parser) -> None:
-    """``--overwrite``: allow replacing files in the output that exist from an earlier run (never files the
-    command does not write; see :mod:`coupled_qk.outputs`)."""
+    """``--overwrite``: allow replacing the command's own earlier output (never another command's output, a training
+    run's files or files the command does not write; see :mod:`coupled_qk.outputs`)."""
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace output files left by an earlier run (files the command does not write are "
-        "never touched, and a folder holding them is still refused)",
+        help="replace this command's own earlier output files (another command's output, a training run's "
+        "files and files the command does not write are never touched; a folder holding them is refused)",
     )
 
 
@@ -333,10 +433,7 @@ def _nonneg_float(text: str) -> float:
 
 
 def _fraction(text: str) -> float:
-    value = _nonneg_float(text)
-    if value > 1:
-        raise ValueError(f"{text!r} must be a fraction in [0, 1]")
-    return value
+    return _checked(text, lambda name, v: finite(name, v, 0, 1), _number_text(text, float))
 
 
 nonneg_float_arg = _arg(_nonneg_float, "number >= 0")

@@ -14,13 +14,15 @@ from pathlib import Path
 
 from coupled_qk._checks import check_value, coerce, field_types
 from coupled_qk.commands.options import (
+    GivenOnce,
     add_model_options,
     fraction_arg,
+    model_overrides,
     parse_overrides,
     positive_int_arg,
     seed_arg,
 )
-from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.config import TrainConfig, check_given_fields_are_read
 
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
@@ -124,40 +126,68 @@ def _load_config_file(path: str) -> dict:
 
 
 def train_config_from_args(args, **fields) -> TrainConfig:
-    """Merge the config file, ``fields``, explicit flags and ``--opt``/``--set`` overrides (later wins).
+    """The run's :class:`TrainConfig`: ``fields`` (the command's own defaults, e.g. ``demo``'s), then the
+    ``--config`` file, then the command line (flags, ``--opt``, the split flags, ``--preset``, ``--set`` and the
+    variant flags), each later source overriding a field of an earlier one.
 
-    Every value is parsed to its field's declared type (:func:`coupled_qk._checks.coerce`).
+    Within the command line each setting is given once (:class:`~coupled_qk.commands.options.GivenOnce`): a field
+    given two different values, e.g. ``--opt max_steps=5 --max-steps 7`` or ``--valid-fraction 0.2 --opt
+    task_options='{"valid_fraction": 0.1}'``, is refused naming both. Every value is parsed to its field's
+    declared type (:func:`coupled_qk._checks.coerce`).
 
     Raises:
         ValueError: naming the flag or field and the value, for a value of the wrong type or range, an
-            unknown field, a bad config file.
+            unknown field, a bad config file (duplicate keys included), a field given twice.
     """
-    types = field_types(TrainConfig)
-    data = _load_config_file(args.config) if args.config else {}
-    data.update(fields)
-    for name in types:
-        value = getattr(args, name, None)
-        if value is not None and name not in NOT_FLAGS:
-            flag = "--" + name.replace("_", "-")
-            data[name] = coerce(flag, value, types[name])
-            check_value(flag, data[name], types[name], TRAIN_FIELDS[name].metadata)  # range/choices, named as given
-    data.update(parse_overrides(args.train_overrides, TrainConfig, "--opt"))
+    data = {**fields, **(_load_config_file(args.config) if args.config else {})}  # the file over the defaults
+    given = GivenOnce()
+    data.update(_train_fields(args, given))
     split = {k: getattr(args, k) for k in SPLIT_FLAGS if getattr(args, k, None) is not None}
+    for name, value in split.items():
+        given.add(f"task_options.{name}", value, "--" + name.replace("_", "-"))
     if split:
         data["task_options"] = {**(data.get("task_options") or {}), **split}
-    model = dict(data.get("model") or {}) if isinstance(data.get("model", {}), dict) else data.get("model")
     if getattr(args, "preset", None):
+        given.add("preset", args.preset, "--preset")
         data["preset"] = args.preset
+    model = dict(data.get("model") or {}) if isinstance(data.get("model", {}), dict) else data.get("model")
+    overrides = model_overrides(args, given)
     if isinstance(model, dict):
-        for name in ("attention", "integrator", "n_steps"):
-            if getattr(args, name, None) is not None:
-                model[name] = getattr(args, name)
-        model.update(parse_overrides(getattr(args, "overrides", [])))
+        model.update(overrides)
     data["model"] = model
     _absolute_paths(data)
     if data.get("max_steps") is None and data.get("max_tokens") is None:
         data["max_steps"] = DEFAULT_MAX_STEPS
-    return TrainConfig.from_dict(data)
+    cfg = TrainConfig.from_dict(data)
+    check_given_fields_are_read(cfg, given.names())  # e.g. --eval-batches with --full-eval: no effect
+    return cfg
+
+
+def _train_fields(args, given: GivenOnce) -> dict:
+    """The ``TrainConfig`` fields set by flags and ``--opt`` items (typed, checked), each recorded in ``given``;
+    the fields inside ``--opt model='{...}'`` and ``--opt task_options='{...}'`` one by one."""
+    types = field_types(TrainConfig)
+    out: dict = {}
+    for name in types:
+        value = getattr(args, name, None)
+        if value is not None and name not in NOT_FLAGS:
+            flag = "--" + name.replace("_", "-")
+            out[name] = coerce(flag, value, types[name])
+            check_value(flag, out[name], types[name], TRAIN_FIELDS[name].metadata)  # range/choices, named as given
+            given.add(name, out[name], flag)
+    for item in args.train_overrides:
+        for name, value in parse_overrides([item], TrainConfig, "--opt").items():
+            where = f"--opt {item}"
+            if name == "model" and isinstance(value, dict):
+                for key, sub in value.items():
+                    given.add_model(key, sub, where)
+            elif name == "task_options" and isinstance(value, dict):
+                for key, sub in value.items():
+                    given.add(f"task_options.{key}", sub, where)
+            else:
+                given.add(name, value, where)
+            out[name] = value
+    return out
 
 
 def _absolute_paths(data: dict) -> None:
@@ -182,16 +212,16 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     """Checks of a training config against this machine and its file system, before any data is read:
     ``device`` and ``dtype`` exist here, ``data_dir`` is not a file, ``cache_dir`` can be created, the task's
     ``task_options`` are valid (:func:`coupled_qk.training.tasks.check_task_options`), and (with ``run_folder``)
-    ``out_dir`` may hold a run (:func:`coupled_qk.training.resume.check_out_dir`).
+    ``out_dir`` may hold a run (:func:`coupled_qk.outputs.check_run_out_dir`).
 
     Raises:
         ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``,
             ``task_options.<field>``, ``out_dir``).
     """
+    from coupled_qk.checks.paths import output_location, path_value
     from coupled_qk.data.tokenizers import check_tokenizer_spec
     from coupled_qk.devices import check_device, check_dtype
-    from coupled_qk.outputs import output_location, path_value
-    from coupled_qk.training.run_folder import check_out_dir
+    from coupled_qk.outputs import check_run_out_dir
     from coupled_qk.training.tasks import check_task_options
 
     device = check_device("--device", cfg.device)
@@ -209,7 +239,7 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
         check_tokenizer_spec("--tokenizer", cfg.tokenizer)
     check_task_options(cfg.task, cfg.task_options)
     if run_folder:
-        check_out_dir(path_value("--out-dir", cfg.out_dir))
+        check_run_out_dir(path_value("--out-dir", cfg.out_dir))
 
 
 def read_corpus_first(cfg: TrainConfig) -> None:

@@ -25,8 +25,10 @@ the rest for train, and join each split's documents with a blank line (``"\\n\\n
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import warnings
 from pathlib import Path
 
@@ -126,14 +128,7 @@ def read_text(path: Path, corpus: str) -> str:
     """
     path = Path(path)
     if not path.is_file():
-        if path.is_symlink():
-            raise FileNotFoundError(
-                f"corpus {corpus!r}: {path} is a broken symbolic link (to {os.readlink(path)}); expected a text file"
-            )
-        if path.is_dir():
-            raise ValueError(f"corpus {corpus!r}: {path} is a folder; expected a text file")
-        hint = f"; {_HINT}" if corpus in KNOWN_CORPORA else ""
-        raise FileNotFoundError(f"corpus {corpus!r}: expected file {path} does not exist{hint}")
+        _not_a_regular_file(path, corpus)
     if path.suffix.lower() in _JSON_SUFFIXES:
         raise ValueError(
             f"corpus {corpus!r}: {path} is a {path.suffix} file; a corpus is plain UTF-8 text, so its "
@@ -155,7 +150,106 @@ def read_text(path: Path, corpus: str) -> str:
             f"corpus {corpus!r}: {path} is not valid UTF-8 text (bad byte at offset {e.start}"
             f"{found}); expected UTF-8 text: {fix}"
         ) from e
-    return text[1:] if text.startswith(UTF8_BOM) else text
+    return clean_text(text[1:] if text.startswith(UTF8_BOM) else text, path, corpus)
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_a_regular_file(path: Path, corpus: str) -> None:
+    """Raise the error naming what ``path`` (not a regular file) is: missing, a broken symbolic link or a link
+    loop, a folder, a named pipe, a socket or a device (reading a pipe blocks, reading ``/dev/zero`` never ends:
+    before, both were "does not exist").
+
+    Raises:
+        FileNotFoundError: missing, or a broken link. ValueError: anything else, naming it.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"corpus {corpus!r}: {path} is a loop of symbolic links; expected a text file") from None
+        if path.is_symlink():
+            raise FileNotFoundError(
+                f"corpus {corpus!r}: {path} is a broken symbolic link (to {os.readlink(path)}); expected a text file"
+            ) from None
+        hint = f"; {_HINT}" if corpus in KNOWN_CORPORA else ""
+        raise FileNotFoundError(f"corpus {corpus!r}: expected file {path} does not exist{hint}") from None
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"corpus {corpus!r}: {path} is a folder; expected a text file")
+    kind = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    raise ValueError(f"corpus {corpus!r}: {path} is {kind}, not a regular file; expected a text file")
+
+
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+"""C0 control characters and DEL, which text does not hold (tab, line feed, carriage return, vertical tab and form
+feed are whitespace and pass): a NUL, an ANSI escape (``ESC``) or a DOS end-of-file mark (``SUB``) would be
+trained on as characters. C1 characters (U+0080-U+009F, usually Windows-1252 text read as Latin-1: the shared
+``mixed-domain`` corpus holds some) are kept."""
+_CONTROL_NAMES = {
+    0x00: "NUL",
+    0x08: "BS",
+    0x1A: "SUB, a DOS end-of-file mark",
+    0x1B: "ESC, an ANSI escape",
+    0x7F: "DEL",
+}
+LINE_SEPARATORS = {"\u2028": "\n", "\u2029": "\n\n", "\x85": "\n"}
+"""Unicode line and paragraph separators and NEL -> the line feeds they stand for, when they are a file's only
+line breaks (a file that also has ``\n`` holds them as characters inside its lines, as the shared ``pubmed``
+corpus does once)."""
+
+
+def _line_of(text: str, index: int) -> int:
+    return text.count("\n", 0, index) + 1
+
+
+def clean_text(text: str, path: Path | str, corpus: str) -> str:
+    """A corpus file's decoded text with one line-break convention: ``\r\n`` (Windows) and a lone ``\r`` (old
+    Mac OS) become ``\n``, as do U+2028 / U+0085 (U+2029, a paragraph separator: a blank line) in a file that has no
+    ``\n``; each normalisation is a warning naming the file, the convention and its first line. Before, CRLF
+    text was tokenized with its ``\r`` (other tokens than the same text with LF) and a CR-only file was one line.
+    Text already in ``\n`` form is returned unchanged (the shared corpora: their fingerprints stay valid).
+
+    Raises:
+        ValueError: the text holds a C0 control character or DEL (:data:`CONTROL_CHARACTERS`), naming the file,
+            the line and column of the first, the character and how many there are.
+    """
+    bad = CONTROL_CHARACTERS.search(text)
+    if bad:
+        code = ord(bad.group())
+        line = _line_of(text, bad.start())
+        column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+        count = len(CONTROL_CHARACTERS.findall(text))
+        raise ValueError(
+            f"corpus {corpus!r}: {path} line {line}, column {column} holds the control character U+{code:04X} "
+            f"({_CONTROL_NAMES.get(code, 'not text')}; {count} in the file): it would be trained on as a character; "
+            "remove control characters from the file (e.g. tr -d '\\000-\\010\\016-\\037\\177' < in > out)"
+        )
+    if "\r" in text:
+        crlf = text.count("\r\n")
+        lone = text.count("\r") - crlf
+        first = _line_of(text, text.index("\r"))
+        kinds = " and ".join(k for k, n in (("\\r\\n (Windows)", crlf), ("\\r (old Mac OS)", lone)) if n)
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        _notice(f"corpus {corpus!r}: {path} ends {crlf + lone:,} lines with {kinds} from line {first}: read with \\n")
+    elif "\n" not in text and any(sep in text for sep in LINE_SEPARATORS):
+        found = [f"U+{ord(sep):04X}" for sep in LINE_SEPARATORS if sep in text]
+        for sep, breaks in LINE_SEPARATORS.items():
+            text = text.replace(sep, breaks)
+        _notice(
+            f"corpus {corpus!r}: {path} separates its lines with {', '.join(found)} and has no \\n: read with \\n "
+            "line breaks (a paragraph separator U+2029 as a blank line)"
+        )
+    return text
+
+
+def _notice(message: str) -> None:
+    warnings.warn(message, UserWarning, stacklevel=5)
 
 
 def _words(docs: list[str]) -> int:
@@ -207,7 +301,7 @@ def _wikitext(name: str, data_dir: Path) -> Corpus:
 def _given_split_files(folder: Path) -> dict[str, Path] | None:
     for pattern in ("{}.txt", "wiki.{}.tokens", "wiki.{}.raw"):
         files = {s: folder / pattern.format(s) for s in SPLITS}
-        present = [p for p in files.values() if p.is_file() or p.is_symlink()]  # a broken link: read_text names it
+        present = [p for p in files.values() if p.exists() or p.is_symlink()]  # read_text names a link, pipe, ...
         if len(present) == 3:
             return files
         if present:
@@ -222,27 +316,65 @@ def _given_split_files(folder: Path) -> dict[str, Path] | None:
 def _text_files(name: str, folder: Path) -> list[Path]:
     """The ``*.txt`` files under ``folder`` (recursive, sorted by relative path), without hidden ones (a name
     starting with ``"."`` anywhere below ``folder``: editor and notebook copies such as
-    ``.ipynb_checkpoints/notes-checkpoint.txt`` would put a second copy of a document into another split);
-    a warning names what was left out."""
-    files, hidden = [], []
-    for f in sorted(folder.rglob("*.txt"), key=lambda p: p.relative_to(folder).as_posix()):
-        if f.is_dir():  # a folder named *.txt: rglob walks into it anyway
-            continue
-        (hidden if any(part.startswith(".") for part in f.relative_to(folder).parts) else files).append(f)
-    if hidden:
-        shown = ", ".join(f.relative_to(folder).as_posix() for f in hidden[:3]) + (", ..." if len(hidden) > 3 else "")
-        warnings.warn(
-            f"corpus {name!r}: {len(hidden)} hidden *.txt file(s) under {folder} left out ({shown}); "
-            "hidden files and folders (names starting with '.') are not read",
-            UserWarning,
-            stacklevel=4,
-        )
+    ``.ipynb_checkpoints/notes-checkpoint.txt`` would put a second copy of a document into another split).
+    Nothing is left out silently: a warning names the hidden ``*.txt`` files, the other files (``README.md``,
+    ``notes.TXT``: only ``*.txt`` is read) and the symbolic links to folders (not followed)."""
+    files, hidden, other, links = [], [], [], []
+    for f in sorted(folder.rglob("*"), key=lambda p: p.relative_to(folder).as_posix()):
+        rel = f.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            if f.name.endswith(".txt") and not f.is_dir():
+                hidden.append(f)
+        elif f.is_symlink() and f.is_dir():  # rglob does not walk into it
+            links.append(f)
+        elif f.name.endswith(".txt") and not f.is_dir():  # a folder named *.txt: rglob walks into it anyway
+            files.append(f)
+        elif not f.is_dir():
+            other.append(f)
+    for found, what, why in (
+        (hidden, "hidden *.txt file(s)", "hidden files and folders (names starting with '.') are not read"),
+        (other, "file(s) not named *.txt", "only *.txt files are read"),
+        (links, "symbolic link(s) to folders", "links to folders are not followed: link the files, or copy them in"),
+    ):
+        if found:
+            shown = ", ".join(f.relative_to(folder).as_posix() for f in found[:3]) + (", ..." if len(found) > 3 else "")
+            warnings.warn(
+                f"corpus {name!r}: {len(found)} {what} under {folder} left out ({shown}); {why}",
+                UserWarning,
+                stacklevel=4,
+            )
     return files
 
 
+SPLIT_STAMP = "source.txt"
+"""The file in which a split folder derived by coupled-qk (``experiments/claims/heldout.py``) records the input's
+SHA-256 and the split settings: the project's own, not a split, never read as text nor warned about."""
+_STAMP_TEXT = re.compile(r"(source=\S+ )?sha256=[0-9a-f]{64}( \w+=\S+)* unit=(article|document)\n")
+
+
+def is_split_stamp(path: Path) -> bool:
+    """Whether ``path`` is a derived split folder's :data:`SPLIT_STAMP` (its name and its one line of settings)."""
+    try:
+        return path.name == SPLIT_STAMP and path.stat().st_size < 4096 and bool(_STAMP_TEXT.fullmatch(path.read_text()))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a loop of symbolic links
+        return False
+
+
 def _warn_unread(name: str, folder: Path, given: dict[str, Path]) -> None:
-    """Warn about the ``*.txt`` files beside the given splits, which a folder with given splits does not read."""
-    unread = sorted(f.name for f in folder.glob("*.txt") if f not in given.values() and not f.name.startswith("."))
+    """Warn about everything beside the given splits (files and folders, except hidden ones and a derived split
+    folder's :data:`SPLIT_STAMP`), which a folder with given splits does not read."""
+    unread = sorted(
+        e.name + ("/" if _is_dir(e) else "")
+        for e in os.scandir(folder)
+        if not e.name.startswith(".") and Path(e.path) not in given.values() and not is_split_stamp(Path(e.path))
+    )
     if unread:
         warnings.warn(
             f"corpus {name!r}: {folder} holds the splits {', '.join(p.name for p in given.values())}, so "
@@ -255,7 +387,7 @@ def _warn_unread(name: str, folder: Path, given: dict[str, Path]) -> None:
 
 def _from_path(name: str, path: Path, seed: int, vf: float, tf: float, min_words: int) -> Corpus:
     source = {"path": str(path)}
-    if path.is_file():
+    if not path.is_dir():  # a file, or what read_text names (a pipe, a socket, a device)
         return _from_documents(name, [path], seed, vf, tf, source, min_words)
     given = _given_split_files(path)
     if given is not None:
@@ -409,6 +541,8 @@ def _load_corpus(
             alt = path
         path = alt if alt.exists() else path
     if not path.exists():
+        if path.is_symlink():  # a broken link or a loop of links: named as such
+            _not_a_regular_file(path, name)
         raise ValueError(
             f"unknown corpus {name!r}: not one of {', '.join(KNOWN_CORPORA)} and not an existing file or folder"
         )

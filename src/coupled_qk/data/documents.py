@@ -11,6 +11,7 @@ Python/NumPy versions); each split's documents are joined with a blank line (:fu
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass, field
 
 from coupled_qk._checks import nonneg_int
@@ -20,6 +21,10 @@ MAX_DOC_LINES = 100
 GROUP_LINES = 20
 MIN_SPLIT_WORDS = 10_000  # words each random evaluation split aims for (~13k GPT-2 tokens)
 MAX_EVAL_SHARE = 0.2  # ... but never more than this share of the corpus's words
+MIN_REPEAT_WORDS = 20
+"""A document of at least this many words that occurs twice is one document repeated (a copied paragraph): its
+copies are kept in one split by :func:`random_split`, and given splits sharing one are warned about
+(:func:`check_repeats`). Shorter ones (a heading, "See also", a one-line record) repeat by nature."""
 
 
 @dataclass
@@ -119,8 +124,10 @@ def random_split(
 ) -> tuple[list[str], list[str], list[str]]:
     """Deterministic document-level split into (train, valid, test) lists, in shuffled order.
 
-    The order is ``sorted(range(n), key=sha256(f"{seed}:{i}"))``. Test takes the first documents of that
-    order, valid the next ones, train the rest. Each evaluation split takes at least
+    The order is ``sorted(range(n), key=sha256(f"{seed}:{i}"))``, where a document repeating an earlier one word
+    for word (at least :data:`MIN_REPEAT_WORDS` words) takes its first copy's ``i``, so that all copies land in
+    one split (a warning says so; a corpus without such copies splits as before). Test takes the first documents
+    of that order, valid the next ones, train the rest. Each evaluation split takes at least
     ``max(1, round(n * fraction))`` documents and keeps adding documents until it holds ``min_split_words``
     whitespace-separated words (about 1.3 GPT-2 tokens each), but never more than
     ``MAX_EVAL_SHARE`` = 20% of the corpus's words, so small corpora still train on most of their text (their
@@ -145,22 +152,84 @@ def random_split(
             "non-empty train/valid/test splits (documents are separated by blank lines; or give a "
             "folder with train.txt, valid.txt and test.txt)"
         )
-    order = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+    first = _first_copies(docs)
+    # copies of a document share their first copy's place in the order (ties: by index), so one split holds them all
+    order = sorted(range(n), key=lambda i: (hashlib.sha256(f"{seed}:{first[i]}".encode()).digest(), i))
     words = [len(docs[i].split()) for i in order]
     cap = MAX_EVAL_SHARE * sum(words)
 
-    def take(start: int, n_min: int, reserve: int) -> int:  # end index of a split starting at ``start``
-        end, have = start + n_min, sum(words[start : start + n_min])
-        while have < min_split_words and end < n - reserve and have + words[end] <= cap:
-            have += words[end]
+    def group_end(end: int, limit: int) -> int:  # past the copies of the document just taken
+        while 0 < end < limit and first[order[end]] == first[order[end - 1]]:
             end += 1
+        return end
+
+    def take(start: int, n_min: int, reserve: int) -> int:  # end index of a split starting at ``start``
+        end = group_end(start + n_min, n - reserve)
+        have = sum(words[start:end])
+        while have < min_split_words and end < n - reserve:
+            after = group_end(end + 1, n - reserve)  # a document with its copies
+            if have + sum(words[end:after]) > cap:
+                break
+            have += sum(words[end:after])
+            end = after
         return end
 
     test_end = take(0, n_test, n_valid + 1)
     valid_end = take(test_end, n_valid, 1)
     test = [docs[i] for i in order[:test_end]]
     valid = [docs[i] for i in order[test_end:valid_end]]
-    return [docs[i] for i in order[valid_end:]], valid, test
+    train = [docs[i] for i in order[valid_end:]]
+    repeated = n - len(set(first))
+    if repeated:
+        warnings.warn(
+            f"corpus {corpus!r}: {repeated} document(s) of at least {MIN_REPEAT_WORDS} words repeat an earlier one "
+            "word for word; each one's copies are kept in one split, so no held-out document is also trained on "
+            "(remove the copies to weigh each document once)",
+            UserWarning,
+            stacklevel=3,
+        )
+    check_repeats(corpus, {"train": train, "valid": valid, "test": test})  # copies cut apart at a split's edge
+    return train, valid, test
+
+
+def _first_copies(docs: list[str]) -> list[int]:
+    """For each document, the index of its first copy when it has at least :data:`MIN_REPEAT_WORDS` words and
+    repeats an earlier one exactly; its own index otherwise."""
+    seen: dict[str, int] = {}
+    return [seen.setdefault(d, i) if len(d.split()) >= MIN_REPEAT_WORDS else i for i, d in enumerate(docs)]
+
+
+def check_repeats(corpus: str, docs: dict[str, list[str]], files: dict | None = None, texts: dict | None = None) -> int:
+    """Warn when documents of the ``valid`` or ``test`` split (of at least :data:`MIN_REPEAT_WORDS` words) occur
+    word for word in the ``train`` split: the held-out perplexity is then measured partly on trained text. The
+    warning names how many, their share of the split's words, and the first one's line in its file (``files``:
+    split -> path, where known). Returns the number found.
+
+    Args:
+        corpus: the corpus name, for the message.
+        docs: split -> its documents (:func:`split_documents`).
+        files, texts: split -> the file it was read from and its text (given splits), for the message's line.
+    """
+    trained = {d for d in docs["train"] if len(d.split()) >= MIN_REPEAT_WORDS}
+    found = 0
+    for split in ("valid", "test"):
+        repeats = [d for d in docs[split] if d in trained]
+        if not repeats:
+            continue
+        found += len(repeats)
+        share = sum(len(d.split()) for d in repeats) / max(1, sum(len(d.split()) for d in docs[split]))
+        where = ""
+        if files and texts and split in files:
+            line = texts[split].count("\n", 0, max(0, texts[split].find(repeats[0]))) + 1
+            where = f"; the first at {files[split]} line {line}"
+        warnings.warn(
+            f"corpus {corpus!r}: {len(repeats)} document(s) of its {split} split ({share:.1%} of its words) also "
+            f"appear word for word in its train split{where}: the {split} perplexity is measured partly on text the "
+            "model trained on; remove them from one of the splits",
+            UserWarning,
+            stacklevel=3,
+        )
+    return found
 
 
 def join_documents(docs: list[str]) -> str:
@@ -169,8 +238,14 @@ def join_documents(docs: list[str]) -> str:
 
 
 def finish_corpus(name: str, train: str, valid: str, test: str, source: dict) -> Corpus:
-    """The :class:`Corpus` of three split texts; ``ValueError`` naming the corpus and split when one is empty."""
+    """The :class:`Corpus` of three split texts; ``ValueError`` naming the corpus and split when one is empty.
+    Given splits (``source["split"] == "given"``) that share documents are warned about (:func:`check_repeats`;
+    a random split keeps copies together itself)."""
     for split, text in zip(SPLITS, (train, valid, test)):
         if not text.strip():
             raise ValueError(f"corpus {name!r}: the {split} split is empty (source: {source.get('files')})")
+    if source.get("split") == "given":
+        files = source.get("files") if isinstance(source.get("files"), dict) else None
+        docs = {split: split_documents(text) for split, text in zip(SPLITS, (train, valid, test))}
+        check_repeats(name, docs, files, dict(zip(SPLITS, (train, valid, test))))
     return Corpus(name, train, valid, test, source)

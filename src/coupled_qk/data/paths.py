@@ -7,8 +7,9 @@ the repository root (see that folder's ``README.md``). Users with the data elsew
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from coupled_qk.checks.environment import env_value
 
 DATA_ENV = "COUPLED_QK_DATA"
 CACHE_ENV = "COUPLED_QK_CACHE"
@@ -42,7 +43,7 @@ def default_data_dir() -> Path:
         FileNotFoundError: ``COUPLED_QK_DATA`` names something that is not a directory, or it is unset and
             none of the candidate folders exists; the message names the variable and every path tried.
     """
-    env = os.environ.get(DATA_ENV, "").strip()
+    env = env_value(DATA_ENV)  # declared in checks.environment.ENVIRONMENT; None when unset or blank
     if env:
         path = Path(env).expanduser()
         if not path.is_dir():
@@ -70,11 +71,11 @@ def default_cache_dir() -> Path:
 
     Raises:
         ValueError: ``COUPLED_QK_CACHE`` names a file, a path under a file, or a place that cannot be created or
-            written (:func:`coupled_qk.outputs.output_location`), naming the variable and its value.
+            written (:func:`coupled_qk.checks.paths.output_location`), naming the variable and its value.
     """
-    from coupled_qk.outputs import output_location
+    from coupled_qk.checks.paths import output_location
 
-    env = os.environ.get(CACHE_ENV, "").strip()
+    env = env_value(CACHE_ENV)
     if env:
         return output_location(CACHE_ENV, env).absolute()
     return (Path.home() / ".cache" / "coupled_qk").absolute()

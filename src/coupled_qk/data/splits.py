@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from coupled_qk._checks import finite, nonneg_int
-from coupled_qk.data.corpora import random_split, read_text
+from coupled_qk.data.corpora import SPLIT_STAMP, random_split, read_text
 from coupled_qk.io import write_text_atomic
 
 _ARTICLE = re.compile(r"^ = [^=].* = $", re.M)
@@ -67,7 +67,7 @@ def heldout_corpus(data_dir: str | Path, out_root: str | Path, seed: int = 0, fr
     text = read_text(src, "wiki-vital")
     stamp = f"sha256={hashlib.sha256(text.encode()).hexdigest()} seed={seed} fraction={fraction} unit=article\n"
     out = Path(out_root) / HELDOUT_NAME
-    if (out / "source.txt").is_file() and (out / "source.txt").read_text() == stamp:
+    if (out / SPLIT_STAMP).is_file() and (out / SPLIT_STAMP).read_text() == stamp:
         return out
     # min_split_words=0: exactly round(n * fraction) articles per split (the split the committed runs used)
     train, valid, test = random_split(
@@ -76,7 +76,7 @@ def heldout_corpus(data_dir: str | Path, out_root: str | Path, seed: int = 0, fr
     out.mkdir(parents=True, exist_ok=True)
     for name, docs in (("train", train), ("valid", valid), ("test", test)):
         write_text_atomic(out / f"{name}.txt", "\n\n".join(docs) + "\n")
-    write_text_atomic(out / "source.txt", stamp)
+    write_text_atomic(out / SPLIT_STAMP, stamp)
     return out
 
 
@@ -144,7 +144,7 @@ def document_split(
         f"train_fraction={train_fraction} unit=document\n"
     )
     out = Path(out_root) / name
-    if (out / "source.txt").is_file() and (out / "source.txt").read_text() == stamp:
+    if (out / SPLIT_STAMP).is_file() and (out / SPLIT_STAMP).read_text() == stamp:
         return out
     order = sorted(range(len(docs)), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
     valid = [docs[i] for i in order[:valid_docs]]
@@ -153,5 +153,5 @@ def document_split(
     out.mkdir(parents=True, exist_ok=True)
     for split, chosen in (("train", train), ("valid", valid), ("test", test)):
         write_text_atomic(out / f"{split}.txt", "\n\n".join(chosen) + "\n")
-    write_text_atomic(out / "source.txt", stamp)
+    write_text_atomic(out / SPLIT_STAMP, stamp)
     return out

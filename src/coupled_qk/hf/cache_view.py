@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
+from coupled_qk.checks.tensors import check_attention_mask, check_position_ids
 
 LARGER = (
     "Create it with a larger max_cache_len (generate(..., cache_implementation='static', max_cache_len=N) sizes "

@@ -18,8 +18,8 @@ import functools
 from transformers import PretrainedConfig
 from transformers.utils import CONFIG_NAME
 
-from coupled_qk.models.config import GPTConfig
-from coupled_qk.models.field_rules import loading_saved
+from coupled_qk.models.config import GPTConfig, fold_flat_options
+from coupled_qk.models.field_rules import loading_saved, refuse_unless_saved
 from coupled_qk.models.provenance import KEY as PROVENANCE_KEY
 from coupled_qk.models.provenance import naming_providers, providers
 
@@ -35,6 +35,7 @@ STANDARD_NAMES = {
     "head_dim": "d_head",
     "intermediate_size": "d_ff",
     "max_position_embeddings": "block_size",
+    "rope_theta": "rope_base",
 }
 """The standard ``transformers`` config names and the ``GPTConfig`` fields they stand for."""
 
@@ -84,26 +85,60 @@ def _check_flag(name: str, value):
     return value
 
 
-def _refuse_near_misses(kwargs: dict) -> None:
-    """Refuse a keyword that is neither ours nor a ``transformers`` config attribute but is one edit away from
-    one of our fields (``n_layers`` for ``n_layer``): ``PretrainedConfig`` keeps unknown keywords as attributes,
-    so the typo would silently leave the field at its default."""
+COUNTERPARTS = {
+    **{name: "dropout" for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")},
+    **{name: "position='rope' and rope_base" for name in ("rope_scaling", "rope_parameters", "partial_rotary_factor")},
+    "n_positions": "block_size",
+    "n_embd": "d_model",
+    "n_head": "n_heads",
+    "n_inner": "d_ff",
+}
+"""Names other ``transformers`` models read that have a counterpart here (not the same meaning, or not a plain
+synonym: said in the message, not mapped)."""
+
+
+def _refuse_unknown(kwargs: dict) -> None:
+    """Refuse a keyword that is neither ours (a field, a flat map option, a standard name) nor a ``transformers``
+    config attribute: ``PretrainedConfig`` keeps it as an attribute that no coupled-qk model reads
+    (``CoupledQKConfig(rope_theta=500.0)`` kept 500 while the RoPE base stayed 10000; it is now the standard name of
+    ``rope_base``). A near miss of one of our fields (``n_layers``) is always refused; any other unknown key is
+    refused when the config is built, and warned about when a saved ``config.json`` is read (kept, as
+    ``transformers`` keeps it: a newer version may have written it;
+    :func:`~coupled_qk.models.field_rules.loading_saved`).
+
+    Raises:
+        ValueError: naming the key, what it would have done and our name for it where there is one.
+    """
     ours = set(GPT_FIELDS) | set(GPTConfig.extra_names()) | set(STANDARD_NAMES)
     for key in kwargs:
-        if key in ours or key.startswith("_") or key in _transformers_attributes():
+        if key in COUNTERPARTS:  # even a transformers attribute (rope_scaling): the model reads our field instead
+            if kwargs[key] is None:  # "not given", as transformers passes it
+                continue
+        elif key in ours or key.startswith("_") or key in _transformers_attributes() or key == PROVENANCE_KEY:
             continue
         close = difflib.get_close_matches(key, sorted(ours), n=1, cutoff=0.85)
-        if close:
+        if close and key not in COUNTERPARTS:
             raise ValueError(
                 f"CoupledQKConfig got an unknown field {key!r}; did you mean {close[0]!r}? (an unknown "
                 "name would be kept as a plain attribute and change nothing)"
             )
+        hint = f"; here that is {COUNTERPARTS[key]}" if key in COUNTERPARTS else ""
+        refuse_unless_saved(
+            f"CoupledQKConfig got {key}={kwargs[key]!r}, which no coupled-qk model reads: it would be kept as a plain "
+            f"attribute and change nothing{hint} (fields: GPTConfig's, docs/METHOD.md section 4)"
+        )
+
+
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id")
+"""Special token ids a config carries for ``generate`` (``GenerationConfig.from_model_config`` reads them)."""
 
 
 @functools.cache
 def _transformers_attributes() -> frozenset:
-    """The attribute names of a default ``PretrainedConfig`` (the keywords every transformers config takes)."""
-    return frozenset(PretrainedConfig().to_dict())
+    """The attribute names of a default ``PretrainedConfig`` and its properties (``num_labels``): the keywords every
+    transformers config takes."""
+    properties = {n for n, v in vars(PretrainedConfig).items() if isinstance(v, property)}
+    return frozenset(PretrainedConfig().to_dict()) | properties | set(TOKEN_IDS) | set(FLAGS) | {"tie_word_embeddings"}
 
 
 def _name_standard(exc: ValueError, given: dict) -> ValueError:
@@ -162,7 +197,7 @@ class CoupledQKConfig(PretrainedConfig):
         fields = {**legacy, **top}  # top-level keys win
         if legacy:
             fields = GPTConfig.upgrade(fields, CONFIG_NAME)
-        _refuse_near_misses(kwargs)
+        _refuse_unknown(kwargs)
         with naming_providers(kwargs.get(PROVENANCE_KEY)):  # a plugin's attention where it is not installed
             gpt = GPTConfig.from_dict(fields)
         if providers(gpt.attention):  # saved in config.json, for that error where the plugin is missing
@@ -179,7 +214,8 @@ class CoupledQKConfig(PretrainedConfig):
     def __setattr__(self, key, value) -> None:
         """Assigning a field after construction is checked as the constructor checks it (``config.attention =
         "bogus"`` is refused here, not when a saved folder fails to load): a ``GPTConfig`` field or its standard
-        name is validated with the other fields (:class:`~coupled_qk.GPTConfig`), ``tie_word_embeddings`` must
+        name is validated with the other fields and the fields derived from it follow it (``d_head`` after
+        ``hidden_size``: :meth:`~coupled_qk.GPTConfig.follow`), ``tie_word_embeddings`` must
         stay ``True``, the :data:`FLAGS` must be bools; a flat map option (``config.dt_init = 0.3``) sets that option of
         ``qk_map``. ``ValueError``
         naming the field; the old value stays."""
@@ -189,10 +225,19 @@ class CoupledQKConfig(PretrainedConfig):
                 _check_flag(key, value)
             elif key == "tie_word_embeddings":
                 _check_tied(value)
-            elif key in GPT_FIELDS or key in GPTConfig.extra_names():
-                fields = {name: getattr(self, name) for name in GPT_FIELDS}
-                gpt = GPTConfig.from_dict({**fields, key: value})  # validated; a flat map option goes to qk_map
-                key, value = (key, getattr(gpt, key)) if key in GPT_FIELDS else ("qk_map", gpt.to_dict()["qk_map"])
+            elif key in GPT_FIELDS:  # assigned as GPTConfig assigns it: checked, the derived fields follow it
+                gpt = GPTConfig.from_dict({name: getattr(self, name) for name in GPT_FIELDS})
+                setattr(gpt, key, value)
+                fields = gpt.to_dict()
+                for name in GPT_FIELDS:
+                    if name != key and getattr(self, name) != fields[name]:
+                        super().__setattr__(name, fields[name])
+                value = fields[key]
+            elif key in GPTConfig.extra_names():
+                fields = {**{name: getattr(self, name) for name in GPT_FIELDS}, key: value}
+                fold_flat_options(fields, {key})  # a change of this config's option, not the option given twice
+                gpt = GPTConfig.from_dict(fields)  # validated
+                key, value = "qk_map", gpt.to_dict()["qk_map"]
         super().__setattr__(key, value)
 
     @classmethod

@@ -104,6 +104,7 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, overwrite: bool = False)
         for f in files:
             os.chmod(f, file_mode())  # save_pretrained's safetensors file is 0600 whatever the umask
             os.replace(f, out.claim(f.name))
+            out.record(out.path / f.name)
         _remove_stale(hf_dir, {f.name for f in files})
         fsync_dir(hf_dir)
     except OSError as exc:

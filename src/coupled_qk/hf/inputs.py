@@ -11,8 +11,8 @@ import torch
 from transformers.cache_utils import Cache
 from transformers.utils import CONFIG_NAME
 
+from coupled_qk.checks.tensors import check_generate_args, check_ids
 from coupled_qk.hf.hints import run_folder_hint
-from coupled_qk.tensor_checks import check_generate_args, check_ids
 
 
 def check_folder(path: Path) -> None:
@@ -27,6 +27,57 @@ def check_folder(path: Path) -> None:
             f"{path} has no config.json, so it is not a Hugging Face model folder; write one "
             "with save_pretrained() or `coupled-qk export RUN_DIR HF_DIR`"
         )
+
+
+def check_saved_files(path: Path) -> None:
+    """The files ``from_pretrained`` reads from the local folder ``path``, checked before it reads them, so that a
+    damaged one is named: each ``*.safetensors`` must open (its header parse and cover the file: a file cut short
+    by a full disk or an interrupted copy failed inside ``safetensors`` as "incomplete metadata, file not fully
+    covered", naming no file); ``model.safetensors.index.json`` must be JSON naming shards that exist; a damaged
+    ``generation_config.json`` (which ``transformers`` skips, generating with the model config's settings) is a
+    warning naming it.
+
+    Raises:
+        ValueError: naming the damaged file, its size and what to do.
+    """
+    import json
+    import warnings
+
+    from safetensors import safe_open
+
+    if not path.is_dir():
+        return
+    remedy = f"export the run again (coupled-qk export RUN {path} --overwrite) or restore the file"
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), "pt"):
+                pass
+        except Exception as exc:  # safetensors' own error type and message
+            raise ValueError(
+                f"{weights} is damaged or cut short ({weights.stat().st_size:,} bytes; safetensors: {exc}); {remedy}"
+            ) from None
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(
+                f"{index} is not a weight index (a JSON object with a weight_map; {exc}); {remedy}"
+            ) from None
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise ValueError(f"{index} names weight files that are not in {path}: {missing}; {remedy}")
+    generation = path / "generation_config.json"
+    if generation.is_file():
+        try:
+            json.loads(generation.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            warnings.warn(
+                f"{generation} is not valid JSON ({exc}): transformers skips it, so generate uses the settings of "
+                "config.json (its special token ids); write it again or delete it",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 def cache_arg(cache: Cache | None, kwargs: dict) -> Cache | None:
@@ -88,6 +139,7 @@ def check_inputs(
     for name, value in (
         ("use_cache", use_cache),
         ("output_hidden_states", kwargs.get("output_hidden_states")),
+        ("output_attentions", kwargs.get("output_attentions")),  # "False" was read as asking for them
         ("return_dict", kwargs.get("return_dict")),
     ):
         if value is not None and not isinstance(value, bool):
@@ -257,7 +309,7 @@ def check_hf_generate_args(ids, model_config, config, kwargs: dict, device) -> N
     """The arguments of :meth:`coupled_qk.hf.modeling.CoupledQKForCausalLM.generate` (``ids`` the prompt,
     ``model_config`` the model's :class:`~coupled_qk.hf.configuration.CoupledQKConfig`, ``config`` the
     ``GenerationConfig`` in use, ``kwargs`` the call's keywords): ``max_new_tokens`` (or what ``max_length``
-    leaves), the beam counts, and :func:`~coupled_qk.tensor_checks.check_generate_args`'s checks. A prompt
+    leaves), the beam counts, and :func:`~coupled_qk.checks.tensors.check_generate_args`'s checks. A prompt
     given as ``kwargs["inputs_embeds"]`` ``(B, T, d_model)`` (with or without ``ids``, which must then be its
     ``(B, T)`` token ids) is checked by :func:`check_embeds` and its length counts as the prompt's.
 

@@ -16,6 +16,7 @@ accumulation (the loss honours ``num_items_in_batch``), activation checkpointing
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -27,10 +28,12 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from coupled_qk._checks import declared_flags
+from coupled_qk.checks.tensors import check_checkpoint_kwargs
 from coupled_qk.hf.cache_view import static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
 from coupled_qk.hf.forward import as_output, run_gpt
-from coupled_qk.hf.inputs import check_folder, check_hf_generate_args, check_labels
+from coupled_qk.hf.inputs import check_folder, check_hf_generate_args, check_labels, check_saved_files
 from coupled_qk.layers.attention import LEGACY_STATE_KEYS, CausalSelfAttention
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
@@ -130,6 +133,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         ):
             module.reset_parameters()  # torch.nn.init is guarded by transformers here: loaded weights stay
 
+    @declared_flags
     def _set_gradient_checkpointing(
         self, enable: bool = True, gradient_checkpointing_func=None, every_n_layers: int = 1
     ) -> None:
@@ -138,10 +142,14 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         ``every_n_layers``-th block (blocks 0, n, 2n, ...; ``GPT.checkpoint_every``) instead of ignoring it.
 
         Raises:
-            ValueError: ``every_n_layers`` not a positive integer.
+            ValueError: ``every_n_layers`` not a positive integer; a keyword of ``gradient_checkpointing_kwargs`` that
+                ``torch.utils.checkpoint.checkpoint`` does not declare, or a flag of it that is not a bool
+                (:func:`~coupled_qk.checks.tensors.check_checkpoint_kwargs`).
         """
         if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
             raise ValueError(f"every_n_layers={every_n_layers!r} must be a positive integer (1: every block)")
+        if isinstance(gradient_checkpointing_func, functools.partial):  # transformers' partial(checkpoint, **kwargs)
+            check_checkpoint_kwargs(gradient_checkpointing_func.keywords)
         kwargs = (
             {} if gradient_checkpointing_func is None else {"gradient_checkpointing_func": gradient_checkpointing_func}
         )
@@ -161,6 +169,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.model.lm_head = new_embeddings
 
+    @declared_flags
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Embedding:
@@ -209,6 +218,7 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         return wrapper
 
     @classmethod
+    @declared_flags
     def from_pretrained(cls, pretrained_model_name_or_path, *args, strict: bool = True, **kwargs):
         """``PreTrainedModel.from_pretrained`` that refuses incomplete folders (see the class docstring).
 
@@ -224,10 +234,13 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
 
         Raises:
             FileNotFoundError: a local folder without ``config.json`` (or a training run folder).
-            ValueError: (``strict``) missing / unexpected / mismatched weights, naming them; an invalid config
-                field (from :class:`CoupledQKConfig`).
+            ValueError: a damaged weights file or weight index, naming it
+                (:func:`~coupled_qk.hf.inputs.check_saved_files`); (``strict``) missing / unexpected / mismatched
+                weights, naming them; an invalid config field (from :class:`CoupledQKConfig`).
         """
-        check_folder(Path(os.fspath(pretrained_model_name_or_path)).expanduser())
+        folder = Path(os.fspath(pretrained_model_name_or_path)).expanduser()
+        check_folder(folder)
+        check_saved_files(folder)  # a damaged weights file is named (not safetensors' own message alone)
         legacy = legacy_key_mapping()
         kwargs["key_mapping"] = {**(kwargs.get("key_mapping") or {}), **legacy}
         want_info = kwargs.pop("output_loading_info", False)
@@ -314,7 +327,7 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """``GenerationMixin.generate`` with its arguments checked once per call, before any token is computed,
-        as :meth:`coupled_qk.GPT.generate`'s (:func:`coupled_qk.tensor_checks.check_generate_args`): the prompt
+        as :meth:`coupled_qk.GPT.generate`'s (:func:`coupled_qk.checks.tensors.check_generate_args`): the prompt
         ``(B, T)`` integer ids in the vocabulary (or ``inputs_embeds`` ``(B, T, d_model)``); ``max_new_tokens`` (or what
         ``max_length`` leaves) an int
         ``>= 0`` with ``T + max_new_tokens <= block_size`` (the model cannot see further: without this check the
@@ -325,7 +338,7 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         criteria, ...).
 
         Raises:
-            TypeError, ValueError: naming the argument (see :func:`~coupled_qk.tensor_checks.check_generate_args`).
+            TypeError, ValueError: naming the argument (see :func:`~coupled_qk.checks.tensors.check_generate_args`).
         """
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if ids is not None or kwargs.get("inputs_embeds") is not None:

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import choice
+from coupled_qk._checks import choice, declared_flags
 from coupled_qk.hf.retrofit_maps import DYNAMICS, build_map, check_layers, check_shared_keys, map_spec
 from coupled_qk.layers.qk_maps import QKMap
 
@@ -253,6 +253,7 @@ def _couple_module(module: nn.Module, fam: _Family, spec: tuple, gqa: str, posit
     module.forward = types.MethodType(fam.forward, module)
 
 
+@declared_flags
 def retrofit(
     model: nn.Module,
     integrator: str = "euler",
@@ -308,8 +309,6 @@ def retrofit(
     """
     choice("gqa", gqa, GQA_MODES)
     choice("position", position, POSITIONS)
-    if not isinstance(freeze_base, bool):
-        raise ValueError(f"freeze_base={freeze_base!r} must be a bool")
     _check_fresh(model)
     found = _supported_attention(model)
     chosen = check_layers(layers, len(found))

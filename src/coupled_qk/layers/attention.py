@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import boolean, finite, nonneg_int, positive_int
+from coupled_qk._checks import declared_flags, finite, nonneg_int, positive_int
 from coupled_qk.layers.differential import DifferentialScoring
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
 from coupled_qk.layers.kv_cache import KVCache
@@ -166,6 +166,7 @@ class CausalSelfAttention(nn.Module):
             ``use_rope`` with an odd ``d_head``.
     """
 
+    @declared_flags
     def __init__(
         self,
         d_model: int,
@@ -184,7 +185,6 @@ class CausalSelfAttention(nn.Module):
         for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
             positive_int(name, value)  # before any arithmetic on them (n_heads % n_kv_heads)
         nonneg_int("layer_idx", layer_idx)
-        boolean("use_rope", use_rope)
         finite("dropout", dropout, 0, 1, hi_open=True)
         if isinstance(scoring, str) and scoring not in SCORINGS:
             raise ValueError(
@@ -265,6 +265,7 @@ class CausalSelfAttention(nn.Module):
                     state_dict[prefix + new + name[len(old) :]] = state_dict.pop(key)
                     break
 
+    @declared_flags
     def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
         """``nn.Module.named_modules``; with a scoring rule whose ``inline_parameter_order`` is set (Differential
         Attention), the rule right after the layer and its submodules after the layer's others, so that

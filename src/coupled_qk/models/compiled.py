@@ -14,12 +14,14 @@ import warnings
 import torch
 import torch.nn as nn
 
+from coupled_qk._checks import declared_flags
 from coupled_qk.layers.kv_cache import StaticKVCache
 
 
 class GPTCompileMixin:
     """Regional compilation and the compiled decoding step of :class:`~coupled_qk.models.gpt.GPT`."""
 
+    @declared_flags
     def compile(
         self,
         backend: str = "inductor",
@@ -126,6 +128,7 @@ class GPTCompileMixin:
             x = block(x, rope, cache)
         return self.ln_f(x)
 
+    @declared_flags
     def compiled_decode_step(
         self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False, options: dict | None = None
     ):

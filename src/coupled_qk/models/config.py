@@ -19,6 +19,7 @@ from coupled_qk._checks import (
     coerce,
     coerce_fields,
     field_types,
+    loads_json,
     parse_assignments,
     positive_int,
 )
@@ -137,7 +138,7 @@ class JSONConfig(CheckedAssignment):
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = loads_json(path.read_text(encoding="utf-8"), f"config file {path}")
         except json.JSONDecodeError as exc:
             raise ValueError(f"config file {path} is not valid JSON ({exc})") from exc
         except UnicodeDecodeError as exc:
@@ -156,6 +157,15 @@ class JSONConfig(CheckedAssignment):
     def upgrade(cls, data: dict, path: str | Path) -> dict:
         """Rewrite a dict read by :meth:`load` from an older format (identity here)."""
         return data
+
+
+DERIVED = {
+    "n_kv_heads": lambda c: c["n_heads"],
+    "d_head": lambda c: c["d_model"] // c["n_heads"],
+    "d_ff": lambda c: 4 * c["d_model"],
+}
+""":class:`GPTConfig` fields derived from others when not given (``None``), as ``{field: fields -> value}``; they
+follow an assignment of the fields they derive from (:meth:`GPTConfig.follow`)."""
 
 
 @dataclass
@@ -268,6 +278,36 @@ class GPTConfig(JSONConfig):
             raise ValueError("GPTConfig.map_position='post_rope' needs position='rope'")
         check_unread_fields(self, ("rope_base", "map_position", "qk_map.keys_per_query_head"))  # field_rules.py
 
+    def follow(self, name: str, before: dict) -> None:
+        """After ``name`` was assigned, a derived field that held the value derived from the fields before it
+        (:data:`DERIVED`: ``n_kv_heads = n_heads``, ``d_head = d_model // n_heads``, ``d_ff = 4 d_model``) is
+        derived again, as the constructor derives it; one set to another value stays. Assigning ``attention``
+        gives ``qk_map`` the new attention's options (kept where its map is the same, the defaults otherwise,
+        ``None`` without a map). Before, ``config.d_model = 64`` left ``d_head`` and ``d_ff`` at the old width's,
+        ``config.n_heads = 4`` left ``n_kv_heads = 2`` (grouped-query attention nobody asked for), and
+        ``config.attention = "standard"`` kept the coupled map's options.
+
+        Raises:
+            ValueError: ``d_head`` would follow but ``d_model`` is not divisible by ``n_heads``.
+        """
+        now = {field: getattr(self, field) for field in before}
+        sizes = ("d_model", "n_heads")
+        if any(isinstance(now[f], bool) or not isinstance(now[f], int) or now[f] < 1 for f in sizes):
+            return  # nothing derives from a refused size: recheck names it
+        for field, derive in DERIVED.items():
+            if field == name or before[field] != derive(before):
+                continue
+            if field == "d_head" and now["d_model"] % now["n_heads"]:
+                raise ValueError(
+                    f"GPTConfig.{name}={now[name]!r}: d_model={now['d_model']} is not divisible by "
+                    f"n_heads={now['n_heads']}; change one of them or set d_head explicitly"
+                )
+            object.__setattr__(self, field, derive(now))
+        if name == "attention":
+            old_map, new_map = get_attention(before["attention"]).qk_map, get_attention(self.attention).qk_map
+            kept = before["qk_map"] if old_map is new_map else None
+            object.__setattr__(self, "qk_map", get_attention(self.attention).options(kept, {}))
+
     def recheck(self, name: str | None = None) -> None:
         """:meth:`validate`; assigning ``d_ff`` also checks that the model reads it (``use_mlp``), which
         :meth:`validate` cannot do for every assignment (after ``d_model`` changes, a derived ``d_ff`` no longer
@@ -289,7 +329,8 @@ class GPTConfig(JSONConfig):
         return -(-self.vocab_size // m) * m
 
     def replace(self, **changes) -> GPTConfig:
-        """A copy with ``changes`` (fields or flat map options). Changing ``attention`` to one with another
+        """A copy with ``changes`` (fields or flat map options); a derived size that holds its derived value
+        (:data:`DERIVED`) is derived again from the changed fields. Changing ``attention`` to one with another
         query-key map drops the old map options (the new map starts from its defaults), and a field that the new
         settings do not read (:data:`~coupled_qk.models.field_rules.READ_WHEN`, e.g. ``map_position`` after
         ``attention="standard"``) returns to its default unless ``changes`` gives it.
@@ -299,10 +340,14 @@ class GPTConfig(JSONConfig):
         """
         changes = rename_fields(changes, "GPTConfig.replace")
         data = self.to_dict()
+        for field, derive in DERIVED.items():  # a derived size follows what it derives from (see follow)
+            if field not in changes and data[field] == derive(data):
+                data[field] = None
         new = changes.get("attention", self.attention)
         if get_attention(new).qk_map != get_attention(self.attention).qk_map:
             data["qk_map"] = None
         data.update(changes)
+        fold_flat_options(data, set(changes) if "qk_map" not in changes else set())
         settings = types.SimpleNamespace(**data)  # the new settings, read as attributes
         for name, rule in READ_WHEN.items():
             top, _, option = name.partition(".")
@@ -352,6 +397,17 @@ class GPTConfig(JSONConfig):
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
+
+
+def fold_flat_options(data: dict, names) -> None:
+    """Move the flat map options ``names`` of ``data`` (GPTConfig fields) into its ``qk_map`` dict, in place, when
+    it holds one: a change of an existing config (``replace(n_steps=3)``, an assigned flat option), not one option
+    given twice, which ``GPTConfig`` refuses."""
+    flat = flat_option_names()
+    if not isinstance(data.get("qk_map"), dict):
+        return
+    for name in [n for n in names if n in flat and n in data]:
+        data["qk_map"] = {**data["qk_map"], flat[name]: data.pop(name)}
 
 
 def _accept_flat_map_options(init):

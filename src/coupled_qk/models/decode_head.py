@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from coupled_qk._checks import declared_flags
+
 TRANSPOSED_HEAD_ROWS = 64
 """Largest number of rows (positions x batch) that use the transposed head; above it both layouts measure alike."""
 
@@ -20,6 +22,7 @@ TRANSPOSED_HEAD_ROWS = 64
 class DecodingHeadMixin:
     """:meth:`use_transposed_head` and the logits path that reads it (a base class of ``GPT``)."""
 
+    @declared_flags
     def use_transposed_head(self, enabled: bool = True) -> None:
         """Compute the logits of up to :data:`TRANSPOSED_HEAD_ROWS` rows without gradients (decoding steps:
         :meth:`next_token_logits`, :meth:`generate`, eager or compiled) as ``hidden @ W^T`` with ``W^T`` a
@@ -35,8 +38,6 @@ class DecodingHeadMixin:
             TypeError: ``enabled`` is not a bool; the output head is not a bias-free ``nn.Linear`` (a replaced
                 head cannot be transposed this way).
         """
-        if not isinstance(enabled, bool):
-            raise TypeError(f"enabled must be a bool; got {enabled!r}")
         head = self.lm_head
         if enabled and (not isinstance(head, nn.Linear) or head.bias is not None):
             raise TypeError(f"use_transposed_head needs a bias-free nn.Linear output head; lm_head is {head!r}")

@@ -125,11 +125,16 @@ def check_unread_fields(config, fields=None) -> None:
     """Raise ``ValueError`` with :func:`unread_field_problem`'s message, or inside :func:`loading_saved` warn
     (``UserWarning``, once per field) and keep the config as saved."""
     problem = unread_field_problem(config, fields)
-    if problem is None:
-        return
+    if problem is not None:
+        refuse_unless_saved(problem)
+
+
+def refuse_unless_saved(problem: str) -> None:
+    """A setting that would have no effect: ``ValueError(problem)``, or inside :func:`loading_saved` (a config read
+    back as it was saved) a ``UserWarning`` naming where it was read, the value kept."""
     where = _saved.get()
     if where is None:
         raise ValueError(problem)
     warnings.warn(
-        f"{where}: {problem} (a saved config; loaded as saved, the value has no effect)", UserWarning, stacklevel=3
+        f"{where}: {problem} (a saved config; loaded as saved, the value has no effect)", UserWarning, stacklevel=4
     )

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import torch
 
+from coupled_qk._checks import declared_flags
+from coupled_qk.checks.tensors import GREEDY_BELOW, check_generate_args, check_greedy_extras
 from coupled_qk.layers.kv_cache import KVCache, StaticKVCache
-from coupled_qk.tensor_checks import GREEDY_BELOW, check_generate_args, check_greedy_extras
 
 
 class GPTGenerationMixin:
     """:meth:`generate`, :meth:`generate_sliding` and :meth:`next_token_logits` of :class:`~coupled_qk.GPT`."""
 
     @torch.no_grad()
+    @declared_flags
     def generate(
         self,
         idx: torch.Tensor,
@@ -38,7 +40,7 @@ class GPTGenerationMixin:
         variant; exact because the dynamics act per token). ``attention_mask (B, T)`` (0 at padding) lets
         prompts of different lengths share a batch, padded on the left: each row then generates what its
         prompt generates alone (positions count real tokens). A right-padded mask is refused
-        (:func:`~coupled_qk.tensor_checks.check_left_padded`): each row continues after its last position.
+        (:func:`~coupled_qk.checks.tensors.check_left_padded`): each row continues after its last position.
 
         ``context`` decides what happens when prompt plus new tokens exceed ``block_size``: ``"slide"``
         (default, as nanoGPT's ``sample.py`` and a sliding window in Hugging Face) predicts each token from the
@@ -52,13 +54,13 @@ class GPTGenerationMixin:
         (see :meth:`generate_sliding`).
 
         Raises:
-            TypeError, ValueError: from :func:`coupled_qk.tensor_checks.check_generate_args`, naming the
+            TypeError, ValueError: from :func:`coupled_qk.checks.tensors.check_generate_args`, naming the
                 argument: negative or non-int ``max_new_tokens``, negative or non-finite ``temperature``,
                 ``top_k < 1``, an empty prompt or batch, ids out of the vocabulary, a mask of another shape, or
                 (``context="error"``) a total length beyond ``block_size`` (no silent cropping); ``context``
                 other than ``"slide"``/``"error"``; ``compile=True`` without ``use_cache``; ``top_k`` or
                 ``generator`` with a greedy ``temperature`` (``0``), where they would
-                change no token (:func:`coupled_qk.tensor_checks.check_greedy_extras`).
+                change no token (:func:`coupled_qk.checks.tensors.check_greedy_extras`).
         """
         if context not in ("slide", "error"):
             raise ValueError(f"context={context!r} must be 'slide' or 'error'")
@@ -103,6 +105,7 @@ class GPTGenerationMixin:
         return out
 
     @torch.no_grad()
+    @declared_flags
     def generate_sliding(
         self,
         idx: torch.Tensor,
@@ -131,7 +134,7 @@ class GPTGenerationMixin:
         Args and returns as :meth:`generate`: ``(B, T + max_new_tokens)`` token ids.
 
         Raises:
-            TypeError, ValueError: as :meth:`generate` (:func:`coupled_qk.tensor_checks.check_generate_args`).
+            TypeError, ValueError: as :meth:`generate` (:func:`coupled_qk.checks.tensors.check_generate_args`).
         """
         check_generate_args(
             idx,

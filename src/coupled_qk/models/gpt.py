@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from coupled_qk.checks.tensors import check_attention_mask, check_position_ids
 from coupled_qk.layers.attention import LEGACY_STATE_KEYS, AttentionRecord, CausalSelfAttention
 from coupled_qk.layers.kv_cache import KVCache
 from coupled_qk.models.compiled import GPTCompileMixin
@@ -28,7 +29,6 @@ from coupled_qk.models.generation import GPTGenerationMixin
 from coupled_qk.models.registry import get_attention
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.ops.rope import rope_tables, signed_sin
-from coupled_qk.tensor_checks import check_attention_mask, check_position_ids
 
 
 def current_state_key(key: str) -> str:

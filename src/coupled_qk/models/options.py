@@ -16,11 +16,12 @@ import dataclasses
 import weakref
 
 from coupled_qk._assignment import CheckedAssignment
-from coupled_qk._checks import FLOAT32_MAX, check_declared, coerce_fields
+from coupled_qk._checks import FLOAT32_MAX, check_declared, coerce_fields, declared_flags
 
 __all__ = ["DT_INIT", "HIDDEN", "MapOptions", "option"]
 
 
+@declared_flags
 def option(
     default=dataclasses.MISSING,
     *,

@@ -38,7 +38,7 @@ import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from coupled_qk._checks import field_types
+from coupled_qk._checks import declared_flags, field_types
 from coupled_qk.layers.attention import SCORINGS
 from coupled_qk.models.contracts import check_map, check_name, check_scoring, same_definition
 from coupled_qk.models.options import MapOptions
@@ -142,7 +142,9 @@ class Attention:
     def options(self, given=None, flat: dict | None = None) -> MapOptions | None:
         """The validated nested config from ``given`` (a :class:`MapOptions`, a dict or ``None`` for the
         defaults) and ``flat`` options (flat spelling -> value, see
-        :func:`~coupled_qk.models.registry.flat_option_names`; they win).
+        :func:`~coupled_qk.models.registry.flat_option_names`). One option given twice with different values (a
+        flat spelling and ``given``, or two spellings: ``dynamics_hidden`` and ``hidden``) is refused; a change of
+        an existing config folds its flat options into ``given`` first (:meth:`GPTConfig.replace`).
 
         Raises:
             ValueError: naming the option and this attention, for options of an attention without a map, or
@@ -164,8 +166,17 @@ class Attention:
             raise ValueError(f"GPTConfig.qk_map={given!r} must be a dict of {self.qk_map.name} options or null")
         data = dict(given or {})
         valid = self.qk_map.option_names()
-        for key, value in flat.items():
-            data[OPTION_ALIASES.get(key, key)] = value
+        spelled_as: dict[str, str] = {}
+        for key, value in flat.items():  # one option given twice (two spellings, or flat and in qk_map) is refused
+            name = OPTION_ALIASES.get(key, key)
+            if name in data and data[name] != value:
+                first = spelled_as.get(name, f"qk_map.{name}")
+                raise ValueError(
+                    f"GPTConfig: the map option {name!r} is given twice with different values: {first}="
+                    f"{data[name]!r} and {key}={value!r}; give it once"
+                )
+            data[name] = value
+            spelled_as[name] = key
         unknown = [k for k in data if k not in valid]
         if unknown:
             spelled = [next((f for f, n in OPTION_ALIASES.items() if n == k and f in flat), k) for k in unknown]
@@ -233,6 +244,7 @@ def _drop_in_maps() -> list[tuple[str, str]]:
     return [(m.name, f"{maps.__name__}.{m.name}:register") for m in pkgutil.iter_modules(maps.__path__)]
 
 
+@declared_flags
 def load_plugins(reload: bool = False) -> list[str]:
     """Load the drop-in maps of :mod:`coupled_qk.models.maps` and the third-party registrations of the
     entry-point group :data:`ENTRY_POINT_GROUP` (once).
@@ -366,6 +378,7 @@ def register_qk_map(
     return entry
 
 
+@declared_flags
 def register_scoring(name: str, module: type, in_defaults: bool = True) -> ScoringType:
     """Register a scoring rule: its attentions (alone and with every registered query-key map) and a variant of
     each attention's name.
@@ -409,6 +422,7 @@ def register_scoring(name: str, module: type, in_defaults: bool = True) -> Scori
     return rule
 
 
+@declared_flags
 def register_variant(name: str, attention: str, *, in_defaults: bool = True, **options) -> None:
     """Add a named variant: ``attention`` (a key of :data:`ATTENTIONS`) with map ``options`` (flat spellings).
 

@@ -4,7 +4,8 @@ bindings, layouts).
 - :mod:`.first_epoch`: ``smoke``, ``cpu-short``, ``cpu``, ``gpu-paper`` (every run stopped inside its first epoch,
   one learning rate for every variant);
 - :mod:`.converged`: ``cpu-converged``, ``cpu-converged-pubmed``, ``cpu-converged-small``, ``gpu-60m`` and the toy
-  instances ``toy-converged``, ``toy-gpu-60m`` (trained to a plateau at tuned learning rates; pre-registered).
+  instances ``toy-converged``, ``toy-gpu-60m`` (tuned learning rates, annealed to a horizon the plateau rule set;
+  pre-registered).
 
 :func:`studies` finds every module of this package that defines ``STUDIES`` (a tuple of
 :class:`~coupled_qk.study.design.Study`) and the third-party studies declared in the entry-point group

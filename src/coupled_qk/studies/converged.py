@@ -1,11 +1,15 @@
-"""The converged studies: every model trained to its plateau at its own tuned learning rate, from paired initial
-weights, evaluated from its best-validation checkpoint (:mod:`coupled_qk.study.grid`). Pre-registered: seeds,
-grid, plateau rule and stages are fixed before a study's first run and not changed from the command line.
+"""The tuned studies (named "converged"): every model at its own tuned learning rate, trained to the end of a
+schedule whose horizon the plateau rule set, from paired initial weights, evaluated from its best-validation
+checkpoint (:mod:`coupled_qk.study.grid`). The runs are annealed, not verified minima
+(:mod:`coupled_qk.study.regime` reads how far each still fell at its end). Pre-registered: seeds, grid, plateau rule
+and stages are fixed before a study's first run and not changed from the command line.
 
 Stages: ``grid`` (every variant at each learning rate on the reserve seed, extended once at an edge), ``main``
 (standard vs coupled: C1, or C9 on PubMed), ``matched`` (standard on ``matched_factor`` x the tokens: C6),
 ``uncoupled`` (the uncoupled MLP: C3, C4), ``fresh`` (``fresh_variants`` on ``matched_factor`` x the training
-documents: C6 with fresh data). The pre-registration, the data and the cost measured for each study are in
+documents: C6 with fresh data, and with coupled there too the main claim at that data). A design with
+``smaller`` adds the main claim's size interaction (this design's change minus the smaller design's, Welch's
+interval: the sizes share no runs). The pre-registration, the data and the cost measured for each study are in
 ``docs/results/STUDIES.md``.
 """
 
@@ -15,7 +19,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from coupled_qk.study.claims import Arm, Claim, Equivalence, PairedChange, VarianceRatio
+from coupled_qk.study.claims import Arm, ChangeDifference, Claim, Equivalence, PairedChange, VarianceRatio
 from coupled_qk.study.design import Study
 from coupled_qk.study.grid import EpochBudget, LrGrid, Tuned
 from coupled_qk.study.stage_report import FreshNote, Headline, RegimeCheck, StageReport, TokensRatio
@@ -39,7 +43,8 @@ class Design:
         variants: standard, coupled and (optionally) the uncoupled MLP, in that role order;
         main_claim: C1, or C9 on PubMed; beside: a first-epoch study shown beside (its report in the same folder);
         model: the model in words for the README's sentence; needs_gpu: runs only where a GPU is;
-        tokens_per_second: expected throughput per run (cost estimate).
+        tokens_per_second: expected throughput per run (cost estimate); smaller: a design of the same claims at a
+        smaller model, for the size interaction.
     """
 
     name: str
@@ -58,6 +63,7 @@ class Design:
     model: str = "tiny preset"
     needs_gpu: bool = False
     tokens_per_second: float = 2800.0
+    smaller: str | None = None
     notes: tuple[str, ...] = ()
     default_out_dir: str = "docs/results/claims"
 
@@ -123,6 +129,21 @@ def claims(d: Design) -> tuple[Claim, ...]:
             reading=f"equivalent (coupled at 1x matches standard with {f}x data)",
         )
         out.append(Claim("C6-fresh", "", "", test, extras=(TokensRatio(), FreshNote(Arm(main, standard), f))))
+        if coupled in d.fresh_variants:
+            both = f"test ppl, coupled vs standard, both on {f}x the training articles, % (paired by seed)"
+            out.append(
+                Claim(
+                    f"{d.main_claim}-fresh",
+                    "",
+                    "",
+                    PairedChange(Arm(fresh.cell, standard), Arm(fresh.cell, coupled), both),
+                )
+            )
+    if d.smaller:
+        small = f"{d.smaller}-main"
+        pairs = ((Arm(small, standard, d.smaller), Arm(small, coupled, d.smaller)), (std, cpl))
+        label = f"{d.main_claim} here minus {d.main_claim} in {d.smaller}, percentage points (unpaired sizes: Welch)"
+        out.append(Claim(f"{d.main_claim}-size", "", "", ChangeDifference(*pairs, label, paired=False)))
     return tuple(out)
 
 
@@ -183,8 +204,8 @@ _WIKI_QUARTER = dict(source="wiki-vital", seed=0, valid_docs=200, test_docs=1000
 
 CPU_CONVERGED = Design(
     name="cpu-converged",
-    description="tiny preset trained to a plateau on a quarter of the wiki-vital articles, per-variant learning "
-    "rates, best-validation checkpoints, 1,000-article test split",
+    description="tiny preset on a quarter of the wiki-vital articles, per-variant learning rates, annealed to the end "
+    "of the horizon the plateau rule set, best-validation checkpoints, 1,000-article test split",
     budget=EpochBudget(_TINY_BASE, _WIKI_QUARTER, 270_841, 8.0, 12.0, 4),  # bpe-8192 tokens of the training split
     lrs=(1e-3, 2e-3, 4e-3),
     reserve_seed=100,
@@ -229,6 +250,8 @@ CPU_CONVERGED_SMALL = dataclasses.replace(
     fresh_variants=(),
     model="6 layers x 256",
     tokens_per_second=1000.0,
+    smaller="cpu-converged",
+    beside=None,  # the first-epoch C1 is the tiny model's: not this size
 )
 
 TOY_CONVERGED = dataclasses.replace(
@@ -268,8 +291,8 @@ WT103_TRAIN_TOKENS = 117_000_000  # GPT-2 tokens of WikiText-103 train (~103M wo
 
 GPU_60M = Design(
     name="gpu-60m",
-    description="60M preset trained to a plateau on WikiText-103 (GPT-2 BPE), per-variant learning rates, "
-    "best-validation checkpoints",
+    description="60M preset on WikiText-103 (GPT-2 BPE), per-variant learning rates, annealed to the end of the "
+    "horizon the plateau rule set, best-validation checkpoints",
     budget=EpochBudget(
         dict(
             task="lm",

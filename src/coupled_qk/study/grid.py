@@ -90,9 +90,9 @@ def best_loss(rec: dict) -> float:
 
 
 def plateaued(rec: dict) -> bool:
-    """Whether a run reached its plateau: stopped by patience, or its validation loss over the last
-    ``PLATEAU_WINDOW_EPOCHS`` of the run improved its best before that window by less than
-    ``PLATEAU_TOLERANCE`` (relative)."""
+    """Whether a run met the plateau rule (it sets a horizon; it does not show a minimum): stopped by patience, or
+    its validation loss over the last ``PLATEAU_WINDOW_EPOCHS`` of the run improved its best before that window by
+    less than ``PLATEAU_TOLERANCE`` (relative)."""
     if rec.get("stop_reason") == "patience":
         return True
     curve = rec.get("curve", {}).get("valid", [])

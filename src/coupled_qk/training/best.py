@@ -5,13 +5,13 @@ validation (:mod:`coupled_qk.training.loop`); the state lives in every checkpoin
 
 from __future__ import annotations
 
-from coupled_qk._checks import check_metric
 from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.metrics import check_metric
 
 
 def check_metrics(cfg: TrainConfig, metrics: dict, task=None) -> None:
     """Check ``best_metric`` and ``early_stop_metric`` against the validation ``metrics`` that the task reports,
-    and their directions (:func:`coupled_qk._checks.check_metric`); called once, at the first validation.
+    and their directions (:func:`coupled_qk.training.metrics.check_metric`); called once, at the first validation.
 
     Raises:
         ValueError: naming the field: a metric the task does not report (listing those it does), a

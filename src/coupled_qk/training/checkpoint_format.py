@@ -59,7 +59,10 @@ CHECKSUMS = "checksums.json"
 TIED_KEYS = ("lm_head.weight",)
 """Weights stored once, as ``tok_emb.weight`` (the tied output head)."""
 
-STATE_KEYS = ("step", "tokens", "train_seconds", "schedule", "grad_scaler", "global_batch", "precision", "best")
+STATE_KEYS = (
+    *("step", "tokens", "train_seconds", "schedule", "grad_scaler", "global_batch", "precision", "best"),
+    *("metric", "value", "epoch"),  # a best checkpoint's (the training loop's metric, its value, its epoch)
+)
 """The keys of a checkpoint's ``state.json`` (``training.loop``'s ``_Trainer.save``)."""
 
 

@@ -19,15 +19,16 @@ from coupled_qk._checks import (
     coerce,
     coerce_fields,
     field_types,
-    metric_direction,
     positive_int,
 )
+from coupled_qk.devices import AUTOCAST_DTYPES
 from coupled_qk.io import unknown_keys
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
+from coupled_qk.models.field_rules import ReadWhen
 from coupled_qk.models.options import option
+from coupled_qk.training.metrics import metric_direction
 from coupled_qk.training.tasks import TASKS, check_task_fields
 
-DTYPES = ("auto", "fp32", "bf16", "fp16")
 BUDGET_CHANGES = ("keep", "rewarm")
 BEST_MODES = ("auto", "min", "max")
 
@@ -245,7 +246,7 @@ class TrainConfig(JSONConfig):
     dtype: str = _f(
         "auto",
         "autocast dtype (auto: bf16 on CUDA; on CPU fp32, or bf16 with --compile where the CPU has native bf16)",
-        DTYPES,
+        AUTOCAST_DTYPES,
     )
     compile: bool = _f(
         False, "torch.compile the model per block (GPT.compile; eager with a warning if compilation fails)"
@@ -330,9 +331,45 @@ class TrainConfig(JSONConfig):
         return GPTConfig.from_preset(self.preset, **{**self.model, **extra})
 
 
+COMMAND_LINE_READ_WHEN = {
+    "eval_batches": ReadWhen(
+        lambda c: not c.full_eval,
+        lambda c: "full_eval=True (every quick validation reads the whole validation split)",
+        "the size of a quick validation, full_eval=False",
+        lambda c: TrainConfig.__dataclass_fields__["eval_batches"].default,
+    ),
+    "on_budget_change": ReadWhen(
+        lambda c: c.resume,
+        lambda c: "resume=False (a new run has no saved schedule to keep or to warm up again)",
+        "a --resume whose max_steps or max_tokens differ from the run's",
+        lambda c: None,
+    ),
+}
+"""``TrainConfig`` fields read only in some settings (``models/field_rules.py::ReadWhen``): given on the command
+line (a flag, ``--opt``) in another setting they would take no effect, so :func:`check_given_fields_are_read`
+refuses them. A config built in code or read from a file is not refused (the pre-registered converged studies set
+``eval_batches`` beside ``full_eval``, and their records depend on that config)."""
+
+
+def check_given_fields_are_read(cfg: TrainConfig, given) -> None:
+    """Refuse a field of :data:`COMMAND_LINE_READ_WHEN` that is in ``given`` (the field names the command line set),
+    at a value other than its default, in a setting where ``cfg`` does not read it.
+
+    Raises:
+        ValueError: one line naming the flag, its value, the setting and what the field is for.
+    """
+    for name, rule in COMMAND_LINE_READ_WHEN.items():
+        value = getattr(cfg, name)
+        if name in given and value != rule.default(cfg) and not rule.when(cfg):
+            raise ValueError(
+                f"--{name.replace('_', '-')}={value} is not read with {rule.otherwise(cfg)}: {name} is for "
+                f"{rule.used_for}; drop it"
+            )
+
+
 def higher_is_better(metric: str, mode: str = "auto") -> bool:
     """Direction of a validation metric: ``mode`` ``"max"``/``"min"``, or for ``"auto"`` the direction its name
-    says (:func:`coupled_qk._checks.metric_direction`: higher for accuracy, f1, mcc, matthews and score, lower
+    says (:func:`coupled_qk.training.metrics.metric_direction`: higher for accuracy, f1, mcc, matthews and score, lower
     for losses, perplexities, errors and bits per byte) and lower for a name that says nothing (the training
     loop refuses such a metric with ``auto`` at its first validation: ``training.loop.check_metrics``)."""
     if mode != "auto":

@@ -10,7 +10,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from coupled_qk.devices import AUTOCAST_DTYPES, resolve_device
+from coupled_qk.checks.environment import env_value
+from coupled_qk.devices import AUTOCAST_DTYPES, TORCH_DTYPES, resolve_device
 
 
 @dataclass
@@ -98,15 +99,9 @@ def pg_timeout() -> timedelta:
     Raises:
         ValueError: naming the variable, when it is not a positive number.
     """
-    text = os.environ.get(PG_TIMEOUT_ENV)
-    if text is None or not text.strip():
+    seconds = env_value(PG_TIMEOUT_ENV)  # declared and checked in checks.environment.ENVIRONMENT
+    if seconds is None:
         return timedelta(seconds=DEFAULT_PG_TIMEOUT_S)
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{PG_TIMEOUT_ENV}={text!r} must be a positive number of seconds")
     return timedelta(seconds=seconds)
 
 
@@ -189,7 +184,7 @@ def pick_autocast_dtype(dtype: str, device: torch.device, compiled: bool = False
         return None
     if dtype == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    return TORCH_DTYPES[dtype]
 
 
 def setup_runtime(device: str = "auto", dtype: str = "auto", compiled: bool = False) -> Runtime:

@@ -94,6 +94,11 @@ class GlueOptions:
             raise ValueError(
                 f"task_options.glue_dir={self.glue_dir!r} is empty; expected the folder holding SST-2/, CoLA/, ..."
             )
+        if self.subsample_seed != 0 and self.max_train_examples is None:  # read only to draw that subset
+            raise ValueError(
+                f"task_options.subsample_seed={self.subsample_seed} is not read without max_train_examples (every "
+                "training example is used): subsample_seed seeds the subset max_train_examples keeps; leave it at 0"
+            )
 
     @classmethod
     def from_options(cls, task_options: dict | None) -> GlueOptions:

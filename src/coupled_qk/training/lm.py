@@ -263,13 +263,19 @@ class LMTask:
 
     def _warn_about_sizes(self, cfg: TrainConfig, n_train: int) -> None:
         """Warn when evaluation splits are too small to trust or the budget repeats the training data."""
+        given = self.corpus.source.get("split") == "given"  # split options do not apply there (refused)
         for split in ("valid", "test"):
             n = len(self.tokens[split])
             if n < MIN_EVAL_TOKENS:
+                fix = (
+                    f"its splits are fixed by the corpus's files: use a larger {split} file"
+                    if given
+                    else "use a bigger corpus, a folder with train.txt/valid.txt/test.txt, or a larger "
+                    f"--{split}-fraction"
+                )
                 warnings.warn(
                     f"the {split} split of {cfg.corpus!r} has only {n:,} tokens (< {MIN_EVAL_TOKENS:,}): its "
-                    "perplexity is a noisy estimate. Use a bigger corpus, a folder with train.txt/valid.txt/"
-                    "test.txt, or larger --valid-fraction/--test-fraction",
+                    f"perplexity is a noisy estimate; {fix}",
                     stacklevel=3,
                 )
         if cfg.max_tokens and cfg.max_tokens > n_train:

@@ -31,6 +31,7 @@ import torch
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
+from coupled_qk.outputs import check_run_out_dir
 from coupled_qk.training.best import check_metrics, track_best
 from coupled_qk.training.checkpoint_format import Checkpoint, check_compatible
 from coupled_qk.training.config import TrainConfig, auto_eval_interval, higher_is_better
@@ -47,7 +48,7 @@ from coupled_qk.training.model_setup import (
     wrap_model,
 )
 from coupled_qk.training.resume import Schedule, lr_at, plan_batch, plan_schedule
-from coupled_qk.training.run_folder import RunFolder, check_out_dir
+from coupled_qk.training.run_folder import RunFolder
 from coupled_qk.training.stop import Decision, SignalCatcher, StopControl, TrainingDiverged, TrainingInterrupted
 from coupled_qk.training.tasks import steps_for_tokens, task_class
 
@@ -102,7 +103,7 @@ def train(cfg: TrainConfig, task=None) -> dict:
             checkpoint).
     """
     run_dir = Path(cfg.out_dir)
-    check_out_dir(run_dir)
+    check_run_out_dir(run_dir)
     runtime = setup_runtime(cfg.device, cfg.dtype, compiled=cfg.compile)
     created = not run_dir.exists()
     lock, error = RunFolder(run_dir).lock(), None

@@ -45,6 +45,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from coupled_qk._checks import loads_json
 from coupled_qk.data.tokenizers import TOKENIZER_FILE, Tokenizer
 from coupled_qk.io import unknown_keys, write_text_atomic
 from coupled_qk.models.config import GPTConfig
@@ -58,7 +59,6 @@ __all__ = [
     "RUN_LAYOUT",
     "OpenedRun",
     "RunFolder",
-    "check_out_dir",
     "checkpoint_step",
     "data_changes",
     "is_checkpoint_name",
@@ -734,31 +734,8 @@ RUN_LAYOUT = (
     RunFolder.GLUE + "/",
 )
 """Top-level names of a run folder as glob patterns (``x/``: a folder); ``.lock`` and temporary files aside. A
-folder holding anything else is not a run folder and is refused as ``out_dir`` (:func:`check_out_dir`)."""
-
-
-def check_out_dir(run_dir: str | Path) -> None:
-    """Refuse an ``out_dir`` that is a file, not creatable or writable, a checkpoint folder inside a run
-    (``--out-dir RUN/ckpt-...``), or a folder holding files a run does not write (a home folder, a user's
-    project, another command's output): the run would mix its files with them or replace them
-    (:class:`coupled_qk.outputs.OutputDir` with :data:`RUN_LAYOUT`; docs/RELIABILITY.md, "Outputs").
-
-    Raises:
-        ValueError: naming ``out_dir`` and what to pass instead.
-    """
-    from coupled_qk.outputs import OutputDir
-
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"out_dir {run_dir} is a file, not a folder")
-    if Checkpoint(run_dir).has_weights() or (
-        checkpoint_step(run_dir) is not None and RunFolder(run_dir.parent).latest_path.is_file()
-    ):
-        raise ValueError(
-            f"out_dir {run_dir} is a checkpoint folder inside the run {run_dir.parent}; pass "
-            f"--out-dir {run_dir.parent} (the run folder)"
-        )
-    OutputDir(run_dir, "out_dir", layout=(*RUN_LAYOUT, RunFolder.LOCK), what="a training run")
+folder holding anything else is not a run folder and is refused as ``out_dir``
+(:func:`coupled_qk.outputs.check_run_out_dir`)."""
 
 
 # ---------------------------------------------------------------------------------------------- readers
@@ -1030,6 +1007,6 @@ def _read_json(path: Path):
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads_json(path.read_text(encoding="utf-8"), str(path))  # a key twice: refused (one value per key)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from None

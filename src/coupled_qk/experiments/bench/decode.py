@@ -22,8 +22,9 @@ import time
 import numpy as np
 import torch
 
+from coupled_qk.devices import TORCH_DTYPES
 from coupled_qk.experiments.bench.machine import machine_info, report_header, sync_device
-from coupled_qk.experiments.bench.train import DTYPES, resolve_dtype, variant_configs, with_baseline
+from coupled_qk.experiments.bench.train import resolve_dtype, variant_configs, with_baseline
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training.distributed import pick_device
@@ -177,7 +178,7 @@ class _MemoryStep:
 
     def __init__(self, model: GPT, opt, tokens: torch.Tensor, device: torch.device, dtype: str, compile_model: bool):
         self.model, self.opt, self.tokens, self.device = model, opt, tokens, device
-        self.autocast_dtype = None if dtype == "fp32" else DTYPES[dtype]
+        self.autocast_dtype = None if dtype == "fp32" else TORCH_DTYPES[dtype]
         self.loss_fn = torch.compile(model.loss) if compile_model else model.loss
         self.compiled, self.compile_error = compile_model, None
 

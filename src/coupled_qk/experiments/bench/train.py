@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from coupled_qk.devices import AUTOCAST_DTYPES, TORCH_DTYPES
 from coupled_qk.experiments.bench.machine import (  # noqa: F401 - the machine helpers: public here too
     TIMING_ENV,
     compiled_graphs,
@@ -36,7 +37,6 @@ from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.study.executor import Report, write_report
 from coupled_qk.training.distributed import pick_device, warn_if_emulated
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BASELINE = "standard"
 
 
@@ -61,8 +61,8 @@ def resolve_dtype(name: str, device: torch.device) -> str:
     """
     if name == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; expected auto or one of {list(DTYPES)}")
+    if name not in TORCH_DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {list(AUTOCAST_DTYPES)}")
     warn_if_emulated(name, device)
     return name
 
@@ -190,7 +190,7 @@ def _build_runners(
         # one compiled frame (GPT.loss) per variant: keep dynamo from giving up after the default limit
         dyn = torch._dynamo.config
         dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
-    autocast = None if dtype == "fp32" else DTYPES[dtype]
+    autocast = None if dtype == "fp32" else TORCH_DTYPES[dtype]
     compile_fn = GPT.compile if compile_model else None  # regional: one graph per block structure, plain names
     return {
         n: TrainStepRunner(n, functools.partial(GPT, configs[n]), x, y, dev, seed, autocast, compile_fn) for n in names

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import FLOAT32_MAX, boolean, finite, nonneg_int, positive_int
+from coupled_qk._checks import FLOAT32_MAX, declared_flags, finite, nonneg_int, positive_int
 from coupled_qk.layers.forces import FORCE_CLASSES, FORCES
 from coupled_qk.layers.qk_maps import QKMap, check_qk_tensors
 from coupled_qk.models.options import DT_INIT, HIDDEN, MapOptions, option
@@ -62,6 +62,7 @@ class QKDynamics(QKMap):
     query_update_is_shift = True  # q' = q + dt * (k or k_half): the shift depends on q only through the key
     integrates_qk = True  # forward is one integrate_qk call: decoding may fold it (layers/folded.py)
 
+    @declared_flags
     def __init__(
         self,
         d_head: int,
@@ -80,8 +81,6 @@ class QKDynamics(QKMap):
         hidden = d_head if hidden is None else positive_int("hidden", hidden)
         nonneg_int("n_steps", n_steps)
         finite("dt_init", dt_init, -FLOAT32_MAX, FLOAT32_MAX)  # a float32 parameter
-        boolean("shared_across_heads", shared_across_heads)
-        boolean("keys_per_query_head", keys_per_query_head)
         if force not in FORCES:
             raise ValueError(f"force={force!r} is not supported; expected one of {FORCES}")
         if not keys_per_query_head and not shared_across_heads:

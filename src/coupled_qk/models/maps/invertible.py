@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk._checks import finite, positive_int
+from coupled_qk._checks import declared_flags, finite, positive_int
 from coupled_qk.layers.qk_maps import QKMap, check_qk_tensors
 from coupled_qk.models.options import HIDDEN, MapOptions, option
 from coupled_qk.models.registry import register_qk_map
@@ -132,6 +132,7 @@ class InvertibleQKCoupling(QKMap):
     keys_per_query_head = True
     query_update_is_shift = False  # q' = q exp(S(s1(k))) + t1(k) scales q
 
+    @declared_flags
     def __init__(
         self,
         d_head: int,
@@ -147,8 +148,6 @@ class InvertibleQKCoupling(QKMap):
         self.hidden = default_hidden(d_head) if hidden is None else positive_int("hidden", hidden)
         self.n_alternations = positive_int("n_alternations", n_alternations)
         self.scale_max = finite("scale_max", scale_max, lo=0.0, lo_open=True)
-        if not isinstance(shared_across_heads, bool):
-            raise ValueError(f"shared_across_heads={shared_across_heads!r} must be True or False")
         per_head = None if shared_across_heads else n_heads
         self.dt = None
         self.q_nets = nn.ModuleList(AffineCouplingNet(d_head, self.hidden, per_head) for _ in range(n_alternations))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import FLOAT32_MAX, boolean, finite, positive_int
+from coupled_qk._checks import FLOAT32_MAX, declared_flags, finite, positive_int
 from coupled_qk.layers.forces import MLPForce
 from coupled_qk.layers.qk_maps import QKMap, check_qk_tensors
 from coupled_qk.models.options import DT_INIT, HIDDEN, MapOptions, option
@@ -51,6 +51,7 @@ class QueryMLP(QKMap):
     keys_per_query_head = False
     query_update_is_shift = False  # q' = q + dt g(q) depends on q
 
+    @declared_flags
     def __init__(
         self,
         d_head: int,
@@ -63,7 +64,6 @@ class QueryMLP(QKMap):
         positive_int("d_head", d_head)
         positive_int("n_heads", n_heads)
         hidden = d_head if hidden is None else positive_int("hidden", hidden)
-        boolean("shared_across_heads", shared_across_heads)
         self.mlp = MLPForce(d_head, hidden, None if shared_across_heads else n_heads)
         self.dt_init = float(finite("dt_init", dt_init, -FLOAT32_MAX, FLOAT32_MAX))
         self.dt = nn.Parameter(torch.full((n_heads,), self.dt_init))

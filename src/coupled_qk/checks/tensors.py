@@ -265,3 +265,33 @@ def check_position_ids(position_ids, b: int, t: int, block_size: int, check_valu
             f"max {int(position_ids.max())}"
         )
     return position_ids.expand(b, t) if position_ids.dim() == 2 else position_ids
+
+
+def check_checkpoint_kwargs(kwargs: dict) -> None:
+    """Keyword arguments for ``torch.utils.checkpoint.checkpoint`` (``gradient_checkpointing_enable(
+    gradient_checkpointing_kwargs=...)``): each must be one of its declared keyword-only parameters
+    (``use_reentrant``, ``context_fn``, ``determinism_check``, ``debug``, ``early_stop``, read from its signature),
+    a ``bool`` where one is declared (``None`` too where optional). Before, ``{"use_reentrant": "False"}`` ran the
+    reentrant variant (a non-empty string is true) and a misspelt name was passed on to the checkpointed block.
+
+    Raises:
+        FlagError: a declared ``bool`` given something else. ValueError: an undeclared name, with the declared ones.
+    """
+    import inspect
+
+    from torch.utils.checkpoint import checkpoint
+
+    from coupled_qk._checks import FlagError
+
+    declared = {p.name: p for p in inspect.signature(checkpoint).parameters.values() if p.kind is p.KEYWORD_ONLY}
+    for name, value in kwargs.items():
+        if name not in declared:
+            raise ValueError(
+                f"gradient_checkpointing_kwargs: {name!r} is not an argument of torch.utils.checkpoint.checkpoint "
+                f"(it would be passed on to the checkpointed block); expected some of {sorted(declared)}"
+            )
+        annotation = str(declared[name].annotation).replace("Optional[bool]", "bool | None")
+        if annotation in ("bool", "bool | None") and not (
+            isinstance(value, bool) or (value is None and annotation == "bool | None")
+        ):
+            raise FlagError(f"gradient_checkpointing_kwargs: {name}={value!r} must be True or False")

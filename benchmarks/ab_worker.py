@@ -1,4 +1,4 @@
-"""One revision's side of the revision A/B benchmark (:mod:`coupled_qk.experiments.bench.ab`).
+"""One revision's side of the revision A/B benchmark (:mod:`ab_measure`).
 
 Run as a script (``python ab_worker.py``) with ``PYTHONPATH`` pointing at the ``src`` folder of the revision to
 measure; the driver starts one worker per revision and alternates their repeats. The worker reads one JSON

@@ -1,15 +1,15 @@
 """Revision A/B benchmark: the same cells measured for two revisions of the code, interleaved in one run
-(``coupled-qk bench --against REV`` and ``--tracked``; ``benchmarks/README.md``, section "Revision A/B").
+(``python benchmarks/ab.py --against REV`` and ``--tracked``; ``benchmarks/README.md``, section "Revision A/B").
 
 Anchor: asv's ``asv continuous`` (airspeed velocity, as numpy and scipy use it), which benchmarks two commits and
 flags what got slower beyond the noise. Here the two revisions run side by side on the same machine in the same
-minutes: one worker process per revision (:mod:`coupled_qk.experiments.bench.ab_worker`, ``PYTHONPATH`` at each
+minutes: one worker process per revision (:mod:`ab_worker`, ``PYTHONPATH`` at each
 revision's ``src``), and the driver alternates their repeats (old then new on even repeats, new then old on odd
 ones), so a busy phase of a shared machine hits both revisions alike. Within a repeat each worker times every
 cell once per variant, variants rotated.
 
 Per cell (:data:`CELLS`: a train step, eager and compiled greedy decoding at batch 1 and 8) and variant, for each
-repeat ``i`` and the chosen clock (:data:`~coupled_qk.experiments.bench.ab_worker.CLOCKS`; ``step`` by default):
+repeat ``i`` and the chosen clock (:data:`ab_worker.CLOCKS`; ``step`` by default):
 
 - ``ratio_rev[i] = time(variant) / time(standard)`` within one revision and repeat (adjacent calls);
 - ``change[i] = ratio_new[i] / ratio_old[i]`` for a variant, and ``time_new[i] / time_old[i]`` for ``standard``
@@ -33,10 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import ab_worker
 import torch
 
 import coupled_qk
-from coupled_qk.experiments.bench import ab_worker
 from coupled_qk.experiments.bench.machine import machine_info, machine_line
 from coupled_qk.study.stats import median_ci
 

@@ -1,9 +1,9 @@
 """Tracked benchmark cells: a small committed set of A/B cells with their last accepted ratios
-(``benchmarks/tracked.json``; ``coupled-qk bench --tracked``, ``--accept``; ``benchmarks/README.md``).
+(``benchmarks/tracked.json``; ``python benchmarks/ab.py --tracked``, ``--accept``; ``benchmarks/README.md``).
 
 The file names the revision whose ratios were last accepted and how they were measured (preset, variants,
-cells, threads, clock, threshold, repeats). ``coupled-qk bench --tracked`` measures the working tree against
-that revision, interleaved (:func:`coupled_qk.experiments.bench.ab.run_ab`), and flags the cells whose change
+cells, threads, clock, threshold, repeats). ``python benchmarks/ab.py --tracked`` measures the working tree against
+that revision, interleaved (:func:`ab_measure.run_ab`), and flags the cells whose change
 interval lies above ``1 + threshold``: what a change made slower. ``--accept`` then records the working tree's
 ratios and commit as the new accepted state (a committed, unmodified checkout only: accepted ratios belong to a
 revision).
@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from coupled_qk.experiments.bench import ab_worker
-from coupled_qk.experiments.bench.ab import BASELINE, cell_spec
+import ab_worker
+from ab_measure import BASELINE, cell_spec
+
 from coupled_qk.experiments.bench.machine import machine_line
 from coupled_qk.io import write_text_atomic
 from coupled_qk.models.config import PRESETS, GPTConfig
@@ -120,7 +121,7 @@ def accepted_state(result: dict, rows: list[dict], repeats: int | None = None) -
             accepted.setdefault(r["cell"], {})[r["variant"]] = {k: round(ci[k], 4) for k in ("median", "low", "high")}
     return dict(
         about="Tracked benchmark cells and their last accepted ratios to standard (standard: ms); "
-        "`coupled-qk bench --tracked` flags what a change made slower (benchmarks/README.md)",
+        "`python benchmarks/ab.py --tracked` flags what a change made slower (benchmarks/README.md)",
         revision=new["commit"],
         measured=result["date"],
         machine=machine_line(result["machine"]).removeprefix("- machine: "),

@@ -1,0 +1,6 @@
+"""Checks of values as they enter the library, by kind: paths (:mod:`coupled_qk.checks.paths`), tensor entry points
+with sampling arguments (:mod:`coupled_qk.checks.tensors`) and environment variables
+(:mod:`coupled_qk.checks.environment`).
+
+Each module is imported by what it names (no re-exports here).
+"""
