@@ -5,7 +5,7 @@ Each round's JSON keeps every repeat's time per model and mode (``train[<model> 
 interleaved). The ratio of a repeat is the model's time over ``standard``'s time in the same repeat and mode;
 this script prints, per model and mode, each round's median paired ratio and the median over all rounds'
 repeats pooled, with a distribution-free 95% interval for that median (order statistics of the binomial(n, 1/2)
-distribution; Conover 1999, section 3.2).
+distribution; Conover 1999, section 3.2: ``coupled_qk.study.stats.median_ci``).
 
 Usage: ``python benchmarks/paired_rounds.py benchmarks/results/issue29/rounds-60m/r{4,5,6}-train``
 (a folder holds one ``fastpath-*.json``). Prints a markdown table; reads only, writes nothing.
@@ -18,17 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from scipy import stats
-
-
-def median_interval(values: list[float], conf: float = 0.95) -> tuple[float, float]:
-    """Distribution-free interval for the median: the ``k``-th smallest and largest values, ``k`` the largest
-    with ``P(Binomial(n, 1/2) < k) <= (1 - conf) / 2``."""
-    xs, n = sorted(values), len(values)
-    k = int(stats.binom.ppf((1 - conf) / 2, n, 0.5))
-    while k > 0 and stats.binom.cdf(k - 1, n, 0.5) > (1 - conf) / 2:
-        k -= 1
-    return (xs[k - 1], xs[n - k]) if k >= 1 else (xs[0], xs[-1])
+from coupled_qk.study.stats import median_ci
 
 
 def paired(folder: Path) -> dict:
@@ -58,7 +48,8 @@ def main(folders: list[str]) -> str:
     for key in keys:
         per = [r.get(key, []) for r in rounds]
         pooled = [x for p in per for x in p]
-        lo, hi = median_interval(pooled)
+        ci = median_ci(pooled)
+        lo, hi = ci["low"], ci["high"]
         lines.append(
             f"| {key[0]} | {key[1]} | "
             + " | ".join(f"{statistics.median(p):.3f}" if p else "-" for p in per)

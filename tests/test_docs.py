@@ -9,6 +9,7 @@ the shared data or a file on disk says so on the line before its fence, e.g. ``<
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -79,6 +80,43 @@ def test_claims_blocks_copy_the_report_without_its_final_newline(tmp_path):
         )
     with pytest.raises(FileNotFoundError, match=r"claims:gone --> copies .*gone-readme.md.*--report-only"):
         docs_blocks.regenerate("<!-- claims:gone -->\n<!-- /claims:gone -->\n", tmp_path)
+
+
+def test_the_speed_block_shows_the_tracked_result_it_reads(tmp_path):
+    """``speed-tracked`` shows the measured revision, the machine line and each row's median [interval] (ms for
+    standard); without the result it names the file and the command that writes it."""
+    with pytest.raises(FileNotFoundError, match=r"tracked-tiny-cpu\.json.*python benchmarks/ab\.py --tracked"):
+        docs_blocks.speed_tracked(tmp_path)
+    cells = [{"name": "decode-eager-b1"}, {"name": "train-b8"}]
+    rows = [
+        dict(cell="decode-eager-b1", variant="standard", new=dict(median=1.5, low=1.25, high=1.75)),
+        dict(cell="decode-eager-b1", variant="coupled", new=dict(median=1.0624, low=1.05, high=1.08)),
+        dict(cell="train-b8", variant="standard", new=dict(median=40.0, low=39.0, high=41.5)),
+        dict(cell="train-b8", variant="coupled", new=None),
+    ]
+    result = dict(
+        settings=dict(preset="tiny", repeats=7, threads=1, clock="step", cells=cells, variants=["standard", "coupled"]),
+        revisions={"new": {"label": "abc1234", "commit": "abc1234" + "0" * 33}, "old": {"label": "def5678"}},
+        machine=dict(cpu="Some CPU", cpu_count=2, torch="2.13.0+cpu", threads=1, platform="Linux"),
+        load=[1.0, 2.5],
+        date="D",
+        reproduce="python benchmarks/ab.py --tracked benchmarks/tracked.json --repeats 7",
+        rows=rows,
+    )
+    path = tmp_path / docs_blocks.TRACKED_RESULT
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(result))
+    with pytest.raises(FileNotFoundError, match=r"ab_measure\.py does not exist"):
+        docs_blocks.speed_tracked(tmp_path)
+    for name in ("ab_measure.py", "ab_worker.py"):  # the block's tables come from the repository's A/B tool
+        shutil.copy(ROOT / "benchmarks" / name, tmp_path / "benchmarks" / name)
+    text = docs_blocks.speed_tracked(tmp_path)
+    assert text.startswith("Measured at abc1234 (`abc1234" + "0" * 33 + "`) on D by `python benchmarks/ab.py --tracked")
+    assert "7 repeats interleaved with def5678, 1 thread, clock step" in text and "load 1.0 before, 2.5 after" in text
+    assert "- machine: Some CPU (2 logical CPUs); torch 2.13.0+cpu, 1 threads; Linux" in text
+    assert "| variant | decode-eager-b1 | train-b8 |" in text
+    assert "| standard | 1.500 ms [1.250, 1.750] | 40.000 ms [39.000, 41.500] |" in text
+    assert "| coupled | 1.062x [1.050, 1.080] | - |" in text
 
 
 # ---------------------------------------------------------------------------------------------------------------

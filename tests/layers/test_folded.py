@@ -60,7 +60,8 @@ def test_folded_projection_equals_the_map_in_float64(integrator, layout):
     layer = make_layer(integrator, layout)
     x = torch.randn(3, 5, D_MODEL, dtype=torch.float64)
     q_ref, k_ref, v_ref = unfolded_qkv(layer, x)
-    q, k, v = folded_qkv(fold_projection(layer), x)
+    qk, v = folded_qkv(fold_projection(layer), x)  # q' | k' side by side (RoPE rotates them in one call)
+    q, k = qk[:, : H * DH], qk[:, H * DH :]
     b, t = x.shape[:2]
     q = q.reshape(b, t, H, DH).transpose(1, 2)
     k = k.reshape(b, t, -1, DH).transpose(1, 2)
@@ -72,7 +73,7 @@ def test_folded_projection_equals_the_map_in_float64(integrator, layout):
     assert (q - layer.qkv(x)[..., : H * DH].view(b, t, H, DH).transpose(1, 2)).abs().max() > 1e-2
 
 
-def make_model(attention="coupled", integrator="leapfrog", **qk_map):
+def make_model(attention="coupled", integrator="leapfrog", position="rope", **qk_map):
     """A 2-layer GQA model whose map moves the logits by O(0.1-1) (scaled projections and force), so that a
     stale or wrong fold cannot hide inside the 1e-5 tolerance."""
     torch.manual_seed(0)
@@ -84,6 +85,7 @@ def make_model(attention="coupled", integrator="leapfrog", **qk_map):
         n_heads=4,
         n_kv_heads=2,
         attention=attention,
+        position=position,
         qk_map={"dt_init": 0.3, "integrator": integrator, **qk_map} if attention == "coupled" else None,
     )
     model = GPT(cfg).eval()
@@ -140,6 +142,33 @@ def test_decoding_uses_the_fold_and_rebuilds_it_after_a_weight_update():
     assert [a._fold.key for a in attn] != keys
     # and the unfolded path (fold_inference=False) gives the same logits
     torch.testing.assert_close(greedy_logits(model, IDX, fold=False), full2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["rope", "learned"])
+@pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])
+def test_folded_decoding_equals_the_full_forward(integrator, position):
+    """The fold hands q' | k' on side by side, rotated by one RoPE call (none with learned positions): cached
+    single-token decoding through it equals the full forward of every integrator, over a batch of two (so the
+    in-place kick writes into a strided column block)."""
+    model = make_model(integrator=integrator, position=position)
+    with torch.no_grad():
+        full = model(IDX)
+    cache = model.new_cache()
+    torch.testing.assert_close(greedy_logits(model, IDX, cache=cache), full, rtol=1e-5, atol=1e-5)
+    assert all(fold is not None for fold in cache.folds.values()) and len(cache.folds) == 2
+
+
+@pytest.mark.parametrize("integrator", ["euler", "leapfrog", "symplectic_euler"])
+def test_folded_decoding_under_autocast_matches_the_unfolded_path(integrator):
+    """Under ``torch.autocast`` (bf16 on CPU) the fold's product is bf16 while its kicks are stored in the weights'
+    float32: they are cast, so decoding runs and agrees with the unfolded map to bf16 rounding (it raised a dtype
+    error when a kick was added in place unconverted)."""
+    model = make_model(integrator=integrator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        folded, unfolded = greedy_logits(model, IDX), greedy_logits(model, IDX, fold=False)
+    assert folded.dtype == torch.bfloat16
+    scale = unfolded.float().abs().max()
+    assert (folded.float() - unfolded.float()).abs().max() <= 0.03 * scale
 
 
 def test_the_fold_is_validated_once_per_cache():

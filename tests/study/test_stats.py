@@ -184,6 +184,41 @@ def _unit_sample(n: int) -> list[float]:
     return (x / x.std(ddof=1)).tolist()
 
 
+def _sign_test_coverage(n: int, k: int) -> float:
+    """Exact coverage of ``[x_(k), x_(n-k+1)]`` for the median: 1 - 2 P(Binomial(n, 1/2) <= k - 1), from math.comb."""
+    return 1 - 2 * sum(math.comb(n, j) for j in range(k)) / 2**n
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 9, 15, 21, 40])
+def test_median_ci_takes_the_widest_order_statistics_that_keep_the_level(n):
+    values = [float(v) for v in np.random.default_rng(n).permutation(np.arange(1, n + 1))]
+    r = stats.median_ci(values)
+    k = int(r["low"])  # the values are 1..n, so the interval's ends are their ranks
+    assert r["high"] == n + 1 - k and r["median"] == pytest.approx((n + 1) / 2)
+    assert r["coverage"] == pytest.approx(_sign_test_coverage(n, k))
+    if n >= 6:  # a 95% interval exists: k is the largest whose coverage stays >= 95%
+        assert r["coverage"] >= 0.95 and _sign_test_coverage(n, k + 1) < 0.95
+    else:  # too few values: the whole range, and its (lower) coverage said
+        assert k == 1 and r["coverage"] < 0.95
+
+
+def test_median_ci_covers_the_median_as_often_as_it_says():
+    """Simulation: intervals from 15 draws of a skewed distribution (lognormal, median 1) hold the true median in
+    96.5% of 4000 samples (the exact coverage of [x_(4), x_(12)]), within sampling error."""
+    rng = np.random.default_rng(0)
+    hits = [stats.median_ci(rng.lognormal(0.0, 0.5, 15)) for _ in range(4000)]
+    rate = np.mean([h["low"] <= 1.0 <= h["high"] for h in hits])
+    assert hits[0]["coverage"] == pytest.approx(0.9648, abs=1e-4)
+    assert abs(rate - 0.9648) < 0.012  # 4 standard errors of a rate from 4000 samples
+
+
+def test_median_ci_refuses_bad_input():
+    with pytest.raises(ValueError, match="at least 1"):
+        stats.median_ci([])
+    with pytest.raises(ValueError, match="non-finite"):
+        stats.median_ci([1.0, float("inf")])
+
+
 def test_welch_difference_is_scipys_unequal_variance_t_test():
     """Welch's interval and p against scipy's ``ttest_ind(equal_var=False)`` and its confidence interval, and the
     Welch-Satterthwaite degrees of freedom recomputed by hand."""

@@ -1,4 +1,5 @@
-"""The generated blocks of ``README.md`` and ``docs/*.md``: what each holds, and the command that rewrites them.
+"""The generated blocks of ``README.md``, ``docs/*.md`` and ``benchmarks/README.md``: what each holds, and the command
+that rewrites them.
 
 A page holds a generated block between two HTML comments, so GitHub shows only its text::
 
@@ -26,11 +27,13 @@ first (:func:`coupled_qk.models.catalog.write_docs`). This module leaves blocks 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from coupled_qk.io import write_text_atomic
 from coupled_qk.models import catalog
@@ -55,9 +58,15 @@ SOURCES = {
 """Where each built-in query-key map and scoring rule comes from (a registered name missing here shows its class)."""
 
 
+TRACKED_RESULT = Path("benchmarks") / "results" / "tracked" / "tracked-tiny-cpu.json"
+"""The committed output of ``python benchmarks/ab.py --tracked`` that the ``speed-tracked`` block shows."""
+
+
 def pages(root: Path) -> list[Path]:
-    """The pages whose blocks are kept: ``README.md`` and ``docs/*.md`` under ``root``."""
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """The pages whose blocks are kept: ``README.md``, ``docs/*.md`` and ``benchmarks/README.md`` under ``root``
+    (each that exists)."""
+    found = [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "benchmarks" / "README.md"]
+    return [page for page in found if page.is_file()]
 
 
 DESIGN = Path("docs") / "DESIGN.md"
@@ -161,6 +170,57 @@ def _design_table(name: str) -> Callable[[Path], str]:
     return lambda root: catalog.tables(design_maps(root))[name]
 
 
+def benchmark_module(root: Path, name: str) -> ModuleType:
+    """The module ``benchmarks/<name>.py`` of the repository at ``root``, imported with ``benchmarks/`` on
+    ``sys.path`` while it loads (its sibling imports; the scripts there are not part of the package).
+
+    Raises:
+        FileNotFoundError: ``root`` has no ``benchmarks/<name>.py``.
+    """
+    folder = root / "benchmarks"
+    if not (folder / f"{name}.py").is_file():
+        raise FileNotFoundError(f"{folder / name}.py does not exist: the docs blocks need the repository's benchmarks")
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
+
+
+def speed_tracked(root: Path) -> str:
+    """The tracked cells' speed against ``standard`` (:data:`TRACKED_RESULT`, written by ``python benchmarks/ab.py
+    --tracked --out-dir benchmarks/results/tracked``): the revision, date, command, load and machine line it was
+    measured with, and that revision's ratio table (``ratio_table`` of ``benchmarks/ab_measure.py`` under
+    ``root``, :func:`benchmark_module`: the revision A/B is a benchmark tool, not part of the library).
+
+    Raises:
+        FileNotFoundError: the result does not exist (naming it and the command that writes it).
+    """
+    from coupled_qk.experiments.bench.machine import machine_line
+
+    path = root / TRACKED_RESULT
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the block speed-tracked shows {path}, which does not exist: write it with `python benchmarks/ab.py "
+            f"--tracked --out-dir {TRACKED_RESULT.parent.as_posix()} --overwrite`"
+        )
+    report = benchmark_module(root, "ab_measure")
+    result = json.loads(path.read_text())
+    new, s, (load0, load1) = result["revisions"]["new"], result["settings"], result["load"]
+    lines = [
+        f"Measured at {new['label']} (`{new['commit']}`) on {result['date']} by `{result['reproduce']}` "
+        f"(`{TRACKED_RESULT.as_posix()}`): preset {s['preset']}, {s['repeats']} repeats interleaved with "
+        f"{result['revisions']['old']['label']}, {s['threads']} thread, clock {s['clock']} "
+        f"({report.CLOCK_TEXT[s['clock']]}); "
+        f"1-minute load {load0:.1f} before, {load1:.1f} after.",
+        "",
+        machine_line(result["machine"]),
+        "",
+        *report.ratio_table(result, result["rows"], "new"),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "attentions": _design_table("attentions"),
     "variants": _design_table("variants"),
@@ -171,6 +231,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "claims-protocols": claims_protocols,
     "corpora": corpora,
     "commands": commands,
+    "speed-tracked": speed_tracked,
 }
 """Block name -> function of the repository root giving the block's text."""
 

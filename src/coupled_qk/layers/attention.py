@@ -358,16 +358,21 @@ class CausalSelfAttention(nn.Module):
         folded = None
         if t == 1 and self.qk_map is not None and cache is not None and not record and not torch.is_grad_enabled():
             folded = self.decoding_fold(cache)
-        rotated = self.use_rope and self.qk_map is None  # no map: q and k rotate together (one rotation, not two)
+        # no map, or a folded one: q and k rotate together (one rotation, not two)
+        rotated = self.use_rope and (folded is not None or self.qk_map is None)
         if folded is not None:  # a decoding step: the map is folded into the projection (layers/folded.py)
-            q, k, v = folded_qkv(folded, x)
+            qk, v = folded_qkv(folded, x)  # a fold acts before RoPE (fold_key): rotate the mapped q' | k'
+            qk = qk.view(b, t, qk.shape[-1] // dh, dh).transpose(1, 2)
+            if rotated:
+                qk = apply_rope(qk, *rope)
+            q, k = qk[:, :h], qk[:, h:]
         elif rotated:
             z = self.qkv(x)
             qk = apply_rope(z[..., : (h + hkv) * dh].view(b, t, h + hkv, dh).transpose(1, 2), *rope)
             q, k, v = qk[:, :h], qk[:, h:], z[..., (h + hkv) * dh :]
         else:
             q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
-        if not rotated:
+        if not rotated and folded is None:
             q = q.view(b, t, h, dh).transpose(1, 2)
             k = k.view(b, t, k.shape[-1] // dh, dh).transpose(1, 2)  # not -1: B or T may be 0
         group = self.head_group

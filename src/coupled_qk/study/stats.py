@@ -57,6 +57,37 @@ def mean_ci(values: Sequence[float], conf: float = 0.95) -> dict:
     return {"n": n, "mean": mean, "sd": sd, "se": se, "low": mean - half, "high": mean + half, "p": p}
 
 
+def median_ci(values: Sequence[float], conf: float = 0.95) -> dict:
+    """Median of ``values`` with the distribution-free interval of the median (order statistics; the inverted
+    sign test): ``[x_(k), x_(n-k+1)]`` of the sorted values, ``k`` the largest with ``P(Binomial(n, 1/2) < k) <=
+    (1 - conf) / 2``. It needs only independent draws from one continuous distribution (no normality), so a few
+    outlying repeats (a busy machine) move it little.
+
+    Returns:
+        ``{"n", "median", "low", "high", "coverage"}``: ``coverage`` is the interval's exact coverage ``1 - 2 P(
+        Binomial(n, 1/2) < k)`` (``>= conf`` when ``n`` allows; below 6 values even ``[min, max]`` covers less
+        than 95%, and then ``low, high`` are the minimum and maximum and ``coverage`` says how much they cover).
+
+    Raises:
+        ValueError: no values, a non-finite value, or ``conf`` outside (0, 1).
+
+    Source: Conover (1999), *Practical Nonparametric Statistics*, section 3.2 (confidence interval for a quantile).
+    """
+    x = np.sort(_array("values", values))
+    alpha, n = 1 - _conf(conf), x.size
+    k = 1
+    while k < (n + 1) // 2 and st.binom.cdf(k, n, 0.5) <= alpha / 2:  # P(Binomial < k + 1) still small enough
+        k += 1
+    coverage = 1 - 2 * float(st.binom.cdf(k - 1, n, 0.5))
+    return {
+        "n": int(n),
+        "median": float(np.median(x)),
+        "low": float(x[k - 1]),
+        "high": float(x[n - k]),
+        "coverage": coverage,
+    }
+
+
 def paired_difference(a: Sequence[float], b: Sequence[float], conf: float = 0.95, relative: bool = False) -> dict:
     """``b - a`` paired element by element (same seed), with the t interval of its mean (:func:`mean_ci`).
 
