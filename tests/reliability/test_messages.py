@@ -74,14 +74,16 @@ def test_every_damaged_file_of_an_export_is_named(exports, tmp_path_factory, lay
 
 
 def test_a_best_checkpoints_own_state_is_read_without_a_warning(tmp_path):
-    from coupled_qk.training.checkpoint_format import STATE_KEYS, Checkpoint
+    from coupled_qk.training.checkpoint_format import BEST_STATE_KEYS, Checkpoint
 
     state = {"step": 4, "tokens": 10, "metric": "valid/loss", "value": 1.5, "epoch": 0.5}
-    (tmp_path / "state.json").write_text(json.dumps(state))
+    best = tmp_path / "best-00000004"  # a best checkpoint's folder: its state is read against its own keys
+    best.mkdir()
+    (best / "state.json").write_text(json.dumps(state))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert Checkpoint(tmp_path).state()["value"] == 1.5
-    assert set(state) <= set(STATE_KEYS)
+        assert Checkpoint(best).state()["value"] == 1.5
+    assert set(state) <= set(BEST_STATE_KEYS)
 
 
 def test_a_small_given_split_is_not_told_to_change_the_split_fractions(tmp_path):
