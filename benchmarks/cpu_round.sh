@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One round of the CPU speed checks of issue 12 (train step at tiny and 60m, cached decoding), written to
-# benchmarks/results/issue12/<label>/. A speed target counts as met when it holds in 3 separate rounds:
+# benchmarks/results/kernels/<label>/. A speed target counts as met when it holds in 3 separate rounds:
 #   bash benchmarks/cpu_round.sh round1 && bash benchmarks/cpu_round.sh round2 && bash benchmarks/cpu_round.sh round3
 # Run it on an otherwise idle machine (the ratios are interleaved and paired, but other processes still
 # widen them). About 6 minutes per round on a 2-core VM.
@@ -11,7 +11,7 @@
 set -euo pipefail
 label=${1:?usage: bash benchmarks/cpu_round.sh LABEL [train|decode]}
 parts=${2:-train decode}
-out=benchmarks/results/issue12/$label
+out=benchmarks/results/kernels/$label
 variants=coupled,coupled_leapfrog
 if [[ $parts == *train* ]]; then
 coupled-qk bench --preset tiny --variants $variants --repeats 20 --warmup 2 --threads 1 --device cpu --out-dir "$out/threads1"

@@ -25,7 +25,7 @@ Configurations combine with ``+`` (e.g. ``noguard+cpp``). Usage:
 Each row also gives the time Dynamo spends checking the step's guards per call (``guard_us``, timed on the cache
 entry's guard manager directly). Writes ``--out`` (JSON with every time). A measurement script, not a feature: none of
 these options is used by the
-library (see ``benchmarks/results/issue29/decode-options/README.md`` for why).
+library (see ``benchmarks/results/fastpath/decode-options/README.md`` for why).
 """
 
 from __future__ import annotations

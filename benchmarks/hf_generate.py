@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from coupled_qk import GPT, GPTConfig
-from coupled_qk.experiments.bench.train import machine_info
+from coupled_qk.experiments.bench.machine import machine_info
 from coupled_qk.hf import CoupledQKForCausalLM
 from coupled_qk.models.specs import variant_overrides
 

@@ -7,7 +7,7 @@ this script prints, per model and mode, each round's median paired ratio and the
 repeats pooled, with a distribution-free 95% interval for that median (order statistics of the binomial(n, 1/2)
 distribution; Conover 1999, section 3.2: ``coupled_qk.study.stats.median_ci``).
 
-Usage: ``python benchmarks/paired_rounds.py benchmarks/results/issue29/rounds-60m/r{4,5,6}-train``
+Usage: ``python benchmarks/paired_rounds.py benchmarks/results/fastpath/rounds-60m/r{4,5,6}-train``
 (a folder holds one ``fastpath-*.json``). Prints a markdown table; reads only, writes nothing.
 """
 

@@ -3,7 +3,7 @@ the same model with learned positions, eager (RoPE in the plain five-kernel form
 precomputed signed sine table) and compiled (`GPT.compiled_decode_step`), interleaved, paired ratios.
 
     PYTHONPATH=src python benchmarks/rope_decode.py [--repeats 15] [--out
-    benchmarks/results/issue29/rope-decode-tiny-cpu.json]
+    benchmarks/results/fastpath/rope-decode-tiny-cpu.json]
 """
 
 import argparse
@@ -15,7 +15,7 @@ import torch
 
 import coupled_qk.layers.attention as attention
 from coupled_qk import GPT, GPTConfig
-from coupled_qk.experiments.bench.train import machine_info
+from coupled_qk.experiments.bench.machine import machine_info
 from coupled_qk.layers.kv_cache import StaticKVCache
 from coupled_qk.models.generation import static_capacity
 

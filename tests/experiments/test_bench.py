@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from coupled_qk.cli import main
-from coupled_qk.experiments.bench.train import machine_info, machine_line, run_bench, with_baseline
+from coupled_qk.experiments.bench.machine import machine_info, machine_line
+from coupled_qk.experiments.bench.train import run_bench, with_baseline
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.registry import default_variants
 

@@ -256,7 +256,7 @@ def test_compiled_decoding_matches_eager_token_for_token(variant):
 @pytest.mark.parametrize("variant", ["coupled", "coupled_leapfrog"])
 def test_compiled_decoding_runs_the_unfolded_map(variant):
     """Under compilation the map is not folded (measured slower than the fused unfolded map,
-    benchmarks/results/issue29/compiled-decode-fold-ab.md): the compiled step equals the eager *unfolded*
+    benchmarks/results/fastpath/compiled-decode-fold-ab.md): the compiled step equals the eager *unfolded*
     step to float rounding, and compiling builds no fold."""
     model = tiny(variant).eval()
     x = torch.randint(0, 64, (2, 5))

@@ -302,7 +302,7 @@ class CausalSelfAttention(nn.Module):
         compared with the layer's last fold, which is reused when equal (see :mod:`coupled_qk.layers.folded` for
         what each check catches). Later steps with the same cache only look it up. Never inside a compiled
         graph: there Inductor fuses the map's elementwise work and the unfolded map is faster than the fold,
-        which adds arithmetic (``benchmarks/results/issue29/compiled-decode-fold-ab.md``)."""
+        which adds arithmetic (``benchmarks/results/fastpath/compiled-decode-fold-ab.md``)."""
         if not self.fold_inference or self.qk_map is None:
             return None
         if torch.compiler.is_compiling():

@@ -1,6 +1,6 @@
 """Inference fast path: one step of the coupled map folded into the query-key-value projection.
 
-Beyond the paper (an implementation of the same function, issue 12). With frozen weights every *linear* part of
+Beyond the paper (an implementation of the same function). With frozen weights every *linear* part of
 one step of :func:`~coupled_qk.ops.dynamics.integrate_qk` composes with the projection ``z = W x``. Write
 ``E``/``M`` for the grouped-query repeat and group mean (:mod:`coupled_qk.ops.heads`), ``W1``/``W2`` for the
 force's two layers (:class:`~coupled_qk.layers.forces.MLPForce`) and ``s = silu(.)``. Then, per token:
@@ -19,7 +19,7 @@ Used by :class:`~coupled_qk.layers.attention.CausalSelfAttention` for single-tok
 gradients disabled; equal to the unfolded map up to floating-point rounding (tests compare in float64).
 
 When a fold is stale. A fold is validated once per cache, at the cache's first single-token step (no
-per-token check in the decoding loop, issue 12): :func:`fold_key` (the parameters' identity, storage and
+per-token check in the decoding loop): :func:`fold_key` (the parameters' identity, storage and
 autograd version: optimizer steps, ``load_state_dict`` and ``.to()`` change it) and :func:`weight_checksum`
 (sums of the weights and of their squares, in float64: writes that bypass the version counter, ``.data``
 writes and fused optimizers) are compared with the layer's last fold, rebuilt when either differs. So a fold

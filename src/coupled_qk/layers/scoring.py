@@ -96,7 +96,7 @@ def scaled_dot_product(
             q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p, enable_gqa=gqa
         ), None
     k, v = expand_kv(k, h // k.shape[1]), expand_kv(v, h // v.shape[1])
-    # Upcast before the product (issue 9 F): q k^T in float16 overflows for |q|, |k| ~ 33 at d = 64. The
+    # Upcast before the product: q k^T in float16 overflows for |q|, |k| ~ 33 at d = 64. The
     # product is then scaled in float32, so float32 inputs give the same bits as before.
     dtype = torch.promote_types(q.dtype, torch.float32)
     scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-2, -1)) / math.sqrt(q.shape[-1])

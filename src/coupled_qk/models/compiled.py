@@ -1,4 +1,4 @@
-"""The compiled path of :class:`~coupled_qk.models.gpt.GPT` (issue 29): regional compilation with an eager
+"""The compiled path of :class:`~coupled_qk.models.gpt.GPT`: regional compilation with an eager
 fallback, the fixed-shape decoding step over a :class:`~coupled_qk.layers.kv_cache.StaticKVCache` and its
 compiled version, and the helpers that compile or uncompile the GPTs inside any module.
 
@@ -140,7 +140,7 @@ class GPTCompileMixin:
         (``torch.compile(options=...)``, which excludes ``mode``: with ``options``, ``"auto"`` on CUDA becomes
         ``options["triton.cudagraphs"] = True``, and another ``mode`` raises ``ValueError``). On CPU
         ``options={"cpp_wrapper": True}`` makes every variant's step faster (batch 1 at ``tiny``: 0.78x of the time)
-        at about twice the compile time (``benchmarks/results/issue29/decode-options``). Shapes are static
+        at about twice the compile time (``benchmarks/results/fastpath/decode-options``). Shapes are static
         (``dynamic=False``): one graph per batch
         size and cache capacity (:func:`static_capacity` rounds capacities to powers of two); Dynamo's limit on
         graphs per function is raised so that many models and shapes never fall back to eager silently

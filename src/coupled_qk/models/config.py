@@ -176,7 +176,7 @@ class GPTConfig(JSONConfig):
         vocab_size: number of token ids.
         vocab_pad_multiple: round the rows of the token embedding and the tied output head up to a multiple
             of this (``padded_vocab_size``; default 1: no padding). 64 turns GPT-2's 50,257 into 50,304, so the
-            output head's matmul gets tensor-core friendly shapes on GPUs (issue 28 item 6; nanoGPT's choice).
+            output head's matmul gets tensor-core friendly shapes on GPUs (nanoGPT's choice).
             The extra rows start at zero and are never used: the model's logits keep ``vocab_size`` columns
             (padded ids are never scored nor sampled), and ids ``>= vocab_size`` are rejected as before.
             Checkpoints of a padded model hold ``padded_vocab_size`` rows and need the same setting to load.

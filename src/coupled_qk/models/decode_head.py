@@ -4,7 +4,7 @@ transposed copy of the output weights.
 At batch 1 a decoding step streams every weight once, and on CPUs with MKL a single-row product in PyTorch's
 ``(out, in)`` layout streams the output head at about half the speed of the transposed ``(in, out)`` layout
 (GPT-2's ``Conv1D``): 6.80 against 3.70 ms for the 60m preset's 50,257 x 512 head, one thread
-(``benchmarks/gemv_layout.py``; ``benchmarks/results/issue29/decode-options/README.md``). The copy costs the
+(``benchmarks/gemv_layout.py``; ``benchmarks/results/fastpath/decode-options/README.md``). The copy costs the
 head's memory once more (103 MB at 60m), so it is off unless asked for.
 """
 

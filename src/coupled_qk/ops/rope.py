@@ -47,7 +47,7 @@ def apply_rope(
     Returns a tensor of the shape and dtype of ``x``: ``x cos + rotate_half(x) sin`` with ``rotate_half(x) =
     (-x2, x1)``. Dot products of rotated queries and keys depend only on the difference of their positions.
     ``sin_signed``: :func:`signed_sin` of ``sin``, precomputed (the model keeps it with its tables); the
-    rotation is then ``addcmul(x cos, (x2, x1), sin_signed)``, three kernels instead of five (issue 29: RoPE at
+    rotation is then ``addcmul(x cos, (x2, x1), sin_signed)``, three kernels instead of five (RoPE at
     decoding cost); equal to the plain form up to float rounding.
     """
     x1, x2 = x.chunk(2, dim=-1)

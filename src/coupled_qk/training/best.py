@@ -1,4 +1,4 @@
-"""Best-validation tracking (issue 25): which validation metric decides, its direction, the best value so far
+"""Best-validation tracking: which validation metric decides, its direction, the best value so far
 with its step, tokens and epoch, and patience-based early stopping. Used by the training loop at each
 validation (:mod:`coupled_qk.training.loop`); the state lives in every checkpoint, so a resume continues it.
 """

@@ -77,7 +77,7 @@ def pick_device(name: str) -> torch.device:
 
 
 def enable_tf32(device: torch.device, enabled: bool = True) -> bool:
-    """Let float32 matmuls and cuDNN convolutions on CUDA use TensorFloat-32 (issue 28 item 6): fp32 paths (the
+    """Let float32 matmuls and cuDNN convolutions on CUDA use TensorFloat-32: fp32 paths (the
     fp32 bench, decoding with fp32 weights, evaluation without autocast) run on the tensor cores, with a
     10-bit mantissa in the products and float32 accumulation, as PyTorch recommends for training on Ampere
     and later GPUs (https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices).
@@ -167,10 +167,10 @@ def warn_if_emulated(dtype: str, device: torch.device) -> bool:
 
 def pick_autocast_dtype(dtype: str, device: torch.device, compiled: bool = False) -> torch.dtype | None:
     """``auto``: bf16 autocast on CUDA (fp16 if bf16 is unsupported); on CPU none (fp32), except for a compiled
-    model on a CPU with native bf16 (:func:`cpu_supports_bf16`), where bf16 autocast is the fast path (issue 29;
+    model on a CPU with native bf16 (:func:`cpu_supports_bf16`), where bf16 autocast is the fast path (
     weights and optimizer stay fp32; ``dtype="fp32"`` opts out). An explicit ``"bf16"`` or ``"fp16"`` on a CPU
     without it natively is used as asked, with a ``RuntimeWarning`` (:func:`warn_if_emulated`): autocast is then
-    emulated (a ``tiny`` coupled training step measured 9.4x slower than fp32 in bf16 on an AVX2 CPU, 2026-12-02).
+    emulated and several times slower than fp32 (docs/SPEED.md).
 
     Raises:
         ValueError: ``dtype`` not one of ``auto``, ``fp32``, ``bf16``, ``fp16``.

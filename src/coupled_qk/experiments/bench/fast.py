@@ -1,5 +1,5 @@
 """``coupled-qk bench --mode fastpath``: the compiled fast path against eager, fp32 against bf16, every variant
-against ``standard``, and two peers, measured interleaved in one run (issue 29).
+against ``standard``, and two peers, measured interleaved in one run.
 
 Train step (forward with next-token loss, backward, AdamW step, zero_grad; one fixed random batch): one
 runner per (model, mode); a model is a variant of :mod:`coupled_qk.models.specs` or a peer built from

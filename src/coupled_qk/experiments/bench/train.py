@@ -20,15 +20,7 @@ import numpy as np
 import torch
 
 from coupled_qk.devices import AUTOCAST_DTYPES, TORCH_DTYPES
-from coupled_qk.experiments.bench.machine import (  # noqa: F401 - the machine helpers: public here too
-    TIMING_ENV,
-    compiled_graphs,
-    cpu_model,
-    machine_info,
-    machine_line,
-    report_header,
-    sync_device,
-)
+from coupled_qk.experiments.bench.machine import compiled_graphs, machine_info, report_header
 from coupled_qk.experiments.bench.step import TrainStepRunner, step_time_stats
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT, coupling_parameter_overhead
@@ -200,7 +192,7 @@ def _build_runners(
 def _time_interleaved(runners: dict, warmup: int, repeats: int, log) -> tuple[dict, dict, int]:
     """Warm every runner up (compiling if asked), then time ``repeats`` rounds of one step per variant, the
     order rotated each round; returns wall and process-CPU milliseconds per variant and the number of graphs
-    compiled during the timed rounds (a recompile inside a timed step, issue 28 item 2)."""
+    compiled during the timed rounds (a recompile inside a timed step)."""
     for n, r in runners.items():  # warmup, compiling if asked
         r.first_step()
         msg = f"  {n}: compiled in {r.compile_s:.1f} s" if r.compiled else f"  {n}: warm"
