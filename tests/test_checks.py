@@ -1,11 +1,11 @@
-"""Typed parsing and argument checks (``coupled_qk._checks``), with hand-derived expectations."""
+"""Typed parsing and argument checks (``coupled_qk.checks.values``), with hand-derived expectations."""
 
 import math
 from dataclasses import dataclass
 
 import pytest
 
-from coupled_qk._checks import choice, coerce, coerce_fields, finite, nonneg_int, parse_assignments, positive_int
+from coupled_qk.checks.values import choice, coerce, coerce_fields, finite, nonneg_int, parse_assignments, positive_int
 
 
 @pytest.mark.parametrize(

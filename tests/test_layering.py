@@ -16,7 +16,6 @@ import coupled_qk
 SRC = Path(coupled_qk.__file__).parent
 
 LEVELS = {
-    "_checks": 0,
     "checks": 0,
     "_assignment": 0,
     "allocator": 0,
@@ -190,7 +189,7 @@ def test_cycle_finder_sees_cycles():
 
 def private_imports(path: Path, module: str) -> list[str]:
     """``from coupled_qk.x import _name`` and ``coupled_qk.x._name`` attribute reads where ``x`` is not ``module``
-    (a private name crossing a module boundary); private modules (``coupled_qk._checks``) are fine."""
+    (a private name crossing a module boundary); private modules (``coupled_qk._assignment``) are fine."""
     out = []
     tree = ast.parse(path.read_text(), str(path))
     mods, imported = source_modules(), _imported_names(tree)
@@ -230,7 +229,7 @@ def test_no_private_names_cross_module_boundaries():
 def test_private_name_checker(tmp_path):
     path = tmp_path / "bad.py"
     path.write_text(
-        "from coupled_qk.data.corpora import _join, load_corpus\nfrom coupled_qk._checks import choice\n"
+        "from coupled_qk.data.corpora import _join, load_corpus\nfrom coupled_qk.checks.values import choice\n"
         "from coupled_qk.models.config import GPTConfig\nx = GPTConfig._upgrade\n"
     )
     assert private_imports(path, "coupled_qk.data.hub") == ["coupled_qk.data.corpora._join", "GPTConfig._upgrade"]

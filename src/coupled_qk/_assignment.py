@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import functools
 
-from coupled_qk._checks import coerce, field_types
+from coupled_qk.checks.values import coerce, field_types
 
 
 class CheckedAssignment:
     """Mixin for dataclasses: after ``__post_init__`` has run, assigning a field converts the value to the
-    field's declared type (:func:`coupled_qk._checks.coerce`), updates the fields derived from it (:meth:`follow`)
+    field's declared type (:func:`coupled_qk.checks.values.coerce`), updates the fields derived from it (:meth:`follow`)
     and runs :meth:`recheck`; on an error the old values are restored and the error (``ValueError`` naming
     ``<owner>.<field>``) propagates. An unknown attribute is an
     ``AttributeError`` (a typo never creates a silent new attribute). Reads are untouched, so hot paths that read

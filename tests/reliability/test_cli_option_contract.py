@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coupled_qk import cli
-from coupled_qk._checks import field_types
+from coupled_qk.checks.values import field_types
 from coupled_qk.commands import options
 from coupled_qk.training.config import TrainConfig
 
@@ -26,8 +26,8 @@ from coupled_qk.training.config import TrainConfig
 FREE_TEXT = {
     "--prompt": "any text, including empty (start of a document)",
     "--variants": "variant specs: models.specs.parse_variants (tests/models/test_variants.py)",
-    "--set": "FIELD=VALUE: GPTConfig fields parsed by _checks.coerce",
-    "--opt": "FIELD=VALUE: TrainConfig fields parsed by _checks.coerce",
+    "--set": "FIELD=VALUE: GPTConfig fields parsed by checks.values.coerce",
+    "--opt": "FIELD=VALUE: TrainConfig fields parsed by checks.values.coerce",
     "--seeds": "commands.options.parse_seeds",
     "--labels": "analyze: non-empty, one per checkpoint",
     "--names": "glue: one distinct name per run",

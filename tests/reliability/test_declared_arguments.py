@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 import coupled_qk
 from coupled_qk._assignment import CheckedAssignment
-from coupled_qk._checks import FlagError, _unwrap_optional
 from coupled_qk.checks.environment import ENVIRONMENT, env_value, undeclared_env
+from coupled_qk.checks.values import FlagError, _unwrap_optional
 from coupled_qk.hf import modeling
 from coupled_qk.hf.retrofit import retrofit
 from coupled_qk.models.maps.invertible import InvertibleQKCoupling
@@ -75,7 +75,7 @@ def public_callables():
                     ):
                         continue
                     if name == "__init__" and issubclass(klass, CheckedAssignment):
-                        continue  # a config's fields are converted by _checks.coerce ("False" is False): declared
+                        continue  # a config's fields are converted by checks.values.coerce ("False" is False): declared
                     key = f"{obj.__name__}.{name}" if klass is obj else f"{klass.__name__}.{name}"
                     if key not in seen:
                         seen.add(key)
@@ -88,7 +88,7 @@ FLAGGED = sorted(
 
 
 def test_every_flag_of_the_public_api_is_declared():
-    """Each ``bool`` parameter of the public API is checked by :func:`coupled_qk._checks.declared_flags`."""
+    """Each ``bool`` parameter of the public API is checked by :func:`coupled_qk.checks.values.declared_flags`."""
     missing = [
         f"{name}({flag})"
         for name, fn in public_callables()

@@ -18,7 +18,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from coupled_qk._assignment import CheckedAssignment
-from coupled_qk._checks import _unwrap_optional, declaration_problems, field_types
+from coupled_qk.checks.values import _unwrap_optional, declaration_problems, field_types
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.options import MapOptions, option
 from coupled_qk.models.registry import QK_MAPS, load_plugins
@@ -289,7 +289,7 @@ GENERIC_BAD = [
 def test_task_options_any_value_is_accepted_as_declared_or_refused_naming_the_field(data):
     """Any value of any kind for any task option: construction either keeps a value its declaration allows or
     raises one ``ValueError`` naming ``task_options.<field>``; never another exception type, never NaN or inf."""
-    from coupled_qk._checks import check_value
+    from coupled_qk.checks.values import check_value
 
     for task, cls in task_options_classes():
         types = field_types(cls)

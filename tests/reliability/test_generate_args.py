@@ -193,7 +193,7 @@ def test_attention_constructor(kwargs, match):
 
 # ------------------------------------------------------------------------- configs re-checked after construction
 
-from coupled_qk._checks import field_types  # noqa: E402
+from coupled_qk.checks.values import field_types  # noqa: E402
 from coupled_qk.training.config import TrainConfig  # noqa: E402
 
 INT_BAD = [0, -1, 2.5, True, "x", "2.5", float("nan"), None]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from test_field_declarations import valid_values
 
 from coupled_qk import cli
-from coupled_qk._checks import field_types, loads_json, parse_assignments
+from coupled_qk.checks.values import field_types, loads_json, parse_assignments
 from coupled_qk.commands.train import NOT_FLAGS, train_config_from_args
 from coupled_qk.training.config import TrainConfig
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coupled_qk._checks import coerce, field_types
 from coupled_qk.analysis.analyze import analyze_checkpoints
+from coupled_qk.checks.values import coerce, field_types
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.run_folder import RunFolder
 

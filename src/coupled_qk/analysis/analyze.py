@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from coupled_qk._checks import positive_int
 from coupled_qk.analysis.capture import analyze_model, token_windows
 from coupled_qk.analysis.conventions import CONVENTIONS, MAP_METRICS
 from coupled_qk.analysis.report import dumps, summary_markdown
+from coupled_qk.checks.values import positive_int
 from coupled_qk.training.run_folder import OpenedRun, open_run
 
 __all__ = [

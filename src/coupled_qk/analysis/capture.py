@@ -38,10 +38,10 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from coupled_qk._checks import positive_int
 from coupled_qk.analysis import attention_stats
 from coupled_qk.analysis._validate import check_finite_activations, check_finite_parameters
 from coupled_qk.analysis.conventions import CONVENTIONS, as_float, mean_of, order_metrics
+from coupled_qk.checks.values import positive_int
 from coupled_qk.layers.attention import AttentionRecord
 from coupled_qk.models.registry import get_attention
 

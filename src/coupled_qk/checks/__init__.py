@@ -1,4 +1,5 @@
-"""Checks of values as they enter the library, by kind: paths (:mod:`coupled_qk.checks.paths`), tensor entry points
+"""Checks of values as they enter the library, by kind: values, declarations and typed parsing
+(:mod:`coupled_qk.checks.values`), paths (:mod:`coupled_qk.checks.paths`), tensor entry points
 with sampling arguments (:mod:`coupled_qk.checks.tensors`) and environment variables
 (:mod:`coupled_qk.checks.environment`).
 

@@ -4,7 +4,7 @@ Used at the top of :meth:`coupled_qk.GPT.generate` (and available to the Hugging
 is checked for type, shape (zero-sized dimensions included), dtype, device, finiteness and range, raising
 ``TypeError`` (wrong kind of object) or ``ValueError`` (wrong value) whose message names the argument.
 
-Level 0 of the layering (torch and :mod:`coupled_qk._checks` only).
+Level 0 of the layering (torch and :mod:`coupled_qk.checks.values` only).
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ def check_checkpoint_kwargs(kwargs: dict) -> None:
 
     from torch.utils.checkpoint import checkpoint
 
-    from coupled_qk._checks import FlagError
+    from coupled_qk.checks.values import FlagError
 
     declared = {p.name: p for p in inspect.signature(checkpoint).parameters.values() if p.kind is p.KEYWORD_ONLY}
     for name, value in kwargs.items():

@@ -107,8 +107,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from coupled_qk._checks import positive_int
     from coupled_qk.analysis.analyze import analyze_checkpoints
+    from coupled_qk.checks.values import positive_int
     from coupled_qk.commands.ignored import refuse_ignored_options
 
     positive_int("--n-sequences", args.n_sequences)

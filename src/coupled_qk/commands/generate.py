@@ -94,7 +94,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import torch
 
-    from coupled_qk._checks import finite, nonneg_int, positive_int
+    from coupled_qk.checks.values import finite, nonneg_int, positive_int
     from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.training.distributed import pick_device
     from coupled_qk.training.pretrained import load_run

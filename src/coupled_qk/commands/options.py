@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from coupled_qk._checks import MAX_SEED, coerce, finite, nonneg_int, positive_int
+from coupled_qk.checks.values import MAX_SEED, coerce, finite, nonneg_int, positive_int
 from coupled_qk.models.config import PRESETS, GPTConfig, parse_overrides
 from coupled_qk.models.registry import QK_MAPS, attention_names, variant_names
 
@@ -244,7 +244,7 @@ _NAME = "value"
 
 
 def _checked(text: str, check, value):
-    """``check(_NAME, value)``, a value check of :mod:`coupled_qk._checks` (one rule for the library, configs and
+    """``check(_NAME, value)``, a value check of :mod:`coupled_qk.checks.values` (one rule for the library, configs and
     the command line); its ``ValueError`` reworded about ``text`` (``'0' must be a positive integer``)."""
     try:
         return check(_NAME, value)
@@ -254,7 +254,7 @@ def _checked(text: str, check, value):
 
 def _number_text(text: str, kind: type):
     """``text`` converted to ``kind`` (``int`` or ``float``) as every config value is
-    (:func:`coupled_qk._checks.coerce`: ``"2.0"`` is the integer 2), written with the digits 0-9."""
+    (:func:`coupled_qk.checks.values.coerce`: ``"2.0"`` is the integer 2), written with the digits 0-9."""
     if not text.isascii():
         raise ValueError(f"{text!r} is not a number (write it with the digits 0-9)")
     return _checked(text, lambda name, value: coerce(name, value, kind), text)
@@ -293,7 +293,7 @@ def _threads(text: str) -> int:
 
 
 def _float_text(text: str, positive: bool) -> float:
-    """A finite number written in ASCII, ``> 0`` (``positive``) or ``>= 0`` (:func:`coupled_qk._checks.finite`);
+    """A finite number written in ASCII, ``> 0`` (``positive``) or ``>= 0`` (:func:`coupled_qk.checks.values.finite`);
     ``ValueError`` naming the text."""
     value = _number_text(text, float)
     return _checked(text, lambda name, v: finite(name, v, lo=0, lo_open=positive), value)
@@ -339,7 +339,7 @@ positive_int_arg = _arg(_positive_int, "positive integer")
 nonneg_int_arg = _arg(_nonneg_int, "integer >= 0")
 """argparse type: an integer >= 0."""
 seed_arg = _arg(_seed, "seed")
-"""argparse type: a seed, an integer in ``[0, 2**32 - 1]`` (:data:`coupled_qk._checks.MAX_SEED`)."""
+"""argparse type: a seed, an integer in ``[0, 2**32 - 1]`` (:data:`coupled_qk.checks.values.MAX_SEED`)."""
 threads_arg = _arg(_threads, "thread count")
 """argparse type: a thread count from 1 to this machine's CPUs (``torch.set_num_threads(100000)`` crashes)."""
 positive_float_arg = _arg(_positive_float, "positive number")

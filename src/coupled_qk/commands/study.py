@@ -328,7 +328,7 @@ def _commands(study, args, out_dir_given) -> object:
 
 
 def run(args) -> int:
-    from coupled_qk._checks import choice
+    from coupled_qk.checks.values import choice
     from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.studies import studies
 

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from coupled_qk._checks import check_value, coerce, field_types
+from coupled_qk.checks.values import check_value, coerce, field_types
 from coupled_qk.commands.options import (
     GivenOnce,
     add_model_options,
@@ -133,7 +133,7 @@ def train_config_from_args(args, **fields) -> TrainConfig:
     Within the command line each setting is given once (:class:`~coupled_qk.commands.options.GivenOnce`): a field
     given two different values, e.g. ``--opt max_steps=5 --max-steps 7`` or ``--valid-fraction 0.2 --opt
     task_options='{"valid_fraction": 0.1}'``, is refused naming both. Every value is parsed to its field's
-    declared type (:func:`coupled_qk._checks.coerce`).
+    declared type (:func:`coupled_qk.checks.values.coerce`).
 
     Raises:
         ValueError: naming the flag or field and the value, for a value of the wrong type or range, an

@@ -14,7 +14,7 @@ import hashlib
 import warnings
 from dataclasses import dataclass, field
 
-from coupled_qk._checks import nonneg_int
+from coupled_qk.checks.values import nonneg_int
 
 SPLITS = ("train", "valid", "test")
 MAX_DOC_LINES = 100

@@ -15,7 +15,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from coupled_qk._checks import finite, nonneg_int
+from coupled_qk.checks.values import finite, nonneg_int
 from coupled_qk.data.corpora import SPLIT_STAMP, random_split, read_text
 from coupled_qk.io import write_text_atomic
 
@@ -117,7 +117,7 @@ def document_split(
         ValueError: unknown ``source``, a bad name, count or fraction, or fewer documents than the splits need.
         FileNotFoundError: the source corpus is missing under ``data_dir``.
     """
-    from coupled_qk._checks import choice, positive_int
+    from coupled_qk.checks.values import choice, positive_int
 
     choice("source", source, SPLIT_SOURCES)
     for arg, value in (("data_dir", data_dir), ("out_root", out_root)):

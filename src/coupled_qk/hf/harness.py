@@ -128,7 +128,7 @@ def make_task(
             ``overwrite``.
         FileNotFoundError: ``source`` does not exist.
     """
-    from coupled_qk._checks import choice, positive_int
+    from coupled_qk.checks.values import choice, positive_int
 
     choice("kind", kind, ("perplexity", "sst2"))
     if max_docs is not None:

@@ -28,8 +28,8 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from coupled_qk._checks import declared_flags
 from coupled_qk.checks.tensors import check_checkpoint_kwargs
+from coupled_qk.checks.values import declared_flags
 from coupled_qk.hf.cache_view import static_layers
 from coupled_qk.hf.configuration import CoupledQKConfig
 from coupled_qk.hf.forward import as_output, run_gpt

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import choice, declared_flags
+from coupled_qk.checks.values import choice, declared_flags
 from coupled_qk.hf.retrofit_maps import DYNAMICS, build_map, check_layers, check_shared_keys, map_spec
 from coupled_qk.layers.qk_maps import QKMap
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import declared_flags, finite, nonneg_int, positive_int
+from coupled_qk.checks.values import declared_flags, finite, nonneg_int, positive_int
 from coupled_qk.layers.differential import DifferentialScoring
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
 from coupled_qk.layers.kv_cache import KVCache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from coupled_qk._checks import positive_int
+from coupled_qk.checks.values import positive_int
 
 __all__ = ["KVCache", "StaticKVCache"]
 

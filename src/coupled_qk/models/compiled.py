@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import declared_flags
+from coupled_qk.checks.values import declared_flags
 from coupled_qk.layers.kv_cache import StaticKVCache
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coupled_qk._assignment import CheckedAssignment
-from coupled_qk._checks import (
+from coupled_qk.checks.values import (
     MAX_VOCAB,
     check_declared,
     coerce,
@@ -258,7 +258,7 @@ class GPTConfig(JSONConfig):
         check_unread_fields(self, ("d_ff",))  # at construction only: assigning d_model later moves its default
 
     def validate(self) -> None:
-        """Check every field against its declaration in the field metadata (``_checks.check_declared``), then
+        """Check every field against its declaration in the field metadata (``checks.values.check_declared``), then
         the cross-field rules; raise ``ValueError`` naming the first offending field."""
         check_declared(self)
         if isinstance(self.qk_map, MapOptions):
@@ -437,7 +437,7 @@ def parse_overrides(items: Sequence[str], target: type = GPTConfig, flag: str = 
     """Typed ``FIELD=VALUE`` overrides: ``["n_layer=6", "use_mlp=False"] -> {"n_layer": 6, "use_mlp": False}``.
 
     Each value is converted to the declared type of the field of the dataclass ``target`` (see
-    :func:`coupled_qk._checks.coerce`); for :class:`GPTConfig` the flat map options of every registered map
+    :func:`coupled_qk.checks.values.coerce`); for :class:`GPTConfig` the flat map options of every registered map
     (``integrator``, ``n_steps``, a plugin map's fields, ...) take the types declared by their options
     dataclass (:func:`~coupled_qk.models.registry.map_option_types`). ``-`` in a name reads as ``_``.
 

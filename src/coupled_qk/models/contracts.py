@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from coupled_qk._checks import coercible, declaration_problems, field_types
+from coupled_qk.checks.values import coercible, declaration_problems, field_types
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
 from coupled_qk.models.options import MapOptions
@@ -109,7 +109,7 @@ def check_map(module: object, options: object) -> None:
             ``keys_per_query_head`` or ``query_update_is_shift`` not a bool; ``options`` not a
             :class:`MapOptions` dataclass, a field without a default (a model is
             built from the defaults), a field of a type that values cannot be converted to
-            (:func:`coupled_qk._checks.coercible`: a ``tuple`` would take ``--set`` strings unchecked), a field
+            (:func:`coupled_qk.checks.values.coercible`: a ``tuple`` would take ``--set`` strings unchecked), a field
             whose valid values are not declared with :func:`~coupled_qk.models.options.option` (a ``bool`` needs
             only its type), a field named like a ``GPTConfig`` field (:data:`RESERVED_OPTION_NAMES`), or fields
             that ``module(d_head, n_heads, **options)`` does not accept.
@@ -152,7 +152,7 @@ def check_map(module: object, options: object) -> None:
 
 def _check_declarations(options: type) -> None:
     """``ValueError`` naming every field of ``options`` whose valid values are not declared (what construction,
-    ``--set`` and the tests check them against: :func:`coupled_qk._checks.declaration_problems`)."""
+    ``--set`` and the tests check them against: :func:`coupled_qk.checks.values.declaration_problems`)."""
     problems = declaration_problems(options)
     if problems:
         raise ValueError(

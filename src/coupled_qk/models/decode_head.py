@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import declared_flags
+from coupled_qk.checks.values import declared_flags
 
 TRANSPOSED_HEAD_ROWS = 64
 """Largest number of rows (positions x batch) that use the transposed head; above it both layouts measure alike."""

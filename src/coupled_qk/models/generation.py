@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from coupled_qk._checks import declared_flags
 from coupled_qk.checks.tensors import GREEDY_BELOW, check_generate_args, check_greedy_extras
+from coupled_qk.checks.values import declared_flags
 from coupled_qk.layers.kv_cache import KVCache, StaticKVCache
 
 

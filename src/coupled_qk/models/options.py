@@ -16,7 +16,7 @@ import dataclasses
 import weakref
 
 from coupled_qk._assignment import CheckedAssignment
-from coupled_qk._checks import FLOAT32_MAX, check_declared, coerce_fields, declared_flags
+from coupled_qk.checks.values import FLOAT32_MAX, check_declared, coerce_fields, declared_flags
 
 __all__ = ["DT_INIT", "HIDDEN", "MapOptions", "option"]
 
@@ -35,7 +35,7 @@ def option(
     **metadata,
 ):
     """A dataclass field with its valid values declared once, in its metadata: what construction, assignment and
-    every command-line surface check (:func:`coupled_qk._checks.check_declared`) and what the tests draw valid
+    every command-line surface check (:func:`coupled_qk.checks.values.check_declared`) and what the tests draw valid
     and invalid values from.
 
     A number declares a range (``lo``/``hi``), a fixed set declares ``choices``, text, dicts and nested configs

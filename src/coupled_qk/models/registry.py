@@ -38,7 +38,7 @@ import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from coupled_qk._checks import declared_flags, field_types
+from coupled_qk.checks.values import declared_flags, field_types
 from coupled_qk.layers.attention import SCORINGS
 from coupled_qk.models.contracts import check_map, check_name, check_scoring, same_definition
 from coupled_qk.models.options import MapOptions

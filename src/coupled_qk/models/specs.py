@@ -18,7 +18,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
-from coupled_qk._checks import coerce, field_types
+from coupled_qk.checks.values import coerce, field_types
 from coupled_qk.models.config import GPTConfig, parse_overrides
 from coupled_qk.models.registry import (
     ALIASES,

@@ -75,7 +75,7 @@ def studies(reload: bool = False) -> dict:
 
 def get_study(name: str):
     """The study called ``name``; ``ValueError`` listing the known ones (closest first) otherwise."""
-    from coupled_qk._checks import choice
+    from coupled_qk.checks.values import choice
 
     known = studies()
     choice("protocol", name, known)

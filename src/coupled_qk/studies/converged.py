@@ -373,7 +373,7 @@ def train_config_dict(
 ) -> dict:
     """The :class:`TrainConfig` (as a JSON dict) of one run of ``d``, as a standalone config file would hold it
     (``coupled-qk train --config FILE``): the single source of the committed ``configs/`` files."""
-    from coupled_qk._checks import finite
+    from coupled_qk.checks.values import finite
     from coupled_qk.study.design import Cell
 
     epochs = d.budget.epochs if epochs is None else finite("epochs", epochs, 0, lo_open=True)  # 0 is not "default"

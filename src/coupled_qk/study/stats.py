@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as st
 
-from coupled_qk._checks import finite
+from coupled_qk.checks.values import finite
 
 
 def _array(name: str, values, min_n: int = 1) -> np.ndarray:

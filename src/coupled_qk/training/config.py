@@ -2,7 +2,7 @@
 
 Every field carries its help text in ``metadata["help"]`` (and ``metadata["choices"]`` where the values are a
 fixed set); the ``coupled-qk train`` options are generated from them, so the command line, JSON config files
-and the Python API share one definition, one typed parser (:func:`coupled_qk._checks.coerce`) and one
+and the Python API share one definition, one typed parser (:func:`coupled_qk.checks.values.coerce`) and one
 validation.
 """
 
@@ -13,7 +13,7 @@ import json
 import typing
 from dataclasses import dataclass
 
-from coupled_qk._checks import (
+from coupled_qk.checks.values import (
     MAX_SEED,
     check_declared,
     coerce,

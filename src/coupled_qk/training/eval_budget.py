@@ -11,7 +11,7 @@ former fixed default). ``eval_batches`` set by the user (or a study's recipe) is
 
 from __future__ import annotations
 
-from coupled_qk._checks import positive_int
+from coupled_qk.checks.values import positive_int
 
 EVAL_SHARE = 0.5
 """Quick-validation batches over a whole run, at most, as a fraction of its training micro-batches."""

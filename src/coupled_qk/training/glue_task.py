@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields
+from coupled_qk.checks.values import MAX_SEED, check_declared, coerce_fields
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, encode_split, glue_metrics, load_glue
 from coupled_qk.data.paths import default_data_dir
 from coupled_qk.data.tokenizers import Tokenizer

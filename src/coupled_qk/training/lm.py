@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import MAX_SEED, check_declared, coerce_fields
+from coupled_qk.checks.values import MAX_SEED, check_declared, coerce_fields
 from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import MIN_SPLIT_WORDS, Corpus, load_corpus, split_documents
 from coupled_qk.data.paths import default_cache_dir

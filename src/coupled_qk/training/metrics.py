@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from coupled_qk._checks import choice
+from coupled_qk.checks.values import choice
 
 __all__ = ["METRIC_DIRECTIONS", "check_metric", "metric_direction"]
 

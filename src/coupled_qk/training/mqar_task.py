@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coupled_qk._checks import MAX_SEED, MAX_VOCAB, check_declared, coerce_fields
+from coupled_qk.checks.values import MAX_SEED, MAX_VOCAB, check_declared, coerce_fields
 from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
 from coupled_qk.models.options import option
 from coupled_qk.training.config import TrainConfig

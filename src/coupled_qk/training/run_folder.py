@@ -45,7 +45,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk._checks import loads_json
+from coupled_qk.checks.values import loads_json
 from coupled_qk.data.tokenizers import TOKENIZER_FILE, Tokenizer
 from coupled_qk.io import unknown_keys, write_text_atomic
 from coupled_qk.models.config import GPTConfig

@@ -12,7 +12,7 @@ import math
 import statistics
 from pathlib import Path
 
-from coupled_qk._checks import finite, positive_int
+from coupled_qk.checks.values import finite, positive_int
 from coupled_qk.data.glue import GLUE_TASKS, TASK_INFO, check_task, load_glue
 from coupled_qk.extras import MissingExtra
 from coupled_qk.study.executor import PlannedRun, Report, execute, stopped_early, write_report

@@ -46,7 +46,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from coupled_qk._checks import MAX_SEED, nonneg_int, positive_int
+from coupled_qk.checks.values import MAX_SEED, nonneg_int, positive_int
 from coupled_qk.models.registry import VARIANTS, default_variants
 from coupled_qk.models.specs import variant_attention
 from coupled_qk.training.mqar_task import parse_slices

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk._checks import MAX_SEED, finite, nonneg_int, positive_int
+from coupled_qk.checks.values import MAX_SEED, finite, nonneg_int, positive_int
 from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, heads_for
 from coupled_qk.experiments.mqar.report import sweep_report
 from coupled_qk.models.specs import parse_variants, variant_overrides

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from coupled_qk._checks import FLOAT32_MAX, declared_flags, finite, nonneg_int, positive_int
+from coupled_qk.checks.values import FLOAT32_MAX, declared_flags, finite, nonneg_int, positive_int
 from coupled_qk.layers.forces import FORCE_CLASSES, FORCES
 from coupled_qk.layers.qk_maps import QKMap, check_qk_tensors
 from coupled_qk.models.options import DT_INIT, HIDDEN, MapOptions, option

@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coupled_qk._checks import declared_flags, finite, positive_int
+from coupled_qk.checks.values import declared_flags, finite, positive_int
 from coupled_qk.layers.qk_maps import QKMap, check_qk_tensors
 from coupled_qk.models.options import HIDDEN, MapOptions, option
 from coupled_qk.models.registry import register_qk_map
