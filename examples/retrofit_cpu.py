@@ -20,8 +20,8 @@ before training, naming the option (rows of different settings would be averaged
 
 What comes from the library (nothing here re-implements it):
 
-- data: the base run's corpus and tokenizer through :class:`coupled_qk.training.lm.LMTask`; the batches of
-  seed ``S`` are the task's own :meth:`~coupled_qk.training.lm.LMTask.train_batch` with the data seed
+- data: the base run's corpus and tokenizer through :class:`coupled_qk.training.tasks.lm.LMTask`; the batches of
+  seed ``S`` are the task's own :meth:`~coupled_qk.training.tasks.lm.LMTask.train_batch` with the data seed
   ``data_seed + S`` (a pure function of seed and step, the same batches for both arms);
 - the learning-rate schedule: the training loop's :func:`coupled_qk.training.loop.lr_at` (linear warmup, cosine
   decay to a tenth of the peak);
@@ -58,10 +58,10 @@ from coupled_qk.hf.retrofit import coupling_parameters, step_sizes
 from coupled_qk.ops.losses import next_token_loss
 from coupled_qk.study.stats import paired_difference
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.lm import LMTask
 from coupled_qk.training.loop import lr_at
 from coupled_qk.training.perplexity import evaluate_perplexity
 from coupled_qk.training.run_folder import RunFolder, load_checkpoint_model
+from coupled_qk.training.tasks.lm import LMTask
 
 
 class Logits(torch.nn.Module):

@@ -114,9 +114,9 @@ def test_the_tensorboard_notice_and_the_data_line_come_once_per_process(tiny_cfg
     """A demo printed "tensorboard is not installed" and the data line once per run (4 times each)."""
     import sys
 
-    from coupled_qk.training.lm import LMTask
     from coupled_qk.training.metrics_log import Logger
     from coupled_qk.training.run_folder import RunFolder
+    from coupled_qk.training.tasks.lm import LMTask
 
     monkeypatch.setattr(P, "_SAID", set())
     monkeypatch.setitem(P._MODE, "mode", "lines")

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from coupled_qk.data import corpora
 from coupled_qk.data.corpora import SPLIT_OPTIONS, load_corpus
-from coupled_qk.training.lm import run_corpus
+from coupled_qk.training.tasks.lm import run_corpus
 
 DOCS = [f"Document {i} says {' '.join(['word'] * (5 + i % 7))}.\nA second line of document {i}." for i in range(60)]
 

@@ -452,8 +452,8 @@ def test_hand_edited_data_json_is_named_not_reported_as_changed_data(tiny_run, t
     import shutil
 
     from coupled_qk.training.config import TrainConfig
-    from coupled_qk.training.lm import LMTask, split_changes
     from coupled_qk.training.run_folder import RunFolder
+    from coupled_qk.training.tasks.lm import LMTask, split_changes
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run / "run", run)

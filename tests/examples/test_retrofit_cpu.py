@@ -19,8 +19,8 @@ from hypothesis import strategies as hs
 from scipy import stats
 
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.lm import LMTask, batch_offsets
 from coupled_qk.training.loop import train
+from coupled_qk.training.tasks.lm import LMTask, batch_offsets
 from tests.conftest import write_corpus
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "retrofit_cpu.py"

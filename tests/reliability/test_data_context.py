@@ -1,4 +1,4 @@
-"""A context length beyond the data is said where the data enters (``training/lm.py::LMTask._check_context``)."""
+"""A context length beyond the data is said where the data enters (``training/tasks/lm.py::LMTask._check_context``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from coupled_qk.training.lm import LMTask
+from coupled_qk.training.tasks.lm import LMTask
 from tests.conftest import make_text
 
 

@@ -23,8 +23,8 @@ from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.options import MapOptions, option
 from coupled_qk.models.registry import QK_MAPS, load_plugins
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.lm import LMOptions
 from coupled_qk.training.tasks import TASKS, task_class
+from coupled_qk.training.tasks.lm import LMOptions
 
 NO_SHRINK = settings(phases=[Phase.explicit, Phase.reuse, Phase.generate])
 """Each example draws a value for every field (the draws are labelled in a failure's report): shrinking such
@@ -372,7 +372,7 @@ def test_task_options_from_the_command_line_are_one_line_errors(tmp_path_factory
 def test_a_required_task_option_spelt_as_none_is_named_as_missing(field, spelling):
     """A required option given as a spelling of None is missing (it was an AttributeError: the required check ran
     before "null" was read as None)."""
-    from coupled_qk.training.glue_task import GlueOptions
+    from coupled_qk.training.tasks.glue import GlueOptions
 
     with pytest.raises(ValueError, match=rf"needs task_options\.{field}"):
         GlueOptions.from_options({"glue_task": "sst2", "pretrained": "runs/x", field: spelling})

@@ -88,7 +88,7 @@ def test_a_best_checkpoints_own_state_is_read_without_a_warning(tmp_path):
 
 def test_a_small_given_split_is_not_told_to_change_the_split_fractions(tmp_path):
     from coupled_qk.training.config import TrainConfig
-    from coupled_qk.training.lm import LMTask
+    from coupled_qk.training.tasks.lm import LMTask
     from tests.conftest import make_text
 
     folder = tmp_path / "c"

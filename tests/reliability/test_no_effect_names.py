@@ -131,7 +131,7 @@ def test_every_command_line_rule_refuses_where_unread_and_accepts_where_read(tmp
 
 
 def test_a_glue_subsample_seed_without_a_subset_is_refused():
-    from coupled_qk.training.glue_task import GlueOptions
+    from coupled_qk.training.tasks.glue import GlueOptions
 
     with pytest.raises(ValueError, match="subsample_seed=3 is not read without max_train_examples"):
         GlueOptions.from_options({"glue_task": "sst2", "pretrained": "run", "subsample_seed": 3})

@@ -64,7 +64,7 @@ def _reuse(folder: RunFolder, tmp: Path):
 
 
 def _glue(folder: RunFolder, tmp: Path):
-    from coupled_qk.training.glue_task import resolve_pretrained
+    from coupled_qk.training.tasks.glue import resolve_pretrained
 
     return resolve_pretrained(folder.path)
 

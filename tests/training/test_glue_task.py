@@ -12,9 +12,9 @@ from coupled_qk.data.tokenizers import train_bpe
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.glue_task import PAD_ID, GlueTask, SequenceClassifier, pad_batch
 from coupled_qk.training.loop import train
 from coupled_qk.training.run_folder import RunFolder
+from coupled_qk.training.tasks.glue import PAD_ID, GlueTask, SequenceClassifier, pad_batch
 
 GOOD = "great fine lovely superb nice".split()
 BAD = "awful poor dull boring bad".split()

@@ -266,7 +266,7 @@ def test_damaged_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_small_splits_and_repeated_data_warn(tiny_cfg):
-    from coupled_qk.training.lm import LMTask
+    from coupled_qk.training.tasks.lm import LMTask
 
     cfg = tiny_cfg(max_steps=None, max_tokens=10_000_000)
     with pytest.warns(UserWarning) as record:

@@ -9,7 +9,7 @@ import torch
 
 from coupled_qk.data.mqar import IGNORE_INDEX, mqar_batch
 from coupled_qk.data.mqar_dataset import MQARSliceSpec, make_mqar_dataset
-from coupled_qk.training.mqar_accuracy import evaluate_slices, mqar_accuracy, mqar_correct_total
+from coupled_qk.training.tasks.mqar_accuracy import evaluate_slices, mqar_accuracy, mqar_correct_total
 
 V, L, K = 512, 64, 4
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from coupled_qk.data.mqar import IGNORE_INDEX
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.mqar_task import MQARTask, batches_per_epoch, parse_slices, steps_per_epoch
 from coupled_qk.training.run_folder import RunFolder
+from coupled_qk.training.tasks.mqar import MQARTask, batches_per_epoch, parse_slices, steps_per_epoch
 
 V = 64
 

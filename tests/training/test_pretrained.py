@@ -258,7 +258,7 @@ def test_a_folder_of_another_kind_is_named_as_such(foreign_folders, kind, comman
 def test_glue_refuses_a_folder_of_another_kind_as_its_pretrained_run(foreign_folders, kind):
     """GLUE fine-tunes a language-model run: a GLUE run or an HF export given as ``task_options.pretrained`` is
     named as such (resolve_pretrained) before any data or weights are read."""
-    from coupled_qk.training.glue_task import resolve_pretrained
+    from coupled_qk.training.tasks.glue import resolve_pretrained
 
     folder, what = foreign_folders[kind]
     for path in [folder] + sorted(folder.glob("ckpt-*")):  # the run folder and each of its checkpoints

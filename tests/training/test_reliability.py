@@ -138,8 +138,8 @@ def test_2_signal_saves_a_checkpoint_that_resumes_exactly(tiny_cfg, tmp_path, si
 def test_2_signal_during_the_last_steps_evaluation_stops_the_process(tiny_cfg, monkeypatch):
     """A signal after the last step's stop decision (here: during its evaluation) used to be swallowed, so a
     command training several runs went on to the next one. Now the run completes and the stop propagates."""
-    from coupled_qk.training.lm import LMTask
     from coupled_qk.training.stop import TrainingInterrupted
+    from coupled_qk.training.tasks.lm import LMTask
 
     cfg = tiny_cfg(max_steps=4, eval_interval=1000)
     evaluate = LMTask.evaluate

@@ -9,9 +9,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.lm import LMTask, run_corpus
-from coupled_qk.training.mqar_task import MQARTask
 from coupled_qk.training.tasks import TASK_FIELDS, TASKS, Task, check_options, steps_for_tokens, task_class
+from coupled_qk.training.tasks.lm import LMTask, run_corpus
+from coupled_qk.training.tasks.mqar import MQARTask
 
 
 def test_registry_maps_names_to_classes():

@@ -86,9 +86,9 @@ def _split_options(task_options: dict) -> dict:
     the same split; ``final_eval_windows``, as ``demo --quick`` sets it, is left out).
 
     Raises:
-        ValueError: an unknown option or a value out of range (:class:`coupled_qk.training.lm.LMOptions`).
+        ValueError: an unknown option or a value out of range (:class:`coupled_qk.training.tasks.lm.LMOptions`).
     """
-    from coupled_qk.training.lm import LMOptions
+    from coupled_qk.training.tasks.lm import LMOptions
 
     options = dataclasses.asdict(LMOptions.from_options(task_options))
     options.pop("final_eval_windows")  # how much of the splits a final evaluation scored, not which text
@@ -97,10 +97,10 @@ def _split_options(task_options: dict) -> dict:
 
 def _warn_changed_text(runs: Sequence[OpenedRun], text_corpus, split: str) -> None:
     """Warn, once per run folder, when the ``split`` of the runs' own corpus read back is not the text the run
-    recorded in its ``data.json`` (its SHA-256; :func:`coupled_qk.training.lm.split_changes`): the corpus was
+    recorded in its ``data.json`` (its SHA-256; :func:`coupled_qk.training.tasks.lm.split_changes`): the corpus was
     edited or appended to since, so the analysed windows are not the run's held-out text. A run that recorded no
     SHA-256 (written before it was recorded) is not checked."""
-    from coupled_qk.training.lm import split_changes
+    from coupled_qk.training.tasks.lm import split_changes
 
     for folder in dict.fromkeys(run.folder for run in runs):
         changes = split_changes(folder, text_corpus, [split])
@@ -226,7 +226,7 @@ def _analysis_corpus(runs: list[OpenedRun], corpus, data_dir, split_seed: int | 
     """``(corpus, text_corpus, task_options)``: the corpus the checkpoints are analysed on (:func:`run_text_source`),
     loaded and split. The runs' own saved split options are read back as they ran (a warning if unused, and one if
     the runs' text changed since); ``split_seed`` is checked."""
-    from coupled_qk.training.lm import run_corpus, saved_run_corpus
+    from coupled_qk.training.tasks.lm import run_corpus, saved_run_corpus
 
     own_text = corpus is None and split_seed is None
     corpus, data_dir, task_options = run_text_source(runs, corpus, data_dir, split_seed)

@@ -249,10 +249,10 @@ def read_corpus_first(cfg: TrainConfig) -> None:
     its run folder is created anyway).
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`coupled_qk.training.lm.run_corpus`.
+        FileNotFoundError / ValueError: as :func:`coupled_qk.training.tasks.lm.run_corpus`.
     """
     if cfg.task == "lm":
-        from coupled_qk.training.lm import run_corpus
+        from coupled_qk.training.tasks.lm import run_corpus
 
         run_corpus(cfg.corpus, cfg.data_dir, cfg.task_options)
 

@@ -30,7 +30,7 @@ Layout of one example (``L = input_seq_len``, ``K = num_kv_pairs``, ``V = vocab_
 
 Zoology trains on several (L, K) segments, each generated separately with its own seed and
 batched separately (batches never mix lengths): :mod:`coupled_qk.data.mqar_dataset` builds such
-slices (with a cache) from this generator; :class:`coupled_qk.training.mqar_task.MQARTask` batches
+slices (with a cache) from this generator; :class:`coupled_qk.training.tasks.mqar.MQARTask` batches
 them and scores accuracy.
 """
 

@@ -338,7 +338,7 @@ SEEDS_LIMIT = 1000
 def _word_ppl_note(variants: dict) -> list[str]:
     """Why ``test word ppl`` is ``n/a`` where a variant has none: its final evaluation scored a subsample (words
     are counted over whole splits), or its corpus is not WikiText-style."""
-    from coupled_qk.training.lm import WORD_LEVEL_CORPORA
+    from coupled_qk.training.tasks.lm import WORD_LEVEL_CORPORA
 
     missing = [r for e in variants.values() if "test_word_perplexity" not in e for r in e["runs"]]
     if not missing:

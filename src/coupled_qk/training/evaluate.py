@@ -15,9 +15,9 @@ from coupled_qk.data.cache import tokenize_to_cache
 from coupled_qk.data.corpora import SPLITS
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.training.distributed import pick_device
-from coupled_qk.training.lm import WORD_LEVEL_CORPORA, run_corpus, saved_run_corpus, split_changes
 from coupled_qk.training.perplexity import evaluate_perplexity, text_units
 from coupled_qk.training.run_folder import RunFolder, open_run
+from coupled_qk.training.tasks.lm import WORD_LEVEL_CORPORA, run_corpus, saved_run_corpus, split_changes
 
 __all__ = ["evaluate_checkpoint"]
 
@@ -108,7 +108,7 @@ def evaluate_checkpoint(
 
 def _check_recorded(run: RunFolder, data, splits: Sequence[str], tokens: dict) -> None:
     """Refuse evaluating the run's own corpus when its ``splits`` are not the text the run recorded in
-    ``data.json`` (:func:`~coupled_qk.training.lm.split_changes`): an edited or appended corpus file re-splits
+    ``data.json`` (:func:`~coupled_qk.training.tasks.lm.split_changes`): an edited or appended corpus file re-splits
     differently, and its numbers would pass for the run's held-out perplexity."""
     changes = split_changes(run, data, splits, {split: len(t) for split, t in tokens.items()})
     if changes:

@@ -12,7 +12,7 @@ Protocol: AdamW (weight decay 0.1 on matrices), cosine decay to 0 without warmup
 ``CosineAnnealingLR(eta_min=0)``), early stop when the test accuracy reaches 0.99, a sweep of learning
 rates of which the best final accuracy is reported, accuracy = argmax-correct over the query positions,
 also per (L, K) slice. Every run goes through the project's one training loop
-(:func:`coupled_qk.training.loop.train`) with :class:`coupled_qk.training.mqar_task.MQARTask`.
+(:func:`coupled_qk.training.loop.train`) with :class:`coupled_qk.training.tasks.mqar.MQARTask`.
 
 Presets (:data:`SWEEP_PRESETS`):
 
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from coupled_qk.checks.values import MAX_SEED, nonneg_int, positive_int
 from coupled_qk.models.registry import VARIANTS, default_variants
 from coupled_qk.models.specs import variant_attention
-from coupled_qk.training.mqar_task import parse_slices
+from coupled_qk.training.tasks.mqar import parse_slices
 
 __all__ = ["SWEEP_PRESETS", "Difficulty", "SweepPreset", "customize_preset", "get_preset", "heads_for", "mqar_variants"]
 
@@ -81,7 +81,7 @@ class Difficulty:
         batch_size: sequences per optimiser step.
 
     Raises:
-        ValueError: malformed slices (see :func:`coupled_qk.training.mqar_task.parse_slices`) or
+        ValueError: malformed slices (see :func:`coupled_qk.training.tasks.mqar.parse_slices`) or
             ``batch_size`` < 1.
     """
 

@@ -2,7 +2,7 @@
 
 A sweep preset (:mod:`coupled_qk.experiments.mqar.presets`) spans difficulties x d_model x learning rate x
 variant; :func:`plan_sweep` lists the points, :func:`run_config` makes each point's :class:`TrainConfig`
-(``task="mqar"``, :class:`coupled_qk.training.mqar_task.MQARTask`), and :func:`run_sweep` executes them with
+(``task="mqar"``, :class:`coupled_qk.training.tasks.mqar.MQARTask`), and :func:`run_sweep` executes them with
 :func:`coupled_qk.study.executor.execute` (reuse, resume, time guard) and writes the report of
 :mod:`coupled_qk.experiments.mqar.report`. Source: Zoology arXiv:2312.04927; ``docs/METHOD.md`` section 6.
 """
@@ -22,8 +22,8 @@ from coupled_qk.experiments.mqar.report import sweep_report
 from coupled_qk.models.specs import parse_variants, variant_overrides
 from coupled_qk.study.executor import PlannedRun, RunRecord, run_experiment
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.mqar_task import steps_per_epoch
 from coupled_qk.training.run_folder import RESULTS_FILE, RunFolder
+from coupled_qk.training.tasks.mqar import steps_per_epoch
 
 __all__ = ["SweepPoint", "plan_sweep", "run_config", "run_sweep", "sweep_plan"]
 

@@ -1,7 +1,9 @@
 """Task registry: what ``TrainConfig.task`` may name, and the interface the training loop needs from a task.
 
 Adding a task is one line in :data:`TASKS` (``name -> "module:Class"``, imported only when used) plus a class
-with the :class:`Task` interface. See ``docs/DESIGN.md`` (how data flows through a training run).
+with the :class:`Task` interface. The built-in tasks live beside this module: :mod:`.lm` (language modelling),
+:mod:`.mqar` with :mod:`.mqar_accuracy` (multi-query associative recall) and :mod:`.glue` (GLUE fine-tuning). See
+``docs/DESIGN.md`` (how data flows through a training run).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ __all__ = [
 ]
 
 TASKS: dict[str, str] = {
-    "lm": "coupled_qk.training.lm:LMTask",
-    "mqar": "coupled_qk.training.mqar_task:MQARTask",
-    "glue": "coupled_qk.training.glue_task:GlueTask",
+    "lm": "coupled_qk.training.tasks.lm:LMTask",
+    "mqar": "coupled_qk.training.tasks.mqar:MQARTask",
+    "glue": "coupled_qk.training.tasks.glue:GlueTask",
 }
 """Task name -> ``"module:Class"`` of a class implementing :class:`Task`."""
 

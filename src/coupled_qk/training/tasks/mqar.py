@@ -44,8 +44,8 @@ from coupled_qk.checks.values import MAX_SEED, MAX_VOCAB, check_declared, coerce
 from coupled_qk.data.mqar_dataset import MQARSlice, MQARSliceSpec, make_mqar_dataset
 from coupled_qk.models.options import option
 from coupled_qk.training.config import TrainConfig
-from coupled_qk.training.mqar_accuracy import evaluate_slices
 from coupled_qk.training.tasks import check_options
+from coupled_qk.training.tasks.mqar_accuracy import evaluate_slices
 
 __all__ = ["MQAROptions", "MQARTask", "batches_per_epoch", "parse_slices", "steps_per_epoch"]
 
@@ -340,7 +340,7 @@ class MQARTask:
         Returns:
             ``{"valid/accuracy": overall, "valid/loss": mean cross-entropy (nats) over query positions,
             "valid/accuracy/<L..._K...>": per-slice accuracy, ...}`` as Python floats (see
-            :func:`coupled_qk.training.mqar_accuracy.evaluate_slices`).
+            :func:`coupled_qk.training.tasks.mqar_accuracy.evaluate_slices`).
         """
         max_rows = self.quick_eval_examples if quick else None
         return evaluate_slices(
