@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coupled_qk import GPT, GPTConfig, KVCache
 from coupled_qk.models.registry import attention_names, get_attention
@@ -157,3 +159,38 @@ def test_cached_forward_keeps_gradients():
     ref(idx).sum().backward()
     for (name, p), r in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+_SHAPE = st.tuples(*(st.integers(1, 3) for _ in range(5)))  # batch, key heads, value heads, key width, value width
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    first=_SHAPE,
+    changed=st.sampled_from(["none", "batch", "key heads", "value heads", "key width", "value width", "dtype"]),
+    t=st.integers(1, 3),
+    grow=st.booleans(),
+)
+def test_update_refuses_exactly_what_differs_from_the_cached_tensors(first, changed, t, grow):
+    """Generated: after a first update, a second one is accepted iff its batch, heads, widths and dtype equal the
+    cached tensors' (any time length); an accepted one returns the concatenation, bit for bit."""
+    b, hk, hv, dk, dv = first
+    cache = KVCache(1, capacity=None if grow else 8)
+    k1, v1 = torch.randn(b, hk, t, dk), torch.randn(b, hv, t, dv)
+    cache.update(0, k1, v1)
+    b2, hk2, hv2, dk2, dv2 = (
+        b + (changed == "batch"),
+        hk + (changed == "key heads"),
+        hv + (changed == "value heads"),
+        dk + (changed == "key width"),
+        dv + (changed == "value width"),
+    )
+    dtype = torch.float64 if changed == "dtype" else torch.float32
+    k2, v2 = torch.randn(b2, hk2, 1, dk2, dtype=dtype), torch.randn(b2, hv2, 1, dv2, dtype=dtype)
+    if changed != "none":
+        with pytest.raises(ValueError, match="do not match the cached"):
+            cache.update(0, k2, v2)
+        assert cache.length == t  # nothing written
+        return
+    k, v = cache.update(0, k2, v2)
+    assert torch.equal(k, torch.cat([k1, k2], dim=-2)) and torch.equal(v, torch.cat([v1, v2], dim=-2))

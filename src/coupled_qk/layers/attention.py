@@ -303,16 +303,14 @@ class CausalSelfAttention(nn.Module):
         what each check catches). Later steps with the same cache only look it up. Never inside a compiled
         graph: there Inductor fuses the map's elementwise work and the unfolded map is faster than the fold,
         which adds arithmetic (``benchmarks/results/fastpath/compiled-decode-fold-ab.md``)."""
-        if not self.fold_inference or self.qk_map is None:
-            return None
-        if torch.compiler.is_compiling():
+        if not self.fold_inference or torch.compiler.is_compiling():
             return None
         folds = getattr(cache, "folds", None)
         if folds is None:
             return None
-        if self.layer_idx in folds:
+        if self.layer_idx in folds:  # every step after the cache's first: a lookup
             return folds[self.layer_idx]
-        key = fold_key(self)
+        key = None if self._modules.get("qk_map") is None else fold_key(self)
         fp = None
         if key is not None:
             fp = self._fold
@@ -355,11 +353,12 @@ class CausalSelfAttention(nn.Module):
             check_layer_inputs(self, x, rope, key_mask)
         b, t, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
+        has_map = self._modules.get("qk_map") is not None  # read once: Module.__getattr__ costs ~3 us a call
         folded = None
-        if t == 1 and self.qk_map is not None and cache is not None and not record and not torch.is_grad_enabled():
+        if t == 1 and has_map and cache is not None and not record and not torch.is_grad_enabled():
             folded = self.decoding_fold(cache)
         # no map, or a folded one: q and k rotate together (one rotation, not two)
-        rotated = self.use_rope and (folded is not None or self.qk_map is None)
+        rotated = self.use_rope and (folded is not None or not has_map)
         if folded is not None:  # a decoding step: the map is folded into the projection (layers/folded.py)
             qk, v = folded_qkv(folded, x)  # a fold acts before RoPE (fold_key): rotate the mapped q' | k'
             qk = qk.view(b, t, qk.shape[-1] // dh, dh).transpose(1, 2)
@@ -382,7 +381,7 @@ class CausalSelfAttention(nn.Module):
         if self.use_rope and self.map_position == "post_rope" and not rotated:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         maps = {}
-        if folded is None and self.qk_map is not None:
+        if folded is None and has_map:
             q_in, k_in = q, k
             q, k = self._mapped(q, k)
             if record:

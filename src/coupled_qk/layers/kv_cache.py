@@ -38,6 +38,7 @@ class KVCache:
         self._k: list[torch.Tensor | None] = [None] * n_layer
         self._v: list[torch.Tensor | None] = [None] * n_layer
         self._len = [0] * n_layer
+        self._held: list[tuple | None] = [None] * n_layer  # per layer: _signature of its buffers
         self.folds: dict = {}  # layer index -> the decoding fold used with this cache (layers/folded.py)
 
     @property
@@ -74,24 +75,26 @@ class KVCache:
             new_k[..., :n, :] = old_k[..., :n, :]
             new_v[..., :n, :] = old_v[..., :n, :]
         self._k[i], self._v[i] = new_k, new_v
+        self._held[i] = self._signature(new_k, new_v)
+
+    @staticmethod
+    def _signature(k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """What :meth:`update` compares new keys and values with: their shapes but the time axis, keys' dtype and
+        device."""
+        return (k.shape[:-2], k.shape[-1], v.shape[:-2], v.shape[-1], k.dtype, k.device)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``k (B, H_k, T, d)`` and ``v (B, H_v, T, d_v)`` for ``layer_idx``; return the cached
         ``(B, H_k, T_past + T, d)`` and ``(B, H_v, T_past + T, d_v)`` (views of the buffers)."""
         buf, n = self._k[layer_idx], self._len[layer_idx]
-        end = n + k.shape[-2]
+        ks, vs = k.shape, v.shape
+        end = n + ks[-2]
         vbuf = self._v[layer_idx]
-        mismatch = buf is not None and (
-            buf.shape[:-2] != k.shape[:-2]
-            or buf.shape[-1] != k.shape[-1]
-            or vbuf.shape[:-2] != v.shape[:-2]
-            or vbuf.shape[-1] != v.shape[-1]
-            or buf.dtype != k.dtype
-            or buf.device != k.device
-        )
+        # one comparison against what the buffers were allocated for (shapes read once: each read costs ~0.5 us)
+        mismatch = buf is not None and (ks[:-2], ks[-1], vs[:-2], vs[-1], k.dtype, k.device) != self._held[layer_idx]
         if mismatch and n:
             raise ValueError(
-                f"layer {layer_idx}: new keys {tuple(k.shape)} {k.dtype} on {k.device} do not match the cached "
+                f"layer {layer_idx}: new keys {tuple(ks)} {k.dtype} on {k.device} do not match the cached "
                 f"{tuple(buf.shape[:-2])} x T x {buf.shape[-1]} {buf.dtype} on {buf.device}"
             )
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
@@ -99,6 +102,7 @@ class KVCache:
                 k = torch.cat([buf[..., :n, :], k], dim=-2)
                 v = torch.cat([vbuf[..., :n, :], v], dim=-2)
             self._k[layer_idx], self._v[layer_idx], self._len[layer_idx] = k, v, end
+            self._held[layer_idx] = self._signature(k, v)
             return k, v
         if buf is None or mismatch or end > buf.shape[-2]:
             self._allocate(layer_idx, k, v, end)
