@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk._assignment import CheckedAssignment
+from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.values import (
     MAX_VOCAB,
     check_declared,
@@ -85,7 +85,7 @@ def rename_fields(data: dict, where: str = "GPTConfig") -> dict:
 class JSONConfig(CheckedAssignment):
     """Dict/JSON round trip for validated config dataclasses; unknown fields fail loudly.
 
-    Assignment after construction is checked like construction (:class:`coupled_qk._assignment.CheckedAssignment`:
+    Assignment after construction is checked like construction (:class:`coupled_qk.checks.assignment.CheckedAssignment`:
     the value converted to the field's declared type, ``validate()`` run again, the old value restored on an
     error).
     """
