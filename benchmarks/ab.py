@@ -45,7 +45,7 @@ from coupled_qk.commands.options import (
 from coupled_qk.experiments.bench.train import with_baseline
 from coupled_qk.models.config import parse_overrides
 from coupled_qk.models.registry import default_variants, variant_names
-from coupled_qk.outputs import OutputDir
+from coupled_qk.output_dir import OutputDir
 from coupled_qk.study.executor import Report, write_report
 
 PROG = "python benchmarks/ab.py"

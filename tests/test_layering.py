@@ -18,7 +18,7 @@ SRC = Path(coupled_qk.__file__).parent
 LEVELS = {
     "checks": 0,
     "allocator": 0,
-    "io": 0,
+    "files": 0,
     "devices": 0,
     "progress": 0,
     "extras": 0,
@@ -27,7 +27,7 @@ LEVELS = {
     "models": 2,
     "data": 3,
     "training": 3,
-    "outputs": 3,  # asks training.run_folder what a run folder is
+    "output_dir": 3,  # asks training.run_folder what a run folder is
     "analysis": 4,
     "experiments": 4,
     "study": 4,

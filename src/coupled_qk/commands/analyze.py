@@ -124,7 +124,7 @@ def run(args) -> int:
         if any(not label for label in labels):
             raise ValueError(f"--labels {args.labels!r}: labels must be non-empty")
     from coupled_qk.analysis.analyze import ANALYSIS_LAYOUT
-    from coupled_qk.outputs import OutputDir
+    from coupled_qk.output_dir import OutputDir
 
     out = OutputDir(args.out_dir, "--out-dir", overwrite=args.overwrite, layout=ANALYSIS_LAYOUT, what="analyze")
     report = analyze_checkpoints(

@@ -40,7 +40,7 @@ from coupled_qk.experiments.bench.fast import MODES as FAST_MODES
 from coupled_qk.experiments.bench.fast import PEERS, fastpath_markdown, run_fastpath
 from coupled_qk.experiments.bench.train import bench_markdown, resolve_dtype, result_stem, run_bench, write_results
 from coupled_qk.models.registry import default_variants, variant_names
-from coupled_qk.outputs import OutputDir
+from coupled_qk.output_dir import OutputDir
 from coupled_qk.study.executor import Report, write_report
 
 BENCH_MODES = ("train", "decode", "memory", "fastpath")

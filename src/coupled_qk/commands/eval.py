@@ -62,7 +62,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from coupled_qk.commands.ignored import refuse_ignored_options
-    from coupled_qk.outputs import output_file
+    from coupled_qk.output_dir import output_file
     from coupled_qk.training.evaluate import evaluate_checkpoint
     from coupled_qk.training.run_folder import refuse_run_file
 
@@ -93,7 +93,7 @@ def run(args) -> int:
             )
         print(line)
     if json_out is not None:
-        from coupled_qk.outputs import write_output_file
+        from coupled_qk.output_dir import write_output_file
 
         write_output_file(json_out, json.dumps(res, indent=2) + "\n", "eval")
     return 0

@@ -25,7 +25,7 @@ def run(args) -> int:
             raise
         raise ValueError('export needs transformers: pip install "coupled-qk[hf]"') from exc
     from coupled_qk.hf.export import EXPORT_LAYOUT
-    from coupled_qk.outputs import OutputDir
+    from coupled_qk.output_dir import OutputDir
 
     out = OutputDir(args.hf_dir, "HF_DIR", overwrite=args.overwrite, layout=EXPORT_LAYOUT, what="export")
     info = export_run(args.run_dir, out, overwrite=args.overwrite)

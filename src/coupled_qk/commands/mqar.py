@@ -33,7 +33,7 @@ from coupled_qk.devices import check_dtype
 from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, customize_preset, get_preset, heads_for, mqar_variants
 from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep, sweep_plan
 from coupled_qk.extras import require_extra
-from coupled_qk.outputs import OutputDir
+from coupled_qk.output_dir import OutputDir
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
 

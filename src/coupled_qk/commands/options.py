@@ -386,7 +386,7 @@ def add_compile_option(parser) -> None:
 
 def add_overwrite_option(parser) -> None:
     """``--overwrite``: allow replacing the command's own earlier output (never another command's output, a training
-    run's files or files the command does not write; see :mod:`coupled_qk.outputs`)."""
+    run's files or files the command does not write; see :mod:`coupled_qk.output_dir`)."""
     parser.add_argument(
         "--overwrite",
         action="store_true",

@@ -245,9 +245,8 @@ def check_records_exist(study, out_dir) -> None:
 
 def train(study, args, out_dir, cells, shard) -> None:
     """Train what the study lacks (:func:`coupled_qk.study.run.run_study`), the folders checked first."""
-    from coupled_qk.checks.paths import output_location
+    from coupled_qk.checks.paths import input_dir, output_location
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
-    from coupled_qk.outputs import input_dir
     from coupled_qk.study.run import Places, run_study
 
     output_location("--run-root", args.run_root)

@@ -212,7 +212,7 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     """Checks of a training config against this machine and its file system, before any data is read:
     ``device`` and ``dtype`` exist here, ``data_dir`` is not a file, ``cache_dir`` can be created, the task's
     ``task_options`` are valid (:func:`coupled_qk.training.tasks.check_task_options`), and (with ``run_folder``)
-    ``out_dir`` may hold a run (:func:`coupled_qk.outputs.check_run_out_dir`).
+    ``out_dir`` may hold a run (:func:`coupled_qk.output_dir.check_run_out_dir`).
 
     Raises:
         ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``,
@@ -221,7 +221,7 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     from coupled_qk.checks.paths import output_location, path_value
     from coupled_qk.data.tokenizers import check_tokenizer_spec
     from coupled_qk.devices import check_device, check_dtype
-    from coupled_qk.outputs import check_run_out_dir
+    from coupled_qk.output_dir import check_run_out_dir
     from coupled_qk.training.tasks import check_task_options
 
     device = check_device("--device", cfg.device)
