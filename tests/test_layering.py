@@ -112,7 +112,7 @@ def test_the_study_engine_never_imports_the_recipes():
 def test_checker_sees_back_edges(tmp_path):
     """The checker itself: a function-level import from a higher level is found."""
     path = tmp_path / "bad.py"
-    path.write_text("def f():\n    from coupled_qk.commands.options import parse_seeds\n")
+    path.write_text("def f():\n    from coupled_qk.commands.options import add_model_options\n")
     imports = imported_modules(path, "coupled_qk.models.bad")
     assert imports == ["coupled_qk.commands.options"]
     assert level_of(imports[0]) > level_of("coupled_qk.models.bad")

@@ -39,7 +39,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from coupled_qk.checks.paths import check_location, path_value
+from coupled_qk.checks.paths import check_location, output_location, path_value
 from coupled_qk.files import atomic_write, fsync_dir, write_text_atomic
 
 __all__ = [
@@ -269,15 +269,12 @@ class OutputDir(os.PathLike):
         what: str = "this command's output",
     ):
         self.option = option
-        self.path = path_value(option, value)
+        self.path = output_location(option, value)
         self.overwrite = bool(overwrite)
         self.layout = tuple(layout)
         self.rewrite = tuple(rewrite)
         self.what = what
         self.written: list[Path] = []
-        if self.path.exists() and not self.path.is_dir():
-            raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
-        check_location(option, self.path)
         run = run_folder_of(self.path) if what != RUN_WHAT else None  # named first: the more specific refusal
         if run is not None:
             inside = "is the training run" if run == self.path.absolute() else f"is inside the training run {run}:"
@@ -428,8 +425,6 @@ def check_run_out_dir(run_dir: str | Path) -> None:
     from coupled_qk.training.run_folder import RUN_LAYOUT, RunFolder, checkpoint_step
 
     run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"out_dir {run_dir} is a file, not a folder")
     if Checkpoint(run_dir).has_weights() or (
         checkpoint_step(run_dir) is not None and RunFolder(run_dir.parent).latest_path.is_file()
     ):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["check_location", "input_dir", "input_file", "input_path", "output_location", "path_value"]
+__all__ = ["check_location", "folder_value", "input_dir", "input_file", "input_path", "output_location", "path_value"]
 
 
 def path_value(option: str, value) -> Path:
@@ -61,10 +61,21 @@ def output_location(option: str, value) -> Path:
     Raises:
         ValueError: naming ``option``.
     """
+    path = folder_value(option, value)
+    check_location(option, path)
+    return path
+
+
+def folder_value(option: str, value) -> Path:
+    """A folder path (:func:`path_value`) that, where it exists, is a folder and not a file; whether it must exist or
+    be creatable is the caller's to check.
+
+    Raises:
+        ValueError: naming ``option``, as :func:`path_value`, or for an existing file.
+    """
     path = path_value(option, value)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
-    check_location(option, path)
     return path
 
 

@@ -77,6 +77,14 @@ def nonneg_int(name: str, value) -> int:
     return value
 
 
+def seed_int(name: str, value) -> int:
+    """``value`` if it is a seed: an ``int`` in ``[0, 2**32 - 1]`` (:data:`MAX_SEED`, numpy's legacy generator's
+    range); ``ValueError`` naming ``name`` otherwise."""
+    if nonneg_int(name, value) > MAX_SEED:
+        raise ValueError(f"{name}={value!r} must be in [0, {MAX_SEED}] (2**32 - 1), the range of a seed")
+    return value
+
+
 def finite(
     name: str, value, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False
 ) -> float:

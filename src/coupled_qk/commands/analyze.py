@@ -33,17 +33,8 @@ def _ignored_options() -> dict:
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import (
-        add_device_option,
-        add_overwrite_option,
-        add_progress_option,
-        folder_arg,
-        nonneg_int_arg,
-        path_arg,
-        positive_int_arg,
-        seed_arg,
-        threads_arg,
-    )
+    from coupled_qk.checks.cli import folder_arg, nonneg_int_arg, path_arg, positive_int_arg, seed_arg, threads_arg
+    from coupled_qk.commands.options import add_device_option, add_overwrite_option, add_progress_option
 
     parser.add_argument(
         "checkpoints",

@@ -24,14 +24,8 @@ def _ignored_options() -> dict:
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import (
-        add_device_option,
-        add_overwrite_option,
-        add_progress_option,
-        folder_arg,
-        path_arg,
-        positive_int_arg,
-    )
+    from coupled_qk.checks.cli import folder_arg, path_arg, positive_int_arg
+    from coupled_qk.commands.options import add_device_option, add_overwrite_option, add_progress_option
 
     parser.add_argument(
         "checkpoint", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder"

@@ -6,7 +6,8 @@ HELP = "write a run's checkpoint as a Hugging Face folder (AutoModelForCausalLM 
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import add_overwrite_option, path_arg
+    from coupled_qk.checks.cli import path_arg
+    from coupled_qk.commands.options import add_overwrite_option
 
     parser.add_argument("run_dir", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
     parser.add_argument(

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from coupled_qk.commands.options import parse_seeds
+from coupled_qk.checks.cli import parse_seeds
 from coupled_qk.extras import require_extra
 
 HELP = "fine-tune pretrained checkpoints on GLUE tasks (SST-2, CoLA, RTE, MRPC) and compare them"
 
 
 def add_arguments(parser) -> None:
+    from coupled_qk.checks.cli import dtype_arg, folder_arg, path_arg, positive_float_arg, positive_int_arg
     from coupled_qk.commands.options import (
         add_compile_option,
         add_device_option,
         add_overwrite_option,
         add_progress_option,
-        dtype_arg,
-        folder_arg,
-        path_arg,
-        positive_float_arg,
-        positive_int_arg,
     )
 
     parser.add_argument(
