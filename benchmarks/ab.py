@@ -28,24 +28,20 @@ from ab_measure import CELLS, THRESHOLD, ab_markdown, cell_spec, compare, run_ab
 from ab_tracked import accepted_state, accepted_table, load_tracked, settings_of, variant_settings, write_tracked
 from ab_worker import CLOCKS
 
+from coupled_qk.checks.cli import fraction_arg, path_arg, positive_int_arg, seed_arg, threads_arg
 from coupled_qk.commands.ignored import given_options, shown_option
 from coupled_qk.commands.options import (
     add_model_options,
     add_overwrite_option,
     add_progress_option,
-    fraction_arg,
     gpt_config_from_args,
     parse_variants_option,
-    path_arg,
-    positive_int_arg,
     reject_variant_flags,
-    seed_arg,
-    threads_arg,
 )
 from coupled_qk.experiments.bench.train import with_baseline
 from coupled_qk.models.config import parse_overrides
 from coupled_qk.models.registry import default_variants, variant_names
-from coupled_qk.outputs import OutputDir
+from coupled_qk.output_dir import OutputDir
 from coupled_qk.study.executor import Report, write_report
 
 PROG = "python benchmarks/ab.py"

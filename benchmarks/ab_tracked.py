@@ -18,7 +18,7 @@ import ab_worker
 from ab_measure import BASELINE, cell_spec
 
 from coupled_qk.experiments.bench.machine import machine_line
-from coupled_qk.io import write_text_atomic
+from coupled_qk.files import write_text_atomic
 from coupled_qk.models.config import PRESETS, GPTConfig
 from coupled_qk.models.specs import variant_overrides
 

@@ -239,7 +239,7 @@ def test_9_write_failures_are_one_line(setup, capsys, monkeypatch):
     assert not list(out.glob(".ckpt-*")) and not (out / "latest").exists()
     monkeypatch.setattr(ckpt.torch, "save", torch.save)
 
-    from coupled_qk.io import atomic_write
+    from coupled_qk.files import atomic_write
 
     def numpy_full(f):
         raise OSError("90918 requested and 6144 written")

@@ -81,7 +81,7 @@ def test_eval_overwrite_is_refused_exactly_where_it_changes_nothing(json_given, 
 def test_analyze_example_map_is_read_only_by_the_figures(tmp_path):
     """What the table rests on: without figures the example maps are never touched."""
     from coupled_qk.analysis.analyze import _write_analysis
-    from coupled_qk.outputs import OutputDir
+    from coupled_qk.output_dir import OutputDir
 
     class Untouchable:
         def __getattribute__(self, name):
@@ -142,7 +142,7 @@ def test_glue_per_task_subsets_name_only_fine_tuned_tasks(chosen, subset_tasks):
             "coupled_qk.training.run_folder.open_run",
             lambda path, *a, **k: SimpleNamespace(folder=SimpleNamespace(glue_dir=f"{path}/glue")),
         )
-        mp.setattr("coupled_qk.outputs.OutputDir", lambda *a, **k: "out")
+        mp.setattr("coupled_qk.output_dir.OutputDir", lambda *a, **k: "out")
         mp.setattr(
             "coupled_qk.experiments.glue.finetune.run_glue",
             lambda *a, **k: seen.update(k) or (_ for _ in ()).throw(KeyboardInterrupt),

@@ -1,7 +1,7 @@
 """Device and autocast-dtype names checked against what this machine has, before any work starts.
 
 Every command with a ``--device`` or ``--dtype`` option parses it through :func:`check_device` /
-:func:`check_dtype` (as argparse types in :mod:`coupled_qk.commands.options`), and the training loop checks
+:func:`check_dtype` (as argparse types in :mod:`coupled_qk.checks.cli`), and the training loop checks
 ``TrainConfig.device`` the same way, so ``--device cuda:7`` on a one-GPU machine, ``--device gpu`` or
 ``--device ""`` is one line listing the devices that exist, never a torch traceback after the data loaded.
 
@@ -54,7 +54,7 @@ def check_device(option: str, value, *, allow_auto: bool = True) -> str:
     if isinstance(value, torch.device):
         value = str(value)
     available = available_devices() if allow_auto else available_devices()[1:]
-    given = f"{option}={value!r}" if option else repr(value)
+    given = f"{option}={value!r}"
     if not isinstance(value, str):
         raise ValueError(f"{given} must be a device name; available here: {', '.join(available)}")
     name = value.strip().lower()
@@ -97,11 +97,11 @@ def check_dtype(option: str, value, device: str = "auto") -> str:
         ValueError: naming ``option``, listing :data:`AUTOCAST_DTYPES`, for an unknown name or bf16 on a GPU
             without bf16.
     """
-    given = f"{option}={value!r}" if option else repr(value)
+    given = f"{option}={value!r}"
     if not isinstance(value, str) or value.strip().lower() not in AUTOCAST_DTYPES:
         raise ValueError(f"{given} is unknown; expected one of {list(AUTOCAST_DTYPES)}")
     name = value.strip().lower()
     uses_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if name == "bf16" and uses_cuda and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"{option or 'dtype'}=bf16: this GPU does not support bfloat16; use fp16 or fp32")
+        raise ValueError(f"{given}: this GPU does not support bfloat16; use fp16 or fp32")
     return name

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-import coupled_qk.io
+import coupled_qk.files
 from coupled_qk.data.cache import cache_paths, encode_text, token_dtype, tokenize_to_cache
 from coupled_qk.data.tokenizers import Tokenizer, chunk_text
 
@@ -108,7 +108,7 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, gpt2, monkeypatch, fail_a
     def fail(*a, **k):
         raise OSError(f"simulated {fail_at} failure")
 
-    monkeypatch.setattr(coupled_qk.io.os, fail_at, fail)
+    monkeypatch.setattr(coupled_qk.files.os, fail_at, fail)
     with pytest.raises(OSError, match="simulated"):
         tokenize_to_cache("some text to cache", gpt2, tmp_path)
     assert list(tmp_path.iterdir()) == []  # neither the .bin nor a temp file

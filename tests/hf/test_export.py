@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from coupled_qk.cli import main  # noqa: E402
 from coupled_qk.data.tokenizers import Tokenizer  # noqa: E402
-from coupled_qk.outputs import RECORD  # noqa: E402
+from coupled_qk.output_dir import RECORD  # noqa: E402
 from coupled_qk.training.loop import train  # noqa: E402
 from coupled_qk.training.run_folder import load_checkpoint_model  # noqa: E402
 
@@ -62,7 +62,7 @@ def test_an_overwritten_export_keeps_no_file_of_the_earlier_one(trained_run, tmp
     0600 whatever the umask, unlike every other file the project writes."""
     import shutil
 
-    from coupled_qk.io import file_mode
+    from coupled_qk.files import file_mode
 
     hf_dir = tmp_path / "hf"
     assert main(["export", str(trained_run), str(hf_dir)]) == 0

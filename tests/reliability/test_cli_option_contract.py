@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coupled_qk import cli
+from coupled_qk.checks import cli as arg_types
 from coupled_qk.checks.values import field_types
-from coupled_qk.commands import options
 from coupled_qk.training.config import TrainConfig
 
 # free text parsed and checked by the command (or the library) itself, with the reason; anything else must be
@@ -28,7 +28,7 @@ FREE_TEXT = {
     "--variants": "variant specs: models.specs.parse_variants (tests/models/test_variants.py)",
     "--set": "FIELD=VALUE: GPTConfig fields parsed by checks.values.coerce",
     "--opt": "FIELD=VALUE: TrainConfig fields parsed by checks.values.coerce",
-    "--seeds": "commands.options.parse_seeds",
+    "--seeds": "checks.cli.parse_seeds",
     "--labels": "analyze: non-empty, one per checkpoint",
     "--names": "glue: one distinct name per run",
     "--splits": "eval: distinct split names",
@@ -50,19 +50,19 @@ FREE_TEXT = {
 }
 
 CHECKING_TYPES = {
-    options.positive_int_arg,
-    options.nonneg_int_arg,
-    options.positive_float_arg,
-    options.path_arg,
-    options.device_arg,
-    options.dtype_arg,
-    options.positive_ints_arg,
-    options.positive_floats_arg,
-    options.nonneg_float_arg,
-    options.fraction_arg,
-    options.seed_arg,
-    options.threads_arg,
-    options.folder_arg,
+    arg_types.positive_int_arg,
+    arg_types.nonneg_int_arg,
+    arg_types.positive_float_arg,
+    arg_types.path_arg,
+    arg_types.device_arg,
+    arg_types.dtype_arg,
+    arg_types.positive_ints_arg,
+    arg_types.positive_floats_arg,
+    arg_types.nonneg_float_arg,
+    arg_types.fraction_arg,
+    arg_types.seed_arg,
+    arg_types.threads_arg,
+    arg_types.folder_arg,
 }
 
 TRAIN_FIELDS = set(field_types(TrainConfig))
@@ -112,8 +112,8 @@ def test_every_option_is_declared():
         for cmd, a in all_actions()
         if declared(a) is None
     ]
-    assert not missing, (
-        "options without a declaration (give them a checking type from commands/options.py):\n" + "\n".join(missing)
+    assert not missing, "options without a declaration (give them a checking type from checks/cli.py):\n" + "\n".join(
+        missing
     )
 
 
@@ -136,42 +136,53 @@ REQUIRED = {
 }
 
 BAD = {
-    options.positive_int_arg: ["0", "-1", "2.5", "nan", "inf", "", "x", "False", "None", "١٢"],
-    options.nonneg_int_arg: ["-1", "2.5", "nan", "-inf", "", "x", "True", "None"],
-    options.positive_float_arg: ["0", "-1e-3", "nan", "inf", "-inf", "", "x", "False", "1e999"],
-    options.positive_ints_arg: ["", ",", "1,,2", "0", "1,-2", "1,1", "a", "2.5", "nan"],
-    options.positive_floats_arg: ["", ",", "1e-3,,2", "0", "nan", "inf", "1,1", "x"],
-    options.path_arg: ["", "   ", "a\x00b"],
-    options.nonneg_float_arg: ["-1", "nan", "inf", "", "x", "False"],
-    options.fraction_arg: ["-0.1", "1.5", "nan", "inf", "", "x", "True"],
-    options.device_arg: ["", "gpu", "cuda:99", "tpu", "cpu:x", "None", "0"],
-    options.dtype_arg: ["", "float32", "fp64", "None", "0"],
-    options.folder_arg: ["", "   ", "a\x00b", __file__],
-    options.seed_arg: ["-1", "2.5", "nan", "", "x", "True", "None", str(2**32), "99999999999999999999999"],
-    options.threads_arg: ["0", "-1", "2.5", "nan", "", "x", "False", "None", str(options.cpu_count() + 1), "100000"],
+    arg_types.positive_int_arg: ["0", "-1", "2.5", "nan", "inf", "", "x", "False", "None", "١٢"],
+    arg_types.nonneg_int_arg: ["-1", "2.5", "nan", "-inf", "", "x", "True", "None"],
+    arg_types.positive_float_arg: ["0", "-1e-3", "nan", "inf", "-inf", "", "x", "False", "1e999"],
+    arg_types.positive_ints_arg: ["", ",", "1,,2", "0", "1,-2", "1,1", "a", "2.5", "nan"],
+    arg_types.positive_floats_arg: ["", ",", "1e-3,,2", "0", "nan", "inf", "1,1", "x"],
+    arg_types.path_arg: ["", "   ", "a\x00b"],
+    arg_types.nonneg_float_arg: ["-1", "nan", "inf", "", "x", "False"],
+    arg_types.fraction_arg: ["-0.1", "1.5", "nan", "inf", "", "x", "True"],
+    arg_types.device_arg: ["", "gpu", "cuda:99", "tpu", "cpu:x", "None", "0"],
+    arg_types.dtype_arg: ["", "float32", "fp64", "None", "0"],
+    arg_types.folder_arg: ["", "   ", "a\x00b", __file__],
+    arg_types.seed_arg: ["-1", "2.5", "nan", "", "x", "True", "None", str(2**32), "99999999999999999999999"],
+    arg_types.threads_arg: [
+        "0",
+        "-1",
+        "2.5",
+        "nan",
+        "",
+        "x",
+        "False",
+        "None",
+        str(arg_types.cpu_count() + 1),
+        "100000",
+    ],
 }
 GOOD = {
-    options.positive_int_arg: st.integers(1, 10**6).map(str),
-    options.nonneg_int_arg: st.integers(0, 10**6).map(str),
-    options.positive_float_arg: st.floats(1e-9, 1e6, allow_nan=False, allow_infinity=False).map(repr),
-    options.positive_ints_arg: st.lists(st.integers(1, 4096), min_size=1, max_size=4, unique=True).map(
+    arg_types.positive_int_arg: st.integers(1, 10**6).map(str),
+    arg_types.nonneg_int_arg: st.integers(0, 10**6).map(str),
+    arg_types.positive_float_arg: st.floats(1e-9, 1e6, allow_nan=False, allow_infinity=False).map(repr),
+    arg_types.positive_ints_arg: st.lists(st.integers(1, 4096), min_size=1, max_size=4, unique=True).map(
         lambda v: ",".join(map(str, v))
     ),
-    options.positive_floats_arg: st.lists(
+    arg_types.positive_floats_arg: st.lists(
         st.floats(1e-6, 10, allow_nan=False), min_size=1, max_size=4, unique=True
     ).map(lambda v: ",".join(map(repr, v))),
-    options.path_arg: st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=20).filter(
+    arg_types.path_arg: st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=20).filter(
         lambda s: s.strip() and not s.startswith(("-", "~"))
     ),
-    options.nonneg_float_arg: st.floats(0, 1e6, allow_nan=False).map(repr),
-    options.fraction_arg: st.floats(0, 1, allow_nan=False).map(repr),
-    options.device_arg: st.sampled_from(["auto", "cpu", "CPU", " cpu "]),
-    options.dtype_arg: st.sampled_from(["auto", "fp32", "bf16", "fp16"]),
-    options.seed_arg: st.integers(0, 2**32 - 1).map(str),
-    options.folder_arg: st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=20).filter(
+    arg_types.nonneg_float_arg: st.floats(0, 1e6, allow_nan=False).map(repr),
+    arg_types.fraction_arg: st.floats(0, 1, allow_nan=False).map(repr),
+    arg_types.device_arg: st.sampled_from(["auto", "cpu", "CPU", " cpu "]),
+    arg_types.dtype_arg: st.sampled_from(["auto", "fp32", "bf16", "fp16"]),
+    arg_types.seed_arg: st.integers(0, 2**32 - 1).map(str),
+    arg_types.folder_arg: st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=20).filter(
         lambda s: s.strip() and not s.startswith(("-", "~"))
     ),
-    options.threads_arg: st.integers(1, options.cpu_count()).map(str),
+    arg_types.threads_arg: st.integers(1, arg_types.cpu_count()).map(str),
 }
 
 TYPED = sorted(

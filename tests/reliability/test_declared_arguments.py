@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import coupled_qk
-from coupled_qk._assignment import CheckedAssignment
+from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.environment import ENVIRONMENT, env_value, undeclared_env
 from coupled_qk.checks.values import FlagError, _unwrap_optional
 from coupled_qk.hf import modeling

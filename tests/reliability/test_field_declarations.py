@@ -17,7 +17,7 @@ import reliability_profile  # noqa: F401  (the example budget)
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from coupled_qk._assignment import CheckedAssignment
+from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.values import _unwrap_optional, declaration_problems, field_types
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.options import MapOptions, option

@@ -1,4 +1,4 @@
-"""Output safety, one rule (coupled_qk.outputs): around every writing command, a snapshot of the folder tree
+"""Output safety, one rule (coupled_qk.output_dir): around every writing command, a snapshot of the folder tree
 before and after proves that a refused output changes nothing, that nothing outside the output folder changes,
 and that no pre-existing file is modified unless ``--overwrite`` (or the command's resume path) allows it.
 """
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from coupled_qk.checks.paths import output_location
 from coupled_qk.cli import main
-from coupled_qk.outputs import RECORD, OutputDir, OutputRefused, output_file
+from coupled_qk.output_dir import RECORD, OutputDir, OutputRefused, output_file
 
 
 def snapshot(root: Path) -> dict:
@@ -226,7 +226,7 @@ def test_eval_json_in_a_missing_folder_is_one_line_before_loading(world, capsys)
 
 
 def test_an_atomic_write_into_a_missing_folder_names_the_file(tmp_path):
-    from coupled_qk.io import write_text_atomic
+    from coupled_qk.files import write_text_atomic
 
     with pytest.raises(
         FileNotFoundError,
@@ -381,7 +381,7 @@ def test_nothing_is_written_into_a_training_run(tmp_path_factory, name, sub):
     """Every path in a run folder (its own files, new names, its checkpoints) belongs to the run, except under
     ``glue/`` (``coupled-qk glue RUN``'s default output): refused for an output file and for an output folder,
     even with ``--overwrite``; nothing changes."""
-    from coupled_qk.outputs import run_folder_of
+    from coupled_qk.output_dir import run_folder_of
 
     root = tmp_path_factory.mktemp("w")
     run = root / "run"
@@ -403,7 +403,7 @@ def test_nothing_is_written_into_a_training_run(tmp_path_factory, name, sub):
 
 
 def test_an_export_and_a_plain_folder_are_not_runs(tmp_path):
-    from coupled_qk.outputs import run_folder_of
+    from coupled_qk.output_dir import run_folder_of
 
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("{}")
@@ -492,7 +492,7 @@ def test_no_command_replaces_another_commands_output_even_with_overwrite(command
 
 
 def test_a_link_into_a_training_run_is_the_runs(world):
-    from coupled_qk.outputs import run_folder_of
+    from coupled_qk.output_dir import run_folder_of
 
     (world / "link").symlink_to(world / "run")
     before = snapshot(world / "run")
@@ -511,9 +511,9 @@ ENTRIES = [
 
 @given(entries=st.sets(st.sampled_from(ENTRIES), max_size=5))
 def test_outputs_refuse_exactly_the_folders_the_run_folder_calls_runs(tmp_path_factory, entries):
-    """``outputs.run_folder_of`` (every output check) finds a run where ``RunFolder.is_run`` (the run-folder object)
+    """``output_dir.run_folder_of`` (every output check) finds a run where ``RunFolder.is_run`` (the run-folder object)
     says there is one, on any folder: a file in it, or the folder itself."""
-    from coupled_qk.outputs import run_folder_of
+    from coupled_qk.output_dir import run_folder_of
     from coupled_qk.training.run_folder import RunFolder
 
     folder = tmp_path_factory.mktemp("f")

@@ -184,7 +184,7 @@ def analyze_checkpoints(
             analysis writes nothing (not even an empty ``out_dir``).
         FileNotFoundError: a checkpoint, tokenizer or corpus file is missing.
     """
-    from coupled_qk.outputs import as_output_dir
+    from coupled_qk.output_dir import as_output_dir
 
     # the output is claimed before any work: a folder holding other files, or an earlier analysis without
     # --overwrite, is refused here (docs/RELIABILITY.md, "Outputs")
@@ -397,14 +397,14 @@ def _analyze_checkpoint(
 
 def _write_analysis(report: dict, entries: list, examples: list, out, make_plots: bool) -> dict[str, str]:
     """Write the figures (adding ``report["figures"]``), ``analysis.json`` and ``summary.md`` into the claimed
-    output folder ``out`` (:class:`coupled_qk.outputs.OutputDir`, atomic writes); their paths."""
+    output folder ``out`` (:class:`coupled_qk.output_dir.OutputDir`, atomic writes); their paths."""
     files: dict[str, str] = {}
     if make_plots:
         from coupled_qk.analysis.plots import make_figures
 
         figures = make_figures(entries, examples, out.path)
         for path in figures.values():
-            out.record(path)  # recorded as this command's output (coupled_qk.outputs.RECORD)
+            out.record(path)  # recorded as this command's output (coupled_qk.output_dir.RECORD)
         report["figures"] = {k: Path(v).name for k, v in figures.items()}
         files.update({k: str(v) for k, v in figures.items()})
     json_path = out.write_text("analysis.json", dumps(report))

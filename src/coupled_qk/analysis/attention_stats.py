@@ -34,7 +34,6 @@ import math
 
 import torch
 
-from coupled_qk.analysis._validate import F64, check_causal, check_stochastic, map_f64, resolve_atol, to_f64
 from coupled_qk.analysis.entropy import (
     attention_entropy,
     normalized_attention_entropy,
@@ -44,6 +43,7 @@ from coupled_qk.analysis.entropy import (
     sink_mass,
     sink_mass_f64,
 )
+from coupled_qk.analysis.float64 import F64, map_f64
 from coupled_qk.analysis.residuals import rank_collapse_residual, relative_update
 from coupled_qk.analysis.spectral import (
     effective_rank,
@@ -52,6 +52,7 @@ from coupled_qk.analysis.spectral import (
     spectral_gap,
     spectral_gap_from_singular_values,
 )
+from coupled_qk.checks.tensors import check_causal, check_stochastic, resolve_atol, to_f64
 
 __all__ = [
     "row_entropy",

@@ -39,13 +39,37 @@ import numpy as np
 import torch
 
 from coupled_qk.analysis import attention_stats
-from coupled_qk.analysis._validate import check_finite_activations, check_finite_parameters
 from coupled_qk.analysis.conventions import CONVENTIONS, as_float, mean_of, order_metrics
 from coupled_qk.checks.values import positive_int
 from coupled_qk.layers.attention import AttentionRecord
 from coupled_qk.models.registry import get_attention
 
 __all__ = ["analyze_model", "token_windows"]
+
+
+def check_finite_parameters(model, name: str = "model") -> None:
+    """``ValueError`` naming the parameters of ``model`` (an ``nn.Module``) that hold NaN or inf, the first five
+    and their count: its attention maps would be non-finite, and no diagnostic of them is defined."""
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ValueError(
+            f"{name} has non-finite (NaN or inf) parameters: {shown} ({len(bad)} of "
+            f"{sum(1 for _ in model.parameters())}); its attention maps are undefined, analyse a "
+            "model (checkpoint) with finite weights"
+        )
+
+
+def check_finite_activations(layer: int, tensors: dict) -> None:
+    """``ValueError`` naming layer ``layer`` and which of ``tensors`` (name -> tensor or ``None``) hold NaN or inf;
+    called once the parameters are known finite, so the activations overflowed (no diagnostic is defined)."""
+    bad = [name for name, t in tensors.items() if t is not None and not bool(torch.isfinite(t).all())]
+    if bad:
+        dtype = next(t for t in tensors.values() if t is not None).dtype
+        raise ValueError(
+            f"layer {layer}: the {' and '.join(bad)} hold NaN or inf although every parameter is finite "
+            f"(the activations overflow in {dtype} on these tokens); no diagnostic is defined for them"
+        )
 
 
 class _LayerAccumulator:

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from coupled_qk.analysis._validate import F64, check_causal, check_stochastic, map_f64, resolve_atol
+from coupled_qk.analysis.float64 import F64, map_f64
+from coupled_qk.checks.tensors import check_causal, check_stochastic, resolve_atol
 
 # ----------------------------------------------------------------------------------------------------------
 # entropy

@@ -64,7 +64,7 @@ def _figure(width: float, height: float) -> Figure:
 
 def _save(fig: Figure, path: Path) -> Path:
     """Save ``fig`` as PNG at ``path`` atomically (a temporary file renamed over it; folders created)."""
-    from coupled_qk.io import atomic_write
+    from coupled_qk.files import atomic_write
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from coupled_qk.analysis._validate import check_matrix, safe_div, to_f64
+from coupled_qk.analysis.float64 import safe_div
+from coupled_qk.checks.tensors import check_matrix, to_f64
 
 # ----------------------------------------------------------------------------------------------------------
 # rank collapse and update size

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from coupled_qk.analysis._validate import EPS64, map_f64, safe_div, to_f64
+from coupled_qk.analysis.float64 import EPS64, map_f64, safe_div
+from coupled_qk.checks.tensors import to_f64
 
 # ----------------------------------------------------------------------------------------------------------
 # spectrum

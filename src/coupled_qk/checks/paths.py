@@ -1,6 +1,7 @@
 """Path values: what every path option and path field is checked against before a command works (docs/RELIABILITY.md,
 "Outputs" and "Command line"): a path value (not empty, no NUL, ``~`` expanded), a location something can be created
-at, a folder option a command fills over several runs.
+at, a folder option a command fills over several runs, and an input that must exist (a file or a folder to read).
+What a command may write, and never overwrite, is :mod:`coupled_qk.output_dir`.
 
 Level 0 of the layering: no torch and no project imports.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["check_location", "output_location", "path_value"]
+__all__ = ["check_location", "folder_value", "input_dir", "input_file", "input_path", "output_location", "path_value"]
 
 
 def path_value(option: str, value) -> Path:
@@ -60,8 +61,50 @@ def output_location(option: str, value) -> Path:
     Raises:
         ValueError: naming ``option``.
     """
+    path = folder_value(option, value)
+    check_location(option, path)
+    return path
+
+
+def folder_value(option: str, value) -> Path:
+    """A folder path (:func:`path_value`) that, where it exists, is a folder and not a file; whether it must exist or
+    be creatable is the caller's to check.
+
+    Raises:
+        ValueError: naming ``option``, as :func:`path_value`, or for an existing file.
+    """
     path = path_value(option, value)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
-    check_location(option, path)
+    return path
+
+
+def input_path(option: str, value) -> Path:
+    """An existing file or folder named by ``option``; ``ValueError``/``FileNotFoundError`` naming it otherwise."""
+    path = path_value(option, value)
+    if not path.exists():
+        raise FileNotFoundError(f"{option}={str(value)!r} does not exist")
+    return path
+
+
+def input_file(option: str, value) -> Path:
+    """An existing readable regular *file*; refuses a folder, a pipe, socket or device, a missing path and an empty
+    value, naming ``option``."""
+    path = input_path(option, value)
+    if path.is_dir():
+        raise ValueError(f"{option}={str(value)!r} is a folder; expected a file")
+    if not path.is_file():  # a named pipe would block the reader, a device never end
+        raise ValueError(f"{option}={str(value)!r} is not a regular file (a pipe, socket or device); expected a file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{option}={str(value)!r} is not readable")
+    return path
+
+
+def input_dir(option: str, value) -> Path:
+    """An existing readable *folder*; refuses a file, a missing path and an empty value, naming ``option``."""
+    path = input_path(option, value)
+    if not path.is_dir():
+        raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise ValueError(f"{option}={str(value)!r} is not readable")
     return path

@@ -2,7 +2,9 @@
 
 Used at the top of :meth:`coupled_qk.GPT.generate` (and available to the Hugging Face wrapper): every argument
 is checked for type, shape (zero-sized dimensions included), dtype, device, finiteness and range, raising
-``TypeError`` (wrong kind of object) or ``ValueError`` (wrong value) whose message names the argument.
+``TypeError`` (wrong kind of object) or ``ValueError`` (wrong value) whose message names the argument. The
+attention diagnostics (:mod:`coupled_qk.analysis`) check what they read here too: a finite real tensor in float64
+(:func:`to_f64`), a matrix, a probability map (rows on the simplex, causal) within a tolerance (:func:`resolve_atol`).
 
 Level 0 of the layering (torch and :mod:`coupled_qk.checks.values` only).
 """
@@ -16,11 +18,16 @@ import torch
 
 __all__ = [
     "check_attention_mask",
+    "check_causal",
     "check_generate_args",
     "check_greedy_extras",
     "check_ids",
     "check_left_padded",
+    "check_matrix",
     "check_position_ids",
+    "check_stochastic",
+    "resolve_atol",
+    "to_f64",
 ]
 
 GREEDY_BELOW = torch.finfo(torch.float32).tiny
@@ -295,3 +302,73 @@ def check_checkpoint_kwargs(kwargs: dict) -> None:
             isinstance(value, bool) or (value is None and annotation == "bool | None")
         ):
             raise FlagError(f"gradient_checkpointing_kwargs: {name}={value!r} must be True or False")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tensors a diagnostic reads in float64: finite real values, matrices, probability maps and their tolerance
+# (the attention diagnostics of coupled_qk.analysis)
+
+
+def to_f64(x: torch.Tensor, name: str) -> torch.Tensor:
+    """``x`` detached in float64; ``TypeError`` for a non-tensor or complex input, ``ValueError`` naming ``name``
+    for non-finite entries."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    if x.is_complex():
+        raise TypeError(f"{name} must be real; got complex dtype {x.dtype}")
+    x64 = x.detach().to(torch.float64)
+    if x64.numel() and not bool(torch.isfinite(x64).all()):
+        raise ValueError(f"{name} must be finite; got nan/inf in a tensor of shape {tuple(x.shape)}")
+    return x64
+
+
+def check_matrix(x: torch.Tensor, name: str, what: str) -> None:
+    """``ValueError`` naming ``name`` unless ``x`` has at least 2 dimensions, the last two non-empty."""
+    if x.dim() < 2:
+        raise ValueError(f"{name} must have at least 2 dimensions {what}; got shape {tuple(x.shape)} ({x.dim()}-D)")
+    if x.shape[-2] < 1 or x.shape[-1] < 1:
+        raise ValueError(f"{name} must have non-empty trailing dimensions {what}; got shape {tuple(x.shape)}")
+
+
+def check_stochastic(A64: torch.Tensor, name: str, atol: float) -> None:
+    """Rows must be probability vectors: entries >= -atol and row sums within atol of 1."""
+    if A64.numel() == 0:
+        return
+    min_entry = float(A64.min())
+    if min_entry < -atol:
+        raise ValueError(
+            f"{name} must have non-negative entries (a probability map); got min entry {min_entry:.3g} "
+            f"(atol={atol:g}) in a tensor of shape {tuple(A64.shape)}"
+        )
+    dev = float((A64.sum(dim=-1) - 1.0).abs().max())
+    if dev > atol:
+        raise ValueError(
+            f"every row of {name} must sum to 1 within atol={atol:g} (a probability map); got "
+            f"max |row sum - 1| = {dev:.3g} in a tensor of shape {tuple(A64.shape)}"
+        )
+
+
+def check_causal(A64: torch.Tensor, name: str, atol: float) -> None:
+    """``ValueError`` naming ``name`` when an entry above the diagonal of ``A64`` exceeds ``atol`` in magnitude."""
+    if A64.numel() == 0:
+        return
+    upper = float(torch.triu(A64, diagonal=1).abs().max())
+    if upper > atol:
+        raise ValueError(
+            f"{name} must be causal (zeros above the diagonal) when causal=True; got max |entry| "
+            f"{upper:.3g} above the diagonal (atol={atol:g}) in a tensor of shape {tuple(A64.shape)}; "
+            "pass causal=False for a bidirectional map"
+        )
+
+
+def _default_atol(dtype: torch.dtype) -> float:
+    return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
+
+
+def resolve_atol(atol: float | None, dtype: torch.dtype) -> float:
+    """``atol``, checked ``>= 0``, or the default tolerance of ``dtype`` when ``None``."""
+    if atol is None:
+        return _default_atol(dtype)
+    if not atol >= 0:
+        raise ValueError(f"atol must be >= 0; got {atol}")
+    return float(atol)

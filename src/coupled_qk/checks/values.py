@@ -1,4 +1,5 @@
-"""Argument checks and typed parsing shared by every layer of the library (no torch, no project imports).
+"""Argument checks, typed parsing and typo hints shared by every layer of the library (no torch, no project
+imports).
 
 Every check raises ``ValueError`` whose message names the argument, the value it got and what was expected,
 so a user's mistake reads as one line. ``coerce`` converts a value (a Python value from the API or a JSON
@@ -9,6 +10,7 @@ file, or a string from the command line) to a field's declared type, so ``"False
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import inspect
 import json
@@ -16,6 +18,7 @@ import math
 import numbers
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -71,6 +74,14 @@ def nonneg_int(name: str, value) -> int:
     """``value`` if it is an ``int >= 0``; ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name}={value!r} must be an integer >= 0")
+    return value
+
+
+def seed_int(name: str, value) -> int:
+    """``value`` if it is a seed: an ``int`` in ``[0, 2**32 - 1]`` (:data:`MAX_SEED`, numpy's legacy generator's
+    range); ``ValueError`` naming ``name`` otherwise."""
+    if nonneg_int(name, value) > MAX_SEED:
+        raise ValueError(f"{name}={value!r} must be in [0, {MAX_SEED}] (2**32 - 1), the range of a seed")
     return value
 
 
@@ -397,3 +408,46 @@ def declared_flags(fn: Callable) -> Callable:
 
     checked.declared_flags = tuple(flags)
     return checked
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Typo hints: an unknown name given with its close match ("did you mean")
+
+
+def close_matches(unknown, known) -> list[str]:
+    """``["'lerning_rate': 'learning_rate'", ...]``: each of ``unknown`` with its closest name in ``known``
+    (``difflib``), for the unknown ones that have one (a "did you mean" hint in an error message)."""
+    known = sorted(known)
+    return [f"{k!r}: {m[0]!r}" for k in unknown if (m := difflib.get_close_matches(k, known, 1))]
+
+
+def unknown_keys(data: dict, known, where, what: str, *, error: bool) -> list[str]:
+    """The keys of ``data`` (a dict read from the file ``where``) outside ``known``, each named with its close
+    match (``difflib``; ``'lerning_rate' (did you mean 'learning_rate'?)``): a ``ValueError`` with ``error``
+    (files a user edits, whose unknown key would silently take no effect), else one ``UserWarning`` (files the
+    project writes itself, which a later version may extend: the keys are ignored). ``what`` names the file's
+    kind in the message (``"TrainConfig"``, ``"checkpoint state"``).
+
+    Returns:
+        The unknown keys, sorted (``[]``: nothing said).
+
+    Raises:
+        ValueError: with ``error``, one line naming ``where``, each unknown key, its close match and the known keys.
+    """
+    known = sorted(known)
+    unknown = sorted(k for k in data if k not in known)
+    if unknown:
+        named = ", ".join(
+            repr(k) + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(k, known, 1))
+            for k in unknown
+        )
+        if error:
+            raise ValueError(
+                f"{where}: unknown {what} key(s) {named}; expected keys among {known} (was the file edited by hand?)"
+            )
+        warnings.warn(
+            f"{where}: unknown {what} key(s) {named}, ignored (written by a newer coupled-qk, or edited by hand?)",
+            UserWarning,
+            stacklevel=3,
+        )
+    return unknown

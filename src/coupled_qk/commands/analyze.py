@@ -33,17 +33,8 @@ def _ignored_options() -> dict:
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import (
-        add_device_option,
-        add_overwrite_option,
-        add_progress_option,
-        folder_arg,
-        nonneg_int_arg,
-        path_arg,
-        positive_int_arg,
-        seed_arg,
-        threads_arg,
-    )
+    from coupled_qk.checks.cli import folder_arg, nonneg_int_arg, path_arg, positive_int_arg, seed_arg, threads_arg
+    from coupled_qk.commands.options import add_device_option, add_overwrite_option, add_progress_option
 
     parser.add_argument(
         "checkpoints",
@@ -124,7 +115,7 @@ def run(args) -> int:
         if any(not label for label in labels):
             raise ValueError(f"--labels {args.labels!r}: labels must be non-empty")
     from coupled_qk.analysis.analyze import ANALYSIS_LAYOUT
-    from coupled_qk.outputs import OutputDir
+    from coupled_qk.output_dir import OutputDir
 
     out = OutputDir(args.out_dir, "--out-dir", overwrite=args.overwrite, layout=ANALYSIS_LAYOUT, what="analyze")
     report = analyze_checkpoints(

@@ -17,22 +17,24 @@ import sys
 
 import torch
 
+from coupled_qk.checks.cli import (
+    dtype_arg,
+    path_arg,
+    positive_int_arg,
+    positive_ints_arg,
+    seed_arg,
+    subset_arg,
+    threads_arg,
+)
 from coupled_qk.commands.ignored import given_options, shown_option
 from coupled_qk.commands.options import (
     add_device_option,
     add_model_options,
     add_overwrite_option,
     add_progress_option,
-    dtype_arg,
     gpt_config_from_args,
     parse_variants_option,
-    path_arg,
-    positive_int_arg,
-    positive_ints_arg,
     refuse_variant_conflicts,
-    seed_arg,
-    subset_arg,
-    threads_arg,
 )
 from coupled_qk.experiments.bench.cost_curve import plot_sweep, run_sweep, sweep_markdown
 from coupled_qk.experiments.bench.decode import decode_markdown, memory_markdown, run_decode, run_memory
@@ -40,7 +42,7 @@ from coupled_qk.experiments.bench.fast import MODES as FAST_MODES
 from coupled_qk.experiments.bench.fast import PEERS, fastpath_markdown, run_fastpath
 from coupled_qk.experiments.bench.train import bench_markdown, resolve_dtype, result_stem, run_bench, write_results
 from coupled_qk.models.registry import default_variants, variant_names
-from coupled_qk.outputs import OutputDir
+from coupled_qk.output_dir import OutputDir
 from coupled_qk.study.executor import Report, write_report
 
 BENCH_MODES = ("train", "decode", "memory", "fastpath")

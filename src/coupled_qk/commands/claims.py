@@ -18,7 +18,7 @@ COMMIT_SCRIPT = "benchmarks/commit_records.sh"
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import folder_arg, nonneg_float_arg, path_arg, positive_int_arg
+    from coupled_qk.checks.cli import folder_arg, nonneg_float_arg, path_arg, positive_int_arg
     from coupled_qk.commands.study import DEFAULT_GLUE_JSON
     from coupled_qk.studies import studies
 

@@ -13,9 +13,9 @@ the variants (the table says it is a smoke run).
 
 from __future__ import annotations
 
+from coupled_qk.checks.cli import parse_seeds
 from coupled_qk.commands.options import (
     add_overwrite_option,
-    parse_seeds,
     parse_variants_option,
     refuse_variant_conflicts,
     reject_variant_flags,

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from coupled_qk.io import write_text_atomic
+from coupled_qk.files import write_text_atomic
 from coupled_qk.models import catalog
 
 BLOCK = re.compile(r"(<!-- BEGIN generated: ([\w:-]+) -->\n)(.*?)(<!-- END generated: \2 -->)", re.S)

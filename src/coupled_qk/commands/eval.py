@@ -24,14 +24,8 @@ def _ignored_options() -> dict:
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import (
-        add_device_option,
-        add_overwrite_option,
-        add_progress_option,
-        folder_arg,
-        path_arg,
-        positive_int_arg,
-    )
+    from coupled_qk.checks.cli import folder_arg, path_arg, positive_int_arg
+    from coupled_qk.commands.options import add_device_option, add_overwrite_option, add_progress_option
 
     parser.add_argument(
         "checkpoint", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder"
@@ -62,7 +56,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from coupled_qk.commands.ignored import refuse_ignored_options
-    from coupled_qk.outputs import output_file
+    from coupled_qk.output_dir import output_file
     from coupled_qk.training.evaluate import evaluate_checkpoint
     from coupled_qk.training.run_folder import refuse_run_file
 
@@ -93,7 +87,7 @@ def run(args) -> int:
             )
         print(line)
     if json_out is not None:
-        from coupled_qk.outputs import write_output_file
+        from coupled_qk.output_dir import write_output_file
 
         write_output_file(json_out, json.dumps(res, indent=2) + "\n", "eval")
     return 0

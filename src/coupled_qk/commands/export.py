@@ -6,7 +6,8 @@ HELP = "write a run's checkpoint as a Hugging Face folder (AutoModelForCausalLM 
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import add_overwrite_option, path_arg
+    from coupled_qk.checks.cli import path_arg
+    from coupled_qk.commands.options import add_overwrite_option
 
     parser.add_argument("run_dir", type=path_arg, help="a run folder (uses its latest checkpoint) or a ckpt-* folder")
     parser.add_argument(
@@ -25,7 +26,7 @@ def run(args) -> int:
             raise
         raise ValueError('export needs transformers: pip install "coupled-qk[hf]"') from exc
     from coupled_qk.hf.export import EXPORT_LAYOUT
-    from coupled_qk.outputs import OutputDir
+    from coupled_qk.output_dir import OutputDir
 
     out = OutputDir(args.hf_dir, "HF_DIR", overwrite=args.overwrite, layout=EXPORT_LAYOUT, what="export")
     info = export_run(args.run_dir, out, overwrite=args.overwrite)

@@ -35,14 +35,8 @@ def _ignored_options() -> dict:
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import (
-        add_device_option,
-        nonneg_float_arg,
-        nonneg_int_arg,
-        path_arg,
-        positive_int_arg,
-        seed_arg,
-    )
+    from coupled_qk.checks.cli import nonneg_float_arg, nonneg_int_arg, path_arg, positive_int_arg, seed_arg
+    from coupled_qk.commands.options import add_device_option
 
     parser.add_argument("run_dir", type=path_arg, help="a run folder (its latest checkpoint) or a ckpt-* folder")
     parser.add_argument(

@@ -14,13 +14,9 @@ import time
 
 import torch
 
-from coupled_qk.commands.options import (
-    add_compile_option,
-    add_device_option,
-    add_overwrite_option,
+from coupled_qk.checks.cli import (
     dtype_arg,
     parse_seeds,
-    parse_variants_option,
     path_arg,
     positive_float_arg,
     positive_floats_arg,
@@ -29,11 +25,17 @@ from coupled_qk.commands.options import (
     seed_arg,
     threads_arg,
 )
+from coupled_qk.commands.options import (
+    add_compile_option,
+    add_device_option,
+    add_overwrite_option,
+    parse_variants_option,
+)
 from coupled_qk.devices import check_dtype
 from coupled_qk.experiments.mqar.presets import SWEEP_PRESETS, customize_preset, get_preset, heads_for, mqar_variants
 from coupled_qk.experiments.mqar.sweep import plan_sweep, run_sweep, sweep_plan
 from coupled_qk.extras import require_extra
-from coupled_qk.outputs import OutputDir
+from coupled_qk.output_dir import OutputDir
 
 HELP = "multi-query associative recall (Zoology) sweep over attention variants"
 

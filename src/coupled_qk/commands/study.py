@@ -33,13 +33,8 @@ ACTIONS = {
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.commands.options import (
-        add_progress_option,
-        folder_arg,
-        nonneg_float_arg,
-        path_arg,
-        positive_int_arg,
-    )
+    from coupled_qk.checks.cli import folder_arg, nonneg_float_arg, path_arg, positive_int_arg
+    from coupled_qk.commands.options import add_progress_option
 
     parser.add_argument("action", metavar="ACTION", help="; ".join(f"{k}: {v}" for k, v in ACTIONS.items()))
     parser.add_argument("name", nargs="?", default=None, metavar="NAME", help="the study (coupled-qk study list)")
@@ -157,7 +152,8 @@ def _given(args) -> dict:
 
 def resolve(name: str, args):
     """The study called ``name`` with ``--seeds``/``--variants`` applied, after :func:`check_options`."""
-    from coupled_qk.commands.options import parse_seeds, parse_variants_option
+    from coupled_qk.checks.cli import parse_seeds
+    from coupled_qk.commands.options import parse_variants_option
     from coupled_qk.studies import get_study
 
     study = get_study(name)
@@ -245,9 +241,8 @@ def check_records_exist(study, out_dir) -> None:
 
 def train(study, args, out_dir, cells, shard) -> None:
     """Train what the study lacks (:func:`coupled_qk.study.run.run_study`), the folders checked first."""
-    from coupled_qk.checks.paths import output_location
+    from coupled_qk.checks.paths import input_dir, output_location
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
-    from coupled_qk.outputs import input_dir
     from coupled_qk.study.run import Places, run_study
 
     output_location("--run-root", args.run_root)

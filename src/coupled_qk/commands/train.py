@@ -12,16 +12,10 @@ import json
 import os
 from pathlib import Path
 
+from coupled_qk.checks.cli import fraction_arg, positive_int_arg, seed_arg
 from coupled_qk.checks.values import check_value, coerce, field_types
-from coupled_qk.commands.options import (
-    GivenOnce,
-    add_model_options,
-    fraction_arg,
-    model_overrides,
-    parse_overrides,
-    positive_int_arg,
-    seed_arg,
-)
+from coupled_qk.commands.options import GivenOnce, add_model_options, model_overrides
+from coupled_qk.models.config import parse_overrides
 from coupled_qk.training.config import TrainConfig, check_given_fields_are_read
 
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -212,24 +206,22 @@ def preflight(cfg: TrainConfig, run_folder: bool = True) -> None:
     """Checks of a training config against this machine and its file system, before any data is read:
     ``device`` and ``dtype`` exist here, ``data_dir`` is not a file, ``cache_dir`` can be created, the task's
     ``task_options`` are valid (:func:`coupled_qk.training.tasks.check_task_options`), and (with ``run_folder``)
-    ``out_dir`` may hold a run (:func:`coupled_qk.outputs.check_run_out_dir`).
+    ``out_dir`` may hold a run (:func:`coupled_qk.output_dir.check_run_out_dir`).
 
     Raises:
         ValueError: naming the option (``--device``, ``--dtype``, ``--data-dir``, ``--cache-dir``,
             ``task_options.<field>``, ``out_dir``).
     """
-    from coupled_qk.checks.paths import output_location, path_value
+    from coupled_qk.checks.paths import folder_value, output_location, path_value
     from coupled_qk.data.tokenizers import check_tokenizer_spec
     from coupled_qk.devices import check_device, check_dtype
-    from coupled_qk.outputs import check_run_out_dir
+    from coupled_qk.output_dir import check_run_out_dir
     from coupled_qk.training.tasks import check_task_options
 
     device = check_device("--device", cfg.device)
     check_dtype("--dtype", cfg.dtype, device)
     if cfg.data_dir is not None:
-        data_dir = path_value("--data-dir", cfg.data_dir)
-        if data_dir.exists() and not data_dir.is_dir():
-            raise ValueError(f"--data-dir={cfg.data_dir!r} is a file; expected a folder")
+        folder_value("--data-dir", cfg.data_dir)
     if cfg.cache_dir is not None:
         output_location("--cache-dir", cfg.cache_dir)
     for name in ("corpus", "tokenizer"):

@@ -25,7 +25,7 @@ import numpy as np
 from coupled_qk.data.corpora import split_documents
 from coupled_qk.data.paths import default_cache_dir
 from coupled_qk.data.tokenizers import Tokenizer, chunk_text
-from coupled_qk.io import atomic_write
+from coupled_qk.files import atomic_write
 from coupled_qk.progress import progress
 
 log = logging.getLogger(__name__)

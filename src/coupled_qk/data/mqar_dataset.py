@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from coupled_qk.data.mqar import GENERATOR_VERSION, MAX_SEED, check_types, is_int, mqar_batch, validate_mqar_args
-from coupled_qk.io import atomic_write
+from coupled_qk.files import atomic_write
 
 __all__ = ["MQARDataset", "MQARSlice", "MQARSliceSpec", "make_mqar_dataset"]
 

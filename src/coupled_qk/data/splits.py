@@ -17,7 +17,7 @@ from pathlib import Path
 
 from coupled_qk.checks.values import finite, nonneg_int
 from coupled_qk.data.corpora import SPLIT_STAMP, random_split, read_text
-from coupled_qk.io import write_text_atomic
+from coupled_qk.files import write_text_atomic
 
 _ARTICLE = re.compile(r"^ = [^=].* = $", re.M)
 HELDOUT_NAME = "wiki-vital-heldout"

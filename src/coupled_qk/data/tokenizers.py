@@ -20,7 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from coupled_qk.data.paths import DATA_ENV, default_data_dir
-from coupled_qk.io import write_text_atomic
+from coupled_qk.files import write_text_atomic
 from coupled_qk.progress import progress_mode
 
 EOT = "<|endoftext|>"

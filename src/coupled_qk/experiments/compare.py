@@ -17,7 +17,7 @@ from pathlib import Path
 
 from coupled_qk.models.registry import variant_names
 from coupled_qk.models.specs import check_distinct, parse_variants, variant_overrides
-from coupled_qk.outputs import OutputDir
+from coupled_qk.output_dir import OutputDir
 from coupled_qk.study.executor import PlannedRun, Report, RunRecord, run_experiment, stopped_early
 from coupled_qk.training.config import TrainConfig
 from coupled_qk.training.run_folder import RESULTS_FILE, RunFolder

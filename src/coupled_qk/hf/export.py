@@ -20,9 +20,9 @@ from transformers.tokenization_utils_base import (
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from coupled_qk.data.tokenizers import EOT, Tokenizer
+from coupled_qk.files import file_mode, fsync_dir, make_temp_dir, write_error
 from coupled_qk.hf.modeling import CoupledQKForCausalLM
-from coupled_qk.io import file_mode, fsync_dir, make_temp_dir, write_error
-from coupled_qk.outputs import as_output_dir
+from coupled_qk.output_dir import as_output_dir
 from coupled_qk.training.run_folder import open_run
 
 

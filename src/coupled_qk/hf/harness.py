@@ -34,7 +34,7 @@ import re
 import sys
 from pathlib import Path
 
-from coupled_qk.outputs import OutputDir
+from coupled_qk.output_dir import OutputDir
 
 _HEADING = re.compile(r"^[ \t]*= [^=].* =[ \t]*$")
 """A WikiText article heading (`` = Title = ``), with or without WikiText's leading and trailing space (a
@@ -117,7 +117,7 @@ def make_task(
         name: task name (default ``coupled_qk_<kind>_<file stem>``).
         max_docs: keep only the first ``max_docs`` documents / examples (``None``: all).
         overwrite: replace this task's files left by an earlier call (the folder may hold only ``*.jsonl``
-            and ``*.yaml`` files: :class:`coupled_qk.outputs.OutputDir`).
+            and ``*.yaml`` files: :class:`coupled_qk.output_dir.OutputDir`).
 
     Returns:
         The YAML path.

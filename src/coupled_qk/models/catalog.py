@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from coupled_qk.io import write_text_atomic
+from coupled_qk.files import write_text_atomic
 from coupled_qk.models.config import PRESETS
 from coupled_qk.models.registry import (
     ALIASES,

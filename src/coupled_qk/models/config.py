@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk._assignment import CheckedAssignment
+from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.values import (
     MAX_VOCAB,
     check_declared,
+    close_matches,
     coerce,
     coerce_fields,
     field_types,
@@ -23,7 +24,6 @@ from coupled_qk.checks.values import (
     parse_assignments,
     positive_int,
 )
-from coupled_qk.io import close_matches
 from coupled_qk.layers.attention import MAP_POSITIONS
 from coupled_qk.models.contracts import RESERVED_OPTION_NAMES
 from coupled_qk.models.field_rules import READ_WHEN, check_unread_fields, loading_saved
@@ -85,7 +85,7 @@ def rename_fields(data: dict, where: str = "GPTConfig") -> dict:
 class JSONConfig(CheckedAssignment):
     """Dict/JSON round trip for validated config dataclasses; unknown fields fail loudly.
 
-    Assignment after construction is checked like construction (:class:`coupled_qk._assignment.CheckedAssignment`:
+    Assignment after construction is checked like construction (:class:`coupled_qk.checks.assignment.CheckedAssignment`:
     the value converted to the field's declared type, ``validate()`` run again, the old value restored on an
     error).
     """
@@ -117,7 +117,7 @@ class JSONConfig(CheckedAssignment):
 
     def save(self, path: str | Path) -> None:
         """Write the config as JSON."""
-        from coupled_qk.io import write_text_atomic
+        from coupled_qk.files import write_text_atomic
 
         write_text_atomic(path, json.dumps(saved_dict(self), indent=2, sort_keys=True))  # a plugin's package too
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
-from coupled_qk._assignment import CheckedAssignment
+from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.values import FLOAT32_MAX, check_declared, coerce_fields, declared_flags
 
 __all__ = ["DT_INIT", "HIDDEN", "MapOptions", "option"]
@@ -77,7 +77,7 @@ class MapOptions(CheckedAssignment):
     field is converted to its declared type (``"False"`` -> ``False``, ``"2"`` -> ``2``), checked against the
     range or choices its :func:`option` declares, then :meth:`validate` runs the cross-field checks. Assigning a
     field later (``config.qk_map.n_steps = 2``) runs the same checks
-    (:class:`~coupled_qk._assignment.CheckedAssignment`); the rules that involve the rest of ``GPTConfig``
+    (:class:`~coupled_qk.checks.assignment.CheckedAssignment`); the rules that involve the rest of ``GPTConfig``
     (e.g. ``keys_per_query_head`` with ``n_kv_heads``) run again when a model is built from the config.
 
     Raises:

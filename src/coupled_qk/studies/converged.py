@@ -398,7 +398,7 @@ def write_configs(d: Design, folder: str | Path) -> list[Path]:
     """Write :func:`standalone_configs` into ``folder`` (JSON, sorted keys); return the paths."""
     import json
 
-    from coupled_qk.io import write_text_atomic
+    from coupled_qk.files import write_text_atomic
 
     out = []
     for name, cfg in standalone_configs(d).items():

@@ -62,7 +62,7 @@ def load_glue_rows(option: str, path: str | Path) -> list[dict]:
         FileNotFoundError / ValueError: naming ``option`` and the file: missing, a folder, not UTF-8, not JSON,
             another schema, or a malformed row.
     """
-    from coupled_qk.outputs import input_file
+    from coupled_qk.checks.paths import input_file
 
     file = input_file(option, path)
     try:

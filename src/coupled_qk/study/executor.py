@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coupled_qk.models.config import rename_fields
-from coupled_qk.outputs import OutputDir, as_output_dir
+from coupled_qk.output_dir import OutputDir, as_output_dir
 from coupled_qk.training.config import (
     RESULT_NEUTRAL_FIELDS,
     RESULT_NEUTRAL_TASK_OPTIONS,
@@ -400,7 +400,7 @@ def write_report(
     """Write a :class:`Report` into ``out_dir`` (created): JSON and text atomically, then the figures (each drawn
     into a temporary file and renamed, so a failed drawing leaves the previous figure).
 
-    ``out_dir`` may be an :class:`~coupled_qk.outputs.OutputDir` claimed by a command before its work (then a
+    ``out_dir`` may be an :class:`~coupled_qk.output_dir.OutputDir` claimed by a command before its work (then a
     file that exists and was not written in this run is refused unless ``--overwrite`` or the claim's rewrite
     patterns allow it); a plain path is the library's documented resume path: the report's own files are
     regenerated in place.

@@ -1,6 +1,6 @@
 """The one report of a study: built from its records alone (a pure function of them, so a changed number changes
 the verdict it feeds), written as JSON, markdown, the README's block and figures through the command's claim of
-the report folder (:class:`~coupled_qk.outputs.OutputDir`).
+the report folder (:class:`~coupled_qk.output_dir.OutputDir`).
 
 A study's :attr:`~coupled_qk.study.design.Study.layout` says how its claims are shown:
 :class:`~coupled_qk.study.verdict_report.VerdictReport` (one verdict row per claim with the tables beside it) or
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coupled_qk.outputs import OutputDir
+from coupled_qk.output_dir import OutputDir
 from coupled_qk.study import stats
 from coupled_qk.study.claims import Evidence, NotReady
 from coupled_qk.study.design import Reading, Study

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from coupled_qk.io import write_text_atomic
+from coupled_qk.files import write_text_atomic
 from coupled_qk.study.design import Study, Unit
 from coupled_qk.study.records import (
     RECORD_VERSION,

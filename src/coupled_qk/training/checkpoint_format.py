@@ -34,8 +34,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from coupled_qk.checks.values import unknown_keys
 from coupled_qk.devices import resolve_device
-from coupled_qk.io import file_mode, fsync_dir, make_temp_dir, unknown_keys, write_error
+from coupled_qk.files import file_mode, fsync_dir, make_temp_dir, write_error
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 
@@ -135,7 +136,7 @@ def write_folder(parent: Path, files: dict, tmp_prefix: str, final_name: Callabl
     that name. On any error the partial folder is removed.
 
     Raises:
-        OSError: a file could not be written (full disk, permissions), naming it (:func:`coupled_qk.io.write_error`).
+        OSError: a file could not be written (full disk, permissions), naming it (:func:`coupled_qk.files.write_error`).
     """
     tmp = make_temp_dir(parent, tmp_prefix)
     current = None

@@ -20,9 +20,9 @@ from coupled_qk.checks.values import (
     coerce_fields,
     field_types,
     positive_int,
+    unknown_keys,
 )
 from coupled_qk.devices import AUTOCAST_DTYPES
-from coupled_qk.io import unknown_keys
 from coupled_qk.models.config import PRESETS, GPTConfig, JSONConfig, rename_fields
 from coupled_qk.models.field_rules import ReadWhen
 from coupled_qk.models.options import option
@@ -440,7 +440,7 @@ def check_saved_config(saved, where) -> dict:
         ``saved`` unchanged.
 
     A key that is no field (``"lerning_rate"``, a hand edit) is an error naming it and its close match
-    (:func:`coupled_qk.io.unknown_keys`): it would silently take no effect.
+    (:func:`coupled_qk.checks.values.unknown_keys`): it would silently take no effect.
 
     Raises:
         ValueError: one line naming the file ``where``, the field, its value and the kind expected; or an unknown key.

@@ -31,7 +31,7 @@ import torch
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.gpt import GPT
 from coupled_qk.ops.losses import next_token_loss
-from coupled_qk.outputs import check_run_out_dir
+from coupled_qk.output_dir import check_run_out_dir
 from coupled_qk.training.best import check_metrics, track_best
 from coupled_qk.training.checkpoint_format import Checkpoint, check_compatible
 from coupled_qk.training.config import TrainConfig, auto_eval_interval, higher_is_better

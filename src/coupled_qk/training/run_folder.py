@@ -45,9 +45,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk.checks.values import loads_json
+from coupled_qk.checks.values import loads_json, unknown_keys
 from coupled_qk.data.tokenizers import TOKENIZER_FILE, Tokenizer
-from coupled_qk.io import unknown_keys, write_text_atomic
+from coupled_qk.files import write_text_atomic
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.training import checkpoint_format as fmt
 from coupled_qk.training.checkpoint_format import Checkpoint
@@ -379,7 +379,7 @@ class RunFolder:
         the task's ``data_identity`` (LM: the splits' token counts and text SHA-256s; MQAR: the slices; GLUE: the
         example and label counts) compared with its ``describe()`` now. A key the run did not record is not
         compared; without ``data.json`` at all (deleted) nothing is, and a warning says so; a recorded key the task
-        does not describe is a warning naming it (:func:`~coupled_qk.io.unknown_keys`).
+        does not describe is a warning naming it (:func:`~coupled_qk.checks.values.unknown_keys`).
 
         Raises:
             ValueError: one line naming ``data.json`` and each difference.
@@ -738,7 +738,7 @@ RUN_LAYOUT = (
 )
 """Top-level names of a run folder as glob patterns (``x/``: a folder); ``.lock`` and temporary files aside. A
 folder holding anything else is not a run folder and is refused as ``out_dir``
-(:func:`coupled_qk.outputs.check_run_out_dir`)."""
+(:func:`coupled_qk.output_dir.check_run_out_dir`)."""
 
 
 # ---------------------------------------------------------------------------------------------- readers

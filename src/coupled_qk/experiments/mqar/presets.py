@@ -46,7 +46,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from coupled_qk.checks.values import MAX_SEED, nonneg_int, positive_int
+from coupled_qk.checks.values import positive_int, seed_int
 from coupled_qk.models.registry import VARIANTS, default_variants
 from coupled_qk.models.specs import variant_attention
 from coupled_qk.training.tasks.mqar import parse_slices
@@ -306,9 +306,7 @@ def customize_preset(
     if max_steps is not None:
         changes["max_steps"] = positive_int("max_steps", max_steps)
     if seed is not None:
-        if nonneg_int("seed", seed) > MAX_SEED:
-            raise ValueError(f"seed={seed} must be in [0, {MAX_SEED}] (2**32 - 1)")
-        changes["seed"] = seed
+        changes["seed"] = seed_int("seed", seed)
     sizes = {"train_slices": train_examples, "test_slices": test_examples}
     for key, n in sizes.items():
         if n is not None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupled_qk.checks.values import MAX_SEED, finite, nonneg_int, positive_int
+from coupled_qk.checks.values import finite, positive_int, seed_int
 from coupled_qk.experiments.mqar.presets import Difficulty, SweepPreset, heads_for
 from coupled_qk.experiments.mqar.report import sweep_report
 from coupled_qk.models.specs import parse_variants, variant_overrides
@@ -129,8 +129,7 @@ def check_seeds(seeds) -> list[int]:
     if not seeds:
         raise ValueError("seeds=[] names no seed; expected at least one integer in [0, 2**32 - 1]")
     for s in seeds:
-        if nonneg_int("seeds", s) > MAX_SEED:
-            raise ValueError(f"seeds={seeds}: {s} must be in [0, {MAX_SEED}] (2**32 - 1)")
+        seed_int("seeds", s)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds={seeds} repeats a seed; expected each seed once")
     return seeds

@@ -174,7 +174,7 @@ def check_options(task: str, options: dict, known) -> dict:
         raise ValueError(f"TrainConfig.task_options={options!r} must be a dict")
     unknown = sorted(set(options) - set(known))
     if unknown:
-        from coupled_qk.io import close_matches
+        from coupled_qk.checks.values import close_matches
 
         hints = close_matches(unknown, known)
         raise ValueError(

@@ -21,14 +21,14 @@ write in this same run, unless the user passed ``--overwrite`` or the command's 
   a run holds only its own files (``eval RUN --json RUN/config.json --overwrite`` replaced the run's config, and
   any other file there makes the run refuse ``--resume``), even with ``--overwrite``;
 - every write is atomic (a temporary file in the same folder, ``fsync``, ``os.replace``) through
-  :mod:`coupled_qk.io`, figures included (:meth:`OutputDir.write_with`).
+  :mod:`coupled_qk.files`, figures included (:meth:`OutputDir.write_with`).
 
 An :class:`OutputDir` is ``os.PathLike``, so code that builds paths with ``Path(out_dir) / name`` keeps working
 when it is handed one; writers that know about it route their files through its claim.
 
 Level 3 of the layering (docs/DESIGN.md), beside ``training``: what a training run's folder is, is asked of
 :class:`coupled_qk.training.run_folder.RunFolder` (imported when a path is checked); otherwise only
-:mod:`coupled_qk.io`.
+:mod:`coupled_qk.files`.
 """
 
 from __future__ import annotations
@@ -39,16 +39,13 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from coupled_qk.checks.paths import check_location, path_value
-from coupled_qk.io import atomic_write, fsync_dir, write_text_atomic
+from coupled_qk.checks.paths import check_location, output_location, path_value
+from coupled_qk.files import atomic_write, fsync_dir, write_text_atomic
 
 __all__ = [
     "OutputDir",
     "OutputRefused",
     "check_run_out_dir",
-    "input_dir",
-    "input_file",
-    "input_path",
     "output_file",
     "run_folder_of",
     "write_output_file",
@@ -223,37 +220,6 @@ def write_output_file(path: str | Path, text: str, written_by: str) -> Path:
     return path
 
 
-def input_path(option: str, value) -> Path:
-    """An existing file or folder named by ``option``; ``ValueError``/``FileNotFoundError`` naming it otherwise."""
-    path = path_value(option, value)
-    if not path.exists():
-        raise FileNotFoundError(f"{option}={str(value)!r} does not exist")
-    return path
-
-
-def input_file(option: str, value) -> Path:
-    """An existing readable regular *file*; refuses a folder, a pipe, socket or device, a missing path and an empty
-    value, naming ``option``."""
-    path = input_path(option, value)
-    if path.is_dir():
-        raise ValueError(f"{option}={str(value)!r} is a folder; expected a file")
-    if not path.is_file():  # a named pipe would block the reader, a device never end
-        raise ValueError(f"{option}={str(value)!r} is not a regular file (a pipe, socket or device); expected a file")
-    if not os.access(path, os.R_OK):
-        raise ValueError(f"{option}={str(value)!r} is not readable")
-    return path
-
-
-def input_dir(option: str, value) -> Path:
-    """An existing readable *folder*; refuses a file, a missing path and an empty value, naming ``option``."""
-    path = input_path(option, value)
-    if not path.is_dir():
-        raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise ValueError(f"{option}={str(value)!r} is not readable")
-    return path
-
-
 def _matches(name: str, is_dir: bool, patterns: Iterable[str]) -> bool:
     """Whether a top-level entry matches a layout pattern (``"x/"`` or ``"*/"`` match folders only)."""
     for pattern in patterns:
@@ -303,15 +269,12 @@ class OutputDir(os.PathLike):
         what: str = "this command's output",
     ):
         self.option = option
-        self.path = path_value(option, value)
+        self.path = output_location(option, value)
         self.overwrite = bool(overwrite)
         self.layout = tuple(layout)
         self.rewrite = tuple(rewrite)
         self.what = what
         self.written: list[Path] = []
-        if self.path.exists() and not self.path.is_dir():
-            raise ValueError(f"{option}={str(value)!r} is a file; expected a folder")
-        check_location(option, self.path)
         run = run_folder_of(self.path) if what != RUN_WHAT else None  # named first: the more specific refusal
         if run is not None:
             inside = "is the training run" if run == self.path.absolute() else f"is inside the training run {run}:"
@@ -462,8 +425,6 @@ def check_run_out_dir(run_dir: str | Path) -> None:
     from coupled_qk.training.run_folder import RUN_LAYOUT, RunFolder, checkpoint_step
 
     run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"out_dir {run_dir} is a file, not a folder")
     if Checkpoint(run_dir).has_weights() or (
         checkpoint_step(run_dir) is not None and RunFolder(run_dir.parent).latest_path.is_file()
     ):
