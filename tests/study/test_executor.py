@@ -8,6 +8,8 @@ import json
 import time
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from coupled_qk.study.executor import (
     RESULT_NEUTRAL_FIELDS,
@@ -21,7 +23,7 @@ from coupled_qk.study.executor import (
     setting_differences,
     write_report,
 )
-from coupled_qk.training.config import TrainConfig
+from coupled_qk.training.config import TrainConfig, saved_value
 from coupled_qk.training.run_folder import RunFolder
 from coupled_qk.training.tasks import TASK_FIELDS, TASKS, unread_fields
 
@@ -457,3 +459,104 @@ def test_the_fingerprint_moves_exactly_with_the_fields_the_reuse_decision_compar
         if name not in RESULT_NEUTRAL_FIELDS:
             assert same == (name in unread_fields(task)), (task, name)
     assert unread_fields("lm") == frozenset() and "eval_batches" in unread_fields("mqar")
+
+
+def _other(value):
+    """A value a saved config may hold instead of ``value``: another of its kind, or the same number as the other
+    numeric kind (``3`` vs ``3.0``: another JSON text), or a tuple for a list."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, float):
+        return value * 2 + 1
+    if isinstance(value, str):
+        return value + "-other"
+    if isinstance(value, dict):
+        return {**value, "split_seed": 7}
+    if isinstance(value, list):
+        return tuple(value)
+    return 5  # None: a value where the field was unset
+
+
+@st.composite
+def saved_and_planned(draw):
+    """A planned ``TrainConfig`` of any registered task and a config a record may store for it: today's
+    settings, those of older code (fields it predates absent, values of the old defaults), or another run's."""
+    task = draw(st.sampled_from(sorted(TASKS)))
+    model = draw(st.sampled_from([{}, {"attention": "coupled"}, {"attention": "coupled", "map_position": "post_rope"}]))
+    planned = TrainConfig(
+        task=task,
+        max_steps=draw(st.sampled_from([3, 4])),
+        lr=draw(st.sampled_from([1e-3, 2e-3])),
+        seed=draw(st.integers(0, 2)),
+        stop_after_steps=draw(st.sampled_from([None, 2])),
+        model=model,
+        task_options=draw(st.sampled_from([{}, {"split_seed": 1}])) if task == "lm" else {},
+    )
+    saved = json.loads(json.dumps(planned.to_dict()))  # as a record stores it
+    for name in draw(st.lists(st.sampled_from(sorted(saved)), unique=True, max_size=4)):
+        action = draw(st.sampled_from(["drop", "other", "default", "old name"]))
+        if action == "drop":
+            del saved[name]
+        elif action == "other":
+            saved[name] = _other(saved[name])
+        elif action == "default":
+            saved[name] = saved_value({}, name)
+        elif name == "model" and "map_position" in saved["model"]:
+            saved["model"] = {"attention": "coupled", "dynamics_position": saved["model"]["map_position"]}
+    if draw(st.booleans()) and isinstance(saved.get("task_options"), dict):
+        saved["task_options"] = {**saved["task_options"], "cache_dir": "elsewhere"}
+    return saved, planned
+
+
+@settings(max_examples=300, deadline=None)
+@given(saved_and_planned())
+def test_verify_says_same_settings_exactly_when_reuse_would_reuse(pair):
+    """For any stored config and planned run, ``--verify``'s fingerprint row (:func:`coupled_qk.study.verify.compare`
+    on the stored record and the re-run's) says "equal" exactly when the reuse decision
+    (:func:`~coupled_qk.study.records.same_run_problem`) takes the stored run for the planned one: the rule is one."""
+    import warnings
+
+    from coupled_qk.study.records import same_run_problem, settings_of
+    from coupled_qk.study.verify import compare
+
+    saved, planned = pair
+    stored, new = {"config": saved, "final": {}}, {"config": settings_of(planned), "final": {}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # dynamics_position, read as map_position
+        a, b = compare(stored, new)["fields"]["fingerprint"]
+        reused = same_run_problem(stored, planned, here=False) is None
+    event("the same run" if reused else "another run")
+    assert isinstance(a, str) and isinstance(b, str)
+    assert (a == b) == reused, (a, b, same_run_problem(stored, planned, here=False))
+
+
+def test_verify_takes_a_record_written_with_the_old_fingerprint_for_the_same_run():
+    """An MQAR record written before the fingerprint left out the fields its task does not read: its ``config`` holds
+    ``eval_batches=20`` (the old default) and lacks the fields added since, its ``fingerprint`` string hashes every
+    stored setting (the old form). Reuse takes it, so ``--verify`` says its settings are equal; another ``lr`` is
+    another run for both."""
+    import hashlib
+
+    from coupled_qk.study.records import fingerprint, same_run_problem, settings_of
+    from coupled_qk.study.verify import compare, format_comparison
+
+    planned = TrainConfig(task="mqar", max_steps=1000, lr=1e-3, model={"attention": "coupled"})
+    config = {k: v for k, v in settings_of(planned).items() if k not in ("full_eval", "best_mode", "min_delta")}
+    config["eval_batches"] = 20
+    old = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    stored = {"fingerprint": old, "config": config, "final": {"valid/loss": 0.5}}
+    new = {"fingerprint": fingerprint(planned), "config": settings_of(planned), "final": {"valid/loss": 0.5}}
+    assert old != new["fingerprint"]  # the stored string is of the old form
+    assert same_run_problem(stored, planned, here=False) is None
+    result = compare(stored, new)
+    a, b = result["fields"]["fingerprint"]
+    assert a == b == fingerprint(planned)
+    result.update(match=True, tolerance=1e-4, record="x")
+    assert [line.split()[-1] for line in format_comparison(result).splitlines() if line.startswith("fingerprint")] == [
+        "equal"
+    ]
+    other = {**stored, "config": {**config, "lr": 2e-3}}
+    assert same_run_problem(other, planned, here=False) is not None
+    assert len(set(compare(other, new)["fields"]["fingerprint"])) == 2

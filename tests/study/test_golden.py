@@ -231,11 +231,14 @@ def test_every_committed_record_is_reused_by_the_runner_with_its_fingerprint(nam
     every counted record of the planned run built on the CPU device the committed studies ran on (on a GPU the
     study would rightly train a CPU record again). Where a record stores every result-changing setting (it postdates
     them all: every study's but the first two, ``cpu`` and ``cpu-short``), its stored fingerprint is the planned
-    run's (:func:`~coupled_qk.study.records.fingerprint`, which ``--verify`` compares)."""
+    run's (:func:`~coupled_qk.study.records.fingerprint`). Every record, older ones included (``cpu``'s MQAR records
+    store ``eval_batches=20`` and an old-form fingerprint string), has the settings of the re-run ``--verify`` would
+    make: its fingerprint row (:func:`~coupled_qk.study.verify.compare`) says equal."""
     import dataclasses
 
     from coupled_qk.studies import get_study
     from coupled_qk.study.records import fingerprint, same_run_problem, settings_of
+    from coupled_qk.study.verify import compare
 
     reading = get_study(name).read(ROOT / "docs" / "results" / "claims")
     complete = 0
@@ -243,6 +246,8 @@ def test_every_committed_record_is_reused_by_the_runner_with_its_fingerprint(nam
         planned = reading.plan.cell(cell).config(variant, seed, Path("run"), Path("data"))
         cfg = dataclasses.replace(planned, device="cpu")
         assert same_run_problem(rec, cfg, here=True) is None, (cell, variant, seed, same_run_problem(rec, cfg))
+        stored, rerun = compare(rec, {"config": settings_of(cfg), "final": {}})["fields"]["fingerprint"]
+        assert stored == rerun == fingerprint(cfg), (cell, variant, seed)
         if set(settings_of(cfg)) <= set(rec["config"]):
             complete += 1
             assert rec["fingerprint"] == fingerprint(cfg), (cell, variant, seed)

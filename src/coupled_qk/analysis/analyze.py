@@ -190,26 +190,17 @@ def analyze_checkpoints(
     # --overwrite, is refused here (docs/RELIABILITY.md, "Outputs")
     out = as_output_dir(out_dir, "out_dir", layout=ANALYSIS_LAYOUT, what="analyze")
     out.claim_existing()
-    for name, value in (("batch_size", batch_size), ("threads", threads), ("example_tokens", example_tokens)):
-        if value is not None:  # checked before any model is loaded, as is everything _checked_inputs checks
-            positive_int(name, value)
     own_text = corpus is None and split_seed is None
+    sizes = {"batch_size": batch_size, "threads": threads, "example_tokens": example_tokens}
     paths, runs, labels, tokenizers, seq_len, example_layer = _checked_inputs(
-        paths, split, n_sequences, seq_len, labels, (example_layer, example_head), own_text
+        paths, split, n_sequences, seq_len, labels, (example_layer, example_head), own_text, sizes
     )
     corpus, text_corpus, task_options = _analysis_corpus(runs, corpus, data_dir, split_seed, split)
     text = (text_corpus.split(split), f"the {split} split of corpus {str(corpus)!r}")
     # the folder is created by the first write: an analysis that fails leaves no empty folder behind
+    how = (device, batch_size, (example_layer, example_head), example_tokens, threads)
     entries, examples, n_tokenizers = _analyze_each(
-        zip(labels, paths, runs, tokenizers),
-        text,
-        n_sequences,
-        seq_len,
-        device,
-        batch_size,
-        (example_layer, example_head),
-        example_tokens,
-        threads,
+        zip(labels, paths, runs, tokenizers), text, n_sequences, seq_len, how
     )
     report = {
         **_text_settings(corpus, text_corpus, split, task_options, n_sequences, seq_len),
@@ -255,20 +246,12 @@ def _text_settings(corpus, text_corpus, split: str, task_options: dict, n_sequen
     }
 
 
-def _analyze_each(
-    inputs,
-    text: tuple[str, str],
-    n_sequences: int,
-    seq_len: int,
-    device,
-    batch_size: int | None,
-    example: tuple[int, int],
-    example_tokens: int,
-    threads: int | None,
-) -> tuple[list, list, int]:
+def _analyze_each(inputs, text: tuple[str, str], n_sequences: int, seq_len: int, how: tuple) -> tuple[list, list, int]:
     """:func:`analyze_model` of each ``(label, path, opened run, tokenizer)`` of ``inputs`` on
     the windows its tokenizer gives of ``text`` (the text and what it is, for errors; tokenized once per
-    tokenizer); returns the ``analysis.json`` entries, the example maps and the number of distinct tokenizers."""
+    tokenizer); ``how``: ``(device, batch_size, (example layer, example head), example_tokens, threads)`` of
+    :func:`_analyze_checkpoint`. Returns the ``analysis.json`` entries, the example maps and the number of distinct
+    tokenizers."""
     windows: dict[str, tuple[torch.Tensor, dict]] = {}
     entries, examples = [], []
     for label, path, run, tok in inputs:
@@ -276,7 +259,7 @@ def _analyze_each(
         if tok.fingerprint not in windows:
             windows[tok.fingerprint] = _windows_of(*text, tok, n_sequences, seq_len)
         ids, text_info = windows[tok.fingerprint]
-        entry, example_map = _analyze_checkpoint(run, ids, device, batch_size, example, example_tokens, threads)
+        entry, example_map = _analyze_checkpoint(run, ids, *how)
         examples.append(example_map)
         entries.append(
             {
@@ -299,13 +282,17 @@ def _analyze_each(
     return entries, examples, len(windows)
 
 
-def _checked_inputs(paths, split, n_sequences, seq_len, labels, example: tuple, own_text: bool):
+def _checked_inputs(paths, split, n_sequences, seq_len, labels, example: tuple, own_text: bool, sizes: dict):
     """The paths (as a list), opened runs, labels, tokenizers, window length and example layer of
-    :func:`analyze_checkpoints` (``example``: its layer and head; ``own_text``: the runs' own text is analysed),
-    every argument checked (its ``ValueError`` / ``FileNotFoundError``)."""
+    :func:`analyze_checkpoints` (``example``: its layer and head; ``own_text``: the runs' own text is analysed;
+    ``sizes``: ``batch_size``, ``threads`` and ``example_tokens``, each ``None`` or an int >= 1), every argument
+    checked before any model is loaded (its ``ValueError`` / ``FileNotFoundError``)."""
     from coupled_qk.data.corpora import SPLITS
     from coupled_qk.training.checkpoint_format import Checkpoint
 
+    for name, value in sizes.items():
+        if value is not None:
+            positive_int(name, value)
     if isinstance(paths, (str, Path)):
         paths = [paths]
     paths = list(paths)

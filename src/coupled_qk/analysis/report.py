@@ -94,7 +94,20 @@ def summary_markdown(report: dict) -> str:
         Markdown text.
     """
     entries = report["checkpoints"]
-    labels = [e["label"] for e in entries]
+    keys = sorted({k for e in entries for k in e["analysis"]["mean"]}, key=metric_rank)
+    lines = _text_lines(report) + _checkpoint_lines(entries) + _mean_lines(entries, keys, report["seq_len"])
+    for base in PER_LAYER_TABLES:
+        lines += _per_layer_lines(entries, [k for k in keys if k.rpartition("/")[2] == base], base, report["seq_len"])
+    if report.get("figures"):
+        lines += ["", "## Figures", ""]
+        lines += [f"- {name}: ![{name}]({file})" for name, file in report["figures"].items()]
+    lines += ["", "## Conventions", ""]
+    lines += [f"- **{k}**: {v}" for k, v in report["conventions"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _text_lines(report: dict) -> list[str]:
+    """The title and what text the checkpoints were analysed on (and whether it was the same text for all)."""
     source = report.get("corpus_source") or {}
     seed = f" (documents split at random with seed {source['seed']})" if source.get("seed") is not None else ""
     lines = [
@@ -112,7 +125,11 @@ def summary_markdown(report: dict) -> str:
             "but not the same text (see 'chars covered').",
             "",
         ]
-    lines += ["## Checkpoints", ""]
+    return lines
+
+
+def _checkpoint_lines(entries: list[dict]) -> list[str]:
+    """The ``## Checkpoints`` table: label, attention, step, path, tokenizer, text covered, seconds."""
     rows = []
     for e in entries:
         a = e["analysis"]
@@ -128,16 +145,20 @@ def summary_markdown(report: dict) -> str:
                 f"{e['seconds']:.1f}",
             ]
         )
-    lines += _table(["label", "attention", "step", "checkpoint", "tokenizer", "chars covered", "seconds"], rows)
-    lines += [
+    header = ["label", "attention", "step", "checkpoint", "tokenizer", "chars covered", "seconds"]
+    return ["## Checkpoints", ""] + _table(header, rows)
+
+
+def _mean_lines(entries: list[dict], keys: list[str], t: int) -> list[str]:
+    """The ``## Layer-averaged metrics`` table of ``keys`` (one column per checkpoint, the reference scale of
+    ``t``-token windows) and the embeddings' rank-collapse residual."""
+    lines = [
         "",
         "## Layer-averaged metrics",
         "",
         "Mean over layers of the per-layer means over heads (each per-map value averaged over sequences).",
         "",
     ]
-    keys = sorted({k for e in entries for k in e["analysis"]["mean"]}, key=metric_rank)
-    t = report["seq_len"]
     rows = [
         [describe_metric(k), reference_scale(k, t) or "–"] + [_fmt(e["analysis"]["mean"].get(k)) for e in entries]
         for k in keys
@@ -146,26 +167,23 @@ def summary_markdown(report: dict) -> str:
         ["rank-collapse residual of the embeddings (Frobenius)", reference_scale("rank_collapse_residual", t)]
         + [_fmt(e["analysis"]["rank_collapse_input"]["fro"]) for e in entries]
     )
-    lines += _table(["metric", f"reference ({t}-token windows)"] + labels, rows)
-    for base in PER_LAYER_TABLES:
-        present = [k for k in keys if k.rpartition("/")[2] == base]
-        if not present:
-            continue
-        scale = reference_scale(base, t)
-        lines += ["", f"## Per layer: {DESCRIPTIONS[base]}" + (f" ({scale})" if scale else ""), ""]
-        header, columns = ["layer"], []
-        for key in present:
-            for e in entries:
-                if key in e["analysis"]["mean"]:
-                    prefix = key.rpartition("/")[0]
-                    header.append(e["label"] + (f" {MAP_NAMES[prefix]}" if prefix else ""))
-                    columns.append([layer["mean"].get(key) for layer in e["analysis"]["layers"]])
-        depth = max(len(c) for c in columns)
-        rows = [[str(i)] + [_fmt(c[i]) if i < len(c) else "–" for c in columns] for i in range(depth)]
-        lines += _table(header, rows)
-    if report.get("figures"):
-        lines += ["", "## Figures", ""]
-        lines += [f"- {name}: ![{name}]({file})" for name, file in report["figures"].items()]
-    lines += ["", "## Conventions", ""]
-    lines += [f"- **{k}**: {v}" for k, v in report["conventions"].items()]
-    return "\n".join(lines) + "\n"
+    return lines + _table(["metric", f"reference ({t}-token windows)"] + [e["label"] for e in entries], rows)
+
+
+def _per_layer_lines(entries: list[dict], present: list[str], base: str, t: int) -> list[str]:
+    """The ``## Per layer`` table of metric ``base`` (the keys of it ``present``, one column per checkpoint and
+    map); nothing when no checkpoint has it."""
+    if not present:
+        return []
+    scale = reference_scale(base, t)
+    lines = ["", f"## Per layer: {DESCRIPTIONS[base]}" + (f" ({scale})" if scale else ""), ""]
+    header, columns = ["layer"], []
+    for key in present:
+        for e in entries:
+            if key in e["analysis"]["mean"]:
+                prefix = key.rpartition("/")[0]
+                header.append(e["label"] + (f" {MAP_NAMES[prefix]}" if prefix else ""))
+                columns.append([layer["mean"].get(key) for layer in e["analysis"]["layers"]])
+    depth = max(len(c) for c in columns)
+    rows = [[str(i)] + [_fmt(c[i]) if i < len(c) else "–" for c in columns] for i in range(depth)]
+    return lines + _table(header, rows)

@@ -62,10 +62,34 @@ HELP = "train-step and decoding speed, memory and the cost curve of every attent
 
 
 def add_arguments(parser) -> None:
+    """Register the ``bench`` options on ``parser``: the model, what each measured step is, where the results go,
+    the mode and each mode's own options (in that order, as ``--help`` lists them)."""
     add_model_options(parser)
     for action in parser._actions:  # the variants set attention and integrator; run() rejects these two
         if action.dest in ("attention", "integrator"):
             action.help = argparse.SUPPRESS
+    _add_step_options(parser)
+    parser.add_argument(
+        "--out-dir",
+        default="benchmarks/results",
+        type=path_arg,
+        help="where the JSON and markdown go (an existing result is replaced only with --overwrite)",
+    )
+    add_overwrite_option(parser)
+    parser.add_argument(
+        "--mode",
+        default="train",
+        choices=BENCH_MODES,
+        help="train-step time (default), cached decoding tokens/s, memory, or fastpath: eager vs "
+        "compiled, fp32 vs bf16, peers and MFU in one interleaved run",
+    )
+    _add_fastpath_and_sweep_options(parser)
+    _add_decode_and_memory_options(parser)
+    add_progress_option(parser)  # the per-variant and per-repeat lines (progress_log); the results are printed
+
+
+def _add_step_options(parser) -> None:
+    """What is measured: the variants, the batch, the repeats, and the device, precision and seed of each step."""
     parser.add_argument(
         "--variants",
         default="all",
@@ -92,20 +116,10 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (eager fallback on failure)")
     parser.add_argument("--seed", type=seed_arg, default=0, help="seed of the weights and the token batch")
-    parser.add_argument(
-        "--out-dir",
-        default="benchmarks/results",
-        type=path_arg,
-        help="where the JSON and markdown go (an existing result is replaced only with --overwrite)",
-    )
-    add_overwrite_option(parser)
-    parser.add_argument(
-        "--mode",
-        default="train",
-        choices=BENCH_MODES,
-        help="train-step time (default), cached decoding tokens/s, memory, or fastpath: eager vs "
-        "compiled, fp32 vs bf16, peers and MFU in one interleaved run",
-    )
+
+
+def _add_fastpath_and_sweep_options(parser) -> None:
+    """The options of ``--mode fastpath`` (modes, peers, decoding) and of the cost-curve ``--sweep``."""
     parser.add_argument(
         "--modes",
         default=None,
@@ -140,6 +154,10 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--sweep-n-steps", default=[1, 2, 4], type=positive_ints_arg, help="sweep: n_steps values (default 1,2,4)"
     )
+
+
+def _add_decode_and_memory_options(parser) -> None:
+    """The options of ``--mode decode`` (prompt lengths, batch sizes, timed tokens) and ``--mode memory``."""
     parser.add_argument(
         "--prefixes", default=[128, 512], type=positive_ints_arg, help="decode: prompt lengths (default 128,512)"
     )
@@ -152,7 +170,6 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--cache-len", type=positive_int_arg, default=None, help="memory: KV-cache length (default block_size)"
     )
-    add_progress_option(parser)  # the per-variant and per-repeat lines (progress_log); the results are printed
 
 
 def progress_log(args):

@@ -18,8 +18,20 @@ COMMIT_SCRIPT = "benchmarks/commit_records.sh"
 
 
 def add_arguments(parser) -> None:
-    from coupled_qk.checks.cli import folder_arg, nonneg_float_arg, path_arg, positive_int_arg
-    from coupled_qk.commands.study import DEFAULT_GLUE_JSON
+    """Register the ``claims`` options on ``parser``: the protocol and which of its runs, the folders, the report's
+    inputs and ``--verify`` (in that order, as ``--help`` lists them)."""
+    from coupled_qk.commands.options import add_overwrite_option, add_progress_option
+
+    _add_protocol_options(parser)
+    _add_folder_options(parser)
+    _add_report_and_verify_options(parser)
+    add_overwrite_option(parser)
+    add_progress_option(parser)  # the held-out evaluations' bars and the tokenizers' training
+
+
+def _add_protocol_options(parser) -> None:
+    """The protocol, what to do with it (plan, how many runs) and its seeds and variants."""
+    from coupled_qk.checks.cli import positive_int_arg
     from coupled_qk.studies import studies
 
     parser.add_argument(
@@ -54,6 +66,12 @@ def add_arguments(parser) -> None:
         "seed) and reported against the cell's standard runs, e.g. --variants coupled+n_steps=3; any "
         "registered variant, plugins included",
     )
+
+
+def _add_folder_options(parser) -> None:
+    """Where the report, run folders, data and derived data are, and which runs this process trains."""
+    from coupled_qk.checks.cli import folder_arg, path_arg
+
     parser.add_argument(
         "--out-dir",
         default=None,
@@ -74,6 +92,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel processes)")
     parser.add_argument("--defer-wt2", action="store_true", help="train every run first, then evaluate WikiText-2")
     parser.add_argument("--report-only", action="store_true", help="do not train; report from the records")
+
+
+def _add_report_and_verify_options(parser) -> None:
+    """The report's inputs (GLUE results, figures) and ``--verify`` of one record."""
+    from coupled_qk.checks.cli import nonneg_float_arg, path_arg
+    from coupled_qk.commands.study import DEFAULT_GLUE_JSON
+
     parser.add_argument(
         "--glue-json",
         default=None,
@@ -97,10 +122,6 @@ def add_arguments(parser) -> None:
         type=nonneg_float_arg,
         help="--verify: accepted difference of the test loss (else validation loss), nats (default 1e-4)",
     )
-    from coupled_qk.commands.options import add_overwrite_option, add_progress_option
-
-    add_overwrite_option(parser)
-    add_progress_option(parser)  # the held-out evaluations' bars and the tokenizers' training
 
 
 def _ignored_options() -> dict:

@@ -58,7 +58,15 @@ def sweep_layout(preset, plan) -> tuple[str, ...]:
 
 
 def add_arguments(parser) -> None:
-    """Register the ``mqar`` options on ``parser``."""
+    """Register the ``mqar`` options on ``parser``: what the sweep covers, what each run trains on, where and how
+    it runs (in that order, as ``--help`` lists them)."""
+    _add_grid_options(parser)
+    _add_run_options(parser)
+    _add_execution_options(parser)
+
+
+def _add_grid_options(parser) -> None:
+    """The sweep's grid: preset, variants, model widths, learning rates, difficulties."""
     parser.add_argument(
         "--preset",
         default="cpu",
@@ -75,6 +83,10 @@ def add_arguments(parser) -> None:
         "--lrs", default=None, type=positive_floats_arg, help="comma-separated learning rates (default: the preset's)"
     )
     parser.add_argument("--difficulties", default=None, help="comma-separated difficulty names (default: all)")
+
+
+def _add_run_options(parser) -> None:
+    """What every run trains: its step cap, data sizes, batch and seeds."""
     parser.add_argument(
         "--max-steps",
         type=positive_int_arg,
@@ -115,6 +127,10 @@ def add_arguments(parser) -> None:
         help="comma-separated seeds, e.g. 0,1,2: every run once per seed; the table then shows each "
         "cell's mean with a 95%% interval and the paired difference against standard",
     )
+
+
+def _add_execution_options(parser) -> None:
+    """Where and how the sweep runs: its folder, device, precision, compilation, time guard, threads, dry run."""
     parser.add_argument(
         "--out-dir",
         default=None,
@@ -167,19 +183,7 @@ def run(args) -> int:
     dtype = "auto" if args.dtype is None else check_dtype("--dtype", args.dtype, args.device)
     variants = parse_variants_option(args.variants) if args.variants is not None else None
     d_models, lrs = args.d_models, args.lrs
-    difficulties = None
-    if args.difficulties is not None:
-        difficulties = [d.strip() for d in args.difficulties.split(",")]
-        if not all(difficulties) or len(set(difficulties)) != len(difficulties):
-            raise ValueError(
-                f"--difficulties={args.difficulties!r}: expected comma-separated difficulty names, "
-                f"each once, of {[d.name for d in preset.difficulties]}"
-            )
-        for name in difficulties:
-            try:
-                preset.difficulty(name)
-            except ValueError as exc:
-                raise ValueError(f"--difficulties={args.difficulties!r}: {exc}") from None
+    difficulties = _parse_difficulties(args.difficulties, preset)
     out_dir = args.out_dir if args.out_dir is not None else f"runs/mqar-{preset.name}"
     threads = args.threads if args.threads is not None else preset.threads
     if threads is not None:
@@ -196,27 +200,9 @@ def run(args) -> int:
             layout=sweep_layout(preset, plan),
             rewrite=sweep_rewrite(preset),
         )
-    print(f"coupled-qk mqar: preset {preset.name}: {preset.description}")
-    if preset is not SWEEP_PRESETS[preset.name]:
-        print(f"  {preset.notes[-1]}")
-    several = f" (seeds {','.join(map(str, seeds))})" if len(seeds) > 1 else ""
-    print(
-        f"  {len(plan)} runs{several} -> {out_dir} (torch threads {torch.get_num_threads()}); differential variants "
-        "use "
-        f"n_heads={heads_for('differential', preset.n_heads)} where the others use n_heads={preset.n_heads} "
-        "(one differential head = two sub-heads, parameter-matched)"
-    )
+    _announce(preset, plan, seeds, out_dir)
     if args.dry_run:
-        from coupled_qk.study.executor import plan_lines
-
-        def coordinates(run) -> str:
-            k = run.keys
-            return (
-                f"{preset.difficulty(k['difficulty']).label:<24s} {k['variant']:<20s} d_model={k['d_model']:<4d} "
-                f"lr={k['lr']:<8.3g}" + (f" seed={k['seed']}" if len(seeds) > 1 else "")
-            )
-
-        print("\n".join(plan_lines(sweep_plan(preset, out_dir, plan, args.device, dtype, args.compile), coordinates)))
+        _show_plan(preset, plan, seeds, out_dir, args.device, dtype, args.compile)
         return 0
     t0 = time.perf_counter()
     summary = run_sweep(
@@ -233,7 +219,62 @@ def run(args) -> int:
         max_minutes=args.max_minutes,
         log=lambda line: print(line, flush=True),
     )
-    wall = time.perf_counter() - t0
+    _print_summary(summary, preset, seeds, out_dir, wall=time.perf_counter() - t0)
+    return 0
+
+
+def _parse_difficulties(option: str | None, preset) -> list[str] | None:
+    """The difficulty names of ``--difficulties`` (comma-separated, stripped), or ``None`` when not given.
+
+    Raises:
+        ValueError: an empty or repeated name, or one that is not a difficulty of ``preset``, naming the option.
+    """
+    if option is None:
+        return None
+    difficulties = [d.strip() for d in option.split(",")]
+    if not all(difficulties) or len(set(difficulties)) != len(difficulties):
+        raise ValueError(
+            f"--difficulties={option!r}: expected comma-separated difficulty names, "
+            f"each once, of {[d.name for d in preset.difficulties]}"
+        )
+    for name in difficulties:
+        try:
+            preset.difficulty(name)
+        except ValueError as exc:
+            raise ValueError(f"--difficulties={option!r}: {exc}") from None
+    return difficulties
+
+
+def _announce(preset, plan, seeds, out_dir) -> None:
+    """The sweep's opening lines: the preset, any customisation, the runs and where they go."""
+    print(f"coupled-qk mqar: preset {preset.name}: {preset.description}")
+    if preset is not SWEEP_PRESETS[preset.name]:
+        print(f"  {preset.notes[-1]}")
+    several = f" (seeds {','.join(map(str, seeds))})" if len(seeds) > 1 else ""
+    print(
+        f"  {len(plan)} runs{several} -> {out_dir} (torch threads {torch.get_num_threads()}); differential variants "
+        "use "
+        f"n_heads={heads_for('differential', preset.n_heads)} where the others use n_heads={preset.n_heads} "
+        "(one differential head = two sub-heads, parameter-matched)"
+    )
+
+
+def _show_plan(preset, plan, seeds, out_dir, device, dtype, compile) -> None:
+    """``--dry-run``: what the sweep would do with each run (:func:`coupled_qk.study.executor.plan_lines`)."""
+    from coupled_qk.study.executor import plan_lines
+
+    def coordinates(run) -> str:
+        k = run.keys
+        return (
+            f"{preset.difficulty(k['difficulty']).label:<24s} {k['variant']:<20s} d_model={k['d_model']:<4d} "
+            f"lr={k['lr']:<8.3g}" + (f" seed={k['seed']}" if len(seeds) > 1 else "")
+        )
+
+    print("\n".join(plan_lines(sweep_plan(preset, out_dir, plan, device, dtype, compile), coordinates)))
+
+
+def _print_summary(summary: dict, preset, seeds, out_dir, wall: float) -> None:
+    """The sweep's closing lines: the best-accuracy table, the run counts and wall time, the command, the files."""
     print()
     print(
         "best accuracy over learning rates (final, full test set)"
@@ -244,4 +285,3 @@ def run(args) -> int:
     print(f"\n{counts}; wall time {wall / 60:.1f} min")
     print(f"command: {shlex.join(['coupled-qk', *sys.argv[1:]]) if sys.argv[1:2] == ['mqar'] else 'coupled-qk mqar'}")
     print(f"wrote {out_dir}/results.json, {out_dir}/summary.json and {out_dir}/mqar-{preset.name}.png")
-    return 0

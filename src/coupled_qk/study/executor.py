@@ -22,6 +22,7 @@ sweep and the GLUE study. See ``docs/DESIGN.md``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -56,9 +57,11 @@ __all__ = [
     "plan_lines",
     "planned_state",
     "recorded_precision",
+    "result_settings",
     "execute",
     "run_experiment",
     "setting_differences",
+    "settings_text",
     "stopped_early",
     "write_report",
 ]
@@ -147,39 +150,62 @@ class Report:
     plots: dict[str, Callable[[Path], object]] = field(default_factory=dict)
 
 
-def setting_differences(saved: dict, planned: TrainConfig) -> dict:
-    """``{field: (saved value, planned value)}`` over the fields that change results.
+def result_settings(config: dict) -> dict:
+    """The settings of a run config that decide what the run computes: the one "same run?" rule of the reuse
+    decision (:func:`setting_differences`) and of a record's fingerprint
+    (:func:`coupled_qk.study.records.fingerprint`), so the two cannot disagree.
 
     Args:
-        saved: a finished run's ``results["config"]`` (a ``TrainConfig.to_dict()``).
-        planned: the configuration the protocol wants.
+        config: a run config as a dict: a finished run's ``results["config"]``, a record's stored ``config``
+            (:func:`coupled_qk.study.records.settings_of`) or a planned ``TrainConfig.to_dict()``.
 
-    Fields in :data:`RESULT_NEUTRAL_FIELDS` and :data:`STOPPING_POINTS` (where an invocation stops, not what the
-    run computes), the data and evaluation fields the planned task does not read
-    (:func:`~coupled_qk.training.tasks.unread_fields`, the rule of the fingerprint too: an MQAR run saved with
-    ``eval_batches=20`` is the run planned with the field's current default) and task options in
-    :data:`RESULT_NEUTRAL_TASK_OPTIONS` are ignored;
-    model overrides saved under an old field name (:data:`coupled_qk.models.config.RENAMED_FIELDS`) are read
-    under the new one.
+    Returns:
+        ``{field: value}`` over the :class:`TrainConfig` fields, a field the config predates (absent from it) holding
+        its default (:func:`~coupled_qk.training.config.saved_value`), less :data:`RESULT_NEUTRAL_FIELDS` and the
+        data and evaluation fields the config's task does not read (:func:`~coupled_qk.training.tasks.unread_fields`:
+        an MQAR run saved with ``eval_batches=20`` is the run planned with the field's current default; a task no
+        longer registered reads them all); the :data:`STOPPING_POINTS` (where an invocation stops, not what the run
+        computes) hold their default, ``task_options`` lack :data:`RESULT_NEUTRAL_TASK_OPTIONS`, and model
+        overrides saved under an old field name (:data:`coupled_qk.models.config.RENAMED_FIELDS`) are read under
+        the new one. Fields the config holds that ``TrainConfig`` no longer has are left out.
     """
-    now = planned.to_dict()
-    if isinstance(saved.get("model"), dict):
-        saved = {**saved, "model": rename_fields(saved["model"], "saved TrainConfig.model")}
-    unread = unread_fields(planned.task)
-    diff = {
-        k: (saved_value(saved, k), v)
-        for k, v in now.items()  # a field the run predates: its default
-        if k not in RESULT_NEUTRAL_FIELDS | STOPPING_POINTS | unread
-        and k != "task_options"
-        and saved_value(saved, k) != v
+    from coupled_qk.training.tasks import TASKS
+
+    if isinstance(config.get("model"), dict):
+        config = {**config, "model": rename_fields(config["model"], "saved TrainConfig.model")}
+    task = saved_value(config, "task")
+    unread = unread_fields(task) if task in TASKS else frozenset()
+    settings = {}
+    for name in (f.name for f in dataclasses.fields(TrainConfig)):
+        if name in RESULT_NEUTRAL_FIELDS or name in unread:
+            continue
+        value = saved_value({} if name in STOPPING_POINTS else config, name)
+        if name == "task_options":
+            value = {k: v for k, v in (value or {}).items() if k not in RESULT_NEUTRAL_TASK_OPTIONS}
+        settings[name] = value
+    return settings
+
+
+def settings_text(value) -> str:
+    """A setting as the JSON text a record stores it in (keys sorted; what :func:`setting_differences` compares
+    and the fingerprint hashes): a tuple equals the list a record reads back, ``1`` differs from ``1.0``."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def setting_differences(saved: dict, planned: TrainConfig) -> dict:
+    """``{field: (saved value, planned value)}`` over the fields whose :func:`result_settings` differ (compared as
+    their JSON text, :func:`settings_text`; a field only one side's task reads shows ``None`` on the other side).
+
+    Args:
+        saved: a finished run's ``results["config"]`` (a ``TrainConfig.to_dict()``), or a record's ``config``.
+        planned: the configuration the protocol wants.
+    """
+    a, b = result_settings(saved), result_settings(planned.to_dict())
+    return {
+        k: (a.get(k), b.get(k))
+        for k in sorted(a.keys() | b.keys())
+        if settings_text(a.get(k)) != settings_text(b.get(k))
     }
-
-    def options(d) -> dict:
-        return {k: v for k, v in (d or {}).items() if k not in RESULT_NEUTRAL_TASK_OPTIONS}
-
-    if options(saved.get("task_options")) != options(now["task_options"]):
-        diff["task_options"] = (options(saved.get("task_options")), options(now["task_options"]))
-    return diff
 
 
 def check_reusable(saved: dict, planned: TrainConfig, where: str | Path) -> None:

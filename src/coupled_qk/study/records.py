@@ -10,7 +10,9 @@ what the report reads. The rules, each in one place:
   which trains that run again and replaces the file);
 - "is this the same run?": :func:`same_run_problem` (the settings that change results, a field the record predates
   counting as its default, and the precision it trained in against the one this machine would train it in), used
-  by the reader, the runner, ``--plan`` and ``--verify`` alike;
+  by the reader, the runner and ``--plan`` alike; its settings rule
+  (:func:`~coupled_qk.study.executor.result_settings`) is the one :func:`fingerprint` hashes, which ``--verify``
+  recomputes from a record's stored ``config``;
 - "may the report count it?": :func:`check_record` adds that the record sits at the path its fields name and holds
   every metric the study reads as a finite number.
 
@@ -27,7 +29,6 @@ import math
 from pathlib import Path
 
 from coupled_qk.training.config import RESULT_NEUTRAL_FIELDS, TrainConfig
-from coupled_qk.training.tasks import unread_fields
 
 RECORD_VERSION = 1
 
@@ -62,15 +63,21 @@ def settings_of(cfg: TrainConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k not in RESULT_NEUTRAL_FIELDS}
 
 
-def fingerprint(cfg: TrainConfig) -> str:
-    """sha256 (16 hex digits) of :func:`settings_of` less the fields the run's task does not read
-    (:func:`~coupled_qk.training.tasks.unread_fields`, which the reuse decision,
-    :func:`coupled_qk.study.executor.setting_differences`, ignores too): an MQAR run's fingerprint does not move
-    with ``eval_batches``, which it never reads. A language-model run reads them all, so its fingerprint is the
-    sha256 of every setting :func:`settings_of` stores."""
-    unread = unread_fields(cfg.task)
-    settings = {k: v for k, v in settings_of(cfg).items() if k not in unread}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+def fingerprint(config: TrainConfig | dict) -> str:
+    """sha256 (16 hex digits) of the settings that decide what a run computes
+    (:func:`~coupled_qk.study.executor.result_settings`, the rule of the reuse decision too, as their JSON text:
+    :func:`~coupled_qk.study.executor.settings_text`), so two configs have one fingerprint exactly when the reuse
+    decision takes one's run for the other's. ``config``: a ``TrainConfig`` or a config dict (a record's stored
+    ``config``, a ``results["config"]``). An MQAR run's fingerprint does not move with ``eval_batches``, which it
+    never reads; a language-model run reads every data and evaluation field.
+
+    The ``fingerprint`` string a record stores was computed by the rule of the code that wrote it; ``--verify``
+    compares fingerprints recomputed from the stored ``config`` (:func:`coupled_qk.study.verify.compare`).
+    """
+    from coupled_qk.study.executor import result_settings, settings_text
+
+    settings = result_settings(config.to_dict() if isinstance(config, TrainConfig) else config)
+    return hashlib.sha256(settings_text(settings).encode()).hexdigest()[:16]
 
 
 def record_problem(rec, fields=tuple(RECORD_FIELDS)) -> str | None:
@@ -126,25 +133,17 @@ def read_record_file(path: Path, fields=tuple(RECORD_FIELDS), damaged: str = "sk
     return rec
 
 
-def setting_differences(saved: dict, planned: TrainConfig) -> dict:
-    """:func:`coupled_qk.study.executor.setting_differences`, except that a field the record predates (absent
-    from it) counts as equal when the planned value is the field's default: a new ``TrainConfig`` option does
-    not void old records."""
-    from coupled_qk.study.executor import setting_differences as differences
-
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    return {k: v for k, v in differences(saved, planned).items() if not (k not in saved and v[1] == defaults.get(k))}
-
-
 def same_run_problem(rec: dict, planned: TrainConfig, here: bool = True) -> str | None:
     """Why the record ``rec`` is not the run ``planned`` asks for, or ``None`` when it is: other result-changing
-    settings (:func:`setting_differences` of its stored ``config``), or a recorded precision other than the one
+    settings (:func:`~coupled_qk.study.executor.setting_differences` of its stored ``config``: a field the record
+    predates counts as its default), or a recorded precision other than the one
     ``planned`` trains in. The one rule of the reader, the runner, ``--plan`` and ``--verify``.
 
     ``--dtype auto`` leaves the precision to the device: with ``here`` (the runner, which trains on this machine)
     the record's precision is compared with the one this machine would train in, so a record of another
     precision is trained again; without (reports and plans, which must not depend on where they are made) it is
     compared only when the plan fixes the dtype."""
+    from coupled_qk.study.executor import setting_differences
     from coupled_qk.training.config import describe_differences
 
     config = rec.get("config")

@@ -1,16 +1,18 @@
 """Re-train the run behind one committed record and compare it with the record (``study verify``, ``claims --verify``).
 
-A record (``<out_dir>/runs/<study>/<cell>/<variant>/seed<k>.json``, :mod:`coupled_qk.study.records`) says what a
-run computed. :func:`verify_record` rebuilds that run from its study's plan over the records beside it (so the
-learning rate a grid chose is the one re-used), trains it in a fresh folder (``<run_root>/verify/...``; never the
-study's run folder, so nothing of the study is reused) with a scratch record folder (so no identical record of
-another study is reused either, and the scratch record is rebuilt on every verification), and compares the new
-record with the stored one: the settings' fingerprint, tokens, steps, stop reason, best step, and every final
-metric. The runs of the committed studies used one thread per process (``OMP_NUM_THREADS=1``); with the same
-thread count, torch build and CPU the re-run repeats the floating-point operations in the same order, so its
-metrics equal the record's (differences of 0 or float rounding); another thread count changes the order of
-reductions and, after thousands of steps, the last digits of the losses. A verification interrupted or repeated
-resumes or reuses its own scratch run folder (:func:`verify_record` says which).
+A record (``<out_dir>/runs/<study>/<cell>/<variant>/seed<k>.json``, :mod:`coupled_qk.study.records`) says what a run
+computed. :func:`verify_record` rebuilds that run from its study's plan over the records beside it (so the learning
+rate a grid chose is the one re-used), trains it in a fresh folder (``<run_root>/verify/...``; never the study's run
+folder, so nothing of the study is reused) with a scratch record folder (so no identical record of another study is
+reused either, and the scratch record is rebuilt on every verification), and compares the new record with the stored
+one: the settings' fingerprint (recomputed from each record's stored ``config`` by the rule of the reuse decision,
+:func:`~coupled_qk.study.records.fingerprint`: the string a record stores is that of the code that wrote it, and a
+record made before the rule last changed is still the same run), tokens, steps, stop reason, best step, and every final
+metric. The runs of the committed studies used one thread per process (``OMP_NUM_THREADS=1``); with the same thread
+count, torch build and CPU the re-run repeats the floating-point operations in the same order, so its metrics equal the
+record's (differences of 0 or float rounding); another thread count changes the order of reductions and, after
+thousands of steps, the last digits of the losses. A verification interrupted or repeated resumes or reuses its own
+scratch run folder (:func:`verify_record` says which).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from coupled_qk.study.records import record_path, record_problem
+from coupled_qk.study.records import fingerprint, record_path, record_problem
 
 PRIMARY = ("test/loss", "valid/loss")
 COMPARED = ("fingerprint", "tokens", "steps", "stop_reason")
@@ -79,10 +81,20 @@ def find_unit(study, cell_name: str, variant: str, seed: int, out_dir: Path):
     )
 
 
+def settings_fingerprint(rec: dict) -> str | None:
+    """The :func:`~coupled_qk.study.records.fingerprint` of a record's stored ``config`` (``None`` where it stores
+    none), recomputed by today's rule: equal for two records exactly when the reuse decision takes one's run for the
+    other's (:func:`~coupled_qk.study.records.same_run_problem`), whatever rule wrote their ``fingerprint`` strings."""
+    config = rec.get("config")
+    return fingerprint(config) if isinstance(config, dict) else None
+
+
 def compare(stored: dict, new: dict) -> dict:
     """Differences between two records of one run: ``{"fields": {name: (stored, new)}, "metrics": {name:
-    (stored, new, new - stored)}, "primary": name, "delta": new - stored of the primary metric}``."""
+    (stored, new, new - stored)}, "primary": name, "delta": new - stored of the primary metric}``; the
+    ``fingerprint`` field holds both records' :func:`settings_fingerprint`."""
     fields = {k: (stored.get(k), new.get(k)) for k in COMPARED}
+    fields["fingerprint"] = (settings_fingerprint(stored), settings_fingerprint(new))
     fields["best_step"] = ((stored.get("best") or {}).get("step"), (new.get("best") or {}).get("step"))
     metrics = {}
     for k, a in stored["final"].items():

@@ -376,6 +376,66 @@ class _Trainer:
         }
 
 
+def _say_cpu_precision(cfg: TrainConfig, runtime: Runtime, start_step: int, say) -> None:
+    """Report a CPU run that trains under autocast (not the CPU's usual fp32), and why when ``--dtype auto`` chose
+    it for a fresh run."""
+    if runtime.device.type == "cpu" and runtime.autocast_dtype is not None:
+        say(
+            f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
+            + (
+                " (--compile on a CPU with native bf16; --dtype fp32 to opt out)"
+                if cfg.dtype == "auto" and start_step == 0
+                else ""
+            )
+        )
+
+
+def _step_loop(
+    cfg: TrainConfig, task, runtime: Runtime, run: RunFolder, trainer, state: dict, sched, loop: tuple[int, int], logger
+) -> tuple[int, str]:
+    """The optimiser steps of :func:`_train`, from the step it starts or resumes at to ``sched.end`` (``loop``: that
+    step and the validation interval): each step logged, validated every interval and at the end, checkpointed when
+    periodic or due, ``state`` (step, tokens, seconds, validations) kept current. Returns ``(last step, stop
+    reason)``: ``"max_steps"`` at the end, else ``"stop_after_steps"``, ``"max_minutes"`` or the validation's reason
+    (early stop, patience).
+
+    Raises:
+        TrainingInterrupted: a signal arrived; the step is saved first.
+    """
+    stop = trainer.stop
+    start_step, eval_interval = loop
+    step = start_step
+    while step < sched.end:
+        if cfg.stop_after_steps is not None and step - start_step >= cfg.stop_after_steps:
+            return step, "stop_after_steps"
+        step_start = time.perf_counter()
+        tokens_per_step = task.step_tokens(step, runtime.world)
+        lr = lr_at(step, cfg, sched.horizon, sched.start)
+        grad_norm, decision = trainer.optimizer_step(step, lr)
+        step += 1
+        state.update(step=step, tokens=state["tokens"] + tokens_per_step, train_seconds=stop.train_seconds())
+        trainer.log_step(logger, step, lr, grad_norm, decision.loss, tokens_per_step, step_start)
+        if decision.signum is not None:
+            logger.close()
+            where_saved = trainer.save(step) if step != trainer.saved_step else run.latest_checkpoint()
+            raise TrainingInterrupted(decision.signum, step, where_saved or run.path)
+        if step % eval_interval == 0 or step == sched.end:
+            started = time.perf_counter()
+            _, reason = trainer.validate(step, logger)
+            if "eval_seconds" in state:  # a checkpoint saved before it was counted: unknown
+                state["eval_seconds"] += time.perf_counter() - started
+                state["validations"] += 1
+            state["train_seconds"] = stop.train_seconds()  # the loop's time includes its validations
+            if reason is not None:
+                return step, reason
+        if decision.time_up:
+            return step, "max_minutes"
+        periodic = cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
+        if (periodic or decision.checkpoint_due) and step < sched.end:
+            trainer.save(step)
+    return step, "max_steps"
+
+
 def _train(cfg: TrainConfig, task, runtime: Runtime, run: RunFolder) -> dict:
     say = (
         (lambda msg: print(f"coupled-qk: {msg}", file=sys.stderr, flush=True)) if runtime.is_main else (lambda m: None)
@@ -398,60 +458,20 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run: RunFolder) -> dict:
     trainer = _Trainer(cfg, runtime, run, task, model_cfg, state, where, sched)
     if runtime.is_main:
         run.record_start(cfg, model_cfg, task)
-    start_step = step = state["step"]
+    start_step = state["step"]
     logger = Logger(run, cfg, runtime.is_main, start_step, sched.end)
-    if runtime.device.type == "cpu" and runtime.autocast_dtype is not None:  # reported: not the CPU's usual fp32
-        say(
-            f"precision: {str(runtime.autocast_dtype).split('.')[-1]} autocast on CPU, fp32 weights"
-            + (
-                " (--compile on a CPU with native bf16; --dtype fp32 to opt out)"
-                if cfg.dtype == "auto" and start_step == 0
-                else ""
-            )
-        )
+    _say_cpu_precision(cfg, runtime, start_step, say)
     compile_status = (
         compile_probe(trainer.wrapped, trainer.model, task, cfg, runtime, start_step, trainer.autocast, say)
         if cfg.compile
         else None
     )
-    stop_reason = "max_steps"
     trainer.window = [time.perf_counter(), 0]  # start of the logging window, tokens in it
     with SignalCatcher() as catcher:
-        stop = trainer.stop = StopControl(
-            runtime, cfg.max_minutes, cfg.checkpoint_minutes, state["train_seconds"], catcher
-        )
+        trainer.stop = StopControl(runtime, cfg.max_minutes, cfg.checkpoint_minutes, state["train_seconds"], catcher)
         trainer.wrapped.train()
-        while step < sched.end:
-            if cfg.stop_after_steps is not None and step - start_step >= cfg.stop_after_steps:
-                stop_reason = "stop_after_steps"
-                break
-            step_start = time.perf_counter()
-            tokens_per_step = task.step_tokens(step, runtime.world)
-            lr = lr_at(step, cfg, sched.horizon, sched.start)
-            grad_norm, decision = trainer.optimizer_step(step, lr)
-            step += 1
-            state.update(step=step, tokens=state["tokens"] + tokens_per_step, train_seconds=stop.train_seconds())
-            trainer.log_step(logger, step, lr, grad_norm, decision.loss, tokens_per_step, step_start)
-            if decision.signum is not None:
-                logger.close()
-                where_saved = trainer.save(step) if step != trainer.saved_step else run.latest_checkpoint()
-                raise TrainingInterrupted(decision.signum, step, where_saved or run.path)
-            if step % eval_interval == 0 or step == sched.end:
-                started = time.perf_counter()
-                _, reason = trainer.validate(step, logger)
-                if "eval_seconds" in state:  # a checkpoint saved before it was counted: unknown
-                    state["eval_seconds"] += time.perf_counter() - started
-                    state["validations"] += 1
-                state["train_seconds"] = stop.train_seconds()  # the loop's time includes its validations
-                if reason is not None:
-                    stop_reason = reason
-                    break
-            if decision.time_up:
-                stop_reason = "max_minutes"
-                break
-            periodic = cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0
-            if (periodic or decision.checkpoint_due) and step < sched.end:
-                trainer.save(step)
+        loop = (start_step, eval_interval)
+        step, stop_reason = _step_loop(cfg, task, runtime, run, trainer, state, sched, loop, logger)
     logger.close()
     if step != trainer.saved_step or where is None:
         trainer.save(step)

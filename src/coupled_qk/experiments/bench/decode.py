@@ -209,6 +209,33 @@ class _MemoryStep:
         sync_device(self.device)
 
 
+def _variant_memory(config: GPTConfig, tokens, prompt, dev, dtype: str, compile_model: bool, seed: int) -> dict:
+    """One variant's row of :func:`run_memory`: a model built from ``seed`` takes a first training step on
+    ``tokens`` (so gradients and optimizer state exist; compiled with ``compile_model``), then the bytes resident,
+    the peak of a measured step, and the KV cache after a prefill of ``prompt`` (cache length ``prompt``'s)."""
+    torch.manual_seed(seed)
+    model = GPT(config).to(dev).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    step = _MemoryStep(model, opt, tokens, dev, dtype, compile_model)
+    step.first()  # optimizer state and gradients now exist (and the loss is compiled)
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    resident = sum(t.numel() * t.element_size() for t in tensors)
+    peak = peak_step_bytes(step, dev)
+    model.eval()
+    with torch.no_grad():
+        cache = model.new_cache(prompt.shape[1])
+        model.next_token_logits(prompt, cache)
+    return dict(
+        train_peak_bytes=peak,
+        resident_bytes=resident,
+        kv_cache_bytes=cache.nbytes(),
+        compiled=step.compiled,
+        compile_error=step.compile_error,
+    )
+
+
 def run_memory(
     base: GPTConfig,
     variants=None,
@@ -256,30 +283,7 @@ def run_memory(
     if compile_model:  # one compiled frame (GPT.loss) per variant
         dyn = torch._dynamo.config
         dyn.recompile_limit = max(dyn.recompile_limit, 2 * len(names))
-    out = {}
-    for n in names:
-        torch.manual_seed(seed)
-        model = GPT(configs[n]).to(dev).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        step = _MemoryStep(model, opt, tokens, dev, dtype, compile_model)
-        step.first()  # optimizer state and gradients now exist (and the loss is compiled)
-        tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
-        tensors += [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
-        resident = sum(t.numel() * t.element_size() for t in tensors)
-        peak = peak_step_bytes(step, dev)
-        model.eval()
-        with torch.no_grad():
-            cache = model.new_cache(cache_len)
-            model.next_token_logits(prompt, cache)
-        out[n] = dict(
-            train_peak_bytes=peak,
-            resident_bytes=resident,
-            kv_cache_bytes=cache.nbytes(),
-            compiled=step.compiled,
-            compile_error=step.compile_error,
-        )
-        del model, opt, step
+    out = {n: _variant_memory(configs[n], tokens, prompt, dev, dtype, compile_model, seed) for n in names}
     for n in names:
         out[n]["train_ratio"] = out[n]["train_peak_bytes"] / max(1, out[BASELINE]["train_peak_bytes"])
         out[n]["kv_ratio"] = out[n]["kv_cache_bytes"] / out[BASELINE]["kv_cache_bytes"]

@@ -162,6 +162,36 @@ def train_runner(name: str, mode: str, config: GPTConfig, x, y, device, seed: in
     return runner
 
 
+def _native_modes(dev: torch.device, bf16: bool, log) -> list[str]:
+    """The default modes of :func:`run_fastpath`: every one of :data:`MODES` that ``dev`` computes natively (the bf16
+    modes only where ``bf16``, :func:`~coupled_qk.training.distributed.native_bf16`), logging the choice when it
+    leaves modes out."""
+    modes = [m for m in MODES if not m.endswith("bf16") or bf16]
+    if len(modes) < len(MODES):
+        flags = " (no avx512_bf16/amx_bf16 flag)" if dev.type == "cpu" else ""
+        log(
+            f"fastpath: this {dev.type} has no native bf16{flags}: measuring "
+            f"{', '.join(modes)} (--modes with a bf16 mode asks for it and is refused here)"
+        )
+    return modes
+
+
+def _measure_train_steps(
+    base, configs, names, peers, modes, shape, batch_size, seq_len, dev, seed, warmup, repeats, backend, log
+):
+    """The train-step half of :func:`run_fastpath`: build and warm every runner (``names + peers`` x ``modes``), time
+    them in interleaved rounds with the ``shape`` matmul reference, and free them. Returns ``(train results per
+    runner, peak memory per runner, recompiles during timing)``."""
+    runners = _warm_runners(
+        names + peers, modes, configs, base.vocab_size, batch_size, seq_len, dev, seed, warmup, backend, log
+    )
+    times, peak, recompiles = _time_rounds(runners, modes, shape, dev, repeats, log)
+    train = _train_results(runners, times, configs, peers, peak, batch_size, seq_len)
+    del runners
+    gc.collect()
+    return train, peak, recompiles
+
+
 def run_fastpath(
     base: GPTConfig,
     variants=None,
@@ -210,15 +240,7 @@ def run_fastpath(
     names = with_baseline(variants)
     dev = device if isinstance(device, torch.device) else pick_device(device)
     bf16 = native_bf16(dev)  # reads /proc/cpuinfo on CPU: once per run
-    if modes is None:
-        modes = [m for m in MODES if not m.endswith("bf16") or bf16]
-        if len(modes) < len(MODES):
-            flags = " (no avx512_bf16/amx_bf16 flag)" if dev.type == "cpu" else ""
-            log(
-                f"fastpath: this {dev.type} has no native bf16{flags}: measuring "
-                f"{', '.join(modes)} (--modes with a bf16 mode asks for it and is refused here)"
-            )
-    modes = _check_choices("modes", list(modes), MODES)
+    modes = _check_choices("modes", list(_native_modes(dev, bf16, log) if modes is None else modes), MODES)
     peers = _check_choices("peers", list(peers), PEERS)
     seq_len = base.block_size if seq_len is None else seq_len
     _check_fastpath_sizes(base, dev, bf16, modes, seq_len, batch_size, repeats, warmup, new_tokens, decode_repeats)
@@ -226,31 +248,14 @@ def run_fastpath(
         fitting_cells(decode_batch_sizes, prefixes, new_tokens, base.block_size)
     configs = variant_configs(base, names, {})
     configs.update({p: base.replace(attention="standard") for p in peers})
-    runners = _warm_runners(
-        names + peers, modes, configs, base.vocab_size, batch_size, seq_len, dev, seed, warmup, backend, log
-    )
     shape = (batch_size * seq_len, base.d_model, base.d_ff)
-    times, peak, recompiles = _time_rounds(runners, modes, shape, dev, repeats, log)
-    tokens_per_step = batch_size * seq_len
-    train = _train_results(runners, times, configs, peers, peak, batch_size, seq_len)
-    del runners
-    gc.collect()
+    train, peak, recompiles = _measure_train_steps(
+        base, configs, names, peers, modes, shape, batch_size, seq_len, dev, seed, warmup, repeats, backend, log
+    )
     cells = []
     if decode:
-        cells = _decode_cells(
-            base,
-            names,
-            peers,
-            configs,
-            dev,
-            seed,
-            decode_batch_sizes,
-            prefixes,
-            new_tokens,
-            decode_repeats,
-            log,
-            backend,
-        )
+        grid = (decode_batch_sizes, prefixes, new_tokens, decode_repeats)
+        cells = _decode_cells(base, names, peers, configs, dev, seed, grid, log, backend)
     return dict(
         mode="fastpath",
         settings=dict(
@@ -259,7 +264,7 @@ def run_fastpath(
             peers=peers,
             batch_size=batch_size,
             seq_len=seq_len,
-            tokens_per_step=tokens_per_step,
+            tokens_per_step=batch_size * seq_len,
             repeats=repeats,
             warmup=warmup,
             device=str(dev),
@@ -400,9 +405,11 @@ def _train_results(runners: dict, times: dict, configs: dict, peers, peak: dict,
     return train
 
 
-def _decode_cells(
-    base, names, peers, configs, dev, seed, batch_sizes, prefixes, new_tokens, repeats, log, backend
-) -> list:
+def _decode_cells(base, names, peers, configs, dev, seed, grid: tuple, log, backend) -> list:
+    """The decoding half of :func:`run_fastpath`: every model (``names`` eager and compiled, ``peers`` eager) timed
+    on each cell of ``grid`` (``(batch_sizes, prefixes, new_tokens, repeats)``) that fits ``block_size``, the runs of
+    a cell interleaved; one dict per cell."""
+    batch_sizes, prefixes, new_tokens, repeats = grid
     models = {}
     for n in names + peers:
         torch.manual_seed(seed)
