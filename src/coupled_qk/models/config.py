@@ -281,7 +281,9 @@ class GPTConfig(JSONConfig):
     def follow(self, name: str, before: dict) -> None:
         """After ``name`` was assigned, a derived field that held the value derived from the fields before it
         (:data:`DERIVED`: ``n_kv_heads = n_heads``, ``d_head = d_model // n_heads``, ``d_ff = 4 d_model``) is
-        derived again, as the constructor derives it; one set to another value stays. Assigning ``attention``
+        derived again, as the constructor derives it; one set to another value stays, and one assigned ``None`` is
+        derived (``config.d_ff = None`` is ``4 d_model``; it used to stay ``None``, and ``n_kv_heads = None`` or
+        ``d_head = None`` failed with a ``TypeError`` inside :meth:`validate`). Assigning ``attention``
         gives ``qk_map`` the new attention's options (kept where its map is the same, the defaults otherwise,
         ``None`` without a map). Before, ``config.d_model = 64`` left ``d_head`` and ``d_ff`` at the old width's,
         ``config.n_heads = 4`` left ``n_kv_heads = 2`` (grouped-query attention nobody asked for), and
@@ -295,7 +297,8 @@ class GPTConfig(JSONConfig):
         if any(isinstance(now[f], bool) or not isinstance(now[f], int) or now[f] < 1 for f in sizes):
             return  # nothing derives from a refused size: recheck names it
         for field, derive in DERIVED.items():
-            if field == name or before[field] != derive(before):
+            again = field == name and now[name] is None  # assigned None: derived, as the constructor derives it
+            if not again and (field == name or before[field] != derive(before)):
                 continue
             if field == "d_head" and now["d_model"] % now["n_heads"]:
                 raise ValueError(
