@@ -189,9 +189,19 @@ class Attention:
     def layer_kwargs(self, options: MapOptions | None) -> dict:
         """``qk_map`` (a factory ``(d_head, n_heads) -> module`` or ``None``) and ``scoring`` (a built-in rule's
         name, :data:`~coupled_qk.layers.attention.SCORINGS`, or an added rule's class) for
-        :class:`~coupled_qk.layers.attention.CausalSelfAttention`."""
+        :class:`~coupled_qk.layers.attention.CausalSelfAttention`.
+
+        Raises:
+            ValueError: ``options`` is ``None`` for an attention with a query-key map (it used to fail inside
+                ``dataclasses.asdict`` with a ``TypeError`` naming neither).
+        """
         factory = None
         if self.qk_map is not None:
+            if options is None:
+                raise ValueError(
+                    f"layer_kwargs: attention={self.name!r} has the query-key map {self.qk_map.name!r}, so options "
+                    f"must be its {self.qk_map.options.__name__}; got None"
+                )
             factory = functools.partial(build_map, self.qk_map.module, dataclasses.asdict(options))
         builtin = SCORINGS.get(self.scoring, False) is SCORING_RULES[self.scoring].module
         return dict(qk_map=factory, scoring=self.scoring if builtin else SCORING_RULES[self.scoring].module)
