@@ -293,13 +293,13 @@ def load_plugins(reload: bool = False) -> list[str]:
             continue
         loaded.append(ep.name)
     if failed:
-        ep, exc = failed[0]
-        dist = getattr(getattr(ep, "dist", None), "name", None)
+        first, error = failed[0]
+        dist = getattr(getattr(first, "dist", None), "name", None)
         where = f" (declared by the installed distribution {dist!r}: fix or uninstall it)" if dist else ""
         raise PluginError(
-            f"the {ENTRY_POINT_GROUP!r} entry point {ep.name} = {ep.value!r} failed to register: "
-            f"{type(exc).__name__}: {exc}{where}"
-        ) from exc
+            f"the {ENTRY_POINT_GROUP!r} entry point {first.name} = {first.value!r} failed to register: "
+            f"{type(error).__name__}: {error}{where}"
+        ) from error
     return loaded
 
 
@@ -549,7 +549,7 @@ def isolated() -> Iterator[None]:
     """Undo, on exit, every registration made inside (for tests and notebooks). Inside, the first registry query
     reads the entry-point group again (a distribution put on ``sys.path`` inside is found); on exit, its
     registrations are undone too."""
-    live = (QK_MAPS, SCORING_RULES, ATTENTIONS, VARIANTS, ALIASES, _plugins)
+    live: tuple[dict, ...] = (QK_MAPS, SCORING_RULES, ATTENTIONS, VARIANTS, ALIASES, _plugins)
     saved = [dict(d) for d in live]
     defaults = list(DEFAULTS)
     _plugins["loaded"] = False
