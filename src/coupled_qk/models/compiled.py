@@ -202,9 +202,8 @@ class GPTCompileMixin:
         compiled = torch.compile(
             self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph, options=options
         )
-        state: dict[str, DecodeStep | None] = {
-            "fn": None
-        }  # after the first call: the compiled step, or the eager one after a failure
+        # after the first call: the compiled step, or the eager one after a failure
+        state: dict[str, DecodeStep | None] = {"fn": None}
 
         def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
             full = getattr(cache, "next_slot", -1) >= getattr(cache, "capacity", 0)  # a compiled write past the
