@@ -4,6 +4,7 @@ and a registration run again (a notebook cell re-run) replaces the earlier one i
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import types
 import typing
@@ -230,3 +231,21 @@ def test_a_map_returning_other_shapes_is_named_at_its_call():
         r"\(1, 2, 8, 8\) and \(1, 2, 8, 8\); it returned \(1, 2, 8, 8\) and \(1, 2, 7, 8\)",
     ):
         model(torch.randint(0, 32, (1, 8)))
+
+
+def test_layer_kwargs_without_the_maps_options_names_them():
+    """Every attention with a query-key map refuses ``layer_kwargs(None)`` naming the attention, its map and the
+    options class (it failed inside ``dataclasses.asdict`` with a ``TypeError`` naming none of them); one without a
+    map takes ``None``."""
+    registry.load_plugins()
+    for name, spec in registry.ATTENTIONS.items():
+        if spec.qk_map is None:
+            assert spec.layer_kwargs(None)["qk_map"] is None
+            continue
+        expected = (
+            f"layer_kwargs: attention={name!r} has the query-key map {spec.qk_map.name!r}, so options must be its "
+            f"{spec.qk_map.options.__name__}; got None"
+        )
+        with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+            spec.layer_kwargs(None)
+        assert callable(spec.layer_kwargs(spec.options())["qk_map"])

@@ -232,7 +232,13 @@ def test_an_undeclared_variable_is_named_with_its_close_match(monkeypatch):
 
 # ------------------------------------------------------------------------------- fields assigned after construction
 
-SIZES = {"d_model": [16, 24, 32, 48, 64], "n_heads": [1, 2, 4, 8], "n_kv_heads": [1, 2, 4], "d_head": [4, 8, 12]}
+SIZES = {
+    "d_model": [16, 24, 32, 48, 64],
+    "n_heads": [1, 2, 4, 8],
+    "n_kv_heads": [None, 1, 2, 4],  # None: not given, derived (assigned, it stayed None or failed in validate)
+    "d_head": [None, 4, 8, 12],
+    "d_ff": [None, 8, 64],
+}
 
 
 @given(
@@ -247,7 +253,8 @@ SIZES = {"d_model": [16, 24, 32, 48, 64], "n_heads": [1, 2, 4, 8], "n_kv_heads":
 )
 def test_assignment_gives_the_config_construction_gives(steps):
     """After any assignments, the config equals one built from the fields the user set (derived fields derived
-    again, the attention's own map options); a refused assignment changes nothing."""
+    again, a derived field assigned ``None`` derived as when not given, the attention's own map options); a refused
+    assignment changes nothing."""
     from coupled_qk.models.config import DERIVED, GPTConfig
 
     given_fields = {"vocab_size": 32, "block_size": 16, "n_layer": 1, "d_model": 32, "n_heads": 2}

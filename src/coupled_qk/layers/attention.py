@@ -21,8 +21,9 @@ query head ``i`` uses key/value head ``i // (n_heads // n_kv_heads)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import torch
 import torch.nn as nn
@@ -32,6 +33,7 @@ from coupled_qk.layers.differential import DifferentialScoring
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
 from coupled_qk.layers.kv_cache import KVCache
 from coupled_qk.layers.layer_inputs import check_layer_inputs
+from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringFactory, ScoringRule, attention_mask_4d, scaled_dot_product
 from coupled_qk.ops.heads import expand_kv
 from coupled_qk.ops.rope import apply_rope
@@ -73,8 +75,10 @@ class AttentionRecord:
     dt: torch.Tensor | None = None
 
 
-QKMapFactory = Callable[[int, int], nn.Module]
+QKMapFactory = Callable[[int, int], QKMap]
 """``(d_head, n_heads) -> query-key map module`` (see :mod:`coupled_qk.layers.qk_maps`)."""
+
+M = TypeVar("M", bound=nn.Module)
 
 LEGACY_STATE_KEYS = (
     ("dynamics.", "qk_map."),
@@ -92,7 +96,7 @@ MAP_RNG_SALT = 0x5EED_C0DE
 """Mixed into the seed of a query-key map's own random stream (:func:`build_with_own_rng`)."""
 
 
-def build_with_own_rng(factory, d_head: int, n_heads: int) -> nn.Module:
+def build_with_own_rng(factory: Callable[[int, int], M], d_head: int, n_heads: int) -> M:
     """Build a query-key map (or a scoring rule) from ``factory(d_head, n_heads)`` with its own random stream.
 
     The map's initial parameters are drawn from a generator seeded by one number read from the global CPU
@@ -173,7 +177,7 @@ class CausalSelfAttention(nn.Module):
         n_heads: int,
         n_kv_heads: int,
         d_head: int,
-        qk_map: QKMapFactory | None = None,
+        qk_map: QKMapFactory | QKMap | None = None,
         scoring: str | ScoringFactory = "standard",
         layer_idx: int = 0,
         map_position: str = "pre_rope",
@@ -212,7 +216,8 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=False)
         if qk_map is not None and not isinstance(qk_map, nn.Module):
             qk_map = build_with_own_rng(qk_map, d_head, n_heads)
-        self.qk_map = qk_map
+        # a module the caller built follows the QKMap interface (isinstance on nn.Module cannot narrow to it)
+        self.qk_map = qk_map = cast("QKMap | None", qk_map)
         self.scorer = self._build_scorer(scoring, d_head, n_heads, n_kv_heads, layer_idx)
         self.head_group = getattr(self.scorer, "head_group", 1)  # query/key sub-heads per head (2: differential)
         if qk_map is not None:
@@ -319,16 +324,17 @@ class CausalSelfAttention(nn.Module):
         folds[self.layer_idx] = fp
         return fp
 
-    def _mapped(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``self.qk_map(q, k)``, checked: a registered map must return tensors of its inputs' shapes.
+    @staticmethod
+    def _mapped(qk_map: nn.Module, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``qk_map(q, k)`` (the layer's map), checked: a registered map must return tensors of its inputs' shapes.
 
         Raises:
             ValueError: a map (a plugin's, say) returned other shapes, naming the map and both shapes.
         """
-        q2, k2 = self.qk_map(q, k)
+        q2, k2 = qk_map(q, k)
         if q2.shape != q.shape or k2.shape != k.shape:
             raise ValueError(
-                f"the query-key map {type(self.qk_map).__name__} must return q and k of its inputs' "
+                f"the query-key map {type(qk_map).__name__} must return q and k of its inputs' "
                 f"shapes {tuple(q.shape)} and {tuple(k.shape)}; it returned {tuple(q2.shape)} and "
                 f"{tuple(k2.shape)}"
             )
@@ -344,7 +350,7 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: Sequence[torch.Tensor] | None = None,
         cache: KVCache | None = None,
         record: bool = False,
         key_mask: torch.Tensor | None = None,
@@ -353,7 +359,9 @@ class CausalSelfAttention(nn.Module):
             check_layer_inputs(self, x, rope, key_mask)
         b, t, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
-        has_map = self._modules.get("qk_map") is not None  # read once: Module.__getattr__ costs ~3 us a call
+        qk_map = self._modules.get("qk_map")  # read once: Module.__getattr__ costs ~3 us a call
+        has_map = qk_map is not None
+        tables: Sequence[torch.Tensor] = () if rope is None else rope  # read with use_rope only
         folded = None
         if t == 1 and has_map and cache is not None and not record and not torch.is_grad_enabled():
             folded = self.decoding_fold(cache)
@@ -363,11 +371,11 @@ class CausalSelfAttention(nn.Module):
             qk, v = folded_qkv(folded, x)  # a fold acts before RoPE (fold_key): rotate the mapped q' | k'
             qk = qk.view(b, t, qk.shape[-1] // dh, dh).transpose(1, 2)
             if rotated:
-                qk = apply_rope(qk, *rope)
+                qk = apply_rope(qk, *tables)
             q, k = qk[:, :h], qk[:, h:]
         elif rotated:
             z = self.qkv(x)
-            qk = apply_rope(z[..., : (h + hkv) * dh].view(b, t, h + hkv, dh).transpose(1, 2), *rope)
+            qk = apply_rope(z[..., : (h + hkv) * dh].view(b, t, h + hkv, dh).transpose(1, 2), *tables)
             q, k, v = qk[:, :h], qk[:, h:], z[..., (h + hkv) * dh :]
         else:
             q, k, v = self.qkv(x).split([h * dh, hkv * dh, hkv * dh], dim=-1)
@@ -379,11 +387,11 @@ class CausalSelfAttention(nn.Module):
         if folded is None and self.keys_per_query_head:  # each query head evolves its own copy of the key
             k = expand_kv(k, self.n_rep, group)
         if self.use_rope and self.map_position == "post_rope" and not rotated:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = apply_rope(q, *tables), apply_rope(k, *tables)
         maps = {}
-        if folded is None and has_map:
+        if folded is None and qk_map is not None:
             q_in, k_in = q, k
-            q, k = self._mapped(q, k)
+            q, k = self._mapped(qk_map, q, k)
             if record:
                 maps = dict(
                     q=q_in.detach(),
@@ -392,7 +400,7 @@ class CausalSelfAttention(nn.Module):
                     k_mapped=self._per_query_head(k).detach(),
                 )
         if self.use_rope and self.map_position == "pre_rope" and not rotated:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = apply_rope(q, *tables), apply_rope(k, *tables)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         # grouped-query heads are read in place (no repeated copy of the cache; see scaled_dot_product)

@@ -123,13 +123,16 @@ def fold_key(layer) -> tuple | None:
 
 def weight_checksum(layer) -> tuple:
     """Sums of the folded parameters and of their squares (float64): catches writes that bypass the version
-    counter. One device sync; called once per layer per cache."""
+    counter. One device sync; called once per layer per cache.
+
+    Raises:
+        ValueError: the layer's map cannot be folded (see :func:`foldable`).
+    """
+    params = _params(layer)
+    if params is None:
+        raise ValueError(f"qk_map={layer.qk_map!r} cannot be folded: it has no folded parameters to checksum")
     sums = torch.stack(
-        [
-            t
-            for p in _params(layer)
-            for t in (p.detach().sum(dtype=torch.float64), p.detach().square().sum(dtype=torch.float64))
-        ]
+        [t for p in params for t in (p.detach().sum(dtype=torch.float64), p.detach().square().sum(dtype=torch.float64))]
     )
     return () if sums.is_meta else tuple(sums.tolist())  # meta tensors (shape-only models) hold no values
 
@@ -156,13 +159,13 @@ def fold_projection(layer) -> FoldedProjection:
     Raises:
         ValueError: if the layer's map cannot be folded (see :func:`foldable`).
     """
-    key = fold_key(layer)
-    if key is None:
+    key, params = fold_key(layer), _params(layer)
+    if key is None or params is None:
         raise ValueError(
             f"qk_map={layer.qk_map!r} cannot be folded; expected QKDynamics with the mlp force, n_steps=1, "
             "acting before RoPE, with plain parameters and no hooks"
         )
-    w_qkv, dt, w_in, w_out = _params(layer)
+    w_qkv, dt, w_in, w_out = params
     m = layer.qk_map
     h, hkv, dh = layer.n_heads, layer.n_kv_heads, layer.d_head
     work = torch.float32 if w_qkv.device.type == "mps" else torch.float64  # MPS has no float64
@@ -231,7 +234,7 @@ def folded_qkv(fp: FoldedProjection, x: torch.Tensor) -> tuple[torch.Tensor, tor
         z[:, wq : wq + wk].addmm_(h1, kick)  # k' = k + s(h1) Bk
     else:  # symplectic Euler: [q' | k'] += s(h1) [..]; leapfrog: [q' | k_half | h2] += s(h1) [C | Bh | W1 M C]
         z[:, : wq + wk + wh2].addmm_(h1, kick)
-    if fp.integrator == "leapfrog":  # the closing half-kick, from h2
+    if fp.kick2 is not None:  # leapfrog: the closing half-kick, from h2
         kick2 = fp.kick2 if fp.kick2.dtype == z.dtype else fp.kick2.to(z.dtype)
         z[:, wq : wq + wk].addmm_(F.silu(z[:, wq + wk : wq + wk + wh2]), kick2)
     return z[:, : wq + wk], z[:, end:]

@@ -49,7 +49,10 @@ class KVCache:
     @property
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
         """Per layer ``(k, v)`` views of the cached positions ``(B, H_k, T_past, d)``, or ``None`` if empty."""
-        return [None if k is None else (k[..., :n, :], v[..., :n, :]) for k, v, n in zip(self._k, self._v, self._len)]
+        return [
+            None if k is None or v is None else (k[..., :n, :], v[..., :n, :])  # k and v are set together
+            for k, v, n in zip(self._k, self._v, self._len)
+        ]
 
     def nbytes(self) -> int:
         """Bytes held by the allocated buffers (all layers, keys and values, whole capacity)."""
@@ -61,7 +64,8 @@ class KVCache:
             raise ValueError(f"length={length} must be in [0, {self.length}] (the cached positions)")
         self._len = [min(n, length) for n in self._len]
 
-    def _allocate(self, i: int, k: torch.Tensor, v: torch.Tensor, needed: int) -> None:
+    def _allocate(self, i: int, k: torch.Tensor, v: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """New buffers of layer ``i`` for ``needed`` positions, holding its cached ones; returns them."""
         old_k, old_v, n = self._k[i], self._v[i], self._len[i]
         if self.capacity is not None:
             if needed > self.capacity:
@@ -71,11 +75,12 @@ class KVCache:
             cap = max(needed, 2 * (0 if old_k is None else old_k.shape[-2]), 16)
         new_k = k.new_empty(*k.shape[:-2], cap, k.shape[-1])
         new_v = v.new_empty(*v.shape[:-2], cap, v.shape[-1])
-        if n:
+        if n and old_k is not None and old_v is not None:  # cached positions live in allocated buffers
             new_k[..., :n, :] = old_k[..., :n, :]
             new_v[..., :n, :] = old_v[..., :n, :]
         self._k[i], self._v[i] = new_k, new_v
         self._held[i] = self._signature(new_k, new_v)
+        return new_k, new_v
 
     @staticmethod
     def _signature(k: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -86,31 +91,29 @@ class KVCache:
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``k (B, H_k, T, d)`` and ``v (B, H_v, T, d_v)`` for ``layer_idx``; return the cached
         ``(B, H_k, T_past + T, d)`` and ``(B, H_v, T_past + T, d_v)`` (views of the buffers)."""
-        buf, n = self._k[layer_idx], self._len[layer_idx]
+        buf, vbuf, n = self._k[layer_idx], self._v[layer_idx], self._len[layer_idx]  # buffers: both or neither
         ks, vs = k.shape, v.shape
         end = n + ks[-2]
-        vbuf = self._v[layer_idx]
         # one comparison against what the buffers were allocated for (shapes read once: each read costs ~0.5 us)
         mismatch = buf is not None and (ks[:-2], ks[-1], vs[:-2], vs[-1], k.dtype, k.device) != self._held[layer_idx]
-        if mismatch and n:
+        if mismatch and n and buf is not None:
             raise ValueError(
                 f"layer {layer_idx}: new keys {tuple(ks)} {k.dtype} on {k.device} do not match the cached "
                 f"{tuple(buf.shape[:-2])} x T x {buf.shape[-1]} {buf.dtype} on {buf.device}"
             )
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
-            if n:
+            if n and buf is not None and vbuf is not None:
                 k = torch.cat([buf[..., :n, :], k], dim=-2)
                 v = torch.cat([vbuf[..., :n, :], v], dim=-2)
             self._k[layer_idx], self._v[layer_idx], self._len[layer_idx] = k, v, end
             self._held[layer_idx] = self._signature(k, v)
             return k, v
-        if buf is None or mismatch or end > buf.shape[-2]:
-            self._allocate(layer_idx, k, v, end)
-        kb, vb = self._k[layer_idx], self._v[layer_idx]
-        kb[..., n:end, :] = k
-        vb[..., n:end, :] = v
+        if buf is None or vbuf is None or mismatch or end > buf.shape[-2]:
+            buf, vbuf = self._allocate(layer_idx, k, v, end)
+        buf[..., n:end, :] = k
+        vbuf[..., n:end, :] = v
         self._len[layer_idx] = end
-        return kb[..., :end, :], vb[..., :end, :]
+        return buf[..., :end, :], vbuf[..., :end, :]
 
 
 class StaticKVCache:
@@ -183,13 +186,15 @@ class StaticKVCache:
         """
         if cache.capacity is None:
             raise ValueError("a StaticKVCache needs a KVCache with a fixed capacity (GPT.new_cache(capacity))")
-        if any(k is None for k in cache._k) or len(set(cache._len)) != 1:
+        keys = [k for k in cache._k if k is not None]
+        values = [v for v in cache._v if v is not None]
+        if len(keys) != cache.n_layer or len(set(cache._len)) != 1:
             raise ValueError(f"every layer of the cache must be filled to the same length; got {cache._len}")
-        if any(k.shape[-2] != cache.capacity for k in cache._k):
+        if any(k.shape[-2] != cache.capacity for k in keys):
             raise ValueError("the cache's buffers are not preallocated (it was filled under autograd)")
-        for t in cache._k + cache._v:  # masked slots get probability 0, but 0 * NaN garbage would still be NaN
+        for t in keys + values:  # masked slots get probability 0, but 0 * NaN garbage would still be NaN
             t[..., cache.length :, :].zero_()
-        return cls(cache._k, cache._v, cache.length, key_mask)
+        return cls(keys, values, cache.length, key_mask)
 
     @property
     def length(self) -> int:

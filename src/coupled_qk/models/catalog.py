@@ -71,7 +71,12 @@ def attention_names(maps: Sequence[str]) -> list[str]:
         for n, a in ATTENTIONS.items()
         if (a.qk_map is None or a.qk_map.name in maps) and _ours(SCORING_RULES[a.scoring].module)
     ]
-    return sorted(names, key=lambda n: maps.index(ATTENTIONS[n].qk_map.name) + 1 if ATTENTIONS[n].qk_map else 0)
+
+    def order(name: str) -> int:  # attentions without a map first, then in the order of ``maps``
+        qk_map = ATTENTIONS[name].qk_map
+        return 0 if qk_map is None else maps.index(qk_map.name) + 1
+
+    return sorted(names, key=order)
 
 
 def variant_names(attentions: Sequence[str]) -> list[str]:

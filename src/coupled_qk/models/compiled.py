@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -17,9 +19,31 @@ import torch.nn as nn
 from coupled_qk.checks.values import declared_flags
 from coupled_qk.layers.kv_cache import StaticKVCache
 
+DecodeStep = Callable[[torch.Tensor, StaticKVCache], torch.Tensor]
+"""A single-token decoding step ``(idx (B, 1), cache) -> logits (B, vocab)`` (:meth:`GPTCompileMixin.decode_step`)."""
+
 
 class GPTCompileMixin:
     """Regional compilation and the compiled decoding step of :class:`~coupled_qk.models.gpt.GPT`."""
+
+    # the model's state that these methods read and write (set by GPT.__init__)
+    blocks: nn.ModuleList
+    tok_emb: nn.Embedding
+    pos_emb: nn.Embedding | None
+    drop: nn.Dropout
+    ln_f: nn.LayerNorm
+    compile_info: dict[str, Any]
+    _compile_state: str | None  # None (eager), "pending" (first call not yet made), "ok", "failed"
+    _decode_step: DecodeStep | None
+    _decode_settings: dict[str, Any] | None
+
+    if TYPE_CHECKING:  # the model's methods these call (GPT, DecodingHeadMixin)
+
+        def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+        def _rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+        def _refresh_transposed_head(self) -> torch.Tensor | None: ...
 
     @declared_flags
     def compile(
@@ -131,7 +155,7 @@ class GPTCompileMixin:
     @declared_flags
     def compiled_decode_step(
         self, backend: str = "inductor", mode: str | None = "auto", fullgraph: bool = False, options: dict | None = None
-    ):
+    ) -> DecodeStep:
         """The compiled :meth:`decode_step`, built on the first call and kept on the model: every :meth:`generate`
         with ``compile=True`` and every later call with all arguments at their defaults reuse it, whatever it was
         built with; a later call with other arguments than the kept step's compiles a new step with them and
@@ -156,9 +180,10 @@ class GPTCompileMixin:
         """
         settings = dict(backend=backend, mode=mode, fullgraph=fullgraph, options=options)
         device = self.tok_emb.weight.device.type  # "auto" means CUDA graphs on CUDA: decided per device type
-        kept = {k: v for k, v in (self._decode_settings or {}).items() if k != "device"}
-        if self._decode_step is not None and settings in (kept, DECODE_DEFAULTS):
-            if self._decode_settings["device"] == device:
+        built = self._decode_settings
+        kept = {k: v for k, v in (built or {}).items() if k != "device"}
+        if self._decode_step is not None and built is not None and settings in (kept, DECODE_DEFAULTS):
+            if built["device"] == device:
                 return self._decode_step
             settings = kept  # the model moved: the same step again, built for its device
             backend, mode, fullgraph, options = (kept[k] for k in ("backend", "mode", "fullgraph", "options"))
@@ -177,7 +202,8 @@ class GPTCompileMixin:
         compiled = torch.compile(
             self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph, options=options
         )
-        state = {"fn": None}  # after the first call: the compiled step, or the eager one after a failure
+        # after the first call: the compiled step, or the eager one after a failure
+        state: dict[str, DecodeStep | None] = {"fn": None}
 
         def step(idx: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
             full = getattr(cache, "next_slot", -1) >= getattr(cache, "capacity", 0)  # a compiled write past the
@@ -187,8 +213,9 @@ class GPTCompileMixin:
                     "decode fewer tokens or start from a larger cache (GPT.new_cache(capacity))"
                 )
             self._refresh_transposed_head()  # the opt-in decoding head follows the weights (decode_head.py)
-            if state["fn"] is not None:
-                return state["fn"](idx, cache)
+            fn = state["fn"]
+            if fn is not None:
+                return fn(idx, cache)
             state["fn"] = compiled
             start = time.perf_counter()
             saved = [t.clone() for t in cache.k + cache.v]  # a failed first call may have written its slot
@@ -258,7 +285,7 @@ def compile_regions(module: nn.Module, **kwargs) -> list[GPTCompileMixin]:
     contains (a classifier wrapping a GPT included); a module without one is compiled whole, in place
     (``nn.Module.compile``: its ``state_dict`` keeps its names). ``kwargs`` go to :func:`torch.compile`.
     Returns the compiled GPTs (empty for a whole-module compile). Undo with :func:`uncompile_regions`."""
-    gpts = [m for m in module.modules() if isinstance(m, GPTCompileMixin)]
+    gpts: list[GPTCompileMixin] = [m for m in module.modules() if isinstance(m, GPTCompileMixin)]
     for g in gpts:
         g.compile(**kwargs)
     if not gpts:

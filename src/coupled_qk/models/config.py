@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.values import (
@@ -89,6 +90,9 @@ class JSONConfig(CheckedAssignment):
     the value converted to the field's declared type, ``validate()`` run again, the old value restored on an
     error).
     """
+
+    if TYPE_CHECKING:  # every subclass is a dataclass (GPTConfig, TrainConfig)
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def to_dict(self) -> dict:
         """All fields as a JSON-serialisable dict."""
@@ -264,12 +268,14 @@ class GPTConfig(JSONConfig):
         if isinstance(self.qk_map, MapOptions):
             self.qk_map.bind(self)  # assigning a map option re-runs these checks
         spec = get_attention(self.attention)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"GPTConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
-        if self.position == "rope" and self.d_head % 2:
-            raise ValueError(f"GPTConfig.d_head={self.d_head} must be even with position='rope'")
+        n_kv_heads, d_head = self.n_kv_heads, self.d_head
+        assert n_kv_heads is not None and d_head is not None, "derived by __post_init__ and follow(), never None"
+        if self.n_heads % n_kv_heads:
+            raise ValueError(f"GPTConfig.n_kv_heads={n_kv_heads} must divide n_heads={self.n_heads}")
+        if self.position == "rope" and d_head % 2:
+            raise ValueError(f"GPTConfig.d_head={d_head} must be even with position='rope'")
         group = spec.head_group
-        if self.n_heads % group or self.n_kv_heads % group:
+        if self.n_heads % group or n_kv_heads % group:
             raise ValueError(
                 f"GPTConfig.attention={self.attention!r} needs n_heads and n_kv_heads divisible by {group} "
                 f"(even: pairs of sub-heads); got n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
@@ -281,7 +287,9 @@ class GPTConfig(JSONConfig):
     def follow(self, name: str, before: dict) -> None:
         """After ``name`` was assigned, a derived field that held the value derived from the fields before it
         (:data:`DERIVED`: ``n_kv_heads = n_heads``, ``d_head = d_model // n_heads``, ``d_ff = 4 d_model``) is
-        derived again, as the constructor derives it; one set to another value stays. Assigning ``attention``
+        derived again, as the constructor derives it; one set to another value stays, and one assigned ``None`` is
+        derived (``config.d_ff = None`` is ``4 d_model``; it used to stay ``None``, and ``n_kv_heads = None`` or
+        ``d_head = None`` failed with a ``TypeError`` inside :meth:`validate`). Assigning ``attention``
         gives ``qk_map`` the new attention's options (kept where its map is the same, the defaults otherwise,
         ``None`` without a map). Before, ``config.d_model = 64`` left ``d_head`` and ``d_ff`` at the old width's,
         ``config.n_heads = 4`` left ``n_kv_heads = 2`` (grouped-query attention nobody asked for), and
@@ -295,7 +303,8 @@ class GPTConfig(JSONConfig):
         if any(isinstance(now[f], bool) or not isinstance(now[f], int) or now[f] < 1 for f in sizes):
             return  # nothing derives from a refused size: recheck names it
         for field, derive in DERIVED.items():
-            if field == name or before[field] != derive(before):
+            again = field == name and now[name] is None  # assigned None: derived, as the constructor derives it
+            if not again and (field == name or before[field] != derive(before)):
                 continue
             if field == "d_head" and now["d_model"] % now["n_heads"]:
                 raise ValueError(
@@ -428,7 +437,8 @@ def _accept_flat_map_options(init):
     return __init__
 
 
-GPTConfig.__init__ = _accept_flat_map_options(GPTConfig.__init__)
+# the dataclass's generated __init__, wrapped once the class exists
+GPTConfig.__init__ = _accept_flat_map_options(GPTConfig.__init__)  # type: ignore[method-assign]
 # a map option may not be named like a field: its flat spelling would set the field (models/contracts.py)
 RESERVED_OPTION_NAMES.update([f.name for f in dataclasses.fields(GPTConfig)], RENAMED_FIELDS, OPTION_ALIASES)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+import torch.nn as nn
+
 from coupled_qk.checks.values import coercible, declaration_problems, field_types
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringRule
@@ -50,7 +52,7 @@ def _check_signature(cls: type, positional: list[str], keywords: list[str]) -> N
         ) from None
 
 
-def _check_forward(cls: type, base: type, signature: str) -> None:
+def _check_forward(cls: type[nn.Module], base: type[nn.Module], signature: str) -> None:
     if cls.forward is base.forward:
         raise ValueError(
             f"{cls.__name__} must define forward{signature} (it inherits {base.__name__}.forward, "

@@ -22,6 +22,11 @@ TRANSPOSED_HEAD_ROWS = 64
 class DecodingHeadMixin:
     """:meth:`use_transposed_head` and the logits path that reads it (a base class of ``GPT``)."""
 
+    lm_head: nn.Linear  # the model's output head (GPT.__init__)
+    _head_enabled: bool  # the state use_transposed_head sets (unset: not enabled)
+    _head_t: torch.Tensor | None
+    _head_key: tuple | None
+
     @declared_flags
     def use_transposed_head(self, enabled: bool = True) -> None:
         """Compute the logits of up to :data:`TRANSPOSED_HEAD_ROWS` rows without gradients (decoding steps:

@@ -8,15 +8,52 @@ The mixin holds no state: it reads the model's ``config`` and calls its ``new_ca
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+import torch.nn as nn
 
 from coupled_qk.checks.tensors import GREEDY_BELOW, check_generate_args, check_greedy_extras
 from coupled_qk.checks.values import declared_flags
 from coupled_qk.layers.kv_cache import KVCache, StaticKVCache
 
+if TYPE_CHECKING:
+    from coupled_qk.models.compiled import DecodeStep
+    from coupled_qk.models.config import GPTConfig
+
 
 class GPTGenerationMixin:
     """:meth:`generate`, :meth:`generate_sliding` and :meth:`next_token_logits` of :class:`~coupled_qk.GPT`."""
+
+    config: GPTConfig  # the model's (GPT.__init__)
+    ln_f: nn.LayerNorm
+
+    if TYPE_CHECKING:  # the model's methods these call (GPT, GPTCompileMixin)
+
+        def __call__(
+            self,
+            idx: torch.Tensor,
+            cache: KVCache | None = None,
+            attention_mask: torch.Tensor | None = None,
+            position_ids: torch.Tensor | None = None,
+        ) -> torch.Tensor: ...
+
+        def new_cache(self, capacity: int | None = None) -> KVCache: ...
+
+        def embed(
+            self,
+            idx: torch.Tensor,
+            cache: KVCache | None = None,
+            key_mask: torch.Tensor | None = None,
+            position_ids: torch.Tensor | None = None,
+            check_ids: bool = True,
+        ) -> tuple[torch.Tensor, tuple | None]: ...
+
+        def _run_blocks(self, x, rope, cache, key_mask=None) -> torch.Tensor: ...
+
+        def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+        def compiled_decode_step(self) -> DecodeStep: ...
 
     @torch.no_grad()
     @declared_flags
@@ -94,11 +131,11 @@ class GPTGenerationMixin:
         for i in range(max_new_tokens):
             if mask is not None and i:
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            context = step_input if use_cache else out[:, : t + i]
+            inputs = step_input if use_cache else out[:, : t + i]
             if mask is None:
-                logits = self.next_token_logits(context, cache).float()
+                logits = self.next_token_logits(inputs, cache).float()
             else:
-                logits = self(context, cache, mask)[:, -1, :].float()
+                logits = self(inputs, cache, mask)[:, -1, :].float()
             nxt = sample_next_token(logits, temperature, top_k, generator)
             out[:, t + i : t + i + 1] = nxt
             step_input = nxt

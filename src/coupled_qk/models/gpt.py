@@ -76,6 +76,7 @@ class Block(nn.Module):
         self.attn.check_every_call = False  # GPT checks ids, masks and positions at its entry
         self.resid_dropout = nn.Dropout(config.dropout)
         self.ln_2 = nn.LayerNorm(config.d_model) if config.use_mlp else None
+        assert config.d_ff is not None, "GPTConfig derives d_ff (4 d_model) when not given"
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout) if config.use_mlp else None
 
     def forward(self, x, rope=None, cache=None, record: bool = False, key_mask=None):
@@ -86,7 +87,7 @@ class Block(nn.Module):
         if record:
             a, rec = a
         x = x + self.resid_dropout(a)
-        if self.mlp is not None:
+        if self.mlp is not None and self.ln_2 is not None:  # both or neither (use_mlp)
             x = x + self.mlp(self.ln_2(x))
         return (x, rec) if record else x
 
@@ -132,11 +133,11 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, n_rows, bias=False)
         self.lm_head.weight = self.tok_emb.weight
-        self._rope: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # (cos, sin, signed sin) per device
-        self._compile_state: str | None = None  # None (eager), "pending" (first call not yet made), "ok", "failed"
-        self.compile_info: dict = {}
+        self._rope: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # (cos, sin, signed sin)
+        self._compile_state = None  # None (eager), "pending" (first call not yet made), "ok", "failed"
+        self.compile_info = {}
         self._decode_step = None  # the compiled single-token step of generate(compile=True), built once
-        self._decode_settings: dict | None = None  # the arguments it was compiled with (compiled_decode_step)
+        self._decode_settings = None  # the arguments it was compiled with (compiled_decode_step)
         # activation checkpointing (transformers' attribute names, set by gradient_checkpointing_enable()): while
         # training without a cache, each block's activations are recomputed in the backward pass instead of stored
         self.gradient_checkpointing = False
@@ -186,6 +187,7 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
         rotation one ``addcmul`` (:func:`coupled_qk.ops.rope.apply_rope`)."""
         if device not in self._rope:
             c = self.config
+            assert c.d_head is not None, "GPTConfig derives d_head (d_model // n_heads) when not given"
             cos, sin = rope_tables(c.block_size, c.d_head, c.rope_base, device=device)
             self._rope[device] = (cos, sin, signed_sin(sin))
         return self._rope[device]

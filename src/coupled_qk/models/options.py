@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.values import FLOAT32_MAX, check_declared, coerce_fields, declared_flags
@@ -83,6 +84,9 @@ class MapOptions(CheckedAssignment):
     Raises:
         ValueError: naming ``GPTConfig.qk_map.<field>``, the value and what was expected.
     """
+
+    if TYPE_CHECKING:  # every subclass is a dataclass (dataclasses.fields and asdict take these options)
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self):
         coerce_fields(self, "GPTConfig.qk_map")

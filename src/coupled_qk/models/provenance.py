@@ -47,9 +47,11 @@ def _distribution(module: str) -> str | None:
 
     top = module.split(".")[0]
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.value.split(":")[0].split(".")[0] == top and getattr(ep, "dist", None) is not None:
-            return ep.dist.name
-    return (packages_distributions().get(top) or [None])[0]
+        dist = getattr(ep, "dist", None)
+        if ep.value.split(":")[0].split(".")[0] == top and dist is not None:
+            return dist.name
+    found = packages_distributions().get(top)
+    return found[0] if found else None
 
 
 def saved_dict(config) -> dict:

@@ -189,9 +189,19 @@ class Attention:
     def layer_kwargs(self, options: MapOptions | None) -> dict:
         """``qk_map`` (a factory ``(d_head, n_heads) -> module`` or ``None``) and ``scoring`` (a built-in rule's
         name, :data:`~coupled_qk.layers.attention.SCORINGS`, or an added rule's class) for
-        :class:`~coupled_qk.layers.attention.CausalSelfAttention`."""
+        :class:`~coupled_qk.layers.attention.CausalSelfAttention`.
+
+        Raises:
+            ValueError: ``options`` is ``None`` for an attention with a query-key map (it used to fail inside
+                ``dataclasses.asdict`` with a ``TypeError`` naming neither).
+        """
         factory = None
         if self.qk_map is not None:
+            if options is None:
+                raise ValueError(
+                    f"layer_kwargs: attention={self.name!r} has the query-key map {self.qk_map.name!r}, so options "
+                    f"must be its {self.qk_map.options.__name__}; got None"
+                )
             factory = functools.partial(build_map, self.qk_map.module, dataclasses.asdict(options))
         builtin = SCORINGS.get(self.scoring, False) is SCORING_RULES[self.scoring].module
         return dict(qk_map=factory, scoring=self.scoring if builtin else SCORING_RULES[self.scoring].module)
@@ -283,13 +293,13 @@ def load_plugins(reload: bool = False) -> list[str]:
             continue
         loaded.append(ep.name)
     if failed:
-        ep, exc = failed[0]
-        dist = getattr(getattr(ep, "dist", None), "name", None)
+        first, error = failed[0]
+        dist = getattr(getattr(first, "dist", None), "name", None)
         where = f" (declared by the installed distribution {dist!r}: fix or uninstall it)" if dist else ""
         raise PluginError(
-            f"the {ENTRY_POINT_GROUP!r} entry point {ep.name} = {ep.value!r} failed to register: "
-            f"{type(exc).__name__}: {exc}{where}"
-        ) from exc
+            f"the {ENTRY_POINT_GROUP!r} entry point {first.name} = {first.value!r} failed to register: "
+            f"{type(error).__name__}: {error}{where}"
+        ) from error
     return loaded
 
 
@@ -539,7 +549,7 @@ def isolated() -> Iterator[None]:
     """Undo, on exit, every registration made inside (for tests and notebooks). Inside, the first registry query
     reads the entry-point group again (a distribution put on ``sys.path`` inside is found); on exit, its
     registrations are undone too."""
-    live = (QK_MAPS, SCORING_RULES, ATTENTIONS, VARIANTS, ALIASES, _plugins)
+    live: tuple[dict, ...] = (QK_MAPS, SCORING_RULES, ATTENTIONS, VARIANTS, ALIASES, _plugins)
     saved = [dict(d) for d in live]
     defaults = list(DEFAULTS)
     _plugins["loaded"] = False

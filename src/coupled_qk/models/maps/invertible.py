@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -170,7 +171,7 @@ class InvertibleQKCoupling(QKMap):
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """Validate shapes and dtypes (see the class docstring for the errors raised)."""
-        check_qk_tensors(q, k, self.q_nets[0].w_in)
+        check_qk_tensors(q, k, cast(AffineCouplingNet, self.q_nets[0]).w_in)  # ModuleList is untyped
         if q.dim() != 4 or k.dim() != 4:
             raise ValueError(
                 f"q and k must have shape (B, H, T, d_head); got q {tuple(q.shape)} and k {tuple(k.shape)}"
@@ -180,7 +181,7 @@ class InvertibleQKCoupling(QKMap):
         if q.shape[1] != self.n_heads or q.shape[-1] != self.d_head:
             raise ValueError(f"expected {self.n_heads} heads of width d_head={self.d_head}; got q {tuple(q.shape)}")
 
-    def _affine(self, net: AffineCouplingNet, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _affine(self, net: nn.Module, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raw, shift = net(cond)
         return bounded_scale(raw, self.scale_max), shift
 
@@ -199,7 +200,7 @@ class InvertibleQKCoupling(QKMap):
             q = q * torch.exp(s1) + t1
             s2, t2 = self._affine(net_k, q)
             k = k * torch.exp(s2) + t2
-            if with_log_det:
+            if log_det is not None:  # with_log_det
                 log_det = log_det + s1.sum(-1) + s2.sum(-1)
         return q, k, log_det
 
