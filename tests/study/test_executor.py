@@ -560,3 +560,83 @@ def test_verify_takes_a_record_written_with_the_old_fingerprint_for_the_same_run
     other = {**stored, "config": {**config, "lr": 2e-3}}
     assert same_run_problem(other, planned, here=False) is not None
     assert len(set(compare(other, new)["fields"]["fingerprint"])) == 2
+
+
+OLD_COMMIT = "b378b51dceae3ec2d17068cd789e3adfec7d4bdf"
+NEW_COMMIT = "c4bff33" + "0" * 33
+REVISIONS = {  # (the record's git_commit, the re-run's): the code changed, or one side does not know its code
+    "other code": (OLD_COMMIT, NEW_COMMIT),
+    "record names none": (None, NEW_COMMIT),
+    "re-run names none": (OLD_COMMIT, None),
+}
+FIRST_LOSS = {  # relative change of the re-run's first stored training loss -> the words the note must hold
+    "agree": (1e-7, "agree"),
+    "differ": (1e-2, "differ"),
+    "absent": (None, None),
+}
+
+
+def verify_pair(stored_commit, new_commit, first_change, valid_delta=1e-3) -> tuple[dict, dict]:
+    """A stored record and a re-run of the same settings whose valid/loss differs by ``valid_delta``, with the code
+    revisions given; the re-run's first stored training loss is the record's times ``1 + first_change`` (no curve
+    at all where ``first_change`` is ``None``)."""
+    from coupled_qk.study.records import settings_of
+
+    config = settings_of(TrainConfig(task="mqar", max_steps=1000, lr=1e-3, model={"attention": "coupled"}))
+    stored = {"config": config, "tokens": 1024000, "steps": 1000, "final": {"valid/loss": 0.19951062965393065}}
+    new = {**stored, "final": {"valid/loss": 0.19951062965393065 + valid_delta}}
+    if first_change is not None:
+        stored["curve"] = {"train": [[51200, 2.5713255405426025], [102400, 1.57]]}
+        new["curve"] = {"train": [[51200, 2.5713255405426025 * (1 + first_change)], [102400, 1.2]]}
+    for rec, commit in ((stored, stored_commit), (new, new_commit)):
+        if commit is not None:
+            rec["git_commit"] = commit
+    return stored, new
+
+
+@pytest.mark.parametrize("first", FIRST_LOSS)
+@pytest.mark.parametrize("revisions", REVISIONS)
+def test_verify_says_a_mismatch_was_re_trained_with_other_code(revisions, first):
+    """A mismatch re-trained with another (or an unknown) code revision than the record's keeps its MISMATCH line and
+    adds one that names both revisions (7 digits, ``unknown`` where missing) and says the difference may come from
+    changes since the record; where both records store a first training loss, the line says whether those agree
+    (the same start: rounding amplified) or differ (another start). The revisions never change the match."""
+    from coupled_qk.study.verify import compare, format_comparison, is_match
+
+    stored_commit, new_commit = REVISIONS[revisions]
+    change, words = FIRST_LOSS[first]
+    stored, new = verify_pair(stored_commit, new_commit, change)
+    result = compare(stored, new)
+    assert result["revision"] == (stored_commit, new_commit)
+    assert is_match(result, 1e-4) is False and is_match(result, 2e-3) is True  # decided by valid/loss alone
+    result.update(match=False, tolerance=1e-4, record="x")
+    lines = format_comparison(result).splitlines()
+    shown = [c[:7] if c else "unknown" for c in (stored_commit, new_commit)]
+    assert lines[-2].startswith("MISMATCH: valid/loss differs by +0.001 (tolerance 0.0001)")
+    assert f"({shown[0]} -> {shown[1]})" in lines[-1] and "not only from a fault" in lines[-1]
+    assert [line.split()[2:4] for line in lines if line.startswith("code revision")] == [shown]
+    first_rows = [line for line in lines if line.startswith("first train/loss")]
+    if words is None:
+        assert not first_rows and "training losses" not in lines[-1]
+    else:
+        a = 2.5713255405426025
+        assert f"first stored training losses {words} (at 51200 tokens" in lines[-1]
+        stored_loss, new_loss, delta = (float(x) for x in first_rows[0].split()[2:5])
+        assert (stored_loss, new_loss) == (pytest.approx(a, rel=1e-9), pytest.approx(a * (1 + change), rel=1e-9))
+        assert delta == pytest.approx(a * change, rel=5e-3)  # shown to 3 significant digits
+    result.update(match=True)
+    assert format_comparison(result).splitlines()[-1].startswith("MATCH")  # a match needs no words on the code
+
+
+@pytest.mark.parametrize("first", FIRST_LOSS)
+def test_verify_of_the_same_code_reads_as_before(first):
+    """With the record's own code revision, a mismatch's verdict is the MISMATCH line alone, as before the revisions
+    were shown; the revision row says ``equal``."""
+    from coupled_qk.study.verify import compare, format_comparison
+
+    stored, new = verify_pair(OLD_COMMIT, OLD_COMMIT, FIRST_LOSS[first][0])
+    result = compare(stored, new)
+    result.update(match=False, tolerance=1e-4, record="x")
+    lines = format_comparison(result).splitlines()
+    assert lines[-1] == "MISMATCH: valid/loss differs by +0.001 (tolerance 0.0001); re-run record: x"
+    assert [line.split()[2:] for line in lines if line.startswith("code revision")] == [["b378b51", "b378b51", "equal"]]

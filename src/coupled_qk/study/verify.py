@@ -13,6 +13,16 @@ count, torch build and CPU the re-run repeats the floating-point operations in t
 record's (differences of 0 or float rounding); another thread count changes the order of reductions and, after
 thousands of steps, the last digits of the losses. A verification interrupted or repeated resumes or reuses its own
 scratch run folder (:func:`verify_record` says which).
+
+Equality is promised only for the same code as well: each record stores the revision it was trained with
+(``git_commit``, the checkout's ``HEAD``; uncommitted changes are not seen), and the comparison shows the record's
+next to the re-run's. It is never part of the match; where the two differ (or one is unknown), a mismatch's verdict
+says that the code changed since the record, since a deliberate change (of how weights are initialised, or of
+rounding) also changes a re-run's metrics, and a chaotic training run amplifies a rounding difference to far more
+than the tolerance (docs/results/claims/verify-mqar-coupled-reproduction.md). The first training loss both records'
+curves store (the first logged step, at ``log_interval``) tells the two apart: equal (to :data:`FIRST_LOSS_AGREE`)
+when the runs started from the same weights and data, so the final difference grew during training; different when
+the initial weights, the data or the computation differ from the first step.
 """
 
 from __future__ import annotations
@@ -27,6 +37,10 @@ from coupled_qk.study.records import fingerprint, record_path, record_problem
 
 PRIMARY = ("test/loss", "valid/loss")
 COMPARED = ("fingerprint", "tokens", "steps", "stop_reason")
+FIRST_LOSS_AGREE = 1e-5
+"""Largest relative difference at which the first stored training losses of two runs count as equal: runs from the
+same initial weights and data agree to about 1e-7 there, whatever the code's rounding or the CPU; another
+initialisation differs in the second or third digit (docs/results/claims/verify-mqar-coupled-reproduction.md)."""
 
 
 def read_record(path: str | Path) -> tuple[dict, Path]:
@@ -89,10 +103,28 @@ def settings_fingerprint(rec: dict) -> str | None:
     return fingerprint(config) if isinstance(config, dict) else None
 
 
+def first_train_loss(stored: dict, new: dict) -> tuple[int, float, float, float] | None:
+    """``(tokens, stored, new, new - stored)`` of the first training loss both records' compact curves store
+    (``curve["train"][0]``, ``[tokens, loss]``), or ``None`` where either record stores none or the two first
+    points lie at different token counts (then they are not comparable)."""
+    points = []
+    for rec in (stored, new):
+        curve = rec.get("curve")
+        train = curve.get("train") if isinstance(curve, dict) else None
+        first = train[0] if isinstance(train, list) and train else None
+        if not (isinstance(first, list) and len(first) == 2 and all(isinstance(x, (int, float)) for x in first)):
+            return None
+        points.append(first)
+    (tokens, a), (tokens_new, b) = points
+    return (tokens, a, b, b - a) if tokens == tokens_new else None
+
+
 def compare(stored: dict, new: dict) -> dict:
     """Differences between two records of one run: ``{"fields": {name: (stored, new)}, "metrics": {name:
-    (stored, new, new - stored)}, "primary": name, "delta": new - stored of the primary metric}``; the
-    ``fingerprint`` field holds both records' :func:`settings_fingerprint`."""
+    (stored, new, new - stored)}, "primary": name, "delta": new - stored of the primary metric, "revision":
+    (stored, new) git_commit, each ``None`` where unknown, "first_train": first_train_loss(...)}``; the
+    ``fingerprint`` field holds both records' :func:`settings_fingerprint`. ``revision`` and ``first_train`` are
+    context for the verdict (:func:`format_comparison`), never part of the match."""
     fields = {k: (stored.get(k), new.get(k)) for k in COMPARED}
     fields["fingerprint"] = (settings_fingerprint(stored), settings_fingerprint(new))
     fields["best_step"] = ((stored.get("best") or {}).get("step"), (new.get("best") or {}).get("step"))
@@ -107,7 +139,17 @@ def compare(stored: dict, new: dict) -> dict:
         "metrics": metrics,
         "primary": primary,
         "delta": metrics[primary][2] if primary else math.nan,
+        "revision": (stored.get("git_commit"), new.get("git_commit")),
+        "first_train": first_train_loss(stored, new),
     }
+
+
+def is_match(result: dict, tolerance: float) -> bool:
+    """Whether :func:`compare`'s ``result`` is a reproduction: every compared field (all but ``best_step``) equal and
+    ``|delta|`` of the primary metric at most ``tolerance`` nats. The code revisions and the first training losses
+    are context only: they never decide the match (nor ``study verify``'s exit status)."""
+    same_fields = all(a == b for name, (a, b) in result["fields"].items() if name != "best_step")
+    return bool(same_fields and abs(result["delta"]) <= tolerance)
 
 
 def verify_record(
@@ -160,9 +202,8 @@ def verify_record(
     torch.set_num_threads(threads)
     new = run_unit(study, unit, places, reuse_elsewhere=False)
     result = compare(stored, new)
-    same_fields = all(a == b for name, (a, b) in result["fields"].items() if name != "best_step")
     result.update(
-        match=bool(same_fields and abs(result["delta"]) <= tolerance),
+        match=is_match(result, tolerance),
         tolerance=tolerance,
         record=str(new_path),
         run_folder="reused" if reused else "trained",
@@ -170,16 +211,64 @@ def verify_record(
     return result
 
 
+def _short(commit) -> str:
+    """A revision as ``git log --oneline`` shows it (7 hex digits), ``"unknown"`` for ``None``."""
+    return commit[:7] if isinstance(commit, str) and commit else "unknown"
+
+
+def other_code_note(result: dict) -> str | None:
+    """The verdict's words on the code revisions of :func:`compare`'s ``result``: ``None`` where the record and the
+    re-run name the same revision, else a sentence saying the re-run used other (or unknown) code and, where both
+    records store a first training loss, what its agreement says about where the difference comes from."""
+    stored, new = result.get("revision", (None, None))
+    if stored is not None and stored == new:
+        return None
+    note = (
+        f"re-trained with other code ({_short(stored)} -> {_short(new)}): a difference may come from changes since "
+        "the record (initialisation, rounding), not only from a fault"
+        if stored is not None and new is not None
+        else f"the code revision of the {'record' if stored is None else 're-run'} is unknown ({_short(stored)} -> "
+        f"{_short(new)}): a difference may come from changes to the code (initialisation, rounding), not only from a "
+        "fault"
+    )
+    first = result.get("first_train")
+    if first is None:
+        return note
+    tokens, a, _, d = first
+    if abs(d) <= FIRST_LOSS_AGREE * max(abs(a), 1e-12):
+        return note + (
+            f"; the first stored training losses agree (at {tokens} tokens, {d:+.2g}): the same initial weights and "
+            "data, so the difference grew during training (rounding, amplified)"
+        )
+    return note + (
+        f"; the first stored training losses differ (at {tokens} tokens, {d:+.3g}): the runs differ from the start "
+        "(initial weights, data or the computation; after a changed initialisation the re-run is a new draw, not a "
+        "reproduction)"
+    )
+
+
 def format_comparison(result: dict) -> str:
-    """Plain-text table of :func:`verify_record`'s result and its verdict line."""
+    """Plain-text table of :func:`verify_record`'s result (with the code revision of the record and of the re-run,
+    and the first training loss both store) and its verdict line; on a mismatch with other or unknown code, a line
+    saying so (:func:`other_code_note`)."""
     lines = ["field / metric              stored                 re-run                 difference"]
     for name, (a, b) in result["fields"].items():
         lines.append(f"{name:27s} {a!s:22s} {b!s:22s} {'equal' if a == b else 'DIFFERENT'}")
+    if "revision" in result:
+        a, b = result["revision"]
+        same = a is not None and a == b
+        lines.append(f"{'code revision':27s} {_short(a):22s} {_short(b):22s} {'equal' if same else 'other code'}")
     for name, (a, b, d) in result["metrics"].items():
         lines.append(f"{name:27s} {a:<22.10g} {b:<22.10g} {d:+.3g}")
+    if result.get("first_train") is not None:
+        tokens, a, b, d = result["first_train"]
+        lines.append(f"{'first train/loss':27s} {a:<22.10g} {b:<22.10g} {d:+.3g} (at {tokens} tokens)")
     verdict = "MATCH" if result["match"] else "MISMATCH"
     lines.append(
         f"{verdict}: {result['primary']} differs by {result['delta']:+.3g} (tolerance {result['tolerance']:g}); "
         f"re-run record: {result['record']}"
     )
+    note = None if result["match"] else other_code_note(result)
+    if note:
+        lines.append(note)
     return "\n".join(lines)
