@@ -86,7 +86,7 @@ def step_pairs(batch: int) -> dict:
     layer = std.blocks[0].attn
     q = torch.randn(batch, 4, 1, 32)
     qk_map = mlp.blocks[0].attn
-    fold = cpl.blocks[0].attn.decoding_fold  # bound once: each submodule read costs ~3 us (Module.__getattr__)
+    fold = cpl.blocks[0].attn.decoding_fold  # bound once: each submodule read costs 1-3 us (Module.__getattr__)
 
     def update():
         cache.update(0, k, k)

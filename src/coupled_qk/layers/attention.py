@@ -359,7 +359,7 @@ class CausalSelfAttention(nn.Module):
             check_layer_inputs(self, x, rope, key_mask)
         b, t, _ = x.shape
         h, hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
-        qk_map = self._modules.get("qk_map")  # read once: Module.__getattr__ costs ~3 us a call
+        qk_map = self._modules.get("qk_map")  # read once: a submodule read goes through Module.__getattr__ (slow)
         has_map = qk_map is not None
         tables: Sequence[torch.Tensor] = () if rope is None else rope  # read with use_rope only
         folded = None
