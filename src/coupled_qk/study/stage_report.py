@@ -649,13 +649,15 @@ class Headline:
         ):
             done = 0 if c1 is None else c1.get("n", 0)
             total = "?" if c1 is None else c1.get("expected_n", "?")
+            lrs = report.get("chosen_lr") or {}
+            chosen = f" Learning rates chosen on the grid: {_lr_text(lrs)}." if lrs else ""
             return (
-                f"**Converged regime (`{name}`): no statement yet.** Its {claim} cell (coupled vs standard, paired "
+                f"**Tuned and annealed (`{name}`): no statement yet.** Its {claim} cell (coupled vs standard, paired "
                 f"seeds) has {done} of {total} pairs; by the study's pre-registered rule nothing is read from it "
-                f"before it is complete. Progress: [docs/results/claims/{name}.md](docs/results/claims/{name}.md)."
+                f"before it is complete.{chosen} Progress: "
+                f"[docs/results/claims/{name}.md](docs/results/claims/{name}.md)."
             )
-        lrs = report.get("chosen_lr") or {}
-        lr_text = ", ".join(f"{v} {lr:g}" for v, lr in lrs.items())
+        lr_text = _lr_text(report.get("chosen_lr") or {})
         tokens = f" of {self.train_tokens:,} training tokens" if self.train_tokens else ""
         paper = c1["paper_effect"]
         where = "outside" if not c1["low"] <= paper <= c1["high"] else "inside"
@@ -678,6 +680,11 @@ class Headline:
         if pooled:
             text += f" Both pooled, an exploratory reading ({pooled['n']} pairs): {_interval(pooled)}."
         return text + f" Full report: [docs/results/claims/{name}.md](docs/results/claims/{name}.md)."
+
+
+def _lr_text(lrs: dict) -> str:
+    """``{variant: lr}`` as ``"standard 0.002, coupled 0.002"``."""
+    return ", ".join(f"{v} {lr:g}" for v, lr in lrs.items())
 
 
 def _interval(row: dict) -> str:
