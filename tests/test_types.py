@@ -30,3 +30,34 @@ def test_mypy_passes_on_the_core():
     modules = sum(len(list((ROOT / "src" / "coupled_qk" / p).rglob("*.py"))) for p in CORE)
     checked = re.search(r"Success: no issues found in (\d+) source files", done.stdout)
     assert checked is not None and int(checked.group(1)) == modules, done.stdout
+
+
+SNIPPET = """
+import torch
+from coupled_qk.layers.attention import CausalSelfAttention
+from coupled_qk.models.gpt import GPT
+
+CausalSelfAttention(64, 4, "2", 16)  # LINE attention
+def f(model: GPT) -> None:
+    model.generate(torch.zeros(1, 1, dtype=torch.long), 3, compiled=True)  # LINE generate
+    reveal_type(model.compile)  # LINE compile
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e .[test])")
+def test_decorated_signatures_are_checked(tmp_path):
+    """A method decorated with ``checks.values.declared_flags`` keeps its signature for the type checker (the
+    decorator is ``Callable[P, R] -> Callable[P, R]``): a wrong argument type to the attention layer's constructor
+    and an unknown keyword to ``GPT.generate`` are reported on their lines, and ``GPT.compile`` reads as its own
+    signature, not ``Callable[..., Any]``."""
+    snippet = tmp_path / "uses_the_api.py"
+    snippet.write_text(SNIPPET)
+    lines = {line.split("# LINE ")[1]: n for n, line in enumerate(SNIPPET.splitlines(), 1) if "# LINE " in line}
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", str(snippet)], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+    report = done.stdout + done.stderr
+    assert re.search(rf":{lines['attention']}: error: .*\"CausalSelfAttention\".*\[arg-type\]", report), report
+    assert re.search(rf":{lines['generate']}: error: Unexpected keyword argument \"compiled\"", report), report
+    compile_line = re.search(rf":{lines['compile']}: note: Revealed type is \"(.*)\"", report)
+    assert compile_line is not None and "fullgraph: bool =" in compile_line.group(1), report

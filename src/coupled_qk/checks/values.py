@@ -31,6 +31,9 @@ was numpy's "high is out of bounds for int64" from inside the MQAR data)."""
 MAX_SEED = 2**32 - 1
 """The largest seed: seeds reach numpy's legacy generator (``np.random.seed``), which takes ``[0, 2**32)``."""
 
+_P = typing.ParamSpec("_P")
+_R = typing.TypeVar("_R")
+
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 _NONE = ("none", "null")
@@ -367,7 +370,7 @@ class FlagError(TypeError, ValueError):
     a ``ValueError`` (the command line reports those in one line, as it does the other argument checks)."""
 
 
-def declared_flags(fn: Callable) -> Callable:
+def declared_flags(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """Decorate a public function or method so that each call checks its ``bool`` parameters (annotated ``bool``, or
     ``bool | None`` which also takes ``None``): ``GPT.generate(idx, 3, compile="False")`` compiled, a non-empty
     string being true. Checked before the body runs, by position or keyword, without binding the signature (about
@@ -391,7 +394,7 @@ def declared_flags(fn: Callable) -> Callable:
             flags[param.name] = (index if positional else None, optional)
 
     @functools.wraps(fn)
-    def checked(*args, **kwargs):
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         for name, (index, optional) in flags.items():
             if name in kwargs:
                 value = kwargs[name]
@@ -406,7 +409,7 @@ def declared_flags(fn: Callable) -> Callable:
                 )
         return fn(*args, **kwargs)
 
-    checked.declared_flags = tuple(flags)
+    checked.declared_flags = tuple(flags)  # type: ignore[attr-defined]  # a function attribute no Callable type declares
     return checked
 
 

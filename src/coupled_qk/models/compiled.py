@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -285,7 +285,9 @@ def compile_regions(module: nn.Module, **kwargs) -> list[GPTCompileMixin]:
     contains (a classifier wrapping a GPT included); a module without one is compiled whole, in place
     (``nn.Module.compile``: its ``state_dict`` keeps its names). ``kwargs`` go to :func:`torch.compile`.
     Returns the compiled GPTs (empty for a whole-module compile). Undo with :func:`uncompile_regions`."""
-    gpts: list[GPTCompileMixin] = [m for m in module.modules() if isinstance(m, GPTCompileMixin)]
+    # read as objects: a type checker cannot narrow nn.Module to GPTCompileMixin (their compile methods differ)
+    submodules: Iterable[object] = module.modules()
+    gpts = [m for m in submodules if isinstance(m, GPTCompileMixin)]
     for g in gpts:
         g.compile(**kwargs)
     if not gpts:

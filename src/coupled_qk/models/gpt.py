@@ -61,11 +61,13 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model)
+        n_kv_heads, d_head = config.n_kv_heads, config.d_head
+        assert n_kv_heads is not None and d_head is not None, "GPTConfig derives n_kv_heads and d_head, never None"
         self.attn = CausalSelfAttention(
             config.d_model,
             config.n_heads,
-            config.n_kv_heads,
-            config.d_head,
+            n_kv_heads,
+            d_head,
             **get_attention(config.attention).layer_kwargs(config.qk_map),
             layer_idx=layer_idx,
             map_position=config.map_position,
@@ -102,7 +104,9 @@ class BlockTrace:
     record: AttentionRecord
 
 
-class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):
+# GPT.compile (GPTCompileMixin) is regional compilation with torch.compile's named arguments, returning the model:
+# its public API, deliberately unlike nn.Module.compile(*args, **kwargs) -> None, which it replaces.
+class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):  # type: ignore[misc]
     """GPT language model with a selectable attention variant.
 
     ``model(idx)`` maps token ids ``idx`` (LongTensor ``(B, T)``, ``T <= block_size``) to logits

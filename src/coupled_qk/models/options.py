@@ -124,8 +124,8 @@ class MapOptions(CheckedAssignment):
         return [f.name for f in dataclasses.fields(cls)]
 
 
-HIDDEN = dict(lo=1)
+HIDDEN: dict[str, Any] = dict(lo=1)
 """Declaration of a coupling network's width ``hidden`` (``None`` or >= 1): ``option(None, **HIDDEN)``."""
-DT_INIT = dict(lo=-FLOAT32_MAX, hi=FLOAT32_MAX)
+DT_INIT: dict[str, Any] = dict(lo=-FLOAT32_MAX, hi=FLOAT32_MAX)
 """Declaration of an initial step ``dt_init`` (any number a float32 parameter holds: 1e308 is finite in Python
 but infinite in float32): ``option(0.1, **DT_INIT)``."""
