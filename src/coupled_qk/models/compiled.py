@@ -187,17 +187,7 @@ class GPTCompileMixin:
                 return self._decode_step
             settings = kept  # the model moved: the same step again, built for its device
             backend, mode, fullgraph, options = (kept[k] for k in ("backend", "mode", "fullgraph", "options"))
-        cuda = device == "cuda"
-        if options is not None:
-            if mode not in ("auto", None):
-                raise ValueError(
-                    f"compiled_decode_step: mode={mode!r} and options cannot both be given "
-                    "(torch.compile takes one or the other); use mode='auto' or None with options"
-                )
-            options = {**({"triton.cudagraphs": True} if cuda and mode == "auto" else {}), **options}
-            mode = None
-        elif mode == "auto":
-            mode = "reduce-overhead" if cuda else None
+        mode, options = compile_mode(mode, options, cuda=device == "cuda")
         make_graph_room()
         compiled = torch.compile(
             self.decode_step, backend=backend, mode=mode, dynamic=False, fullgraph=fullgraph, options=options
@@ -239,6 +229,24 @@ class GPTCompileMixin:
 
         self._decode_step, self._decode_settings = step, {**settings, "device": device}
         return step
+
+
+def compile_mode(mode: str | None, options: dict | None, cuda: bool) -> tuple[str | None, dict | None]:
+    """``torch.compile``'s ``(mode, options)`` for :meth:`GPTCompileMixin.compiled_decode_step`'s: ``"auto"`` is
+    ``"reduce-overhead"`` (CUDA graphs) on CUDA and the default mode elsewhere; with ``options`` (which
+    ``torch.compile`` takes instead of a mode) ``"auto"`` on CUDA becomes ``options["triton.cudagraphs"] = True``.
+
+    Raises:
+        ValueError: ``options`` with a ``mode`` other than ``"auto"`` or ``None``.
+    """
+    if options is None:
+        return ("reduce-overhead" if cuda else None) if mode == "auto" else mode, None
+    if mode not in ("auto", None):
+        raise ValueError(
+            f"compiled_decode_step: mode={mode!r} and options cannot both be given "
+            "(torch.compile takes one or the other); use mode='auto' or None with options"
+        )
+    return None, {**({"triton.cudagraphs": True} if cuda and mode == "auto" else {}), **options}
 
 
 DECODE_DEFAULTS = dict(backend="inductor", mode="auto", fullgraph=False, options=None)

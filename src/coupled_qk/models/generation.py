@@ -123,6 +123,20 @@ class GPTGenerationMixin:
             )
         if compile:
             return self._generate_compiled(idx, max_new_tokens, temperature, top_k, generator, attention_mask)
+        return self._generate_eager(idx, max_new_tokens, temperature, top_k, use_cache, generator, attention_mask)
+
+    def _generate_eager(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        use_cache: bool,
+        generator: torch.Generator | None,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """:meth:`generate` within the context, eagerly (arguments checked there): ``(B, T + max_new_tokens)``."""
+        total = idx.shape[1] + max_new_tokens
         cache = self.new_cache(max(total, 1)) if use_cache else None
         b, t = idx.shape
         out = idx.new_empty(b, total)
