@@ -239,6 +239,8 @@ def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
         cwd=tmp_path,
     )
     assert res.returncode == 0 and "MATCH: test/loss differs by +0" in res.stdout, res.stdout + res.stderr[-2000:]
+    rows = {line[:27].strip(): line[27:].split() for line in res.stdout.splitlines()}
+    assert rows["initial weights (sha256)"][2] == "equal" and ("host" in rows or "host (re-run)" in rows)
     assert (runs / "verify" / "toy-converged" / main / "coupled" / "seed1").is_dir()
     # a record whose stored loss is off is caught (the verified run folder is reused, nothing retrained)
     tampered = json.loads(rec_path.read_text())
@@ -246,6 +248,7 @@ def test_toy_instance_end_to_end_and_report_recomputed_from_records(tmp_path):
     rec_path.write_text(json.dumps(tampered))
     res = _cli("--protocol", "toy-converged", "--verify", str(rec_path), "--run-root", str(runs), cwd=tmp_path)
     assert res.returncode == 1 and "MISMATCH: test/loss differs by -0.01" in res.stdout, res.stdout + res.stderr
+    assert "the initial weights are bitwise the same (SHA-256)" in res.stdout
 
 
 def test_verify_refuses_what_is_not_a_record_of_the_protocol(tmp_path, capsys):

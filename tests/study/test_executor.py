@@ -640,3 +640,54 @@ def test_verify_of_the_same_code_reads_as_before(first):
     lines = format_comparison(result).splitlines()
     assert lines[-1] == "MISMATCH: valid/loss differs by +0.001 (tolerance 0.0001); re-run record: x"
     assert [line.split()[2:] for line in lines if line.startswith("code revision")] == [["b378b51", "b378b51", "equal"]]
+
+
+HOST = {"cpu": "Intel(R) Xeon(R) Processor", "machine": "x86_64", "system": "Linux", "python": "3.11.7",
+        "torch": "2.13.0+cpu", "threads": 1}  # fmt: skip
+SHA = "7e5de7cc19adb609f2b1771decc6245edaa96a3148145755ac8d74069e499f9c"
+
+
+@pytest.mark.parametrize("revisions", [*REVISIONS, "same code"])
+@pytest.mark.parametrize("weights", ["same", "other", "record names none"])
+@pytest.mark.parametrize("hosts", ["same", "other", "record names none"])
+def test_verify_reads_the_initial_weights_and_the_host_where_records_store_them(revisions, weights, hosts):
+    """Records that store the SHA-256 of their initial weights and their hosts: the table shows both; on a mismatch
+    the checksum, where both records have one, says exactly whether the runs started alike (and replaces the
+    first-loss reading), and another host is named with the note that bitwise equality was not promised there.
+    None of it changes the match."""
+    from coupled_qk.study.verify import compare, format_comparison, is_match
+
+    stored_commit, new_commit = REVISIONS.get(revisions, (OLD_COMMIT, OLD_COMMIT))
+    stored, new = verify_pair(stored_commit, new_commit, 1e-2)
+    new["initial_weights_sha256"] = SHA
+    stored["initial_weights_sha256"] = {"same": SHA, "other": "0" + SHA[1:], "record names none": None}[weights]
+    new["hosts"] = [HOST]
+    stored["hosts"] = {"same": [HOST], "other": [HOST, {**HOST, "threads": 2}], "record names none": None}[hosts]
+    result = compare(stored, new)
+    assert is_match(result, 1e-4) is False and is_match(result, 2e-3) is True
+    result.update(match=False, tolerance=1e-4, record="x")
+    lines = format_comparison(result).splitlines()
+    verdict = lines.index("MISMATCH: valid/loss differs by +0.001 (tolerance 0.0001); re-run record: x")
+    notes, table = " ".join(lines[verdict + 1 :]), lines[:verdict]
+    row = [line.split()[3:] for line in table if line.startswith("initial weights (sha256)")]
+    assert row == [{"same": [SHA[:12], SHA[:12], "equal"], "other": ["0" + SHA[1:12], SHA[:12], "DIFFERENT"],
+                    "record names none": ["unknown", SHA[:12], "unknown"]}[weights]]  # fmt: skip
+    shown = "Intel(R) Xeon(R) Processor, torch 2.13.0+cpu, 1 thread"
+    host_rows = [line[28:] for line in table if line.startswith("host")]
+    assert (
+        host_rows
+        == {
+            "same": [f"{shown} (equal)"],
+            "other": [f"{shown[:-8]}2 threads", f"{shown} (other host)"],
+            "record names none": ["unknown", f"{shown} (unknown)"],
+        }[hosts]
+    )
+    assert ("bitwise the same (SHA-256)" in notes) == (weights == "same")
+    assert ("initial weights differ (SHA-256)" in notes) == (weights == "other")
+    first_loss_read = "first stored training losses differ" in notes
+    assert first_loss_read == (weights == "record names none" and revisions != "same code")
+    assert ("re-trained on another host (record: " + shown[:-8] + "2 threads; re-run: " + shown in notes) == (
+        hosts == "other"
+    )
+    result.update(match=True)
+    assert format_comparison(result).splitlines()[-1].startswith("MATCH")

@@ -331,6 +331,8 @@ def _train(study: Study, unit: Unit, places: Places, cfg, run_dir: Path, defer_w
         "wt2_pending": bool(cell.heldout and defer_wt2),
         "run_dir": str(run_dir),
         "git_commit": source_commit(),
+        "initial_weights_sha256": results.get("initial_weights_sha256"),
+        "hosts": results.get("hosts"),
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     path = record_path(places.out_dir, study.name, *unit.key)

@@ -22,7 +22,11 @@ rounding) also changes a re-run's metrics, and a chaotic training run amplifies 
 than the tolerance (docs/results/claims/verify-mqar-coupled-reproduction.md). The first training loss both records'
 curves store (the first logged step, at ``log_interval``) tells the two apart: equal (to :data:`FIRST_LOSS_AGREE`)
 when the runs started from the same weights and data, so the final difference grew during training; different when
-the initial weights, the data or the computation differ from the first step.
+the initial weights, the data or the computation differ from the first step. Records written since the training loop
+stores its provenance (:mod:`coupled_qk.training.provenance`) also hold the SHA-256 of the initial weights and the
+hosts the run trained on (CPU or GPU model, torch build, thread count): where both records have them, the comparison
+shows them, the checksum decides "the same start" exactly (the first loss is then not needed), and a mismatch on
+another host says that bitwise equality was not promised there.
 """
 
 from __future__ import annotations
@@ -119,12 +123,31 @@ def first_train_loss(stored: dict, new: dict) -> tuple[int, float, float, float]
     return (tokens, a, b, b - a) if tokens == tokens_new else None
 
 
+def last_host(rec: dict) -> dict | None:
+    """The host a record's run last trained on (the last entry of its ``hosts``), or ``None`` for a record written
+    before runs stored their hosts."""
+    hosts = rec.get("hosts")
+    return hosts[-1] if isinstance(hosts, list) and hosts and isinstance(hosts[-1], dict) else None
+
+
+def host_text(about: dict | None) -> str:
+    """One line for a :func:`~coupled_qk.training.provenance.host` dict: ``"<cpu or gpu>, torch <v>, <n>
+    thread(s)"``; ``"unknown"`` for ``None``."""
+    if about is None:
+        return "unknown"
+    threads = about.get("threads")
+    return f"{about.get('gpu') or about.get('cpu', '?')}, torch {about.get('torch', '?')}, {threads} thread" + (
+        "" if threads == 1 else "s"
+    )
+
+
 def compare(stored: dict, new: dict) -> dict:
     """Differences between two records of one run: ``{"fields": {name: (stored, new)}, "metrics": {name:
     (stored, new, new - stored)}, "primary": name, "delta": new - stored of the primary metric, "revision":
-    (stored, new) git_commit, each ``None`` where unknown, "first_train": first_train_loss(...)}``; the
-    ``fingerprint`` field holds both records' :func:`settings_fingerprint`. ``revision`` and ``first_train`` are
-    context for the verdict (:func:`format_comparison`), never part of the match."""
+    (stored, new) git_commit, each ``None`` where unknown, "first_train": first_train_loss(...), "initial_weights":
+    (stored, new) SHA-256 of the initial weights, "host": (stored, new) :func:`last_host`}``; the ``fingerprint``
+    field holds both records' :func:`settings_fingerprint`. ``revision``, ``first_train``, ``initial_weights`` and
+    ``host`` are context for the verdict (:func:`format_comparison`), never part of the match."""
     fields = {k: (stored.get(k), new.get(k)) for k in COMPARED}
     fields["fingerprint"] = (settings_fingerprint(stored), settings_fingerprint(new))
     fields["best_step"] = ((stored.get("best") or {}).get("step"), (new.get("best") or {}).get("step"))
@@ -141,6 +164,8 @@ def compare(stored: dict, new: dict) -> dict:
         "delta": metrics[primary][2] if primary else math.nan,
         "revision": (stored.get("git_commit"), new.get("git_commit")),
         "first_train": first_train_loss(stored, new),
+        "initial_weights": (stored.get("initial_weights_sha256"), new.get("initial_weights_sha256")),
+        "host": (last_host(stored), last_host(new)),
     }
 
 
@@ -219,7 +244,8 @@ def _short(commit) -> str:
 def other_code_note(result: dict) -> str | None:
     """The verdict's words on the code revisions of :func:`compare`'s ``result``: ``None`` where the record and the
     re-run name the same revision, else a sentence saying the re-run used other (or unknown) code and, where both
-    records store a first training loss, what its agreement says about where the difference comes from."""
+    records store a first training loss but not both a checksum of the initial weights, what the first loss's
+    agreement says about where the difference comes from."""
     stored, new = result.get("revision", (None, None))
     if stored is not None and stored == new:
         return None
@@ -232,7 +258,7 @@ def other_code_note(result: dict) -> str | None:
         "fault"
     )
     first = result.get("first_train")
-    if first is None:
+    if first is None or None not in result.get("initial_weights", (None, None)):
         return note
     tokens, a, _, d = first
     if abs(d) <= FIRST_LOSS_AGREE * max(abs(a), 1e-12):
@@ -247,10 +273,42 @@ def other_code_note(result: dict) -> str | None:
     )
 
 
+def other_host_note(result: dict) -> str | None:
+    """The verdict's words on the hosts of :func:`compare`'s ``result``: a sentence where both records name the host
+    they last trained on and the two differ, else ``None``."""
+    stored, new = result.get("host", (None, None))
+    if stored is None or new is None or stored == new:
+        return None
+    return (
+        f"re-trained on another host (record: {host_text(stored)}; re-run: {host_text(new)}): another CPU, torch "
+        "build or thread count may order floating-point reductions differently, so bitwise equality is not promised"
+    )
+
+
+def initial_weights_note(result: dict) -> str | None:
+    """The verdict's words on the SHA-256 of the initial weights in :func:`compare`'s ``result``, where both records
+    store one: the same start (the difference grew during training) or another start (a new draw, not a
+    reproduction); ``None`` where either record stores none."""
+    stored, new = result.get("initial_weights", (None, None))
+    if stored is None or new is None:
+        return None
+    if stored == new:
+        return (
+            "the initial weights are bitwise the same (SHA-256): the runs started alike, so the difference arose "
+            "during training (data order, rounding or a change to the training code)"
+        )
+    return (
+        "the initial weights differ (SHA-256): the runs differ from the start, so the re-run is a new draw, not a "
+        "reproduction (a change to initialisation or seeding)"
+    )
+
+
 def format_comparison(result: dict) -> str:
     """Plain-text table of :func:`verify_record`'s result (with the code revision of the record and of the re-run,
-    and the first training loss both store) and its verdict line; on a mismatch with other or unknown code, a line
-    saying so (:func:`other_code_note`)."""
+    the first training loss both store, and, where either record has them, the SHA-256 of the initial weights and
+    the host) and its verdict line; on a mismatch, a line for each of: other or unknown code
+    (:func:`other_code_note`), another host (:func:`other_host_note`), the initial weights' agreement
+    (:func:`initial_weights_note`)."""
     lines = ["field / metric              stored                 re-run                 difference"]
     for name, (a, b) in result["fields"].items():
         lines.append(f"{name:27s} {a!s:22s} {b!s:22s} {'equal' if a == b else 'DIFFERENT'}")
@@ -263,12 +321,23 @@ def format_comparison(result: dict) -> str:
     if result.get("first_train") is not None:
         tokens, a, b, d = result["first_train"]
         lines.append(f"{'first train/loss':27s} {a:<22.10g} {b:<22.10g} {d:+.3g} (at {tokens} tokens)")
+    a, b = result.get("initial_weights", (None, None))
+    if a is not None or b is not None:
+        same = "equal" if a == b else "unknown" if None in (a, b) else "DIFFERENT"
+        lines.append(f"{'initial weights (sha256)':27s} {(a or 'unknown')[:12]:22s} {(b or 'unknown')[:12]:22s} {same}")
+    a, b = result.get("host", (None, None))
+    if a is not None or b is not None:
+        if a == b:
+            lines.append(f"{'host':27s} {host_text(a)} (equal)")
+        else:
+            lines.append(f"{'host (stored)':27s} {host_text(a)}")
+            lines.append(f"{'host (re-run)':27s} {host_text(b)} ({'unknown' if None in (a, b) else 'other host'})")
     verdict = "MATCH" if result["match"] else "MISMATCH"
     lines.append(
         f"{verdict}: {result['primary']} differs by {result['delta']:+.3g} (tolerance {result['tolerance']:g}); "
         f"re-run record: {result['record']}"
     )
-    note = None if result["match"] else other_code_note(result)
-    if note:
-        lines.append(note)
+    if not result["match"]:
+        notes = (other_code_note(result), other_host_note(result), initial_weights_note(result))
+        lines.extend(note for note in notes if note)
     return "\n".join(lines)

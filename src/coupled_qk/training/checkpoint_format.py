@@ -73,8 +73,11 @@ STATE_KEYS = (
     "global_batch",
     "precision",
     "best",
+    "initial_weights_sha256",
+    "hosts",
 )
-"""The keys of a checkpoint's ``state.json`` (``training.loop``'s ``_Trainer.save``)."""
+"""The keys of a checkpoint's ``state.json`` (``training.loop``'s ``_Trainer.save``; the last two from
+:mod:`coupled_qk.training.provenance`, absent in checkpoints written before it)."""
 BEST_STATE_KEYS = ("metric", "value", "step", "tokens", "epoch")
 """The keys of a best-validation checkpoint's (``best-<step>/``) ``state.json``: the record of
 :func:`coupled_qk.training.best.track_best`."""

@@ -48,6 +48,7 @@ from coupled_qk.training.model_setup import (
     load_optimizer_state,
     wrap_model,
 )
+from coupled_qk.training.provenance import note_host, weights_sha256
 from coupled_qk.training.resume import Schedule, lr_at, plan_batch, plan_schedule
 from coupled_qk.training.run_folder import RunFolder
 from coupled_qk.training.stop import Decision, SignalCatcher, StopControl, TrainingDiverged, TrainingInterrupted
@@ -186,6 +187,9 @@ class _Trainer:
         resumed = run.checkpoint(where) if where is not None else None
         if resumed is not None:
             resumed.load_weights(self.model)
+        else:  # before any wrapper replaces the parameters; a resumed run keeps its first start's checksum
+            state["initial_weights_sha256"] = weights_sha256(self.model)
+        note_host(state, runtime.device)
         self.wrapped = wrap_model(
             self.model, cfg, runtime
         )  # FSDP2 replaces the parameters: build the optimizer after it
@@ -370,6 +374,8 @@ class _Trainer:
             "final_from": final_from,
             "device": str(runtime.device),
             "precision": runtime.precision,  # the experiment runner compares it
+            "initial_weights_sha256": state.get("initial_weights_sha256"),  # None: resumed from an older checkpoint
+            "hosts": state.get("hosts"),
             "world_size": runtime.world,
             "final": final,
             "compile": compile_status,

@@ -90,6 +90,8 @@ RESULTS_KEYS = (
     "final_from",
     "device",
     "precision",
+    "initial_weights_sha256",
+    "hosts",
     "world_size",
     "final",
     "compile",
