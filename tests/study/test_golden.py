@@ -28,10 +28,10 @@ from coupled_qk.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
-REPORTS = ("cpu", "cpu-short", "gpu-paper", "cpu-converged", "cpu-converged-pubmed")
+REPORTS = ("cpu", "cpu-short", "gpu-paper", "cpu-converged", "cpu-converged-pubmed", "cpu-converged-small")
 """Reports regenerated, in this order (the converged reports read ``cpu.json`` beside them); a study without records
 has no report to rebuild (``--report-only`` refuses it: ``test_report_only_refuses_a_folder_without_records``)."""
-PLANS = (*REPORTS, "smoke", "cpu-converged-small", "gpu-60m", "toy-converged", "toy-gpu-60m")
+PLANS = (*REPORTS, "smoke", "gpu-60m", "toy-converged", "toy-gpu-60m")
 ELSEWHERE = ()
 """Studies whose default report folder is not ``docs/results/claims``."""
 

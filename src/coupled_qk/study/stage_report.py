@@ -190,25 +190,23 @@ class StageReport:
 
     def _difference_row(self, claim, ev) -> dict:
         """A difference of two paired changes (e.g. the same comparison at two model sizes, the arms of one in
-        another study): both changes' seeds, the difference with its interval (Welch's for unpaired studies), and
-        ``complete`` once both pairs have every planned seed."""
+        another study): each change's own count of paired seeds (named by its study, ``here`` for this one), the
+        difference with its interval (Welch's for unpaired studies) once both have two, and ``complete`` once both
+        have every planned seed."""
         test = claim.test
         row = {"claim": claim.id, "effect": test.label}
-        one, two = ({}, {})
-        try:
-            one, two = test.changes(ev.but(min_seeds=2))
-        except NotReady:
-            pass
-        expected = [min(len(ev.of(a).expected_seeds(a.cell)) for a in pair) for pair in (test.first, test.second)]
-        row.update(n=len(one) + len(two), n_pairs=[len(one), len(two)], expected_n=expected)
-        if min(len(one), len(two)) < 2:
-            return {**row, "status": f"running ({len(one)} of {expected[0]}, {len(two)} of {expected[1]} pairs)"}
+        pairs = (test.first, test.second)
+        seeds = [ev.but(min_seeds=0).pairs(a, b)[0] for a, b in pairs]  # each side's own paired seeds
+        counts = [len(s) for s in seeds]
+        expected = [min(len(ev.of(a).expected_seeds(a.cell)) for a in pair) for pair in pairs]
+        row.update(n=sum(counts), n_pairs=counts, seeds=seeds, expected_n=expected)
+        where = [pair[0].study or "here" for pair in pairs]
+        running = f"running ({where[0]} {counts[0]} of {expected[0]}, {where[1]} {counts[1]} of {expected[1]} pairs)"
+        if min(counts) < 2:
+            return {**row, "status": running}
         r = test.difference(ev.but(min_seeds=2))
         row.update(mean=r["mean"], low=r["low"], high=r["high"], p=r["p"], verdict=self._reading(r["low"], r["high"]))
-        done = len(one) >= expected[0] and len(two) >= expected[1]
-        row["status"] = (
-            "complete" if done else f"running ({len(one)} of {expected[0]}, {len(two)} of {expected[1]} pairs)"
-        )
+        row["status"] = "complete" if all(c >= e for c, e in zip(counts, expected)) else running
         return row
 
     def _holm(self, rows: list[dict]) -> None:

@@ -1,0 +1,118 @@
+"""The committed converged reports' claim numbers, recomputed here from the raw run records with SciPy alone (none of
+``coupled_qk.study``): each paired change's per-seed values, mean, 95% t interval, p, power for a true 1% change and
+the change detectable at 80% power; the seed-variance ratio's Pitman-Morgan interval; the size interaction's Welch
+difference, which is absent until both sizes have two pairs and is then checked the same way. A report that stated
+a number its records do not give, or a row computed from the wrong runs, fails here."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+CLAIMS = Path(__file__).resolve().parents[2] / "docs" / "results" / "claims"
+
+PUBMED = "cpu-converged-pubmed-main"
+PAIRS = {  # (study, claim) -> (cell and variant of the reference arm a, of the arm b); the change is b vs a
+    ("cpu-converged", "C1"): (("cpu-converged-main", "standard"), ("cpu-converged-main", "coupled")),
+    ("cpu-converged", "C3"): (("cpu-converged-uncoupled", "uncoupled_mlp"), ("cpu-converged-main", "coupled")),
+    ("cpu-converged", "C6"): (("cpu-converged-matched", "standard"), ("cpu-converged-main", "coupled")),
+    ("cpu-converged", "C1-fresh"): (("cpu-converged-fresh", "standard"), ("cpu-converged-fresh", "coupled")),
+    ("cpu-converged-pubmed", "C9"): ((PUBMED, "standard"), (PUBMED, "coupled")),
+    ("cpu-converged-small", "C1"): (("cpu-converged-small-main", "standard"), ("cpu-converged-small-main", "coupled")),
+}
+
+
+def ppl_of(study: str, cell: str, variant: str) -> dict[int, float]:
+    """``{seed: final test perplexity}`` of every committed record of one arm."""
+    folder = CLAIMS / "runs" / study / cell / variant
+    out = {}
+    for path in sorted(folder.glob("seed*.json")):
+        rec = json.loads(path.read_text())
+        out[rec["seed"]] = rec["final"]["test/perplexity"]
+    return out
+
+
+def changes(study: str, claim: str) -> dict[int, float]:
+    """``{seed: 100 * (ppl_b / ppl_a - 1)}`` on the seeds both arms have."""
+    (cell_a, var_a), (cell_b, var_b) = PAIRS[study, claim]
+    a, b = ppl_of(study, cell_a, var_a), ppl_of(study, cell_b, var_b)
+    return {s: 100 * (b[s] / a[s] - 1) for s in sorted(set(a) & set(b))}
+
+
+def row_of(study: str, claim: str) -> dict:
+    report = json.loads((CLAIMS / f"{study}.json").read_text())
+    return next(r for r in report["claims"] if r["claim"] == claim)
+
+
+def power(effect: float, sd: float, n: int) -> float:
+    """Two-sided one-sample t test at 5%: P(|T| > t_crit) with T noncentral, noncentrality effect / (sd / sqrt n)."""
+    crit, ncp = stats.t.ppf(0.975, n - 1), effect / (sd / math.sqrt(n))
+    return stats.nct.sf(crit, n - 1, ncp) + stats.nct.cdf(-crit, n - 1, ncp)
+
+
+@pytest.mark.parametrize(("study", "claim"), sorted(PAIRS))
+def test_a_paired_change_is_what_its_records_give(study, claim):
+    """Per-seed changes, mean, t interval and p from the records; where the row states them, power for 1% and the
+    80%-power detectable change (at which the recomputed power is 0.80). A row with fewer than two pairs states no
+    number."""
+    row, per_seed = row_of(study, claim), changes(study, claim)
+    if "mean" not in row:
+        assert len(per_seed) < 2 or row["status"].startswith("running"), row
+        assert "low" not in row and "high" not in row
+        return
+    seeds = row.get("seeds", sorted(per_seed))
+    values = [per_seed[s] for s in seeds]
+    n = len(values)
+    assert n == row["n"] >= 2
+    assert row.get("per_seed", values) == pytest.approx(values, rel=1e-12, abs=1e-12)
+    mean, sd = sum(values) / n, stats.tstd(values)
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    assert (row["mean"], row["low"], row["high"]) == pytest.approx((mean, mean - half, mean + half), rel=1e-9)
+    if "p" in row:
+        assert row["p"] == pytest.approx(stats.ttest_1samp(values, 0.0).pvalue, rel=1e-9)
+    if "power" in row:
+        assert row["power"] == pytest.approx(power(1.0, sd, n), rel=1e-9)
+        assert power(row["mde80"], sd, n) == pytest.approx(0.8, abs=1e-6)
+
+
+def test_the_seed_variance_ratio_is_pitman_morgans_interval_on_the_records():
+    """C4: var(uncoupled MLP) / var(coupled) of the paired seeds' test perplexities, its 95% interval by the
+    Pitman-Morgan inversion (F (K +- sqrt(K^2 - 1)), K = 1 + 2 (1 - r^2) t^2 / (n - 2)) and its p (the correlation
+    of sums and differences)."""
+    row = row_of("cpu-converged", "C4")
+    u = ppl_of("cpu-converged", "cpu-converged-uncoupled", "uncoupled_mlp")
+    c = ppl_of("cpu-converged", "cpu-converged-main", "coupled")
+    seeds = sorted(set(u) & set(c))
+    x, y = [u[s] for s in seeds], [c[s] for s in seeds]
+    n = len(seeds)
+    f = stats.tvar(x) / stats.tvar(y)
+    r = stats.pearsonr(x, y).statistic
+    k = 1 + 2 * (1 - r**2) * stats.t.ppf(0.975, n - 2) ** 2 / (n - 2)
+    low, high = f * (k - math.sqrt(k * k - 1)), f * (k + math.sqrt(k * k - 1))
+    p = stats.pearsonr([a + b for a, b in zip(x, y)], [a - b for a, b in zip(x, y)]).pvalue
+    assert n == row["n"] == 10
+    assert (row["mean"], row["low"], row["high"], row["p"], row["r"]) == pytest.approx((f, low, high, p, r), rel=1e-9)
+
+
+def test_the_size_interaction_is_welchs_difference_of_the_two_sizes_changes():
+    """C1-size: the larger model's per-seed C1 changes minus the tiny model's on the seeds the row lists, unpaired
+    (Welch's t, its Welch-Satterthwaite interval); no number while either size has fewer than two pairs; the tiny
+    study's side lists every pair of its complete C1."""
+    row = row_of("cpu-converged-small", "C1-size")
+    tiny, small = changes("cpu-converged", "C1"), changes("cpu-converged-small", "C1")
+    assert row["n_pairs"] == [len(s) for s in row["seeds"]]
+    assert set(row["seeds"][0]) <= set(tiny) and set(row["seeds"][1]) <= set(small)  # records may have come since
+    assert row["seeds"][0] == row_of("cpu-converged", "C1")["seeds"]  # the tiny study is complete: all its pairs
+    tiny, small = ({s: d[s] for s in seeds} for d, seeds in zip((tiny, small), row["seeds"]))
+    if min(len(tiny), len(small)) < 2:
+        assert "mean" not in row and row["status"].startswith("running")
+        return
+    a, b = list(tiny.values()), list(small.values())
+    test = stats.ttest_ind(b, a, equal_var=False)
+    interval = test.confidence_interval(0.95)
+    expected = (sum(b) / len(b) - sum(a) / len(a), interval.low, interval.high, test.pvalue)
+    assert (row["mean"], row["low"], row["high"], row["p"]) == pytest.approx(expected, rel=1e-9)
