@@ -99,3 +99,26 @@ def test_a_pubmed_design_states_its_main_claim_c9_against_the_papers_pubmed_valu
     assert "the paper's -4.5% on PubMed" in text and "lies outside this interval" in text
     report["claims"][0].update(status="running (3 of 10 pairs)", n=3)
     assert "Its C9 cell" in converged_headline(report) and "3 of 10 pairs" in converged_headline(report)
+
+
+@pytest.mark.parametrize(
+    "mean,low,high,reading",
+    [
+        (-1.4, -2.6, -0.2, "the change is lower (more favourable to coupling) at this size"),
+        (0.9, 0.1, 1.7, "the change is higher (less favourable to coupling) at this size"),
+        (-0.3, -1.1, 0.5, "no dependence on size detectable at these sample sizes"),
+    ],
+)
+def test_a_complete_size_interaction_is_stated_after_c1_with_its_welch_interval(mean, low, high, reading):
+    """With a complete ``C1-size`` row, the headline adds its difference in percentage points, Welch's interval,
+    the smaller model's study and the reading of the interval; a running row adds nothing."""
+    report = _report()
+    size = {"claim": "C1-size", "status": "complete", "mean": mean, "low": low, "high": high}
+    report["claims"].append({**size, "studies": ["cpu-converged", "here"], "n_pairs": [10, 10]})
+    text = converged_headline(report, 270_841)
+    assert (
+        f"Against the same comparison in `cpu-converged` (the smaller model), this change differs by {mean:+.2f} "
+        f"percentage points [{low:+.2f}, {high:+.2f}] (Welch's interval; the sizes are not paired): {reading}."
+    ) in text
+    report["claims"][-1]["status"] = "running (cpu-converged 10 of 10, here 9 of 10 pairs)"
+    assert "Against the same comparison" not in converged_headline(report, 270_841)

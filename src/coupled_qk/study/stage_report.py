@@ -196,16 +196,17 @@ class StageReport:
         test = claim.test
         row = {"claim": claim.id, "effect": test.label}
         pairs = (test.first, test.second)
+        where = [pair[0].study or "here" for pair in pairs]
         seeds = [ev.but(min_seeds=0).pairs(a, b)[0] for a, b in pairs]  # each side's own paired seeds
         counts = [len(s) for s in seeds]
         expected = [min(len(ev.of(a).expected_seeds(a.cell)) for a in pair) for pair in pairs]
-        row.update(n=sum(counts), n_pairs=counts, seeds=seeds, expected_n=expected)
-        where = [pair[0].study or "here" for pair in pairs]
+        row.update(n=sum(counts), n_pairs=counts, seeds=seeds, studies=where, expected_n=expected)
         running = f"running ({where[0]} {counts[0]} of {expected[0]}, {where[1]} {counts[1]} of {expected[1]} pairs)"
         if min(counts) < 2:
             return {**row, "status": running}
         r = test.difference(ev.but(min_seeds=2))
-        row.update(mean=r["mean"], low=r["low"], high=r["high"], p=r["p"], verdict=self._reading(r["low"], r["high"]))
+        verdict = _difference_words(r["low"], r["high"], where[0])
+        row.update(mean=r["mean"], low=r["low"], high=r["high"], p=r["p"], verdict=verdict)
         row["status"] = "complete" if all(c >= e for c, e in zip(counts, expected)) else running
         return row
 
@@ -677,7 +678,23 @@ class Headline:
         pooled = c1.get("pooled_exploratory")
         if pooled:
             text += f" Both pooled, an exploratory reading ({pooled['n']} pairs): {_interval(pooled)}."
+        size = next((r for r in report["claims"] if r["claim"] == f"{claim}-size"), None)
+        if size is not None and size.get("status") == "complete" and "mean" in size:
+            text += (
+                f" Against the same comparison in `{size['studies'][0]}` (the smaller model), this change differs by "
+                f"{size['mean']:+.2f} percentage points [{size['low']:+.2f}, {size['high']:+.2f}] (Welch's interval; "
+                f"the sizes are not paired): {_size_words(size)}."
+            )
         return text + f" Full report: [docs/results/claims/{name}.md](docs/results/claims/{name}.md)."
+
+
+def _difference_words(low: float, high: float, other: str) -> str:
+    """The reading of a difference of two changes (this study's minus ``other``'s), by its 95% interval."""
+    if high < 0:
+        return f"lower here than in {other} (excluded zero)"
+    if low > 0:
+        return f"higher here than in {other} (excluded zero)"
+    return "no difference detectable (interval includes zero)"
 
 
 def _lr_text(lrs: dict) -> str:
@@ -687,6 +704,15 @@ def _lr_text(lrs: dict) -> str:
 
 def _interval(row: dict) -> str:
     return f"{row['mean']:+.2f}% [{row['low']:+.2f}, {row['high']:+.2f}]"
+
+
+def _size_words(row: dict) -> str:
+    """The headline's reading of a size-interaction row (this size's change minus the smaller model's)."""
+    if row["high"] < 0:
+        return "the change is lower (more favourable to coupling) at this size"
+    if row["low"] > 0:
+        return "the change is higher (less favourable to coupling) at this size"
+    return "no dependence on size detectable at these sample sizes"
 
 
 def _direction_words(row: dict) -> str:
