@@ -116,3 +116,63 @@ def test_the_size_interaction_is_welchs_difference_of_the_two_sizes_changes():
     interval = test.confidence_interval(0.95)
     expected = (sum(b) / len(b) - sum(a) / len(a), interval.low, interval.high, test.pvalue)
     assert (row["mean"], row["low"], row["high"], row["p"]) == pytest.approx(expected, rel=1e-9)
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t interval."""
+    n, mean = len(values), sum(values) / len(values)
+    half = stats.t.ppf(0.975, n - 1) * stats.tstd(values) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def test_c6_with_fresh_data_and_the_value_of_data_are_what_the_records_give():
+    """C6-fresh per seed: coupled (1x) against standard with 2.4x the training articles, the latter's test
+    perplexity per 1x-tokenizer token (its total test nats over the 1x tokenizer's count of the same text); the value
+    of data: the multiple of the 1x articles at which standard's test loss, log-linear in the amount of text between
+    1x and 2.4x, equals coupled's at 1x; the bits-per-byte change (no tokenizer) and standard's own change with 2.4x
+    the articles."""
+    row = row_of("cpu-converged", "C6-fresh")
+    factor = row["factor"]
+    assert factor == 2.4
+    main, fresh = "cpu-converged-main", "cpu-converged-fresh"
+    changes, worth, bpb, more = [], [], [], []
+    for s in row["seeds"]:
+        base, cpl, wide = (
+            json.loads((CLAIMS / "runs" / "cpu-converged" / cell / v / f"seed{s}.json").read_text())["final"]
+            for cell, v in ((main, "standard"), (main, "coupled"), (fresh, "standard"))
+        )
+        wide_ppl = math.exp(wide["test/nll"] / base["test/n_tokens"])
+        changes.append(100 * (cpl["test/perplexity"] / wide_ppl - 1))
+        one, many, target = (math.log(x) for x in (base["test/perplexity"], wide_ppl, cpl["test/perplexity"]))
+        worth.append(factor ** ((target - one) / (many - one)))
+        bpb.append(100 * (cpl["test/bits_per_byte"] / wide["test/bits_per_byte"] - 1))
+        more.append(100 * (wide_ppl / base["test/perplexity"] - 1))
+    assert row["per_seed"] == pytest.approx(changes, rel=1e-12)
+    assert (row["mean"], row["low"], row["high"]) == pytest.approx(t_interval(changes), rel=1e-9)
+    assert row["data_worth"]["per_seed"] == pytest.approx(worth, rel=1e-9)
+    for key, values in (("data_worth", worth), ("bits_per_byte_change", bpb), ("more_data_change", more)):
+        got = row[key]
+        assert (got["mean"], got["low"], got["high"]) == pytest.approx(t_interval(values), rel=1e-9), key
+
+
+ROOT = CLAIMS.parents[2]
+QUOTED = [  # (file, claim of cpu-converged, key inside its row or "", format of mean/low/high), each quoted in prose
+    ("README.md", "C3", "", "C3, {mean:+.2f}% [{low:+.2f}, {high:+.2f}]"),
+    ("README.md", "C4", "", "{mean:.2f} [{low:.2f}, {high:.2f}]"),
+    ("README.md", "C6-fresh", "data_worth", "{mean:.3f}x [{low:.3f}, {high:.3f}] the training text"),
+    ("docs/RESULTS.md", "C1", "pooled_exploratory", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}]"),
+    ("docs/RESULTS.md", "C4", "", "{mean:.2f} [{low:.2f}, {high:.2f}]"),
+    ("docs/RESULTS.md", "C6-fresh", "", "{mean:+.1f}% [{low:+.1f}, {high:+.1f}]"),
+    ("docs/RESULTS.md", "C6-fresh", "data_worth", "{mean:.3f}x [{low:.3f}, {high:.3f}]"),
+    ("docs/RESULTS.md", "C6-fresh", "bits_per_byte_change", "{mean:+.1f}% [{low:+.1f}, {high:+.1f}] in bits"),
+]
+
+
+@pytest.mark.parametrize(("path", "claim", "key", "form"), QUOTED)
+def test_hand_written_sentences_quote_the_committed_numbers(path, claim, key, form):
+    """The README's and RESULTS.md's own sentences (outside the generated blocks) quote each number as the committed
+    report computes it from the records, at the precision they print."""
+    row = row_of("cpu-converged", claim)
+    numbers = row[key] if key else row
+    text = " ".join((ROOT / path).read_text().split())  # sentences wrap across lines
+    assert form.format(**numbers) in text
