@@ -156,23 +156,33 @@ def test_c6_with_fresh_data_and_the_value_of_data_are_what_the_records_give():
 
 
 ROOT = CLAIMS.parents[2]
-QUOTED = [  # (file, claim of cpu-converged, key inside its row or "", format of mean/low/high), each quoted in prose
-    ("README.md", "C3", "", "C3, {mean:+.2f}% [{low:+.2f}, {high:+.2f}]"),
-    ("README.md", "C4", "", "{mean:.2f} [{low:.2f}, {high:.2f}]"),
-    ("README.md", "C6-fresh", "data_worth", "{mean:.3f}x [{low:.3f}, {high:.3f}] the training text"),
-    ("docs/RESULTS.md", "C1", "pooled_exploratory", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}]"),
-    ("docs/RESULTS.md", "C4", "", "{mean:.2f} [{low:.2f}, {high:.2f}]"),
-    ("docs/RESULTS.md", "C6-fresh", "", "{mean:+.1f}% [{low:+.1f}, {high:+.1f}]"),
-    ("docs/RESULTS.md", "C6-fresh", "data_worth", "{mean:.3f}x [{low:.3f}, {high:.3f}]"),
-    ("docs/RESULTS.md", "C6-fresh", "bits_per_byte_change", "{mean:+.1f}% [{low:+.1f}, {high:+.1f}] in bits"),
+QUOTED = [  # (file, study, claim, key inside its row or "", format of mean/low/high): each quoted in prose
+    ("README.md", "cpu-converged", "C3", "", "C3, {mean:+.2f}% [{low:+.2f}, {high:+.2f}]"),
+    ("README.md", "cpu-converged", "C4", "", "{mean:.2f} [{low:.2f}, {high:.2f}]"),
+    ("README.md", "cpu-converged", "C6-fresh", "data_worth", "{mean:.3f}x [{low:.3f}, {high:.3f}] the training text"),
+    ("docs/RESULTS.md", "cpu-converged", "C1", "", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}] test perplexity"),
+    ("docs/RESULTS.md", "cpu-converged", "C1", "pooled_exploratory", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}]"),
+    ("docs/RESULTS.md", "cpu-converged", "C3", "", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}], p (Holm"),
+    ("docs/RESULTS.md", "cpu-converged", "C4", "", "{mean:.2f} [{low:.2f}, {high:.2f}]"),
+    ("docs/RESULTS.md", "cpu-converged", "C6", "", "({mean:+.1f}% [{low:+.1f}, {high:+.1f}])"),
+    ("docs/RESULTS.md", "cpu-converged", "C6-fresh", "", "{mean:+.1f}% [{low:+.1f}, {high:+.1f}]"),
+    ("docs/RESULTS.md", "cpu-converged", "C6-fresh", "data_worth", "{mean:.3f}x [{low:.3f}, {high:.3f}]"),
+    (
+        "docs/RESULTS.md",
+        "cpu-converged",
+        "C6-fresh",
+        "bits_per_byte_change",
+        "{mean:+.1f}% [{low:+.1f}, {high:+.1f}] in",
+    ),
+    ("docs/RESULTS.md", "cpu-converged-pubmed", "C9", "", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}] test perplexity"),
 ]
 
 
-@pytest.mark.parametrize(("path", "claim", "key", "form"), QUOTED)
-def test_hand_written_sentences_quote_the_committed_numbers(path, claim, key, form):
+@pytest.mark.parametrize(("path", "study", "claim", "key", "form"), QUOTED)
+def test_hand_written_sentences_quote_the_committed_numbers(path, study, claim, key, form):
     """The README's and RESULTS.md's own sentences (outside the generated blocks) quote each number as the committed
     report computes it from the records, at the precision they print."""
-    row = row_of("cpu-converged", claim)
+    row = row_of(study, claim)
     numbers = row[key] if key else row
     text = " ".join((ROOT / path).read_text().split())  # sentences wrap across lines
     assert form.format(**numbers) in text
