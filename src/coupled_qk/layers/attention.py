@@ -31,7 +31,7 @@ import torch.nn as nn
 from coupled_qk.checks.values import declared_flags, finite, nonneg_int, positive_int
 from coupled_qk.layers.differential import DifferentialScoring
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
-from coupled_qk.layers.kv_cache import KVCache, StaticKVCache
+from coupled_qk.layers.kv_cache import LayerCache
 from coupled_qk.layers.layer_inputs import check_layer_inputs
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringFactory, ScoringRule, attention_mask_4d, scaled_dot_product
@@ -302,7 +302,7 @@ class CausalSelfAttention(nn.Module):
         """Whether keys are repeated to one per query head before the map (and cached that way)."""
         return self.qk_map is not None and getattr(self.qk_map, "keys_per_query_head", True)
 
-    def decoding_fold(self, cache: KVCache | StaticKVCache) -> FoldedProjection | None:
+    def decoding_fold(self, cache: LayerCache) -> FoldedProjection | None:
         """The map folded into the projection for a single-token step with ``cache``, or ``None`` when folding
         is off (``fold_inference = False``), impossible for this map or cache.
 
@@ -355,7 +355,7 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         rope: Sequence[torch.Tensor] | None = None,
-        cache: KVCache | StaticKVCache | None = None,
+        cache: LayerCache | None = None,
         record: bool = False,
         key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, AttentionRecord]:
