@@ -17,6 +17,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ("ops", "layers", "models")
+REQUIRED_FLAGS = ("disallow_untyped_defs", "disallow_incomplete_defs", "check_untyped_defs", "strict_equality")
+"""``[tool.mypy]`` flags that must stay on: every function of the core annotated in full, and its bodies checked."""
+
+
+def mypy_config_flags(text: str) -> dict[str, str]:
+    """``name -> value`` (as written) of the ``key = value`` lines of the ``[tool.mypy]`` table of a pyproject text
+    (read by line: ``tomllib`` is Python 3.11+, the package supports 3.10)."""
+    table = re.search(r"^\[tool\.mypy\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    assert table is not None, "pyproject.toml has no [tool.mypy] table"
+    return dict(re.findall(r"^(\w+)\s*=\s*(.+?)\s*$", table.group(1), re.M))
+
+
+def test_mypy_requires_full_annotations():
+    """The type check requires every function of the core to be annotated in full: ``disallow_untyped_defs`` and
+    ``disallow_incomplete_defs`` (a function with an unannotated parameter or return fails the check, rather than
+    being read as ``Any``), with the bodies checked (``check_untyped_defs``) and ``strict_equality``."""
+    flags = mypy_config_flags((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    missing = [name for name in REQUIRED_FLAGS if flags.get(name) != "true"]
+    assert not missing, f"[tool.mypy] must set {missing} = true; it has {flags}"
+
+
+def test_config_flag_reader():
+    """The reader of the ``[tool.mypy]`` table: its own lines only (not the next table's), values as written."""
+    text = (
+        '[tool.mypy]\n# a comment\nfiles = ["src"]\ndisallow_untyped_defs = true\n\n'
+        "[tool.other]\nstrict_equality = true\n"
+    )
+    assert mypy_config_flags(text) == {"files": '["src"]', "disallow_untyped_defs": "true"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e .[test])")

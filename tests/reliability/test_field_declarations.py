@@ -376,3 +376,19 @@ def test_a_required_task_option_spelt_as_none_is_named_as_missing(field, spellin
 
     with pytest.raises(ValueError, match=rf"needs task_options\.{field}"):
         GlueOptions.from_options({"glue_task": "sst2", "pretrained": "runs/x", field: spelling})
+
+
+@pytest.mark.parametrize("factory", [[], {}, "list", 0])
+def test_option_refuses_a_default_factory_that_cannot_be_called(factory):
+    """``option(default_factory=...)`` with a value instead of a callable (``[]`` for ``list``) is refused where it is
+    declared, naming the argument; it used to give a field whose every instance failed with "object is not
+    callable", naming no field. A callable factory still makes a fresh default per instance."""
+    with pytest.raises(TypeError, match=r"default_factory=.* must be callable"):
+        option(default_factory=factory, free="anything")
+
+    @dataclasses.dataclass
+    class Holder:
+        items: list = option(default_factory=list, free="anything")
+
+    a, b = Holder(), Holder()
+    assert a.items == [] and a.items is not b.items

@@ -21,9 +21,9 @@ query head ``i`` uses key/value head ``i // (n_heads // n_kv_heads)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn as nn
@@ -31,7 +31,7 @@ import torch.nn as nn
 from coupled_qk.checks.values import declared_flags, finite, nonneg_int, positive_int
 from coupled_qk.layers.differential import DifferentialScoring
 from coupled_qk.layers.folded import FoldedProjection, fold_key, fold_projection, folded_qkv, weight_checksum
-from coupled_qk.layers.kv_cache import KVCache
+from coupled_qk.layers.kv_cache import LayerCache
 from coupled_qk.layers.layer_inputs import check_layer_inputs
 from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.layers.scoring import ScoringFactory, ScoringRule, attention_mask_4d, scaled_dot_product
@@ -236,7 +236,9 @@ class CausalSelfAttention(nn.Module):
         self._fold: FoldedProjection | None = None
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
 
-    def _build_scorer(self, scoring, d_head: int, n_heads: int, n_kv_heads: int, layer_idx: int):
+    def _build_scorer(
+        self, scoring: str | ScoringFactory, d_head: int, n_heads: int, n_kv_heads: int, layer_idx: int
+    ) -> ScoringRule | None:
         """The scoring rule module of ``scoring`` (``None`` for standard scoring): built with its own random stream
         unless the rule says otherwise (:attr:`ScoringRule.own_random_stream`), after the projections and the map,
         so that the weights every variant shares are drawn alike for one seed.
@@ -261,7 +263,7 @@ class CausalSelfAttention(nn.Module):
             self.scoring = getattr(scoring, "__name__", type(scorer).__name__)
         return scorer
 
-    def _upgrade_state_dict(self, state_dict, prefix, *args) -> None:
+    def _upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: object) -> None:
         """Rename the parameters of state dicts written in an earlier layout (:data:`LEGACY_STATE_KEYS`)."""
         for key in [k for k in state_dict if k.startswith(prefix)]:
             name = key[len(prefix) :]
@@ -271,7 +273,9 @@ class CausalSelfAttention(nn.Module):
                     break
 
     @declared_flags
-    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
+    def named_modules(
+        self, memo: set[nn.Module] | None = None, prefix: str = "", remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Module]]:
         """``nn.Module.named_modules``; with a scoring rule whose ``inline_parameter_order`` is set (Differential
         Attention), the rule right after the layer and its submodules after the layer's others, so that
         ``parameters()`` lists its own parameters first and its submodules' last, as when they were the layer's
@@ -298,7 +302,7 @@ class CausalSelfAttention(nn.Module):
         """Whether keys are repeated to one per query head before the map (and cached that way)."""
         return self.qk_map is not None and getattr(self.qk_map, "keys_per_query_head", True)
 
-    def decoding_fold(self, cache) -> FoldedProjection | None:
+    def decoding_fold(self, cache: LayerCache) -> FoldedProjection | None:
         """The map folded into the projection for a single-token step with ``cache``, or ``None`` when folding
         is off (``fold_inference = False``), impossible for this map or cache.
 
@@ -340,7 +344,7 @@ class CausalSelfAttention(nn.Module):
             )
         return q2, k2
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         """Pickling and ``copy.deepcopy`` leave the decoding fold behind (it is rebuilt when needed)."""
         return {**super().__getstate__(), "_fold": None}
 
@@ -351,7 +355,7 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         rope: Sequence[torch.Tensor] | None = None,
-        cache: KVCache | None = None,
+        cache: LayerCache | None = None,
         record: bool = False,
         key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, AttentionRecord]:
@@ -388,7 +392,7 @@ class CausalSelfAttention(nn.Module):
             k = expand_kv(k, self.n_rep, group)
         if self.use_rope and self.map_position == "post_rope" and not rotated:
             q, k = apply_rope(q, *tables), apply_rope(k, *tables)
-        maps = {}
+        maps: dict[str, torch.Tensor] = {}
         if folded is None and qk_map is not None:
             q_in, k_in = q, k
             q, k = self._mapped(qk_map, q, k)
@@ -418,15 +422,18 @@ class CausalSelfAttention(nn.Module):
             return y
         return y, self._record(maps, probs)
 
-    def _record(self, maps: dict, probs) -> AttentionRecord:
+    def _record(
+        self, maps: dict[str, torch.Tensor], probs: torch.Tensor | dict[str, torch.Tensor | None] | None
+    ) -> AttentionRecord:
         """The :class:`AttentionRecord` of a recorded call from the map's tensors and what the scoring rule
         returned when eager: the probabilities, or a dict of record fields (:class:`ScoringRule`).
 
         Raises:
             ValueError: a scoring rule returned no probabilities with ``eager=True`` (its contract).
         """
-        fields = probs if isinstance(probs, dict) else {"attn": probs}
-        if fields.get("attn") is None:  # the diagnostics read the probabilities
+        fields = dict(probs) if isinstance(probs, dict) else {"attn": probs}  # a copy: the rule's dict stays whole
+        attn = fields.pop("attn", None)
+        if attn is None:  # the diagnostics read the probabilities
             raise ValueError(
                 f"scoring rule {type(self.scorer).__name__} returned probabilities None with eager=True; "
                 f"it must return (y, probabilities (B, H, T_q, T_k)) when eager"
@@ -437,6 +444,7 @@ class CausalSelfAttention(nn.Module):
             k=maps.get("k"),
             q_mapped=maps.get("q_mapped"),
             k_mapped=maps.get("k_mapped"),
+            attn=attn,
             **fields,
             dt=None if dt is None else dt.detach(),
         )

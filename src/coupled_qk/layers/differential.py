@@ -127,7 +127,7 @@ class DifferentialScoring(ScoringRule):
         eager: bool,
         dropout_p: float = 0.0,
         mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict | None]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None] | None]:
         """``(y, record fields or None)``; see the class docstring."""
         a1 = a2 = None
         if not eager and self.uses_split_values(q):

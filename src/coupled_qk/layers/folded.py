@@ -39,13 +39,43 @@ projection, the map or the force); anything else takes the ordinary path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from coupled_qk.layers.forces import MLPForce, mlp_layer
+from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.ops.heads import expand_kv, group_mean
+
+
+class FoldableLayer(Protocol):
+    """What the fold reads of an attention layer (:class:`~coupled_qk.layers.attention.CausalSelfAttention`, which
+    imports this module): its submodules, the map, the head layout and where RoPE acts."""
+
+    _modules: dict[str, nn.Module | None]
+    qk_map: QKMap | None
+    use_rope: bool
+    map_position: str
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    n_rep: int
+    head_group: int
+
+    @property
+    def keys_per_query_head(self) -> bool: ...
+
+
+class _FoldedMap(Protocol):
+    """What the fold reads of a map that declares ``integrates_qk``: its ``forward`` is one call of
+    :func:`~coupled_qk.ops.dynamics.integrate_qk` with these (the interface in :mod:`coupled_qk.layers.qk_maps`)."""
+
+    integrator: str
+    n_steps: int
+    head_group: int
+    keys_per_query_head: bool
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,37 +104,40 @@ class FoldedProjection:
     checksum: tuple
 
 
-def _hooked(*modules) -> bool:
+def _hooked(*modules: nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules) or bool(
         nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
     )
 
 
-def _params(layer) -> tuple | None:
+def _folded_map(layer: FoldableLayer) -> _FoldedMap:
+    """``layer``'s map once :func:`_params` found it foldable: a map declaring ``integrates_qk`` has the attributes
+    of :class:`_FoldedMap` (its interface), which ``nn.Module``'s attribute lookup cannot tell the type checker."""
+    return cast(_FoldedMap, layer._modules["qk_map"])
+
+
+def _params(layer: FoldableLayer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``(qkv.weight, dt, w_in, w_out)`` read from the module dictionaries, or None if the layer's map cannot
     be folded (module attribute lookup costs microseconds, and this runs per decoded token and layer)."""
     m = layer._modules["qk_map"]
     if (
-        not getattr(m, "integrates_qk", False)
+        m is None
+        or not getattr(m, "integrates_qk", False)
         or m.n_steps != 1
         or (layer.use_rope and layer.map_position == "post_rope")
     ):
         return None
     f, qkv = m._modules["force"], layer._modules["qkv"]
-    if not isinstance(f, MLPForce) or _hooked(qkv, m, f):
+    if not isinstance(f, MLPForce) or qkv is None or _hooked(qkv, m, f):
         return None
-    params = (
-        qkv._parameters.get("weight"),
-        m._parameters.get("dt"),
-        f._parameters.get("w_in"),
-        f._parameters.get("w_out"),
-    )
-    if any(p is None for p in params) or qkv._parameters.get("bias") is not None:
+    w, dt = qkv._parameters.get("weight"), m._parameters.get("dt")
+    w_in, w_out = f._parameters.get("w_in"), f._parameters.get("w_out")
+    if w is None or dt is None or w_in is None or w_out is None or qkv._parameters.get("bias") is not None:
         return None  # a parametrization (weight_norm ...) or a biased projection: not the layout folded here
-    return params
+    return w, dt, w_in, w_out
 
 
-def fold_key(layer) -> tuple | None:
+def fold_key(layer: FoldableLayer) -> tuple | None:
     """What a fold of ``layer`` (a ``CausalSelfAttention``) depends on, or ``None`` when its map cannot be folded.
 
     The scheme and, for the projection weight, ``dt`` and the force's weights, their identity, storage and
@@ -113,7 +146,7 @@ def fold_key(layer) -> tuple | None:
     params = _params(layer)
     if params is None:
         return None
-    m = layer._modules["qk_map"]
+    m = _folded_map(layer)
     try:
         versions = tuple((id(p), p.data_ptr(), p._version) for p in params)
     except RuntimeError:  # inference tensors have no version counter: never fold them
@@ -121,7 +154,7 @@ def fold_key(layer) -> tuple | None:
     return (m.integrator, m.keys_per_query_head, m.head_group, *versions)
 
 
-def weight_checksum(layer) -> tuple:
+def weight_checksum(layer: FoldableLayer) -> tuple:
     """Sums of the folded parameters and of their squares (float64): catches writes that bypass the version
     counter. One device sync; called once per layer per cache.
 
@@ -137,7 +170,7 @@ def weight_checksum(layer) -> tuple:
     return () if sums.is_meta else tuple(sums.tolist())  # meta tensors (shape-only models) hold no values
 
 
-def foldable(layer) -> bool:
+def foldable(layer: FoldableLayer) -> bool:
     """Whether :func:`fold_projection` can fold ``layer``'s map (see the module docstring)."""
     return fold_key(layer) is not None
 
@@ -153,7 +186,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def fold_projection(layer) -> FoldedProjection:
+def fold_projection(layer: FoldableLayer) -> FoldedProjection:
     """Build the :class:`FoldedProjection` of ``layer`` from its current weights.
 
     Raises:
@@ -166,7 +199,7 @@ def fold_projection(layer) -> FoldedProjection:
             "acting before RoPE, with plain parameters and no hooks"
         )
     w_qkv, dt, w_in, w_out = params
-    m = layer.qk_map
+    m = _folded_map(layer)
     h, hkv, dh = layer.n_heads, layer.n_kv_heads, layer.d_head
     work = torch.float32 if w_qkv.device.type == "mps" else torch.float64  # MPS has no float64
     w = w_qkv.detach().to(work)
@@ -182,7 +215,7 @@ def fold_projection(layer) -> FoldedProjection:
     dt_k = dt if dt.dim() == 0 else group_mean(dt, n_rep, group)  # the key's step, as in integrate_qk
     per_head, w_in, w_out = w_in.dim() == 3, w_in.detach().to(work), w_out.detach().to(work)
 
-    def pre(x):  # W1 M x
+    def pre(x: torch.Tensor) -> torch.Tensor:  # W1 M x
         return mlp_layer(group_mean(x, n_rep, group), w_in, per_head)
 
     n_force, hidden = h // n_rep, w_in.shape[-2]  # heads the force acts on, its hidden width

@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from coupled_qk.checks.values import positive_int
 
-__all__ = ["KVCache", "StaticKVCache"]
+__all__ = ["KVCache", "LayerCache", "StaticCache", "StaticKVCache"]
+
+
+class LayerCache(Protocol):
+    """What an attention layer calls on a cache: :class:`KVCache`, :class:`StaticKVCache` and the views of a
+    ``transformers`` cache (:mod:`coupled_qk.hf.cache_view`). A layer also reads ``folds`` (the decoding folds,
+    :mod:`coupled_qk.layers.folded`) and ``attn_mask()`` (the slots a query may see) where a cache has them."""
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``k (B, H_k, T, d)``, ``v (B, H_v, T, d_v)`` of ``layer_idx``; return the keys and values to
+        attend to."""
+        ...
+
+
+class StaticCache(LayerCache, Protocol):
+    """A fixed-shape cache (:class:`StaticKVCache`, :class:`coupled_qk.hf.cache_view.StaticStep`): the step's
+    write slot ``position`` (``(1,)`` int64) and the mask of the slots each query may see."""
+
+    @property
+    def position(self) -> torch.Tensor:
+        """``(1,)`` int64: the slot the next token is written to."""
+        ...
+
+    def attn_mask(self) -> torch.Tensor:
+        """Boolean ``(B or 1, 1, 1, capacity)``: True at the slots a query may see."""
+        ...
 
 
 class KVCache:

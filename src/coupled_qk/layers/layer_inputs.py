@@ -9,7 +9,11 @@ implemented for 'Float'") or broadcast silently.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import torch
+import torch.nn as nn
 
 
 def autocast_on(device_type: str) -> bool:
@@ -20,7 +24,16 @@ def autocast_on(device_type: str) -> bool:
         return torch.is_autocast_enabled()
 
 
-def check_x(x, weight: torch.Tensor) -> None:
+class CheckedLayer(Protocol):
+    """What :func:`check_layer_inputs` reads of the layer it checks
+    (:class:`~coupled_qk.layers.attention.CausalSelfAttention`, which imports this module)."""
+
+    qkv: nn.Linear
+    use_rope: bool
+    d_head: int
+
+
+def check_x(x: torch.Tensor, weight: torch.Tensor) -> None:
     """``x`` is a floating ``(B, T, d_model)`` tensor on the device and of the dtype of ``weight`` (the layer's
     input projection ``(out, d_model)``), or of any floating dtype under ``torch.autocast``."""
     d_model = weight.shape[-1]
@@ -39,7 +52,7 @@ def check_x(x, weight: torch.Tensor) -> None:
         )
 
 
-def check_rope(rope, use_rope: bool, b: int, t: int, d_head: int) -> None:
+def check_rope(rope: Sequence[torch.Tensor] | None, use_rope: bool, b: int, t: int, d_head: int) -> None:
     """``rope`` is ``(cos, sin)`` or ``(cos, sin, signed sin)`` of shape ``(T, d_head)`` or ``(B or 1, 1, T,
     d_head)`` when the layer applies RoPE, and ``None`` when it does not (a table it would ignore is refused)."""
     if not use_rope:
@@ -66,7 +79,7 @@ def check_rope(rope, use_rope: bool, b: int, t: int, d_head: int) -> None:
             )
 
 
-def check_key_mask(key_mask, b: int) -> None:
+def check_key_mask(key_mask: torch.Tensor | None, b: int) -> None:
     """``key_mask`` is ``None`` or a bool ``(B or 1, T_k)`` tensor (its length is checked against the keys by
     :func:`coupled_qk.layers.scoring.attention_mask_4d`)."""
     if key_mask is None:
@@ -82,7 +95,9 @@ def check_key_mask(key_mask, b: int) -> None:
         )
 
 
-def check_layer_inputs(layer, x, rope, key_mask) -> None:
+def check_layer_inputs(
+    layer: CheckedLayer, x: torch.Tensor, rope: Sequence[torch.Tensor] | None, key_mask: torch.Tensor | None
+) -> None:
     """All the checks above for one call of ``layer`` (a ``CausalSelfAttention``).
 
     Raises:

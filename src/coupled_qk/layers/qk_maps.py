@@ -63,7 +63,7 @@ class QKMap(nn.Module):
         raise NotImplementedError
 
 
-def check_qk_tensors(q, k, param: torch.Tensor) -> None:
+def check_qk_tensors(q: torch.Tensor, k: torch.Tensor, param: torch.Tensor) -> None:
     """``q`` and ``k`` are floating-point tensors of one dtype on the device of ``param`` (one of the map's
     parameters) and, outside ``torch.autocast`` (and not while compiling), of its dtype: a query-key map's first
     check, before any shape.

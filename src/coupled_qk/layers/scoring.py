@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from coupled_qk.ops.heads import expand_kv
 
 
-def _causal_mask(t_q: int, t_k: int, device) -> torch.Tensor:
+def _causal_mask(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
     """Boolean ``(t_q, t_k)`` mask, True where query ``i`` (absolute position ``t_k - t_q + i``) may attend."""
     offset = t_k - t_q
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
@@ -149,7 +149,7 @@ class ScoringRule(nn.Module):
         eager: bool,
         dropout_p: float = 0.0,
         mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | dict | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor | None] | None]:
         """Attention output and (when ``eager``) probabilities or record fields; see the class docstring."""
         raise NotImplementedError
 

@@ -11,16 +11,30 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 import torch.nn as nn
 
 from coupled_qk.checks.values import declared_flags
-from coupled_qk.layers.kv_cache import StaticKVCache
+from coupled_qk.layers.kv_cache import LayerCache, StaticCache, StaticKVCache
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 DecodeStep = Callable[[torch.Tensor, StaticKVCache], torch.Tensor]
 """A single-token decoding step ``(idx (B, 1), cache) -> logits (B, vocab)`` (:meth:`GPTCompileMixin.decode_step`)."""
+
+
+class CompileOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`torch.compile` that :meth:`GPTCompileMixin.compile` takes (and
+    :func:`compile_regions` passes on)."""
+
+    backend: str
+    mode: str | None
+    dynamic: bool | None
+    fullgraph: bool
+    options: dict | None
 
 
 class GPTCompileMixin:
@@ -95,7 +109,7 @@ class GPTCompileMixin:
         if reason:
             self.compile_info["error"] = reason
 
-    def _first_compiled_call(self, run, cache=None) -> torch.Tensor:
+    def _first_compiled_call(self, run: Callable[[], torch.Tensor], cache: LayerCache | None = None) -> torch.Tensor:
         """The first call after :meth:`compile`: ``run()`` (the blocks, plain or under activation checkpointing),
         retried eagerly if the compiler fails (see :meth:`compile`); ``cache`` is cropped back before the retry."""
         start = time.perf_counter()
@@ -104,7 +118,7 @@ class GPTCompileMixin:
         try:
             y = run()
         except Exception as exc:  # noqa: BLE001 - decided below: compiler failure or the caller's error
-            if past is not None and hasattr(cache, "crop"):
+            if cache is not None and past is not None and hasattr(cache, "crop"):
                 cache.crop(past)  # forget what the failed call wrote
             saved = [b._compiled_call_impl for b in self.blocks]
             self.uncompile()
@@ -130,7 +144,9 @@ class GPTCompileMixin:
         compiled version never recompiles; the caller advances ``cache`` afterwards."""
         return self.logits(self.static_hidden_states(idx, cache, getattr(cache, "positions", None))[:, -1])
 
-    def static_hidden_states(self, idx: torch.Tensor, cache, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def static_hidden_states(
+        self, idx: torch.Tensor, cache: StaticCache, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The body of :meth:`decode_step`: final hidden states ``(B, 1, d_model)`` of the tokens ``idx (B, 1)``,
         with fixed shapes. ``cache`` is a fixed-shape cache: ``position`` (``(1,)`` int64 tensor, the slot the
         token is written to), ``update(layer_idx, k, v)`` returning the whole buffers and ``attn_mask()`` the
@@ -140,7 +156,7 @@ class GPTCompileMixin:
         check ids and positions outside the compiled region."""
         pos = cache.position if positions is None else positions
         x = self.tok_emb(idx)
-        rope = None
+        rope: tuple[torch.Tensor, ...] | None = None
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
         else:
@@ -288,7 +304,7 @@ def compile_error_summary(exc: BaseException) -> str:
     return (line(exc) + (f" <- {line(inner)}" if inner is not None and inner is not exc else ""))[:300]
 
 
-def compile_regions(module: nn.Module, **kwargs) -> list[GPTCompileMixin]:
+def compile_regions(module: nn.Module, **kwargs: Unpack[CompileOptions]) -> list[GPTCompileMixin]:
     """Regional compilation of ``module`` in place: :meth:`GPT.compile` on every :class:`GPT` it is or
     contains (a classifier wrapping a GPT included); a module without one is compiled whole, in place
     (``nn.Module.compile``: its ``state_dict`` keeps its names). ``kwargs`` go to :func:`torch.compile`.

@@ -8,10 +8,10 @@ import functools
 import json
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.values import (
@@ -83,6 +83,9 @@ def rename_fields(data: dict, where: str = "GPTConfig") -> dict:
     return out
 
 
+_C = TypeVar("_C", bound="JSONConfig")
+
+
 class JSONConfig(CheckedAssignment):
     """Dict/JSON round trip for validated config dataclasses; unknown fields fail loudly.
 
@@ -105,7 +108,7 @@ class JSONConfig(CheckedAssignment):
         return ()
 
     @classmethod
-    def from_dict(cls, data: dict):
+    def from_dict(cls: type[_C], data: dict[str, Any]) -> _C:
         """Build from a dict; unknown keys raise ``ValueError`` listing them and the valid fields."""
         if not isinstance(data, dict):
             raise ValueError(f"a {cls.__name__} must be given as a dict of fields; got {type(data).__name__}")
@@ -126,7 +129,7 @@ class JSONConfig(CheckedAssignment):
         write_text_atomic(path, json.dumps(saved_dict(self), indent=2, sort_keys=True))  # a plugin's package too
 
     @classmethod
-    def load(cls, path: str | Path):
+    def load(cls: type[_C], path: str | Path) -> _C:
         """Read a config written by :meth:`save`.
 
         Raises:
@@ -240,7 +243,7 @@ class GPTConfig(JSONConfig):
         field names of :data:`RENAMED_FIELDS` (read under their new names)."""
         return tuple(flat_option_names()) + tuple(RENAMED_FIELDS)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         coerce_fields(self)
         flat = self.__dict__.pop("flat_map_options", {})  # set by the wrapped __init__ below
         spec = get_attention(self.attention)
@@ -337,7 +340,7 @@ class GPTConfig(JSONConfig):
         m = self.vocab_pad_multiple
         return -(-self.vocab_size // m) * m
 
-    def replace(self, **changes) -> GPTConfig:
+    def replace(self, **changes: Any) -> GPTConfig:
         """A copy with ``changes`` (fields or flat map options); a derived size that holds its derived value
         (:data:`DERIVED`) is derived again from the changed fields. Changing ``attention`` to one with another
         query-key map drops the old map options (the new map starts from its defaults), and a field that the new
@@ -397,7 +400,7 @@ class GPTConfig(JSONConfig):
         return data
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> GPTConfig:
+    def from_preset(cls, name: str, **overrides: Any) -> GPTConfig:
         """A preset (``tiny``, ``60m``, ``150m``, ``350m``) with field overrides.
 
         Raises:
@@ -408,7 +411,7 @@ class GPTConfig(JSONConfig):
         return cls.from_dict({**PRESETS[name], **overrides})
 
 
-def fold_flat_options(data: dict, names) -> None:
+def fold_flat_options(data: dict[str, Any], names: Iterable[str]) -> None:
     """Move the flat map options ``names`` of ``data`` (GPTConfig fields) into its ``qk_map`` dict, in place, when
     it holds one: a change of an existing config (``replace(n_steps=3)``, an assigned flat option), not one option
     given twice, which ``GPTConfig`` refuses."""
@@ -419,7 +422,7 @@ def fold_flat_options(data: dict, names) -> None:
         data["qk_map"] = {**data["qk_map"], flat[name]: data.pop(name)}
 
 
-def _accept_flat_map_options(init):
+def _accept_flat_map_options(init: Callable[..., None]) -> Callable[..., None]:
     """Wrap the dataclass ``__init__`` of :class:`GPTConfig` so that it also takes the flat map options of every
     registered map (generated from the registry at each call, so a map registered later is included) and the old
     field names of :data:`RENAMED_FIELDS` (every dict, file and keyword becoming a ``GPTConfig`` passes here);
@@ -427,7 +430,7 @@ def _accept_flat_map_options(init):
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
 
     @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
+    def __init__(self: GPTConfig, *args: object, **kwargs: object) -> None:
         kwargs = rename_fields(kwargs)
         names = flat_option_names() if set(kwargs) - fields else {}
         flat = {k: kwargs.pop(k) for k in list(kwargs) if k not in fields and k in names}

@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from coupled_qk.models.registry import get_attention
 
@@ -38,7 +39,13 @@ class ReadWhen:
     default: Callable
 
 
-def _has_map(config) -> bool:
+class _NamesAttention(Protocol):
+    """A config (or the settings of one) naming its attention."""
+
+    attention: str
+
+
+def _has_map(config: _NamesAttention) -> bool:
     return get_attention(config.attention).qk_map is not None
 
 
@@ -78,7 +85,7 @@ MISSING = object()
 """:func:`field_value` of a dotted name whose map has no such option."""
 
 
-def field_value(config, name: str):
+def field_value(config: object, name: str) -> object:
     """``config``'s value of field ``name`` (``"qk_map.keys_per_query_head"`` reads the map option; ``config``
     and ``qk_map`` may be objects or dicts), or :data:`MISSING` where there is no such field."""
     value = config
@@ -105,7 +112,7 @@ def loading_saved(where: str) -> Iterator[None]:
         _saved.reset(token)
 
 
-def unread_field_problem(config, fields=None) -> str | None:
+def unread_field_problem(config: object, fields: Collection[str] | None = None) -> str | None:
     """The one-line message for the first field of :data:`READ_WHEN` (of ``fields``, default all) that
     ``config`` gives at a non-default value where the model does not read it; ``None`` if there is none."""
     for name, rule in READ_WHEN.items():
@@ -121,7 +128,7 @@ def unread_field_problem(config, fields=None) -> str | None:
     return None
 
 
-def check_unread_fields(config, fields=None) -> None:
+def check_unread_fields(config: object, fields: Collection[str] | None = None) -> None:
     """Raise ``ValueError`` with :func:`unread_field_problem`'s message, or inside :func:`loading_saved` warn
     (``UserWarning``, once per field) and keep the config as saved."""
     problem = unread_field_problem(config, fields)

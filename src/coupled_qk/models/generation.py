@@ -8,6 +8,7 @@ The mixin holds no state: it reads the model's ``config`` and calls its ``new_ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn as nn
 
 from coupled_qk.checks.tensors import GREEDY_BELOW, check_generate_args, check_greedy_extras
 from coupled_qk.checks.values import declared_flags
-from coupled_qk.layers.kv_cache import KVCache, StaticKVCache
+from coupled_qk.layers.kv_cache import KVCache, LayerCache, StaticKVCache
 
 if TYPE_CHECKING:
     from coupled_qk.models.compiled import DecodeStep
@@ -49,7 +50,13 @@ class GPTGenerationMixin:
             check_ids: bool = True,
         ) -> tuple[torch.Tensor, tuple | None]: ...
 
-        def _run_blocks(self, x, rope, cache, key_mask=None) -> torch.Tensor: ...
+        def _run_blocks(
+            self,
+            x: torch.Tensor,
+            rope: Sequence[torch.Tensor] | None,
+            cache: LayerCache | None,
+            key_mask: torch.Tensor | None = None,
+        ) -> torch.Tensor: ...
 
         def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
@@ -224,7 +231,15 @@ class GPTGenerationMixin:
             out[:, i : i + 1] = sample_next_token(logits, temperature, top_k, generator)
         return out
 
-    def _generate_compiled(self, idx, max_new_tokens, temperature, top_k, generator, attention_mask):
+    def _generate_compiled(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        generator: torch.Generator | None,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         """:meth:`generate` with ``compile=True`` (arguments checked there)."""
         b, t = idx.shape
         total = t + max_new_tokens

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -21,7 +22,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from coupled_qk.checks.tensors import check_attention_mask, check_position_ids
 from coupled_qk.layers.attention import LEGACY_STATE_KEYS, AttentionRecord, CausalSelfAttention
-from coupled_qk.layers.kv_cache import KVCache
+from coupled_qk.layers.kv_cache import KVCache, LayerCache
 from coupled_qk.models.compiled import GPTCompileMixin
 from coupled_qk.models.config import GPTConfig
 from coupled_qk.models.decode_head import DecodingHeadMixin
@@ -81,7 +82,14 @@ class Block(nn.Module):
         assert config.d_ff is not None, "GPTConfig derives d_ff (4 d_model) when not given"
         self.mlp = MLP(config.d_model, config.d_ff, config.dropout) if config.use_mlp else None
 
-    def forward(self, x, rope=None, cache=None, record: bool = False, key_mask=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: Sequence[torch.Tensor] | None = None,
+        cache: LayerCache | None = None,
+        record: bool = False,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, AttentionRecord | None]:
         """``x (B, T, d_model)`` -> same shape; with ``record`` returns ``(x, AttentionRecord)``; ``key_mask``
         ``(B, T_past + T)`` bool, False at padding."""
         a = self.attn(self.ln_1(x), rope, cache, record=record, key_mask=key_mask)
@@ -165,13 +173,13 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):  #
         if self.pos_emb is None and device.type != "meta":
             self._rope_tables(device)
 
-    def _apply(self, fn, recurse=True):
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> GPT:
         """``.to()``, ``.cuda()``, ``.to_empty()``...: move the parameters, then rebuild the RoPE tables there."""
         out = super()._apply(fn, recurse)
         self._build_rope()
         return out
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         """Pickling and ``copy.deepcopy`` leave the compiled decoding step behind (rebuilt when needed)."""
         return {**super().__getstate__(), "_decode_step": None, "_head_t": None, "_head_key": None}
 
@@ -196,7 +204,13 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):  #
             self._rope[device] = (cos, sin, signed_sin(sin))
         return self._rope[device]
 
-    def _run_blocks(self, x, rope, cache, key_mask=None) -> torch.Tensor:
+    def _run_blocks(
+        self,
+        x: torch.Tensor,
+        rope: Sequence[torch.Tensor] | None,
+        cache: LayerCache | None,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The blocks on ``x (B, T, d_model)``; the first call after :meth:`compile` falls back to eager if the
         compiler fails (see :meth:`compile`)."""
         if self._compile_state == "pending":
@@ -205,7 +219,9 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):  #
             x = block(x, rope, cache, key_mask=key_mask)
         return x
 
-    def _checkpointed_blocks(self, x, rope, key_mask) -> torch.Tensor:
+    def _checkpointed_blocks(
+        self, x: torch.Tensor, rope: Sequence[torch.Tensor] | None, key_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """The blocks under activation checkpointing: same values and gradients, each block's activations
         recomputed in the backward pass (:attr:`gradient_checkpointing`)."""
         run = self._gradient_checkpointing_func or functools.partial(torch_checkpoint, use_reentrant=False)
@@ -378,7 +394,16 @@ def key_padding_mask(attention_mask: torch.Tensor | None, b: int, t_k: int) -> t
     return None if check and bool(mask.all()) else mask
 
 
-def _positions(position_ids, key_mask, b: int, past: int, t: int, block_size: int, device, check: bool):
+def _positions(
+    position_ids: torch.Tensor | None,
+    key_mask: torch.Tensor | None,
+    b: int,
+    past: int,
+    t: int,
+    block_size: int,
+    device: torch.device,
+    check: bool,
+) -> torch.Tensor:
     """Positions of the new tokens: ``position_ids`` (checked), else counted over ``key_mask``'s real tokens,
     else ``past, ..., past + t - 1``."""
     if position_ids is None:

@@ -14,27 +14,61 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, overload
 
 from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.values import FLOAT32_MAX, check_declared, coerce_fields, declared_flags
 
 __all__ = ["DT_INIT", "HIDDEN", "MapOptions", "option"]
 
+_T = TypeVar("_T")
+
+Choices = Sequence[object] | Callable[[], Sequence[object]]
+"""The allowed values of an :func:`option`: a tuple, or a callable returning them (evaluated at each check)."""
+
+
+@overload
+def option(
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    choices: Choices | None = None,
+    free: str | None = None,
+    default_factory: Callable[[], _T],
+    **metadata: object,
+) -> _T: ...
+
+
+@overload
+def option(
+    default: _T,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    choices: Choices | None = None,
+    free: str | None = None,
+    **metadata: object,
+) -> _T: ...
+
 
 @declared_flags
 def option(
-    default=dataclasses.MISSING,
+    default: object = dataclasses.MISSING,
     *,
-    lo=None,
-    hi=None,
+    lo: float | None = None,
+    hi: float | None = None,
     lo_open: bool = False,
     hi_open: bool = False,
-    choices=None,
+    choices: Choices | None = None,
     free: str | None = None,
-    default_factory=dataclasses.MISSING,
-    **metadata,
-):
+    default_factory: object = dataclasses.MISSING,
+    **metadata: object,
+) -> object:
     """A dataclass field with its valid values declared once, in its metadata: what construction, assignment and
     every command-line surface check (:func:`coupled_qk.checks.values.check_declared`) and what the tests draw valid
     and invalid values from.
@@ -55,8 +89,12 @@ def option(
         **metadata: further metadata (``help``, ``shown``).
 
     Returns:
-        A :class:`dataclasses.Field`; numbers get ``metadata["range"] = (lo, hi)`` (with ``lo_open``,
-        ``hi_open``), the others ``metadata["choices"]`` or ``metadata["free"]``.
+        A :class:`dataclasses.Field` (typed, as :func:`dataclasses.field` is, as the field's value); numbers get
+        ``metadata["range"] = (lo, hi)`` (with ``lo_open``, ``hi_open``), the others ``metadata["choices"]`` or
+        ``metadata["free"]``.
+
+    Raises:
+        TypeError: a ``default_factory`` that is not callable (it failed only when an instance was made).
     """
     meta = dict(metadata)
     if choices is not None:
@@ -66,8 +104,20 @@ def option(
     else:
         meta.update({"range": (lo, hi), "lo_open": lo_open, "hi_open": hi_open})
     if default_factory is not dataclasses.MISSING:
+        if not callable(default_factory):
+            raise TypeError(f"default_factory={default_factory!r} must be callable (it makes each instance's default)")
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+class OptionsOwner(Protocol):
+    """What :meth:`MapOptions.bind` keeps and re-checks: the ``GPTConfig`` holding the options."""
+
+    qk_map: MapOptions | None
+
+    def validate(self) -> None:
+        """The owner's cross-field checks."""
+        ...
 
 
 class MapOptions(CheckedAssignment):
@@ -88,7 +138,7 @@ class MapOptions(CheckedAssignment):
     if TYPE_CHECKING:  # every subclass is a dataclass (dataclasses.fields and asdict take these options)
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         coerce_fields(self, "GPTConfig.qk_map")
         self.recheck()
 
@@ -105,7 +155,7 @@ class MapOptions(CheckedAssignment):
         if owner is not None and owner.qk_map is self:
             owner.validate()
 
-    def bind(self, owner) -> None:
+    def bind(self, owner: OptionsOwner) -> None:
         """Remember the ``GPTConfig`` that holds these options (weakly), so that assigning an option re-runs its
         cross-field rules (``GPTConfig.validate`` calls this)."""
         object.__setattr__(self, "_owner", weakref.ref(owner))

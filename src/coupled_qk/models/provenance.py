@@ -13,6 +13,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Protocol
 
 KEY = "registered_by"
 """The key of a saved config holding its attention's registering packages: a list of ``{"attention", "module",
@@ -54,7 +55,15 @@ def _distribution(module: str) -> str | None:
     return found[0] if found else None
 
 
-def saved_dict(config) -> dict:
+class SavedConfig(Protocol):
+    """A config that :func:`saved_dict` writes (:class:`~coupled_qk.models.config.JSONConfig`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields, JSON-serialisable."""
+        ...
+
+
+def saved_dict(config: SavedConfig) -> dict[str, Any]:
     """What a config file holds: ``config.to_dict()``, plus :data:`KEY` when ``config`` has an ``attention`` that
     a plugin registered (:func:`providers`)."""
     data = config.to_dict()
@@ -62,7 +71,7 @@ def saved_dict(config) -> dict:
     return {**data, KEY: found} if found else data
 
 
-def hint(recorded) -> str:
+def hint(recorded: object) -> str:
     """``"; the config records attention 'x' as registered by module 'm' (distribution 'd'): install it ..."``
     for a :data:`KEY` value (``""`` when it is not a list of such records)."""
     items = [r for r in recorded if isinstance(r, dict) and "module" in r] if isinstance(recorded, list) else []
@@ -79,7 +88,7 @@ def hint(recorded) -> str:
 
 
 @contextlib.contextmanager
-def naming_providers(source) -> Iterator[None]:
+def naming_providers(source: object) -> Iterator[None]:
     """Re-raise a ``ValueError`` of the block with :func:`hint` added, from ``source``: a saved config's
     :data:`KEY` value, or the path of a JSON config file holding it (read only on an error)."""
     try:

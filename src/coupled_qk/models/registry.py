@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from coupled_qk.checks.values import declared_flags, field_types
 from coupled_qk.layers.attention import SCORINGS
+from coupled_qk.layers.qk_maps import QKMap
 from coupled_qk.models.contracts import check_map, check_name, check_scoring, same_definition
 from coupled_qk.models.options import MapOptions
 
@@ -139,7 +140,9 @@ class Attention:
         must be even), else 1 (the scoring rule's :attr:`ScoringType.head_group`)."""
         return SCORING_RULES[self.scoring].head_group
 
-    def options(self, given=None, flat: dict | None = None) -> MapOptions | None:
+    def options(
+        self, given: MapOptions | dict[str, object] | None = None, flat: dict | None = None
+    ) -> MapOptions | None:
         """The validated nested config from ``given`` (a :class:`MapOptions`, a dict or ``None`` for the
         defaults) and ``flat`` options (flat spelling -> value, see
         :func:`~coupled_qk.models.registry.flat_option_names`). One option given twice with different values (a
@@ -207,7 +210,7 @@ class Attention:
         return dict(qk_map=factory, scoring=self.scoring if builtin else SCORING_RULES[self.scoring].module)
 
 
-def build_map(module: type, options: dict, d_head: int, n_heads: int):
+def build_map(module: type, options: dict[str, object], d_head: int, n_heads: int) -> QKMap:
     """``module(d_head, n_heads, **options)``: a query-key map of one layer (a picklable factory part)."""
     return module(d_head, n_heads, **options)
 
@@ -433,7 +436,7 @@ def register_scoring(name: str, module: type, in_defaults: bool = True) -> Scori
 
 
 @declared_flags
-def register_variant(name: str, attention: str, *, in_defaults: bool = True, **options) -> None:
+def register_variant(name: str, attention: str, *, in_defaults: bool = True, **options: object) -> None:
     """Add a named variant: ``attention`` (a key of :data:`ATTENTIONS`) with map ``options`` (flat spellings).
 
     Args:

@@ -63,7 +63,7 @@ def check_integrator(integrator: str) -> str:
     return integrator
 
 
-def _check_tensors(q, k, dt) -> None:
+def _check_tensors(q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> None:
     """``q``, ``k`` floating tensors of one dtype and device; ``dt`` a tensor there (or a CPU scalar tensor)."""
     for name, t in (("q", q), ("k", k), ("dt", dt)):
         if not isinstance(t, torch.Tensor):
@@ -79,7 +79,9 @@ def _check_tensors(q, k, dt) -> None:
         raise ValueError(f"dt is on {dt.device} but q is on {q.device}; move it there")
 
 
-def _check_integrate_args(q, k, dt, integrator, n_steps, group) -> None:
+def _check_integrate_args(
+    q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, integrator: str, n_steps: int, group: int
+) -> None:
     """The argument checks of :func:`integrate_qk` (errors documented there)."""
     check_integrator(integrator)
     _check_tensors(q, k, dt)

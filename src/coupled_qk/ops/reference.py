@@ -88,13 +88,13 @@ def integrate_qk_shared_reference(
     members = [[j for j in range(h) if kv_of[j] == g] for g in range(hk)]
     dtk = torch.stack([dt[m].mean() for m in members])
 
-    def kick(qq):
+    def kick(qq: torch.Tensor) -> torch.Tensor:
         return torch.stack([force(qq[:, m].mean(1)) for m in members], 1)
 
-    def drift(kk):
+    def drift(kk: torch.Tensor) -> torch.Tensor:
         return torch.stack([kk[:, kv_of[j]] for j in range(h)], 1)
 
-    def scale(x, s):
+    def scale(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return x * s.view(1, -1, 1, 1)
 
     if integrator == "euler":

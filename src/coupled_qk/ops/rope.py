@@ -6,7 +6,11 @@ import torch
 
 
 def rope_tables(
-    n_positions: int, d_head: int, base: float = 10000.0, device=None, dtype=torch.float32
+    n_positions: int,
+    d_head: int,
+    base: float = 10000.0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosine and sine tables for RoPE.
 

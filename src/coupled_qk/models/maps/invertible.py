@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, cast, overload
 
 import torch
 import torch.nn as nn
@@ -192,7 +192,20 @@ class InvertibleQKCoupling(QKMap):
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._forward(q, k, with_log_det=False)[:2]
 
-    def _forward(self, q: torch.Tensor, k: torch.Tensor, with_log_det: bool):
+    @overload
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, with_log_det: Literal[True]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, with_log_det: Literal[False]
+    ) -> tuple[torch.Tensor, torch.Tensor, None]: ...
+
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, with_log_det: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(q', k', log|det|)`` (see :meth:`forward_and_log_det`), the last ``None`` unless ``with_log_det``."""
         self.check_inputs(q, k)
         log_det = q.new_zeros(q.shape[:-1]) if with_log_det else None
         for net_q, net_k in zip(self.q_nets, self.k_nets):
