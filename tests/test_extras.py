@@ -57,3 +57,37 @@ def test_mqar_with_one_seed_needs_no_scipy(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "scipy", None)
     assert main([*MQAR, "--out-dir", str(tmp_path / "one")]) == 0
     assert (tmp_path / "one" / "results.json").is_file()
+
+
+BLOCKED_FIRST = """
+import sys
+sys.modules["scipy"] = None  # before any coupled_qk import: as in an install without the [claims] extra
+from coupled_qk.cli import main
+for argv in ({argvs}):
+    print("rc", argv[0], main(argv), flush=True)
+"""
+
+
+def test_study_commands_without_scipy_are_one_line_in_a_fresh_process(tmp_path):
+    """In a fresh process (no study module imported yet, unlike the in-process test above when another test ran
+    first) the study commands' parsers load every study: without scipy that must still give one line, not a
+    traceback from an import, and ``study list`` needs no scipy at all."""
+    import subprocess
+
+    argvs = [
+        ["study", "list"],
+        ["study", "plan", "smoke", "--out-dir", str(tmp_path / "out")],
+        ["claims", "--protocol", "smoke", "--plan", "--out-dir", str(tmp_path / "out")],
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED_FIRST.format(argvs=", ".join(map(repr, argvs)))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    codes = [line for line in done.stdout.splitlines() if line.startswith("rc ")]
+    assert codes == ["rc study 0", "rc study 2", "rc claims 2"], done.stdout + done.stderr
+    assert done.stderr.count("needs scipy") == 2 and "coupled-qk[claims]" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()

@@ -37,3 +37,28 @@ def require_extra(modules: Sequence[str], extra: str, purpose: str) -> None:
             f"{purpose} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
             f"pip install 'coupled-qk[{extra}]' (or pip install -e \".[{extra}]\" in a checkout)"
         )
+
+
+class LazyModule:
+    """A module imported on its first attribute access, through :func:`require_extra`: a module of the package that
+    needs an extra only in some of its functions (``st = LazyModule("scipy.stats", "claims", "...")``, then
+    ``st.t.ppf(...)``) imports without it, so listing or parsing what it defines needs no extra, and the first use
+    without it is :class:`MissingExtra` (one line on the command line), not an ``ImportError`` at import time.
+
+    Args:
+        name: the module's import path (e.g. ``"scipy.stats"``); its top-level package is what ``require_extra``
+            checks. extra, purpose: as :func:`require_extra`'s.
+    """
+
+    def __init__(self, name: str, extra: str, purpose: str) -> None:
+        self._spec = (name, extra, purpose)
+        self._module = None
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):  # the proxy's own fields before __init__ set them (copy, pickle)
+            raise AttributeError(attr)
+        if self._module is None:
+            name, extra, purpose = self._spec
+            require_extra((name.split(".")[0],), extra, purpose)
+            self._module = importlib.import_module(name)
+        return getattr(self._module, attr)

@@ -313,10 +313,35 @@ def test_table_legend_and_panel_say_what_each_evaluation_scored(tmp_path, monkey
     assert "a final evaluation of a subsample has none" in note and "WikiText-style" not in note  # why, here
     fig = _drawn_figure(summary, tmp_path / "curves.png", monkeypatch)
     valid_panel = fig.axes[1]
-    assert "lines: each on the whole split (27,392 tokens)" in valid_panel.get_title()
+    assert "lines: each on the whole split (27,392 tokens)" in " ".join(valid_panel.get_title().split())
     legend = [t.get_text() for t in valid_panel.get_legend().get_texts()]
     assert "standard: final, first 3,072 of 27,392 tokens (11%)" in legend
     assert not any("full" in t for t in legend)
+
+
+def test_the_panel_titles_fit_in_the_figure(tmp_path, monkeypatch):
+    """demo --quick's validation title, "... (lines: each on the first 4,096 of 316,150 tokens (1%)); stars: final",
+    ran past the figure's right edge and was cut at "stars: fina": every title is drawn inside the figure."""
+    base = TrainConfig(max_steps=3)
+    plan = plan_comparison(base, ["standard", "coupled"], [0], tmp_path)
+    records = []
+    for run in plan:
+        rec = _record(run, 20.0, 60.0)
+        rec.results["final"].update({"valid/n_tokens": 3072, "valid/loss": 2.4})
+        rec.results["data"] = {"tokens": {"train": 1_268_193, "valid": 316_150, "test": 359_460}}
+        records.append(rec)
+        run.run_dir.path.mkdir(parents=True)
+        quick = {"valid/loss": 2.5, "valid/n_tokens": 4096}
+        run.run_dir.metrics_path.write_text(
+            "".join(json.dumps({"step": s, "tokens": 64 * s, "train/loss": 3.0, **quick}) + "\n" for s in (1, 2))
+        )
+    fig = _drawn_figure(analyze_comparison(records, base, [0]).json["results.json"], tmp_path / "c.png", monkeypatch)
+    title = " ".join(fig.axes[1].get_title().split())  # wrapped onto lines
+    assert "first 4,096 of 316,150 tokens (1%)" in title and title.endswith("stars: final")
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        box = ax.title.get_window_extent(renderer)
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1, ax.title.get_text()
 
 
 def test_one_seed_says_an_interval_needs_two_and_an_undecided_interval_says_how_many(tmp_path):

@@ -35,6 +35,7 @@ def test_list_shows_every_study(capsys):
         (["list", "--tolerance", "0"], "--tolerance=0.0 does not apply with study {list,plan,run,report}"),
         (["verify", "smoke"], "study verify needs a RECORD"),
         (["plan", "smoke", "r.json"], "only study verify takes a record"),
+        (["verify", "smoke", "r.json"], "RECORD='r.json': no such record file"),  # study's own name, not --verify
         (["plan"], "study plan needs the study's NAME"),
         (["plna", "smoke"], "ACTION='plna'"),
         (["plan", "smok"], "NAME='smok'"),

@@ -20,13 +20,15 @@ def losses(run_dir):
     return [r["train/loss"] for r in RunFolder(run_dir).read_metrics() if "train/loss" in r]
 
 
-def test_resume_is_exact(tiny_cfg, tmp_path):
+def test_resume_is_exact(tiny_cfg, tmp_path, capsys):
     model = dict(n_layer=1, d_model=32, n_heads=2, block_size=16, dropout=0.1, attention="coupled")
     full = train(tiny_cfg(out_dir=str(tmp_path / "full"), model=model))
     part = tmp_path / "part"
     first = train(tiny_cfg(out_dir=str(part), model=model, stop_after_steps=4))
     assert first["steps"] == 4 and first["stop_reason"] == "stop_after_steps"
+    capsys.readouterr()
     second = train(tiny_cfg(out_dir=str(part), model=model, resume=True))
+    assert f"resuming {part} from ckpt-00000004: step 4, 256 tokens" in capsys.readouterr().err  # said, once
     assert second["steps"] == 8
     a, b = losses(tmp_path / "full"), losses(part)
     assert len(a) == len(b) == 8

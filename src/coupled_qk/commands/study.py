@@ -295,11 +295,12 @@ def verify(study, record, run_root, data_dir, cache_dir, tolerance) -> int:
     from coupled_qk.data.paths import default_cache_dir, default_data_dir
     from coupled_qk.study.verify import format_comparison, read_record, verify_record
 
-    stored, _ = read_record(record)
+    stored, _ = read_record(record, "RECORD")
     if stored["protocol"] != study.name:
-        raise ValueError(f"--verify={record!r} is a record of protocol {stored['protocol']!r}, not of {study.name!r}")
+        raise ValueError(f"RECORD={record!r} is a record of protocol {stored['protocol']!r}, not of {study.name!r}")
     cache = cache_dir or (default_cache_dir() / "claims-data")
-    result = verify_record(study, record, run_root, data_dir or default_data_dir(), cache, tolerance=tolerance)
+    data = data_dir or default_data_dir()
+    result = verify_record(study, record, run_root, data, cache, tolerance=tolerance, name="RECORD")
     print(format_comparison(result))
     how = "trained now" if result["run_folder"] == "trained" else "reused from an earlier verification"
     print(f"re-run folder: {how} (delete RUN_ROOT/verify/{study.name} to train it again)")

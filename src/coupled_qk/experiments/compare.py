@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -471,6 +472,10 @@ def _scored_in_run(run: dict, records: list[dict]) -> tuple[str | None, str | No
     return scored_text(max(quick) if len(quick) == 1 else None, split), scored_text(final, split)
 
 
+TITLE_WIDTH = 64
+"""Characters per line of a loss-curve panel's title (half of a 12-inch figure at 10 pt); longer ones wrap."""
+
+
 def plot_loss_curves(summary: dict, path: str | Path) -> None:
     """Training loss and validation loss against training tokens, one style per variant.
 
@@ -502,7 +507,7 @@ def plot_loss_curves(summary: dict, path: str | Path) -> None:
     for ax, title in zip(axes, titles):
         ax.set_xlabel("training tokens", fontsize=10)
         ax.set_ylabel("cross-entropy (nats/token)", fontsize=10)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=10)  # a long title would run past the figure
         ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 
-from scipy import optimize
-from scipy import stats as sps
+from coupled_qk.extras import LazyModule
+
+optimize = LazyModule("scipy.optimize", "claims", "power and detectable effects")
+sps = LazyModule("scipy.stats", "claims", "power and detectable effects")
 
 __all__ = [
     "READINGS",

@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats as st
+
+from coupled_qk.extras import LazyModule
+
+st = LazyModule("scipy.stats", "claims", "regime readings (intervals)")
 
 FINAL_WINDOW_EPOCHS = 1.5
 """The end of a run whose validation slope :func:`final_slope` fits (epochs)."""

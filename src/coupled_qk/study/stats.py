@@ -13,9 +13,11 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats as st
 
 from coupled_qk.checks.values import finite
+from coupled_qk.extras import LazyModule
+
+st = LazyModule("scipy.stats", "claims", "intervals and verdicts")
 
 
 def _array(name: str, values, min_n: int = 1) -> np.ndarray:

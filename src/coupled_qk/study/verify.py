@@ -47,8 +47,9 @@ same initial weights and data agree to about 1e-7 there, whatever the code's rou
 initialisation differs in the second or third digit (docs/results/claims/verify-mqar-coupled-reproduction.md)."""
 
 
-def read_record(path: str | Path) -> tuple[dict, Path]:
-    """The record at ``path`` and the report folder it belongs to (``path``'s fifth parent).
+def read_record(path: str | Path, name: str = "--verify") -> tuple[dict, Path]:
+    """The record at ``path`` and the report folder it belongs to (``path``'s fifth parent); ``name`` is the
+    argument that gave ``path``, for the messages (``claims --verify``, ``study verify RECORD``).
 
     Raises:
         ValueError: ``path`` is not a file, not JSON, lacks ``protocol``/``cell``/``variant``/``seed``, or does not
@@ -57,25 +58,25 @@ def read_record(path: str | Path) -> tuple[dict, Path]:
     path = Path(path)
     if path.is_dir():
         raise ValueError(
-            f"--verify={str(path)!r} is a folder; expected one run record file inside it, such as "
+            f"{name}={str(path)!r} is a folder; expected one run record file inside it, such as "
             "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json"
         )
     if not path.is_file():
         raise ValueError(
-            f"--verify={str(path)!r}: no such record file; expected a run record such as "
+            f"{name}={str(path)!r}: no such record file; expected a run record such as "
             "docs/results/claims/runs/cpu-converged/cpu-converged-main/coupled/seed0.json"
         )
     try:
         rec = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--verify={str(path)!r} is not a JSON run record ({exc})") from None
+        raise ValueError(f"{name}={str(path)!r} is not a JSON run record ({exc})") from None
     problem = record_problem(rec)
     if problem:
-        raise ValueError(f"--verify={str(path)!r} is not a run record: {problem}")
+        raise ValueError(f"{name}={str(path)!r} is not a run record: {problem}")
     out_dir = path.parents[4] if len(path.parents) > 4 else None
     if out_dir is None or record_path(out_dir, rec["protocol"], rec["cell"], rec["variant"], rec["seed"]) != path:
         raise ValueError(
-            f"--verify={str(path)!r}: a record must stay where the study wrote it, "
+            f"{name}={str(path)!r}: a record must stay where the study wrote it, "
             f"<out_dir>/runs/{rec['protocol']}/{rec['cell']}/<variant>/seed{rec['seed']}.json"
         )
     return rec, out_dir
@@ -185,6 +186,7 @@ def verify_record(
     cache_root: str | Path,
     tolerance: float = 1e-4,
     threads: int = 1,
+    name: str = "--verify",
 ) -> dict:
     """Re-train the run of the record at ``path`` (a record of ``study``) from scratch and compare (see the module
     docstring).
@@ -199,6 +201,7 @@ def verify_record(
         tolerance: largest accepted ``|new - stored|`` of the primary metric (test loss, else validation loss),
             in nats; the fingerprint, tokens, steps and stop reason must be equal.
         threads: ``torch.set_num_threads`` for the re-run (the studies used 1).
+        name: the argument that gave ``path``, for the messages (``"--verify"``, ``"RECORD"``).
 
     Returns:
         :func:`compare`'s dict plus ``"match"`` (bool), ``"tolerance"``, ``"record"`` (the new record's path) and
@@ -213,11 +216,9 @@ def verify_record(
 
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance={tolerance!r}: expected a finite number >= 0 (nats)")
-    stored, out_dir = read_record(path)
+    stored, out_dir = read_record(path, name)
     if stored["protocol"] != study.name:
-        raise ValueError(
-            f"--verify={str(path)!r} is a record of protocol {stored['protocol']!r}, not of {study.name!r}"
-        )
+        raise ValueError(f"{name}={str(path)!r} is a record of protocol {stored['protocol']!r}, not of {study.name!r}")
     unit = find_unit(study, stored["cell"], stored["variant"], stored["seed"], out_dir)
     scratch = Path(run_root) / "verify"
     places = Places(scratch / "records", scratch, Path(data_dir), Path(cache_root))

@@ -131,6 +131,7 @@ def _resume_point(cfg: TrainConfig, run: RunFolder, runtime: Runtime, say) -> tu
     precision (``runtime``'s autocast dtype set to the run's: :meth:`RunFolder.resume_precision`)."""
     state, where = run.resume_point(cfg, say)
     if where is not None:
+        say(f"resuming {run.path} from {where.name}: step {state['step']:,}, {state['tokens']:,} tokens")
         plan_batch(state, run.read_config() or {}, cfg, runtime.world, say)
         precision = run.resume_precision(state, runtime.precision, cfg, say)
         if precision != runtime.precision:
