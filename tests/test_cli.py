@@ -191,8 +191,11 @@ def test_relative_corpus_path_is_stored_absolute(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_demo_quick_is_a_labelled_smoke_run(tiny_corpus, tmp_path, capsys):
     """``demo --quick`` end to end on a tiny corpus (flags still override its budget): every variant's final
-    evaluation scores only the first QUICK_EVAL_WINDOWS windows, and the printed table says it is a smoke run."""
-    from coupled_qk.commands.demo import QUICK_DEFAULTS, QUICK_EVAL_WINDOWS
+    evaluation scores only the windows one quick validation reads (eval_batches x the flag's batch size), so the
+    final validation loss of the last checkpoint equals the curve's last quick validation; the printed table says it
+    is a smoke run."""
+    from coupled_qk.commands.demo import QUICK_DEFAULTS
+    from coupled_qk.training.run_folder import RunFolder
 
     out_dir = tmp_path / "quick"
     assert (
@@ -230,14 +233,18 @@ def test_demo_quick_is_a_labelled_smoke_run(tiny_corpus, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "demo --quick: a smoke run" in out
-    assert f"Smoke run: the final evaluation scored valid on its first {QUICK_EVAL_WINDOWS * 16:,} of " in out
+    windows = QUICK_DEFAULTS["eval_batches"] * 4  # --batch-size 4
+    assert f"Smoke run: the final evaluation scored valid on its first {windows * 16:,} of " in out
     summary = json.loads((out_dir / "results.json").read_text())
-    assert summary["base_config"]["task_options"] == {"final_eval_windows": QUICK_EVAL_WINDOWS}
+    assert summary["base_config"]["task_options"] == {"final_eval_windows": windows}
     assert summary["base_config"]["max_tokens"] == 128  # the flag wins over QUICK_DEFAULTS
     assert summary["base_config"]["eval_interval"] == QUICK_DEFAULTS["eval_interval"]
     for entry in summary["variants"].values():
         final = entry["runs"][0]["final"]
-        assert final["test/n_tokens"] == QUICK_EVAL_WINDOWS * 16 and final["test/subsample_windows"] == 24
+        assert final["test/n_tokens"] == windows * 16 and final["test/subsample_windows"] == windows
+        curve = [r for r in RunFolder(entry["runs"][0]["run_dir"]).read_metrics() if "valid/loss" in r]
+        assert curve[-1]["valid/n_tokens"] == final["valid/n_tokens"]
+        assert curve[-1]["valid/loss"] == pytest.approx(final["valid/loss"], rel=1e-6)  # same weights, same text
 
 
 @pytest.mark.parametrize("argv", [["eval", "RUN"], ["glue", "RUN"], ["train"], ["compare"], ["demo"]])

@@ -6,12 +6,16 @@ more on a busy machine).
 
 ``--quick`` is a smoke run: the same four variants, data and tokenizer with a budget of
 :data:`QUICK_DEFAULTS` (about 3 minutes on 2 cores) and a final evaluation on the first
-:data:`QUICK_EVAL_WINDOWS` windows of WikiText-2 valid and test only (``task_options.final_eval_windows``), in
-its own folder ``runs/demo-quick``. It shows that everything works end to end; its numbers say nothing about
+:data:`QUICK_EVAL_WINDOWS` windows of WikiText-2 valid and test only (``task_options.final_eval_windows``: the
+windows of each quick validation, so the final point lies on the validation curve's text), in its own folder
+``runs/demo-quick``. It shows that everything works end to end; its numbers say nothing about
 the variants (the table says it is a smoke run).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
 
 from coupled_qk.checks.cli import parse_seeds
 from coupled_qk.commands.options import (
@@ -21,6 +25,9 @@ from coupled_qk.commands.options import (
     reject_variant_flags,
 )
 from coupled_qk.commands.train import add_train_options, preflight, read_corpus_first, train_config_from_args
+
+if TYPE_CHECKING:
+    from coupled_qk.training.config import TrainConfig
 
 HELP = "standard vs coupled (Euler, leapfrog) vs uncoupled MLP on wiki-vital, on CPU in minutes (--quick: ~3)"
 DEMO_VARIANTS = "standard,coupled,coupled_leapfrog,uncoupled_mlp"
@@ -41,9 +48,12 @@ QUICK_DEFAULTS = dict(
     max_tokens=65_536, warmup_steps=8, eval_interval=8, eval_batches=2, log_interval=4, out_dir="runs/demo-quick"
 )
 """What ``--quick`` changes (explicit flags still win): 32 steps of 2,048 tokens per variant."""
-QUICK_EVAL_WINDOWS = 24
+QUICK_EVAL_WINDOWS = QUICK_DEFAULTS["eval_batches"] * DEMO_DEFAULTS["batch_size"]
 """Windows of ``block_size`` (128) tokens of each of WikiText-2 valid and test scored by ``--quick``'s final
-evaluation (3,072 tokens each, about 1% of the splits)."""
+evaluation (4,096 tokens each, about 1% of the splits): the windows each quick validation reads (``eval_batches``
+batches of ``batch_size`` windows from the start of the split), so the final validation scores the same text as the
+validation curve and its point on the plot is comparable with the curve's (:func:`with_quick_evaluation` keeps them
+equal when flags change the batch)."""
 
 
 def add_arguments(parser) -> None:
@@ -62,13 +72,17 @@ def add_arguments(parser) -> None:
 
 
 def demo_fields(args) -> dict:
-    """The demo's ``TrainConfig`` fields that no flag set: :data:`DEMO_DEFAULTS`, with :data:`QUICK_DEFAULTS`
-    and the evaluation subsample under ``--quick``."""
+    """The demo's ``TrainConfig`` fields that no flag set: :data:`DEMO_DEFAULTS`, with :data:`QUICK_DEFAULTS` under
+    ``--quick``."""
     base = {**DEMO_DEFAULTS, **(QUICK_DEFAULTS if args.quick else {})}
-    fields = {k: v for k, v in base.items() if getattr(args, k, None) is None}
-    if args.quick:
-        fields["task_options"] = {"final_eval_windows": QUICK_EVAL_WINDOWS}
-    return fields
+    return {k: v for k, v in base.items() if getattr(args, k, None) is None}
+
+
+def with_quick_evaluation(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` whose final evaluation scores the windows one quick validation reads (``eval_batches x batch_size``
+    from the start of each split; :data:`QUICK_EVAL_WINDOWS` at the defaults), whatever the flags set."""
+    windows = cfg.eval_batches * cfg.batch_size if cfg.eval_batches is not None else QUICK_EVAL_WINDOWS
+    return dataclasses.replace(cfg, task_options={**(cfg.task_options or {}), "final_eval_windows": windows})
 
 
 def run(args) -> int:
@@ -83,14 +97,15 @@ def run(args) -> int:
 
         defaults["corpus"], which = demo_corpus(args.data_dir)
         print(which)
+    base = train_config_from_args(args, **defaults)
     if args.quick:
+        base = with_quick_evaluation(base)
         print(
-            f"demo --quick: a smoke run ({defaults.get('max_tokens', args.max_tokens)} training tokens per "
-            f"variant, final evaluation on {QUICK_EVAL_WINDOWS} windows of each split); for the real comparison "
-            "run `coupled-qk demo`",
+            f"demo --quick: a smoke run ({base.max_tokens} training tokens per variant, final evaluation on "
+            f"{base.task_options['final_eval_windows']} windows of each split); for the real comparison run "
+            "`coupled-qk demo`",
             flush=True,
         )
-    base = train_config_from_args(args, **defaults)
     seeds = parse_seeds(args.seeds)
     preflight(base, run_folder=False)  # the comparison folder is claimed by comparison_dir
     read_corpus_first(base)

@@ -131,7 +131,9 @@ def demo_quick(root: Path) -> str:
 
     return (
         f"Budget: {QUICK_DEFAULTS['max_tokens']:,} training tokens per variant and a final evaluation on the first "
-        f"{QUICK_EVAL_WINDOWS} windows of WikiText-2 valid and test only; output in `./{QUICK_DEFAULTS['out_dir']}`.\n"
+        f"{QUICK_EVAL_WINDOWS} windows of WikiText-2 valid and test only (the windows each validation during training "
+        "reads, so the final point of the loss plot scores the same text as its curve); output in "
+        f"`./{QUICK_DEFAULTS['out_dir']}`.\n"
     )
 
 
