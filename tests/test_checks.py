@@ -1,9 +1,12 @@
 """Typed parsing and argument checks (``coupled_qk.checks.values``), with hand-derived expectations."""
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from coupled_qk.checks.values import choice, coerce, coerce_fields, finite, nonneg_int, parse_assignments, positive_int
 
@@ -90,3 +93,29 @@ def test_parse_assignments():
     for bad in ("a", "=1"):
         with pytest.raises(ValueError, match="--set"):
             parse_assignments([bad])
+
+
+GPT_FIELDS = ("n_layer", "n_heads", "d_model", "block_size", "vocab_size", "dropout", "rope_base", "attention")
+
+
+@settings(max_examples=60, deadline=None)
+@given(field=st.sampled_from(GPT_FIELDS), cut=st.integers(0, 20))
+def test_every_path_that_refuses_an_unknown_field_gives_the_same_hint(field, cut):
+    """A field name with one character dropped: ``GPTConfig.from_dict`` (config files, presets) and ``--set`` refuse
+    it with one message form, naming the typo and the closest field (``unknown_names_error``), as ``unknown_keys``
+    does for run files."""
+    from coupled_qk.checks.values import named_with_hints
+    from coupled_qk.models.config import GPTConfig, parse_overrides
+
+    i = cut % len(field)
+    typo = field[:i] + field[i + 1 :]
+    names = {f.name for f in dataclasses.fields(GPTConfig)} | set(GPTConfig.extra_names())
+    assume(typo not in names)
+    hinted = named_with_hints([typo], names)
+    assert hinted.startswith(f"{typo!r} (did you mean ")  # one dropped character stays within difflib's cutoff
+    with pytest.raises(ValueError) as from_dict:
+        GPTConfig.from_dict({typo: 1})
+    with pytest.raises(ValueError) as from_set:
+        parse_overrides([f"{typo}=1"])
+    assert f"unknown GPTConfig field(s) {hinted}; valid fields: " in str(from_dict.value)
+    assert f"--set {typo}=1: unknown GPTConfig field {hinted}; valid fields: " in str(from_set.value)

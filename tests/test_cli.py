@@ -22,7 +22,7 @@ def test_describe_json(capsys):
 
 def test_bad_option_is_a_clear_error(capsys):
     assert main(["describe", "--set", "n_head=3"]) == 2
-    assert "unknown GPTConfig field(s) ['n_head']" in capsys.readouterr().err
+    assert "unknown GPTConfig field 'n_head' (did you mean 'n_heads'?)" in capsys.readouterr().err
     assert main(["describe", "--attention", "flash"]) == 2
     assert "attention='flash'" in capsys.readouterr().err
 

@@ -138,7 +138,7 @@ def test_parse_overrides_is_typed():
         "dynamics_hidden": None,
         "position": "learned",
     }
-    with pytest.raises(ValueError, match=r"--set n_head=3: unknown GPTConfig field\(s\) \['n_head'\]"):
+    with pytest.raises(ValueError, match=r"--set n_head=3: unknown GPTConfig field 'n_head' \(did you mean 'n_heads'"):
         parse_overrides(["n_head=3"])
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         parse_overrides(["n_layer"])

@@ -189,7 +189,7 @@ def test_clear_errors(setup, tmp_path):
         TrainConfig.from_dict(dict(task="glue", max_steps=1, task_options={"glue_task": "rte"})) and GlueTask(
             TrainConfig.from_dict(dict(task="glue", max_steps=1, task_options={"glue_task": "rte"}))
         )
-    with pytest.raises(ValueError, match=r"unknown glue task_options \['lr'\]"):
+    with pytest.raises(ValueError, match=r"unknown glue task_options 'lr'"):
         GlueTask(glue_cfg(pre, glue_dir, tmp_path / "r", task_options={"lr": 1}))
     with pytest.raises(FileNotFoundError, match="RTE/train.tsv is missing"):
         GlueTask(glue_cfg(pre, glue_dir, tmp_path / "r", task_options={"glue_task": "rte"}))

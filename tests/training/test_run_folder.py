@@ -340,11 +340,10 @@ def test_unknown_task_options_and_config_fields_name_their_close_match():
 
     with pytest.raises(
         ValueError,
-        match=r"unknown MQAR task_options \['train_slice'\] \(did you mean "
-        r"\[\"'train_slice': 'train_slices'\"\]\?\)",
+        match=r"unknown MQAR task_options 'train_slice' \(did you mean 'train_slices'\?\); valid options",
     ):
         check_task_options("mqar", {"train_slice": "64:4", "test_slices": "64:4"})
-    with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) \['n_layers'\] \(did you mean"):
+    with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) 'n_layers' \(did you mean 'n_layer'\?\)"):
         GPTConfig.from_dict({"n_layers": 2})
 
 

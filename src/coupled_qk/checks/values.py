@@ -417,11 +417,21 @@ def declared_flags(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 # Typo hints: an unknown name given with its close match ("did you mean")
 
 
-def close_matches(unknown, known) -> list[str]:
-    """``["'lerning_rate': 'learning_rate'", ...]``: each of ``unknown`` with its closest name in ``known``
-    (``difflib``), for the unknown ones that have one (a "did you mean" hint in an error message)."""
+def named_with_hints(unknown, known) -> str:
+    """``"'lerning_rate' (did you mean 'learning_rate'?), 'xyz'"``: each of ``unknown`` (sorted) with its closest
+    name in ``known`` (``difflib``) where it has one: the "did you mean" part of every unknown-name message."""
     known = sorted(known)
-    return [f"{k!r}: {m[0]!r}" for k in unknown if (m := difflib.get_close_matches(k, known, 1))]
+    return ", ".join(
+        repr(k) + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(k, known, 1))
+        for k in sorted(unknown)
+    )
+
+
+def unknown_names_error(what: str, unknown, known, listed: str = "valid fields") -> ValueError:
+    """The one error for names outside ``known`` (fields of a config, options of a task, keys of ``--set``):
+    ``ValueError("unknown GPTConfig field(s) 'n_layr' (did you mean 'n_layer'?); valid fields: [...]")``, ``what``
+    naming the kind (``"GPTConfig field(s)"``) and ``listed`` the known names' heading."""
+    return ValueError(f"unknown {what} {named_with_hints(unknown, known)}; {listed}: {sorted(known)}")
 
 
 def unknown_keys(data: dict, known, where, what: str, *, error: bool) -> list[str]:
@@ -440,10 +450,7 @@ def unknown_keys(data: dict, known, where, what: str, *, error: bool) -> list[st
     known = sorted(known)
     unknown = sorted(k for k in data if k not in known)
     if unknown:
-        named = ", ".join(
-            repr(k) + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(k, known, 1))
-            for k in unknown
-        )
+        named = named_with_hints(unknown, known)
         if error:
             raise ValueError(
                 f"{where}: unknown {what} key(s) {named}; expected keys among {known} (was the file edited by hand?)"

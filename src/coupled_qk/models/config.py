@@ -17,13 +17,13 @@ from coupled_qk.checks.assignment import CheckedAssignment
 from coupled_qk.checks.values import (
     MAX_VOCAB,
     check_declared,
-    close_matches,
     coerce,
     coerce_fields,
     field_types,
     loads_json,
     parse_assignments,
     positive_int,
+    unknown_names_error,
 )
 from coupled_qk.layers.attention import MAP_POSITIONS
 from coupled_qk.models.contracts import RESERVED_OPTION_NAMES
@@ -113,13 +113,9 @@ class JSONConfig(CheckedAssignment):
         if not isinstance(data, dict):
             raise ValueError(f"a {cls.__name__} must be given as a dict of fields; got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)} | set(cls.extra_names())
-        unknown = sorted(set(data) - names)
+        unknown = set(data) - names
         if unknown:
-            hints = close_matches(unknown, names)
-            raise ValueError(
-                f"unknown {cls.__name__} field(s) {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
-                f"valid fields: {sorted(names)}"
-            )
+            raise unknown_names_error(f"{cls.__name__} field(s)", unknown, names)
         return cls(**data)
 
     def save(self, path: str | Path) -> None:
@@ -465,9 +461,7 @@ def parse_overrides(items: Sequence[str], target: type = GPTConfig, flag: str = 
     out = {}
     for key, value in parse_assignments(items, flag).items():
         if key not in types:
-            raise ValueError(
-                f"{flag} {key}={value}: unknown {target.__name__} field(s) {[key]}; valid fields: {sorted(types)}"
-                + (f"; {OPTION_HINT}" if target is GPTConfig else "")
-            )
+            error = unknown_names_error(f"{target.__name__} field", [key], types)
+            raise ValueError(f"{flag} {key}={value}: {error}" + (f"; {OPTION_HINT}" if target is GPTConfig else ""))
         out[key] = coerce(f"{flag} {key}", value, types[key])
     return out

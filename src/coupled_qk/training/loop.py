@@ -131,7 +131,6 @@ def _resume_point(cfg: TrainConfig, run: RunFolder, runtime: Runtime, say) -> tu
     precision (``runtime``'s autocast dtype set to the run's: :meth:`RunFolder.resume_precision`)."""
     state, where = run.resume_point(cfg, say)
     if where is not None:
-        say(f"resuming {run.path} from {where.name}: step {state['step']:,}, {state['tokens']:,} tokens")
         plan_batch(state, run.read_config() or {}, cfg, runtime.world, say)
         precision = run.resume_precision(state, runtime.precision, cfg, say)
         if precision != runtime.precision:
@@ -462,6 +461,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run: RunFolder) -> dict:
         check_compatible(Checkpoint(where).model_config(), model_cfg, where)
         run.check_data(task)  # before data.json is written again below
     sched, eval_interval = _plan(cfg, state, task, runtime, say)
+    if where is not None:  # said once every check of the resume has passed (a refusal stays one line)
+        say(f"resuming {run.path} from {where.name}: step {state['step']:,}, {state['tokens']:,} tokens")
     trainer = _Trainer(cfg, runtime, run, task, model_cfg, state, where, sched)
     if runtime.is_main:
         run.record_start(cfg, model_cfg, task)

@@ -172,15 +172,11 @@ def check_options(task: str, options: dict, known) -> dict:
     """
     if not isinstance(options, dict):
         raise ValueError(f"TrainConfig.task_options={options!r} must be a dict")
-    unknown = sorted(set(options) - set(known))
+    unknown = set(options) - set(known)
     if unknown:
-        from coupled_qk.checks.values import close_matches
+        from coupled_qk.checks.values import unknown_names_error
 
-        hints = close_matches(unknown, known)
-        raise ValueError(
-            f"unknown {task} task_options {unknown}{f' (did you mean {hints}?)' if hints else ''}; "
-            f"valid options: {sorted(known)}"
-        )
+        raise unknown_names_error(f"{task} task_options", unknown, known, "valid options")
     return options
 
 
