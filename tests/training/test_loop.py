@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -339,3 +340,28 @@ def test_default_eval_interval_gives_about_ten_validations_and_sizes_are_printed
         f"data: train {sizes['train']:,} tokens, 300 documents; valid {sizes['valid']:,} tokens, 20 documents; "
         f"test {sizes['test']:,} tokens, 20 documents"
     ) in err
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (dict(attention="coupled"), "attention: checkpoint 'standard' vs run 'coupled'"),
+        (dict(n_layer=2), "n_layer: checkpoint 1 vs run 2"),
+        (dict(attention="standard", n_heads=4), "n_heads: checkpoint 2 vs run 4"),
+    ],
+)
+def test_a_resume_with_another_model_is_refused_before_the_data_are_read(tiny_cfg, monkeypatch, change, words):
+    """Another attention or size on --resume is refused naming the field before the task reads its data (it was
+    refused only after the corpus and tokenizer had loaded); the data-decided vocabulary is taken from the
+    checkpoint for that early comparison."""
+    from coupled_qk.training import loop
+
+    model = dict(n_layer=1, d_model=32, n_heads=2, block_size=16, attention="standard")
+    train(tiny_cfg(model=model, stop_after_steps=2))
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data were read before the model was compared")
+
+    monkeypatch.setattr(loop, "_build_task", no_data)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        train(tiny_cfg(model={**model, **change}, resume=True))

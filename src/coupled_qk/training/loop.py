@@ -138,6 +138,26 @@ def _resume_point(cfg: TrainConfig, run: RunFolder, runtime: Runtime, say) -> tu
     return state, where
 
 
+DATA_DECIDED = ("vocab_size", "block_size")
+"""Model fields a task may take from its data (:meth:`~coupled_qk.training.tasks.Task.model_overrides`: the
+tokenizer's vocabulary, the MQAR sequences' length); a GLUE checkpoint decides every field."""
+
+
+def _check_model_before_data(cfg: TrainConfig, where: Path) -> None:
+    """Refuse a resume whose model differs from its checkpoint's in a field its data do not decide (``--attention``,
+    ``--set n_layer=...``) before the data are read (minutes for a large corpus); the full comparison
+    (:func:`check_compatible`) follows once the task has set its fields.
+
+    Raises:
+        ValueError: naming the checkpoint and each differing field.
+    """
+    if cfg.task == "glue":  # the pretrained checkpoint decides the whole model
+        return
+    saved = Checkpoint(where).model_config()
+    decided = {k: getattr(saved, k) for k in DATA_DECIDED if k not in cfg.model}
+    check_compatible(saved, GPTConfig.from_preset(cfg.preset, **{**cfg.model, **decided}), where)
+
+
 def _plan(cfg: TrainConfig, state: dict, task, runtime: Runtime, say) -> tuple[Schedule, int]:
     """The learning-rate schedule and the quick-validation interval of the run (warning about a warmup that never
     ends and announcing an automatic interval)."""
@@ -447,6 +467,8 @@ def _train(cfg: TrainConfig, task, runtime: Runtime, run: RunFolder) -> dict:
         (lambda msg: print(f"coupled-qk: {msg}", file=sys.stderr, flush=True)) if runtime.is_main else (lambda m: None)
     )
     state, where = _resume_point(cfg, run, runtime, say)
+    if where is not None:
+        _check_model_before_data(cfg, where)
     if cfg.fsdp and runtime.world == 1:
         say("fsdp has no effect in a single process (it applies under torchrun with several processes)")
     if runtime.is_main:
