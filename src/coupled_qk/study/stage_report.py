@@ -581,9 +581,10 @@ def _annealing(report: dict) -> list[str]:
     return [
         "",
         f"Regime: these runs are annealed to the end of their schedule, not verified minima. Over the last "
-        f"{FINAL_WINDOW_EPOCHS:g} epochs the validation loss of {falling} of the {len(runs)} runs that completed "
-        f"their schedule (grid aside) still falls (slope interval below zero; mean {mean:+.4f} nats per epoch), "
-        f"and {late} of them have their best checkpoint in the last half epoch. The plateau rule (pre-registered: "
+        f"{FINAL_WINDOW_EPOCHS:g} epochs the validation loss of {falling} of the {len(runs)} "
+        f"{'run' if len(runs) == 1 else 'runs'} that completed their schedule (grid aside) still falls (slope "
+        f"interval below zero; mean {mean:+.4f} nats per epoch), and in {late} of them the best checkpoint lies "
+        "in the last half epoch. The plateau rule (pre-registered: "
         "the last half epoch improves the best before it by under 0.5%) set the horizon only; it is met by runs "
         "that end far apart (see the grid).",
     ]
