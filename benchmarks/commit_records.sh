@@ -7,7 +7,8 @@
 #
 # Arguments: STUDY [OUT_DIR (default docs/results/claims)] [SECONDS between looks (default 60)]. With ONCE=1 it
 # commits what is there and exits. A record is committed alone (`git commit --only`), with a message naming the run
-# and its test perplexity; a commit refused because another git process holds the index is retried.
+# and no result (a pre-registered study reads nothing before its cell is complete, the log included); a commit
+# refused because another git process holds the index is retried.
 set -euo pipefail
 study=${1:?usage: bash benchmarks/commit_records.sh STUDY [OUT_DIR] [SECONDS]}
 out=${2:-docs/results/claims}
@@ -27,8 +28,7 @@ commit_new() {
     msg=$(python3 - "$f" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-ppl = r.get("final", {}).get("test/perplexity", float("nan"))
-print(f"{r['protocol']}: {r['cell']} {r['variant']} seed {r['seed']} (record; test ppl {ppl:.2f})")
+print(f"{r['protocol']}: {r['cell']} {r['variant']} seed {r['seed']} (record)")
 PY
     ) || { echo "commit_records.sh: $f is not a readable record; left uncommitted" >&2; continue; }
     for attempt in 1 2 3 4 5 6 7 8 9 10; do

@@ -34,7 +34,7 @@ def test_it_commits_each_new_record_once(tmp_path):
     rec.write_text(json.dumps(record))
     assert _run(tmp_path).returncode == 0
     log = subprocess.run(["git", "-C", str(tmp_path), "log", "--format=%s"], capture_output=True, text=True).stdout
-    assert log.splitlines() == ["cpu: wv-tiny coupled seed 0 (record; test ppl 1.50)"]
+    assert log.splitlines() == ["cpu: wv-tiny coupled seed 0 (record)"]
     assert _run(tmp_path).returncode == 0  # nothing new: no second commit
     log = subprocess.run(["git", "-C", str(tmp_path), "log", "--format=%s"], capture_output=True, text=True).stdout
     assert len(log.splitlines()) == 1
