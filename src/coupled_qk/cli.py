@@ -84,6 +84,15 @@ class Parser(argparse.ArgumentParser):
         return "".join(f"; {h}" for h in hints)
 
     def error(self, message: str):
+        """Print ``message`` as one usage line, ``<prog>: error: <message> (see <prog> --help)``, on stderr and exit
+        with status 2 (:data:`EXIT_USAGE`; ``argparse.ArgumentParser.error`` prints the whole usage block first).
+
+        An option type's refusal (``argument --n: '0' must be ...``) is reworded as ``--n=0 must be ...``, and an
+        invalid choice gets the closest valid one suggested (``difflib``, cutoff 0.6).
+
+        Raises:
+            SystemExit: always, with code 2 (argparse's contract: ``error`` must not return).
+        """
         # an option type's refusal ("argument --n: '0' must be ...") reads as "--n=0 must be ..."
         # and "argument --n: 'a,a': expected ..." as "--n='a,a': expected ..."; the value is the repr up to its
         # first unescaped quote (a later quote, as in "(or '' for none)", is the message's own)

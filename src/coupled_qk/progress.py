@@ -80,6 +80,8 @@ class LineProgress:
         return " ".join(parts)
 
     def update(self, n: int = 1) -> None:
+        """Count ``n`` more units (as ``tqdm.update``); print a line when ``interval`` seconds have passed since the
+        last one."""
         self.n += n
         now = time.monotonic()
         if now - self.last >= self.interval:
@@ -87,14 +89,20 @@ class LineProgress:
             print(self._line(), file=self.file, flush=True)
 
     def set_postfix(self, postfix: dict | None = None, refresh: bool = False, **kwargs) -> None:
+        """Replace the ``key=value`` items shown at the end of each line by ``postfix`` and ``kwargs`` (as
+        ``tqdm.set_postfix``; floats written to 4 significant digits). ``refresh`` is accepted for ``tqdm``'s
+        signature and ignored: the next periodic line shows them."""
         self.postfix = {
             k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in {**(postfix or {}), **kwargs}.items()
         }
 
     def write(self, text: str) -> None:
+        """Print ``text`` as one line to this reporter's stream (as ``tqdm.write``), flushed."""
         print(text, file=self.file, flush=True)
 
     def close(self) -> None:
+        """End the phase (idempotent): a final line marked ``(done)`` (total reached or unknown) or ``(stopped)``,
+        printed only when the phase lasted at least ``min(interval, 5)`` seconds."""
         if not self.closed:
             self.closed = True
             if time.monotonic() - self.t0 >= min(self.interval, 5.0):

@@ -70,6 +70,10 @@ def mean_of(values) -> float:
 
 
 def metric_rank(key: str) -> tuple:
+    """Sort key of a metric key ``"[prefix/]base"`` (``"a1/entropy"``): ``(position of base, position of prefix,
+    key)``, bases in the order of :data:`MAP_METRICS` then the rank-collapse residuals, ``dt``, the updates and
+    ``lambda``; prefixes ``""``, ``a1``, ``a2``, ``signed``. An unknown base or prefix sorts after the known ones
+    (alphabetically among themselves); never raises."""
     prefix, _, base = key.rpartition("/")
     order = list(MAP_METRICS) + [
         "rank_collapse_residual",
@@ -88,6 +92,7 @@ def metric_rank(key: str) -> tuple:
 
 
 def order_metrics(d: dict) -> dict:
+    """A copy of ``d`` (metric key -> value) with its keys in the report's order (:func:`metric_rank`)."""
     return {k: d[k] for k in sorted(d, key=metric_rank)}
 
 

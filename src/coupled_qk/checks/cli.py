@@ -40,8 +40,11 @@ __all__ = [
 ]
 
 
-def _arg(parse, what: str):
-    """An argparse ``type`` calling ``parse(text)``; its ``ValueError`` becomes a one-line usage error."""
+def _arg(parse, what: str, doc: str):
+    """An argparse ``type`` (a callable taking the option's text: the ``type=`` contract of :mod:`argparse`,
+    docs.python.org/3/library/argparse.html#type) calling ``parse(text)``; its ``ValueError`` becomes an
+    ``argparse.ArgumentTypeError``, a one-line usage error. ``what`` names the type in argparse's messages; ``doc``
+    is its docstring (what ``help()`` shows)."""
 
     def parse_arg(text: str):
         try:
@@ -50,6 +53,7 @@ def _arg(parse, what: str):
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     parse_arg.__name__ = what  # argparse names the type in some messages
+    parse_arg.__doc__ = doc
     return parse_arg
 
 
@@ -123,32 +127,116 @@ def _dtype_text(text: str) -> str:
     return _checked(text, check_dtype, text)
 
 
-positive_int_arg = _arg(_number(int, positive_int), "positive integer")
-"""argparse type: an integer >= 1 (:func:`~coupled_qk.checks.values.positive_int`; ``0``, ``-1``, ``2.5``, ``"x"``
-refused in one line)."""
-nonneg_int_arg = _arg(_number(int, nonneg_int), "integer >= 0")
-"""argparse type: an integer >= 0 (:func:`~coupled_qk.checks.values.nonneg_int`)."""
-seed_arg = _arg(_number(int, seed_int), "seed")
-"""argparse type: a seed, an integer in ``[0, 2**32 - 1]`` (:func:`~coupled_qk.checks.values.seed_int`)."""
-threads_arg = _arg(_number(int, thread_count), "thread count")
-"""argparse type: a thread count from 1 to this machine's CPUs (:func:`thread_count`)."""
-positive_float_arg = _arg(_number(float, functools.partial(finite, lo=0, lo_open=True)), "positive number")
-"""argparse type: a finite number > 0 (:func:`~coupled_qk.checks.values.finite`: NaN, inf, 0 and negatives
-refused)."""
-nonneg_float_arg = _arg(_number(float, functools.partial(finite, lo=0)), "number >= 0")
-"""argparse type: a finite number >= 0 (a temperature: 0 means greedy)."""
-fraction_arg = _arg(_number(float, functools.partial(finite, lo=0, hi=1)), "fraction")
-"""argparse type: a finite number in [0, 1] (the command checks any tighter range)."""
-path_arg = _arg(_path_text, "path")
-"""argparse type: a path value (:func:`~coupled_qk.checks.paths.path_value`: not empty, no NUL character); kind
-and existence are checked by the command."""
-folder_arg = _arg(_folder_text, "folder")
-"""argparse type: a folder path (:func:`~coupled_qk.checks.paths.folder_value`: a path value that, where it exists,
-is a folder and not a file; the command checks whether it must exist)."""
-device_arg = _arg(_device_text, "device")
-"""argparse type: a device this machine has (:func:`coupled_qk.devices.check_device`), listing the choices."""
-dtype_arg = _arg(_dtype_text, "dtype")
-"""argparse type: an autocast dtype name (:func:`coupled_qk.devices.check_dtype`)."""
+positive_int_arg = _arg(
+    _number(int, positive_int),
+    "positive integer",
+    """argparse type: the text of an integer >= 1 -> ``int`` (:func:`~coupled_qk.checks.values.positive_int`),
+    converted as a config value is (``"2.0"`` and ``"1e3"`` are 2 and 1000).
+
+    Raises:
+        argparse.ArgumentTypeError: ``0``, ``-1`` (``'0' must be a positive integer``), ``2.5``, ``x`` (not an
+            integer) or digits other than 0-9, naming the text typed.
+    """,
+)
+nonneg_int_arg = _arg(
+    _number(int, nonneg_int),
+    "integer >= 0",
+    """argparse type: the text of an integer >= 0 -> ``int`` (:func:`~coupled_qk.checks.values.nonneg_int`).
+
+    Raises:
+        argparse.ArgumentTypeError: a negative number, a non-integer or digits other than 0-9, naming the text.
+    """,
+)
+seed_arg = _arg(
+    _number(int, seed_int),
+    "seed",
+    """argparse type: a seed, the text of an integer in ``[0, 2**32 - 1]`` -> ``int``
+    (:func:`~coupled_qk.checks.values.seed_int`: numpy's legacy generator's range).
+
+    Raises:
+        argparse.ArgumentTypeError: a negative or larger number, a non-integer, naming the text and the range.
+    """,
+)
+threads_arg = _arg(
+    _number(int, thread_count),
+    "thread count",
+    """argparse type: a thread count, the text of an integer from 1 to this machine's CPUs (:func:`cpu_count`) ->
+    ``int`` (:func:`thread_count`).
+
+    Raises:
+        argparse.ArgumentTypeError: 0, a negative or non-integer number, or more threads than CPUs (naming the
+            CPU count).
+    """,
+)
+positive_float_arg = _arg(
+    _number(float, functools.partial(finite, lo=0, lo_open=True)),
+    "positive number",
+    """argparse type: the text of a finite number > 0 -> ``float`` (:func:`~coupled_qk.checks.values.finite`).
+
+    Raises:
+        argparse.ArgumentTypeError: NaN, inf (``'inf' must be a finite number``), 0 or a negative number
+            (``'0' must be in (0, inf]``), or text that is no number, naming the text.
+    """,
+)
+nonneg_float_arg = _arg(
+    _number(float, functools.partial(finite, lo=0)),
+    "number >= 0",
+    """argparse type: the text of a finite number >= 0 -> ``float`` (a temperature: 0 means greedy).
+
+    Raises:
+        argparse.ArgumentTypeError: NaN, inf, a negative number or text that is no number, naming the text.
+    """,
+)
+fraction_arg = _arg(
+    _number(float, functools.partial(finite, lo=0, hi=1)),
+    "fraction",
+    """argparse type: the text of a finite number in [0, 1] -> ``float`` (the command checks any tighter range).
+
+    Raises:
+        argparse.ArgumentTypeError: NaN, a number outside [0, 1] or text that is no number, naming the text.
+    """,
+)
+path_arg = _arg(
+    _path_text,
+    "path",
+    """argparse type: a path value, returned as the text typed (:func:`~coupled_qk.checks.paths.path_value`); its
+    kind and existence are checked by the command.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty text or one with a NUL character.
+    """,
+)
+folder_arg = _arg(
+    _folder_text,
+    "folder",
+    """argparse type: a folder path, returned as the text typed (:func:`~coupled_qk.checks.paths.folder_value`: a
+    path value that, where it exists, is a folder; the command checks whether it must exist).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty text, one with a NUL character, or the path of an existing file.
+    """,
+)
+device_arg = _arg(
+    _device_text,
+    "device",
+    """argparse type: a device this machine has, ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, returned
+    stripped and in lower case (:func:`coupled_qk.devices.check_device`).
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown name or a device absent here, listing the devices available.
+    """,
+)
+dtype_arg = _arg(
+    _dtype_text,
+    "dtype",
+    """argparse type: an autocast dtype name, ``auto``, ``fp32``, ``bf16`` or ``fp16``, returned stripped and in
+    lower case (:func:`coupled_qk.devices.check_dtype`).
+
+    Raises:
+        argparse.ArgumentTypeError: another name (``float32``), listing the four; ``bf16`` where the machine has a
+            CUDA GPU without bfloat16.
+    """,
+)
 
 
 def _list(item, what: str):
@@ -169,12 +257,28 @@ def _list(item, what: str):
     return parse
 
 
-positive_ints_arg = _arg(_list(_number(int, positive_int), "positive integers"), "list of positive integers")
-"""argparse type: ``"16,32"`` -> ``[16, 32]``; empty items, repeats, zero, negatives and non-integers refused."""
-positive_floats_arg = _arg(
-    _list(_number(float, functools.partial(finite, lo=0, lo_open=True)), "positive numbers"), "list of positive numbers"
+positive_ints_arg = _arg(
+    _list(_number(int, positive_int), "positive integers"),
+    "list of positive integers",
+    """argparse type: a comma-separated list of integers >= 1 -> ``list[int]`` in the order typed (``"16,32"`` ->
+    ``[16, 32]``; spaces around items ignored).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty text or empty item, a repeated value, or an item that is 0, negative
+            or not an integer (naming that item).
+    """,
 )
-"""argparse type: ``"3e-3,1e-2"`` -> ``[0.003, 0.01]``; empty items, repeats, NaN, inf, 0 and negatives refused."""
+positive_floats_arg = _arg(
+    _list(_number(float, functools.partial(finite, lo=0, lo_open=True)), "positive numbers"),
+    "list of positive numbers",
+    """argparse type: a comma-separated list of finite numbers > 0 -> ``list[float]`` in the order typed
+    (``"3e-3,1e-2"`` -> ``[0.003, 0.01]``).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty text or empty item, a repeated value, or an item that is NaN, inf, 0,
+            negative or no number (naming that item).
+    """,
+)
 
 
 def subset_arg(choices, allow_empty: bool = False):
@@ -195,7 +299,11 @@ def subset_arg(choices, allow_empty: bool = False):
             )
         return parts
 
-    parse = _arg(check, "comma-separated subset of " + ",".join(choices))
+    parse = _arg(
+        check,
+        "comma-separated subset of " + ",".join(choices),
+        f"argparse type: a comma-separated subset of {', '.join(choices)} -> ``list[str]`` (see :func:`subset_arg`).",
+    )
     parse.checks_choices = choices
     return parse
 

@@ -33,6 +33,8 @@ def _ignored_options() -> dict:
 
 
 def add_arguments(parser) -> None:
+    """Register the ``analyze`` options on ``parser``: the checkpoints and the text they read (corpus, split,
+    windows), the report folder and labels, the example maps, the device and threads, figures and progress."""
     from coupled_qk.checks.cli import folder_arg, nonneg_int_arg, path_arg, positive_int_arg, seed_arg, threads_arg
     from coupled_qk.commands.options import add_device_option, add_overwrite_option, add_progress_option
 
@@ -98,6 +100,15 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Analyse every checkpoint of ``args`` (:func:`coupled_qk.analysis.analyze.analyze_checkpoints`), write
+    ``analysis.json``, ``summary.md`` and the figures into the claimed ``--out-dir``, and print each checkpoint's
+    headline metrics; returns 0.
+
+    Raises:
+        ValueError: ``--seq-len`` below 2, an empty label, an option ignored in this mode (``--example-*`` with
+            ``--no-plots``, ``--threads`` off the CPU), an output folder refused without ``--overwrite``, or a bad
+            checkpoint or corpus (reported by the CLI in one line, exit 2).
+    """
     from coupled_qk.analysis.analyze import analyze_checkpoints
     from coupled_qk.checks.values import positive_int
     from coupled_qk.commands.ignored import refuse_ignored_options

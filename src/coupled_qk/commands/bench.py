@@ -305,6 +305,15 @@ def _users(modes) -> str:
 
 
 def run(args) -> int:
+    """Measure what ``--mode`` (or ``--sweep``) asks for, every variant interleaved with ``standard``, and write the
+    result's JSON and markdown (and the sweep's PNG) under ``--out-dir``, named by :func:`_stem`; the table is
+    printed. Every option and the output files are checked before the first measurement; returns 0.
+
+    Raises:
+        ValueError: an option the mode ignores, ``--attention``/``--integrator`` (the variants set them), a
+            variant conflicting with the model options, a length beyond ``block_size``, or a result file that
+            exists without ``--overwrite`` (reported by the CLI in one line, exit 2).
+    """
     _check_mode_options(args)
     refuse_variant_conflicts(args, parse_variants_option(args.variants))  # before the output folder is claimed
     # claim the output before measuring: a measurement must never be lost to its output path

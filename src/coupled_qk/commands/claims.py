@@ -160,6 +160,19 @@ def _ignored_options() -> dict:
 
 
 def run(args) -> int:
+    """``claims --protocol NAME``: train the study's missing runs (not with ``--report-only``), then write its report
+    (:func:`coupled_qk.commands.study.write`); ``--plan`` prints the runs and trains nothing, ``--verify RECORD``
+    re-trains one record's run and compares.
+
+    Returns:
+        0; 1 when ``--verify`` finds a mismatch; 0 at once on a ``torchrun`` rank other than 0 after training
+        (rank 0 writes the report).
+
+    Raises:
+        MissingExtra: scipy not installed. ValueError: an option this mode or a pre-registered study refuses
+            (naming it), ``--commit-records`` (removed), bad ``--cells``/``--shard``, a ``--glue-json`` that does not
+            parse, a report folder refused, ``--report-only`` without records (all exit 2 from the CLI).
+    """
     require_extra(("scipy",), "claims", "coupled-qk claims (intervals and verdicts)")
     from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.commands.study import (

@@ -16,6 +16,9 @@ HELP = "train several attention variants with the same data and budget, then com
 
 
 def add_arguments(parser) -> None:
+    """Register the ``compare`` options on ``parser``: the training options of ``train``
+    (:func:`~coupled_qk.commands.train.add_train_options`, without the single-variant flags), ``--variants``,
+    ``--overwrite``, ``--seeds`` and ``--dry-run``."""
     add_train_options(parser, variant_flags=False)
     parser.add_argument(
         "--variants",
@@ -34,6 +37,16 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Train every variant x seed of ``args`` with the same data and token budget into ``--out-dir`` (default
+    ``runs/compare``; finished runs reused, interrupted ones resumed), then print the comparison table and write
+    ``results.json``, ``results.md`` and ``loss_curves.png``; ``--dry-run`` prints the plan and creates nothing.
+    Returns 0.
+
+    Raises:
+        ValueError: a single-variant flag, a bad variant spec or one conflicting with the model options, bad
+            ``--seeds``, a config this machine cannot run (:func:`~coupled_qk.commands.train.preflight`), an
+            unreadable corpus, or a comparison folder refused (reported by the CLI in one line, exit 2).
+    """
     from coupled_qk.experiments.compare import comparison_dir, comparison_table, run_comparison
 
     reject_variant_flags(args, "compare")

@@ -57,6 +57,8 @@ equal when flags change the batch)."""
 
 
 def add_arguments(parser) -> None:
+    """Register the ``demo`` options on ``parser``: the training options of ``train`` with the demo's defaults shown
+    (:data:`DEMO_DEFAULTS`), ``--variants``, ``--overwrite``, ``--seeds`` and ``--quick``."""
     add_train_options(parser, defaults=DEMO_DEFAULTS, variant_flags=False)
     parser.add_argument("--variants", default=DEMO_VARIANTS, help=f"variants to compare (default {DEMO_VARIANTS})")
     add_overwrite_option(parser)
@@ -86,6 +88,14 @@ def with_quick_evaluation(cfg: TrainConfig) -> TrainConfig:
 
 
 def run(args) -> int:
+    """Compare the demo's variants as ``compare`` does, with :data:`DEMO_DEFAULTS` (and :data:`QUICK_DEFAULTS` under
+    ``--quick``) for every field no flag set: wiki-vital when its files are there, else WikiText-2 from the hub
+    (:func:`coupled_qk.data.hub.demo_corpus`). Prints the table; returns 0.
+
+    Raises:
+        ValueError: as ``compare``'s :func:`~coupled_qk.commands.compare.run`, and no demo corpus available
+            (saying what to get).
+    """
     from coupled_qk.experiments.compare import comparison_dir, comparison_table, run_comparison
 
     reject_variant_flags(args, "demo")

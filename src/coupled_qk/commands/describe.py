@@ -11,11 +11,19 @@ HELP = "parameter counts and coupling overhead of a model"
 
 
 def add_arguments(parser) -> None:
+    """Register the model options (:func:`~coupled_qk.commands.options.add_model_options`) and ``--json``."""
     add_model_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def run(args) -> int:
+    """Print the exact parameter count of the configured model, that of the same model with standard attention and
+    the difference in percent (:func:`~coupled_qk.models.gpt.coupling_parameter_overhead`; builds on the meta
+    device, no weights), as text or, with ``--json``, with the resolved config. Returns 0.
+
+    Raises:
+        ValueError: an invalid model option (naming it; exit 2 from the CLI).
+    """
     config = gpt_config_from_args(args)
     info = coupling_parameter_overhead(config)
     info["config"] = config.to_dict()

@@ -24,6 +24,8 @@ def _ignored_options() -> dict:
 
 
 def add_arguments(parser) -> None:
+    """Register the ``eval`` options on ``parser``: the checkpoint, the corpus and splits, the windows (stride,
+    batch), the device, the ``--json`` file with ``--overwrite``, and progress."""
     from coupled_qk.checks.cli import folder_arg, path_arg, positive_int_arg
     from coupled_qk.commands.options import add_device_option, add_overwrite_option, add_progress_option
 
@@ -55,6 +57,16 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Score the checkpoint on each of ``--splits`` (:func:`coupled_qk.training.evaluate.evaluate_checkpoint`) and
+    print one line per split: token perplexity, word perplexity and bits per byte and per character where the
+    corpus has them; with ``--json`` the results are also written there (the file claimed before evaluating).
+    Returns 0.
+
+    Raises:
+        ValueError: repeated or empty split names, an empty ``--corpus``, ``--overwrite`` without ``--json``, a
+            ``--json`` path that is a run's own file or exists without ``--overwrite``, a bad checkpoint or corpus
+            (exit 2 from the CLI).
+    """
     from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.output_dir import output_file
     from coupled_qk.training.evaluate import evaluate_checkpoint

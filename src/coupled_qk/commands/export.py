@@ -6,6 +6,7 @@ HELP = "write a run's checkpoint as a Hugging Face folder (AutoModelForCausalLM 
 
 
 def add_arguments(parser) -> None:
+    """Register ``RUN_DIR``, ``HF_DIR`` and ``--overwrite`` on ``parser``."""
     from coupled_qk.checks.cli import path_arg
     from coupled_qk.commands.options import add_overwrite_option
 
@@ -19,6 +20,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Write the run's latest (or the given) checkpoint into ``HF_DIR`` as ``save_pretrained`` files with its
+    tokenizer (:func:`coupled_qk.hf.export.export_run`; the folder claimed first) and print how to load it.
+    Returns 0.
+
+    Raises:
+        ValueError: ``transformers`` not installed (naming the extra), an ``HF_DIR`` that is not new, empty or an
+            earlier export with ``--overwrite``, or a run folder that cannot be exported (exit 2 from the CLI).
+    """
     try:
         from coupled_qk.hf.export import export_run
     except ModuleNotFoundError as exc:

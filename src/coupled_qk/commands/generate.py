@@ -35,6 +35,8 @@ def _ignored_options() -> dict:
 
 
 def add_arguments(parser) -> None:
+    """Register the ``generate`` options on ``parser``: the run, the prompt and length, the context policy, the
+    sampling options (temperature, top-k, samples, seed), the device and the decoding options."""
     from coupled_qk.checks.cli import nonneg_float_arg, nonneg_int_arg, path_arg, positive_int_arg, seed_arg
     from coupled_qk.commands.options import add_device_option
 
@@ -86,6 +88,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Load the run (model and its own tokenizer), encode ``--prompt`` and print ``--num-samples`` continuations of
+    ``--max-new-tokens`` tokens (:meth:`coupled_qk.models.gpt.GPT.generate`, KV-cached), each preceded by the
+    prompt, after a header line naming the checkpoint. Returns 0.
+
+    Raises:
+        ValueError: a sampling-only option with ``--temperature 0``; with ``--context error``, a prompt or prompt
+            plus new tokens longer than ``block_size``; a run that cannot be loaded (exit 2 from the CLI).
+    """
     import torch
 
     from coupled_qk.checks.values import finite, nonneg_int, positive_int

@@ -9,6 +9,9 @@ HELP = "fine-tune pretrained checkpoints on GLUE tasks (SST-2, CoLA, RTE, MRPC) 
 
 
 def add_arguments(parser) -> None:
+    """Register the ``glue`` options on ``parser``: the pretrained runs, tasks, seeds and labels, the output and GLUE
+    folders, the fine-tuning hyper-parameters (learning rate, epochs, batch, subsets, pooling), the device, dtype
+    and compilation, the time guard, ``--dry-run`` and progress."""
     from coupled_qk.checks.cli import dtype_arg, folder_arg, path_arg, positive_float_arg, positive_int_arg
     from coupled_qk.commands.options import (
         add_compile_option,

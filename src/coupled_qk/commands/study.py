@@ -33,6 +33,8 @@ ACTIONS = {
 
 
 def add_arguments(parser) -> None:
+    """Register ``ACTION NAME [RECORD]`` and the study options on ``parser`` (each applies to the actions of
+    :data:`OPTION_ACTIONS`; :func:`run` refuses it elsewhere)."""
     from coupled_qk.checks.cli import folder_arg, nonneg_float_arg, path_arg, positive_int_arg
     from coupled_qk.commands.options import add_progress_option
 
@@ -324,6 +326,19 @@ def _commands(study, args, out_dir_given) -> object:
 
 
 def run(args) -> int:
+    """Do ``ACTION`` (:data:`ACTIONS`) for the study ``NAME``: ``list`` the studies, ``plan`` (print, train nothing),
+    ``run`` (train what is missing, then write the report), ``report`` (rebuild it from the records) or ``verify``
+    (re-train ``RECORD``'s run and compare).
+
+    Returns:
+        0; 1 when ``verify`` finds a mismatch; 0 at once on a ``torchrun`` rank other than 0 after training
+        (rank 0 writes the report).
+
+    Raises:
+        ValueError: an unknown action or study, a missing or unexpected ``RECORD``, an option the action or the
+            study does not take (naming it), bad ``--cells``/``--shard``/``--seeds``, a ``--glue-json`` that does
+            not parse, a report folder refused (exit 2 from the CLI). MissingExtra: scipy not installed.
+    """
     from coupled_qk.checks.values import choice
     from coupled_qk.commands.ignored import refuse_ignored_options
     from coupled_qk.studies import studies

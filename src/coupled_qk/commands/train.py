@@ -250,11 +250,21 @@ def read_corpus_first(cfg: TrainConfig) -> None:
 
 
 def add_arguments(parser) -> None:
+    """Register the training options (:func:`add_train_options`, with ``--resume``) and ``--print-config``."""
     add_train_options(parser, resume=True)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
 def run(args) -> int:
+    """Train one run (:func:`coupled_qk.training.loop.train`) after :func:`preflight`, then print its final
+    held-out metrics (JSON) and a summary line on rank 0; ``--print-config`` prints the resolved
+    :class:`TrainConfig` and trains nothing. Returns 0 (on every rank).
+
+    Raises:
+        ValueError: a bad option, config file or ``--opt`` item, naming it; a run folder or resume refused
+            (exit 2 from the CLI). ``TrainingDiverged`` (exit 3) and ``TrainingInterrupted`` (exit 130 / 143, after
+            a checkpoint) propagate to :func:`coupled_qk.cli.main`.
+    """
     cfg = train_config_from_args(args)
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))

@@ -157,9 +157,14 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         self.model.checkpoint_every = every_n_layers if enable else 1
 
     def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding ``model.tok_emb`` (``(padded_vocab_size, d_model)`` weight, tied to the output head;
+        ``PreTrainedModel.get_input_embeddings``)."""
         return self.model.tok_emb
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """Replace the token embedding ``model.tok_emb`` by ``value`` (``PreTrainedModel.set_input_embeddings``). The
+        output head keeps the previous weight until ``tie_weights()`` ties it to ``value`` again
+        (:meth:`resize_token_embeddings` re-ties it itself)."""
         self.model.tok_emb = value
 
     def get_output_embeddings(self) -> nn.Linear:
@@ -167,6 +172,8 @@ class CoupledQKPreTrainedModel(PreTrainedModel):
         return self.model.lm_head
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        """Replace the output head ``model.lm_head`` by ``new_embeddings`` (``PreTrainedModel.set_output_embeddings``,
+        which ``resize_token_embeddings`` and ``tie_weights`` call)."""
         self.model.lm_head = new_embeddings
 
     @declared_flags
@@ -282,6 +289,15 @@ class CoupledQKModel(CoupledQKPreTrainedModel):
     """
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
+        """``input_ids`` (integer ``(B, T)``, or ``inputs_embeds`` ``(B, T, d_model)``) -> ``BaseModelOutputWithPast``
+        with ``last_hidden_state`` ``(B, T, d_model)`` (after the final LayerNorm, in the parameters' dtype),
+        ``cache`` (the extended ``transformers`` ``Cache`` when ``use_cache``, else ``None``) and ``hidden_states``
+        (``n_layer + 1`` tensors ``(B, T, d_model)`` with ``output_hidden_states``); a tuple with
+        ``return_dict=False``. Arguments as :meth:`CoupledQKForCausalLM.forward`.
+
+        Raises:
+            TypeError, ValueError: as :meth:`CoupledQKForCausalLM.forward` (naming the argument).
+        """
         hidden, cache, use_cache, states = run_gpt(
             self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs
         )
@@ -372,6 +388,31 @@ class CoupledQKForCausalLM(CoupledQKPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
+        """Logits of the next token at every position (or the kept ones), and the loss when ``labels`` are given.
+
+        Args:
+            input_ids: integer ``(B, T)`` token ids in ``[0, vocab_size)``, ``T_past + T <= block_size``; or
+                ``inputs_embeds`` ``(B, T, d_model)`` in ``kwargs`` (not both).
+            attention_mask: ``(B, T_past + T)``, 1 at tokens, 0 at padding (left or right), or ``None``.
+            position_ids: ``(B, T)`` integer positions; default: from ``attention_mask``, else ``T_past`` onwards.
+            cache: a ``transformers`` ``Cache`` to read and extend (``use_cache``, default ``config.use_cache``:
+                a new ``DynamicCache`` when ``None``).
+            labels: the unshifted target ids ``(B, T)`` (``-100`` ignored), or ``None``; ``num_items_in_batch``,
+                ``shift_labels`` and ``ignore_index`` in ``kwargs`` as ``transformers``' ``ForCausalLMLoss``.
+            logits_to_keep: the last ``n`` positions (0 = all), or a 1-D integer tensor of positions.
+            **kwargs: also ``output_hidden_states``, ``return_dict``.
+
+        Returns:
+            ``CausalLMOutputWithPast``: ``logits`` ``(B, T_kept, vocab_size)`` in the parameters' dtype, ``loss`` (a
+            scalar, mean next-token cross-entropy in nats, or the sum over ``num_items_in_batch``; ``None`` without
+            labels), ``cache`` (with ``use_cache``), ``hidden_states`` (with ``output_hidden_states``); a tuple with
+            ``return_dict=False``.
+
+        Raises:
+            TypeError, ValueError: naming the argument: labels of another shape, a floating dtype or ids out of
+                range, labels with a ``logits_to_keep`` that drops positions
+                (:func:`~coupled_qk.hf.inputs.check_labels`), and the input errors listed in the class docstring.
+        """
         shift = kwargs.get("shift_labels")
         embeds = kwargs.get("inputs_embeds")
         if input_ids is not None:

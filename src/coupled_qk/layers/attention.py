@@ -359,6 +359,28 @@ class CausalSelfAttention(nn.Module):
         record: bool = False,
         key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, AttentionRecord]:
+        """Causal self-attention of ``x`` (the class docstring has the details).
+
+        Args:
+            x: ``(B, T, d_model)``, floating point, the parameters' dtype (any under ``torch.autocast``) and device.
+            rope: ``(cos, sin)`` or ``(cos, sin, signed sin)`` of shape ``(T, d_head)`` or ``(B or 1, 1, T, d_head)``
+                for the current positions when the layer uses RoPE, else ``None``.
+            cache: a :class:`~coupled_qk.layers.kv_cache.LayerCache` to read and extend at ``layer_idx`` (its keys are
+                the mapped, rotated ones), or ``None``.
+            record: run the eager path and also return an :class:`AttentionRecord`.
+            key_mask: bool ``(B, T_past + T)``, False at padded keys, or ``None``.
+
+        Returns:
+            ``y`` of shape ``(B, T, d_model)`` and ``x``'s dtype (under autocast, the autocast dtype), or
+            ``(y, AttentionRecord)`` with ``record``.
+
+        Raises:
+            TypeError, ValueError: (``check_every_call``) ``x``, ``rope`` or ``key_mask`` of the wrong kind, shape,
+                dtype or device, naming it (:func:`~coupled_qk.layers.layer_inputs.check_layer_inputs`). ValueError:
+                a ``key_mask`` that is not bool or not ``T_past + T`` long
+                (:func:`~coupled_qk.layers.scoring.attention_mask_4d`); a map that changed the shapes of ``q``,
+                ``k``; a scoring rule that returned no probabilities when ``record``.
+        """
         if self.check_every_call and not torch.compiler.is_compiling():
             check_layer_inputs(self, x, rope, key_mask)
         b, t, _ = x.shape

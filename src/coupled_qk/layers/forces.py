@@ -62,6 +62,9 @@ class MLPForce(nn.Module):
         return mlp_layer(s, self.w_out, self.n_heads is not None)
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
+        """``f(q) = W2 silu(W1 q)``: ``q (..., d_head)`` (per head: ``(..., n_heads, T, d_head)``) -> the same shape
+        and dtype. No input checks (the map calling it checks, :func:`~coupled_qk.layers.qk_maps.check_qk_tensors`):
+        another last dimension or dtype fails in ``F.linear`` / ``torch.einsum`` (``RuntimeError``)."""
         return self.post(F.silu(self.pre(q)))
 
 
@@ -101,6 +104,8 @@ class GradientForce(nn.Module):
         return (F.silu(self._pre(q)) * self._w_out()).sum(-1)
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
+        """``f(q) = -grad V(q) = -W^T (w * silu'(W q))`` in closed form: ``q (..., d_head)`` (per head:
+        ``(..., n_heads, T, d_head)``) -> the same shape and dtype. No input checks, as :meth:`MLPForce.forward`."""
         z = self._pre(q)
         s = torch.sigmoid(z)
         g = self._w_out() * s * (1 + z * (1 - s))  # dV/dz

@@ -60,6 +60,13 @@ class QKMap(nn.Module):
     # subclasses set ``self.dt`` (an ``nn.Parameter`` of shape (H,)) or ``self.dt = None`` in __init__
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        """The map: ``q (B, H, T, d_head)``, ``k (B, H_k, T, d_head)`` -> ``(q', k')`` of the same shapes and dtype,
+        each token mapped independently (the interface in the module docstring); subclasses implement it and
+        check their inputs first (:func:`check_qk_tensors`).
+
+        Raises:
+            NotImplementedError: always, here.
+        """
         raise NotImplementedError
 
 

@@ -53,6 +53,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``dropout(W2 gelu(W1 x))`` (the exact, erf GELU of ``F.gelu``, as nanoGPT): ``x (B, T, d_model)`` -> the
+        same shape and dtype (any leading dimensions work). Unchecked: :class:`GPT` checks its inputs at its entry."""
         return self.dropout(self.out_proj(F.gelu(self.fc(x))))
 
 
@@ -336,6 +338,22 @@ class GPT(GPTCompileMixin, GPTGenerationMixin, DecodingHeadMixin, nn.Module):  #
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Next-token logits of ``idx``: :meth:`logits` of :meth:`hidden_states`.
+
+        Args:
+            idx: integer token ids ``(B, T)`` in ``[0, vocab_size)``, ``B, T >= 1``, ``T_past + T <= block_size``.
+            cache: a :class:`KVCache` (``new_cache()``) read and extended in place; positions continue from its
+                length.
+            attention_mask: ``(B, T_past + T)`` bool or 0/1 integers, 0 at padding, or ``None``.
+            position_ids: ``(B, T)``, ``(1, T)`` or ``(T,)`` integer positions, or ``None``.
+
+        Returns:
+            ``(B, T, vocab_size)`` logits in the parameters' dtype (the autocast dtype under ``torch.autocast``).
+
+        Raises:
+            TypeError: ``idx`` not a tensor. ValueError: as :meth:`hidden_states` (ids out of range, checked on CPU
+                tensors only; too long a sequence; a bad mask or positions), naming the argument.
+        """
         return self.logits(self.hidden_states(idx, cache, attention_mask, position_ids))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -143,6 +143,9 @@ class MapOptions(CheckedAssignment):
         self.recheck()
 
     def owner_name(self) -> str:
+        """``"GPTConfig.qk_map"``: how errors name these options (``GPTConfig.qk_map.n_steps=-1 must be ...``),
+        overriding :meth:`CheckedAssignment.owner_name <coupled_qk.checks.assignment.CheckedAssignment.owner_name>`'s
+        class name."""
         return "GPTConfig.qk_map"
 
     def recheck(self, name: str | None = None) -> None:

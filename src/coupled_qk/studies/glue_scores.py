@@ -139,6 +139,15 @@ class GlueNoBenefit:
     inputs = ("glue_json",)
 
     def evaluate(self, ev) -> dict:
+        """C11's row from ``ev.inputs["glue_json"]``: per task, the paired t interval of ``b - a`` over the seeds
+        both have (:func:`~coupled_qk.study.stats.paired_difference`, at least 2), Holm-adjusted p-values over the
+        tasks (:func:`~coupled_qk.study.stats.holm`); the row shows the learned task with the largest mean gain and
+        the smallest adjusted p.
+
+        Raises:
+            NotReady: no results file, or no task with paired seeds of both variants. ValueError: a malformed file
+                (:func:`load_glue_rows`).
+        """
         from coupled_qk.study import stats
         from coupled_qk.study.claims import NotReady, claim_row
 

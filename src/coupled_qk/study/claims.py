@@ -284,6 +284,14 @@ class PairedChange:
         return ev.pairs(self.a, self.b, self.metric)
 
     def evaluate(self, ev: Evidence) -> dict:
+        """The row of the paired change: :func:`~coupled_qk.study.stats.paired_difference` of ``b`` vs ``a`` on
+        their common seeds (t interval of the mean per-seed change), :func:`direction_verdict` with ``expect``;
+        details: each arm's mean interval and the per-seed changes (or the ``also`` diagnostics and the
+        correlation), the ``secondary`` metric's change where both arms have it.
+
+        Raises:
+            NotReady: a planned run of either arm missing, or fewer than ``ev.min_seeds`` paired seeds.
+        """
         ev.need(self.a, self.b)
         _, va, vb = self.measure(ev)
         r = stats.paired_difference(va, vb, relative=self.relative)
@@ -350,6 +358,14 @@ class Equivalence:
         return ev.pairs(self.a, self.b, self.metric)
 
     def evaluate(self, ev: Evidence) -> dict:
+        """The row of the equivalence test: the paired percent change of each compared arm vs ``a``
+        (:func:`~coupled_qk.study.stats.paired_difference`, t interval), :func:`equivalence_verdict` with ``margin``
+        (joint over ``bs``, whose row shows the interval reaching furthest from zero); ``p`` is ``None`` (an
+        equivalence test has none here).
+
+        Raises:
+            NotReady: a planned run missing, or fewer than ``ev.min_seeds`` paired seeds.
+        """
         ev.need(self.a, *self.arms())
         runs = ev.runs(*_cells(self.a, *self.arms()))
         if self.b is not None:
@@ -391,6 +407,15 @@ class VarianceRatio:
         return ev.pairs(self.a, self.b, self.metric)
 
     def evaluate(self, ev: Evidence) -> dict:
+        """The row of ``var(a) / var(b)``: with 3 or more paired seeds the Pitman-Morgan interval
+        (:func:`~coupled_qk.study.stats.paired_variance_ratio`), else Fisher's F interval
+        (:func:`~coupled_qk.study.stats.variance_ratio`), which the details always carry; ``reproduced`` if the
+        interval lies above 1, ``contradicted`` if below.
+
+        Raises:
+            NotReady: a planned run missing, or fewer than ``ev.min_seeds`` paired seeds. ValueError: fewer than 2
+                seeds or no spread (from the statistics).
+        """
         ev.need(self.b, self.a)
         _, va, vb = self.measure(ev)
         f = stats.variance_ratio(va, vb)
@@ -432,6 +457,14 @@ class TokensToMatch:
     metric: str = PRIMARY
 
     def evaluate(self, ev: Evidence) -> dict:
+        """The row of the token ratio: per seed, the budget at which ``reference`` would match ``target``'s final
+        metric (:func:`~coupled_qk.study.stats.budget_to_match`, log-linear between the 1x and 2x runs) over the
+        target's tokens; the mean ratio's t interval (:func:`~coupled_qk.study.stats.mean_ci`), ``p`` of ratio 1,
+        reproduced above 1. Seeds whose reference did not improve with budget are skipped.
+
+        Raises:
+            NotReady: a planned run missing, or fewer than ``ev.min_seeds`` seeds with a budget match.
+        """
         ev.need(self.reference, self.target, self.reference_more)
         seeds = sorted(
             set(ev.values(self.target)) & set(ev.values(self.reference_more)) & set(ev.values(self.reference))
@@ -517,6 +550,12 @@ class ChangeDifference:
         return stats.welch_difference(list(one.values()), list(two.values()))
 
     def evaluate(self, ev: Evidence) -> dict:
+        """The row of ``second - first`` (:meth:`difference`: the t interval of per-seed differences when
+        ``paired``, else Welch's interval) with :func:`direction_verdict` and ``expect``.
+
+        Raises:
+            NotReady: a planned run missing, or fewer than ``ev.min_seeds`` paired seeds in either pair.
+        """
         ev.need(*self.first, *self.second)
         r = self.difference(ev)
         runs = ev.runs(*_cells(*self.first, *self.second))
@@ -543,6 +582,13 @@ class Narrows:
     cells: tuple[str, ...]
 
     def evaluate(self, ev: Evidence) -> dict:
+        """The row of ``versus`` (its paired percent change, t interval) with the joint verdict of ``versus`` and
+        ``narrowing`` (:meth:`ChangeDifference.difference`); ``beside``'s paired change in the details, or
+        ``"not run"``.
+
+        Raises:
+            NotReady: a run of ``need`` missing, or too few paired seeds for ``versus`` or ``narrowing``.
+        """
         ev.need(*self.need)
         _, va, vb = self.versus.measure(ev)
         diff = stats.paired_difference(va, vb, relative=True)
@@ -579,6 +625,13 @@ class ScoreGap:
     perfect: float = 0.99
 
     def evaluate(self, ev: Evidence) -> dict:
+        """The row of the score gap: per group, each seed's best ``metric`` over the group's cells, then the paired t
+        interval of ``b - a`` (:func:`~coupled_qk.study.stats.paired_difference`); the verdict as the class
+        docstring says, the row showing the last group of ``shown``.
+
+        Raises:
+            NotReady: no cells, a planned run missing, or none of the ``shown`` groups in this study.
+        """
         cells = [c for cs in self.groups.values() for c in cs]
         if not cells:
             raise NotReady(f"protocol {ev.study!r} defines no MQAR cells")
@@ -646,6 +699,10 @@ class Correlation:
         return points
 
     def evaluate(self, ev: Evidence) -> dict | None:
+        """:func:`~coupled_qk.study.stats.correlation` of the :meth:`points` (Pearson with Fisher's z interval,
+        Spearman) and, under ``"within_cell"``, :func:`~coupled_qk.study.stats.within_group_correlation` (``None``
+        while some cell has too few runs). A details entry, not a claim row: ``None`` with fewer than 4 runs, never
+        :class:`NotReady`."""
         points = self.points(ev)
         if len(points) < 4:
             return None

@@ -37,6 +37,12 @@ class Logger:
         self.bar = progress(total_steps, "training", "steps", initial=start_step, enabled=cfg.progress)
 
     def log(self, record: dict) -> None:
+        """Append ``record`` (a JSON-serialisable dict with an int ``"step"``) as one line of ``metrics.jsonl``,
+        flushed, and its numeric entries other than ``step`` as TensorBoard scalars at that step; nothing off rank 0.
+
+        Raises:
+            TypeError: a value ``json.dumps`` cannot write.
+        """
         if not self.active:
             return
         self.file.write(json.dumps(record) + "\n")
@@ -47,11 +53,13 @@ class Logger:
                     self.tb.add_scalar(key, value, record["step"])
 
     def progress(self, n: int, **postfix) -> None:
+        """Advance the progress bar (or line reporter) by ``n`` steps and show ``postfix`` (``loss=...``) on it."""
         if self.bar is not None:
             self.bar.update(n)
             self.bar.set_postfix(postfix, refresh=False)
 
     def close(self) -> None:
+        """Close the progress bar, the metrics file and the TensorBoard writer (whichever are open)."""
         if self.bar is not None:
             self.bar.close()
         if self.file is not None:

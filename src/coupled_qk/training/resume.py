@@ -26,6 +26,8 @@ class Schedule:
     end: int
 
     def to_dict(self) -> dict:
+        """``{"start", "total_steps", "end_steps"}`` (``horizon`` stored as ``total_steps``, ``end`` as
+        ``end_steps``): the checkpoint's ``schedule`` entry, read back by :func:`plan_schedule`."""
         return {"start": self.start, "total_steps": self.horizon, "end_steps": self.end}
 
 

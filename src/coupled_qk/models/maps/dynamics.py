@@ -110,6 +110,8 @@ class QKDynamics(QKMap):
         nn.init.zeros_(self.dt)
 
     def extra_repr(self) -> str:
+        """The settings ``repr(module)`` shows (``nn.Module.extra_repr``): widths, heads, integrator, steps, force,
+        whether the force is shared, ``keys_per_query_head``."""
         return (
             f"d_head={self.d_head}, n_heads={self.n_heads}, hidden={self.hidden}, integrator={self.integrator}, "
             f"n_steps={self.n_steps}, force={self.force_kind}, shared={self.force.n_heads is None}, "
@@ -136,6 +138,22 @@ class QKDynamics(QKMap):
             raise ValueError(f"dt must be finite; got {self.dt.detach().tolist()}")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n_steps`` steps of the coupled dynamics with the learned per-head ``dt``
+        (:func:`~coupled_qk.ops.dynamics.integrate_qk`; arXiv:2604.01683v1, Euler and leapfrog updates).
+
+        Args:
+            q: queries ``(B, H, T, d_head)``, ``H = n_heads``, floating point of the parameters' dtype (any under
+                autocast), on their device.
+            k: keys of ``q``'s dtype: ``(B, H, T, d_head)``, or with ``keys_per_query_head=False``
+                ``(B, H_kv, T, d_head)``, ``H_kv`` dividing ``H``.
+
+        Returns:
+            ``(q', k')``, the evolved pair, of the shapes and dtype of ``q`` and ``k``.
+
+        Raises:
+            TypeError, ValueError: (``check_every_call``) as :meth:`check_inputs`: non-tensors, wrong rank, shapes,
+                head count, width, device or dtype, or (CPU) a non-finite ``dt``.
+        """
         if self.check_every_call:
             self.check_inputs(q, k)
         return integrate_qk(
@@ -165,6 +183,12 @@ class DynamicsOptions(MapOptions):
     keys_per_query_head: bool = True
 
     def validate(self) -> None:
+        """The one cross-field rule of these options: ``keys_per_query_head=False`` needs
+        ``shared_across_heads=True`` (the force acts on the group-mean query).
+
+        Raises:
+            ValueError: naming ``GPTConfig.qk_map.keys_per_query_head`` and ``shared_across_heads``.
+        """
         if not self.keys_per_query_head and not self.shared_across_heads:
             raise ValueError(
                 "GPTConfig.qk_map.keys_per_query_head=False needs shared_across_heads=True (the force acts on the "

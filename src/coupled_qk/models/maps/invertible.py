@@ -92,6 +92,9 @@ class AffineCouplingNet(nn.Module):
         nn.init.zeros_(self.b_out)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x (..., d_head)`` (per head: ``(..., n_heads, T, d_head)``) -> ``(raw log-scale, shift)``, each of
+        ``x``'s shape and dtype; the bound :func:`bounded_scale` is applied by the map. Unchecked (the map checks):
+        another width or dtype fails in ``F.linear`` / ``torch.einsum`` (``RuntimeError``)."""
         if self.n_heads is None:
             out = F.linear(F.silu(F.linear(x, self.w_in, self.b_in)), self.w_out, self.b_out)
         else:
@@ -155,6 +158,8 @@ class InvertibleQKCoupling(QKMap):
         self.k_nets = nn.ModuleList(AffineCouplingNet(d_head, self.hidden, per_head) for _ in range(n_alternations))
 
     def extra_repr(self) -> str:
+        """The settings ``repr(module)`` shows (``nn.Module.extra_repr``): widths, heads, alternations, scale bound,
+        whether the networks are shared."""
         return (
             f"d_head={self.d_head}, n_heads={self.n_heads}, hidden={self.hidden}, "
             f"n_alternations={self.n_alternations}, scale_max={self.scale_max}, "
@@ -190,6 +195,20 @@ class InvertibleQKCoupling(QKMap):
         return self._forward(q, k, with_log_det=True)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n_alternations`` affine half-step pairs, ``q' = q exp(S(s1(k))) + t1(k)`` then
+        ``k' = k exp(S(s2(q'))) + t2(q')`` (arXiv:2604.01683v2; RealNVP, Dinh et al. 2017).
+
+        Args:
+            q, k: ``(B, H, T, d_head)`` each, ``H = n_heads``, floating point of one dtype, the parameters' (any under
+                autocast), on their device.
+
+        Returns:
+            ``(q', k')`` of the inputs' shape and dtype (:meth:`inverse` undoes it).
+
+        Raises:
+            TypeError, ValueError: as :meth:`check_inputs` (checked on every call): non-tensors, wrong rank,
+                different shapes, head count or width, device or dtype.
+        """
         return self._forward(q, k, with_log_det=False)[:2]
 
     @overload

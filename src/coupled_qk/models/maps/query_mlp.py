@@ -78,6 +78,22 @@ class QueryMLP(QKMap):
         nn.init.zeros_(self.dt)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q + dt g(q), k)`` (:func:`~coupled_qk.ops.dynamics.apply_query_mlp`; the arXiv:2604.01683v1 uncoupled
+        MLP ablation).
+
+        Args:
+            q: queries ``(B, H, T, d_head)``, ``H = n_heads``, floating point of the parameters' dtype (any under
+                autocast), on their device.
+            k: keys ``(B, H_k, T, d_head)`` of ``q``'s dtype, returned untouched (the same tensor object).
+
+        Returns:
+            ``(q', k)``, ``q'`` of ``q``'s shape and dtype.
+
+        Raises:
+            TypeError, ValueError: (``check_every_call``) as :func:`~coupled_qk.layers.qk_maps.check_qk_tensors`;
+                ValueError: ``q`` not 4-D or without ``n_heads`` heads. A width other than ``d_head`` fails inside
+                ``g`` (``RuntimeError``).
+        """
         if self.check_every_call:
             check_qk_tensors(q, k, self.dt)
             if q.dim() != 4 or q.shape[1] != self.dt.shape[0]:

@@ -151,6 +151,19 @@ class SequenceClassifier(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits of right-padded token ids.
+
+        Args:
+            x: integer ``(B, T)``, each row's real ids (``[0, vocab_size)``) first, then :data:`PAD_ID`;
+                ``T <= block_size``.
+
+        Returns:
+            ``(B, num_classes)`` logits in the parameters' dtype, from the pooled hidden state (``pooling``).
+
+        Raises:
+            ValueError: a row without a real token or with padding before a real token; the input errors of
+                :meth:`GPT.forward <coupled_qk.models.gpt.GPT.forward>` (ids out of range, too long).
+        """
         real = x != PAD_ID
         lengths = real.sum(dim=1)
         positions = torch.arange(x.shape[1], device=x.device)
