@@ -36,8 +36,9 @@ def has_own_doc(obj) -> bool:
 
 def undocumented(module: types.ModuleType) -> list[str]:
     """``module.name`` or ``module.Class.method`` of each public function, class and method (plain, static or class
-    method) that ``module`` defines without a docstring of its own; names imported from elsewhere are checked where
-    they are defined. A function made at import time (``positive_int_arg = _arg(...)``) counts as defined here."""
+    method, or property) that ``module`` defines without a docstring of its own; names imported from elsewhere are
+    checked where they are defined. A function made at import time (``positive_int_arg = _arg(...)``) counts as
+    defined here."""
     out = []
     for name, obj in vars(module).items():
         if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
@@ -48,8 +49,14 @@ def undocumented(module: types.ModuleType) -> list[str]:
             out.append(f"{module.__name__}.{name}")
         if inspect.isclass(obj):
             for attr, member in vars(obj).items():
+                if attr.startswith("_"):
+                    continue
+                if isinstance(member, property):  # its getter's docstring, or one given as property(doc=...)
+                    if not (member.__doc__ or "").strip():
+                        out.append(f"{module.__name__}.{name}.{attr}")
+                    continue
                 func = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
-                if not attr.startswith("_") and inspect.isfunction(func) and not has_own_doc(func):
+                if inspect.isfunction(func) and not has_own_doc(func):
                     out.append(f"{module.__name__}.{name}.{attr}")
     return out
 
@@ -102,6 +109,16 @@ class Base:
     def _private(self):
         pass
 
+    @property
+    def prop(self):
+        pass
+
+    @property
+    def documented_prop(self):
+        """Doc."""
+
+    given = property(lambda self: 0, doc="Doc.")
+
 class Child(Base):
     """Doc."""
 
@@ -125,8 +142,8 @@ class DocumentedData:
 
 def test_checker_sees_every_kind_of_missing_docstring(monkeypatch):
     """The checker itself, on a module written here: each kind of undocumented public name is found (functions,
-    one made at import time, classes, dataclasses, plain/static/class methods, an override of a documented method),
-    and documented, private and imported names are not."""
+    one made at import time, classes, dataclasses, plain/static/class methods, properties, an override of a
+    documented method), and documented, private and imported names are not."""
     module = types.ModuleType("fake_module")
     monkeypatch.setitem(sys.modules, module.__name__, module)  # where @dataclass resolves the annotations
     exec(textwrap.dedent(FAKE_MODULE), module.__dict__)
@@ -137,6 +154,7 @@ def test_checker_sees_every_kind_of_missing_docstring(monkeypatch):
         "fake_module.Base.method",
         "fake_module.Base.static",
         "fake_module.Base.klass",
+        "fake_module.Base.prop",
         "fake_module.Child.ok",
         "fake_module.Bare",
         "fake_module.Data",

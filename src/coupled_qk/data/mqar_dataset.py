@@ -93,14 +93,17 @@ class MQARSlice:
 
     @property
     def seq_len(self) -> int:
+        """Tokens per example (``inputs.shape[1]``; the spec's ``seq_len``)."""
         return self.spec.seq_len
 
     @property
     def num_kv_pairs(self) -> int:
+        """Key-value pairs stored in each example's context (the spec's ``num_kv_pairs``)."""
         return self.spec.num_kv_pairs
 
     @property
     def name(self) -> str:
+        """The slice's label, e.g. ``"L256_K16"`` (the spec's ``name``)."""
         return self.spec.name
 
     def __len__(self) -> int:

@@ -108,7 +108,11 @@ class StaticStep:
             values on CPU only) no free slot, mask values other than 0 and 1, positions outside ``[0, block_size)``.
     """
 
-    folds = property(lambda self: CacheView(self.cache).folds)  # the eager step folds the map as CacheView does
+    folds = property(
+        lambda self: CacheView(self.cache).folds,
+        doc="The decoding folds kept on the wrapped cache (:attr:`CacheView.folds`): the eager step folds the map as "
+        ":class:`CacheView` does.",
+    )
 
     def __init__(
         self,

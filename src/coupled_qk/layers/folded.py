@@ -65,7 +65,10 @@ class FoldableLayer(Protocol):
     head_group: int
 
     @property
-    def keys_per_query_head(self) -> bool: ...
+    def keys_per_query_head(self) -> bool:
+        """Whether each query head evolves its own copy of the key (:attr:`CausalSelfAttention.keys_per_query_head
+        <coupled_qk.layers.attention.CausalSelfAttention.keys_per_query_head>`)."""
+        ...
 
 
 class _FoldedMap(Protocol):

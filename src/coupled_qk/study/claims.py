@@ -79,6 +79,7 @@ class Arm:
 
     @property
     def key(self) -> tuple[str, str]:
+        """``(cell, variant)``: the arm's key in a study's records."""
         return self.cell, self.variant
 
     @property

@@ -27,6 +27,7 @@ class Runtime:
 
     @property
     def is_main(self) -> bool:
+        """Whether this process is rank 0 (the one that writes the run folder, logs and prints)."""
         return self.rank == 0
 
     @property

@@ -119,6 +119,7 @@ class RunLock:
 
     @property
     def held(self) -> bool:
+        """Whether this object holds the lock now (acquired and not yet released)."""
         return self._fd is not None
 
     def acquire(self) -> RunLock:
