@@ -175,6 +175,12 @@ QUOTED = [  # (file, study, claim, key inside its row or "", format of mean/low/
         "{mean:+.1f}% [{low:+.1f}, {high:+.1f}] in",
     ),
     ("docs/RESULTS.md", "cpu-converged-pubmed", "C9", "", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}] test perplexity"),
+    ("README.md", "cpu-converged-small", "C1-size", "", "(C1-size, {mean:+.2f} points [{low:+.2f}, {high:+.2f}])"),
+    ("README.md", "cpu-converged-small", "C1-size", "", "growth of more than {neg_low:.2f} points"),
+    ("docs/RESULTS.md", "cpu-converged-small", "C1", "", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}] test perplexity"),
+    ("docs/RESULTS.md", "cpu-converged-small", "C1", "", "a gain over {neg_low:.2f}% is excluded at this size"),
+    ("docs/RESULTS.md", "cpu-converged-small", "C1-size", "", "{mean:+.2f} percentage points [{low:+.2f}, {high:+.2f}"),
+    ("docs/RESULTS.md", "cpu-converged-small", "C1-size", "", "grows by more than {neg_low:.2f} points"),
 ]
 
 
@@ -183,6 +189,22 @@ def test_hand_written_sentences_quote_the_committed_numbers(path, study, claim, 
     """The README's and RESULTS.md's own sentences (outside the generated blocks) quote each number as the committed
     report computes it from the records, at the precision they print."""
     row = row_of(study, claim)
-    numbers = row[key] if key else row
+    numbers = dict(row[key] if key else row)
+    numbers["neg_low"] = -numbers["low"]  # "a gain over X% is excluded": the interval's lower end, as a size
     text = " ".join((ROOT / path).read_text().split())  # sentences wrap across lines
     assert form.format(**numbers) in text
+
+
+def test_the_quoted_size_trend_is_a_straight_line_in_log_parameters():
+    """The sentence "a straight line in log-parameters from tiny's C1 to the paper's -6.6% at 60M would put 6.8M near
+    X%": recomputed from the coupled records' parameter counts and tiny's C1, and excluded by C1's interval there."""
+    params = {
+        study: json.loads((CLAIMS / "runs" / study / f"{study}-main" / "coupled" / "seed0.json").read_text())["params"]
+        for study in ("cpu-converged", "cpu-converged-small")
+    }
+    tiny = row_of("cpu-converged", "C1")["mean"]
+    at = math.log(params["cpu-converged-small"] / params["cpu-converged"]) / math.log(60e6 / params["cpu-converged"])
+    line = tiny + at * (-6.6 - tiny)
+    for path in ("README.md", "docs/RESULTS.md"):
+        assert f"-{-line:.1f}%" in " ".join((ROOT / path).read_text().split())
+    assert line < row_of("cpu-converged-small", "C1")["low"]  # the interval excludes it
