@@ -175,6 +175,8 @@ QUOTED = [  # (file, study, claim, key inside its row or "", format of mean/low/
         "{mean:+.1f}% [{low:+.1f}, {high:+.1f}] in",
     ),
     ("docs/RESULTS.md", "cpu-converged-pubmed", "C9", "", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}] test perplexity"),
+    ("README.md", "cpu-converged", "C1-fresh", "", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}] (4 paired seeds"),
+    ("docs/RESULTS.md", "cpu-converged", "C1-fresh", "", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}] test perplexity"),
     ("README.md", "cpu-converged-small", "C1-size", "", "(C1-size, {mean:+.2f} points [{low:+.2f}, {high:+.2f}])"),
     ("README.md", "cpu-converged-small", "C1-size", "", "growth of more than {neg_low:.2f} points"),
     ("docs/RESULTS.md", "cpu-converged-small", "C1", "", "{mean:+.2f}% [{low:+.2f}, {high:+.2f}] test perplexity"),

@@ -211,11 +211,16 @@ class StageReport:
         return row
 
     def _holm(self, rows: list[dict]) -> None:
+        """Holm-adjusted p within the family, and a verdict by its interval for every row that has none of its own
+        (the family's, and a paired change outside it, read unadjusted)."""
         family = [r for r in rows if r["claim"] in self.holm and "p" in r]
         adjusted = iter(stats.holm([r["p"] for r in family])) if family else iter(())
         for r in family:
             r["p_holm"] = next(adjusted)
             r["verdict"] = self._reading(r["low"], r["high"])
+        for r in rows:
+            if "low" in r and "verdict" not in r:
+                r["verdict"] = self._reading(r["low"], r["high"])
 
     def _reading(self, low: float, high: float) -> str:
         if not (math.isfinite(low) and math.isfinite(high)):
