@@ -217,7 +217,6 @@ class StageReport:
         adjusted = iter(stats.holm([r["p"] for r in family])) if family else iter(())
         for r in family:
             r["p_holm"] = next(adjusted)
-            r["verdict"] = self._reading(r["low"], r["high"])
         for r in rows:
             if "low" in r and "verdict" not in r:
                 r["verdict"] = self._reading(r["low"], r["high"])
